@@ -1,0 +1,296 @@
+//! The event contract between TB-Backend and the workers, and the validation of inbound events.
+//!
+//! Inbound (`<prefix>.in.<botId>.<conversationId>`, header `Nats-Msg-Id: <messageId>`) and
+//! outbound (`<prefix>.out.<conversationId>`, `<prefix>.typing.<conversationId>`) bodies are JSON in camelCase.
+
+use bson::oid::ObjectId;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Most attachments accepted on one message (the app sends one image per DM).
+pub const MAX_ATTACHMENTS: usize = 4;
+/// Longest accepted attachment URL.
+pub const MAX_URL_LEN: usize = 2048;
+
+/// A bot-bound DM, as TB-Backend publishes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InboundEvent {
+    /// `_id` of the user's message in dm_messages; also the event's `Nats-Msg-Id`.
+    pub message_id: String,
+    pub conversation_id: String,
+    pub sender_id: String,
+    pub bot_id: String,
+    pub content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
+    pub sent_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attachment {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub url: String,
+}
+
+/// An inbound event that passed validation, with its ids parsed.
+#[derive(Clone, Debug)]
+pub struct DmEvent {
+    pub message_id: ObjectId,
+    pub conversation_id: ObjectId,
+    pub sender_id: ObjectId,
+    pub bot_id: ObjectId,
+    pub content: String,
+    /// Image URLs (http or https only).
+    pub images: Vec<String>,
+    pub sent_at: DateTime<Utc>,
+}
+
+/// Why an inbound event can never be processed. The text is the dead-letter reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidEvent {
+    #[error("event is {size} bytes, over the limit of {limit}")]
+    TooLarge { size: usize, limit: usize },
+    #[error("event is not UTF-8")]
+    NotUtf8,
+    #[error("event is not valid JSON for the contract: {0}")]
+    Malformed(String),
+    #[error("field `{field}` is not a 24-hex ObjectId")]
+    BadId { field: &'static str },
+    #[error("content is {chars} characters, over the limit of {limit}")]
+    ContentTooLong { chars: usize, limit: usize },
+    #[error("message has neither text nor an image")]
+    Empty,
+    #[error("attachment {index}: {why}")]
+    BadAttachment { index: usize, why: &'static str },
+    #[error("subject `{subject}` does not match the event's botId and conversationId")]
+    SubjectMismatch { subject: String },
+    #[error("sender is the bot itself")]
+    SelfMessage,
+}
+
+/// Limits applied while parsing.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_event_bytes: usize,
+    pub max_content_chars: usize,
+}
+
+/// Parses and validates one inbound payload received on `subject` (`<prefix>.in.<botId>.<conversationId>`).
+pub fn parse_inbound(
+    payload: &[u8],
+    subject: &str,
+    prefix: &str,
+    limits: Limits,
+) -> Result<DmEvent, InvalidEvent> {
+    if payload.len() > limits.max_event_bytes {
+        return Err(InvalidEvent::TooLarge {
+            size: payload.len(),
+            limit: limits.max_event_bytes,
+        });
+    }
+    let text = std::str::from_utf8(payload).map_err(|_| InvalidEvent::NotUtf8)?;
+    let raw: InboundEvent = serde_json::from_str(text)
+        .map_err(|e| InvalidEvent::Malformed(truncate(&e.to_string(), 200)))?;
+    let oid = |field: &'static str, value: &str| {
+        parse_object_id(value).ok_or(InvalidEvent::BadId { field })
+    };
+    let message_id = oid("messageId", &raw.message_id)?;
+    let conversation_id = oid("conversationId", &raw.conversation_id)?;
+    let sender_id = oid("senderId", &raw.sender_id)?;
+    let bot_id = oid("botId", &raw.bot_id)?;
+    if sender_id == bot_id {
+        return Err(InvalidEvent::SelfMessage);
+    }
+    let expected = format!("{prefix}.in.{}.{}", raw.bot_id, raw.conversation_id);
+    if subject != expected {
+        return Err(InvalidEvent::SubjectMismatch {
+            subject: truncate(subject, 200),
+        });
+    }
+    let chars = raw.content.chars().count();
+    if chars > limits.max_content_chars {
+        return Err(InvalidEvent::ContentTooLong {
+            chars,
+            limit: limits.max_content_chars,
+        });
+    }
+    if raw.attachments.len() > MAX_ATTACHMENTS {
+        return Err(InvalidEvent::BadAttachment {
+            index: MAX_ATTACHMENTS,
+            why: "too many attachments",
+        });
+    }
+    let mut images = Vec::with_capacity(raw.attachments.len());
+    for (index, a) in raw.attachments.iter().enumerate() {
+        if a.kind != "image" {
+            return Err(InvalidEvent::BadAttachment {
+                index,
+                why: "only type \"image\" is supported",
+            });
+        }
+        if a.url.len() > MAX_URL_LEN
+            || !(a.url.starts_with("https://") || a.url.starts_with("http://"))
+        {
+            return Err(InvalidEvent::BadAttachment {
+                index,
+                why: "url must be http(s) and at most 2048 bytes",
+            });
+        }
+        images.push(a.url.clone());
+    }
+    let content = raw.content.trim().to_owned();
+    if content.is_empty() && images.is_empty() {
+        return Err(InvalidEvent::Empty);
+    }
+    Ok(DmEvent {
+        message_id,
+        conversation_id,
+        sender_id,
+        bot_id,
+        content,
+        images,
+        sent_at: raw.sent_at,
+    })
+}
+
+/// Strict ObjectId parsing: exactly 24 hex digits.
+pub fn parse_object_id(s: &str) -> Option<ObjectId> {
+    if s.len() == 24 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        ObjectId::parse_str(s).ok()
+    } else {
+        None
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// The worker's answer, published on `<prefix>.out.<conversationId>` with `Nats-Msg-Id: <messageId>`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Completion {
+    /// `_id` of the reply in dm_messages.
+    pub message_id: String,
+    /// `messageId` of the inbound event answered.
+    pub in_reply_to: String,
+    pub conversation_id: String,
+    /// The bot's user id.
+    pub sender_id: String,
+    pub content: String,
+    pub rich_content: Option<Value>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Published on `<prefix>.typing.<conversationId>` when a turn starts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Typing {
+    pub conversation_id: String,
+    pub sender_id: String,
+    pub typing: bool,
+    pub at: DateTime<Utc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_event_bytes: 64 * 1024,
+        max_content_chars: 4000,
+    };
+    const BOT: &str = "69c15e55c7ebe2c6884f1267";
+    const CONV: &str = "65f000000000000000000001";
+
+    fn event(content: &str) -> Value {
+        serde_json::json!({
+            "messageId": "65f0000000000000000000aa", "conversationId": CONV,
+            "senderId": "65f0000000000000000000bb", "botId": BOT,
+            "content": content, "sentAt": "2026-11-22T10:00:00Z"
+        })
+    }
+
+    fn parse(v: &Value) -> Result<DmEvent, InvalidEvent> {
+        parse_inbound(
+            v.to_string().as_bytes(),
+            &format!("dm.bot.in.{BOT}.{CONV}"),
+            "dm.bot",
+            LIMITS,
+        )
+    }
+
+    #[test]
+    fn a_good_event_parses() {
+        let e = parse(&event("  yo kaori  ")).unwrap();
+        assert_eq!(e.content, "yo kaori");
+        assert_eq!(e.bot_id.to_hex(), BOT);
+    }
+
+    #[test]
+    fn bad_events_say_why() {
+        let mut v = event("hi");
+        v["senderId"] = "not-an-id".into();
+        assert_eq!(
+            parse(&v).unwrap_err(),
+            InvalidEvent::BadId { field: "senderId" }
+        );
+        let mut v = event("hi");
+        v["botId"] = "65f0000000000000000000bb".into();
+        assert!(matches!(
+            parse(&v).unwrap_err(),
+            InvalidEvent::SelfMessage | InvalidEvent::SubjectMismatch { .. }
+        ));
+        assert_eq!(parse(&event("   ")).unwrap_err(), InvalidEvent::Empty);
+        assert!(matches!(
+            parse(&event(&"x".repeat(4001))).unwrap_err(),
+            InvalidEvent::ContentTooLong { .. }
+        ));
+        let mut v = event("hi");
+        v["content"] = 5.into();
+        assert!(matches!(parse(&v).unwrap_err(), InvalidEvent::Malformed(_)));
+        let err = parse_inbound(b"\xff\xfe", "dm.bot.in.x.y", "dm.bot", LIMITS).unwrap_err();
+        assert_eq!(err, InvalidEvent::NotUtf8);
+        let err = parse_inbound(&[b' '; 70_000], "dm.bot.in.x.y", "dm.bot", LIMITS).unwrap_err();
+        assert!(matches!(err, InvalidEvent::TooLarge { .. }));
+        let err = parse_inbound(
+            event("hi").to_string().as_bytes(),
+            "dm.bot.in.other.subject",
+            "dm.bot",
+            LIMITS,
+        )
+        .unwrap_err();
+        assert!(matches!(err, InvalidEvent::SubjectMismatch { .. }));
+    }
+
+    #[test]
+    fn attachments_are_checked() {
+        let mut v = event("");
+        v["attachments"] =
+            serde_json::json!([{"type": "image", "url": "https://cdn.example/a.jpg"}]);
+        assert_eq!(parse(&v).unwrap().images, vec!["https://cdn.example/a.jpg"]);
+        v["attachments"] = serde_json::json!([{"type": "image", "url": "file:///etc/passwd"}]);
+        assert!(matches!(
+            parse(&v).unwrap_err(),
+            InvalidEvent::BadAttachment { index: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn object_ids_are_strict() {
+        assert!(parse_object_id("69c15e55c7ebe2c6884f1267").is_some());
+        assert!(parse_object_id("69c15e55c7ebe2c6884f126").is_none());
+        assert!(parse_object_id("69c15e55c7ebe2c6884f126z").is_none());
+        assert!(parse_object_id("{\"$gt\": \"\"}").is_none());
+    }
+}

@@ -1,0 +1,310 @@
+//! Runtime configuration: environment variables (and an optional `.env`), each also a CLI flag.
+//!
+//! Names used by the existing deployment (`ATLAS_URI`, `POSTGRES_URL`, `OPENROUTER_API_KEY`,
+//! `OPENROUTER_MODEL`) are accepted as they are.
+
+use std::{fmt, path::PathBuf, str::FromStr, time::Duration};
+
+use clap::Args;
+
+/// A value that must never reach a log: `Debug` and `Display` print a placeholder.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() {
+            "\"\""
+        } else {
+            "\"[redacted]\""
+        })
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+/// Redacts the password of a connection URL, for logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &creds[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Everything the worker and its commands need to reach the servers and bound their work.
+#[derive(Args, Clone, Debug)]
+pub struct Config {
+    /// NATS server(s), comma separated.
+    #[arg(
+        long,
+        env = "NATS_URL",
+        default_value = "nats://127.0.0.1:4222",
+        global = true
+    )]
+    pub nats_url: String,
+    /// MongoDB connection string; the database is its path (TrickList2 when absent).
+    #[arg(
+        long,
+        env = "ATLAS_URI",
+        default_value = "mongodb://127.0.0.1:27017/TrickList2?directConnection=true",
+        hide_env_values = true,
+        global = true
+    )]
+    pub atlas_uri: String,
+    /// PostgreSQL connection string (history, turn journal, knowledge base).
+    #[arg(
+        long,
+        env = "POSTGRES_URL",
+        default_value = "postgres://companion:companion@127.0.0.1:5432/companion",
+        hide_env_values = true,
+        global = true
+    )]
+    pub postgres_url: String,
+    /// Key for the chat API; empty means the offline scripted model is expected at LLM_BASE_URL.
+    #[arg(
+        long,
+        env = "OPENROUTER_API_KEY",
+        default_value = "",
+        hide_env_values = true,
+        hide_default_value = true,
+        global = true
+    )]
+    pub openrouter_api_key: Secret,
+    /// Chat model used unless a character names its own.
+    #[arg(
+        long,
+        env = "OPENROUTER_MODEL",
+        default_value = "google/gemini-2.0-flash-001",
+        global = true
+    )]
+    pub openrouter_model: String,
+    /// Base URL of any OpenAI-compatible chat API (`/chat/completions` is appended).
+    #[arg(
+        long,
+        env = "LLM_BASE_URL",
+        default_value = "https://openrouter.ai/api/v1",
+        global = true
+    )]
+    pub llm_base_url: String,
+    /// Upper bound on one chat API request, seconds.
+    #[arg(long, env = "LLM_TIMEOUT_SECS", default_value_t = 60, global = true)]
+    pub llm_timeout_secs: u64,
+    /// `max_tokens` sent with every chat request; companions write 1-3 sentences.
+    #[arg(long, env = "LLM_MAX_TOKENS", default_value_t = 600, global = true)]
+    pub llm_max_tokens: u32,
+    /// Sampling temperature sent with every chat request.
+    #[arg(long, env = "LLM_TEMPERATURE", default_value_t = 0.8, global = true)]
+    pub llm_temperature: f32,
+    /// Folder holding `*.json` character files.
+    #[arg(
+        long,
+        env = "COMPANION_CHARACTERS_DIR",
+        default_value = "characters",
+        global = true
+    )]
+    pub characters_dir: PathBuf,
+    /// First tokens of every subject (`<prefix>.in.<botId>.<conversationId>` and so on).
+    #[arg(
+        long,
+        env = "COMPANION_SUBJECT_PREFIX",
+        default_value = "dm.bot",
+        global = true
+    )]
+    pub subject_prefix: String,
+    /// Prefix of the JetStream stream names (`<prefix>_IN`, `_OUT`, `_DLQ`).
+    #[arg(
+        long,
+        env = "COMPANION_STREAM_PREFIX",
+        default_value = "DM_BOT",
+        global = true
+    )]
+    pub stream_prefix: String,
+    /// Durable pull consumer shared by every worker process.
+    #[arg(
+        long,
+        env = "COMPANION_CONSUMER",
+        default_value = "companion-worker",
+        global = true
+    )]
+    pub consumer: String,
+    /// Turns processed at once by one worker process.
+    #[arg(
+        long,
+        env = "COMPANION_CONCURRENCY",
+        default_value_t = 64,
+        global = true
+    )]
+    pub concurrency: usize,
+    /// Deliveries of one event before it is dead-lettered.
+    #[arg(
+        long,
+        env = "COMPANION_MAX_DELIVER",
+        default_value_t = 5,
+        global = true
+    )]
+    pub max_deliver: i64,
+    /// Seconds the server waits for an ack or progress before redelivering; progress is sent at a third of it.
+    #[arg(
+        long,
+        env = "COMPANION_ACK_WAIT_SECS",
+        default_value_t = 30,
+        global = true
+    )]
+    pub ack_wait_secs: u64,
+    /// Base delay of the NAK backoff for transient failures, seconds (doubled per delivery, capped at 60).
+    #[arg(
+        long,
+        env = "COMPANION_RETRY_DELAY_SECS",
+        default_value_t = 2,
+        global = true
+    )]
+    pub retry_delay_secs: u64,
+    /// Largest accepted event payload in bytes; larger events are dead-lettered unread.
+    #[arg(long, env = "COMPANION_MAX_EVENT_BYTES", default_value_t = 64 * 1024, global = true)]
+    pub max_event_bytes: usize,
+    /// Largest accepted message text in characters.
+    #[arg(
+        long,
+        env = "COMPANION_MAX_CONTENT_CHARS",
+        default_value_t = 4000,
+        global = true
+    )]
+    pub max_content_chars: usize,
+    /// History messages (this user with this bot) sent to the model.
+    #[arg(
+        long,
+        env = "COMPANION_HISTORY_LIMIT",
+        default_value_t = 20,
+        global = true
+    )]
+    pub history_limit: i64,
+    /// Seconds in-flight turns get to finish after SIGTERM/SIGINT before they are NAKed.
+    #[arg(
+        long,
+        env = "COMPANION_SHUTDOWN_GRACE_SECS",
+        default_value_t = 20,
+        global = true
+    )]
+    pub shutdown_grace_secs: u64,
+    /// `text` for terminals, `json` for log shippers.
+    #[arg(
+        long,
+        env = "LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// Configuration from the environment only (for tests and tools that have no CLI).
+    pub fn from_env() -> Result<Self, clap::Error> {
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            config: Config,
+        }
+        use clap::Parser;
+        Wrapper::try_parse_from(["companion"]).map(|w| w.config)
+    }
+
+    /// The database named in `ATLAS_URI`'s path, `TrickList2` when there is none.
+    pub fn mongo_database(&self) -> String {
+        mongo_database_from_uri(&self.atlas_uri)
+    }
+
+    pub fn ack_wait(&self) -> Duration {
+        Duration::from_secs(self.ack_wait_secs.max(1))
+    }
+
+    pub fn llm_timeout(&self) -> Duration {
+        Duration::from_secs(self.llm_timeout_secs.max(1))
+    }
+
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_secs)
+    }
+}
+
+fn mongo_database_from_uri(uri: &str) -> String {
+    let rest = uri.split_once("://").map(|(_, r)| r).unwrap_or(uri);
+    let rest = rest.split_once('?').map(|(p, _)| p).unwrap_or(rest);
+    match rest.split_once('/') {
+        Some((_, db)) if !db.is_empty() => db.to_owned(),
+        _ => "TrickList2".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_comes_from_the_uri_path() {
+        assert_eq!(
+            mongo_database_from_uri("mongodb+srv://u:p@x.mongodb.net/TrickList2?retryWrites=true"),
+            "TrickList2"
+        );
+        assert_eq!(
+            mongo_database_from_uri("mongodb://127.0.0.1:27017/other"),
+            "other"
+        );
+        assert_eq!(
+            mongo_database_from_uri("mongodb://127.0.0.1:27017/?directConnection=true"),
+            "TrickList2"
+        );
+        assert_eq!(
+            mongo_database_from_uri("mongodb://127.0.0.1:27017"),
+            "TrickList2"
+        );
+    }
+
+    #[test]
+    fn secrets_and_passwords_are_redacted() {
+        assert_eq!(
+            format!("{:?}", Secret::new("sk-or-v1-abc")),
+            "\"[redacted]\""
+        );
+        assert_eq!(
+            redact_url("postgres://elizaos:hunter2@localhost:5432/elizaos"),
+            "postgres://elizaos:***@localhost:5432/elizaos"
+        );
+        assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+    }
+}

@@ -1,0 +1,21 @@
+//! companion: the worker that gives TrickBook's AI companions their brain.
+//!
+//! A bot-bound DM arrives on NATS JetStream ([`bus`]); a [`turn`] loads history ([`store::pg`]) and the
+//! user's data ([`store::mongo`]), asks the chat model ([`llm`]) in the voice of a [`character`], writes the
+//! reply into `dm_messages` and publishes the completion.
+
+pub mod backend;
+pub mod bus;
+pub mod character;
+pub mod commands;
+pub mod config;
+pub mod llm;
+pub mod seed;
+pub mod services;
+pub mod store;
+pub mod telemetry;
+pub mod turn;
+pub mod worker;
+
+pub use config::Config;
+pub use services::Services;

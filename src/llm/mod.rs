@@ -1,0 +1,396 @@
+//! The OpenAI-compatible chat API (OpenRouter by default): request and response types and the client.
+
+pub mod stub;
+
+use std::time::Duration;
+
+use reqwest::{StatusCode, header};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+use crate::config::{Config, Secret};
+
+/// One chat message, as the API takes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum Message {
+    System {
+        content: String,
+    },
+    User {
+        content: UserContent,
+    },
+    Assistant {
+        #[serde(default)]
+        content: Option<String>,
+        #[serde(
+            default,
+            skip_serializing_if = "Vec::is_empty",
+            deserialize_with = "null_as_empty"
+        )]
+        tool_calls: Vec<ToolCall>,
+    },
+    Tool {
+        tool_call_id: String,
+        content: String,
+    },
+}
+
+impl Message {
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::System {
+            content: content.into(),
+        }
+    }
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::User {
+            content: UserContent::Text(content.into()),
+        }
+    }
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::Assistant {
+            content: Some(content.into()),
+            tool_calls: Vec::new(),
+        }
+    }
+}
+
+/// Plain text, or text and images.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum UserContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    Text { text: String },
+    ImageUrl { image_url: ImageUrl },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ImageUrl {
+    pub url: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// JSON text as the model wrote it (some servers send an object; it is re-encoded as text).
+    #[serde(default, deserialize_with = "arguments_as_text")]
+    pub arguments: String,
+}
+
+/// A tool offered to the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolDef {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDef,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FunctionDef {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<Message>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolDef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChatResponse {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub choices: Vec<Choice>,
+    #[serde(default)]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct Choice {
+    pub message: AssistantMessage,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct AssistantMessage {
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+    #[serde(default)]
+    pub total_tokens: u64,
+    /// OpenRouter reports the charge in credits (USD) when asked.
+    #[serde(default)]
+    pub cost: Option<f64>,
+}
+
+fn function_kind() -> String {
+    "function".into()
+}
+
+fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
+fn arguments_as_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(match Value::deserialize(d)? {
+        Value::String(s) => s,
+        Value::Null => String::new(),
+        other => other.to_string(),
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LlmError {
+    #[error("chat API timed out")]
+    Timeout,
+    #[error("cannot reach the chat API: {0}")]
+    Connect(String),
+    #[error("chat API rate limited the request")]
+    RateLimited { retry_after: Option<Duration> },
+    #[error("chat API server error {status}")]
+    Server {
+        status: u16,
+        retry_after: Option<Duration>,
+    },
+    #[error("model `{model}` has no endpoint that supports tool use")]
+    NoToolSupport { model: String },
+    #[error("chat API rejected the request ({status}): {body}")]
+    Rejected { status: u16, body: String },
+    #[error("chat API answered something that is not a chat completion: {0}")]
+    Decode(String),
+    #[error("chat API answered with no choices")]
+    NoChoice,
+}
+
+impl LlmError {
+    /// Worth trying again later (same request).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout
+                | Self::Connect(_)
+                | Self::RateLimited { .. }
+                | Self::Server { .. }
+                | Self::NoChoice
+        )
+    }
+}
+
+/// A client for one OpenAI-compatible base URL.
+#[derive(Clone)]
+pub struct LlmClient {
+    http: reqwest::Client,
+    url: String,
+    key: Secret,
+    pub default_model: String,
+    pub max_tokens: u32,
+    pub temperature: f32,
+}
+
+impl LlmClient {
+    pub fn new(config: &Config) -> Result<Self, LlmError> {
+        // reqwest is built without a default crypto provider; ring is the one compiled in.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .timeout(config.llm_timeout())
+            .connect_timeout(Duration::from_secs(10))
+            .pool_max_idle_per_host(64)
+            .user_agent(concat!("companion/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| LlmError::Connect(e.to_string()))?;
+        Ok(Self {
+            http,
+            url: format!(
+                "{}/chat/completions",
+                config.llm_base_url.trim_end_matches('/')
+            ),
+            key: config.openrouter_api_key.clone(),
+            default_model: config.openrouter_model.clone(),
+            max_tokens: config.llm_max_tokens,
+            temperature: config.llm_temperature,
+        })
+    }
+
+    /// One request, no retries (the caller decides).
+    pub async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        let mut builder = self
+            .http
+            .post(&self.url)
+            .header("HTTP-Referer", "https://trickbook.app")
+            .header("X-Title", "TrickBook companions")
+            .json(request);
+        if !self.key.is_empty() {
+            builder = builder.bearer_auth(self.key.expose());
+        }
+        let response = builder.send().await.map_err(|e| {
+            if e.is_timeout() {
+                LlmError::Timeout
+            } else {
+                LlmError::Connect(without_url(&e))
+            }
+        })?;
+        let status = response.status();
+        let retry_after = retry_after(response.headers());
+        let body = response.bytes().await.map_err(|e| {
+            if e.is_timeout() {
+                LlmError::Timeout
+            } else {
+                LlmError::Connect(without_url(&e))
+            }
+        })?;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            return Err(LlmError::RateLimited { retry_after });
+        }
+        if status.is_server_error() || status == StatusCode::REQUEST_TIMEOUT {
+            return Err(LlmError::Server {
+                status: status.as_u16(),
+                retry_after,
+            });
+        }
+        let text = String::from_utf8_lossy(&body);
+        if !status.is_success() {
+            if status == StatusCode::NOT_FOUND && text.contains("support tool use") {
+                return Err(LlmError::NoToolSupport {
+                    model: request.model.clone(),
+                });
+            }
+            return Err(LlmError::Rejected {
+                status: status.as_u16(),
+                body: text.chars().take(300).collect(),
+            });
+        }
+        // OpenRouter can answer 200 with an error object (e.g. an upstream failure mid-stream).
+        if let Ok(v) = serde_json::from_slice::<Value>(&body)
+            && let Some(err) = v.get("error")
+        {
+            let code = err.get("code").and_then(Value::as_u64).unwrap_or(500) as u16;
+            return Err(if code == 429 {
+                LlmError::RateLimited { retry_after }
+            } else if code >= 500 {
+                LlmError::Server {
+                    status: code,
+                    retry_after,
+                }
+            } else {
+                LlmError::Rejected {
+                    status: code,
+                    body: err.to_string().chars().take(300).collect(),
+                }
+            });
+        }
+        let parsed: ChatResponse =
+            serde_json::from_slice(&body).map_err(|e| LlmError::Decode(e.to_string()))?;
+        if parsed.choices.is_empty() {
+            return Err(LlmError::NoChoice);
+        }
+        Ok(parsed)
+    }
+}
+
+/// reqwest errors print the URL; keep only the cause.
+fn without_url(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    if let Some(url) = e.url() {
+        s = s.replace(url.as_str(), "<chat api>");
+    }
+    s
+}
+
+fn retry_after(headers: &header::HeaderMap) -> Option<Duration> {
+    let v = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(|s| Duration::from_secs_f64(s.min(3600.0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_serialize_as_the_api_wants() {
+        let m = Message::Assistant {
+            content: None,
+            tool_calls: vec![ToolCall {
+                id: "c1".into(),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: "search_spots".into(),
+                    arguments: "{}".into(),
+                },
+            }],
+        };
+        let v = serde_json::to_value(&m).unwrap();
+        assert_eq!(v["role"], "assistant");
+        assert_eq!(v["tool_calls"][0]["function"]["name"], "search_spots");
+        let u = Message::User {
+            content: UserContent::Parts(vec![
+                ContentPart::Text {
+                    text: "look".into(),
+                },
+                ContentPart::ImageUrl {
+                    image_url: ImageUrl {
+                        url: "https://x/y.jpg".into(),
+                    },
+                },
+            ]),
+        };
+        let v = serde_json::to_value(&u).unwrap();
+        assert_eq!(v["content"][1]["type"], "image_url");
+        assert_eq!(v["content"][1]["image_url"]["url"], "https://x/y.jpg");
+    }
+
+    #[test]
+    fn responses_parse_leniently() {
+        let r: ChatResponse = serde_json::from_value(serde_json::json!({
+            "choices": [{"message": {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "x", "arguments": {"q": 1}}},
+                {"id": "b", "function": {"name": "y", "arguments": ""}}
+            ]}, "finish_reason": "tool_calls"}]
+        }))
+        .unwrap();
+        let calls = &r.choices[0].message.tool_calls;
+        assert_eq!(calls[0].function.arguments, "{\"q\":1}");
+        assert_eq!(calls[1].function.arguments, "");
+        let r: ChatResponse = serde_json::from_value(serde_json::json!({
+            "choices": [{"message": {"content": "hi", "tool_calls": null}}]
+        }))
+        .unwrap();
+        assert!(r.choices[0].message.tool_calls.is_empty());
+    }
+}

@@ -1,0 +1,62 @@
+//! The connected services a turn uses, built once per process.
+
+use std::sync::Arc;
+
+use crate::{
+    bus::{Bus, BusError},
+    character::{CharacterError, Characters},
+    config::{Config, redact_url},
+    llm::{LlmClient, LlmError},
+    store::{Mongo, Pg, StoreError},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Characters(#[from] CharacterError),
+    #[error(transparent)]
+    Llm(#[from] LlmError),
+}
+
+pub struct Services {
+    pub config: Config,
+    pub bus: Bus,
+    pub mongo: Mongo,
+    pub pg: Pg,
+    pub llm: LlmClient,
+    pub characters: Characters,
+}
+
+impl Services {
+    /// Connects to NATS, MongoDB and PostgreSQL and loads the characters.
+    pub async fn connect(config: Config) -> Result<Arc<Self>, SetupError> {
+        tracing::info!(
+            nats = %config.nats_url,
+            mongo = %redact_url(&config.atlas_uri),
+            postgres = %redact_url(&config.postgres_url),
+            llm = %config.llm_base_url,
+            model = %config.openrouter_model,
+            "connecting"
+        );
+        let (bus, mongo, pg) = tokio::try_join!(
+            async { Bus::connect(&config).await.map_err(SetupError::from) },
+            async { Mongo::connect(&config).await.map_err(SetupError::from) },
+            async { Pg::connect(&config).await.map_err(SetupError::from) },
+        )?;
+        let mut characters = Characters::load(&config.characters_dir)?;
+        characters.resolve(&mongo).await?;
+        let llm = LlmClient::new(&config)?;
+        Ok(Arc::new(Self {
+            config,
+            bus,
+            mongo,
+            pg,
+            llm,
+            characters,
+        }))
+    }
+}

@@ -1,0 +1,367 @@
+//! MongoDB access to the app's collections, in the shapes TB-Backend and the app use.
+//!
+//! Tricklists store their owner as a DBRef (`user: {$ref: "users", $id: ObjectId}`). Queries on it use
+//! [`user_ref_filter`]; the worker never creates an index on that field (see there).
+
+use bson::{Bson, Document, doc, oid::ObjectId};
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use mongodb::{
+    Client, Collection, Database, IndexModel,
+    error::{ErrorKind, WriteFailure},
+    options::{ClientOptions, IndexOptions},
+};
+use serde_json::Value;
+
+use super::StoreError;
+use crate::config::Config;
+
+pub const USERS: &str = "users";
+pub const DM_CONVERSATIONS: &str = "dm_conversations";
+pub const DM_MESSAGES: &str = "dm_messages";
+pub const TRICKLISTS: &str = "tricklists";
+pub const TRICKS: &str = "tricks";
+pub const SPOTS: &str = "ck_spots";
+pub const SPOT_DRAFTS: &str = "spot_drafts";
+
+/// The app's database.
+#[derive(Clone)]
+pub struct Mongo {
+    pub db: Database,
+}
+
+/// What the companion knows about the user it talks to.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UserProfile {
+    pub id: ObjectId,
+    pub name: Option<String>,
+    pub username: Option<String>,
+    pub bio: Option<String>,
+    pub location: Option<String>,
+    pub sports: Vec<String>,
+}
+
+/// A tricklist with its trick names resolved from the trickipedia.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tricklist {
+    pub id: ObjectId,
+    pub name: String,
+    pub category: Option<String>,
+    pub is_public: bool,
+    pub created_by: Option<String>,
+    pub tricks: Vec<TrickEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrickEntry {
+    pub id: ObjectId,
+    /// `None` when the trick id no longer exists in the trickipedia.
+    pub name: Option<String>,
+    pub checked: bool,
+}
+
+/// Result of checking that an event's conversation exists and joins these two users.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConversationCheck {
+    Ok,
+    Missing,
+    NotParticipant,
+}
+
+/// A reply as stored in dm_messages.
+#[derive(Clone, Debug)]
+pub struct ReplyDoc {
+    pub id: ObjectId,
+    pub conversation_id: ObjectId,
+    pub sender_id: ObjectId,
+    pub in_reply_to: ObjectId,
+    pub content: String,
+    pub rich_content: Option<Value>,
+    pub timestamp: DateTime<Utc>,
+}
+
+/// Filter matching documents whose `field` refers to user `id`, right on MongoDB and on SecantusDB alike.
+///
+/// On MongoDB the `field.$id` path matches a DBRef by its id whatever its key order or `$db`; SecantusDB
+/// (the local and CI server) silently matches nothing on DBRef sub-fields but matches the exact DBRef
+/// document. A plain ObjectId is accepted too, for documents written by other tools. Never index the
+/// DBRef field from here: on SecantusDB such an index makes later inserts and finds on it fail.
+pub fn user_ref_filter(field: &str, id: ObjectId) -> Document {
+    doc! { "$or": [
+        { format!("{field}.$id"): id },
+        { field: { "$ref": USERS, "$id": id } },
+        { field: id },
+    ] }
+}
+
+/// The DBRef the app stores in `tricklists.user`.
+pub fn user_ref(id: ObjectId) -> Document {
+    doc! { "$ref": USERS, "$id": id }
+}
+
+impl Mongo {
+    pub async fn connect(config: &Config) -> Result<Self, StoreError> {
+        let mut options = ClientOptions::parse(&config.atlas_uri).await?;
+        options.app_name = Some("companion".into());
+        if options.server_selection_timeout.is_none() {
+            options.server_selection_timeout = Some(std::time::Duration::from_secs(5));
+        }
+        let client = Client::with_options(options)?;
+        Ok(Self {
+            db: client.database(&config.mongo_database()),
+        })
+    }
+
+    pub fn collection(&self, name: &str) -> Collection<Document> {
+        self.db.collection(name)
+    }
+
+    /// Indexes the worker relies on (idempotent).
+    pub async fn ensure_indexes(&self) -> Result<(), StoreError> {
+        // One reply per inbound message, however often a turn is retried. Sparse: user messages have no inReplyTo.
+        let unique_reply = IndexModel::builder()
+            .keys(doc! { "inReplyTo": 1 })
+            .options(
+                IndexOptions::builder()
+                    .unique(true)
+                    .sparse(true)
+                    .name("companion_reply_once".to_owned())
+                    .build(),
+            )
+            .build();
+        self.collection(DM_MESSAGES)
+            .create_index(unique_reply)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.db.run_command(doc! { "ping": 1 }).await?;
+        Ok(())
+    }
+
+    /// Checks that the conversation exists and has both users as participants (ObjectId or string form).
+    pub async fn check_conversation(
+        &self,
+        conversation: ObjectId,
+        user: ObjectId,
+        bot: ObjectId,
+    ) -> Result<ConversationCheck, StoreError> {
+        let Some(conv) = self
+            .collection(DM_CONVERSATIONS)
+            .find_one(doc! { "_id": conversation })
+            .await?
+        else {
+            return Ok(ConversationCheck::Missing);
+        };
+        let participants = conv
+            .get_array("participants")
+            .map(|a| a.as_slice())
+            .unwrap_or(&[]);
+        let has = |id: ObjectId| {
+            participants.iter().any(|p| match p {
+                Bson::ObjectId(o) => *o == id,
+                Bson::String(s) => *s == id.to_hex(),
+                Bson::Document(d) => {
+                    d.get_object_id("$id").ok() == Some(id)
+                        || d.get_object_id("_id").ok() == Some(id)
+                }
+                _ => false,
+            })
+        };
+        Ok(if has(user) && has(bot) {
+            ConversationCheck::Ok
+        } else {
+            ConversationCheck::NotParticipant
+        })
+    }
+
+    pub async fn user_profile(&self, user: ObjectId) -> Result<Option<UserProfile>, StoreError> {
+        let Some(d) = self
+            .collection(USERS)
+            .find_one(doc! { "_id": user })
+            .await?
+        else {
+            return Ok(None);
+        };
+        let s = |k: &str| {
+            d.get_str(k)
+                .ok()
+                .map(str::to_owned)
+                .filter(|v| !v.trim().is_empty())
+        };
+        let sports = d
+            .get_array("sports")
+            .map(|a| {
+                a.iter()
+                    .filter_map(|b| b.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Some(UserProfile {
+            id: user,
+            name: s("name").or_else(|| s("displayName")),
+            username: s("username"),
+            bio: s("bio"),
+            location: s("location").or_else(|| s("city")),
+            sports,
+        }))
+    }
+
+    /// The user's tricklists, newest first, at most `limit`, with trick names resolved.
+    pub async fn user_tricklists(
+        &self,
+        user: ObjectId,
+        limit: i64,
+    ) -> Result<Vec<Tricklist>, StoreError> {
+        let lists: Vec<Document> = self
+            .collection(TRICKLISTS)
+            .find(user_ref_filter("user", user))
+            .sort(doc! { "createdAt": -1, "_id": -1 })
+            .limit(limit)
+            .await?
+            .try_collect()
+            .await?;
+        self.resolve_tricklists(lists).await
+    }
+
+    /// Turns raw tricklist documents into [`Tricklist`]s with one trickipedia query for all their tricks.
+    pub async fn resolve_tricklists(
+        &self,
+        lists: Vec<Document>,
+    ) -> Result<Vec<Tricklist>, StoreError> {
+        let mut ids: Vec<ObjectId> = lists
+            .iter()
+            .flat_map(|l| {
+                l.get_array("tricks")
+                    .map(|a| a.to_vec())
+                    .unwrap_or_default()
+            })
+            .filter_map(|t| trick_ref_id(&t))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        let names = self.trick_names(&ids).await?;
+        Ok(lists
+            .into_iter()
+            .filter_map(|l| {
+                let id = l.get_object_id("_id").ok()?;
+                let tricks = l
+                    .get_array("tricks")
+                    .map(|a| a.as_slice())
+                    .unwrap_or(&[])
+                    .iter()
+                    .filter_map(|t| {
+                        let id = trick_ref_id(t)?;
+                        let checked = t
+                            .as_document()
+                            .and_then(|d| d.get_bool("checked").ok())
+                            .unwrap_or(false);
+                        Some(TrickEntry {
+                            id,
+                            name: names.get(&id).cloned(),
+                            checked,
+                        })
+                    })
+                    .collect();
+                Some(Tricklist {
+                    id,
+                    name: l.get_str("name").unwrap_or("(unnamed)").to_owned(),
+                    category: l.get_str("category").ok().map(str::to_owned),
+                    is_public: l.get_bool("isPublic").unwrap_or(false),
+                    created_by: l.get_str("createdBy").ok().map(str::to_owned),
+                    tricks,
+                })
+            })
+            .collect())
+    }
+
+    async fn trick_names(
+        &self,
+        ids: &[ObjectId],
+    ) -> Result<std::collections::HashMap<ObjectId, String>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Default::default());
+        }
+        let docs: Vec<Document> = self
+            .collection(TRICKS)
+            .find(doc! { "_id": { "$in": ids } })
+            .projection(doc! { "name": 1 })
+            .await?
+            .try_collect()
+            .await?;
+        Ok(docs
+            .into_iter()
+            .filter_map(|d| {
+                Some((
+                    d.get_object_id("_id").ok()?,
+                    d.get_str("name").ok()?.to_owned(),
+                ))
+            })
+            .collect())
+    }
+
+    /// Writes the reply; `Ok(false)` when this reply (or another for the same message) is already there.
+    pub async fn insert_reply(&self, reply: &ReplyDoc) -> Result<bool, StoreError> {
+        let rich = match &reply.rich_content {
+            Some(v) => bson::to_bson(v).unwrap_or(Bson::Null),
+            None => Bson::Null,
+        };
+        let doc = doc! {
+            "_id": reply.id,
+            "conversationId": reply.conversation_id,
+            "senderId": reply.sender_id.to_hex(),
+            "content": &reply.content,
+            "richContent": rich,
+            "timestamp": bson::DateTime::from_chrono(reply.timestamp),
+            "read": false,
+            "inReplyTo": reply.in_reply_to,
+        };
+        match self.collection(DM_MESSAGES).insert_one(doc).await {
+            Ok(_) => Ok(true),
+            Err(e) if is_duplicate_key(&e) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Moves the conversation to the top of both users' inboxes.
+    pub async fn touch_conversation(
+        &self,
+        conversation: ObjectId,
+        last_message: &str,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let at = bson::DateTime::from_chrono(at);
+        self.collection(DM_CONVERSATIONS)
+            .update_one(
+                doc! { "_id": conversation, "$or": [ { "updatedAt": { "$lt": at } }, { "updatedAt": { "$exists": false } } ] },
+                doc! { "$set": { "lastMessage": last_message, "updatedAt": at } },
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// A tricklist entry is `{_id, checked}`; older lists may hold a bare ObjectId.
+fn trick_ref_id(t: &Bson) -> Option<ObjectId> {
+    match t {
+        Bson::ObjectId(o) => Some(*o),
+        Bson::Document(d) => d
+            .get_object_id("_id")
+            .ok()
+            .or_else(|| d.get_object_id("trick").ok()),
+        _ => None,
+    }
+}
+
+pub fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
+    match &*e.kind {
+        ErrorKind::Write(WriteFailure::WriteError(we)) => we.code == 11000,
+        ErrorKind::InsertMany(im) => im
+            .write_errors
+            .as_ref()
+            .is_some_and(|errs| errs.iter().all(|we| we.code == 11000)),
+        ErrorKind::Command(ce) => ce.code == 11000,
+        _ => false,
+    }
+}

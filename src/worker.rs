@@ -1,0 +1,229 @@
+//! The consumer loop: pulls events from the shared durable consumer and runs turns, boundedly.
+
+use std::{sync::Arc, time::Duration};
+
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt;
+use tokio::{sync::Semaphore, task::JoinSet};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::{
+    bus::{
+        BusError, DmEvent,
+        event::{Limits, parse_inbound},
+        settle,
+    },
+    services::Services,
+    turn::{self, Disposition, TurnError},
+};
+
+/// Runs until `shutdown` fires, then drains in-flight turns within the grace period.
+pub async fn run(svc: Arc<Services>, shutdown: CancellationToken) -> Result<(), BusError> {
+    svc.bus.ensure_streams().await?;
+    if let Err(e) = svc.mongo.ensure_indexes().await {
+        warn!(error = %e, "could not ensure MongoDB indexes; continuing");
+    }
+    let consumer = svc.bus.ensure_consumer(&svc.config).await?;
+    let concurrency = svc.config.concurrency.max(1);
+    let semaphore = Arc::new(Semaphore::new(concurrency));
+    // Fired when the grace period is over: in-flight turns NAK and stop.
+    let hard_stop = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    info!(
+        consumer = %svc.bus.names.consumer,
+        stream = %svc.bus.names.stream_in,
+        concurrency,
+        characters = svc.characters.len(),
+        "worker ready"
+    );
+
+    'pull: while !shutdown.is_cancelled() {
+        let mut messages = match consumer
+            .stream()
+            .max_messages_per_batch(concurrency.min(64))
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(error = %e, "cannot start pulling; retrying in 1 s");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break 'pull,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue 'pull,
+                }
+            }
+        };
+        loop {
+            while tasks.try_join_next().is_some() {}
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break 'pull,
+                p = semaphore.clone().acquire_owned() => p.expect("semaphore is never closed"),
+            };
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => break 'pull,
+                m = messages.next() => m,
+            };
+            match next {
+                Some(Ok(msg)) => {
+                    let svc = svc.clone();
+                    let hard_stop = hard_stop.clone();
+                    tasks.spawn(async move {
+                        handle(&svc, msg, hard_stop).await;
+                        drop(permit);
+                    });
+                }
+                Some(Err(e)) => {
+                    warn!(error = %e, "pull error");
+                    if matches!(
+                        e.kind(),
+                        jetstream::consumer::pull::MessagesErrorKind::ConsumerDeleted
+                    ) {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        match svc.bus.ensure_consumer(&svc.config).await {
+                            Ok(_) => continue 'pull,
+                            Err(e) => error!(error = %e, "cannot recreate the consumer"),
+                        }
+                    }
+                }
+                None => {
+                    warn!("message stream ended; pulling again");
+                    continue 'pull;
+                }
+            }
+        }
+    }
+
+    let in_flight = tasks.len();
+    info!(
+        in_flight,
+        grace_secs = svc.config.shutdown_grace_secs,
+        "stopping: no longer pulling"
+    );
+    let drained = tokio::time::timeout(svc.config.shutdown_grace(), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!(
+            left = tasks.len(),
+            "grace period over; returning unfinished turns to the stream"
+        );
+        hard_stop.cancel();
+        while tasks.join_next().await.is_some() {}
+    }
+    info!("worker stopped");
+    Ok(())
+}
+
+/// One delivery, from bytes to ack; never panics on input.
+async fn handle(svc: &Services, msg: jetstream::Message, hard_stop: CancellationToken) {
+    let (delivered, sequence) = msg
+        .info()
+        .map(|i| (i.delivered, i.stream_sequence))
+        .unwrap_or((1, 0));
+    let span = info_span!(
+        "turn",
+        event_id = tracing::field::Empty,
+        conversation_id = tracing::field::Empty,
+        bot_id = tracing::field::Empty,
+        delivery = delivered,
+        seq = sequence,
+    );
+    async {
+        let limits = Limits { max_event_bytes: svc.config.max_event_bytes, max_content_chars: svc.config.max_content_chars };
+        let event = match parse_inbound(&msg.payload, msg.subject.as_str(), &svc.bus.names.prefix, limits) {
+            Ok(e) => e,
+            Err(e) => return reject(svc, &msg, &e.to_string(), delivered).await,
+        };
+        let span = tracing::Span::current();
+        span.record("event_id", event.message_id.to_hex());
+        span.record("conversation_id", event.conversation_id.to_hex());
+        span.record("bot_id", event.bot_id.to_hex());
+
+        let progress = keep_alive(&msg, svc.config.ack_wait());
+        let result = tokio::select! {
+            r = turn::run(svc, &event) => Some(r),
+            _ = hard_stop.cancelled() => None,
+        };
+        progress.abort();
+        match result {
+            None => settle(&msg, AckKind::Nak(None)).await,
+            Some(Ok(outcome)) => {
+                if let Err(e) = msg.double_ack().await {
+                    warn!(error = %e, ?outcome, "ack not confirmed; a redelivery will find the turn done");
+                }
+            }
+            Some(Err(e)) => fail(svc, &msg, &event, e, delivered).await,
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Sends progress acks so a long turn keeps its message.
+fn keep_alive(msg: &jetstream::Message, ack_wait: Duration) -> tokio::task::JoinHandle<()> {
+    let msg = msg.clone();
+    let every = (ack_wait / 3).max(Duration::from_millis(200));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if msg.ack_with(AckKind::Progress).await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+async fn fail(
+    svc: &Services,
+    msg: &jetstream::Message,
+    event: &DmEvent,
+    err: TurnError,
+    delivered: i64,
+) {
+    let reason = err.to_string();
+    match err.disposition() {
+        Disposition::Reject => reject(svc, msg, &reason, delivered).await,
+        Disposition::Retry if delivered < svc.config.max_deliver => {
+            let delay = retry_delay(svc.config.retry_delay_secs, delivered);
+            warn!(error = %reason, retry_in_ms = delay.as_millis() as u64, "turn failed; will retry");
+            if let Err(e) = svc.pg.note_error(&event.message_id.to_hex(), &reason).await {
+                warn!(error = %e, "could not record the error in the journal");
+            }
+            settle(msg, AckKind::Nak(Some(delay))).await;
+        }
+        Disposition::Retry | Disposition::Fail => {
+            error!(error = %reason, "turn cannot be answered; sending the failure line and dead-lettering");
+            if let Err(e) = turn::answer_with_failure(svc, event, &reason).await {
+                error!(error = %e, "failure line not delivered");
+            }
+            reject(svc, msg, &reason, delivered).await;
+        }
+    }
+}
+
+/// Dead-letters and terminates; if the dead letter cannot be written the event is NAKed instead.
+async fn reject(svc: &Services, msg: &jetstream::Message, reason: &str, delivered: i64) {
+    warn!(reason, "event rejected");
+    match svc.bus.dead_letter(msg, reason, delivered).await {
+        Ok(()) => settle(msg, AckKind::Term).await,
+        Err(e) => {
+            error!(error = %e, "dead letter not written; the event stays in the stream");
+            settle(msg, AckKind::Nak(Some(Duration::from_secs(5)))).await;
+        }
+    }
+}
+
+/// Exponential backoff with jitter, capped at a minute.
+fn retry_delay(base_secs: u64, delivered: i64) -> Duration {
+    let exp = delivered.clamp(1, 10) as u32 - 1;
+    let base = Duration::from_secs(base_secs.max(1))
+        .saturating_mul(2u32.saturating_pow(exp))
+        .min(Duration::from_secs(60));
+    base.mul_f64(0.8 + fastrand::f64() * 0.4)
+}
