@@ -103,6 +103,45 @@ impl TestEnv {
         }));
     }
 
+    /// Starts `companion worker` as a separate process on this environment (stdout/stderr to a log file).
+    pub fn spawn_worker_process(&self, extra_env: &[(&str, &str)]) -> std::process::Child {
+        let log = std::env::temp_dir().join(format!(
+            "companion-worker-{}-{}.log",
+            self.tag,
+            fastrand::u32(..)
+        ));
+        let out = std::fs::File::create(&log).expect("worker log file");
+        let c = &self.config;
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_companion"));
+        cmd.arg("worker")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .env("NATS_URL", &c.nats_url)
+            .env("ATLAS_URI", &c.atlas_uri)
+            .env("POSTGRES_URL", &c.postgres_url)
+            .env("LLM_BASE_URL", &c.llm_base_url)
+            .env("COMPANION_CHARACTERS_DIR", &c.characters_dir)
+            .env("COMPANION_SUBJECT_PREFIX", &c.subject_prefix)
+            .env("COMPANION_STREAM_PREFIX", &c.stream_prefix)
+            .env("COMPANION_CONSUMER", &c.consumer)
+            .env("COMPANION_CONCURRENCY", c.concurrency.to_string())
+            .env("COMPANION_MAX_DELIVER", c.max_deliver.to_string())
+            .env("COMPANION_ACK_WAIT_SECS", c.ack_wait_secs.to_string())
+            .env("COMPANION_RETRY_DELAY_SECS", c.retry_delay_secs.to_string())
+            .env(
+                "COMPANION_SHUTDOWN_GRACE_SECS",
+                c.shutdown_grace_secs.to_string(),
+            )
+            .stdout(out.try_clone().expect("log handle"))
+            .stderr(out);
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        eprintln!("worker process log: {}", log.display());
+        cmd.spawn().expect("companion binary starts")
+    }
+
     /// Services for calling library functions directly.
     pub async fn services(&self) -> Arc<Services> {
         Services::connect(self.config.clone())
