@@ -130,6 +130,31 @@ pub struct Config {
     /// Sampling temperature sent with every chat request.
     #[arg(long, env = "LLM_TEMPERATURE", default_value_t = 0.8, global = true)]
     pub llm_temperature: f32,
+    /// Retries of one chat request after a timeout, 429 or 5xx, within the turn.
+    #[arg(long, env = "LLM_MAX_RETRIES", default_value_t = 2, global = true)]
+    pub llm_max_retries: u32,
+    /// First retry delay in milliseconds (doubled per retry, ±20 % jitter); `Retry-After` wins when given.
+    #[arg(long, env = "LLM_RETRY_BASE_MS", default_value_t = 500, global = true)]
+    pub llm_retry_base_ms: u64,
+    /// Longest wait inside a turn before a retry, seconds; a longer `Retry-After` hands the turn back to the stream.
+    #[arg(long, env = "LLM_RETRY_MAX_SECS", default_value_t = 20, global = true)]
+    pub llm_retry_max_secs: u64,
+    /// Models tried in order when the main one keeps failing or cannot use tools (comma separated).
+    #[arg(
+        long,
+        env = "LLM_FALLBACK_MODELS",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub llm_fallback_models: Vec<String>,
+    /// Outbound chat requests per second from one process (a burst of the same size is allowed).
+    #[arg(
+        long,
+        env = "LLM_REQUESTS_PER_SECOND",
+        default_value_t = 50,
+        global = true
+    )]
+    pub llm_requests_per_second: u32,
     /// Folder holding `*.json` character files.
     #[arg(
         long,

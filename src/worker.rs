@@ -114,6 +114,10 @@ pub async fn run(svc: Arc<Services>, shutdown: CancellationToken) -> Result<(), 
         hard_stop.cancel();
         while tasks.join_next().await.is_some() {}
     }
+    // Acks and NAKs are buffered: make sure the server has them before the process exits.
+    if let Err(e) = svc.bus.client.flush().await {
+        warn!(error = %e, "could not flush the last acks; the server will redeliver those events");
+    }
     info!("worker stopped");
     Ok(())
 }
@@ -187,10 +191,12 @@ async fn fail(
     delivered: i64,
 ) {
     let reason = err.to_string();
+    let err_retry_after = err.retry_after();
     match err.disposition() {
         Disposition::Reject => reject(svc, msg, &reason, delivered).await,
         Disposition::Retry if delivered < svc.config.max_deliver => {
-            let delay = retry_delay(svc.config.retry_delay_secs, delivered);
+            let delay = retry_delay(svc.config.retry_delay_secs, delivered)
+                .max(err_retry_after.unwrap_or_default());
             warn!(error = %reason, retry_in_ms = delay.as_millis() as u64, "turn failed; will retry");
             if let Err(e) = svc.pg.note_error(&event.message_id.to_hex(), &reason).await {
                 warn!(error = %e, "could not record the error in the journal");

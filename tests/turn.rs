@@ -348,7 +348,7 @@ async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
 }
 
 #[tokio::test]
-async fn a_failing_model_is_retried_and_answered_once() {
+async fn a_failing_turn_is_redelivered_and_answered_once() {
     let responder = scripted(
         vec![StubReply::Status {
             code: 500,
@@ -357,7 +357,8 @@ async fn a_failing_model_is_retried_and_answered_once() {
         }],
         StubReply::text("back online!"),
     );
-    let mut env = TestEnv::new(responder).await;
+    // No retries inside the turn: this exercises the NAK and redelivery path.
+    let mut env = TestEnv::with(responder, |c| c.llm_max_retries = 0).await;
     env.start_worker().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "you there?").await;
     let reply = env.turn(&event).await;

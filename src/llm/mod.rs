@@ -2,8 +2,9 @@
 
 pub mod stub;
 
-use std::time::Duration;
+use std::{num::NonZeroU32, sync::Arc, time::Duration};
 
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use reqwest::{StatusCode, header};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
@@ -208,6 +209,43 @@ impl LlmError {
                 | Self::NoChoice
         )
     }
+
+    /// How long the server asked us to wait, if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::RateLimited { retry_after } | Self::Server { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// Another model may succeed where this one cannot (no tool support, unknown model, outage).
+    fn try_another_model(&self) -> bool {
+        matches!(
+            self,
+            Self::NoToolSupport { .. } | Self::Rejected { status: 404, .. }
+        ) || self.is_transient()
+    }
+}
+
+/// How a chat request is retried within a turn.
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    pub max_retries: u32,
+    pub base: Duration,
+    /// Longest wait; a longer `Retry-After` ends the attempt so the turn goes back to the stream.
+    pub max_wait: Duration,
+}
+
+impl RetryPolicy {
+    /// Exponential backoff with ±20 % jitter, or the server's `Retry-After`.
+    fn wait(&self, retry: u32, err: &LlmError) -> Option<Duration> {
+        let wait = err.retry_after().unwrap_or_else(|| {
+            self.base
+                .saturating_mul(2u32.saturating_pow(retry))
+                .mul_f64(0.8 + fastrand::f64() * 0.4)
+        });
+        (wait <= self.max_wait).then_some(wait)
+    }
 }
 
 /// A client for one OpenAI-compatible base URL.
@@ -217,8 +255,13 @@ pub struct LlmClient {
     url: String,
     key: Secret,
     pub default_model: String,
+    /// Tried in order after the request's own model.
+    pub fallback_models: Vec<String>,
     pub max_tokens: u32,
     pub temperature: f32,
+    pub retry: RetryPolicy,
+    /// Process-wide cap on outbound requests.
+    limiter: Arc<DefaultDirectRateLimiter>,
 }
 
 impl LlmClient {
@@ -240,9 +283,66 @@ impl LlmClient {
             ),
             key: config.openrouter_api_key.clone(),
             default_model: config.openrouter_model.clone(),
+            fallback_models: config
+                .llm_fallback_models
+                .iter()
+                .map(|m| m.trim().to_owned())
+                .filter(|m| !m.is_empty())
+                .collect(),
             max_tokens: config.llm_max_tokens,
             temperature: config.llm_temperature,
+            retry: RetryPolicy {
+                max_retries: config.llm_max_retries,
+                base: Duration::from_millis(config.llm_retry_base_ms.max(1)),
+                max_wait: Duration::from_secs(config.llm_retry_max_secs),
+            },
+            limiter: Arc::new(RateLimiter::direct(Quota::per_second(
+                NonZeroU32::new(config.llm_requests_per_second.max(1))
+                    .expect("at least one per second"),
+            ))),
         })
+    }
+
+    /// The request with retries (timeouts, 429, 5xx; honouring `Retry-After`) and then each fallback model.
+    pub async fn complete(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        let mut models = vec![request.model.clone()];
+        models.extend(
+            self.fallback_models
+                .iter()
+                .filter(|m| **m != request.model)
+                .cloned(),
+        );
+        let mut last = None;
+        for (i, model) in models.iter().enumerate() {
+            let mut req = request.clone();
+            req.model = model.clone();
+            let mut retry = 0;
+            let err = loop {
+                self.limiter.until_ready().await;
+                match self.chat(&req).await {
+                    Ok(r) => return Ok(r),
+                    Err(e) if e.is_transient() && retry < self.retry.max_retries => {
+                        match self.retry.wait(retry, &e) {
+                            Some(wait) => {
+                                tracing::warn!(model = %model, error = %e, retry_in_ms = wait.as_millis() as u64, "chat request failed; retrying");
+                                tokio::time::sleep(wait).await;
+                                retry += 1;
+                            }
+                            None => break e,
+                        }
+                    }
+                    Err(e) => break e,
+                }
+            };
+            let more = i + 1 < models.len();
+            if more && err.try_another_model() {
+                tracing::warn!(model = %model, error = %err, next = %models[i + 1], "falling back to the next model");
+                last = Some(err);
+                continue;
+            }
+            return Err(err);
+        }
+        Err(last.unwrap_or(LlmError::NoChoice))
     }
 
     /// One request, no retries (the caller decides).

@@ -64,6 +64,14 @@ pub enum Disposition {
 }
 
 impl TurnError {
+    /// A wait the failing service asked for (e.g. the model's `Retry-After`).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::Llm(e) => e.retry_after(),
+            _ => None,
+        }
+    }
+
     pub fn disposition(&self) -> Disposition {
         match self {
             Self::Invalid(_)
@@ -176,7 +184,7 @@ async fn respond(
         max_tokens: Some(svc.llm.max_tokens),
         temperature: Some(svc.llm.temperature),
     };
-    let response = svc.llm.chat(&request).await?;
+    let response = svc.llm.complete(&request).await?;
     let text = response
         .choices
         .into_iter()

@@ -29,6 +29,21 @@ pub fn oid(s: &str) -> ObjectId {
     ObjectId::parse_str(s).expect("test ids are valid")
 }
 
+/// SecantusDB (the local MongoDB-wire server) can deadlock when one connection creates a collection while
+/// another inserts into a new one; tests therefore create and drop their collections one test at a time.
+static COLLECTION_DDL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Every collection the worker and its tools use, created before any worker runs.
+const COLLECTIONS: &[&str] = &[
+    "users",
+    "dm_conversations",
+    "dm_messages",
+    "tricklists",
+    "tricks",
+    "ck_spots",
+    "spot_drafts",
+];
+
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -75,9 +90,20 @@ impl TestEnv {
             .expect("PostgreSQL is up (deploy/local/stack.sh up)");
         pg.migrate().await.expect("migrations apply");
         let mongo = Mongo::connect(&config).await.expect("MongoDB client");
-        seed::seed_dir(&mongo, &root().join("deploy/local/seed"))
-            .await
-            .expect("seed data loads");
+        {
+            let _ddl = COLLECTION_DDL.lock().await;
+            for name in COLLECTIONS {
+                mongo
+                    .db
+                    .create_collection(*name)
+                    .await
+                    .expect("create collection");
+            }
+            mongo.ensure_indexes().await.expect("indexes");
+            seed::seed_dir(&mongo, &root().join("deploy/local/seed"))
+                .await
+                .expect("seed data loads");
+        }
         let bus = Bus::connect(&config).await.expect("NATS is up");
         bus.ensure_streams().await.expect("streams");
         Self {
@@ -251,6 +277,7 @@ impl TestEnv {
                 .execute(&mut conn)
                 .await;
         }
+        let _ddl = COLLECTION_DDL.lock().await;
         let _ = tokio::time::timeout(Duration::from_secs(5), self.mongo.db.drop()).await;
     }
 }
