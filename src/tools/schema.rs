@@ -31,6 +31,9 @@ fn tidy(v: &mut Value) {
     o.remove("title");
     o.remove("$schema");
     o.remove("format");
+    if o.get("default") == Some(&Value::Null) {
+        o.remove("default");
+    }
     // `Option<T>`: `type: [T, "null"]` or `anyOf: [T, {type: null}]` → T.
     if let Some(Value::Array(types)) = o.get("type") {
         let non_null: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
