@@ -12,15 +12,25 @@ use serde_json::{Value, json};
 use support_tools::*;
 
 async fn call(ctx: &ToolContext, name: &str, args: Value) -> ToolResult {
-    Registry::default().dispatch(name, &args.to_string(), ctx).await
+    Registry::default()
+        .dispatch(name, &args.to_string(), ctx)
+        .await
 }
 
 fn data(r: &ToolResult) -> &Value {
-    &r.outcome.as_ref().unwrap_or_else(|e| panic!("{} failed: {e}", r.name)).data
+    &r.outcome
+        .as_ref()
+        .unwrap_or_else(|e| panic!("{} failed: {e}", r.name))
+        .data
 }
 
 fn error(r: &ToolResult) -> Value {
-    assert!(!r.is_ok(), "{} unexpectedly succeeded: {:?}", r.name, r.outcome);
+    assert!(
+        !r.is_ok(),
+        "{} unexpectedly succeeded: {:?}",
+        r.name,
+        r.outcome
+    );
     serde_json::from_str(&r.model_content()).unwrap()
 }
 
@@ -56,7 +66,12 @@ async fn search_spots_matches_filters_limits_and_is_literal() {
     let r = call(&ctx, "search_spots", json!({"query": "e", "limit": 2})).await;
     assert_eq!(data(&r)["count"], 2);
     // type filter
-    let r = call(&ctx, "search_spots", json!({"query": "e", "type": "diy", "limit": 20})).await;
+    let r = call(
+        &ctx,
+        "search_spots",
+        json!({"query": "e", "type": "diy", "limit": 20}),
+    )
+    .await;
     let spots = data(&r)["spots"].as_array().unwrap().clone();
     assert_eq!(spots.len(), 3);
     assert!(spots.iter().all(|s| s["type"] == "diy"));
@@ -79,7 +94,12 @@ async fn search_spots_matches_filters_limits_and_is_literal() {
     let e = error(&call(&ctx, "search_spots", json!({})).await);
     assert_eq!(e["field"], "query");
     // null for an optional field means absent
-    let r = call(&ctx, "search_spots", json!({"query": "portland", "type": null})).await;
+    let r = call(
+        &ctx,
+        "search_spots",
+        json!({"query": "portland", "type": null}),
+    )
+    .await;
     assert!(r.is_ok());
     f.cleanup().await;
 }
@@ -116,7 +136,10 @@ async fn get_user_tricklists_sees_only_own_lists() {
     got.sort();
     assert_eq!(got, ["Sam's Secret List", "Sam's Street Basics"]);
     let e = error(&call(&jess, "get_user_tricklists", json!({"userId": SAM})).await);
-    assert!(e["error"].as_str().unwrap().contains("act for the user"), "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("act for the user"),
+        "{e}"
+    );
     f.cleanup().await;
 }
 
@@ -131,9 +154,19 @@ async fn search_trickipedia_by_name_keyword_and_category() {
     let card = r.card().unwrap();
     assert_eq!(card["type"], "trick_card");
     assert_eq!(card["data"]["name"], "Kickflip");
-    assert!(card["data"]["deepLink"].as_str().unwrap().starts_with("trickbook://trick/"));
+    assert!(
+        card["data"]["deepLink"]
+            .as_str()
+            .unwrap()
+            .starts_with("trickbook://trick/")
+    );
     // category filter picks the snowboard Boardslide
-    let r = call(&ctx, "search_trickipedia", json!({"query": "boardslide", "category": "snowboard"})).await;
+    let r = call(
+        &ctx,
+        "search_trickipedia",
+        json!({"query": "boardslide", "category": "snowboard"}),
+    )
+    .await;
     assert_eq!(data(&r)["count"], 1);
     assert_eq!(data(&r)["tricks"][0]["category"], "snowboard");
     assert_eq!(r.card().unwrap()["type"], "trick_card");
@@ -141,13 +174,25 @@ async fn search_trickipedia_by_name_keyword_and_category() {
     let r = call(&ctx, "search_trickipedia", json!({"query": "the"})).await;
     assert_eq!(data(&r)["count"], 10);
     assert!(r.card().is_none());
-    let r = call(&ctx, "search_trickipedia", json!({"query": "no such trick"})).await;
+    let r = call(
+        &ctx,
+        "search_trickipedia",
+        json!({"query": "no such trick"}),
+    )
+    .await;
     assert_eq!(data(&r)["count"], 0);
     for q in [".*", "(a+)+$", "Kick.lip"] {
         let r = call(&ctx, "search_trickipedia", json!({"query": q})).await;
         assert_eq!(data(&r)["count"], 0, "query {q} must match literally");
     }
-    let e = error(&call(&ctx, "search_trickipedia", json!({"query": "x", "category": "golf"})).await);
+    let e = error(
+        &call(
+            &ctx,
+            "search_trickipedia",
+            json!({"query": "x", "category": "golf"}),
+        )
+        .await,
+    );
     assert_eq!(e["field"], "category");
     f.cleanup().await;
 }
@@ -161,15 +206,29 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
     let d = data(&r).clone();
     assert_eq!(d["created"], true);
     assert_eq!(d["trickCount"], 3);
-    let matched: Vec<&str> = d["matched"].as_array().unwrap().iter().map(|m| m["trick"].as_str().unwrap()).collect();
+    let matched: Vec<&str> = d["matched"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["trick"].as_str().unwrap())
+        .collect();
     assert_eq!(matched, ["Kickflip", "50-50 Grind", "Boardslide"]);
     assert_eq!(d["unmatched"], json!(["(a+)+$", "triple cork 1440"]));
     let card = r.card().unwrap();
     assert_eq!(card["type"], "tricklist_card");
     let id = oid(d["_id"].as_str().unwrap());
-    assert_eq!(card["data"]["deepLink"], format!("trickbook://tricklist/{}", id.to_hex()));
+    assert_eq!(
+        card["data"]["deepLink"],
+        format!("trickbook://tricklist/{}", id.to_hex())
+    );
     // The stored document, in the app's exact shape.
-    let stored = f.mongo.collection(TRICKLISTS).find_one(doc! {"_id": id}).await.unwrap().unwrap();
+    let stored = f
+        .mongo
+        .collection(TRICKLISTS)
+        .find_one(doc! {"_id": id})
+        .await
+        .unwrap()
+        .unwrap();
     let user = stored.get_document("user").unwrap();
     let keys: Vec<&str> = user.keys().map(String::as_str).collect();
     assert_eq!(keys, ["$ref", "$id"]);
@@ -182,8 +241,18 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
         assert!(t.get_object_id("_id").is_ok());
         assert_eq!(t.get_bool("checked").unwrap(), false);
     }
-    let boardslide = tricks[2].as_document().unwrap().get_object_id("_id").unwrap();
-    let b = f.mongo.collection("tricks").find_one(doc! {"_id": boardslide}).await.unwrap().unwrap();
+    let boardslide = tricks[2]
+        .as_document()
+        .unwrap()
+        .get_object_id("_id")
+        .unwrap();
+    let b = f
+        .mongo
+        .collection("tricks")
+        .find_one(doc! {"_id": boardslide})
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(b.get_str("category").unwrap(), "skateboard");
     assert_eq!(stored.get_str("category").unwrap(), "skateboard");
     assert_eq!(stored.get_str("createdBy").unwrap(), "Kaori");
@@ -197,29 +266,75 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
     let again = call(&ctx, "create_tricklist", args).await;
     assert_eq!(data(&again)["_id"], d["_id"]);
     assert_eq!(data(&again)["created"], false);
-    let n = f.mongo.collection(TRICKLISTS).count_documents(doc! {"name": "Park List"}).await.unwrap();
+    let n = f
+        .mongo
+        .collection(TRICKLISTS)
+        .count_documents(doc! {"name": "Park List"})
+        .await
+        .unwrap();
     assert_eq!(n, 1);
-    let counted: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_writes").fetch_one(&f.pg.pool).await.unwrap();
+    let counted: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_writes")
+        .fetch_one(&f.pg.pool)
+        .await
+        .unwrap();
     assert_eq!(counted, 1);
     // Nothing matched: an error, no write.
-    let e = error(&call(&f.ctx(JESS), "create_tricklist", json!({"name": "X", "tricks": [".*"]})).await);
+    let e = error(
+        &call(
+            &f.ctx(JESS),
+            "create_tricklist",
+            json!({"name": "X", "tricks": [".*"]}),
+        )
+        .await,
+    );
     assert!(e["error"].as_str().unwrap().contains("none of the tricks"));
     // validation
-    let e = error(&call(&ctx, "create_tricklist", json!({"name": "x".repeat(101), "tricks": ["ollie"]})).await);
+    let e = error(
+        &call(
+            &ctx,
+            "create_tricklist",
+            json!({"name": "x".repeat(101), "tricks": ["ollie"]}),
+        )
+        .await,
+    );
     assert_eq!(e["field"], "name");
     let e = error(&call(&ctx, "create_tricklist", json!({"name": "x", "tricks": []})).await);
     assert_eq!(e["field"], "tricks");
-    let e = error(&call(&ctx, "create_tricklist", json!({"name": "x", "tricks": "ollie"})).await);
+    let e = error(
+        &call(
+            &ctx,
+            "create_tricklist",
+            json!({"name": "x", "tricks": "ollie"}),
+        )
+        .await,
+    );
     assert_eq!(e["field"], "tricks");
-    let e = error(&call(&ctx, "create_tricklist", json!({"name": "x", "tricks": ["ollie"], "user": {"$ref": "users", "$id": SAM}})).await);
-    assert!(e["error"].as_str().unwrap().contains("never for anyone else"));
+    let e = error(
+        &call(
+            &ctx,
+            "create_tricklist",
+            json!({"name": "x", "tricks": ["ollie"], "user": {"$ref": "users", "$id": SAM}}),
+        )
+        .await,
+    );
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("never for anyone else")
+    );
     f.cleanup().await;
 }
 
 #[tokio::test]
 async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
     let f = Fixture::new().await;
-    let spots_before = f.mongo.collection(SPOTS).count_documents(doc! {}).await.unwrap();
+    let spots_before = f
+        .mongo
+        .collection(SPOTS)
+        .count_documents(doc! {})
+        .await
+        .unwrap();
     let ctx = f.ctx(JESS);
     let r = call(&ctx, "create_spot_draft", json!({
         "name": "Ledge Plaza", "type": "street", "city": "Portland",
@@ -230,17 +345,34 @@ async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
     assert_eq!(d["longitude"], -122.6651);
     assert_eq!(r.card().unwrap()["type"], "spot_draft_confirmation");
     assert_eq!(r.card().unwrap()["data"]["status"], "pending_approval");
-    let draft = f.mongo.collection(SPOT_DRAFTS).find_one(doc! {"_id": oid(d["_id"].as_str().unwrap())}).await.unwrap().unwrap();
+    let draft = f
+        .mongo
+        .collection(SPOT_DRAFTS)
+        .find_one(doc! {"_id": oid(d["_id"].as_str().unwrap())})
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(draft.get_str("status").unwrap(), "pending_approval");
     assert_eq!(draft.get_str("submittedBy").unwrap(), JESS);
     assert_eq!(draft.get_str("submittedVia").unwrap(), "Kaori");
     assert_eq!(draft.get_f64("latitude").unwrap(), 45.5231);
     // A short link: a draft without coordinates, flagged.
-    let r = call(&f.ctx(JESS), "create_spot_draft", json!({"name": "Mystery DIY", "type": "diy", "mapsUrl": "https://maps.app.goo.gl/AbC123"})).await;
+    let r = call(
+        &f.ctx(JESS),
+        "create_spot_draft",
+        json!({"name": "Mystery DIY", "type": "diy", "mapsUrl": "https://maps.app.goo.gl/AbC123"}),
+    )
+    .await;
     let d = data(&r).clone();
     assert_eq!(d["needsCoordinates"], true);
     assert!(d["latitude"].is_null());
-    let draft = f.mongo.collection(SPOT_DRAFTS).find_one(doc! {"_id": oid(d["_id"].as_str().unwrap())}).await.unwrap().unwrap();
+    let draft = f
+        .mongo
+        .collection(SPOT_DRAFTS)
+        .find_one(doc! {"_id": oid(d["_id"].as_str().unwrap())})
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(draft.get_bool("shortLinkUnresolved").unwrap(), true);
     assert_eq!(draft.get("latitude"), Some(&Bson::Null));
     // Apple, q=, manual coordinates
@@ -248,11 +380,26 @@ async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
     assert_eq!(data(&r)["latitude"], 37.7749);
     // Refusals name the field; nothing is written.
     let bad = [
-        (json!({"name": "A", "type": "street", "latitude": 91, "longitude": 0}), "latitude"),
-        (json!({"name": "A", "type": "street", "latitude": 0, "longitude": -180.5}), "longitude"),
-        (json!({"name": "A", "type": "street", "latitude": 10}), "longitude"),
-        (json!({"name": "A", "type": "street", "mapsUrl": "https://maps.google.com/?q=95,10"}), "mapsUrl"),
-        (json!({"name": "A", "type": "street", "mapsUrl": "https://example.com/@1,2"}), "mapsUrl"),
+        (
+            json!({"name": "A", "type": "street", "latitude": 91, "longitude": 0}),
+            "latitude",
+        ),
+        (
+            json!({"name": "A", "type": "street", "latitude": 0, "longitude": -180.5}),
+            "longitude",
+        ),
+        (
+            json!({"name": "A", "type": "street", "latitude": 10}),
+            "longitude",
+        ),
+        (
+            json!({"name": "A", "type": "street", "mapsUrl": "https://maps.google.com/?q=95,10"}),
+            "mapsUrl",
+        ),
+        (
+            json!({"name": "A", "type": "street", "mapsUrl": "https://example.com/@1,2"}),
+            "mapsUrl",
+        ),
         (json!({"name": "A", "type": "rooftop"}), "type"),
         (json!({"name": "", "type": "street"}), "name"),
     ];
@@ -260,9 +407,19 @@ async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
         let e = error(&call(&f.ctx(JESS), "create_spot_draft", args.clone()).await);
         assert_eq!(e["field"], field, "{args}");
     }
-    let drafts = f.mongo.collection(SPOT_DRAFTS).count_documents(doc! {}).await.unwrap();
+    let drafts = f
+        .mongo
+        .collection(SPOT_DRAFTS)
+        .count_documents(doc! {})
+        .await
+        .unwrap();
     assert_eq!(drafts, 3);
-    let spots_after = f.mongo.collection(SPOTS).count_documents(doc! {}).await.unwrap();
+    let spots_after = f
+        .mongo
+        .collection(SPOTS)
+        .count_documents(doc! {})
+        .await
+        .unwrap();
     assert_eq!(spots_before, spots_after);
     f.cleanup().await;
 }
@@ -273,28 +430,77 @@ async fn share_content_only_what_the_user_may_see() {
     let jess = f.ctx(JESS);
     let share = |t: &str, id: &str| json!({"type": t, "id": id});
     // Sam's private list: refused like a missing one; Sam's public list and Jess's private list: cards.
-    let e = error(&call(&jess, "share_content", share("tricklist", "6650f1a2b3c4d5e6f7a8f003")).await);
+    let e = error(
+        &call(
+            &jess,
+            "share_content",
+            share("tricklist", "6650f1a2b3c4d5e6f7a8f003"),
+        )
+        .await,
+    );
     assert!(e["error"].as_str().unwrap().contains("no tricklist"));
-    let r = call(&jess, "share_content", share("tricklist", "6650f1a2b3c4d5e6f7a8f004")).await;
+    let r = call(
+        &jess,
+        "share_content",
+        share("tricklist", "6650f1a2b3c4d5e6f7a8f004"),
+    )
+    .await;
     assert_eq!(r.card().unwrap()["type"], "tricklist_card");
     assert_eq!(r.card().unwrap()["data"]["name"], "Sam's Street Basics");
-    let r = call(&jess, "share_content", share("tricklist", "6650f1a2b3c4d5e6f7a8f002")).await;
+    let r = call(
+        &jess,
+        "share_content",
+        share("tricklist", "6650f1a2b3c4d5e6f7a8f002"),
+    )
+    .await;
     assert_eq!(r.card().unwrap()["data"]["name"], "Winter Goals");
-    let r = call(&f.ctx(SAM), "share_content", share("tricklist", "6650f1a2b3c4d5e6f7a8f003")).await;
+    let r = call(
+        &f.ctx(SAM),
+        "share_content",
+        share("tricklist", "6650f1a2b3c4d5e6f7a8f003"),
+    )
+    .await;
     assert_eq!(r.card().unwrap()["data"]["name"], "Sam's Secret List");
-    let r = call(&jess, "share_content", share("spot", "6650f1a2b3c4d5e6f7a8e001")).await;
+    let r = call(
+        &jess,
+        "share_content",
+        share("spot", "6650f1a2b3c4d5e6f7a8e001"),
+    )
+    .await;
     let card = r.card().unwrap();
     assert_eq!(card["type"], "spot_card");
-    assert_eq!(card["data"]["deepLink"], "trickbook://spot/6650f1a2b3c4d5e6f7a8e001");
-    let r = call(&jess, "share_content", share("trick", "6650f1a2b3c4d5e6f7a8d005")).await;
+    assert_eq!(
+        card["data"]["deepLink"],
+        "trickbook://spot/6650f1a2b3c4d5e6f7a8e001"
+    );
+    let r = call(
+        &jess,
+        "share_content",
+        share("trick", "6650f1a2b3c4d5e6f7a8d005"),
+    )
+    .await;
     assert_eq!(r.card().unwrap()["type"], "trick_card");
     assert_eq!(r.card().unwrap()["data"]["name"], "Kickflip");
     // unknown and invalid ids
-    let e = error(&call(&jess, "share_content", share("spot", "6650f1a2b3c4d5e6f7a8ffff")).await);
+    let e = error(
+        &call(
+            &jess,
+            "share_content",
+            share("spot", "6650f1a2b3c4d5e6f7a8ffff"),
+        )
+        .await,
+    );
     assert!(e["error"].as_str().unwrap().contains("no spot"));
     let e = error(&call(&jess, "share_content", share("spot", "not-an-id")).await);
     assert_eq!(e["field"], "id");
-    let e = error(&call(&jess, "share_content", share("video", "6650f1a2b3c4d5e6f7a8e001")).await);
+    let e = error(
+        &call(
+            &jess,
+            "share_content",
+            share("video", "6650f1a2b3c4d5e6f7a8e001"),
+        )
+        .await,
+    );
     assert_eq!(e["field"], "type");
     f.cleanup().await;
 }
@@ -304,14 +510,26 @@ async fn malformed_calls_are_error_results() {
     let f = Fixture::new().await;
     let ctx = f.ctx(JESS);
     let reg = Registry::default();
-    let r = reg.dispatch("search_spots", "{\"query\": \"port", &ctx).await;
-    assert!(error(&r)["error"].as_str().unwrap().contains("not valid JSON"));
+    let r = reg
+        .dispatch("search_spots", "{\"query\": \"port", &ctx)
+        .await;
+    assert!(
+        error(&r)["error"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON")
+    );
     let r = reg.dispatch("search_spots", "[1,2]", &ctx).await;
     assert_eq!(error(&r)["field"], "(arguments)");
     let r = reg.dispatch("search_spots", "", &ctx).await;
     assert_eq!(error(&r)["field"], "query");
     let r = reg.dispatch("delete_everything", "{}", &ctx).await;
-    assert!(error(&r)["error"].as_str().unwrap().contains("unknown tool"));
+    assert!(
+        error(&r)["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown tool")
+    );
     let r = reg.dispatch("share_content", "  ", &ctx).await;
     assert!(!r.is_ok());
     f.cleanup().await;
@@ -326,7 +544,11 @@ async fn write_quota_holds_across_workers() {
     for w in 0..2 {
         let pg = pg_at(&f.pg_url).await;
         let mongo = mongo_at(&f.mongo_db).await;
-        let base = ToolContext { pg, mongo, ..f.ctx(JESS) };
+        let base = ToolContext {
+            pg,
+            mongo,
+            ..f.ctx(JESS)
+        };
         workers.push(tokio::spawn(async move {
             let reg = Registry::default();
             let calls = (0..6).map(|i| {
@@ -335,7 +557,12 @@ async fn write_quota_holds_across_workers() {
                 ctx.tool_call_id = format!("call_w{w}_{i}");
                 let reg = &reg;
                 async move {
-                    reg.dispatch("create_tricklist", &json!({"name": format!("Quota {w}-{i}"), "tricks": ["ollie"]}).to_string(), &ctx).await
+                    reg.dispatch(
+                        "create_tricklist",
+                        &json!({"name": format!("Quota {w}-{i}"), "tricks": ["ollie"]}).to_string(),
+                        &ctx,
+                    )
+                    .await
                 }
             });
             futures::future::join_all(calls).await
@@ -355,10 +582,23 @@ async fn write_quota_holds_across_workers() {
         }
     }
     assert_eq!((ok, refused), (5, 7));
-    let lists: Vec<Document> = f.mongo.collection(TRICKLISTS).find(doc! {"createdBy": "Kaori"}).await.unwrap().try_collect().await.unwrap();
+    let lists: Vec<Document> = f
+        .mongo
+        .collection(TRICKLISTS)
+        .find(doc! {"createdBy": "Kaori"})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
     assert_eq!(lists.len(), 5);
     // Another user is not affected.
-    let r = call(&f.ctx(SAM), "create_tricklist", json!({"name": "Sam's", "tricks": ["ollie"]})).await;
+    let r = call(
+        &f.ctx(SAM),
+        "create_tricklist",
+        json!({"name": "Sam's", "tricks": ["ollie"]}),
+    )
+    .await;
     assert!(r.is_ok());
     f.cleanup().await;
 }
