@@ -239,7 +239,7 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
     for t in tricks {
         let t = t.as_document().unwrap();
         assert!(t.get_object_id("_id").is_ok());
-        assert_eq!(t.get_bool("checked").unwrap(), false);
+        assert!(!t.get_bool("checked").unwrap());
     }
     let boardslide = tricks[2]
         .as_document()
@@ -373,7 +373,7 @@ async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(draft.get_bool("shortLinkUnresolved").unwrap(), true);
+    assert!(draft.get_bool("shortLinkUnresolved").unwrap());
     assert_eq!(draft.get("latitude"), Some(&Bson::Null));
     // Apple, q=, manual coordinates
     let r = call(&f.ctx(JESS), "create_spot_draft", json!({"name": "A", "type": "skatepark", "mapsUrl": "https://maps.apple.com/?ll=37.7749,-122.4194&q=Spot"})).await;

@@ -85,7 +85,7 @@ pub fn normalize(schema: &Value, args: &mut Value) {
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     if let Value::Object(o) = args {
-        o.retain(|k, v| !(v.is_null() && !required.contains(&k.as_str())));
+        o.retain(|k, v| !v.is_null() || required.contains(&k.as_str()));
     }
 }
 
