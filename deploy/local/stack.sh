@@ -4,7 +4,7 @@
 # run as plain background processes. No containers, nothing installed globally:
 # everything lives under $COMPANION_LOCAL_DIR (default <project root>/.local).
 #
-# Usage: deploy/local/stack.sh up|down|status|env|logs [-f]
+# Usage: deploy/local/stack.sh up|down|status|env|logs [-f]|sweep
 #
 #   up      create the venv (once), start whatever is not running, wait until
 #           all three servers are healthy (idempotent)
@@ -12,6 +12,7 @@
 #   status  one line per server; exit 0 only if all three are healthy
 #   env     print `export` lines:  eval "$(deploy/local/stack.sh env)"
 #   logs    last lines of the three log files (`logs -f` follows them)
+#   sweep   drop per-test PostgreSQL databases left by crashed test runs (not while tests run)
 #
 # Environment:
 #   COMPANION_LOCAL_DIR  data folder (default <root>/.local)
@@ -574,8 +575,19 @@ cmd_logs() {
   tail -n "${LOG_LINES:-50}" -- "${files[@]}"
 }
 
+cmd_sweep() {
+  # Drops the PostgreSQL databases (t_<16 hex>) of test runs that died before their own clean-up.
+  # Not for use while tests run: it drops their databases too.
+  local dbs db
+  dbs="$(pg_psql postgres -At -c "SELECT datname FROM pg_database WHERE datname ~ '^t_[0-9a-f]{16}$'" </dev/null)"
+  for db in $dbs; do
+    pg_psql postgres -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" </dev/null >/dev/null
+  done
+  log "swept test databases ($(printf '%s\n' $dbs | grep -c . || true) postgres)"
+}
+
 usage() {
-  sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -588,6 +600,7 @@ main() {
     status) cmd_status ;;
     env)    cmd_env ;;
     logs)   cmd_logs "$@" ;;
+    sweep)  cmd_sweep ;;
     -h|--help|help|"") usage ;;
     *) err "unknown command: $cmd"; usage ;;
   esac

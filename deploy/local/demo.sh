@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The whole thing in one command: install and start the local stack, build the worker, migrate, seed the
+# demo data, start a worker and chat with a companion.
+#
+#   deploy/local/demo.sh            chat with Kaori (BOT=tony|rico|max|zoe for another companion)
+#
+# With OPENROUTER_API_KEY set the companion talks through the real model; without it the project's
+# scripted offline model answers (and says so). Not on a terminal, it plays a short scripted
+# conversation through the real worker, prints each turn and exits 0.
+set -euo pipefail
+ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd -P)"
+cd "$ROOT"
+LOCAL_DIR="${COMPANION_LOCAL_DIR:-$ROOT/.local}"
+LOGS="$LOCAL_DIR/logs"
+STUB_PORT="${STUB_PORT:-8089}"
+BOT="${BOT:-kaori}"
+say() { printf '\033[1m[demo]\033[0m %s\n' "$*"; }
+
+deploy/local/stack.sh up
+if [[ -x deploy/local/models.sh ]]; then deploy/local/models.sh; fi
+eval "$(deploy/local/stack.sh env)"
+
+say "building the worker (first build takes a few minutes)"
+cargo build --quiet --bin companion
+BIN="$ROOT/target/debug/companion"
+export COMPANION_CHARACTERS_DIR="$ROOT/characters"
+
+"$BIN" migrate
+"$BIN" seed --dir deploy/local/seed
+if [[ -d deploy/local/knowledge ]] && "$BIN" help ingest >/dev/null 2>&1; then
+  "$BIN" ingest deploy/local/knowledge
+fi
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+if [[ -z "${OPENROUTER_API_KEY:-}" ]]; then
+  export LLM_BASE_URL="http://127.0.0.1:$STUB_PORT/v1"
+  "$BIN" stub-llm --addr "127.0.0.1:$STUB_PORT" >>"$LOGS/stub-llm.log" 2>&1 &
+  pids+=($!)
+  cat <<BANNER
+
+  ┌──────────────────────────────────────────────────────────────────────┐
+  │ OFFLINE: no OPENROUTER_API_KEY, so the answers are SCRIPTED by the    │
+  │ project's stub model. Everything else is real: NATS, the worker,     │
+  │ PostgreSQL, MongoDB. Set OPENROUTER_API_KEY to talk to a real model.  │
+  └──────────────────────────────────────────────────────────────────────┘
+
+BANNER
+else
+  say "using the real model ${OPENROUTER_MODEL:-google/gemini-2.0-flash-001} at ${LLM_BASE_URL:-https://openrouter.ai/api/v1}"
+fi
+
+"$BIN" worker >>"$LOGS/worker.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do
+  grep -q "worker ready" "$LOGS/worker.log" 2>/dev/null && break
+  kill -0 "${pids[-1]}" 2>/dev/null || { tail -20 "$LOGS/worker.log"; exit 1; }
+  sleep 0.2
+done
+say "worker running (log: $LOGS/worker.log)"
+
+if [[ -t 0 && -t 1 ]]; then
+  "$BIN" chat --user jess --bot "$BOT"
+else
+  say "not a terminal: playing the scripted conversation"
+  "$BIN" chat --user jess --bot "$BOT" --script builtin --wait 60
+fi

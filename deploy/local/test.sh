@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs every check and test against the real local stack, installing and starting it if needed.
+# `.ci/run` calls exactly this.
+set -euo pipefail
+ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd -P)"
+cd "$ROOT"
+
+deploy/local/stack.sh up
+if [[ -x deploy/local/models.sh ]]; then deploy/local/models.sh; fi
+eval "$(deploy/local/stack.sh env)"
+
+cargo fmt --all -- --check
+cargo clippy --all-targets --quiet -- -D warnings
+cargo test --all-targets 2>&1

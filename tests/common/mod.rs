@@ -1,0 +1,301 @@
+//! Test harness: every test gets a fresh PostgreSQL database, a fresh MongoDB database seeded with the demo
+//! data, its own NATS subject and stream prefixes, a scripted stub LLM and (on demand) an in-process worker.
+#![allow(dead_code)]
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use async_nats::HeaderMap;
+use bson::{Document, doc, oid::ObjectId};
+use bytes::Bytes;
+use companion::{
+    Config, Services, backend,
+    bus::{Bus, Completion, InboundEvent},
+    llm::stub::{Responder, StubLlm},
+    seed,
+    store::{Mongo, Pg},
+    worker,
+};
+use futures::{StreamExt, TryStreamExt};
+use sqlx::Connection;
+use tokio_util::sync::CancellationToken;
+
+pub const JESS: &str = "6650f1a2b3c4d5e6f7a8b9c0";
+pub const SAM: &str = "6650f1a2b3c4d5e6f7a8b9c1";
+pub const KAORI: &str = "69c15e55c7ebe2c6884f1267";
+/// Jess's conversation with Kaori in the seed data.
+pub const JESS_KAORI: &str = "6650f1a2b3c4d5e6f7a8c001";
+
+pub fn oid(s: &str) -> ObjectId {
+    ObjectId::parse_str(s).expect("test ids are valid")
+}
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub struct TestEnv {
+    pub tag: String,
+    pub config: Config,
+    pub stub: StubLlm,
+    pub mongo: Mongo,
+    pub pg: Pg,
+    pub bus: Bus,
+    shutdown: CancellationToken,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl TestEnv {
+    /// A fresh, seeded environment whose LLM answers with `responder`.
+    pub async fn new(responder: Responder) -> Self {
+        Self::with(responder, |_| {}).await
+    }
+
+    /// Like [`TestEnv::new`], with a chance to change the configuration first.
+    pub async fn with(responder: Responder, adjust: impl FnOnce(&mut Config)) -> Self {
+        let tag = format!("{:016x}", fastrand::u64(..));
+        let mut config = Config::from_env().expect("configuration from the environment");
+        let db = format!("t_{tag}");
+        create_pg_database(&db).await;
+        config.postgres_url = replace_db(&config.postgres_url, &db);
+        config.atlas_uri = replace_db(&config.atlas_uri, &db);
+        config.subject_prefix = format!("t{tag}.dm.bot");
+        config.stream_prefix = format!("T{tag}");
+        config.consumer = "workers".into();
+        config.characters_dir = root().join("characters");
+        config.retry_delay_secs = 1;
+        config.max_deliver = 3;
+        config.concurrency = 8;
+        config.shutdown_grace_secs = 5;
+        let stub = StubLlm::start(responder).await.expect("stub LLM starts");
+        config.llm_base_url = stub.base_url.clone();
+        adjust(&mut config);
+
+        let pg = Pg::connect(&config)
+            .await
+            .expect("PostgreSQL is up (deploy/local/stack.sh up)");
+        pg.migrate().await.expect("migrations apply");
+        let mongo = Mongo::connect(&config).await.expect("MongoDB client");
+        seed::seed_dir(&mongo, &root().join("deploy/local/seed"))
+            .await
+            .expect("seed data loads");
+        let bus = Bus::connect(&config).await.expect("NATS is up");
+        bus.ensure_streams().await.expect("streams");
+        Self {
+            tag,
+            config,
+            stub,
+            mongo,
+            pg,
+            bus,
+            shutdown: CancellationToken::new(),
+            workers: Vec::new(),
+        }
+    }
+
+    /// Starts one in-process worker with its own connections.
+    pub async fn start_worker(&mut self) {
+        let services = Services::connect(self.config.clone())
+            .await
+            .expect("worker connects");
+        let shutdown = self.shutdown.clone();
+        self.workers.push(tokio::spawn(async move {
+            worker::run(services, shutdown).await.expect("worker runs");
+        }));
+    }
+
+    /// Services for calling library functions directly.
+    pub async fn services(&self) -> Arc<Services> {
+        Services::connect(self.config.clone())
+            .await
+            .expect("services connect")
+    }
+
+    /// Stores a DM from `user` to `bot` as TB-Backend does and returns its event (not yet published).
+    pub async fn dm(&self, user: &str, bot: &str, conversation: &str, text: &str) -> InboundEvent {
+        backend::store_user_message(
+            &self.mongo,
+            oid(conversation),
+            oid(user),
+            oid(bot),
+            text,
+            &[],
+        )
+        .await
+        .expect("user message stored")
+    }
+
+    /// Publishes an event as TB-Backend does; returns whether JetStream saw a duplicate.
+    pub async fn publish(&self, event: &InboundEvent) -> bool {
+        backend::publish_event(&self.bus, event)
+            .await
+            .expect("published")
+    }
+
+    /// Publishes raw bytes on an inbound subject, with a message id.
+    pub async fn publish_raw(&self, subject: String, msg_id: &str, payload: impl Into<Bytes>) {
+        self.bus
+            .publish_durable(subject, msg_id, HeaderMap::new(), payload.into())
+            .await
+            .expect("raw publish");
+    }
+
+    /// Completions of a conversation, subscribed now (subscribe before publishing).
+    pub async fn completions(
+        &self,
+        conversation: &str,
+    ) -> impl futures::Stream<Item = Completion> + Unpin + use<> {
+        Box::pin(
+            backend::completions(&self.bus, oid(conversation))
+                .await
+                .expect("subscribed"),
+        )
+    }
+
+    /// Publishes and waits for the reply to this event.
+    pub async fn turn(&self, event: &InboundEvent) -> Completion {
+        let mut replies = self.completions(&event.conversation_id).await;
+        self.publish(event).await;
+        next_reply_to(&mut replies, &event.message_id, Duration::from_secs(30)).await
+    }
+
+    pub async fn replies_to(&self, message_id: &str) -> Vec<Document> {
+        self.mongo
+            .collection("dm_messages")
+            .find(doc! { "inReplyTo": oid(message_id) })
+            .await
+            .expect("find")
+            .try_collect()
+            .await
+            .expect("collect")
+    }
+
+    /// Dead letters recorded so far: `(reason, payload)`.
+    pub async fn dead_letters(&self) -> Vec<(String, Bytes)> {
+        let stream = self
+            .bus
+            .js
+            .get_stream(&self.bus.names.stream_dlq)
+            .await
+            .expect("dlq stream");
+        let mut out = Vec::new();
+        let mut seq = 1;
+        while let Ok(msg) = stream.get_raw_message(seq).await {
+            let reason = msg
+                .headers
+                .get(companion::bus::DLQ_REASON)
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            out.push((reason, msg.payload));
+            seq += 1;
+        }
+        out
+    }
+
+    /// Stops the workers and removes this test's streams and databases.
+    pub async fn finish(mut self) {
+        self.shutdown.cancel();
+        for w in self.workers.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(10), w).await;
+        }
+        for s in [
+            &self.bus.names.stream_in,
+            &self.bus.names.stream_out,
+            &self.bus.names.stream_dlq,
+        ] {
+            let _ = self.bus.js.delete_stream(s).await;
+        }
+        self.pg.pool.close().await;
+        let db = format!("t_{}", self.tag);
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url()).await {
+            let drop = format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)");
+            let _ = sqlx::query(sqlx::AssertSqlSafe(drop))
+                .execute(&mut conn)
+                .await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.mongo.db.drop()).await;
+    }
+}
+
+/// Waits for the completion answering `message_id`; panics if none comes `within`.
+pub async fn next_reply_to(
+    replies: &mut (impl futures::Stream<Item = Completion> + Unpin),
+    message_id: &str,
+    within: Duration,
+) -> Completion {
+    reply_within(replies, message_id, within)
+        .await
+        .unwrap_or_else(|| panic!("no reply to {message_id} within {within:?}"))
+}
+
+/// The completion answering `message_id`, if one comes `within`.
+pub async fn reply_within(
+    replies: &mut (impl futures::Stream<Item = Completion> + Unpin),
+    message_id: &str,
+    within: Duration,
+) -> Option<Completion> {
+    tokio::time::timeout(within, async {
+        while let Some(c) = replies.next().await {
+            if c.in_reply_to == message_id {
+                return Some(c);
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Polls `check` until it returns true or `within` passes.
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn admin_url() -> String {
+    std::env::var("POSTGRES_ADMIN_URL")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
+}
+
+async fn create_pg_database(name: &str) {
+    let mut conn = sqlx::PgConnection::connect(&admin_url())
+        .await
+        .expect("admin connection to PostgreSQL");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {name} OWNER companion"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("create test database");
+}
+
+/// The URL with its database (path) replaced, query kept.
+fn replace_db(url: &str, db: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map(|(b, q)| (b, Some(q)))
+        .unwrap_or((url, None));
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let host_end = base[scheme_end..]
+        .find('/')
+        .map(|i| i + scheme_end)
+        .unwrap_or(base.len());
+    let mut out = format!("{}/{db}", &base[..host_end]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
