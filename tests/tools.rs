@@ -602,3 +602,34 @@ async fn write_quota_holds_across_workers() {
     assert!(r.is_ok());
     f.cleanup().await;
 }
+
+/// A database failure is not shown to the model as a result: the turn retries (the write may or may not
+/// have happened). Reads that do not need PostgreSQL keep working.
+#[tokio::test]
+async fn database_errors_are_transient() {
+    let f = Fixture::new().await;
+    let broken = pg_at(&f.pg_url).await;
+    broken.pool.close().await;
+    let ctx = ToolContext {
+        pg: broken,
+        ..f.ctx(JESS)
+    };
+    let r = call(
+        &ctx,
+        "create_tricklist",
+        json!({"name": "X", "tricks": ["ollie"]}),
+    )
+    .await;
+    let e = r.outcome.as_ref().unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    let r = call(&ctx, "search_spots", json!({"query": "portland"})).await;
+    assert!(r.is_ok());
+    let n = f
+        .mongo
+        .collection(TRICKLISTS)
+        .count_documents(doc! {"name": "X"})
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    f.cleanup().await;
+}
