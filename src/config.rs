@@ -238,6 +238,22 @@ pub struct Config {
         global = true
     )]
     pub history_limit: i64,
+    /// Rounds of tool calls one turn may make before the model must answer in text.
+    #[arg(
+        long,
+        env = "COMPANION_MAX_TOOL_ROUNDS",
+        default_value_t = 3,
+        global = true
+    )]
+    pub max_tool_rounds: u32,
+    /// Things (tricklists, spot drafts) tools may create per user per rolling hour, across all workers.
+    #[arg(
+        long,
+        env = "COMPANION_WRITES_PER_HOUR",
+        default_value_t = 5,
+        global = true
+    )]
+    pub writes_per_hour: u32,
     /// Seconds in-flight turns get to finish after SIGTERM/SIGINT before they are NAKed.
     #[arg(
         long,

@@ -14,6 +14,7 @@ pub mod seed;
 pub mod services;
 pub mod store;
 pub mod telemetry;
+pub mod tools;
 pub mod turn;
 pub mod worker;
 

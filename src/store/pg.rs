@@ -21,6 +21,8 @@ pub struct Pg {
 pub struct HistoryMessage {
     pub role: String,
     pub content: String,
+    /// Compact JSON log of the tool calls behind an assistant message, shown to the model next time.
+    pub tool_calls: Option<String>,
 }
 
 /// A row to append to `bot_conversations`.
@@ -76,8 +78,8 @@ impl Pg {
         limit: i64,
     ) -> Result<Vec<HistoryMessage>, StoreError> {
         let rows = sqlx::query(
-            "SELECT role, content FROM (
-                SELECT role, content, created_at, id FROM bot_conversations
+            "SELECT role, content, tool_calls FROM (
+                SELECT role, content, tool_calls::text AS tool_calls, created_at, id FROM bot_conversations
                 WHERE user_id = $1 AND bot_id = $2
                 ORDER BY created_at DESC, id DESC LIMIT $3
              ) w ORDER BY created_at ASC, id ASC",
@@ -92,6 +94,7 @@ impl Pg {
             .map(|r| HistoryMessage {
                 role: r.get("role"),
                 content: r.get("content"),
+                tool_calls: r.get("tool_calls"),
             })
             .collect())
     }

@@ -1,6 +1,7 @@
 //! One turn: an inbound DM becomes the companion's reply in dm_messages, history and a completion event.
 
 pub mod prompt;
+pub mod tool_loop;
 
 use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
@@ -90,6 +91,8 @@ impl TurnError {
 pub struct Reply {
     pub content: String,
     pub rich_content: Option<Value>,
+    /// Compact log of the tool calls behind this reply, kept on the assistant's history row.
+    pub tool_log: Option<Value>,
 }
 
 /// Runs one validated event to completion.
@@ -131,6 +134,7 @@ pub async fn run(svc: &Services, event: &DmEvent) -> Result<Outcome, TurnError> 
             Reply {
                 content,
                 rich_content: record.rich_content,
+                tool_log: None,
             }
         }
         _ => {
@@ -170,7 +174,7 @@ async fn respond(
         tricklists: &tricklists,
         knowledge: &[],
         now: Utc::now(),
-        tools_enabled: false,
+        tools_enabled: true,
     });
     let messages = prompt::conversation(system, &history, event);
     let request = ChatRequest {
@@ -184,20 +188,16 @@ async fn respond(
         max_tokens: Some(svc.llm.max_tokens),
         temperature: Some(svc.llm.temperature),
     };
-    let response = svc.llm.complete(&request).await?;
-    let text = response
-        .choices
-        .into_iter()
-        .next()
-        .and_then(|c| c.message.content)
-        .unwrap_or_default();
-    let content = bound_reply(text.trim());
+    let registry = &*crate::tools::REGISTRY;
+    let out = tool_loop::run(svc, event, character, registry, request).await?;
+    let content = bound_reply(out.text.trim());
     if content.is_empty() {
         return Err(TurnError::EmptyReply);
     }
     Ok(Reply {
         content,
-        rich_content: None,
+        rich_content: out.card,
+        tool_log: (!out.log.is_empty()).then(|| Value::Array(out.log)),
     })
 }
 
@@ -219,6 +219,7 @@ pub async fn answer_with_failure(
     let reply = Reply {
         content: character.failure_line.clone(),
         rich_content: None,
+        tool_log: None,
     };
     deliver(svc, event, reply, "failed").await
 }
@@ -283,7 +284,7 @@ async fn deliver(
                 role: "assistant",
                 content: &content,
                 message_id: &reply_id_hex,
-                tool_calls: None,
+                tool_calls: reply.tool_log.as_ref(),
                 created_at: at,
             },
         ])

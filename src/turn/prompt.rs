@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use crate::{
     bus::DmEvent,
     character::Character,
-    llm::{ContentPart, ImageUrl, Message, UserContent},
+    llm::{ContentPart, FunctionCall, ImageUrl, Message, ToolCall, UserContent},
     store::{
         mongo::{Tricklist, UserProfile},
         pg::HistoryMessage,
@@ -168,7 +168,10 @@ pub fn system_prompt(ctx: &PromptContext<'_>) -> String {
 pub fn conversation(system: String, history: &[HistoryMessage], event: &DmEvent) -> Vec<Message> {
     let mut messages = Vec::with_capacity(history.len() + 2);
     messages.push(Message::system(system));
-    for h in history {
+    for (n, h) in history.iter().enumerate() {
+        if h.role == "assistant" {
+            messages.extend(past_tool_calls(n, h.tool_calls.as_deref()));
+        }
         messages.push(match h.role.as_str() {
             "assistant" => Message::assistant(h.content.clone()),
             _ => Message::user(h.content.clone()),
@@ -190,6 +193,45 @@ pub fn conversation(system: String, history: &[HistoryMessage], event: &DmEvent)
     };
     messages.push(Message::User { content });
     messages
+}
+
+/// The compact tool log of an earlier reply as an assistant tool-call message and its tool results, so
+/// the model remembers what it looked up or created (ids, names) without the full results.
+fn past_tool_calls(n: usize, log: Option<&str>) -> Vec<Message> {
+    let Some(entries) = log
+        .and_then(|l| serde_json::from_str::<Vec<serde_json::Value>>(l).ok())
+        .filter(|e| !e.is_empty())
+    else {
+        return Vec::new();
+    };
+    let mut calls = Vec::with_capacity(entries.len());
+    let mut results = Vec::with_capacity(entries.len());
+    for (i, e) in entries.iter().enumerate() {
+        let id = format!("past_{n}_{i}");
+        calls.push(ToolCall {
+            id: id.clone(),
+            kind: "function".into(),
+            function: FunctionCall {
+                name: e["tool"].as_str().unwrap_or("unknown").to_owned(),
+                arguments: e.get("args").map(|a| a.to_string()).unwrap_or_default(),
+            },
+        });
+        let mut result = e.clone();
+        if let Some(o) = result.as_object_mut() {
+            o.remove("tool");
+            o.remove("args");
+        }
+        results.push(Message::Tool {
+            tool_call_id: id,
+            content: result.to_string(),
+        });
+    }
+    let mut out = vec![Message::Assistant {
+        content: None,
+        tool_calls: calls,
+    }];
+    out.extend(results);
+    out
 }
 
 /// The user's message as kept in history (images noted, not embedded).

@@ -90,20 +90,7 @@ impl TestEnv {
             .expect("PostgreSQL is up (deploy/local/stack.sh up)");
         pg.migrate().await.expect("migrations apply");
         let mongo = Mongo::connect(&config).await.expect("MongoDB client");
-        {
-            let _ddl = COLLECTION_DDL.lock().await;
-            for name in COLLECTIONS {
-                mongo
-                    .db
-                    .create_collection(*name)
-                    .await
-                    .expect("create collection");
-            }
-            mongo.ensure_indexes().await.expect("indexes");
-            seed::seed_dir(&mongo, &root().join("deploy/local/seed"))
-                .await
-                .expect("seed data loads");
-        }
+        prepare_mongo(&mongo).await;
         let bus = Bus::connect(&config).await.expect("NATS is up");
         bus.ensure_streams().await.expect("streams");
         Self {
@@ -277,8 +264,7 @@ impl TestEnv {
                 .execute(&mut conn)
                 .await;
         }
-        let _ddl = COLLECTION_DDL.lock().await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.mongo.db.drop()).await;
+        drop_mongo(&self.mongo).await;
     }
 }
 
@@ -328,6 +314,28 @@ where
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Creates every collection (so no insert creates one implicitly), the worker's indexes and the demo data.
+pub async fn prepare_mongo(mongo: &Mongo) {
+    let _ddl = COLLECTION_DDL.lock().await;
+    for name in COLLECTIONS {
+        mongo
+            .db
+            .create_collection(*name)
+            .await
+            .expect("create collection");
+    }
+    mongo.ensure_indexes().await.expect("indexes");
+    seed::seed_dir(mongo, &root().join("deploy/local/seed"))
+        .await
+        .expect("seed data loads");
+}
+
+/// Drops a test database, one at a time (see [`COLLECTION_DDL`]).
+pub async fn drop_mongo(mongo: &Mongo) {
+    let _ddl = COLLECTION_DDL.lock().await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), mongo.db.drop()).await;
 }
 
 fn admin_url() -> String {

@@ -1,0 +1,497 @@
+//! The companion's tools: typed, validated actions on the app's data that the model may call.
+//!
+//! A tool is a type implementing [`Tool`]: a name, a description written for the model, an `Args` type
+//! whose JSON Schema is generated ([`schema::parameters_for`]) and enforced ([`schema::validate`]) before
+//! the arguments are deserialized, and an async `call`. [`Registry`] erases the types; adding a tool is
+//! one file and one line in [`Registry::default`].
+//!
+//! Guardrails that hold for every tool: the acting user is always the event's sender (no argument can
+//! name a user), writes pass the durable per-user quota in [`quota`] and are idempotent per
+//! (event message, tool call), text from the model or user is matched literally ([`literal_regex`]), and
+//! no tool deletes or edits existing data.
+//!
+//! Errors: bad arguments, unknown tools, missing or forbidden content and an exhausted quota become an
+//! error *result* the model can explain. A database error is transient for the whole turn
+//! ([`ToolError::is_transient`]): a write may or may not have happened, so the turn is retried, and the
+//! write's identity (derived from the event and call) makes the retry harmless.
+
+pub mod audit;
+pub mod create_spot_draft;
+pub mod create_tricklist;
+pub mod get_user_tricklists;
+pub mod maps;
+pub mod quota;
+pub mod schema;
+pub mod search_spots;
+pub mod search_trickipedia;
+pub mod share_content;
+
+use std::{future::Future, marker::PhantomData, panic::AssertUnwindSafe, sync::LazyLock};
+
+use bson::oid::ObjectId;
+use chrono::{DateTime, Utc};
+use futures::{FutureExt, future::BoxFuture};
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::{
+    llm::{FunctionDef, ToolDef},
+    store::{Mongo, Pg, StoreError},
+};
+
+/// Longest search text accepted from the model (bounds regex scans).
+pub const QUERY_MAX: usize = 100;
+/// Longest name (tricklist, spot) accepted.
+pub const NAME_MAX: usize = 100;
+/// Raw argument text longer than this is refused before parsing.
+pub const MAX_ARGS_BYTES: usize = 16 * 1024;
+
+/// Everything a tool call may use. The acting user is the event's sender and nothing else.
+#[derive(Clone)]
+pub struct ToolContext {
+    /// The event's sender: every tool reads and writes as this user only.
+    pub user: ObjectId,
+    /// The companion answering (a bot user).
+    pub bot: ObjectId,
+    /// The character's display name, stamped on created content (`createdBy`, `submittedVia`).
+    pub character: String,
+    /// The inbound event's dm_messages id: with `tool_call_id`, the identity of a write.
+    pub message_id: ObjectId,
+    /// The model's id for this call (unique within the turn).
+    pub tool_call_id: String,
+    pub mongo: Mongo,
+    pub pg: Pg,
+    /// The clock of this turn (`createdAt`, the quota window).
+    pub now: DateTime<Utc>,
+    /// Writes allowed per user per rolling hour.
+    pub writes_per_hour: u32,
+}
+
+/// What a successful call gives back: data for the model and maybe a card for the app.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolOutput {
+    pub data: Value,
+    pub card: Option<Value>,
+}
+
+impl ToolOutput {
+    pub fn data(data: Value) -> Self {
+        Self { data, card: None }
+    }
+    pub fn with_card(data: Value, card: Option<Value>) -> Self {
+        Self { data, card }
+    }
+}
+
+/// Why a call produced no output.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("unknown tool `{0}`")]
+    UnknownTool(String),
+    #[error("arguments are not valid JSON: {0}")]
+    NotJson(String),
+    #[error("invalid argument `{field}`: {message}")]
+    InvalidArgs { field: String, message: String },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error(
+        "write limit reached: at most {limit} things can be created per hour; try again in about {retry_after_mins} minutes"
+    )]
+    QuotaExceeded { limit: u32, retry_after_mins: i64 },
+    #[error("the tool crashed")]
+    Crashed,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ToolError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::InvalidArgs {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A database failure: the turn is retried rather than the model told.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Store(_))
+    }
+
+    /// The error as the model sees it: `{"error": …}`, naming the field when there is one.
+    pub fn to_model(&self) -> Value {
+        let mut v = json!({ "error": self.to_string() });
+        match self {
+            Self::InvalidArgs { field, .. } => v["field"] = json!(field),
+            Self::QuotaExceeded { limit, .. } => v["limit"] = json!(limit),
+            _ => {}
+        }
+        v
+    }
+}
+
+impl From<mongodb::error::Error> for ToolError {
+    fn from(e: mongodb::error::Error) -> Self {
+        Self::Store(StoreError::Mongo(e))
+    }
+}
+
+impl From<sqlx::Error> for ToolError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(StoreError::Pg(e))
+    }
+}
+
+/// A typed tool.
+pub trait Tool: Send + Sync + 'static {
+    const NAME: &'static str;
+    /// Whether the tool creates data (counted by the write quota).
+    const WRITES: bool = false;
+    type Args: DeserializeOwned + JsonSchema + Send;
+    /// Written for the model: when to use the tool and what it returns.
+    fn description() -> &'static str;
+    fn call(
+        ctx: &ToolContext,
+        args: Self::Args,
+    ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send;
+}
+
+/// A tool with its type erased.
+pub trait DynTool: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn writes(&self) -> bool;
+    fn def(&self) -> ToolDef;
+    fn run<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        raw: &'a str,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
+}
+
+struct Erased<T> {
+    parameters: Value,
+    _tool: PhantomData<fn() -> T>,
+}
+
+impl<T: Tool> Erased<T> {
+    fn new() -> Self {
+        Self {
+            parameters: schema::parameters_for::<T::Args>(),
+            _tool: PhantomData,
+        }
+    }
+}
+
+impl<T: Tool> DynTool for Erased<T> {
+    fn name(&self) -> &'static str {
+        T::NAME
+    }
+    fn writes(&self) -> bool {
+        T::WRITES
+    }
+    fn def(&self) -> ToolDef {
+        ToolDef {
+            kind: "function".into(),
+            function: FunctionDef {
+                name: T::NAME.into(),
+                description: T::description().into(),
+                parameters: self.parameters.clone(),
+            },
+        }
+    }
+    fn run<'a>(
+        &'a self,
+        ctx: &'a ToolContext,
+        raw: &'a str,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(async move {
+            let args = parse_args::<T::Args>(&self.parameters, raw)?;
+            T::call(ctx, args).await
+        })
+    }
+}
+
+/// Raw argument text → validated `A`. Empty text means `{}` (OpenRouter sends that for no-arg tools).
+pub fn parse_args<A: DeserializeOwned>(parameters: &Value, raw: &str) -> Result<A, ToolError> {
+    if raw.len() > MAX_ARGS_BYTES {
+        return Err(ToolError::invalid(
+            "(arguments)",
+            format!("longer than {MAX_ARGS_BYTES} bytes"),
+        ));
+    }
+    let raw = raw.trim();
+    let mut value: Value = if raw.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_str(raw).map_err(|e| ToolError::NotJson(e.to_string()))?
+    };
+    if value.is_null() {
+        value = json!({});
+    }
+    if !value.is_object() {
+        return Err(ToolError::invalid("(arguments)", "must be a JSON object"));
+    }
+    schema::normalize(parameters, &mut value);
+    if let Err(v) = schema::validate(parameters, &value) {
+        if is_user_field(&v.field) {
+            return Err(ToolError::Forbidden(format!(
+                "`{}` is not accepted: tools always act for the user you are talking to, never for anyone else",
+                v.field
+            )));
+        }
+        return Err(ToolError::InvalidArgs {
+            field: v.field,
+            message: v.message,
+        });
+    }
+    serde_json::from_value(value).map_err(|e| ToolError::invalid("(arguments)", e.to_string()))
+}
+
+/// Argument names a model uses when it tries to act for someone else.
+fn is_user_field(field: &str) -> bool {
+    let f = field.to_ascii_lowercase().replace(['_', '-'], "");
+    [
+        "user",
+        "userid",
+        "owner",
+        "ownerid",
+        "submittedby",
+        "createdby",
+        "sender",
+        "senderid",
+        "username",
+        "actor",
+        "asuser",
+        "foruser",
+    ]
+    .contains(&f.as_str())
+}
+
+/// The result of one dispatched call; never a panic.
+#[derive(Debug)]
+pub struct ToolResult {
+    pub name: String,
+    pub outcome: Result<ToolOutput, ToolError>,
+}
+
+impl ToolResult {
+    /// The `content` of the tool message sent back to the model.
+    pub fn model_content(&self) -> String {
+        match &self.outcome {
+            Ok(o) => o.data.to_string(),
+            Err(e) => e.to_model().to_string(),
+        }
+    }
+    pub fn card(&self) -> Option<&Value> {
+        self.outcome.as_ref().ok().and_then(|o| o.card.as_ref())
+    }
+    pub fn is_ok(&self) -> bool {
+        self.outcome.is_ok()
+    }
+}
+
+/// The tools offered to the model.
+pub struct Registry {
+    tools: Vec<Box<dyn DynTool>>,
+}
+
+impl Default for Registry {
+    /// The six TrickBook tools.
+    fn default() -> Self {
+        Self::empty()
+            .with::<search_spots::SearchSpots>()
+            .with::<get_user_tricklists::GetUserTricklists>()
+            .with::<search_trickipedia::SearchTrickipedia>()
+            .with::<create_tricklist::CreateTricklist>()
+            .with::<create_spot_draft::CreateSpotDraft>()
+            .with::<share_content::ShareContent>()
+    }
+}
+
+/// The default registry, built once per process.
+pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::default);
+
+impl Registry {
+    pub fn empty() -> Self {
+        Self { tools: Vec::new() }
+    }
+
+    pub fn with<T: Tool>(mut self) -> Self {
+        self.tools.push(Box::new(Erased::<T>::new()));
+        self
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        self.tools.iter().map(|t| t.name()).collect()
+    }
+
+    /// The `tools` array of a chat request.
+    pub fn defs(&self) -> Vec<ToolDef> {
+        self.tools.iter().map(|t| t.def()).collect()
+    }
+
+    /// Runs one call: unknown names, bad arguments, tool errors and even panics become results.
+    pub async fn dispatch(&self, name: &str, raw_args: &str, ctx: &ToolContext) -> ToolResult {
+        let outcome = match self.tools.iter().find(|t| t.name() == name) {
+            None => Err(ToolError::UnknownTool(name.chars().take(64).collect())),
+            Some(tool) => AssertUnwindSafe(tool.run(ctx, raw_args))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| {
+                    tracing::error!(tool = name, "tool panicked");
+                    Err(ToolError::Crashed)
+                }),
+        };
+        ToolResult {
+            name: name.to_owned(),
+            outcome,
+        }
+    }
+}
+
+/// A regex source matching `text` literally: every ASCII punctuation character is escaped, which is
+/// literal in PCRE (MongoDB) and Python `re` (SecantusDB) alike, so `.*` or `(a+)+$` are just characters.
+pub fn literal_regex(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 2);
+    for c in text.chars() {
+        if c.is_ascii_punctuation() && !matches!(c, '<' | '>') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `{ $regex: <literal text>, $options: "i" }`: a case-insensitive substring match.
+pub fn contains_ci(text: &str) -> bson::Document {
+    bson::doc! { "$regex": literal_regex(text), "$options": "i" }
+}
+
+/// `{ $regex: ^<literal text>$, $options: "i" }`: a case-insensitive exact match.
+pub fn equals_ci(text: &str) -> bson::Document {
+    bson::doc! { "$regex": format!("^{}$", literal_regex(text)), "$options": "i" }
+}
+
+/// The identity of a document created by a call: the event message's timestamp followed by a stable
+/// hash of (message, tool, call id). A retried call computes the same `_id` and cannot insert twice.
+pub fn derived_id(message_id: ObjectId, tool: &str, tool_call_id: &str) -> ObjectId {
+    let m = message_id.bytes();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in m
+        .iter()
+        .chain(tool.as_bytes())
+        .chain(&[0u8])
+        .chain(tool_call_id.as_bytes())
+    {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let mut bytes = [0u8; 12];
+    bytes[..4].copy_from_slice(&m[..4]);
+    bytes[4..].copy_from_slice(&h.to_be_bytes());
+    ObjectId::from_bytes(bytes)
+}
+
+/// Passes the write quota for this call or explains why not.
+pub async fn guard_write(ctx: &ToolContext, tool: &str) -> Result<(), ToolError> {
+    match quota::reserve(
+        &ctx.pg,
+        &ctx.user.to_hex(),
+        &ctx.message_id.to_hex(),
+        &ctx.tool_call_id,
+        tool,
+        ctx.now,
+        ctx.writes_per_hour,
+    )
+    .await?
+    {
+        quota::Reservation::Granted | quota::Reservation::AlreadyCounted => Ok(()),
+        quota::Reservation::Exceeded { retry_after_secs } => Err(ToolError::QuotaExceeded {
+            limit: ctx.writes_per_hour,
+            retry_after_mins: (retry_after_secs + 59) / 60,
+        }),
+    }
+}
+
+/// Deep links the app opens.
+pub fn deep_link(kind: &str, id: ObjectId) -> String {
+    format!("trickbook://{kind}/{}", id.to_hex())
+}
+
+/// A string field of a document, if present and not blank.
+pub(crate) fn str_field(d: &bson::Document, key: &str) -> Option<String> {
+    d.get_str(key)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .map(str::to_owned)
+}
+
+/// A numeric field as f64 (doubles and integers alike).
+pub(crate) fn num_field(d: &bson::Document, key: &str) -> Option<f64> {
+    match d.get(key)? {
+        bson::Bson::Double(x) => Some(*x),
+        bson::Bson::Int32(x) => Some(f64::from(*x)),
+        bson::Bson::Int64(x) => Some(*x as f64),
+        _ => None,
+    }
+}
+
+/// Shortens text for the model.
+pub(crate) fn clip(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_owned()
+    } else {
+        format!("{}…", s.chars().take(max).collect::<String>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literal_regex_escapes_metacharacters() {
+        assert_eq!(literal_regex(".*"), "\\.\\*");
+        assert_eq!(literal_regex("(a+)+$"), "\\(a\\+\\)\\+\\$");
+        assert_eq!(literal_regex("50-50 grind"), "50\\-50 grind");
+        let re =
+            regex::Regex::new(&format!("^{}$", literal_regex("a.b*(c)[d]{2}|e\\f^g$"))).unwrap();
+        assert!(re.is_match("a.b*(c)[d]{2}|e\\f^g$"));
+        assert!(!re.is_match("axb"));
+    }
+
+    #[test]
+    fn derived_ids_are_stable_and_distinct() {
+        let m = ObjectId::parse_str("6650f1a2b3c4d5e6f7a8b9c0").unwrap();
+        let a = derived_id(m, "create_tricklist", "call_1");
+        assert_eq!(a, derived_id(m, "create_tricklist", "call_1"));
+        assert_ne!(a, derived_id(m, "create_tricklist", "call_2"));
+        assert_eq!(a.timestamp(), m.timestamp());
+    }
+
+    #[test]
+    fn registry_offers_six_tools_with_object_schemas() {
+        let r = Registry::default();
+        assert_eq!(
+            r.names(),
+            [
+                "search_spots",
+                "get_user_tricklists",
+                "search_trickipedia",
+                "create_tricklist",
+                "create_spot_draft",
+                "share_content"
+            ]
+        );
+        for d in r.defs() {
+            assert_eq!(
+                d.function.parameters["type"], "object",
+                "{}",
+                d.function.name
+            );
+            assert!(!d.function.parameters.to_string().contains("$ref"));
+        }
+    }
+}

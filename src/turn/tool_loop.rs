@@ -1,0 +1,168 @@
+//! The bounded tool loop of a turn: ask, run the requested tools, feed the results back, repeat.
+//!
+//! - `tools` go with every call; all calls of one response run concurrently and their results are
+//!   appended in call order with their `tool_call_id`, so the conversation is always valid for the API.
+//! - At most `max_rounds` rounds of tools. If the model still asks for tools after the last round, those
+//!   calls are not run and one more call is made without tools, so every turn ends with text.
+//! - The last card produced in the turn becomes the reply's `richContent`.
+//! - Every call is audited in `tool_calls`; a compact log goes with the reply into history.
+//! - A database error inside a tool fails the turn transiently (it is retried); everything else a tool
+//!   can go wrong with is an error result the model explains.
+
+use std::{collections::HashSet, time::Instant};
+
+use chrono::Utc;
+use serde_json::Value;
+use tracing::{debug, info};
+
+use super::TurnError;
+use crate::{
+    bus::DmEvent,
+    character::Character,
+    llm::{ChatRequest, Message, ToolCall},
+    services::Services,
+    tools::{Registry, ToolContext, ToolError, audit},
+};
+
+/// What the loop produced.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct LoopOutput {
+    /// The model's final text (untrimmed, unbounded).
+    pub text: String,
+    /// The last card of the turn.
+    pub card: Option<Value>,
+    /// Compact record of every call made, in order.
+    pub log: Vec<Value>,
+    /// Chat calls made.
+    pub llm_calls: u32,
+}
+
+/// Runs the loop for `request` (whose `tools` are replaced by the registry's) on behalf of the event's sender.
+pub async fn run(
+    svc: &Services,
+    event: &DmEvent,
+    character: &Character,
+    registry: &Registry,
+    mut request: ChatRequest,
+) -> Result<LoopOutput, TurnError> {
+    let base = ToolContext {
+        user: event.sender_id,
+        bot: event.bot_id,
+        character: character.name.clone(),
+        message_id: event.message_id,
+        tool_call_id: String::new(),
+        mongo: svc.mongo.clone(),
+        pg: svc.pg.clone(),
+        now: Utc::now(),
+        writes_per_hour: svc.config.writes_per_hour,
+    };
+    request.tools = registry.defs();
+    request.tool_choice = None;
+    run_llm(
+        &svc.llm,
+        &base,
+        registry,
+        request,
+        svc.config.max_tool_rounds,
+    )
+    .await
+}
+
+/// The loop against any chat client.
+pub async fn run_llm(
+    llm: &crate::llm::LlmClient,
+    base: &ToolContext,
+    registry: &Registry,
+    mut request: ChatRequest,
+    max_rounds: u32,
+) -> Result<LoopOutput, TurnError> {
+    let mut out = LoopOutput::default();
+    let mut seen_ids: HashSet<String> = HashSet::new();
+    let mut round: u32 = 0;
+    loop {
+        let tools_offered = !request.tools.is_empty();
+        let response = llm.complete(&request).await?;
+        out.llm_calls += 1;
+        let message = response
+            .choices
+            .into_iter()
+            .next()
+            .map(|c| c.message)
+            .unwrap_or_default();
+        let text = message.content.clone().unwrap_or_default();
+        if message.tool_calls.is_empty() || !tools_offered {
+            if !message.tool_calls.is_empty() {
+                debug!("model asked for tools when none were offered; ignored");
+            }
+            out.text = text;
+            return Ok(out);
+        }
+        if round >= max_rounds {
+            // Out of rounds: do not run these calls; one last call with tools disabled.
+            info!(
+                rounds = round,
+                "tool round limit reached; asking for a final answer without tools"
+            );
+            request.tools = Vec::new();
+            request.tool_choice = None;
+            continue;
+        }
+        round += 1;
+        let calls = unique_ids(message.tool_calls, round, &mut seen_ids);
+        let results = futures::future::join_all(calls.iter().map(|call| async move {
+            let mut ctx = base.clone();
+            ctx.tool_call_id = call.id.clone();
+            let started = Instant::now();
+            let result = registry
+                .dispatch(&call.function.name, &call.function.arguments, &ctx)
+                .await;
+            (ctx, result, started.elapsed().as_millis() as u64)
+        }))
+        .await;
+        request.messages.push(Message::Assistant {
+            content: message.content.filter(|c| !c.trim().is_empty()),
+            tool_calls: calls.clone(),
+        });
+        for ((ctx, result, ms), call) in results.into_iter().zip(&calls) {
+            if result
+                .outcome
+                .as_ref()
+                .err()
+                .is_some_and(ToolError::is_transient)
+            {
+                if let Err(ToolError::Store(e)) = result.outcome {
+                    return Err(TurnError::Store(e));
+                }
+                unreachable!("only store errors are transient");
+            }
+            audit::record(&ctx, round, &call.function.arguments, &result, ms).await?;
+            info!(tool = %result.name, ok = result.is_ok(), ms, round, "tool call");
+            if let Some(card) = result.card() {
+                out.card = Some(card.clone());
+            }
+            out.log
+                .push(audit::compact(&result, &call.function.arguments));
+            request.messages.push(Message::Tool {
+                tool_call_id: call.id.clone(),
+                content: result.model_content(),
+            });
+        }
+    }
+}
+
+/// Gives every call an id unique within the turn (some providers send empty or repeated ids), so tool
+/// messages pair up unambiguously and writes keyed by (message, call id) stay distinct.
+fn unique_ids(calls: Vec<ToolCall>, round: u32, seen: &mut HashSet<String>) -> Vec<ToolCall> {
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut c)| {
+            let id = c.id.trim();
+            if id.is_empty() || id.len() > 128 || seen.contains(id) {
+                c.id = format!("call_r{round}_{i}");
+            }
+            seen.insert(c.id.clone());
+            c
+        })
+        .collect()
+}
