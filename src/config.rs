@@ -238,7 +238,12 @@ pub struct Config {
     )]
     pub ort_dylib_path: PathBuf,
     /// Intra-op threads of the embedding model (0 = one per core).
-    #[arg(long, env = "COMPANION_EMBED_THREADS", default_value_t = 2, global = true)]
+    #[arg(
+        long,
+        env = "COMPANION_EMBED_THREADS",
+        default_value_t = 2,
+        global = true
+    )]
     pub embed_threads: usize,
     /// Most texts in one model run; concurrent turns' texts are batched up to this.
     #[arg(

@@ -29,9 +29,15 @@ async fn ingest_then_query_ranks_the_right_article_first() {
     assert!(articles.len() >= 12, "{} demo articles", articles.len());
     assert!(articles.iter().any(|a| a.collection == "snowboarding"));
     assert!(articles.iter().any(|a| a.collection == "skateboarding"));
-    let report = ingest::ingest(&db.pool, &embedder, &articles, ChunkConfig::default(), false)
-        .await
-        .unwrap();
+    let report = ingest::ingest(
+        &db.pool,
+        &embedder,
+        &articles,
+        ChunkConfig::default(),
+        false,
+    )
+    .await
+    .unwrap();
     assert_eq!(report.added, articles.len());
     let cases = [
         (
@@ -56,10 +62,9 @@ async fn ingest_then_query_ranks_the_right_article_first() {
         ),
     ];
     for (collection, question, title) in cases {
-        let hits =
-            rag::retrieve(&db.pool, &embedder, &cols(&[collection]), question, 0.0, 3)
-                .await
-                .unwrap();
+        let hits = rag::retrieve(&db.pool, &embedder, &cols(&[collection]), question, 0.0, 3)
+            .await
+            .unwrap();
         assert!(!hits.is_empty(), "no hit for {question:?}");
         assert_eq!(hits[0].title, title, "for {question:?}: {hits:#?}");
         assert!(hits[0].source_url.is_some());
@@ -85,18 +90,26 @@ async fn ingest_then_query_ranks_the_right_article_first() {
 async fn reingesting_unchanged_content_does_nothing() {
     let db = common::TestDb::new().await;
     let embedder = common::embedder();
-    let articles = ingest::read_articles(&knowledge_dir().join("skateboarding"), Some("skate"))
-        .unwrap();
+    let articles =
+        ingest::read_articles(&knowledge_dir().join("skateboarding"), Some("skate")).unwrap();
     let cfg = ChunkConfig::default();
-    let first = ingest::ingest(&db.pool, &embedder, &articles, cfg, false).await.unwrap();
+    let first = ingest::ingest(&db.pool, &embedder, &articles, cfg, false)
+        .await
+        .unwrap();
     assert_eq!(first.added, articles.len());
     let before = kb::counts(&db.pool).await.unwrap();
     let runs_before = embedder.counts().model_runs;
-    let second = ingest::ingest(&db.pool, &embedder, &articles, cfg, false).await.unwrap();
+    let second = ingest::ingest(&db.pool, &embedder, &articles, cfg, false)
+        .await
+        .unwrap();
     assert_eq!(second.unchanged, articles.len());
     assert_eq!(second.chunks, 0);
     assert_eq!(kb::counts(&db.pool).await.unwrap(), before);
-    assert_eq!(embedder.counts().model_runs, runs_before, "nothing re-embedded");
+    assert_eq!(
+        embedder.counts().model_runs,
+        runs_before,
+        "nothing re-embedded"
+    );
     db.drop().await;
 }
 
@@ -121,13 +134,17 @@ async fn a_changed_article_replaces_its_chunks() {
     };
     let cfg = ChunkConfig::default();
     for art in [&a, &other] {
-        let (o, _) = ingest::ingest_article(&db.pool, &embedder, art, cfg).await.unwrap();
+        let (o, _) = ingest::ingest_article(&db.pool, &embedder, art, cfg)
+            .await
+            .unwrap();
         assert_eq!(o, Outcome::Added);
     }
     a.text = "Heat-moldable liners shape themselves to your feet. Replace boots when the flex \
               gets soft and your heel lifts."
         .into();
-    let (o, n) = ingest::ingest_article(&db.pool, &embedder, &a, cfg).await.unwrap();
+    let (o, n) = ingest::ingest_article(&db.pool, &embedder, &a, cfg)
+        .await
+        .unwrap();
     assert_eq!(o, Outcome::Replaced);
     assert_eq!(n, 1);
     let contents: Vec<String> = sqlx::query_scalar(
@@ -157,16 +174,26 @@ async fn a_changed_article_replaces_its_chunks() {
 async fn only_chunks_above_the_threshold_are_returned() {
     let db = common::TestDb::new().await;
     let embedder = common::embedder();
-    let articles = ingest::read_articles(&knowledge_dir().join("snowboarding"), Some("snowboarding"))
-        .unwrap();
-    ingest::ingest(&db.pool, &embedder, &articles, ChunkConfig::default(), false)
-        .await
-        .unwrap();
+    let articles =
+        ingest::read_articles(&knowledge_dir().join("snowboarding"), Some("snowboarding")).unwrap();
+    ingest::ingest(
+        &db.pool,
+        &embedder,
+        &articles,
+        ChunkConfig::default(),
+        false,
+    )
+    .await
+    .unwrap();
     let c = cols(&["snowboarding"]);
     let off_topic = "what is the best recipe for lasagna with spinach?";
-    let none = rag::retrieve(&db.pool, &embedder, &c, off_topic, 0.45, 3).await.unwrap();
+    let none = rag::retrieve(&db.pool, &embedder, &c, off_topic, 0.45, 3)
+        .await
+        .unwrap();
     assert!(none.is_empty(), "off-topic hits: {none:#?}");
-    let all = rag::retrieve(&db.pool, &embedder, &c, off_topic, -1.0, 3).await.unwrap();
+    let all = rag::retrieve(&db.pool, &embedder, &c, off_topic, -1.0, 3)
+        .await
+        .unwrap();
     assert_eq!(all.len(), 3, "top_k bounds the hits");
     assert!(all.iter().all(|h| h.score < 0.45));
     let on_topic = rag::retrieve(
@@ -183,10 +210,12 @@ async fn only_chunks_above_the_threshold_are_returned() {
     assert!(on_topic.iter().all(|h| h.score >= 0.45));
     assert_eq!(on_topic[0].title, "Dressing for cold days on the mountain");
     // Unknown collections and empty text give nothing.
-    assert!(rag::retrieve(&db.pool, &embedder, &cols(&["nope"]), "wax", -1.0, 3)
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(
+        rag::retrieve(&db.pool, &embedder, &cols(&["nope"]), "wax", -1.0, 3)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     db.drop().await;
 }
 
@@ -204,14 +233,23 @@ async fn chunks_fit_the_model_and_overlap() {
     assert!(chunks.len() >= 4, "{} chunks", chunks.len());
     for (i, c) in chunks.iter().enumerate() {
         let with_specials = plain.encode(c.as_str(), true).unwrap().get_ids().len();
-        assert!(with_specials <= MAX_TOKENS, "chunk {i}: {with_specials} tokens");
+        assert!(
+            with_specials <= MAX_TOKENS,
+            "chunk {i}: {with_specials} tokens"
+        );
         assert!(with_specials > MAX_TOKENS / 2, "chunk {i} is well filled");
         assert!(c.ends_with('.'), "chunk {i} ends on a sentence boundary");
-        assert!(text.contains(c.as_str()), "chunk {i} is the article's own text");
+        assert!(
+            text.contains(c.as_str()),
+            "chunk {i} is the article's own text"
+        );
     }
     for w in chunks.windows(2) {
         let last_sentence = w[0].rsplit(". ").next().unwrap();
-        assert!(w[1].starts_with(last_sentence) || w[1].contains(last_sentence), "overlap");
+        assert!(
+            w[1].starts_with(last_sentence) || w[1].contains(last_sentence),
+            "overlap"
+        );
     }
     // One huge "sentence" is cut on tokens.
     let blob = "powder ".repeat(1000);
@@ -221,7 +259,10 @@ async fn chunks_fit_the_model_and_overlap() {
         assert!(plain.encode(c.as_str(), true).unwrap().get_ids().len() <= MAX_TOKENS);
     }
     // Overlap 0 gives disjoint chunks; the article is covered.
-    let no_overlap = ChunkConfig { overlap: 0.0, ..cfg };
+    let no_overlap = ChunkConfig {
+        overlap: 0.0,
+        ..cfg
+    };
     let chunks = chunk::chunk(embedder.tokenizer(), &text, no_overlap, 0).unwrap();
     assert_eq!(chunks.join(" "), text);
 }
@@ -256,6 +297,9 @@ async fn markdown_front_matter_and_jsonl_are_read() {
     let j = ingest::read_articles(&jsonl, Some("c")).unwrap();
     assert_eq!(j.len(), 1);
     assert_eq!((j[0].key.as_str(), j[0].collection.as_str()), ("x1", "c"));
-    assert!(ingest::read_articles(&jsonl, None).is_err(), "no collection");
+    assert!(
+        ingest::read_articles(&jsonl, None).is_err(),
+        "no collection"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

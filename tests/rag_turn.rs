@@ -117,7 +117,8 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
     for s in [&names.stream_in, &names.stream_out, &names.stream_dlq] {
         let _ = svc.bus.js.delete_stream(s).await;
     }
-    let _ = svc.mongo.db.drop().await;
+    let cleanup = std::time::Duration::from_secs(10);
+    let _ = tokio::time::timeout(cleanup, svc.mongo.db.drop()).await;
     let _ = std::fs::remove_dir_all(&dir);
     svc.pg.pool.close().await;
     db.drop().await;

@@ -50,8 +50,8 @@ pub async fn embed_stdin(config: &Config) -> Result<usize, RagCommandError> {
             let texts = std::mem::take(&mut batch);
             let vectors = embedder.embed(texts.clone()).await?;
             for (text, embedding) in texts.iter().zip(&vectors) {
-                let mut json = serde_json::to_vec(&EmbeddedLine { text, embedding })
-                    .expect("serialisable");
+                let mut json =
+                    serde_json::to_vec(&EmbeddedLine { text, embedding }).expect("serialisable");
                 json.push(b'\n');
                 out.write_all(&json).await?;
             }

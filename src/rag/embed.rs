@@ -381,25 +381,24 @@ impl Worker {
                 "attention_mask" => mask_t,
             ])?
         };
-        let hidden = outputs["last_hidden_state"].try_extract_array::<f32>()?;
-        let shape = hidden.shape().to_vec();
-        if shape.len() != 3 || shape[0] != rows || shape[2] != DIM {
+        let (shape, hidden) = outputs["last_hidden_state"].try_extract_tensor::<f32>()?;
+        let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+        if shape.len() != 3 || shape[0] != rows || shape[1] != seq || shape[2] != DIM {
             return Err(EmbedError::Ort(format!(
                 "unexpected output shape {shape:?}"
             )));
         }
+        // Mean over the tokens the attention mask keeps, then unit length.
         let mut vectors = Vec::with_capacity(rows);
-        for r in 0..rows {
+        for (r, row) in hidden.chunks_exact(seq * DIM).enumerate() {
             let mut sum = vec![0f32; DIM];
             let mut count = 0f32;
-            for t in 0..shape[1].min(seq) {
+            for (t, token) in row.chunks_exact(DIM).enumerate() {
                 if mask[(r, t)] == 0 {
                     continue;
                 }
                 count += 1.0;
-                for (d, s) in sum.iter_mut().enumerate() {
-                    *s += hidden[[r, t, d]];
-                }
+                sum.iter_mut().zip(token).for_each(|(s, x)| *s += x);
             }
             let count = count.max(1e-9);
             sum.iter_mut().for_each(|s| *s /= count);

@@ -39,7 +39,9 @@ pub enum IngestError {
         line: usize,
         message: String,
     },
-    #[error("{0}: no collection (give --collection, a `collection:` front-matter line, or put it in a <collection>/ folder)")]
+    #[error(
+        "{0}: no collection (give --collection, a `collection:` front-matter line, or put it in a <collection>/ folder)"
+    )]
     NoCollection(String),
     #[error(transparent)]
     Embed(#[from] EmbedError),
@@ -122,11 +124,12 @@ pub fn read_articles(path: &Path, collection: Option<&str>) -> Result<Vec<Articl
             let collection = collection
                 .map(str::to_owned)
                 .or(a.collection)
-                .ok_or_else(|| IngestError::NoCollection(format!("{} line {}", path.display(), n + 1)))?;
-            let key = a
-                .id
-                .or_else(|| a.source_url.clone())
-                .unwrap_or_else(|| a.title.clone());
+                .ok_or_else(|| {
+                    IngestError::NoCollection(format!("{} line {}", path.display(), n + 1))
+                })?;
+            let key =
+                a.id.or_else(|| a.source_url.clone())
+                    .unwrap_or_else(|| a.title.clone());
             out.push(Article {
                 collection,
                 key,

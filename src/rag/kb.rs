@@ -34,11 +34,12 @@ pub async fn content_hash(
     collection: &str,
     key: &str,
 ) -> Result<Option<String>, StoreError> {
-    let row = sqlx::query("SELECT content_hash FROM kb_articles WHERE collection = $1 AND key = $2")
-        .bind(collection)
-        .bind(key)
-        .fetch_optional(pool)
-        .await?;
+    let row =
+        sqlx::query("SELECT content_hash FROM kb_articles WHERE collection = $1 AND key = $2")
+            .bind(collection)
+            .bind(key)
+            .fetch_optional(pool)
+            .await?;
     Ok(row.map(|r| r.get("content_hash")))
 }
 

@@ -14,7 +14,9 @@ use tracing::{Instrument, info_span, warn};
 
 pub use embed::{EmbedConfig, EmbedError, Embedder};
 
-use crate::{config::Config, services::Services, store::StoreError, turn::prompt::KnowledgeSnippet};
+use crate::{
+    config::Config, services::Services, store::StoreError, turn::prompt::KnowledgeSnippet,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RetrieveError {
