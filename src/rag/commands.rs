@@ -34,35 +34,41 @@ struct EmbeddedLine<'a> {
 }
 
 /// Reads lines of text from stdin and writes `{"text":…, "embedding":[…]}` per line to stdout.
+/// Lines already buffered are embedded together (up to 64); a lone line is answered at once.
 pub async fn embed_stdin(config: &Config) -> Result<usize, RagCommandError> {
     let embedder = Embedder::load(&EmbedConfig::from_config(config))?;
-    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut input = BufReader::new(tokio::io::stdin());
     let mut out = tokio::io::BufWriter::new(tokio::io::stdout());
-    let mut batch = Vec::with_capacity(EMBED_LINES_PER_BATCH);
     let mut total = 0;
     loop {
-        let line = lines.next_line().await?;
-        let done = line.is_none();
-        if let Some(l) = line {
-            batch.push(l);
+        let mut batch = Vec::with_capacity(EMBED_LINES_PER_BATCH);
+        let mut eof = false;
+        loop {
+            let mut line = String::new();
+            if input.read_line(&mut line).await? == 0 {
+                eof = true;
+                break;
+            }
+            batch.push(line.trim_end_matches(['\n', '\r']).to_owned());
+            if batch.len() >= EMBED_LINES_PER_BATCH || !input.buffer().contains(&b'\n') {
+                break;
+            }
         }
-        if batch.len() >= EMBED_LINES_PER_BATCH || (done && !batch.is_empty()) {
-            let texts = std::mem::take(&mut batch);
-            let vectors = embedder.embed(texts.clone()).await?;
-            for (text, embedding) in texts.iter().zip(&vectors) {
+        if !batch.is_empty() {
+            let vectors = embedder.embed(batch.clone()).await?;
+            for (text, embedding) in batch.iter().zip(&vectors) {
                 let mut json =
                     serde_json::to_vec(&EmbeddedLine { text, embedding }).expect("serialisable");
                 json.push(b'\n');
                 out.write_all(&json).await?;
             }
-            total += texts.len();
+            total += batch.len();
             out.flush().await?;
         }
-        if done {
-            break;
+        if eof {
+            return Ok(total);
         }
     }
-    Ok(total)
 }
 
 /// Ingests a folder or JSON-lines file into the knowledge base.

@@ -136,7 +136,7 @@ struct Request {
 
 /// Handle to the embedding thread; cheap to share (`Arc`).
 pub struct Embedder {
-    tx: std::sync::Mutex<mpsc::Sender<Request>>,
+    tx: mpsc::Sender<Request>,
     tokenizer: Arc<Tokenizer>,
     stats: Arc<EmbedStats>,
 }
@@ -217,7 +217,7 @@ impl Embedder {
             .spawn(move || worker.run(rx))
             .map_err(|e| EmbedError::Ort(format!("cannot start the embedder thread: {e}")))?;
         Ok(Arc::new(Self {
-            tx: std::sync::Mutex::new(tx),
+            tx,
             tokenizer,
             stats,
         }))
@@ -230,8 +230,6 @@ impl Embedder {
         }
         let (reply, rx) = oneshot::channel();
         self.tx
-            .lock()
-            .map_err(|_| EmbedError::Stopped)?
             .send(Request { texts, reply })
             .map_err(|_| EmbedError::Stopped)?;
         rx.await.map_err(|_| EmbedError::Stopped)?

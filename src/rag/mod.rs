@@ -121,3 +121,21 @@ pub async fn retrieve_for_turn(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_model_disables_retrieval_instead_of_failing() {
+        let mut config = Config::from_env().unwrap();
+        config.model_dir = "/nonexistent/models".into();
+        config.ort_dylib_path = "/nonexistent/libonnxruntime.so.1.31.1".into();
+        assert!(load_embedder(&config).is_none());
+        let err = Embedder::load(&EmbedConfig::from_config(&config))
+            .err()
+            .unwrap();
+        assert!(matches!(err, EmbedError::Missing(_)), "{err}");
+        assert!(err.to_string().contains("deploy/local/models.sh"));
+    }
+}
