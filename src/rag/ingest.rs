@@ -12,6 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use futures::StreamExt;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
@@ -319,7 +320,11 @@ pub async fn ingest_article(
     Ok((outcome, chunks.len()))
 }
 
+/// Articles chunked, embedded and written at once: their texts meet in the embedder's batches.
+const CONCURRENT_ARTICLES: usize = 8;
+
 /// Ingests many articles, printing a progress line on a terminal and plain lines otherwise.
+/// When two articles share a collection and key, the last one wins.
 pub async fn ingest(
     pool: &PgPool,
     embedder: &Embedder,
@@ -327,10 +332,26 @@ pub async fn ingest(
     cfg: ChunkConfig,
     progress: bool,
 ) -> Result<Report, IngestError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut unique: Vec<&Article> = articles
+        .iter()
+        .rev()
+        .filter(|a| seen.insert((a.collection.as_str(), a.key.as_str())))
+        .collect();
+    unique.reverse();
     let mut report = Report::default();
     let tty = progress && std::io::stderr().is_terminal();
-    for (i, a) in articles.iter().enumerate() {
-        let (outcome, n) = ingest_article(pool, embedder, a, cfg).await?;
+    let total = unique.len();
+    let mut results = futures::stream::iter(
+        unique
+            .into_iter()
+            .map(|a| async move { ingest_article(pool, embedder, a, cfg).await.map(|r| (a, r)) }),
+    )
+    .buffered(CONCURRENT_ARTICLES);
+    let mut done = 0;
+    while let Some(result) = results.next().await {
+        let (a, (outcome, n)) = result?;
+        done += 1;
         match outcome {
             Outcome::Added => report.added += 1,
             Outcome::Replaced => report.replaced += 1,
@@ -338,13 +359,7 @@ pub async fn ingest(
         }
         report.chunks += n;
         if tty {
-            eprint!(
-                "\r\x1b[2K[{}/{}] {}/{}",
-                i + 1,
-                articles.len(),
-                a.collection,
-                a.key
-            );
+            eprint!("\r\x1b[2K[{done}/{total}] {}/{}", a.collection, a.key);
             let _ = std::io::stderr().flush();
         } else if progress {
             let what = match outcome {
