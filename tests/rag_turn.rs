@@ -23,6 +23,11 @@ fn system_prompt(request: &serde_json::Value) -> String {
 
 #[tokio::test]
 async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
+    // `RUST_LOG=companion=debug` shows the turn, its retrieval span and timings.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     // Fail clearly when the model is missing, before touching the servers.
     let embed = common::embed_config();
     drop(common::embedder_with(&embed));
