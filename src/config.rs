@@ -262,6 +262,73 @@ pub struct Config {
         global = true
     )]
     pub shutdown_grace_secs: u64,
+    /// Folder holding the embedding model (`model.onnx`, `tokenizer.json`); `deploy/local/models.sh` fills it.
+    #[arg(
+        long,
+        env = "COMPANION_MODEL_DIR",
+        default_value = ".local/models",
+        global = true
+    )]
+    pub model_dir: PathBuf,
+    /// ONNX Runtime shared library (must be 1.31.x); loaded at start-up, never downloaded.
+    #[arg(
+        long,
+        env = "ORT_DYLIB_PATH",
+        default_value = ".local/models/libonnxruntime.so.1.31.1",
+        global = true
+    )]
+    pub ort_dylib_path: PathBuf,
+    /// Intra-op threads of the embedding model (0 = one per core).
+    #[arg(
+        long,
+        env = "COMPANION_EMBED_THREADS",
+        default_value_t = 2,
+        global = true
+    )]
+    pub embed_threads: usize,
+    /// Most texts in one model run; concurrent turns' texts are batched up to this.
+    #[arg(
+        long,
+        env = "COMPANION_EMBED_MAX_BATCH",
+        default_value_t = 32,
+        global = true
+    )]
+    pub embed_max_batch: usize,
+    /// Milliseconds the embedder waits for more texts after the first before running the model.
+    #[arg(
+        long,
+        env = "COMPANION_EMBED_WINDOW_MS",
+        default_value_t = 5,
+        global = true
+    )]
+    pub embed_window_ms: u64,
+    /// Lowest cosine similarity for a knowledge chunk to enter the prompt.
+    #[arg(
+        long,
+        env = "COMPANION_RAG_THRESHOLD",
+        default_value_t = 0.45,
+        global = true
+    )]
+    pub rag_threshold: f32,
+    /// Knowledge chunks put in the prompt at most.
+    #[arg(long, env = "COMPANION_RAG_TOP_K", default_value_t = 3, global = true)]
+    pub rag_top_k: i64,
+    /// Longest chunk in tokens, [CLS] and [SEP] included (the model reads 256 at most).
+    #[arg(
+        long,
+        env = "COMPANION_CHUNK_TOKENS",
+        default_value_t = 256,
+        global = true
+    )]
+    pub chunk_tokens: usize,
+    /// Share of a chunk repeated at the start of the next one.
+    #[arg(
+        long,
+        env = "COMPANION_CHUNK_OVERLAP",
+        default_value_t = 0.15,
+        global = true
+    )]
+    pub chunk_overlap: f32,
     /// `text` for terminals, `json` for log shippers.
     #[arg(
         long,

@@ -55,6 +55,17 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         wait: u64,
     },
+    /// Embed lines of text from stdin; one JSON line (`{"text", "embedding"}`) per input on stdout.
+    Embed,
+    /// Chunk, embed and store articles (a folder of Markdown/text files or a JSON-lines file).
+    Ingest {
+        /// Folder (`<collection>/*.md` below it) or `.jsonl` file.
+        #[arg(default_value = "deploy/local/knowledge")]
+        path: PathBuf,
+        /// Collection for every article read (else front matter, else the folder name).
+        #[arg(long)]
+        collection: Option<String>,
+    },
     /// Serve the scripted offline model (OpenAI-compatible) for demos without an API key.
     StubLlm {
         #[arg(long, default_value = "127.0.0.1:8089")]
@@ -114,6 +125,25 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let session = commands::Session::open(&config, &user, &bot).await?;
             commands::chat(&session, script.as_deref(), Duration::from_secs(wait)).await?;
+        }
+        Command::Embed => {
+            let n = companion::rag::commands::embed_stdin(&config)
+                .await
+                .context("embedding")?;
+            tracing::debug!(lines = n, "embedded");
+        }
+        Command::Ingest { path, collection } => {
+            let r = companion::rag::commands::ingest_path(&config, &path, collection.as_deref())
+                .await
+                .with_context(|| format!("ingesting {}", path.display()))?;
+            println!(
+                "ingested {}: {} added, {} replaced, {} unchanged, {} chunks written",
+                path.display(),
+                r.added,
+                r.replaced,
+                r.unchanged,
+                r.chunks
+            );
         }
         Command::StubLlm { addr } => {
             let server = stub::StubLlm::start_on(addr, stub::demo(), false)

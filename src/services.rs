@@ -29,6 +29,8 @@ pub struct Services {
     pub pg: Pg,
     pub llm: LlmClient,
     pub characters: Characters,
+    /// Sentence embedder for knowledge retrieval; `None` when the model is not installed.
+    pub embedder: Option<Arc<crate::rag::Embedder>>,
 }
 
 impl Services {
@@ -50,6 +52,7 @@ impl Services {
         let mut characters = Characters::load(&config.characters_dir)?;
         characters.resolve(&mongo).await?;
         let llm = LlmClient::new(&config)?;
+        let embedder = crate::rag::load_embedder(&config);
         Ok(Arc::new(Self {
             config,
             bus,
@@ -57,6 +60,7 @@ impl Services {
             pg,
             llm,
             characters,
+            embedder,
         }))
     }
 }

@@ -168,11 +168,12 @@ async fn respond(
         svc.mongo
             .user_tricklists(event.sender_id, prompt::PROMPT_TRICKLISTS),
     )?;
+    let knowledge = crate::rag::retrieve_for_turn(svc, character, &event.content).await;
     let system = prompt::system_prompt(&prompt::PromptContext {
         character,
         profile: profile.as_ref(),
         tricklists: &tricklists,
-        knowledge: &[],
+        knowledge: &knowledge,
         now: Utc::now(),
         tools_enabled: true,
     });

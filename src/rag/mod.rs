@@ -1,0 +1,141 @@
+//! Retrieval-augmented generation: local sentence embeddings ([`embed`]), a pgvector knowledge base
+//! ([`kb`]) filled by `companion ingest` ([`ingest`], [`chunk`]), and the retrieval each turn makes
+//! ([`retrieve_for_turn`]).
+
+pub mod chunk;
+pub mod commands;
+pub mod embed;
+pub mod ingest;
+pub mod kb;
+
+use std::sync::Arc;
+
+use tracing::{Instrument, info_span, warn};
+
+pub use embed::{EmbedConfig, EmbedError, Embedder};
+
+use crate::{
+    config::Config, services::Services, store::StoreError, turn::prompt::KnowledgeSnippet,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RetrieveError {
+    #[error(transparent)]
+    Embed(#[from] EmbedError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Loads the embedder for the worker; when the model or runtime is missing, warns once and returns
+/// `None` so the worker answers without knowledge.
+pub fn load_embedder(config: &Config) -> Option<Arc<Embedder>> {
+    let cfg = EmbedConfig::from_config(config);
+    match Embedder::load(&cfg) {
+        Ok(e) => {
+            tracing::info!(
+                model = %cfg.model_path().display(),
+                threads = cfg.threads,
+                max_batch = cfg.max_batch,
+                window_ms = cfg.window.as_millis() as u64,
+                "embedder ready"
+            );
+            Some(e)
+        }
+        Err(e) => {
+            warn!(error = %e, "knowledge retrieval disabled: the embedder could not be loaded");
+            None
+        }
+    }
+}
+
+/// The chunks of `collections` above `threshold` most similar to `text`, best first, at most `top_k`.
+pub async fn retrieve(
+    pool: &sqlx::PgPool,
+    embedder: &Embedder,
+    collections: &[String],
+    text: &str,
+    threshold: f32,
+    top_k: i64,
+) -> Result<Vec<KnowledgeSnippet>, RetrieveError> {
+    if collections.is_empty() || text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let query = embedder.embed_one(text).await?;
+    let hits = kb::search(pool, collections, &query, top_k).await?;
+    Ok(hits
+        .into_iter()
+        .filter(|h| h.score >= threshold)
+        .map(|h| KnowledgeSnippet {
+            title: h.title,
+            source_url: h.source_url,
+            text: h.content,
+            score: h.score,
+        })
+        .collect())
+}
+
+/// The knowledge for one turn; never fails the turn (an error is logged and gives no knowledge).
+/// The span `rag.retrieve` (a child of the turn's span) records the hits and their scores.
+pub async fn retrieve_for_turn(
+    svc: &Services,
+    character: &crate::character::Character,
+    text: &str,
+) -> Vec<KnowledgeSnippet> {
+    let Some(embedder) = svc.embedder.as_deref() else {
+        return Vec::new();
+    };
+    if character.knowledge.is_empty() {
+        return Vec::new();
+    }
+    let span = info_span!(
+        "rag.retrieve",
+        collections = %character.knowledge.join(","),
+        threshold = svc.config.rag_threshold,
+        hits = tracing::field::Empty,
+        scores = tracing::field::Empty,
+    );
+    let result = retrieve(
+        &svc.pg.pool,
+        embedder,
+        &character.knowledge,
+        text,
+        svc.config.rag_threshold,
+        svc.config.rag_top_k,
+    )
+    .instrument(span.clone())
+    .await;
+    match result {
+        Ok(snippets) => {
+            let scores: Vec<String> = snippets
+                .iter()
+                .map(|s| format!("{:.3} {}", s.score, s.title))
+                .collect();
+            span.record("hits", snippets.len());
+            span.record("scores", scores.join("; "));
+            span.in_scope(|| tracing::debug!(hits = snippets.len(), "knowledge retrieved"));
+            snippets
+        }
+        Err(e) => {
+            span.in_scope(|| warn!(error = %e, "knowledge retrieval failed; answering without it"));
+            Vec::new()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_model_disables_retrieval_instead_of_failing() {
+        let mut config = Config::from_env().unwrap();
+        config.model_dir = "/nonexistent/models".into();
+        config.ort_dylib_path = "/nonexistent/libonnxruntime.so.1.31.1".into();
+        assert!(load_embedder(&config).is_none());
+        let err = Embedder::load(&EmbedConfig::from_config(&config))
+            .err()
+            .unwrap();
+        assert!(matches!(err, EmbedError::Missing(_)), "{err}");
+        assert!(err.to_string().contains("deploy/local/models.sh"));
+    }
+}
