@@ -21,7 +21,7 @@
 
 const { connect, JSONCodec, ErrorCode } = require('nats');
 
-const OID = /^[0-9a-f]{24}$/;
+const OID = /^[0-9a-fA-F]{24}$/;
 const jc = JSONCodec();
 
 function usage(msg) {
