@@ -149,7 +149,8 @@ async function main() {
       if (completion) {
         process.stdout.write(`${JSON.stringify(completion)}\n`);
       } else {
-        process.stderr.write(`dm-bridge: no completion with inReplyTo=${ev.messageId} within ${opts.timeoutSecs}s\n`);
+        process.stderr.write(`dm-bridge: no completion with inReplyTo=${ev.messageId} within ${opts.timeoutSecs}s` +
+          `${ack.duplicate ? ' (the event was a duplicate: its completion, if any, went out before we subscribed; it is in dm_messages with this inReplyTo)' : ''}\n`);
         exitCode = 1;
       }
     }
