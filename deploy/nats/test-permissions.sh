@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# Proves the least-privilege users of deploy/nats/auth.conf with real clients: starts a
+# throwaway nats-server (JetStream on, auth.conf included) on loopback 127.0.0.1:14422
+# (monitor 18422, store under /tmp), creates the streams as admin, then checks what tb-backend
+# and companion-worker can and cannot do with the Python NATS client (nats-py). Prints one line
+# per check; exits non-zero if any check fails. Leaves nothing running.
+#
+# Usage: deploy/nats/test-permissions.sh
+# Env:   NATS_SERVER  nats-server binary (default <root>/.local/venv/bin/nats-server, else PATH)
+#        PY           a python that has nats-py; default: a venv at
+#                     ${COMPANION_LOCAL_DIR:-<root>/.local}/venv-natstest, created once (pip install nats-py)
+#        TEST_PORT (14422) TEST_MONITOR_PORT (18422)
+set -euo pipefail
+HERE="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)"
+ROOT="$(cd -- "$HERE/../.." && pwd -P)"
+LOCAL_DIR="${COMPANION_LOCAL_DIR:-$ROOT/.local}"
+NATS_SERVER="${NATS_SERVER:-$LOCAL_DIR/venv/bin/nats-server}"
+[[ -x "$NATS_SERVER" ]] || NATS_SERVER="$(command -v nats-server)" \
+  || { echo "no nats-server (set NATS_SERVER, or run deploy/local/stack.sh up)" >&2; exit 2; }
+PORT="${TEST_PORT:-14422}"
+MPORT="${TEST_MONITOR_PORT:-18422}"
+NATS_PY_VERSION=2.16.0
+
+if [[ -z "${PY:-}" ]]; then
+  venv="$LOCAL_DIR/venv-natstest"
+  if ! "$venv/bin/python" -c "import nats" 2>/dev/null; then
+    echo "creating $venv (pip install nats-py==$NATS_PY_VERSION)" >&2
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "nats-py==$NATS_PY_VERSION" >&2
+  fi
+  PY="$venv/bin/python"
+fi
+
+DIR="$(mktemp -d /tmp/companion-nats-perms.XXXXXX)"
+PID=""
+cleanup() {
+  if [[ -n "$PID" ]]; then kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; fi
+  rm -rf -- "$DIR"
+}
+trap cleanup EXIT
+
+# The server config: JetStream + the file under test (include paths are relative to the
+# including file, so auth.conf is copied next to it).
+cp -- "$HERE/auth.conf" "$DIR/auth.conf"
+cat >"$DIR/server.conf" <<CONF
+server_name: companion-perms-test
+listen: 127.0.0.1:$PORT
+http: 127.0.0.1:$MPORT
+max_payload: 2MB
+jetstream { store_dir: "$DIR/js" }
+include ./auth.conf
+CONF
+
+rnd() { head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' ; }
+export COMPANION_NATS_BACKEND_PASSWORD="backend-$(rnd)"
+export COMPANION_NATS_WORKER_PASSWORD="worker-$(rnd)"
+export COMPANION_NATS_ADMIN_PASSWORD="admin-$(rnd)"
+
+"$NATS_SERVER" --config "$DIR/server.conf" -t >/dev/null 2>&1 \
+  || { "$NATS_SERVER" --config "$DIR/server.conf" -t; exit 1; }
+"$NATS_SERVER" --config "$DIR/server.conf" >"$DIR/server.log" 2>&1 &
+PID=$!
+for _ in $(seq 1 60); do
+  curl -fsS "http://127.0.0.1:$MPORT/healthz?js-enabled-only=true" >/dev/null 2>&1 && break
+  kill -0 "$PID" 2>/dev/null || { echo "nats-server exited:"; cat "$DIR/server.log"; exit 1; }
+  sleep 0.25
+done
+echo "nats-server $("$NATS_SERVER" --version | awk '{print $2}') on 127.0.0.1:$PORT with deploy/nats/auth.conf"
+
+NATS_TEST_URL="nats://127.0.0.1:$PORT" "$PY" - <<'PYEOF'
+import asyncio, os, sys, json
+import nats
+from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.js.api import StreamConfig, ConsumerConfig, AckPolicy, DeliverPolicy
+from nats.js.errors import APIError
+
+URL = os.environ["NATS_TEST_URL"]
+PW = {
+    "tb-backend": os.environ["COMPANION_NATS_BACKEND_PASSWORD"],
+    "companion-worker": os.environ["COMPANION_NATS_WORKER_PASSWORD"],
+    "admin": os.environ["COMPANION_NATS_ADMIN_PASSWORD"],
+}
+INBOX = {"tb-backend": b"_INBOX_tb_backend", "companion-worker": b"_INBOX", "admin": b"_INBOX"}
+failures = 0
+
+def check(ok, what, detail=""):
+    global failures
+    if not ok:
+        failures += 1
+    print(f"{'PASS' if ok else 'FAIL'}  {what}" + (f"  ({detail})" if detail else ""), flush=True)
+
+async def connect(user):
+    errors = []
+    async def on_error(e):
+        errors.append(str(e))
+    nc = await nats.connect(URL, user=user, password=PW[user], inbox_prefix=INBOX[user],
+                            error_cb=on_error, allow_reconnect=False, connect_timeout=3)
+    return nc, errors
+
+async def violation(errors, kind, subject, wait=1.0):
+    """True once the server reported a permissions violation for this subject."""
+    needle = f'{kind} to "{subject}"'.lower()
+    for _ in range(int(wait / 0.05)):
+        if any("permissions violation" in e.lower() and needle in e.lower() for e in errors):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+async def stream_msgs(js, name):
+    return (await js.stream_info(name)).state.messages
+
+async def main():
+    # --- admin: the streams, as the worker would create them --------------------------------
+    admin, _ = await connect("admin")
+    ajs = admin.jetstream()
+    await ajs.add_stream(StreamConfig(name="DM_BOT_IN", subjects=["dm.bot.in.>"], duplicate_window=7200))
+    await ajs.add_stream(StreamConfig(name="DM_BOT_OUT", subjects=["dm.bot.out.>"], duplicate_window=7200))
+    await ajs.add_stream(StreamConfig(name="DM_BOT_DLQ", subjects=["dm.bot.dlq.>"]))
+    check(True, "admin creates streams DM_BOT_IN, DM_BOT_OUT, DM_BOT_DLQ")
+
+    # --- anonymous and wrong password are refused --------------------------------------------
+    for label, kw in (("anonymous", {}), ("wrong password", {"user": "tb-backend", "password": "nope"})):
+        try:
+            async def quiet(e): pass
+            nc = await nats.connect(URL, allow_reconnect=False, connect_timeout=2, max_reconnect_attempts=0,
+                                    error_cb=quiet, **kw)
+            await nc.close()
+            check(False, f"{label} connection refused")
+        except Exception as e:
+            check("authorization violation" in str(e).lower(), f"{label} connection refused", str(e))
+
+    # --- worker start-up: streams and its durable consumer -----------------------------------
+    worker, werr = await connect("companion-worker")
+    wjs = worker.jetstream()
+    try:
+        await wjs.stream_info("DM_BOT_IN")
+        await wjs.update_stream(StreamConfig(name="DM_BOT_IN", subjects=["dm.bot.in.>"], duplicate_window=7200,
+                                             description="Bot-bound DMs published by TB-Backend"))
+        ci = await wjs.add_consumer("DM_BOT_IN", ConsumerConfig(
+            durable_name="companion-worker", name="companion-worker", ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL, filter_subject="dm.bot.in.>", ack_wait=30, max_deliver=5))
+        await wjs.consumer_info("DM_BOT_IN", "companion-worker")
+        check(ci.name == "companion-worker", "worker CAN set up: stream info/update, create + read its durable consumer")
+    except Exception as e:
+        check(False, "worker CAN set up: stream info/update, create + read its durable consumer", repr(e))
+    try:
+        await wjs.delete_stream("DM_BOT_OUT")
+        check(False, "worker CANNOT delete a stream")
+    except (NatsTimeout, NoRespondersError, asyncio.TimeoutError) as e:
+        check(await violation(werr, "publish", "$JS.API.STREAM.DELETE.DM_BOT_OUT"), "worker CANNOT delete a stream", type(e).__name__)
+
+    # --- backend ---------------------------------------------------------------------------
+    backend, berr = await connect("tb-backend")
+    bjs = backend.jetstream()
+    got_out, got_typing = [], []
+    async def on_out(m): got_out.append(m)
+    async def on_typing(m): got_typing.append(m)
+    await backend.subscribe("dm.bot.out.>", cb=on_out)
+    await backend.subscribe("dm.bot.typing.>", cb=on_typing)
+    await backend.flush()
+
+    event = json.dumps({"messageId": "6b0268e63adb75f2715669a7", "content": "hi"}).encode()
+    try:
+        ack = await bjs.publish("dm.bot.in.x.y", event, timeout=3, headers={"Nats-Msg-Id": "6b0268e63adb75f2715669a7"})
+        check(ack.stream == "DM_BOT_IN" and not ack.duplicate,
+              "backend CAN publish dm.bot.in.x.y and gets a PubAck", f"stream={ack.stream} seq={ack.seq}")
+        dup = await bjs.publish("dm.bot.in.x.y", event, timeout=3, headers={"Nats-Msg-Id": "6b0268e63adb75f2715669a7"})
+        check(dup.duplicate and dup.seq == ack.seq, "backend re-publish with the same Nats-Msg-Id: PubAck duplicate=true, same seq",
+              f"duplicate={dup.duplicate} seq={dup.seq}")
+    except Exception as e:
+        check(False, "backend CAN publish dm.bot.in.x.y and gets a PubAck", repr(e))
+
+    try:
+        psub = await bjs.pull_subscribe_bind(durable="companion-worker", stream="DM_BOT_IN",
+                                             inbox_prefix=b"_INBOX_tb_backend.")
+        msgs = await psub.fetch(1, timeout=1.5)
+        check(False, "backend CANNOT fetch from the worker's consumer", f"got {len(msgs)} message(s)")
+    except (NatsTimeout, asyncio.TimeoutError, NoRespondersError) as e:
+        v = await violation(berr, "publish", "$JS.API.CONSUMER.MSG.NEXT.DM_BOT_IN.companion-worker")
+        check(v, "backend CANNOT fetch from the worker's consumer", "permissions violation on CONSUMER.MSG.NEXT")
+    before = await stream_msgs(ajs, "DM_BOT_OUT")
+    await backend.publish("dm.bot.out.x", b'{"forged":true}')
+    await backend.flush()
+    v = await violation(berr, "publish", "dm.bot.out.x")
+    check(v and await stream_msgs(ajs, "DM_BOT_OUT") == before,
+          "backend CANNOT publish dm.bot.out.x", "permissions violation; DM_BOT_OUT unchanged")
+    await backend.subscribe("dm.bot.in.>")
+    check(await violation(berr, "subscription", "dm.bot.in.>"), "backend CANNOT subscribe dm.bot.in.> (core)")
+
+    # --- worker ------------------------------------------------------------------------------
+    try:
+        psub = await wjs.pull_subscribe_bind(durable="companion-worker", stream="DM_BOT_IN")
+        msgs = await psub.fetch(1, timeout=3)
+        m = msgs[0]
+        await m.in_progress()
+        await m.ack_sync(timeout=3)
+        check(m.subject == "dm.bot.in.x.y" and m.data == event,
+              "worker CAN fetch from its consumer and ack (+WPI, ack_sync)", f"subject={m.subject}")
+    except Exception as e:
+        check(False, "worker CAN fetch from its consumer and ack", repr(e))
+    try:
+        ack = await wjs.publish("dm.bot.out.x", b'{"messageId":"6b0268e62638450d0e0eb29a"}', timeout=3,
+                                headers={"Nats-Msg-Id": "6b0268e62638450d0e0eb29a"})
+        check(ack.stream == "DM_BOT_OUT", "worker CAN publish dm.bot.out.x (PubAck from DM_BOT_OUT)", f"seq={ack.seq}")
+    except Exception as e:
+        check(False, "worker CAN publish dm.bot.out.x", repr(e))
+    await worker.publish("dm.bot.typing.x", b'{"typing":true}')
+    try:
+        ack = await wjs.publish("dm.bot.dlq.x.y", b"bad", timeout=3, headers={"Companion-Dlq-Reason": "test"})
+        check(ack.stream == "DM_BOT_DLQ", "worker CAN publish dm.bot.dlq.x.y (PubAck from DM_BOT_DLQ)")
+    except Exception as e:
+        check(False, "worker CAN publish dm.bot.dlq.x.y", repr(e))
+    before = await stream_msgs(ajs, "DM_BOT_IN")
+    await worker.publish("dm.bot.in.x.y", b'{"forged":true}')
+    await worker.flush()
+    v = await violation(werr, "publish", "dm.bot.in.x.y")
+    check(v and await stream_msgs(ajs, "DM_BOT_IN") == before,
+          "worker CANNOT publish dm.bot.in.x.y", "permissions violation; DM_BOT_IN unchanged")
+    await worker.subscribe("dm.bot.in.>")
+    check(await violation(werr, "subscription", "dm.bot.in.>"), "worker CANNOT subscribe dm.bot.in.> (core, bypassing the consumer)")
+
+    # --- the backend sees the worker's output --------------------------------------------------
+    for _ in range(40):
+        if got_out and got_typing:
+            break
+        await asyncio.sleep(0.05)
+    check(len(got_out) == 1 and got_out[0].subject == "dm.bot.out.x", "backend receives the completion on dm.bot.out.x",
+          f"{len(got_out)} message(s); the forged one was dropped")
+    check(len(got_typing) == 1, "backend receives the typing event on dm.bot.typing.x")
+
+    for nc in (backend, worker, admin):
+        await nc.close()
+
+asyncio.run(main())
+print(f"\n{'ALL CHECKS PASSED' if failures == 0 else f'{failures} CHECK(S) FAILED'}")
+sys.exit(1 if failures else 0)
+PYEOF
