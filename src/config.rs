@@ -40,8 +40,12 @@ impl FromStr for Secret {
     }
 }
 
-/// Redacts the password of a connection URL, for logs.
+/// Redacts the passwords of a connection URL (or a comma-separated list of them), for logs.
 pub fn redact_url(url: &str) -> String {
+    url.split(',').map(redact_one).collect::<Vec<_>>().join(",")
+}
+
+fn redact_one(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let creds = &url[scheme + 3..at];
@@ -77,6 +81,26 @@ pub struct Config {
         global = true
     )]
     pub nats_url: String,
+    /// NATS user (with `NATS_PASSWORD`); credentials in `NATS_URL` itself are ignored by the client.
+    #[arg(long, env = "NATS_USER", global = true)]
+    pub nats_user: Option<String>,
+    #[arg(
+        long,
+        env = "NATS_PASSWORD",
+        default_value = "",
+        hide_env_values = true,
+        hide_default_value = true,
+        global = true
+    )]
+    pub nats_password: Secret,
+    /// Replicas of the worker's streams (3 on a three-node JetStream cluster).
+    #[arg(
+        long,
+        env = "COMPANION_STREAM_REPLICAS",
+        default_value_t = 1,
+        global = true
+    )]
+    pub stream_replicas: usize,
     /// MongoDB connection string; the database is its path (TrickList2 when absent).
     #[arg(
         long,
@@ -414,5 +438,9 @@ mod tests {
             "postgres://elizaos:***@localhost:5432/elizaos"
         );
         assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+        assert_eq!(
+            redact_url("nats://w:pw@a:4222,nats://w:pw@b:4222"),
+            "nats://w:***@a:4222,nats://w:***@b:4222"
+        );
     }
 }

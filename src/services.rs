@@ -37,7 +37,7 @@ impl Services {
     /// Connects to NATS, MongoDB and PostgreSQL and loads the characters.
     pub async fn connect(config: Config) -> Result<Arc<Self>, SetupError> {
         tracing::info!(
-            nats = %config.nats_url,
+            nats = %redact_url(&config.nats_url),
             mongo = %redact_url(&config.atlas_uri),
             postgres = %redact_url(&config.postgres_url),
             llm = %config.llm_base_url,

@@ -99,21 +99,40 @@ pub struct Bus {
     pub client: async_nats::Client,
     pub js: jetstream::Context,
     pub names: Names,
+    /// Replicas requested for every stream.
+    pub replicas: usize,
 }
 
 impl Bus {
     pub async fn connect(config: &Config) -> Result<Self, BusError> {
-        let client = async_nats::ConnectOptions::new()
+        let mut options = async_nats::ConnectOptions::new()
             .name("companion")
             .retry_on_initial_connect()
-            .connection_timeout(Duration::from_secs(5))
-            .connect(config.nats_url.as_str())
-            .await?;
+            .connection_timeout(Duration::from_secs(5));
+        if let Some(user) = &config.nats_user {
+            options =
+                options.user_and_password(user.clone(), config.nats_password.expose().to_owned());
+        }
+        let servers: Vec<async_nats::ServerAddr> = config
+            .nats_url
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e: std::io::Error| {
+                BusError::Connect(async_nats::ConnectError::with_source(
+                    async_nats::ConnectErrorKind::ServerParse,
+                    e,
+                ))
+            })?;
+        let client = options.connect(servers).await?;
         let js = jetstream::new(client.clone());
         Ok(Self {
             client,
             js,
             names: Names::new(config),
+            replicas: config.stream_replicas.max(1),
         })
     }
 
@@ -121,6 +140,7 @@ impl Bus {
     pub async fn ensure_streams(&self) -> Result<(), BusError> {
         let n = &self.names;
         let day = Duration::from_secs(24 * 3600);
+        let num_replicas = self.replicas;
         self.js
             .create_or_update_stream(stream::Config {
                 name: n.stream_in.clone(),
@@ -131,6 +151,7 @@ impl Bus {
                 max_age: 7 * day,
                 duplicate_window: Duration::from_secs(2 * 3600),
                 discard: DiscardPolicy::Old,
+                num_replicas,
                 ..Default::default()
             })
             .await?;
@@ -142,6 +163,7 @@ impl Bus {
                 storage: StorageType::File,
                 max_age: day,
                 duplicate_window: Duration::from_secs(2 * 3600),
+                num_replicas,
                 ..Default::default()
             })
             .await?;
@@ -152,6 +174,7 @@ impl Bus {
                 subjects: vec![format!("{}.dlq.>", n.prefix)],
                 storage: StorageType::File,
                 max_age: 30 * day,
+                num_replicas,
                 ..Default::default()
             })
             .await?;
