@@ -16,7 +16,7 @@ use crate::{
 
 /// Lines the demo plays when it is not run on a terminal.
 pub const DEMO_SCRIPT: &[&str] = &[
-    "hey kaori!! just got back from the park",
+    "hey kaori!! how often should i wax my snowboard?",
     "what's on my tricklists right now?",
     "make me a park list with kickflip, 50-50 and boardslide",
     "any good skateparks in Portland?",

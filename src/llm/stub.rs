@@ -272,8 +272,19 @@ fn demo_reply(body: &Value) -> StubReply {
     } else {
         format!("your lists: {}", lists.join("; "))
     };
+    let knowledge = system
+        .split_once("## Things you know")
+        .map(|(_, rest)| {
+            let titles: Vec<&str> = rest
+                .lines()
+                .filter_map(|l| l.strip_prefix("### "))
+                .map(|t| t.split(" <").next().unwrap_or(t))
+                .collect();
+            format!(" i also read up on: {}.", titles.join("; "))
+        })
+        .unwrap_or_default();
     StubReply::Text(format!(
-        "[scripted {name}] you said \"{}\". i remember {history} earlier messages and can see {lists}.",
+        "[scripted {name}] you said \"{}\". i remember {history} earlier messages and can see {lists}.{knowledge}",
         text.chars().take(80).collect::<String>()
     ))
 }
