@@ -195,6 +195,44 @@ impl Pg {
         Ok(())
     }
 
+    /// The model response journaled for step `step` of a turn, if an earlier attempt got that far.
+    pub async fn turn_step(
+        &self,
+        message_id: &str,
+        step: i32,
+    ) -> Result<Option<Value>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT response FROM turn_steps WHERE message_id = $1 AND step = $2",
+        )
+        .bind(message_id)
+        .bind(step)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Journals a model response; if another attempt recorded this step first, that one is returned.
+    pub async fn record_turn_step(
+        &self,
+        message_id: &str,
+        step: i32,
+        response: &Value,
+    ) -> Result<Value, StoreError> {
+        let stored: Value = sqlx::query_scalar(
+            "WITH ins AS (
+                INSERT INTO turn_steps (message_id, step, response) VALUES ($1, $2, $3)
+                ON CONFLICT (message_id, step) DO NOTHING RETURNING response)
+             SELECT response FROM ins
+             UNION ALL SELECT response FROM turn_steps WHERE message_id = $1 AND step = $2
+             LIMIT 1",
+        )
+        .bind(message_id)
+        .bind(step)
+        .bind(response)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(stored)
+    }
+
     /// Records why an attempt failed, for operators.
     pub async fn note_error(&self, message_id: &str, error: &str) -> Result<(), StoreError> {
         sqlx::query("UPDATE turns SET last_error = $2, updated_at = now() WHERE message_id = $1")

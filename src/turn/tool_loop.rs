@@ -19,7 +19,7 @@ use super::TurnError;
 use crate::{
     bus::DmEvent,
     character::Character,
-    llm::{ChatRequest, Message, ToolCall},
+    llm::{AssistantMessage, ChatRequest, Message, ToolCall},
     services::Services,
     tools::{Registry, ToolContext, ToolError, audit},
 };
@@ -79,16 +79,11 @@ pub async fn run_llm(
     let mut out = LoopOutput::default();
     let mut seen_ids: HashSet<String> = HashSet::new();
     let mut round: u32 = 0;
+    let mut step: i32 = 0;
     loop {
         let tools_offered = !request.tools.is_empty();
-        let response = llm.complete(&request).await?;
-        out.llm_calls += 1;
-        let message = response
-            .choices
-            .into_iter()
-            .next()
-            .map(|c| c.message)
-            .unwrap_or_default();
+        let message = journaled_completion(llm, base, step, &request, &mut out).await?;
+        step += 1;
         let text = message.content.clone().unwrap_or_default();
         if message.tool_calls.is_empty() || !tools_offered {
             if !message.tool_calls.is_empty() {
@@ -148,6 +143,35 @@ pub async fn run_llm(
             });
         }
     }
+}
+
+/// The model's answer at `step`: replayed from the journal when an earlier attempt of this turn got it
+/// (so a paid call is not paid again and the same tool call ids run again), else asked and journaled.
+async fn journaled_completion(
+    llm: &crate::llm::LlmClient,
+    base: &ToolContext,
+    step: i32,
+    request: &ChatRequest,
+    out: &mut LoopOutput,
+) -> Result<AssistantMessage, TurnError> {
+    let message_id = base.message_id.to_hex();
+    if let Some(stored) = base.pg.turn_step(&message_id, step).await?
+        && let Ok(message) = serde_json::from_value::<AssistantMessage>(stored)
+    {
+        debug!(step, "model response replayed from the turn journal");
+        return Ok(message);
+    }
+    let response = llm.complete(request).await?;
+    out.llm_calls += 1;
+    let message = response
+        .choices
+        .into_iter()
+        .next()
+        .map(|c| c.message)
+        .unwrap_or_default();
+    let value = serde_json::to_value(&message).unwrap_or(Value::Null);
+    let stored = base.pg.record_turn_step(&message_id, step, &value).await?;
+    Ok(serde_json::from_value(stored).unwrap_or(message))
 }
 
 /// Gives every call an id unique within the turn (some providers send empty or repeated ids), so tool
