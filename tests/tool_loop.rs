@@ -23,10 +23,7 @@ fn config_for(stub: &StubLlm, f: &Fixture) -> Config {
     let mut c = Config::from_env().expect("config");
     c.llm_base_url = stub.base_url.clone();
     c.openrouter_api_key = Default::default();
-    c.atlas_uri = format!(
-        "mongodb://127.0.0.1:27017/{}?directConnection=true",
-        f.mongo_db
-    );
+    c.atlas_uri = common::replace_db(&c.atlas_uri, &f.mongo_db);
     c.postgres_url = f.pg_url.clone();
     let tag = unique_name();
     c.subject_prefix = format!("{tag}.bot");

@@ -9,6 +9,11 @@ deploy/local/stack.sh up
 if [[ -x deploy/local/models.sh ]]; then deploy/local/models.sh; fi
 eval "$(deploy/local/stack.sh env)"
 
+# The TB-Backend bridge (nats.js) that tests/tb_backend_bridge.rs runs.
+npm ci --prefix deploy/tb-backend --no-audit --no-fund --loglevel=error
+# The least-privilege NATS users of deploy/nats/auth.conf, proven against a throwaway server.
+deploy/nats/test-permissions.sh
+
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
 cargo test --all-targets 2>&1

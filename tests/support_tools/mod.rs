@@ -20,12 +20,13 @@ pub fn oid(s: &str) -> ObjectId {
 }
 
 fn admin_url() -> String {
-    std::env::var("POSTGRES_ADMIN_URL")
-        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
+    crate::common::admin_url()
 }
 
+/// The configured MongoDB server (`ATLAS_URI`, as `deploy/local/stack.sh env` sets it).
 pub fn mongo_url() -> String {
-    "mongodb://127.0.0.1:27017/?directConnection=true".into()
+    let config = companion::Config::from_env().expect("configuration from the environment");
+    crate::common::replace_db(&config.atlas_uri, "")
 }
 
 pub fn unique_name() -> String {
@@ -47,7 +48,8 @@ pub async fn fresh_pg_url() -> String {
     .await
     .expect("create database");
     admin.close().await;
-    let url = format!("postgres://companion:companion@127.0.0.1:5432/{name}");
+    let config = companion::Config::from_env().expect("configuration from the environment");
+    let url = crate::common::replace_db(&config.postgres_url, &name);
     let pg = pg_at(&url).await;
     MIGRATOR.run(&pg.pool).await.expect("migrate");
     pg.pool.close().await;
