@@ -16,4 +16,4 @@ deploy/nats/test-permissions.sh
 
 cargo fmt --all -- --check
 cargo clippy --all-targets --quiet -- -D warnings
-cargo test --all-targets 2>&1
+cargo test --all-targets --no-fail-fast 2>&1
