@@ -353,6 +353,14 @@ pub struct Config {
         global = true
     )]
     pub chunk_overlap: f32,
+    /// Address of `/healthz`, `/readyz` and `/metrics` (empty: off). A port in use is logged, not fatal.
+    #[arg(
+        long,
+        env = "COMPANION_HTTP_ADDR",
+        default_value = "127.0.0.1:9090",
+        global = true
+    )]
+    pub http_addr: String,
     /// `text` for terminals, `json` for log shippers.
     #[arg(
         long,

@@ -10,6 +10,7 @@ pub mod character;
 pub mod commands;
 pub mod config;
 pub mod llm;
+pub mod ops;
 pub mod rag;
 pub mod seed;
 pub mod services;

@@ -31,6 +31,8 @@ pub struct Services {
     pub characters: Characters,
     /// Sentence embedder for knowledge retrieval; `None` when the model is not installed.
     pub embedder: Option<Arc<crate::rag::Embedder>>,
+    /// Counters for `/metrics`.
+    pub metrics: Arc<crate::ops::Metrics>,
 }
 
 impl Services {
@@ -51,9 +53,11 @@ impl Services {
         )?;
         let mut characters = Characters::load(&config.characters_dir)?;
         characters.resolve(&mongo).await?;
-        let llm = LlmClient::new(&config)?;
+        let metrics = Arc::new(crate::ops::Metrics::default());
+        let llm = LlmClient::new(&config)?.with_metrics(metrics.clone());
         let embedder = crate::rag::load_embedder(&config);
         Ok(Arc::new(Self {
+            metrics,
             config,
             bus,
             mongo,

@@ -18,6 +18,9 @@ use crate::{
     turn::{self, Disposition, TurnError},
 };
 
+/// Counter of turns by outcome.
+const TURNS: &str = "companion_turns_total";
+
 /// Runs until `shutdown` fires, then drains in-flight turns within the grace period.
 pub async fn run(svc: Arc<Services>, shutdown: CancellationToken) -> Result<(), BusError> {
     svc.bus.ensure_streams().await?;
@@ -25,6 +28,7 @@ pub async fn run(svc: Arc<Services>, shutdown: CancellationToken) -> Result<(), 
         warn!(error = %e, "could not ensure MongoDB indexes; continuing");
     }
     let consumer = svc.bus.ensure_consumer(&svc.config).await?;
+    let ops = start_ops(&svc).await;
     let concurrency = svc.config.concurrency.max(1);
     let semaphore = Arc::new(Semaphore::new(concurrency));
     // Fired when the grace period is over: in-flight turns NAK and stop.
@@ -118,8 +122,36 @@ pub async fn run(svc: Arc<Services>, shutdown: CancellationToken) -> Result<(), 
     if let Err(e) = svc.bus.client.flush().await {
         warn!(error = %e, "could not flush the last acks; the server will redeliver those events");
     }
+    if let Some(task) = ops {
+        task.abort();
+    }
     info!("worker stopped");
     Ok(())
+}
+
+/// Serves the operations endpoint when configured; a failure to bind is logged, not fatal.
+async fn start_ops(svc: &Arc<Services>) -> Option<tokio::task::JoinHandle<()>> {
+    let addr = svc.config.http_addr.trim();
+    if addr.is_empty() {
+        return None;
+    }
+    let parsed = match addr.parse() {
+        Ok(a) => a,
+        Err(e) => {
+            error!(addr, error = %e, "COMPANION_HTTP_ADDR is not an address; no health endpoint");
+            return None;
+        }
+    };
+    match crate::ops::serve(parsed, svc.clone()).await {
+        Ok((bound, task)) => {
+            info!(addr = %bound, "health and metrics endpoint listening");
+            Some(task)
+        }
+        Err(e) => {
+            error!(addr, error = %e, "cannot serve the health endpoint; continuing without it");
+            None
+        }
+    }
 }
 
 /// One delivery, from bytes to ack; never panics on input.
@@ -148,14 +180,24 @@ async fn handle(svc: &Services, msg: jetstream::Message, hard_stop: Cancellation
         span.record("bot_id", event.bot_id.to_hex());
 
         let progress = keep_alive(&msg, svc.config.ack_wait());
+        let started = std::time::Instant::now();
         let result = tokio::select! {
             r = turn::run(svc, &event) => Some(r),
             _ = hard_stop.cancelled() => None,
         };
         progress.abort();
         match result {
-            None => settle(&msg, AckKind::Nak(None)).await,
+            None => {
+                svc.metrics.inc(TURNS, "outcome=\"returned\"");
+                settle(&msg, AckKind::Nak(None)).await
+            }
             Some(Ok(outcome)) => {
+                let label = match outcome {
+                    turn::Outcome::Answered { .. } => "outcome=\"answered\"",
+                    turn::Outcome::AlreadyDone => "outcome=\"already_done\"",
+                };
+                svc.metrics.inc(TURNS, label);
+                svc.metrics.observe_turn(started.elapsed());
                 if let Err(e) = msg.double_ack().await {
                     warn!(error = %e, ?outcome, "ack not confirmed; a redelivery will find the turn done");
                 }
@@ -198,6 +240,7 @@ async fn fail(
             let delay = retry_delay(svc.config.retry_delay_secs, delivered)
                 .max(err_retry_after.unwrap_or_default());
             warn!(error = %reason, retry_in_ms = delay.as_millis() as u64, "turn failed; will retry");
+            svc.metrics.inc(TURNS, "outcome=\"retried\"");
             if let Err(e) = svc.pg.note_error(&event.message_id.to_hex(), &reason).await {
                 warn!(error = %e, "could not record the error in the journal");
             }
@@ -205,6 +248,7 @@ async fn fail(
         }
         Disposition::Retry | Disposition::Fail => {
             error!(error = %reason, "turn cannot be answered; sending the failure line and dead-lettering");
+            svc.metrics.inc(TURNS, "outcome=\"failed\"");
             if let Err(e) = turn::answer_with_failure(svc, event, &reason).await {
                 error!(error = %e, "failure line not delivered");
             }
@@ -217,7 +261,10 @@ async fn fail(
 async fn reject(svc: &Services, msg: &jetstream::Message, reason: &str, delivered: i64) {
     warn!(reason, "event rejected");
     match svc.bus.dead_letter(msg, reason, delivered).await {
-        Ok(()) => settle(msg, AckKind::Term).await,
+        Ok(()) => {
+            svc.metrics.inc("companion_dead_letters_total", "");
+            settle(msg, AckKind::Term).await
+        }
         Err(e) => {
             error!(error = %e, "dead letter not written; the event stays in the stream");
             settle(msg, AckKind::Nak(Some(Duration::from_secs(5)))).await;

@@ -262,6 +262,8 @@ pub struct LlmClient {
     pub retry: RetryPolicy,
     /// Process-wide cap on outbound requests.
     limiter: Arc<DefaultDirectRateLimiter>,
+    /// Requests and tokens by model, for `/metrics`.
+    metrics: Option<Arc<crate::ops::Metrics>>,
 }
 
 impl LlmClient {
@@ -300,7 +302,48 @@ impl LlmClient {
                 NonZeroU32::new(config.llm_requests_per_second.max(1))
                     .expect("at least one per second"),
             ))),
+            metrics: None,
         })
+    }
+
+    /// Counts requests, outcomes and tokens into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::ops::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn count(&self, model: &str, result: &Result<ChatResponse, LlmError>) {
+        let Some(m) = &self.metrics else { return };
+        let model = crate::ops::label(model);
+        let status = match result {
+            Ok(_) => "ok".to_owned(),
+            Err(LlmError::Timeout) => "timeout".to_owned(),
+            Err(LlmError::Connect(_)) => "unreachable".to_owned(),
+            Err(LlmError::RateLimited { .. }) => "429".to_owned(),
+            Err(LlmError::Server { status, .. } | LlmError::Rejected { status, .. }) => {
+                status.to_string()
+            }
+            Err(LlmError::NoToolSupport { .. }) => "no_tool_support".to_owned(),
+            Err(LlmError::Decode(_) | LlmError::NoChoice) => "bad_response".to_owned(),
+        };
+        m.inc(
+            "companion_llm_requests_total",
+            &format!("model=\"{model}\",status=\"{status}\""),
+        );
+        if let Ok(r) = result
+            && let Some(u) = &r.usage
+        {
+            m.add(
+                "companion_llm_tokens_total",
+                &format!("model=\"{model}\",kind=\"prompt\""),
+                u.prompt_tokens,
+            );
+            m.add(
+                "companion_llm_tokens_total",
+                &format!("model=\"{model}\",kind=\"completion\""),
+                u.completion_tokens,
+            );
+        }
     }
 
     /// The request with retries (timeouts, 429, 5xx; honouring `Retry-After`) and then each fallback model.
@@ -319,7 +362,9 @@ impl LlmClient {
             let mut retry = 0;
             let err = loop {
                 self.limiter.until_ready().await;
-                match self.chat(&req).await {
+                let result = self.chat(&req).await;
+                self.count(model, &result);
+                match result {
                     Ok(r) => return Ok(r),
                     Err(e) if e.is_transient() && retry < self.retry.max_retries => {
                         match self.retry.wait(retry, &e) {

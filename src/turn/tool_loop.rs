@@ -58,14 +58,23 @@ pub async fn run(
     };
     request.tools = registry.defs();
     request.tool_choice = None;
-    run_llm(
+    let out = run_llm(
         &svc.llm,
         &base,
         registry,
         request,
         svc.config.max_tool_rounds,
     )
-    .await
+    .await?;
+    for call in &out.log {
+        let tool = crate::ops::label(call["tool"].as_str().unwrap_or("?"));
+        let outcome = if call["ok"] == true { "ok" } else { "error" };
+        svc.metrics.inc(
+            "companion_tool_calls_total",
+            &format!("tool=\"{tool}\",outcome=\"{outcome}\""),
+        );
+    }
+    Ok(out)
 }
 
 /// The loop against any chat client.
@@ -132,6 +141,7 @@ pub async fn run_llm(
             }
             audit::record(&ctx, round, &call.function.arguments, &result, ms).await?;
             info!(tool = %result.name, ok = result.is_ok(), ms, round, "tool call");
+
             if let Some(card) = result.card() {
                 out.card = Some(card.clone());
             }

@@ -84,6 +84,7 @@ impl TestEnv {
         config.max_deliver = 3;
         config.concurrency = 8;
         config.shutdown_grace_secs = 5;
+        config.http_addr = String::new();
         let stub = StubLlm::start(responder).await.expect("stub LLM starts");
         config.llm_base_url = stub.base_url.clone();
         adjust(&mut config);
@@ -149,6 +150,7 @@ impl TestEnv {
                 "COMPANION_SHUTDOWN_GRACE_SECS",
                 c.shutdown_grace_secs.to_string(),
             )
+            .env("COMPANION_HTTP_ADDR", &c.http_addr)
             .stdout(out.try_clone().expect("log handle"))
             .stderr(out);
         for (k, v) in extra_env {

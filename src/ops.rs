@@ -1,0 +1,168 @@
+//! Operations endpoint: `/healthz` (process alive), `/readyz` (NATS, MongoDB, PostgreSQL reachable,
+//! model loaded when configured) and `/metrics` (Prometheus text), and the counters behind it.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+
+use crate::services::Services;
+
+/// Upper bounds (seconds) of the turn-latency histogram.
+const BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// Process-wide counters, rendered as Prometheus text.
+#[derive(Default)]
+pub struct Metrics {
+    counters: Mutex<BTreeMap<(String, String), u64>>,
+    turn_seconds: Mutex<Histogram>,
+}
+
+#[derive(Default)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Metrics {
+    /// Adds `by` to counter `name` with `labels` (already formatted, e.g. `outcome="answered"`).
+    pub fn add(&self, name: &str, labels: &str, by: u64) {
+        let mut c = self.counters.lock().expect("metrics lock");
+        *c.entry((name.to_owned(), labels.to_owned())).or_default() += by;
+    }
+
+    pub fn inc(&self, name: &str, labels: &str) {
+        self.add(name, labels, 1);
+    }
+
+    pub fn observe_turn(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let mut h = self.turn_seconds.lock().expect("metrics lock");
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if s <= *b {
+                h.counts[i] += 1;
+            }
+        }
+        h.count += 1;
+        h.sum += s;
+    }
+
+    /// The value of one counter (for tests and the bench).
+    pub fn get(&self, name: &str, labels: &str) -> u64 {
+        self.counters
+            .lock()
+            .expect("metrics lock")
+            .get(&(name.to_owned(), labels.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut last = String::new();
+        for ((name, labels), v) in self.counters.lock().expect("metrics lock").iter() {
+            if *name != last {
+                let _ = writeln!(out, "# TYPE {name} counter");
+                last.clone_from(name);
+            }
+            if labels.is_empty() {
+                let _ = writeln!(out, "{name} {v}");
+            } else {
+                let _ = writeln!(out, "{name}{{{labels}}} {v}");
+            }
+        }
+        let h = self.turn_seconds.lock().expect("metrics lock");
+        let _ = writeln!(out, "# TYPE companion_turn_seconds histogram");
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "companion_turn_seconds_bucket{{le=\"{b}\"}} {}",
+                h.counts[i]
+            );
+        }
+        let _ = writeln!(
+            out,
+            "companion_turn_seconds_bucket{{le=\"+Inf\"}} {}",
+            h.count
+        );
+        let _ = writeln!(out, "companion_turn_seconds_sum {}", h.sum);
+        let _ = writeln!(out, "companion_turn_seconds_count {}", h.count);
+        out
+    }
+}
+
+/// A label value safe inside `"…"`.
+pub fn label(v: &str) -> String {
+    v.chars()
+        .filter(|c| !matches!(c, '"' | '\\' | '\n'))
+        .take(100)
+        .collect()
+}
+
+/// Serves the endpoint on `addr` until the returned task is aborted; returns the bound address.
+pub async fn serve(
+    addr: SocketAddr,
+    svc: Arc<Services>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(svc);
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "ops endpoint stopped");
+        }
+    });
+    Ok((bound, task))
+}
+
+async fn readyz(State(svc): State<Arc<Services>>) -> impl IntoResponse {
+    let timeout = Duration::from_secs(2);
+    let nats = matches!(
+        svc.bus.client.connection_state(),
+        async_nats::connection::State::Connected
+    );
+    let (mongo, pg) = tokio::join!(
+        tokio::time::timeout(timeout, svc.mongo.ping()),
+        tokio::time::timeout(timeout, svc.pg.ping()),
+    );
+    let mongo = matches!(mongo, Ok(Ok(())));
+    let pg = matches!(pg, Ok(Ok(())));
+    let model = svc.embedder.is_some();
+    let body = format!(
+        "nats {}\nmongodb {}\npostgres {}\nmodel {}\n",
+        ok(nats),
+        ok(mongo),
+        ok(pg),
+        ok(model)
+    );
+    let status = if nats && mongo && pg {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, body)
+}
+
+fn ok(b: bool) -> &'static str {
+    if b { "ok" } else { "down" }
+}
+
+async fn metrics(State(svc): State<Arc<Services>>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        svc.metrics.render(),
+    )
+}

@@ -1,0 +1,78 @@
+//! The operations endpoint of a running worker: `/healthz`, `/readyz` and `/metrics` counting a real turn.
+
+mod common;
+
+use common::*;
+use companion::{
+    llm::stub::{StubReply, always},
+    ops, worker,
+};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test]
+async fn health_readiness_and_metrics_reflect_a_real_turn() {
+    let env = TestEnv::new(always(StubReply::text("metrics!"))).await;
+    let svc = env.services().await;
+    let (addr, server) = ops::serve("127.0.0.1:0".parse().unwrap(), svc.clone())
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(worker::run(svc.clone(), stop.clone()));
+
+    let base = format!("http://{addr}");
+    let http = reqwest::Client::new();
+    let health = http.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let body = ready.text().await.unwrap();
+    assert!(
+        body.contains("nats ok") && body.contains("mongodb ok") && body.contains("postgres ok"),
+        "{body}"
+    );
+
+    let event = env.dm(JESS, KAORI, JESS_KAORI, "count me").await;
+    env.turn(&event).await;
+    let subject = env.bus.names.inbound(KAORI, JESS_KAORI);
+    env.publish_raw(subject, "junk", "not json").await;
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || async {
+            env.dead_letters().await.len() == 1
+        })
+        .await
+    );
+
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("companion_turns_total{outcome=\"answered\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("companion_dead_letters_total 1"),
+        "{metrics}"
+    );
+    let model = &env.config.openrouter_model;
+    assert!(
+        metrics.contains(&format!(
+            "companion_llm_requests_total{{model=\"{model}\",status=\"ok\"}} 1"
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains("companion_llm_tokens_total{"), "{metrics}");
+    assert!(
+        metrics.contains("companion_turn_seconds_count 1"),
+        "{metrics}"
+    );
+
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    server.abort();
+    env.finish().await;
+}
