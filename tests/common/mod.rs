@@ -273,7 +273,7 @@ impl TestEnv {
     }
 }
 
-/// Waits for the completion answering `message_id`; panics if none comes `within`.
+/// Waits for the completion answering `message_id` (discarding others); panics if none comes `within`.
 pub async fn next_reply_to(
     replies: &mut (impl futures::Stream<Item = Completion> + Unpin),
     message_id: &str,

@@ -1,0 +1,78 @@
+//! The write quota holds across worker processes: two `companion worker` processes answer twelve
+//! "make me a list" turns of one user at once, and exactly five tricklists are written.
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use bson::doc;
+use common::*;
+use companion::llm::stub::{Responder, StubReply};
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn two_worker_processes_write_exactly_five_tricklists_for_one_user() {
+    // Every first call creates a list named after the user's message; the answer after it is plain text.
+    let responder: Responder = Arc::new(|body: &Value| {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or_default();
+        if last["role"] == "user" {
+            let name = last["content"].as_str().unwrap_or("list").to_owned();
+            StubReply::tool(
+                "create_tricklist",
+                json!({"name": name, "tricks": ["Ollie"], "category": "skateboard"}),
+            )
+        } else {
+            StubReply::Delayed(
+                Duration::from_millis(50),
+                Box::new(StubReply::text("done (or not)")),
+            )
+        }
+    });
+    let env = TestEnv::with(responder, |c| c.concurrency = 6).await;
+    let mut workers = [env.spawn_worker_process(&[]), env.spawn_worker_process(&[])];
+    let mut replies = env.completions(JESS_KAORI).await;
+    let mut events = Vec::new();
+    for i in 0..12 {
+        events.push(
+            env.dm(JESS, KAORI, JESS_KAORI, &format!("quota list {i}"))
+                .await,
+        );
+    }
+    for e in &events {
+        env.publish(e).await;
+    }
+    let mut waiting: std::collections::HashSet<String> =
+        events.iter().map(|e| e.message_id.clone()).collect();
+    let all = tokio::time::timeout(Duration::from_secs(60), async {
+        while !waiting.is_empty() {
+            let c = futures::StreamExt::next(&mut replies)
+                .await
+                .expect("completions");
+            waiting.remove(&c.in_reply_to);
+        }
+    })
+    .await;
+    assert!(all.is_ok(), "every turn answered");
+    let lists = env
+        .mongo
+        .collection("tricklists")
+        .count_documents(doc! { "name": { "$regex": "^quota list " } })
+        .await
+        .unwrap();
+    assert_eq!(lists, 5, "exactly five writes in the rolling hour");
+    let refused: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM tool_calls WHERE tool = 'create_tricklist' AND NOT ok",
+    )
+    .fetch_one(&env.pg.pool)
+    .await
+    .unwrap();
+    assert_eq!(refused, 7, "the other seven calls got an error result");
+    for w in &mut workers {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &w.id().to_string()])
+            .status();
+        let _ = w.wait();
+    }
+    env.finish().await;
+}
