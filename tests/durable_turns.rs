@@ -11,7 +11,6 @@ use std::sync::{
 use bson::doc;
 use common::*;
 use companion::{
-    bus::DmEvent,
     llm::stub::{Responder, StubReply},
     turn::{self, Outcome},
 };
@@ -53,15 +52,7 @@ async fn a_turn_retried_after_a_write_creates_one_tricklist_and_pays_each_step_o
             "make me a park list with kickflip and ollie",
         )
         .await;
-    let event = DmEvent {
-        message_id: oid(&raw.message_id),
-        conversation_id: oid(JESS_KAORI),
-        sender_id: oid(JESS),
-        bot_id: oid(KAORI),
-        content: raw.content.clone(),
-        images: vec![],
-        sent_at: raw.sent_at,
-    };
+    let event = dm_event(&raw);
     let first = turn::run(&svc, &event).await;
     assert!(
         first.is_err(),

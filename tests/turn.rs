@@ -8,7 +8,6 @@ use std::time::Duration;
 use bson::{Bson, doc};
 use common::*;
 use companion::{
-    bus::event::parse_object_id,
     llm::stub::{StubReply, always, scripted},
     turn,
 };
@@ -274,15 +273,7 @@ async fn running_a_turn_again_writes_nothing_twice() {
     let env = TestEnv::new(always(StubReply::text("first answer"))).await;
     let svc = env.services().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "once only").await;
-    let event = companion::bus::DmEvent {
-        message_id: parse_object_id(&raw.message_id).unwrap(),
-        conversation_id: oid(JESS_KAORI),
-        sender_id: oid(JESS),
-        bot_id: oid(KAORI),
-        content: raw.content.clone(),
-        images: vec![],
-        sent_at: raw.sent_at,
-    };
+    let event = dm_event(&raw);
     let first = turn::run(&svc, &event).await.unwrap();
     let second = turn::run(&svc, &event).await.unwrap();
     assert!(matches!(first, turn::Outcome::Answered { .. }));
@@ -320,15 +311,7 @@ async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
         )
         .await
         .unwrap();
-    let event = companion::bus::DmEvent {
-        message_id: oid(&raw.message_id),
-        conversation_id: oid(JESS_KAORI),
-        sender_id: oid(JESS),
-        bot_id: oid(KAORI),
-        content: raw.content.clone(),
-        images: vec![],
-        sent_at: raw.sent_at,
-    };
+    let event = dm_event(&raw);
     let outcome = turn::run(&svc, &event).await.unwrap();
     assert_eq!(
         outcome,

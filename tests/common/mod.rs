@@ -303,6 +303,19 @@ pub async fn reply_within(
     .flatten()
 }
 
+/// The validated form of an event built by [`TestEnv::dm`], for calling `turn::run` directly.
+pub fn dm_event(raw: &InboundEvent) -> companion::bus::DmEvent {
+    companion::bus::DmEvent {
+        message_id: oid(&raw.message_id),
+        conversation_id: oid(&raw.conversation_id),
+        sender_id: oid(&raw.sender_id),
+        bot_id: oid(&raw.bot_id),
+        content: raw.content.clone(),
+        images: raw.attachments.iter().map(|a| a.url.clone()).collect(),
+        sent_at: raw.sent_at,
+    }
+}
+
 /// Polls `check` until it returns true or `within` passes.
 pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
 where
