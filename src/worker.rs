@@ -29,6 +29,7 @@ pub async fn run(svc: Arc<Services>, shutdown: CancellationToken) -> Result<(), 
     }
     let consumer = svc.bus.ensure_consumer(&svc.config).await?;
     let ops = start_ops(&svc).await;
+    let exhausted = tokio::spawn(watch_exhausted(svc.clone()));
     let concurrency = svc.config.concurrency.max(1);
     let semaphore = Arc::new(Semaphore::new(concurrency));
     // Fired when the grace period is over: in-flight turns NAK and stop.
@@ -125,8 +126,112 @@ pub async fn run(svc: Arc<Services>, shutdown: CancellationToken) -> Result<(), 
     if let Some(task) = ops {
         task.abort();
     }
+    exhausted.abort();
     info!("worker stopped");
     Ok(())
+}
+
+/// Events whose deliveries ran out without a worker settling them (crashed or killed mid-turn) would
+/// otherwise just stop: each gets a dead letter and, when it was a valid turn not yet answered, the
+/// character's failure line. One worker of the queue group handles each advisory; repeats are harmless
+/// (the dead letter and the reply are keyed by the event).
+async fn watch_exhausted(svc: Arc<Services>) {
+    let subject = svc.bus.max_deliveries_advisory();
+    let mut advisories = match svc
+        .bus
+        .client
+        .queue_subscribe(subject, "companion-advisories".into())
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            error!(error = %e, "cannot watch for events that ran out of deliveries");
+            return;
+        }
+    };
+    while let Some(advisory) = advisories.next().await {
+        #[derive(serde::Deserialize)]
+        struct MaxDeliveries {
+            stream_seq: u64,
+            deliveries: i64,
+        }
+        let Ok(a) = serde_json::from_slice::<MaxDeliveries>(&advisory.payload) else {
+            warn!("unreadable max-deliveries advisory");
+            continue;
+        };
+        let span = info_span!("exhausted", seq = a.stream_seq, deliveries = a.deliveries);
+        handle_exhausted(&svc, a.stream_seq, a.deliveries)
+            .instrument(span)
+            .await;
+    }
+}
+
+async fn handle_exhausted(svc: &Services, sequence: u64, deliveries: i64) {
+    let stream = match svc.bus.js.get_stream(&svc.bus.names.stream_in).await {
+        Ok(s) => s,
+        Err(e) => return error!(error = %e, "cannot open the inbound stream"),
+    };
+    let msg = match stream.get_raw_message(sequence).await {
+        Ok(m) => m,
+        Err(e) => return error!(error = %e, "the exhausted event is no longer in the stream"),
+    };
+    let reason =
+        format!("no worker finished this event in {deliveries} deliveries (crashed or timed out)");
+    let limits = Limits {
+        max_event_bytes: svc.config.max_event_bytes,
+        max_content_chars: svc.config.max_content_chars,
+    };
+    if let Ok(event) = parse_inbound(
+        &msg.payload,
+        msg.subject.as_str(),
+        &svc.bus.names.prefix,
+        limits,
+    ) {
+        match svc.pg.turn_state(&event.message_id.to_hex()).await {
+            Ok(Some(state)) if state == "done" => {
+                return info!("the exhausted event was answered after all; nothing to do");
+            }
+            Ok(_)
+                if svc.characters.by_bot(&event.bot_id).is_some()
+                    && matches!(
+                        svc.mongo
+                            .check_conversation(
+                                event.conversation_id,
+                                event.sender_id,
+                                event.bot_id
+                            )
+                            .await,
+                        Ok(crate::store::mongo::ConversationCheck::Ok)
+                    ) =>
+            {
+                if let Err(e) = turn::answer_with_failure(svc, &event, &reason).await {
+                    error!(error = %e, "failure line not delivered");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => error!(error = %e, "cannot read the journal; dead-lettering without a reply"),
+        }
+    }
+    match svc
+        .bus
+        .dead_letter_raw(
+            msg.subject.as_str(),
+            sequence,
+            msg.payload.clone(),
+            &reason,
+            deliveries,
+        )
+        .await
+    {
+        Ok(()) => {
+            svc.metrics.inc("companion_dead_letters_total", "");
+            warn!(
+                reason,
+                "event dead-lettered after running out of deliveries"
+            );
+        }
+        Err(e) => error!(error = %e, "dead letter not written"),
+    }
 }
 
 /// Serves the operations endpoint when configured; a failure to bind is logged, not fatal.

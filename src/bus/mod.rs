@@ -266,17 +266,44 @@ impl Bus {
         deliveries: i64,
     ) -> Result<(), BusError> {
         let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+        self.dead_letter_raw(
+            msg.subject.as_str(),
+            sequence,
+            msg.payload.clone(),
+            reason,
+            deliveries,
+        )
+        .await
+    }
+
+    /// [`Bus::dead_letter`] for a stream message known by its subject, sequence and bytes.
+    pub async fn dead_letter_raw(
+        &self,
+        original_subject: &str,
+        sequence: u64,
+        payload: Bytes,
+        reason: &str,
+        deliveries: i64,
+    ) -> Result<(), BusError> {
         let mut headers = HeaderMap::new();
         headers.insert(DLQ_REASON, header_safe(reason).as_str());
-        headers.insert(DLQ_SUBJECT, header_safe(msg.subject.as_str()).as_str());
+        headers.insert(DLQ_SUBJECT, header_safe(original_subject).as_str());
         headers.insert(DLQ_SEQUENCE, sequence.to_string().as_str());
         headers.insert(DLQ_DELIVERIES, deliveries.to_string().as_str());
-        let subject = self.names.dead_letter(msg.subject.as_str());
+        let subject = self.names.dead_letter(original_subject);
         // One dead letter per original stream message, however often this runs.
         let msg_id = format!("{}:{sequence}", self.names.stream_in);
-        self.publish_durable(subject, &msg_id, headers, msg.payload.clone())
+        self.publish_durable(subject, &msg_id, headers, payload)
             .await?;
         Ok(())
+    }
+
+    /// The server's notice that an event used up its deliveries without being settled (workers crashed).
+    pub fn max_deliveries_advisory(&self) -> String {
+        format!(
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
+            self.names.stream_in, self.names.consumer
+        )
     }
 }
 

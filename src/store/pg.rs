@@ -233,6 +233,16 @@ impl Pg {
         Ok(stored)
     }
 
+    /// The journal state of a turn (`running`, `done`, `failed`), if it was ever started.
+    pub async fn turn_state(&self, message_id: &str) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT state FROM turns WHERE message_id = $1")
+                .bind(message_id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
     /// Records why an attempt failed, for operators.
     pub async fn note_error(&self, message_id: &str, error: &str) -> Result<(), StoreError> {
         sqlx::query("UPDATE turns SET last_error = $2, updated_at = now() WHERE message_id = $1")
