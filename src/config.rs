@@ -389,6 +389,14 @@ impl Config {
         mongo_database_from_uri(&self.atlas_uri)
     }
 
+    /// The size limits inbound events are parsed with.
+    pub fn event_limits(&self) -> crate::bus::event::Limits {
+        crate::bus::event::Limits {
+            max_event_bytes: self.max_event_bytes,
+            max_content_chars: self.max_content_chars,
+        }
+    }
+
     pub fn ack_wait(&self) -> Duration {
         Duration::from_secs(self.ack_wait_secs.max(1))
     }

@@ -9,11 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::{
-    bus::{
-        BusError, DmEvent,
-        event::{Limits, parse_inbound},
-        settle,
-    },
+    bus::{BusError, DmEvent, event::parse_inbound, settle},
     services::Services,
     turn::{self, Disposition, TurnError},
 };
@@ -177,39 +173,25 @@ async fn handle_exhausted(svc: &Services, sequence: u64, deliveries: i64) {
     };
     let reason =
         format!("no worker finished this event in {deliveries} deliveries (crashed or timed out)");
-    let limits = Limits {
-        max_event_bytes: svc.config.max_event_bytes,
-        max_content_chars: svc.config.max_content_chars,
-    };
     if let Ok(event) = parse_inbound(
         &msg.payload,
         msg.subject.as_str(),
         &svc.bus.names.prefix,
-        limits,
+        svc.config.event_limits(),
     ) {
         match svc.pg.turn_state(&event.message_id.to_hex()).await {
             Ok(Some(state)) if state == "done" => {
                 return info!("the exhausted event was answered after all; nothing to do");
             }
-            Ok(_)
-                if svc.characters.by_bot(&event.bot_id).is_some()
-                    && matches!(
-                        svc.mongo
-                            .check_conversation(
-                                event.conversation_id,
-                                event.sender_id,
-                                event.bot_id
-                            )
-                            .await,
-                        Ok(crate::store::mongo::ConversationCheck::Ok)
-                    ) =>
-            {
-                if let Err(e) = turn::answer_with_failure(svc, &event, &reason).await {
-                    error!(error = %e, "failure line not delivered");
-                }
-            }
-            Ok(_) => {}
             Err(e) => error!(error = %e, "cannot read the journal; dead-lettering without a reply"),
+            // The same admission checks as a turn: no reply into a conversation the event may not use.
+            Ok(_) => match turn::answer_with_failure(svc, &event, &reason).await {
+                Ok(_) => {}
+                Err(e) if e.disposition() == Disposition::Reject => {
+                    info!(error = %e, "not a valid turn; dead-lettering without a reply")
+                }
+                Err(e) => error!(error = %e, "failure line not delivered"),
+            },
         }
     }
     match svc
@@ -274,7 +256,7 @@ async fn handle(svc: &Services, msg: jetstream::Message, hard_stop: Cancellation
         seq = sequence,
     );
     async {
-        let limits = Limits { max_event_bytes: svc.config.max_event_bytes, max_content_chars: svc.config.max_content_chars };
+        let limits = svc.config.event_limits();
         let event = match parse_inbound(&msg.payload, msg.subject.as_str(), &svc.bus.names.prefix, limits) {
             Ok(e) => e,
             Err(e) => return reject(svc, &msg, &e.to_string(), delivered).await,

@@ -95,8 +95,9 @@ pub struct Reply {
     pub tool_log: Option<Value>,
 }
 
-/// Runs one validated event to completion.
-pub async fn run(svc: &Services, event: &DmEvent) -> Result<Outcome, TurnError> {
+/// The checks every event passes before anything is written for it: a known companion, and a
+/// conversation that exists and joins the sender and the bot.
+pub async fn admit<'a>(svc: &'a Services, event: &DmEvent) -> Result<&'a Character, TurnError> {
     let character = svc
         .characters
         .by_bot(&event.bot_id)
@@ -106,16 +107,19 @@ pub async fn run(svc: &Services, event: &DmEvent) -> Result<Outcome, TurnError> 
         .check_conversation(event.conversation_id, event.sender_id, event.bot_id)
         .await?
     {
-        ConversationCheck::Ok => {}
-        ConversationCheck::Missing => {
-            return Err(TurnError::MissingConversation(
-                event.conversation_id.to_hex(),
-            ));
-        }
+        ConversationCheck::Ok => Ok(character),
+        ConversationCheck::Missing => Err(TurnError::MissingConversation(
+            event.conversation_id.to_hex(),
+        )),
         ConversationCheck::NotParticipant => {
-            return Err(TurnError::NotParticipant(event.conversation_id.to_hex()));
+            Err(TurnError::NotParticipant(event.conversation_id.to_hex()))
         }
     }
+}
+
+/// Runs one validated event to completion.
+pub async fn run(svc: &Services, event: &DmEvent) -> Result<Outcome, TurnError> {
+    let character = admit(svc, event).await?;
     let ids = Ids::of(event);
     let record = svc
         .pg
@@ -161,14 +165,20 @@ async fn respond(
     character: &Character,
 ) -> Result<Reply, TurnError> {
     let ids = Ids::of(event);
-    let (history, profile, tricklists) = tokio::try_join!(
-        svc.pg
-            .history(&ids.sender, &ids.bot, svc.config.history_limit),
-        svc.mongo.user_profile(event.sender_id),
-        svc.mongo
-            .user_tricklists(event.sender_id, prompt::PROMPT_TRICKLISTS),
-    )?;
-    let knowledge = crate::rag::retrieve_for_turn(svc, character, &event.content).await;
+    // Retrieval (embedding + vector search) runs beside the context loads, not after them.
+    let (context, knowledge) = tokio::join!(
+        async {
+            tokio::try_join!(
+                svc.pg
+                    .history(&ids.sender, &ids.bot, svc.config.history_limit),
+                svc.mongo.user_profile(event.sender_id),
+                svc.mongo
+                    .user_tricklists(event.sender_id, prompt::PROMPT_TRICKLISTS),
+            )
+        },
+        crate::rag::retrieve_for_turn(svc, character, &event.content),
+    );
+    let (history, profile, tricklists) = context?;
     let system = prompt::system_prompt(&prompt::PromptContext {
         character,
         profile: profile.as_ref(),
@@ -202,20 +212,23 @@ async fn respond(
     })
 }
 
-/// Answers the event with the character's honest failure line (once, like any reply).
+/// Answers the event with the character's honest failure line (once, like any reply; never over a
+/// turn that was answered).
 pub async fn answer_with_failure(
     svc: &Services,
     event: &DmEvent,
     reason: &str,
 ) -> Result<String, TurnError> {
-    let character = svc
-        .characters
-        .by_bot(&event.bot_id)
-        .ok_or_else(|| TurnError::UnknownBot(event.bot_id.to_hex()))?;
+    let character = admit(svc, event).await?;
     let ids = Ids::of(event);
-    svc.pg
+    let record = svc
+        .pg
         .begin_turn(&ids.message, &ids.conversation, &ids.sender, &ids.bot)
         .await?;
+    if record.state == "done" {
+        info!("turn was answered after all; no failure line");
+        return Ok(record.reply_id.unwrap_or_default());
+    }
     svc.pg.note_error(&ids.message, reason).await?;
     let reply = Reply {
         content: character.failure_line.clone(),
