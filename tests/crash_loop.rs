@@ -3,18 +3,11 @@
 
 mod common;
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 use common::*;
 use companion::llm::stub::{StubReply, always};
 use serde_json::Value;
-
-fn kill9(child: &mut std::process::Child) {
-    let _ = Command::new("kill")
-        .args(["-KILL", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
-}
 
 #[tokio::test]
 async fn an_event_that_outlives_its_deliveries_is_dead_lettered_and_answered_once() {
@@ -53,11 +46,7 @@ async fn an_event_that_outlives_its_deliveries_is_dead_lettered_and_answered_onc
 
     let mut survivor = env.spawn_worker_process(&[]);
     let reply = next_reply_to(&mut replies, &event.message_id, Duration::from_secs(30)).await;
-    let kaori: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("characters/kaori.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(reply.content, kaori["failureLine"].as_str().unwrap());
+    assert_eq!(reply.content, failure_line("kaori"));
     assert!(
         eventually(Duration::from_secs(10), || async {
             env.dead_letters().await.len() == 1
@@ -72,10 +61,7 @@ async fn an_event_that_outlives_its_deliveries_is_dead_lettered_and_answered_onc
         "answered once"
     );
     assert_eq!(env.stub.requests().len(), 2, "no third delivery");
-    let _ = Command::new("kill")
-        .args(["-TERM", &survivor.id().to_string()])
-        .status();
-    let _ = survivor.wait();
+    stop(&mut survivor);
     env.finish().await;
 }
 
@@ -89,11 +75,7 @@ async fn a_worker_killed_after_a_write_tool_ran_leaves_one_tricklist_and_one_rep
     let step1 = Arc::new(AtomicUsize::new(0));
     let s1 = step1.clone();
     let responder: companion::llm::stub::Responder = Arc::new(move |body: &Value| {
-        let last = body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .cloned()
-            .unwrap_or_default();
+        let last = last_message(body);
         if last["role"] == "user" {
             StubReply::tool(
                 "create_tricklist",
@@ -154,9 +136,6 @@ async fn a_worker_killed_after_a_write_tool_ran_leaves_one_tricklist_and_one_rep
     );
     // step 0 once (replayed from the journal after the crash), step 1 twice (the killed attempt, the retry)
     assert_eq!(env.stub.requests().len(), 3);
-    let _ = Command::new("kill")
-        .args(["-TERM", &second.id().to_string()])
-        .status();
-    let _ = second.wait();
+    stop(&mut second);
     env.finish().await;
 }

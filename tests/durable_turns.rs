@@ -22,11 +22,7 @@ async fn a_turn_retried_after_a_write_creates_one_tricklist_and_pays_each_step_o
     let failures = Arc::new(AtomicUsize::new(0));
     let f = failures.clone();
     let responder: Responder = Arc::new(move |body: &Value| {
-        let last = body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .cloned()
-            .unwrap_or_default();
+        let last = last_message(body);
         if last["role"] == "user" {
             StubReply::tool(
                 "create_tricklist",

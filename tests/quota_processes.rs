@@ -14,8 +14,7 @@ use serde_json::{Value, json};
 async fn two_worker_processes_write_exactly_five_tricklists_for_one_user() {
     // Every first call creates a list named after the user's message; the answer after it is plain text.
     let responder: Responder = Arc::new(|body: &Value| {
-        let messages = body["messages"].as_array().cloned().unwrap_or_default();
-        let last = messages.last().cloned().unwrap_or_default();
+        let last = last_message(body);
         if last["role"] == "user" {
             let name = last["content"].as_str().unwrap_or("list").to_owned();
             StubReply::tool(
@@ -69,10 +68,7 @@ async fn two_worker_processes_write_exactly_five_tricklists_for_one_user() {
     .unwrap();
     assert_eq!(refused, 7, "the other seven calls got an error result");
     for w in &mut workers {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &w.id().to_string()])
-            .status();
-        let _ = w.wait();
+        stop(w);
     }
     env.finish().await;
 }

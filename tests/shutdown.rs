@@ -4,33 +4,10 @@
 
 mod common;
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 use common::*;
 use companion::llm::stub::{StubReply, always};
-
-fn sigterm(child: &std::process::Child) {
-    let ok = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill runs")
-        .success();
-    assert!(ok, "SIGTERM sent");
-}
-
-async fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return status;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "worker did not exit within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test]
 async fn sigterm_finishes_the_turn_in_flight_and_exits_zero() {

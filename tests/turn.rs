@@ -368,11 +368,7 @@ async fn a_request_the_model_refuses_gets_the_honest_failure_line_once_and_a_dea
     env.start_worker().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "this will not work").await;
     let reply = env.turn(&event).await;
-    let kaori: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("characters/kaori.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(reply.content, kaori["failureLine"].as_str().unwrap());
+    assert_eq!(reply.content, failure_line("kaori"));
     assert!(
         eventually(Duration::from_secs(10), || async {
             env.dead_letters().await.len() == 1

@@ -316,6 +316,68 @@ pub fn dm_event(raw: &InboundEvent) -> companion::bus::DmEvent {
     }
 }
 
+/// Sends SIGTERM to a worker process; panics if the signal cannot be sent.
+pub fn sigterm(child: &std::process::Child) {
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs")
+        .success();
+    assert!(ok, "SIGTERM sent");
+}
+
+/// Kills a worker process without letting it clean up, as a crash would.
+pub fn kill9(child: &mut std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+/// Stops a worker process at the end of a test (SIGTERM, then wait for it).
+pub fn stop(child: &mut std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+/// Waits for a worker process to exit; panics if it is still running after `within`.
+pub async fn wait_exit(
+    child: &mut std::process::Child,
+    within: Duration,
+) -> std::process::ExitStatus {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "worker did not exit within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The honest failure line of a shipped character (`characters/<slug>.json`).
+pub fn failure_line(slug: &str) -> String {
+    let path = root().join(format!("characters/{slug}.json"));
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("character file"))
+            .expect("character JSON");
+    c["failureLine"].as_str().expect("failureLine").to_owned()
+}
+
+/// The last message of a chat request the stub received (what a scripted responder reacts to).
+pub fn last_message(body: &serde_json::Value) -> serde_json::Value {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Polls `check` until it returns true or `within` passes.
 pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
 where
