@@ -286,6 +286,34 @@ pub struct Config {
         global = true
     )]
     pub shutdown_grace_secs: u64,
+    /// Unacknowledged deliveries the shared consumer allows across all workers (0: 4 × concurrency).
+    /// Waiting messages (behind an earlier one of their conversation) count here, not in concurrency.
+    #[arg(
+        long,
+        env = "COMPANION_MAX_ACK_PENDING",
+        default_value_t = 0,
+        global = true
+    )]
+    pub max_ack_pending: i64,
+    /// Longest a message waits for an earlier message of its conversation before going ahead anyway.
+    #[arg(
+        long,
+        env = "COMPANION_ORDER_MAX_WAIT_SECS",
+        default_value_t = 600,
+        global = true
+    )]
+    pub order_max_wait_secs: u64,
+    /// Later messages of a burst one turn may answer together (0: one reply per message).
+    #[arg(long, env = "COMPANION_BURST_MAX", default_value_t = 8, global = true)]
+    pub burst_max: usize,
+    /// Turns per user per minute before the busy line answers instead of the model (0: no limit).
+    #[arg(
+        long,
+        env = "COMPANION_USER_TURNS_PER_MINUTE",
+        default_value_t = 10,
+        global = true
+    )]
+    pub user_turns_per_minute: u32,
     /// Folder holding the embedding model (`model.onnx`, `tokenizer.json`); `deploy/local/models.sh` fills it.
     #[arg(
         long,
@@ -407,6 +435,19 @@ impl Config {
 
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_secs)
+    }
+
+    /// The consumer's limit on unacknowledged deliveries.
+    pub fn max_ack_pending(&self) -> i64 {
+        if self.max_ack_pending > 0 {
+            self.max_ack_pending
+        } else {
+            (self.concurrency.max(1) * 4) as i64
+        }
+    }
+
+    pub fn order_max_wait(&self) -> Duration {
+        Duration::from_secs(self.order_max_wait_secs)
     }
 }
 

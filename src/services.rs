@@ -33,6 +33,8 @@ pub struct Services {
     pub embedder: Option<Arc<crate::rag::Embedder>>,
     /// Counters for `/metrics`.
     pub metrics: Arc<crate::ops::Metrics>,
+    /// The per-user inbound flood limit.
+    pub flood: crate::flood::FloodLimit,
 }
 
 impl Services {
@@ -57,6 +59,7 @@ impl Services {
         let llm = LlmClient::new(&config)?.with_metrics(metrics.clone());
         let embedder = crate::rag::load_embedder(&config);
         Ok(Arc::new(Self {
+            flood: crate::flood::FloodLimit::new(config.user_turns_per_minute),
             metrics,
             config,
             bus,

@@ -1,31 +1,60 @@
 //! The consumer loop: pulls events from the shared durable consumer and runs turns, boundedly.
+//!
+//! Every delivery first passes the conversation's order gate ([`crate::order`]); one waiting behind an
+//! earlier message holds no turn slot. A delivery is acknowledged (or terminated) only after its
+//! conversation's order floor moved past it, so a lost settlement means a redelivery, never a stuck
+//! conversation.
 
 use std::{sync::Arc, time::Duration};
 
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
-use tokio::{sync::Semaphore, task::JoinSet};
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore},
+    task::JoinSet,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::{
     bus::{BusError, DmEvent, event::parse_inbound, settle},
+    order::{Order, OrderError, Position, Waited},
     services::Services,
-    turn::{self, Disposition, TurnError},
+    turn::{self, Delivery, Disposition, Outcome, TurnError},
 };
 
 /// Counter of turns by outcome.
 const TURNS: &str = "companion_turns_total";
 
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error(transparent)]
+    Order(#[from] OrderError),
+}
+
 /// Runs until `shutdown` fires, then drains in-flight turns within the grace period.
-pub async fn run(svc: Arc<Services>, shutdown: CancellationToken) -> Result<(), BusError> {
+pub async fn run(svc: Arc<Services>, shutdown: CancellationToken) -> Result<(), WorkerError> {
     svc.bus.ensure_streams().await?;
     if let Err(e) = svc.mongo.ensure_indexes().await {
         warn!(error = %e, "could not ensure MongoDB indexes; continuing");
     }
     let consumer = svc.bus.ensure_consumer(&svc.config).await?;
+    let order = Arc::new(
+        Order::open(
+            &svc.bus.js,
+            svc.bus.client.clone(),
+            &svc.bus.names.stream_in,
+            &svc.bus.names.prefix,
+            svc.pg.clone(),
+            svc.config.order_max_wait(),
+        )
+        .await?,
+    );
+    let notices = tokio::spawn(order.clone().listen());
     let ops = start_ops(&svc).await;
-    let exhausted = tokio::spawn(watch_exhausted(svc.clone()));
+    let exhausted = tokio::spawn(watch_exhausted(svc.clone(), order.clone()));
     let concurrency = svc.config.concurrency.max(1);
     let semaphore = Arc::new(Semaphore::new(concurrency));
     // Fired when the grace period is over: in-flight turns NAK and stop.
@@ -69,12 +98,14 @@ pub async fn run(svc: Arc<Services>, shutdown: CancellationToken) -> Result<(), 
             };
             match next {
                 Some(Ok(msg)) => {
-                    let svc = svc.clone();
-                    let hard_stop = hard_stop.clone();
-                    tasks.spawn(async move {
-                        handle(&svc, msg, hard_stop).await;
-                        drop(permit);
-                    });
+                    let slot = Slot {
+                        permit: Some(permit),
+                        semaphore: semaphore.clone(),
+                        shutdown: shutdown.clone(),
+                        hard_stop: hard_stop.clone(),
+                    };
+                    let (svc, order) = (svc.clone(), order.clone());
+                    tasks.spawn(async move { handle(&svc, &order, msg, slot).await });
                 }
                 Some(Err(e)) => {
                     warn!(error = %e, "pull error");
@@ -123,6 +154,7 @@ pub async fn run(svc: Arc<Services>, shutdown: CancellationToken) -> Result<(), 
         task.abort();
     }
     exhausted.abort();
+    notices.abort();
     info!("worker stopped");
     Ok(())
 }
@@ -131,7 +163,7 @@ pub async fn run(svc: Arc<Services>, shutdown: CancellationToken) -> Result<(), 
 /// otherwise just stop: each gets a dead letter and, when it was a valid turn not yet answered, the
 /// character's failure line. One worker of the queue group handles each advisory; repeats are harmless
 /// (the dead letter and the reply are keyed by the event).
-async fn watch_exhausted(svc: Arc<Services>) {
+async fn watch_exhausted(svc: Arc<Services>, order: Arc<Order>) {
     let subject = svc.bus.max_deliveries_advisory();
     let mut advisories = match svc
         .bus
@@ -156,13 +188,13 @@ async fn watch_exhausted(svc: Arc<Services>) {
             continue;
         };
         let span = info_span!("exhausted", seq = a.stream_seq, deliveries = a.deliveries);
-        handle_exhausted(&svc, a.stream_seq, a.deliveries)
+        handle_exhausted(&svc, &order, a.stream_seq, a.deliveries)
             .instrument(span)
             .await;
     }
 }
 
-async fn handle_exhausted(svc: &Services, sequence: u64, deliveries: i64) {
+async fn handle_exhausted(svc: &Services, order: &Order, sequence: u64, deliveries: i64) {
     let stream = match svc.bus.js.get_stream(&svc.bus.names.stream_in).await {
         Ok(s) => s,
         Err(e) => return error!(error = %e, "cannot open the inbound stream"),
@@ -173,25 +205,28 @@ async fn handle_exhausted(svc: &Services, sequence: u64, deliveries: i64) {
     };
     let reason =
         format!("no worker finished this event in {deliveries} deliveries (crashed or timed out)");
+    let mut through = sequence;
     if let Ok(event) = parse_inbound(
         &msg.payload,
         msg.subject.as_str(),
         &svc.bus.names.prefix,
         svc.config.event_limits(),
     ) {
-        match svc.pg.turn_state(&event.message_id.to_hex()).await {
-            Ok(Some(state)) if state == "done" => {
-                return info!("the exhausted event was answered after all; nothing to do");
-            }
-            Err(e) => error!(error = %e, "cannot read the journal; dead-lettering without a reply"),
-            // The same admission checks as a turn: no reply into a conversation the event may not use.
-            Ok(_) => match turn::answer_with_failure(svc, &event, &reason).await {
-                Ok(_) => {}
-                Err(e) if e.disposition() == Disposition::Reject => {
-                    info!(error = %e, "not a valid turn; dead-lettering without a reply")
+        // The same admission checks as a turn: no reply into a conversation the event may not use.
+        match turn::answer_with_failure(svc, &event, &reason).await {
+            Ok(settled) => {
+                if let Outcome::AlreadySettled { state } = &settled.outcome {
+                    info!(
+                        state,
+                        "the exhausted event was settled after all; no failure line"
+                    );
                 }
-                Err(e) => error!(error = %e, "failure line not delivered"),
-            },
+                through = through.max(settled.through_seq.unwrap_or(0));
+            }
+            Err(e) if e.disposition() == Disposition::Reject => {
+                info!(error = %e, "not a valid turn; dead-lettering without a reply")
+            }
+            Err(e) => error!(error = %e, "failure line not delivered"),
         }
     }
     match svc
@@ -214,6 +249,18 @@ async fn handle_exhausted(svc: &Services, sequence: u64, deliveries: i64) {
         }
         Err(e) => error!(error = %e, "dead letter not written"),
     }
+    // Nothing will deliver this event again: its conversation moves on (retrying a moment, since no
+    // redelivery would retry it; waiters behind it go ahead after COMPANION_ORDER_MAX_WAIT_SECS anyway).
+    for attempt in 0..5u64 {
+        match order.settle(msg.subject.as_str(), through).await {
+            Ok(()) => return,
+            Err(e) => {
+                warn!(error = %e, attempt, "cannot settle the exhausted event yet");
+                tokio::time::sleep(Duration::from_secs(1 + attempt * 2)).await;
+            }
+        }
+    }
+    error!("the exhausted event could not be settled; its conversation waits for the order valve");
 }
 
 /// Serves the operations endpoint when configured; a failure to bind is logged, not fatal.
@@ -241,8 +288,19 @@ async fn start_ops(svc: &Arc<Services>) -> Option<tokio::task::JoinHandle<()>> {
     }
 }
 
+/// A delivery's turn slot and the stop signals it obeys.
+struct Slot {
+    /// Held while the delivery does work; released while it waits for its conversation.
+    permit: Option<OwnedSemaphorePermit>,
+    semaphore: Arc<Semaphore>,
+    /// The worker stops pulling: waiting deliveries go back to the stream.
+    shutdown: CancellationToken,
+    /// The grace period is over: in-flight turns go back to the stream.
+    hard_stop: CancellationToken,
+}
+
 /// One delivery, from bytes to ack; never panics on input.
-async fn handle(svc: &Services, msg: jetstream::Message, hard_stop: CancellationToken) {
+async fn handle(svc: &Services, order: &Order, msg: jetstream::Message, mut slot: Slot) {
     let (delivered, sequence) = msg
         .info()
         .map(|i| (i.delivered, i.stream_sequence))
@@ -256,21 +314,70 @@ async fn handle(svc: &Services, msg: jetstream::Message, hard_stop: Cancellation
         seq = sequence,
     );
     async {
+        let progress = keep_alive(&msg, svc.config.ack_wait());
+        let subject = msg.subject.as_str();
+        let position = match order.position(subject, sequence).await {
+            Ok(p) => p,
+            Err(e) => {
+                progress.abort();
+                return retry(svc, &msg, None, &e.to_string(), delivered, None).await;
+            }
+        };
+        if let Position::Behind(first) = position {
+            // Waiting holds no turn slot: the slots stay free for the messages that can run.
+            drop(slot.permit.take());
+            svc.metrics.inc("companion_order_waits_total", "");
+            match order.wait_turn(subject, sequence, &slot.shutdown).await {
+                Ok(Waited::Go { waited, .. }) => {
+                    svc.metrics.add(
+                        "companion_order_wait_milliseconds_total",
+                        "",
+                        waited.as_millis() as u64,
+                    );
+                    tracing::debug!(after = first, waited_ms = waited.as_millis() as u64, "conversation's turn came");
+                }
+                Ok(Waited::Cancelled) => {
+                    progress.abort();
+                    svc.metrics.inc(TURNS, "outcome=\"returned\"");
+                    return settle(&msg, AckKind::Nak(None)).await;
+                }
+                Err(e) => {
+                    progress.abort();
+                    return retry(svc, &msg, None, &e.to_string(), delivered, None).await;
+                }
+            }
+            tokio::select! {
+                p = slot.semaphore.clone().acquire_owned() => slot.permit = p.ok(),
+                _ = slot.shutdown.cancelled() => {
+                    progress.abort();
+                    svc.metrics.inc(TURNS, "outcome=\"returned\"");
+                    return settle(&msg, AckKind::Nak(None)).await;
+                }
+            }
+        }
+
         let limits = svc.config.event_limits();
-        let event = match parse_inbound(&msg.payload, msg.subject.as_str(), &svc.bus.names.prefix, limits) {
+        let event = match parse_inbound(&msg.payload, subject, &svc.bus.names.prefix, limits) {
             Ok(e) => e,
-            Err(e) => return reject(svc, &msg, &e.to_string(), delivered).await,
+            Err(e) => {
+                progress.abort();
+                return reject(svc, order, &msg, &e.to_string(), delivered, None).await;
+            }
         };
         let span = tracing::Span::current();
         span.record("event_id", event.message_id.to_hex());
         span.record("conversation_id", event.conversation_id.to_hex());
         span.record("bot_id", event.bot_id.to_hex());
 
-        let progress = keep_alive(&msg, svc.config.ack_wait());
         let started = std::time::Instant::now();
+        let delivery = Delivery {
+            order,
+            subject,
+            seq: sequence,
+        };
         let result = tokio::select! {
-            r = turn::run(svc, &event) => Some(r),
-            _ = hard_stop.cancelled() => None,
+            r = turn::run_delivered(svc, &event, Some(&delivery)) => Some(r),
+            _ = slot.hard_stop.cancelled() => None,
         };
         progress.abort();
         match result {
@@ -278,18 +385,25 @@ async fn handle(svc: &Services, msg: jetstream::Message, hard_stop: Cancellation
                 svc.metrics.inc(TURNS, "outcome=\"returned\"");
                 settle(&msg, AckKind::Nak(None)).await
             }
-            Some(Ok(outcome)) => {
-                let label = match outcome {
-                    turn::Outcome::Answered { .. } => "outcome=\"answered\"",
-                    turn::Outcome::AlreadyDone => "outcome=\"already_done\"",
+            Some(Ok(settled)) => {
+                let label = match &settled.outcome {
+                    Outcome::Answered { .. } => "outcome=\"answered\"",
+                    Outcome::Limited { .. } => "outcome=\"limited\"",
+                    Outcome::AlreadySettled { .. } => "outcome=\"already_done\"",
                 };
                 svc.metrics.inc(TURNS, label);
                 svc.metrics.observe_turn(started.elapsed());
+                let through = settled.through_seq.unwrap_or(sequence).max(sequence);
+                if let Err(e) = order.settle(subject, through).await {
+                    // The reply is out; a redelivery finds the turn settled and moves the floor then.
+                    warn!(error = %e, "conversation order not advanced; the event comes back to do it");
+                    return settle(&msg, AckKind::Nak(Some(Duration::from_secs(2)))).await;
+                }
                 if let Err(e) = msg.double_ack().await {
-                    warn!(error = %e, ?outcome, "ack not confirmed; a redelivery will find the turn done");
+                    warn!(error = %e, outcome = ?settled.outcome, "ack not confirmed; a redelivery will find the turn settled");
                 }
             }
-            Some(Err(e)) => fail(svc, &msg, &event, e, delivered).await,
+            Some(Err(e)) => fail(svc, order, &msg, &event, e, delivered).await,
         }
     }
     .instrument(span)
@@ -314,49 +428,76 @@ fn keep_alive(msg: &jetstream::Message, ack_wait: Duration) -> tokio::task::Join
 
 async fn fail(
     svc: &Services,
+    order: &Order,
     msg: &jetstream::Message,
     event: &DmEvent,
     err: TurnError,
     delivered: i64,
 ) {
     let reason = err.to_string();
-    let err_retry_after = err.retry_after();
     match err.disposition() {
-        Disposition::Reject => reject(svc, msg, &reason, delivered).await,
+        Disposition::Reject => reject(svc, order, msg, &reason, delivered, None).await,
         Disposition::Retry if delivered < svc.config.max_deliver => {
-            let delay = retry_delay(svc.config.retry_delay_secs, delivered)
-                .max(err_retry_after.unwrap_or_default());
-            warn!(error = %reason, retry_in_ms = delay.as_millis() as u64, "turn failed; will retry");
-            svc.metrics.inc(TURNS, "outcome=\"retried\"");
-            if let Err(e) = svc.pg.note_error(&event.message_id.to_hex(), &reason).await {
-                warn!(error = %e, "could not record the error in the journal");
-            }
-            settle(msg, AckKind::Nak(Some(delay))).await;
+            retry(svc, msg, Some(event), &reason, delivered, err.retry_after()).await
         }
         Disposition::Retry | Disposition::Fail => {
             error!(error = %reason, "turn cannot be answered; sending the failure line and dead-lettering");
             svc.metrics.inc(TURNS, "outcome=\"failed\"");
-            if let Err(e) = turn::answer_with_failure(svc, event, &reason).await {
-                error!(error = %e, "failure line not delivered");
-            }
-            reject(svc, msg, &reason, delivered).await;
+            let through = match turn::answer_with_failure(svc, event, &reason).await {
+                Ok(settled) => settled.through_seq,
+                Err(e) => {
+                    error!(error = %e, "failure line not delivered");
+                    None
+                }
+            };
+            reject(svc, order, msg, &reason, delivered, through).await;
         }
     }
 }
 
-/// Dead-letters and terminates; if the dead letter cannot be written the event is NAKed instead.
-async fn reject(svc: &Services, msg: &jetstream::Message, reason: &str, delivered: i64) {
-    warn!(reason, "event rejected");
-    match svc.bus.dead_letter(msg, reason, delivered).await {
-        Ok(()) => {
-            svc.metrics.inc("companion_dead_letters_total", "");
-            settle(msg, AckKind::Term).await
-        }
-        Err(e) => {
-            error!(error = %e, "dead letter not written; the event stays in the stream");
-            settle(msg, AckKind::Nak(Some(Duration::from_secs(5)))).await;
-        }
+/// Hands the event back to the stream for a later attempt (NAK with backoff).
+async fn retry(
+    svc: &Services,
+    msg: &jetstream::Message,
+    event: Option<&DmEvent>,
+    reason: &str,
+    delivered: i64,
+    wait: Option<Duration>,
+) {
+    let delay = retry_delay(svc.config.retry_delay_secs, delivered).max(wait.unwrap_or_default());
+    warn!(error = %reason, retry_in_ms = delay.as_millis() as u64, "turn failed; will retry");
+    svc.metrics.inc(TURNS, "outcome=\"retried\"");
+    if let Some(event) = event
+        && let Err(e) = svc.pg.note_error(&event.message_id.to_hex(), reason).await
+    {
+        warn!(error = %e, "could not record the error in the journal");
     }
+    settle(msg, AckKind::Nak(Some(delay))).await;
+}
+
+/// Dead-letters, settles the conversation's order and terminates; if the dead letter or the order floor
+/// cannot be written the event is NAKed instead (its redelivery does both again, idempotently).
+async fn reject(
+    svc: &Services,
+    order: &Order,
+    msg: &jetstream::Message,
+    reason: &str,
+    delivered: i64,
+    through: Option<u64>,
+) {
+    warn!(reason, "event rejected");
+    if let Err(e) = svc.bus.dead_letter(msg, reason, delivered).await {
+        error!(error = %e, "dead letter not written; the event stays in the stream");
+        return settle(msg, AckKind::Nak(Some(Duration::from_secs(5)))).await;
+    }
+    svc.metrics.inc("companion_dead_letters_total", "");
+    let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+    let through = through.unwrap_or(sequence).max(sequence);
+    if let Err(e) = order.settle(msg.subject.as_str(), through).await {
+        warn!(error = %e, "conversation order not advanced; the event comes back to do it");
+        return settle(msg, AckKind::Nak(Some(Duration::from_secs(2)))).await;
+    }
+    settle(msg, AckKind::Term).await
 }
 
 /// Exponential backoff with jitter, capped at a minute.

@@ -1,5 +1,6 @@
 //! The write quota holds across worker processes: two `companion worker` processes answer twelve
-//! "make me a list" turns of one user at once, and exactly five tricklists are written.
+//! "make me a list" turns of one user at once (in four conversations, since one conversation's messages
+//! are handled one at a time), and exactly five tricklists are written.
 
 mod common;
 
@@ -28,13 +29,24 @@ async fn two_worker_processes_write_exactly_five_tricklists_for_one_user() {
             )
         }
     });
-    let env = TestEnv::with(responder, |c| c.concurrency = 6).await;
+    // Every message its own turn (no bursts, no flood limit): twelve turns that race for the quota.
+    let env = TestEnv::with(responder, |c| {
+        c.concurrency = 6;
+        c.burst_max = 0;
+        c.user_turns_per_minute = 0;
+    })
+    .await;
     let mut workers = [env.spawn_worker_process(&[]), env.spawn_worker_process(&[])];
-    let mut replies = env.completions(JESS_KAORI).await;
+    let mut replies = env.all_completions().await;
+    let mut conversations = Vec::new();
+    for bot in [KAORI, TONY, RICO, ZOE] {
+        conversations.push((bot, env.conversation(JESS, bot).await));
+    }
     let mut events = Vec::new();
     for i in 0..12 {
+        let (bot, conversation) = &conversations[i % conversations.len()];
         events.push(
-            env.dm(JESS, KAORI, JESS_KAORI, &format!("quota list {i}"))
+            env.dm(JESS, bot, conversation, &format!("quota list {i}"))
                 .await,
         );
     }

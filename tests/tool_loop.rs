@@ -299,7 +299,12 @@ async fn park_list_scenario_end_to_end() {
     let requests = stub.requests();
     assert_eq!(requests[0]["tools"].as_array().unwrap().len(), 6);
     // Delivering again (a redelivered event) creates nothing new.
-    assert_eq!(turn::run(&svc, &event).await.unwrap(), Outcome::AlreadyDone);
+    assert_eq!(
+        turn::run(&svc, &event).await.unwrap(),
+        Outcome::AlreadySettled {
+            state: "done".into()
+        }
+    );
     let n = f
         .mongo
         .collection(TRICKLISTS)

@@ -190,6 +190,9 @@ pub struct Completion {
     pub content: String,
     pub rich_content: Option<Value>,
     pub created_at: DateTime<Utc>,
+    /// Later messages of the same burst this reply answers too (they get no reply of their own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub covers: Vec<String>,
 }
 
 /// Published on `<prefix>.typing.<conversationId>` when a turn starts.

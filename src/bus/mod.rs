@@ -152,6 +152,8 @@ impl Bus {
                 duplicate_window: Duration::from_secs(2 * 3600),
                 discard: DiscardPolicy::Old,
                 num_replicas,
+                // The order gate and replay read messages by subject and sequence.
+                allow_direct: true,
                 ..Default::default()
             })
             .await?;
@@ -175,6 +177,7 @@ impl Bus {
                 storage: StorageType::File,
                 max_age: 30 * day,
                 num_replicas,
+                allow_direct: true,
                 ..Default::default()
             })
             .await?;
@@ -203,7 +206,7 @@ impl Bus {
             ack_policy: AckPolicy::Explicit,
             ack_wait: config.ack_wait(),
             max_deliver: config.max_deliver.max(1),
-            max_ack_pending: (config.concurrency.max(1) * 4) as i64,
+            max_ack_pending: config.max_ack_pending(),
             filter_subject: self.names.inbound_all(),
             ..Default::default()
         };

@@ -24,6 +24,11 @@ pub const TRICKS: &str = "tricks";
 pub const SPOTS: &str = "ck_spots";
 pub const SPOT_DRAFTS: &str = "spot_drafts";
 
+/// Unique index on (`inReplyTo`, `replyGeneration`) of dm_messages.
+const REPLY_INDEX: &str = "companion_reply_once_per_generation";
+/// Unique index on `inReplyTo` alone, made by earlier versions.
+const OLD_REPLY_INDEX: &str = "companion_reply_once";
+
 /// The app's database.
 #[derive(Clone)]
 pub struct Mongo {
@@ -78,6 +83,8 @@ pub struct ReplyDoc {
     pub content: String,
     pub rich_content: Option<Value>,
     pub timestamp: DateTime<Utc>,
+    /// 0 for the first reply to a message; a replay that answers it again writes the next one.
+    pub generation: i32,
 }
 
 /// Filter matching documents whose `field` refers to user `id`, right on MongoDB and on SecantusDB alike.
@@ -118,20 +125,26 @@ impl Mongo {
 
     /// Indexes the worker relies on (idempotent).
     pub async fn ensure_indexes(&self) -> Result<(), StoreError> {
-        // One reply per inbound message, however often a turn is retried. Sparse: user messages have no inReplyTo.
+        // One reply per inbound message and reply generation, however often a turn is retried. Sparse:
+        // user messages have neither field. The first generation stores no `replyGeneration`, so replies
+        // written before generations existed keep their key.
         let unique_reply = IndexModel::builder()
-            .keys(doc! { "inReplyTo": 1 })
+            .keys(doc! { "inReplyTo": 1, "replyGeneration": 1 })
             .options(
                 IndexOptions::builder()
                     .unique(true)
                     .sparse(true)
-                    .name("companion_reply_once".to_owned())
+                    .name(REPLY_INDEX.to_owned())
                     .build(),
             )
             .build();
-        self.collection(DM_MESSAGES)
-            .create_index(unique_reply)
-            .await?;
+        let messages = self.collection(DM_MESSAGES);
+        messages.create_index(unique_reply).await?;
+        // The index of earlier versions (one reply per message, ever) would refuse a replay's reply.
+        let old = messages.list_index_names().await?;
+        if old.iter().any(|n| n == OLD_REPLY_INDEX) {
+            messages.drop_index(OLD_REPLY_INDEX).await?;
+        }
         Ok(())
     }
 
@@ -307,7 +320,7 @@ impl Mongo {
             Some(v) => bson::to_bson(v).unwrap_or(Bson::Null),
             None => Bson::Null,
         };
-        let doc = doc! {
+        let mut doc = doc! {
             "_id": reply.id,
             "conversationId": reply.conversation_id,
             "senderId": reply.sender_id.to_hex(),
@@ -317,6 +330,9 @@ impl Mongo {
             "read": false,
             "inReplyTo": reply.in_reply_to,
         };
+        if reply.generation > 0 {
+            doc.insert("replyGeneration", reply.generation);
+        }
         match self.collection(DM_MESSAGES).insert_one(doc).await {
             Ok(_) => Ok(true),
             Err(e) if is_duplicate_key(&e) => Ok(false),

@@ -48,7 +48,17 @@ pub struct TurnRecord {
     pub rich_content: Option<Value>,
     pub reply_at: Option<chrono::DateTime<chrono::Utc>>,
     pub completed_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Reply generation (0 first; a replay that answers again uses the next).
+    pub generation: i32,
+    /// Later messages of the burst this turn answers (JSON array), once fixed.
+    pub covers: Option<Value>,
+    /// For a covered or limited message: the turn whose reply answered it.
+    pub covered_by: Option<String>,
 }
+
+/// Columns every journal query returns, read by [`turn_record`].
+const TURN_COLUMNS: &str = "state, attempts, reply_id, reply_content, rich_content, reply_at, \
+    CASE WHEN state = 'done' THEN updated_at END AS completed_at, generation, covers, covered_by";
 
 impl Pg {
     pub async fn connect(config: &Config) -> Result<Self, StoreError> {
@@ -131,21 +141,24 @@ impl Pg {
         conversation_id: &str,
         user_id: &str,
         bot_id: &str,
+        stream_seq: Option<u64>,
     ) -> Result<TurnRecord, StoreError> {
-        let row = sqlx::query(
-            "INSERT INTO turns (message_id, conversation_id, user_id, bot_id)
-             VALUES ($1, $2, $3, $4)
+        let sql = format!(
+            "INSERT INTO turns (message_id, conversation_id, user_id, bot_id, stream_seq)
+             VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (message_id) DO UPDATE
-                SET attempts = turns.attempts + 1, updated_at = now()
-             RETURNING state, attempts, reply_id, reply_content, rich_content, reply_at,
-                       CASE WHEN state = 'done' THEN updated_at END AS completed_at",
-        )
-        .bind(message_id)
-        .bind(conversation_id)
-        .bind(user_id)
-        .bind(bot_id)
-        .fetch_one(&self.pool)
-        .await?;
+                SET attempts = turns.attempts + 1, updated_at = now(),
+                    stream_seq = COALESCE(turns.stream_seq, EXCLUDED.stream_seq)
+             RETURNING {TURN_COLUMNS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(message_id)
+            .bind(conversation_id)
+            .bind(user_id)
+            .bind(bot_id)
+            .bind(stream_seq.map(|s| s as i64))
+            .fetch_one(&self.pool)
+            .await?;
         Ok(turn_record(&row))
     }
 
@@ -158,7 +171,7 @@ impl Pg {
         rich_content: Option<&Value>,
         reply_at: chrono::DateTime<chrono::Utc>,
     ) -> Result<TurnRecord, StoreError> {
-        let row = sqlx::query(
+        let sql = format!(
             "UPDATE turns SET
                 reply_id = COALESCE(reply_id, $2),
                 reply_content = CASE WHEN reply_id IS NULL THEN $3 ELSE reply_content END,
@@ -166,16 +179,16 @@ impl Pg {
                 reply_at = COALESCE(reply_at, $5),
                 updated_at = now()
              WHERE message_id = $1
-             RETURNING state, attempts, reply_id, reply_content, rich_content, reply_at,
-                       CASE WHEN state = 'done' THEN updated_at END AS completed_at",
-        )
-        .bind(message_id)
-        .bind(reply_id)
-        .bind(content)
-        .bind(rich_content)
-        .bind(reply_at)
-        .fetch_one(&self.pool)
-        .await?;
+             RETURNING {TURN_COLUMNS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(message_id)
+            .bind(reply_id)
+            .bind(content)
+            .bind(rich_content)
+            .bind(reply_at)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(turn_record(&row))
     }
 
@@ -263,5 +276,184 @@ fn turn_record(row: &sqlx::postgres::PgRow) -> TurnRecord {
         rich_content: row.get("rich_content"),
         reply_at: row.get("reply_at"),
         completed_at: row.get("completed_at"),
+        generation: row.get("generation"),
+        covers: row.get("covers"),
+        covered_by: row.get("covered_by"),
+    }
+}
+
+/// Journal operations for bursts, flood limits, order and replay.
+impl Pg {
+    /// Fixes, on the first attempt only, the later messages of a burst that `head` answers. Each
+    /// candidate (`{"messageId", "seq", …}`, in stream order) becomes a `covered` turn unless it already has
+    /// a journal entry; the first such one ends the burst, so a burst is always contiguous. Returns the
+    /// covers as fixed (by this attempt or an earlier one).
+    pub async fn fix_covers(
+        &self,
+        head: &str,
+        conversation_id: &str,
+        user_id: &str,
+        bot_id: &str,
+        candidates: &[Value],
+    ) -> Result<Vec<Value>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let fixed: Option<Value> =
+            sqlx::query_scalar("SELECT covers FROM turns WHERE message_id = $1 FOR UPDATE")
+                .bind(head)
+                .fetch_one(&mut *tx)
+                .await?;
+        if let Some(Value::Array(fixed)) = fixed {
+            tx.commit().await?;
+            return Ok(fixed);
+        }
+        let mut covers = Vec::new();
+        for c in candidates {
+            let (Some(id), Some(seq)) = (c["messageId"].as_str(), c["seq"].as_i64()) else {
+                break;
+            };
+            let inserted = sqlx::query(
+                "INSERT INTO turns (message_id, conversation_id, user_id, bot_id, state, covered_by, stream_seq)
+                 VALUES ($1, $2, $3, $4, 'covered', $5, $6)
+                 ON CONFLICT (message_id) DO NOTHING",
+            )
+            .bind(id)
+            .bind(conversation_id)
+            .bind(user_id)
+            .bind(bot_id)
+            .bind(head)
+            .bind(seq)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if inserted == 0 {
+                break;
+            }
+            covers.push(c.clone());
+        }
+        sqlx::query("UPDATE turns SET covers = $2, updated_at = now() WHERE message_id = $1")
+            .bind(head)
+            .bind(Value::Array(covers.clone()))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(covers)
+    }
+
+    /// The turn of this user and bot whose busy line was sent since `since`, if any.
+    pub async fn recent_busy_notice(
+        &self,
+        user_id: &str,
+        bot_id: &str,
+        since: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT message_id FROM turns
+             WHERE user_id = $1 AND bot_id = $2 AND state = 'limited' AND reply_id IS NOT NULL
+               AND reply_at >= $3
+             ORDER BY reply_at DESC LIMIT 1",
+        )
+        .bind(user_id)
+        .bind(bot_id)
+        .bind(since)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Records that a message over the flood limit was answered by an earlier busy line.
+    pub async fn mark_limited(
+        &self,
+        message_id: &str,
+        answered_by: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE turns SET state = 'limited', covered_by = $2, updated_at = now()
+             WHERE message_id = $1 AND state = 'running'",
+        )
+        .bind(message_id)
+        .bind(answered_by)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Records which turn's reply answers this message (itself, for the turn that says the busy line).
+    pub async fn set_covered_by(&self, message_id: &str, by: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE turns SET covered_by = $2, updated_at = now() WHERE message_id = $1")
+            .bind(message_id)
+            .bind(by)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// State, last change and last error of a turn, if it was ever started (for replay).
+    pub async fn turn_status(
+        &self,
+        message_id: &str,
+    ) -> Result<Option<(String, chrono::DateTime<chrono::Utc>, Option<String>)>, StoreError> {
+        let row =
+            sqlx::query("SELECT state, updated_at, last_error FROM turns WHERE message_id = $1")
+                .bind(message_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|r| (r.get("state"), r.get("updated_at"), r.get("last_error"))))
+    }
+
+    /// Opens a settled turn again for a replay: the next reply generation, no reply yet. `fresh` also
+    /// forgets the journaled model responses (the model is asked again); otherwise the replay resumes
+    /// from them, so no paid call or tool write of the earlier attempts is repeated. A covered or
+    /// limited message becomes a turn of its own.
+    pub async fn reopen_turn(&self, message_id: &str, fresh: bool) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE turns SET state = 'running', generation = generation + 1, reply_id = NULL,
+                reply_content = NULL, rich_content = NULL, reply_at = NULL, covered_by = NULL,
+                covers = CASE WHEN state IN ('covered', 'limited') THEN '[]'::jsonb ELSE covers END,
+                updated_at = now()
+             WHERE message_id = $1 AND state <> 'running'",
+        )
+        .bind(message_id)
+        .execute(&mut *tx)
+        .await?;
+        if fresh {
+            sqlx::query("DELETE FROM turn_steps WHERE message_id = $1")
+                .bind(message_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The order floor of `subject`: every message below it is settled (0 when none is).
+    pub async fn order_floor(&self, stream: &str, subject: &str) -> Result<u64, StoreError> {
+        let floor: Option<i64> = sqlx::query_scalar(
+            "SELECT next_seq FROM order_floors WHERE stream = $1 AND subject = $2",
+        )
+        .bind(stream)
+        .bind(subject)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(floor.unwrap_or(0).max(0) as u64)
+    }
+
+    /// Marks every message of `subject` up to `through_seq` settled (the floor never moves back).
+    pub async fn advance_order_floor(
+        &self,
+        stream: &str,
+        subject: &str,
+        through_seq: u64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO order_floors (stream, subject, next_seq) VALUES ($1, $2, $3)
+             ON CONFLICT (stream, subject) DO UPDATE
+                SET next_seq = GREATEST(order_floors.next_seq, EXCLUDED.next_seq), updated_at = now()",
+        )
+        .bind(stream)
+        .bind(subject)
+        .bind(through_seq.saturating_add(1) as i64)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 }

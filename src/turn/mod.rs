@@ -1,35 +1,64 @@
-//! One turn: an inbound DM becomes the companion's reply in dm_messages, history and a completion event.
+//! One turn: an inbound DM, with the rest of its burst, becomes the companion's reply in dm_messages,
+//! history and a completion event.
+//!
+//! A burst: messages the user sent after this one that are already in the stream when the turn starts
+//! (up to `COMPANION_BURST_MAX`) are answered by the same reply, as a person would answer five quick
+//! lines once. They are fixed in the journal on the first attempt (`covers`), become `covered` turns of
+//! their own, and are listed in the completion's `covers`.
 
 pub mod prompt;
 pub mod tool_loop;
 
 use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tracing::{debug, info};
 
 use crate::{
-    bus::{BusError, Completion, DmEvent, Typing, event::InvalidEvent},
+    bus::{BusError, Completion, DmEvent, Typing, event::InvalidEvent, event::parse_inbound},
     character::Character,
     llm::{ChatRequest, LlmError},
+    order::{Order, OrderError},
     services::Services,
     store::{
         StoreError,
         mongo::{ConversationCheck, ReplyDoc},
-        pg::NewHistory,
+        pg::{NewHistory, TurnRecord},
     },
 };
 
 /// Longest reply stored and published, in characters.
 pub const MAX_REPLY_CHARS: usize = 4000;
 
+/// Said when a character file has no `busyLine`.
+const DEFAULT_BUSY_LINE: &str =
+    "you're sending messages faster than i can read them, give me a minute to catch up";
+
 /// How a turn ended well.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// The reply was written and published.
     Answered { reply_id: String },
-    /// An earlier delivery already completed this turn.
-    AlreadyDone,
+    /// Over the user's flood limit: answered by the busy line, or by none when it was already said
+    /// within the window.
+    Limited { reply_id: Option<String> },
+    /// An earlier delivery already settled this message (`state` as the journal has it).
+    AlreadySettled { state: String },
+}
+
+/// A turn's outcome and the last stream sequence it settled (its burst's last message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    pub outcome: Outcome,
+    /// Stream sequence of the last message of the burst, when the turn answered more than one.
+    pub through_seq: Option<u64>,
+}
+
+/// Where a delivery came from, so a turn can take in the rest of its burst.
+pub struct Delivery<'a> {
+    pub order: &'a Order,
+    pub subject: &'a str,
+    pub seq: u64,
 }
 
 /// Why a turn did not end well; [`TurnError::disposition`] says what to do about it.
@@ -47,6 +76,8 @@ pub enum TurnError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Bus(#[from] BusError),
+    #[error(transparent)]
+    Order(#[from] OrderError),
     #[error(transparent)]
     Llm(#[from] LlmError),
     #[error("the model answered with no text")]
@@ -79,7 +110,7 @@ impl TurnError {
             | Self::UnknownBot(_)
             | Self::MissingConversation(_)
             | Self::NotParticipant(_) => Disposition::Reject,
-            Self::Store(_) | Self::Bus(_) | Self::EmptyReply => Disposition::Retry,
+            Self::Store(_) | Self::Bus(_) | Self::Order(_) | Self::EmptyReply => Disposition::Retry,
             Self::Llm(e) if e.is_transient() => Disposition::Retry,
             Self::Llm(_) => Disposition::Fail,
         }
@@ -93,6 +124,69 @@ pub struct Reply {
     pub rich_content: Option<Value>,
     /// Compact log of the tool calls behind this reply, kept on the assistant's history row.
     pub tool_log: Option<Value>,
+}
+
+/// The later messages of a burst answered with the head message, with their stream sequences.
+#[derive(Debug, Clone, Default)]
+pub struct Burst {
+    pub messages: Vec<(DmEvent, u64)>,
+}
+
+impl Burst {
+    /// The burst fixed in the journal (none when not fixed yet).
+    fn of_record(head: &DmEvent, record: &TurnRecord) -> Self {
+        let Some(Value::Array(items)) = &record.covers else {
+            return Self::default();
+        };
+        let messages = items
+            .iter()
+            .filter_map(|v| {
+                let id = crate::bus::event::parse_object_id(v["messageId"].as_str()?)?;
+                let seq = v["seq"].as_u64()?;
+                let event = DmEvent {
+                    message_id: id,
+                    content: v["content"].as_str().unwrap_or_default().to_owned(),
+                    images: v["images"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|u| u.as_str().map(str::to_owned))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    sent_at: v["sentAt"]
+                        .as_str()
+                        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                        .map(|t| t.with_timezone(&Utc))
+                        .unwrap_or(head.sent_at),
+                    ..head.clone()
+                };
+                Some((event, seq))
+            })
+            .collect();
+        Self { messages }
+    }
+
+    fn entry(event: &DmEvent, seq: u64) -> Value {
+        json!({
+            "messageId": event.message_id.to_hex(),
+            "seq": seq,
+            "content": event.content,
+            "images": event.images,
+            "sentAt": event.sent_at.to_rfc3339(),
+        })
+    }
+
+    pub fn last_seq(&self) -> Option<u64> {
+        self.messages.last().map(|(_, seq)| *seq)
+    }
+
+    fn ids(&self) -> Vec<String> {
+        self.messages
+            .iter()
+            .map(|(e, _)| e.message_id.to_hex())
+            .collect()
+    }
 }
 
 /// The checks every event passes before anything is written for it: a known companion, and a
@@ -117,31 +211,62 @@ pub async fn admit<'a>(svc: &'a Services, event: &DmEvent) -> Result<&'a Charact
     }
 }
 
-/// Runs one validated event to completion.
+/// Runs one validated event to completion (no burst: for callers without a stream delivery).
 pub async fn run(svc: &Services, event: &DmEvent) -> Result<Outcome, TurnError> {
+    run_delivered(svc, event, None).await.map(|s| s.outcome)
+}
+
+/// Runs one validated event delivered from the stream; later messages of its burst already in the
+/// stream are answered with it.
+pub async fn run_delivered(
+    svc: &Services,
+    event: &DmEvent,
+    delivery: Option<&Delivery<'_>>,
+) -> Result<Settled, TurnError> {
     let character = admit(svc, event).await?;
     let ids = Ids::of(event);
     let record = svc
         .pg
-        .begin_turn(&ids.message, &ids.conversation, &ids.sender, &ids.bot)
+        .begin_turn(
+            &ids.message,
+            &ids.conversation,
+            &ids.sender,
+            &ids.bot,
+            delivery.map(|d| d.seq),
+        )
         .await?;
-    if record.state == "done" {
+    if record.state != "running" {
         info!(
+            state = %record.state,
             attempts = record.attempts,
-            "turn already completed; acknowledging"
+            "message already settled; acknowledging"
         );
-        return Ok(Outcome::AlreadyDone);
+        return Ok(Settled {
+            through_seq: Burst::of_record(event, &record).last_seq(),
+            outcome: Outcome::AlreadySettled {
+                state: record.state,
+            },
+        });
     }
-    let reply = match (record.reply_content, record.reply_id.is_some()) {
+    // A turn answered by the busy line marks itself as answered by itself before it delivers.
+    let busy = record.covered_by.as_deref() == Some(ids.message.as_str());
+    let (burst, reply) = match (&record.reply_content, record.reply_id.is_some()) {
         (Some(content), true) => {
             debug!("reply already recorded; delivering it again");
-            Reply {
-                content,
-                rich_content: record.rich_content,
+            let reply = Reply {
+                content: content.clone(),
+                rich_content: record.rich_content.clone(),
                 tool_log: None,
-            }
+            };
+            (Burst::of_record(event, &record), reply)
         }
         _ => {
+            // Only a first attempt takes from the allowance: a retried turn was admitted already.
+            if record.attempts == 1 && record.covers.is_none() && !svc.flood.allow(event.sender_id)
+            {
+                return limited(svc, event, character, &record).await;
+            }
+            let burst = burst(svc, event, delivery, &record).await?;
             let typing = Typing {
                 conversation_id: ids.conversation.clone(),
                 sender_id: ids.bot.clone(),
@@ -151,20 +276,160 @@ pub async fn run(svc: &Services, event: &DmEvent) -> Result<Outcome, TurnError> 
             if let Err(e) = svc.bus.publish_typing(&typing).await {
                 debug!(error = %e, "typing indicator not sent");
             }
-            respond(svc, event, character).await?
+            let reply = respond(svc, event, &burst, character).await?;
+            (burst, reply)
         }
     };
-    let reply_id = deliver(svc, event, reply, "done").await?;
-    Ok(Outcome::Answered { reply_id })
+    let state = if busy { "limited" } else { "done" };
+    let reply_id = deliver(svc, event, &burst, reply, state, record.generation).await?;
+    Ok(Settled {
+        through_seq: burst.last_seq(),
+        outcome: if busy {
+            Outcome::Limited {
+                reply_id: Some(reply_id),
+            }
+        } else {
+            Outcome::Answered { reply_id }
+        },
+    })
+}
+
+/// Fixes the burst this turn answers: the journal's if an earlier attempt fixed it, else the messages
+/// of the same sender that follow in the stream now (contiguous, valid, within the bounds).
+async fn burst(
+    svc: &Services,
+    event: &DmEvent,
+    delivery: Option<&Delivery<'_>>,
+    record: &TurnRecord,
+) -> Result<Burst, TurnError> {
+    if record.covers.is_some() {
+        return Ok(Burst::of_record(event, record));
+    }
+    let mut candidates = Vec::new();
+    if let Some(d) = delivery
+        && svc.config.burst_max > 0
+    {
+        let limits = svc.config.event_limits();
+        let mut chars = event.content.chars().count();
+        for m in d
+            .order
+            .followers(d.subject, d.seq, svc.config.burst_max)
+            .await?
+        {
+            let Ok(f) = parse_inbound(
+                &m.payload,
+                m.subject.as_str(),
+                &svc.bus.names.prefix,
+                limits,
+            ) else {
+                break;
+            };
+            chars += f.content.chars().count();
+            if f.sender_id != event.sender_id
+                || f.message_id == event.message_id
+                || chars > svc.config.max_content_chars
+            {
+                break;
+            }
+            candidates.push(Burst::entry(&f, m.sequence));
+        }
+    }
+    let ids = Ids::of(event);
+    let fixed = svc
+        .pg
+        .fix_covers(
+            &ids.message,
+            &ids.conversation,
+            &ids.sender,
+            &ids.bot,
+            &candidates,
+        )
+        .await?;
+    let burst = Burst::of_record(
+        event,
+        &TurnRecord {
+            covers: Some(Value::Array(fixed)),
+            ..record.clone()
+        },
+    );
+    if !burst.messages.is_empty() {
+        info!(
+            covers = burst.messages.len(),
+            "answering a burst of messages with one reply"
+        );
+    }
+    Ok(burst)
+}
+
+/// Over the flood limit: the busy line once per window; later messages of the window are recorded
+/// (journal and history, so the next real turn sees them) without a reply of their own.
+async fn limited(
+    svc: &Services,
+    event: &DmEvent,
+    character: &Character,
+    record: &TurnRecord,
+) -> Result<Settled, TurnError> {
+    let ids = Ids::of(event);
+    let window = chrono::Duration::from_std(svc.flood.window).unwrap_or_default();
+    if let Some(by) = svc
+        .pg
+        .recent_busy_notice(&ids.sender, &ids.bot, Utc::now() - window)
+        .await?
+    {
+        svc.pg
+            .append_history(&[user_row(&ids, event, Utc::now())])
+            .await?;
+        svc.pg.mark_limited(&ids.message, &by).await?;
+        info!(answered_by = %by, "over the flood limit; the busy line already answered this minute");
+        return Ok(Settled {
+            outcome: Outcome::Limited { reply_id: None },
+            through_seq: None,
+        });
+    }
+    info!("over the flood limit; answering with the busy line");
+    svc.pg.set_covered_by(&ids.message, &ids.message).await?;
+    let reply = Reply {
+        content: character
+            .busy_line
+            .clone()
+            .unwrap_or_else(|| DEFAULT_BUSY_LINE.to_owned()),
+        rich_content: None,
+        tool_log: None,
+    };
+    let reply_id = deliver(
+        svc,
+        event,
+        &Burst::default(),
+        reply,
+        "limited",
+        record.generation,
+    )
+    .await?;
+    Ok(Settled {
+        outcome: Outcome::Limited {
+            reply_id: Some(reply_id),
+        },
+        through_seq: None,
+    })
 }
 
 /// Loads the context, asks the model and returns its answer.
 async fn respond(
     svc: &Services,
     event: &DmEvent,
+    burst: &Burst,
     character: &Character,
 ) -> Result<Reply, TurnError> {
     let ids = Ids::of(event);
+    let events: Vec<&DmEvent> = std::iter::once(event)
+        .chain(burst.messages.iter().map(|(e, _)| e))
+        .collect();
+    let query = events
+        .iter()
+        .map(|e| e.content.as_str())
+        .filter(|c| !c.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
     // Retrieval (embedding + vector search) runs beside the context loads, not after them.
     let (context, knowledge) = tokio::join!(
         async {
@@ -176,7 +441,7 @@ async fn respond(
                     .user_tricklists(event.sender_id, prompt::PROMPT_TRICKLISTS),
             )
         },
-        crate::rag::retrieve_for_turn(svc, character, &event.content),
+        crate::rag::retrieve_for_turn(svc, character, &query),
     );
     let (history, profile, tricklists) = context?;
     let system = prompt::system_prompt(&prompt::PromptContext {
@@ -187,7 +452,7 @@ async fn respond(
         now: Utc::now(),
         tools_enabled: true,
     });
-    let messages = prompt::conversation(system, &history, event);
+    let messages = prompt::conversation(system, &history, &events);
     let request = ChatRequest {
         model: character
             .model
@@ -212,38 +477,63 @@ async fn respond(
     })
 }
 
-/// Answers the event with the character's honest failure line (once, like any reply; never over a
-/// turn that was answered).
+/// Answers the event (and the burst fixed with it) with the character's honest failure line, once like
+/// any reply; never over a settled turn. A reply recorded before the failure is delivered instead.
 pub async fn answer_with_failure(
     svc: &Services,
     event: &DmEvent,
     reason: &str,
-) -> Result<String, TurnError> {
+) -> Result<Settled, TurnError> {
     let character = admit(svc, event).await?;
     let ids = Ids::of(event);
     let record = svc
         .pg
-        .begin_turn(&ids.message, &ids.conversation, &ids.sender, &ids.bot)
+        .begin_turn(&ids.message, &ids.conversation, &ids.sender, &ids.bot, None)
         .await?;
-    if record.state == "done" {
-        info!("turn was answered after all; no failure line");
-        return Ok(record.reply_id.unwrap_or_default());
+    let burst = Burst::of_record(event, &record);
+    if record.state != "running" {
+        info!(state = %record.state, "message settled after all; no failure line");
+        return Ok(Settled {
+            through_seq: burst.last_seq(),
+            outcome: Outcome::AlreadySettled {
+                state: record.state,
+            },
+        });
     }
     svc.pg.note_error(&ids.message, reason).await?;
-    let reply = Reply {
-        content: character.failure_line.clone(),
-        rich_content: None,
-        tool_log: None,
+    let (reply, state) = match (&record.reply_content, record.reply_id.is_some()) {
+        (Some(content), true) => (
+            Reply {
+                content: content.clone(),
+                rich_content: record.rich_content.clone(),
+                tool_log: None,
+            },
+            "done",
+        ),
+        _ => (
+            Reply {
+                content: character.failure_line.clone(),
+                rich_content: None,
+                tool_log: None,
+            },
+            "failed",
+        ),
     };
-    deliver(svc, event, reply, "failed").await
+    let reply_id = deliver(svc, event, &burst, reply, state, record.generation).await?;
+    Ok(Settled {
+        through_seq: burst.last_seq(),
+        outcome: Outcome::Answered { reply_id },
+    })
 }
 
 /// Writes the reply once and publishes it; every step is safe to repeat.
 async fn deliver(
     svc: &Services,
     event: &DmEvent,
+    burst: &Burst,
     reply: Reply,
     final_state: &str,
+    generation: i32,
 ) -> Result<String, TurnError> {
     let ids = Ids::of(event);
     let record = svc
@@ -273,36 +563,28 @@ async fn deliver(
             content: content.clone(),
             rich_content: rich_content.clone(),
             timestamp: at,
+            generation,
         })
         .await?;
     if !inserted {
         debug!("reply document already present");
     }
-    let user_at = user_message_time(event.sent_at, at);
-    svc.pg
-        .append_history(&[
-            NewHistory {
-                user_id: &ids.sender,
-                bot_id: &ids.bot,
-                conversation_id: &ids.conversation,
-                role: "user",
-                content: &prompt::history_text(event),
-                message_id: &ids.message,
-                tool_calls: None,
-                created_at: user_at,
-            },
-            NewHistory {
-                user_id: &ids.sender,
-                bot_id: &ids.bot,
-                conversation_id: &ids.conversation,
-                role: "assistant",
-                content: &content,
-                message_id: &reply_id_hex,
-                tool_calls: reply.tool_log.as_ref(),
-                created_at: at,
-            },
-        ])
-        .await?;
+    let follower_ids: Vec<Ids> = burst.messages.iter().map(|(e, _)| Ids::of(e)).collect();
+    let mut rows = vec![user_row(&ids, event, at)];
+    for ((e, _), fids) in burst.messages.iter().zip(&follower_ids) {
+        rows.push(user_row(fids, e, at));
+    }
+    rows.push(NewHistory {
+        user_id: &ids.sender,
+        bot_id: &ids.bot,
+        conversation_id: &ids.conversation,
+        role: "assistant",
+        content: &content,
+        message_id: &reply_id_hex,
+        tool_calls: reply.tool_log.as_ref(),
+        created_at: at,
+    });
+    svc.pg.append_history(&rows).await?;
     svc.mongo
         .touch_conversation(event.conversation_id, &content, at)
         .await?;
@@ -315,11 +597,26 @@ async fn deliver(
             content,
             rich_content,
             created_at: at,
+            covers: burst.ids(),
         })
         .await?;
     svc.pg.finish_turn(&ids.message, final_state, None).await?;
-    info!(reply_id = %reply_id_hex, state = final_state, "reply delivered");
+    info!(reply_id = %reply_id_hex, state = final_state, generation, "reply delivered");
     Ok(reply_id_hex)
+}
+
+/// The history row of a user's message.
+fn user_row<'a>(ids: &'a Ids, event: &DmEvent, reply_at: DateTime<Utc>) -> NewHistory<'a> {
+    NewHistory {
+        user_id: &ids.sender,
+        bot_id: &ids.bot,
+        conversation_id: &ids.conversation,
+        role: "user",
+        content: ids.text.as_str(),
+        message_id: &ids.message,
+        tool_calls: None,
+        created_at: user_message_time(event.sent_at, reply_at),
+    }
 }
 
 /// The user's message sorts before the reply even when the client clock is off.
@@ -338,12 +635,13 @@ fn bound_reply(text: &str) -> String {
     }
 }
 
-/// Hex forms of an event's ids, as the stores key them.
+/// Hex forms of an event's ids, as the stores key them, and its history text.
 struct Ids {
     message: String,
     conversation: String,
     sender: String,
     bot: String,
+    text: String,
 }
 
 impl Ids {
@@ -353,6 +651,7 @@ impl Ids {
             conversation: e.conversation_id.to_hex(),
             sender: e.sender_id.to_hex(),
             bot: e.bot_id.to_hex(),
+            text: prompt::history_text(e),
         }
     }
 }

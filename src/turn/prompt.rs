@@ -164,9 +164,13 @@ pub fn system_prompt(ctx: &PromptContext<'_>) -> String {
     p
 }
 
-/// History (oldest first) then the new message, text and images.
-pub fn conversation(system: String, history: &[HistoryMessage], event: &DmEvent) -> Vec<Message> {
-    let mut messages = Vec::with_capacity(history.len() + 2);
+/// History (oldest first) then the new messages (one, or a burst), text and images.
+pub fn conversation(
+    system: String,
+    history: &[HistoryMessage],
+    events: &[&DmEvent],
+) -> Vec<Message> {
+    let mut messages = Vec::with_capacity(history.len() + events.len() + 1);
     messages.push(Message::system(system));
     for (n, h) in history.iter().enumerate() {
         if h.role == "assistant" {
@@ -177,6 +181,11 @@ pub fn conversation(system: String, history: &[HistoryMessage], event: &DmEvent)
             _ => Message::user(h.content.clone()),
         });
     }
+    messages.extend(events.iter().map(|e| user_message(e)));
+    messages
+}
+
+fn user_message(event: &DmEvent) -> Message {
     let content = if event.images.is_empty() {
         UserContent::Text(event.content.clone())
     } else {
@@ -191,8 +200,7 @@ pub fn conversation(system: String, history: &[HistoryMessage], event: &DmEvent)
         }));
         UserContent::Parts(parts)
     };
-    messages.push(Message::User { content });
-    messages
+    Message::User { content }
 }
 
 /// The compact tool log of an earlier reply as an assistant tool-call message and its tool results, so

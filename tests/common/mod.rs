@@ -25,6 +25,10 @@ use tokio_util::sync::CancellationToken;
 pub const JESS: &str = "6650f1a2b3c4d5e6f7a8b9c0";
 pub const SAM: &str = "6650f1a2b3c4d5e6f7a8b9c1";
 pub const KAORI: &str = "69c15e55c7ebe2c6884f1267";
+pub const TONY: &str = "69c15e55c7ebe2c6884f1268";
+pub const RICO: &str = "69c15e55c7ebe2c6884f1269";
+pub const MAX: &str = "69c15e55c7ebe2c6884f126a";
+pub const ZOE: &str = "69c15e55c7ebe2c6884f126b";
 /// Jess's conversation with Kaori in the seed data.
 pub const JESS_KAORI: &str = "6650f1a2b3c4d5e6f7a8c001";
 
@@ -151,6 +155,15 @@ impl TestEnv {
                 c.shutdown_grace_secs.to_string(),
             )
             .env("COMPANION_HTTP_ADDR", &c.http_addr)
+            .env("COMPANION_BURST_MAX", c.burst_max.to_string())
+            .env(
+                "COMPANION_USER_TURNS_PER_MINUTE",
+                c.user_turns_per_minute.to_string(),
+            )
+            .env(
+                "COMPANION_ORDER_MAX_WAIT_SECS",
+                c.order_max_wait_secs.to_string(),
+            )
             .stdout(out.try_clone().expect("log handle"))
             .stderr(out);
         for (k, v) in extra_env {
@@ -179,6 +192,29 @@ impl TestEnv {
         )
         .await
         .expect("user message stored")
+    }
+
+    /// The DM conversation of `user` and `bot` (created as TB-Backend would when missing).
+    pub async fn conversation(&self, user: &str, bot: &str) -> String {
+        backend::ensure_conversation(&self.mongo, oid(user), oid(bot))
+            .await
+            .expect("conversation")
+            .to_hex()
+    }
+
+    /// Every completion of this environment, subscribed now (subscribe before publishing).
+    pub async fn all_completions(&self) -> impl futures::Stream<Item = Completion> + Unpin + use<> {
+        let sub = self
+            .bus
+            .client
+            .subscribe(format!("{}.out.>", self.bus.names.prefix))
+            .await
+            .expect("subscribed");
+        Box::pin(
+            sub.filter_map(
+                |m| async move { serde_json::from_slice::<Completion>(&m.payload).ok() },
+            ),
+        )
     }
 
     /// Publishes an event as TB-Backend does; returns whether JetStream saw a duplicate.
