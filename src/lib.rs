@@ -14,6 +14,7 @@ pub mod llm;
 pub mod ops;
 pub mod order;
 pub mod rag;
+pub mod replay;
 pub mod seed;
 pub mod services;
 pub mod store;

@@ -66,6 +66,8 @@ enum Command {
         #[arg(long)]
         collection: Option<String>,
     },
+    /// Reprocess stored events (a conversation, a time or sequence range, or the dead-letter stream).
+    Replay(companion::replay::ReplayArgs),
     /// Serve the scripted offline model (OpenAI-compatible) for demos without an API key.
     StubLlm {
         #[arg(long, default_value = "127.0.0.1:8089")]
@@ -144,6 +146,17 @@ async fn main() -> anyhow::Result<()> {
                 r.unchanged,
                 r.chunks
             );
+        }
+        Command::Replay(args) => {
+            let services = Services::connect(config)
+                .await
+                .context("connecting for the replay")?;
+            let summary = companion::replay::run(services, &args)
+                .await
+                .context("replay")?;
+            if summary.failed > 0 {
+                std::process::exit(1);
+            }
         }
         Command::StubLlm { addr } => {
             let server = stub::StubLlm::start_on(addr, stub::demo(), false)

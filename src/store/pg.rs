@@ -399,14 +399,16 @@ impl Pg {
         Ok(row.map(|r| (r.get("state"), r.get("updated_at"), r.get("last_error"))))
     }
 
-    /// Opens a settled turn again for a replay: the next reply generation, no reply yet. `fresh` also
+    /// Opens a settled turn again for a replay: the next reply generation (the same one when the last
+    /// attempt wrote no reply), no reply yet. `fresh` also
     /// forgets the journaled model responses (the model is asked again); otherwise the replay resumes
     /// from them, so no paid call or tool write of the earlier attempts is repeated. A covered or
     /// limited message becomes a turn of its own.
     pub async fn reopen_turn(&self, message_id: &str, fresh: bool) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
-            "UPDATE turns SET state = 'running', generation = generation + 1, reply_id = NULL,
+            "UPDATE turns SET state = 'running',
+                generation = generation + CASE WHEN reply_id IS NULL THEN 0 ELSE 1 END, reply_id = NULL,
                 reply_content = NULL, rich_content = NULL, reply_at = NULL, covered_by = NULL,
                 covers = CASE WHEN state IN ('covered', 'limited') THEN '[]'::jsonb ELSE covers END,
                 updated_at = now()

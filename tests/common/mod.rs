@@ -89,6 +89,9 @@ impl TestEnv {
         config.concurrency = 8;
         config.shutdown_grace_secs = 5;
         config.http_addr = String::new();
+        let models = embed_config();
+        config.model_dir = models.model_dir;
+        config.ort_dylib_path = models.ort_dylib_path;
         let stub = StubLlm::start(responder).await.expect("stub LLM starts");
         config.llm_base_url = stub.base_url.clone();
         adjust(&mut config);
@@ -132,9 +135,21 @@ impl TestEnv {
             fastrand::u32(..)
         ));
         let out = std::fs::File::create(&log).expect("worker log file");
+        let mut cmd = self.command(&["worker"]);
+        cmd.stdout(out.try_clone().expect("log handle")).stderr(out);
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        eprintln!("worker process log: {}", log.display());
+        cmd.spawn().expect("companion binary starts")
+    }
+
+    /// The `companion` binary with `args`, configured exactly as this environment (nothing inherited
+    /// but `PATH`).
+    pub fn command(&self, args: &[&str]) -> std::process::Command {
         let c = &self.config;
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_companion"));
-        cmd.arg("worker")
+        cmd.args(args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
@@ -142,7 +157,12 @@ impl TestEnv {
             .env("ATLAS_URI", &c.atlas_uri)
             .env("POSTGRES_URL", &c.postgres_url)
             .env("LLM_BASE_URL", &c.llm_base_url)
+            .env("LLM_MAX_RETRIES", c.llm_max_retries.to_string())
+            .env("LLM_RETRY_BASE_MS", c.llm_retry_base_ms.to_string())
+            .env("LLM_FALLBACK_MODELS", c.llm_fallback_models.join(","))
             .env("COMPANION_CHARACTERS_DIR", &c.characters_dir)
+            .env("COMPANION_MODEL_DIR", &c.model_dir)
+            .env("ORT_DYLIB_PATH", &c.ort_dylib_path)
             .env("COMPANION_SUBJECT_PREFIX", &c.subject_prefix)
             .env("COMPANION_STREAM_PREFIX", &c.stream_prefix)
             .env("COMPANION_CONSUMER", &c.consumer)
@@ -164,13 +184,19 @@ impl TestEnv {
                 "COMPANION_ORDER_MAX_WAIT_SECS",
                 c.order_max_wait_secs.to_string(),
             )
-            .stdout(out.try_clone().expect("log handle"))
-            .stderr(out);
-        for (k, v) in extra_env {
-            cmd.env(k, v);
-        }
-        eprintln!("worker process log: {}", log.display());
-        cmd.spawn().expect("companion binary starts")
+            .env("COMPANION_MAX_ACK_PENDING", c.max_ack_pending.to_string());
+        cmd
+    }
+
+    /// Runs `companion <args>` to completion; returns (exit ok, stdout, stderr).
+    pub async fn run_companion(&self, args: &[&str]) -> (bool, String, String) {
+        let mut cmd = tokio::process::Command::from(self.command(args));
+        let out = cmd.output().await.expect("companion runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     /// Services for calling library functions directly.
