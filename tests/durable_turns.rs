@@ -1,5 +1,5 @@
-//! Durable turns: a turn retried after a write tool ran replays the journaled model responses, so the
-//! same tool call runs again (a no-op for its keyed write) and no paid call is repeated.
+//! Durable turns: a turn retried after a tool ran replays the journaled model responses and the
+//! recorded tool results, so no tool runs again and no paid call is repeated.
 
 mod common;
 
@@ -85,5 +85,51 @@ async fn a_turn_retried_after_a_write_creates_one_tricklist_and_pays_each_step_o
         .await
         .unwrap();
     assert_eq!(writes, 1, "the write quota counted the write once");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() {
+    // Step 0 searches spots; step 1 fails once, then answers.
+    let failures = Arc::new(AtomicUsize::new(0));
+    let f = failures.clone();
+    let responder: Responder = Arc::new(move |body: &Value| {
+        if last_message(body)["role"] == "user" {
+            StubReply::tool("search_spots", json!({"query": "Portland"}))
+        } else if f.fetch_add(1, Ordering::SeqCst) == 0 {
+            StubReply::Status {
+                code: 500,
+                body: "upstream hiccup".into(),
+                retry_after: None,
+            }
+        } else {
+            StubReply::text("found some spots")
+        }
+    });
+    let env = TestEnv::with(responder, |c| c.llm_max_retries = 0).await;
+    let svc = env.services().await;
+    let raw = env.dm(JESS, KAORI, JESS_KAORI, "spots in portland?").await;
+    let event = dm_event(&raw);
+    assert!(turn::run(&svc, &event).await.is_err(), "the first attempt fails after the search");
+    // A spot appears between the attempts: a search run again would find it.
+    env.mongo
+        .collection("ck_spots")
+        .insert_one(doc! { "name": "Brand New Portland Bowl", "type": "skatepark", "city": "Portland", "country": "USA" })
+        .await
+        .unwrap();
+    let second = turn::run(&svc, &event).await.expect("the retry completes");
+    assert!(matches!(second, Outcome::Answered { .. }));
+    let requests = env.stub.requests();
+    let tool_result = |r: &Value| last_message(r)["content"].as_str().unwrap_or_default().to_owned();
+    let (first_seen, replayed) = (tool_result(&requests[1]), tool_result(&requests[2]));
+    assert!(first_seen.contains("Burnside"), "{first_seen}");
+    let parse = |s: &str| serde_json::from_str::<Value>(s).expect("a JSON tool result");
+    assert_eq!(parse(&replayed), parse(&first_seen), "the retry replays the recorded result");
+    assert!(!replayed.contains("Brand New Portland Bowl"), "the tool did not run again");
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_calls")
+        .fetch_one(&env.pg.pool)
+        .await
+        .unwrap();
+    assert_eq!(audited, 1);
     env.finish().await;
 }

@@ -1,8 +1,12 @@
 //! The audit trail of tool calls (`tool_calls` table) and the compact log kept with the reply.
+//!
+//! The audit row is also the tool step of the turn journal: a retried turn takes a call's recorded
+//! result instead of running the tool again ([`recorded`]).
 
 use serde_json::{Value, json};
+use sqlx::Row;
 
-use super::{ToolContext, ToolResult, clip};
+use super::{ToolContext, ToolError, ToolOutput, ToolResult, clip};
 use crate::store::StoreError;
 
 /// Longest argument text kept in the audit table.
@@ -44,6 +48,35 @@ pub async fn record(
     .execute(&ctx.pg.pool)
     .await?;
     Ok(())
+}
+
+/// The result an earlier attempt of this turn recorded for this call (`ctx.tool_call_id`), if any.
+pub async fn recorded(ctx: &ToolContext) -> Result<Option<ToolResult>, StoreError> {
+    let row = sqlx::query(
+        "SELECT tool, ok, result FROM tool_calls WHERE message_id = $1 AND tool_call_id = $2",
+    )
+    .bind(ctx.message_id.to_hex())
+    .bind(&ctx.tool_call_id)
+    .fetch_optional(&ctx.pg.pool)
+    .await?;
+    Ok(row.map(|r| {
+        let result: Value = r.get("result");
+        let outcome = if r.get::<bool, _>("ok") {
+            Ok(ToolOutput {
+                data: result["data"].clone(),
+                card: Some(result["card"].clone()).filter(|c| !c.is_null()),
+            })
+        } else {
+            Err(ToolError::Recorded {
+                message: result["error"].as_str().unwrap_or("error").to_owned(),
+                model: result,
+            })
+        };
+        ToolResult {
+            name: r.get("tool"),
+            outcome,
+        }
+    }))
 }
 
 /// The compact form of one call, kept on the assistant's history row (`bot_conversations.tool_calls`).

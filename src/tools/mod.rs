@@ -103,6 +103,9 @@ pub enum ToolError {
     QuotaExceeded { limit: u32, retry_after_mins: i64 },
     #[error("the tool crashed")]
     Crashed,
+    /// An error result an earlier attempt of the turn recorded; replayed as the model saw it.
+    #[error("{message}")]
+    Recorded { message: String, model: Value },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -122,6 +125,9 @@ impl ToolError {
 
     /// The error as the model sees it: `{"error": …}`, naming the field when there is one.
     pub fn to_model(&self) -> Value {
+        if let Self::Recorded { model, .. } = self {
+            return model.clone();
+        }
         let mut v = json!({ "error": self.to_string() });
         match self {
             Self::InvalidArgs { field, .. } => v["field"] = json!(field),

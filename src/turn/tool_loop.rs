@@ -5,7 +5,9 @@
 //! - At most `max_rounds` rounds of tools. If the model still asks for tools after the last round, those
 //!   calls are not run and one more call is made without tools, so every turn ends with text.
 //! - The last card produced in the turn becomes the reply's `richContent`.
-//! - Every call is audited in `tool_calls`; a compact log goes with the reply into history.
+//! - Every call is audited in `tool_calls`; a compact log goes with the reply into history. That row is
+//!   the journal of the call: a retried turn replays the model's responses (`turn_steps`) and the
+//!   recorded tool results, so nothing that ran is run or paid for again.
 //! - A database error inside a tool fails the turn transiently (it is retried); everything else a tool
 //!   can go wrong with is an error result the model explains.
 
@@ -117,9 +119,22 @@ pub async fn run_llm(
             let mut ctx = base.clone();
             ctx.tool_call_id = call.id.clone();
             let started = Instant::now();
-            let result = registry
-                .dispatch(&call.function.name, &call.function.arguments, &ctx)
-                .await;
+            // A call an earlier attempt ran keeps its result: the tool does not run again.
+            let result = match audit::recorded(&ctx).await {
+                Ok(Some(recorded)) => {
+                    debug!(tool = %recorded.name, "tool result replayed from the turn journal");
+                    recorded
+                }
+                Ok(None) => {
+                    registry
+                        .dispatch(&call.function.name, &call.function.arguments, &ctx)
+                        .await
+                }
+                Err(e) => crate::tools::ToolResult {
+                    name: call.function.name.clone(),
+                    outcome: Err(ToolError::Store(e)),
+                },
+            };
             (ctx, result, started.elapsed().as_millis() as u64)
         }))
         .await;
