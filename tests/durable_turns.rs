@@ -110,7 +110,10 @@ async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() 
     let svc = env.services().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "spots in portland?").await;
     let event = dm_event(&raw);
-    assert!(turn::run(&svc, &event).await.is_err(), "the first attempt fails after the search");
+    assert!(
+        turn::run(&svc, &event).await.is_err(),
+        "the first attempt fails after the search"
+    );
     // A spot appears between the attempts: a search run again would find it.
     env.mongo
         .collection("ck_spots")
@@ -120,12 +123,24 @@ async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() 
     let second = turn::run(&svc, &event).await.expect("the retry completes");
     assert!(matches!(second, Outcome::Answered { .. }));
     let requests = env.stub.requests();
-    let tool_result = |r: &Value| last_message(r)["content"].as_str().unwrap_or_default().to_owned();
+    let tool_result = |r: &Value| {
+        last_message(r)["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
     let (first_seen, replayed) = (tool_result(&requests[1]), tool_result(&requests[2]));
     assert!(first_seen.contains("Burnside"), "{first_seen}");
     let parse = |s: &str| serde_json::from_str::<Value>(s).expect("a JSON tool result");
-    assert_eq!(parse(&replayed), parse(&first_seen), "the retry replays the recorded result");
-    assert!(!replayed.contains("Brand New Portland Bowl"), "the tool did not run again");
+    assert_eq!(
+        parse(&replayed),
+        parse(&first_seen),
+        "the retry replays the recorded result"
+    );
+    assert!(
+        !replayed.contains("Brand New Portland Bowl"),
+        "the tool did not run again"
+    );
     let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_calls")
         .fetch_one(&env.pg.pool)
         .await

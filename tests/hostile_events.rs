@@ -1,5 +1,6 @@
-//! Hostile input: thousands of generated malformed events never panic the parser, and a worker fed
-//! hundreds of them dead-letters each with a reason and keeps answering good events.
+//! Hostile input: tens of thousands of generated malformed events never panic the parser, and a worker
+//! fed thousands of them, on one conversation's subject and on made-up ones, dead-letters each once with
+//! a reason and keeps answering good events.
 
 mod common;
 
@@ -127,21 +128,23 @@ async fn a_worker_dead_letters_every_hostile_event_and_keeps_serving() {
     env.start_worker().await;
     let mut rng = fastrand::Rng::with_seed(42);
     let subject = env.bus.names.inbound(KAORI, JESS_KAORI);
+    let prefix = env.config.subject_prefix.clone();
+    // Half on the real conversation (they pass its order gate one by one), the rest on made-up subjects.
+    let subjects: Vec<String> = std::iter::once(subject.clone())
+        .chain((0..8).map(|i| format!("{prefix}.in.{:024x}.{:024x}", i, rng.u64(..))))
+        .chain(["x.y", "x", "a.b.c.d", "65f0.beef"].map(|t| format!("{prefix}.in.{t}")))
+        .collect();
     let mut invalid = 0;
-    for i in 0..300 {
+    for i in 0..2000 {
         let payload = mutate(&mut rng);
-        let prefix = env.config.subject_prefix.clone();
-        if parse_inbound(
-            &payload,
-            &format!("{prefix}.in.{KAORI}.{JESS_KAORI}"),
-            &prefix,
-            LIMITS,
-        )
-        .is_err()
-        {
+        let on = if rng.bool() {
+            subject.clone()
+        } else {
+            subjects[rng.usize(..subjects.len())].clone()
+        };
+        if parse_inbound(&payload, &on, &prefix, LIMITS).is_err() {
             invalid += 1;
-            env.publish_raw(subject.clone(), &format!("hostile-{i}"), payload)
-                .await;
+            env.publish_raw(on, &format!("hostile-{i}"), payload).await;
         }
     }
     // A 1 MB event too (the server accepts up to 2 MB; the worker refuses anything over 64 KiB).
@@ -151,7 +154,7 @@ async fn a_worker_dead_letters_every_hostile_event_and_keeps_serving() {
     let good = env.dm(JESS, KAORI, JESS_KAORI, "you ok?").await;
     let reply = env.turn(&good).await;
     assert_eq!(reply.content, "still here");
-    let all = eventually(Duration::from_secs(30), || async {
+    let all = eventually(Duration::from_secs(90), || async {
         env.dead_letters().await.len() >= invalid
     })
     .await;
@@ -167,9 +170,9 @@ async fn a_worker_dead_letters_every_hostile_event_and_keeps_serving() {
         "every dead letter has a reason"
     );
     assert!(
-        dead.last().unwrap().0.contains("over the limit"),
-        "{:?}",
-        dead.last().unwrap().0
+        dead.iter().any(|(reason, payload)| payload.len() == 1 << 20
+            && reason.contains("1048576 bytes, over the limit")),
+        "the 1 MB event is dead-lettered with its size"
     );
     assert_eq!(
         env.stub.requests().len(),
