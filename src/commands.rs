@@ -105,8 +105,9 @@ impl Session {
         let duplicate = backend::publish_event(&self.bus, &event).await?;
         tracing::debug!(message_id = %event.message_id, duplicate, "published");
         let Some(wait) = wait else { return Ok(None) };
-        let mut replies =
-            pin!(replies.filter(|c| futures::future::ready(c.in_reply_to == event.message_id)));
+        let mut replies = pin!(replies.filter(|c| futures::future::ready(
+            c.in_reply_to == event.message_id || c.covers.contains(&event.message_id)
+        )));
         match tokio::time::timeout(wait, replies.next()).await {
             Ok(Some(c)) => Ok(Some(c)),
             _ => Err(CommandError::NoReply(wait)),

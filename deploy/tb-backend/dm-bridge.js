@@ -132,7 +132,7 @@ async function main() {
         for await (const m of out) {
           let c;
           try { c = jc.decode(m.data); } catch { continue; }
-          if (c && c.inReplyTo === ev.messageId) { resolveDone(c); break; }
+          if (c && (c.inReplyTo === ev.messageId || (c.covers || []).includes(ev.messageId))) { resolveDone(c); break; }
         }
       })().catch(() => {});
       await nc.flush(); // the server has the subscriptions before the event goes out
