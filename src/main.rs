@@ -66,6 +66,12 @@ enum Command {
         #[arg(long)]
         collection: Option<String>,
     },
+    /// Print LLM usage (calls, tokens, cost) by day, companion and model, with a total.
+    Usage {
+        /// Days to cover, today (UTC) included.
+        #[arg(long, default_value_t = 7)]
+        days: u32,
+    },
     /// Serve the scripted offline model (OpenAI-compatible) for demos without an API key.
     StubLlm {
         #[arg(long, default_value = "127.0.0.1:8089")]
@@ -144,6 +150,12 @@ async fn main() -> anyhow::Result<()> {
                 r.unchanged,
                 r.chunks
             );
+        }
+        Command::Usage { days } => {
+            let report = companion::usage::report(&config, days)
+                .await
+                .context("reading llm_usage (run `companion migrate` first)")?;
+            print!("{report}");
         }
         Command::StubLlm { addr } => {
             let server = stub::StubLlm::start_on(addr, stub::demo(), false)
