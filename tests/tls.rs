@@ -13,7 +13,7 @@ mod common;
 
 use std::{
     net::SocketAddr,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, Stdio},
     sync::{
         Arc,
@@ -41,6 +41,14 @@ struct Pki {
     client_key: PathBuf,
     /// Client certificate and key in one file (MongoDB's `tlsCertificateKeyFile`).
     client_pem: PathBuf,
+}
+
+impl Drop for Pki {
+    /// Removes the certificates and the servers' data, also after a failed assertion (the servers,
+    /// created later, are dropped first).
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 fn make_pki() -> Pki {
@@ -373,5 +381,4 @@ async fn a_whole_turn_runs_over_tls_to_nats_mongodb_and_postgresql() {
 
     env.finish().await;
     drop((nats, secantus));
-    let _ = std::fs::remove_dir_all(Path::new(&pki.dir));
 }
