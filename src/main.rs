@@ -83,7 +83,8 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let _ = dotenvy::dotenv();
     let cli = Cli::parse();
-    telemetry::init(cli.config.log_format);
+    // Flushes exported spans when main returns.
+    let _telemetry = telemetry::init(&cli.config);
     let config = cli.config;
     match cli.command {
         Command::Worker => {
