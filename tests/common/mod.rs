@@ -2,6 +2,8 @@
 //! data, its own NATS subject and stream prefixes, a scripted stub LLM and (on demand) an in-process worker.
 #![allow(dead_code)]
 
+pub mod servers;
+
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use companion::rag::{EmbedConfig, Embedder};
