@@ -100,16 +100,18 @@ fn make_pki() -> Pki {
 }
 
 /// `nats-server` with JetStream and TLS that verifies client certificates. Returns (client, monitor) ports.
-async fn start_nats(pki: &Pki) -> (Server, u16, u16) {
+/// `tls_extra` goes into the server's `tls {}` block (e.g. `verify: true`).
+async fn start_nats(pki: &Pki, tls_extra: &str) -> (Server, u16, u16) {
     let (port, monitor) = (free_port(), free_port());
-    let conf = pki.dir.join("nats.conf");
+    let name = format!("nats-{port}");
+    let conf = pki.dir.join(format!("{name}.conf"));
     std::fs::write(
         &conf,
         format!(
             "listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n\
              jetstream {{ store_dir: \"{store}\" }}\n\
-             tls {{\n  cert_file: \"{cert}\"\n  key_file: \"{key}\"\n  ca_file: \"{ca}\"\n  verify: true\n  timeout: 2\n}}\n",
-            store = pki.dir.join("js").display(),
+             tls {{\n  cert_file: \"{cert}\"\n  key_file: \"{key}\"\n  ca_file: \"{ca}\"\n  timeout: 2\n  {tls_extra}\n}}\n",
+            store = pki.dir.join(&name).display(),
             cert = pki.server_cert.display(),
             key = pki.server_key.display(),
             ca = pki.ca.display(),
@@ -117,7 +119,8 @@ async fn start_nats(pki: &Pki) -> (Server, u16, u16) {
     )
     .unwrap();
     let bin = nats_server_bin();
-    let log = std::fs::File::create(pki.dir.join("nats.log")).unwrap();
+    let log_path = pki.dir.join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path).unwrap();
     let child = Command::new(&bin)
         .arg("--config")
         .arg(&conf)
@@ -135,7 +138,7 @@ async fn start_nats(pki: &Pki) -> (Server, u16, u16) {
         })
         .await,
         "nats-server with TLS is healthy (log: {})",
-        pki.dir.join("nats.log").display()
+        log_path.display()
     );
     (server, port, monitor)
 }
@@ -261,7 +264,7 @@ fn authority(url: &str) -> String {
 async fn a_whole_turn_runs_over_tls_to_nats_mongodb_and_postgresql() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let pki = make_pki();
-    let (nats, nats_port, nats_monitor) = start_nats(&pki).await;
+    let (nats, nats_port, nats_monitor) = start_nats(&pki, "verify: true").await;
     let (secantus, mongo_port) = start_secantus(&pki).await;
     let base = companion::Config::from_env().unwrap();
     let (pg_proxy, pg_sessions) = start_pg_tls_proxy(&pki, authority(&base.postgres_url)).await;
@@ -355,4 +358,33 @@ async fn a_whole_turn_runs_over_tls_to_nats_mongodb_and_postgresql() {
 
     env.finish().await;
     drop((nats, secantus));
+}
+
+#[tokio::test]
+async fn nats_tls_first_reaches_a_server_with_handshake_first() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let pki = make_pki();
+    let (_nats, port, _) = start_nats(&pki, "handshake_first: true").await;
+    let mut config = companion::Config::from_env().unwrap();
+    config.nats_url = format!("nats://localhost:{port}");
+    config.nats_tls_ca_file = Some(pki.ca.clone());
+    config.nats_tls_first = true;
+    config.stream_prefix = format!("T{:016x}", fastrand::u64(..));
+    config.subject_prefix = format!("t{}.dm.bot", config.stream_prefix);
+    let bus = companion::bus::Bus::connect(&config).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), bus.ensure_streams())
+        .await
+        .expect("JetStream answers over TLS-first")
+        .unwrap();
+    // Without TLS first the server, which waits for a TLS handshake, is not reached.
+    let plain_first = async_nats::ConnectOptions::new()
+        .require_tls(true)
+        .add_root_certificates(pki.ca.clone())
+        .connection_timeout(Duration::from_secs(3))
+        .connect(&config.nats_url)
+        .await;
+    assert!(
+        plain_first.is_err(),
+        "a client that waits for INFO first is not served"
+    );
 }
