@@ -193,12 +193,14 @@ fn ok(b: bool) -> &'static str {
 }
 
 async fn metrics(State(svc): State<Arc<Services>>) -> impl IntoResponse {
+    // First, so a failed read is already in this scrape's counters.
+    let gauges = consumer_gauges(&svc).await;
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4",
         )],
-        svc.metrics.render() + &consumer_gauges(&svc).await,
+        svc.metrics.render() + &gauges,
     )
 }
 
