@@ -398,6 +398,86 @@ pub struct Config {
         global = true
     )]
     pub log_format: LogFormat,
+
+    // Operations (issue 7): usage accounting, bounds, TLS, OpenTelemetry.
+    /// Prices that estimate a response's cost when the server reports none (OpenRouter reports it):
+    /// `model=prompt:completion,…` in USD per million tokens. A model missing here is recorded `unpriced`.
+    #[arg(
+        long,
+        env = "LLM_PRICES",
+        default_value = "google/gemini-2.0-flash-001=0.10:0.40",
+        global = true
+    )]
+    pub llm_prices: crate::usage::Prices,
+    /// Largest chat API response body read, bytes; a larger one fails the request (not retried).
+    #[arg(long, env = "LLM_MAX_RESPONSE_BYTES", default_value_t = 1024 * 1024, global = true)]
+    pub llm_max_response_bytes: usize,
+    /// Largest tool result sent back to the model, bytes; a longer one is cut and marked as cut.
+    #[arg(
+        long,
+        env = "COMPANION_MAX_TOOL_RESULT_BYTES",
+        default_value_t = 16 * 1024,
+        global = true
+    )]
+    pub max_tool_result_bytes: usize,
+    /// Refuse a NATS connection without TLS (also implied by a `tls://` URL or any NATS_TLS_* file).
+    #[arg(
+        long,
+        env = "NATS_TLS_REQUIRED",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        global = true
+    )]
+    pub nats_tls_required: bool,
+    /// PEM file of the CA(s) that sign the NATS servers' certificates (else the system roots).
+    #[arg(long, env = "NATS_TLS_CA_FILE", global = true)]
+    pub nats_tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate for NATS servers that verify clients (mutual TLS), with NATS_TLS_KEY_FILE.
+    #[arg(
+        long,
+        env = "NATS_TLS_CERT_FILE",
+        global = true,
+        requires = "nats_tls_key_file"
+    )]
+    pub nats_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of NATS_TLS_CERT_FILE.
+    #[arg(
+        long,
+        env = "NATS_TLS_KEY_FILE",
+        global = true,
+        requires = "nats_tls_cert_file"
+    )]
+    pub nats_tls_key_file: Option<PathBuf>,
+    /// TLS before the NATS protocol starts (the server needs `handshake_first: true`).
+    #[arg(
+        long,
+        env = "NATS_TLS_FIRST",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        global = true
+    )]
+    pub nats_tls_first: bool,
+    /// OTLP/HTTP collector (e.g. `http://otel-collector:4318`) that receives the turn spans; empty = no
+    /// export. Only in builds with the `otel` feature; others log a warning and ignore it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_ENDPOINT",
+        default_value = "",
+        global = true
+    )]
+    pub otel_endpoint: String,
+    /// `service.name` of the exported spans.
+    #[arg(
+        long,
+        env = "OTEL_SERVICE_NAME",
+        default_value = "companion",
+        global = true
+    )]
+    pub otel_service_name: String,
 }
 
 impl Config {

@@ -21,6 +21,7 @@ pub mod store;
 pub mod telemetry;
 pub mod tools;
 pub mod turn;
+pub mod usage;
 pub mod worker;
 
 pub use config::Config;

@@ -68,6 +68,12 @@ enum Command {
     },
     /// Reprocess stored events (a conversation, a time or sequence range, or the dead-letter stream).
     Replay(companion::replay::ReplayArgs),
+    /// Print LLM usage (calls, tokens, cost) by day, companion and model, with a total.
+    Usage {
+        /// Days to cover, today (UTC) included.
+        #[arg(long, default_value_t = 7)]
+        days: u32,
+    },
     /// Serve the scripted offline model (OpenAI-compatible) for demos without an API key.
     StubLlm {
         #[arg(long, default_value = "127.0.0.1:8089")]
@@ -79,7 +85,8 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let _ = dotenvy::dotenv();
     let cli = Cli::parse();
-    telemetry::init(cli.config.log_format);
+    // Flushes exported spans when main returns.
+    let _telemetry = telemetry::init(&cli.config);
     let config = cli.config;
     match cli.command {
         Command::Worker => {
@@ -155,8 +162,14 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .context("replay")?;
             if summary.failed > 0 {
-                std::process::exit(1);
+                anyhow::bail!("{} event(s) could not be replayed", summary.failed);
             }
+        }
+        Command::Usage { days } => {
+            let report = companion::usage::report(&config, days)
+                .await
+                .context("reading llm_usage (run `companion migrate` first)")?;
+            print!("{report}");
         }
         Command::StubLlm { addr } => {
             let server = stub::StubLlm::start_on(addr, stub::demo(), false)

@@ -1,5 +1,6 @@
 //! Operations endpoint: `/healthz` (process alive), `/readyz` (NATS, MongoDB, PostgreSQL reachable,
-//! model loaded when configured) and `/metrics` (Prometheus text), and the counters behind it.
+//! model loaded when configured) and `/metrics` (Prometheus text), and the counters behind it; the
+//! consumer's pending / ack-pending gauges are read from NATS when scraped.
 
 use std::{
     collections::BTreeMap,
@@ -21,6 +22,10 @@ const BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 pub struct Metrics {
     counters: Mutex<BTreeMap<(String, String), u64>>,
     turn_seconds: Mutex<Histogram>,
+    /// Counters of fractional amounts (USD).
+    amounts: Mutex<BTreeMap<(String, String), f64>>,
+    /// The consumer's last gauges and when they were read, so scrapes cost at most one request a second.
+    consumer: tokio::sync::Mutex<Option<(std::time::Instant, String)>>,
 }
 
 #[derive(Default)]
@@ -51,6 +56,35 @@ impl Metrics {
         }
         h.count += 1;
         h.sum += s;
+    }
+
+    /// Adds `by` to the fractional counter `name` (e.g. USD spent).
+    pub fn add_f64(&self, name: &str, labels: &str, by: f64) {
+        if by.is_finite() {
+            let mut c = self.amounts.lock().expect("metrics lock");
+            *c.entry((name.to_owned(), labels.to_owned())).or_default() += by;
+        }
+    }
+
+    /// The value of one fractional counter.
+    pub fn get_f64(&self, name: &str, labels: &str) -> f64 {
+        self.amounts
+            .lock()
+            .expect("metrics lock")
+            .get(&(name.to_owned(), labels.to_owned()))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    fn render_amounts(&self, out: &mut String) {
+        let mut last = String::new();
+        for ((name, labels), v) in self.amounts.lock().expect("metrics lock").iter() {
+            if *name != last {
+                let _ = writeln!(out, "# TYPE {name} counter");
+                last.clone_from(name);
+            }
+            let _ = writeln!(out, "{name}{{{labels}}} {v}");
+        }
     }
 
     /// The value of one counter (for tests and the bench).
@@ -93,6 +127,7 @@ impl Metrics {
         );
         let _ = writeln!(out, "companion_turn_seconds_sum {}", h.sum);
         let _ = writeln!(out, "companion_turn_seconds_count {}", h.count);
+        self.render_amounts(&mut out);
         out
     }
 }
@@ -158,11 +193,68 @@ fn ok(b: bool) -> &'static str {
 }
 
 async fn metrics(State(svc): State<Arc<Services>>) -> impl IntoResponse {
+    // First, so a failed read is already in this scrape's counters.
+    let gauges = consumer_gauges(&svc).await;
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4",
         )],
-        svc.metrics.render(),
+        svc.metrics.render() + &gauges,
     )
+}
+
+/// Gauges of the shared durable consumer (`CONSUMER.INFO`): events waiting, delivered but not yet acked,
+/// redelivered. Read at most once a second whatever the scrape rate, with a 2 s timeout; on failure the
+/// gauges are left out and `companion_consumer_info_errors_total` counts it.
+async fn consumer_gauges(svc: &Services) -> String {
+    let mut cached = svc.metrics.consumer.lock().await;
+    if let Some((at, text)) = cached.as_ref()
+        && at.elapsed() < Duration::from_secs(1)
+    {
+        return text.clone();
+    }
+    let names = &svc.bus.names;
+    let info = tokio::time::timeout(Duration::from_secs(2), async {
+        let stream = svc.bus.js.get_stream_no_info(&names.stream_in).await.ok()?;
+        stream.consumer_info(&names.consumer).await.ok()
+    })
+    .await
+    .ok()
+    .flatten();
+    let Some(info) = info else {
+        svc.metrics.inc("companion_consumer_info_errors_total", "");
+        *cached = None;
+        return String::new();
+    };
+    let labels = format!(
+        "stream=\"{}\",consumer=\"{}\"",
+        label(&names.stream_in),
+        label(&names.consumer)
+    );
+    let mut text = String::new();
+    for (name, help, v) in [
+        (
+            "companion_consumer_pending",
+            "events in the stream not yet delivered to any worker",
+            info.num_pending,
+        ),
+        (
+            "companion_consumer_ack_pending",
+            "events delivered and not yet acknowledged",
+            info.num_ack_pending as u64,
+        ),
+        (
+            "companion_consumer_redelivered",
+            "events delivered more than once and not yet acknowledged",
+            info.num_redelivered as u64,
+        ),
+    ] {
+        let _ = writeln!(
+            text,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}"
+        );
+    }
+    *cached = Some((std::time::Instant::now(), text.clone()));
+    text
 }

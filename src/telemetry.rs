@@ -1,16 +1,48 @@
-//! Tracing setup: readable lines on a terminal, JSON lines when configured.
+//! Tracing setup: readable lines on a terminal, JSON lines when configured, and, in builds with the
+//! `otel` feature, the spans (every `turn` with its `event_id`, `conversation_id`, `bot_id`, `delivery`,
+//! `seq`, and the spans inside it) exported to an OTLP/HTTP collector when `OTEL_EXPORTER_OTLP_ENDPOINT`
+//! is set. Off by default; the default build carries no OpenTelemetry code.
 
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
-use crate::config::LogFormat;
+use crate::config::{Config, LogFormat};
+
+/// Keeps the span exporter alive; dropping it flushes the spans not yet sent (bounded by the
+/// exporter's timeout).
+#[must_use = "dropping the guard stops the span export"]
+pub struct Telemetry {
+    #[cfg(feature = "otel")]
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        #[cfg(feature = "otel")]
+        if let Some(provider) = self.provider.take()
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("OpenTelemetry: spans not flushed at exit: {e}");
+        }
+    }
+}
 
 /// Installs the global subscriber; `RUST_LOG` overrides the default filter.
-pub fn init(format: LogFormat) {
+pub fn init(config: &Config) -> Telemetry {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new("info,async_nats=warn,mongodb=warn,sqlx=warn,hyper=warn,reqwest=warn")
     });
-    let registry = tracing_subscriber::registry().with(filter);
-    let result = match format {
+    #[cfg(feature = "otel")]
+    let (provider, otel_error) = match otel::provider(config) {
+        Ok(p) => (p, None),
+        Err(e) => (None, Some(e)),
+    };
+    #[cfg(feature = "otel")]
+    let otel_layer = provider.as_ref().map(otel::layer);
+    #[cfg(not(feature = "otel"))]
+    let otel_layer: Option<tracing_subscriber::layer::Identity> = None;
+
+    let registry = tracing_subscriber::registry().with(filter).with(otel_layer);
+    let result = match config.log_format {
         LogFormat::Text => registry
             .with(fmt::layer().with_writer(std::io::stderr))
             .try_init(),
@@ -26,4 +58,132 @@ pub fn init(format: LogFormat) {
     };
     // A second init (tests, embedded use) keeps the first subscriber.
     let _ = result;
+
+    let endpoint = config.otel_endpoint.trim();
+    #[cfg(feature = "otel")]
+    match (&provider, otel_error) {
+        (Some(_), _) => tracing::info!(
+            endpoint,
+            service = %config.otel_service_name,
+            "exporting spans over OTLP/HTTP"
+        ),
+        (None, Some(e)) => tracing::error!(error = %e, "span export not started"),
+        (None, None) => {}
+    }
+    #[cfg(not(feature = "otel"))]
+    if !endpoint.is_empty() {
+        tracing::warn!(
+            endpoint,
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but this build has no `otel` feature; spans are not exported"
+        );
+    }
+    Telemetry {
+        #[cfg(feature = "otel")]
+        provider,
+    }
+}
+
+#[cfg(feature = "otel")]
+pub mod otel {
+    //! The OTLP/HTTP (protobuf) span exporter: batched on its own thread with a blocking HTTP client, so
+    //! no export ever waits on the worker's runtime. The SDK bounds it: at most 2048 spans queued
+    //! (later ones are dropped and counted by the SDK), 512 per request, sent every 5 s and at exit.
+
+    use std::{collections::BTreeMap, time::Duration};
+
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::{Protocol, WithExportConfig};
+    use opentelemetry_sdk::{Resource, trace::SdkTracerProvider};
+    use prost::Message as _;
+
+    use crate::config::Config;
+
+    /// The provider exporting to `{OTEL_EXPORTER_OTLP_ENDPOINT}/v1/traces`, or `None` when no endpoint is set.
+    /// Extra headers (e.g. a collector's API key) come from `OTEL_EXPORTER_OTLP_HEADERS`.
+    pub fn provider(config: &Config) -> Result<Option<SdkTracerProvider>, String> {
+        let base = config.otel_endpoint.trim().trim_end_matches('/');
+        if base.is_empty() {
+            return Ok(None);
+        }
+        // reqwest is built without a default crypto provider (an https collector needs one).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(format!("{base}/v1/traces"))
+            .with_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let resource = Resource::builder()
+            .with_service_name(config.otel_service_name.clone())
+            .build();
+        Ok(Some(
+            SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(resource)
+                .build(),
+        ))
+    }
+
+    /// The `tracing` layer that turns spans into OpenTelemetry spans of `provider`.
+    pub fn layer<S>(
+        provider: &SdkTracerProvider,
+    ) -> tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        tracing_opentelemetry::layer().with_tracer(provider.tracer("companion"))
+    }
+
+    /// One span of an export request, as a collector sees it.
+    #[derive(Clone, Debug, PartialEq)]
+    pub struct ExportedSpan {
+        pub service: Option<String>,
+        pub name: String,
+        pub trace_id: String,
+        /// String forms of the attribute values.
+        pub attributes: BTreeMap<String, String>,
+    }
+
+    /// The spans in the body of an OTLP/HTTP protobuf trace export (what a collector receives at
+    /// `/v1/traces`); for tests and for checking what a worker sends.
+    pub fn decode_export(body: &[u8]) -> Result<Vec<ExportedSpan>, prost::DecodeError> {
+        use opentelemetry_proto::tonic::{
+            collector::trace::v1::ExportTraceServiceRequest, common::v1::any_value::Value,
+        };
+        let text = |v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>| match v
+            .as_ref()
+            .and_then(|v| v.value.as_ref())
+        {
+            Some(Value::StringValue(s)) => s.clone(),
+            Some(Value::IntValue(i)) => i.to_string(),
+            Some(Value::BoolValue(b)) => b.to_string(),
+            Some(Value::DoubleValue(d)) => d.to_string(),
+            Some(other) => format!("{other:?}"),
+            None => String::new(),
+        };
+        let request = ExportTraceServiceRequest::decode(body)?;
+        let mut out = Vec::new();
+        for rs in request.resource_spans {
+            let service = rs.resource.as_ref().and_then(|r| {
+                r.attributes
+                    .iter()
+                    .find(|kv| kv.key == "service.name")
+                    .map(|kv| text(&kv.value))
+            });
+            for span in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
+                out.push(ExportedSpan {
+                    service: service.clone(),
+                    name: span.name,
+                    trace_id: span.trace_id.iter().map(|b| format!("{b:02x}")).collect(),
+                    attributes: span
+                        .attributes
+                        .iter()
+                        .map(|kv| (kv.key.clone(), text(&kv.value)))
+                        .collect(),
+                });
+            }
+        }
+        Ok(out)
+    }
 }

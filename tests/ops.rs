@@ -76,3 +76,50 @@ async fn health_readiness_and_metrics_reflect_a_real_turn() {
     server.abort();
     env.finish().await;
 }
+
+#[tokio::test]
+async fn metrics_show_the_consumers_pending_and_unacked_events() {
+    use futures::StreamExt;
+    let env = TestEnv::new(always(StubReply::text("unused"))).await;
+    let svc = env.services().await;
+    let consumer = svc.bus.ensure_consumer(&svc.config).await.unwrap();
+    let (addr, server) = ops::serve("127.0.0.1:0".parse().unwrap(), svc.clone())
+        .await
+        .unwrap();
+    let url = format!("http://{addr}/metrics");
+    let labels = format!(
+        "stream=\"{}\",consumer=\"{}\"",
+        env.bus.names.stream_in, env.bus.names.consumer
+    );
+    let shows = |pending: u64, ack_pending: u64| {
+        let url = url.clone();
+        let want = [
+            format!("companion_consumer_pending{{{labels}}} {pending}\n"),
+            format!("companion_consumer_ack_pending{{{labels}}} {ack_pending}\n"),
+        ];
+        async move {
+            let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+            want.iter().all(|w| text.contains(w.as_str()))
+        }
+    };
+    let within = std::time::Duration::from_secs(10);
+    assert!(eventually(within, || shows(0, 0)).await);
+
+    for text in ["one", "two"] {
+        let event = env.dm(JESS, KAORI, JESS_KAORI, text).await;
+        env.publish(&event).await;
+    }
+    assert!(eventually(within, || shows(2, 0)).await, "two waiting");
+
+    // Take one without acking it, as a worker mid-turn would.
+    let mut batch = consumer.fetch().max_messages(1).messages().await.unwrap();
+    let taken = batch.next().await.unwrap().unwrap();
+    assert!(
+        eventually(within, || shows(1, 1)).await,
+        "one waiting, one unacked"
+    );
+    taken.ack().await.unwrap();
+    assert!(eventually(within, || shows(1, 0)).await, "acked");
+    server.abort();
+    env.finish().await;
+}

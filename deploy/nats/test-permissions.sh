@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Proves the least-privilege users of deploy/nats/auth.conf with real clients: starts a
-# throwaway nats-server (JetStream on, auth.conf included) on loopback 127.0.0.1:14422
-# (monitor 18422, store under /tmp), creates the streams as admin, then checks what tb-backend
-# and companion-worker can and cannot do with the Python NATS client (nats-py). Prints one line
-# per check; exits non-zero if any check fails. Leaves nothing running.
+# throwaway nats-server with the production config deploy/nats/nats.conf (which includes
+# auth.conf; addresses overridden to loopback 127.0.0.1:14422, monitor 18422, store under /tmp),
+# creates the streams as admin, then checks what tb-backend and companion-worker can and cannot do
+# with the Python NATS client (nats-py). Prints one line per check; exits non-zero if any check
+# fails. Leaves nothing running.
 #
 # Usage: deploy/nats/test-permissions.sh
 # Env:   NATS_SERVER  nats-server binary (default <root>/.local/venv/bin/nats-server, else PATH)
@@ -39,33 +40,27 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The server config: JetStream + the file under test (include paths are relative to the
-# including file, so auth.conf is copied next to it).
-cp -- "$HERE/auth.conf" "$DIR/auth.conf"
-cat >"$DIR/server.conf" <<CONF
-server_name: companion-perms-test
-listen: 127.0.0.1:$PORT
-http: 127.0.0.1:$MPORT
-max_payload: 2MB
-jetstream { store_dir: "$DIR/js" }
-include ./auth.conf
-CONF
+# The production config and the users it includes (include paths are relative to the including
+# file, so both are copied together); command-line flags override its addresses.
+cp -- "$HERE/nats.conf" "$HERE/auth.conf" "$DIR/"
+export COMPANION_NATS_STORE="$DIR/js"
+SERVER_ARGS=(--config "$DIR/nats.conf" -a 127.0.0.1 -p "$PORT" -m "$MPORT" -n companion-perms-test)
 
 rnd() { head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' ; }
 export COMPANION_NATS_BACKEND_PASSWORD="backend-$(rnd)"
 export COMPANION_NATS_WORKER_PASSWORD="worker-$(rnd)"
 export COMPANION_NATS_ADMIN_PASSWORD="admin-$(rnd)"
 
-"$NATS_SERVER" --config "$DIR/server.conf" -t >/dev/null 2>&1 \
-  || { "$NATS_SERVER" --config "$DIR/server.conf" -t; exit 1; }
-"$NATS_SERVER" --config "$DIR/server.conf" >"$DIR/server.log" 2>&1 &
+"$NATS_SERVER" "${SERVER_ARGS[@]}" -t >/dev/null 2>&1 \
+  || { "$NATS_SERVER" "${SERVER_ARGS[@]}" -t; exit 1; }
+"$NATS_SERVER" "${SERVER_ARGS[@]}" >"$DIR/server.log" 2>&1 &
 PID=$!
 for _ in $(seq 1 60); do
   curl -fsS "http://127.0.0.1:$MPORT/healthz?js-enabled-only=true" >/dev/null 2>&1 && break
   kill -0 "$PID" 2>/dev/null || { echo "nats-server exited:"; cat "$DIR/server.log"; exit 1; }
   sleep 0.25
 done
-echo "nats-server $("$NATS_SERVER" --version | awk '{print $2}') on 127.0.0.1:$PORT with deploy/nats/auth.conf"
+echo "nats-server $("$NATS_SERVER" --version | awk '{print $2}') on 127.0.0.1:$PORT with deploy/nats/nats.conf + auth.conf"
 
 NATS_TEST_URL="nats://127.0.0.1:$PORT" "$PY" - <<'PYEOF'
 import asyncio, os, sys, json
@@ -113,7 +108,8 @@ async def main():
     # --- admin: the streams, as the worker would create them --------------------------------
     admin, _ = await connect("admin")
     ajs = admin.jetstream()
-    await ajs.add_stream(StreamConfig(name="DM_BOT_IN", subjects=["dm.bot.in.>"], duplicate_window=7200))
+    await ajs.add_stream(StreamConfig(name="DM_BOT_IN", subjects=["dm.bot.in.>"], duplicate_window=7200,
+                                      allow_direct=True))
     await ajs.add_stream(StreamConfig(name="DM_BOT_OUT", subjects=["dm.bot.out.>"], duplicate_window=7200))
     await ajs.add_stream(StreamConfig(name="DM_BOT_DLQ", subjects=["dm.bot.dlq.>"]))
     check(True, "admin creates streams DM_BOT_IN, DM_BOT_OUT, DM_BOT_DLQ")
@@ -135,14 +131,15 @@ async def main():
     try:
         await wjs.stream_info("DM_BOT_IN")
         await wjs.update_stream(StreamConfig(name="DM_BOT_IN", subjects=["dm.bot.in.>"], duplicate_window=7200,
-                                             description="Bot-bound DMs published by TB-Backend"))
+                                             allow_direct=True, description="Bot-bound DMs published by TB-Backend"))
+        await wjs.stream_info("DM_BOT_DLQ")
         ci = await wjs.add_consumer("DM_BOT_IN", ConsumerConfig(
             durable_name="companion-worker", name="companion-worker", ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL, filter_subject="dm.bot.in.>", ack_wait=30, max_deliver=5))
         await wjs.consumer_info("DM_BOT_IN", "companion-worker")
-        check(ci.name == "companion-worker", "worker CAN set up: stream info/update, create + read its durable consumer")
+        check(ci.name == "companion-worker", "worker CAN set up: stream info (IN, DLQ)/update, create + read its durable consumer")
     except Exception as e:
-        check(False, "worker CAN set up: stream info/update, create + read its durable consumer", repr(e))
+        check(False, "worker CAN set up: stream info (IN, DLQ)/update, create + read its durable consumer", repr(e))
     try:
         await wjs.delete_stream("DM_BOT_OUT")
         check(False, "worker CANNOT delete a stream")
@@ -186,6 +183,16 @@ async def main():
           "backend CANNOT publish dm.bot.out.x", "permissions violation; DM_BOT_OUT unchanged")
     await backend.subscribe("dm.bot.in.>")
     check(await violation(berr, "subscription", "dm.bot.in.>"), "backend CANNOT subscribe dm.bot.in.> (core)")
+    try:
+        m = await bjs.get_msg("DM_BOT_IN", seq=1, direct=True)
+        check(False, "backend CANNOT direct-get inbound events", f"got seq {m.seq}")
+    except (NatsTimeout, NoRespondersError, asyncio.TimeoutError) as e:
+        check(await violation(berr, "publish", "$JS.API.DIRECT.GET.DM_BOT_IN"),
+              "backend CANNOT direct-get inbound events", type(e).__name__)
+    await backend.publish("dm.bot.settled.x", b"{}")
+    check(await violation(berr, "publish", "dm.bot.settled.x"), "backend CANNOT publish dm.bot.settled.x")
+    await backend.subscribe("dm.bot.settled.>")
+    check(await violation(berr, "subscription", "dm.bot.settled.>"), "backend CANNOT subscribe dm.bot.settled.>")
 
     # --- worker ------------------------------------------------------------------------------
     try:
@@ -218,6 +225,25 @@ async def main():
           "worker CANNOT publish dm.bot.in.x.y", "permissions violation; DM_BOT_IN unchanged")
     await worker.subscribe("dm.bot.in.>")
     check(await violation(werr, "subscription", "dm.bot.in.>"), "worker CANNOT subscribe dm.bot.in.> (core, bypassing the consumer)")
+    try:
+        by_seq = await wjs.get_msg("DM_BOT_IN", seq=1, direct=True)
+        last = await wjs.get_last_msg("DM_BOT_IN", "dm.bot.in.x.y", direct=True)
+        check(by_seq.data == event and last.seq == 1,
+              "worker CAN direct-get inbound events (by sequence, last by subject)", f"seq={by_seq.seq}")
+    except Exception as e:
+        check(False, "worker CAN direct-get inbound events", repr(e))
+    settled = []
+    async def on_settled(m): settled.append(m)
+    await worker.subscribe("dm.bot.settled.>", cb=on_settled)
+    await worker.flush()
+    await worker.publish("dm.bot.settled.x", b'{"conversationId":"x"}')
+    for _ in range(40):
+        if settled:
+            break
+        await asyncio.sleep(0.05)
+    denied = [e for e in werr if "settled" in e]
+    check(len(settled) == 1 and not denied, "worker CAN publish and subscribe dm.bot.settled.> (core)",
+          f"{len(settled)} received")
 
     # --- the backend sees the worker's output --------------------------------------------------
     for _ in range(40):

@@ -113,6 +113,7 @@ impl Bus {
             options =
                 options.user_and_password(user.clone(), config.nats_password.expose().to_owned());
         }
+        options = tls_options(options, config);
         let servers: Vec<async_nats::ServerAddr> = config
             .nats_url
             .split(',')
@@ -308,6 +309,29 @@ impl Bus {
             self.names.stream_in, self.names.consumer
         )
     }
+}
+
+/// TLS for the NATS connection: required when asked, when any certificate file is given, or for
+/// `tls://` URLs (which async-nats handles itself); a CA file replaces the system roots.
+fn tls_options(
+    mut options: async_nats::ConnectOptions,
+    config: &Config,
+) -> async_nats::ConnectOptions {
+    if config.nats_tls_required || config.nats_tls_ca_file.is_some() {
+        options = options.require_tls(true);
+    }
+    if let Some(ca) = &config.nats_tls_ca_file {
+        options = options.add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&config.nats_tls_cert_file, &config.nats_tls_key_file) {
+        options = options
+            .require_tls(true)
+            .add_client_certificate(cert.clone(), key.clone());
+    }
+    if config.nats_tls_first {
+        options = options.tls_first();
+    }
+    options
 }
 
 /// NAK with a delay, or terminate: how a failed delivery is answered.

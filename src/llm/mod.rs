@@ -195,6 +195,8 @@ pub enum LlmError {
     Decode(String),
     #[error("chat API answered with no choices")]
     NoChoice,
+    #[error("chat API response is larger than {max} bytes")]
+    TooLarge { max: usize },
 }
 
 impl LlmError {
@@ -264,6 +266,10 @@ pub struct LlmClient {
     limiter: Arc<DefaultDirectRateLimiter>,
     /// Requests and tokens by model, for `/metrics`.
     metrics: Option<Arc<crate::ops::Metrics>>,
+    /// Prices a response whose server reported no cost.
+    pub prices: crate::usage::Prices,
+    /// Largest response body read; a larger one is a bad response.
+    pub max_response_bytes: usize,
 }
 
 impl LlmClient {
@@ -303,6 +309,8 @@ impl LlmClient {
                     .expect("at least one per second"),
             ))),
             metrics: None,
+            prices: config.llm_prices.clone(),
+            max_response_bytes: config.llm_max_response_bytes.max(1024),
         })
     }
 
@@ -325,11 +333,28 @@ impl LlmClient {
             }
             Err(LlmError::NoToolSupport { .. }) => "no_tool_support".to_owned(),
             Err(LlmError::Decode(_) | LlmError::NoChoice) => "bad_response".to_owned(),
+            Err(LlmError::TooLarge { .. }) => "too_large".to_owned(),
         };
         m.inc(
             "companion_llm_requests_total",
             &format!("model=\"{model}\",status=\"{status}\""),
         );
+        if let Ok(r) = result {
+            let usage = r.usage.clone().unwrap_or_default();
+            let answered = r.model.as_deref().unwrap_or(&model);
+            let cost = self.prices.cost(answered, &usage);
+            match cost.usd {
+                Some(usd) => m.add_f64(
+                    "companion_llm_cost_usd_total",
+                    &format!("model=\"{model}\""),
+                    usd,
+                ),
+                None => m.inc(
+                    "companion_llm_unpriced_responses_total",
+                    &format!("model=\"{model}\""),
+                ),
+            }
+        }
         if let Ok(r) = result
             && let Some(u) = &r.usage
         {
@@ -365,10 +390,21 @@ impl LlmClient {
                 let result = self.chat(&req).await;
                 self.count(model, &result);
                 match result {
-                    Ok(r) => return Ok(r),
+                    Ok(mut r) => {
+                        // Usage is recorded under the model that answered; a server that does not say is
+                        // taken to be the one asked.
+                        r.model.get_or_insert_with(|| model.clone());
+                        return Ok(r);
+                    }
                     Err(e) if e.is_transient() && retry < self.retry.max_retries => {
                         match self.retry.wait(retry, &e) {
                             Some(wait) => {
+                                if let Some(m) = &self.metrics {
+                                    m.inc(
+                                        "companion_llm_retries_total",
+                                        &format!("model=\"{}\"", crate::ops::label(model)),
+                                    );
+                                }
                                 tracing::warn!(model = %model, error = %e, retry_in_ms = wait.as_millis() as u64, "chat request failed; retrying");
                                 tokio::time::sleep(wait).await;
                                 retry += 1;
@@ -410,13 +446,7 @@ impl LlmClient {
         })?;
         let status = response.status();
         let retry_after = retry_after(response.headers());
-        let body = response.bytes().await.map_err(|e| {
-            if e.is_timeout() {
-                LlmError::Timeout
-            } else {
-                LlmError::Connect(without_url(&e))
-            }
-        })?;
+        let body = read_bounded(response, self.max_response_bytes).await?;
         if status == StatusCode::TOO_MANY_REQUESTS {
             return Err(LlmError::RateLimited { retry_after });
         }
@@ -464,6 +494,28 @@ impl LlmClient {
         }
         Ok(parsed)
     }
+}
+
+/// The response body, refused past `max` bytes so a broken or hostile server cannot exhaust memory.
+async fn read_bounded(mut response: reqwest::Response, max: usize) -> Result<Vec<u8>, LlmError> {
+    let transport = |e: reqwest::Error| {
+        if e.is_timeout() {
+            LlmError::Timeout
+        } else {
+            LlmError::Connect(without_url(&e))
+        }
+    };
+    if response.content_length().is_some_and(|n| n > max as u64) {
+        return Err(LlmError::TooLarge { max });
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(transport)? {
+        if body.len() + chunk.len() > max {
+            return Err(LlmError::TooLarge { max });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// reqwest errors print the URL; keep only the cause.

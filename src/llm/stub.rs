@@ -56,6 +56,8 @@ struct StubState {
     requests: Arc<Mutex<Vec<Value>>>,
     record: bool,
     ids: Arc<AtomicU64>,
+    /// `usage.cost` put in every answer, as OpenRouter reports it; `None` = no cost field.
+    cost: Arc<Mutex<Option<f64>>>,
 }
 
 /// A running stub server; stops when dropped.
@@ -64,6 +66,7 @@ pub struct StubLlm {
     pub base_url: String,
     pub addr: SocketAddr,
     requests: Arc<Mutex<Vec<Value>>>,
+    cost: Arc<Mutex<Option<f64>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -85,11 +88,13 @@ impl StubLlm {
         record: bool,
     ) -> std::io::Result<Self> {
         let requests = Arc::new(Mutex::new(Vec::new()));
+        let cost = Arc::new(Mutex::new(None));
         let state = StubState {
             responder,
             requests: requests.clone(),
             record,
             ids: Arc::new(AtomicU64::new(1)),
+            cost: cost.clone(),
         };
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
@@ -106,8 +111,14 @@ impl StubLlm {
             base_url: format!("http://{addr}/v1"),
             addr,
             requests,
+            cost,
             task,
         })
+    }
+
+    /// From now on, every answer reports this `usage.cost` (USD), or none.
+    pub fn report_cost(&self, usd: Option<f64>) {
+        *self.cost.lock().expect("stub lock") = usd;
     }
 
     /// Every request body received so far, in order.
@@ -178,13 +189,17 @@ async fn complete(State(state): State<StubState>, Json(body): Json<Value>) -> Re
     };
     let completion_tokens = message.to_string().len() as u64 / 4;
     let prompt_tokens = prompt_chars as u64 / 4;
+    let mut usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens});
+    if let Some(cost) = *state.cost.lock().expect("stub lock") {
+        usage["cost"] = json!(cost);
+    }
     Json(json!({
         "id": format!("chatcmpl-stub-{n}"),
         "object": "chat.completion",
         "model": model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens}
+        "usage": usage
     }))
     .into_response()
 }

@@ -10,6 +10,8 @@
 //!   recorded tool results, so nothing that ran is run or paid for again.
 //! - A database error inside a tool fails the turn transiently (it is retried); everything else a tool
 //!   can go wrong with is an error result the model explains.
+//! - A tool result longer than `max_result_bytes` reaches the model cut, with a note.
+//! - Every paid response is recorded in `llm_usage` (tokens, cost); a replayed one is not.
 
 use std::{collections::HashSet, time::Instant};
 
@@ -60,14 +62,11 @@ pub async fn run(
     };
     request.tools = registry.defs();
     request.tool_choice = None;
-    let out = run_llm(
-        &svc.llm,
-        &base,
-        registry,
-        request,
-        svc.config.max_tool_rounds,
-    )
-    .await?;
+    let limits = LoopLimits {
+        max_rounds: svc.config.max_tool_rounds,
+        max_result_bytes: svc.config.max_tool_result_bytes,
+    };
+    let out = run_llm_with(&svc.llm, &base, registry, request, limits).await?;
     for call in &out.log {
         let tool = crate::ops::label(call["tool"].as_str().unwrap_or("?"));
         let outcome = if call["ok"] == true { "ok" } else { "error" };
@@ -79,14 +78,39 @@ pub async fn run(
     Ok(out)
 }
 
-/// The loop against any chat client.
+/// The bounds of one loop.
+#[derive(Clone, Copy, Debug)]
+pub struct LoopLimits {
+    /// Rounds of tool calls before the model must answer in text.
+    pub max_rounds: u32,
+    /// Longest tool result sent back to the model, bytes.
+    pub max_result_bytes: usize,
+}
+
+/// The loop against any chat client, with the default result bound.
 pub async fn run_llm(
     llm: &crate::llm::LlmClient,
     base: &ToolContext,
     registry: &Registry,
-    mut request: ChatRequest,
+    request: ChatRequest,
     max_rounds: u32,
 ) -> Result<LoopOutput, TurnError> {
+    let limits = LoopLimits {
+        max_rounds,
+        max_result_bytes: 16 * 1024,
+    };
+    run_llm_with(llm, base, registry, request, limits).await
+}
+
+/// The loop against any chat client.
+pub async fn run_llm_with(
+    llm: &crate::llm::LlmClient,
+    base: &ToolContext,
+    registry: &Registry,
+    mut request: ChatRequest,
+    limits: LoopLimits,
+) -> Result<LoopOutput, TurnError> {
+    let max_rounds = limits.max_rounds;
     let mut out = LoopOutput::default();
     let mut seen_ids: HashSet<String> = HashSet::new();
     let mut round: u32 = 0;
@@ -164,7 +188,7 @@ pub async fn run_llm(
                 .push(audit::compact(&result, &call.function.arguments));
             request.messages.push(Message::Tool {
                 tool_call_id: call.id.clone(),
-                content: result.model_content(),
+                content: bound_result(result.model_content(), limits.max_result_bytes),
             });
         }
     }
@@ -188,6 +212,7 @@ async fn journaled_completion(
     }
     let response = llm.complete(request).await?;
     out.llm_calls += 1;
+    crate::usage::record_paid_call(llm, base, step, &response).await;
     let message = response
         .choices
         .into_iter()
@@ -197,6 +222,22 @@ async fn journaled_completion(
     let value = serde_json::to_value(&message).unwrap_or(Value::Null);
     let stored = base.pg.record_turn_step(&message_id, step, &value).await?;
     Ok(serde_json::from_value(stored).unwrap_or(message))
+}
+
+/// A tool result cut to `max` bytes (on a character boundary) with a note saying so.
+fn bound_result(content: String, max: usize) -> String {
+    if content.len() <= max {
+        return content;
+    }
+    let mut end = max;
+    while !content.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}… [cut: the result had {} bytes, only the first {end} are shown]",
+        &content[..end],
+        content.len()
+    )
 }
 
 /// Gives every call an id unique within the turn (some providers send empty or repeated ids), so tool
@@ -214,4 +255,17 @@ fn unique_ids(calls: Vec<ToolCall>, round: u32, seen: &mut HashSet<String>) -> V
             c
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bound_result;
+
+    #[test]
+    fn long_tool_results_are_cut_on_a_character_boundary() {
+        assert_eq!(bound_result("short".into(), 10), "short");
+        let cut = bound_result("ééééé".into(), 5);
+        assert!(cut.starts_with("éé…"), "{cut}");
+        assert!(cut.contains("had 10 bytes, only the first 4"), "{cut}");
+    }
 }

@@ -2,6 +2,8 @@
 //! data, its own NATS subject and stream prefixes, a scripted stub LLM and (on demand) an in-process worker.
 #![allow(dead_code)]
 
+pub mod servers;
+
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use companion::rag::{EmbedConfig, Embedder};
@@ -528,6 +530,7 @@ pub struct PrivateStack {
 
 impl PrivateStack {
     pub async fn start() -> Self {
+        use servers::free_port;
         let ports = [free_port(), free_port(), free_port(), free_port()];
         let dir = std::env::temp_dir().join(format!("companion-stack-{:016x}", fastrand::u64(..)));
         let [nats, _, pg, mongo] = ports;
@@ -557,9 +560,7 @@ impl PrivateStack {
 
     fn command(&self, args: &[&str]) -> std::process::Command {
         let [nats, monitor, pg, mongo] = self.ports;
-        let local = std::env::var_os("COMPANION_LOCAL_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root().join(".local"));
+        let local = servers::local_dir();
         let mut cmd = std::process::Command::new(root().join("deploy/local/stack.sh"));
         cmd.args(args)
             .env("COMPANION_LOCAL_DIR", &self.dir)
@@ -591,14 +592,6 @@ impl Drop for PrivateStack {
         let _ = self.command(&["down"]).output();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A TCP port nobody listens on right now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 pub fn admin_url() -> String {

@@ -8,6 +8,8 @@
 # Env:   NATS_SERVER (default <root>/.local/venv/bin/nats-server, else on PATH)
 #        CLUSTER_DIR (default: a new folder under /tmp; removed at the end unless --keep)
 #        PY          python with nats-py for the stream check (skipped when missing)
+#        COMPANION_NATS_{BACKEND,WORKER,ADMIN}_PASSWORD  the users of ../auth.conf (random when unset;
+#                    the stream check connects as admin)
 set -euo pipefail
 HERE="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)"
 ROOT="$(cd -- "$HERE/../../.." && pwd -P)"
@@ -16,6 +18,10 @@ NATS_SERVER="${NATS_SERVER:-$ROOT/.local/venv/bin/nats-server}"
 KEEP=0; [[ "${1:-}" == "--keep" ]] && KEEP=1
 DIR="${CLUSTER_DIR:-$(mktemp -d /tmp/companion-js-cluster.XXXXXX)}"
 PIDS=()
+rnd() { head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9'; }
+export COMPANION_NATS_BACKEND_PASSWORD="${COMPANION_NATS_BACKEND_PASSWORD:-backend-$(rnd)}"
+export COMPANION_NATS_WORKER_PASSWORD="${COMPANION_NATS_WORKER_PASSWORD:-worker-$(rnd)}"
+export COMPANION_NATS_ADMIN_PASSWORD="${COMPANION_NATS_ADMIN_PASSWORD:-admin-$(rnd)}"
 
 stop() {
   local pid
@@ -60,10 +66,11 @@ echo "healthz: $(curl -fsS http://127.0.0.1:18301/healthz)"
 PY="${PY:-}"
 if [[ -n "$PY" ]] && "$PY" -c 'import nats' 2>/dev/null; then
   "$PY" - <<'PYEOF'
-import asyncio, nats
+import asyncio, os, nats
 from nats.js.api import StreamConfig
 async def main():
-    nc = await nats.connect(["nats://127.0.0.1:14301", "nats://127.0.0.1:14302", "nats://127.0.0.1:14303"])
+    nc = await nats.connect(["nats://127.0.0.1:14301", "nats://127.0.0.1:14302", "nats://127.0.0.1:14303"],
+                            user="admin", password=os.environ["COMPANION_NATS_ADMIN_PASSWORD"])
     js = nc.jetstream()
     for _ in range(40):
         try:

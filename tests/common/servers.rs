@@ -1,0 +1,55 @@
+//! Throwaway server processes for tests that need their own (TLS, users): free ports, the binaries of
+//! the local stack, and a handle that kills the process when dropped.
+
+use std::{path::PathBuf, process::Child};
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("bound address")
+        .port()
+}
+
+/// The local stack's folder (`COMPANION_LOCAL_DIR`, else `<repo>/.local`).
+pub fn local_dir() -> PathBuf {
+    std::env::var_os("COMPANION_LOCAL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| super::root().join(".local"))
+}
+
+/// `NATS_SERVER`, else the local stack's `nats-server`.
+pub fn nats_server_bin() -> PathBuf {
+    std::env::var_os("NATS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| local_dir().join("venv/bin/nats-server"))
+}
+
+/// A server process of one test; killed (and reaped) when dropped.
+pub struct Server(pub Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A fresh folder under the system temp dir, removed when dropped (also after a failed assertion;
+/// declare it before the servers that use it, so they stop first).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("{prefix}-{:016x}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
