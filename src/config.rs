@@ -303,6 +303,14 @@ pub struct Config {
         global = true
     )]
     pub order_max_wait_secs: u64,
+    /// Longest reply stored and published, in characters (longer model text is cut with `…`).
+    #[arg(
+        long,
+        env = "COMPANION_MAX_REPLY_CHARS",
+        default_value_t = 4000,
+        global = true
+    )]
+    pub max_reply_chars: usize,
     /// Later messages of a burst one turn may answer together (0: one reply per message).
     #[arg(long, env = "COMPANION_BURST_MAX", default_value_t = 8, global = true)]
     pub burst_max: usize,

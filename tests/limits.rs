@@ -1,6 +1,6 @@
 //! Output bounds: a model response larger than `LLM_MAX_RESPONSE_BYTES` is refused (the user gets the
 //! honest failure line), and a tool result longer than `COMPANION_MAX_TOOL_RESULT_BYTES` reaches the
-//! model cut, with a note.
+//! model cut, with a note; a reply longer than `COMPANION_MAX_REPLY_CHARS` is stored and published cut.
 
 mod common;
 
@@ -72,5 +72,26 @@ async fn a_long_tool_result_reaches_the_model_cut_with_a_note() {
         .await
         .unwrap();
     assert!(stored["data"].to_string().len() > 200);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_reply_longer_than_the_limit_is_cut_with_an_ellipsis() {
+    let mut env = TestEnv::with(always(StubReply::text("ollie ".repeat(50))), |c| {
+        c.max_reply_chars = 20;
+    })
+    .await;
+    env.start_worker().await;
+    let event = env.dm(JESS, KAORI, JESS_KAORI, "talk to me").await;
+    let reply = env.turn(&event).await;
+    assert_eq!(
+        reply.content,
+        format!(
+            "{}…",
+            "ollie ".repeat(50).chars().take(20).collect::<String>()
+        )
+    );
+    let stored = env.replies_to(&event.message_id).await;
+    assert_eq!(stored[0].get_str("content").unwrap(), reply.content);
     env.finish().await;
 }

@@ -27,9 +27,6 @@ use crate::{
     },
 };
 
-/// Longest reply stored and published, in characters.
-pub const MAX_REPLY_CHARS: usize = 4000;
-
 /// Said when a character file has no `busyLine`.
 const DEFAULT_BUSY_LINE: &str =
     "you're sending messages faster than i can read them, give me a minute to catch up";
@@ -466,7 +463,7 @@ async fn respond(
     };
     let registry = &*crate::tools::REGISTRY;
     let out = tool_loop::run(svc, event, character, registry, request).await?;
-    let content = bound_reply(out.text.trim());
+    let content = bound_reply(out.text.trim(), svc.config.max_reply_chars);
     if content.is_empty() {
         return Err(TurnError::EmptyReply);
     }
@@ -624,14 +621,12 @@ fn user_message_time(sent_at: DateTime<Utc>, reply_at: DateTime<Utc>) -> DateTim
     sent_at.min(reply_at - chrono::Duration::microseconds(1))
 }
 
-fn bound_reply(text: &str) -> String {
-    if text.chars().count() <= MAX_REPLY_CHARS {
+fn bound_reply(text: &str, max_chars: usize) -> String {
+    let max_chars = max_chars.max(1);
+    if text.chars().count() <= max_chars {
         text.to_owned()
     } else {
-        format!(
-            "{}…",
-            text.chars().take(MAX_REPLY_CHARS).collect::<String>()
-        )
+        format!("{}…", text.chars().take(max_chars).collect::<String>())
     }
 }
 
