@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use bson::{doc, oid::ObjectId};
+use bson::doc;
 use common::*;
 use companion::{
     bus::Completion,
@@ -143,16 +143,7 @@ async fn three_workers_fifty_conversations_bursts_of_five_keep_order_and_answer_
     })
     .await;
     // Fifty users, each in a conversation with Kaori.
-    let mut conversations = Vec::new();
-    for _ in 0..CONVERSATIONS {
-        let (user, conversation) = (ObjectId::new(), ObjectId::new());
-        env.mongo
-            .collection("dm_conversations")
-            .insert_one(doc! { "_id": conversation, "participants": [user, oid(KAORI)] })
-            .await
-            .unwrap();
-        conversations.push((user.to_hex(), conversation.to_hex()));
-    }
+    let conversations = env.new_conversations(KAORI, CONVERSATIONS).await;
     let mut workers: Vec<_> = (0..3).map(|_| env.spawn_worker_process(&[])).collect();
     let mut completions = env.all_completions().await;
 

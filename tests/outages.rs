@@ -67,16 +67,7 @@ async fn steady_stream_through_an_outage(server: &str) {
         c.user_turns_per_minute = 0;
     })
     .await;
-    let mut conversations = Vec::new();
-    for _ in 0..CONVERSATIONS {
-        let (user, conversation) = (ObjectId::new(), ObjectId::new());
-        env.mongo
-            .collection("dm_conversations")
-            .insert_one(doc! { "_id": conversation, "participants": [user, oid(KAORI)] })
-            .await
-            .unwrap();
-        conversations.push((user.to_hex(), conversation.to_hex()));
-    }
+    let conversations = env.new_conversations(KAORI, CONVERSATIONS).await;
     let mut worker = env.spawn_worker_process(&[]);
 
     // TB-Backend's side: a steady stream of events; a publish that fails is retried with the same

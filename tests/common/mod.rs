@@ -245,6 +245,21 @@ impl TestEnv {
             .to_hex()
     }
 
+    /// `n` new users, each in a new conversation with `bot`: `(user id, conversation id)`.
+    pub async fn new_conversations(&self, bot: &str, n: usize) -> Vec<(String, String)> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (user, conversation) = (ObjectId::new(), ObjectId::new());
+            self.mongo
+                .collection("dm_conversations")
+                .insert_one(doc! { "_id": conversation, "participants": [user, oid(bot)] })
+                .await
+                .expect("conversation stored");
+            out.push((user.to_hex(), conversation.to_hex()));
+        }
+        out
+    }
+
     /// Every completion of this environment, subscribed now (subscribe before publishing).
     pub async fn all_completions(&self) -> impl futures::Stream<Item = Completion> + Unpin + use<> {
         let sub = self
