@@ -16,6 +16,7 @@ pub mod seed;
 pub mod services;
 pub mod store;
 pub mod telemetry;
+pub mod timing;
 pub mod tools;
 pub mod turn;
 pub mod worker;

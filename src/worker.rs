@@ -11,6 +11,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::{
     bus::{BusError, DmEvent, event::parse_inbound, settle},
     services::Services,
+    timing::{self, Stage},
     turn::{self, Disposition, TurnError},
 };
 
@@ -255,12 +256,14 @@ async fn handle(svc: &Services, msg: jetstream::Message, hard_stop: Cancellation
         delivery = delivered,
         seq = sequence,
     );
-    async {
+    timing::scope(async {
         let limits = svc.config.event_limits();
+        let parse_started = std::time::Instant::now();
         let event = match parse_inbound(&msg.payload, msg.subject.as_str(), &svc.bus.names.prefix, limits) {
             Ok(e) => e,
             Err(e) => return reject(svc, &msg, &e.to_string(), delivered).await,
         };
+        timing::add(Stage::Parse, parse_started);
         let span = tracing::Span::current();
         span.record("event_id", event.message_id.to_hex());
         span.record("conversation_id", event.conversation_id.to_hex());
@@ -285,13 +288,18 @@ async fn handle(svc: &Services, msg: jetstream::Message, hard_stop: Cancellation
                 };
                 svc.metrics.inc(TURNS, label);
                 svc.metrics.observe_turn(started.elapsed());
-                if let Err(e) = msg.double_ack().await {
+                if let Err(e) = timing::stage(Stage::Ack, msg.double_ack()).await {
                     warn!(error = %e, ?outcome, "ack not confirmed; a redelivery will find the turn done");
                 }
+                let name = match &outcome {
+                    turn::Outcome::Answered { .. } => "answered",
+                    turn::Outcome::AlreadyDone => "already_done",
+                };
+                timing::report(&svc.metrics, name);
             }
             Some(Err(e)) => fail(svc, &msg, &event, e, delivered).await,
         }
-    }
+    })
     .instrument(span)
     .await
 }

@@ -118,6 +118,20 @@ pub struct EmbedStats {
     pub model_runs: AtomicU64,
     /// Batches collected by the window (each gives one or more model runs).
     pub batches: AtomicU64,
+    /// Model runs by texts per run: index `i` counts runs of at most `EMBED_BATCH_BUCKETS[i]` texts
+    /// (and more than the bound before it); the last slot counts larger runs.
+    pub run_sizes: [AtomicU64; crate::ops::EMBED_BATCH_BUCKETS.len() + 1],
+}
+
+/// The batch-size histogram of the model runs so far (for `companion_embed_batch_size`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatchSizes {
+    /// Cumulative counts per bound of [`crate::ops::EMBED_BATCH_BUCKETS`].
+    pub cumulative: Vec<u64>,
+    /// Model runs.
+    pub count: u64,
+    /// Texts over all runs.
+    pub sum: u64,
 }
 
 /// A snapshot of [`EmbedStats`].
@@ -254,6 +268,21 @@ impl Embedder {
             batches: self.stats.batches.load(Ordering::Relaxed),
         }
     }
+
+    /// Texts per model run so far, as a cumulative histogram.
+    pub fn batch_sizes(&self) -> BatchSizes {
+        let mut cumulative = Vec::with_capacity(crate::ops::EMBED_BATCH_BUCKETS.len());
+        let mut running = 0;
+        for slot in &self.stats.run_sizes[..crate::ops::EMBED_BATCH_BUCKETS.len()] {
+            running += slot.load(Ordering::Relaxed);
+            cumulative.push(running);
+        }
+        BatchSizes {
+            cumulative,
+            count: self.stats.model_runs.load(Ordering::Relaxed),
+            sum: self.stats.texts.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// The embedding thread's state.
@@ -350,6 +379,11 @@ impl Worker {
     fn run_model(&mut self, batch: &[&Encoding]) -> Result<Vec<Vec<f32>>, EmbedError> {
         self.stats.model_runs.fetch_add(1, Ordering::Relaxed);
         let rows = batch.len();
+        let slot = crate::ops::EMBED_BATCH_BUCKETS
+            .iter()
+            .position(|&b| rows as u64 <= b)
+            .unwrap_or(crate::ops::EMBED_BATCH_BUCKETS.len());
+        self.stats.run_sizes[slot].fetch_add(1, Ordering::Relaxed);
         let seq = batch
             .iter()
             .map(|e| e.get_ids().len())

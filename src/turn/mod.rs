@@ -18,6 +18,7 @@ use crate::{
         mongo::{ConversationCheck, ReplyDoc},
         pg::NewHistory,
     },
+    timing::{Stage, stage},
 };
 
 /// Longest reply stored and published, in characters.
@@ -119,12 +120,14 @@ pub async fn admit<'a>(svc: &'a Services, event: &DmEvent) -> Result<&'a Charact
 
 /// Runs one validated event to completion.
 pub async fn run(svc: &Services, event: &DmEvent) -> Result<Outcome, TurnError> {
-    let character = admit(svc, event).await?;
+    let character = stage(Stage::Admit, admit(svc, event)).await?;
     let ids = Ids::of(event);
-    let record = svc
-        .pg
-        .begin_turn(&ids.message, &ids.conversation, &ids.sender, &ids.bot)
-        .await?;
+    let record = stage(
+        Stage::Journal,
+        svc.pg
+            .begin_turn(&ids.message, &ids.conversation, &ids.sender, &ids.bot),
+    )
+    .await?;
     if record.state == "done" {
         info!(
             attempts = record.attempts,
@@ -148,13 +151,14 @@ pub async fn run(svc: &Services, event: &DmEvent) -> Result<Outcome, TurnError> 
                 typing: true,
                 at: Utc::now(),
             };
-            if let Err(e) = svc.bus.publish_typing(&typing).await {
+            if let Err(e) = stage(Stage::Publish, svc.bus.publish_typing(&typing)).await {
                 debug!(error = %e, "typing indicator not sent");
             }
             respond(svc, event, character).await?
         }
     };
-    let reply_id = deliver(svc, event, reply, "done").await?;
+    // Writes are the delivery's time less its publish (stages count their own time only).
+    let reply_id = stage(Stage::Writes, deliver(svc, event, reply, "done")).await?;
     Ok(Outcome::Answered { reply_id })
 }
 
@@ -167,7 +171,7 @@ async fn respond(
     let ids = Ids::of(event);
     // Retrieval (embedding + vector search) runs beside the context loads, not after them.
     let (context, knowledge) = tokio::join!(
-        async {
+        stage(Stage::Context, async {
             tokio::try_join!(
                 svc.pg
                     .history(&ids.sender, &ids.bot, svc.config.history_limit),
@@ -175,10 +179,11 @@ async fn respond(
                 svc.mongo
                     .user_tricklists(event.sender_id, prompt::PROMPT_TRICKLISTS),
             )
-        },
+        }),
         crate::rag::retrieve_for_turn(svc, character, &event.content),
     );
     let (history, profile, tricklists) = context?;
+    let prompt_started = std::time::Instant::now();
     let system = prompt::system_prompt(&prompt::PromptContext {
         character,
         profile: profile.as_ref(),
@@ -188,6 +193,7 @@ async fn respond(
         tools_enabled: true,
     });
     let messages = prompt::conversation(system, &history, event);
+    crate::timing::add(Stage::Prompt, prompt_started);
     let request = ChatRequest {
         model: character
             .model
@@ -306,8 +312,9 @@ async fn deliver(
     svc.mongo
         .touch_conversation(event.conversation_id, &content, at)
         .await?;
-    svc.bus
-        .publish_completion(&Completion {
+    stage(
+        Stage::Publish,
+        svc.bus.publish_completion(&Completion {
             message_id: reply_id_hex.clone(),
             in_reply_to: ids.message.clone(),
             conversation_id: ids.conversation.clone(),
@@ -315,8 +322,9 @@ async fn deliver(
             content,
             rich_content,
             created_at: at,
-        })
-        .await?;
+        }),
+    )
+    .await?;
     svc.pg.finish_turn(&ids.message, final_state, None).await?;
     info!(reply_id = %reply_id_hex, state = final_state, "reply delivered");
     Ok(reply_id_hex)
