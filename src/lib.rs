@@ -5,6 +5,7 @@
 //! reply into `dm_messages` and publishes the completion.
 
 pub mod backend;
+pub mod bench;
 pub mod bus;
 pub mod character;
 pub mod commands;

@@ -66,6 +66,8 @@ enum Command {
         #[arg(long)]
         collection: Option<String>,
     },
+    /// Measure a turn's cost and throughput end to end on the real local stack (see README, Benchmark).
+    Bench(Box<companion::bench::BenchArgs>),
     /// Serve the scripted offline model (OpenAI-compatible) for demos without an API key.
     StubLlm {
         #[arg(long, default_value = "127.0.0.1:8089")]
@@ -144,6 +146,11 @@ async fn main() -> anyhow::Result<()> {
                 r.unchanged,
                 r.chunks
             );
+        }
+        Command::Bench(args) => {
+            companion::bench::run(config, *args)
+                .await
+                .context("benchmark")?;
         }
         Command::StubLlm { addr } => {
             let server = stub::StubLlm::start_on(addr, stub::demo(), false)
