@@ -101,6 +101,10 @@ impl Metrics {
         h.entry("overhead")
             .or_default()
             .observe(STAGE_BUCKETS, t.overhead_ms() / 1e3);
+        // Not a stage: the turn's time inside MongoDB commands, across stages.
+        h.entry("mongo")
+            .or_default()
+            .observe(STAGE_BUCKETS, t.mongo_ms / 1e3);
     }
 
     /// The value of one counter (for tests and the bench).

@@ -6,6 +6,10 @@
 //! overhead: the turn's wall time minus the time spent waiting on the model), and feeds the
 //! `companion_turn_stage_seconds{stage=…}` histograms of `/metrics`.
 //!
+//! Across the stages, the time the turn waited on MongoDB is measured from the driver's command events
+//! ([`mongo_command_handler`]): the union of the turn's command intervals, so the share of the local
+//! MongoDB-wire server (or Atlas) in the overhead is visible.
+//!
 //! A stage counts its own time only: a stage awaited inside another (the completion's publish inside the
 //! delivery's writes) is subtracted from the outer one, so nested stages never count twice. Stages can
 //! still overlap in time (the context loads run beside embedding and retrieval; the calls of one tool
@@ -13,7 +17,7 @@
 //! (tests calling `turn::run` directly, commands) nothing is recorded.
 
 use std::{
-    cell::Cell,
+    cell::{Cell, RefCell},
     future::{Future, poll_fn},
     pin::pin,
     time::{Duration, Instant},
@@ -104,6 +108,8 @@ struct Clock {
     nanos: [Cell<i64>; Stage::ALL.len()],
     /// Chat calls timed.
     llm_calls: Cell<u32>,
+    /// Start and end of every MongoDB command of the turn.
+    mongo: RefCell<Vec<(Instant, Instant)>>,
 }
 
 tokio::task_local! {
@@ -125,6 +131,10 @@ pub struct TurnTimings {
     pub stages_ms: [f64; Stage::ALL.len()],
     /// Chat calls made.
     pub llm_calls: u32,
+    /// Wall time during which at least one MongoDB command of the turn was running.
+    pub mongo_ms: f64,
+    /// MongoDB commands sent.
+    pub mongo_commands: u32,
 }
 
 impl TurnTimings {
@@ -144,6 +154,7 @@ pub async fn scope<F: Future>(fut: F) -> F::Output {
         started: Instant::now(),
         nanos: Default::default(),
         llm_calls: Cell::new(0),
+        mongo: RefCell::new(Vec::new()),
     };
     CLOCK.scope(clock, fut).await
 }
@@ -195,10 +206,13 @@ pub fn snapshot() -> Option<TurnTimings> {
             for (ms, n) in stages_ms.iter_mut().zip(&c.nanos) {
                 *ms = n.get().max(0) as f64 / 1e6;
             }
+            let mongo = c.mongo.borrow();
             TurnTimings {
                 total_ms: c.started.elapsed().as_secs_f64() * 1e3,
                 stages_ms,
                 llm_calls: c.llm_calls.get(),
+                mongo_ms: union(&mongo).as_secs_f64() * 1e3,
+                mongo_commands: mongo.len() as u32,
             }
         })
         .ok()
@@ -215,6 +229,8 @@ pub fn report(metrics: &Metrics, outcome: &'static str) -> Option<TurnTimings> {
         total_ms = round2(t.total_ms),
         overhead_ms = round2(t.overhead_ms()),
         llm_calls = t.llm_calls,
+        mongo_ms = round2(t.mongo_ms),
+        mongo_commands = t.mongo_commands,
         parse_ms = ms(Stage::Parse),
         admit_ms = ms(Stage::Admit),
         journal_ms = ms(Stage::Journal),
@@ -232,6 +248,45 @@ pub fn report(metrics: &Metrics, outcome: &'static str) -> Option<TurnTimings> {
     );
     metrics.observe_turn_timings(&t);
     Some(t)
+}
+
+/// The MongoDB driver's command monitor: every command that completes inside a turn adds its interval
+/// to that turn's clock (the driver runs commands in the caller's task and calls this synchronously).
+pub fn mongo_command_handler() -> mongodb::event::EventHandler<mongodb::event::command::CommandEvent>
+{
+    use mongodb::event::command::CommandEvent;
+    mongodb::event::EventHandler::callback(|event| {
+        let duration = match event {
+            CommandEvent::Succeeded(e) => e.duration,
+            CommandEvent::Failed(e) => e.duration,
+            _ => return,
+        };
+        let end = Instant::now();
+        let start = end.checked_sub(duration).unwrap_or(end);
+        let _ = CLOCK.try_with(|c| c.mongo.borrow_mut().push((start, end)));
+    })
+}
+
+/// Total length of the union of intervals.
+fn union(intervals: &[(Instant, Instant)]) -> Duration {
+    let mut v = intervals.to_vec();
+    v.sort();
+    let mut total = Duration::ZERO;
+    let mut current: Option<(Instant, Instant)> = None;
+    for (s, e) in v {
+        current = match current {
+            Some((cs, ce)) if s <= ce => Some((cs, ce.max(e))),
+            Some((cs, ce)) => {
+                total += ce - cs;
+                Some((s, e))
+            }
+            None => Some((s, e)),
+        };
+    }
+    if let Some((cs, ce)) = current {
+        total += ce - cs;
+    }
+    total
 }
 
 fn round2(x: f64) -> f64 {
@@ -301,6 +356,20 @@ mod tests {
         .await;
         assert!(t.stage_ms(Stage::Context) >= 30.0, "{t:?}");
         assert!(t.stage_ms(Stage::Embed) >= 30.0, "{t:?}");
+    }
+
+    #[test]
+    fn overlapping_intervals_count_once() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let u = union(&[
+            (at(10), at(20)),
+            (at(0), at(5)),
+            (at(15), at(30)),
+            (at(40), at(41)),
+        ]);
+        assert_eq!(u, Duration::from_millis(5 + 20 + 1));
+        assert_eq!(union(&[]), Duration::ZERO);
     }
 
     #[tokio::test]

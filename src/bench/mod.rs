@@ -131,6 +131,8 @@ pub async fn run(base: Config, args: BenchArgs) -> Result<Report, BenchError> {
         turn_wall_ms: None,
         llm_wait_ms: None,
         overhead_ms: None,
+        mongo_wait_ms: None,
+        overhead_outside_mongo_ms: None,
         stages: Vec::new(),
         resources: None,
         embedding: None,
@@ -331,7 +333,25 @@ async fn measure(
         }
     );
     tracker.reset(&events);
-    let servers = procs::Servers::find();
+    let port = |url: &str, default: u16| {
+        url::Url::parse(url.split(',').next().unwrap_or(url))
+            .ok()
+            .and_then(|u| u.port())
+            .unwrap_or(default)
+    };
+    let servers = procs::Servers::find(
+        port(&env.config.nats_url, 4222),
+        port(&env.config.atlas_uri, 27017),
+        &format!("bench_{}", env.tag),
+    );
+    if servers.nats.is_empty() || servers.mongo.is_empty() || servers.postgres.is_empty() {
+        eprintln!(
+            "bench: server processes not all found (nats {:?}, mongo {:?}, postgres {}); their CPU shows as other",
+            servers.nats,
+            servers.mongo,
+            servers.postgres.len()
+        );
+    }
     let pids: Vec<u32> = procs.iter().map(|w| w.pid).collect();
     let worker_ticks =
         |pids: &[u32]| -> u64 { pids.iter().filter_map(|p| procs::cpu_ticks(*p)).sum() };
@@ -471,6 +491,9 @@ async fn measure(
     };
     report.turn_wall_ms = Some(Dist::of(&col(&|r| r.total_ms)));
     report.overhead_ms = Some(Dist::of(&col(&|r| r.overhead_ms)));
+    report.mongo_wait_ms = Some(Dist::of(&col(&|r| r.mongo_ms)));
+    report.overhead_outside_mongo_ms =
+        Some(Dist::of(&col(&|r| (r.overhead_ms - r.mongo_ms).max(0.0))));
     let llm_idx = Stage::ALL
         .iter()
         .position(|s| *s == Stage::Llm)

@@ -70,17 +70,21 @@ pub fn machine_ticks() -> Option<(u64, u64)> {
     Some((total - idle, total))
 }
 
-/// The local stack's server processes, found by name.
+/// The local stack's server processes a run uses, found by name and port; other servers on the machine
+/// (other people's test stacks) and PostgreSQL backends of other databases count as "other".
 #[derive(Clone, Debug, Default)]
 pub struct Servers {
     pub nats: Vec<u32>,
+    /// The postmaster, its background processes and the backends connected to the run's database.
     pub postgres: Vec<u32>,
     /// SecantusDB, the Python MongoDB-wire server.
     pub mongo: Vec<u32>,
 }
 
 impl Servers {
-    pub fn find() -> Self {
+    /// The NATS server listening on `nats_port`, the SecantusDB on `mongo_port`, and PostgreSQL as
+    /// used by database `pg_database`.
+    pub fn find(nats_port: u16, mongo_port: u16, pg_database: &str) -> Self {
         let mut s = Self::default();
         let Ok(dir) = fs::read_dir("/proc") else {
             return s;
@@ -95,12 +99,28 @@ impl Servers {
             };
             let comm = fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
             let comm = comm.trim();
+            let on_port = |cmd: &str, port: u16| {
+                let words: Vec<&str> = cmd.split_whitespace().collect();
+                words
+                    .windows(2)
+                    .any(|w| matches!(w[0], "-p" | "--port") && w[1] == port.to_string())
+            };
             if comm == "nats-server" {
-                s.nats.push(pid);
+                if on_port(&cmdline(&entry.path()), nats_port) {
+                    s.nats.push(pid);
+                }
             } else if comm == "postgres" {
-                s.postgres.push(pid);
-            } else if comm.starts_with("python") && cmdline(&entry.path()).contains("secantus") {
-                s.mongo.push(pid);
+                let cmd = cmdline(&entry.path());
+                // A backend's title names its database and client; background processes name neither.
+                let backend = cmd.contains('(') || cmd.contains("[local]");
+                if !backend || cmd.contains(pg_database) {
+                    s.postgres.push(pid);
+                }
+            } else if comm.starts_with("python") {
+                let cmd = cmdline(&entry.path());
+                if cmd.contains("secantus") && on_port(&cmd, mongo_port) {
+                    s.mongo.push(pid);
+                }
             }
         }
         s

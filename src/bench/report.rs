@@ -153,6 +153,11 @@ pub struct Report {
     pub llm_wait_ms: Option<Dist>,
     /// Wall time minus model wait: what the worker itself costs per turn.
     pub overhead_ms: Option<Dist>,
+    /// Wall time inside MongoDB commands per turn (across stages; the local server is a Python process).
+    pub mongo_wait_ms: Option<Dist>,
+    /// Overhead minus MongoDB wait: an estimate of the overhead with a MongoDB that answers at once
+    /// (parallel branches may then become the longer path, so this is a lower bound).
+    pub overhead_outside_mongo_ms: Option<Dist>,
     /// Per stage, own time (a stage nested in another is not counted in the outer one).
     pub stages: Vec<StageDist>,
     pub resources: Option<Resources>,
@@ -247,6 +252,8 @@ pub fn table(r: &Report) -> String {
             ("worker wall", &r.turn_wall_ms),
             ("LLM wait", &r.llm_wait_ms),
             ("OVERHEAD (wall − LLM)", &r.overhead_ms),
+            ("  in MongoDB commands", &r.mongo_wait_ms),
+            ("  outside MongoDB (est)", &r.overhead_outside_mongo_ms),
         ] {
             if let Some(d) = d {
                 row(&mut o, name, Some(d.n), d);
@@ -306,19 +313,26 @@ pub fn table(r: &Report) -> String {
         );
         let _ = writeln!(
             o,
-            "  set                        texts  tokens(mean/max)  one at a time  batched  concurrent"
+            "  {:<34} {:>5} {:>16} {:>13} {:>8} {:>10} {:>14}",
+            "set",
+            "texts",
+            "tokens mean/max",
+            "one at a time",
+            "batched",
+            "concurrent",
+            "batched/CPU-s"
         );
         for s in [&e.chat, &e.full] {
             let _ = writeln!(
                 o,
-                "  {:<26} {:>5}  {:>7.1}/{:<8} {:>13.0} {:>8.0} {:>11.0}",
+                "  {:<34} {:>5} {:>16} {:>13.0} {:>8.0} {:>10.0} {:>14.0}",
                 s.name,
                 s.texts,
-                s.mean_tokens,
-                s.max_tokens,
+                format!("{:.1}/{}", s.mean_tokens, s.max_tokens),
                 s.one_at_a_time,
                 s.batched,
-                s.concurrent
+                s.concurrent,
+                s.batched_per_cpu_second
             );
         }
     }

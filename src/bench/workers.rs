@@ -190,6 +190,8 @@ pub struct TimingRecord {
     pub total_ms: f64,
     pub overhead_ms: f64,
     pub llm_calls: u32,
+    /// Wall time inside MongoDB commands (their union).
+    pub mongo_ms: f64,
     /// Milliseconds per stage, in [`Stage::ALL`] order.
     pub stages_ms: Vec<f64>,
 }
@@ -243,6 +245,7 @@ pub fn read_log(path: &Path) -> LogSummary {
             total_ms: num("total_ms"),
             overhead_ms: num("overhead_ms"),
             llm_calls: num("llm_calls") as u32,
+            mongo_ms: num("mongo_ms"),
             stages_ms: Stage::ALL
                 .iter()
                 .map(|s| num(&format!("{}_ms", s.name())))

@@ -103,6 +103,8 @@ impl Mongo {
     pub async fn connect(config: &Config) -> Result<Self, StoreError> {
         let mut options = ClientOptions::parse(&config.atlas_uri).await?;
         options.app_name = Some("companion".into());
+        // Per-turn MongoDB wait for the turn timings (crate::timing).
+        options.command_event_handler = Some(crate::timing::mongo_command_handler());
         if options.server_selection_timeout.is_none() {
             options.server_selection_timeout = Some(std::time::Duration::from_secs(5));
         }
