@@ -29,6 +29,9 @@ pub struct SetFigures {
     pub one_at_a_time: f64,
     pub batched: f64,
     pub concurrent: f64,
+    /// Sentences per CPU second of this process (all threads) in the batched measurement: what the
+    /// model costs regardless of what else runs on the machine.
+    pub batched_per_cpu_second: f64,
 }
 
 /// The embedding figures of a run.
@@ -124,12 +127,15 @@ async fn measure_set(
     }
     let one_at_a_time = n as f64 / started.elapsed().as_secs_f64();
 
-    let started = Instant::now();
+    let tck = super::procs::clock_ticks_per_second();
+    let cpu = || super::procs::cpu_ticks(std::process::id()).unwrap_or(0);
+    let (started, cpu0) = (Instant::now(), cpu());
     let mut n = 0usize;
     while started.elapsed() < per {
         n += embedder.embed(many.clone()).await.map_err(err)?.len();
     }
     let batched = n as f64 / started.elapsed().as_secs_f64();
+    let batched_per_cpu_second = n as f64 / ((cpu() - cpu0).max(1) as f64 / tck);
 
     let started = Instant::now();
     let mut n = 0usize;
@@ -150,6 +156,7 @@ async fn measure_set(
         one_at_a_time,
         batched,
         concurrent,
+        batched_per_cpu_second,
     })
 }
 
