@@ -1,6 +1,8 @@
-//! Sentence embeddings with all-MiniLM-L6-v2 (int8 ONNX) through ONNX Runtime, computed exactly as
-//! sentence-transformers does: truncation at 256 tokens ([CLS] and [SEP] included), mean pooling under
-//! the attention mask, L2 normalisation.
+//! Sentence embeddings with all-MiniLM-L6-v2 through ONNX Runtime (the fused fp32 graph that
+//! `deploy/local/build_model.py` builds), computed exactly as sentence-transformers does: truncation at 256
+//! tokens ([CLS] and [SEP] included), mean pooling under the attention mask, L2 normalisation. Any export
+//! with `input_ids`, `attention_mask` (and optionally `token_type_ids`) in and `last_hidden_state` out
+//! works (the int8 export earlier versions used does too).
 //!
 //! The model runs on one dedicated OS thread, never on the async runtime. Callers from any task send
 //! their texts to it; the thread waits for the first request (blocking, no spinning), collects more for a
