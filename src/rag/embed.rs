@@ -5,9 +5,11 @@
 //! works (the int8 export earlier versions used does too).
 //!
 //! The model runs on one dedicated OS thread, never on the async runtime. Callers from any task send
-//! their texts to it; the thread waits for the first request (blocking, no spinning), collects more for a
-//! short window (or until the batch is full), sorts everything by token length and runs the model in
-//! length buckets padded to their longest text, so a burst of turns costs a few model runs, not one each.
+//! their texts to it; the thread waits for the first request (blocking, no spinning), takes every request
+//! already queued (and, with a window above 0, waits that long for more, or until the batch is full),
+//! sorts everything by token length and runs the model in length buckets padded to their longest text.
+//! Requests that arrive while the model runs are queued for the next run, so a burst of turns costs a
+//! few model runs, not one each, and a lone request never waits (the default window is 0).
 
 use std::{
     path::{Path, PathBuf},
