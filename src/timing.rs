@@ -6,9 +6,10 @@
 //! overhead: the turn's wall time minus the time spent waiting on the model), and feeds the
 //! `companion_turn_stage_seconds{stage=…}` histograms of `/metrics`.
 //!
-//! Across the stages, the time the turn waited on MongoDB is measured from the driver's command events
-//! ([`mongo_command_handler`]): the union of the turn's command intervals, so the share of the local
-//! MongoDB-wire server (or Atlas) in the overhead is visible.
+//! Across the stages, the time the turn waited on MongoDB is measured from the driver's events
+//! ([`mongo_command_handler`], [`mongo_pool_handler`]): the union of the turn's connection checkouts
+//! (waiting for one of the pool's connections) and commands, so the share of the local MongoDB-wire
+//! server (or Atlas) in the overhead is visible.
 //!
 //! A stage counts its own time only: a stage awaited inside another (the completion's publish inside the
 //! delivery's writes) is subtracted from the outer one, so nested stages never count twice. Stages can
@@ -110,6 +111,8 @@ struct Clock {
     llm_calls: Cell<u32>,
     /// Start and end of every MongoDB command of the turn.
     mongo: RefCell<Vec<(Instant, Instant)>>,
+    /// Start and end of every wait for a pooled MongoDB connection.
+    mongo_wait: RefCell<Vec<(Instant, Instant)>>,
 }
 
 tokio::task_local! {
@@ -131,7 +134,8 @@ pub struct TurnTimings {
     pub stages_ms: [f64; Stage::ALL.len()],
     /// Chat calls made.
     pub llm_calls: u32,
-    /// Wall time during which at least one MongoDB command of the turn was running.
+    /// Wall time during which the turn waited on MongoDB: a command running, or a connection being
+    /// checked out of the pool for one.
     pub mongo_ms: f64,
     /// MongoDB commands sent.
     pub mongo_commands: u32,
@@ -155,6 +159,7 @@ pub async fn scope<F: Future>(fut: F) -> F::Output {
         nanos: Default::default(),
         llm_calls: Cell::new(0),
         mongo: RefCell::new(Vec::new()),
+        mongo_wait: RefCell::new(Vec::new()),
     };
     CLOCK.scope(clock, fut).await
 }
@@ -206,13 +211,15 @@ pub fn snapshot() -> Option<TurnTimings> {
             for (ms, n) in stages_ms.iter_mut().zip(&c.nanos) {
                 *ms = n.get().max(0) as f64 / 1e6;
             }
-            let mongo = c.mongo.borrow();
+            let commands = c.mongo.borrow();
+            let mut all = commands.clone();
+            all.extend(c.mongo_wait.borrow().iter().copied());
             TurnTimings {
                 total_ms: c.started.elapsed().as_secs_f64() * 1e3,
                 stages_ms,
                 llm_calls: c.llm_calls.get(),
-                mongo_ms: union(&mongo).as_secs_f64() * 1e3,
-                mongo_commands: mongo.len() as u32,
+                mongo_ms: union(&all).as_secs_f64() * 1e3,
+                mongo_commands: commands.len() as u32,
             }
         })
         .ok()
@@ -264,6 +271,22 @@ pub fn mongo_command_handler() -> mongodb::event::EventHandler<mongodb::event::c
         let end = Instant::now();
         let start = end.checked_sub(duration).unwrap_or(end);
         let _ = CLOCK.try_with(|c| c.mongo.borrow_mut().push((start, end)));
+    })
+}
+
+/// The MongoDB driver's connection-pool monitor: time spent waiting to check out a connection counts
+/// as MongoDB wait of the turn that waited (a saturated server shows here first).
+pub fn mongo_pool_handler() -> mongodb::event::EventHandler<mongodb::event::cmap::CmapEvent> {
+    use mongodb::event::cmap::CmapEvent;
+    mongodb::event::EventHandler::callback(|event| {
+        let duration = match event {
+            CmapEvent::ConnectionCheckedOut(e) => e.duration,
+            CmapEvent::ConnectionCheckoutFailed(e) => e.duration,
+            _ => return,
+        };
+        let end = Instant::now();
+        let start = end.checked_sub(duration).unwrap_or(end);
+        let _ = CLOCK.try_with(|c| c.mongo_wait.borrow_mut().push((start, end)));
     })
 }
 

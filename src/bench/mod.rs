@@ -132,6 +132,7 @@ pub async fn run(base: Config, args: BenchArgs) -> Result<Report, BenchError> {
         llm_wait_ms: None,
         overhead_ms: None,
         mongo_wait_ms: None,
+        mongo_commands_per_turn: 0.0,
         overhead_outside_mongo_ms: None,
         stages: Vec::new(),
         resources: None,
@@ -492,6 +493,7 @@ async fn measure(
     report.turn_wall_ms = Some(Dist::of(&col(&|r| r.total_ms)));
     report.overhead_ms = Some(Dist::of(&col(&|r| r.overhead_ms)));
     report.mongo_wait_ms = Some(Dist::of(&col(&|r| r.mongo_ms)));
+    report.mongo_commands_per_turn = Dist::of(&col(&|r| f64::from(r.mongo_commands))).mean;
     report.overhead_outside_mongo_ms =
         Some(Dist::of(&col(&|r| (r.overhead_ms - r.mongo_ms).max(0.0))));
     let llm_idx = Stage::ALL

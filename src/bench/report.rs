@@ -153,8 +153,11 @@ pub struct Report {
     pub llm_wait_ms: Option<Dist>,
     /// Wall time minus model wait: what the worker itself costs per turn.
     pub overhead_ms: Option<Dist>,
-    /// Wall time inside MongoDB commands per turn (across stages; the local server is a Python process).
+    /// Wall time waiting on MongoDB per turn, for a pooled connection or a command (across stages; the
+    /// local server is a Python process).
     pub mongo_wait_ms: Option<Dist>,
+    /// MongoDB commands per turn, on average.
+    pub mongo_commands_per_turn: f64,
     /// Overhead minus MongoDB wait: an estimate of the overhead with a MongoDB that answers at once
     /// (parallel branches may then become the longer path, so this is a lower bound).
     pub overhead_outside_mongo_ms: Option<Dist>,
@@ -252,7 +255,7 @@ pub fn table(r: &Report) -> String {
             ("worker wall", &r.turn_wall_ms),
             ("LLM wait", &r.llm_wait_ms),
             ("OVERHEAD (wall − LLM)", &r.overhead_ms),
-            ("  in MongoDB commands", &r.mongo_wait_ms),
+            ("  waiting on MongoDB", &r.mongo_wait_ms),
             ("  outside MongoDB (est)", &r.overhead_outside_mongo_ms),
         ] {
             if let Some(d) = d {
@@ -261,7 +264,8 @@ pub fn table(r: &Report) -> String {
         }
         let _ = writeln!(
             o,
-            "  stages (own time; context runs beside embed+retrieve):"
+            "  ({:.1} MongoDB commands per turn; stages below are own time, context runs beside embed+retrieve)",
+            r.mongo_commands_per_turn
         );
         for s in &r.stages {
             row(&mut o, &format!("  {}", s.stage), Some(s.turns), &s.ms);

@@ -190,8 +190,9 @@ pub struct TimingRecord {
     pub total_ms: f64,
     pub overhead_ms: f64,
     pub llm_calls: u32,
-    /// Wall time inside MongoDB commands (their union).
+    /// Wall time waiting on MongoDB (connection checkouts and commands, their union).
     pub mongo_ms: f64,
+    pub mongo_commands: u32,
     /// Milliseconds per stage, in [`Stage::ALL`] order.
     pub stages_ms: Vec<f64>,
 }
@@ -246,6 +247,7 @@ pub fn read_log(path: &Path) -> LogSummary {
             overhead_ms: num("overhead_ms"),
             llm_calls: num("llm_calls") as u32,
             mongo_ms: num("mongo_ms"),
+            mongo_commands: num("mongo_commands") as u32,
             stages_ms: Stage::ALL
                 .iter()
                 .map(|s| num(&format!("{}_ms", s.name())))
@@ -285,7 +287,7 @@ mod tests {
         std::fs::write(
             &log,
             concat!(
-                r#"{"timestamp":"2026-11-22T10:00:01.000000Z","level":"INFO","fields":{"message":"turn timings","outcome":"answered","total_ms":12.5,"overhead_ms":2.5,"llm_calls":1,"llm_ms":10.0,"writes_ms":1.5},"target":"companion::timing","span":{"event_id":"abc","name":"turn"}}"#,
+                r#"{"timestamp":"2026-11-22T10:00:01.000000Z","level":"INFO","fields":{"message":"turn timings","outcome":"answered","total_ms":12.5,"overhead_ms":2.5,"llm_calls":1,"mongo_ms":1.25,"mongo_commands":7,"llm_ms":10.0,"writes_ms":1.5},"target":"companion::timing","span":{"event_id":"abc","name":"turn"}}"#,
                 "\n",
                 r#"{"timestamp":"2026-11-22T10:00:01.005000Z","level":"WARN","fields":{"message":"turn failed; will retry","error":"boom"},"target":"companion::worker"}"#,
                 "\nnot json\n",
@@ -302,6 +304,7 @@ mod tests {
         assert_eq!(t.event_id, "abc");
         assert_eq!(t.total_ms, 12.5);
         assert_eq!(t.overhead_ms, 2.5);
+        assert_eq!((t.mongo_ms, t.mongo_commands), (1.25, 7));
         let idx = |st: Stage| Stage::ALL.iter().position(|s| *s == st).unwrap();
         assert_eq!(t.stages_ms[idx(Stage::Llm)], 10.0);
         assert_eq!(t.stages_ms[idx(Stage::Writes)], 1.5);
