@@ -68,10 +68,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 100)]
     pub warmup: usize,
     /// DM conversations the turns go round (a user's next message comes after many others).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 200)]
     pub conversations: usize,
     /// Users (each talks to several companions); raised to what the conversations need.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 50)]
     pub users: usize,
     /// History messages already in each conversation (the model sees the last `--history-limit`).
     #[arg(long, default_value_t = 20)]
