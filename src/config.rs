@@ -354,11 +354,12 @@ pub struct Config {
         global = true
     )]
     pub embed_max_batch: usize,
-    /// Milliseconds the embedder waits for more texts after the first before running the model.
+    /// Milliseconds the embedder waits for more texts after the first before running the model; 0 runs at
+    /// once, and texts that arrive while the model runs go together into the next run.
     #[arg(
         long,
         env = "COMPANION_EMBED_WINDOW_MS",
-        default_value_t = 5,
+        default_value_t = 0,
         global = true
     )]
     pub embed_window_ms: u64,

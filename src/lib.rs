@@ -5,6 +5,7 @@
 //! reply into `dm_messages` and publishes the completion.
 
 pub mod backend;
+pub mod bench;
 pub mod bus;
 pub mod character;
 pub mod commands;
@@ -19,6 +20,7 @@ pub mod seed;
 pub mod services;
 pub mod store;
 pub mod telemetry;
+pub mod timing;
 pub mod tools;
 pub mod turn;
 pub mod usage;

@@ -74,6 +74,8 @@ enum Command {
         #[arg(long, default_value_t = 7)]
         days: u32,
     },
+    /// Measure a turn's cost and throughput end to end on the real local stack (see README, Benchmark).
+    Bench(Box<companion::bench::BenchArgs>),
     /// Serve the scripted offline model (OpenAI-compatible) for demos without an API key.
     StubLlm {
         #[arg(long, default_value = "127.0.0.1:8089")]
@@ -170,6 +172,11 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .context("reading llm_usage (run `companion migrate` first)")?;
             print!("{report}");
+        }
+        Command::Bench(args) => {
+            companion::bench::run(config, *args)
+                .await
+                .context("benchmark")?;
         }
         Command::StubLlm { addr } => {
             let server = stub::StubLlm::start_on(addr, stub::demo(), false)

@@ -26,6 +26,39 @@ pub struct Metrics {
     amounts: Mutex<BTreeMap<(String, String), f64>>,
     /// The consumer's last gauges and when they were read, so scrapes cost at most one request a second.
     consumer: tokio::sync::Mutex<Option<(std::time::Instant, String)>>,
+    /// Per-stage turn timings (`companion_turn_stage_seconds{stage=…}`), fed by [`crate::timing::report`].
+    stage_seconds: Mutex<BTreeMap<&'static str, Buckets>>,
+}
+
+/// Upper bounds (seconds) of the stage histograms: stages take milliseconds, the model seconds.
+const STAGE_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Upper bounds of the embedding batch-size histogram (texts per model run).
+pub const EMBED_BATCH_BUCKETS: &[u64] = &[1, 2, 4, 8, 16, 32, 64, 128];
+
+/// A cumulative histogram over any bounds.
+#[derive(Clone, Debug, Default)]
+struct Buckets {
+    counts: Vec<u64>,
+    count: u64,
+    sum: f64,
+}
+
+impl Buckets {
+    fn observe(&mut self, bounds: &[f64], v: f64) {
+        if self.counts.len() != bounds.len() {
+            self.counts = vec![0; bounds.len()];
+        }
+        for (c, b) in self.counts.iter_mut().zip(bounds) {
+            if v <= *b {
+                *c += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += v;
+    }
 }
 
 #[derive(Default)]
@@ -87,6 +120,27 @@ impl Metrics {
         }
     }
 
+    /// Records one turn's stage timings, its model wait (`llm`) and its overhead (`overhead`).
+    pub fn observe_turn_timings(&self, t: &crate::timing::TurnTimings) {
+        let mut h = self.stage_seconds.lock().expect("metrics lock");
+        for stage in crate::timing::Stage::ALL {
+            let ms = t.stage_ms(stage);
+            // A stage the turn never reached is not a zero-length observation.
+            if ms > 0.0 || stage == crate::timing::Stage::Llm {
+                h.entry(stage.name())
+                    .or_default()
+                    .observe(STAGE_BUCKETS, ms / 1e3);
+            }
+        }
+        h.entry("overhead")
+            .or_default()
+            .observe(STAGE_BUCKETS, t.overhead_ms() / 1e3);
+        // Not a stage: the turn's time inside MongoDB commands, across stages.
+        h.entry("mongo")
+            .or_default()
+            .observe(STAGE_BUCKETS, t.mongo_ms / 1e3);
+    }
+
     /// The value of one counter (for tests and the bench).
     pub fn get(&self, name: &str, labels: &str) -> u64 {
         self.counters
@@ -128,7 +182,40 @@ impl Metrics {
         let _ = writeln!(out, "companion_turn_seconds_sum {}", h.sum);
         let _ = writeln!(out, "companion_turn_seconds_count {}", h.count);
         self.render_amounts(&mut out);
+        drop(h);
+        self.render_stages(&mut out);
         out
+    }
+
+    fn render_stages(&self, out: &mut String) {
+        let stages = self.stage_seconds.lock().expect("metrics lock");
+        if stages.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "# TYPE companion_turn_stage_seconds histogram");
+        for (stage, h) in stages.iter() {
+            for (c, b) in h.counts.iter().zip(STAGE_BUCKETS) {
+                let _ = writeln!(
+                    out,
+                    "companion_turn_stage_seconds_bucket{{stage=\"{stage}\",le=\"{b}\"}} {c}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "companion_turn_stage_seconds_bucket{{stage=\"{stage}\",le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "companion_turn_stage_seconds_sum{{stage=\"{stage}\"}} {}",
+                h.sum
+            );
+            let _ = writeln!(
+                out,
+                "companion_turn_stage_seconds_count{{stage=\"{stage}\"}} {}",
+                h.count
+            );
+        }
     }
 }
 
@@ -195,12 +282,17 @@ fn ok(b: bool) -> &'static str {
 async fn metrics(State(svc): State<Arc<Services>>) -> impl IntoResponse {
     // First, so a failed read is already in this scrape's counters.
     let gauges = consumer_gauges(&svc).await;
+    let mut text = svc.metrics.render();
+    if let Some(e) = &svc.embedder {
+        render_embed_batches(&mut text, &e.batch_sizes());
+    }
+    text.push_str(&gauges);
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4",
         )],
-        svc.metrics.render() + &gauges,
+        text,
     )
 }
 
@@ -257,4 +349,20 @@ async fn consumer_gauges(svc: &Services) -> String {
     }
     *cached = Some((std::time::Instant::now(), text.clone()));
     text
+}
+
+/// `companion_embed_batch_size`: texts per model run of the embedder, cumulative over
+/// [`EMBED_BATCH_BUCKETS`] (`counts[i]` = runs with at most that many texts), with count and sum.
+pub fn render_embed_batches(out: &mut String, h: &crate::rag::embed::BatchSizes) {
+    let _ = writeln!(out, "# TYPE companion_embed_batch_size histogram");
+    for (c, b) in h.cumulative.iter().zip(EMBED_BATCH_BUCKETS) {
+        let _ = writeln!(out, "companion_embed_batch_size_bucket{{le=\"{b}\"}} {c}");
+    }
+    let _ = writeln!(
+        out,
+        "companion_embed_batch_size_bucket{{le=\"+Inf\"}} {}",
+        h.count
+    );
+    let _ = writeln!(out, "companion_embed_batch_size_sum {}", h.sum);
+    let _ = writeln!(out, "companion_embed_batch_size_count {}", h.count);
 }

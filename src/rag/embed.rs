@@ -1,11 +1,15 @@
-//! Sentence embeddings with all-MiniLM-L6-v2 (int8 ONNX) through ONNX Runtime, computed exactly as
-//! sentence-transformers does: truncation at 256 tokens ([CLS] and [SEP] included), mean pooling under
-//! the attention mask, L2 normalisation.
+//! Sentence embeddings with all-MiniLM-L6-v2 through ONNX Runtime (the fused fp32 graph that
+//! `deploy/local/build_model.py` builds), computed exactly as sentence-transformers does: truncation at 256
+//! tokens ([CLS] and [SEP] included), mean pooling under the attention mask, L2 normalisation. Any export
+//! with `input_ids`, `attention_mask` (and optionally `token_type_ids`) in and `last_hidden_state` out
+//! works (the int8 export earlier versions used does too).
 //!
 //! The model runs on one dedicated OS thread, never on the async runtime. Callers from any task send
-//! their texts to it; the thread waits for the first request (blocking, no spinning), collects more for a
-//! short window (or until the batch is full), sorts everything by token length and runs the model in
-//! length buckets padded to their longest text, so a burst of turns costs a few model runs, not one each.
+//! their texts to it; the thread waits for the first request (blocking, no spinning), takes every request
+//! already queued (and, with a window above 0, waits that long for more, or until the batch is full),
+//! sorts everything by token length and runs the model in length buckets padded to their longest text.
+//! Requests that arrive while the model runs are queued for the next run, so a burst of turns costs a
+//! few model runs, not one each, and a lone request never waits (the default window is 0).
 
 use std::{
     path::{Path, PathBuf},
@@ -118,6 +122,20 @@ pub struct EmbedStats {
     pub model_runs: AtomicU64,
     /// Batches collected by the window (each gives one or more model runs).
     pub batches: AtomicU64,
+    /// Model runs by texts per run: index `i` counts runs of at most `EMBED_BATCH_BUCKETS[i]` texts
+    /// (and more than the bound before it); the last slot counts larger runs.
+    pub run_sizes: [AtomicU64; crate::ops::EMBED_BATCH_BUCKETS.len() + 1],
+}
+
+/// The batch-size histogram of the model runs so far (for `companion_embed_batch_size`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatchSizes {
+    /// Cumulative counts per bound of [`crate::ops::EMBED_BATCH_BUCKETS`].
+    pub cumulative: Vec<u64>,
+    /// Model runs.
+    pub count: u64,
+    /// Texts over all runs.
+    pub sum: u64,
 }
 
 /// A snapshot of [`EmbedStats`].
@@ -254,6 +272,21 @@ impl Embedder {
             batches: self.stats.batches.load(Ordering::Relaxed),
         }
     }
+
+    /// Texts per model run so far, as a cumulative histogram.
+    pub fn batch_sizes(&self) -> BatchSizes {
+        let mut cumulative = Vec::with_capacity(crate::ops::EMBED_BATCH_BUCKETS.len());
+        let mut running = 0;
+        for slot in &self.stats.run_sizes[..crate::ops::EMBED_BATCH_BUCKETS.len()] {
+            running += slot.load(Ordering::Relaxed);
+            cumulative.push(running);
+        }
+        BatchSizes {
+            cumulative,
+            count: self.stats.model_runs.load(Ordering::Relaxed),
+            sum: self.stats.texts.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// The embedding thread's state.
@@ -350,6 +383,11 @@ impl Worker {
     fn run_model(&mut self, batch: &[&Encoding]) -> Result<Vec<Vec<f32>>, EmbedError> {
         self.stats.model_runs.fetch_add(1, Ordering::Relaxed);
         let rows = batch.len();
+        let slot = crate::ops::EMBED_BATCH_BUCKETS
+            .iter()
+            .position(|&b| rows as u64 <= b)
+            .unwrap_or(crate::ops::EMBED_BATCH_BUCKETS.len());
+        self.stats.run_sizes[slot].fetch_add(1, Ordering::Relaxed);
         let seq = batch
             .iter()
             .map(|e| e.get_ids().len())

@@ -99,10 +99,10 @@ pub async fn search(
     if collections.is_empty() || k <= 0 {
         return Ok(Vec::new());
     }
-    let mut tx = pool.begin().await?;
-    // Filtered HNSW scans keep going until k rows pass the collection filter (pgvector ≥ 0.8).
-    sqlx::query("SET LOCAL hnsw.iterative_scan = relaxed_order")
-        .execute(&mut *tx)
+    // Filtered HNSW scans keep going until k rows pass the collection filter (pgvector ≥ 0.8); set with
+    // the BEGIN, in the same round trip.
+    let mut tx = pool
+        .begin_with("BEGIN; SET LOCAL hnsw.iterative_scan = relaxed_order")
         .await?;
     let rows = sqlx::query(
         "SELECT c.collection, a.title, a.source_url, c.content,

@@ -60,8 +60,13 @@ pub async fn retrieve(
     if collections.is_empty() || text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    let query = embedder.embed_one(text).await?;
-    let hits = kb::search(pool, collections, &query, top_k).await?;
+    use crate::timing::{Stage, stage};
+    let query = stage(Stage::Embed, embedder.embed_one(text)).await?;
+    let hits = stage(
+        Stage::Retrieve,
+        kb::search(pool, collections, &query, top_k),
+    )
+    .await?;
     Ok(hits
         .into_iter()
         .filter(|h| h.score >= threshold)

@@ -4,8 +4,34 @@
 //! One schema serves both ends: what the model is shown in `tools` is what [`validate`] enforces, so the
 //! limits written once in `#[schemars(length(..), range(..), regex(..))]` can never drift apart.
 
+use std::{
+    collections::HashMap,
+    sync::{LazyLock, Mutex},
+};
+
 use schemars::{JsonSchema, generate::SchemaSettings};
 use serde_json::{Map, Value};
+
+/// Compiled `pattern`s of the tools' schemas (a handful, fixed at compile time): compiling one costs more
+/// than the rest of a tool call's validation, so each is compiled once.
+static PATTERNS: LazyLock<Mutex<HashMap<String, Option<regex::Regex>>>> =
+    LazyLock::new(Default::default);
+/// Bound on [`PATTERNS`], should schemas ever carry patterns from elsewhere.
+const MAX_PATTERNS: usize = 64;
+
+/// Whether `text` matches `pattern`; `None` when the pattern does not compile.
+fn pattern_matches(pattern: &str, text: &str) -> Option<bool> {
+    let mut cache = PATTERNS.lock().expect("pattern cache lock");
+    if let Some(re) = cache.get(pattern) {
+        return re.as_ref().map(|re| re.is_match(text));
+    }
+    let re = regex::Regex::new(pattern).ok();
+    let matched = re.as_ref().map(|re| re.is_match(text));
+    if cache.len() < MAX_PATTERNS {
+        cache.insert(pattern.to_owned(), re);
+    }
+    matched
+}
 
 /// The `parameters` schema of a tool whose arguments are `T`: inline (no `$ref`), without the
 /// meta-schema, titles or integer formats some providers reject, and with optional fields as plain
@@ -179,10 +205,10 @@ fn check(schema: &Value, v: &Value, path: &str) -> Result<(), Violation> {
             return Err(violation(path, format!("must be at most {max} characters")));
         }
         if let Some(p) = s.get("pattern").and_then(Value::as_str) {
-            match regex::Regex::new(p) {
-                Ok(re) if re.is_match(text) => {}
-                Ok(_) => return Err(violation(path, format!("must match the pattern {p}"))),
-                Err(_) => return Err(violation(path, "has an unusable pattern")),
+            match pattern_matches(p, text) {
+                Some(true) => {}
+                Some(false) => return Err(violation(path, format!("must match the pattern {p}"))),
+                None => return Err(violation(path, "has an unusable pattern")),
             }
         }
     }
@@ -262,6 +288,17 @@ mod tests {
         #[serde(default)]
         #[schemars(length(max = 2), inner(length(min = 1)))]
         tags: Vec<String>,
+    }
+
+    #[test]
+    fn patterns_are_compiled_once_and_still_checked() {
+        for _ in 0..3 {
+            assert_eq!(pattern_matches(r"\S", "kickflip"), Some(true));
+            assert_eq!(pattern_matches(r"\S", "   "), Some(false));
+            assert_eq!(pattern_matches("(unclosed", "x"), None);
+        }
+        let cache = PATTERNS.lock().unwrap();
+        assert!(cache.contains_key(r"\S") && cache.contains_key("(unclosed"));
     }
 
     #[test]

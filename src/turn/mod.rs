@@ -25,6 +25,7 @@ use crate::{
         mongo::{ConversationCheck, ReplyDoc},
         pg::{NewHistory, TurnRecord},
     },
+    timing::{Stage, stage},
 };
 
 /// Said when a character file has no `busyLine`.
@@ -220,18 +221,19 @@ pub async fn run_delivered(
     event: &DmEvent,
     delivery: Option<&Delivery<'_>>,
 ) -> Result<Settled, TurnError> {
-    let character = admit(svc, event).await?;
+    let character = stage(Stage::Admit, admit(svc, event)).await?;
     let ids = Ids::of(event);
-    let record = svc
-        .pg
-        .begin_turn(
+    let record = stage(
+        Stage::Journal,
+        svc.pg.begin_turn(
             &ids.message,
             &ids.conversation,
             &ids.sender,
             &ids.bot,
             delivery.map(|d| d.seq),
-        )
-        .await?;
+        ),
+    )
+    .await?;
     if record.state != "running" {
         info!(
             state = %record.state,
@@ -263,14 +265,14 @@ pub async fn run_delivered(
             {
                 return limited(svc, event, character, &record).await;
             }
-            let burst = burst(svc, event, delivery, &record).await?;
+            let burst = stage(Stage::Order, burst(svc, event, delivery, &record)).await?;
             let typing = Typing {
                 conversation_id: ids.conversation.clone(),
                 sender_id: ids.bot.clone(),
                 typing: true,
                 at: Utc::now(),
             };
-            if let Err(e) = svc.bus.publish_typing(&typing).await {
+            if let Err(e) = stage(Stage::Publish, svc.bus.publish_typing(&typing)).await {
                 debug!(error = %e, "typing indicator not sent");
             }
             let reply = respond(svc, event, &burst, character).await?;
@@ -278,7 +280,12 @@ pub async fn run_delivered(
         }
     };
     let state = if busy { "limited" } else { "done" };
-    let reply_id = deliver(svc, event, &burst, reply, state, record.generation).await?;
+    // Writes are the delivery's time less its publish (stages count their own time only).
+    let reply_id = stage(
+        Stage::Writes,
+        deliver(svc, event, &burst, reply, state, record.generation),
+    )
+    .await?;
     Ok(Settled {
         through_seq: burst.last_seq(),
         outcome: if busy {
@@ -393,13 +400,16 @@ async fn limited(
         rich_content: None,
         tool_log: None,
     };
-    let reply_id = deliver(
-        svc,
-        event,
-        &Burst::default(),
-        reply,
-        "limited",
-        record.generation,
+    let reply_id = stage(
+        Stage::Writes,
+        deliver(
+            svc,
+            event,
+            &Burst::default(),
+            reply,
+            "limited",
+            record.generation,
+        ),
     )
     .await?;
     Ok(Settled {
@@ -429,7 +439,7 @@ async fn respond(
         .join("\n");
     // Retrieval (embedding + vector search) runs beside the context loads, not after them.
     let (context, knowledge) = tokio::join!(
-        async {
+        stage(Stage::Context, async {
             tokio::try_join!(
                 svc.pg
                     .history(&ids.sender, &ids.bot, svc.config.history_limit),
@@ -437,10 +447,11 @@ async fn respond(
                 svc.mongo
                     .user_tricklists(event.sender_id, prompt::PROMPT_TRICKLISTS),
             )
-        },
+        }),
         crate::rag::retrieve_for_turn(svc, character, &query),
     );
     let (history, profile, tricklists) = context?;
+    let prompt_started = std::time::Instant::now();
     let system = prompt::system_prompt(&prompt::PromptContext {
         character,
         profile: profile.as_ref(),
@@ -450,6 +461,7 @@ async fn respond(
         tools_enabled: true,
     });
     let messages = prompt::conversation(system, &history, &events);
+    crate::timing::add(Stage::Prompt, prompt_started);
     let request = ChatRequest {
         model: character
             .model
@@ -585,8 +597,9 @@ async fn deliver(
     svc.mongo
         .touch_conversation(event.conversation_id, &content, at)
         .await?;
-    svc.bus
-        .publish_completion(&Completion {
+    stage(
+        Stage::Publish,
+        svc.bus.publish_completion(&Completion {
             message_id: reply_id_hex.clone(),
             in_reply_to: ids.message.clone(),
             conversation_id: ids.conversation.clone(),
@@ -595,8 +608,9 @@ async fn deliver(
             rich_content,
             created_at: at,
             covers: burst.ids(),
-        })
-        .await?;
+        }),
+    )
+    .await?;
     svc.pg.finish_turn(&ids.message, final_state, None).await?;
     info!(reply_id = %reply_id_hex, state = final_state, generation, "reply delivered");
     Ok(reply_id_hex)

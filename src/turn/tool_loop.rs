@@ -25,6 +25,7 @@ use crate::{
     character::Character,
     llm::{AssistantMessage, ChatRequest, Message, ToolCall},
     services::Services,
+    timing::{Stage, stage},
     tools::{Registry, ToolContext, ToolError, audit},
 };
 
@@ -139,6 +140,7 @@ pub async fn run_llm_with(
         }
         round += 1;
         let calls = unique_ids(message.tool_calls, round, &mut seen_ids);
+        let round_started = Instant::now();
         let results = futures::future::join_all(calls.iter().map(|call| async move {
             let mut ctx = base.clone();
             ctx.tool_call_id = call.id.clone();
@@ -162,6 +164,7 @@ pub async fn run_llm_with(
             (ctx, result, started.elapsed().as_millis() as u64)
         }))
         .await;
+        crate::timing::add(Stage::Tools, round_started);
         request.messages.push(Message::Assistant {
             content: message.content.filter(|c| !c.trim().is_empty()),
             tool_calls: calls.clone(),
@@ -178,7 +181,11 @@ pub async fn run_llm_with(
                 }
                 unreachable!("only store errors are transient");
             }
-            audit::record(&ctx, round, &call.function.arguments, &result, ms).await?;
+            stage(
+                Stage::Tools,
+                audit::record(&ctx, round, &call.function.arguments, &result, ms),
+            )
+            .await?;
             info!(tool = %result.name, ok = result.is_ok(), ms, round, "tool call");
 
             if let Some(card) = result.card() {
@@ -204,13 +211,13 @@ async fn journaled_completion(
     out: &mut LoopOutput,
 ) -> Result<AssistantMessage, TurnError> {
     let message_id = base.message_id.to_hex();
-    if let Some(stored) = base.pg.turn_step(&message_id, step).await?
+    if let Some(stored) = stage(Stage::Steps, base.pg.turn_step(&message_id, step)).await?
         && let Ok(message) = serde_json::from_value::<AssistantMessage>(stored)
     {
         debug!(step, "model response replayed from the turn journal");
         return Ok(message);
     }
-    let response = llm.complete(request).await?;
+    let response = stage(Stage::Llm, llm.complete(request)).await?;
     out.llm_calls += 1;
     crate::usage::record_paid_call(llm, base, step, &response).await;
     let message = response
@@ -220,7 +227,11 @@ async fn journaled_completion(
         .map(|c| c.message)
         .unwrap_or_default();
     let value = serde_json::to_value(&message).unwrap_or(Value::Null);
-    let stored = base.pg.record_turn_step(&message_id, step, &value).await?;
+    let stored = stage(
+        Stage::Steps,
+        base.pg.record_turn_step(&message_id, step, &value),
+    )
+    .await?;
     Ok(serde_json::from_value(stored).unwrap_or(message))
 }
 
