@@ -30,6 +30,10 @@ struct State {
     published: usize,
     completed: usize,
     duplicates: usize,
+    /// Completion messages of this phase's events (a reply may answer a burst).
+    replies: usize,
+    /// Events answered as part of a burst (in a reply's `covers`).
+    covered: usize,
     publish_errors: usize,
     /// JetStream said the publish was a duplicate (must not happen: ids are fresh).
     publish_duplicates: usize,
@@ -47,6 +51,8 @@ pub struct Progress {
     pub published: usize,
     pub completed: usize,
     pub duplicates: usize,
+    pub replies: usize,
+    pub covered: usize,
     pub publish_errors: usize,
     pub publish_duplicates: usize,
 }
@@ -80,6 +86,8 @@ impl Tracker {
             published: s.published,
             completed: s.completed,
             duplicates: s.duplicates,
+            replies: s.replies,
+            covered: s.covered,
             publish_errors: s.publish_errors,
             publish_duplicates: s.publish_duplicates,
         }
@@ -121,17 +129,29 @@ impl Tracker {
         }
     }
 
-    fn completion(&self, in_reply_to: &str, at: Instant) {
+    /// One completion: the event it answers and the later events of the burst it covers.
+    fn completion(&self, in_reply_to: &str, covers: &[String], at: Instant) {
         let mut s = self.state.lock().expect("tracker lock");
-        let Some(&i) = s.index.get(in_reply_to) else {
-            return;
-        };
-        s.received[i] += 1;
-        if s.received[i] == 1 {
-            s.completed_at[i] = Some(at);
-            s.completed += 1;
-        } else {
-            s.duplicates += 1;
+        if s.index.contains_key(in_reply_to) {
+            s.replies += 1;
+        }
+        for (n, id) in std::iter::once(in_reply_to)
+            .chain(covers.iter().map(String::as_str))
+            .enumerate()
+        {
+            let Some(&i) = s.index.get(id) else {
+                continue;
+            };
+            s.received[i] += 1;
+            if s.received[i] == 1 {
+                s.completed_at[i] = Some(at);
+                s.completed += 1;
+                if n > 0 {
+                    s.covered += 1;
+                }
+            } else {
+                s.duplicates += 1;
+            }
         }
     }
 }
@@ -151,11 +171,13 @@ pub async fn collect_completions(
         #[serde(rename_all = "camelCase")]
         struct Reply {
             in_reply_to: String,
+            #[serde(default)]
+            covers: Vec<String>,
         }
         while let Some(msg) = sub.next().await {
             let at = Instant::now();
             if let Ok(r) = serde_json::from_slice::<Reply>(&msg.payload) {
-                tracker.completion(&r.in_reply_to, at);
+                tracker.completion(&r.in_reply_to, &r.covers, at);
             }
         }
     }))

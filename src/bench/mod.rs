@@ -88,6 +88,13 @@ pub struct BenchArgs {
     /// Outbound chat requests per second per worker (the production guard; lifted for the bench).
     #[arg(long, default_value_t = 100_000)]
     pub llm_rps: u32,
+    /// The workers' per-user flood limit (turns per minute; 0: off). Off by default: the bench's users
+    /// send far faster than people do, and a busy line is not the turn being measured.
+    #[arg(long, default_value_t = 0)]
+    pub user_turns_per_minute: u32,
+    /// Later messages of a conversation one reply may answer (the workers' `COMPANION_BURST_MAX`).
+    #[arg(long, default_value_t = 8)]
+    pub burst_max: usize,
     /// Seconds to wait for the last completions after the last publish.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
@@ -258,6 +265,8 @@ async fn measure(
     .map_err(|e| BenchError::Setup(format!("stub model: {e}")))?;
     let mut config = env.config.clone();
     config.llm_base_url = stub.base_url.clone();
+    config.user_turns_per_minute = args.user_turns_per_minute;
+    config.burst_max = args.burst_max;
     let settings = workers::WorkerSettings {
         llm_requests_per_second: args.llm_rps,
         rust_log: workers::WORKER_RUST_LOG.into(),
@@ -452,10 +461,14 @@ async fn measure(
         .count_documents(bson::doc! { "inReplyTo": { "$in": ids } })
         .await
         .map_err(StoreError::from)?;
-    let redelivered: i64 = sqlx::query_scalar("SELECT count(*) FROM turns WHERE attempts > 1")
-        .fetch_one(&env.pg.pool)
-        .await
-        .map_err(StoreError::from)?;
+    // A covered message's journal row is written by the turn that covers it, so its own delivery is its
+    // second "attempt".
+    let redelivered: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM turns WHERE attempts > CASE WHEN state = 'covered' THEN 2 ELSE 1 END",
+    )
+    .fetch_one(&env.pg.pool)
+    .await
+    .map_err(StoreError::from)?;
     let stream_messages = |name: String| {
         let js = env.bus.js.clone();
         async move {
@@ -480,10 +493,12 @@ async fn measure(
                 report.worker_log_samples.push(x);
             }
         }
+        // Turns that ran (answered, or limited): a message covered by a burst's reply is acknowledged
+        // by its own delivery too, but that is no turn of its own.
         records.extend(
             s.timings
                 .into_iter()
-                .filter(|t| measured.contains(&t.event_id)),
+                .filter(|t| measured.contains(&t.event_id) && t.outcome != "already_done"),
         );
     }
     let recs: Vec<&workers::TimingRecord> = records.iter().collect();
@@ -525,6 +540,8 @@ async fn measure(
         published: progress.published,
         completed: progress.completed,
         lost: progress.published.saturating_sub(progress.completed),
+        replies: progress.replies,
+        covered: progress.covered,
         duplicated: progress.duplicates,
         publish_errors: progress.publish_errors,
         replies_stored,

@@ -70,8 +70,12 @@ pub struct TurnCounts {
     pub lost: usize,
     /// Completions beyond the first for the same event, on the wire.
     pub duplicated: usize,
+    /// Completion messages received (one per reply; a reply may answer a burst).
+    pub replies: usize,
+    /// Events answered by the reply to an earlier message of their burst (listed in its `covers`).
+    pub covered: usize,
     pub publish_errors: usize,
-    /// Replies stored in `dm_messages` for this phase's events (must equal `completed`).
+    /// Replies stored in `dm_messages` for this phase's events (must equal `replies`).
     pub replies_stored: u64,
     /// Completion messages in the OUT stream for the whole run, warm-up included.
     pub out_stream_messages: u64,
@@ -217,9 +221,11 @@ pub fn table(r: &Report) -> String {
     if let Some(t) = &r.turns {
         let _ = writeln!(
             o,
-            "\nturns: {} published, {} completed, {} lost, {} duplicated, {} publish errors; {} replies stored, {} dead letters, {} redelivered",
+            "\nturns: {} published, {} completed ({} replies, {} events covered by a burst's reply), {} lost, {} duplicated, {} publish errors; {} replies stored, {} dead letters, {} redelivered",
             t.published,
             t.completed,
+            t.replies,
+            t.covered,
             t.lost,
             t.duplicated,
             t.publish_errors,

@@ -83,6 +83,16 @@ pub fn spawn(
         .env("COMPANION_EMBED_MAX_BATCH", c.embed_max_batch.to_string())
         .env("COMPANION_EMBED_WINDOW_MS", c.embed_window_ms.to_string())
         .env("COMPANION_ACK_WAIT_SECS", c.ack_wait_secs.to_string())
+        .env("COMPANION_BURST_MAX", c.burst_max.to_string())
+        .env(
+            "COMPANION_USER_TURNS_PER_MINUTE",
+            c.user_turns_per_minute.to_string(),
+        )
+        .env("COMPANION_MAX_ACK_PENDING", c.max_ack_pending.to_string())
+        .env(
+            "COMPANION_ORDER_MAX_WAIT_SECS",
+            c.order_max_wait_secs.to_string(),
+        )
         .env("COMPANION_HTTP_ADDR", &http_addr)
         .env("LOG_FORMAT", "json")
         .env("RUST_LOG", &settings.rust_log)
@@ -185,6 +195,8 @@ pub fn tail(path: &Path, n: usize) -> String {
 #[derive(Clone, Debug)]
 pub struct TimingRecord {
     pub event_id: String,
+    /// `answered`, `limited` or `already_done` (e.g. covered by a burst's reply).
+    pub outcome: String,
     /// When the event was logged (the end of the turn), Unix microseconds.
     pub end_us: i64,
     pub total_ms: f64,
@@ -242,6 +254,7 @@ pub fn read_log(path: &Path) -> LogSummary {
             .unwrap_or(0);
         out.timings.push(TimingRecord {
             event_id: v["span"]["event_id"].as_str().unwrap_or("").to_owned(),
+            outcome: f["outcome"].as_str().unwrap_or("").to_owned(),
             end_us,
             total_ms: num("total_ms"),
             overhead_ms: num("overhead_ms"),
