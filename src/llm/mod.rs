@@ -2,7 +2,7 @@
 
 pub mod stub;
 
-use std::{num::NonZeroU32, sync::Arc, time::Duration};
+use std::{borrow::Cow, num::NonZeroU32, sync::Arc, time::Duration};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use reqwest::{StatusCode, header};
@@ -111,14 +111,19 @@ pub struct FunctionDef {
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<Message>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<ToolDef>,
+    /// Shared with the registry: the same definitions go out with every request.
+    #[serde(skip_serializing_if = "no_tools")]
+    pub tools: Arc<[ToolDef]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
+}
+
+fn no_tools(tools: &Arc<[ToolDef]>) -> bool {
+    tools.is_empty()
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -382,8 +387,14 @@ impl LlmClient {
         );
         let mut last = None;
         for (i, model) in models.iter().enumerate() {
-            let mut req = request.clone();
-            req.model = model.clone();
+            // Only a fallback model needs its own copy; hundreds of turns may be waiting on the first.
+            let req = if *model == request.model {
+                Cow::Borrowed(request)
+            } else {
+                let mut r = request.clone();
+                r.model = model.clone();
+                Cow::Owned(r)
+            };
             let mut retry = 0;
             let err = loop {
                 self.limiter.until_ready().await;

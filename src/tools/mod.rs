@@ -26,7 +26,12 @@ pub mod search_spots;
 pub mod search_trickipedia;
 pub mod share_content;
 
-use std::{future::Future, marker::PhantomData, panic::AssertUnwindSafe, sync::LazyLock};
+use std::{
+    future::Future,
+    marker::PhantomData,
+    panic::AssertUnwindSafe,
+    sync::{Arc, LazyLock, OnceLock},
+};
 
 use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
@@ -301,6 +306,8 @@ impl ToolResult {
 /// The tools offered to the model.
 pub struct Registry {
     tools: Vec<Box<dyn DynTool>>,
+    /// The definitions, built once and shared by every request (they are a few KB of schema per tool).
+    defs: OnceLock<Arc<[ToolDef]>>,
 }
 
 impl Default for Registry {
@@ -321,11 +328,15 @@ pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::default);
 
 impl Registry {
     pub fn empty() -> Self {
-        Self { tools: Vec::new() }
+        Self {
+            tools: Vec::new(),
+            defs: OnceLock::new(),
+        }
     }
 
     pub fn with<T: Tool>(mut self) -> Self {
         self.tools.push(Box::new(Erased::<T>::new()));
+        self.defs = OnceLock::new();
         self
     }
 
@@ -334,8 +345,10 @@ impl Registry {
     }
 
     /// The `tools` array of a chat request.
-    pub fn defs(&self) -> Vec<ToolDef> {
-        self.tools.iter().map(|t| t.def()).collect()
+    pub fn defs(&self) -> Arc<[ToolDef]> {
+        self.defs
+            .get_or_init(|| self.tools.iter().map(|t| t.def()).collect())
+            .clone()
     }
 
     /// Runs one call: unknown names, bad arguments, tool errors and even panics become results.
@@ -478,6 +491,17 @@ mod tests {
     }
 
     #[test]
+    fn requests_share_one_copy_of_the_definitions() {
+        let r = Registry::default();
+        let (a, b) = (r.defs(), r.defs());
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(a.len(), 6);
+        // Adding a tool makes a new set that includes it.
+        let more = Registry::empty().with::<search_spots::SearchSpots>();
+        assert_eq!(more.defs().len(), 1);
+    }
+
+    #[test]
     fn registry_offers_six_tools_with_object_schemas() {
         let r = Registry::default();
         assert_eq!(
@@ -491,7 +515,7 @@ mod tests {
                 "share_content"
             ]
         );
-        for d in r.defs() {
+        for d in r.defs().iter() {
             assert_eq!(
                 d.function.parameters["type"], "object",
                 "{}",

@@ -468,7 +468,7 @@ async fn respond(
             .clone()
             .unwrap_or_else(|| svc.llm.default_model.clone()),
         messages,
-        tools: Vec::new(),
+        tools: Default::default(),
         tool_choice: None,
         max_tokens: Some(svc.llm.max_tokens),
         temperature: Some(svc.llm.temperature),

@@ -134,7 +134,7 @@ pub async fn run_llm_with(
                 rounds = round,
                 "tool round limit reached; asking for a final answer without tools"
             );
-            request.tools = Vec::new();
+            request.tools = Default::default();
             request.tool_choice = None;
             continue;
         }
