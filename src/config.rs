@@ -501,6 +501,107 @@ impl Config {
         Wrapper::try_parse_from(["companion"]).map(|w| w.config)
     }
 
+    /// The environment that gives a child process (a worker the bench or a test starts) exactly this
+    /// configuration. Every setting is listed, so a flag given to the parent is never lost on the way.
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        let c = self;
+        let path = |p: &PathBuf| p.display().to_string();
+        let log_format = match c.log_format {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        };
+        let mut env = vec![
+            ("NATS_URL", c.nats_url.clone()),
+            ("NATS_PASSWORD", c.nats_password.expose().to_owned()),
+            ("COMPANION_STREAM_REPLICAS", c.stream_replicas.to_string()),
+            ("ATLAS_URI", c.atlas_uri.clone()),
+            ("POSTGRES_URL", c.postgres_url.clone()),
+            (
+                "OPENROUTER_API_KEY",
+                c.openrouter_api_key.expose().to_owned(),
+            ),
+            ("OPENROUTER_MODEL", c.openrouter_model.clone()),
+            ("LLM_BASE_URL", c.llm_base_url.clone()),
+            ("LLM_TIMEOUT_SECS", c.llm_timeout_secs.to_string()),
+            ("LLM_MAX_TOKENS", c.llm_max_tokens.to_string()),
+            ("LLM_TEMPERATURE", c.llm_temperature.to_string()),
+            ("LLM_MAX_RETRIES", c.llm_max_retries.to_string()),
+            ("LLM_RETRY_BASE_MS", c.llm_retry_base_ms.to_string()),
+            ("LLM_RETRY_MAX_SECS", c.llm_retry_max_secs.to_string()),
+            ("LLM_FALLBACK_MODELS", c.llm_fallback_models.join(",")),
+            (
+                "LLM_REQUESTS_PER_SECOND",
+                c.llm_requests_per_second.to_string(),
+            ),
+            ("COMPANION_CHARACTERS_DIR", path(&c.characters_dir)),
+            ("COMPANION_SUBJECT_PREFIX", c.subject_prefix.clone()),
+            ("COMPANION_STREAM_PREFIX", c.stream_prefix.clone()),
+            ("COMPANION_CONSUMER", c.consumer.clone()),
+            ("COMPANION_CONCURRENCY", c.concurrency.to_string()),
+            ("COMPANION_MAX_DELIVER", c.max_deliver.to_string()),
+            ("COMPANION_ACK_WAIT_SECS", c.ack_wait_secs.to_string()),
+            ("COMPANION_RETRY_DELAY_SECS", c.retry_delay_secs.to_string()),
+            ("COMPANION_MAX_EVENT_BYTES", c.max_event_bytes.to_string()),
+            (
+                "COMPANION_MAX_CONTENT_CHARS",
+                c.max_content_chars.to_string(),
+            ),
+            ("COMPANION_HISTORY_LIMIT", c.history_limit.to_string()),
+            ("COMPANION_MAX_TOOL_ROUNDS", c.max_tool_rounds.to_string()),
+            ("COMPANION_WRITES_PER_HOUR", c.writes_per_hour.to_string()),
+            (
+                "COMPANION_SHUTDOWN_GRACE_SECS",
+                c.shutdown_grace_secs.to_string(),
+            ),
+            ("COMPANION_MAX_ACK_PENDING", c.max_ack_pending.to_string()),
+            (
+                "COMPANION_ORDER_MAX_WAIT_SECS",
+                c.order_max_wait_secs.to_string(),
+            ),
+            ("COMPANION_MAX_REPLY_CHARS", c.max_reply_chars.to_string()),
+            ("COMPANION_BURST_MAX", c.burst_max.to_string()),
+            (
+                "COMPANION_USER_TURNS_PER_MINUTE",
+                c.user_turns_per_minute.to_string(),
+            ),
+            ("COMPANION_MODEL_DIR", path(&c.model_dir)),
+            ("ORT_DYLIB_PATH", path(&c.ort_dylib_path)),
+            ("COMPANION_EMBED_THREADS", c.embed_threads.to_string()),
+            ("COMPANION_EMBED_MAX_BATCH", c.embed_max_batch.to_string()),
+            ("COMPANION_EMBED_WINDOW_MS", c.embed_window_ms.to_string()),
+            ("COMPANION_RAG_THRESHOLD", c.rag_threshold.to_string()),
+            ("COMPANION_RAG_TOP_K", c.rag_top_k.to_string()),
+            ("COMPANION_CHUNK_TOKENS", c.chunk_tokens.to_string()),
+            ("COMPANION_CHUNK_OVERLAP", c.chunk_overlap.to_string()),
+            ("COMPANION_HTTP_ADDR", c.http_addr.clone()),
+            ("LOG_FORMAT", log_format.to_owned()),
+            ("LLM_PRICES", c.llm_prices.to_string()),
+            (
+                "LLM_MAX_RESPONSE_BYTES",
+                c.llm_max_response_bytes.to_string(),
+            ),
+            (
+                "COMPANION_MAX_TOOL_RESULT_BYTES",
+                c.max_tool_result_bytes.to_string(),
+            ),
+            ("NATS_TLS_REQUIRED", c.nats_tls_required.to_string()),
+            ("NATS_TLS_FIRST", c.nats_tls_first.to_string()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", c.otel_endpoint.clone()),
+            ("OTEL_SERVICE_NAME", c.otel_service_name.clone()),
+        ];
+        let optional = [
+            ("NATS_USER", c.nats_user.clone()),
+            ("NATS_TLS_CA_FILE", c.nats_tls_ca_file.as_ref().map(path)),
+            (
+                "NATS_TLS_CERT_FILE",
+                c.nats_tls_cert_file.as_ref().map(path),
+            ),
+            ("NATS_TLS_KEY_FILE", c.nats_tls_key_file.as_ref().map(path)),
+        ];
+        env.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v?))));
+        env
+    }
+
     /// The database named in `ATLAS_URI`'s path, `TrickList2` when there is none.
     pub fn mongo_database(&self) -> String {
         mongo_database_from_uri(&self.atlas_uri)
@@ -552,6 +653,51 @@ fn mongo_database_from_uri(uri: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `to_env` lists every setting, and what it lists reads back as the same configuration.
+    #[test]
+    fn the_environment_of_a_child_process_carries_every_setting() {
+        use clap::{CommandFactory, Parser};
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            config: Config,
+        }
+        let mut config = Wrapper::try_parse_from(["companion"]).unwrap().config;
+        config.nats_user = Some("worker".into());
+        config.nats_tls_ca_file = Some("/etc/ca.pem".into());
+        config.nats_tls_required = true;
+        config.llm_fallback_models = vec!["a/b".into(), "c/d".into()];
+        config.burst_max = 3;
+        config.rag_threshold = 0.375;
+        config.log_format = LogFormat::Json;
+        config.llm_prices = "m/one=0.1:0.4,m/two=1:2".parse().unwrap();
+        let env = config.to_env();
+        let command = Wrapper::command();
+        let mut args = vec!["companion".to_owned()];
+        for arg in command.get_arguments() {
+            let Some(name) = arg.get_env().and_then(|e| e.to_str()) else {
+                continue;
+            };
+            let listed = env.iter().find(|(k, _)| *k == name);
+            let optional = [
+                "NATS_USER",
+                "NATS_TLS_CA_FILE",
+                "NATS_TLS_CERT_FILE",
+                "NATS_TLS_KEY_FILE",
+            ];
+            assert!(
+                listed.is_some() || optional.contains(&name),
+                "{name} is missing from to_env"
+            );
+            if let Some((_, v)) = listed {
+                args.push(format!("--{}={v}", arg.get_long().unwrap()));
+            }
+        }
+        let back = Wrapper::try_parse_from(args).unwrap().config;
+        assert_eq!(format!("{back:?}"), format!("{config:?}"));
+        assert_eq!(back.nats_password.expose(), config.nats_password.expose());
+    }
 
     #[test]
     fn database_comes_from_the_uri_path() {

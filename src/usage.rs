@@ -37,6 +37,19 @@ pub struct PriceError {
     entry: String,
 }
 
+impl std::fmt::Display for Prices {
+    /// The `LLM_PRICES` form, which `FromStr` reads back.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (model, p)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{model}={}:{}", p.prompt, p.completion)?;
+        }
+        Ok(())
+    }
+}
+
 impl FromStr for Prices {
     type Err = PriceError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

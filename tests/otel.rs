@@ -84,5 +84,6 @@ async fn a_real_turn_is_exported_as_a_turn_span_with_its_event_id() {
         "{} spans exported; {inside} inside the turn's trace",
         spans.len()
     );
+    assert!(inside > 0, "no span inside the turn's trace");
     env.finish().await;
 }

@@ -176,19 +176,8 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
     running.await.unwrap().unwrap();
 
     // `companion usage`: by day, companion (named) and model, with a total.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_companion"))
-        .args(["usage", "--days", "1"])
-        .env_clear()
-        .env("POSTGRES_URL", &env.config.postgres_url)
-        .env("COMPANION_CHARACTERS_DIR", &env.config.characters_dir)
-        .output()
-        .expect("companion usage runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, text, err) = env.run_companion(&["usage", "--days", "1"]).await;
+    assert!(ok, "{text}{err}");
     eprintln!("{text}");
     let line = |model: &str| {
         text.lines()

@@ -13,7 +13,7 @@ use crate::{
 };
 
 /// Collections created up front so no insert creates one implicitly (SecantusDB and concurrent DDL).
-const COLLECTIONS: &[&str] = &[
+pub const COLLECTIONS: &[&str] = &[
     "users",
     "dm_conversations",
     "dm_messages",
@@ -42,8 +42,7 @@ impl RunEnv {
         let tag = format!("{:012x}", fastrand::u64(..) >> 16);
         let mut config = base.clone();
         let db = format!("bench_{tag}");
-        let admin_url = std::env::var("POSTGRES_ADMIN_URL")
-            .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into());
+        let admin_url = admin_url();
         let owner = pg_user(&config.postgres_url).unwrap_or_else(|| "companion".into());
         let mut admin = sqlx::PgConnection::connect(&admin_url)
             .await
@@ -100,6 +99,12 @@ impl RunEnv {
         }
         let _ = tokio::time::timeout(Duration::from_secs(30), self.mongo.db.drop()).await;
     }
+}
+
+/// The connection that creates and drops databases: `POSTGRES_ADMIN_URL`, else the local stack's superuser.
+pub fn admin_url() -> String {
+    std::env::var("POSTGRES_ADMIN_URL")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
 }
 
 /// The user of a PostgreSQL URL (`postgres://user:pass@host/db`).

@@ -51,58 +51,28 @@ pub fn spawn(
         .try_clone()
         .map_err(|e| BenchError::Setup(format!("{}: {e}", log.display())))?;
     let http_addr = free_local_addr()?;
-    let abs = |p: &Path| {
-        std::path::absolute(p)
-            .unwrap_or_else(|_| p.to_path_buf())
-            .display()
-            .to_string()
-    };
-    let c = config;
+    // Relative paths are made absolute so they mean the same to the worker processes.
+    let mut config = config.clone();
+    for path in [
+        &mut config.characters_dir,
+        &mut config.model_dir,
+        &mut config.ort_dylib_path,
+    ] {
+        if let Ok(abs) = std::path::absolute(&*path) {
+            *path = abs;
+        }
+    }
+    config.openrouter_api_key = Default::default();
+    config.llm_requests_per_second = settings.llm_requests_per_second;
+    config.http_addr = http_addr.clone();
+    config.log_format = crate::config::LogFormat::Json;
     let mut cmd = Command::new(exe);
     cmd.arg("worker")
-        .env("NATS_URL", &c.nats_url)
-        .env("ATLAS_URI", &c.atlas_uri)
-        .env("POSTGRES_URL", &c.postgres_url)
-        .env("LLM_BASE_URL", &c.llm_base_url)
-        .env("OPENROUTER_API_KEY", "")
-        .env("OPENROUTER_MODEL", &c.openrouter_model)
-        .env(
-            "LLM_REQUESTS_PER_SECOND",
-            settings.llm_requests_per_second.to_string(),
-        )
-        .env("COMPANION_CHARACTERS_DIR", abs(&c.characters_dir))
-        .env("COMPANION_MODEL_DIR", abs(&c.model_dir))
-        .env("ORT_DYLIB_PATH", abs(&c.ort_dylib_path))
-        .env("COMPANION_SUBJECT_PREFIX", &c.subject_prefix)
-        .env("COMPANION_STREAM_PREFIX", &c.stream_prefix)
-        .env("COMPANION_CONSUMER", &c.consumer)
-        .env("COMPANION_CONCURRENCY", c.concurrency.to_string())
-        .env("COMPANION_HISTORY_LIMIT", c.history_limit.to_string())
-        .env("COMPANION_MAX_TOOL_ROUNDS", c.max_tool_rounds.to_string())
-        .env("COMPANION_EMBED_THREADS", c.embed_threads.to_string())
-        .env("COMPANION_EMBED_MAX_BATCH", c.embed_max_batch.to_string())
-        .env("COMPANION_EMBED_WINDOW_MS", c.embed_window_ms.to_string())
-        .env("COMPANION_ACK_WAIT_SECS", c.ack_wait_secs.to_string())
-        .env("COMPANION_BURST_MAX", c.burst_max.to_string())
-        .env(
-            "COMPANION_USER_TURNS_PER_MINUTE",
-            c.user_turns_per_minute.to_string(),
-        )
-        .env("COMPANION_MAX_ACK_PENDING", c.max_ack_pending.to_string())
-        .env(
-            "COMPANION_ORDER_MAX_WAIT_SECS",
-            c.order_max_wait_secs.to_string(),
-        )
-        .env("COMPANION_HTTP_ADDR", &http_addr)
-        .env("LOG_FORMAT", "json")
+        .envs(config.to_env())
         .env("RUST_LOG", &settings.rust_log)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err);
-    if let Some(user) = &c.nats_user {
-        cmd.env("NATS_USER", user)
-            .env("NATS_PASSWORD", c.nats_password.expose());
-    }
     let child = cmd
         .spawn()
         .map_err(|e| BenchError::Setup(format!("starting a worker: {e}")))?;

@@ -42,17 +42,6 @@ pub fn oid(s: &str) -> ObjectId {
 /// another inserts into a new one; tests therefore create and drop their collections one test at a time.
 static COLLECTION_DDL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Every collection the worker and its tools use, created before any worker runs.
-const COLLECTIONS: &[&str] = &[
-    "users",
-    "dm_conversations",
-    "dm_messages",
-    "tricklists",
-    "tricks",
-    "ck_spots",
-    "spot_drafts",
-];
-
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -164,44 +153,12 @@ impl TestEnv {
     /// The `companion` binary with `args`, configured exactly as this environment (nothing inherited
     /// but `PATH`).
     pub fn command(&self, args: &[&str]) -> std::process::Command {
-        let c = &self.config;
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_companion"));
         cmd.args(args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
-            .env("NATS_URL", &c.nats_url)
-            .env("ATLAS_URI", &c.atlas_uri)
-            .env("POSTGRES_URL", &c.postgres_url)
-            .env("LLM_BASE_URL", &c.llm_base_url)
-            .env("LLM_MAX_RETRIES", c.llm_max_retries.to_string())
-            .env("LLM_RETRY_BASE_MS", c.llm_retry_base_ms.to_string())
-            .env("LLM_FALLBACK_MODELS", c.llm_fallback_models.join(","))
-            .env("COMPANION_CHARACTERS_DIR", &c.characters_dir)
-            .env("COMPANION_MODEL_DIR", &c.model_dir)
-            .env("ORT_DYLIB_PATH", &c.ort_dylib_path)
-            .env("COMPANION_SUBJECT_PREFIX", &c.subject_prefix)
-            .env("COMPANION_STREAM_PREFIX", &c.stream_prefix)
-            .env("COMPANION_CONSUMER", &c.consumer)
-            .env("COMPANION_CONCURRENCY", c.concurrency.to_string())
-            .env("COMPANION_MAX_DELIVER", c.max_deliver.to_string())
-            .env("COMPANION_ACK_WAIT_SECS", c.ack_wait_secs.to_string())
-            .env("COMPANION_RETRY_DELAY_SECS", c.retry_delay_secs.to_string())
-            .env(
-                "COMPANION_SHUTDOWN_GRACE_SECS",
-                c.shutdown_grace_secs.to_string(),
-            )
-            .env("COMPANION_HTTP_ADDR", &c.http_addr)
-            .env("COMPANION_BURST_MAX", c.burst_max.to_string())
-            .env(
-                "COMPANION_USER_TURNS_PER_MINUTE",
-                c.user_turns_per_minute.to_string(),
-            )
-            .env(
-                "COMPANION_ORDER_MAX_WAIT_SECS",
-                c.order_max_wait_secs.to_string(),
-            )
-            .env("COMPANION_MAX_ACK_PENDING", c.max_ack_pending.to_string());
+            .envs(self.config.to_env());
         cmd
     }
 
@@ -609,10 +566,7 @@ impl Drop for PrivateStack {
     }
 }
 
-pub fn admin_url() -> String {
-    std::env::var("POSTGRES_ADMIN_URL")
-        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
-}
+pub use companion::bench::env::{COLLECTIONS, admin_url, replace_db};
 
 async fn create_pg_database(admin_url: &str, name: &str) {
     let mut conn = sqlx::PgConnection::connect(admin_url)
@@ -624,25 +578,6 @@ async fn create_pg_database(admin_url: &str, name: &str) {
     .execute(&mut conn)
     .await
     .expect("create test database");
-}
-
-/// The URL with its database (path) replaced, query kept.
-pub fn replace_db(url: &str, db: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map(|(b, q)| (b, Some(q)))
-        .unwrap_or((url, None));
-    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
-    let host_end = base[scheme_end..]
-        .find('/')
-        .map(|i| i + scheme_end)
-        .unwrap_or(base.len());
-    let mut out = format!("{}/{db}", &base[..host_end]);
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    out
 }
 
 /// The model files as configured (`COMPANION_MODEL_DIR`, `ORT_DYLIB_PATH`), else `<repo>/.local/models`.
