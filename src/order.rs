@@ -53,10 +53,7 @@ pub enum Position {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Waited {
     /// Handle the message (it is the head, or it is settled already).
-    Go {
-        position: Position,
-        waited: Duration,
-    },
+    Go { waited: Duration },
     /// The worker is stopping.
     Cancelled,
 }
@@ -150,7 +147,6 @@ impl Order {
             let position = self.position(subject, seq).await?;
             let Position::Behind(first) = position else {
                 return Ok(Waited::Go {
-                    position,
                     waited: started.elapsed(),
                 });
             };
@@ -162,7 +158,6 @@ impl Order {
                     "an earlier message of this conversation is still unsettled; going ahead out of order"
                 );
                 return Ok(Waited::Go {
-                    position: Position::Head,
                     waited: started.elapsed(),
                 });
             }

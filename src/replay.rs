@@ -123,7 +123,7 @@ pub async fn run(svc: Arc<Services>, args: &ReplayArgs) -> Result<Summary, Repla
         for item in &items {
             let plan = match &item.parsed {
                 Err(why) => format!("cannot run: {why}"),
-                Ok(e) => match plan(&svc, e, args.force).await? {
+                Ok(e) => match plan(&svc, e, args.force).await?.1 {
                     Ok(why) => format!("would run ({why})"),
                     Err(why) => format!("would skip ({why})"),
                 },
@@ -296,14 +296,16 @@ async fn select(svc: &Services, args: &ReplayArgs) -> Result<Vec<Item>, ReplayEr
     Ok(items)
 }
 
-/// Whether the event would run (`Ok(why)`) or be skipped (`Err(why)`), from its journal state.
+/// The journal's state of the event's turn (none if never processed), and whether the event would run
+/// (`Ok(why)`) or be skipped (`Err(why)`).
 async fn plan(
     svc: &Services,
     event: &DmEvent,
     force: bool,
-) -> Result<Result<String, String>, ReplayError> {
+) -> Result<(Option<String>, Result<String, String>), ReplayError> {
     let status = svc.pg.turn_status(&event.message_id.to_hex()).await?;
-    Ok(match status {
+    let state = status.as_ref().map(|(state, _, _)| state.clone());
+    let verdict = match status {
         None => Ok("never processed".into()),
         Some((state, at, _)) if state == "running" => {
             if !force && (Utc::now() - at).num_seconds() < IN_PROGRESS_SECS {
@@ -318,7 +320,8 @@ async fn plan(
         )),
         Some((state, _, _)) if force => Ok(format!("{state}, forced")),
         Some((state, _, _)) => Err(format!("{state}; --force to run it again")),
-    })
+    };
+    Ok((state, verdict))
 }
 
 async fn replay_one(svc: &Services, item: &Item, force: bool) -> Verdict {
@@ -329,14 +332,10 @@ async fn replay_one(svc: &Services, item: &Item, force: bool) -> Verdict {
     let id = event.message_id.to_hex();
     let span = info_span!("replay", event_id = %id, seq = item.seq);
     async {
-        match plan(svc, event, force).await {
+        let state = match plan(svc, event, force).await {
             Err(e) => return Verdict::Failed(e.to_string()),
-            Ok(Err(why)) => return Verdict::Skipped(why),
-            Ok(Ok(_)) => {}
-        }
-        let state = match svc.pg.turn_status(&id).await {
-            Ok(s) => s.map(|(state, _, _)| state),
-            Err(e) => return Verdict::Failed(e.to_string()),
+            Ok((_, Err(why))) => return Verdict::Skipped(why),
+            Ok((state, Ok(_))) => state,
         };
         if let Some(state) = &state
             && state != "running"
@@ -355,11 +354,10 @@ async fn replay_one(svc: &Services, item: &Item, force: bool) -> Verdict {
             )),
             Ok(Outcome::AlreadySettled { state }) => Verdict::Skipped(state),
             Err(e) => {
-                // Leave it failed (not half-open), so a later replay can try again.
+                // Leave it failed (not half-open, also when this run started it), so a later replay
+                // can try again.
                 let reason = e.to_string();
-                if state.is_some() {
-                    let _ = svc.pg.finish_turn(&id, "failed", Some(&reason)).await;
-                }
+                let _ = svc.pg.finish_turn(&id, "failed", Some(&reason)).await;
                 warn!(error = %reason, "replay failed");
                 Verdict::Failed(reason)
             }

@@ -207,6 +207,8 @@ async fn handle_exhausted(svc: &Services, order: &Order, sequence: u64, deliveri
     let reason =
         format!("no worker finished this event in {deliveries} deliveries (crashed or timed out)");
     let mut through = sequence;
+    // An event answered after all (done, covered, limited) is not a dead letter; a failed one is.
+    let mut dead = true;
     if let Ok(event) = parse_inbound(
         &msg.payload,
         msg.subject.as_str(),
@@ -221,6 +223,7 @@ async fn handle_exhausted(svc: &Services, order: &Order, sequence: u64, deliveri
                         state,
                         "the exhausted event was settled after all; no failure line"
                     );
+                    dead = state == "failed";
                 }
                 through = through.max(settled.through_seq.unwrap_or(0));
             }
@@ -230,25 +233,27 @@ async fn handle_exhausted(svc: &Services, order: &Order, sequence: u64, deliveri
             Err(e) => error!(error = %e, "failure line not delivered"),
         }
     }
-    match svc
-        .bus
-        .dead_letter_raw(
-            msg.subject.as_str(),
-            sequence,
-            msg.payload.clone(),
-            &reason,
-            deliveries,
-        )
-        .await
-    {
-        Ok(()) => {
-            svc.metrics.inc("companion_dead_letters_total", "");
-            warn!(
-                reason,
-                "event dead-lettered after running out of deliveries"
-            );
+    if dead {
+        match svc
+            .bus
+            .dead_letter_raw(
+                msg.subject.as_str(),
+                sequence,
+                msg.payload.clone(),
+                &reason,
+                deliveries,
+            )
+            .await
+        {
+            Ok(()) => {
+                svc.metrics.inc("companion_dead_letters_total", "");
+                warn!(
+                    reason,
+                    "event dead-lettered after running out of deliveries"
+                );
+            }
+            Err(e) => error!(error = %e, "dead letter not written"),
         }
-        Err(e) => error!(error = %e, "dead letter not written"),
     }
     // Nothing will deliver this event again: its conversation moves on (retrying a moment, since no
     // redelivery would retry it; waiters behind it go ahead after COMPANION_ORDER_MAX_WAIT_SECS anyway).
@@ -399,27 +404,17 @@ async fn handle(svc: &Services, order: &Order, msg: jetstream::Message, mut slot
                 settle(&msg, AckKind::Nak(None)).await
             }
             Some(Ok(settled)) => {
-                let label = match &settled.outcome {
-                    Outcome::Answered { .. } => "outcome=\"answered\"",
-                    Outcome::Limited { .. } => "outcome=\"limited\"",
-                    Outcome::AlreadySettled { .. } => "outcome=\"already_done\"",
-                };
-                svc.metrics.inc(TURNS, label);
+                let name = settled.outcome.name();
+                svc.metrics.inc(TURNS, &format!("outcome=\"{name}\""));
                 svc.metrics.observe_turn(started.elapsed());
-                let through = settled.through_seq.unwrap_or(sequence).max(sequence);
-                if let Err(e) = timing::stage(Stage::Order, Box::pin(order.settle(subject, through))).await {
-                    // The reply is out; a redelivery finds the turn settled and moves the floor then.
-                    warn!(error = %e, "conversation order not advanced; the event comes back to do it");
-                    return settle(&msg, AckKind::Nak(Some(Duration::from_secs(2)))).await;
+                // The reply is out; if the floor cannot move, a redelivery finds the turn settled and
+                // moves it then.
+                if !timing::stage(Stage::Order, Box::pin(advance_order(order, &msg, settled.through_seq))).await {
+                    return;
                 }
                 if let Err(e) = timing::stage(Stage::Ack, msg.double_ack()).await {
                     warn!(error = %e, outcome = ?settled.outcome, "ack not confirmed; a redelivery will find the turn settled");
                 }
-                let name = match &settled.outcome {
-                    Outcome::Answered { .. } => "answered",
-                    Outcome::Limited { .. } => "limited",
-                    Outcome::AlreadySettled { .. } => "already_done",
-                };
                 timing::report(&svc.metrics, name);
             }
             Some(Err(e)) => Box::pin(fail(svc, order, &msg, &event, e, delivered)).await,
@@ -511,13 +506,24 @@ async fn reject(
         return settle(msg, AckKind::Nak(Some(Duration::from_secs(5)))).await;
     }
     svc.metrics.inc("companion_dead_letters_total", "");
+    if advance_order(order, msg, through).await {
+        settle(msg, AckKind::Term).await
+    }
+}
+
+/// Moves the conversation's order floor past this event (and the burst it answered, `through`); when
+/// the floor cannot be written the event is NAKed, so its redelivery moves it. True when it moved.
+async fn advance_order(order: &Order, msg: &jetstream::Message, through: Option<u64>) -> bool {
     let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
     let through = through.unwrap_or(sequence).max(sequence);
-    if let Err(e) = order.settle(msg.subject.as_str(), through).await {
-        warn!(error = %e, "conversation order not advanced; the event comes back to do it");
-        return settle(msg, AckKind::Nak(Some(Duration::from_secs(2)))).await;
+    match order.settle(msg.subject.as_str(), through).await {
+        Ok(()) => true,
+        Err(e) => {
+            warn!(error = %e, "conversation order not advanced; the event comes back to do it");
+            settle(msg, AckKind::Nak(Some(Duration::from_secs(2)))).await;
+            false
+        }
     }
-    settle(msg, AckKind::Term).await
 }
 
 /// Exponential backoff with jitter, capped at a minute.

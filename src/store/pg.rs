@@ -192,14 +192,15 @@ impl Pg {
         Ok(turn_record(&row))
     }
 
-    /// Marks the end of a turn: `done` (answered) or `failed` (dead-lettered), with the last error if any.
+    /// Settles a running turn: `done` (answered), `limited` or `failed` (dead-lettered), with the last error
+    /// if any. A turn settled already (by another worker or a replay) is left as it is.
     pub async fn finish_turn(
         &self,
         message_id: &str,
         state: &str,
         error: Option<&str>,
     ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE turns SET state = $2, last_error = COALESCE($3, last_error), updated_at = now() WHERE message_id = $1")
+        sqlx::query("UPDATE turns SET state = $2, last_error = COALESCE($3, last_error), updated_at = now() WHERE message_id = $1 AND state = 'running'")
             .bind(message_id)
             .bind(state)
             .bind(error)

@@ -44,6 +44,17 @@ pub enum Outcome {
     AlreadySettled { state: String },
 }
 
+impl Outcome {
+    /// The outcome's name in metrics (`outcome="…"`) and in the turn's timing record.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Answered { .. } => "answered",
+            Self::Limited { .. } => "limited",
+            Self::AlreadySettled { .. } => "already_done",
+        }
+    }
+}
+
 /// A turn's outcome and the last stream sequence it settled (its burst's last message).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settled {
@@ -234,34 +245,23 @@ pub async fn run_delivered(
         ),
     )
     .await?;
-    if record.state != "running" {
-        info!(
-            state = %record.state,
-            attempts = record.attempts,
-            "message already settled; acknowledging"
-        );
-        return Ok(Settled {
-            through_seq: Burst::of_record(event, &record).last_seq(),
-            outcome: Outcome::AlreadySettled {
-                state: record.state,
-            },
-        });
+    if let Some(settled) = already_settled(event, &record) {
+        info!(state = %record.state, attempts = record.attempts, "message already settled; acknowledging");
+        return Ok(settled);
     }
-    // A turn answered by the busy line marks itself as answered by itself before it delivers.
-    let busy = record.covered_by.as_deref() == Some(ids.message.as_str());
-    let (burst, reply) = match (&record.reply_content, record.reply_id.is_some()) {
-        (Some(content), true) => {
+    let busy = answered_by_busy_line(&ids, &record);
+    let (burst, reply) = match recorded_reply(&record) {
+        Some(reply) => {
             debug!("reply already recorded; delivering it again");
-            let reply = Reply {
-                content: content.clone(),
-                rich_content: record.rich_content.clone(),
-                tool_log: None,
-            };
             (Burst::of_record(event, &record), reply)
         }
-        _ => {
-            // Only a first attempt takes from the allowance: a retried turn was admitted already.
-            if record.attempts == 1 && record.covers.is_none() && !svc.flood.allow(event.sender_id)
+        None => {
+            // Only a first attempt takes from the allowance: a retried turn was admitted already. A
+            // retried turn that was found over the limit (the journal says who answers it) stays so.
+            if record.covered_by.is_some()
+                || (record.attempts == 1
+                    && record.covers.is_none()
+                    && !svc.flood.allow(event.sender_id))
             {
                 return limited(svc, event, character, &record).await;
             }
@@ -374,12 +374,21 @@ async fn limited(
     record: &TurnRecord,
 ) -> Result<Settled, TurnError> {
     let ids = Ids::of(event);
-    let window = chrono::Duration::from_std(svc.flood.window).unwrap_or_default();
-    if let Some(by) = svc
-        .pg
-        .recent_busy_notice(&ids.sender, &ids.bot, Utc::now() - window)
-        .await?
-    {
+    // The decision is journaled (`covered_by`) before anything else, so a retry carries it out the same.
+    let by = match &record.covered_by {
+        Some(by) => by.clone(),
+        None => {
+            let window = chrono::Duration::from_std(svc.flood.window).unwrap_or_default();
+            let by = svc
+                .pg
+                .recent_busy_notice(&ids.sender, &ids.bot, Utc::now() - window)
+                .await?
+                .unwrap_or_else(|| ids.message.clone());
+            svc.pg.set_covered_by(&ids.message, &by).await?;
+            by
+        }
+    };
+    if by != ids.message {
         svc.pg
             .append_history(&[user_row(&ids, event, Utc::now())])
             .await?;
@@ -391,7 +400,6 @@ async fn limited(
         });
     }
     info!("over the flood limit; answering with the busy line");
-    svc.pg.set_covered_by(&ids.message, &ids.message).await?;
     let reply = Reply {
         content: character
             .busy_line
@@ -499,27 +507,20 @@ pub async fn answer_with_failure(
         .pg
         .begin_turn(&ids.message, &ids.conversation, &ids.sender, &ids.bot, None)
         .await?;
-    let burst = Burst::of_record(event, &record);
-    if record.state != "running" {
+    if let Some(settled) = already_settled(event, &record) {
         info!(state = %record.state, "message settled after all; no failure line");
-        return Ok(Settled {
-            through_seq: burst.last_seq(),
-            outcome: Outcome::AlreadySettled {
-                state: record.state,
-            },
-        });
+        return Ok(settled);
     }
+    let burst = Burst::of_record(event, &record);
     svc.pg.note_error(&ids.message, reason).await?;
-    let (reply, state) = match (&record.reply_content, record.reply_id.is_some()) {
-        (Some(content), true) => (
-            Reply {
-                content: content.clone(),
-                rich_content: record.rich_content.clone(),
-                tool_log: None,
-            },
-            "done",
-        ),
-        _ => (
+    let recorded_state = if answered_by_busy_line(&ids, &record) {
+        "limited"
+    } else {
+        "done"
+    };
+    let (reply, state) = match recorded_reply(&record) {
+        Some(reply) => (reply, recorded_state),
+        None => (
             Reply {
                 content: character.failure_line.clone(),
                 rich_content: None,
@@ -533,6 +534,33 @@ pub async fn answer_with_failure(
         through_seq: burst.last_seq(),
         outcome: Outcome::Answered { reply_id },
     })
+}
+
+/// A turn the journal says is settled is acknowledged again, with what its reply covered.
+fn already_settled(event: &DmEvent, record: &TurnRecord) -> Option<Settled> {
+    (record.state != "running").then(|| Settled {
+        through_seq: Burst::of_record(event, record).last_seq(),
+        outcome: Outcome::AlreadySettled {
+            state: record.state.clone(),
+        },
+    })
+}
+
+/// The reply an earlier attempt recorded before it failed to deliver it.
+fn recorded_reply(record: &TurnRecord) -> Option<Reply> {
+    match (&record.reply_content, record.reply_id.is_some()) {
+        (Some(content), true) => Some(Reply {
+            content: content.clone(),
+            rich_content: record.rich_content.clone(),
+            tool_log: None,
+        }),
+        _ => None,
+    }
+}
+
+/// A turn answered by the busy line marks itself as answered by itself before it delivers.
+fn answered_by_busy_line(ids: &Ids, record: &TurnRecord) -> bool {
+    record.covered_by.as_deref() == Some(ids.message.as_str())
 }
 
 /// Writes the reply once and publishes it; every step is safe to repeat.
