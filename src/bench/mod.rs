@@ -124,10 +124,33 @@ pub struct BenchArgs {
     pub keep: bool,
 }
 
+/// The command line for the report, with the values of flags that may hold secrets left out.
+fn command_line(args: impl Iterator<Item = String>) -> String {
+    const SECRET: [&str; 4] = [
+        "--postgres-url",
+        "--atlas-uri",
+        "--nats-password",
+        "--openrouter-api-key",
+    ];
+    let mut out = Vec::new();
+    let mut hide_next = false;
+    for arg in args {
+        if std::mem::take(&mut hide_next) {
+            out.push("***".to_owned());
+        } else if let Some((flag, _)) = arg.split_once('=').filter(|(f, _)| SECRET.contains(f)) {
+            out.push(format!("{flag}=***"));
+        } else {
+            hide_next = SECRET.contains(&arg.as_str());
+            out.push(arg);
+        }
+    }
+    out.join(" ")
+}
+
 /// Runs the benchmark and returns its report (already printed, and written when `--json` is given).
 pub async fn run(base: Config, args: BenchArgs) -> Result<Report, BenchError> {
     let mut report = Report {
-        command: std::env::args().collect::<Vec<_>>().join(" "),
+        command: command_line(std::env::args()),
         started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         machine: procs::Machine::read(),
         load_average_before: procs::load_average(),
@@ -585,4 +608,25 @@ async fn measure(
     });
     drop(stub);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_reported_command_line_leaves_secrets_out() {
+        let args = [
+            "companion",
+            "bench",
+            "--postgres-url",
+            "postgres://u:pw@h/db",
+            "--nats-password=pw",
+            "--turns",
+            "10",
+        ]
+        .map(String::from);
+        assert_eq!(
+            super::command_line(args.into_iter()),
+            "companion bench --postgres-url *** --nats-password=*** --turns 10"
+        );
+    }
 }

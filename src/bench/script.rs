@@ -20,15 +20,6 @@ pub enum Script {
 }
 
 impl Script {
-    /// Chat calls per turn.
-    pub fn llm_calls(self) -> u32 {
-        match self {
-            Script::Plain => 1,
-            Script::Tool => 2,
-            Script::TwoTools => 3,
-        }
-    }
-
     /// The answer to one request, by the tool rounds already in it.
     pub fn reply(self, body: &Value) -> StubReply {
         let rounds = tool_rounds_since_user(body);

@@ -125,10 +125,13 @@ pub async fn wait_ready(workers: &mut [WorkerProc], within: Duration) -> Result<
     }
 }
 
-/// SIGTERM to every worker, then waits for them (SIGKILL after `grace`).
+/// SIGTERM to every worker still running, then waits for them (SIGKILL after `grace`). Safe to call
+/// again: a worker already reaped is not signalled (its pid may belong to another process by then).
 pub async fn stop(workers: &mut [WorkerProc], grace: Duration) {
-    for w in workers.iter() {
-        signal(w.pid, "-TERM");
+    for w in workers.iter_mut() {
+        if matches!(w.child.try_wait(), Ok(None)) {
+            sigterm(w.pid);
+        }
     }
     let deadline = Instant::now() + grace;
     for w in workers.iter_mut() {
@@ -136,7 +139,7 @@ pub async fn stop(workers: &mut [WorkerProc], grace: Duration) {
             match w.child.try_wait() {
                 Ok(Some(_)) | Err(_) => break,
                 Ok(None) if Instant::now() > deadline => {
-                    signal(w.pid, "-KILL");
+                    let _ = w.child.kill();
                     let _ = w.child.wait();
                     break;
                 }
@@ -146,9 +149,9 @@ pub async fn stop(workers: &mut [WorkerProc], grace: Duration) {
     }
 }
 
-fn signal(pid: u32, sig: &str) {
+fn sigterm(pid: u32) {
     let _ = Command::new("kill")
-        .args([sig, &pid.to_string()])
+        .args(["-TERM", &pid.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();

@@ -457,7 +457,7 @@ impl LlmClient {
         })?;
         let status = response.status();
         let retry_after = retry_after(response.headers());
-        let body = read_bounded(response, self.max_response_bytes).await?;
+        // Retryable statuses are decided before the body is read: an oversized error page stays retryable.
         if status == StatusCode::TOO_MANY_REQUESTS {
             return Err(LlmError::RateLimited { retry_after });
         }
@@ -467,6 +467,7 @@ impl LlmClient {
                 retry_after,
             });
         }
+        let body = read_bounded(response, self.max_response_bytes).await?;
         let text = String::from_utf8_lossy(&body);
         if !status.is_success() {
             if status == StatusCode::NOT_FOUND && text.contains("support tool use") {

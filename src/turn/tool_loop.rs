@@ -219,20 +219,21 @@ async fn journaled_completion(
     }
     let response = stage(Stage::Llm, llm.complete(request)).await?;
     out.llm_calls += 1;
-    crate::usage::record_paid_call(llm, base, step, &response).await;
     let message = response
         .choices
-        .into_iter()
-        .next()
-        .map(|c| c.message)
+        .first()
+        .map(|c| c.message.clone())
         .unwrap_or_default();
     let value = serde_json::to_value(&message).unwrap_or(Value::Null);
-    let stored = stage(
-        Stage::Steps,
-        base.pg.record_turn_step(&message_id, step, &value),
-    )
-    .await?;
-    Ok(serde_json::from_value(stored).unwrap_or(message))
+    // The step and its cost are written side by side (one round trip of time, not two).
+    let (stored, ()) = stage(Stage::Steps, async {
+        tokio::join!(
+            base.pg.record_turn_step(&message_id, step, &value),
+            crate::usage::record_paid_call(llm, base, step, &response),
+        )
+    })
+    .await;
+    Ok(serde_json::from_value(stored?).unwrap_or(message))
 }
 
 /// A tool result cut to `max` bytes (on a character boundary) with a note saying so.
