@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeMap,
-    fmt::Write,
+    fmt::{self, Write},
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -21,7 +21,7 @@ const BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 #[derive(Default)]
 pub struct Metrics {
     counters: Mutex<BTreeMap<(String, String), u64>>,
-    turn_seconds: Mutex<Histogram>,
+    turn_seconds: Mutex<Buckets>,
     /// Counters of fractional amounts (USD).
     amounts: Mutex<BTreeMap<(String, String), f64>>,
     /// The consumer's last gauges and when they were read, so scrapes cost at most one request a second.
@@ -61,13 +61,6 @@ impl Buckets {
     }
 }
 
-#[derive(Default)]
-struct Histogram {
-    counts: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
-}
-
 impl Metrics {
     /// Adds `by` to counter `name` with `labels` (already formatted, e.g. `outcome="answered"`).
     pub fn add(&self, name: &str, labels: &str, by: u64) {
@@ -80,15 +73,10 @@ impl Metrics {
     }
 
     pub fn observe_turn(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        let mut h = self.turn_seconds.lock().expect("metrics lock");
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if s <= *b {
-                h.counts[i] += 1;
-            }
-        }
-        h.count += 1;
-        h.sum += s;
+        self.turn_seconds
+            .lock()
+            .expect("metrics lock")
+            .observe(BUCKETS, d.as_secs_f64());
     }
 
     /// Adds `by` to the fractional counter `name` (e.g. USD spent).
@@ -107,17 +95,6 @@ impl Metrics {
             .get(&(name.to_owned(), labels.to_owned()))
             .copied()
             .unwrap_or(0.0)
-    }
-
-    fn render_amounts(&self, out: &mut String) {
-        let mut last = String::new();
-        for ((name, labels), v) in self.amounts.lock().expect("metrics lock").iter() {
-            if *name != last {
-                let _ = writeln!(out, "# TYPE {name} counter");
-                last.clone_from(name);
-            }
-            let _ = writeln!(out, "{name}{{{labels}}} {v}");
-        }
     }
 
     /// Records one turn's stage timings, its model wait (`llm`) and its overhead (`overhead`).
@@ -153,70 +130,79 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let mut last = String::new();
-        for ((name, labels), v) in self.counters.lock().expect("metrics lock").iter() {
-            if *name != last {
-                let _ = writeln!(out, "# TYPE {name} counter");
-                last.clone_from(name);
-            }
-            if labels.is_empty() {
-                let _ = writeln!(out, "{name} {v}");
-            } else {
-                let _ = writeln!(out, "{name}{{{labels}}} {v}");
-            }
-        }
+        write_counters(&mut out, &self.counters.lock().expect("metrics lock"));
         let h = self.turn_seconds.lock().expect("metrics lock");
         let _ = writeln!(out, "# TYPE companion_turn_seconds histogram");
-        for (i, b) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "companion_turn_seconds_bucket{{le=\"{b}\"}} {}",
-                h.counts[i]
+        write_histogram(
+            &mut out,
+            "companion_turn_seconds",
+            "",
+            BUCKETS,
+            &h.counts,
+            h.count,
+            h.sum,
+        );
+        drop(h);
+        write_counters(&mut out, &self.amounts.lock().expect("metrics lock"));
+        let stages = self.stage_seconds.lock().expect("metrics lock");
+        if !stages.is_empty() {
+            let _ = writeln!(out, "# TYPE companion_turn_stage_seconds histogram");
+        }
+        for (stage, h) in stages.iter() {
+            let labels = format!("stage=\"{stage}\"");
+            write_histogram(
+                &mut out,
+                "companion_turn_stage_seconds",
+                &labels,
+                STAGE_BUCKETS,
+                &h.counts,
+                h.count,
+                h.sum,
             );
         }
-        let _ = writeln!(
-            out,
-            "companion_turn_seconds_bucket{{le=\"+Inf\"}} {}",
-            h.count
-        );
-        let _ = writeln!(out, "companion_turn_seconds_sum {}", h.sum);
-        let _ = writeln!(out, "companion_turn_seconds_count {}", h.count);
-        self.render_amounts(&mut out);
-        drop(h);
-        self.render_stages(&mut out);
         out
     }
+}
 
-    fn render_stages(&self, out: &mut String) {
-        let stages = self.stage_seconds.lock().expect("metrics lock");
-        if stages.is_empty() {
-            return;
+/// Counters in the Prometheus text format, a `# TYPE` line before each name's first series.
+fn write_counters<V: fmt::Display>(out: &mut String, counters: &BTreeMap<(String, String), V>) {
+    let mut last = "";
+    for ((name, labels), v) in counters {
+        if name != last {
+            let _ = writeln!(out, "# TYPE {name} counter");
+            last = name;
         }
-        let _ = writeln!(out, "# TYPE companion_turn_stage_seconds histogram");
-        for (stage, h) in stages.iter() {
-            for (c, b) in h.counts.iter().zip(STAGE_BUCKETS) {
-                let _ = writeln!(
-                    out,
-                    "companion_turn_stage_seconds_bucket{{stage=\"{stage}\",le=\"{b}\"}} {c}"
-                );
-            }
-            let _ = writeln!(
-                out,
-                "companion_turn_stage_seconds_bucket{{stage=\"{stage}\",le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "companion_turn_stage_seconds_sum{{stage=\"{stage}\"}} {}",
-                h.sum
-            );
-            let _ = writeln!(
-                out,
-                "companion_turn_stage_seconds_count{{stage=\"{stage}\"}} {}",
-                h.count
-            );
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {v}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {v}");
         }
     }
+}
+
+/// One histogram series: cumulative `counts` over `bounds` (none observed yet: zeros), `+Inf`, sum and
+/// count.
+fn write_histogram<B: fmt::Display>(
+    out: &mut String,
+    name: &str,
+    labels: &str,
+    bounds: &[B],
+    counts: &[u64],
+    count: u64,
+    sum: impl fmt::Display,
+) {
+    let (open, sep, close) = if labels.is_empty() {
+        ("", "", "")
+    } else {
+        ("{", ",", "}")
+    };
+    for (i, b) in bounds.iter().enumerate() {
+        let c = counts.get(i).copied().unwrap_or(0);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {c}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+    let _ = writeln!(out, "{name}_sum{open}{labels}{close} {sum}");
+    let _ = writeln!(out, "{name}_count{open}{labels}{close} {count}");
 }
 
 /// A label value safe inside `"…"`.
@@ -355,14 +341,13 @@ async fn consumer_gauges(svc: &Services) -> String {
 /// [`EMBED_BATCH_BUCKETS`] (`counts[i]` = runs with at most that many texts), with count and sum.
 pub fn render_embed_batches(out: &mut String, h: &crate::rag::embed::BatchSizes) {
     let _ = writeln!(out, "# TYPE companion_embed_batch_size histogram");
-    for (c, b) in h.cumulative.iter().zip(EMBED_BATCH_BUCKETS) {
-        let _ = writeln!(out, "companion_embed_batch_size_bucket{{le=\"{b}\"}} {c}");
-    }
-    let _ = writeln!(
+    write_histogram(
         out,
-        "companion_embed_batch_size_bucket{{le=\"+Inf\"}} {}",
-        h.count
+        "companion_embed_batch_size",
+        "",
+        EMBED_BATCH_BUCKETS,
+        &h.cumulative,
+        h.count,
+        h.sum,
     );
-    let _ = writeln!(out, "companion_embed_batch_size_sum {}", h.sum);
-    let _ = writeln!(out, "companion_embed_batch_size_count {}", h.count);
 }
