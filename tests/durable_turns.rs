@@ -3,15 +3,10 @@
 
 mod common;
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicUsize, Ordering},
-};
-
 use bson::doc;
 use common::*;
 use companion::{
-    llm::stub::{Responder, StubReply},
+    llm::stub::StubReply,
     turn::{self, Outcome},
 };
 use serde_json::{Value, json};
@@ -19,25 +14,13 @@ use serde_json::{Value, json};
 #[tokio::test]
 async fn a_turn_retried_after_a_write_creates_one_tricklist_and_pays_each_step_once() {
     // Step 0 always asks to create a list (with a fresh call id each time it is asked); step 1 fails once.
-    let failures = Arc::new(AtomicUsize::new(0));
-    let f = failures.clone();
-    let responder: Responder = Arc::new(move |body: &Value| {
-        let last = last_message(body);
-        if last["role"] == "user" {
-            StubReply::tool(
-                "create_tricklist",
-                json!({"name": "Retry Park", "tricks": ["Kickflip", "Ollie"], "category": "skateboard"}),
-            )
-        } else if f.fetch_add(1, Ordering::SeqCst) == 0 {
-            StubReply::Status {
-                code: 500,
-                body: "upstream hiccup".into(),
-                retry_after: None,
-            }
-        } else {
-            StubReply::text("your Retry Park list is ready!")
-        }
-    });
+    let responder = tool_then_one_500(
+        StubReply::tool(
+            "create_tricklist",
+            json!({"name": "Retry Park", "tricks": ["Kickflip", "Ollie"], "category": "skateboard"}),
+        ),
+        StubReply::text("your Retry Park list is ready!"),
+    );
     let env = TestEnv::with(responder, |c| c.llm_max_retries = 0).await;
     let svc = env.services().await;
     let raw = env
@@ -91,21 +74,10 @@ async fn a_turn_retried_after_a_write_creates_one_tricklist_and_pays_each_step_o
 #[tokio::test]
 async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() {
     // Step 0 searches spots; step 1 fails once, then answers.
-    let failures = Arc::new(AtomicUsize::new(0));
-    let f = failures.clone();
-    let responder: Responder = Arc::new(move |body: &Value| {
-        if last_message(body)["role"] == "user" {
-            StubReply::tool("search_spots", json!({"query": "Portland"}))
-        } else if f.fetch_add(1, Ordering::SeqCst) == 0 {
-            StubReply::Status {
-                code: 500,
-                body: "upstream hiccup".into(),
-                retry_after: None,
-            }
-        } else {
-            StubReply::text("found some spots")
-        }
-    });
+    let responder = tool_then_one_500(
+        StubReply::tool("search_spots", json!({"query": "Portland"})),
+        StubReply::text("found some spots"),
+    );
     let env = TestEnv::with(responder, |c| c.llm_max_retries = 0).await;
     let svc = env.services().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "spots in portland?").await;

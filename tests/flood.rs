@@ -76,17 +76,9 @@ async fn a_flood_is_limited_answered_once_and_nothing_is_dropped() {
     assert_eq!(users, 6);
     // And every event left the stream acknowledged.
     let acked = eventually(Duration::from_secs(10), || async {
-        let mut c = env
-            .bus
-            .js
-            .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
-                "workers",
-                env.bus.names.stream_in.clone(),
-            )
+        env.consumer_info()
             .await
-            .unwrap();
-        let info = c.info().await.unwrap();
-        info.num_ack_pending == 0 && info.num_pending == 0
+            .is_some_and(|info| info.num_ack_pending == 0 && info.num_pending == 0)
     })
     .await;
     assert!(acked, "nothing left pending");

@@ -69,6 +69,11 @@ async fn steady_stream_through_an_outage(server: &str) {
     .await;
     let conversations = env.new_conversations(KAORI, CONVERSATIONS).await;
     let mut worker = env.spawn_worker_process(&[]);
+    // The outage clock starts once the worker is up (a slow start must not meet the outage instead).
+    assert!(
+        env.wait_worker_pulling(Duration::from_secs(60)).await,
+        "the worker started"
+    );
 
     // TB-Backend's side: a steady stream of events; a publish that fails is retried with the same
     // message id until the server acknowledges it.

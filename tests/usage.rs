@@ -202,21 +202,10 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
 #[tokio::test]
 async fn a_step_replayed_from_the_journal_is_not_recorded_again() {
     // Step 0 asks for a tool; step 1 fails once, so the retry replays step 0 and pays only for step 1.
-    let failures = Arc::new(AtomicUsize::new(0));
-    let f = failures.clone();
-    let responder: Responder = Arc::new(move |body: &Value| {
-        if last_message(body)["role"] == "user" {
-            StubReply::ToolCalls(vec![("get_user_tricklists".into(), String::new())])
-        } else if f.fetch_add(1, Ordering::SeqCst) == 0 {
-            StubReply::Status {
-                code: 500,
-                body: "hiccup".into(),
-                retry_after: None,
-            }
-        } else {
-            StubReply::text("your lists!")
-        }
-    });
+    let responder = tool_then_one_500(
+        StubReply::ToolCalls(vec![("get_user_tricklists".into(), String::new())]),
+        StubReply::text("your lists!"),
+    );
     let env = TestEnv::with(responder, |c| c.llm_max_retries = 0).await;
     env.stub.report_cost(Some(0.001));
     let svc = env.services().await;

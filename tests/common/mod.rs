@@ -15,7 +15,7 @@ use bytes::Bytes;
 use companion::{
     Config, Services, backend,
     bus::{Bus, Completion, InboundEvent},
-    llm::stub::{Responder, StubLlm},
+    llm::stub::{Responder, StubLlm, StubReply},
     seed,
     store::{Mongo, Pg},
     worker,
@@ -133,8 +133,33 @@ impl TestEnv {
         }));
     }
 
-    /// Starts `companion worker` as a separate process on this environment (stdout/stderr to a log file).
-    pub fn spawn_worker_process(&self, extra_env: &[(&str, &str)]) -> std::process::Child {
+    /// The workers' consumer as the server sees it (none before a worker created it).
+    pub async fn consumer_info(&self) -> Option<async_nats::jetstream::consumer::Info> {
+        let mut consumer = self
+            .bus
+            .js
+            .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                self.bus.names.consumer.clone(),
+                self.bus.names.stream_in.clone(),
+            )
+            .await
+            .ok()?;
+        consumer.info().await.ok().cloned()
+    }
+
+    /// Waits until a worker pulls from the consumer (it has connected to every server and started).
+    pub async fn wait_worker_pulling(&self, within: Duration) -> bool {
+        eventually(within, || async {
+            self.consumer_info()
+                .await
+                .is_some_and(|info| info.num_waiting > 0)
+        })
+        .await
+    }
+
+    /// Starts `companion worker` as a separate process on this environment (stdout/stderr to a log file);
+    /// killed when dropped, so a failed assertion leaves no worker behind.
+    pub fn spawn_worker_process(&self, extra_env: &[(&str, &str)]) -> WorkerProcess {
         let log = std::env::temp_dir().join(format!(
             "companion-worker-{}-{}.log",
             self.tag,
@@ -147,7 +172,7 @@ impl TestEnv {
             cmd.env(k, v);
         }
         eprintln!("worker process log: {}", log.display());
-        cmd.spawn().expect("companion binary starts")
+        WorkerProcess(cmd.spawn().expect("companion binary starts"))
     }
 
     /// The `companion` binary with `args`, configured exactly as this environment (nothing inherited
@@ -364,6 +389,49 @@ pub fn dm_event(raw: &InboundEvent) -> companion::bus::DmEvent {
         content: raw.content.clone(),
         images: raw.attachments.iter().map(|a| a.url.clone()).collect(),
         sent_at: raw.sent_at,
+    }
+}
+
+/// A model that answers the user's message with `first` (a tool call, asked afresh on every attempt),
+/// fails the next request once with a 500, and answers every later one with `then`.
+pub fn tool_then_one_500(first: StubReply, then: StubReply) -> Responder {
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    Arc::new(move |body: &serde_json::Value| {
+        if last_message(body)["role"] == "user" {
+            first.clone()
+        } else if !failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            StubReply::Status {
+                code: 500,
+                body: "upstream hiccup".into(),
+                retry_after: None,
+            }
+        } else {
+            then.clone()
+        }
+    })
+}
+
+/// A `companion worker` process of one test; killed (and reaped) when dropped. Derefs to its `Child`.
+pub struct WorkerProcess(std::process::Child);
+
+impl std::ops::Deref for WorkerProcess {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for WorkerProcess {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        // A child already waited for is not signalled again (std knows its status).
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
