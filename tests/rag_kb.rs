@@ -338,10 +338,52 @@ async fn a_small_collection_is_found_behind_a_large_one() {
         .unwrap();
     let mut query = vec![0.0; dim];
     query[0] = 1.0;
-    let hits = kb::search(&db.pool, &cols(&["small"]), &query, 3)
+    // Make the HNSW index the only way to answer (the planner prefers a scan of 3,003 rows), on fresh
+    // connections, and show that without the iterative scan it misses the small collection.
+    sqlx::query("DROP INDEX kb_chunks_collection")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE {} SET enable_seqscan = off",
+        db.name
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let inner = "SELECT collection FROM kb_chunks WHERE collection = ANY($2)
+                 ORDER BY embedding <=> $1 LIMIT $3";
+    let mut tx = pool.begin().await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {inner}")))
+        .bind(pgvector::Vector::from(query.clone()))
+        .bind(cols(&["small"]))
+        .bind(3i64)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert!(
+        plan.iter().any(|l| l.contains("kb_chunks_embedding")),
+        "the search uses the HNSW index: {plan:?}"
+    );
+    sqlx::query("SET LOCAL hnsw.iterative_scan = off")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let without: Vec<String> = sqlx::query_scalar(inner)
+        .bind(pgvector::Vector::from(query.clone()))
+        .bind(cols(&["small"]))
+        .bind(3i64)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(without.len() < 3, "without the iterative scan: {without:?}");
+    let hits = kb::search(&pool, &cols(&["small"]), &query, 3)
         .await
         .unwrap();
     assert_eq!(hits.len(), 3, "{hits:?}");
     assert!(hits.iter().all(|h| h.collection == "small"));
+    pool.close().await;
     db.drop().await;
 }

@@ -695,22 +695,10 @@ pub struct TestDb {
 impl TestDb {
     pub async fn new() -> Self {
         let name = format!("t_{:016x}", fastrand::u64(..));
-        let admin = admin_url();
-        let mut conn = PgConnection::connect(&admin)
-            .await
-            .expect("connecting to PostgreSQL as admin (is deploy/local/stack.sh up?)");
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "CREATE DATABASE {name} OWNER companion"
-        )))
-        .execute(&mut conn)
-        .await
-        .expect("creating the test database");
+        create_pg_database(&admin_url(), &name).await;
         let base = std::env::var("POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://companion:companion@127.0.0.1:5432/companion".into());
-        let url = match base.rsplit_once('/') {
-            Some((head, _)) => format!("{head}/{name}"),
-            None => base,
-        };
+        let url = replace_db(&base, &name);
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .connect(&url)
