@@ -50,13 +50,21 @@ pub async fn record(
     Ok(())
 }
 
-/// The result an earlier attempt of this turn recorded for this call (`ctx.tool_call_id`), if any.
-pub async fn recorded(ctx: &ToolContext) -> Result<Option<ToolResult>, StoreError> {
+/// The result an earlier attempt of this turn recorded for this call (`ctx.tool_call_id`), if any, and
+/// only if it was the same call (tool and arguments): a forced replay may reuse a call id for another.
+pub async fn recorded(
+    ctx: &ToolContext,
+    tool: &str,
+    raw_args: &str,
+) -> Result<Option<ToolResult>, StoreError> {
     let row = sqlx::query(
-        "SELECT tool, ok, result FROM tool_calls WHERE message_id = $1 AND tool_call_id = $2",
+        "SELECT tool, ok, result FROM tool_calls
+         WHERE message_id = $1 AND tool_call_id = $2 AND tool = $3 AND arguments = $4",
     )
     .bind(ctx.message_id.to_hex())
     .bind(&ctx.tool_call_id)
+    .bind(tool)
+    .bind(clip(raw_args, MAX_AUDIT_ARGS))
     .fetch_optional(&ctx.pg.pool)
     .await?;
     Ok(row.map(|r| {

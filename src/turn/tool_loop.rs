@@ -146,21 +146,22 @@ pub async fn run_llm_with(
             ctx.tool_call_id = call.id.clone();
             let started = Instant::now();
             // A call an earlier attempt ran keeps its result: the tool does not run again.
-            let result = match audit::recorded(&ctx).await {
-                Ok(Some(recorded)) => {
-                    debug!(tool = %recorded.name, "tool result replayed from the turn journal");
-                    recorded
-                }
-                Ok(None) => {
-                    registry
-                        .dispatch(&call.function.name, &call.function.arguments, &ctx)
-                        .await
-                }
-                Err(e) => crate::tools::ToolResult {
-                    name: call.function.name.clone(),
-                    outcome: Err(ToolError::Store(e)),
-                },
-            };
+            let result =
+                match audit::recorded(&ctx, &call.function.name, &call.function.arguments).await {
+                    Ok(Some(recorded)) => {
+                        debug!(tool = %recorded.name, "tool result replayed from the turn journal");
+                        recorded
+                    }
+                    Ok(None) => {
+                        registry
+                            .dispatch(&call.function.name, &call.function.arguments, &ctx)
+                            .await
+                    }
+                    Err(e) => crate::tools::ToolResult {
+                        name: call.function.name.clone(),
+                        outcome: Err(ToolError::Store(e)),
+                    },
+                };
             (ctx, result, started.elapsed().as_millis() as u64)
         }))
         .await;
