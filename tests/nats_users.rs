@@ -26,7 +26,7 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
     }
     let pw = |who: &str| format!("{who}-{:016x}", fastrand::u64(..));
     let (worker_pw, admin_pw) = (pw("worker"), pw("admin"));
-    let (port, monitor) = (free_port(), free_port());
+    let [port, monitor] = free_ports();
     let log_path = dir.join("nats.log");
     let log = std::fs::File::create(&log_path).unwrap();
     let server = Server(

@@ -102,7 +102,7 @@ fn make_pki() -> Pki {
 /// `nats-server` with JetStream and TLS that verifies client certificates. Returns (client, monitor) ports.
 /// `tls_extra` goes into the server's `tls {}` block (e.g. `verify: true`).
 async fn start_nats(pki: &Pki, tls_extra: &str) -> (Server, u16, u16) {
-    let (port, monitor) = (free_port(), free_port());
+    let [port, monitor] = free_ports();
     let name = format!("nats-{port}");
     let conf = pki.dir.join(format!("{name}.conf"));
     std::fs::write(

@@ -570,8 +570,8 @@ pub struct PrivateStack {
 
 impl PrivateStack {
     pub async fn start() -> Self {
-        use servers::free_port;
-        let ports = [free_port(), free_port(), free_port(), free_port()];
+        use servers::free_ports;
+        let ports = free_ports::<4>();
         let dir = std::env::temp_dir().join(format!("companion-stack-{:016x}", fastrand::u64(..)));
         let [nats, _, pg, mongo] = ports;
         let stack = Self {

@@ -5,11 +5,14 @@ use std::{path::PathBuf, process::Child};
 
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("a free port")
-        .local_addr()
-        .expect("bound address")
-        .port()
+    free_ports::<1>()[0]
+}
+
+/// `N` distinct free ports: every listener is held until all are bound, so none is handed out twice.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: [std::net::TcpListener; N] =
+        std::array::from_fn(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"));
+    listeners.map(|l| l.local_addr().expect("bound address").port())
 }
 
 /// The local stack's folder (`COMPANION_LOCAL_DIR`, else `<repo>/.local`).
