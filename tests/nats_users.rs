@@ -46,14 +46,8 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
             .expect("nats-server starts"),
     );
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let health = format!("http://127.0.0.1:{monitor}/healthz?js-enabled-only=true");
     assert!(
-        eventually(Duration::from_secs(20), || async {
-            reqwest::get(&health)
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        })
-        .await,
+        nats_healthy(monitor).await,
         "nats-server with deploy/nats/nats.conf is healthy"
     );
 
@@ -99,12 +93,7 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
         "the worker user dead-letters"
     );
 
-    let metrics = reqwest::get(format!("http://{http}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&format!("http://{http}/metrics")).await;
     assert!(
         metrics.contains(
             "companion_consumer_ack_pending{stream=\"DM_BOT_IN\",consumer=\"companion-worker\"} "

@@ -5,21 +5,14 @@ mod common;
 use common::*;
 use companion::{
     llm::stub::{StubReply, always},
-    ops, worker,
+    ops,
 };
-use tokio_util::sync::CancellationToken;
 
 #[tokio::test]
 async fn health_readiness_and_metrics_reflect_a_real_turn() {
     let env = TestEnv::new(always(StubReply::text("metrics!"))).await;
-    let svc = env.services().await;
-    let (addr, server) = ops::serve("127.0.0.1:0".parse().unwrap(), svc.clone())
-        .await
-        .unwrap();
-    let stop = CancellationToken::new();
-    let running = tokio::spawn(worker::run(svc.clone(), stop.clone()));
-
-    let base = format!("http://{addr}");
+    let worker = InProcessWorker::start(&env).await;
+    let base = &worker.base;
     let http = reqwest::Client::new();
     let health = http.get(format!("{base}/healthz")).send().await.unwrap();
     assert_eq!(health.status(), 200);
@@ -42,14 +35,7 @@ async fn health_readiness_and_metrics_reflect_a_real_turn() {
         .await
     );
 
-    let metrics = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = worker.metrics().await;
     assert!(
         metrics.contains("companion_turns_total{outcome=\"answered\"} 1"),
         "{metrics}"
@@ -71,9 +57,7 @@ async fn health_readiness_and_metrics_reflect_a_real_turn() {
         "{metrics}"
     );
 
-    stop.cancel();
-    running.await.unwrap().unwrap();
-    server.abort();
+    worker.stop().await;
     env.finish().await;
 }
 

@@ -129,14 +129,8 @@ async fn start_nats(pki: &Pki, tls_extra: &str) -> (Server, u16, u16) {
         .spawn()
         .unwrap_or_else(|e| panic!("{} starts: {e}", bin.display()));
     let server = Server(child);
-    let health = format!("http://127.0.0.1:{monitor}/healthz?js-enabled-only=true");
     assert!(
-        eventually(Duration::from_secs(20), || async {
-            reqwest::get(&health)
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        })
-        .await,
+        nats_healthy(monitor).await,
         "nats-server with TLS is healthy (log: {})",
         log_path.display()
     );

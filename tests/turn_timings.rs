@@ -7,12 +7,9 @@ mod common;
 use common::*;
 use companion::{
     llm::stub::{StubReply, scripted},
-    ops,
     timing::{self, Stage},
-    worker,
 };
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 /// `companion_turn_stage_seconds_count{stage="…"}` in a metrics text.
 fn stage_count(metrics: &str, stage: &str) -> Option<u64> {
@@ -33,28 +30,18 @@ async fn a_tool_turn_reports_its_stages_on_metrics() {
         StubReply::text("flick it!"),
     ))
     .await;
-    let svc = env.services().await;
-    let (addr, server) = ops::serve("127.0.0.1:0".parse().unwrap(), svc.clone())
-        .await
-        .unwrap();
-    let stop = CancellationToken::new();
-    let running = tokio::spawn(worker::run(svc.clone(), stop.clone()));
+    let worker = InProcessWorker::start(&env).await;
 
     let event = env.dm(JESS, KAORI, JESS_KAORI, "how do I kickflip?").await;
     let reply = env.turn(&event).await;
     assert_eq!(reply.content, "flick it!");
 
     // The turn's timings are reported after its ack: wait for them.
-    let http = reqwest::Client::new();
-    let url = format!("http://{addr}/metrics");
-    let mut metrics = String::new();
-    for _ in 0..200 {
-        metrics = http.get(&url).send().await.unwrap().text().await.unwrap();
-        if stage_count(&metrics, "overhead") == Some(1) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    eventually(std::time::Duration::from_secs(10), || async {
+        stage_count(&worker.metrics().await, "overhead") == Some(1)
+    })
+    .await;
+    let metrics = worker.metrics().await;
     assert_eq!(stage_count(&metrics, "overhead"), Some(1), "{metrics}");
     for stage in [
         "parse", "admit", "journal", "context", "embed", "retrieve", "prompt", "llm", "steps",
@@ -72,9 +59,7 @@ async fn a_tool_turn_reports_its_stages_on_metrics() {
         "{metrics}"
     );
 
-    stop.cancel();
-    running.await.unwrap().unwrap();
-    server.abort();
+    worker.stop().await;
     env.finish().await;
 }
 

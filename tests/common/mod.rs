@@ -411,6 +411,59 @@ pub fn tool_then_one_500(first: StubReply, then: StubReply) -> Responder {
     })
 }
 
+/// A worker running in the test's own process, with its operations endpoint and its `Services` at hand
+/// (for its metrics); [`InProcessWorker::stop`] asserts that it exits cleanly.
+pub struct InProcessWorker {
+    pub svc: Arc<Services>,
+    /// `http://<addr>` of the operations endpoint.
+    pub base: String,
+    stop: CancellationToken,
+    running: tokio::task::JoinHandle<Result<(), worker::WorkerError>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl InProcessWorker {
+    pub async fn start(env: &TestEnv) -> Self {
+        let svc = env.services().await;
+        let (addr, server) = companion::ops::serve("127.0.0.1:0".parse().unwrap(), svc.clone())
+            .await
+            .expect("ops endpoint");
+        let stop = CancellationToken::new();
+        let running = tokio::spawn(worker::run(svc.clone(), stop.clone()));
+        Self {
+            svc,
+            base: format!("http://{addr}"),
+            stop,
+            running,
+            server,
+        }
+    }
+
+    /// The text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        get_text(&format!("{}/metrics", self.base)).await
+    }
+
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.running
+            .await
+            .expect("worker task")
+            .expect("worker exits cleanly");
+        self.server.abort();
+    }
+}
+
+/// The body of a GET.
+pub async fn get_text(url: &str) -> String {
+    reqwest::get(url)
+        .await
+        .expect("GET")
+        .text()
+        .await
+        .expect("body")
+}
+
 /// A `companion worker` process of one test; killed (and reaped) when dropped. Derefs to its `Child`.
 pub struct WorkerProcess(std::process::Child);
 

@@ -56,3 +56,14 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Whether a nats-server answers healthy, JetStream included, on its monitor port within 20 s.
+pub async fn nats_healthy(monitor: u16) -> bool {
+    let health = format!("http://127.0.0.1:{monitor}/healthz?js-enabled-only=true");
+    super::eventually(std::time::Duration::from_secs(20), || async {
+        reqwest::get(&health)
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await
+}
