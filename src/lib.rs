@@ -4,11 +4,8 @@
 //! user's data ([`store::mongo`]), asks the chat model ([`llm`]) in the voice of a [`character`], writes the
 //! reply into `dm_messages` and publishes the completion.
 
-pub mod backend;
-pub mod bench;
 pub mod bus;
 pub mod character;
-pub mod commands;
 pub mod config;
 pub mod flood;
 pub mod llm;
@@ -16,7 +13,6 @@ pub mod ops;
 pub mod order;
 pub mod rag;
 pub mod replay;
-pub mod seed;
 pub mod services;
 pub mod store;
 pub mod telemetry;

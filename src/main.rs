@@ -1,8 +1,8 @@
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use companion::{Config, Services, commands, llm::stub, seed, store, telemetry, worker};
+use companion::{Config, Services, store, telemetry, worker};
 use tokio_util::sync::CancellationToken;
 
 /// TrickBook's AI companions: the worker and its tools.
@@ -21,40 +21,6 @@ enum Command {
     Worker,
     /// Apply the PostgreSQL migrations.
     Migrate,
-    /// Upsert the demo data (users, bots, trickipedia, spots, tricklists, conversations) into MongoDB.
-    Seed {
-        #[arg(long, default_value = "deploy/local/seed")]
-        dir: PathBuf,
-    },
-    /// Publish one DM exactly as TB-Backend would, and print the reply.
-    Send {
-        /// User id or username.
-        #[arg(long, default_value = "jess")]
-        user: String,
-        /// Companion name or bot user id.
-        #[arg(long, default_value = "kaori")]
-        bot: String,
-        /// Image URL to attach (repeatable).
-        #[arg(long = "image")]
-        images: Vec<String>,
-        /// Seconds to wait for the reply; 0 publishes and exits.
-        #[arg(long, default_value_t = 120)]
-        wait: u64,
-        text: String,
-    },
-    /// Chat with a companion in the terminal (scripted when stdin is not a terminal).
-    Chat {
-        #[arg(long, default_value = "jess")]
-        user: String,
-        #[arg(long, default_value = "kaori")]
-        bot: String,
-        /// Play lines from a file, or `builtin` for the demo script.
-        #[arg(long)]
-        script: Option<PathBuf>,
-        /// Seconds to wait for each reply.
-        #[arg(long, default_value_t = 120)]
-        wait: u64,
-    },
     /// Embed lines of text from stdin; one JSON line (`{"text", "embedding"}`) per input on stdout.
     Embed,
     /// Chunk, embed and store articles (a folder of Markdown/text files or a JSON-lines file).
@@ -73,13 +39,6 @@ enum Command {
         /// Days to cover, today (UTC) included.
         #[arg(long, default_value_t = 7)]
         days: u32,
-    },
-    /// Measure a turn's cost and throughput end to end on the real local stack (see README, Benchmark).
-    Bench(Box<companion::bench::BenchArgs>),
-    /// Serve the scripted offline model (OpenAI-compatible) for demos without an API key.
-    StubLlm {
-        #[arg(long, default_value = "127.0.0.1:8089")]
-        addr: SocketAddr,
     },
 }
 
@@ -105,37 +64,6 @@ async fn main() -> anyhow::Result<()> {
                 .context("connecting to PostgreSQL")?;
             pg.migrate().await.context("migrating")?;
             println!("migrations applied");
-        }
-        Command::Seed { dir } => {
-            let mongo = store::Mongo::connect(&config)
-                .await
-                .context("connecting to MongoDB")?;
-            for (collection, n) in seed::seed_dir(&mongo, &dir).await.context("seeding")? {
-                println!("{collection}: {n} documents");
-            }
-        }
-        Command::Send {
-            user,
-            bot,
-            images,
-            wait,
-            text,
-        } => {
-            let session = commands::Session::open(&config, &user, &bot).await?;
-            let wait = (wait > 0).then(|| Duration::from_secs(wait));
-            match session.say(&text, &images, wait).await? {
-                Some(reply) => commands::print_reply(&session.bot_name, &reply),
-                None => println!("published to conversation {}", session.conversation),
-            }
-        }
-        Command::Chat {
-            user,
-            bot,
-            script,
-            wait,
-        } => {
-            let session = commands::Session::open(&config, &user, &bot).await?;
-            commands::chat(&session, script.as_deref(), Duration::from_secs(wait)).await?;
         }
         Command::Embed => {
             let n = companion::rag::commands::embed_stdin(&config)
@@ -172,21 +100,6 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .context("reading llm_usage (run `companion migrate` first)")?;
             print!("{report}");
-        }
-        Command::Bench(args) => {
-            companion::bench::run(config, *args)
-                .await
-                .context("benchmark")?;
-        }
-        Command::StubLlm { addr } => {
-            let server = stub::StubLlm::start_on(addr, stub::demo(), false)
-                .await
-                .context("binding")?;
-            tracing::info!(base_url = %server.base_url, "scripted offline model listening");
-            tokio::select! {
-                _ = server.wait() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
         }
     }
     Ok(())

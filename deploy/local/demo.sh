@@ -21,12 +21,13 @@ if [[ -x deploy/local/models.sh ]]; then deploy/local/models.sh; fi
 eval "$(deploy/local/stack.sh env)"
 
 say "building the worker (first build takes a few minutes)"
-cargo build --quiet --bin companion
+cargo build --quiet --workspace --bins
 BIN="$ROOT/target/debug/companion"
+DEV="$ROOT/target/debug/companion-dev"
 export COMPANION_CHARACTERS_DIR="$ROOT/characters"
 
 "$BIN" migrate
-"$BIN" seed --dir deploy/local/seed
+"$DEV" seed --dir deploy/local/seed
 if [[ -d deploy/local/knowledge ]] && "$BIN" help ingest >/dev/null 2>&1; then
   "$BIN" ingest deploy/local/knowledge
 fi
@@ -37,7 +38,7 @@ trap cleanup EXIT
 
 if [[ -z "${OPENROUTER_API_KEY:-}" ]]; then
   export LLM_BASE_URL="http://127.0.0.1:$STUB_PORT/v1"
-  "$BIN" stub-llm --addr "127.0.0.1:$STUB_PORT" >>"$LOGS/stub-llm.log" 2>&1 &
+  "$DEV" stub-llm --addr "127.0.0.1:$STUB_PORT" >>"$LOGS/stub-llm.log" 2>&1 &
   pids+=($!)
   cat <<BANNER
 
@@ -62,8 +63,8 @@ done
 say "worker running (log: $LOGS/worker.log)"
 
 if [[ -t 0 && -t 1 ]]; then
-  "$BIN" chat --user jess --bot "$BOT"
+  "$DEV" chat --user jess --bot "$BOT"
 else
   say "not a terminal: playing the scripted conversation"
-  "$BIN" chat --user jess --bot "$BOT" --script builtin --wait 60
+  "$DEV" chat --user jess --bot "$BOT" --script builtin --wait 60
 fi

@@ -15,11 +15,10 @@ npm ci --prefix deploy/tb-backend --no-audit --no-fund --loglevel=error
 deploy/nats/test-permissions.sh
 
 cargo fmt --all -- --check
-cargo clippy --all-targets --quiet -- -D warnings
-# The `otel` feature: only the library, the binary and the test that use it (the other targets do
-# not change with it), so CI does not check and build everything twice.
-cargo clippy --features otel --lib --bins --test otel --quiet -- -D warnings
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+# The `otel` feature: the library, the binary and the test binary (its `otel` module).
+cargo clippy --features otel --lib --bins --test it --quiet -- -D warnings
 status=0
-cargo test --all-targets --no-fail-fast 2>&1 || status=$?
-cargo test --features otel --test otel 2>&1 || status=$?
+cargo test --workspace --all-targets --no-fail-fast 2>&1 || status=$?
+cargo test --features otel --test it otel:: 2>&1 || status=$?
 exit "$status"

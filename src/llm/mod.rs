@@ -1,7 +1,5 @@
 //! The OpenAI-compatible chat API (OpenRouter by default): request and response types and the client.
 
-pub mod stub;
-
 use std::{borrow::Cow, num::NonZeroU32, sync::Arc, time::Duration};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};

@@ -1,0 +1,122 @@
+//! TB-Backend's side of the contract, for the terminal commands, the demo and the tests:
+//! store the user's DM in dm_messages, then publish it to the bot exactly as `dm.js` does.
+
+use async_nats::HeaderMap;
+use bson::{doc, oid::ObjectId};
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+
+use companion::{
+    bus::{Bus, BusError, Completion, InboundEvent, event::Attachment},
+    store::{
+        Mongo, StoreError,
+        mongo::{DM_CONVERSATIONS, DM_MESSAGES},
+    },
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error("NATS subscribe failed: {0}")]
+    Subscribe(#[from] async_nats::SubscribeError),
+}
+
+impl From<mongodb::error::Error> for BackendError {
+    fn from(e: mongodb::error::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+/// The DM conversation between a user and a bot, created if there is none.
+pub async fn ensure_conversation(
+    mongo: &Mongo,
+    user: ObjectId,
+    bot: ObjectId,
+) -> Result<ObjectId, BackendError> {
+    let convs = mongo.collection(DM_CONVERSATIONS);
+    let filter = doc! { "participants": { "$all": [user, bot] } };
+    if let Some(existing) = convs.find_one(filter).await?
+        && let Ok(id) = existing.get_object_id("_id")
+    {
+        return Ok(id);
+    }
+    let id = ObjectId::new();
+    let now = bson::DateTime::now();
+    convs
+        .insert_one(doc! { "_id": id, "participants": [user, bot], "isBotConversation": true, "createdAt": now, "updatedAt": now })
+        .await?;
+    Ok(id)
+}
+
+/// Saves the user's message as TB-Backend does and returns the event to publish for it.
+pub async fn store_user_message(
+    mongo: &Mongo,
+    conversation: ObjectId,
+    user: ObjectId,
+    bot: ObjectId,
+    content: &str,
+    images: &[String],
+) -> Result<InboundEvent, BackendError> {
+    let id = ObjectId::new();
+    let now: DateTime<Utc> = Utc::now();
+    let attachments: Vec<Attachment> = images
+        .iter()
+        .map(|u| Attachment {
+            kind: "image".into(),
+            url: u.clone(),
+        })
+        .collect();
+    let mut message = doc! {
+        "_id": id,
+        "conversationId": conversation,
+        "senderId": user.to_hex(),
+        "content": content,
+        "timestamp": bson::DateTime::from_chrono(now),
+        "read": false,
+    };
+    if !images.is_empty() {
+        message.insert(
+            "attachments",
+            images
+                .iter()
+                .map(|u| doc! { "type": "image", "url": u })
+                .collect::<Vec<_>>(),
+        );
+    }
+    mongo.collection(DM_MESSAGES).insert_one(message).await?;
+    Ok(InboundEvent {
+        message_id: id.to_hex(),
+        conversation_id: conversation.to_hex(),
+        sender_id: user.to_hex(),
+        bot_id: bot.to_hex(),
+        content: content.to_owned(),
+        attachments,
+        sent_at: now,
+    })
+}
+
+/// Publishes an event with `Nats-Msg-Id: <messageId>`; returns whether the server saw it as a duplicate.
+pub async fn publish_event(bus: &Bus, event: &InboundEvent) -> Result<bool, BackendError> {
+    let subject = bus.names.inbound(&event.bot_id, &event.conversation_id);
+    let payload = Bytes::from(serde_json::to_vec(event).map_err(BusError::from)?);
+    let ack = bus
+        .publish_durable(subject, &event.message_id, HeaderMap::new(), payload)
+        .await?;
+    Ok(ack.duplicate)
+}
+
+/// Completions of one conversation as they arrive (core subscription; subscribe before publishing).
+pub async fn completions(
+    bus: &Bus,
+    conversation: ObjectId,
+) -> Result<impl futures::Stream<Item = Completion> + use<>, BackendError> {
+    let sub = bus
+        .client
+        .subscribe(bus.names.outbound(&conversation.to_hex()))
+        .await?;
+    Ok(sub.filter_map(|m| async move { serde_json::from_slice::<Completion>(&m.payload).ok() }))
+}

@@ -1,0 +1,300 @@
+//! The bench's data: the demo seed, then many users with profiles and tricklists, one DM conversation per
+//! (user, companion) pair with a full history window, the knowledge base, and the user messages the run
+//! publishes (stored in `dm_messages` before the clock starts, as TB-Backend would have stored them).
+
+use std::path::Path;
+
+use bson::{Document, doc, oid::ObjectId};
+use chrono::{Duration as ChronoDuration, Utc};
+use futures::TryStreamExt;
+
+use super::{BenchError, env::RunEnv};
+use crate::seed;
+use companion::{
+    bus::InboundEvent,
+    character::Characters,
+    rag::{Embedder, chunk::ChunkConfig, ingest},
+    store::{
+        StoreError,
+        mongo::{DM_CONVERSATIONS, DM_MESSAGES, TRICKLISTS, TRICKS, USERS, user_ref},
+    },
+};
+
+/// Chat messages the bench users send, in turn: short, realistic DMs to a companion.
+pub const CHAT_MESSAGES: &[&str] = &[
+    "How do I land a kickflip without the board flipping away from me?",
+    "Any tips for locking into a 50-50 grind on a flat bar?",
+    "My frontside boardslide keeps sliding out at the end of the rail.",
+    "Should I buy a camber or a rocker snowboard for park riding?",
+    "just landed my first tre flip 🔥🛹🎉",
+    "What snowboard wax do you recommend for really cold days? ❄️",
+    "How do I do a frontside 360 off a medium kicker on my snowboard?",
+    "is it normal to be scared of dropping in?",
+    "what should I practice this weekend at the park?",
+    "my ollies are still super low, what am I doing wrong",
+    "how do you link turns on steeper runs without skidding",
+    "any good skateparks to check out near me?",
+];
+
+/// Rows written per statement when seeding.
+const CHUNK: usize = 500;
+
+/// One DM conversation between a bench user and a companion.
+#[derive(Clone, Debug)]
+pub struct Conversation {
+    pub id: ObjectId,
+    pub user: ObjectId,
+    pub bot: ObjectId,
+}
+
+/// What the run talks over.
+pub struct Dataset {
+    pub conversations: Vec<Conversation>,
+    pub users: usize,
+    /// Knowledge chunks stored for retrieval.
+    pub knowledge_chunks: usize,
+}
+
+/// How much data to create.
+pub struct DataShape {
+    pub users: usize,
+    pub conversations: usize,
+    /// Messages of history already in each conversation.
+    pub history: usize,
+    pub tricklists_per_user: usize,
+}
+
+/// Seeds everything a run needs into the run's databases.
+pub async fn seed_all(
+    env: &RunEnv,
+    shape: &DataShape,
+    seed_dir: &Path,
+    knowledge_dir: &Path,
+    embedder: Option<&Embedder>,
+) -> Result<Dataset, BenchError> {
+    let mongo = &env.mongo;
+    seed::seed_dir(mongo, seed_dir)
+        .await
+        .map_err(|e| BenchError::Setup(format!("demo seed: {e}")))?;
+    let mut characters = Characters::load(&env.config.characters_dir)
+        .map_err(|e| BenchError::Setup(format!("characters: {e}")))?;
+    characters
+        .resolve(mongo)
+        .await
+        .map_err(|e| BenchError::Setup(format!("characters: {e}")))?;
+    let mut bots: Vec<ObjectId> = characters.iter().map(|(id, _)| *id).collect();
+    bots.sort();
+    if bots.is_empty() {
+        return Err(BenchError::Setup("no characters".into()));
+    }
+    let users_needed = shape.conversations.div_ceil(bots.len());
+    let n_users = shape.users.max(users_needed).max(1);
+    let tricks: Vec<ObjectId> = mongo
+        .collection(TRICKS)
+        .find(doc! {})
+        .projection(doc! { "_id": 1 })
+        .await
+        .map_err(StoreError::from)?
+        .try_collect::<Vec<Document>>()
+        .await
+        .map_err(StoreError::from)?
+        .into_iter()
+        .filter_map(|d| d.get_object_id("_id").ok())
+        .collect();
+
+    let now = Utc::now();
+    let users: Vec<ObjectId> = (0..n_users).map(|_| ObjectId::new()).collect();
+    let sports = ["skateboard", "snowboard", "bmx"];
+    let cities = ["Portland, OR", "Barcelona", "Berlin", "Denver, CO", "Tokyo"];
+    let user_docs: Vec<Document> = users
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            doc! {
+                "_id": *id,
+                "name": format!("Bench Rider {i}"),
+                "username": format!("bench_rider_{i}"),
+                "isBot": false,
+                "bio": "Skates after work, snowboards all winter, always chasing the next trick.",
+                "location": cities[i % cities.len()],
+                "sports": [sports[i % sports.len()], sports[(i + 1) % sports.len()]],
+                "createdAt": bson::DateTime::from_chrono(now),
+            }
+        })
+        .collect();
+    insert_chunked(env, USERS, user_docs).await?;
+
+    let mut lists = Vec::new();
+    for (i, user) in users.iter().enumerate() {
+        for l in 0..shape.tricklists_per_user {
+            let picked: Vec<Document> = (0..8)
+                .filter_map(|k| tricks.get((i * 7 + l * 13 + k * 3) % tricks.len().max(1)))
+                .enumerate()
+                .map(|(k, t)| doc! { "_id": *t, "checked": k % 3 == 0 })
+                .collect();
+            lists.push(doc! {
+                "_id": ObjectId::new(),
+                "name": format!("Session list {l}"),
+                "user": user_ref(*user),
+                "category": sports[(i + l) % sports.len()],
+                "isPublic": l % 2 == 0,
+                "tricks": picked,
+                "createdAt": bson::DateTime::from_chrono(now - ChronoDuration::days(l as i64 + 1)),
+            });
+        }
+    }
+    insert_chunked(env, TRICKLISTS, lists).await?;
+
+    let conversations: Vec<Conversation> = (0..shape.conversations)
+        .map(|i| Conversation {
+            id: ObjectId::new(),
+            user: users[i % n_users],
+            bot: bots[(i / n_users) % bots.len()],
+        })
+        .collect();
+    let conv_docs: Vec<Document> = conversations
+        .iter()
+        .map(|c| {
+            doc! {
+                "_id": c.id,
+                "participants": [c.user, c.bot],
+                "isBotConversation": true,
+                "createdAt": bson::DateTime::from_chrono(now - ChronoDuration::days(1)),
+                "updatedAt": bson::DateTime::from_chrono(now - ChronoDuration::days(1)),
+            }
+        })
+        .collect();
+    insert_chunked(env, DM_CONVERSATIONS, conv_docs).await?;
+    seed_history(env, &conversations, shape.history).await?;
+
+    let knowledge_chunks = match embedder {
+        Some(embedder) => {
+            let articles = ingest::read_articles(knowledge_dir, None)
+                .map_err(|e| BenchError::Setup(format!("knowledge: {e}")))?;
+            let cfg = ChunkConfig {
+                max_tokens: env.config.chunk_tokens,
+                overlap: env.config.chunk_overlap,
+            };
+            ingest::ingest(&env.pg.pool, embedder, &articles, cfg, false)
+                .await
+                .map_err(|e| BenchError::Setup(format!("knowledge: {e}")))?
+                .chunks
+        }
+        None => 0,
+    };
+    Ok(Dataset {
+        conversations,
+        users: n_users,
+        knowledge_chunks,
+    })
+}
+
+/// `history` alternating user/assistant rows per conversation, oldest first, ending an hour ago.
+async fn seed_history(
+    env: &RunEnv,
+    conversations: &[Conversation],
+    history: usize,
+) -> Result<(), BenchError> {
+    if history == 0 {
+        return Ok(());
+    }
+    let start = Utc::now() - ChronoDuration::hours(1);
+    let reply = "ok so lean into it and commit, you've got this!! 🔥 try it ten times slow first";
+    for convs in conversations.chunks((CHUNK * 4 / history).max(1)) {
+        let n = convs.len() * history;
+        let (mut users, mut bots, mut ids) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        let (mut roles, mut contents, mut messages, mut times) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for c in convs {
+            for k in 0..history {
+                users.push(c.user.to_hex());
+                bots.push(c.bot.to_hex());
+                ids.push(c.id.to_hex());
+                let user_turn = k % 2 == 0;
+                roles.push(if user_turn { "user" } else { "assistant" });
+                contents.push(if user_turn {
+                    CHAT_MESSAGES[k % CHAT_MESSAGES.len()]
+                } else {
+                    reply
+                });
+                messages.push(ObjectId::new().to_hex());
+                times.push(start - ChronoDuration::minutes((history - k) as i64));
+            }
+        }
+        sqlx::query(
+            "INSERT INTO bot_conversations (user_id, bot_id, conversation_id, role, content, message_id, created_at)
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::timestamptz[])",
+        )
+        .bind(&users)
+        .bind(&bots)
+        .bind(&ids)
+        .bind(&roles)
+        .bind(&contents)
+        .bind(&messages)
+        .bind(&times)
+        .execute(&env.pg.pool)
+        .await
+        .map_err(StoreError::from)?;
+    }
+    Ok(())
+}
+
+async fn insert_chunked(
+    env: &RunEnv,
+    collection: &str,
+    docs: Vec<Document>,
+) -> Result<(), BenchError> {
+    for chunk in docs.chunks(CHUNK) {
+        env.mongo
+            .collection(collection)
+            .insert_many(chunk.to_vec())
+            .await
+            .map_err(StoreError::from)?;
+    }
+    Ok(())
+}
+
+/// Stores `n` user messages (round-robin over the conversations, so a conversation's messages are as
+/// far apart as possible) in `dm_messages` and returns their events, ready to publish.
+pub async fn prepare_events(
+    env: &RunEnv,
+    data: &Dataset,
+    n: usize,
+    offset: usize,
+) -> Result<Vec<InboundEvent>, BenchError> {
+    let now = Utc::now();
+    let mut events = Vec::with_capacity(n);
+    let mut docs = Vec::with_capacity(n);
+    for i in offset..offset + n {
+        let c = &data.conversations[i % data.conversations.len()];
+        let text = CHAT_MESSAGES[i % CHAT_MESSAGES.len()];
+        let id = ObjectId::new();
+        docs.push(doc! {
+            "_id": id,
+            "conversationId": c.id,
+            "senderId": c.user.to_hex(),
+            "content": text,
+            "timestamp": bson::DateTime::from_chrono(now),
+            "read": false,
+        });
+        events.push(InboundEvent {
+            message_id: id.to_hex(),
+            conversation_id: c.id.to_hex(),
+            sender_id: c.user.to_hex(),
+            bot_id: c.bot.to_hex(),
+            content: text.to_owned(),
+            attachments: Vec::new(),
+            sent_at: now,
+        });
+    }
+    insert_chunked(env, DM_MESSAGES, docs).await?;
+    Ok(events)
+}

@@ -1,0 +1,165 @@
+//! The bench's own isolated run on the real local stack: a fresh PostgreSQL database (migrated), a fresh
+//! MongoDB database, its own NATS subject and stream prefixes, and everything removed again at the end.
+
+use std::time::Duration;
+
+use sqlx::Connection;
+
+use super::BenchError;
+use companion::{
+    Config,
+    bus::Bus,
+    store::{Mongo, Pg},
+};
+
+/// Collections created up front so no insert creates one implicitly (SecantusDB and concurrent DDL).
+pub const COLLECTIONS: &[&str] = &[
+    "users",
+    "dm_conversations",
+    "dm_messages",
+    "tricklists",
+    "tricks",
+    "ck_spots",
+    "spot_drafts",
+];
+
+/// One bench run's databases and subjects.
+pub struct RunEnv {
+    /// Random tag naming the databases, subjects and streams of this run.
+    pub tag: String,
+    /// The configuration pointing at this run's databases and subjects (what the workers get).
+    pub config: Config,
+    /// Admin connection string used to create and drop the PostgreSQL database.
+    admin_url: String,
+    pub pg: Pg,
+    pub mongo: Mongo,
+    pub bus: Bus,
+}
+
+impl RunEnv {
+    /// Creates the databases and streams of a new run from the base configuration.
+    pub async fn create(base: &Config) -> Result<Self, BenchError> {
+        let tag = format!("{:012x}", fastrand::u64(..) >> 16);
+        let mut config = base.clone();
+        let db = format!("bench_{tag}");
+        let admin_url = admin_url();
+        let owner = pg_user(&config.postgres_url).unwrap_or_else(|| "companion".into());
+        let mut admin = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .map_err(|e| BenchError::Setup(format!("PostgreSQL admin connection: {e}")))?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE {db} OWNER {owner}"
+        )))
+        .execute(&mut admin)
+        .await
+        .map_err(|e| BenchError::Setup(format!("creating database {db}: {e}")))?;
+        config.postgres_url = replace_db(&config.postgres_url, &db);
+        config.atlas_uri = replace_db(&config.atlas_uri, &db);
+        config.subject_prefix = format!("bench{tag}.dm.bot");
+        config.stream_prefix = format!("BENCH{tag}");
+        config.consumer = "bench-workers".into();
+        let pg = Pg::connect(&config).await?;
+        pg.migrate().await?;
+        let mongo = Mongo::connect(&config).await?;
+        for name in COLLECTIONS {
+            mongo
+                .db
+                .create_collection(*name)
+                .await
+                .map_err(companion::store::StoreError::from)?;
+        }
+        mongo.ensure_indexes().await?;
+        let bus = Bus::connect(&config).await?;
+        bus.ensure_streams().await?;
+        Ok(Self {
+            tag,
+            config,
+            admin_url,
+            pg,
+            mongo,
+            bus,
+        })
+    }
+
+    /// Removes the streams and both databases of this run.
+    pub async fn destroy(self) {
+        for s in [
+            &self.bus.names.stream_in,
+            &self.bus.names.stream_out,
+            &self.bus.names.stream_dlq,
+        ] {
+            let _ = self.bus.js.delete_stream(s).await;
+        }
+        self.pg.pool.close().await;
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
+            let drop = format!("DROP DATABASE IF EXISTS bench_{} WITH (FORCE)", self.tag);
+            let _ = sqlx::query(sqlx::AssertSqlSafe(drop))
+                .execute(&mut conn)
+                .await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.mongo.db.drop()).await;
+    }
+}
+
+/// The connection that creates and drops databases: `POSTGRES_ADMIN_URL`, else the local stack's superuser.
+pub fn admin_url() -> String {
+    std::env::var("POSTGRES_ADMIN_URL")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// The user of a PostgreSQL URL (`postgres://user:pass@host/db`).
+fn pg_user(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let (creds, _) = rest.rsplit_once('@')?;
+    let user = creds.split(':').next()?;
+    (!user.is_empty() && user.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .then(|| user.to_owned())
+}
+
+/// The URL with its database (path) replaced, query kept.
+pub fn replace_db(url: &str, db: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map(|(b, q)| (b, Some(q)))
+        .unwrap_or((url, None));
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let host_end = base[scheme_end..]
+        .find('/')
+        .map(|i| i + scheme_end)
+        .unwrap_or(base.len());
+    let mut out = format!("{}/{db}", &base[..host_end]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_names_are_replaced_and_users_read() {
+        assert_eq!(
+            replace_db(
+                "mongodb://127.0.0.1:27017/TrickList2?directConnection=true",
+                "bench_x"
+            ),
+            "mongodb://127.0.0.1:27017/bench_x?directConnection=true"
+        );
+        assert_eq!(
+            replace_db("postgres://a:b@h:5432/companion", "bench_x"),
+            "postgres://a:b@h:5432/bench_x"
+        );
+        assert_eq!(
+            replace_db("mongodb://127.0.0.1:27017", "d"),
+            "mongodb://127.0.0.1:27017/d"
+        );
+        assert_eq!(
+            pg_user("postgres://companion:pw@127.0.0.1/x").as_deref(),
+            Some("companion")
+        );
+        assert_eq!(pg_user("postgres://127.0.0.1/x"), None);
+    }
+}

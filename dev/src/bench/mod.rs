@@ -1,0 +1,632 @@
+//! `companion bench`: what one worker costs per turn and how far it scales, measured end to end on the
+//! real local stack (NATS JetStream, PostgreSQL, the MongoDB-wire server); only the model is the
+//! project's stub, in this process, with a set latency and script.
+//!
+//! A run creates its own databases and subjects ([`env`]), seeds users, conversations with history,
+//! tricklists and the knowledge base ([`data`]), starts `--workers` worker processes of this binary
+//! ([`workers`]), publishes warm-up then measured events at `--rate` as TB-Backend does and counts every
+//! completion ([`load`]), samples memory and CPU from `/proc` ([`procs`]), reads the workers' own
+//! `turn timings` log events for the overhead and its stages, prints a table, writes JSON ([`report`]),
+//! stops the workers and removes what it created. `--embed` adds embedding throughput ([`embed`]).
+
+pub mod data;
+pub mod embed;
+pub mod env;
+pub mod load;
+pub mod procs;
+pub mod report;
+pub mod script;
+pub mod workers;
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use clap::Args;
+
+use crate::stub::StubLlm;
+use companion::{
+    Config,
+    rag::{EmbedConfig, Embedder},
+    store::StoreError,
+    timing::Stage,
+};
+use report::{Dist, Report, Resources, RunSettings, StageDist, TurnCounts};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("setting up the run: {0}")]
+    Setup(String),
+    #[error("worker: {0}")]
+    Worker(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Bus(#[from] companion::bus::BusError),
+    #[error("writing {0}: {1}")]
+    Write(PathBuf, std::io::Error),
+}
+
+/// Options of `companion bench` (the worker settings, e.g. `--concurrency`, are the usual flags).
+#[derive(Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// Worker processes to start.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Turns in the measured phase.
+    #[arg(long, default_value_t = 1000)]
+    pub turns: usize,
+    /// Measure for this many seconds instead (turns = rate × duration; needs a rate).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Turns published per second; 0 publishes as fast as the server acks.
+    #[arg(long, default_value_t = 50.0)]
+    pub rate: f64,
+    /// Turns before the measured phase (connections, caches); not counted.
+    #[arg(long, default_value_t = 100)]
+    pub warmup: usize,
+    /// DM conversations the turns go round (a user's next message comes after many others).
+    #[arg(long, default_value_t = 200)]
+    pub conversations: usize,
+    /// Users (each talks to several companions); raised to what the conversations need.
+    #[arg(long, default_value_t = 50)]
+    pub users: usize,
+    /// History messages already in each conversation (the model sees the last `--history-limit`).
+    #[arg(long, default_value_t = 20)]
+    pub history: usize,
+    /// Tricklists per user.
+    #[arg(long, default_value_t = 2)]
+    pub tricklists: usize,
+    /// The stub model's latency per chat call, milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub llm_latency_ms: u64,
+    /// What the stub model does in every turn.
+    #[arg(long, value_enum, default_value = "tool")]
+    pub script: script::Script,
+    /// Outbound chat requests per second per worker (the production guard; lifted for the bench).
+    #[arg(long, default_value_t = 100_000)]
+    pub llm_rps: u32,
+    /// The workers' per-user flood limit (turns per minute; 0: off). Off by default: the bench's users
+    /// send far faster than people do, and a busy line is not the turn being measured.
+    #[arg(long, default_value_t = 0)]
+    pub user_turns_per_minute: u32,
+    /// Later messages of a conversation one reply may answer (the workers' `COMPANION_BURST_MAX`).
+    #[arg(long, default_value_t = 8)]
+    pub burst_max: usize,
+    /// Seconds to wait for the last completions after the last publish.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Also measure embedding throughput in this process (before the load, on a quiet stack).
+    #[arg(long)]
+    pub embed: bool,
+    /// Only measure embedding throughput.
+    #[arg(long)]
+    pub embed_only: bool,
+    /// Seconds per embedding measurement.
+    #[arg(long, default_value_t = 5.0)]
+    pub embed_secs: f64,
+    /// Fixture of texts for the embedding measurement.
+    #[arg(long, default_value = "tests/fixtures/embeddings-public.jsonl")]
+    pub embed_fixture: PathBuf,
+    /// Demo seed loaded first (bots, trickipedia, spots).
+    #[arg(long, default_value = "deploy/local/seed")]
+    pub seed_dir: PathBuf,
+    /// Knowledge articles ingested for retrieval.
+    #[arg(long, default_value = "deploy/local/knowledge")]
+    pub knowledge_dir: PathBuf,
+    /// Keep the run's databases, streams and logs (for inspection).
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// The command line for the report, with the values of flags that may hold secrets left out.
+fn command_line(args: impl Iterator<Item = String>) -> String {
+    const SECRET: [&str; 4] = [
+        "--postgres-url",
+        "--atlas-uri",
+        "--nats-password",
+        "--openrouter-api-key",
+    ];
+    let mut out = Vec::new();
+    let mut hide_next = false;
+    for arg in args {
+        if std::mem::take(&mut hide_next) {
+            out.push("***".to_owned());
+        } else if let Some((flag, _)) = arg.split_once('=').filter(|(f, _)| SECRET.contains(f)) {
+            out.push(format!("{flag}=***"));
+        } else {
+            hide_next = SECRET.contains(&arg.as_str());
+            out.push(arg);
+        }
+    }
+    out.join(" ")
+}
+
+/// Runs the benchmark and returns its report (already printed, and written when `--json` is given).
+pub async fn run(base: Config, args: BenchArgs) -> Result<Report, BenchError> {
+    let mut report = Report {
+        command: command_line(std::env::args()),
+        started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        machine: procs::Machine::read(),
+        load_average_before: procs::load_average(),
+        load_average_after: [0.0; 3],
+        settings: None,
+        turns: None,
+        end_to_end_ms: None,
+        turn_wall_ms: None,
+        llm_wait_ms: None,
+        overhead_ms: None,
+        mongo_wait_ms: None,
+        mongo_commands_per_turn: 0.0,
+        overhead_outside_mongo_ms: None,
+        stages: Vec::new(),
+        resources: None,
+        embedding: None,
+        worker_warnings: 0,
+        worker_errors: 0,
+        worker_log_samples: Vec::new(),
+        worker_logs: Vec::new(),
+    };
+    eprintln!(
+        "bench: {} cores, {}; load average {:?}",
+        report.machine.cores, report.machine.cpu_model, report.load_average_before
+    );
+    if args.embed || args.embed_only {
+        let cfg = EmbedConfig::from_config(&base);
+        eprintln!(
+            "bench: embedding throughput ({} s per measurement)…",
+            args.embed_secs
+        );
+        report.embedding = Some(embed::measure(&cfg, &args.embed_fixture, args.embed_secs).await?);
+    }
+    if !args.embed_only {
+        load_run(&base, &args, &mut report).await?;
+    }
+    report.load_average_after = procs::load_average();
+    println!("{}", report::table(&report));
+    if let Some(path) = &args.json {
+        let json = serde_json::to_vec_pretty(&report).expect("report serialises");
+        std::fs::write(path, json).map_err(|e| BenchError::Write(path.clone(), e))?;
+        eprintln!("bench: report written to {}", path.display());
+    }
+    Ok(report)
+}
+
+/// The load part of a run, with its environment removed whatever happens.
+async fn load_run(base: &Config, args: &BenchArgs, report: &mut Report) -> Result<(), BenchError> {
+    let turns = match args.duration {
+        Some(d) if args.rate > 0.0 => (d * args.rate).round() as usize,
+        Some(_) => {
+            return Err(BenchError::Setup(
+                "--duration needs a --rate above 0".into(),
+            ));
+        }
+        None => args.turns,
+    };
+    if turns == 0 || args.workers == 0 || args.conversations == 0 {
+        return Err(BenchError::Setup(
+            "--turns, --workers and --conversations must be above 0".into(),
+        ));
+    }
+    eprintln!("bench: creating an isolated run (databases, streams)…");
+    let env = env::RunEnv::create(base).await?;
+    let log_dir = std::env::temp_dir().join(format!("companion-bench-{}", env.tag));
+    std::fs::create_dir_all(&log_dir)
+        .map_err(|e| BenchError::Setup(format!("{}: {e}", log_dir.display())))?;
+    let mut procs: Vec<workers::WorkerProc> = Vec::new();
+    let result = measure(&env, args, turns, &log_dir, &mut procs, report).await;
+    workers::stop(&mut procs, Duration::from_secs(30)).await;
+    if args.keep {
+        eprintln!(
+            "bench: kept databases bench_{tag} (PostgreSQL, MongoDB), streams BENCH{tag}_*, logs in {}",
+            log_dir.display(),
+            tag = env.tag
+        );
+    } else {
+        env.destroy().await;
+        let _ = std::fs::remove_dir_all(&log_dir);
+    }
+    result
+}
+
+/// Samples of the measured phase, taken while it runs.
+#[derive(Default)]
+struct Samples {
+    peak_rss_kb: Vec<u64>,
+    peak_in_flight: usize,
+}
+
+async fn measure(
+    env: &env::RunEnv,
+    args: &BenchArgs,
+    turns: usize,
+    log_dir: &std::path::Path,
+    procs: &mut Vec<workers::WorkerProc>,
+    report: &mut Report,
+) -> Result<(), BenchError> {
+    // Seed, with the knowledge base embedded by a model loaded here (then released).
+    eprintln!(
+        "bench: seeding {} conversations, {} history messages each…",
+        args.conversations, args.history
+    );
+    let embedder = match Embedder::load(&EmbedConfig::from_config(&env.config)) {
+        Ok(e) => Some(e),
+        Err(e) => {
+            eprintln!("bench: no embedding model ({e}); turns run without knowledge");
+            None
+        }
+    };
+    let data = data::seed_all(
+        env,
+        &data::DataShape {
+            users: args.users,
+            conversations: args.conversations,
+            history: args.history,
+            tricklists_per_user: args.tricklists,
+        },
+        &args.seed_dir,
+        &args.knowledge_dir,
+        embedder.as_deref(),
+    )
+    .await?;
+    drop(embedder);
+    let warmup_events = data::prepare_events(env, &data, args.warmup, 0).await?;
+    let events = data::prepare_events(env, &data, turns, args.warmup).await?;
+    let measured_ids: Vec<String> = events.iter().map(|e| e.message_id.clone()).collect();
+
+    let stub = StubLlm::start_on(
+        "127.0.0.1:0".parse().expect("loopback"),
+        script::responder(args.script, Duration::from_millis(args.llm_latency_ms)),
+        false,
+    )
+    .await
+    .map_err(|e| BenchError::Setup(format!("stub model: {e}")))?;
+    let mut config = env.config.clone();
+    config.llm_base_url = stub.base_url.clone();
+    config.user_turns_per_minute = args.user_turns_per_minute;
+    config.burst_max = args.burst_max;
+    let settings = workers::WorkerSettings {
+        llm_requests_per_second: args.llm_rps,
+        rust_log: workers::WORKER_RUST_LOG.into(),
+    };
+    report.settings = Some(RunSettings {
+        workers: args.workers,
+        turns,
+        warmup: args.warmup,
+        rate: args.rate,
+        conversations: data.conversations.len(),
+        users: data.users,
+        history: args.history,
+        script: args.script,
+        llm_latency_ms: args.llm_latency_ms,
+        concurrency: config.concurrency,
+        embed_threads: config.embed_threads,
+        embed_max_batch: config.embed_max_batch,
+        embed_window_ms: config.embed_window_ms,
+        knowledge_chunks: data.knowledge_chunks,
+    });
+
+    eprintln!(
+        "bench: starting {} worker(s), logs in {}…",
+        args.workers,
+        log_dir.display()
+    );
+    for i in 0..args.workers {
+        procs.push(workers::spawn(&config, &settings, log_dir, i)?);
+    }
+    report.worker_logs = procs.iter().map(|w| w.log.display().to_string()).collect();
+    workers::wait_ready(procs, Duration::from_secs(120)).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mb = |kb: u64| kb as f64 / 1024.0;
+    let rss_now = |procs: &[workers::WorkerProc]| -> Vec<f64> {
+        procs
+            .iter()
+            .map(|w| procs::sample(w.pid).map(|s| mb(s.rss_kb)).unwrap_or(0.0))
+            .collect()
+    };
+    let rss_idle = rss_now(procs);
+
+    let tracker = load::Tracker::default();
+    let collector = load::collect_completions(&env.bus, tracker.clone()).await?;
+    if !warmup_events.is_empty() {
+        eprintln!("bench: warm-up, {} turns…", warmup_events.len());
+        let n = warmup_events.len();
+        tracker.reset(&warmup_events);
+        load::publish(&env.bus, warmup_events, args.rate, &tracker).await;
+        let p = load::wait_done(
+            &tracker,
+            n,
+            Duration::from_secs(args.timeout),
+            "warm-up",
+            |_| {},
+        )
+        .await;
+        if p.completed < n {
+            eprintln!(
+                "bench: warm-up: only {} of {n} completed; measuring anyway",
+                p.completed
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let rss_warm = rss_now(procs);
+
+    // The measured phase.
+    eprintln!(
+        "bench: measuring {turns} turns at {}…",
+        if args.rate > 0.0 {
+            format!("{} turns/s", args.rate)
+        } else {
+            "full speed".into()
+        }
+    );
+    tracker.reset(&events);
+    let port = |url: &str, default: u16| {
+        url::Url::parse(url.split(',').next().unwrap_or(url))
+            .ok()
+            .and_then(|u| u.port())
+            .unwrap_or(default)
+    };
+    let servers = procs::Servers::find(
+        port(&env.config.nats_url, 4222),
+        port(&env.config.atlas_uri, 27017),
+        &format!("bench_{}", env.tag),
+    );
+    if servers.nats.is_empty() || servers.mongo.is_empty() || servers.postgres.is_empty() {
+        eprintln!(
+            "bench: server processes not all found (nats {:?}, mongo {:?}, postgres {}); their CPU shows as other",
+            servers.nats,
+            servers.mongo,
+            servers.postgres.len()
+        );
+    }
+    let pids: Vec<u32> = procs.iter().map(|w| w.pid).collect();
+    let worker_ticks =
+        |pids: &[u32]| -> u64 { pids.iter().filter_map(|p| procs::cpu_ticks(*p)).sum() };
+    let me = std::process::id();
+    let (w0, s0, b0, m0) = (
+        worker_ticks(&pids),
+        servers.ticks(),
+        procs::cpu_ticks(me).unwrap_or(0),
+        procs::machine_ticks().unwrap_or((0, 0)),
+    );
+    let started = Instant::now();
+    let samples = Arc::new(Mutex::new(Samples {
+        peak_rss_kb: vec![0; pids.len()],
+        peak_in_flight: 0,
+    }));
+    let sample = {
+        let (samples, pids) = (samples.clone(), pids.clone());
+        move |p: load::Progress| {
+            let mut s = samples.lock().expect("samples lock");
+            s.peak_in_flight = s.peak_in_flight.max(p.in_flight());
+            for (peak, pid) in s.peak_rss_kb.iter_mut().zip(&pids) {
+                if let Some(x) = procs::sample(*pid) {
+                    *peak = (*peak).max(x.rss_kb);
+                }
+            }
+        }
+    };
+    let publisher = {
+        let (bus, tracker, rate) = (env.bus.clone(), tracker.clone(), args.rate);
+        tokio::spawn(async move { load::publish(&bus, events, rate, &tracker).await })
+    };
+    let mut last_print = Instant::now();
+    while !publisher.is_finished() {
+        let p = tracker.progress();
+        sample(p);
+        if last_print.elapsed() >= Duration::from_secs(1) {
+            let rss: Vec<String> = pids
+                .iter()
+                .map(|pid| {
+                    procs::sample(*pid)
+                        .map(|s| format!("{:.0}", mb(s.rss_kb)))
+                        .unwrap_or_default()
+                })
+                .collect();
+            eprintln!(
+                "  {:>6.1} s  published {}/{turns}  completed {}  in flight {}  worker RSS {} MB",
+                started.elapsed().as_secs_f64(),
+                p.published,
+                p.completed,
+                p.in_flight(),
+                rss.join("/")
+            );
+            last_print = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = publisher.await;
+    let progress = load::wait_done(
+        &tracker,
+        turns,
+        Duration::from_secs(args.timeout),
+        "draining",
+        sample,
+    )
+    .await;
+    let ended = tracker.last_completion().unwrap_or_else(Instant::now);
+    let seconds = ended.duration_since(started).as_secs_f64().max(1e-9);
+    let (w1, s1, b1, m1) = (
+        worker_ticks(&pids),
+        servers.ticks(),
+        procs::cpu_ticks(me).unwrap_or(0),
+        procs::machine_ticks().unwrap_or((0, 0)),
+    );
+    let hwm: Vec<f64> = pids
+        .iter()
+        .map(|p| procs::sample(*p).map(|s| mb(s.hwm_kb)).unwrap_or(0.0))
+        .collect();
+    // Late duplicates would show within a moment.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let progress = load::Progress {
+        duplicates: tracker.progress().duplicates,
+        ..progress
+    };
+    collector.abort();
+
+    eprintln!("bench: stopping the workers…");
+    workers::stop(procs, Duration::from_secs(30)).await;
+
+    // What the servers hold.
+    let ids: Vec<bson::oid::ObjectId> = measured_ids
+        .iter()
+        .filter_map(|i| bson::oid::ObjectId::parse_str(i).ok())
+        .collect();
+    let replies_stored = env
+        .mongo
+        .collection(companion::store::mongo::DM_MESSAGES)
+        .count_documents(bson::doc! { "inReplyTo": { "$in": ids } })
+        .await
+        .map_err(StoreError::from)?;
+    // A covered message's journal row is written by the turn that covers it, so its own delivery is its
+    // second "attempt".
+    let redelivered: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM turns WHERE attempts > CASE WHEN state = 'covered' THEN 2 ELSE 1 END",
+    )
+    .fetch_one(&env.pg.pool)
+    .await
+    .map_err(StoreError::from)?;
+    let stream_messages = |name: String| {
+        let js = env.bus.js.clone();
+        async move {
+            match js.get_stream(&name).await {
+                Ok(mut s) => s.info().await.map(|i| i.state.messages).unwrap_or(0),
+                Err(_) => 0,
+            }
+        }
+    };
+    let out_stream_messages = stream_messages(env.bus.names.stream_out.clone()).await;
+    let dead_letters = stream_messages(env.bus.names.stream_dlq.clone()).await;
+
+    // The workers' own timings of the measured turns.
+    let measured: std::collections::HashSet<String> = measured_ids.into_iter().collect();
+    let mut records = Vec::new();
+    for w in procs.iter() {
+        let s = workers::read_log(&w.log);
+        report.worker_warnings += s.warnings;
+        report.worker_errors += s.errors;
+        for x in s.samples {
+            if report.worker_log_samples.len() < 8 {
+                report.worker_log_samples.push(x);
+            }
+        }
+        // Turns that ran (answered, or limited): a message covered by a burst's reply is acknowledged
+        // by its own delivery too, but that is no turn of its own.
+        records.extend(
+            s.timings
+                .into_iter()
+                .filter(|t| measured.contains(&t.event_id) && t.outcome != "already_done"),
+        );
+    }
+    let recs: Vec<&workers::TimingRecord> = records.iter().collect();
+    let col = |f: &dyn Fn(&workers::TimingRecord) -> f64| -> Vec<f64> {
+        recs.iter().map(|r| f(r)).collect()
+    };
+    report.turn_wall_ms = Some(Dist::of(&col(&|r| r.total_ms)));
+    report.overhead_ms = Some(Dist::of(&col(&|r| r.overhead_ms)));
+    report.mongo_wait_ms = Some(Dist::of(&col(&|r| r.mongo_ms)));
+    report.mongo_commands_per_turn = Dist::of(&col(&|r| f64::from(r.mongo_commands))).mean;
+    report.overhead_outside_mongo_ms =
+        Some(Dist::of(&col(&|r| (r.overhead_ms - r.mongo_ms).max(0.0))));
+    let llm_idx = Stage::ALL
+        .iter()
+        .position(|s| *s == Stage::Llm)
+        .expect("llm stage");
+    report.llm_wait_ms = Some(Dist::of(&col(&|r| r.stages_ms[llm_idx])));
+    report.stages = Stage::ALL
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| **s != Stage::Llm)
+        .map(|(i, s)| {
+            let v: Vec<f64> = recs
+                .iter()
+                .map(|r| r.stages_ms[i])
+                .filter(|x| *x > 0.0)
+                .collect();
+            StageDist {
+                stage: s.name(),
+                turns: v.len(),
+                ms: Dist::of(&v),
+            }
+        })
+        .filter(|s| s.turns > 0)
+        .collect();
+    report.end_to_end_ms = Some(Dist::of(&tracker.latencies_ms()));
+    let samples = samples.lock().expect("samples lock");
+    report.turns = Some(TurnCounts {
+        published: progress.published,
+        completed: progress.completed,
+        lost: progress.published.saturating_sub(progress.completed),
+        replies: progress.replies,
+        covered: progress.covered,
+        duplicated: progress.duplicates,
+        publish_errors: progress.publish_errors,
+        replies_stored,
+        out_stream_messages,
+        dead_letters,
+        redelivered: redelivered.max(0) as u64,
+        seconds,
+        turns_per_second: progress.completed as f64 / seconds,
+        peak_in_flight: samples.peak_in_flight,
+        peak_running_in_workers: workers::peak_concurrency(&recs),
+    });
+    let tck = procs::clock_ticks_per_second();
+    let per_1000 = |ticks: u64| ticks as f64 / tck / progress.completed.max(1) as f64 * 1000.0;
+    let cores = |ticks: u64| ticks as f64 / tck / seconds;
+    let workers_t = w1.saturating_sub(w0);
+    let [n_t, p_t, mo_t] = [0, 1, 2].map(|i| s1[i].saturating_sub(s0[i]));
+    let bench_t = b1.saturating_sub(b0);
+    let busy_t = m1.0.saturating_sub(m0.0);
+    let other_t = busy_t.saturating_sub(workers_t + n_t + p_t + mo_t + bench_t);
+    let total_t = m1.1.saturating_sub(m0.1).max(1);
+    report.resources = Some(Resources {
+        worker_rss_idle_mb: rss_idle,
+        worker_rss_warm_mb: rss_warm,
+        worker_rss_peak_mb: samples.peak_rss_kb.iter().map(|k| mb(*k)).collect(),
+        worker_vm_hwm_mb: hwm,
+        worker_cpu_s_per_1000: per_1000(workers_t),
+        nats_cpu_s_per_1000: per_1000(n_t),
+        postgres_cpu_s_per_1000: per_1000(p_t),
+        mongo_cpu_s_per_1000: per_1000(mo_t),
+        bench_cpu_s_per_1000: per_1000(bench_t),
+        other_cpu_s_per_1000: per_1000(other_t),
+        machine_busy_share: busy_t as f64 / total_t as f64,
+        cores_used: report::CoresUsed {
+            workers: cores(workers_t),
+            nats: cores(n_t),
+            postgres: cores(p_t),
+            mongo: cores(mo_t),
+            bench: cores(bench_t),
+            other: cores(other_t),
+        },
+    });
+    drop(stub);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_reported_command_line_leaves_secrets_out() {
+        let args = [
+            "companion",
+            "bench",
+            "--postgres-url",
+            "postgres://u:pw@h/db",
+            "--nats-password=pw",
+            "--turns",
+            "10",
+        ]
+        .map(String::from);
+        assert_eq!(
+            super::command_line(args.into_iter()),
+            "companion bench --postgres-url *** --nats-password=*** --turns 10"
+        );
+    }
+}

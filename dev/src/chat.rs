@@ -1,0 +1,215 @@
+//! `companion-dev send` and `chat`: one DM, or a conversation in the terminal, exactly as TB-Backend sends them.
+
+use std::{io::IsTerminal, path::Path, pin::pin, time::Duration};
+
+use bson::{doc, oid::ObjectId};
+use futures::StreamExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use crate::backend;
+use companion::{
+    bus::{Bus, Completion, event::parse_object_id},
+    character::Characters,
+    config::Config,
+    store::{Mongo, mongo::USERS},
+};
+
+/// Lines the demo plays when it is not run on a terminal.
+pub const DEMO_SCRIPT: &[&str] = &[
+    "hey kaori!! how often should i wax my snowboard?",
+    "what's on my tricklists right now?",
+    "make me a park list with kickflip, 50-50 and boardslide",
+    "any good skateparks in Portland?",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("no user `{0}` (give a 24-hex id or a username)")]
+    UnknownUser(String),
+    #[error("no companion `{0}` in the character files")]
+    UnknownBot(String),
+    #[error("no reply within {0:?}; is a worker running?")]
+    NoReply(Duration),
+    #[error(transparent)]
+    Backend(#[from] backend::BackendError),
+    #[error(transparent)]
+    Store(#[from] companion::store::StoreError),
+    #[error(transparent)]
+    Characters(#[from] companion::character::CharacterError),
+    #[error(transparent)]
+    Bus(#[from] companion::bus::BusError),
+    #[error("terminal: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What `send` and `chat` act as: a user talking to one companion in one conversation.
+pub struct Session {
+    pub bus: Bus,
+    pub mongo: Mongo,
+    pub user: ObjectId,
+    pub bot: ObjectId,
+    pub bot_name: String,
+    pub conversation: ObjectId,
+}
+
+impl Session {
+    pub async fn open(config: &Config, user: &str, bot: &str) -> Result<Self, CommandError> {
+        let (bus, mongo) = tokio::try_join!(
+            async { Bus::connect(config).await.map_err(CommandError::from) },
+            async { Mongo::connect(config).await.map_err(CommandError::from) },
+        )?;
+        let user_id = resolve_user(&mongo, user).await?;
+        let mut characters = Characters::load(&config.characters_dir)?;
+        characters.resolve(&mongo).await?;
+        let (bot_id, bot_name) = match parse_object_id(bot) {
+            Some(id) => (
+                id,
+                characters
+                    .by_bot(&id)
+                    .map(|c| c.name.clone())
+                    .unwrap_or_else(|| bot.to_owned()),
+            ),
+            None => characters
+                .by_name(bot)
+                .map(|(id, c)| (id, c.name.clone()))
+                .ok_or_else(|| CommandError::UnknownBot(bot.to_owned()))?,
+        };
+        let conversation = backend::ensure_conversation(&mongo, user_id, bot_id).await?;
+        Ok(Self {
+            bus,
+            mongo,
+            user: user_id,
+            bot: bot_id,
+            bot_name,
+            conversation,
+        })
+    }
+
+    /// Sends one message and, when `wait` is set, returns the reply to it.
+    pub async fn say(
+        &self,
+        text: &str,
+        images: &[String],
+        wait: Option<Duration>,
+    ) -> Result<Option<Completion>, CommandError> {
+        let replies = backend::completions(&self.bus, self.conversation).await?;
+        let event = backend::store_user_message(
+            &self.mongo,
+            self.conversation,
+            self.user,
+            self.bot,
+            text,
+            images,
+        )
+        .await?;
+        let duplicate = backend::publish_event(&self.bus, &event).await?;
+        tracing::debug!(message_id = %event.message_id, duplicate, "published");
+        let Some(wait) = wait else { return Ok(None) };
+        let mut replies = pin!(replies.filter(|c| futures::future::ready(
+            c.in_reply_to == event.message_id || c.covers.contains(&event.message_id)
+        )));
+        match tokio::time::timeout(wait, replies.next()).await {
+            Ok(Some(c)) => Ok(Some(c)),
+            _ => Err(CommandError::NoReply(wait)),
+        }
+    }
+}
+
+async fn resolve_user(mongo: &Mongo, user: &str) -> Result<ObjectId, CommandError> {
+    if let Some(id) = parse_object_id(user) {
+        return Ok(id);
+    }
+    let found = mongo
+        .collection(USERS)
+        .find_one(doc! { "username": user })
+        .await
+        .map_err(companion::store::StoreError::from)?;
+    found
+        .and_then(|d| d.get_object_id("_id").ok())
+        .ok_or_else(|| CommandError::UnknownUser(user.to_owned()))
+}
+
+/// Prints a reply and its card the way the terminal chat shows them.
+pub fn print_reply(bot_name: &str, c: &Completion) {
+    println!("{}> {}", bot_name.to_lowercase(), c.content);
+    if let Some(card) = &c.rich_content {
+        let kind = card.get("type").and_then(|t| t.as_str()).unwrap_or("card");
+        println!(
+            "  [{kind}] {}",
+            serde_json::to_string(card.get("data").unwrap_or(card)).unwrap_or_default()
+        );
+    }
+}
+
+/// The interactive chat, or the scripted one when `script` is given or stdin is not a terminal.
+pub async fn chat(
+    session: &Session,
+    script: Option<&Path>,
+    wait: Duration,
+) -> Result<(), CommandError> {
+    let lines: Option<Vec<String>> = match script {
+        Some(p) if p.as_os_str() == "builtin" => {
+            Some(DEMO_SCRIPT.iter().map(|s| s.to_string()).collect())
+        }
+        Some(p) => Some(
+            std::fs::read_to_string(p)?
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(str::to_owned)
+                .collect(),
+        ),
+        None if !std::io::stdin().is_terminal() => None,
+        None => {
+            println!(
+                "chatting with {} as user {} in conversation {} (empty line or Ctrl-D to quit)",
+                session.bot_name, session.user, session.conversation
+            );
+            return interactive(session, wait).await;
+        }
+    };
+    let lines = match lines {
+        Some(l) => l,
+        None => {
+            let mut out = Vec::new();
+            let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+            while let Some(l) = stdin.next_line().await? {
+                if !l.trim().is_empty() {
+                    out.push(l);
+                }
+            }
+            out
+        }
+    };
+    for line in lines {
+        println!("you> {line}");
+        let reply = session
+            .say(&line, &[], Some(wait))
+            .await?
+            .expect("waited for a reply");
+        print_reply(&session.bot_name, &reply);
+        println!();
+    }
+    Ok(())
+}
+
+async fn interactive(session: &Session, wait: Duration) -> Result<(), CommandError> {
+    let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+    let mut stdout = tokio::io::stdout();
+    loop {
+        stdout.write_all(b"you> ").await?;
+        stdout.flush().await?;
+        let Some(line) = stdin.next_line().await? else {
+            break;
+        };
+        let line = line.trim();
+        if line.is_empty() {
+            break;
+        }
+        match session.say(line, &[], Some(wait)).await {
+            Ok(Some(reply)) => print_reply(&session.bot_name, &reply),
+            Ok(None) => {}
+            Err(e) => println!("  ({e})"),
+        }
+    }
+    Ok(())
+}

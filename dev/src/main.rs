@@ -1,0 +1,121 @@
+//! `companion-dev`: seed the demo data, talk to a companion as TB-Backend would, run the scripted
+//! offline model, and measure the worker (`bench`).
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use companion::{Config, store, telemetry};
+use companion_dev::{chat, seed, stub};
+
+/// TrickBook's AI companions: dev tooling (demo data, chat, offline model, bench).
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    config: Config,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Upsert the demo data (users, bots, trickipedia, spots, tricklists, conversations) into MongoDB.
+    Seed {
+        #[arg(long, default_value = "deploy/local/seed")]
+        dir: PathBuf,
+    },
+    /// Publish one DM exactly as TB-Backend would, and print the reply.
+    Send {
+        /// User id or username.
+        #[arg(long, default_value = "jess")]
+        user: String,
+        /// Companion name or bot user id.
+        #[arg(long, default_value = "kaori")]
+        bot: String,
+        /// Image URL to attach (repeatable).
+        #[arg(long = "image")]
+        images: Vec<String>,
+        /// Seconds to wait for the reply; 0 publishes and exits.
+        #[arg(long, default_value_t = 120)]
+        wait: u64,
+        text: String,
+    },
+    /// Chat with a companion in the terminal (scripted when stdin is not a terminal).
+    Chat {
+        #[arg(long, default_value = "jess")]
+        user: String,
+        #[arg(long, default_value = "kaori")]
+        bot: String,
+        /// Play lines from a file, or `builtin` for the demo script.
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Seconds to wait for each reply.
+        #[arg(long, default_value_t = 120)]
+        wait: u64,
+    },
+    /// Serve the scripted offline model (OpenAI-compatible) for demos without an API key.
+    StubLlm {
+        #[arg(long, default_value = "127.0.0.1:8089")]
+        addr: SocketAddr,
+    },
+    /// Measure a turn's cost and throughput end to end on the real local stack (see README, Benchmark).
+    Bench(Box<companion_dev::bench::BenchArgs>),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let _ = dotenvy::dotenv();
+    let cli = Cli::parse();
+    let _telemetry = telemetry::init(&cli.config);
+    let config = cli.config;
+    match cli.command {
+        Command::Seed { dir } => {
+            let mongo = store::Mongo::connect(&config)
+                .await
+                .context("connecting to MongoDB")?;
+            for (collection, n) in seed::seed_dir(&mongo, &dir).await.context("seeding")? {
+                println!("{collection}: {n} documents");
+            }
+        }
+        Command::Send {
+            user,
+            bot,
+            images,
+            wait,
+            text,
+        } => {
+            let session = chat::Session::open(&config, &user, &bot).await?;
+            let wait = (wait > 0).then(|| Duration::from_secs(wait));
+            match session.say(&text, &images, wait).await? {
+                Some(reply) => chat::print_reply(&session.bot_name, &reply),
+                None => println!("published to conversation {}", session.conversation),
+            }
+        }
+        Command::Chat {
+            user,
+            bot,
+            script,
+            wait,
+        } => {
+            let session = chat::Session::open(&config, &user, &bot).await?;
+            chat::chat(&session, script.as_deref(), Duration::from_secs(wait)).await?;
+        }
+        Command::StubLlm { addr } => {
+            let server = stub::StubLlm::start_on(addr, stub::demo(), false)
+                .await
+                .context("binding")?;
+            tracing::info!(base_url = %server.base_url, "scripted offline model listening");
+            tokio::select! {
+                _ = server.wait() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Command::Bench(args) => {
+            companion_dev::bench::run(config, *args)
+                .await
+                .context("benchmark")?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,118 @@
+//! Durable turns: a turn retried after a tool ran replays the journaled model responses and the
+//! recorded tool results, so no tool runs again and no paid call is repeated.
+
+use crate::env::*;
+use bson::doc;
+use companion::turn::{self, Outcome};
+use companion_dev::stub::StubReply;
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn a_turn_retried_after_a_write_creates_one_tricklist_and_pays_each_step_once() {
+    // Step 0 always asks to create a list (with a fresh call id each time it is asked); step 1 fails once.
+    let responder = tool_then_one_500(
+        StubReply::tool(
+            "create_tricklist",
+            json!({"name": "Retry Park", "tricks": ["Kickflip", "Ollie"], "category": "skateboard"}),
+        ),
+        StubReply::text("your Retry Park list is ready!"),
+    );
+    let env = TestEnv::with(responder, |c| c.llm_max_retries = 0).await;
+    let svc = env.services().await;
+    let raw = env
+        .dm(
+            JESS,
+            KAORI,
+            JESS_KAORI,
+            "make me a park list with kickflip and ollie",
+        )
+        .await;
+    let event = dm_event(&raw);
+    let first = turn::run(&svc, &event).await;
+    assert!(
+        first.is_err(),
+        "the first attempt fails after the write: {first:?}"
+    );
+    let second = turn::run(&svc, &event).await.expect("the retry completes");
+    assert!(matches!(second, Outcome::Answered { .. }));
+
+    let lists = env
+        .mongo
+        .collection("tricklists")
+        .count_documents(doc! { "name": "Retry Park" })
+        .await
+        .unwrap();
+    assert_eq!(lists, 1, "exactly one tricklist");
+    // attempt 1: step 0 + failed step 1; attempt 2: step 1 only (step 0 replayed from the journal)
+    assert_eq!(env.stub.requests().len(), 3);
+    let replies = env.replies_to(&raw.message_id).await;
+    assert_eq!(replies.len(), 1);
+    assert_eq!(
+        replies[0].get_str("content").unwrap(),
+        "your Retry Park list is ready!"
+    );
+    assert_eq!(
+        replies[0]
+            .get_document("richContent")
+            .unwrap()
+            .get_str("type")
+            .unwrap(),
+        "tricklist_card"
+    );
+    let writes: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_writes")
+        .fetch_one(&env.pg.pool)
+        .await
+        .unwrap();
+    assert_eq!(writes, 1, "the write quota counted the write once");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() {
+    // Step 0 searches spots; step 1 fails once, then answers.
+    let responder = tool_then_one_500(
+        StubReply::tool("search_spots", json!({"query": "Portland"})),
+        StubReply::text("found some spots"),
+    );
+    let env = TestEnv::with(responder, |c| c.llm_max_retries = 0).await;
+    let svc = env.services().await;
+    let raw = env.dm(JESS, KAORI, JESS_KAORI, "spots in portland?").await;
+    let event = dm_event(&raw);
+    assert!(
+        turn::run(&svc, &event).await.is_err(),
+        "the first attempt fails after the search"
+    );
+    // A spot appears between the attempts: a search run again would find it.
+    env.mongo
+        .collection("ck_spots")
+        .insert_one(doc! { "name": "Brand New Portland Bowl", "type": "skatepark", "city": "Portland", "country": "USA" })
+        .await
+        .unwrap();
+    let second = turn::run(&svc, &event).await.expect("the retry completes");
+    assert!(matches!(second, Outcome::Answered { .. }));
+    let requests = env.stub.requests();
+    let tool_result = |r: &Value| {
+        last_message(r)["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (first_seen, replayed) = (tool_result(&requests[1]), tool_result(&requests[2]));
+    assert!(first_seen.contains("Burnside"), "{first_seen}");
+    let parse = |s: &str| serde_json::from_str::<Value>(s).expect("a JSON tool result");
+    assert_eq!(
+        parse(&replayed),
+        parse(&first_seen),
+        "the retry replays the recorded result"
+    );
+    assert!(
+        !replayed.contains("Brand New Portland Bowl"),
+        "the tool did not run again"
+    );
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_calls")
+        .fetch_one(&env.pg.pool)
+        .await
+        .unwrap();
+    assert_eq!(audited, 1);
+    env.finish().await;
+}

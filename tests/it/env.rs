@@ -1,0 +1,776 @@
+//! Test harness: every test gets a fresh PostgreSQL database, a fresh MongoDB database seeded with the demo
+//! data, its own NATS subject and stream prefixes, a scripted stub LLM and (on demand) an in-process worker.
+
+use crate::servers;
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use companion::rag::{EmbedConfig, Embedder};
+use sqlx::{PgConnection, PgPool, postgres::PgPoolOptions};
+
+use async_nats::HeaderMap;
+use bson::{Document, doc, oid::ObjectId};
+use bytes::Bytes;
+use companion::{
+    Config, Services,
+    bus::{Bus, Completion, InboundEvent},
+    store::{Mongo, Pg},
+    worker,
+};
+use companion_dev::{
+    backend, seed,
+    stub::{Responder, StubLlm, StubReply},
+};
+use futures::{StreamExt, TryStreamExt};
+use sqlx::Connection;
+use tokio_util::sync::CancellationToken;
+
+pub const JESS: &str = "6650f1a2b3c4d5e6f7a8b9c0";
+pub const SAM: &str = "6650f1a2b3c4d5e6f7a8b9c1";
+pub const KAORI: &str = "69c15e55c7ebe2c6884f1267";
+pub const TONY: &str = "69c15e55c7ebe2c6884f1268";
+pub const RICO: &str = "69c15e55c7ebe2c6884f1269";
+pub const ZOE: &str = "69c15e55c7ebe2c6884f126b";
+/// Jess's conversation with Kaori in the seed data.
+pub const JESS_KAORI: &str = "6650f1a2b3c4d5e6f7a8c001";
+
+pub fn oid(s: &str) -> ObjectId {
+    ObjectId::parse_str(s).expect("test ids are valid")
+}
+
+/// SecantusDB (the local MongoDB-wire server) can deadlock when one connection creates a collection while
+/// another inserts into a new one; tests therefore create and drop their collections one test at a time.
+static COLLECTION_DDL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub struct TestEnv {
+    pub tag: String,
+    /// Superuser URL of the PostgreSQL server the test database lives on.
+    pub admin_url: String,
+    pub config: Config,
+    pub stub: StubLlm,
+    pub mongo: Mongo,
+    pub pg: Pg,
+    pub bus: Bus,
+    shutdown: CancellationToken,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl TestEnv {
+    /// A fresh, seeded environment whose LLM answers with `responder`.
+    pub async fn new(responder: Responder) -> Self {
+        Self::with(responder, |_| {}).await
+    }
+
+    /// Like [`TestEnv::new`], with a chance to change the configuration first.
+    pub async fn with(responder: Responder, adjust: impl FnOnce(&mut Config)) -> Self {
+        Self::on(&Servers::from_env(), responder, adjust).await
+    }
+
+    /// Like [`TestEnv::with`], on the given servers (e.g. a [`PrivateStack`]).
+    pub async fn on(
+        servers: &Servers,
+        responder: Responder,
+        adjust: impl FnOnce(&mut Config),
+    ) -> Self {
+        let tag = format!("{:016x}", fastrand::u64(..));
+        let mut config = Config::from_env().expect("configuration from the environment");
+        config.nats_url = servers.nats_url.clone();
+        config.postgres_url = servers.postgres_url.clone();
+        config.atlas_uri = servers.atlas_uri.clone();
+        let db = format!("t_{tag}");
+        create_pg_database(&servers.admin_url, &db).await;
+        config.postgres_url = replace_db(&config.postgres_url, &db);
+        config.atlas_uri = replace_db(&config.atlas_uri, &db);
+        config.subject_prefix = format!("t{tag}.dm.bot");
+        config.stream_prefix = format!("T{tag}");
+        config.consumer = "workers".into();
+        config.characters_dir = root().join("characters");
+        config.retry_delay_secs = 1;
+        config.max_deliver = 3;
+        config.concurrency = 8;
+        config.shutdown_grace_secs = 5;
+        config.http_addr = String::new();
+        let models = embed_config();
+        config.model_dir = models.model_dir;
+        config.ort_dylib_path = models.ort_dylib_path;
+        let stub = StubLlm::start(responder).await.expect("stub LLM starts");
+        config.llm_base_url = stub.base_url.clone();
+        adjust(&mut config);
+
+        let pg = Pg::connect(&config)
+            .await
+            .expect("PostgreSQL is up (deploy/local/stack.sh up)");
+        pg.migrate().await.expect("migrations apply");
+        let mongo = Mongo::connect(&config).await.expect("MongoDB client");
+        prepare_mongo(&mongo).await;
+        let bus = Bus::connect(&config).await.expect("NATS is up");
+        bus.ensure_streams().await.expect("streams");
+        Self {
+            tag,
+            admin_url: servers.admin_url.clone(),
+            config,
+            stub,
+            mongo,
+            pg,
+            bus,
+            shutdown: CancellationToken::new(),
+            workers: Vec::new(),
+        }
+    }
+
+    /// Starts one in-process worker with its own connections.
+    pub async fn start_worker(&mut self) {
+        let services = Services::connect(self.config.clone())
+            .await
+            .expect("worker connects");
+        let shutdown = self.shutdown.clone();
+        self.workers.push(tokio::spawn(async move {
+            worker::run(services, shutdown).await.expect("worker runs");
+        }));
+    }
+
+    /// The workers' consumer as the server sees it (none before a worker created it).
+    pub async fn consumer_info(&self) -> Option<async_nats::jetstream::consumer::Info> {
+        let mut consumer = self
+            .bus
+            .js
+            .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                self.bus.names.consumer.clone(),
+                self.bus.names.stream_in.clone(),
+            )
+            .await
+            .ok()?;
+        consumer.info().await.ok().cloned()
+    }
+
+    /// Waits until a worker pulls from the consumer (it has connected to every server and started).
+    pub async fn wait_worker_pulling(&self, within: Duration) -> bool {
+        eventually(within, || async {
+            self.consumer_info()
+                .await
+                .is_some_and(|info| info.num_waiting > 0)
+        })
+        .await
+    }
+
+    /// Starts `companion worker` as a separate process on this environment (stdout/stderr to a log file);
+    /// killed when dropped, so a failed assertion leaves no worker behind.
+    pub fn spawn_worker_process(&self, extra_env: &[(&str, &str)]) -> WorkerProcess {
+        let log = std::env::temp_dir().join(format!(
+            "companion-worker-{}-{}.log",
+            self.tag,
+            fastrand::u32(..)
+        ));
+        let out = std::fs::File::create(&log).expect("worker log file");
+        let mut cmd = self.command(&["worker"]);
+        cmd.stdout(out.try_clone().expect("log handle")).stderr(out);
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        eprintln!("worker process log: {}", log.display());
+        WorkerProcess(cmd.spawn().expect("companion binary starts"))
+    }
+
+    /// The `companion` binary with `args`, configured exactly as this environment (nothing inherited
+    /// but `PATH`).
+    pub fn command(&self, args: &[&str]) -> std::process::Command {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_companion"));
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .envs(self.config.to_env());
+        cmd
+    }
+
+    /// Runs `companion <args>` to completion; returns (exit ok, stdout, stderr).
+    pub async fn run_companion(&self, args: &[&str]) -> (bool, String, String) {
+        let mut cmd = tokio::process::Command::from(self.command(args));
+        let out = cmd.output().await.expect("companion runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Services for calling library functions directly.
+    pub async fn services(&self) -> Arc<Services> {
+        Services::connect(self.config.clone())
+            .await
+            .expect("services connect")
+    }
+
+    /// Stores a DM from `user` to `bot` as TB-Backend does and returns its event (not yet published).
+    pub async fn dm(&self, user: &str, bot: &str, conversation: &str, text: &str) -> InboundEvent {
+        backend::store_user_message(
+            &self.mongo,
+            oid(conversation),
+            oid(user),
+            oid(bot),
+            text,
+            &[],
+        )
+        .await
+        .expect("user message stored")
+    }
+
+    /// The DM conversation of `user` and `bot` (created as TB-Backend would when missing).
+    pub async fn conversation(&self, user: &str, bot: &str) -> String {
+        backend::ensure_conversation(&self.mongo, oid(user), oid(bot))
+            .await
+            .expect("conversation")
+            .to_hex()
+    }
+
+    /// `n` new users, each in a new conversation with `bot`: `(user id, conversation id)`.
+    pub async fn new_conversations(&self, bot: &str, n: usize) -> Vec<(String, String)> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (user, conversation) = (ObjectId::new(), ObjectId::new());
+            self.mongo
+                .collection("dm_conversations")
+                .insert_one(doc! { "_id": conversation, "participants": [user, oid(bot)] })
+                .await
+                .expect("conversation stored");
+            out.push((user.to_hex(), conversation.to_hex()));
+        }
+        out
+    }
+
+    /// Every completion of this environment, subscribed now (subscribe before publishing).
+    pub async fn all_completions(&self) -> impl futures::Stream<Item = Completion> + Unpin + use<> {
+        let sub = self
+            .bus
+            .client
+            .subscribe(format!("{}.out.>", self.bus.names.prefix))
+            .await
+            .expect("subscribed");
+        Box::pin(
+            sub.filter_map(
+                |m| async move { serde_json::from_slice::<Completion>(&m.payload).ok() },
+            ),
+        )
+    }
+
+    /// Publishes an event as TB-Backend does; returns whether JetStream saw a duplicate.
+    pub async fn publish(&self, event: &InboundEvent) -> bool {
+        backend::publish_event(&self.bus, event)
+            .await
+            .expect("published")
+    }
+
+    /// Publishes raw bytes on an inbound subject, with a message id.
+    pub async fn publish_raw(&self, subject: String, msg_id: &str, payload: impl Into<Bytes>) {
+        self.bus
+            .publish_durable(subject, msg_id, HeaderMap::new(), payload.into())
+            .await
+            .expect("raw publish");
+    }
+
+    /// Completions of a conversation, subscribed now (subscribe before publishing).
+    pub async fn completions(
+        &self,
+        conversation: &str,
+    ) -> impl futures::Stream<Item = Completion> + Unpin + use<> {
+        Box::pin(
+            backend::completions(&self.bus, oid(conversation))
+                .await
+                .expect("subscribed"),
+        )
+    }
+
+    /// Publishes and waits for the reply to this event.
+    pub async fn turn(&self, event: &InboundEvent) -> Completion {
+        let mut replies = self.completions(&event.conversation_id).await;
+        self.publish(event).await;
+        next_reply_to(&mut replies, &event.message_id, Duration::from_secs(30)).await
+    }
+
+    pub async fn replies_to(&self, message_id: &str) -> Vec<Document> {
+        self.mongo
+            .collection("dm_messages")
+            .find(doc! { "inReplyTo": oid(message_id) })
+            .await
+            .expect("find")
+            .try_collect()
+            .await
+            .expect("collect")
+    }
+
+    /// Dead letters recorded so far: `(reason, payload)`.
+    pub async fn dead_letters(&self) -> Vec<(String, Bytes)> {
+        let stream = self
+            .bus
+            .js
+            .get_stream(&self.bus.names.stream_dlq)
+            .await
+            .expect("dlq stream");
+        let mut out = Vec::new();
+        let mut seq = 1;
+        while let Ok(msg) = stream.get_raw_message(seq).await {
+            let reason = msg
+                .headers
+                .get(companion::bus::DLQ_REASON)
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            out.push((reason, msg.payload));
+            seq += 1;
+        }
+        out
+    }
+
+    /// Stops the workers and removes this test's streams and databases.
+    pub async fn finish(mut self) {
+        self.shutdown.cancel();
+        for w in self.workers.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(10), w).await;
+        }
+        for s in [
+            &self.bus.names.stream_in,
+            &self.bus.names.stream_out,
+            &self.bus.names.stream_dlq,
+        ] {
+            let _ = self.bus.js.delete_stream(s).await;
+        }
+        self.pg.pool.close().await;
+        let db = format!("t_{}", self.tag);
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
+            let drop = format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)");
+            let _ = sqlx::query(sqlx::AssertSqlSafe(drop))
+                .execute(&mut conn)
+                .await;
+        }
+        drop_mongo(&self.mongo).await;
+    }
+}
+
+/// Waits for the completion answering `message_id` (discarding others); panics if none comes `within`.
+pub async fn next_reply_to(
+    replies: &mut (impl futures::Stream<Item = Completion> + Unpin),
+    message_id: &str,
+    within: Duration,
+) -> Completion {
+    reply_within(replies, message_id, within)
+        .await
+        .unwrap_or_else(|| panic!("no reply to {message_id} within {within:?}"))
+}
+
+/// The completion answering `message_id`, if one comes `within`.
+pub async fn reply_within(
+    replies: &mut (impl futures::Stream<Item = Completion> + Unpin),
+    message_id: &str,
+    within: Duration,
+) -> Option<Completion> {
+    tokio::time::timeout(within, async {
+        while let Some(c) = replies.next().await {
+            if c.in_reply_to == message_id {
+                return Some(c);
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// The validated form of an event built by [`TestEnv::dm`], for calling `turn::run` directly.
+pub fn dm_event(raw: &InboundEvent) -> companion::bus::DmEvent {
+    companion::bus::DmEvent {
+        message_id: oid(&raw.message_id),
+        conversation_id: oid(&raw.conversation_id),
+        sender_id: oid(&raw.sender_id),
+        bot_id: oid(&raw.bot_id),
+        content: raw.content.clone(),
+        images: raw.attachments.iter().map(|a| a.url.clone()).collect(),
+        sent_at: raw.sent_at,
+    }
+}
+
+/// A model that answers the user's message with `first` (a tool call, asked afresh on every attempt),
+/// fails the next request once with a 500, and answers every later one with `then`.
+pub fn tool_then_one_500(first: StubReply, then: StubReply) -> Responder {
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    Arc::new(move |body: &serde_json::Value| {
+        if last_message(body)["role"] == "user" {
+            first.clone()
+        } else if !failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            StubReply::Status {
+                code: 500,
+                body: "upstream hiccup".into(),
+                retry_after: None,
+            }
+        } else {
+            then.clone()
+        }
+    })
+}
+
+/// A worker running in the test's own process, with its operations endpoint;
+/// [`InProcessWorker::stop`] asserts that it exits cleanly.
+pub struct InProcessWorker {
+    /// `http://<addr>` of the operations endpoint.
+    pub base: String,
+    stop: CancellationToken,
+    running: tokio::task::JoinHandle<Result<(), worker::WorkerError>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl InProcessWorker {
+    pub async fn start(env: &TestEnv) -> Self {
+        let svc = env.services().await;
+        let (addr, server) = companion::ops::serve("127.0.0.1:0".parse().unwrap(), svc.clone())
+            .await
+            .expect("ops endpoint");
+        let stop = CancellationToken::new();
+        let running = tokio::spawn(worker::run(svc.clone(), stop.clone()));
+        Self {
+            base: format!("http://{addr}"),
+            stop,
+            running,
+            server,
+        }
+    }
+
+    /// The text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        get_text(&format!("{}/metrics", self.base)).await
+    }
+
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.running
+            .await
+            .expect("worker task")
+            .expect("worker exits cleanly");
+        self.server.abort();
+    }
+}
+
+/// The body of a GET.
+pub async fn get_text(url: &str) -> String {
+    reqwest::get(url)
+        .await
+        .expect("GET")
+        .text()
+        .await
+        .expect("body")
+}
+
+/// A `companion worker` process of one test; killed (and reaped) when dropped. Derefs to its `Child`.
+pub struct WorkerProcess(std::process::Child);
+
+impl std::ops::Deref for WorkerProcess {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for WorkerProcess {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        // A child already waited for is not signalled again (std knows its status).
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Sends SIGTERM to a worker process; panics if the signal cannot be sent.
+pub fn sigterm(child: &std::process::Child) {
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs")
+        .success();
+    assert!(ok, "SIGTERM sent");
+}
+
+/// Kills a worker process without letting it clean up, as a crash would.
+pub fn kill9(child: &mut std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+/// Stops a worker process at the end of a test (SIGTERM, then wait for it).
+pub fn stop(child: &mut std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+/// Waits for a worker process to exit; panics if it is still running after `within`.
+pub async fn wait_exit(
+    child: &mut std::process::Child,
+    within: Duration,
+) -> std::process::ExitStatus {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "worker did not exit within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The honest failure line of a shipped character (`characters/<slug>.json`).
+pub fn failure_line(slug: &str) -> String {
+    let path = root().join(format!("characters/{slug}.json"));
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("character file"))
+            .expect("character JSON");
+    c["failureLine"].as_str().expect("failureLine").to_owned()
+}
+
+/// The last message of a chat request the stub received (what a scripted responder reacts to).
+pub fn last_message(body: &serde_json::Value) -> serde_json::Value {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Polls `check` until it returns true or `within` passes.
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Creates every collection (so no insert creates one implicitly), the worker's indexes and the demo data.
+pub async fn prepare_mongo(mongo: &Mongo) {
+    let _ddl = COLLECTION_DDL.lock().await;
+    for name in COLLECTIONS {
+        mongo
+            .db
+            .create_collection(*name)
+            .await
+            .expect("create collection");
+    }
+    mongo.ensure_indexes().await.expect("indexes");
+    seed::seed_dir(mongo, &root().join("deploy/local/seed"))
+        .await
+        .expect("seed data loads");
+}
+
+/// Drops a test database, one at a time (see [`COLLECTION_DDL`]).
+pub async fn drop_mongo(mongo: &Mongo) {
+    let _ddl = COLLECTION_DDL.lock().await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), mongo.db.drop()).await;
+}
+
+/// Where the servers of a test are.
+#[derive(Clone, Debug)]
+pub struct Servers {
+    pub nats_url: String,
+    pub postgres_url: String,
+    pub admin_url: String,
+    pub atlas_uri: String,
+}
+
+impl Servers {
+    /// The shared local stack, as `deploy/local/stack.sh env` exports it.
+    pub fn from_env() -> Self {
+        let c = Config::from_env().expect("configuration from the environment");
+        Self {
+            nats_url: c.nats_url,
+            postgres_url: c.postgres_url,
+            admin_url: admin_url(),
+            atlas_uri: c.atlas_uri,
+        }
+    }
+}
+
+/// A throwaway stack of its own (NATS, PostgreSQL, the MongoDB-wire server) on free ports, started by
+/// `deploy/local/stack.sh` with the shared stack's venv, for tests that stop and restart servers.
+/// Stopped and removed when dropped.
+pub struct PrivateStack {
+    dir: PathBuf,
+    ports: [u16; 4],
+    pub servers: Servers,
+}
+
+impl PrivateStack {
+    pub async fn start() -> Self {
+        use servers::free_ports;
+        let ports = free_ports::<4>();
+        let dir = std::env::temp_dir().join(format!("companion-stack-{:016x}", fastrand::u64(..)));
+        let [nats, _, pg, mongo] = ports;
+        let stack = Self {
+            dir,
+            ports,
+            servers: Servers {
+                nats_url: format!("nats://127.0.0.1:{nats}"),
+                postgres_url: format!("postgres://companion:companion@127.0.0.1:{pg}/companion"),
+                admin_url: format!("postgres://postgres:postgres@127.0.0.1:{pg}/postgres"),
+                atlas_uri: format!("mongodb://127.0.0.1:{mongo}/TrickList2?directConnection=true"),
+            },
+        };
+        stack.run(&["up"]).await;
+        stack
+    }
+
+    /// Stops one server (`nats`, `postgres` or `mongo`).
+    pub async fn stop(&self, server: &str) {
+        self.run(&["down", server]).await;
+    }
+
+    /// Starts whatever is stopped and waits until all three are healthy.
+    pub async fn up(&self) {
+        self.run(&["up"]).await;
+    }
+
+    fn command(&self, args: &[&str]) -> std::process::Command {
+        let [nats, monitor, pg, mongo] = self.ports;
+        let local = servers::local_dir();
+        let mut cmd = std::process::Command::new(root().join("deploy/local/stack.sh"));
+        cmd.args(args)
+            .env("COMPANION_LOCAL_DIR", &self.dir)
+            .env("COMPANION_VENV", local.join("venv"))
+            .env("NATS_PORT", nats.to_string())
+            .env("NATS_MONITOR_PORT", monitor.to_string())
+            .env("PG_PORT", pg.to_string())
+            .env("MONGO_PORT", mongo.to_string())
+            .stdin(std::process::Stdio::null());
+        cmd
+    }
+
+    async fn run(&self, args: &[&str]) {
+        let out = tokio::process::Command::from(self.command(args))
+            .output()
+            .await
+            .expect("stack.sh runs");
+        assert!(
+            out.status.success(),
+            "stack.sh {args:?} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for PrivateStack {
+    fn drop(&mut self) {
+        let _ = self.command(&["down"]).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub use companion_dev::bench::env::{COLLECTIONS, admin_url, replace_db};
+
+async fn create_pg_database(admin_url: &str, name: &str) {
+    let mut conn = sqlx::PgConnection::connect(admin_url)
+        .await
+        .expect("admin connection to PostgreSQL");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {name} OWNER companion"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("create test database");
+}
+
+/// The model files as configured (`COMPANION_MODEL_DIR`, `ORT_DYLIB_PATH`), else `<repo>/.local/models`.
+pub fn embed_config() -> EmbedConfig {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let local = std::env::var_os("COMPANION_LOCAL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".local"));
+    let model_dir = std::env::var_os("COMPANION_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| local.join("models"));
+    let ort_dylib_path = std::env::var_os("ORT_DYLIB_PATH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| model_dir.join("libonnxruntime.so.1.31.1"));
+    EmbedConfig {
+        model_dir,
+        ort_dylib_path,
+        threads: 2,
+        max_batch: 32,
+        window: Duration::from_millis(5),
+    }
+}
+
+/// Loads the embedder; fails (never skips) with a clear message when the files are missing.
+pub fn embedder_with(cfg: &EmbedConfig) -> Arc<Embedder> {
+    if let Some(missing) = cfg.missing_file() {
+        panic!(
+            "the embedding model is not installed: {} is missing. Run deploy/local/models.sh \
+             (or set COMPANION_MODEL_DIR / ORT_DYLIB_PATH).",
+            missing.display()
+        );
+    }
+    Embedder::load(cfg).expect("loading the embedder")
+}
+
+pub fn embedder() -> Arc<Embedder> {
+    embedder_with(&embed_config())
+}
+
+/// A fresh database `t_<random>` owned by `companion`, migrated.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        let name = format!("t_{:016x}", fastrand::u64(..));
+        create_pg_database(&admin_url(), &name).await;
+        let base = std::env::var("POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://companion:companion@127.0.0.1:5432/companion".into());
+        let url = replace_db(&base, &name);
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&url)
+            .await
+            .expect("connecting to the test database");
+        companion::store::pg::MIGRATOR
+            .run(&pool)
+            .await
+            .expect("migrating the test database");
+        Self { name, url, pool }
+    }
+
+    pub async fn drop(self) {
+        self.pool.close().await;
+        if let Ok(mut conn) = PgConnection::connect(&admin_url()).await {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            )))
+            .execute(&mut conn)
+            .await;
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! The per-user flood limit: a user sending faster than the limit costs no model call over it; the
+//! first limited message gets the character's busy line, the rest of the window none, and every message
+//! is recorded and acknowledged (none silently dropped, none left in the stream).
+
+use std::{sync::Arc, time::Duration};
+
+use crate::env::*;
+use companion_dev::stub::{Responder, StubReply, last_user_text};
+use serde_json::Value;
+
+fn busy_line(slug: &str) -> String {
+    let path = root().join(format!("characters/{slug}.json"));
+    let c: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    c["busyLine"].as_str().expect("busyLine").to_owned()
+}
+
+#[tokio::test]
+async fn a_flood_is_limited_answered_once_and_nothing_is_dropped() {
+    let echo: Responder =
+        Arc::new(|body: &Value| StubReply::text(format!("ok: {}", last_user_text(body))));
+    let mut env = TestEnv::with(echo, |c| {
+        c.user_turns_per_minute = 2;
+        // Every message its own turn, so the limit is what stops them.
+        c.burst_max = 0;
+    })
+    .await;
+    env.start_worker().await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let mut events = Vec::new();
+    for i in 0..6 {
+        let e = env.dm(JESS, KAORI, JESS_KAORI, &format!("spam {i}")).await;
+        env.publish(&e).await;
+        events.push(e);
+    }
+    let mut got = Vec::new();
+    for e in &events[..3] {
+        got.push(next_reply_to(&mut replies, &e.message_id, Duration::from_secs(30)).await);
+    }
+    assert_eq!(got[0].content, "ok: spam 0");
+    assert_eq!(got[1].content, "ok: spam 1");
+    assert_eq!(
+        got[2].content,
+        busy_line("kaori"),
+        "the first limited message gets the busy line"
+    );
+
+    // The rest settle as limited, answered by that busy line, without a reply of their own.
+    let settled = eventually(Duration::from_secs(20), || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM turns WHERE state = 'limited'")
+            .fetch_one(&env.pg.pool)
+            .await
+            .unwrap();
+        n == 4
+    })
+    .await;
+    assert!(settled, "four limited turns");
+    for e in &events[3..] {
+        let by: Option<String> =
+            sqlx::query_scalar("SELECT covered_by FROM turns WHERE message_id = $1")
+                .bind(&e.message_id)
+                .fetch_one(&env.pg.pool)
+                .await
+                .unwrap();
+        assert_eq!(by.as_deref(), Some(events[2].message_id.as_str()));
+        assert!(env.replies_to(&e.message_id).await.is_empty());
+    }
+    assert_eq!(env.stub.requests().len(), 2, "no model call over the limit");
+    // Every message is in the history the next turn sees.
+    let users: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM bot_conversations WHERE role = 'user'")
+            .fetch_one(&env.pg.pool)
+            .await
+            .unwrap();
+    assert_eq!(users, 6);
+    // And every event left the stream acknowledged.
+    let acked = eventually(Duration::from_secs(10), || async {
+        env.consumer_info()
+            .await
+            .is_some_and(|info| info.num_ack_pending == 0 && info.num_pending == 0)
+    })
+    .await;
+    assert!(acked, "nothing left pending");
+    assert!(
+        env.replies_to(&events[0].message_id).await.len() == 1
+            && env.dead_letters().await.is_empty(),
+        "limited is not a failure"
+    );
+    env.finish().await;
+}

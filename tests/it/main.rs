@@ -1,0 +1,34 @@
+//! The integration tests: one binary, every test against the real local servers (NATS with
+//! JetStream, PostgreSQL with pgvector, the MongoDB-wire server); only the chat model is scripted.
+//! `env` is the one harness (`TestEnv`); `deploy/local/test.sh` starts the servers.
+
+mod env;
+mod fixture;
+mod servers;
+
+mod crash_loop;
+mod durable_turns;
+mod embed_bench;
+mod embed_parity;
+mod flood;
+mod hostile_events;
+mod limits;
+mod llm_failures;
+mod nats_users;
+mod ops;
+mod order;
+#[cfg(feature = "otel")]
+mod otel;
+mod outages;
+mod quota_processes;
+mod rag_kb;
+mod rag_turn;
+mod replay;
+mod shutdown;
+mod tb_backend_bridge;
+mod tls;
+mod tool_loop;
+mod tools;
+mod turn;
+mod turn_timings;
+mod usage;

@@ -1,0 +1,113 @@
+//! The production NATS configuration (`deploy/nats/nats.conf` with the users of `auth.conf`) is enough
+//! for a real worker: a `companion worker` process logged in as `companion-worker` sets up its streams
+//! and consumer, answers a DM, dead-letters a malformed event and reads its consumer's gauges, and the
+//! server records no permissions violation. (What each user may NOT do is proven by
+//! `deploy/nats/test-permissions.sh`.) The test itself acts as TB-Backend and operator with `admin`.
+
+use std::{
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use crate::{env::*, servers::*};
+use companion::config::Secret;
+use companion_dev::stub::{StubReply, always};
+
+#[tokio::test]
+async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
+    let tmp = TempDir::new("companion-users");
+    let dir = tmp.0.clone();
+    for f in ["nats.conf", "auth.conf"] {
+        std::fs::copy(root().join("deploy/nats").join(f), dir.join(f)).unwrap();
+    }
+    let pw = |who: &str| format!("{who}-{:016x}", fastrand::u64(..));
+    let (worker_pw, admin_pw) = (pw("worker"), pw("admin"));
+    let [port, monitor] = free_ports();
+    let log_path = dir.join("nats.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let server = Server(
+        Command::new(nats_server_bin())
+            .arg("--config")
+            .arg(dir.join("nats.conf"))
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-m", &monitor.to_string()])
+            .env("COMPANION_NATS_STORE", dir.join("js"))
+            .env("COMPANION_NATS_BACKEND_PASSWORD", pw("backend"))
+            .env("COMPANION_NATS_WORKER_PASSWORD", &worker_pw)
+            .env("COMPANION_NATS_ADMIN_PASSWORD", &admin_pw)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("nats-server starts"),
+    );
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    assert!(
+        nats_healthy(monitor).await,
+        "nats-server with deploy/nats/nats.conf is healthy"
+    );
+
+    // auth.conf names the default subjects, streams and consumer.
+    let nats_url = format!("nats://127.0.0.1:{port}");
+    let admin = admin_pw.clone();
+    let env = TestEnv::with(
+        always(StubReply::text("least privilege, most helpful")),
+        |c| {
+            c.nats_url = nats_url.clone();
+            c.nats_user = Some("admin".into());
+            c.nats_password = Secret::new(admin);
+            c.subject_prefix = "dm.bot".into();
+            c.stream_prefix = "DM_BOT".into();
+            c.consumer = "companion-worker".into();
+        },
+    )
+    .await;
+    let http = format!("127.0.0.1:{}", free_port());
+    let mut worker = env.spawn_worker_process(&[
+        ("NATS_USER", "companion-worker"),
+        ("NATS_PASSWORD", &worker_pw),
+        ("COMPANION_HTTP_ADDR", &http),
+    ]);
+
+    let event = env
+        .dm(JESS, KAORI, JESS_KAORI, "who am i logged in as?")
+        .await;
+    let reply = env.turn(&event).await;
+    assert_eq!(reply.content, "least privilege, most helpful");
+
+    env.publish_raw(
+        env.bus.names.inbound(KAORI, JESS_KAORI),
+        "junk-1",
+        "{not json",
+    )
+    .await;
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            env.dead_letters().await.len() == 1
+        })
+        .await,
+        "the worker user dead-letters"
+    );
+
+    let metrics = get_text(&format!("http://{http}/metrics")).await;
+    assert!(
+        metrics.contains(
+            "companion_consumer_ack_pending{stream=\"DM_BOT_IN\",consumer=\"companion-worker\"} "
+        ),
+        "the worker user reads its consumer's info: {metrics}"
+    );
+    let ready = reqwest::get(format!("http://{http}/readyz")).await.unwrap();
+    assert_eq!(ready.status(), 200);
+
+    sigterm(&worker);
+    let status = wait_exit(&mut worker, Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}");
+    env.finish().await;
+    drop(server);
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    // nats-server logs "Publish Violation" / "Subscription Violation" for every denied operation.
+    assert!(
+        !log.to_lowercase().contains("violation"),
+        "no permissions violation in the server log:\n{log}"
+    );
+}

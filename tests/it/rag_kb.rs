@@ -1,0 +1,387 @@
+//! Knowledge base against the real PostgreSQL (fresh database per test) and the real model:
+//! ingest then query, idempotent re-ingest, replacement of changed articles, the threshold, chunk sizes.
+
+use std::path::{Path, PathBuf};
+
+use companion::rag::{
+    self,
+    chunk::{self, ChunkConfig},
+    embed::MAX_TOKENS,
+    ingest::{self, Article, Outcome},
+    kb,
+};
+
+fn knowledge_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/knowledge")
+}
+
+fn cols(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test]
+async fn ingest_then_query_ranks_the_right_article_first() {
+    let db = crate::env::TestDb::new().await;
+    let embedder = crate::env::embedder();
+    let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
+    assert!(articles.len() >= 12, "{} demo articles", articles.len());
+    assert!(articles.iter().any(|a| a.collection == "snowboarding"));
+    assert!(articles.iter().any(|a| a.collection == "skateboarding"));
+    let report = ingest::ingest(
+        &db.pool,
+        &embedder,
+        &articles,
+        ChunkConfig::default(),
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.added, articles.len());
+    let cases = [
+        (
+            "snowboarding",
+            "how often should I wax my snowboard?",
+            "Waxing your board and looking after the edges",
+        ),
+        (
+            "snowboarding",
+            "am I goofy or regular, which foot goes in front?",
+            "Finding your stance: regular or goofy",
+        ),
+        (
+            "skateboarding",
+            "my kickflip keeps flipping away from me",
+            "Kickflip tips: getting the board to flip and catching it",
+        ),
+        (
+            "skateboarding",
+            "my bearings sound gritty and slow, how do I clean them?",
+            "Looking after skateboard bearings and hardware",
+        ),
+    ];
+    for (collection, question, title) in cases {
+        let hits = rag::retrieve(&db.pool, &embedder, &cols(&[collection]), question, 0.0, 3)
+            .await
+            .unwrap();
+        assert!(!hits.is_empty(), "no hit for {question:?}");
+        assert_eq!(hits[0].title, title, "for {question:?}: {hits:#?}");
+        assert!(hits[0].source_url.is_some());
+        assert!(hits.windows(2).all(|w| w[0].score >= w[1].score));
+        println!("{question:?} -> {:.3} {}", hits[0].score, hits[0].title);
+    }
+    // Collections are separate: Kaori's collection never returns skate articles.
+    let hits = rag::retrieve(
+        &db.pool,
+        &embedder,
+        &cols(&["snowboarding"]),
+        "my kickflip keeps flipping away from me",
+        0.0,
+        10,
+    )
+    .await
+    .unwrap();
+    assert!(hits.iter().all(|h| !h.title.contains("Kickflip")));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn reingesting_unchanged_content_does_nothing() {
+    let db = crate::env::TestDb::new().await;
+    let embedder = crate::env::embedder();
+    let articles =
+        ingest::read_articles(&knowledge_dir().join("skateboarding"), Some("skate")).unwrap();
+    let cfg = ChunkConfig::default();
+    let first = ingest::ingest(&db.pool, &embedder, &articles, cfg, false)
+        .await
+        .unwrap();
+    assert_eq!(first.added, articles.len());
+    let before = kb::counts(&db.pool).await.unwrap();
+    let runs_before = embedder.counts().model_runs;
+    let second = ingest::ingest(&db.pool, &embedder, &articles, cfg, false)
+        .await
+        .unwrap();
+    assert_eq!(second.unchanged, articles.len());
+    assert_eq!(second.chunks, 0);
+    assert_eq!(kb::counts(&db.pool).await.unwrap(), before);
+    assert_eq!(
+        embedder.counts().model_runs,
+        runs_before,
+        "nothing re-embedded"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_changed_article_replaces_its_chunks() {
+    let db = crate::env::TestDb::new().await;
+    let embedder = crate::env::embedder();
+    let mut a = Article {
+        collection: "snowboarding".into(),
+        key: "gear/boots".into(),
+        title: "Snowboard boots".into(),
+        source_url: Some("https://example.org/boots".into()),
+        published: None,
+        text: "Boots should fit snugly with your heel locked down. Toes may just touch the front."
+            .into(),
+    };
+    let other = Article {
+        key: "gear/goggles".into(),
+        title: "Goggles".into(),
+        text: "Pick a lens colour for the light: yellow for flat light, dark for sun.".into(),
+        ..a.clone()
+    };
+    let cfg = ChunkConfig::default();
+    for art in [&a, &other] {
+        let (o, _) = ingest::ingest_article(&db.pool, &embedder, art, cfg)
+            .await
+            .unwrap();
+        assert_eq!(o, Outcome::Added);
+    }
+    a.text = "Heat-moldable liners shape themselves to your feet. Replace boots when the flex \
+              gets soft and your heel lifts."
+        .into();
+    let (o, n) = ingest::ingest_article(&db.pool, &embedder, &a, cfg)
+        .await
+        .unwrap();
+    assert_eq!(o, Outcome::Replaced);
+    assert_eq!(n, 1);
+    let contents: Vec<String> = sqlx::query_scalar(
+        "SELECT c.content FROM kb_chunks c JOIN kb_articles a ON a.id = c.article_id
+         WHERE a.key = 'gear/boots' ORDER BY c.ord",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(contents, vec![a.text.clone()]);
+    assert_eq!(kb::counts(&db.pool).await.unwrap(), (2, 2));
+    let hits = rag::retrieve(
+        &db.pool,
+        &embedder,
+        &cols(&["snowboarding"]),
+        "heat moldable liners",
+        0.0,
+        3,
+    )
+    .await
+    .unwrap();
+    assert_eq!(hits[0].text, a.text);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn only_chunks_above_the_threshold_are_returned() {
+    let db = crate::env::TestDb::new().await;
+    let embedder = crate::env::embedder();
+    let articles =
+        ingest::read_articles(&knowledge_dir().join("snowboarding"), Some("snowboarding")).unwrap();
+    ingest::ingest(
+        &db.pool,
+        &embedder,
+        &articles,
+        ChunkConfig::default(),
+        false,
+    )
+    .await
+    .unwrap();
+    let c = cols(&["snowboarding"]);
+    let off_topic = "what is the best recipe for lasagna with spinach?";
+    let none = rag::retrieve(&db.pool, &embedder, &c, off_topic, 0.45, 3)
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "off-topic hits: {none:#?}");
+    let all = rag::retrieve(&db.pool, &embedder, &c, off_topic, -1.0, 3)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 3, "top_k bounds the hits");
+    assert!(all.iter().all(|h| h.score < 0.45));
+    let on_topic = rag::retrieve(
+        &db.pool,
+        &embedder,
+        &c,
+        "what should I wear so I don't freeze on the chairlift?",
+        0.45,
+        3,
+    )
+    .await
+    .unwrap();
+    assert!(!on_topic.is_empty());
+    assert!(on_topic.iter().all(|h| h.score >= 0.45));
+    assert_eq!(on_topic[0].title, "Dressing for cold days on the mountain");
+    // Unknown collections and empty text give nothing.
+    assert!(
+        rag::retrieve(&db.pool, &embedder, &cols(&["nope"]), "wax", -1.0, 3)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn chunks_fit_the_model_and_overlap() {
+    let embedder = crate::env::embedder();
+    let plain = chunk::untruncated(embedder.tokenizer()).unwrap();
+    let sentence = |i: usize| {
+        format!("Sentence number {i} talks about carving, edges, wax and the weather on the hill.")
+    };
+    let text: Vec<String> = (0..80).map(sentence).collect();
+    let text = text.join(" ");
+    let cfg = ChunkConfig::default();
+    let chunks = chunk::chunk(embedder.tokenizer(), &text, cfg, 0).unwrap();
+    assert!(chunks.len() >= 4, "{} chunks", chunks.len());
+    for (i, c) in chunks.iter().enumerate() {
+        let with_specials = plain.encode(c.as_str(), true).unwrap().get_ids().len();
+        assert!(
+            with_specials <= MAX_TOKENS,
+            "chunk {i}: {with_specials} tokens"
+        );
+        assert!(with_specials > MAX_TOKENS / 2, "chunk {i} is well filled");
+        assert!(c.ends_with('.'), "chunk {i} ends on a sentence boundary");
+        assert!(
+            text.contains(c.as_str()),
+            "chunk {i} is the article's own text"
+        );
+    }
+    for w in chunks.windows(2) {
+        let last_sentence = w[0].rsplit(". ").next().unwrap();
+        assert!(
+            w[1].starts_with(last_sentence) || w[1].contains(last_sentence),
+            "overlap"
+        );
+    }
+    // One huge "sentence" is cut on tokens.
+    let blob = "powder ".repeat(1000);
+    let chunks = chunk::chunk(embedder.tokenizer(), &blob, cfg, 0).unwrap();
+    assert!(chunks.len() >= 4);
+    for c in &chunks {
+        assert!(plain.encode(c.as_str(), true).unwrap().get_ids().len() <= MAX_TOKENS);
+    }
+    // Overlap 0 gives disjoint chunks; the article is covered.
+    let no_overlap = ChunkConfig {
+        overlap: 0.0,
+        ..cfg
+    };
+    let chunks = chunk::chunk(embedder.tokenizer(), &text, no_overlap, 0).unwrap();
+    assert_eq!(chunks.join(" "), text);
+}
+
+#[tokio::test]
+async fn markdown_front_matter_and_jsonl_are_read() {
+    let dir = std::env::temp_dir().join(format!("companion-kb-{:x}", fastrand::u64(..)));
+    std::fs::create_dir_all(dir.join("skiing")).unwrap();
+    std::fs::write(
+        dir.join("skiing/pizza.md"),
+        "---\ntitle: \"Pizza and fries\"\nsource_url: https://example.org/p\ndate: 2026-01-02\n---\n\nBody text.\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("skiing/plain.txt"), "# Heading title\nPlain body.").unwrap();
+    let mut a = ingest::read_articles(&dir, None).unwrap();
+    a.sort_by(|x, y| x.key.cmp(&y.key));
+    assert_eq!(a.len(), 2);
+    assert_eq!(a[0].collection, "skiing");
+    assert_eq!(a[0].key, "pizza");
+    assert_eq!(a[0].title, "Pizza and fries");
+    assert_eq!(a[0].source_url.as_deref(), Some("https://example.org/p"));
+    assert_eq!(a[0].published.as_deref(), Some("2026-01-02"));
+    assert_eq!(a[0].text, "Body text.");
+    assert_eq!(a[1].title, "Heading title");
+    assert_eq!(a[1].text, "Plain body.");
+    let jsonl = dir.join("a.jsonl");
+    std::fs::write(
+        &jsonl,
+        "{\"id\":\"x1\",\"title\":\"T\",\"text\":\"Hello.\",\"url\":\"https://e.org\"}\n\n",
+    )
+    .unwrap();
+    let j = ingest::read_articles(&jsonl, Some("c")).unwrap();
+    assert_eq!(j.len(), 1);
+    assert_eq!((j[0].key.as_str(), j[0].collection.as_str()), ("x1", "c"));
+    assert!(
+        ingest::read_articles(&jsonl, None).is_err(),
+        "no collection"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A collection whose chunks are all far from the query still gets its `k` best when a much larger
+/// collection fills the HNSW candidate list: the iterative scan set with the search's BEGIN is in force.
+#[tokio::test]
+async fn a_small_collection_is_found_behind_a_large_one() {
+    let db = crate::env::TestDb::new().await;
+    let dim = rag::embed::DIM;
+    let unit = |seed: usize, near: bool| {
+        let mut v: Vec<f32> = (0..dim)
+            .map(|i| (((seed * 7919 + i * 104_729) % 1000) as f32 / 1000.0) - 0.5)
+            .collect();
+        // Near the query (the first axis) or far from it.
+        v[0] = if near { 40.0 } else { -40.0 };
+        rag::embed::normalize(v)
+    };
+    let meta = |collection: &str, key: &str| kb::ArticleMeta {
+        collection: collection.into(),
+        key: key.into(),
+        title: key.into(),
+        source_url: None,
+        published: None,
+        content_hash: key.into(),
+    };
+    let big: Vec<String> = (0..3000).map(|i| format!("big {i}")).collect();
+    let big_vectors = (0..3000).map(|i| unit(i, true)).collect();
+    kb::replace_article(&db.pool, &meta("big", "a"), &big, big_vectors)
+        .await
+        .unwrap();
+    let small: Vec<String> = (0..3).map(|i| format!("small {i}")).collect();
+    let small_vectors = (0..3).map(|i| unit(1000 + i, false)).collect();
+    kb::replace_article(&db.pool, &meta("small", "b"), &small, small_vectors)
+        .await
+        .unwrap();
+    let mut query = vec![0.0; dim];
+    query[0] = 1.0;
+    // Make the HNSW index the only way to answer (the planner prefers a scan of 3,003 rows), on fresh
+    // connections, and show that without the iterative scan it misses the small collection.
+    sqlx::query("DROP INDEX kb_chunks_collection")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE {} SET enable_seqscan = off",
+        db.name
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let inner = "SELECT collection FROM kb_chunks WHERE collection = ANY($2)
+                 ORDER BY embedding <=> $1 LIMIT $3";
+    let mut tx = pool.begin().await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {inner}")))
+        .bind(pgvector::Vector::from(query.clone()))
+        .bind(cols(&["small"]))
+        .bind(3i64)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert!(
+        plan.iter().any(|l| l.contains("kb_chunks_embedding")),
+        "the search uses the HNSW index: {plan:?}"
+    );
+    sqlx::query("SET LOCAL hnsw.iterative_scan = off")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let without: Vec<String> = sqlx::query_scalar(inner)
+        .bind(pgvector::Vector::from(query.clone()))
+        .bind(cols(&["small"]))
+        .bind(3i64)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(without.len() < 3, "without the iterative scan: {without:?}");
+    let hits = kb::search(&pool, &cols(&["small"]), &query, 3)
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 3, "{hits:?}");
+    assert!(hits.iter().all(|h| h.collection == "small"));
+    pool.close().await;
+    db.drop().await;
+}

@@ -1,0 +1,131 @@
+//! A whole turn with retrieval: real PostgreSQL (fresh database), MongoDB, NATS and model; only the
+//! chat model is the stub. The system prompt it receives carries the retrieved chunk with its title and
+//! source, and an off-topic message gets no knowledge section.
+
+use bson::oid::ObjectId;
+use chrono::Utc;
+use companion::{
+    Config, Services,
+    bus::DmEvent,
+    rag::{chunk::ChunkConfig, ingest},
+    turn::{self, Outcome},
+};
+use companion_dev::{
+    backend,
+    stub::{self, StubLlm, StubReply},
+};
+
+fn system_prompt(request: &serde_json::Value) -> String {
+    request["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
+    // `RUST_LOG=companion=debug` shows the turn, its retrieval span and timings.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    // Fail clearly when the model is missing, before touching the servers.
+    let embed = crate::env::embed_config();
+    drop(crate::env::embedder_with(&embed));
+    let db = crate::env::TestDb::new().await;
+    let llm = StubLlm::start(stub::always(StubReply::text("wax it every few days!")))
+        .await
+        .unwrap();
+    let tag = format!("{:012x}", fastrand::u64(..) & 0xffff_ffff_ffff);
+    let collection = format!("snow_{tag}");
+    let bot = ObjectId::new();
+    let dir = std::env::temp_dir().join(format!("companion-chars-{tag}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("kaori.json"),
+        serde_json::json!({
+            "id": "kaori", "name": "Kaori", "username": format!("kaori_{tag}"),
+            "botUserId": bot.to_hex(), "sport": "snowboard",
+            "bio": "A snowboarder.", "failureLine": "sorry, my brain froze",
+            "knowledge": [collection],
+        })
+        .to_string(),
+    )
+    .unwrap();
+
+    let mut config = Config::from_env().unwrap();
+    config.postgres_url = db.url.clone();
+    config.atlas_uri = crate::env::replace_db(&config.atlas_uri, &format!("t_{tag}"));
+    config.characters_dir = dir.clone();
+    config.llm_base_url = llm.base_url.clone();
+    config.subject_prefix = format!("t{tag}.bot");
+    config.stream_prefix = format!("T{tag}");
+    config.model_dir = embed.model_dir.clone();
+    config.ort_dylib_path = embed.ort_dylib_path.clone();
+    config.rag_threshold = 0.45;
+    config.rag_top_k = 3;
+    let svc = Services::connect(config).await.unwrap();
+    svc.bus.ensure_streams().await.unwrap();
+    let embedder = svc.embedder.clone().expect("embedder loaded");
+
+    let article = ingest::Article {
+        collection: collection.clone(),
+        key: "wax".into(),
+        title: "Waxing basics".into(),
+        source_url: Some("https://trickbook.app/kb/test/wax".into()),
+        published: None,
+        text: "Hot wax your snowboard base every five to ten riding days so it stays fast. \
+               Scrape the wax once it has cooled and brush it out along the board."
+            .into(),
+    };
+    ingest::ingest_article(&svc.pg.pool, &embedder, &article, ChunkConfig::default())
+        .await
+        .unwrap();
+
+    let user = ObjectId::new();
+    let conversation = backend::ensure_conversation(&svc.mongo, user, bot)
+        .await
+        .unwrap();
+    let event = |content: &str| DmEvent {
+        message_id: ObjectId::new(),
+        conversation_id: conversation,
+        sender_id: user,
+        bot_id: bot,
+        content: content.into(),
+        images: Vec::new(),
+        sent_at: Utc::now(),
+    };
+
+    let outcome = turn::run(&svc, &event("how often should I wax my snowboard?"))
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Answered { .. }));
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 1);
+    let prompt = system_prompt(&requests[0]);
+    assert!(prompt.contains("## Things you know"), "{prompt}");
+    assert!(
+        prompt.contains("### Waxing basics <https://trickbook.app/kb/test/wax>"),
+        "{prompt}"
+    );
+    assert!(prompt.contains(&article.text), "{prompt}");
+
+    turn::run(&svc, &event("what's the best lasagna recipe?"))
+        .await
+        .unwrap();
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2);
+    let prompt = system_prompt(&requests[1]);
+    assert!(!prompt.contains("## Things you know"), "{prompt}");
+
+    // Clean up what lives outside the test database.
+    let names = svc.bus.names.clone();
+    for s in [&names.stream_in, &names.stream_out, &names.stream_dlq] {
+        let _ = svc.bus.js.delete_stream(s).await;
+    }
+    let cleanup = std::time::Duration::from_secs(10);
+    let _ = tokio::time::timeout(cleanup, svc.mongo.db.drop()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    svc.pg.pool.close().await;
+    db.drop().await;
+}

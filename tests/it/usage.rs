@@ -1,0 +1,250 @@
+//! Usage accounting: every paid chat call of a turn is a row in `llm_usage` (the model that answered, its
+//! tokens, its cost as reported, estimated from the price table, or unpriced), `/metrics` counts the cost,
+//! `companion usage` sums it up, and bookkeeping never fails a turn.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
+
+use crate::env::*;
+use companion::{
+    turn::{self, Outcome},
+    worker,
+};
+use companion_dev::stub::{Responder, StubReply, last_user_text};
+use serde_json::Value;
+use sqlx::Row;
+use tokio_util::sync::CancellationToken;
+
+const PRIMARY: &str = "test/primary";
+const FALLBACK: &str = "test/fallback";
+
+#[derive(Debug)]
+struct UsageRow {
+    step: i32,
+    user: String,
+    bot: String,
+    model: String,
+    prompt: i64,
+    completion: i64,
+    cost: Option<f64>,
+    source: String,
+}
+
+async fn usage_of(env: &TestEnv, message_id: &str) -> Vec<UsageRow> {
+    sqlx::query(
+        "SELECT step, user_id, bot_id, model, prompt_tokens, completion_tokens, cost_usd, cost_source
+         FROM llm_usage WHERE message_id = $1 ORDER BY step, id",
+    )
+    .bind(message_id)
+    .fetch_all(&env.pg.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|r| UsageRow {
+        step: r.get(0),
+        user: r.get(1),
+        bot: r.get(2),
+        model: r.get(3),
+        prompt: r.get(4),
+        completion: r.get(5),
+        cost: r.get(6),
+        source: r.get(7),
+    })
+    .collect()
+}
+
+/// The prompt tokens the stub reports for a request (a quarter of the messages' JSON length).
+fn stub_prompt_tokens(body: &Value) -> i64 {
+    (body["messages"].to_string().len() / 4) as i64
+}
+
+#[tokio::test]
+async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
+    let flaky = Arc::new(AtomicUsize::new(0));
+    let f = flaky.clone();
+    let responder: Responder = Arc::new(move |body: &Value| {
+        let text = last_user_text(body);
+        if last_message(body)["role"] == "tool" {
+            return StubReply::text("here are your lists");
+        }
+        if text.contains("lists") {
+            return StubReply::ToolCalls(vec![("get_user_tricklists".into(), String::new())]);
+        }
+        if text.contains("fallback") && body["model"] == PRIMARY {
+            return StubReply::Status {
+                code: 404,
+                body: r#"{"error":{"message":"no such model"}}"#.into(),
+                retry_after: None,
+            };
+        }
+        if text.contains("flaky") && f.fetch_add(1, Ordering::SeqCst) == 0 {
+            return StubReply::Status {
+                code: 503,
+                body: "busy".into(),
+                retry_after: None,
+            };
+        }
+        StubReply::text("ok!")
+    });
+    let env = TestEnv::with(responder, |c| {
+        c.openrouter_model = PRIMARY.into();
+        c.llm_fallback_models = vec![FALLBACK.into()];
+        c.llm_prices = format!("{PRIMARY}=1.5:3").parse().unwrap();
+        c.llm_retry_base_ms = 10;
+    })
+    .await;
+    let svc = env.services().await;
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(worker::run(svc.clone(), stop.clone()));
+
+    // A: two paid calls (tool call, then text), cost reported by the server.
+    env.stub.report_cost(Some(0.00042));
+    let a = env.dm(JESS, KAORI, JESS_KAORI, "show my lists").await;
+    env.turn(&a).await;
+    env.stub.report_cost(None);
+    // B: one call, no reported cost: estimated from LLM_PRICES.
+    let b = env.dm(JESS, KAORI, JESS_KAORI, "plain question").await;
+    env.turn(&b).await;
+    // C: the main model is unknown (404), the fallback answers and has no price.
+    let c = env.dm(JESS, KAORI, JESS_KAORI, "use the fallback").await;
+    env.turn(&c).await;
+    // D: a 503 retried inside the turn: one failed (unpaid) request, one paid.
+    let d = env.dm(JESS, KAORI, JESS_KAORI, "flaky one").await;
+    env.turn(&d).await;
+
+    let requests = env.stub.requests();
+    assert_eq!(
+        requests.len(),
+        7,
+        "2 + 1 + 2 + 2 requests reached the model"
+    );
+
+    let rows = usage_of(&env, &a.message_id).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r.step, i as i32);
+        assert_eq!((r.user.as_str(), r.bot.as_str()), (JESS, KAORI));
+        assert_eq!(r.model, PRIMARY);
+        assert_eq!(r.prompt, stub_prompt_tokens(&requests[i]), "step {i}");
+        assert!(r.completion > 0);
+        assert_eq!((r.cost, r.source.as_str()), (Some(0.00042), "reported"));
+    }
+
+    let rows = usage_of(&env, &b.message_id).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let expected = (rows[0].prompt as f64 * 1.5 + rows[0].completion as f64 * 3.0) / 1e6;
+    assert_eq!(rows[0].prompt, stub_prompt_tokens(&requests[2]));
+    assert_eq!(rows[0].source, "estimated");
+    assert!((rows[0].cost.unwrap() - expected).abs() < 1e-12, "{rows:?}");
+    let estimated_b = rows[0].cost.unwrap();
+
+    let rows = usage_of(&env, &c.message_id).await;
+    assert_eq!(rows.len(), 1, "only the answering model is paid: {rows:?}");
+    assert_eq!(rows[0].model, FALLBACK);
+    assert_eq!((rows[0].cost, rows[0].source.as_str()), (None, "unpriced"));
+
+    let rows = usage_of(&env, &d.message_id).await;
+    assert_eq!(rows.len(), 1, "the 503 is not a paid call: {rows:?}");
+    assert_eq!(rows[0].source, "estimated");
+    let estimated_d = rows[0].cost.unwrap();
+
+    // /metrics: cost and unpriced responses by model, and the retry.
+    let m = &svc.metrics;
+    let primary = format!("model=\"{PRIMARY}\"");
+    let cost = m.get_f64("companion_llm_cost_usd_total", &primary);
+    let want = 2.0 * 0.00042 + estimated_b + estimated_d;
+    assert!((cost - want).abs() < 1e-12, "{cost} != {want}");
+    assert_eq!(
+        m.get(
+            "companion_llm_unpriced_responses_total",
+            &format!("model=\"{FALLBACK}\"")
+        ),
+        1
+    );
+    assert_eq!(m.get("companion_llm_retries_total", &primary), 1);
+    let text = m.render();
+    assert!(
+        text.contains(&format!("companion_llm_cost_usd_total{{{primary}}} ")),
+        "{text}"
+    );
+
+    stop.cancel();
+    running.await.unwrap().unwrap();
+
+    // `companion usage`: by day, companion (named) and model, with a total.
+    let (ok, text, err) = env.run_companion(&["usage", "--days", "1"]).await;
+    assert!(ok, "{text}{err}");
+    eprintln!("{text}");
+    let line = |model: &str| {
+        text.lines()
+            .find(|l| l.contains("Kaori") && l.contains(model))
+            .unwrap_or_else(|| panic!("no Kaori/{model} line in\n{text}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let p = line(PRIMARY);
+    assert_eq!(p[3], "4", "A (2) + B + D calls on the main model: {p:?}");
+    assert!((p[6].parse::<f64>().unwrap() - want).abs() < 1e-6, "{p:?}");
+    let f = line(FALLBACK);
+    assert_eq!(f[3], "1");
+    assert!(f.join(" ").contains("(1 unpriced)"), "{f:?}");
+    let total = text.lines().last().unwrap();
+    assert!(total.starts_with("total"), "{text}");
+    assert_eq!(total.split_whitespace().nth(1), Some("5"), "{total}");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_step_replayed_from_the_journal_is_not_recorded_again() {
+    // Step 0 asks for a tool; step 1 fails once, so the retry replays step 0 and pays only for step 1.
+    let responder = tool_then_one_500(
+        StubReply::ToolCalls(vec![("get_user_tricklists".into(), String::new())]),
+        StubReply::text("your lists!"),
+    );
+    let env = TestEnv::with(responder, |c| c.llm_max_retries = 0).await;
+    env.stub.report_cost(Some(0.001));
+    let svc = env.services().await;
+    let raw = env.dm(JESS, KAORI, JESS_KAORI, "my lists?").await;
+    let event = dm_event(&raw);
+    assert!(turn::run(&svc, &event).await.is_err());
+    let rows = usage_of(&env, &raw.message_id).await;
+    assert_eq!(
+        rows.iter().map(|r| r.step).collect::<Vec<_>>(),
+        vec![0],
+        "{rows:?}"
+    );
+    let done = turn::run(&svc, &event).await.expect("the retry answers");
+    assert!(matches!(done, Outcome::Answered { .. }));
+    let rows = usage_of(&env, &raw.message_id).await;
+    assert_eq!(
+        rows.iter().map(|r| r.step).collect::<Vec<_>>(),
+        vec![0, 1],
+        "each step paid once: {rows:?}"
+    );
+    assert_eq!(env.stub.requests().len(), 3);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn usage_that_cannot_be_recorded_does_not_fail_the_turn() {
+    let env = TestEnv::new(companion_dev::stub::always(StubReply::text("still here"))).await;
+    sqlx::query("DROP TABLE llm_usage")
+        .execute(&env.pg.pool)
+        .await
+        .unwrap();
+    let svc = env.services().await;
+    let raw = env.dm(JESS, KAORI, JESS_KAORI, "hello").await;
+    let outcome = turn::run(&svc, &dm_event(&raw)).await.expect("answered");
+    assert!(matches!(outcome, Outcome::Answered { .. }));
+    let replies = env.replies_to(&raw.message_id).await;
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].get_str("content").unwrap(), "still here");
+    assert_eq!(
+        env.pg.turn_state(&raw.message_id).await.unwrap().as_deref(),
+        Some("done")
+    );
+    env.finish().await;
+}
