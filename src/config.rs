@@ -1,4 +1,6 @@
-//! Runtime configuration: environment variables (and an optional `.env`), each also a CLI flag.
+//! Runtime configuration, one section per component: environment variables (and an optional `.env`),
+//! each also a flag of the same name in kebab case. A subcommand takes only the sections it uses, so its
+//! `--help` lists only its settings; each component is built from its own section.
 //!
 //! Names used by the existing deployment (`ATLAS_URI`, `POSTGRES_URL`, `OPENROUTER_API_KEY`,
 //! `OPENROUTER_MODEL`) are accepted as they are.
@@ -63,6 +65,9 @@ fn redact_one(url: &str) -> String {
     }
 }
 
+/// `key=value` pairs for a child process's environment.
+pub type Env = Vec<(&'static str, String)>;
+
 /// Log output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -70,410 +75,554 @@ pub enum LogFormat {
     Json,
 }
 
-/// Everything the worker and its commands need to reach the servers and bound their work.
+/// NATS: servers, credentials, TLS, and the names of subjects and streams.
 #[derive(Args, Clone, Debug)]
-pub struct Config {
+#[command(next_help_heading = "NATS")]
+pub struct NatsConfig {
     /// NATS server(s), comma separated.
     #[arg(
-        long,
+        id = "nats-url",
+        long = "nats-url",
         env = "NATS_URL",
-        default_value = "nats://127.0.0.1:4222",
-        global = true
+        default_value = "nats://127.0.0.1:4222"
     )]
-    pub nats_url: String,
+    pub url: String,
     /// NATS user (with `NATS_PASSWORD`); credentials in `NATS_URL` itself are ignored by the client.
-    #[arg(long, env = "NATS_USER", global = true)]
-    pub nats_user: Option<String>,
+    #[arg(id = "nats-user", long = "nats-user", env = "NATS_USER")]
+    pub user: Option<String>,
     #[arg(
-        long,
+        id = "nats-password",
+        long = "nats-password",
         env = "NATS_PASSWORD",
         default_value = "",
         hide_env_values = true,
-        hide_default_value = true,
-        global = true
+        hide_default_value = true
     )]
-    pub nats_password: Secret,
-    /// Replicas of the worker's streams (3 on a three-node JetStream cluster).
+    pub password: Secret,
+    /// Refuse a NATS connection without TLS (also implied by a `tls://` URL or any NATS_TLS_* file).
     #[arg(
-        long,
-        env = "COMPANION_STREAM_REPLICAS",
-        default_value_t = 1,
-        global = true
+        id = "nats-tls-required",
+        long = "nats-tls-required",
+        env = "NATS_TLS_REQUIRED",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
     )]
-    pub stream_replicas: usize,
-    /// MongoDB connection string; the database is its path (TrickList2 when absent).
+    pub tls_required: bool,
+    /// PEM file of the CA(s) that sign the NATS servers' certificates (else the system roots).
     #[arg(
-        long,
-        env = "ATLAS_URI",
-        default_value = "mongodb://127.0.0.1:27017/TrickList2?directConnection=true",
-        hide_env_values = true,
-        global = true
+        id = "nats-tls-ca-file",
+        long = "nats-tls-ca-file",
+        env = "NATS_TLS_CA_FILE"
     )]
-    pub atlas_uri: String,
-    /// PostgreSQL connection string (history, turn journal, knowledge base).
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate for NATS servers that verify clients (mutual TLS), with NATS_TLS_KEY_FILE.
     #[arg(
-        long,
-        env = "POSTGRES_URL",
-        default_value = "postgres://companion:companion@127.0.0.1:5432/companion",
-        hide_env_values = true,
-        global = true
+        id = "nats-tls-cert-file",
+        long = "nats-tls-cert-file",
+        env = "NATS_TLS_CERT_FILE",
+        requires = "nats-tls-key-file"
     )]
-    pub postgres_url: String,
-    /// Key for the chat API; empty means the offline scripted model is expected at LLM_BASE_URL.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of NATS_TLS_CERT_FILE.
     #[arg(
-        long,
-        env = "OPENROUTER_API_KEY",
-        default_value = "",
-        hide_env_values = true,
-        hide_default_value = true,
-        global = true
+        id = "nats-tls-key-file",
+        long = "nats-tls-key-file",
+        env = "NATS_TLS_KEY_FILE",
+        requires = "nats-tls-cert-file"
     )]
-    pub openrouter_api_key: Secret,
-    /// Chat model used unless a character names its own.
+    pub tls_key_file: Option<PathBuf>,
+    /// TLS before the NATS protocol starts (the server needs `handshake_first: true`).
     #[arg(
-        long,
-        env = "OPENROUTER_MODEL",
-        default_value = "google/gemini-2.0-flash-001",
-        global = true
+        id = "nats-tls-first",
+        long = "nats-tls-first",
+        env = "NATS_TLS_FIRST",
+        default_value_t = false,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
     )]
-    pub openrouter_model: String,
-    /// Base URL of any OpenAI-compatible chat API (`/chat/completions` is appended).
-    #[arg(
-        long,
-        env = "LLM_BASE_URL",
-        default_value = "https://openrouter.ai/api/v1",
-        global = true
-    )]
-    pub llm_base_url: String,
-    /// Upper bound on one chat API request, seconds.
-    #[arg(long, env = "LLM_TIMEOUT_SECS", default_value_t = 60, global = true)]
-    pub llm_timeout_secs: u64,
-    /// `max_tokens` sent with every chat request; companions write 1-3 sentences.
-    #[arg(long, env = "LLM_MAX_TOKENS", default_value_t = 600, global = true)]
-    pub llm_max_tokens: u32,
-    /// Sampling temperature sent with every chat request.
-    #[arg(long, env = "LLM_TEMPERATURE", default_value_t = 0.8, global = true)]
-    pub llm_temperature: f32,
-    /// Retries of one chat request after a timeout, 429 or 5xx, within the turn.
-    #[arg(long, env = "LLM_MAX_RETRIES", default_value_t = 2, global = true)]
-    pub llm_max_retries: u32,
-    /// First retry delay in milliseconds (doubled per retry, ±20 % jitter); `Retry-After` wins when given.
-    #[arg(long, env = "LLM_RETRY_BASE_MS", default_value_t = 500, global = true)]
-    pub llm_retry_base_ms: u64,
-    /// Longest wait inside a turn before a retry, seconds; a longer `Retry-After` hands the turn back to the stream.
-    #[arg(long, env = "LLM_RETRY_MAX_SECS", default_value_t = 20, global = true)]
-    pub llm_retry_max_secs: u64,
-    /// Models tried in order when the main one keeps failing or cannot use tools (comma separated).
-    #[arg(
-        long,
-        env = "LLM_FALLBACK_MODELS",
-        value_delimiter = ',',
-        global = true
-    )]
-    pub llm_fallback_models: Vec<String>,
-    /// Outbound chat requests per second from one process (a burst of the same size is allowed).
-    #[arg(
-        long,
-        env = "LLM_REQUESTS_PER_SECOND",
-        default_value_t = 50,
-        global = true
-    )]
-    pub llm_requests_per_second: u32,
-    /// Folder holding `*.json` character files.
-    #[arg(
-        long,
-        env = "COMPANION_CHARACTERS_DIR",
-        default_value = "characters",
-        global = true
-    )]
-    pub characters_dir: PathBuf,
+    pub tls_first: bool,
     /// First tokens of every subject (`<prefix>.in.<botId>.<conversationId>` and so on).
     #[arg(
-        long,
+        id = "subject-prefix",
+        long = "subject-prefix",
         env = "COMPANION_SUBJECT_PREFIX",
-        default_value = "dm.bot",
-        global = true
+        default_value = "dm.bot"
     )]
     pub subject_prefix: String,
     /// Prefix of the JetStream stream names (`<prefix>_IN`, `_OUT`, `_DLQ`).
     #[arg(
-        long,
+        id = "stream-prefix",
+        long = "stream-prefix",
         env = "COMPANION_STREAM_PREFIX",
-        default_value = "DM_BOT",
-        global = true
+        default_value = "DM_BOT"
     )]
     pub stream_prefix: String,
+    /// Replicas of the streams (3 on a three-node JetStream cluster); applied by `companion provision`.
+    #[arg(
+        id = "stream-replicas",
+        long = "stream-replicas",
+        env = "COMPANION_STREAM_REPLICAS",
+        default_value_t = 1
+    )]
+    pub stream_replicas: usize,
+}
+
+/// The durable consumer every worker shares. Created with these settings when missing; changed only by
+/// `companion provision`.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Consumer (changed by `companion provision`)")]
+pub struct ConsumerConfig {
     /// Durable pull consumer shared by every worker process.
     #[arg(
-        long,
+        id = "consumer",
+        long = "consumer",
         env = "COMPANION_CONSUMER",
-        default_value = "companion-worker",
-        global = true
+        default_value = "companion-worker"
     )]
-    pub consumer: String,
-    /// Turns processed at once by one worker process.
-    #[arg(
-        long,
-        env = "COMPANION_CONCURRENCY",
-        default_value_t = 64,
-        global = true
-    )]
-    pub concurrency: usize,
+    pub name: String,
     /// Deliveries of one event before it is dead-lettered.
     #[arg(
-        long,
+        id = "max-deliver",
+        long = "max-deliver",
         env = "COMPANION_MAX_DELIVER",
-        default_value_t = 5,
-        global = true
+        default_value_t = 5
     )]
     pub max_deliver: i64,
     /// Seconds the server waits for an ack or progress before redelivering; progress is sent at a third of it.
     #[arg(
-        long,
+        id = "ack-wait-secs",
+        long = "ack-wait-secs",
         env = "COMPANION_ACK_WAIT_SECS",
-        default_value_t = 30,
-        global = true
+        default_value_t = 30
     )]
     pub ack_wait_secs: u64,
-    /// Base delay of the NAK backoff for transient failures, seconds (doubled per delivery, capped at 60).
+    /// Unacknowledged deliveries the consumer allows across all workers (about 4 × the concurrency of one
+    /// worker). Waiting messages (behind an earlier one of their conversation) count here.
     #[arg(
-        long,
-        env = "COMPANION_RETRY_DELAY_SECS",
-        default_value_t = 2,
-        global = true
+        id = "max-ack-pending",
+        long = "max-ack-pending",
+        env = "COMPANION_MAX_ACK_PENDING",
+        default_value_t = 256
     )]
-    pub retry_delay_secs: u64,
+    pub max_ack_pending: i64,
+}
+
+impl ConsumerConfig {
+    pub fn ack_wait(&self) -> Duration {
+        Duration::from_secs(self.ack_wait_secs.max(1))
+    }
+}
+
+/// MongoDB: the app's database.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "MongoDB")]
+pub struct MongoConfig {
+    /// MongoDB connection string; the database is its path (TrickList2 when absent).
+    #[arg(
+        id = "atlas-uri",
+        long = "atlas-uri",
+        env = "ATLAS_URI",
+        default_value = "mongodb://127.0.0.1:27017/TrickList2?directConnection=true",
+        hide_env_values = true
+    )]
+    pub uri: String,
+}
+
+impl MongoConfig {
+    /// The database named in the URI's path, `TrickList2` when there is none.
+    pub fn database(&self) -> String {
+        mongo_database_from_uri(&self.uri)
+    }
+}
+
+/// PostgreSQL: history, the journal, the knowledge base.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "PostgreSQL")]
+pub struct PgConfig {
+    /// PostgreSQL connection string.
+    #[arg(
+        id = "postgres-url",
+        long = "postgres-url",
+        env = "POSTGRES_URL",
+        default_value = "postgres://companion:companion@127.0.0.1:5432/companion",
+        hide_env_values = true
+    )]
+    pub url: String,
+    /// Connections of this process's pool.
+    #[arg(
+        id = "postgres-pool",
+        long = "postgres-pool",
+        env = "POSTGRES_POOL_SIZE",
+        default_value_t = 16
+    )]
+    pub pool_size: u32,
+}
+
+/// The OpenAI-compatible chat API.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Chat model")]
+pub struct LlmConfig {
+    /// Key for the chat API; empty means the offline scripted model is expected at LLM_BASE_URL.
+    #[arg(
+        id = "openrouter-api-key",
+        long = "openrouter-api-key",
+        env = "OPENROUTER_API_KEY",
+        default_value = "",
+        hide_env_values = true,
+        hide_default_value = true
+    )]
+    pub api_key: Secret,
+    /// Chat model used unless a character names its own.
+    #[arg(
+        id = "openrouter-model",
+        long = "openrouter-model",
+        env = "OPENROUTER_MODEL",
+        default_value = "google/gemini-2.0-flash-001"
+    )]
+    pub model: String,
+    /// Base URL of any OpenAI-compatible chat API (`/chat/completions` is appended).
+    #[arg(
+        id = "llm-base-url",
+        long = "llm-base-url",
+        env = "LLM_BASE_URL",
+        default_value = "https://openrouter.ai/api/v1"
+    )]
+    pub base_url: String,
+    /// Upper bound on one chat API request, seconds.
+    #[arg(
+        id = "llm-timeout-secs",
+        long = "llm-timeout-secs",
+        env = "LLM_TIMEOUT_SECS",
+        default_value_t = 60
+    )]
+    pub timeout_secs: u64,
+    /// `max_tokens` sent with every chat request; companions write 1-3 sentences.
+    #[arg(
+        id = "llm-max-tokens",
+        long = "llm-max-tokens",
+        env = "LLM_MAX_TOKENS",
+        default_value_t = 600
+    )]
+    pub max_tokens: u32,
+    /// Sampling temperature sent with every chat request.
+    #[arg(
+        id = "llm-temperature",
+        long = "llm-temperature",
+        env = "LLM_TEMPERATURE",
+        default_value_t = 0.8
+    )]
+    pub temperature: f32,
+    /// Retries of one chat request after a timeout, 429, 5xx or failed answer, within the turn.
+    #[arg(
+        id = "llm-max-retries",
+        long = "llm-max-retries",
+        env = "LLM_MAX_RETRIES",
+        default_value_t = 2
+    )]
+    pub max_retries: u32,
+    /// First retry delay in milliseconds (doubled per retry, ±20 % jitter); `Retry-After` wins when given.
+    #[arg(
+        id = "llm-retry-base-ms",
+        long = "llm-retry-base-ms",
+        env = "LLM_RETRY_BASE_MS",
+        default_value_t = 500
+    )]
+    pub retry_base_ms: u64,
+    /// Longest wait inside a turn before a retry, seconds; a longer `Retry-After` hands the turn back to the stream.
+    #[arg(
+        id = "llm-retry-max-secs",
+        long = "llm-retry-max-secs",
+        env = "LLM_RETRY_MAX_SECS",
+        default_value_t = 20
+    )]
+    pub retry_max_secs: u64,
+    /// Models tried in order when the main one keeps failing or cannot use tools (comma separated).
+    #[arg(
+        id = "llm-fallback-models",
+        long = "llm-fallback-models",
+        env = "LLM_FALLBACK_MODELS",
+        value_delimiter = ','
+    )]
+    pub fallback_models: Vec<String>,
+    /// Outbound chat requests per second from one process (a burst of the same size is allowed).
+    #[arg(
+        id = "llm-requests-per-second",
+        long = "llm-requests-per-second",
+        env = "LLM_REQUESTS_PER_SECOND",
+        default_value_t = 50
+    )]
+    pub requests_per_second: u32,
+    /// Prices that estimate a response's cost when the server reports none (OpenRouter reports it):
+    /// `model=prompt:completion,…` in USD per million tokens. A model missing here is recorded `unpriced`.
+    #[arg(
+        id = "llm-prices",
+        long = "llm-prices",
+        env = "LLM_PRICES",
+        default_value = "google/gemini-2.0-flash-001=0.10:0.40"
+    )]
+    pub prices: String,
+    /// Largest chat API response body read, bytes; a larger one fails the request (not retried).
+    #[arg(id = "llm-max-response-bytes",
+        long = "llm-max-response-bytes", env = "LLM_MAX_RESPONSE_BYTES", default_value_t = 1024 * 1024)]
+    pub max_response_bytes: usize,
+}
+
+impl LlmConfig {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_secs.max(1))
+    }
+}
+
+/// The companions' character files.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Characters")]
+pub struct CharactersConfig {
+    /// Folder holding `*.json` character files.
+    #[arg(
+        id = "characters-dir",
+        long = "characters-dir",
+        env = "COMPANION_CHARACTERS_DIR",
+        default_value = "characters"
+    )]
+    pub dir: PathBuf,
+}
+
+/// What one turn takes in and gives out.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Turns")]
+pub struct TurnConfig {
     /// Largest accepted event payload in bytes; larger events are dead-lettered unread.
-    #[arg(long, env = "COMPANION_MAX_EVENT_BYTES", default_value_t = 64 * 1024, global = true)]
+    #[arg(id = "max-event-bytes",
+        long = "max-event-bytes", env = "COMPANION_MAX_EVENT_BYTES", default_value_t = 64 * 1024)]
     pub max_event_bytes: usize,
     /// Largest accepted message text in characters.
     #[arg(
-        long,
+        id = "max-content-chars",
+        long = "max-content-chars",
         env = "COMPANION_MAX_CONTENT_CHARS",
-        default_value_t = 4000,
-        global = true
+        default_value_t = 4000
     )]
     pub max_content_chars: usize,
     /// History messages (this user with this bot) sent to the model.
     #[arg(
-        long,
+        id = "history-limit",
+        long = "history-limit",
         env = "COMPANION_HISTORY_LIMIT",
-        default_value_t = 20,
-        global = true
+        default_value_t = 20
     )]
     pub history_limit: i64,
     /// Rounds of tool calls one turn may make before the model must answer in text.
     #[arg(
-        long,
+        id = "max-tool-rounds",
+        long = "max-tool-rounds",
         env = "COMPANION_MAX_TOOL_ROUNDS",
-        default_value_t = 3,
-        global = true
+        default_value_t = 3
     )]
     pub max_tool_rounds: u32,
+    /// Largest tool result sent back to the model, bytes; a longer one is cut and marked as cut.
+    #[arg(
+        id = "max-tool-result-bytes",
+        long = "max-tool-result-bytes",
+        env = "COMPANION_MAX_TOOL_RESULT_BYTES",
+        default_value_t = 16 * 1024
+    )]
+    pub max_tool_result_bytes: usize,
     /// Things (tricklists, spot drafts) tools may create per user per rolling hour, across all workers.
     #[arg(
-        long,
+        id = "writes-per-hour",
+        long = "writes-per-hour",
         env = "COMPANION_WRITES_PER_HOUR",
-        default_value_t = 5,
-        global = true
+        default_value_t = 5
     )]
     pub writes_per_hour: u32,
-    /// Seconds in-flight turns get to finish after SIGTERM/SIGINT before they are NAKed.
-    #[arg(
-        long,
-        env = "COMPANION_SHUTDOWN_GRACE_SECS",
-        default_value_t = 20,
-        global = true
-    )]
-    pub shutdown_grace_secs: u64,
-    /// Unacknowledged deliveries the shared consumer allows across all workers (0: 4 × concurrency).
-    /// Waiting messages (behind an earlier one of their conversation) count here, not in concurrency.
-    #[arg(
-        long,
-        env = "COMPANION_MAX_ACK_PENDING",
-        default_value_t = 0,
-        global = true
-    )]
-    pub max_ack_pending: i64,
-    /// Longest a message waits for an earlier message of its conversation before going ahead anyway.
-    #[arg(
-        long,
-        env = "COMPANION_ORDER_MAX_WAIT_SECS",
-        default_value_t = 600,
-        global = true
-    )]
-    pub order_max_wait_secs: u64,
     /// Longest reply stored and published, in characters (longer model text is cut with `…`).
     #[arg(
-        long,
+        id = "max-reply-chars",
+        long = "max-reply-chars",
         env = "COMPANION_MAX_REPLY_CHARS",
-        default_value_t = 4000,
-        global = true
+        default_value_t = 4000
     )]
     pub max_reply_chars: usize,
     /// Later messages of a burst one turn may answer together (0: one reply per message).
-    #[arg(long, env = "COMPANION_BURST_MAX", default_value_t = 8, global = true)]
+    #[arg(
+        id = "burst-max",
+        long = "burst-max",
+        env = "COMPANION_BURST_MAX",
+        default_value_t = 8
+    )]
     pub burst_max: usize,
     /// Turns per user per minute before the busy line answers instead of the model (0: no limit).
     #[arg(
-        long,
+        id = "user-turns-per-minute",
+        long = "user-turns-per-minute",
         env = "COMPANION_USER_TURNS_PER_MINUTE",
-        default_value_t = 10,
-        global = true
+        default_value_t = 10
     )]
     pub user_turns_per_minute: u32,
+}
+
+/// One worker process: how much it runs at once, how it retries and stops, where it serves `/metrics`.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Worker")]
+pub struct WorkerConfig {
+    /// Turns processed at once by one worker process.
+    #[arg(
+        id = "concurrency",
+        long = "concurrency",
+        env = "COMPANION_CONCURRENCY",
+        default_value_t = 64
+    )]
+    pub concurrency: usize,
+    /// Base delay of the NAK backoff for transient failures, seconds (doubled per delivery, capped at 60).
+    #[arg(
+        id = "retry-delay-secs",
+        long = "retry-delay-secs",
+        env = "COMPANION_RETRY_DELAY_SECS",
+        default_value_t = 2
+    )]
+    pub retry_delay_secs: u64,
+    /// Seconds in-flight turns get to finish after SIGTERM/SIGINT before they are NAKed.
+    #[arg(
+        id = "shutdown-grace-secs",
+        long = "shutdown-grace-secs",
+        env = "COMPANION_SHUTDOWN_GRACE_SECS",
+        default_value_t = 20
+    )]
+    pub shutdown_grace_secs: u64,
+    /// Longest a message waits for an earlier message of its conversation before going ahead anyway.
+    #[arg(
+        id = "order-max-wait-secs",
+        long = "order-max-wait-secs",
+        env = "COMPANION_ORDER_MAX_WAIT_SECS",
+        default_value_t = 600
+    )]
+    pub order_max_wait_secs: u64,
+    /// Address of `/healthz`, `/readyz` and `/metrics` (empty: off). A port in use is logged, not fatal.
+    #[arg(
+        id = "http-addr",
+        long = "http-addr",
+        env = "COMPANION_HTTP_ADDR",
+        default_value = "127.0.0.1:9090"
+    )]
+    pub http_addr: String,
+}
+
+impl WorkerConfig {
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_secs)
+    }
+    pub fn order_max_wait(&self) -> Duration {
+        Duration::from_secs(self.order_max_wait_secs)
+    }
+}
+
+/// The sentence-embedding model (knowledge retrieval and ingest).
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Embedding model")]
+pub struct EmbedSettings {
     /// Folder holding the embedding model (`model.onnx`, `tokenizer.json`); `deploy/local/models.sh` fills it.
     #[arg(
-        long,
+        id = "model-dir",
+        long = "model-dir",
         env = "COMPANION_MODEL_DIR",
-        default_value = ".local/models",
-        global = true
+        default_value = ".local/models"
     )]
     pub model_dir: PathBuf,
     /// ONNX Runtime shared library (must be 1.31.x); loaded at start-up, never downloaded.
     #[arg(
-        long,
+        id = "ort-dylib-path",
+        long = "ort-dylib-path",
         env = "ORT_DYLIB_PATH",
-        default_value = ".local/models/libonnxruntime.so.1.31.1",
-        global = true
+        default_value = ".local/models/libonnxruntime.so.1.31.1"
     )]
     pub ort_dylib_path: PathBuf,
     /// Intra-op threads of the embedding model (0 = one per core).
     #[arg(
-        long,
+        id = "embed-threads",
+        long = "embed-threads",
         env = "COMPANION_EMBED_THREADS",
-        default_value_t = 2,
-        global = true
+        default_value_t = 2
     )]
-    pub embed_threads: usize,
+    pub threads: usize,
     /// Most texts in one model run; concurrent turns' texts are batched up to this.
     #[arg(
-        long,
+        id = "embed-max-batch",
+        long = "embed-max-batch",
         env = "COMPANION_EMBED_MAX_BATCH",
-        default_value_t = 32,
-        global = true
+        default_value_t = 32
     )]
-    pub embed_max_batch: usize,
+    pub max_batch: usize,
     /// Milliseconds the embedder waits for more texts after the first before running the model; 0 runs at
     /// once, and texts that arrive while the model runs go together into the next run.
     #[arg(
-        long,
+        id = "embed-window-ms",
+        long = "embed-window-ms",
         env = "COMPANION_EMBED_WINDOW_MS",
-        default_value_t = 0,
-        global = true
+        default_value_t = 0
     )]
-    pub embed_window_ms: u64,
+    pub window_ms: u64,
+}
+
+/// Knowledge retrieval and chunking.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Knowledge")]
+pub struct RagConfig {
     /// Lowest cosine similarity for a knowledge chunk to enter the prompt.
     #[arg(
-        long,
+        id = "rag-threshold",
+        long = "rag-threshold",
         env = "COMPANION_RAG_THRESHOLD",
-        default_value_t = 0.45,
-        global = true
+        default_value_t = 0.45
     )]
-    pub rag_threshold: f32,
+    pub threshold: f32,
     /// Knowledge chunks put in the prompt at most.
-    #[arg(long, env = "COMPANION_RAG_TOP_K", default_value_t = 3, global = true)]
-    pub rag_top_k: i64,
+    #[arg(
+        id = "rag-top-k",
+        long = "rag-top-k",
+        env = "COMPANION_RAG_TOP_K",
+        default_value_t = 3
+    )]
+    pub top_k: i64,
     /// Longest chunk in tokens, [CLS] and [SEP] included (the model reads 256 at most).
     #[arg(
-        long,
+        id = "chunk-tokens",
+        long = "chunk-tokens",
         env = "COMPANION_CHUNK_TOKENS",
-        default_value_t = 256,
-        global = true
+        default_value_t = 256
     )]
     pub chunk_tokens: usize,
     /// Share of a chunk repeated at the start of the next one.
     #[arg(
-        long,
+        id = "chunk-overlap",
+        long = "chunk-overlap",
         env = "COMPANION_CHUNK_OVERLAP",
-        default_value_t = 0.15,
-        global = true
+        default_value_t = 0.15
     )]
     pub chunk_overlap: f32,
-    /// Address of `/healthz`, `/readyz` and `/metrics` (empty: off). A port in use is logged, not fatal.
-    #[arg(
-        long,
-        env = "COMPANION_HTTP_ADDR",
-        default_value = "127.0.0.1:9090",
-        global = true
-    )]
-    pub http_addr: String,
+}
+
+/// Logs and exported spans; flags of every subcommand.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Logging")]
+pub struct LogConfig {
     /// `text` for terminals, `json` for log shippers.
     #[arg(
-        long,
+        id = "log-format",
+        long = "log-format",
         env = "LOG_FORMAT",
         value_enum,
         default_value = "text",
         global = true
     )]
-    pub log_format: LogFormat,
-
-    // Operations (issue 7): usage accounting, bounds, TLS, OpenTelemetry.
-    /// Prices that estimate a response's cost when the server reports none (OpenRouter reports it):
-    /// `model=prompt:completion,…` in USD per million tokens. A model missing here is recorded `unpriced`.
-    #[arg(
-        long,
-        env = "LLM_PRICES",
-        default_value = "google/gemini-2.0-flash-001=0.10:0.40",
-        global = true
-    )]
-    pub llm_prices: crate::usage::Prices,
-    /// Largest chat API response body read, bytes; a larger one fails the request (not retried).
-    #[arg(long, env = "LLM_MAX_RESPONSE_BYTES", default_value_t = 1024 * 1024, global = true)]
-    pub llm_max_response_bytes: usize,
-    /// Largest tool result sent back to the model, bytes; a longer one is cut and marked as cut.
-    #[arg(
-        long,
-        env = "COMPANION_MAX_TOOL_RESULT_BYTES",
-        default_value_t = 16 * 1024,
-        global = true
-    )]
-    pub max_tool_result_bytes: usize,
-    /// Refuse a NATS connection without TLS (also implied by a `tls://` URL or any NATS_TLS_* file).
-    #[arg(
-        long,
-        env = "NATS_TLS_REQUIRED",
-        default_value_t = false,
-        num_args = 0..=1,
-        default_missing_value = "true",
-        value_parser = clap::builder::BoolishValueParser::new(),
-        global = true
-    )]
-    pub nats_tls_required: bool,
-    /// PEM file of the CA(s) that sign the NATS servers' certificates (else the system roots).
-    #[arg(long, env = "NATS_TLS_CA_FILE", global = true)]
-    pub nats_tls_ca_file: Option<PathBuf>,
-    /// PEM client certificate for NATS servers that verify clients (mutual TLS), with NATS_TLS_KEY_FILE.
-    #[arg(
-        long,
-        env = "NATS_TLS_CERT_FILE",
-        global = true,
-        requires = "nats_tls_key_file"
-    )]
-    pub nats_tls_cert_file: Option<PathBuf>,
-    /// PEM private key of NATS_TLS_CERT_FILE.
-    #[arg(
-        long,
-        env = "NATS_TLS_KEY_FILE",
-        global = true,
-        requires = "nats_tls_cert_file"
-    )]
-    pub nats_tls_key_file: Option<PathBuf>,
-    /// TLS before the NATS protocol starts (the server needs `handshake_first: true`).
-    #[arg(
-        long,
-        env = "NATS_TLS_FIRST",
-        default_value_t = false,
-        num_args = 0..=1,
-        default_missing_value = "true",
-        value_parser = clap::builder::BoolishValueParser::new(),
-        global = true
-    )]
-    pub nats_tls_first: bool,
+    pub format: LogFormat,
     /// OTLP/HTTP collector (e.g. `http://otel-collector:4318`) that receives the turn spans; empty = no
     /// export. Only in builds with the `otel` feature; others log a warning and ignore it.
     #[arg(
-        long,
+        id = "otel-endpoint",
+        long = "otel-endpoint",
         env = "OTEL_EXPORTER_OTLP_ENDPOINT",
         default_value = "",
         global = true
@@ -481,7 +630,8 @@ pub struct Config {
     pub otel_endpoint: String,
     /// `service.name` of the exported spans.
     #[arg(
-        long,
+        id = "otel-service-name",
+        long = "otel-service-name",
         env = "OTEL_SERVICE_NAME",
         default_value = "companion",
         global = true
@@ -489,155 +639,161 @@ pub struct Config {
     pub otel_service_name: String,
 }
 
+/// Every section: what a worker uses (and what the bench and the tests hand to worker processes).
+#[derive(Args, Clone, Debug)]
+pub struct Config {
+    #[command(flatten)]
+    pub nats: NatsConfig,
+    #[command(flatten)]
+    pub consumer: ConsumerConfig,
+    #[command(flatten)]
+    pub mongo: MongoConfig,
+    #[command(flatten)]
+    pub pg: PgConfig,
+    #[command(flatten)]
+    pub llm: LlmConfig,
+    #[command(flatten)]
+    pub characters: CharactersConfig,
+    #[command(flatten)]
+    pub turn: TurnConfig,
+    #[command(flatten)]
+    pub worker: WorkerConfig,
+    #[command(flatten)]
+    pub embed: EmbedSettings,
+    #[command(flatten)]
+    pub rag: RagConfig,
+    /// Parsed once for every subcommand (global flags); carried here for child processes.
+    #[arg(skip)]
+    pub log: LogConfig,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            otel_endpoint: String::new(),
+            otel_service_name: "companion".into(),
+        }
+    }
+}
+
+/// Parses one section (or all of them) from the environment alone, as a command without flags would.
+pub fn from_env<T: Args>() -> Result<T, clap::Error> {
+    #[derive(clap::Parser)]
+    struct Wrapper<T: Args> {
+        #[command(flatten)]
+        inner: T,
+    }
+    <Wrapper<T> as clap::Parser>::try_parse_from(["companion"]).map(|w| w.inner)
+}
+
 impl Config {
     /// Configuration from the environment only (for tests and tools that have no CLI).
     pub fn from_env() -> Result<Self, clap::Error> {
-        #[derive(clap::Parser)]
-        struct Wrapper {
-            #[command(flatten)]
-            config: Config,
-        }
-        use clap::Parser;
-        Wrapper::try_parse_from(["companion"]).map(|w| w.config)
+        let mut config: Self = from_env()?;
+        config.log = from_env()?;
+        Ok(config)
     }
 
     /// The environment that gives a child process (a worker the bench or a test starts) exactly this
     /// configuration. Every setting is listed, so a flag given to the parent is never lost on the way.
-    pub fn to_env(&self) -> Vec<(&'static str, String)> {
-        let c = self;
+    pub fn to_env(&self) -> Env {
         let path = |p: &PathBuf| p.display().to_string();
-        let log_format = match c.log_format {
+        let (n, c, l, t, w, e, r) = (
+            &self.nats,
+            &self.consumer,
+            &self.llm,
+            &self.turn,
+            &self.worker,
+            &self.embed,
+            &self.rag,
+        );
+        let log_format = match self.log.format {
             LogFormat::Text => "text",
             LogFormat::Json => "json",
         };
-        let mut env = vec![
-            ("NATS_URL", c.nats_url.clone()),
-            ("NATS_PASSWORD", c.nats_password.expose().to_owned()),
-            ("COMPANION_STREAM_REPLICAS", c.stream_replicas.to_string()),
-            ("ATLAS_URI", c.atlas_uri.clone()),
-            ("POSTGRES_URL", c.postgres_url.clone()),
-            (
-                "OPENROUTER_API_KEY",
-                c.openrouter_api_key.expose().to_owned(),
-            ),
-            ("OPENROUTER_MODEL", c.openrouter_model.clone()),
-            ("LLM_BASE_URL", c.llm_base_url.clone()),
-            ("LLM_TIMEOUT_SECS", c.llm_timeout_secs.to_string()),
-            ("LLM_MAX_TOKENS", c.llm_max_tokens.to_string()),
-            ("LLM_TEMPERATURE", c.llm_temperature.to_string()),
-            ("LLM_MAX_RETRIES", c.llm_max_retries.to_string()),
-            ("LLM_RETRY_BASE_MS", c.llm_retry_base_ms.to_string()),
-            ("LLM_RETRY_MAX_SECS", c.llm_retry_max_secs.to_string()),
-            ("LLM_FALLBACK_MODELS", c.llm_fallback_models.join(",")),
-            (
-                "LLM_REQUESTS_PER_SECOND",
-                c.llm_requests_per_second.to_string(),
-            ),
-            ("COMPANION_CHARACTERS_DIR", path(&c.characters_dir)),
-            ("COMPANION_SUBJECT_PREFIX", c.subject_prefix.clone()),
-            ("COMPANION_STREAM_PREFIX", c.stream_prefix.clone()),
-            ("COMPANION_CONSUMER", c.consumer.clone()),
-            ("COMPANION_CONCURRENCY", c.concurrency.to_string()),
+        let mut env: Env = vec![
+            ("NATS_URL", n.url.clone()),
+            ("NATS_PASSWORD", n.password.expose().to_owned()),
+            ("NATS_TLS_REQUIRED", n.tls_required.to_string()),
+            ("NATS_TLS_FIRST", n.tls_first.to_string()),
+            ("COMPANION_SUBJECT_PREFIX", n.subject_prefix.clone()),
+            ("COMPANION_STREAM_PREFIX", n.stream_prefix.clone()),
+            ("COMPANION_STREAM_REPLICAS", n.stream_replicas.to_string()),
+            ("COMPANION_CONSUMER", c.name.clone()),
             ("COMPANION_MAX_DELIVER", c.max_deliver.to_string()),
             ("COMPANION_ACK_WAIT_SECS", c.ack_wait_secs.to_string()),
-            ("COMPANION_RETRY_DELAY_SECS", c.retry_delay_secs.to_string()),
-            ("COMPANION_MAX_EVENT_BYTES", c.max_event_bytes.to_string()),
+            ("COMPANION_MAX_ACK_PENDING", c.max_ack_pending.to_string()),
+            ("ATLAS_URI", self.mongo.uri.clone()),
+            ("POSTGRES_URL", self.pg.url.clone()),
+            ("POSTGRES_POOL_SIZE", self.pg.pool_size.to_string()),
+            ("OPENROUTER_API_KEY", l.api_key.expose().to_owned()),
+            ("OPENROUTER_MODEL", l.model.clone()),
+            ("LLM_BASE_URL", l.base_url.clone()),
+            ("LLM_TIMEOUT_SECS", l.timeout_secs.to_string()),
+            ("LLM_MAX_TOKENS", l.max_tokens.to_string()),
+            ("LLM_TEMPERATURE", l.temperature.to_string()),
+            ("LLM_MAX_RETRIES", l.max_retries.to_string()),
+            ("LLM_RETRY_BASE_MS", l.retry_base_ms.to_string()),
+            ("LLM_RETRY_MAX_SECS", l.retry_max_secs.to_string()),
+            ("LLM_FALLBACK_MODELS", l.fallback_models.join(",")),
+            ("LLM_REQUESTS_PER_SECOND", l.requests_per_second.to_string()),
+            ("LLM_PRICES", l.prices.clone()),
+            ("LLM_MAX_RESPONSE_BYTES", l.max_response_bytes.to_string()),
+            ("COMPANION_CHARACTERS_DIR", path(&self.characters.dir)),
+            ("COMPANION_MAX_EVENT_BYTES", t.max_event_bytes.to_string()),
             (
                 "COMPANION_MAX_CONTENT_CHARS",
-                c.max_content_chars.to_string(),
+                t.max_content_chars.to_string(),
             ),
-            ("COMPANION_HISTORY_LIMIT", c.history_limit.to_string()),
-            ("COMPANION_MAX_TOOL_ROUNDS", c.max_tool_rounds.to_string()),
-            ("COMPANION_WRITES_PER_HOUR", c.writes_per_hour.to_string()),
-            (
-                "COMPANION_SHUTDOWN_GRACE_SECS",
-                c.shutdown_grace_secs.to_string(),
-            ),
-            ("COMPANION_MAX_ACK_PENDING", c.max_ack_pending.to_string()),
-            (
-                "COMPANION_ORDER_MAX_WAIT_SECS",
-                c.order_max_wait_secs.to_string(),
-            ),
-            ("COMPANION_MAX_REPLY_CHARS", c.max_reply_chars.to_string()),
-            ("COMPANION_BURST_MAX", c.burst_max.to_string()),
-            (
-                "COMPANION_USER_TURNS_PER_MINUTE",
-                c.user_turns_per_minute.to_string(),
-            ),
-            ("COMPANION_MODEL_DIR", path(&c.model_dir)),
-            ("ORT_DYLIB_PATH", path(&c.ort_dylib_path)),
-            ("COMPANION_EMBED_THREADS", c.embed_threads.to_string()),
-            ("COMPANION_EMBED_MAX_BATCH", c.embed_max_batch.to_string()),
-            ("COMPANION_EMBED_WINDOW_MS", c.embed_window_ms.to_string()),
-            ("COMPANION_RAG_THRESHOLD", c.rag_threshold.to_string()),
-            ("COMPANION_RAG_TOP_K", c.rag_top_k.to_string()),
-            ("COMPANION_CHUNK_TOKENS", c.chunk_tokens.to_string()),
-            ("COMPANION_CHUNK_OVERLAP", c.chunk_overlap.to_string()),
-            ("COMPANION_HTTP_ADDR", c.http_addr.clone()),
-            ("LOG_FORMAT", log_format.to_owned()),
-            ("LLM_PRICES", c.llm_prices.to_string()),
-            (
-                "LLM_MAX_RESPONSE_BYTES",
-                c.llm_max_response_bytes.to_string(),
-            ),
+            ("COMPANION_HISTORY_LIMIT", t.history_limit.to_string()),
+            ("COMPANION_MAX_TOOL_ROUNDS", t.max_tool_rounds.to_string()),
             (
                 "COMPANION_MAX_TOOL_RESULT_BYTES",
-                c.max_tool_result_bytes.to_string(),
+                t.max_tool_result_bytes.to_string(),
             ),
-            ("NATS_TLS_REQUIRED", c.nats_tls_required.to_string()),
-            ("NATS_TLS_FIRST", c.nats_tls_first.to_string()),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", c.otel_endpoint.clone()),
-            ("OTEL_SERVICE_NAME", c.otel_service_name.clone()),
+            ("COMPANION_WRITES_PER_HOUR", t.writes_per_hour.to_string()),
+            ("COMPANION_MAX_REPLY_CHARS", t.max_reply_chars.to_string()),
+            ("COMPANION_BURST_MAX", t.burst_max.to_string()),
+            (
+                "COMPANION_USER_TURNS_PER_MINUTE",
+                t.user_turns_per_minute.to_string(),
+            ),
+            ("COMPANION_CONCURRENCY", w.concurrency.to_string()),
+            ("COMPANION_RETRY_DELAY_SECS", w.retry_delay_secs.to_string()),
+            (
+                "COMPANION_SHUTDOWN_GRACE_SECS",
+                w.shutdown_grace_secs.to_string(),
+            ),
+            (
+                "COMPANION_ORDER_MAX_WAIT_SECS",
+                w.order_max_wait_secs.to_string(),
+            ),
+            ("COMPANION_HTTP_ADDR", w.http_addr.clone()),
+            ("COMPANION_MODEL_DIR", path(&e.model_dir)),
+            ("ORT_DYLIB_PATH", path(&e.ort_dylib_path)),
+            ("COMPANION_EMBED_THREADS", e.threads.to_string()),
+            ("COMPANION_EMBED_MAX_BATCH", e.max_batch.to_string()),
+            ("COMPANION_EMBED_WINDOW_MS", e.window_ms.to_string()),
+            ("COMPANION_RAG_THRESHOLD", r.threshold.to_string()),
+            ("COMPANION_RAG_TOP_K", r.top_k.to_string()),
+            ("COMPANION_CHUNK_TOKENS", r.chunk_tokens.to_string()),
+            ("COMPANION_CHUNK_OVERLAP", r.chunk_overlap.to_string()),
+            ("LOG_FORMAT", log_format.to_owned()),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                self.log.otel_endpoint.clone(),
+            ),
+            ("OTEL_SERVICE_NAME", self.log.otel_service_name.clone()),
         ];
         let optional = [
-            ("NATS_USER", c.nats_user.clone()),
-            ("NATS_TLS_CA_FILE", c.nats_tls_ca_file.as_ref().map(path)),
-            (
-                "NATS_TLS_CERT_FILE",
-                c.nats_tls_cert_file.as_ref().map(path),
-            ),
-            ("NATS_TLS_KEY_FILE", c.nats_tls_key_file.as_ref().map(path)),
+            ("NATS_USER", n.user.clone()),
+            ("NATS_TLS_CA_FILE", n.tls_ca_file.as_ref().map(path)),
+            ("NATS_TLS_CERT_FILE", n.tls_cert_file.as_ref().map(path)),
+            ("NATS_TLS_KEY_FILE", n.tls_key_file.as_ref().map(path)),
         ];
         env.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v?))));
         env
-    }
-
-    /// The database named in `ATLAS_URI`'s path, `TrickList2` when there is none.
-    pub fn mongo_database(&self) -> String {
-        mongo_database_from_uri(&self.atlas_uri)
-    }
-
-    /// The size limits inbound events are parsed with.
-    pub fn event_limits(&self) -> crate::bus::event::Limits {
-        crate::bus::event::Limits {
-            max_event_bytes: self.max_event_bytes,
-            max_content_chars: self.max_content_chars,
-        }
-    }
-
-    pub fn ack_wait(&self) -> Duration {
-        Duration::from_secs(self.ack_wait_secs.max(1))
-    }
-
-    pub fn llm_timeout(&self) -> Duration {
-        Duration::from_secs(self.llm_timeout_secs.max(1))
-    }
-
-    pub fn shutdown_grace(&self) -> Duration {
-        Duration::from_secs(self.shutdown_grace_secs)
-    }
-
-    /// The consumer's limit on unacknowledged deliveries.
-    pub fn max_ack_pending(&self) -> i64 {
-        if self.max_ack_pending > 0 {
-            self.max_ack_pending
-        } else {
-            (self.concurrency.max(1) * 4) as i64
-        }
-    }
-
-    pub fn order_max_wait(&self) -> Duration {
-        Duration::from_secs(self.order_max_wait_secs)
     }
 }
 
@@ -662,16 +818,18 @@ mod tests {
         struct Wrapper {
             #[command(flatten)]
             config: Config,
+            #[command(flatten)]
+            log: LogConfig,
         }
-        let mut config = Wrapper::try_parse_from(["companion"]).unwrap().config;
-        config.nats_user = Some("worker".into());
-        config.nats_tls_ca_file = Some("/etc/ca.pem".into());
-        config.nats_tls_required = true;
-        config.llm_fallback_models = vec!["a/b".into(), "c/d".into()];
-        config.burst_max = 3;
-        config.rag_threshold = 0.375;
-        config.log_format = LogFormat::Json;
-        config.llm_prices = "m/one=0.1:0.4,m/two=1:2".parse().unwrap();
+        let mut config = Config::from_env().unwrap();
+        config.nats.user = Some("worker".into());
+        config.nats.tls_ca_file = Some("/etc/ca.pem".into());
+        config.nats.tls_required = true;
+        config.llm.fallback_models = vec!["a/b".into(), "c/d".into()];
+        config.turn.burst_max = 3;
+        config.rag.threshold = 0.375;
+        config.log.format = LogFormat::Json;
+        config.llm.prices = "m/one=0.1:0.4,m/two=1:2".into();
         let env = config.to_env();
         let command = Wrapper::command();
         let mut args = vec!["companion".to_owned()];
@@ -694,9 +852,13 @@ mod tests {
                 args.push(format!("--{}={v}", arg.get_long().unwrap()));
             }
         }
-        let back = Wrapper::try_parse_from(args).unwrap().config;
+        let back = Wrapper::try_parse_from(args).unwrap();
+        let back = Config {
+            log: back.log,
+            ..back.config
+        };
         assert_eq!(format!("{back:?}"), format!("{config:?}"));
-        assert_eq!(back.nats_password.expose(), config.nats_password.expose());
+        assert_eq!(back.nats.password.expose(), config.nats.password.expose());
     }
 
     #[test]

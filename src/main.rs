@@ -1,28 +1,56 @@
+//! `companion`: parse the command line, start telemetry, build what the command needs, run it.
+
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
-use companion::{Config, Services, store, telemetry, worker};
+use clap::{Args, Parser, Subcommand};
+use companion::{
+    app::{Components, TurnSections},
+    bus::Bus,
+    config::{
+        CharactersConfig, Config, ConsumerConfig, EmbedSettings, LlmConfig, LogConfig, MongoConfig,
+        NatsConfig, PgConfig, RagConfig, TurnConfig,
+    },
+    rag, replay, store, telemetry, usage,
+};
 use tokio_util::sync::CancellationToken;
 
-/// TrickBook's AI companions: the worker and its tools.
+/// TrickBook's AI companions: the worker and its operations commands.
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
     #[command(flatten)]
-    config: Config,
+    log: LogConfig,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Consume bot-bound DMs and answer them (runs until SIGTERM/SIGINT).
-    Worker,
+    Worker(Box<Config>),
     /// Apply the PostgreSQL migrations.
-    Migrate,
-    /// Embed lines of text from stdin; one JSON line (`{"text", "embedding"}`) per input on stdout.
-    Embed,
+    Migrate(PgConfig),
+    /// Create or update the streams and the shared consumer to this configuration (run it when the
+    /// consumer or stream settings change; workers only create what is missing).
+    Provision {
+        #[command(flatten)]
+        nats: NatsConfig,
+        #[command(flatten)]
+        consumer: ConsumerConfig,
+    },
+    /// Reprocess stored events (a conversation, a time or sequence range, or the dead-letter stream).
+    Replay(Box<ReplayCommand>),
+    /// Print LLM usage (calls, tokens, cost) by day, companion and model, with a total.
+    Usage {
+        /// Days to cover, today (UTC) included.
+        #[arg(long, default_value_t = 7)]
+        days: u32,
+        #[command(flatten)]
+        pg: PgConfig,
+        #[command(flatten)]
+        characters: CharactersConfig,
+    },
     /// Chunk, embed and store articles (a folder of Markdown/text files or a JSON-lines file).
     Ingest {
         /// Folder (`<collection>/*.md` below it) or `.jsonl` file.
@@ -31,15 +59,38 @@ enum Command {
         /// Collection for every article read (else front matter, else the folder name).
         #[arg(long)]
         collection: Option<String>,
+        #[command(flatten)]
+        pg: PgConfig,
+        #[command(flatten)]
+        embed: EmbedSettings,
+        #[command(flatten)]
+        rag: RagConfig,
     },
-    /// Reprocess stored events (a conversation, a time or sequence range, or the dead-letter stream).
-    Replay(companion::replay::ReplayArgs),
-    /// Print LLM usage (calls, tokens, cost) by day, companion and model, with a total.
-    Usage {
-        /// Days to cover, today (UTC) included.
-        #[arg(long, default_value_t = 7)]
-        days: u32,
-    },
+    /// Embed lines of text from stdin; one JSON line (`{"text", "embedding"}`) per input on stdout.
+    Embed(EmbedSettings),
+}
+
+/// `companion replay`: what to replay, and what a turn needs.
+#[derive(Args)]
+struct ReplayCommand {
+    #[command(flatten)]
+    args: replay::ReplayArgs,
+    #[command(flatten)]
+    nats: NatsConfig,
+    #[command(flatten)]
+    mongo: MongoConfig,
+    #[command(flatten)]
+    pg: PgConfig,
+    #[command(flatten)]
+    llm: LlmConfig,
+    #[command(flatten)]
+    characters: CharactersConfig,
+    #[command(flatten)]
+    turn: TurnConfig,
+    #[command(flatten)]
+    embed: EmbedSettings,
+    #[command(flatten)]
+    rag: RagConfig,
 }
 
 #[tokio::main]
@@ -47,32 +98,67 @@ async fn main() -> anyhow::Result<()> {
     let _ = dotenvy::dotenv();
     let cli = Cli::parse();
     // Flushes exported spans when main returns.
-    let _telemetry = telemetry::init(&cli.config);
-    let config = cli.config;
+    let _telemetry = telemetry::init(&cli.log);
     match cli.command {
-        Command::Worker => {
+        Command::Worker(mut config) => {
+            config.log = cli.log;
             let shutdown = CancellationToken::new();
             tokio::spawn(watch_signals(shutdown.clone()));
-            let services = Services::connect(config)
+            companion::app::run_worker(*config, shutdown)
                 .await
-                .context("starting the worker")?;
-            worker::run(services, shutdown).await.context("worker")?;
+                .context("worker")?;
         }
-        Command::Migrate => {
-            let pg = store::Pg::connect(&config)
+        Command::Migrate(pg) => {
+            let pg = store::Pg::connect(&pg)
                 .await
                 .context("connecting to PostgreSQL")?;
             pg.migrate().await.context("migrating")?;
             println!("migrations applied");
         }
-        Command::Embed => {
-            let n = companion::rag::commands::embed_stdin(&config)
-                .await
-                .context("embedding")?;
-            tracing::debug!(lines = n, "embedded");
+        Command::Provision { nats, consumer } => {
+            let bus = Bus::connect(&nats).await.context("connecting to NATS")?;
+            for line in bus.provision(&consumer).await.context("provisioning")? {
+                println!("{line}");
+            }
         }
-        Command::Ingest { path, collection } => {
-            let r = companion::rag::commands::ingest_path(&config, &path, collection.as_deref())
+        Command::Replay(r) => {
+            let components = Components::connect(TurnSections {
+                nats: &r.nats,
+                mongo: &r.mongo,
+                pg: &r.pg,
+                llm: &r.llm,
+                characters: &r.characters,
+                turn: &r.turn,
+                embed: &r.embed,
+                rag: &r.rag,
+            })
+            .await
+            .context("connecting for the replay")?;
+            let summary = replay::run(components.replayer().into(), &r.args)
+                .await
+                .context("replay")?;
+            if summary.failed > 0 {
+                anyhow::bail!("{} event(s) could not be replayed", summary.failed);
+            }
+        }
+        Command::Usage {
+            days,
+            pg,
+            characters,
+        } => {
+            let report = usage::report(&pg, &characters.dir, days)
+                .await
+                .context("reading the journal's model calls (run `companion migrate` first)")?;
+            print!("{report}");
+        }
+        Command::Ingest {
+            path,
+            collection,
+            pg,
+            embed,
+            rag,
+        } => {
+            let r = rag::commands::ingest_path(&pg, &embed, &rag, &path, collection.as_deref())
                 .await
                 .with_context(|| format!("ingesting {}", path.display()))?;
             println!(
@@ -84,22 +170,11 @@ async fn main() -> anyhow::Result<()> {
                 r.chunks
             );
         }
-        Command::Replay(args) => {
-            let services = Services::connect(config)
+        Command::Embed(embed) => {
+            let n = rag::commands::embed_stdin(&embed)
                 .await
-                .context("connecting for the replay")?;
-            let summary = companion::replay::run(services, &args)
-                .await
-                .context("replay")?;
-            if summary.failed > 0 {
-                anyhow::bail!("{} event(s) could not be replayed", summary.failed);
-            }
-        }
-        Command::Usage { days } => {
-            let report = companion::usage::report(&config, days)
-                .await
-                .context("reading llm_usage (run `companion migrate` first)")?;
-            print!("{report}");
+                .context("embedding")?;
+            tracing::debug!(lines = n, "embedded");
         }
     }
     Ok(())

@@ -11,7 +11,8 @@
 //! error in the log: out of order is better than a conversation stuck for good.
 //!
 //! Settlement is always in stream order (every message, valid or not, passes the gate), so one floor
-//! per subject is enough.
+//! per subject is enough. The floor is the conversation's cursor, not a step of any one job: it only ever
+//! moves forward (`GREATEST`), so writing it again is harmless.
 
 use std::{
     collections::HashMap,
@@ -26,7 +27,12 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
-use crate::store::{Pg, StoreError};
+use sqlx::PgPool;
+
+use crate::{
+    failure::{Class, Classify},
+    store::StoreError,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OrderError {
@@ -36,6 +42,21 @@ pub enum OrderError {
     Stream(String),
     #[error("cannot open the inbound stream: {0}")]
     Open(String),
+}
+
+impl From<sqlx::Error> for OrderError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(StoreError::Pg(e))
+    }
+}
+
+impl Classify for OrderError {
+    fn class(&self) -> Class {
+        match self {
+            Self::Store(e) => e.class(),
+            Self::Stream(_) | Self::Open(_) => Class::Transient,
+        }
+    }
 }
 
 /// Where a delivery stands in its conversation.
@@ -60,7 +81,7 @@ pub enum Waited {
 
 /// The order gate of one inbound stream.
 pub struct Order {
-    pg: Pg,
+    pool: PgPool,
     client: async_nats::Client,
     stream: jetstream::stream::Stream,
     /// Stream name and creation time: floors of a recreated stream start over.
@@ -77,7 +98,7 @@ impl Order {
         client: async_nats::Client,
         stream_name: &str,
         prefix: &str,
-        pg: Pg,
+        pool: PgPool,
         max_wait: Duration,
     ) -> Result<Self, OrderError> {
         let mut stream = js
@@ -91,7 +112,7 @@ impl Order {
             .created
             .unix_timestamp_nanos();
         Ok(Self {
-            pg,
+            pool,
             client,
             stream,
             key: format!("{stream_name}@{created}"),
@@ -101,9 +122,21 @@ impl Order {
         })
     }
 
+    /// The order floor of `subject`: every message below it is settled (0 when none is).
+    async fn floor(&self, subject: &str) -> Result<u64, OrderError> {
+        let floor: Option<i64> = sqlx::query_scalar(
+            "SELECT next_seq FROM order_floors WHERE stream = $1 AND subject = $2",
+        )
+        .bind(&self.key)
+        .bind(subject)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(floor.unwrap_or(0).max(0) as u64)
+    }
+
     /// Where the message `seq` of `subject` stands now.
     pub async fn position(&self, subject: &str, seq: u64) -> Result<Position, OrderError> {
-        let floor = self.pg.order_floor(&self.key, subject).await?;
+        let floor = self.floor(subject).await?;
         if floor > seq {
             return Ok(Position::Settled);
         }
@@ -179,9 +212,16 @@ impl Order {
 
     /// Marks every message of `subject` up to `through_seq` settled and wakes whoever waits on it.
     pub async fn settle(&self, subject: &str, through_seq: u64) -> Result<(), OrderError> {
-        self.pg
-            .advance_order_floor(&self.key, subject, through_seq)
-            .await?;
+        sqlx::query(
+            "INSERT INTO order_floors (stream, subject, next_seq) VALUES ($1, $2, $3)
+             ON CONFLICT (stream, subject) DO UPDATE
+                SET next_seq = GREATEST(order_floors.next_seq, EXCLUDED.next_seq), updated_at = now()",
+        )
+        .bind(&self.key)
+        .bind(subject)
+        .bind(through_seq.saturating_add(1) as i64)
+        .execute(&self.pool)
+        .await?;
         self.wake(subject);
         if let Some(tail) = self.tail(subject) {
             let notice = format!("{}.settled.{tail}", self.prefix);

@@ -20,10 +20,9 @@ use tokio::sync::Semaphore;
 use tracing::{Instrument, info_span, warn};
 
 use crate::{
-    bus::{DLQ_REASON, DLQ_SEQUENCE, DLQ_SUBJECT, DmEvent, event::parse_inbound},
-    services::Services,
-    store::StoreError,
-    turn::{self, Outcome},
+    bus::{Bus, DLQ_REASON, DLQ_SEQUENCE, DLQ_SUBJECT, DmEvent, event::parse_inbound},
+    journal::{JournalError, Reopen, State},
+    turn::{Outcome, Turns},
 };
 
 /// A turn updated this recently is taken to be in a worker's hands.
@@ -76,7 +75,13 @@ pub enum ReplayError {
     #[error("conversation must be a 24-hex id")]
     BadConversation,
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Journal(#[from] JournalError),
+}
+
+/// What a replay runs on: the bus it reads the streams from, and the turns it runs.
+pub struct Replayer {
+    pub bus: Bus,
+    pub turns: Arc<Turns>,
 }
 
 /// What happened to each selected event.
@@ -108,7 +113,7 @@ enum Verdict {
 }
 
 /// Selects, then (unless a dry run) replays; prints one line per event and a progress bar on stderr.
-pub async fn run(svc: Arc<Services>, args: &ReplayArgs) -> Result<Summary, ReplayError> {
+pub async fn run(svc: Arc<Replayer>, args: &ReplayArgs) -> Result<Summary, ReplayError> {
     let items = select(&svc, args).await?;
     let mut summary = Summary {
         selected: items.len(),
@@ -184,7 +189,7 @@ pub async fn run(svc: Arc<Services>, args: &ReplayArgs) -> Result<Summary, Repla
     Ok(summary)
 }
 
-fn stream_name(svc: &Services, args: &ReplayArgs) -> String {
+fn stream_name(svc: &Replayer, args: &ReplayArgs) -> String {
     if args.dlq {
         svc.bus.names.stream_dlq.clone()
     } else {
@@ -209,7 +214,7 @@ fn describe(item: &Item) -> String {
 }
 
 /// Reads the events the arguments select, in stream order, at most `limit`, once per message id.
-async fn select(svc: &Services, args: &ReplayArgs) -> Result<Vec<Item>, ReplayError> {
+async fn select(svc: &Replayer, args: &ReplayArgs) -> Result<Vec<Item>, ReplayError> {
     let names = &svc.bus.names;
     let name = stream_name(svc, args);
     let tier = if args.dlq { "dlq" } else { "in" };
@@ -273,13 +278,8 @@ async fn select(svc: &Services, args: &ReplayArgs) -> Result<Vec<Item>, ReplayEr
         } else {
             (m.subject.to_string(), None)
         };
-        let parsed = parse_inbound(
-            &m.payload,
-            &subject,
-            &names.prefix,
-            svc.config.event_limits(),
-        )
-        .map_err(|e| format!("invalid event: {e}"));
+        let parsed = parse_inbound(&m.payload, &subject, &names.prefix, svc.turns.limits())
+            .map_err(|e| format!("invalid event: {e}"));
         if let Ok(e) = &parsed
             && !seen.insert(e.message_id)
         {
@@ -299,65 +299,84 @@ async fn select(svc: &Services, args: &ReplayArgs) -> Result<Vec<Item>, ReplayEr
 /// The journal's state of the event's turn (none if never processed), and whether the event would run
 /// (`Ok(why)`) or be skipped (`Err(why)`).
 async fn plan(
-    svc: &Services,
+    svc: &Replayer,
     event: &DmEvent,
     force: bool,
-) -> Result<(Option<String>, Result<String, String>), ReplayError> {
-    let status = svc.pg.turn_status(&event.message_id.to_hex()).await?;
-    let state = status.as_ref().map(|(state, _, _)| state.clone());
-    let verdict = match status {
+) -> Result<(Option<State>, Result<String, String>), ReplayError> {
+    let job = svc.turns.journal.get(&event.message_id.to_hex()).await?;
+    let state = job.as_ref().map(|j| j.state);
+    let verdict = match job {
         None => Ok("never processed".into()),
-        Some((state, at, _)) if state == "running" => {
-            if !force && (Utc::now() - at).num_seconds() < IN_PROGRESS_SECS {
+        Some(j) if j.state == State::Running => {
+            if !force && (Utc::now() - j.updated_at).num_seconds() < IN_PROGRESS_SECS {
                 Err("in progress on a worker; --force to run it anyway".into())
             } else {
                 Ok("unfinished".into())
             }
         }
-        Some((state, _, err)) if state == "failed" => Ok(format!(
+        Some(j) if j.state == State::Failed => Ok(format!(
             "failed earlier: {}",
-            err.unwrap_or_else(|| "no reason recorded".into())
+            j.last_error.unwrap_or_else(|| "no reason recorded".into())
         )),
-        Some((state, _, _)) if force => Ok(format!("{state}, forced")),
-        Some((state, _, _)) => Err(format!("{state}; --force to run it again")),
+        Some(j) if force => Ok(format!("{}, forced", j.state.as_str())),
+        Some(j) => Err(format!("{}; --force to run it again", j.state.as_str())),
     };
     Ok((state, verdict))
 }
 
-async fn replay_one(svc: &Services, item: &Item, force: bool) -> Verdict {
+async fn replay_one(svc: &Replayer, item: &Item, force: bool) -> Verdict {
     let event = match &item.parsed {
         Ok(e) => e,
         Err(why) => return Verdict::Failed(why.clone()),
     };
     let id = event.message_id.to_hex();
     let span = info_span!("replay", event_id = %id, seq = item.seq);
+    let journal = &svc.turns.journal;
     async {
         let state = match plan(svc, event, force).await {
             Err(e) => return Verdict::Failed(e.to_string()),
             Ok((_, Err(why))) => return Verdict::Skipped(why),
             Ok((state, Ok(_))) => state,
         };
-        if let Some(state) = &state
-            && state != "running"
+        if let Some(state) = state
+            && state.is_settled()
         {
-            // A failed turn resumes from its journal; a forced one starts over.
-            let fresh = force && state != "failed";
-            if let Err(e) = svc.pg.reopen_turn(&id, fresh).await {
+            // A failed turn resumes from its journal; a forced one asks the model again. Either way the
+            // flood decision is made again (a replay is never limited), and a reply of the last
+            // generation means the next one answers.
+            let fresh = force && state != State::Failed;
+            let reopened = async {
+                let generation = journal.get(&id).await?.map(|j| j.generation).unwrap_or(0);
+                let had_reply = journal
+                    .has_step(&id, "reply", &format!("g{generation}"))
+                    .await?;
+                let forget: &[&str] = if fresh { &["flood", "llm"] } else { &["flood"] };
+                journal
+                    .reopen(
+                        &id,
+                        Reopen {
+                            next_generation: had_reply,
+                            forget,
+                        },
+                    )
+                    .await
+            };
+            if let Err(e) = reopened.await {
                 return Verdict::Failed(e.to_string());
             }
         }
-        match turn::run(svc, event).await {
+        match svc.turns.run(event).await {
             Ok(Outcome::Answered { reply_id }) => Verdict::Done(format!("reply {reply_id}")),
             Ok(Outcome::Limited { reply_id }) => Verdict::Done(format!(
                 "over the flood limit; reply {}",
                 reply_id.unwrap_or_else(|| "none".into())
             )),
-            Ok(Outcome::AlreadySettled { state }) => Verdict::Skipped(state),
+            Ok(Outcome::AlreadySettled { state }) => Verdict::Skipped(state.as_str().into()),
             Err(e) => {
                 // Leave it failed (not half-open, also when this run started it), so a later replay
                 // can try again.
                 let reason = e.to_string();
-                let _ = svc.pg.finish_turn(&id, "failed", Some(&reason)).await;
+                let _ = journal.force_state(&id, State::Failed, Some(&reason)).await;
                 warn!(error = %reason, "replay failed");
                 Verdict::Failed(reason)
             }

@@ -3,9 +3,11 @@
 //! `seq`, and the spans inside it) exported to an OTLP/HTTP collector when `OTEL_EXPORTER_OTLP_ENDPOINT`
 //! is set. Off by default; the default build carries no OpenTelemetry code.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
-use crate::config::{Config, LogFormat};
+use crate::config::{LogConfig, LogFormat};
 
 /// Keeps the span exporter alive; dropping it flushes the spans not yet sent (bounded by the
 /// exporter's timeout).
@@ -27,7 +29,7 @@ impl Drop for Telemetry {
 }
 
 /// Installs the global subscriber; `RUST_LOG` overrides the default filter.
-pub fn init(config: &Config) -> Telemetry {
+pub fn init(config: &LogConfig) -> Telemetry {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new("info,async_nats=warn,mongodb=warn,sqlx=warn,hyper=warn,reqwest=warn")
     });
@@ -42,9 +44,11 @@ pub fn init(config: &Config) -> Telemetry {
     let otel_layer: Option<tracing_subscriber::layer::Identity> = None;
 
     let registry = tracing_subscriber::registry().with(filter).with(otel_layer);
-    let result = match config.log_format {
+    // Colour only on a terminal: a log file or a pipe gets plain text.
+    let ansi = std::io::stderr().is_terminal();
+    let result = match config.format {
         LogFormat::Text => registry
-            .with(fmt::layer().with_writer(std::io::stderr))
+            .with(fmt::layer().with_ansi(ansi).with_writer(std::io::stderr))
             .try_init(),
         LogFormat::Json => registry
             .with(
@@ -96,11 +100,11 @@ pub mod otel {
     use opentelemetry_sdk::{Resource, trace::SdkTracerProvider};
     use prost::Message as _;
 
-    use crate::config::Config;
+    use crate::config::LogConfig;
 
     /// The provider exporting to `{OTEL_EXPORTER_OTLP_ENDPOINT}/v1/traces`, or `None` when no endpoint is set.
     /// Extra headers (e.g. a collector's API key) come from `OTEL_EXPORTER_OTLP_HEADERS`.
-    pub fn provider(config: &Config) -> Result<Option<SdkTracerProvider>, String> {
+    pub fn provider(config: &LogConfig) -> Result<Option<SdkTracerProvider>, String> {
         let base = config.otel_endpoint.trim().trim_end_matches('/');
         if base.is_empty() {
             return Ok(None);

@@ -26,7 +26,7 @@ use std::{
 
 use tracing::{Instrument, debug_span, info};
 
-use crate::ops::Metrics;
+use crate::metrics::Metrics;
 
 /// The parts of a turn that are timed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -266,7 +266,16 @@ pub fn report(metrics: &Metrics, outcome: &'static str) -> Option<TurnTimings> {
         ack_ms = ms(Stage::Ack),
         "turn timings"
     );
-    metrics.observe_turn_timings(&t);
+    for stage in Stage::ALL {
+        let ms = t.stage_ms(stage);
+        // A stage the turn never reached is not a zero-length observation.
+        if ms > 0.0 || stage == Stage::Llm {
+            metrics.observe_stage(stage.name(), ms / 1e3);
+        }
+    }
+    metrics.observe_stage("overhead", t.overhead_ms() / 1e3);
+    // Not a stage: the turn's time inside MongoDB commands, across stages.
+    metrics.observe_stage("mongo", t.mongo_ms / 1e3);
     Some(t)
 }
 

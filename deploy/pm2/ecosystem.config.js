@@ -3,6 +3,7 @@
 //
 //   cargo build --release --locked          # or copy a release binary to ./target/release/companion
 //   cp deploy/systemd/companion.env.example .env && $EDITOR .env
+//   set -a && . ./.env && set +a && target/release/companion migrate && target/release/companion provision
 //   pm2 start deploy/pm2/ecosystem.config.js
 //   pm2 logs companion-worker   |   pm2 reload companion-worker   |   pm2 stop companion-worker
 //

@@ -10,7 +10,7 @@ use crate::backend;
 use companion::{
     bus::{Bus, Completion, event::parse_object_id},
     character::Characters,
-    config::Config,
+    config::{CharactersConfig, MongoConfig, NatsConfig},
     store::{Mongo, mongo::USERS},
 };
 
@@ -52,14 +52,29 @@ pub struct Session {
     pub conversation: ObjectId,
 }
 
+/// What `send` and `chat` connect to.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ChatConfig {
+    #[command(flatten)]
+    pub nats: NatsConfig,
+    #[command(flatten)]
+    pub mongo: MongoConfig,
+    #[command(flatten)]
+    pub characters: CharactersConfig,
+}
+
 impl Session {
-    pub async fn open(config: &Config, user: &str, bot: &str) -> Result<Self, CommandError> {
+    pub async fn open(config: &ChatConfig, user: &str, bot: &str) -> Result<Self, CommandError> {
         let (bus, mongo) = tokio::try_join!(
-            async { Bus::connect(config).await.map_err(CommandError::from) },
-            async { Mongo::connect(config).await.map_err(CommandError::from) },
+            async { Bus::connect(&config.nats).await.map_err(CommandError::from) },
+            async {
+                Mongo::connect(&config.mongo)
+                    .await
+                    .map_err(CommandError::from)
+            },
         )?;
         let user_id = resolve_user(&mongo, user).await?;
-        let mut characters = Characters::load(&config.characters_dir)?;
+        let mut characters = Characters::load(&config.characters.dir)?;
         characters.resolve(&mongo).await?;
         let (bot_id, bot_name) = match parse_object_id(bot) {
             Some(id) => (

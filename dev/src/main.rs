@@ -5,7 +5,11 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use companion::{Config, store, telemetry};
+use companion::{
+    Config,
+    config::{LogConfig, MongoConfig},
+    store, telemetry,
+};
 use companion_dev::{chat, seed, stub};
 
 /// TrickBook's AI companions: dev tooling (demo data, chat, offline model, bench).
@@ -15,7 +19,7 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     #[command(flatten)]
-    config: Config,
+    log: LogConfig,
 }
 
 #[derive(Subcommand)]
@@ -24,6 +28,8 @@ enum Command {
     Seed {
         #[arg(long, default_value = "deploy/local/seed")]
         dir: PathBuf,
+        #[command(flatten)]
+        mongo: MongoConfig,
     },
     /// Publish one DM exactly as TB-Backend would, and print the reply.
     Send {
@@ -40,6 +46,8 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         wait: u64,
         text: String,
+        #[command(flatten)]
+        config: chat::ChatConfig,
     },
     /// Chat with a companion in the terminal (scripted when stdin is not a terminal).
     Chat {
@@ -53,6 +61,8 @@ enum Command {
         /// Seconds to wait for each reply.
         #[arg(long, default_value_t = 120)]
         wait: u64,
+        #[command(flatten)]
+        config: chat::ChatConfig,
     },
     /// Serve the scripted offline model (OpenAI-compatible) for demos without an API key.
     StubLlm {
@@ -60,18 +70,23 @@ enum Command {
         addr: SocketAddr,
     },
     /// Measure a turn's cost and throughput end to end on the real local stack (see README, Benchmark).
-    Bench(Box<companion_dev::bench::BenchArgs>),
+    Bench {
+        #[command(flatten)]
+        args: Box<companion_dev::bench::BenchArgs>,
+        /// The workers' configuration.
+        #[command(flatten)]
+        config: Box<Config>,
+    },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _ = dotenvy::dotenv();
     let cli = Cli::parse();
-    let _telemetry = telemetry::init(&cli.config);
-    let config = cli.config;
+    let _telemetry = telemetry::init(&cli.log);
     match cli.command {
-        Command::Seed { dir } => {
-            let mongo = store::Mongo::connect(&config)
+        Command::Seed { dir, mongo } => {
+            let mongo = store::Mongo::connect(&mongo)
                 .await
                 .context("connecting to MongoDB")?;
             for (collection, n) in seed::seed_dir(&mongo, &dir).await.context("seeding")? {
@@ -84,6 +99,7 @@ async fn main() -> anyhow::Result<()> {
             images,
             wait,
             text,
+            config,
         } => {
             let session = chat::Session::open(&config, &user, &bot).await?;
             let wait = (wait > 0).then(|| Duration::from_secs(wait));
@@ -97,6 +113,7 @@ async fn main() -> anyhow::Result<()> {
             bot,
             script,
             wait,
+            config,
         } => {
             let session = chat::Session::open(&config, &user, &bot).await?;
             chat::chat(&session, script.as_deref(), Duration::from_secs(wait)).await?;
@@ -111,8 +128,9 @@ async fn main() -> anyhow::Result<()> {
                 _ = tokio::signal::ctrl_c() => {}
             }
         }
-        Command::Bench(args) => {
-            companion_dev::bench::run(config, *args)
+        Command::Bench { args, mut config } => {
+            config.log = cli.log;
+            companion_dev::bench::run(*config, *args)
                 .await
                 .context("benchmark")?;
         }

@@ -78,6 +78,23 @@ pub struct Limits {
     pub max_content_chars: usize,
 }
 
+impl Limits {
+    pub fn of(config: &crate::config::TurnConfig) -> Self {
+        Self {
+            max_event_bytes: config.max_event_bytes,
+            max_content_chars: config.max_content_chars,
+        }
+    }
+}
+
+/// The text without C0 control characters other than tab and newline (NUL among them, which
+/// PostgreSQL cannot store): invisible in a chat, and never worth failing a message over.
+pub fn clean_text(text: &str) -> String {
+    text.chars()
+        .filter(|c| *c >= ' ' || matches!(c, '\t' | '\n'))
+        .collect()
+}
+
 /// Parses and validates one inbound payload received on `subject` (`<prefix>.in.<botId>.<conversationId>`).
 pub fn parse_inbound(
     payload: &[u8],
@@ -133,15 +150,16 @@ pub fn parse_inbound(
         }
         if a.url.len() > MAX_URL_LEN
             || !(a.url.starts_with("https://") || a.url.starts_with("http://"))
+            || a.url.chars().any(char::is_control)
         {
             return Err(InvalidEvent::BadAttachment {
                 index,
-                why: "url must be http(s) and at most 2048 bytes",
+                why: "url must be http(s), at most 2048 bytes, without control characters",
             });
         }
         images.push(a.url.clone());
     }
-    let content = raw.content.trim().to_owned();
+    let content = clean_text(&raw.content).trim().to_owned();
     if content.is_empty() && images.is_empty() {
         return Err(InvalidEvent::Empty);
     }
@@ -287,6 +305,16 @@ mod tests {
             parse(&v).unwrap_err(),
             InvalidEvent::BadAttachment { index: 0, .. }
         ));
+    }
+
+    #[test]
+    fn control_characters_are_removed_but_tab_and_newline_kept() {
+        let e = parse(&event("  kick\u{0}flip\u{7}?\tplease\r\nthanks  ")).unwrap();
+        assert_eq!(e.content, "kickflip?\tplease\nthanks");
+        assert_eq!(
+            parse(&event("\u{0}\u{1}")).unwrap_err(),
+            InvalidEvent::Empty
+        );
     }
 
     #[test]

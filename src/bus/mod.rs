@@ -1,4 +1,9 @@
 //! NATS JetStream: subjects, streams and the shared durable consumer, and the publishes a turn makes.
+//!
+//! Streams and the consumer are created when missing. Their settings change only through `companion
+//! provision` ([`Bus::provision`]): a worker that finds a consumer set up differently from its own
+//! configuration logs each difference and goes by the consumer's (its `max_deliver` decides which
+//! delivery is the last, its `ack_wait` how often progress is sent).
 
 pub mod event;
 
@@ -16,7 +21,10 @@ use async_nats::{
 use bytes::Bytes;
 use serde::Serialize;
 
-use crate::config::Config;
+use crate::{
+    config::{ConsumerConfig, NatsConfig},
+    failure::{Class, Classify},
+};
 
 pub use event::{Completion, DmEvent, InboundEvent, Typing};
 
@@ -47,6 +55,19 @@ pub enum BusError {
     Pull(#[from] jetstream::consumer::StreamError),
     #[error("encoding an event: {0}")]
     Encode(#[from] serde_json::Error),
+    #[error("JetStream stream {0} is not there: {1}")]
+    NoStream(String, String),
+    #[error("JetStream consumer info: {0}")]
+    ConsumerInfo(String),
+}
+
+impl Classify for BusError {
+    fn class(&self) -> Class {
+        match self {
+            Self::Encode(_) => Class::Permanent,
+            _ => Class::Transient,
+        }
+    }
 }
 
 /// Subject and stream names, all derived from two configurable prefixes.
@@ -56,18 +77,16 @@ pub struct Names {
     pub stream_in: String,
     pub stream_out: String,
     pub stream_dlq: String,
-    pub consumer: String,
 }
 
 impl Names {
-    pub fn new(config: &Config) -> Self {
+    pub fn new(config: &NatsConfig) -> Self {
         let s = &config.stream_prefix;
         Self {
             prefix: config.subject_prefix.clone(),
             stream_in: format!("{s}_IN"),
             stream_out: format!("{s}_OUT"),
             stream_dlq: format!("{s}_DLQ"),
-            consumer: config.consumer.clone(),
         }
     }
     pub fn inbound(&self, bot_id: &str, conversation_id: &str) -> String {
@@ -103,19 +122,58 @@ pub struct Bus {
     pub replicas: usize,
 }
 
+/// The shared consumer with the settings the server has for it.
+pub struct Consumer {
+    pub consumer: jetstream::consumer::PullConsumer,
+    /// Deliveries of one event before the server gives up on it.
+    pub max_deliver: i64,
+    /// How long the server waits for an ack or progress.
+    pub ack_wait: Duration,
+}
+
+/// `setting: server value (consumer) → configured value`, for each setting that differs.
+fn consumer_differences(have: &jetstream::consumer::Config, want: &pull::Config) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |name: &str, have: String, want: String| {
+        if have != want {
+            out.push(format!("{name}: {have} (consumer) vs {want} (configured)"));
+        }
+    };
+    check(
+        "max_deliver",
+        have.max_deliver.to_string(),
+        want.max_deliver.to_string(),
+    );
+    check(
+        "ack_wait",
+        format!("{:?}", have.ack_wait),
+        format!("{:?}", want.ack_wait),
+    );
+    check(
+        "max_ack_pending",
+        have.max_ack_pending.to_string(),
+        want.max_ack_pending.to_string(),
+    );
+    check(
+        "filter_subject",
+        have.filter_subject.clone(),
+        want.filter_subject.clone(),
+    );
+    out
+}
+
 impl Bus {
-    pub async fn connect(config: &Config) -> Result<Self, BusError> {
+    pub async fn connect(config: &NatsConfig) -> Result<Self, BusError> {
         let mut options = async_nats::ConnectOptions::new()
             .name("companion")
             .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(5));
-        if let Some(user) = &config.nats_user {
-            options =
-                options.user_and_password(user.clone(), config.nats_password.expose().to_owned());
+        if let Some(user) = &config.user {
+            options = options.user_and_password(user.clone(), config.password.expose().to_owned());
         }
         options = tls_options(options, config);
         let servers: Vec<async_nats::ServerAddr> = config
-            .nats_url
+            .url
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
@@ -137,13 +195,13 @@ impl Bus {
         })
     }
 
-    /// Creates or updates the three streams (idempotent; every worker runs it at start-up).
-    pub async fn ensure_streams(&self) -> Result<(), BusError> {
+    /// The three streams as this configuration wants them.
+    fn stream_configs(&self) -> [stream::Config; 3] {
         let n = &self.names;
         let day = Duration::from_secs(24 * 3600);
         let num_replicas = self.replicas;
-        self.js
-            .create_or_update_stream(stream::Config {
+        [
+            stream::Config {
                 name: n.stream_in.clone(),
                 description: Some("Bot-bound DMs published by TB-Backend".into()),
                 subjects: vec![n.inbound_all()],
@@ -156,10 +214,8 @@ impl Bus {
                 // The order gate and replay read messages by subject and sequence.
                 allow_direct: true,
                 ..Default::default()
-            })
-            .await?;
-        self.js
-            .create_or_update_stream(stream::Config {
+            },
+            stream::Config {
                 name: n.stream_out.clone(),
                 description: Some("Companion replies for TB-Backend to fan out".into()),
                 subjects: vec![format!("{}.out.>", n.prefix)],
@@ -168,10 +224,8 @@ impl Bus {
                 duplicate_window: Duration::from_secs(2 * 3600),
                 num_replicas,
                 ..Default::default()
-            })
-            .await?;
-        self.js
-            .create_or_update_stream(stream::Config {
+            },
+            stream::Config {
                 name: n.stream_dlq.clone(),
                 description: Some("Events no worker could process, with the reason".into()),
                 subjects: vec![format!("{}.dlq.>", n.prefix)],
@@ -180,45 +234,105 @@ impl Bus {
                 num_replicas,
                 allow_direct: true,
                 ..Default::default()
-            })
-            .await?;
+            },
+        ]
+    }
+
+    /// Creates the streams that are missing; existing ones are left as they are.
+    pub async fn ensure_streams(&self) -> Result<(), BusError> {
+        for config in self.stream_configs() {
+            self.js.get_or_create_stream(config).await?;
+        }
         Ok(())
     }
 
-    /// Creates or updates the durable pull consumer all worker processes share.
-    pub async fn ensure_consumer(
-        &self,
-        config: &Config,
-    ) -> Result<jetstream::consumer::PullConsumer, BusError> {
-        let stream = self
-            .js
+    /// `companion provision`: creates or updates the streams and the shared consumer to this
+    /// configuration; returns one line per change.
+    pub async fn provision(&self, consumer: &ConsumerConfig) -> Result<Vec<String>, BusError> {
+        let mut changes = Vec::new();
+        for config in self.stream_configs() {
+            let existed = self.js.get_stream(&config.name).await.is_ok();
+            let name = config.name.clone();
+            self.js.create_or_update_stream(config).await?;
+            changes.push(format!(
+                "stream {name}: {}",
+                if existed { "updated" } else { "created" }
+            ));
+        }
+        let stream = self.inbound_stream().await?;
+        let wanted = self.consumer_config(consumer);
+        let line = match stream.get_consumer::<pull::Config>(&consumer.name).await {
+            Ok(mut existing) => {
+                let info = existing
+                    .info()
+                    .await
+                    .map_err(|e| BusError::ConsumerInfo(e.to_string()))?;
+                let diff = consumer_differences(&info.config, &wanted);
+                stream.update_consumer(wanted).await?;
+                if diff.is_empty() {
+                    format!("consumer {}: unchanged", consumer.name)
+                } else {
+                    format!("consumer {}: updated ({})", consumer.name, diff.join(", "))
+                }
+            }
+            Err(_) => {
+                stream.create_consumer(wanted).await?;
+                format!("consumer {}: created", consumer.name)
+            }
+        };
+        changes.push(line);
+        Ok(changes)
+    }
+
+    async fn inbound_stream(&self) -> Result<jetstream::stream::Stream, BusError> {
+        self.js
             .get_stream(&self.names.stream_in)
             .await
-            .map_err(|e| {
-                BusError::Consumer(jetstream::stream::ConsumerError::with_source(
-                    jetstream::stream::ConsumerErrorKind::Other,
-                    e,
-                ))
-            })?;
-        let consumer_config = pull::Config {
-            durable_name: Some(self.names.consumer.clone()),
+            .map_err(|e| BusError::NoStream(self.names.stream_in.clone(), e.to_string()))
+    }
+
+    fn consumer_config(&self, c: &ConsumerConfig) -> pull::Config {
+        pull::Config {
+            durable_name: Some(c.name.clone()),
             description: Some("companion workers".into()),
             deliver_policy: DeliverPolicy::All,
             ack_policy: AckPolicy::Explicit,
-            ack_wait: config.ack_wait(),
-            max_deliver: config.max_deliver.max(1),
-            max_ack_pending: config.max_ack_pending(),
+            ack_wait: c.ack_wait(),
+            max_deliver: c.max_deliver.max(1),
+            max_ack_pending: c.max_ack_pending.max(1),
             filter_subject: self.names.inbound_all(),
             ..Default::default()
+        }
+    }
+
+    /// The shared consumer, created with `config` when missing. An existing one keeps its settings (only
+    /// `companion provision` changes them); each difference from `config` is logged, and the settings
+    /// returned are the consumer's.
+    pub async fn consumer(&self, config: &ConsumerConfig) -> Result<Consumer, BusError> {
+        let stream = self.inbound_stream().await?;
+        let wanted = self.consumer_config(config);
+        let mut consumer = match stream.get_consumer::<pull::Config>(&config.name).await {
+            Ok(c) => c,
+            Err(_) => stream.create_consumer(wanted.clone()).await?,
         };
-        let consumer = match stream
-            .get_consumer::<pull::Config>(&self.names.consumer)
+        let info = consumer
+            .info()
             .await
-        {
-            Ok(_) => stream.update_consumer(consumer_config).await?,
-            Err(_) => stream.create_consumer(consumer_config).await?,
-        };
-        Ok(consumer)
+            .map_err(|e| BusError::ConsumerInfo(e.to_string()))?
+            .clone();
+        for d in consumer_differences(&info.config, &wanted) {
+            tracing::warn!(
+                consumer = %config.name,
+                difference = %d,
+                "the shared consumer is set up differently from this worker's configuration; going by \
+                 the consumer's (run `companion provision` to apply this configuration)"
+            );
+        }
+        Ok(Consumer {
+            max_deliver: info.config.max_deliver,
+            ack_wait: info.config.ack_wait,
+            consumer,
+        })
     }
 
     /// Publishes to a stream subject and waits for the server's ack; `msg_id` makes a repeat a no-op.
@@ -303,10 +417,10 @@ impl Bus {
     }
 
     /// The server's notice that an event used up its deliveries without being settled (workers crashed).
-    pub fn max_deliveries_advisory(&self) -> String {
+    pub fn max_deliveries_advisory(&self, consumer: &str) -> String {
         format!(
-            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
-            self.names.stream_in, self.names.consumer
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{consumer}",
+            self.names.stream_in
         )
     }
 }
@@ -315,20 +429,20 @@ impl Bus {
 /// `tls://` URLs (which async-nats handles itself); a CA file replaces the system roots.
 fn tls_options(
     mut options: async_nats::ConnectOptions,
-    config: &Config,
+    config: &NatsConfig,
 ) -> async_nats::ConnectOptions {
-    if config.nats_tls_required || config.nats_tls_ca_file.is_some() {
+    if config.tls_required || config.tls_ca_file.is_some() {
         options = options.require_tls(true);
     }
-    if let Some(ca) = &config.nats_tls_ca_file {
+    if let Some(ca) = &config.tls_ca_file {
         options = options.add_root_certificates(ca.clone());
     }
-    if let (Some(cert), Some(key)) = (&config.nats_tls_cert_file, &config.nats_tls_key_file) {
+    if let (Some(cert), Some(key)) = (&config.tls_cert_file, &config.tls_key_file) {
         options = options
             .require_tls(true)
             .add_client_certificate(cert.clone(), key.clone());
     }
-    if config.nats_tls_first {
+    if config.tls_first {
         options = options.tls_first();
     }
     options

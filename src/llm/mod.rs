@@ -1,4 +1,11 @@
-//! The OpenAI-compatible chat API (OpenRouter by default): request and response types and the client.
+//! The OpenAI-compatible chat API (OpenRouter by default): request and response types, the client, and
+//! what a call costs ([`prices`]).
+//!
+//! A 200 can still be a failure: OpenRouter reports an upstream provider dropping mid-generation as an
+//! `error` object in the body or as a choice with `finish_reason: "error"`; both are transient errors
+//! here, like an answer with neither text nor tool calls, so no caller ever takes one for an answer.
+
+pub mod prices;
 
 use std::{borrow::Cow, num::NonZeroU32, sync::Arc, time::Duration};
 
@@ -7,7 +14,12 @@ use reqwest::{StatusCode, header};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
-use crate::config::{Config, Secret};
+use crate::{
+    config::{LlmConfig, Secret},
+    failure::{Class, Classify},
+    metrics::{Metrics, label},
+};
+pub use prices::{CallUsage, Cost, CostSource, PriceError, Prices};
 
 /// One chat message, as the API takes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -135,9 +147,13 @@ pub struct ChatResponse {
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct Choice {
+    #[serde(default)]
     pub message: AssistantMessage,
     #[serde(default)]
     pub finish_reason: Option<String>,
+    /// OpenRouter's error of a choice that ended in `finish_reason: "error"`.
+    #[serde(default)]
+    pub error: Option<Value>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -198,6 +214,12 @@ pub enum LlmError {
     Decode(String),
     #[error("chat API answered with no choices")]
     NoChoice,
+    #[error("the model's answer failed upstream: {0}")]
+    Upstream(String),
+    #[error("the model answered with neither text nor tool calls")]
+    EmptyAnswer,
+    #[error("{0}")]
+    Prices(#[from] PriceError),
     #[error("chat API response is larger than {max} bytes")]
     TooLarge { max: usize },
 }
@@ -212,15 +234,9 @@ impl LlmError {
                 | Self::RateLimited { .. }
                 | Self::Server { .. }
                 | Self::NoChoice
+                | Self::Upstream(_)
+                | Self::EmptyAnswer
         )
-    }
-
-    /// How long the server asked us to wait, if it did.
-    pub fn retry_after(&self) -> Option<Duration> {
-        match self {
-            Self::RateLimited { retry_after } | Self::Server { retry_after, .. } => *retry_after,
-            _ => None,
-        }
     }
 
     /// Another model may succeed where this one cannot (no tool support, unknown model, outage).
@@ -229,6 +245,26 @@ impl LlmError {
             self,
             Self::NoToolSupport { .. } | Self::Rejected { status: 404, .. }
         ) || self.is_transient()
+    }
+}
+
+impl Classify for LlmError {
+    /// Transient as [`LlmError::is_transient`] says; any other refusal (4xx, an answer that is not a
+    /// completion, an oversized one) will be the same next time, and the user is told.
+    fn class(&self) -> Class {
+        if self.is_transient() {
+            Class::Transient
+        } else {
+            Class::Permanent
+        }
+    }
+
+    /// How long the server asked us to wait, if it did.
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::RateLimited { retry_after } | Self::Server { retry_after, .. } => *retry_after,
+            _ => None,
+        }
     }
 }
 
@@ -268,19 +304,19 @@ pub struct LlmClient {
     /// Process-wide cap on outbound requests.
     limiter: Arc<DefaultDirectRateLimiter>,
     /// Requests and tokens by model, for `/metrics`.
-    metrics: Option<Arc<crate::ops::Metrics>>,
+    metrics: Arc<Metrics>,
     /// Prices a response whose server reported no cost.
-    pub prices: crate::usage::Prices,
+    pub prices: Prices,
     /// Largest response body read; a larger one is a bad response.
     pub max_response_bytes: usize,
 }
 
 impl LlmClient {
-    pub fn new(config: &Config) -> Result<Self, LlmError> {
+    pub fn new(config: &LlmConfig, metrics: Arc<Metrics>) -> Result<Self, LlmError> {
         // reqwest is built without a default crypto provider; ring is the one compiled in.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
-            .timeout(config.llm_timeout())
+            .timeout(config.timeout())
             .connect_timeout(Duration::from_secs(10))
             .pool_max_idle_per_host(64)
             .user_agent(concat!("companion/", env!("CARGO_PKG_VERSION")))
@@ -288,44 +324,36 @@ impl LlmClient {
             .map_err(|e| LlmError::Connect(e.to_string()))?;
         Ok(Self {
             http,
-            url: format!(
-                "{}/chat/completions",
-                config.llm_base_url.trim_end_matches('/')
-            ),
-            key: config.openrouter_api_key.clone(),
-            default_model: config.openrouter_model.clone(),
+            url: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
+            key: config.api_key.clone(),
+            default_model: config.model.clone(),
             fallback_models: config
-                .llm_fallback_models
+                .fallback_models
                 .iter()
                 .map(|m| m.trim().to_owned())
                 .filter(|m| !m.is_empty())
                 .collect(),
-            max_tokens: config.llm_max_tokens,
-            temperature: config.llm_temperature,
+            max_tokens: config.max_tokens,
+            temperature: config.temperature,
             retry: RetryPolicy {
-                max_retries: config.llm_max_retries,
-                base: Duration::from_millis(config.llm_retry_base_ms.max(1)),
-                max_wait: Duration::from_secs(config.llm_retry_max_secs),
+                max_retries: config.max_retries,
+                base: Duration::from_millis(config.retry_base_ms.max(1)),
+                max_wait: Duration::from_secs(config.retry_max_secs),
             },
             limiter: Arc::new(RateLimiter::direct(Quota::per_second(
-                NonZeroU32::new(config.llm_requests_per_second.max(1))
+                NonZeroU32::new(config.requests_per_second.max(1))
                     .expect("at least one per second"),
             ))),
-            metrics: None,
-            prices: config.llm_prices.clone(),
-            max_response_bytes: config.llm_max_response_bytes.max(1024),
+            metrics,
+            prices: config.prices.parse()?,
+            max_response_bytes: config.max_response_bytes.max(1024),
         })
     }
 
-    /// Counts requests, outcomes and tokens into `metrics`.
-    pub fn with_metrics(mut self, metrics: Arc<crate::ops::Metrics>) -> Self {
-        self.metrics = Some(metrics);
-        self
-    }
-
+    /// Counts requests, outcomes, tokens and cost into the metrics.
     fn count(&self, model: &str, result: &Result<ChatResponse, LlmError>) {
-        let Some(m) = &self.metrics else { return };
-        let model = crate::ops::label(model);
+        let m = &self.metrics;
+        let model = label(model);
         let status = match result {
             Ok(_) => "ok".to_owned(),
             Err(LlmError::Timeout) => "timeout".to_owned(),
@@ -335,7 +363,11 @@ impl LlmClient {
                 status.to_string()
             }
             Err(LlmError::NoToolSupport { .. }) => "no_tool_support".to_owned(),
-            Err(LlmError::Decode(_) | LlmError::NoChoice) => "bad_response".to_owned(),
+            Err(LlmError::Decode(_) | LlmError::NoChoice | LlmError::Prices(_)) => {
+                "bad_response".to_owned()
+            }
+            Err(LlmError::Upstream(_)) => "upstream_error".to_owned(),
+            Err(LlmError::EmptyAnswer) => "empty".to_owned(),
             Err(LlmError::TooLarge { .. }) => "too_large".to_owned(),
         };
         m.inc(
@@ -408,12 +440,10 @@ impl LlmClient {
                     Err(e) if e.is_transient() && retry < self.retry.max_retries => {
                         match self.retry.wait(retry, &e) {
                             Some(wait) => {
-                                if let Some(m) = &self.metrics {
-                                    m.inc(
-                                        "companion_llm_retries_total",
-                                        &format!("model=\"{}\"", crate::ops::label(model)),
-                                    );
-                                }
+                                self.metrics.inc(
+                                    "companion_llm_retries_total",
+                                    &format!("model=\"{}\"", label(model)),
+                                );
                                 tracing::warn!(model = %model, error = %e, retry_in_ms = wait.as_millis() as u64, "chat request failed; retrying");
                                 tokio::time::sleep(wait).await;
                                 retry += 1;
@@ -499,8 +529,25 @@ impl LlmClient {
         }
         let parsed: ChatResponse =
             serde_json::from_slice(&body).map_err(|e| LlmError::Decode(e.to_string()))?;
-        if parsed.choices.is_empty() {
+        let Some(choice) = parsed.choices.first() else {
             return Err(LlmError::NoChoice);
+        };
+        if choice.finish_reason.as_deref() == Some("error") || choice.error.is_some() {
+            let why = choice
+                .error
+                .as_ref()
+                .map(|e| {
+                    e.get("message")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| e.to_string())
+                })
+                .unwrap_or_else(|| "finish_reason \"error\"".into());
+            return Err(LlmError::Upstream(why.chars().take(300).collect()));
+        }
+        let m = &choice.message;
+        if m.tool_calls.is_empty() && m.content.as_deref().is_none_or(|c| c.trim().is_empty()) {
+            return Err(LlmError::EmptyAnswer);
         }
         Ok(parsed)
     }

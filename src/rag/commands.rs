@@ -10,7 +10,10 @@ use super::{
     chunk::ChunkConfig,
     ingest::{self, IngestError, Report},
 };
-use crate::{config::Config, store::Pg};
+use crate::{
+    config::{EmbedSettings, PgConfig, RagConfig},
+    store::Pg,
+};
 
 /// Lines read from stdin before they are embedded together.
 const EMBED_LINES_PER_BATCH: usize = 64;
@@ -35,8 +38,8 @@ struct EmbeddedLine<'a> {
 
 /// Reads lines of text from stdin and writes `{"text":…, "embedding":[…]}` per line to stdout.
 /// Lines already buffered are embedded together (up to 64); a lone line is answered at once.
-pub async fn embed_stdin(config: &Config) -> Result<usize, RagCommandError> {
-    let embedder = Embedder::load(&EmbedConfig::from_config(config))?;
+pub async fn embed_stdin(config: &EmbedSettings) -> Result<usize, RagCommandError> {
+    let embedder = Embedder::load(&EmbedConfig::from_settings(config))?;
     let mut input = BufReader::new(tokio::io::stdin());
     let mut out = tokio::io::BufWriter::new(tokio::io::stdout());
     let mut total = 0;
@@ -73,16 +76,18 @@ pub async fn embed_stdin(config: &Config) -> Result<usize, RagCommandError> {
 
 /// Ingests a folder or JSON-lines file into the knowledge base.
 pub async fn ingest_path(
-    config: &Config,
+    pg: &PgConfig,
+    embed: &EmbedSettings,
+    rag: &RagConfig,
     path: &Path,
     collection: Option<&str>,
 ) -> Result<Report, RagCommandError> {
     let articles = ingest::read_articles(path, collection)?;
-    let embedder = Embedder::load(&EmbedConfig::from_config(config))?;
-    let pg = Pg::connect(config).await?;
+    let embedder = Embedder::load(&EmbedConfig::from_settings(embed))?;
+    let pg = Pg::connect(pg).await?;
     let cfg = ChunkConfig {
-        max_tokens: config.chunk_tokens,
-        overlap: config.chunk_overlap,
+        max_tokens: rag.chunk_tokens,
+        overlap: rag.chunk_overlap,
     };
     Ok(ingest::ingest(&pg.pool, &embedder, &articles, cfg, true).await?)
 }

@@ -30,7 +30,7 @@ use ort::{
 use tokenizers::{Encoding, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 use tokio::sync::oneshot;
 
-use crate::config::Config;
+use crate::{config::EmbedSettings, metrics::EMBED_BATCH_BUCKETS};
 
 /// Width of a MiniLM embedding.
 pub const DIM: usize = 384;
@@ -81,13 +81,13 @@ pub struct EmbedConfig {
 }
 
 impl EmbedConfig {
-    pub fn from_config(c: &Config) -> Self {
+    pub fn from_settings(c: &EmbedSettings) -> Self {
         Self {
             model_dir: c.model_dir.clone(),
             ort_dylib_path: c.ort_dylib_path.clone(),
-            threads: c.embed_threads,
-            max_batch: c.embed_max_batch.max(1),
-            window: Duration::from_millis(c.embed_window_ms),
+            threads: c.threads,
+            max_batch: c.max_batch.max(1),
+            window: Duration::from_millis(c.window_ms),
         }
     }
 
@@ -124,13 +124,13 @@ pub struct EmbedStats {
     pub batches: AtomicU64,
     /// Model runs by texts per run: index `i` counts runs of at most `EMBED_BATCH_BUCKETS[i]` texts
     /// (and more than the bound before it); the last slot counts larger runs.
-    pub run_sizes: [AtomicU64; crate::ops::EMBED_BATCH_BUCKETS.len() + 1],
+    pub run_sizes: [AtomicU64; EMBED_BATCH_BUCKETS.len() + 1],
 }
 
 /// The batch-size histogram of the model runs so far (for `companion_embed_batch_size`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BatchSizes {
-    /// Cumulative counts per bound of [`crate::ops::EMBED_BATCH_BUCKETS`].
+    /// Cumulative counts per bound of [`EMBED_BATCH_BUCKETS`].
     pub cumulative: Vec<u64>,
     /// Model runs.
     pub count: u64,
@@ -275,9 +275,9 @@ impl Embedder {
 
     /// Texts per model run so far, as a cumulative histogram.
     pub fn batch_sizes(&self) -> BatchSizes {
-        let mut cumulative = Vec::with_capacity(crate::ops::EMBED_BATCH_BUCKETS.len());
+        let mut cumulative = Vec::with_capacity(EMBED_BATCH_BUCKETS.len());
         let mut running = 0;
-        for slot in &self.stats.run_sizes[..crate::ops::EMBED_BATCH_BUCKETS.len()] {
+        for slot in &self.stats.run_sizes[..EMBED_BATCH_BUCKETS.len()] {
             running += slot.load(Ordering::Relaxed);
             cumulative.push(running);
         }
@@ -383,10 +383,10 @@ impl Worker {
     fn run_model(&mut self, batch: &[&Encoding]) -> Result<Vec<Vec<f32>>, EmbedError> {
         self.stats.model_runs.fetch_add(1, Ordering::Relaxed);
         let rows = batch.len();
-        let slot = crate::ops::EMBED_BATCH_BUCKETS
+        let slot = EMBED_BATCH_BUCKETS
             .iter()
             .position(|&b| rows as u64 <= b)
-            .unwrap_or(crate::ops::EMBED_BATCH_BUCKETS.len());
+            .unwrap_or(EMBED_BATCH_BUCKETS.len());
         self.stats.run_sizes[slot].fetch_add(1, Ordering::Relaxed);
         let seq = batch
             .iter()

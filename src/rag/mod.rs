@@ -1,6 +1,6 @@
 //! Retrieval-augmented generation: local sentence embeddings ([`embed`]), a pgvector knowledge base
 //! ([`kb`]) filled by `companion ingest` ([`ingest`], [`chunk`]), and the retrieval each turn makes
-//! ([`retrieve_for_turn`]).
+//! ([`Retriever`]).
 
 pub mod chunk;
 pub mod commands;
@@ -15,7 +15,9 @@ use tracing::{Instrument, info_span, warn};
 pub use embed::{EmbedConfig, EmbedError, Embedder};
 
 use crate::{
-    config::Config, services::Services, store::StoreError, turn::prompt::KnowledgeSnippet,
+    config::{EmbedSettings, RagConfig},
+    store::StoreError,
+    timing::{Stage, stage},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -26,10 +28,19 @@ pub enum RetrieveError {
     Store(#[from] StoreError),
 }
 
+/// A retrieved knowledge chunk, as the prompt shows it.
+#[derive(Clone, Debug)]
+pub struct KnowledgeSnippet {
+    pub title: String,
+    pub source_url: Option<String>,
+    pub text: String,
+    pub score: f32,
+}
+
 /// Loads the embedder for the worker; when the model or runtime is missing, warns once and returns
 /// `None` so the worker answers without knowledge.
-pub fn load_embedder(config: &Config) -> Option<Arc<Embedder>> {
-    let cfg = EmbedConfig::from_config(config);
+pub fn load_embedder(config: &EmbedSettings) -> Option<Arc<Embedder>> {
+    let cfg = EmbedConfig::from_settings(config);
     match Embedder::load(&cfg) {
         Ok(e) => {
             tracing::info!(
@@ -60,7 +71,6 @@ pub async fn retrieve(
     if collections.is_empty() || text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    use crate::timing::{Stage, stage};
     let query = stage(Stage::Embed, embedder.embed_one(text)).await?;
     let hits = stage(
         Stage::Retrieve,
@@ -79,50 +89,69 @@ pub async fn retrieve(
         .collect())
 }
 
-/// The knowledge for one turn; never fails the turn (an error is logged and gives no knowledge).
-/// The span `rag.retrieve` (a child of the turn's span) records the hits and their scores.
-pub async fn retrieve_for_turn(
-    svc: &Services,
-    character: &crate::character::Character,
-    text: &str,
-) -> Vec<KnowledgeSnippet> {
-    let Some(embedder) = svc.embedder.as_deref() else {
-        return Vec::new();
-    };
-    if character.knowledge.is_empty() {
-        return Vec::new();
-    }
-    let span = info_span!(
-        "rag.retrieve",
-        collections = %character.knowledge.join(","),
-        threshold = svc.config.rag_threshold,
-        hits = tracing::field::Empty,
-        scores = tracing::field::Empty,
-    );
-    let result = retrieve(
-        &svc.pg.pool,
-        embedder,
-        &character.knowledge,
-        text,
-        svc.config.rag_threshold,
-        svc.config.rag_top_k,
-    )
-    .instrument(span.clone())
-    .await;
-    match result {
-        Ok(snippets) => {
-            let scores: Vec<String> = snippets
-                .iter()
-                .map(|s| format!("{:.3} {}", s.score, s.title))
-                .collect();
-            span.record("hits", snippets.len());
-            span.record("scores", scores.join("; "));
-            span.in_scope(|| tracing::debug!(hits = snippets.len(), "knowledge retrieved"));
-            snippets
+/// The knowledge a turn gets: the embedder (when installed), the knowledge base and the bounds.
+#[derive(Clone)]
+pub struct Retriever {
+    pool: sqlx::PgPool,
+    /// `None` when the model is not installed: turns go without knowledge.
+    pub embedder: Option<Arc<Embedder>>,
+    threshold: f32,
+    top_k: i64,
+}
+
+impl Retriever {
+    pub fn new(pool: sqlx::PgPool, embedder: Option<Arc<Embedder>>, config: &RagConfig) -> Self {
+        Self {
+            pool,
+            embedder,
+            threshold: config.threshold,
+            top_k: config.top_k,
         }
-        Err(e) => {
-            span.in_scope(|| warn!(error = %e, "knowledge retrieval failed; answering without it"));
-            Vec::new()
+    }
+
+    /// The knowledge of `collections` for `text`; never fails the turn (an error is logged and gives
+    /// no knowledge). The span `rag.retrieve` (a child of the turn's span) records the hits and scores.
+    pub async fn for_turn(&self, collections: &[String], text: &str) -> Vec<KnowledgeSnippet> {
+        let Some(embedder) = self.embedder.as_deref() else {
+            return Vec::new();
+        };
+        if collections.is_empty() {
+            return Vec::new();
+        }
+        let span = info_span!(
+            "rag.retrieve",
+            collections = %collections.join(","),
+            threshold = self.threshold,
+            hits = tracing::field::Empty,
+            scores = tracing::field::Empty,
+        );
+        let result = retrieve(
+            &self.pool,
+            embedder,
+            collections,
+            text,
+            self.threshold,
+            self.top_k,
+        )
+        .instrument(span.clone())
+        .await;
+        match result {
+            Ok(snippets) => {
+                let scores: Vec<String> = snippets
+                    .iter()
+                    .map(|s| format!("{:.3} {}", s.score, s.title))
+                    .collect();
+                span.record("hits", snippets.len());
+                span.record("scores", scores.join("; "));
+                span.in_scope(|| tracing::debug!(hits = snippets.len(), "knowledge retrieved"));
+                snippets
+            }
+            Err(e) => {
+                span.in_scope(
+                    || warn!(error = %e, "knowledge retrieval failed; answering without it"),
+                );
+                Vec::new()
+            }
         }
     }
 }
@@ -133,11 +162,11 @@ mod tests {
 
     #[test]
     fn a_missing_model_disables_retrieval_instead_of_failing() {
-        let mut config = Config::from_env().unwrap();
+        let mut config: EmbedSettings = crate::config::from_env().unwrap();
         config.model_dir = "/nonexistent/models".into();
         config.ort_dylib_path = "/nonexistent/libonnxruntime.so.1.31.1".into();
         assert!(load_embedder(&config).is_none());
-        let err = Embedder::load(&EmbedConfig::from_config(&config))
+        let err = Embedder::load(&EmbedConfig::from_settings(&config))
             .err()
             .unwrap();
         assert!(matches!(err, EmbedError::Missing(_)), "{err}");

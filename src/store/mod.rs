@@ -1,11 +1,13 @@
 //! The two databases: MongoDB holds the app's data (users, DMs, tricklists, spots, tricks),
-//! PostgreSQL the companion's own (history, turn journal, knowledge base).
+//! PostgreSQL the companion's own (history, the journal, the knowledge base).
 
 pub mod mongo;
 pub mod pg;
 
 pub use mongo::Mongo;
 pub use pg::Pg;
+
+use crate::failure::{Class, Classify};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -15,4 +17,75 @@ pub enum StoreError {
     Pg(#[from] sqlx::Error),
     #[error("PostgreSQL migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// By cause: data the server refuses (PostgreSQL SQLSTATE classes 22 and 23, MongoDB document
+/// validation, values that do not encode) fails the same way every time; an unreachable, slow or
+/// restarting server, or anything unknown, may pass on the next delivery.
+impl Classify for StoreError {
+    fn class(&self) -> Class {
+        match self {
+            Self::Pg(e) => pg_class(e),
+            Self::Mongo(e) => mongo_class(e),
+            Self::Migrate(_) => Class::Transient,
+        }
+    }
+}
+
+fn pg_class(e: &sqlx::Error) -> Class {
+    use sqlx::Error as E;
+    match e {
+        E::Database(db) => match db.code() {
+            Some(code) if code.starts_with("22") || code.starts_with("23") => Class::Permanent,
+            _ => Class::Transient,
+        },
+        E::Encode(_)
+        | E::Decode(_)
+        | E::ColumnDecode { .. }
+        | E::TypeNotFound { .. }
+        | E::ColumnNotFound(_)
+        | E::ColumnIndexOutOfBounds { .. }
+        | E::RowNotFound => Class::Permanent,
+        _ => Class::Transient,
+    }
+}
+
+/// MongoDB server codes of data the server refuses: BadValue, FailedToParse, TypeMismatch,
+/// InvalidLength, DocumentValidationFailure, InvalidBSON, ImmutableField, DuplicateKey.
+const MONGO_DATA_CODES: &[i32] = &[2, 9, 14, 16, 121, 22, 66, 11000];
+
+fn mongo_class(e: &mongodb::error::Error) -> Class {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    if e.contains_label("RetryableWriteError") || e.contains_label("TransientTransactionError") {
+        return Class::Transient;
+    }
+    match &*e.kind {
+        ErrorKind::BsonSerialization(_)
+        | ErrorKind::BsonDeserialization(_)
+        | ErrorKind::InvalidArgument { .. } => Class::Permanent,
+        ErrorKind::Write(WriteFailure::WriteError(w)) if MONGO_DATA_CODES.contains(&w.code) => {
+            Class::Permanent
+        }
+        ErrorKind::Command(c) if MONGO_DATA_CODES.contains(&c.code) => Class::Permanent,
+        _ => Class::Transient,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_trouble_is_transient_and_bad_data_is_permanent() {
+        let down = StoreError::Pg(sqlx::Error::PoolTimedOut);
+        assert_eq!(down.class(), Class::Transient);
+        let io = StoreError::Pg(sqlx::Error::Io(std::io::Error::other("reset")));
+        assert_eq!(io.class(), Class::Transient);
+        assert_eq!(
+            StoreError::Pg(sqlx::Error::RowNotFound).class(),
+            Class::Permanent
+        );
+        let bad_arg = StoreError::Mongo(mongodb::error::Error::custom("x"));
+        assert_eq!(bad_arg.class(), Class::Transient);
+    }
 }

@@ -14,7 +14,7 @@ use mongodb::{
 use serde_json::Value;
 
 use super::StoreError;
-use crate::config::Config;
+use crate::config::MongoConfig;
 
 pub const USERS: &str = "users";
 pub const DM_CONVERSATIONS: &str = "dm_conversations";
@@ -107,8 +107,8 @@ pub fn user_ref(id: ObjectId) -> Document {
 }
 
 impl Mongo {
-    pub async fn connect(config: &Config) -> Result<Self, StoreError> {
-        let mut options = ClientOptions::parse(&config.atlas_uri).await?;
+    pub async fn connect(config: &MongoConfig) -> Result<Self, StoreError> {
+        let mut options = ClientOptions::parse(&config.uri).await?;
         options.app_name = Some("companion".into());
         // Per-turn MongoDB wait for the turn timings (crate::timing).
         options.command_event_handler = Some(crate::timing::mongo_command_handler());
@@ -118,7 +118,7 @@ impl Mongo {
         }
         let client = Client::with_options(options)?;
         Ok(Self {
-            db: client.database(&config.mongo_database()),
+            db: client.database(&config.database()),
         })
     }
 

@@ -65,7 +65,7 @@ impl Tool for CreateSpotDraft {
         "Submit a new spot for moderator approval. Use when the user shares a Google or Apple Maps link or describes a spot they want added to TrickBook. Coordinates are read from the link (or give latitude and longitude). The spot is a draft pending approval, not yet public. Counts toward the user's hourly limit of things you can create."
     }
 
-    async fn call(ctx: &ToolContext, args: Args) -> Result<ToolOutput, ToolError> {
+    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let link = match args.maps_url.as_deref() {
             Some(u) => {
                 Some(maps::parse(u).map_err(|e| ToolError::invalid("mapsUrl", e.to_string()))?)
@@ -116,7 +116,7 @@ impl Tool for CreateSpotDraft {
                 "needsCoordinates": coords.is_none(),
                 "shortLinkUnresolved": short_unresolved,
                 "submittedBy": ctx.user.to_hex(),
-                "submittedVia": &ctx.character,
+                "submittedVia": ctx.character,
                 "status": "pending_approval",
                 "createdAt": bson::DateTime::from_chrono(ctx.now),
                 "sourceMessageId": ctx.message_id,

@@ -56,7 +56,7 @@ impl Tool for CreateTricklist {
         "Create a new tricklist for the user with tricks from the trickipedia. Use when the user asks you to make them a list or wants to track tricks to learn. Trick names are matched forgivingly (\"kick flip\" finds Kickflip); the result says which names matched and which did not, so tell the user about any that didn't. Counts toward the user's hourly limit of things you can create."
     }
 
-    async fn call(ctx: &ToolContext, args: Args) -> Result<ToolOutput, ToolError> {
+    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let name = args.name.trim().to_owned();
         let category = args.category.unwrap_or(Category::Skateboard).as_str();
         let pedia = load_trickipedia(ctx).await?;
@@ -96,7 +96,7 @@ impl Tool for CreateTricklist {
                 "category": category,
                 "isPublic": false,
                 "createdAt": bson::DateTime::from_chrono(ctx.now),
-                "createdBy": &ctx.character,
+                "createdBy": ctx.character,
                 "sourceMessageId": ctx.message_id,
                 "toolCallId": &ctx.tool_call_id,
             };
@@ -149,7 +149,7 @@ pub fn tricklist_card_data(
     })
 }
 
-async fn load_trickipedia(ctx: &ToolContext) -> Result<Vec<TrickRef>, ToolError> {
+async fn load_trickipedia(ctx: &ToolContext<'_>) -> Result<Vec<TrickRef>, ToolError> {
     let docs: Vec<Document> = ctx
         .mongo
         .collection(TRICKS)

@@ -31,7 +31,7 @@ impl Tool for GetUserTricklists {
         "Get the current user's own tricklists with each trick's name and whether they have landed it (checked). Use when the user asks about their lists, tricks they've landed or their progress. Optionally filter by list name."
     }
 
-    async fn call(ctx: &ToolContext, args: Args) -> Result<ToolOutput, ToolError> {
+    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let mut filter = user_ref_filter("user", ctx.user);
         if let Some(name) = args
             .list_name

@@ -6,21 +6,21 @@
 //! one file and one line in [`Registry::default`].
 //!
 //! Guardrails that hold for every tool: the acting user is always the event's sender (no argument can
-//! name a user), writes pass the durable per-user quota in [`quota`] and are idempotent per
-//! (event message, tool call), text from the model or user is matched literally ([`literal_regex`]), and
-//! no tool deletes or edits existing data.
+//! name a user), writes pass the durable per-user quota ([`guard_write`], a counted journal step) and
+//! are idempotent per (event message, tool call), text from the model or user is matched literally
+//! ([`literal_regex`]), and no tool deletes or edits existing data.
 //!
 //! Errors: bad arguments, unknown tools, missing or forbidden content and an exhausted quota become an
-//! error *result* the model can explain. A database error is transient for the whole turn
-//! ([`ToolError::is_transient`]): a write may or may not have happened, so the turn is retried, and the
-//! write's identity (derived from the event and call) makes the retry harmless.
+//! error *result* the model can explain. A database error is not a result: a write may or may not have
+//! happened, so the turn fails with the error's class (and is retried when transient), and the write's
+//! identity (derived from the event and call) makes the retry harmless.
+//!
+//! What a call gave the model is kept as a [`ToolRecord`], the journal's record of the call.
 
-pub mod audit;
 pub mod create_spot_draft;
 pub mod create_tricklist;
 pub mod get_user_tricklists;
 pub mod maps;
-pub mod quota;
 pub mod schema;
 pub mod search_spots;
 pub mod search_trickipedia;
@@ -37,12 +37,13 @@ use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
 use futures::{FutureExt, future::BoxFuture};
 use schemars::JsonSchema;
-use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
 
 use crate::{
+    journal::{Admission, Job, JournalError},
     llm::{FunctionDef, ToolDef},
-    store::{Mongo, Pg, StoreError},
+    store::{Mongo, StoreError},
 };
 
 /// Longest search text accepted from the model (bounds regex scans).
@@ -54,23 +55,41 @@ pub const MAX_ARGS_BYTES: usize = 16 * 1024;
 
 /// Everything a tool call may use. The acting user is the event's sender and nothing else.
 #[derive(Clone)]
-pub struct ToolContext {
+pub struct ToolContext<'a> {
     /// The event's sender: every tool reads and writes as this user only.
     pub user: ObjectId,
     /// The companion answering (a bot user).
     pub bot: ObjectId,
     /// The character's display name, stamped on created content (`createdBy`, `submittedVia`).
-    pub character: String,
+    pub character: &'a str,
     /// The inbound event's dm_messages id: with `tool_call_id`, the identity of a write.
     pub message_id: ObjectId,
     /// The model's id for this call (unique within the turn).
     pub tool_call_id: String,
-    pub mongo: Mongo,
-    pub pg: Pg,
+    /// The journal key of this call (see [`call_key`]): the write quota counts a call once.
+    pub call_key: String,
+    pub mongo: &'a Mongo,
+    /// The turn's journal: a write is counted against the quota as one of its steps.
+    pub job: &'a Job,
     /// The clock of this turn (`createdAt`, the quota window).
     pub now: DateTime<Utc>,
     /// Writes allowed per user per rolling hour.
     pub writes_per_hour: u32,
+}
+
+/// The journal key of a call: its id and a hash of the tool and its arguments, so a forced replay that
+/// reuses an id for another call never gets the first call's result.
+pub fn call_key(tool_call_id: &str, tool: &str, raw_args: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(tool.as_bytes());
+    h.update(b"\n");
+    h.update(clip(raw_args, MAX_RECORDED_ARGS).as_bytes());
+    let hex: String = h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{tool_call_id}:{hex}")
 }
 
 /// What a successful call gives back: data for the model and maybe a card for the app.
@@ -108,11 +127,10 @@ pub enum ToolError {
     QuotaExceeded { limit: u32, retry_after_mins: i64 },
     #[error("the tool crashed")]
     Crashed,
-    /// An error result an earlier attempt of the turn recorded; replayed as the model saw it.
-    #[error("{message}")]
-    Recorded { message: String, model: Value },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
 }
 
 impl ToolError {
@@ -123,16 +141,8 @@ impl ToolError {
         }
     }
 
-    /// A database failure: the turn is retried rather than the model told.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Store(_))
-    }
-
     /// The error as the model sees it: `{"error": …}`, naming the field when there is one.
     pub fn to_model(&self) -> Value {
-        if let Self::Recorded { model, .. } = self {
-            return model.clone();
-        }
         let mut v = json!({ "error": self.to_string() });
         match self {
             Self::InvalidArgs { field, .. } => v["field"] = json!(field),
@@ -164,7 +174,7 @@ pub trait Tool: Send + Sync + 'static {
     /// Written for the model: when to use the tool and what it returns.
     fn description() -> &'static str;
     fn call(
-        ctx: &ToolContext,
+        ctx: &ToolContext<'_>,
         args: Self::Args,
     ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send;
 }
@@ -176,7 +186,7 @@ pub trait DynTool: Send + Sync {
     fn def(&self) -> ToolDef;
     fn run<'a>(
         &'a self,
-        ctx: &'a ToolContext,
+        ctx: &'a ToolContext<'a>,
         raw: &'a str,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
 }
@@ -214,7 +224,7 @@ impl<T: Tool> DynTool for Erased<T> {
     }
     fn run<'a>(
         &'a self,
-        ctx: &'a ToolContext,
+        ctx: &'a ToolContext<'a>,
         raw: &'a str,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
         Box::pin(async move {
@@ -301,6 +311,68 @@ impl ToolResult {
     pub fn is_ok(&self) -> bool {
         self.outcome.is_ok()
     }
+
+    /// What the model was given, for the journal; `None` for a database failure, which is not a result
+    /// (the turn fails and the call runs again on the next attempt).
+    pub fn record(self, raw_args: &str, round: u32, ms: u64) -> Result<ToolRecord, ToolError> {
+        let (ok, content, card) = match self.outcome {
+            Ok(o) => (true, o.data, o.card),
+            Err(e @ (ToolError::Store(_) | ToolError::Journal(_))) => return Err(e),
+            Err(e) => (false, e.to_model(), None),
+        };
+        Ok(ToolRecord {
+            tool: self.name,
+            args: clip(raw_args, MAX_RECORDED_ARGS),
+            ok,
+            content,
+            card,
+            round,
+            ms,
+        })
+    }
+}
+
+/// Longest argument text kept in a call's record.
+const MAX_RECORDED_ARGS: usize = 4000;
+
+/// One call as the model saw it: the journal's record of the call (and the audit of tool use).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolRecord {
+    pub tool: String,
+    /// The arguments as the model wrote them (at most 4000 characters).
+    pub args: String,
+    pub ok: bool,
+    /// What the model reads: the data, or `{"error": …}`.
+    pub content: Value,
+    /// The card for the app, when the call made one.
+    pub card: Option<Value>,
+    /// Tool round of the turn (1 first).
+    pub round: u32,
+    /// How long the call took, milliseconds.
+    pub ms: u64,
+}
+
+impl ToolRecord {
+    /// The compact form kept on the assistant's history row (`bot_conversations.tool_calls`).
+    pub fn compact(&self) -> Value {
+        let args: Value =
+            serde_json::from_str(&self.args).unwrap_or_else(|_| json!(clip(&self.args, 200)));
+        let mut v = json!({ "tool": self.tool, "args": args, "ok": self.ok });
+        if self.ok {
+            for key in ["_id", "name", "count", "status"] {
+                if let Some(x) = self.content.get(key) {
+                    v[key] = x.clone();
+                }
+            }
+            if let Some(t) = self.card.as_ref().and_then(|c| c.get("type")) {
+                v["card"] = t.clone();
+            }
+        } else {
+            let error = self.content["error"].as_str().unwrap_or("error");
+            v["error"] = json!(clip(error, 200));
+        }
+        v
+    }
 }
 
 /// The tools offered to the model.
@@ -352,7 +424,7 @@ impl Registry {
     }
 
     /// Runs one call: unknown names, bad arguments, tool errors and even panics become results.
-    pub async fn dispatch(&self, name: &str, raw_args: &str, ctx: &ToolContext) -> ToolResult {
+    pub async fn dispatch(&self, name: &str, raw_args: &str, ctx: &ToolContext<'_>) -> ToolResult {
         let outcome = match self.tools.iter().find(|t| t.name() == name) {
             None => Err(ToolError::UnknownTool(name.chars().take(64).collect())),
             Some(tool) => AssertUnwindSafe(tool.run(ctx, raw_args))
@@ -413,21 +485,26 @@ pub fn derived_id(message_id: ObjectId, tool: &str, tool_call_id: &str) -> Objec
     ObjectId::from_bytes(bytes)
 }
 
-/// Passes the write quota for this call or explains why not.
-pub async fn guard_write(ctx: &ToolContext, tool: &str) -> Result<(), ToolError> {
-    match quota::reserve(
-        &ctx.pg,
-        &ctx.user.to_hex(),
-        &ctx.message_id.to_hex(),
-        &ctx.tool_call_id,
-        tool,
-        ctx.now,
-        ctx.writes_per_hour,
-    )
-    .await?
-    {
-        quota::Reservation::Granted | quota::Reservation::AlreadyCounted => Ok(()),
-        quota::Reservation::Exceeded { retry_after_secs } => Err(ToolError::QuotaExceeded {
+/// Passes the write quota for this call or explains why not: a counted step of the turn's journal
+/// (tally `writes:<user>`, one hour), so every worker counts against the same limit and a retried call is
+/// not counted twice.
+pub async fn guard_write(ctx: &ToolContext<'_>, tool: &str) -> Result<(), ToolError> {
+    let tally = format!("writes:{}", ctx.user.to_hex());
+    let admission = ctx
+        .job
+        .counted(
+            "quota",
+            &ctx.call_key,
+            &tally,
+            ctx.writes_per_hour,
+            std::time::Duration::from_secs(3600),
+            ctx.now,
+        )
+        .await?;
+    tracing::debug!(tool, ?admission, "write quota");
+    match admission {
+        Admission::Granted | Admission::AlreadyCounted => Ok(()),
+        Admission::Exceeded { retry_after_secs } => Err(ToolError::QuotaExceeded {
             limit: ctx.writes_per_hour,
             retry_after_mins: (retry_after_secs + 59) / 60,
         }),

@@ -67,7 +67,7 @@ impl Tool for SearchSpots {
         "Search TrickBook spots (skateparks, street spots, DIYs, mountains, resorts) by words in their name, city, state, country or description, optionally of one type. Use when the user asks about spots, parks or places to skate or ride. Returns the spots with ids; the app shows them as a list."
     }
 
-    async fn call(ctx: &ToolContext, args: Args) -> Result<ToolOutput, ToolError> {
+    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let q = args.query.trim();
         let mut filter = doc! { "$or": [
             { "name": contains_ci(q) },

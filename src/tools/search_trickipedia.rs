@@ -58,7 +58,7 @@ impl Tool for SearchTrickipedia {
         "Search the trickipedia for tricks by name or keyword (up to 10), optionally for one sport. Use when the user asks about a specific trick, how to do something, or wants trick ideas. Returns names, categories, difficulty and how-to descriptions."
     }
 
-    async fn call(ctx: &ToolContext, args: Args) -> Result<ToolOutput, ToolError> {
+    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let q = args.query.trim();
         let mut filter =
             doc! { "$or": [ { "name": contains_ci(q) }, { "description": contains_ci(q) } ] };

@@ -45,7 +45,7 @@ impl Tool for ShareContent {
         "Show a TrickBook spot, tricklist or trick as a tappable card in the chat. Use when you want to point the user to a specific item; take the id from an earlier tool result. Tricklists can be shared only if they are the user's own or public."
     }
 
-    async fn call(ctx: &ToolContext, args: Args) -> Result<ToolOutput, ToolError> {
+    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let id = ObjectId::parse_str(&args.id)
             .map_err(|_| ToolError::invalid("id", "is not an ObjectId"))?;
         let missing = |what: &str| {

@@ -1,36 +1,62 @@
 //! One turn: an inbound DM, with the rest of its burst, becomes the companion's reply in dm_messages,
-//! history and a completion event.
+//! history and a completion event. Every side effect is a step of the turn's journal ([`crate::journal`]):
 //!
-//! A burst: messages the user sent after this one that are already in the stream when the turn starts
-//! (up to `COMPANION_BURST_MAX`) are answered by the same reply, as a person would answer five quick
-//! lines once. They are fixed in the journal on the first attempt (`covers`), become `covered` turns of
-//! their own, and are listed in the completion's `covers`.
+//! | step | key | what it records |
+//! |---|---|---|
+//! | `flood` | | the flood decision: go ahead, say the busy line, or already answered by one (lazy) |
+//! | `burst` | | the later messages this reply answers, fixed on the first attempt |
+//! | `llm` | round | each answer of the model, with its usage and cost ([`tool_loop`]) |
+//! | `tool` | call id + hash | each tool call's result, as the model saw it (lazy) |
+//! | `quota` | call id + hash | a write counted against the user's hourly quota (tally `writes:<user>`) |
+//! | `reply` | `g<generation>` | the reply's id, text, card and time: every retry writes the same document |
+//! | `store_reply`, `history`, `touch`, `publish` | `g<generation>` | delivering it (lazy: safe to repeat) |
+//!
+//! A burst: messages the user sent after this one that are already in the stream when the turn starts (up
+//! to `COMPANION_BURST_MAX`) are answered by the same reply, as a person would answer five quick lines
+//! once. They become `covered` jobs of their own and are listed in the completion's `covers`.
+//!
+//! Errors carry their class ([`Classify`]); the worker's settlement decides what to do about them.
 
 pub mod prompt;
 pub mod tool_loop;
 
+use std::sync::Arc;
+
 use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tracing::{debug, info};
 
 use crate::{
-    bus::{BusError, Completion, DmEvent, Typing, event::InvalidEvent, event::parse_inbound},
-    character::Character,
-    llm::{ChatRequest, LlmError},
+    bus::{
+        Bus, BusError, Completion, DmEvent, Typing,
+        event::{InvalidEvent, Limits, clean_text, parse_inbound},
+    },
+    character::{Character, Characters},
+    config::TurnConfig,
+    failure::{Class, Classify},
+    flood::FloodLimit,
+    journal::{Job, Journal, JournalError, NewJob, State},
+    llm::{ChatRequest, LlmClient, LlmError},
+    metrics::Metrics,
     order::{Order, OrderError},
-    services::Services,
+    rag::Retriever,
     store::{
-        StoreError,
+        Mongo, Pg, StoreError,
         mongo::{ConversationCheck, ReplyDoc},
-        pg::{NewHistory, TurnRecord},
+        pg::NewHistory,
     },
     timing::{Stage, stage},
+    tools::{REGISTRY, ToolContext, ToolError},
 };
 
 /// Said when a character file has no `busyLine`.
 const DEFAULT_BUSY_LINE: &str =
     "you're sending messages faster than i can read them, give me a minute to catch up";
+
+/// The kind of a turn's job.
+pub const JOB_KIND: &str = "turn";
 
 /// How a turn ended well.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,8 +66,8 @@ pub enum Outcome {
     /// Over the user's flood limit: answered by the busy line, or by none when it was already said
     /// within the window.
     Limited { reply_id: Option<String> },
-    /// An earlier delivery already settled this message (`state` as the journal has it).
-    AlreadySettled { state: String },
+    /// An earlier delivery already settled this message.
+    AlreadySettled { state: State },
 }
 
 impl Outcome {
@@ -70,7 +96,7 @@ pub struct Delivery<'a> {
     pub seq: u64,
 }
 
-/// Why a turn did not end well; [`TurnError::disposition`] says what to do about it.
+/// Why a turn did not end well; its [`Class`] says what to do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum TurnError {
     #[error("invalid event: {0}")]
@@ -84,246 +110,337 @@ pub enum TurnError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error(transparent)]
     Bus(#[from] BusError),
     #[error(transparent)]
     Order(#[from] OrderError),
     #[error(transparent)]
     Llm(#[from] LlmError),
-    #[error("the model answered with no text")]
-    EmptyReply,
+    #[error("the journal holds a reply id that is not an ObjectId: {0}")]
+    BadReplyId(String),
 }
 
-/// What the worker does with a failed turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Disposition {
-    /// Try again later (NAK with delay), until the last delivery.
-    Retry,
-    /// Never answerable, but the user is owed an honest failure line.
-    Fail,
-    /// Not a valid turn at all: dead-letter without a reply.
-    Reject,
-}
+impl Classify for TurnError {
+    fn class(&self) -> Class {
+        match self {
+            Self::Invalid(_)
+            | Self::UnknownBot(_)
+            | Self::MissingConversation(_)
+            | Self::NotParticipant(_) => Class::Reject,
+            Self::Store(e) => e.class(),
+            Self::Journal(e) => e.class(),
+            Self::Bus(e) => e.class(),
+            Self::Order(e) => e.class(),
+            Self::Llm(e) => e.class(),
+            Self::BadReplyId(_) => Class::Permanent,
+        }
+    }
 
-impl TurnError {
-    /// A wait the failing service asked for (e.g. the model's `Retry-After`).
-    pub fn retry_after(&self) -> Option<std::time::Duration> {
+    fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
             Self::Llm(e) => e.retry_after(),
             _ => None,
         }
     }
+}
 
-    pub fn disposition(&self) -> Disposition {
-        match self {
-            Self::Invalid(_)
-            | Self::UnknownBot(_)
-            | Self::MissingConversation(_)
-            | Self::NotParticipant(_) => Disposition::Reject,
-            Self::Store(_) | Self::Bus(_) | Self::Order(_) | Self::EmptyReply => Disposition::Retry,
-            Self::Llm(e) if e.is_transient() => Disposition::Retry,
-            Self::Llm(_) => Disposition::Fail,
+impl From<ToolError> for TurnError {
+    /// Only a database failure leaves a tool call without a result (see [`ToolResult::record`]).
+    ///
+    /// [`ToolResult::record`]: crate::tools::ToolResult::record
+    fn from(e: ToolError) -> Self {
+        match e {
+            ToolError::Journal(e) => Self::Journal(e),
+            ToolError::Store(e) => Self::Store(e),
+            other => Self::Store(StoreError::Pg(sqlx::Error::Protocol(other.to_string()))),
         }
     }
 }
 
-/// The answer of a turn before it is delivered.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Reply {
-    pub content: String,
-    pub rich_content: Option<Value>,
-    /// Compact log of the tool calls behind this reply, kept on the assistant's history row.
-    pub tool_log: Option<Value>,
+/// The `flood` step: who answers this message when the user is over the limit.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FloodDecision {
+    /// `None`: under the limit, the turn goes ahead. This turn's own id: it says the busy line. Another
+    /// turn's id: that turn's busy line already answered this minute.
+    pub by: Option<String>,
 }
 
-/// The later messages of a burst answered with the head message, with their stream sequences.
-#[derive(Debug, Clone, Default)]
+/// A later message of a burst, as the `burst` step fixes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Covered {
+    pub message_id: String,
+    pub seq: u64,
+    pub content: String,
+    #[serde(default)]
+    pub images: Vec<String>,
+    pub sent_at: DateTime<Utc>,
+}
+
+/// The `burst` step: the later messages this turn's reply answers too, in stream order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Burst {
-    pub messages: Vec<(DmEvent, u64)>,
+    pub covers: Vec<Covered>,
 }
 
 impl Burst {
-    /// The burst fixed in the journal (none when not fixed yet).
-    fn of_record(head: &DmEvent, record: &TurnRecord) -> Self {
-        let Some(Value::Array(items)) = &record.covers else {
-            return Self::default();
-        };
-        let messages = items
-            .iter()
-            .filter_map(|v| {
-                let id = crate::bus::event::parse_object_id(v["messageId"].as_str()?)?;
-                let seq = v["seq"].as_u64()?;
-                let event = DmEvent {
-                    message_id: id,
-                    content: v["content"].as_str().unwrap_or_default().to_owned(),
-                    images: v["images"]
-                        .as_array()
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|u| u.as_str().map(str::to_owned))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    sent_at: v["sentAt"]
-                        .as_str()
-                        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-                        .map(|t| t.with_timezone(&Utc))
-                        .unwrap_or(head.sent_at),
-                    ..head.clone()
-                };
-                Some((event, seq))
-            })
-            .collect();
-        Self { messages }
-    }
-
-    fn entry(event: &DmEvent, seq: u64) -> Value {
-        json!({
-            "messageId": event.message_id.to_hex(),
-            "seq": seq,
-            "content": event.content,
-            "images": event.images,
-            "sentAt": event.sent_at.to_rfc3339(),
-        })
-    }
-
     pub fn last_seq(&self) -> Option<u64> {
-        self.messages.last().map(|(_, seq)| *seq)
+        self.covers.last().map(|c| c.seq)
     }
 
-    fn ids(&self) -> Vec<String> {
-        self.messages
+    /// The covered messages as events of the same conversation as `head`.
+    fn events(&self, head: &DmEvent) -> Vec<DmEvent> {
+        self.covers
             .iter()
-            .map(|(e, _)| e.message_id.to_hex())
+            .filter_map(|c| {
+                Some(DmEvent {
+                    message_id: ObjectId::parse_str(&c.message_id).ok()?,
+                    content: c.content.clone(),
+                    images: c.images.clone(),
+                    sent_at: c.sent_at,
+                    ..head.clone()
+                })
+            })
             .collect()
     }
 }
 
-/// The checks every event passes before anything is written for it: a known companion, and a
-/// conversation that exists and joins the sender and the bot.
-pub async fn admit<'a>(svc: &'a Services, event: &DmEvent) -> Result<&'a Character, TurnError> {
-    let character = svc
-        .characters
-        .by_bot(&event.bot_id)
-        .ok_or_else(|| TurnError::UnknownBot(event.bot_id.to_hex()))?;
-    match svc
-        .mongo
-        .check_conversation(event.conversation_id, event.sender_id, event.bot_id)
-        .await?
-    {
-        ConversationCheck::Ok => Ok(character),
-        ConversationCheck::Missing => Err(TurnError::MissingConversation(
-            event.conversation_id.to_hex(),
-        )),
-        ConversationCheck::NotParticipant => {
-            Err(TurnError::NotParticipant(event.conversation_id.to_hex()))
+/// The `reply` step: the answer of a generation, fixed before it is delivered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reply {
+    /// `_id` of the reply in dm_messages.
+    pub id: String,
+    pub content: String,
+    pub rich_content: Option<Value>,
+    pub at: DateTime<Utc>,
+    /// Compact log of the tool calls behind this reply, kept on the assistant's history row.
+    pub tool_log: Option<Value>,
+}
+
+impl Reply {
+    fn new(content: String, rich_content: Option<Value>, tool_log: Option<Value>) -> Self {
+        Self {
+            id: ObjectId::new().to_hex(),
+            content,
+            rich_content,
+            at: Utc::now(),
+            tool_log,
         }
     }
 }
 
-/// Runs one validated event to completion (no burst: for callers without a stream delivery).
-pub async fn run(svc: &Services, event: &DmEvent) -> Result<Outcome, TurnError> {
-    run_delivered(svc, event, None).await.map(|s| s.outcome)
+/// What a turn uses, built once per process from the components.
+pub struct Turns {
+    pub journal: Journal,
+    /// History (`bot_conversations`).
+    pub pg: Pg,
+    pub mongo: Mongo,
+    /// Completions and typing events.
+    pub bus: Bus,
+    pub llm: LlmClient,
+    pub characters: Characters,
+    pub retriever: Retriever,
+    pub flood: FloodLimit,
+    pub config: TurnConfig,
+    pub metrics: Arc<Metrics>,
 }
 
-/// Runs one validated event delivered from the stream; later messages of its burst already in the
-/// stream are answered with it.
-pub async fn run_delivered(
-    svc: &Services,
-    event: &DmEvent,
-    delivery: Option<&Delivery<'_>>,
-) -> Result<Settled, TurnError> {
-    let character = stage(Stage::Admit, admit(svc, event)).await?;
-    let ids = Ids::of(event);
-    let record = stage(
-        Stage::Journal,
-        svc.pg.begin_turn(
-            &ids.message,
-            &ids.conversation,
-            &ids.sender,
-            &ids.bot,
-            delivery.map(|d| d.seq),
-        ),
-    )
-    .await?;
-    if let Some(settled) = already_settled(event, &record) {
-        info!(state = %record.state, attempts = record.attempts, "message already settled; acknowledging");
-        return Ok(settled);
+impl Turns {
+    /// The limits inbound events are parsed with.
+    pub fn limits(&self) -> Limits {
+        Limits::of(&self.config)
     }
-    let busy = answered_by_busy_line(&ids, &record);
-    let (burst, reply) = match recorded_reply(&record) {
-        Some(reply) => {
-            debug!("reply already recorded; delivering it again");
-            (Burst::of_record(event, &record), reply)
-        }
-        None => {
-            // Only a first attempt takes from the allowance: a retried turn was admitted already. A
-            // retried turn that was found over the limit (the journal says who answers it) stays so.
-            if record.covered_by.is_some()
-                || (record.attempts == 1
-                    && record.covers.is_none()
-                    && !svc.flood.allow(event.sender_id))
-            {
-                return limited(svc, event, character, &record).await;
-            }
-            let burst = stage(Stage::Order, burst(svc, event, delivery, &record)).await?;
-            let typing = Typing {
-                conversation_id: ids.conversation.clone(),
-                sender_id: ids.bot.clone(),
-                typing: true,
-                at: Utc::now(),
-            };
-            if let Err(e) = stage(Stage::Publish, svc.bus.publish_typing(&typing)).await {
-                debug!(error = %e, "typing indicator not sent");
-            }
-            let reply = respond(svc, event, &burst, character).await?;
-            (burst, reply)
-        }
-    };
-    let state = if busy { "limited" } else { "done" };
-    // Writes are the delivery's time less its publish (stages count their own time only).
-    let reply_id = stage(
-        Stage::Writes,
-        deliver(svc, event, &burst, reply, state, record.generation),
-    )
-    .await?;
-    Ok(Settled {
-        through_seq: burst.last_seq(),
-        outcome: if busy {
-            Outcome::Limited {
-                reply_id: Some(reply_id),
-            }
-        } else {
-            Outcome::Answered { reply_id }
-        },
-    })
-}
 
-/// Fixes the burst this turn answers: the journal's if an earlier attempt fixed it, else the messages
-/// of the same sender that follow in the stream now (contiguous, valid, within the bounds).
-async fn burst(
-    svc: &Services,
-    event: &DmEvent,
-    delivery: Option<&Delivery<'_>>,
-    record: &TurnRecord,
-) -> Result<Burst, TurnError> {
-    if record.covers.is_some() {
-        return Ok(Burst::of_record(event, record));
+    /// The checks every event passes before anything is written for it: a known companion, and a
+    /// conversation that exists and joins the sender and the bot.
+    pub async fn admit(&self, event: &DmEvent) -> Result<&Character, TurnError> {
+        let character = self
+            .characters
+            .by_bot(&event.bot_id)
+            .ok_or_else(|| TurnError::UnknownBot(event.bot_id.to_hex()))?;
+        match self
+            .mongo
+            .check_conversation(event.conversation_id, event.sender_id, event.bot_id)
+            .await?
+        {
+            ConversationCheck::Ok => Ok(character),
+            ConversationCheck::Missing => Err(TurnError::MissingConversation(
+                event.conversation_id.to_hex(),
+            )),
+            ConversationCheck::NotParticipant => {
+                Err(TurnError::NotParticipant(event.conversation_id.to_hex()))
+            }
+        }
     }
-    let mut candidates = Vec::new();
-    if let Some(d) = delivery
-        && svc.config.burst_max > 0
-    {
-        let limits = svc.config.event_limits();
+
+    /// Runs one validated event to completion (no burst: for callers without a stream delivery).
+    pub async fn run(&self, event: &DmEvent) -> Result<Outcome, TurnError> {
+        self.run_delivered(event, None).await.map(|s| s.outcome)
+    }
+
+    /// Runs one validated event delivered from the stream; later messages of its burst already in the
+    /// stream are answered with it.
+    pub async fn run_delivered(
+        &self,
+        event: &DmEvent,
+        delivery: Option<&Delivery<'_>>,
+    ) -> Result<Settled, TurnError> {
+        let character = stage(Stage::Admit, self.admit(event)).await?;
+        let ids = Ids::of(event);
+        let job = stage(
+            Stage::Journal,
+            self.journal.open(&ids.job(delivery.map(|d| d.seq))),
+        )
+        .await?;
+        if let Some(settled) = already_settled(&job) {
+            info!(state = ?job.record.state, attempts = job.record.attempts, "message already settled; acknowledging");
+            return Ok(settled);
+        }
+        let result = self.answer(&job, event, &ids, character, delivery).await;
+        if result.is_err() {
+            // What succeeded is not redone by the next attempt.
+            job.flush_quietly().await;
+        }
+        result
+    }
+
+    async fn answer(
+        &self,
+        job: &Job,
+        event: &DmEvent,
+        ids: &Ids,
+        character: &Character,
+        delivery: Option<&Delivery<'_>>,
+    ) -> Result<Settled, TurnError> {
+        let generation = generation_key(job);
+        if let Some(reply) = job.recorded::<Reply>("reply", &generation) {
+            debug!("reply already fixed; delivering it again");
+            let burst = job.recorded::<Burst>("burst", "").unwrap_or_default();
+            let flood = job
+                .recorded::<FloodDecision>("flood", "")
+                .unwrap_or_default();
+            let busy = flood.by.as_deref() == Some(ids.message.as_str());
+            return self.deliver(job, event, ids, &burst, reply, busy).await;
+        }
+        let flood = job
+            .step("flood", "")
+            .lazy()
+            .run(self.decide_flood(job, event, ids))
+            .await?;
+        match flood.by.as_deref() {
+            Some(by) if by != ids.message => {
+                return self.limited_silently(job, event, ids, by).await;
+            }
+            Some(_) => {
+                info!("over the flood limit; answering with the busy line");
+                let line = character
+                    .busy_line
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_BUSY_LINE.to_owned());
+                let reply = job
+                    .step("reply", &generation)
+                    .tally(busy_tally(ids))
+                    .run(async { Ok::<_, TurnError>(Reply::new(line, None, None)) })
+                    .await?;
+                return self
+                    .deliver(job, event, ids, &Burst::default(), reply, true)
+                    .await;
+            }
+            None => {}
+        }
+        let burst = stage(
+            Stage::Order,
+            job.step("burst", "")
+                .run(self.fix_burst(event, ids, delivery)),
+        )
+        .await?;
+        let typing = Typing {
+            conversation_id: ids.conversation.clone(),
+            sender_id: ids.bot.clone(),
+            typing: true,
+            at: Utc::now(),
+        };
+        if let Err(e) = stage(Stage::Publish, self.bus.publish_typing(&typing)).await {
+            debug!(error = %e, "typing indicator not sent");
+        }
+        let reply = job
+            .step("reply", &generation)
+            .run(self.respond(job, event, &burst, character))
+            .await?;
+        self.deliver(job, event, ids, &burst, reply, false).await
+    }
+
+    /// The flood decision of a turn that has none recorded. Only a first attempt takes from the
+    /// allowance: a retried or replayed turn was admitted already.
+    async fn decide_flood(
+        &self,
+        job: &Job,
+        event: &DmEvent,
+        ids: &Ids,
+    ) -> Result<FloodDecision, TurnError> {
+        if job.record.attempts > 1 || self.flood.allow(event.sender_id) {
+            return Ok(FloodDecision::default());
+        }
+        let window = chrono::Duration::from_std(self.flood.window).unwrap_or_default();
+        let by = self
+            .journal
+            .last_tallied(&busy_tally(ids), "reply", Utc::now() - window)
+            .await?
+            .unwrap_or_else(|| ids.message.clone());
+        Ok(FloodDecision { by: Some(by) })
+    }
+
+    /// Over the flood limit with the busy line already said this minute: the message is kept in history
+    /// for the next real answer and settled without a reply of its own.
+    async fn limited_silently(
+        &self,
+        job: &Job,
+        event: &DmEvent,
+        ids: &Ids,
+        by: &str,
+    ) -> Result<Settled, TurnError> {
+        job.step("history", "limited")
+            .lazy()
+            .run(async {
+                self.pg
+                    .append_history(&[user_row(ids, event, Utc::now())])
+                    .await
+                    .map_err(TurnError::from)
+            })
+            .await?;
+        job.settle(State::Limited, Some(by)).await?;
+        info!(answered_by = %by, "over the flood limit; the busy line already answered this minute");
+        Ok(Settled {
+            outcome: Outcome::Limited { reply_id: None },
+            through_seq: None,
+        })
+    }
+
+    /// The later messages of the same sender that follow in the stream now (contiguous, valid, within the
+    /// bounds), each made a job `covered` by this one; the first that already has a job ends the burst.
+    async fn fix_burst(
+        &self,
+        event: &DmEvent,
+        ids: &Ids,
+        delivery: Option<&Delivery<'_>>,
+    ) -> Result<Burst, TurnError> {
+        let mut burst = Burst::default();
+        let Some(d) = delivery.filter(|_| self.config.burst_max > 0) else {
+            return Ok(burst);
+        };
+        let limits = self.limits();
         let mut chars = event.content.chars().count();
         for m in d
             .order
-            .followers(d.subject, d.seq, svc.config.burst_max)
+            .followers(d.subject, d.seq, self.config.burst_max)
             .await?
         {
             let Ok(f) = parse_inbound(
                 &m.payload,
                 m.subject.as_str(),
-                &svc.bus.names.prefix,
+                &self.bus.names.prefix,
                 limits,
             ) else {
                 break;
@@ -331,317 +448,309 @@ async fn burst(
             chars += f.content.chars().count();
             if f.sender_id != event.sender_id
                 || f.message_id == event.message_id
-                || chars > svc.config.max_content_chars
+                || chars > self.config.max_content_chars
             {
                 break;
             }
-            candidates.push(Burst::entry(&f, m.sequence));
-        }
-    }
-    let ids = Ids::of(event);
-    let fixed = svc
-        .pg
-        .fix_covers(
-            &ids.message,
-            &ids.conversation,
-            &ids.sender,
-            &ids.bot,
-            &candidates,
-        )
-        .await?;
-    let burst = Burst::of_record(
-        event,
-        &TurnRecord {
-            covers: Some(Value::Array(fixed)),
-            ..record.clone()
-        },
-    );
-    if !burst.messages.is_empty() {
-        info!(
-            covers = burst.messages.len(),
-            "answering a burst of messages with one reply"
-        );
-    }
-    Ok(burst)
-}
-
-/// Over the flood limit: the busy line once per window; later messages of the window are recorded
-/// (journal and history, so the next real turn sees them) without a reply of their own.
-async fn limited(
-    svc: &Services,
-    event: &DmEvent,
-    character: &Character,
-    record: &TurnRecord,
-) -> Result<Settled, TurnError> {
-    let ids = Ids::of(event);
-    // The decision is journaled (`covered_by`) before anything else, so a retry carries it out the same.
-    let by = match &record.covered_by {
-        Some(by) => by.clone(),
-        None => {
-            let window = chrono::Duration::from_std(svc.flood.window).unwrap_or_default();
-            let by = svc
-                .pg
-                .recent_busy_notice(&ids.sender, &ids.bot, Utc::now() - window)
+            let fids = Ids::of(&f);
+            if !self
+                .journal
+                .cover(&fids.job(Some(m.sequence)), &ids.message)
                 .await?
-                .unwrap_or_else(|| ids.message.clone());
-            svc.pg.set_covered_by(&ids.message, &by).await?;
-            by
+            {
+                break;
+            }
+            burst.covers.push(Covered {
+                message_id: fids.message,
+                seq: m.sequence,
+                content: f.content,
+                images: f.images,
+                sent_at: f.sent_at,
+            });
         }
-    };
-    if by != ids.message {
-        svc.pg
-            .append_history(&[user_row(&ids, event, Utc::now())])
-            .await?;
-        svc.pg.mark_limited(&ids.message, &by).await?;
-        info!(answered_by = %by, "over the flood limit; the busy line already answered this minute");
-        return Ok(Settled {
-            outcome: Outcome::Limited { reply_id: None },
-            through_seq: None,
+        if !burst.covers.is_empty() {
+            info!(
+                covers = burst.covers.len(),
+                "answering a burst of messages with one reply"
+            );
+        }
+        Ok(burst)
+    }
+
+    /// Loads the context, asks the model (the tool loop) and returns its answer.
+    async fn respond(
+        &self,
+        job: &Job,
+        event: &DmEvent,
+        burst: &Burst,
+        character: &Character,
+    ) -> Result<Reply, TurnError> {
+        let ids = Ids::of(event);
+        let followers = burst.events(event);
+        let events: Vec<&DmEvent> = std::iter::once(event).chain(&followers).collect();
+        let query = events
+            .iter()
+            .map(|e| e.content.as_str())
+            .filter(|c| !c.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n");
+        // Retrieval (embedding + vector search) runs beside the context loads, not after them.
+        let (context, knowledge) = tokio::join!(
+            stage(Stage::Context, async {
+                tokio::try_join!(
+                    self.pg
+                        .history(&ids.sender, &ids.bot, self.config.history_limit),
+                    self.mongo.user_profile(event.sender_id),
+                    self.mongo
+                        .user_tricklists(event.sender_id, prompt::PROMPT_TRICKLISTS),
+                )
+            }),
+            self.retriever.for_turn(&character.knowledge, &query),
+        );
+        let (history, profile, tricklists) = context?;
+        let prompt_started = std::time::Instant::now();
+        let system = prompt::system_prompt(&prompt::PromptContext {
+            character,
+            profile: profile.as_ref(),
+            tricklists: &tricklists,
+            knowledge: &knowledge,
+            now: Utc::now(),
+            tools_enabled: true,
         });
-    }
-    info!("over the flood limit; answering with the busy line");
-    let reply = Reply {
-        content: character
-            .busy_line
-            .clone()
-            .unwrap_or_else(|| DEFAULT_BUSY_LINE.to_owned()),
-        rich_content: None,
-        tool_log: None,
-    };
-    let reply_id = stage(
-        Stage::Writes,
-        deliver(
-            svc,
-            event,
-            &Burst::default(),
-            reply,
-            "limited",
-            record.generation,
-        ),
-    )
-    .await?;
-    Ok(Settled {
-        outcome: Outcome::Limited {
-            reply_id: Some(reply_id),
-        },
-        through_seq: None,
-    })
-}
-
-/// Loads the context, asks the model and returns its answer.
-async fn respond(
-    svc: &Services,
-    event: &DmEvent,
-    burst: &Burst,
-    character: &Character,
-) -> Result<Reply, TurnError> {
-    let ids = Ids::of(event);
-    let events: Vec<&DmEvent> = std::iter::once(event)
-        .chain(burst.messages.iter().map(|(e, _)| e))
-        .collect();
-    let query = events
-        .iter()
-        .map(|e| e.content.as_str())
-        .filter(|c| !c.is_empty())
-        .collect::<Vec<_>>()
-        .join("\n");
-    // Retrieval (embedding + vector search) runs beside the context loads, not after them.
-    let (context, knowledge) = tokio::join!(
-        stage(Stage::Context, async {
-            tokio::try_join!(
-                svc.pg
-                    .history(&ids.sender, &ids.bot, svc.config.history_limit),
-                svc.mongo.user_profile(event.sender_id),
-                svc.mongo
-                    .user_tricklists(event.sender_id, prompt::PROMPT_TRICKLISTS),
-            )
-        }),
-        crate::rag::retrieve_for_turn(svc, character, &query),
-    );
-    let (history, profile, tricklists) = context?;
-    let prompt_started = std::time::Instant::now();
-    let system = prompt::system_prompt(&prompt::PromptContext {
-        character,
-        profile: profile.as_ref(),
-        tricklists: &tricklists,
-        knowledge: &knowledge,
-        now: Utc::now(),
-        tools_enabled: true,
-    });
-    let messages = prompt::conversation(system, &history, &events);
-    crate::timing::add(Stage::Prompt, prompt_started);
-    let request = ChatRequest {
-        model: character
-            .model
-            .clone()
-            .unwrap_or_else(|| svc.llm.default_model.clone()),
-        messages,
-        tools: Default::default(),
-        tool_choice: None,
-        max_tokens: Some(svc.llm.max_tokens),
-        temperature: Some(svc.llm.temperature),
-    };
-    let registry = &*crate::tools::REGISTRY;
-    let out = tool_loop::run(svc, event, character, registry, request).await?;
-    let content = bound_reply(out.text.trim(), svc.config.max_reply_chars);
-    if content.is_empty() {
-        return Err(TurnError::EmptyReply);
-    }
-    Ok(Reply {
-        content,
-        rich_content: out.card,
-        tool_log: (!out.log.is_empty()).then(|| Value::Array(out.log)),
-    })
-}
-
-/// Answers the event (and the burst fixed with it) with the character's honest failure line, once like
-/// any reply; never over a settled turn. A reply recorded before the failure is delivered instead.
-pub async fn answer_with_failure(
-    svc: &Services,
-    event: &DmEvent,
-    reason: &str,
-) -> Result<Settled, TurnError> {
-    let character = admit(svc, event).await?;
-    let ids = Ids::of(event);
-    let record = svc
-        .pg
-        .begin_turn(&ids.message, &ids.conversation, &ids.sender, &ids.bot, None)
-        .await?;
-    if let Some(settled) = already_settled(event, &record) {
-        info!(state = %record.state, "message settled after all; no failure line");
-        return Ok(settled);
-    }
-    let burst = Burst::of_record(event, &record);
-    svc.pg.note_error(&ids.message, reason).await?;
-    let recorded_state = if answered_by_busy_line(&ids, &record) {
-        "limited"
-    } else {
-        "done"
-    };
-    let (reply, state) = match recorded_reply(&record) {
-        Some(reply) => (reply, recorded_state),
-        None => (
-            Reply {
-                content: character.failure_line.clone(),
-                rich_content: None,
-                tool_log: None,
+        let messages = prompt::conversation(system, &history, &events);
+        crate::timing::add(Stage::Prompt, prompt_started);
+        let request = ChatRequest {
+            model: character
+                .model
+                .clone()
+                .unwrap_or_else(|| self.llm.default_model.clone()),
+            messages,
+            tools: REGISTRY.defs(),
+            tool_choice: None,
+            max_tokens: Some(self.llm.max_tokens),
+            temperature: Some(self.llm.temperature),
+        };
+        let cx = tool_loop::LoopContext {
+            llm: &self.llm,
+            registry: &REGISTRY,
+            limits: tool_loop::LoopLimits {
+                max_rounds: self.config.max_tool_rounds,
+                max_result_bytes: self.config.max_tool_result_bytes,
             },
-            "failed",
-        ),
-    };
-    let reply_id = deliver(svc, event, &burst, reply, state, record.generation).await?;
-    Ok(Settled {
-        through_seq: burst.last_seq(),
-        outcome: Outcome::Answered { reply_id },
-    })
-}
-
-/// A turn the journal says is settled is acknowledged again, with what its reply covered.
-fn already_settled(event: &DmEvent, record: &TurnRecord) -> Option<Settled> {
-    (record.state != "running").then(|| Settled {
-        through_seq: Burst::of_record(event, record).last_seq(),
-        outcome: Outcome::AlreadySettled {
-            state: record.state.clone(),
-        },
-    })
-}
-
-/// The reply an earlier attempt recorded before it failed to deliver it.
-fn recorded_reply(record: &TurnRecord) -> Option<Reply> {
-    match (&record.reply_content, record.reply_id.is_some()) {
-        (Some(content), true) => Some(Reply {
-            content: content.clone(),
-            rich_content: record.rich_content.clone(),
-            tool_log: None,
-        }),
-        _ => None,
+            metrics: &self.metrics,
+            tools: ToolContext {
+                user: event.sender_id,
+                bot: event.bot_id,
+                character: &character.name,
+                message_id: event.message_id,
+                tool_call_id: String::new(),
+                call_key: String::new(),
+                mongo: &self.mongo,
+                job,
+                now: Utc::now(),
+                writes_per_hour: self.config.writes_per_hour,
+            },
+        };
+        let out = tool_loop::run(&cx, request).await?;
+        let content = bound_reply(clean_text(&out.text).trim(), self.config.max_reply_chars);
+        if content.is_empty() {
+            return Err(LlmError::EmptyAnswer.into());
+        }
+        Ok(Reply::new(
+            content,
+            out.card,
+            (!out.log.is_empty()).then(|| Value::Array(out.log)),
+        ))
     }
-}
 
-/// A turn answered by the busy line marks itself as answered by itself before it delivers.
-fn answered_by_busy_line(ids: &Ids, record: &TurnRecord) -> bool {
-    record.covered_by.as_deref() == Some(ids.message.as_str())
-}
+    /// Answers the event (and the burst fixed with it) with the character's honest failure line, once
+    /// like any reply; never over a settled turn. A reply fixed before the failure is delivered instead.
+    pub async fn answer_with_failure(
+        &self,
+        event: &DmEvent,
+        reason: &str,
+    ) -> Result<Settled, TurnError> {
+        let character = self.admit(event).await?;
+        let ids = Ids::of(event);
+        let job = self.journal.open(&ids.job(None)).await?;
+        if let Some(settled) = already_settled(&job) {
+            info!(state = ?job.record.state, "message settled after all; no failure line");
+            return Ok(settled);
+        }
+        self.journal.note_error(&ids.message, reason).await?;
+        let burst = job.recorded::<Burst>("burst", "").unwrap_or_default();
+        let generation = generation_key(&job);
+        let result = match job.recorded::<Reply>("reply", &generation) {
+            Some(reply) => {
+                let flood = job
+                    .recorded::<FloodDecision>("flood", "")
+                    .unwrap_or_default();
+                let busy = flood.by.as_deref() == Some(ids.message.as_str());
+                self.deliver(&job, event, &ids, &burst, reply, busy).await
+            }
+            None => {
+                let line = Reply::new(character.failure_line.clone(), None, None);
+                let reply = job
+                    .step("reply", &generation)
+                    .run(async { Ok::<_, TurnError>(line) })
+                    .await?;
+                self.deliver_as(&job, event, &ids, &burst, reply, State::Failed, None)
+                    .await
+            }
+        };
+        if result.is_err() {
+            job.flush_quietly().await;
+        }
+        result
+    }
 
-/// Writes the reply once and publishes it; every step is safe to repeat.
-async fn deliver(
-    svc: &Services,
-    event: &DmEvent,
-    burst: &Burst,
-    reply: Reply,
-    final_state: &str,
-    generation: i32,
-) -> Result<String, TurnError> {
-    let ids = Ids::of(event);
-    let record = svc
-        .pg
-        .record_reply(
-            &ids.message,
-            &ObjectId::new().to_hex(),
-            &reply.content,
-            reply.rich_content.as_ref(),
-            Utc::now(),
-        )
-        .await?;
-    // The first recorded reply wins, so a retry writes exactly the same document.
-    let reply_id_hex = record.reply_id.unwrap_or_default();
-    let reply_id = ObjectId::parse_str(&reply_id_hex)
-        .map_err(|_| StoreError::Pg(sqlx::Error::Protocol("bad reply id in journal".into())))?;
-    let content = record.reply_content.unwrap_or(reply.content);
-    let rich_content = record.rich_content;
-    let at = record.reply_at.unwrap_or_else(Utc::now);
-    let inserted = svc
-        .mongo
-        .insert_reply(&ReplyDoc {
-            id: reply_id,
-            conversation_id: event.conversation_id,
-            sender_id: event.bot_id,
-            in_reply_to: event.message_id,
-            content: content.clone(),
-            rich_content: rich_content.clone(),
-            timestamp: at,
-            generation,
-        })
-        .await?;
-    if !inserted {
-        debug!("reply document already present");
+    /// Delivers a fixed reply: `Limited` (answered by its own busy line) or `Done`.
+    async fn deliver(
+        &self,
+        job: &Job,
+        event: &DmEvent,
+        ids: &Ids,
+        burst: &Burst,
+        reply: Reply,
+        busy: bool,
+    ) -> Result<Settled, TurnError> {
+        let (state, by) = if busy {
+            (State::Limited, Some(ids.message.as_str()))
+        } else {
+            (State::Done, None)
+        };
+        self.deliver_as(job, event, ids, burst, reply, state, by)
+            .await
     }
-    let follower_ids: Vec<Ids> = burst.messages.iter().map(|(e, _)| Ids::of(e)).collect();
-    let mut rows = vec![user_row(&ids, event, at)];
-    for ((e, _), fids) in burst.messages.iter().zip(&follower_ids) {
-        rows.push(user_row(fids, e, at));
-    }
-    rows.push(NewHistory {
-        user_id: &ids.sender,
-        bot_id: &ids.bot,
-        conversation_id: &ids.conversation,
-        role: "assistant",
-        content: &content,
-        message_id: &reply_id_hex,
-        tool_calls: reply.tool_log.as_ref(),
-        created_at: at,
-    });
-    svc.pg.append_history(&rows).await?;
-    svc.mongo
-        .touch_conversation(event.conversation_id, &content, at)
-        .await?;
-    stage(
-        Stage::Publish,
-        svc.bus.publish_completion(&Completion {
-            message_id: reply_id_hex.clone(),
+
+    /// Writes the fixed reply once and publishes it, then settles the job in `state`; every step is safe
+    /// to repeat and recorded with the settlement.
+    #[allow(clippy::too_many_arguments)]
+    async fn deliver_as(
+        &self,
+        job: &Job,
+        event: &DmEvent,
+        ids: &Ids,
+        burst: &Burst,
+        reply: Reply,
+        state: State,
+        by: Option<&str>,
+    ) -> Result<Settled, TurnError> {
+        let generation = generation_key(job);
+        let reply_id =
+            ObjectId::parse_str(&reply.id).map_err(|_| TurnError::BadReplyId(reply.id.clone()))?;
+        let writes = async {
+            job.step("store_reply", &generation)
+                .lazy()
+                .run(async {
+                    let inserted = self
+                        .mongo
+                        .insert_reply(&ReplyDoc {
+                            id: reply_id,
+                            conversation_id: event.conversation_id,
+                            sender_id: event.bot_id,
+                            in_reply_to: event.message_id,
+                            content: reply.content.clone(),
+                            rich_content: reply.rich_content.clone(),
+                            timestamp: reply.at,
+                            generation: job.record.generation,
+                        })
+                        .await?;
+                    if !inserted {
+                        debug!("reply document already present");
+                    }
+                    Ok::<_, TurnError>(inserted)
+                })
+                .await?;
+            job.step("history", &generation)
+                .lazy()
+                .run(async {
+                    let followers = burst.events(event);
+                    let follower_ids: Vec<Ids> = followers.iter().map(Ids::of).collect();
+                    let mut rows = vec![user_row(ids, event, reply.at)];
+                    for (e, fids) in followers.iter().zip(&follower_ids) {
+                        rows.push(user_row(fids, e, reply.at));
+                    }
+                    rows.push(NewHistory {
+                        user_id: &ids.sender,
+                        bot_id: &ids.bot,
+                        conversation_id: &ids.conversation,
+                        role: "assistant",
+                        content: &reply.content,
+                        message_id: &reply.id,
+                        tool_calls: reply.tool_log.as_ref(),
+                        created_at: reply.at,
+                    });
+                    self.pg.append_history(&rows).await?;
+                    Ok::<_, TurnError>(())
+                })
+                .await?;
+            job.step("touch", &generation)
+                .lazy()
+                .run(async {
+                    self.mongo
+                        .touch_conversation(event.conversation_id, &reply.content, reply.at)
+                        .await?;
+                    Ok::<_, TurnError>(())
+                })
+                .await?;
+            Ok::<_, TurnError>(())
+        };
+        stage(Stage::Writes, writes).await?;
+        let completion = Completion {
+            message_id: reply.id.clone(),
             in_reply_to: ids.message.clone(),
             conversation_id: ids.conversation.clone(),
             sender_id: ids.bot.clone(),
-            content,
-            rich_content,
-            created_at: at,
-            covers: burst.ids(),
-        }),
-    )
-    .await?;
-    svc.pg.finish_turn(&ids.message, final_state, None).await?;
-    info!(reply_id = %reply_id_hex, state = final_state, generation, "reply delivered");
-    Ok(reply_id_hex)
+            content: reply.content.clone(),
+            rich_content: reply.rich_content.clone(),
+            created_at: reply.at,
+            covers: burst.covers.iter().map(|c| c.message_id.clone()).collect(),
+        };
+        stage(
+            Stage::Publish,
+            job.step("publish", &generation).lazy().run(async {
+                self.bus.publish_completion(&completion).await?;
+                Ok::<_, TurnError>(())
+            }),
+        )
+        .await?;
+        if !stage(Stage::Writes, job.settle(state, by)).await? {
+            debug!("the turn was settled elsewhere meanwhile");
+        }
+        info!(reply_id = %reply.id, state = state.as_str(), generation = job.record.generation, "reply delivered");
+        Ok(Settled {
+            through_seq: burst.last_seq(),
+            outcome: match state {
+                State::Limited => Outcome::Limited {
+                    reply_id: Some(reply.id),
+                },
+                _ => Outcome::Answered { reply_id: reply.id },
+            },
+        })
+    }
+}
+
+/// A turn the journal says is settled is acknowledged again, with what its reply covered.
+fn already_settled(job: &Job) -> Option<Settled> {
+    job.record.state.is_settled().then(|| Settled {
+        through_seq: job
+            .recorded::<Burst>("burst", "")
+            .and_then(|b| b.last_seq()),
+        outcome: Outcome::AlreadySettled {
+            state: job.record.state,
+        },
+    })
+}
+
+/// The key of this generation's reply steps.
+fn generation_key(job: &Job) -> String {
+    format!("g{}", job.record.generation)
+}
+
+/// The tally of busy lines said to one user by one companion.
+fn busy_tally(ids: &Ids) -> String {
+    format!("busy:{}:{}", ids.sender, ids.bot)
 }
 
 /// The history row of a user's message.
@@ -689,6 +798,17 @@ impl Ids {
             sender: e.sender_id.to_hex(),
             bot: e.bot_id.to_hex(),
             text: prompt::history_text(e),
+        }
+    }
+
+    fn job(&self, stream_seq: Option<u64>) -> NewJob<'_> {
+        NewJob {
+            id: &self.message,
+            kind: JOB_KIND,
+            user: &self.sender,
+            bot: &self.bot,
+            conversation: &self.conversation,
+            stream_seq,
         }
     }
 }

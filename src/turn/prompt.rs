@@ -8,6 +8,7 @@ use crate::{
     bus::DmEvent,
     character::Character,
     llm::{ContentPart, FunctionCall, ImageUrl, Message, ToolCall, UserContent},
+    rag::KnowledgeSnippet,
     store::{
         mongo::{Tricklist, UserProfile},
         pg::HistoryMessage,
@@ -20,15 +21,6 @@ const MAX_FIELD_CHARS: usize = 300;
 pub const PROMPT_TRICKLISTS: i64 = 10;
 /// Tricks shown per tricklist.
 const PROMPT_TRICKS_PER_LIST: usize = 30;
-
-/// A retrieved knowledge chunk for the prompt.
-#[derive(Clone, Debug)]
-pub struct KnowledgeSnippet {
-    pub title: String,
-    pub source_url: Option<String>,
-    pub text: String,
-    pub score: f32,
-}
 
 /// Everything the system prompt is built from.
 pub struct PromptContext<'a> {

@@ -5,28 +5,26 @@
 //! - At most `max_rounds` rounds of tools. If the model still asks for tools after the last round, those
 //!   calls are not run and one more call is made without tools, so every turn ends with text.
 //! - The last card produced in the turn becomes the reply's `richContent`.
-//! - Every call is audited in `tool_calls`; a compact log goes with the reply into history. That row is
-//!   the journal of the call: a retried turn replays the model's responses (`turn_steps`) and the
-//!   recorded tool results, so nothing that ran is run or paid for again.
-//! - A database error inside a tool fails the turn transiently (it is retried); everything else a tool
-//!   can go wrong with is an error result the model explains.
+//! - Each model answer is a journal step (`llm`, by round, with its usage and cost) and each call one
+//!   (`tool`, by call id and a hash of tool and arguments): a retried turn replays them, so nothing that
+//!   succeeded is run or paid for again. An answer that failed (an error inside a 200, an empty one) is
+//!   never recorded: the next attempt asks again.
+//! - A database error inside a tool fails the turn (with the error's class); everything else a tool can
+//!   go wrong with is an error result the model explains.
 //! - A tool result longer than `max_result_bytes` reaches the model cut, with a note.
-//! - Every paid response is recorded in `llm_usage` (tokens, cost); a replayed one is not.
 
 use std::{collections::HashSet, time::Instant};
 
-use chrono::Utc;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{debug, info};
 
 use super::TurnError;
 use crate::{
-    bus::DmEvent,
-    character::Character,
-    llm::{AssistantMessage, ChatRequest, Message, ToolCall},
-    services::Services,
+    llm::{AssistantMessage, CallUsage, ChatRequest, LlmClient, LlmError, Message, ToolCall},
+    metrics::{Metrics, label},
     timing::{Stage, stage},
-    tools::{Registry, ToolContext, ToolError, audit},
+    tools::{Registry, ToolContext, ToolRecord, call_key},
 };
 
 /// What the loop produced.
@@ -38,45 +36,6 @@ pub struct LoopOutput {
     pub card: Option<Value>,
     /// Compact record of every call made, in order.
     pub log: Vec<Value>,
-    /// Chat calls made.
-    pub llm_calls: u32,
-}
-
-/// Runs the loop for `request` (whose `tools` are replaced by the registry's) on behalf of the event's sender.
-pub async fn run(
-    svc: &Services,
-    event: &DmEvent,
-    character: &Character,
-    registry: &Registry,
-    mut request: ChatRequest,
-) -> Result<LoopOutput, TurnError> {
-    let base = ToolContext {
-        user: event.sender_id,
-        bot: event.bot_id,
-        character: character.name.clone(),
-        message_id: event.message_id,
-        tool_call_id: String::new(),
-        mongo: svc.mongo.clone(),
-        pg: svc.pg.clone(),
-        now: Utc::now(),
-        writes_per_hour: svc.config.writes_per_hour,
-    };
-    request.tools = registry.defs();
-    request.tool_choice = None;
-    let limits = LoopLimits {
-        max_rounds: svc.config.max_tool_rounds,
-        max_result_bytes: svc.config.max_tool_result_bytes,
-    };
-    let out = run_llm_with(&svc.llm, &base, registry, request, limits).await?;
-    for call in &out.log {
-        let tool = crate::ops::label(call["tool"].as_str().unwrap_or("?"));
-        let outcome = if call["ok"] == true { "ok" } else { "error" };
-        svc.metrics.inc(
-            "companion_tool_calls_total",
-            &format!("tool=\"{tool}\",outcome=\"{outcome}\""),
-        );
-    }
-    Ok(out)
 }
 
 /// The bounds of one loop.
@@ -88,38 +47,43 @@ pub struct LoopLimits {
     pub max_result_bytes: usize,
 }
 
-/// The loop against any chat client, with the default result bound.
-pub async fn run_llm(
-    llm: &crate::llm::LlmClient,
-    base: &ToolContext,
-    registry: &Registry,
-    request: ChatRequest,
-    max_rounds: u32,
-) -> Result<LoopOutput, TurnError> {
-    let limits = LoopLimits {
-        max_rounds,
-        max_result_bytes: 16 * 1024,
-    };
-    run_llm_with(llm, base, registry, request, limits).await
+/// What one loop uses: the model, the tools (with the turn's journal in their context) and its bounds.
+pub struct LoopContext<'a> {
+    pub llm: &'a LlmClient,
+    pub registry: &'a Registry,
+    pub limits: LoopLimits,
+    pub metrics: &'a Metrics,
+    /// The context every call starts from (its call id and key are set per call).
+    pub tools: ToolContext<'a>,
 }
 
-/// The loop against any chat client.
-pub async fn run_llm_with(
-    llm: &crate::llm::LlmClient,
-    base: &ToolContext,
-    registry: &Registry,
-    mut request: ChatRequest,
-    limits: LoopLimits,
-) -> Result<LoopOutput, TurnError> {
-    let max_rounds = limits.max_rounds;
+/// The `llm` step: one answer of the model and what that call used.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LlmRecord {
+    pub message: AssistantMessage,
+    pub usage: Option<CallUsage>,
+}
+
+/// Runs the loop for `request` (with the registry's tools) on behalf of the event's sender.
+pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopOutput, TurnError> {
+    request.tools = cx.registry.defs();
+    request.tool_choice = None;
+    let job = cx.tools.job;
     let mut out = LoopOutput::default();
     let mut seen_ids: HashSet<String> = HashSet::new();
     let mut round: u32 = 0;
-    let mut step: i32 = 0;
+    let mut step: u32 = 0;
     loop {
         let tools_offered = !request.tools.is_empty();
-        let message = journaled_completion(llm, base, step, &request, &mut out).await?;
+        // The step's own time is the journal's; the model's is the nested `llm` stage.
+        let record: LlmRecord = stage(
+            Stage::Steps,
+            job.step("llm", step.to_string())
+                .run(ask(cx.llm, &request, tools_offered)),
+        )
+        .await?;
         step += 1;
+        let message = record.message;
         let text = message.content.clone().unwrap_or_default();
         if message.tool_calls.is_empty() || !tools_offered {
             if !message.tool_calls.is_empty() {
@@ -128,7 +92,7 @@ pub async fn run_llm_with(
             out.text = text;
             return Ok(out);
         }
-        if round >= max_rounds {
+        if round >= cx.limits.max_rounds {
             // Out of rounds: do not run these calls; one last call with tools disabled.
             info!(
                 rounds = round,
@@ -141,28 +105,30 @@ pub async fn run_llm_with(
         round += 1;
         let calls = unique_ids(message.tool_calls, round, &mut seen_ids);
         let round_started = Instant::now();
-        let results = futures::future::join_all(calls.iter().map(|call| async move {
-            let mut ctx = base.clone();
+        let results = futures::future::join_all(calls.iter().map(|call| {
+            let (name, args) = (&call.function.name, &call.function.arguments);
+            let mut ctx = cx.tools.clone();
             ctx.tool_call_id = call.id.clone();
-            let started = Instant::now();
-            // A call an earlier attempt ran keeps its result: the tool does not run again.
-            let result =
-                match audit::recorded(&ctx, &call.function.name, &call.function.arguments).await {
-                    Ok(Some(recorded)) => {
-                        debug!(tool = %recorded.name, "tool result replayed from the turn journal");
-                        recorded
-                    }
-                    Ok(None) => {
-                        registry
-                            .dispatch(&call.function.name, &call.function.arguments, &ctx)
-                            .await
-                    }
-                    Err(e) => crate::tools::ToolResult {
-                        name: call.function.name.clone(),
-                        outcome: Err(ToolError::Store(e)),
-                    },
-                };
-            (ctx, result, started.elapsed().as_millis() as u64)
+            ctx.call_key = call_key(&call.id, name, args);
+            async move {
+                let key = ctx.call_key.clone();
+                job.step("tool", key)
+                    .lazy()
+                    .run(async {
+                        let started = Instant::now();
+                        let result = cx.registry.dispatch(name, args, &ctx).await;
+                        let ms = started.elapsed().as_millis() as u64;
+                        let record = result.record(args, round, ms)?;
+                        info!(tool = %record.tool, ok = record.ok, ms, round, "tool call");
+                        let outcome = if record.ok { "ok" } else { "error" };
+                        cx.metrics.inc(
+                            "companion_tool_calls_total",
+                            &format!("tool=\"{}\",outcome=\"{outcome}\"", label(&record.tool)),
+                        );
+                        Ok::<_, TurnError>(record)
+                    })
+                    .await
+            }
         }))
         .await;
         crate::timing::add(Stage::Tools, round_started);
@@ -170,71 +136,52 @@ pub async fn run_llm_with(
             content: message.content.filter(|c| !c.trim().is_empty()),
             tool_calls: calls.clone(),
         });
-        for ((ctx, result, ms), call) in results.into_iter().zip(&calls) {
-            if result
-                .outcome
-                .as_ref()
-                .err()
-                .is_some_and(ToolError::is_transient)
-            {
-                if let Err(ToolError::Store(e)) = result.outcome {
-                    return Err(TurnError::Store(e));
-                }
-                unreachable!("only store errors are transient");
-            }
-            stage(
-                Stage::Tools,
-                audit::record(&ctx, round, &call.function.arguments, &result, ms),
-            )
-            .await?;
-            info!(tool = %result.name, ok = result.is_ok(), ms, round, "tool call");
-
-            if let Some(card) = result.card() {
+        for (record, call) in results.into_iter().zip(&calls) {
+            let record: ToolRecord = record?;
+            if let Some(card) = &record.card {
                 out.card = Some(card.clone());
             }
-            out.log
-                .push(audit::compact(&result, &call.function.arguments));
+            out.log.push(record.compact());
             request.messages.push(Message::Tool {
                 tool_call_id: call.id.clone(),
-                content: bound_result(result.model_content(), limits.max_result_bytes),
+                content: bound_result(record.content.to_string(), cx.limits.max_result_bytes),
             });
         }
     }
 }
 
-/// The model's answer at `step`: replayed from the journal when an earlier attempt of this turn got it
-/// (so a paid call is not paid again and the same tool call ids run again), else asked and journaled.
-async fn journaled_completion(
-    llm: &crate::llm::LlmClient,
-    base: &ToolContext,
-    step: i32,
+/// One model answer, or the reason it is not one. A final answer (no tools offered) must have text.
+async fn ask(
+    llm: &LlmClient,
     request: &ChatRequest,
-    out: &mut LoopOutput,
-) -> Result<AssistantMessage, TurnError> {
-    let message_id = base.message_id.to_hex();
-    if let Some(stored) = stage(Stage::Steps, base.pg.turn_step(&message_id, step)).await?
-        && let Ok(message) = serde_json::from_value::<AssistantMessage>(stored)
-    {
-        debug!(step, "model response replayed from the turn journal");
-        return Ok(message);
-    }
+    tools_offered: bool,
+) -> Result<LlmRecord, TurnError> {
     let response = stage(Stage::Llm, llm.complete(request)).await?;
-    out.llm_calls += 1;
+    let model = response
+        .model
+        .clone()
+        .unwrap_or_else(|| request.model.clone());
+    let usage = llm
+        .prices
+        .call_usage(&model, &response.usage.clone().unwrap_or_default());
     let message = response
         .choices
-        .first()
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
-    let value = serde_json::to_value(&message).unwrap_or(Value::Null);
-    // The step and its cost are written side by side (one round trip of time, not two).
-    let (stored, ()) = stage(Stage::Steps, async {
-        tokio::join!(
-            base.pg.record_turn_step(&message_id, step, &value),
-            crate::usage::record_paid_call(llm, base, step, &response),
-        )
+        .into_iter()
+        .next()
+        .map(|c| c.message)
+        .ok_or(LlmError::NoChoice)?;
+    if !tools_offered
+        && message
+            .content
+            .as_deref()
+            .is_none_or(|c| c.trim().is_empty())
+    {
+        return Err(LlmError::EmptyAnswer.into());
+    }
+    Ok(LlmRecord {
+        message,
+        usage: Some(usage),
     })
-    .await;
-    Ok(serde_json::from_value(stored?).unwrap_or(message))
 }
 
 /// A tool result cut to `max` bytes (on a character boundary) with a note saying so.

@@ -15,8 +15,8 @@ async fn an_event_that_outlives_its_deliveries_is_dead_lettered_and_answered_onc
         Box::new(StubReply::text("too late")),
     ));
     let env = TestEnv::with(hang, |c| {
-        c.max_deliver = 2;
-        c.ack_wait_secs = 2;
+        c.consumer.max_deliver = 2;
+        c.consumer.ack_wait_secs = 2;
     })
     .await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "this one is cursed").await;
@@ -88,7 +88,7 @@ async fn a_worker_killed_after_a_write_tool_ran_leaves_one_tricklist_and_one_rep
             StubReply::text("Crash Park is ready 🔥")
         }
     });
-    let env = TestEnv::with(responder, |c| c.ack_wait_secs = 2).await;
+    let env = TestEnv::with(responder, |c| c.consumer.ack_wait_secs = 2).await;
     let event = env
         .dm(
             JESS,

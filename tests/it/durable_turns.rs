@@ -3,7 +3,7 @@
 
 use crate::env::*;
 use bson::doc;
-use companion::turn::{self, Outcome};
+use companion::turn::Outcome;
 use companion_dev::stub::StubReply;
 use serde_json::{Value, json};
 
@@ -17,8 +17,8 @@ async fn a_turn_retried_after_a_write_creates_one_tricklist_and_pays_each_step_o
         ),
         StubReply::text("your Retry Park list is ready!"),
     );
-    let env = TestEnv::with(responder, |c| c.llm_max_retries = 0).await;
-    let svc = env.services().await;
+    let env = TestEnv::with(responder, |c| c.llm.max_retries = 0).await;
+    let svc = env.components().await;
     let raw = env
         .dm(
             JESS,
@@ -28,12 +28,12 @@ async fn a_turn_retried_after_a_write_creates_one_tricklist_and_pays_each_step_o
         )
         .await;
     let event = dm_event(&raw);
-    let first = turn::run(&svc, &event).await;
+    let first = svc.turns.run(&event).await;
     assert!(
         first.is_err(),
         "the first attempt fails after the write: {first:?}"
     );
-    let second = turn::run(&svc, &event).await.expect("the retry completes");
+    let second = svc.turns.run(&event).await.expect("the retry completes");
     assert!(matches!(second, Outcome::Answered { .. }));
 
     let lists = env
@@ -59,7 +59,7 @@ async fn a_turn_retried_after_a_write_creates_one_tricklist_and_pays_each_step_o
             .unwrap(),
         "tricklist_card"
     );
-    let writes: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_writes")
+    let writes: i64 = sqlx::query_scalar("SELECT count(*) FROM job_steps WHERE name = 'quota'")
         .fetch_one(&env.pg.pool)
         .await
         .unwrap();
@@ -74,12 +74,12 @@ async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() 
         StubReply::tool("search_spots", json!({"query": "Portland"})),
         StubReply::text("found some spots"),
     );
-    let env = TestEnv::with(responder, |c| c.llm_max_retries = 0).await;
-    let svc = env.services().await;
+    let env = TestEnv::with(responder, |c| c.llm.max_retries = 0).await;
+    let svc = env.components().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "spots in portland?").await;
     let event = dm_event(&raw);
     assert!(
-        turn::run(&svc, &event).await.is_err(),
+        svc.turns.run(&event).await.is_err(),
         "the first attempt fails after the search"
     );
     // A spot appears between the attempts: a search run again would find it.
@@ -88,7 +88,7 @@ async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() 
         .insert_one(doc! { "name": "Brand New Portland Bowl", "type": "skatepark", "city": "Portland", "country": "USA" })
         .await
         .unwrap();
-    let second = turn::run(&svc, &event).await.expect("the retry completes");
+    let second = svc.turns.run(&event).await.expect("the retry completes");
     assert!(matches!(second, Outcome::Answered { .. }));
     let requests = env.stub.requests();
     let tool_result = |r: &Value| {
@@ -109,7 +109,7 @@ async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() 
         !replayed.contains("Brand New Portland Bowl"),
         "the tool did not run again"
     );
-    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_calls")
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM job_steps WHERE name = 'tool'")
         .fetch_one(&env.pg.pool)
         .await
         .unwrap();

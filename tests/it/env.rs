@@ -6,15 +6,17 @@ use crate::servers;
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use companion::rag::{EmbedConfig, Embedder};
-use sqlx::{PgConnection, PgPool, postgres::PgPoolOptions};
 
 use async_nats::HeaderMap;
 use bson::{Document, doc, oid::ObjectId};
 use bytes::Bytes;
 use companion::{
-    Config, Services,
+    Config,
+    app::Components,
     bus::{Bus, Completion, InboundEvent},
+    journal::{Job, Journal, NewJob},
     store::{Mongo, Pg},
+    tools::ToolContext,
     worker,
 };
 use companion_dev::{
@@ -78,36 +80,37 @@ impl TestEnv {
     ) -> Self {
         let tag = format!("{:016x}", fastrand::u64(..));
         let mut config = Config::from_env().expect("configuration from the environment");
-        config.nats_url = servers.nats_url.clone();
-        config.postgres_url = servers.postgres_url.clone();
-        config.atlas_uri = servers.atlas_uri.clone();
+        config.nats.url = servers.nats_url.clone();
+        config.pg.url = servers.postgres_url.clone();
+        config.mongo.uri = servers.atlas_uri.clone();
         let db = format!("t_{tag}");
         create_pg_database(&servers.admin_url, &db).await;
-        config.postgres_url = replace_db(&config.postgres_url, &db);
-        config.atlas_uri = replace_db(&config.atlas_uri, &db);
-        config.subject_prefix = format!("t{tag}.dm.bot");
-        config.stream_prefix = format!("T{tag}");
-        config.consumer = "workers".into();
-        config.characters_dir = root().join("characters");
-        config.retry_delay_secs = 1;
-        config.max_deliver = 3;
-        config.concurrency = 8;
-        config.shutdown_grace_secs = 5;
-        config.http_addr = String::new();
+        config.pg.url = replace_db(&config.pg.url, &db);
+        config.mongo.uri = replace_db(&config.mongo.uri, &db);
+        config.nats.subject_prefix = format!("t{tag}.dm.bot");
+        config.nats.stream_prefix = format!("T{tag}");
+        config.consumer.name = "workers".into();
+        config.characters.dir = root().join("characters");
+        config.worker.retry_delay_secs = 1;
+        config.consumer.max_deliver = 3;
+        config.consumer.max_ack_pending = 32;
+        config.worker.concurrency = 8;
+        config.worker.shutdown_grace_secs = 5;
+        config.worker.http_addr = String::new();
         let models = embed_config();
-        config.model_dir = models.model_dir;
-        config.ort_dylib_path = models.ort_dylib_path;
+        config.embed.model_dir = models.model_dir;
+        config.embed.ort_dylib_path = models.ort_dylib_path;
         let stub = StubLlm::start(responder).await.expect("stub LLM starts");
-        config.llm_base_url = stub.base_url.clone();
+        config.llm.base_url = stub.base_url.clone();
         adjust(&mut config);
 
-        let pg = Pg::connect(&config)
+        let pg = Pg::connect(&config.pg)
             .await
             .expect("PostgreSQL is up (deploy/local/stack.sh up)");
         pg.migrate().await.expect("migrations apply");
-        let mongo = Mongo::connect(&config).await.expect("MongoDB client");
+        let mongo = Mongo::connect(&config.mongo).await.expect("MongoDB client");
         prepare_mongo(&mongo).await;
-        let bus = Bus::connect(&config).await.expect("NATS is up");
+        let bus = Bus::connect(&config.nats).await.expect("NATS is up");
         bus.ensure_streams().await.expect("streams");
         Self {
             tag,
@@ -124,12 +127,10 @@ impl TestEnv {
 
     /// Starts one in-process worker with its own connections.
     pub async fn start_worker(&mut self) {
-        let services = Services::connect(self.config.clone())
-            .await
-            .expect("worker connects");
+        let worker = self.components().await.worker(&self.config);
         let shutdown = self.shutdown.clone();
         self.workers.push(tokio::spawn(async move {
-            worker::run(services, shutdown).await.expect("worker runs");
+            worker.run(shutdown).await.expect("worker runs");
         }));
     }
 
@@ -139,7 +140,7 @@ impl TestEnv {
             .bus
             .js
             .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
-                self.bus.names.consumer.clone(),
+                self.config.consumer.name.clone(),
                 self.bus.names.stream_in.clone(),
             )
             .await
@@ -172,7 +173,7 @@ impl TestEnv {
             cmd.env(k, v);
         }
         eprintln!("worker process log: {}", log.display());
-        WorkerProcess(cmd.spawn().expect("companion binary starts"))
+        WorkerProcess(cmd.spawn().expect("companion binary starts"), log)
     }
 
     /// The `companion` binary with `args`, configured exactly as this environment (nothing inherited
@@ -198,11 +199,26 @@ impl TestEnv {
         )
     }
 
-    /// Services for calling library functions directly.
-    pub async fn services(&self) -> Arc<Services> {
-        Services::connect(self.config.clone())
+    /// The components of a worker (own connections), for calling library functions directly.
+    pub async fn components(&self) -> Components {
+        Components::connect((&self.config).into())
             .await
-            .expect("services connect")
+            .expect("components connect")
+    }
+
+    /// The name of this environment's PostgreSQL database.
+    pub fn pg_database(&self) -> String {
+        format!("t_{}", self.tag)
+    }
+
+    /// The journal of this environment's database.
+    pub fn journal(&self) -> Journal {
+        Journal::new(self.pg.pool.clone())
+    }
+
+    /// A turn's job for a new event message of `user` to Kaori, for calling tools directly.
+    pub async fn tool_job(&self, user: &str) -> ToolJob {
+        ToolJob::open(&self.journal(), self.mongo.clone(), user).await
     }
 
     /// Stores a DM from `user` to `bot` as TB-Backend does and returns its event (not yet published).
@@ -423,12 +439,13 @@ pub struct InProcessWorker {
 
 impl InProcessWorker {
     pub async fn start(env: &TestEnv) -> Self {
-        let svc = env.services().await;
-        let (addr, server) = companion::ops::serve("127.0.0.1:0".parse().unwrap(), svc.clone())
+        let components = env.components().await;
+        let probe = Arc::new(components.probe(&env.config.consumer.name));
+        let (addr, server) = companion::ops::serve("127.0.0.1:0".parse().unwrap(), probe)
             .await
             .expect("ops endpoint");
         let stop = CancellationToken::new();
-        let running = tokio::spawn(worker::run(svc.clone(), stop.clone()));
+        let running = tokio::spawn(components.worker(&env.config).run(stop.clone()));
         Self {
             base: format!("http://{addr}"),
             stop,
@@ -452,6 +469,55 @@ impl InProcessWorker {
     }
 }
 
+/// A turn's job for calling tools directly: a new event message of one user to Kaori.
+pub struct ToolJob {
+    pub job: Job,
+    pub mongo: Mongo,
+    pub user: ObjectId,
+    pub message_id: ObjectId,
+}
+
+impl ToolJob {
+    pub async fn open(journal: &Journal, mongo: Mongo, user: &str) -> Self {
+        let message_id = ObjectId::new();
+        let id = message_id.to_hex();
+        let job = journal
+            .open(&NewJob {
+                id: &id,
+                kind: "turn",
+                user,
+                bot: KAORI,
+                conversation: JESS_KAORI,
+                stream_seq: None,
+            })
+            .await
+            .expect("job opens");
+        Self {
+            job,
+            mongo,
+            user: oid(user),
+            message_id,
+        }
+    }
+
+    /// A tool context acting for the user, answering as Kaori, for a new call of this event.
+    pub fn ctx(&self) -> ToolContext<'_> {
+        let call = format!("call_{}", fastrand::u32(..));
+        ToolContext {
+            user: self.user,
+            bot: oid(KAORI),
+            character: "Kaori",
+            message_id: self.message_id,
+            call_key: format!("{call}:test"),
+            tool_call_id: call,
+            mongo: &self.mongo,
+            job: &self.job,
+            now: chrono::Utc::now(),
+            writes_per_hour: 5,
+        }
+    }
+}
+
 /// The body of a GET.
 pub async fn get_text(url: &str) -> String {
     reqwest::get(url)
@@ -463,7 +529,14 @@ pub async fn get_text(url: &str) -> String {
 }
 
 /// A `companion worker` process of one test; killed (and reaped) when dropped. Derefs to its `Child`.
-pub struct WorkerProcess(std::process::Child);
+pub struct WorkerProcess(std::process::Child, PathBuf);
+
+impl WorkerProcess {
+    /// What the worker logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.1).unwrap_or_default()
+    }
+}
 
 impl std::ops::Deref for WorkerProcess {
     type Target = std::process::Child;
@@ -602,10 +675,10 @@ impl Servers {
     pub fn from_env() -> Self {
         let c = Config::from_env().expect("configuration from the environment");
         Self {
-            nats_url: c.nats_url,
-            postgres_url: c.postgres_url,
+            nats_url: c.nats.url,
+            postgres_url: c.pg.url,
             admin_url: admin_url(),
-            atlas_uri: c.atlas_uri,
+            atlas_uri: c.mongo.uri,
         }
     }
 }
@@ -734,43 +807,4 @@ pub fn embedder_with(cfg: &EmbedConfig) -> Arc<Embedder> {
 
 pub fn embedder() -> Arc<Embedder> {
     embedder_with(&embed_config())
-}
-
-/// A fresh database `t_<random>` owned by `companion`, migrated.
-pub struct TestDb {
-    pub name: String,
-    pub url: String,
-    pub pool: PgPool,
-}
-
-impl TestDb {
-    pub async fn new() -> Self {
-        let name = format!("t_{:016x}", fastrand::u64(..));
-        create_pg_database(&admin_url(), &name).await;
-        let base = std::env::var("POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://companion:companion@127.0.0.1:5432/companion".into());
-        let url = replace_db(&base, &name);
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&url)
-            .await
-            .expect("connecting to the test database");
-        companion::store::pg::MIGRATOR
-            .run(&pool)
-            .await
-            .expect("migrating the test database");
-        Self { name, url, pool }
-    }
-
-    pub async fn drop(self) {
-        self.pool.close().await;
-        if let Ok(mut conn) = PgConnection::connect(&admin_url()).await {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            )))
-            .execute(&mut conn)
-            .await;
-        }
-    }
 }

@@ -19,9 +19,9 @@ async fn a_flood_is_limited_answered_once_and_nothing_is_dropped() {
     let echo: Responder =
         Arc::new(|body: &Value| StubReply::text(format!("ok: {}", last_user_text(body))));
     let mut env = TestEnv::with(echo, |c| {
-        c.user_turns_per_minute = 2;
+        c.turn.user_turns_per_minute = 2;
         // Every message its own turn, so the limit is what stops them.
-        c.burst_max = 0;
+        c.turn.burst_max = 0;
     })
     .await;
     env.start_worker().await;
@@ -46,7 +46,7 @@ async fn a_flood_is_limited_answered_once_and_nothing_is_dropped() {
 
     // The rest settle as limited, answered by that busy line, without a reply of their own.
     let settled = eventually(Duration::from_secs(20), || async {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM turns WHERE state = 'limited'")
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state = 'limited'")
             .fetch_one(&env.pg.pool)
             .await
             .unwrap();
@@ -55,12 +55,11 @@ async fn a_flood_is_limited_answered_once_and_nothing_is_dropped() {
     .await;
     assert!(settled, "four limited turns");
     for e in &events[3..] {
-        let by: Option<String> =
-            sqlx::query_scalar("SELECT covered_by FROM turns WHERE message_id = $1")
-                .bind(&e.message_id)
-                .fetch_one(&env.pg.pool)
-                .await
-                .unwrap();
+        let by: Option<String> = sqlx::query_scalar("SELECT covered_by FROM jobs WHERE id = $1")
+            .bind(&e.message_id)
+            .fetch_one(&env.pg.pool)
+            .await
+            .unwrap();
         assert_eq!(by.as_deref(), Some(events[2].message_id.as_str()));
         assert!(env.replies_to(&e.message_id).await.is_empty());
     }

@@ -124,7 +124,7 @@ async fn a_worker_dead_letters_every_hostile_event_and_keeps_serving() {
     env.start_worker().await;
     let mut rng = fastrand::Rng::with_seed(42);
     let subject = env.bus.names.inbound(KAORI, JESS_KAORI);
-    let prefix = env.config.subject_prefix.clone();
+    let prefix = env.config.nats.subject_prefix.clone();
     // Half on the real conversation (they pass its order gate one by one), the rest on made-up subjects.
     let subjects: Vec<String> = std::iter::once(subject.clone())
         .chain((0..8).map(|i| format!("{prefix}.in.{:024x}.{:024x}", i, rng.u64(..))))

@@ -12,7 +12,7 @@ use serde_json::Value;
 async fn an_oversized_model_response_is_refused_and_the_user_gets_the_failure_line() {
     let env_reply = StubReply::text("a".repeat(100_000));
     let mut env = TestEnv::with(always(env_reply), |c| {
-        c.llm_max_response_bytes = 32 * 1024;
+        c.llm.max_response_bytes = 32 * 1024;
     })
     .await;
     env.start_worker().await;
@@ -25,7 +25,7 @@ async fn an_oversized_model_response_is_refused_and_the_user_gets_the_failure_li
         "not retried: the answer would be as large"
     );
     let last_error: Option<String> =
-        sqlx::query_scalar("SELECT last_error FROM turns WHERE message_id = $1")
+        sqlx::query_scalar("SELECT last_error FROM jobs WHERE id = $1")
             .bind(&event.message_id)
             .fetch_one(&env.pg.pool)
             .await
@@ -48,7 +48,7 @@ async fn a_long_tool_result_reaches_the_model_cut_with_a_note() {
             StubReply::ToolCalls(vec![("get_user_tricklists".into(), String::new())])
         }
     });
-    let mut env = TestEnv::with(responder, |c| c.max_tool_result_bytes = 200).await;
+    let mut env = TestEnv::with(responder, |c| c.turn.max_tool_result_bytes = 200).await;
     env.start_worker().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "all my lists please").await;
     let reply = env.turn(&event).await;
@@ -63,20 +63,21 @@ async fn a_long_tool_result_reaches_the_model_cut_with_a_note() {
     assert!(kept.len() <= 200 && kept.len() > 150, "{content}");
     let full: usize = note.split(' ').next().unwrap().parse().unwrap();
     assert!(full > 200, "the full result was longer: {note}");
-    // The audit keeps the whole result.
-    let stored: Value = sqlx::query_scalar("SELECT result FROM tool_calls WHERE message_id = $1")
-        .bind(&event.message_id)
-        .fetch_one(&env.pg.pool)
-        .await
-        .unwrap();
-    assert!(stored["data"].to_string().len() > 200);
+    // The journal keeps the whole result.
+    let stored: Value =
+        sqlx::query_scalar("SELECT output FROM job_steps WHERE job = $1 AND name = 'tool'")
+            .bind(&event.message_id)
+            .fetch_one(&env.pg.pool)
+            .await
+            .unwrap();
+    assert!(stored["content"].to_string().len() > 200);
     env.finish().await;
 }
 
 #[tokio::test]
 async fn a_reply_longer_than_the_limit_is_cut_with_an_ellipsis() {
     let mut env = TestEnv::with(always(StubReply::text("ollie ".repeat(50))), |c| {
-        c.max_reply_chars = 20;
+        c.turn.max_reply_chars = 20;
     })
     .await;
     env.start_worker().await;

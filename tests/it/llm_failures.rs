@@ -34,8 +34,8 @@ async fn a_500_then_a_429_with_retry_after_then_success_is_one_reply_in_one_deli
         script(body)
     });
     let mut env = TestEnv::with(responder, |c| {
-        c.llm_max_retries = 2;
-        c.llm_retry_base_ms = 10;
+        c.llm.max_retries = 2;
+        c.llm.retry_base_ms = 10;
     })
     .await;
     env.start_worker().await;
@@ -49,7 +49,7 @@ async fn a_500_then_a_429_with_retry_after_then_success_is_one_reply_in_one_deli
         "Retry-After: 1 was honoured: {:?}",
         times[2] - times[1]
     );
-    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM turns WHERE message_id = $1")
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM jobs WHERE id = $1")
         .bind(&event.message_id)
         .fetch_one(&env.pg.pool)
         .await
@@ -72,8 +72,8 @@ async fn a_model_without_tool_support_falls_back_to_the_next_model() {
     }
     });
     let mut env = TestEnv::with(responder, |c| {
-        c.openrouter_model = "primary/no-tools".into();
-        c.llm_fallback_models = vec!["backup/model".into()];
+        c.llm.model = "primary/no-tools".into();
+        c.llm.fallback_models = vec!["backup/model".into()];
     })
     .await;
     env.start_worker().await;
@@ -98,10 +98,10 @@ async fn an_outage_of_every_model_ends_in_the_failure_line_after_the_last_delive
         retry_after: None,
     });
     let mut env = TestEnv::with(responder, |c| {
-        c.llm_max_retries = 1;
-        c.llm_retry_base_ms = 10;
-        c.llm_fallback_models = vec!["backup/model".into()];
-        c.max_deliver = 2;
+        c.llm.max_retries = 1;
+        c.llm.retry_base_ms = 10;
+        c.llm.fallback_models = vec!["backup/model".into()];
+        c.consumer.max_deliver = 2;
     })
     .await;
     env.start_worker().await;

@@ -3,7 +3,6 @@
 //! `env` is the one harness (`TestEnv`); `deploy/local/test.sh` starts the servers.
 
 mod env;
-mod fixture;
 mod servers;
 
 mod crash_loop;
@@ -20,9 +19,11 @@ mod order;
 #[cfg(feature = "otel")]
 mod otel;
 mod outages;
+mod provision;
 mod quota_processes;
 mod rag_kb;
 mod rag_turn;
+mod regressions;
 mod replay;
 mod shutdown;
 mod tb_backend_bridge;

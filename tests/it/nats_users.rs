@@ -53,12 +53,12 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
     let env = TestEnv::with(
         always(StubReply::text("least privilege, most helpful")),
         |c| {
-            c.nats_url = nats_url.clone();
-            c.nats_user = Some("admin".into());
-            c.nats_password = Secret::new(admin);
-            c.subject_prefix = "dm.bot".into();
-            c.stream_prefix = "DM_BOT".into();
-            c.consumer = "companion-worker".into();
+            c.nats.url = nats_url.clone();
+            c.nats.user = Some("admin".into());
+            c.nats.password = Secret::new(admin);
+            c.nats.subject_prefix = "dm.bot".into();
+            c.nats.stream_prefix = "DM_BOT".into();
+            c.consumer.name = "companion-worker".into();
         },
     )
     .await;

@@ -40,7 +40,7 @@ async fn health_readiness_and_metrics_reflect_a_real_turn() {
         metrics.contains("companion_dead_letters_total 1"),
         "{metrics}"
     );
-    let model = &env.config.openrouter_model;
+    let model = &env.config.llm.model;
     assert!(
         metrics.contains(&format!(
             "companion_llm_requests_total{{model=\"{model}\",status=\"ok\"}} 1"
@@ -61,15 +61,21 @@ async fn health_readiness_and_metrics_reflect_a_real_turn() {
 async fn metrics_show_the_consumers_pending_and_unacked_events() {
     use futures::StreamExt;
     let env = TestEnv::new(always(StubReply::text("unused"))).await;
-    let svc = env.services().await;
-    let consumer = svc.bus.ensure_consumer(&svc.config).await.unwrap();
-    let (addr, server) = ops::serve("127.0.0.1:0".parse().unwrap(), svc.clone())
+    let svc = env.components().await;
+    let consumer = svc
+        .bus
+        .consumer(&env.config.consumer)
+        .await
+        .unwrap()
+        .consumer;
+    let probe = std::sync::Arc::new(svc.probe(&env.config.consumer.name));
+    let (addr, server) = ops::serve("127.0.0.1:0".parse().unwrap(), probe)
         .await
         .unwrap();
     let url = format!("http://{addr}/metrics");
     let labels = format!(
         "stream=\"{}\",consumer=\"{}\"",
-        env.bus.names.stream_in, env.bus.names.consumer
+        env.bus.names.stream_in, env.config.consumer.name
     );
     let shows = |pending: u64, ack_pending: u64| {
         let url = url.clone();

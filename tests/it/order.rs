@@ -91,7 +91,7 @@ async fn a_burst_waiting_in_the_stream_is_answered_by_one_reply_in_order() {
             "no reply of its own"
         );
         let (state, by): (String, Option<String>) =
-            sqlx::query_as("SELECT state, covered_by FROM turns WHERE message_id = $1")
+            sqlx::query_as("SELECT state, covered_by FROM jobs WHERE id = $1")
                 .bind(&e.message_id)
                 .fetch_one(&env.pg.pool)
                 .await
@@ -134,8 +134,8 @@ async fn three_workers_fifty_conversations_bursts_of_five_keep_order_and_answer_
     const CONVERSATIONS: usize = 50;
     const BURST: usize = 5;
     let env = TestEnv::with(echo_model(120), |c| {
-        c.concurrency = 8;
-        c.ack_wait_secs = 10;
+        c.worker.concurrency = 8;
+        c.consumer.ack_wait_secs = 10;
     })
     .await;
     // Fifty users, each in a conversation with Kaori.

@@ -58,11 +58,11 @@ async fn steady_stream_through_an_outage(server: &str) {
         )
     });
     let env = TestEnv::on(&stack.servers, echo, |c| {
-        c.max_deliver = 10;
-        c.retry_delay_secs = 1;
-        c.ack_wait_secs = 5;
-        c.llm_max_retries = 0;
-        c.user_turns_per_minute = 0;
+        c.consumer.max_deliver = 10;
+        c.worker.retry_delay_secs = 1;
+        c.consumer.ack_wait_secs = 5;
+        c.llm.max_retries = 0;
+        c.turn.user_turns_per_minute = 0;
     })
     .await;
     let conversations = env.new_conversations(KAORI, CONVERSATIONS).await;

@@ -29,9 +29,9 @@ async fn two_worker_processes_write_exactly_five_tricklists_for_one_user() {
     });
     // Every message its own turn (no bursts, no flood limit): twelve turns that race for the quota.
     let env = TestEnv::with(responder, |c| {
-        c.concurrency = 6;
-        c.burst_max = 0;
-        c.user_turns_per_minute = 0;
+        c.worker.concurrency = 6;
+        c.turn.burst_max = 0;
+        c.turn.user_turns_per_minute = 0;
     })
     .await;
     let mut workers = [env.spawn_worker_process(&[]), env.spawn_worker_process(&[])];
@@ -71,7 +71,8 @@ async fn two_worker_processes_write_exactly_five_tricklists_for_one_user() {
         .unwrap();
     assert_eq!(lists, 5, "exactly five writes in the rolling hour");
     let refused: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM tool_calls WHERE tool = 'create_tricklist' AND NOT ok",
+        "SELECT count(*) FROM job_steps
+         WHERE name = 'tool' AND output ->> 'tool' = 'create_tricklist' AND output ->> 'ok' = 'false'",
     )
     .fetch_one(&env.pg.pool)
     .await

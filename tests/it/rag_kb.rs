@@ -3,6 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::env::*;
+use companion_dev::stub::{StubReply, always};
+
 use companion::rag::{
     self,
     chunk::{self, ChunkConfig},
@@ -21,14 +24,14 @@ fn cols(names: &[&str]) -> Vec<String> {
 
 #[tokio::test]
 async fn ingest_then_query_ranks_the_right_article_first() {
-    let db = crate::env::TestDb::new().await;
+    let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
     let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
     assert!(articles.len() >= 12, "{} demo articles", articles.len());
     assert!(articles.iter().any(|a| a.collection == "snowboarding"));
     assert!(articles.iter().any(|a| a.collection == "skateboarding"));
     let report = ingest::ingest(
-        &db.pool,
+        &db.pg.pool,
         &embedder,
         &articles,
         ChunkConfig::default(),
@@ -60,9 +63,16 @@ async fn ingest_then_query_ranks_the_right_article_first() {
         ),
     ];
     for (collection, question, title) in cases {
-        let hits = rag::retrieve(&db.pool, &embedder, &cols(&[collection]), question, 0.0, 3)
-            .await
-            .unwrap();
+        let hits = rag::retrieve(
+            &db.pg.pool,
+            &embedder,
+            &cols(&[collection]),
+            question,
+            0.0,
+            3,
+        )
+        .await
+        .unwrap();
         assert!(!hits.is_empty(), "no hit for {question:?}");
         assert_eq!(hits[0].title, title, "for {question:?}: {hits:#?}");
         assert!(hits[0].source_url.is_some());
@@ -71,7 +81,7 @@ async fn ingest_then_query_ranks_the_right_article_first() {
     }
     // Collections are separate: Kaori's collection never returns skate articles.
     let hits = rag::retrieve(
-        &db.pool,
+        &db.pg.pool,
         &embedder,
         &cols(&["snowboarding"]),
         "my kickflip keeps flipping away from me",
@@ -81,39 +91,39 @@ async fn ingest_then_query_ranks_the_right_article_first() {
     .await
     .unwrap();
     assert!(hits.iter().all(|h| !h.title.contains("Kickflip")));
-    db.drop().await;
+    db.finish().await;
 }
 
 #[tokio::test]
 async fn reingesting_unchanged_content_does_nothing() {
-    let db = crate::env::TestDb::new().await;
+    let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
     let articles =
         ingest::read_articles(&knowledge_dir().join("skateboarding"), Some("skate")).unwrap();
     let cfg = ChunkConfig::default();
-    let first = ingest::ingest(&db.pool, &embedder, &articles, cfg, false)
+    let first = ingest::ingest(&db.pg.pool, &embedder, &articles, cfg, false)
         .await
         .unwrap();
     assert_eq!(first.added, articles.len());
-    let before = kb::counts(&db.pool).await.unwrap();
+    let before = kb::counts(&db.pg.pool).await.unwrap();
     let runs_before = embedder.counts().model_runs;
-    let second = ingest::ingest(&db.pool, &embedder, &articles, cfg, false)
+    let second = ingest::ingest(&db.pg.pool, &embedder, &articles, cfg, false)
         .await
         .unwrap();
     assert_eq!(second.unchanged, articles.len());
     assert_eq!(second.chunks, 0);
-    assert_eq!(kb::counts(&db.pool).await.unwrap(), before);
+    assert_eq!(kb::counts(&db.pg.pool).await.unwrap(), before);
     assert_eq!(
         embedder.counts().model_runs,
         runs_before,
         "nothing re-embedded"
     );
-    db.drop().await;
+    db.finish().await;
 }
 
 #[tokio::test]
 async fn a_changed_article_replaces_its_chunks() {
-    let db = crate::env::TestDb::new().await;
+    let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
     let mut a = Article {
         collection: "snowboarding".into(),
@@ -132,7 +142,7 @@ async fn a_changed_article_replaces_its_chunks() {
     };
     let cfg = ChunkConfig::default();
     for art in [&a, &other] {
-        let (o, _) = ingest::ingest_article(&db.pool, &embedder, art, cfg)
+        let (o, _) = ingest::ingest_article(&db.pg.pool, &embedder, art, cfg)
             .await
             .unwrap();
         assert_eq!(o, Outcome::Added);
@@ -140,7 +150,7 @@ async fn a_changed_article_replaces_its_chunks() {
     a.text = "Heat-moldable liners shape themselves to your feet. Replace boots when the flex \
               gets soft and your heel lifts."
         .into();
-    let (o, n) = ingest::ingest_article(&db.pool, &embedder, &a, cfg)
+    let (o, n) = ingest::ingest_article(&db.pg.pool, &embedder, &a, cfg)
         .await
         .unwrap();
     assert_eq!(o, Outcome::Replaced);
@@ -149,13 +159,13 @@ async fn a_changed_article_replaces_its_chunks() {
         "SELECT c.content FROM kb_chunks c JOIN kb_articles a ON a.id = c.article_id
          WHERE a.key = 'gear/boots' ORDER BY c.ord",
     )
-    .fetch_all(&db.pool)
+    .fetch_all(&db.pg.pool)
     .await
     .unwrap();
     assert_eq!(contents, vec![a.text.clone()]);
-    assert_eq!(kb::counts(&db.pool).await.unwrap(), (2, 2));
+    assert_eq!(kb::counts(&db.pg.pool).await.unwrap(), (2, 2));
     let hits = rag::retrieve(
-        &db.pool,
+        &db.pg.pool,
         &embedder,
         &cols(&["snowboarding"]),
         "heat moldable liners",
@@ -165,17 +175,17 @@ async fn a_changed_article_replaces_its_chunks() {
     .await
     .unwrap();
     assert_eq!(hits[0].text, a.text);
-    db.drop().await;
+    db.finish().await;
 }
 
 #[tokio::test]
 async fn only_chunks_above_the_threshold_are_returned() {
-    let db = crate::env::TestDb::new().await;
+    let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
     let articles =
         ingest::read_articles(&knowledge_dir().join("snowboarding"), Some("snowboarding")).unwrap();
     ingest::ingest(
-        &db.pool,
+        &db.pg.pool,
         &embedder,
         &articles,
         ChunkConfig::default(),
@@ -185,17 +195,17 @@ async fn only_chunks_above_the_threshold_are_returned() {
     .unwrap();
     let c = cols(&["snowboarding"]);
     let off_topic = "what is the best recipe for lasagna with spinach?";
-    let none = rag::retrieve(&db.pool, &embedder, &c, off_topic, 0.45, 3)
+    let none = rag::retrieve(&db.pg.pool, &embedder, &c, off_topic, 0.45, 3)
         .await
         .unwrap();
     assert!(none.is_empty(), "off-topic hits: {none:#?}");
-    let all = rag::retrieve(&db.pool, &embedder, &c, off_topic, -1.0, 3)
+    let all = rag::retrieve(&db.pg.pool, &embedder, &c, off_topic, -1.0, 3)
         .await
         .unwrap();
     assert_eq!(all.len(), 3, "top_k bounds the hits");
     assert!(all.iter().all(|h| h.score < 0.45));
     let on_topic = rag::retrieve(
-        &db.pool,
+        &db.pg.pool,
         &embedder,
         &c,
         "what should I wear so I don't freeze on the chairlift?",
@@ -209,12 +219,12 @@ async fn only_chunks_above_the_threshold_are_returned() {
     assert_eq!(on_topic[0].title, "Dressing for cold days on the mountain");
     // Unknown collections and empty text give nothing.
     assert!(
-        rag::retrieve(&db.pool, &embedder, &cols(&["nope"]), "wax", -1.0, 3)
+        rag::retrieve(&db.pg.pool, &embedder, &cols(&["nope"]), "wax", -1.0, 3)
             .await
             .unwrap()
             .is_empty()
     );
-    db.drop().await;
+    db.finish().await;
 }
 
 #[tokio::test]
@@ -306,7 +316,7 @@ async fn markdown_front_matter_and_jsonl_are_read() {
 /// collection fills the HNSW candidate list: the iterative scan set with the search's BEGIN is in force.
 #[tokio::test]
 async fn a_small_collection_is_found_behind_a_large_one() {
-    let db = crate::env::TestDb::new().await;
+    let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let dim = rag::embed::DIM;
     let unit = |seed: usize, near: bool| {
         let mut v: Vec<f32> = (0..dim)
@@ -326,12 +336,12 @@ async fn a_small_collection_is_found_behind_a_large_one() {
     };
     let big: Vec<String> = (0..3000).map(|i| format!("big {i}")).collect();
     let big_vectors = (0..3000).map(|i| unit(i, true)).collect();
-    kb::replace_article(&db.pool, &meta("big", "a"), &big, big_vectors)
+    kb::replace_article(&db.pg.pool, &meta("big", "a"), &big, big_vectors)
         .await
         .unwrap();
     let small: Vec<String> = (0..3).map(|i| format!("small {i}")).collect();
     let small_vectors = (0..3).map(|i| unit(1000 + i, false)).collect();
-    kb::replace_article(&db.pool, &meta("small", "b"), &small, small_vectors)
+    kb::replace_article(&db.pg.pool, &meta("small", "b"), &small, small_vectors)
         .await
         .unwrap();
     let mut query = vec![0.0; dim];
@@ -339,17 +349,17 @@ async fn a_small_collection_is_found_behind_a_large_one() {
     // Make the HNSW index the only way to answer (the planner prefers a scan of 3,003 rows), on fresh
     // connections, and show that without the iterative scan it misses the small collection.
     sqlx::query("DROP INDEX kb_chunks_collection")
-        .execute(&db.pool)
+        .execute(&db.pg.pool)
         .await
         .unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "ALTER DATABASE {} SET enable_seqscan = off",
-        db.name
+        db.pg_database()
     )))
-    .execute(&db.pool)
+    .execute(&db.pg.pool)
     .await
     .unwrap();
-    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let pool = sqlx::PgPool::connect(&db.config.pg.url).await.unwrap();
     let inner = "SELECT collection FROM kb_chunks WHERE collection = ANY($2)
                  ORDER BY embedding <=> $1 LIMIT $3";
     let mut tx = pool.begin().await.unwrap();
@@ -383,5 +393,5 @@ async fn a_small_collection_is_found_behind_a_large_one() {
     assert_eq!(hits.len(), 3, "{hits:?}");
     assert!(hits.iter().all(|h| h.collection == "small"));
     pool.close().await;
-    db.drop().await;
+    db.finish().await;
 }

@@ -2,17 +2,17 @@
 //! chat model is the stub. The system prompt it receives carries the retrieved chunk with its title and
 //! source, and an off-topic message gets no knowledge section.
 
+use crate::env::*;
 use bson::oid::ObjectId;
 use chrono::Utc;
 use companion::{
-    Config, Services,
     bus::DmEvent,
     rag::{chunk::ChunkConfig, ingest},
-    turn::{self, Outcome},
+    turn::Outcome,
 };
 use companion_dev::{
     backend,
-    stub::{self, StubLlm, StubReply},
+    stub::{self, StubReply},
 };
 
 fn system_prompt(request: &serde_json::Value) -> String {
@@ -32,10 +32,6 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
     // Fail clearly when the model is missing, before touching the servers.
     let embed = crate::env::embed_config();
     drop(crate::env::embedder_with(&embed));
-    let db = crate::env::TestDb::new().await;
-    let llm = StubLlm::start(stub::always(StubReply::text("wax it every few days!")))
-        .await
-        .unwrap();
     let tag = format!("{:012x}", fastrand::u64(..) & 0xffff_ffff_ffff);
     let collection = format!("snow_{tag}");
     let bot = ObjectId::new();
@@ -52,20 +48,16 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
         .to_string(),
     )
     .unwrap();
-
-    let mut config = Config::from_env().unwrap();
-    config.postgres_url = db.url.clone();
-    config.atlas_uri = crate::env::replace_db(&config.atlas_uri, &format!("t_{tag}"));
-    config.characters_dir = dir.clone();
-    config.llm_base_url = llm.base_url.clone();
-    config.subject_prefix = format!("t{tag}.bot");
-    config.stream_prefix = format!("T{tag}");
-    config.model_dir = embed.model_dir.clone();
-    config.ort_dylib_path = embed.ort_dylib_path.clone();
-    config.rag_threshold = 0.45;
-    config.rag_top_k = 3;
-    let svc = Services::connect(config).await.unwrap();
-    svc.bus.ensure_streams().await.unwrap();
+    let env = TestEnv::with(
+        stub::always(StubReply::text("wax it every few days!")),
+        |c| {
+            c.characters.dir = dir.clone();
+            c.rag.threshold = 0.45;
+            c.rag.top_k = 3;
+        },
+    )
+    .await;
+    let svc = env.components().await;
     let embedder = svc.embedder.clone().expect("embedder loaded");
 
     let article = ingest::Article {
@@ -96,11 +88,13 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
         sent_at: Utc::now(),
     };
 
-    let outcome = turn::run(&svc, &event("how often should I wax my snowboard?"))
+    let outcome = svc
+        .turns
+        .run(&event("how often should I wax my snowboard?"))
         .await
         .unwrap();
     assert!(matches!(outcome, Outcome::Answered { .. }));
-    let requests = llm.requests();
+    let requests = env.stub.requests();
     assert_eq!(requests.len(), 1);
     let prompt = system_prompt(&requests[0]);
     assert!(prompt.contains("## Things you know"), "{prompt}");
@@ -110,22 +104,15 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
     );
     assert!(prompt.contains(&article.text), "{prompt}");
 
-    turn::run(&svc, &event("what's the best lasagna recipe?"))
+    svc.turns
+        .run(&event("what's the best lasagna recipe?"))
         .await
         .unwrap();
-    let requests = llm.requests();
+    let requests = env.stub.requests();
     assert_eq!(requests.len(), 2);
     let prompt = system_prompt(&requests[1]);
     assert!(!prompt.contains("## Things you know"), "{prompt}");
 
-    // Clean up what lives outside the test database.
-    let names = svc.bus.names.clone();
-    for s in [&names.stream_in, &names.stream_out, &names.stream_dlq] {
-        let _ = svc.bus.js.delete_stream(s).await;
-    }
-    let cleanup = std::time::Duration::from_secs(10);
-    let _ = tokio::time::timeout(cleanup, svc.mongo.db.drop()).await;
     let _ = std::fs::remove_dir_all(&dir);
-    svc.pg.pool.close().await;
-    db.drop().await;
+    env.finish().await;
 }

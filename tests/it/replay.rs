@@ -39,9 +39,9 @@ fn poison_model(broken: Arc<AtomicBool>) -> Responder {
 async fn a_poison_event_is_dead_lettered_and_replay_answers_it_once_fixed() {
     let broken = Arc::new(AtomicBool::new(true));
     let mut env = TestEnv::with(poison_model(broken.clone()), |c| {
-        c.max_deliver = 3;
-        c.retry_delay_secs = 1;
-        c.llm_max_retries = 0;
+        c.consumer.max_deliver = 3;
+        c.worker.retry_delay_secs = 1;
+        c.llm.max_retries = 0;
     })
     .await;
     env.start_worker().await;

@@ -14,8 +14,8 @@ async fn bridge(env: &TestEnv, args: &[&str]) -> std::process::Output {
     tokio::process::Command::new("node")
         .arg(script)
         .args(args)
-        .env("NATS_URL", &env.config.nats_url)
-        .env("COMPANION_SUBJECT_PREFIX", &env.config.subject_prefix)
+        .env("NATS_URL", &env.config.nats.url)
+        .env("COMPANION_SUBJECT_PREFIX", &env.config.nats.subject_prefix)
         .output()
         .await
         .expect("node runs")

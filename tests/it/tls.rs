@@ -259,7 +259,7 @@ async fn a_whole_turn_runs_over_tls_to_nats_mongodb_and_postgresql() {
     let (nats, nats_port, nats_monitor) = start_nats(&pki, "verify: true").await;
     let (secantus, mongo_port) = start_secantus(&pki).await;
     let base = companion::Config::from_env().unwrap();
-    let (pg_proxy, pg_sessions) = start_pg_tls_proxy(&pki, authority(&base.postgres_url)).await;
+    let (pg_proxy, pg_sessions) = start_pg_tls_proxy(&pki, authority(&base.pg.url)).await;
 
     let nats_url = format!("nats://localhost:{nats_port}");
     let ca = pki.ca.display().to_string();
@@ -267,14 +267,14 @@ async fn a_whole_turn_runs_over_tls_to_nats_mongodb_and_postgresql() {
     let (client_cert, client_key) = (pki.client_cert.clone(), pki.client_key.clone());
     let pki_ref = &pki;
     let mut env = TestEnv::with(always(StubReply::text("hello over TLS!")), |c| {
-        c.nats_url = nats_url.clone();
-        c.nats_tls_ca_file = Some(pki_ref.ca.clone());
-        c.nats_tls_cert_file = Some(client_cert);
-        c.nats_tls_key_file = Some(client_key);
-        let db = c.mongo_database();
-        c.atlas_uri = mongo_uri(mongo_port, &db, pki_ref, true);
-        c.postgres_url = retarget(
-            &c.postgres_url,
+        c.nats.url = nats_url.clone();
+        c.nats.tls_ca_file = Some(pki_ref.ca.clone());
+        c.nats.tls_cert_file = Some(client_cert);
+        c.nats.tls_key_file = Some(client_key);
+        let db = c.mongo.database();
+        c.mongo.uri = mongo_uri(mongo_port, &db, pki_ref, true);
+        c.pg.url = retarget(
+            &c.pg.url,
             &format!("localhost:{}", pg_proxy.port()),
             &pg_tls,
         );
@@ -330,9 +330,7 @@ async fn a_whole_turn_runs_over_tls_to_nats_mongodb_and_postgresql() {
     let untrusted = untrusted.expect_err("MongoDB: the test CA is not a system root");
     eprintln!("MongoDB without the CA: {untrusted}");
     let pg_untrusted = retarget(
-        &env.config
-            .postgres_url
-            .replace(&format!("&sslrootcert={ca}"), ""),
+        &env.config.pg.url.replace(&format!("&sslrootcert={ca}"), ""),
         &format!("localhost:{}", pg_proxy.port()),
         "connect_timeout=5",
     );
@@ -358,12 +356,12 @@ async fn nats_tls_first_reaches_a_server_with_handshake_first() {
     let pki = make_pki();
     let (_nats, port, _) = start_nats(&pki, "handshake_first: true").await;
     let mut config = companion::Config::from_env().unwrap();
-    config.nats_url = format!("nats://localhost:{port}");
-    config.nats_tls_ca_file = Some(pki.ca.clone());
-    config.nats_tls_first = true;
-    config.stream_prefix = format!("T{:016x}", fastrand::u64(..));
-    config.subject_prefix = format!("t{}.dm.bot", config.stream_prefix);
-    let bus = companion::bus::Bus::connect(&config).await.unwrap();
+    config.nats.url = format!("nats://localhost:{port}");
+    config.nats.tls_ca_file = Some(pki.ca.clone());
+    config.nats.tls_first = true;
+    config.nats.stream_prefix = format!("T{:016x}", fastrand::u64(..));
+    config.nats.subject_prefix = format!("t{}.dm.bot", config.nats.stream_prefix);
+    let bus = companion::bus::Bus::connect(&config.nats).await.unwrap();
     tokio::time::timeout(Duration::from_secs(20), bus.ensure_streams())
         .await
         .expect("JetStream answers over TLS-first")
@@ -373,7 +371,7 @@ async fn nats_tls_first_reaches_a_server_with_handshake_first() {
         .require_tls(true)
         .add_root_certificates(pki.ca.clone())
         .connection_timeout(Duration::from_secs(3))
-        .connect(&config.nats_url)
+        .connect(&config.nats.url)
         .await;
     assert!(
         plain_first.is_err(),

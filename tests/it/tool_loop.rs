@@ -1,34 +1,24 @@
 //! The tool loop against the scripted stub LLM, with real databases; and a full turn of the seed scenario.
 
-use std::{path::PathBuf, sync::Arc};
+use std::sync::Arc;
 
-use crate::fixture::*;
+use crate::env::*;
 use bson::doc;
 use chrono::Utc;
 use companion::{
-    Config, Services,
     bus::DmEvent,
+    journal::State,
     llm::{ChatRequest, LlmClient, Message},
+    metrics::Metrics,
     store::mongo::{DM_MESSAGES, TRICKLISTS},
-    tools::{REGISTRY, ToolContext},
-    turn::{self, Outcome, tool_loop},
+    tools::REGISTRY,
+    turn::{
+        Outcome,
+        tool_loop::{self, LoopContext, LoopLimits},
+    },
 };
-use companion_dev::stub::{StubLlm, StubReply, demo, scripted};
+use companion_dev::stub::{StubReply, demo, scripted};
 use serde_json::{Value, json};
-
-fn config_for(stub: &StubLlm, f: &Fixture) -> Config {
-    let mut c = Config::from_env().expect("config");
-    c.llm_base_url = stub.base_url.clone();
-    c.openrouter_api_key = Default::default();
-    c.atlas_uri = crate::env::replace_db(&c.atlas_uri, &f.mongo_db);
-    c.postgres_url = f.pg_url.clone();
-    let tag = unique_name();
-    c.subject_prefix = format!("{tag}.bot");
-    c.stream_prefix = tag.to_uppercase();
-    c.consumer = format!("{tag}-worker");
-    c.characters_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("characters");
-    c
-}
 
 fn request() -> ChatRequest {
     ChatRequest {
@@ -44,19 +34,27 @@ fn request() -> ChatRequest {
     }
 }
 
-async fn run_loop(
-    replies: Vec<StubReply>,
-    ctx: &ToolContext,
-    f: &Fixture,
-) -> (tool_loop::LoopOutput, Vec<Value>) {
-    let stub = StubLlm::start(scripted(replies, StubReply::text("all done")))
-        .await
-        .unwrap();
-    let llm = LlmClient::new(&config_for(&stub, f)).unwrap();
-    let out = tool_loop::run_llm(&llm, ctx, &REGISTRY, request(), 3)
-        .await
-        .expect("loop");
-    (out, stub.requests())
+/// An environment whose model answers with `replies`, then "all done".
+async fn env_with(replies: Vec<StubReply>) -> TestEnv {
+    TestEnv::new(scripted(replies, StubReply::text("all done"))).await
+}
+
+/// Runs the loop for one event of Jess; returns its output and the requests the model received.
+async fn run_loop(env: &TestEnv, tj: &ToolJob) -> (tool_loop::LoopOutput, Vec<Value>) {
+    let metrics = Arc::new(Metrics::default());
+    let llm = LlmClient::new(&env.config.llm, metrics.clone()).unwrap();
+    let cx = LoopContext {
+        llm: &llm,
+        registry: &REGISTRY,
+        limits: LoopLimits {
+            max_rounds: 3,
+            max_result_bytes: 16 * 1024,
+        },
+        metrics: &metrics,
+        tools: tj.ctx(),
+    };
+    let out = tool_loop::run(&cx, request()).await.expect("loop");
+    (out, env.stub.requests())
 }
 
 /// Every assistant message with tool calls is followed by exactly its tool messages, in order.
@@ -80,26 +78,21 @@ fn assert_valid_conversation(messages: &[Value]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_calls_run_and_answer_in_order() {
-    let f = Fixture::new().await;
-    let ctx = f.ctx(JESS);
-    let (out, requests) = run_loop(
-        vec![StubReply::ToolCalls(vec![
-            (
-                "search_spots".into(),
-                json!({"query": "portland"}).to_string(),
-            ),
-            (
-                "search_trickipedia".into(),
-                json!({"query": "kickflip"}).to_string(),
-            ),
-            ("get_user_tricklists".into(), String::new()),
-        ])],
-        &ctx,
-        &f,
-    )
+    let f = env_with(vec![StubReply::ToolCalls(vec![
+        (
+            "search_spots".into(),
+            json!({"query": "portland"}).to_string(),
+        ),
+        (
+            "search_trickipedia".into(),
+            json!({"query": "kickflip"}).to_string(),
+        ),
+        ("get_user_tricklists".into(), String::new()),
+    ])])
     .await;
+    let tj = f.tool_job(JESS).await;
+    let (out, requests) = run_loop(&f, &tj).await;
     assert_eq!(out.text, "all done");
-    assert_eq!(out.llm_calls, 2);
     assert_eq!(requests.len(), 2);
     assert_eq!(requests[0]["tools"].as_array().unwrap().len(), 6);
     assert_eq!(requests[1]["tools"].as_array().unwrap().len(), 6);
@@ -118,30 +111,27 @@ async fn parallel_calls_run_and_answer_in_order() {
     // The last card of the turn wins: search_trickipedia's trick_card (get_user_tricklists has none).
     assert_eq!(out.card.unwrap()["type"], "trick_card");
     assert_eq!(out.log.len(), 3);
-    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_calls WHERE message_id = $1")
-        .bind(ctx.message_id.to_hex())
-        .fetch_one(&f.pg.pool)
-        .await
-        .unwrap();
+    let audited: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM job_steps WHERE job = $1 AND name = 'tool'")
+            .bind(tj.message_id.to_hex())
+            .fetch_one(&f.pg.pool)
+            .await
+            .unwrap();
     assert_eq!(audited, 3);
-    f.cleanup().await;
+    f.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_json_empty_arguments_and_unknown_tools_become_error_results() {
-    let f = Fixture::new().await;
-    let ctx = f.ctx(JESS);
-    let (out, requests) = run_loop(
-        vec![StubReply::ToolCalls(vec![
-            ("search_spots".into(), "{\"query\": ".into()),
-            ("get_user_tricklists".into(), String::new()),
-            ("drop_database".into(), "{}".into()),
-            ("search_spots".into(), String::new()),
-        ])],
-        &ctx,
-        &f,
-    )
+    let f = env_with(vec![StubReply::ToolCalls(vec![
+        ("search_spots".into(), "{\"query\": ".into()),
+        ("get_user_tricklists".into(), String::new()),
+        ("drop_database".into(), "{}".into()),
+        ("search_spots".into(), String::new()),
+    ])])
     .await;
+    let tj = f.tool_job(JESS).await;
+    let (out, requests) = run_loop(&f, &tj).await;
     assert_eq!(out.text, "all done");
     let msgs = requests[1]["messages"].as_array().unwrap();
     assert_valid_conversation(msgs);
@@ -164,16 +154,15 @@ async fn bad_json_empty_arguments_and_unknown_tools_become_error_results() {
             .contains("unknown tool")
     );
     assert_eq!(results[3]["field"], "query");
-    f.cleanup().await;
+    f.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_that_keeps_asking_for_tools_still_gets_one_text_reply() {
-    let f = Fixture::new().await;
-    let ctx = f.ctx(JESS);
     let ask = StubReply::tool("search_spots", json!({"query": "park"}));
-    let (out, requests) =
-        run_loop(vec![ask.clone(), ask.clone(), ask.clone(), ask], &ctx, &f).await;
+    let f = env_with(vec![ask.clone(), ask.clone(), ask.clone(), ask]).await;
+    let tj = f.tool_job(JESS).await;
+    let (out, requests) = run_loop(&f, &tj).await;
     assert_eq!(out.text, "all done");
     assert_eq!(out.log.len(), 3, "three rounds ran");
     assert_eq!(requests.len(), 5);
@@ -183,32 +172,28 @@ async fn a_model_that_keeps_asking_for_tools_still_gets_one_text_reply() {
     let msgs = last["messages"].as_array().unwrap();
     assert_valid_conversation(msgs);
     assert_eq!(msgs.iter().filter(|m| m["role"] == "tool").count(), 3);
-    f.cleanup().await;
+    f.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_cannot_act_for_another_user() {
-    let f = Fixture::new().await;
-    let ctx = f.ctx(JESS);
-    let (out, requests) = run_loop(
-        vec![StubReply::ToolCalls(vec![
-            (
-                "create_tricklist".into(),
-                json!({"name": "Hacked", "tricks": ["ollie"], "userId": SAM}).to_string(),
-            ),
-            (
-                "get_user_tricklists".into(),
-                json!({"user": {"$ref": "users", "$id": SAM}}).to_string(),
-            ),
-            (
-                "share_content".into(),
-                json!({"type": "tricklist", "id": "6650f1a2b3c4d5e6f7a8f003"}).to_string(),
-            ),
-        ])],
-        &ctx,
-        &f,
-    )
+    let f = env_with(vec![StubReply::ToolCalls(vec![
+        (
+            "create_tricklist".into(),
+            json!({"name": "Hacked", "tricks": ["ollie"], "userId": SAM}).to_string(),
+        ),
+        (
+            "get_user_tricklists".into(),
+            json!({"user": {"$ref": "users", "$id": SAM}}).to_string(),
+        ),
+        (
+            "share_content".into(),
+            json!({"type": "tricklist", "id": "6650f1a2b3c4d5e6f7a8f003"}).to_string(),
+        ),
+    ])])
     .await;
+    let tj = f.tool_job(JESS).await;
+    let (out, requests) = run_loop(&f, &tj).await;
     assert_eq!(out.text, "all done");
     assert!(out.card.is_none());
     let msgs = requests[1]["messages"].as_array().unwrap();
@@ -234,28 +219,24 @@ async fn a_model_cannot_act_for_another_user() {
         .await
         .unwrap();
     assert_eq!(hacked, 0);
-    f.cleanup().await;
+    f.finish().await;
 }
 
 /// The seed's scenario through a whole turn: the reply carries a `tricklist_card` and the list exists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn park_list_scenario_end_to_end() {
-    let f = Fixture::new().await;
-    let stub = StubLlm::start(demo()).await.unwrap();
-    let svc: Arc<Services> = Services::connect(config_for(&stub, &f))
-        .await
-        .expect("services");
-    svc.bus.ensure_streams().await.expect("streams");
+    let f = TestEnv::new(demo()).await;
+    let svc = f.components().await;
     let event = DmEvent {
         message_id: bson::oid::ObjectId::new(),
-        conversation_id: oid(JESS_KAORI_CONVERSATION),
+        conversation_id: oid(JESS_KAORI),
         sender_id: oid(JESS),
         bot_id: oid(KAORI),
         content: "make me a park list with kickflip, 50-50 and boardslide".into(),
         images: Vec::new(),
         sent_at: Utc::now(),
     };
-    let outcome = turn::run(&svc, &event).await.expect("turn");
+    let outcome = svc.turns.run(&event).await.expect("turn");
     let Outcome::Answered { reply_id } = outcome else {
         panic!("not answered: {outcome:?}")
     };
@@ -293,14 +274,12 @@ async fn park_list_scenario_end_to_end() {
             .unwrap();
     assert_eq!(log[0]["tool"], "create_tricklist");
     assert_eq!(log[0]["ok"], true);
-    let requests = stub.requests();
+    let requests = f.stub.requests();
     assert_eq!(requests[0]["tools"].as_array().unwrap().len(), 6);
     // Delivering again (a redelivered event) creates nothing new.
     assert_eq!(
-        turn::run(&svc, &event).await.unwrap(),
-        Outcome::AlreadySettled {
-            state: "done".into()
-        }
+        svc.turns.run(&event).await.unwrap(),
+        Outcome::AlreadySettled { state: State::Done }
     );
     let n = f
         .mongo
@@ -309,12 +288,5 @@ async fn park_list_scenario_end_to_end() {
         .await
         .unwrap();
     assert_eq!(n, 1);
-    for s in [
-        &svc.bus.names.stream_in,
-        &svc.bus.names.stream_out,
-        &svc.bus.names.stream_dlq,
-    ] {
-        let _ = svc.bus.js.delete_stream(s).await;
-    }
-    f.cleanup().await;
+    f.finish().await;
 }

@@ -1,15 +1,18 @@
 //! Each tool against the real MongoDB-wire server and PostgreSQL with the seed data.
 
-use crate::fixture::*;
+use crate::env::*;
 use bson::{Bson, Document, doc};
 use companion::{
+    failure::{Class, Classify},
     store::mongo::{SPOT_DRAFTS, SPOTS, TRICKLISTS},
-    tools::{Registry, ToolContext, ToolResult},
+    tools::{Registry, ToolContext, ToolError, ToolResult},
+    turn::TurnError,
 };
+use companion_dev::stub::{StubReply, always};
 use futures::TryStreamExt;
 use serde_json::{Value, json};
 
-async fn call(ctx: &ToolContext, name: &str, args: Value) -> ToolResult {
+async fn call(ctx: &ToolContext<'_>, name: &str, args: Value) -> ToolResult {
     Registry::default()
         .dispatch(name, &args.to_string(), ctx)
         .await
@@ -43,8 +46,10 @@ fn names(v: &Value, key: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn search_spots_matches_filters_limits_and_is_literal() {
-    let f = Fixture::new().await;
-    let ctx = f.ctx(JESS);
+    let f = TestEnv::new(always(StubReply::text("unused"))).await;
+    let tj_jess = f.tool_job(JESS).await;
+
+    let ctx = tj_jess.ctx();
     let r = call(&ctx, "search_spots", json!({"query": "portland"})).await;
     assert!(names(data(&r), "spots").contains(&"Burnside Skatepark".to_owned()));
     let card = r.card().unwrap();
@@ -99,13 +104,16 @@ async fn search_spots_matches_filters_limits_and_is_literal() {
     )
     .await;
     assert!(r.is_ok());
-    f.cleanup().await;
+    f.finish().await;
 }
 
 #[tokio::test]
 async fn get_user_tricklists_sees_only_own_lists() {
-    let f = Fixture::new().await;
-    let jess = f.ctx(JESS);
+    let f = TestEnv::new(always(StubReply::text("unused"))).await;
+    let tj_jess = f.tool_job(JESS).await;
+    let tj_sam = f.tool_job(SAM).await;
+
+    let jess = tj_jess.ctx();
     // empty-string arguments (OpenRouter for no-arg tools)
     let r = Registry::default()
         .dispatch("get_user_tricklists", "", &jess)
@@ -128,7 +136,7 @@ async fn get_user_tricklists_sees_only_own_lists() {
     assert_eq!(names(data(&r), "tricklists"), ["Park Essentials"]);
     let r = call(&jess, "get_user_tricklists", json!({"listName": ".*"})).await;
     assert_eq!(data(&r)["count"], 0);
-    let sam = f.ctx(SAM);
+    let sam = tj_sam.ctx();
     let r = call(&sam, "get_user_tricklists", json!({})).await;
     let mut got = names(data(&r), "tricklists");
     got.sort();
@@ -138,13 +146,15 @@ async fn get_user_tricklists_sees_only_own_lists() {
         e["error"].as_str().unwrap().contains("act for the user"),
         "{e}"
     );
-    f.cleanup().await;
+    f.finish().await;
 }
 
 #[tokio::test]
 async fn search_trickipedia_by_name_keyword_and_category() {
-    let f = Fixture::new().await;
-    let ctx = f.ctx(JESS);
+    let f = TestEnv::new(always(StubReply::text("unused"))).await;
+    let tj_jess = f.tool_job(JESS).await;
+
+    let ctx = tj_jess.ctx();
     let r = call(&ctx, "search_trickipedia", json!({"query": "kickflip"})).await;
     let got = names(data(&r), "tricks");
     assert_eq!(got[0], "Kickflip", "exact name first: {got:?}");
@@ -192,13 +202,15 @@ async fn search_trickipedia_by_name_keyword_and_category() {
         .await,
     );
     assert_eq!(e["field"], "category");
-    f.cleanup().await;
+    f.finish().await;
 }
 
 #[tokio::test]
 async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
-    let f = Fixture::new().await;
-    let ctx = f.ctx(JESS);
+    let f = TestEnv::new(always(StubReply::text("unused"))).await;
+    let tj_jess = f.tool_job(JESS).await;
+
+    let ctx = tj_jess.ctx();
     let args = json!({"name": "Park List", "tricks": ["kick flip", "50-50", "boardslide", "(a+)+$", "triple cork 1440"]});
     let r = call(&ctx, "create_tricklist", args.clone()).await;
     let d = data(&r).clone();
@@ -271,7 +283,7 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
         .await
         .unwrap();
     assert_eq!(n, 1);
-    let counted: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_writes")
+    let counted: i64 = sqlx::query_scalar("SELECT count(*) FROM job_steps WHERE name = 'quota'")
         .fetch_one(&f.pg.pool)
         .await
         .unwrap();
@@ -279,7 +291,7 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
     // Nothing matched: an error, no write.
     let e = error(
         &call(
-            &f.ctx(JESS),
+            &tj_jess.ctx(),
             "create_tricklist",
             json!({"name": "X", "tricks": [".*"]}),
         )
@@ -321,19 +333,21 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
             .unwrap()
             .contains("never for anyone else")
     );
-    f.cleanup().await;
+    f.finish().await;
 }
 
 #[tokio::test]
 async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
-    let f = Fixture::new().await;
+    let f = TestEnv::new(always(StubReply::text("unused"))).await;
+    let tj_jess = f.tool_job(JESS).await;
+
     let spots_before = f
         .mongo
         .collection(SPOTS)
         .count_documents(doc! {})
         .await
         .unwrap();
-    let ctx = f.ctx(JESS);
+    let ctx = tj_jess.ctx();
     let r = call(&ctx, "create_spot_draft", json!({
         "name": "Ledge Plaza", "type": "street", "city": "Portland",
         "mapsUrl": "https://www.google.com/maps/place/X/@45.0,-122.0,17z/data=!3m1!4b1!4m6!3m5!8m2!3d45.5231!4d-122.6651"
@@ -356,7 +370,7 @@ async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
     assert_eq!(draft.get_f64("latitude").unwrap(), 45.5231);
     // A short link: a draft without coordinates, flagged.
     let r = call(
-        &f.ctx(JESS),
+        &tj_jess.ctx(),
         "create_spot_draft",
         json!({"name": "Mystery DIY", "type": "diy", "mapsUrl": "https://maps.app.goo.gl/AbC123"}),
     )
@@ -374,7 +388,7 @@ async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
     assert!(draft.get_bool("shortLinkUnresolved").unwrap());
     assert_eq!(draft.get("latitude"), Some(&Bson::Null));
     // Apple, q=, manual coordinates
-    let r = call(&f.ctx(JESS), "create_spot_draft", json!({"name": "A", "type": "skatepark", "mapsUrl": "https://maps.apple.com/?ll=37.7749,-122.4194&q=Spot"})).await;
+    let r = call(&tj_jess.ctx(), "create_spot_draft", json!({"name": "A", "type": "skatepark", "mapsUrl": "https://maps.apple.com/?ll=37.7749,-122.4194&q=Spot"})).await;
     assert_eq!(data(&r)["latitude"], 37.7749);
     // Refusals name the field; nothing is written.
     let bad = [
@@ -402,7 +416,7 @@ async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
         (json!({"name": "", "type": "street"}), "name"),
     ];
     for (args, field) in bad {
-        let e = error(&call(&f.ctx(JESS), "create_spot_draft", args.clone()).await);
+        let e = error(&call(&tj_jess.ctx(), "create_spot_draft", args.clone()).await);
         assert_eq!(e["field"], field, "{args}");
     }
     let drafts = f
@@ -419,13 +433,16 @@ async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
         .await
         .unwrap();
     assert_eq!(spots_before, spots_after);
-    f.cleanup().await;
+    f.finish().await;
 }
 
 #[tokio::test]
 async fn share_content_only_what_the_user_may_see() {
-    let f = Fixture::new().await;
-    let jess = f.ctx(JESS);
+    let f = TestEnv::new(always(StubReply::text("unused"))).await;
+    let tj_jess = f.tool_job(JESS).await;
+    let tj_sam = f.tool_job(SAM).await;
+
+    let jess = tj_jess.ctx();
     let share = |t: &str, id: &str| json!({"type": t, "id": id});
     // Sam's private list: refused like a missing one; Sam's public list and Jess's private list: cards.
     let e = error(
@@ -453,7 +470,7 @@ async fn share_content_only_what_the_user_may_see() {
     .await;
     assert_eq!(r.card().unwrap()["data"]["name"], "Winter Goals");
     let r = call(
-        &f.ctx(SAM),
+        &tj_sam.ctx(),
         "share_content",
         share("tricklist", "6650f1a2b3c4d5e6f7a8f003"),
     )
@@ -500,13 +517,15 @@ async fn share_content_only_what_the_user_may_see() {
         .await,
     );
     assert_eq!(e["field"], "type");
-    f.cleanup().await;
+    f.finish().await;
 }
 
 #[tokio::test]
 async fn malformed_calls_are_error_results() {
-    let f = Fixture::new().await;
-    let ctx = f.ctx(JESS);
+    let f = TestEnv::new(always(StubReply::text("unused"))).await;
+    let tj_jess = f.tool_job(JESS).await;
+
+    let ctx = tj_jess.ctx();
     let reg = Registry::default();
     let r = reg
         .dispatch("search_spots", "{\"query\": \"port", &ctx)
@@ -530,31 +549,27 @@ async fn malformed_calls_are_error_results() {
     );
     let r = reg.dispatch("share_content", "  ", &ctx).await;
     assert!(!r.is_ok());
-    f.cleanup().await;
+    f.finish().await;
 }
 
 /// Two "workers" (each with its own MongoDB client and PostgreSQL pool) create lists for one user at
 /// once: exactly five writes succeed, the rest get the quota error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn write_quota_holds_across_workers() {
-    let f = Fixture::new().await;
+    let f = TestEnv::new(always(StubReply::text("unused"))).await;
+    let tj_sam = f.tool_job(SAM).await;
     let mut workers = Vec::new();
     for w in 0..2 {
-        let pg = pg_at(&f.pg_url).await;
-        let mongo = mongo_at(&f.mongo_db).await;
-        let base = ToolContext {
-            pg,
-            mongo,
-            ..f.ctx(JESS)
-        };
+        let components = f.components().await;
         workers.push(tokio::spawn(async move {
             let reg = Registry::default();
             let calls = (0..6).map(|i| {
-                let mut ctx = base.clone();
-                ctx.message_id = bson::oid::ObjectId::new();
-                ctx.tool_call_id = format!("call_w{w}_{i}");
-                let reg = &reg;
+                let (journal, mongo, reg) = (&components.turns.journal, &components.mongo, &reg);
                 async move {
+                    // Each call is another event's turn.
+                    let tj = ToolJob::open(journal, mongo.clone(), JESS).await;
+                    let mut ctx = tj.ctx();
+                    ctx.tool_call_id = format!("call_w{w}_{i}");
                     reg.dispatch(
                         "create_tricklist",
                         &json!({"name": format!("Quota {w}-{i}"), "tricks": ["ollie"]}).to_string(),
@@ -592,34 +607,35 @@ async fn write_quota_holds_across_workers() {
     assert_eq!(lists.len(), 5);
     // Another user is not affected.
     let r = call(
-        &f.ctx(SAM),
+        &tj_sam.ctx(),
         "create_tricklist",
         json!({"name": "Sam's", "tricks": ["ollie"]}),
     )
     .await;
     assert!(r.is_ok());
-    f.cleanup().await;
+    f.finish().await;
 }
 
-/// A database failure is not shown to the model as a result: the turn retries (the write may or may not
-/// have happened). Reads that do not need PostgreSQL keep working.
+/// A database failure is not shown to the model as a result: the turn fails with it (transient: the
+/// write may or may not have happened, and a retry is harmless). Reads that do not need PostgreSQL keep
+/// working.
 #[tokio::test]
-async fn database_errors_are_transient() {
-    let f = Fixture::new().await;
-    let broken = pg_at(&f.pg_url).await;
-    broken.pool.close().await;
-    let ctx = ToolContext {
-        pg: broken,
-        ..f.ctx(JESS)
-    };
+async fn database_errors_fail_the_turn_instead_of_answering() {
+    let f = TestEnv::new(always(StubReply::text("unused"))).await;
+    let components = f.components().await;
+    let tj = ToolJob::open(&components.turns.journal, f.mongo.clone(), JESS).await;
+    components.pg.pool.close().await;
+    let ctx = tj.ctx();
     let r = call(
         &ctx,
         "create_tricklist",
         json!({"name": "X", "tricks": ["ollie"]}),
     )
     .await;
-    let e = r.outcome.as_ref().unwrap_err();
-    assert!(e.is_transient(), "{e}");
+    let e = r.outcome.unwrap_err();
+    assert!(matches!(e, ToolError::Journal(_)), "{e}");
+    let e = TurnError::from(e);
+    assert_eq!(e.class(), Class::Transient, "{e}");
     let r = call(&ctx, "search_spots", json!({"query": "portland"})).await;
     assert!(r.is_ok());
     let n = f
@@ -629,5 +645,5 @@ async fn database_errors_are_transient() {
         .await
         .unwrap();
     assert_eq!(n, 0);
-    f.cleanup().await;
+    f.finish().await;
 }

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use crate::env::*;
 use bson::{Bson, doc};
-use companion::turn;
+use companion::{
+    journal::{NewJob, State},
+    turn,
+};
 use companion_dev::stub::{StubReply, always, scripted};
 use futures::StreamExt;
 use serde_json::Value;
@@ -170,7 +173,7 @@ async fn the_model_gets_the_character_the_tricklists_and_the_last_20_messages_in
     }
     assert_eq!(messages[21]["role"], "user");
     assert_eq!(messages[21]["content"], "what should i learn next?");
-    assert_eq!(requests[0]["model"], env.config.openrouter_model);
+    assert_eq!(requests[0]["model"], env.config.llm.model);
     env.finish().await;
 }
 
@@ -275,18 +278,13 @@ async fn a_duplicate_publish_is_answered_once() {
 #[tokio::test]
 async fn running_a_turn_again_writes_nothing_twice() {
     let env = TestEnv::new(always(StubReply::text("first answer"))).await;
-    let svc = env.services().await;
+    let svc = env.components().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "once only").await;
     let event = dm_event(&raw);
-    let first = turn::run(&svc, &event).await.unwrap();
-    let second = turn::run(&svc, &event).await.unwrap();
+    let first = svc.turns.run(&event).await.unwrap();
+    let second = svc.turns.run(&event).await.unwrap();
     assert!(matches!(first, turn::Outcome::Answered { .. }));
-    assert_eq!(
-        second,
-        turn::Outcome::AlreadySettled {
-            state: "done".into()
-        }
-    );
+    assert_eq!(second, turn::Outcome::AlreadySettled { state: State::Done });
     assert_eq!(env.replies_to(&raw.message_id).await.len(), 1);
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM bot_conversations")
         .fetch_one(&env.pg.pool)
@@ -300,28 +298,37 @@ async fn running_a_turn_again_writes_nothing_twice() {
 #[tokio::test]
 async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
     let env = TestEnv::new(always(StubReply::text("a different answer"))).await;
-    let svc = env.services().await;
+    let svc = env.components().await;
     let raw = env
         .dm(JESS, KAORI, JESS_KAORI, "crash after the model answered")
         .await;
     // A previous attempt got its answer recorded, then died before writing it.
-    env.pg
-        .begin_turn(&raw.message_id, JESS_KAORI, JESS, KAORI, None)
+    let job = env
+        .journal()
+        .open(&NewJob {
+            id: &raw.message_id,
+            kind: "turn",
+            user: JESS,
+            bot: KAORI,
+            conversation: JESS_KAORI,
+            stream_seq: None,
+        })
         .await
         .unwrap();
     let reply_id = bson::oid::ObjectId::new().to_hex();
-    env.pg
-        .record_reply(
-            &raw.message_id,
-            &reply_id,
-            "the recorded answer",
-            None,
-            chrono::Utc::now(),
-        )
+    let fixed = turn::Reply {
+        id: reply_id.clone(),
+        content: "the recorded answer".into(),
+        rich_content: None,
+        at: chrono::Utc::now(),
+        tool_log: None,
+    };
+    job.step("reply", "g0")
+        .run(async { Ok::<_, companion::journal::JournalError>(fixed) })
         .await
         .unwrap();
     let event = dm_event(&raw);
-    let outcome = turn::run(&svc, &event).await.unwrap();
+    let outcome = svc.turns.run(&event).await.unwrap();
     assert_eq!(
         outcome,
         turn::Outcome::Answered {
@@ -350,14 +357,14 @@ async fn a_failing_turn_is_redelivered_and_answered_once() {
         StubReply::text("back online!"),
     );
     // No retries inside the turn: this exercises the NAK and redelivery path.
-    let mut env = TestEnv::with(responder, |c| c.llm_max_retries = 0).await;
+    let mut env = TestEnv::with(responder, |c| c.llm.max_retries = 0).await;
     env.start_worker().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "you there?").await;
     let reply = env.turn(&event).await;
     assert_eq!(reply.content, "back online!");
     assert_eq!(env.stub.requests().len(), 2);
     assert_eq!(env.replies_to(&event.message_id).await.len(), 1);
-    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM turns WHERE message_id = $1")
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM jobs WHERE id = $1")
         .bind(&event.message_id)
         .fetch_one(&env.pg.pool)
         .await
@@ -390,7 +397,7 @@ async fn a_request_the_model_refuses_gets_the_honest_failure_line_once_and_a_dea
             .contains("rejected the request")
     );
     assert_eq!(env.replies_to(&event.message_id).await.len(), 1);
-    let state: String = sqlx::query_scalar("SELECT state FROM turns WHERE message_id = $1")
+    let state: String = sqlx::query_scalar("SELECT state FROM jobs WHERE id = $1")
         .bind(&event.message_id)
         .fetch_one(&env.pg.pool)
         .await

@@ -76,7 +76,7 @@ pub async fn seed_all(
     seed::seed_dir(mongo, seed_dir)
         .await
         .map_err(|e| BenchError::Setup(format!("demo seed: {e}")))?;
-    let mut characters = Characters::load(&env.config.characters_dir)
+    let mut characters = Characters::load(&env.config.characters.dir)
         .map_err(|e| BenchError::Setup(format!("characters: {e}")))?;
     characters
         .resolve(mongo)
@@ -172,8 +172,8 @@ pub async fn seed_all(
             let articles = ingest::read_articles(knowledge_dir, None)
                 .map_err(|e| BenchError::Setup(format!("knowledge: {e}")))?;
             let cfg = ChunkConfig {
-                max_tokens: env.config.chunk_tokens,
-                overlap: env.config.chunk_overlap,
+                max_tokens: env.config.rag.chunk_tokens,
+                overlap: env.config.rag.chunk_overlap,
             };
             ingest::ingest(&env.pg.pool, embedder, &articles, cfg, false)
                 .await

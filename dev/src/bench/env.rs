@@ -43,7 +43,7 @@ impl RunEnv {
         let mut config = base.clone();
         let db = format!("bench_{tag}");
         let admin_url = admin_url();
-        let owner = pg_user(&config.postgres_url).unwrap_or_else(|| "companion".into());
+        let owner = pg_user(&config.pg.url).unwrap_or_else(|| "companion".into());
         let mut admin = sqlx::PgConnection::connect(&admin_url)
             .await
             .map_err(|e| BenchError::Setup(format!("PostgreSQL admin connection: {e}")))?;
@@ -53,14 +53,14 @@ impl RunEnv {
         .execute(&mut admin)
         .await
         .map_err(|e| BenchError::Setup(format!("creating database {db}: {e}")))?;
-        config.postgres_url = replace_db(&config.postgres_url, &db);
-        config.atlas_uri = replace_db(&config.atlas_uri, &db);
-        config.subject_prefix = format!("bench{tag}.dm.bot");
-        config.stream_prefix = format!("BENCH{tag}");
-        config.consumer = "bench-workers".into();
-        let pg = Pg::connect(&config).await?;
+        config.pg.url = replace_db(&config.pg.url, &db);
+        config.mongo.uri = replace_db(&config.mongo.uri, &db);
+        config.nats.subject_prefix = format!("bench{tag}.dm.bot");
+        config.nats.stream_prefix = format!("BENCH{tag}");
+        config.consumer.name = "bench-workers".into();
+        let pg = Pg::connect(&config.pg).await?;
         pg.migrate().await?;
-        let mongo = Mongo::connect(&config).await?;
+        let mongo = Mongo::connect(&config.mongo).await?;
         for name in COLLECTIONS {
             mongo
                 .db
@@ -69,7 +69,7 @@ impl RunEnv {
                 .map_err(companion::store::StoreError::from)?;
         }
         mongo.ensure_indexes().await?;
-        let bus = Bus::connect(&config).await?;
+        let bus = Bus::connect(&config.nats).await?;
         bus.ensure_streams().await?;
         Ok(Self {
             tag,

@@ -90,11 +90,9 @@ pub struct BenchArgs {
     pub llm_rps: u32,
     /// The workers' per-user flood limit (turns per minute; 0: off). Off by default: the bench's users
     /// send far faster than people do, and a busy line is not the turn being measured.
+    /// Sets the workers' `COMPANION_USER_TURNS_PER_MINUTE`.
     #[arg(long, default_value_t = 0)]
-    pub user_turns_per_minute: u32,
-    /// Later messages of a conversation one reply may answer (the workers' `COMPANION_BURST_MAX`).
-    #[arg(long, default_value_t = 8)]
-    pub burst_max: usize,
+    pub flood_limit: u32,
     /// Seconds to wait for the last completions after the last publish.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
@@ -177,7 +175,7 @@ pub async fn run(base: Config, args: BenchArgs) -> Result<Report, BenchError> {
         report.machine.cores, report.machine.cpu_model, report.load_average_before
     );
     if args.embed || args.embed_only {
-        let cfg = EmbedConfig::from_config(&base);
+        let cfg = EmbedConfig::from_settings(&base.embed);
         eprintln!(
             "bench: embedding throughput ({} s per measurement)…",
             args.embed_secs
@@ -254,7 +252,7 @@ async fn measure(
         "bench: seeding {} conversations, {} history messages each…",
         args.conversations, args.history
     );
-    let embedder = match Embedder::load(&EmbedConfig::from_config(&env.config)) {
+    let embedder = match Embedder::load(&EmbedConfig::from_settings(&env.config.embed)) {
         Ok(e) => Some(e),
         Err(e) => {
             eprintln!("bench: no embedding model ({e}); turns run without knowledge");
@@ -287,9 +285,8 @@ async fn measure(
     .await
     .map_err(|e| BenchError::Setup(format!("stub model: {e}")))?;
     let mut config = env.config.clone();
-    config.llm_base_url = stub.base_url.clone();
-    config.user_turns_per_minute = args.user_turns_per_minute;
-    config.burst_max = args.burst_max;
+    config.llm.base_url = stub.base_url.clone();
+    config.turn.user_turns_per_minute = args.flood_limit;
     let settings = workers::WorkerSettings {
         llm_requests_per_second: args.llm_rps,
         rust_log: workers::WORKER_RUST_LOG.into(),
@@ -304,10 +301,10 @@ async fn measure(
         history: args.history,
         script: args.script,
         llm_latency_ms: args.llm_latency_ms,
-        concurrency: config.concurrency,
-        embed_threads: config.embed_threads,
-        embed_max_batch: config.embed_max_batch,
-        embed_window_ms: config.embed_window_ms,
+        concurrency: config.worker.concurrency,
+        embed_threads: config.embed.threads,
+        embed_max_batch: config.embed.max_batch,
+        embed_window_ms: config.embed.window_ms,
         knowledge_chunks: data.knowledge_chunks,
     });
 
@@ -373,8 +370,8 @@ async fn measure(
             .unwrap_or(default)
     };
     let servers = procs::Servers::find(
-        port(&env.config.nats_url, 4222),
-        port(&env.config.atlas_uri, 27017),
+        port(&env.config.nats.url, 4222),
+        port(&env.config.mongo.uri, 27017),
         &format!("bench_{}", env.tag),
     );
     if servers.nats.is_empty() || servers.mongo.is_empty() || servers.postgres.is_empty() {

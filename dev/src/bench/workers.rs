@@ -72,18 +72,18 @@ pub fn spawn(
     // Relative paths are made absolute so they mean the same to the worker processes.
     let mut config = config.clone();
     for path in [
-        &mut config.characters_dir,
-        &mut config.model_dir,
-        &mut config.ort_dylib_path,
+        &mut config.characters.dir,
+        &mut config.embed.model_dir,
+        &mut config.embed.ort_dylib_path,
     ] {
         if let Ok(abs) = std::path::absolute(&*path) {
             *path = abs;
         }
     }
-    config.openrouter_api_key = Default::default();
-    config.llm_requests_per_second = settings.llm_requests_per_second;
-    config.http_addr = http_addr.clone();
-    config.log_format = companion::config::LogFormat::Json;
+    config.llm.api_key = Default::default();
+    config.llm.requests_per_second = settings.llm_requests_per_second;
+    config.worker.http_addr = http_addr.clone();
+    config.log.format = companion::config::LogFormat::Json;
     let mut cmd = Command::new(exe);
     cmd.arg("worker")
         .envs(config.to_env())

@@ -1,0 +1,742 @@
+//! The journal of durable jobs: every side effect of a job is a named step, recorded once it succeeded,
+//! so a retry replays what succeeded and redoes only what failed. A turn is a job; so will be any work a
+//! companion does later on its own.
+//!
+//! - A job is a row of `jobs` (a turn's id is its event's message id) with a [`State`], whose transitions
+//!   are all in [`State::may_become`]; attempts, the reply generation and who answered it live there.
+//! - `job.step(name, key).run(async { … })` returns the output recorded for (job, name, key) if an earlier
+//!   attempt recorded one; otherwise it runs the body and records the success. The first writer wins: when
+//!   two attempts race, both go on with the first one's output. A failure is returned and recorded
+//!   nowhere, so the next attempt runs the step again.
+//! - A [`Step::lazy`] step is an effect that is safe to repeat (a keyed write, a publish with a message id):
+//!   its record rides along with the job's next recorded step or its settlement, one statement instead of
+//!   one each. A crash in between means the effect runs once more, harmlessly.
+//! - [`Job::counted`] is a step that counts against a limit every worker shares (a tally such as
+//!   `writes:<user>`): under a lock per tally, it is granted only while fewer than `limit` steps of the
+//!   tally were recorded in the window.
+//!
+//! Outputs are JSON (`job_steps.output`); text is kept as it is but for U+0000, which PostgreSQL cannot
+//! store and which becomes U+FFFD.
+
+use std::{collections::HashMap, future::Future, sync::Mutex, time::Duration};
+
+use chrono::{DateTime, Utc};
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::Value;
+use sqlx::{PgPool, Row, postgres::PgRow};
+use tracing::{debug, warn};
+
+use crate::{
+    failure::{Class, Classify},
+    store::StoreError,
+};
+
+/// Where a job stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Opened by a delivery, not settled yet.
+    Running,
+    /// Answered.
+    Done,
+    /// Answered with the character's failure line and dead-lettered.
+    Failed,
+    /// Answered by the reply of an earlier message of the same burst (`covered_by`).
+    Covered,
+    /// Over the user's flood limit: answered by the busy line, its own or an earlier one (`covered_by`).
+    Limited,
+}
+
+impl State {
+    pub const ALL: [State; 5] = [
+        State::Running,
+        State::Done,
+        State::Failed,
+        State::Covered,
+        State::Limited,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Done => "done",
+            State::Failed => "failed",
+            State::Covered => "covered",
+            State::Limited => "limited",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<State> {
+        State::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// Settled: nothing more will be done unless a replay opens it again.
+    pub fn is_settled(self) -> bool {
+        self != State::Running
+    }
+
+    /// Every transition there is. A job is created `Running` by its own delivery, or `Covered` by the
+    /// turn whose reply answers it; a running job settles once; a replay reopens a settled one.
+    pub fn may_become(self, to: State) -> bool {
+        use State::*;
+        matches!(
+            (self, to),
+            (Running, Done | Failed | Limited) | (Done | Failed | Covered | Limited, Running)
+        )
+    }
+
+    /// The states that may become `to`, as SQL text values.
+    fn sources(to: State) -> Vec<&'static str> {
+        State::ALL
+            .into_iter()
+            .filter(|from| from.may_become(to))
+            .map(State::as_str)
+            .collect()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("journal: {0}")]
+    Store(#[from] StoreError),
+    #[error("journal: step {name}/{key} output cannot be encoded: {source}")]
+    Encode {
+        name: String,
+        key: String,
+        source: serde_json::Error,
+    },
+    #[error("journal: job {0} has an unknown state `{1}`")]
+    BadState(String, String),
+}
+
+impl From<sqlx::Error> for JournalError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(StoreError::Pg(e))
+    }
+}
+
+impl Classify for JournalError {
+    fn class(&self) -> Class {
+        match self {
+            Self::Store(e) => e.class(),
+            Self::Encode { .. } | Self::BadState(..) => Class::Permanent,
+        }
+    }
+}
+
+/// A job's row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobRecord {
+    pub id: String,
+    pub state: State,
+    pub attempts: i32,
+    /// Reply generation: 0 first; each replay that answers again takes the next.
+    pub generation: i32,
+    /// For a covered or limited job: the job whose reply answered it.
+    pub covered_by: Option<String>,
+    pub stream_seq: Option<u64>,
+    pub last_error: Option<String>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Who a job acts for and where it came from, for its row.
+#[derive(Clone, Copy, Debug)]
+pub struct NewJob<'a> {
+    pub id: &'a str,
+    pub kind: &'a str,
+    pub user: &'a str,
+    pub bot: &'a str,
+    pub conversation: &'a str,
+    pub stream_seq: Option<u64>,
+}
+
+/// The answer of [`Job::counted`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Counted now.
+    Granted,
+    /// Counted by an earlier attempt of this step; nothing new is counted.
+    AlreadyCounted,
+    /// The limit is used up; the oldest step of the window leaves it in this many seconds.
+    Exceeded { retry_after_secs: i64 },
+}
+
+/// How a replay opens a settled job again.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reopen<'a> {
+    /// Answer with the next reply generation (the last one has a reply).
+    pub next_generation: bool,
+    /// Step names whose records are forgotten, so they run again (e.g. the model's answers).
+    pub forget: &'a [&'a str],
+}
+
+/// The journal, in the service's PostgreSQL database.
+#[derive(Clone)]
+pub struct Journal {
+    pool: PgPool,
+}
+
+const JOB_COLUMNS: &str =
+    "id, state, attempts, generation, covered_by, stream_seq, last_error, updated_at";
+
+impl Journal {
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// Opens an attempt of a job: creates it `Running`, or counts another attempt of an existing one;
+    /// with every step recorded so far. One round trip.
+    pub async fn open(&self, new: &NewJob<'_>) -> Result<Job, JournalError> {
+        let sql = format!(
+            "WITH j AS (
+                INSERT INTO jobs (id, kind, user_id, bot_id, conversation_id, stream_seq)
+                VALUES ($1, $2, $3, $4, $5, $6)
+                ON CONFLICT (id) DO UPDATE
+                   SET attempts = jobs.attempts + 1, updated_at = now(),
+                       stream_seq = COALESCE(jobs.stream_seq, EXCLUDED.stream_seq)
+                RETURNING {JOB_COLUMNS})
+             SELECT j.*, (SELECT coalesce(jsonb_agg(jsonb_build_array(s.name, s.key, s.output)), '[]')
+                          FROM job_steps s WHERE s.job = j.id) AS steps
+             FROM j"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(new.id)
+            .bind(new.kind)
+            .bind(new.user)
+            .bind(new.bot)
+            .bind(new.conversation)
+            .bind(new.stream_seq.map(|s| s as i64))
+            .fetch_one(&self.pool)
+            .await?;
+        let record = job_record(&row)?;
+        let mut recorded = HashMap::new();
+        if let Value::Array(steps) = row.get::<Value, _>("steps") {
+            for s in steps {
+                if let (Some(name), Some(key)) = (s[0].as_str(), s[1].as_str()) {
+                    recorded.insert((name.to_owned(), key.to_owned()), s[2].clone());
+                }
+            }
+        }
+        Ok(Job {
+            pool: self.pool.clone(),
+            record,
+            recorded: Mutex::new(recorded),
+            pending: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The job as it stands, without opening an attempt.
+    pub async fn get(&self, id: &str) -> Result<Option<JobRecord>, JournalError> {
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(job_record).transpose()
+    }
+
+    /// Whether step (name, key) of job `id` is recorded.
+    pub async fn has_step(&self, id: &str, name: &str, key: &str) -> Result<bool, JournalError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM job_steps WHERE job = $1 AND name = $2 AND key = $3)",
+        )
+        .bind(id)
+        .bind(name)
+        .bind(key)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Creates `job` settled as `Covered` by job `by`. True when it is covered by `by` now (created, or
+    /// by an earlier attempt of the same cover); false when the job already existed otherwise.
+    pub async fn cover(&self, job: &NewJob<'_>, by: &str) -> Result<bool, JournalError> {
+        let covered: Option<String> = sqlx::query_scalar(
+            "WITH ins AS (
+                INSERT INTO jobs (id, kind, user_id, bot_id, conversation_id, stream_seq, state, covered_by)
+                VALUES ($1, $2, $3, $4, $5, $6, 'covered', $7)
+                ON CONFLICT (id) DO NOTHING RETURNING covered_by)
+             SELECT covered_by FROM ins
+             UNION ALL SELECT covered_by FROM jobs WHERE id = $1 AND state = 'covered'
+             LIMIT 1",
+        )
+        .bind(job.id)
+        .bind(job.kind)
+        .bind(job.user)
+        .bind(job.bot)
+        .bind(job.conversation)
+        .bind(job.stream_seq.map(|s| s as i64))
+        .bind(by)
+        .fetch_optional(&self.pool)
+        .await?
+        .flatten();
+        Ok(covered.as_deref() == Some(by))
+    }
+
+    /// Opens a settled job again for a replay (`Running`, nobody's cover any more). A running job is left
+    /// as it is.
+    pub async fn reopen(&self, id: &str, how: Reopen<'_>) -> Result<(), JournalError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE jobs SET state = 'running', covered_by = NULL, updated_at = now(),
+                generation = generation + CASE WHEN $2 THEN 1 ELSE 0 END
+             WHERE id = $1 AND state = ANY($3)",
+        )
+        .bind(id)
+        .bind(how.next_generation)
+        .bind(State::sources(State::Running))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM job_steps WHERE job = $1 AND name = ANY($2)")
+            .bind(id)
+            .bind(how.forget)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Records why an attempt failed, for operators.
+    pub async fn note_error(&self, id: &str, reason: &str) -> Result<(), JournalError> {
+        sqlx::query("UPDATE jobs SET last_error = $2, updated_at = now() WHERE id = $1")
+            .bind(id)
+            .bind(reason)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Settles a job that has no open attempt here (a replay that failed): only from a state that may
+    /// become `to`.
+    pub async fn force_state(
+        &self,
+        id: &str,
+        to: State,
+        error: Option<&str>,
+    ) -> Result<(), JournalError> {
+        transition(&self.pool, id, to, None, error, &[]).await?;
+        Ok(())
+    }
+
+    /// The job whose step `name` was last recorded under `tally`, if that was at or after `since` (e.g.
+    /// the turn that said the busy line to this user this minute).
+    pub async fn last_tallied(
+        &self,
+        tally: &str,
+        name: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<String>, JournalError> {
+        Ok(sqlx::query_scalar(
+            "SELECT job FROM job_steps WHERE tally = $1 AND name = $2 AND created_at >= $3
+             ORDER BY created_at DESC LIMIT 1",
+        )
+        .bind(tally)
+        .bind(name)
+        .bind(since)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+}
+
+fn job_record(row: &PgRow) -> Result<JobRecord, JournalError> {
+    let id: String = row.get("id");
+    let state: String = row.get("state");
+    let Some(state) = State::parse(&state) else {
+        return Err(JournalError::BadState(id, state));
+    };
+    Ok(JobRecord {
+        id,
+        state,
+        attempts: row.get("attempts"),
+        generation: row.get("generation"),
+        covered_by: row.get("covered_by"),
+        stream_seq: row.get::<Option<i64>, _>("stream_seq").map(|s| s as u64),
+        last_error: row.get("last_error"),
+        updated_at: row.get("updated_at"),
+    })
+}
+
+/// A step record not yet written.
+#[derive(Debug)]
+struct Pending {
+    name: String,
+    key: String,
+    output: Value,
+    tally: Option<String>,
+}
+
+/// One attempt of a job: its row as opened, the steps recorded so far, and the records not yet written.
+pub struct Job {
+    pool: PgPool,
+    pub record: JobRecord,
+    recorded: Mutex<HashMap<(String, String), Value>>,
+    pending: Mutex<Vec<Pending>>,
+}
+
+impl Job {
+    pub fn id(&self) -> &str {
+        &self.record.id
+    }
+
+    /// Step `name` with `key` of this job; run it with [`Step::run`].
+    pub fn step<'a>(&'a self, name: &'a str, key: impl Into<String>) -> Step<'a> {
+        Step {
+            job: self,
+            name,
+            key: key.into(),
+            lazy: false,
+            tally: None,
+        }
+    }
+
+    /// The output recorded for (name, key), if any and if it reads as `T`.
+    pub fn recorded<T: DeserializeOwned>(&self, name: &str, key: &str) -> Option<T> {
+        let recorded = self.recorded.lock().expect("journal lock");
+        let value = recorded.get(&(name.to_owned(), key.to_owned()))?;
+        decode(name, key, value)
+    }
+
+    /// A step that counts against `limit` steps of `tally` per `window`, across every worker.
+    pub async fn counted(
+        &self,
+        name: &str,
+        key: &str,
+        tally: &str,
+        limit: u32,
+        window: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<Admission, JournalError> {
+        if self.is_recorded(name, key) {
+            return Ok(Admission::AlreadyCounted);
+        }
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(tally)
+            .execute(&mut *tx)
+            .await?;
+        let seen: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM job_steps WHERE job = $1 AND name = $2 AND key = $3)",
+        )
+        .bind(self.id())
+        .bind(name)
+        .bind(key)
+        .fetch_one(&mut *tx)
+        .await?;
+        if seen {
+            tx.commit().await?;
+            return Ok(Admission::AlreadyCounted);
+        }
+        let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::hours(1));
+        let row = sqlx::query(
+            "SELECT count(*) AS n, min(created_at) AS oldest FROM job_steps
+             WHERE tally = $1 AND created_at > $2",
+        )
+        .bind(tally)
+        .bind(now - window)
+        .fetch_one(&mut *tx)
+        .await?;
+        let used: i64 = row.get("n");
+        if used >= i64::from(limit) {
+            let oldest: Option<DateTime<Utc>> = row.get("oldest");
+            let retry_after_secs = oldest
+                .map(|o| (o + window - now).num_seconds().max(1))
+                .unwrap_or(window.num_seconds());
+            tx.commit().await?;
+            return Ok(Admission::Exceeded { retry_after_secs });
+        }
+        let output = serde_json::json!({ "counted": tally });
+        sqlx::query(
+            "INSERT INTO job_steps (job, name, key, output, tally, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(self.id())
+        .bind(name)
+        .bind(key)
+        .bind(&output)
+        .bind(tally)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.remember(name, key, output);
+        Ok(Admission::Granted)
+    }
+
+    /// Writes the records of lazy steps now.
+    pub async fn flush(&self) -> Result<(), JournalError> {
+        let pending = self.take_pending();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let (names, keys, outputs, tallies) = columns(&pending);
+        let result = sqlx::query(
+            "INSERT INTO job_steps (job, name, key, output, tally)
+             SELECT $1, n, k, o, t FROM UNNEST($2::text[], $3::text[], $4::jsonb[], $5::text[]) AS u(n, k, o, t)
+             ON CONFLICT (job, name, key) DO NOTHING",
+        )
+        .bind(self.id())
+        .bind(names)
+        .bind(keys)
+        .bind(outputs)
+        .bind(tallies)
+        .execute(&self.pool)
+        .await;
+        if let Err(e) = result {
+            self.pending.lock().expect("journal lock").extend(pending);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Writes the records still pending, best effort (before an attempt gives up: what succeeded is not
+    /// redone by the next one).
+    pub async fn flush_quietly(&self) {
+        if let Err(e) = self.flush().await {
+            debug!(error = %e, "step records not written; the next attempt redoes those steps");
+        }
+    }
+
+    /// Settles the running job in state `to` (answered by `by`, when another job's reply answered it),
+    /// writing the pending records in the same statement. False when the job was no longer running (a
+    /// replay or another worker settled it first).
+    pub async fn settle(&self, to: State, by: Option<&str>) -> Result<bool, JournalError> {
+        let pending = self.take_pending();
+        match transition(&self.pool, self.id(), to, by, None, &pending).await {
+            Ok(moved) => Ok(moved),
+            Err(e) => {
+                self.pending.lock().expect("journal lock").extend(pending);
+                Err(e)
+            }
+        }
+    }
+
+    fn is_recorded(&self, name: &str, key: &str) -> bool {
+        self.recorded
+            .lock()
+            .expect("journal lock")
+            .contains_key(&(name.to_owned(), key.to_owned()))
+    }
+
+    fn remember(&self, name: &str, key: &str, output: Value) {
+        self.recorded
+            .lock()
+            .expect("journal lock")
+            .insert((name.to_owned(), key.to_owned()), output);
+    }
+
+    fn take_pending(&self) -> Vec<Pending> {
+        std::mem::take(&mut *self.pending.lock().expect("journal lock"))
+    }
+
+    /// Records one step, with the pending ones; returns the output that won.
+    async fn record(&self, step: Pending) -> Result<Value, JournalError> {
+        let (name, key) = (step.name.clone(), step.key.clone());
+        let mut rows = self.take_pending();
+        rows.push(step);
+        let (names, keys, outputs, tallies) = columns(&rows);
+        let stored: Result<Option<Value>, sqlx::Error> = sqlx::query_scalar(
+            "WITH ins AS (
+                INSERT INTO job_steps (job, name, key, output, tally)
+                SELECT $1, n, k, o, t FROM UNNEST($2::text[], $3::text[], $4::jsonb[], $5::text[]) AS u(n, k, o, t)
+                ON CONFLICT (job, name, key) DO NOTHING
+                RETURNING name, key, output)
+             SELECT output FROM ins WHERE name = $6 AND key = $7
+             UNION ALL SELECT output FROM job_steps WHERE job = $1 AND name = $6 AND key = $7
+             LIMIT 1",
+        )
+        .bind(self.id())
+        .bind(names)
+        .bind(keys)
+        .bind(outputs)
+        .bind(tallies)
+        .bind(&name)
+        .bind(&key)
+        .fetch_optional(&self.pool)
+        .await;
+        let own = rows.pop().expect("the step itself").output;
+        match stored {
+            Ok(stored) => Ok(stored.unwrap_or(own)),
+            Err(e) => {
+                self.pending.lock().expect("journal lock").extend(rows);
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// Moves a job to `to` from any state that may become it, writing `records` in the same statement.
+async fn transition(
+    pool: &PgPool,
+    id: &str,
+    to: State,
+    by: Option<&str>,
+    error: Option<&str>,
+    records: &[Pending],
+) -> Result<bool, JournalError> {
+    let (names, keys, outputs, tallies) = columns(records);
+    let moved: Option<String> = sqlx::query_scalar(
+        "WITH ins AS (
+            INSERT INTO job_steps (job, name, key, output, tally)
+            SELECT $1, n, k, o, t FROM UNNEST($2::text[], $3::text[], $4::jsonb[], $5::text[]) AS u(n, k, o, t)
+            ON CONFLICT (job, name, key) DO NOTHING)
+         UPDATE jobs SET state = $6, covered_by = COALESCE($7, covered_by),
+                last_error = COALESCE($8, last_error), updated_at = now()
+         WHERE id = $1 AND state = ANY($9)
+         RETURNING state",
+    )
+    .bind(id)
+    .bind(names)
+    .bind(keys)
+    .bind(outputs)
+    .bind(tallies)
+    .bind(to.as_str())
+    .bind(by)
+    .bind(error)
+    .bind(State::sources(to))
+    .fetch_optional(pool)
+    .await?;
+    Ok(moved.is_some())
+}
+
+type Columns = (Vec<String>, Vec<String>, Vec<Value>, Vec<Option<String>>);
+
+fn columns(rows: &[Pending]) -> Columns {
+    let mut c: Columns = Default::default();
+    for r in rows {
+        c.0.push(r.name.clone());
+        c.1.push(r.key.clone());
+        c.2.push(r.output.clone());
+        c.3.push(r.tally.clone());
+    }
+    c
+}
+
+fn decode<T: DeserializeOwned>(name: &str, key: &str, value: &Value) -> Option<T> {
+    match T::deserialize(value) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            warn!(step = name, key, error = %e, "a recorded step does not read back; it runs again");
+            None
+        }
+    }
+}
+
+/// A step about to run; see the module documentation.
+pub struct Step<'a> {
+    job: &'a Job,
+    name: &'a str,
+    key: String,
+    lazy: bool,
+    tally: Option<String>,
+}
+
+impl Step<'_> {
+    /// Recorded with the job's next recorded step or its settlement, not on its own: for effects that
+    /// are safe to repeat.
+    pub fn lazy(mut self) -> Self {
+        self.lazy = true;
+        self
+    }
+
+    /// Counted under `tally` (see [`Journal::last_tallied`], [`Job::counted`]).
+    pub fn tally(mut self, tally: impl Into<String>) -> Self {
+        self.tally = Some(tally.into());
+        self
+    }
+
+    /// The recorded output, or the body's, recorded now (or with the next record, when lazy).
+    pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<JournalError>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let Step {
+            job,
+            name,
+            key,
+            lazy,
+            tally,
+        } = self;
+        if let Some(done) = job.recorded::<T>(name, &key) {
+            debug!(step = name, key = %key, "step replayed from the journal");
+            return Ok(done);
+        }
+        let out = body.await?;
+        let mut value = serde_json::to_value(&out).map_err(|source| JournalError::Encode {
+            name: name.to_owned(),
+            key: key.clone(),
+            source,
+        })?;
+        strip_nul(&mut value);
+        let pending = Pending {
+            name: name.to_owned(),
+            key: key.clone(),
+            output: value.clone(),
+            tally,
+        };
+        if lazy {
+            job.remember(name, &key, value);
+            job.pending.lock().expect("journal lock").push(pending);
+            return Ok(out);
+        }
+        let stored = job.record(pending).await?;
+        job.remember(name, &key, stored.clone());
+        if stored == value {
+            return Ok(out);
+        }
+        // Another attempt recorded this step first: go on with its output.
+        debug!(step = name, key = %key, "another attempt recorded this step first; using its output");
+        Ok(decode(name, &key, &stored).unwrap_or(out))
+    }
+}
+
+/// PostgreSQL's `jsonb` cannot hold U+0000.
+fn strip_nul(v: &mut Value) {
+    match v {
+        Value::String(s) if s.contains('\0') => *s = s.replace('\0', "\u{FFFD}"),
+        Value::Array(a) => a.iter_mut().for_each(strip_nul),
+        Value::Object(o) => o.values_mut().for_each(strip_nul),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_transition_is_listed_once() {
+        use State::*;
+        let allowed: Vec<(State, State)> = State::ALL
+            .into_iter()
+            .flat_map(|a| State::ALL.into_iter().map(move |b| (a, b)))
+            .filter(|(a, b)| a.may_become(*b))
+            .collect();
+        assert_eq!(
+            allowed,
+            [
+                (Running, Done),
+                (Running, Failed),
+                (Running, Limited),
+                (Done, Running),
+                (Failed, Running),
+                (Covered, Running),
+                (Limited, Running),
+            ]
+        );
+        assert_eq!(
+            State::sources(Running),
+            ["done", "failed", "covered", "limited"]
+        );
+        assert_eq!(State::sources(Done), ["running"]);
+        for s in State::ALL {
+            assert_eq!(State::parse(s.as_str()), Some(s));
+        }
+    }
+
+    #[test]
+    fn nul_characters_never_reach_postgres() {
+        let mut v = serde_json::json!({"a": ["x\u{0}y", 1], "b": "ok"});
+        strip_nul(&mut v);
+        assert_eq!(v, serde_json::json!({"a": ["x\u{FFFD}y", 1], "b": "ok"}));
+    }
+}

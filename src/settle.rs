@@ -1,0 +1,423 @@
+//! Settlement: what becomes of a delivery once its turn ended. [`decide`] is a pure function from the
+//! ending, the delivery count and the limits to a [`Verdict`]; [`Settler::execute`] carries a verdict out,
+//! always in the same order: the failure line when one is owed, the dead letter, the conversation's order
+//! floor, then the ack, NAK or terminate. When one of its own writes fails, the event is NAKed instead
+//! ([`on_failed_write`]) and its redelivery does the rest again, harmlessly (every write is keyed).
+//!
+//! | ending | delivery | verdict |
+//! |---|---|---|
+//! | settled: answered, limited, already settled | any | ack (after moving the floor past the burst) |
+//! | the worker stops | any | NAK now |
+//! | reject: malformed, unknown bot, missing conversation, not a participant | any | terminate, dead letter, no reply |
+//! | permanent: the model refuses (4xx), data the stores refuse | any | terminate, failure line, dead letter |
+//! | transient: a server down, model timeout, 429, 5xx, failed or empty answer | not the last | NAK after the backoff (or the server's `Retry-After`, if longer) |
+//! | transient | the last | terminate, failure line, dead letter |
+//! | every worker died on it: the max-deliveries advisory | the last | as a transient failure on the last delivery |
+
+use std::{sync::Arc, time::Duration};
+
+use async_nats::jetstream::{self, AckKind};
+use bytes::Bytes;
+use tracing::{error, info, warn};
+
+use crate::{
+    bus::{Bus, DmEvent},
+    failure::{Class, Failure},
+    journal::State,
+    metrics::Metrics,
+    order::Order,
+    turn::{Outcome, Turns},
+};
+
+/// How a delivery's turn ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// The turn settled the message; `through` is the last stream sequence its reply answered (a burst).
+    Settled { through: Option<u64> },
+    /// The worker is stopping: the message goes back to the stream at once.
+    Returned,
+    /// The turn failed.
+    Failed(Failure),
+}
+
+/// What is done with the delivery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Settled: move the order floor through `through` (or the message itself) and acknowledge.
+    Ack { through: Option<u64> },
+    /// Hand it back to the stream, redelivered after `delay`.
+    Nak { delay: Duration },
+    /// Never again: the failure line first when owed, a dead letter with `reason`, then terminate.
+    Term {
+        reason: String,
+        answer_with_failure_line: bool,
+    },
+}
+
+/// The bounds the decision depends on.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Deliveries of one event (the consumer's `max_deliver`).
+    pub max_deliver: i64,
+    /// First NAK delay, doubled per delivery.
+    pub retry_base: Duration,
+    /// Longest NAK delay.
+    pub retry_cap: Duration,
+}
+
+/// The one decision.
+pub fn decide(ending: &Ending, delivered: i64, limits: &Limits) -> Verdict {
+    match ending {
+        Ending::Settled { through } => Verdict::Ack { through: *through },
+        Ending::Returned => Verdict::Nak {
+            delay: Duration::ZERO,
+        },
+        Ending::Failed(f) => match f.class {
+            Class::Reject => Verdict::Term {
+                reason: f.reason.clone(),
+                answer_with_failure_line: false,
+            },
+            Class::Transient if delivered < limits.max_deliver => Verdict::Nak {
+                delay: backoff(limits, delivered).max(f.retry_after.unwrap_or_default()),
+            },
+            Class::Transient | Class::Permanent => Verdict::Term {
+                reason: f.reason.clone(),
+                answer_with_failure_line: true,
+            },
+        },
+    }
+}
+
+/// The settlement's own writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Write {
+    DeadLetter,
+    OrderFloor,
+}
+
+/// A write of the settlement failed: the event comes back, and its redelivery settles it again.
+pub fn on_failed_write(write: Write) -> Verdict {
+    Verdict::Nak {
+        delay: match write {
+            Write::DeadLetter => Duration::from_secs(5),
+            Write::OrderFloor => Duration::from_secs(2),
+        },
+    }
+}
+
+/// Exponential backoff: `retry_base` doubled per delivery so far, capped.
+fn backoff(limits: &Limits, delivered: i64) -> Duration {
+    let exp = delivered.clamp(1, 10) as u32 - 1;
+    limits
+        .retry_base
+        .max(Duration::from_millis(1))
+        .saturating_mul(2u32.saturating_pow(exp))
+        .min(limits.retry_cap)
+}
+
+/// ±20 % so that retries of many events spread out.
+fn jittered(d: Duration) -> Duration {
+    d.mul_f64(0.8 + fastrand::f64() * 0.4)
+}
+
+/// The delivery being settled.
+pub enum Handle<'a> {
+    /// A message this worker holds: acked, NAKed or terminated.
+    Message(&'a jetstream::Message),
+    /// A message no worker holds any more (it ran out of deliveries): nothing will deliver it again, so a
+    /// write that fails is retried here a few times instead of by a NAK.
+    Exhausted {
+        subject: &'a str,
+        seq: u64,
+        payload: Bytes,
+    },
+}
+
+impl Handle<'_> {
+    fn subject(&self) -> &str {
+        match self {
+            Handle::Message(m) => m.subject.as_str(),
+            Handle::Exhausted { subject, .. } => subject,
+        }
+    }
+
+    fn seq(&self) -> u64 {
+        match self {
+            Handle::Message(m) => m.info().map(|i| i.stream_sequence).unwrap_or(0),
+            Handle::Exhausted { seq, .. } => *seq,
+        }
+    }
+
+    fn payload(&self) -> Bytes {
+        match self {
+            Handle::Message(m) => m.payload.clone(),
+            Handle::Exhausted { payload, .. } => payload.clone(),
+        }
+    }
+
+    async fn answer(&self, kind: AckKind) {
+        if let Handle::Message(m) = self {
+            let result = match kind {
+                AckKind::Ack => m.double_ack().await,
+                kind => m.ack_with(kind).await,
+            };
+            if let Err(e) = result {
+                warn!(error = %e, "could not settle the message; the server will redeliver it");
+            }
+        }
+    }
+}
+
+/// Carries verdicts out.
+pub struct Settler {
+    pub bus: Bus,
+    pub order: Arc<Order>,
+    pub turns: Arc<Turns>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Settler {
+    /// Executes `verdict` for the delivery; `event` is the parsed event when the payload was valid.
+    pub async fn execute(
+        &self,
+        handle: Handle<'_>,
+        event: Option<&DmEvent>,
+        verdict: Verdict,
+        delivered: i64,
+    ) {
+        match verdict {
+            Verdict::Ack { through } => {
+                if self.advance(&handle, through).await {
+                    handle.answer(AckKind::Ack).await;
+                }
+            }
+            Verdict::Nak { delay } => {
+                handle.answer(AckKind::Nak(Some(jittered(delay)))).await;
+            }
+            Verdict::Term {
+                reason,
+                answer_with_failure_line,
+            } => {
+                let mut through = None;
+                let mut dead = true;
+                if let (true, Some(event)) = (answer_with_failure_line, event) {
+                    error!(error = %reason, "turn cannot be answered; sending the failure line and dead-lettering");
+                    self.metrics
+                        .inc("companion_turns_total", "outcome=\"failed\"");
+                    match self.turns.answer_with_failure(event, &reason).await {
+                        Ok(settled) => {
+                            through = settled.through_seq;
+                            if let Outcome::AlreadySettled { state } = settled.outcome {
+                                info!(?state, "the event was settled after all");
+                                // Answered after all (done, covered, limited): not a dead letter.
+                                dead = state == State::Failed;
+                            }
+                        }
+                        Err(e) if crate::failure::Classify::class(&e) == Class::Reject => {
+                            info!(error = %e, "not a valid turn; dead-lettering without a reply")
+                        }
+                        Err(e) => error!(error = %e, "failure line not delivered"),
+                    }
+                } else {
+                    warn!(reason, "event rejected");
+                }
+                if dead && !self.dead_letter(&handle, &reason, delivered).await {
+                    return;
+                }
+                if self.advance(&handle, through).await {
+                    handle.answer(AckKind::Term).await;
+                }
+            }
+        }
+    }
+
+    /// Records the event in the dead-letter stream; false when the event was NAKed instead.
+    async fn dead_letter(&self, handle: &Handle<'_>, reason: &str, delivered: i64) -> bool {
+        let write = || {
+            self.bus.dead_letter_raw(
+                handle.subject(),
+                handle.seq(),
+                handle.payload(),
+                reason,
+                delivered,
+            )
+        };
+        if self.retrying(handle, Write::DeadLetter, write).await {
+            self.metrics.inc("companion_dead_letters_total", "");
+            warn!(reason, "event dead-lettered");
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Moves the conversation's order floor past this event (and the burst it answered, `through`);
+    /// false when the event was NAKed instead.
+    async fn advance(&self, handle: &Handle<'_>, through: Option<u64>) -> bool {
+        let seq = handle.seq();
+        let through = through.unwrap_or(seq).max(seq);
+        self.retrying(handle, Write::OrderFloor, || {
+            self.order.settle(handle.subject(), through)
+        })
+        .await
+    }
+
+    /// Runs one of the settlement's writes: once for a held message (NAKed when it fails), a few times
+    /// for an exhausted one (nothing would retry it otherwise).
+    async fn retrying<F, Fut, E>(&self, handle: &Handle<'_>, write: Write, f: F) -> bool
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(), E>>,
+        E: std::fmt::Display,
+    {
+        let attempts: u32 = match handle {
+            Handle::Message(_) => 1,
+            Handle::Exhausted { .. } => 5,
+        };
+        for attempt in 0..attempts {
+            match f().await {
+                Ok(()) => return true,
+                Err(e) => {
+                    warn!(error = %e, ?write, attempt, "settlement write failed");
+                    if attempt + 1 < attempts {
+                        tokio::time::sleep(Duration::from_secs(1 + u64::from(attempt) * 2)).await;
+                    }
+                }
+            }
+        }
+        match handle {
+            Handle::Message(_) => {
+                if let Verdict::Nak { delay } = on_failed_write(write) {
+                    handle.answer(AckKind::Nak(Some(delay))).await;
+                }
+            }
+            Handle::Exhausted { .. } => error!(
+                ?write,
+                "the exhausted event could not be settled; its conversation waits for the order valve"
+            ),
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_deliver: 5,
+        retry_base: Duration::from_secs(2),
+        retry_cap: Duration::from_secs(60),
+    };
+
+    fn failed(class: Class) -> Ending {
+        Ending::Failed(Failure::new(class, "why"))
+    }
+
+    fn term(line: bool) -> Verdict {
+        Verdict::Term {
+            reason: "why".into(),
+            answer_with_failure_line: line,
+        }
+    }
+
+    fn nak(secs: u64) -> Verdict {
+        Verdict::Nak {
+            delay: Duration::from_secs(secs),
+        }
+    }
+
+    /// Every row of the README's failure table, and the module's.
+    #[test]
+    fn the_settlement_table() {
+        let rows: Vec<(&str, Ending, i64, Verdict)> = vec![
+            (
+                "answered (or limited, or settled earlier): ack through the burst",
+                Ending::Settled { through: Some(9) },
+                1,
+                Verdict::Ack { through: Some(9) },
+            ),
+            (
+                "over the flood limit: acked like any answer",
+                Ending::Settled { through: None },
+                5,
+                Verdict::Ack { through: None },
+            ),
+            (
+                "the worker stops: back at once",
+                Ending::Returned,
+                3,
+                nak(0),
+            ),
+            (
+                "malformed, unknown bot, missing conversation, not a participant: no reply",
+                failed(Class::Reject),
+                1,
+                term(false),
+            ),
+            (
+                "rejected on the last delivery too: still no reply",
+                failed(Class::Reject),
+                5,
+                term(false),
+            ),
+            (
+                "MongoDB, PostgreSQL, NATS down; model timeout, 429, 5xx, failed or empty answer",
+                failed(Class::Transient),
+                1,
+                nak(2),
+            ),
+            ("the backoff doubles", failed(Class::Transient), 2, nak(4)),
+            ("and doubles", failed(Class::Transient), 4, nak(16)),
+            (
+                "the last delivery fails: failure line",
+                failed(Class::Transient),
+                5,
+                term(true),
+            ),
+            (
+                "every worker died on it (max-deliveries advisory): as a last delivery",
+                failed(Class::Transient),
+                5,
+                term(true),
+            ),
+            (
+                "the model rejects the request (4xx), data the stores refuse: failure line at once",
+                failed(Class::Permanent),
+                1,
+                term(true),
+            ),
+        ];
+        for (row, ending, delivered, want) in rows {
+            assert_eq!(decide(&ending, delivered, &LIMITS), want, "{row}");
+        }
+    }
+
+    #[test]
+    fn a_server_s_retry_after_wins_when_longer_and_the_backoff_is_capped() {
+        let mut f = Failure::new(Class::Transient, "429");
+        f.retry_after = Some(Duration::from_secs(30));
+        assert_eq!(decide(&Ending::Failed(f.clone()), 1, &LIMITS), nak(30));
+        f.retry_after = Some(Duration::from_secs(1));
+        assert_eq!(decide(&Ending::Failed(f), 1, &LIMITS), nak(2));
+        let long = Limits {
+            max_deliver: 100,
+            ..LIMITS
+        };
+        assert_eq!(decide(&failed(Class::Transient), 50, &long), nak(60));
+    }
+
+    #[test]
+    fn a_settlement_write_that_fails_hands_the_event_back() {
+        assert_eq!(on_failed_write(Write::DeadLetter), nak(5));
+        assert_eq!(on_failed_write(Write::OrderFloor), nak(2));
+    }
+
+    #[test]
+    fn jitter_stays_within_a_fifth() {
+        for _ in 0..1000 {
+            let d = jittered(Duration::from_secs(10));
+            assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12));
+        }
+    }
+}
