@@ -466,21 +466,13 @@ impl Job {
         if pending.is_empty() {
             return Ok(());
         }
-        let (names, keys, outputs, tallies) = columns(&pending);
-        let result = sqlx::query(
-            "INSERT INTO job_steps (job, name, key, output, tally)
-             SELECT $1, n, k, o, t FROM UNNEST($2::text[], $3::text[], $4::jsonb[], $5::text[]) AS u(n, k, o, t)
-             ON CONFLICT (job, name, key) DO NOTHING",
-        )
-        .bind(self.id())
-        .bind(names)
-        .bind(keys)
-        .bind(outputs)
-        .bind(tallies)
-        .execute(&self.pool)
-        .await;
+        let result = sqlx::query(sqlx::AssertSqlSafe(INSERT_RECORDS))
+            .bind(self.id())
+            .bind(records(&pending))
+            .execute(&self.pool)
+            .await;
         if let Err(e) = result {
-            self.pending.lock().expect("journal lock").extend(pending);
+            self.requeue(pending);
             return Err(e.into());
         }
         Ok(())
@@ -499,13 +491,11 @@ impl Job {
     /// replay or another worker settled it first).
     pub async fn settle(&self, to: State, by: Option<&str>) -> Result<bool, JournalError> {
         let pending = self.take_pending();
-        match transition(&self.pool, self.id(), to, by, None, &pending).await {
-            Ok(moved) => Ok(moved),
-            Err(e) => {
-                self.pending.lock().expect("journal lock").extend(pending);
-                Err(e)
-            }
+        let moved = transition(&self.pool, self.id(), to, by, None, &pending).await;
+        if moved.is_err() {
+            self.requeue(pending);
         }
+        moved
     }
 
     fn is_recorded(&self, name: &str, key: &str) -> bool {
@@ -526,36 +516,34 @@ impl Job {
         std::mem::take(&mut *self.pending.lock().expect("journal lock"))
     }
 
+    /// Puts records whose write failed back, for the next write.
+    fn requeue(&self, rows: Vec<Pending>) {
+        self.pending.lock().expect("journal lock").extend(rows);
+    }
+
     /// Records one step, with the pending ones; returns the output that won.
     async fn record(&self, step: Pending) -> Result<Value, JournalError> {
         let (name, key) = (step.name.clone(), step.key.clone());
         let mut rows = self.take_pending();
         rows.push(step);
-        let (names, keys, outputs, tallies) = columns(&rows);
-        let stored: Result<Option<Value>, sqlx::Error> = sqlx::query_scalar(
-            "WITH ins AS (
-                INSERT INTO job_steps (job, name, key, output, tally)
-                SELECT $1, n, k, o, t FROM UNNEST($2::text[], $3::text[], $4::jsonb[], $5::text[]) AS u(n, k, o, t)
-                ON CONFLICT (job, name, key) DO NOTHING
-                RETURNING name, key, output)
-             SELECT output FROM ins WHERE name = $6 AND key = $7
-             UNION ALL SELECT output FROM job_steps WHERE job = $1 AND name = $6 AND key = $7
-             LIMIT 1",
-        )
-        .bind(self.id())
-        .bind(names)
-        .bind(keys)
-        .bind(outputs)
-        .bind(tallies)
-        .bind(&name)
-        .bind(&key)
-        .fetch_optional(&self.pool)
-        .await;
+        let sql = format!(
+            "WITH ins AS ({INSERT_RECORDS} RETURNING name, key, output)
+             SELECT output FROM ins WHERE name = $3 AND key = $4
+             UNION ALL SELECT output FROM job_steps WHERE job = $1 AND name = $3 AND key = $4
+             LIMIT 1"
+        );
+        let stored: Result<Option<Value>, sqlx::Error> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(self.id())
+            .bind(records(&rows))
+            .bind(&name)
+            .bind(&key)
+            .fetch_optional(&self.pool)
+            .await;
         let own = rows.pop().expect("the step itself").output;
         match stored {
             Ok(stored) => Ok(stored.unwrap_or(own)),
             Err(e) => {
-                self.pending.lock().expect("journal lock").extend(rows);
+                self.requeue(rows);
                 Err(e.into())
             }
         }
@@ -569,44 +557,43 @@ async fn transition(
     to: State,
     by: Option<&str>,
     error: Option<&str>,
-    records: &[Pending],
+    rows: &[Pending],
 ) -> Result<bool, JournalError> {
-    let (names, keys, outputs, tallies) = columns(records);
-    let moved: Option<String> = sqlx::query_scalar(
-        "WITH ins AS (
-            INSERT INTO job_steps (job, name, key, output, tally)
-            SELECT $1, n, k, o, t FROM UNNEST($2::text[], $3::text[], $4::jsonb[], $5::text[]) AS u(n, k, o, t)
-            ON CONFLICT (job, name, key) DO NOTHING)
-         UPDATE jobs SET state = $6, covered_by = COALESCE($7, covered_by),
-                last_error = COALESCE($8, last_error), updated_at = now()
-         WHERE id = $1 AND state = ANY($9)
-         RETURNING state",
-    )
-    .bind(id)
-    .bind(names)
-    .bind(keys)
-    .bind(outputs)
-    .bind(tallies)
-    .bind(to.as_str())
-    .bind(by)
-    .bind(error)
-    .bind(State::sources(to))
-    .fetch_optional(pool)
-    .await?;
+    let sql = format!(
+        "WITH ins AS ({INSERT_RECORDS})
+         UPDATE jobs SET state = $3, covered_by = COALESCE($4, covered_by),
+                last_error = COALESCE($5, last_error), updated_at = now()
+         WHERE id = $1 AND state = ANY($6)
+         RETURNING state"
+    );
+    let moved: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .bind(records(rows))
+        .bind(to.as_str())
+        .bind(by)
+        .bind(error)
+        .bind(State::sources(to))
+        .fetch_optional(pool)
+        .await?;
     Ok(moved.is_some())
 }
 
-type Columns = (Vec<String>, Vec<String>, Vec<Value>, Vec<Option<String>>);
+/// Inserts the step records `$2` (a JSON array of [`records`]) of job `$1`; a record already there (an
+/// earlier attempt's) stays.
+const INSERT_RECORDS: &str = "INSERT INTO job_steps (job, name, key, output, tally)
+    SELECT $1, r.name, r.key, coalesce(r.output, 'null'::jsonb), r.tally
+    FROM jsonb_to_recordset($2::jsonb) AS r(name text, key text, output jsonb, tally text)
+    ON CONFLICT (job, name, key) DO NOTHING";
 
-fn columns(rows: &[Pending]) -> Columns {
-    let mut c: Columns = Default::default();
-    for r in rows {
-        c.0.push(r.name.clone());
-        c.1.push(r.key.clone());
-        c.2.push(r.output.clone());
-        c.3.push(r.tally.clone());
-    }
-    c
+/// Step records as the JSON array [`INSERT_RECORDS`] reads.
+fn records(rows: &[Pending]) -> Value {
+    Value::Array(
+        rows.iter()
+            .map(|r| {
+                serde_json::json!({"name": r.name, "key": r.key, "output": r.output, "tally": r.tally})
+            })
+            .collect(),
+    )
 }
 
 fn decode<T: DeserializeOwned>(name: &str, key: &str, value: &Value) -> Option<T> {
