@@ -532,13 +532,14 @@ impl Job {
              UNION ALL SELECT output FROM job_steps WHERE job = $1 AND name = $3 AND key = $4
              LIMIT 1"
         );
-        let stored: Result<Option<Value>, sqlx::Error> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(self.id())
-            .bind(records(&rows))
-            .bind(&name)
-            .bind(&key)
-            .fetch_optional(&self.pool)
-            .await;
+        let stored: Result<Option<Value>, sqlx::Error> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .bind(self.id())
+                .bind(records(&rows))
+                .bind(&name)
+                .bind(&key)
+                .fetch_optional(&self.pool)
+                .await;
         let own = rows.pop().expect("the step itself").output;
         match stored {
             Ok(stored) => Ok(stored.unwrap_or(own)),
