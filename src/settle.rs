@@ -26,6 +26,7 @@ use crate::{
     journal::State,
     metrics::Metrics,
     order::Order,
+    timing::{self, Stage},
     turn::{Outcome, Turns},
 };
 
@@ -256,10 +257,8 @@ impl Settler {
     async fn advance(&self, handle: &Handle<'_>, through: Option<u64>) -> bool {
         let seq = handle.seq();
         let through = through.unwrap_or(seq).max(seq);
-        self.retrying(handle, Write::OrderFloor, || {
-            self.order.settle(handle.subject(), through)
-        })
-        .await
+        let write = || self.order.settle(handle.subject(), through);
+        timing::stage(Stage::Order, self.retrying(handle, Write::OrderFloor, write)).await
     }
 
     /// Runs one of the settlement's writes: once for a held message (NAKed when it fails), a few times
