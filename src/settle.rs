@@ -258,7 +258,11 @@ impl Settler {
         let seq = handle.seq();
         let through = through.unwrap_or(seq).max(seq);
         let write = || self.order.settle(handle.subject(), through);
-        timing::stage(Stage::Order, self.retrying(handle, Write::OrderFloor, write)).await
+        timing::stage(
+            Stage::Order,
+            self.retrying(handle, Write::OrderFloor, write),
+        )
+        .await
     }
 
     /// Runs one of the settlement's writes: once for a held message (NAKed when it fails), a few times

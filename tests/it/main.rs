@@ -11,6 +11,7 @@ mod embed_bench;
 mod embed_parity;
 mod flood;
 mod hostile_events;
+mod journal_migration;
 mod limits;
 mod llm_failures;
 mod nats_users;
