@@ -462,6 +462,15 @@ pub struct TurnConfig {
         default_value_t = 10
     )]
     pub user_turns_per_minute: u32,
+    /// Longest one attempt at a turn may take, seconds, whatever it waits on (a server that accepted a
+    /// request and never answers included); past it the attempt fails as transient and is retried.
+    #[arg(
+        id = "turn-timeout-secs",
+        long = "turn-timeout-secs",
+        env = "COMPANION_TURN_TIMEOUT_SECS",
+        default_value_t = 300
+    )]
+    pub turn_timeout_secs: u64,
 }
 
 /// One worker process: how much it runs at once, how it retries and stops, where it serves `/metrics`.
@@ -748,6 +757,10 @@ impl Config {
             ),
             ("COMPANION_HISTORY_LIMIT", t.history_limit.to_string()),
             ("COMPANION_MAX_TOOL_ROUNDS", t.max_tool_rounds.to_string()),
+            (
+                "COMPANION_TURN_TIMEOUT_SECS",
+                t.turn_timeout_secs.to_string(),
+            ),
             (
                 "COMPANION_MAX_TOOL_RESULT_BYTES",
                 t.max_tool_result_bytes.to_string(),

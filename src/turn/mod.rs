@@ -119,6 +119,8 @@ pub enum TurnError {
     Llm(#[from] LlmError),
     #[error("the journal holds a reply id that is not an ObjectId: {0}")]
     BadReplyId(String),
+    #[error("the turn took longer than {0} s (COMPANION_TURN_TIMEOUT_SECS)")]
+    TimedOut(u64),
 }
 
 impl Classify for TurnError {
@@ -134,6 +136,7 @@ impl Classify for TurnError {
             Self::Order(e) => e.class(),
             Self::Llm(e) => e.class(),
             Self::BadReplyId(_) => Class::Permanent,
+            Self::TimedOut(_) => Class::Transient,
         }
     }
 
@@ -287,18 +290,33 @@ impl Turns {
         event: &DmEvent,
         delivery: Option<&Delivery<'_>>,
     ) -> Result<Settled, TurnError> {
-        let character = stage(Stage::Admit, self.admit(event)).await?;
+        // One deadline for the whole attempt: a request a server accepted and never answers must not
+        // hold the message (and its conversation behind it) for good.
+        let secs = self.config.turn_timeout_secs.max(1);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+        let character = tokio::time::timeout_at(deadline, stage(Stage::Admit, self.admit(event)))
+            .await
+            .map_err(|_| TurnError::TimedOut(secs))??;
         let ids = Ids::of(event);
-        let job = stage(
-            Stage::Journal,
-            self.journal.open(&ids.job(delivery.map(|d| d.seq))),
+        let job = tokio::time::timeout_at(
+            deadline,
+            stage(
+                Stage::Journal,
+                self.journal.open(&ids.job(delivery.map(|d| d.seq))),
+            ),
         )
-        .await?;
+        .await
+        .map_err(|_| TurnError::TimedOut(secs))??;
         if let Some(settled) = already_settled(&job) {
             info!(state = ?job.record.state, attempts = job.record.attempts, "message already settled; acknowledging");
             return Ok(settled);
         }
-        let result = self.answer(&job, event, &ids, character, delivery).await;
+        let result = tokio::time::timeout_at(
+            deadline,
+            self.answer(&job, event, &ids, character, delivery),
+        )
+        .await
+        .unwrap_or(Err(TurnError::TimedOut(secs)));
         if result.is_err() {
             // What succeeded is not redone by the next attempt.
             job.flush_quietly().await;

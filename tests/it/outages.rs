@@ -63,6 +63,8 @@ async fn steady_stream_through_an_outage(server: &str) {
         c.consumer.ack_wait_secs = 5;
         c.llm.max_retries = 0;
         c.turn.user_turns_per_minute = 0;
+        // A request the restarted server accepted and never answered ends here, not at 300 s.
+        c.turn.turn_timeout_secs = 20;
     })
     .await;
     let conversations = env.new_conversations(KAORI, CONVERSATIONS).await;
@@ -129,13 +131,30 @@ async fn steady_stream_through_an_outage(server: &str) {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let missing = published
+    let missing: Vec<&String> = published
         .iter()
         .filter(|id| !answered.contains_key(*id))
-        .count();
+        .collect();
+    if !all {
+        // What the journal and the worker's log say about each one, so that a failure explains itself.
+        let journal = env.journal();
+        let log = worker.log();
+        for id in &missing {
+            eprintln!("unanswered {id}: {:?}", journal.get(id).await);
+            for line in log.lines().filter(|l| l.contains(id.as_str())) {
+                eprintln!("  {line}");
+            }
+        }
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        eprintln!(
+            "worker log, last lines:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
     assert!(
         all,
-        "{missing} of {} events never answered",
+        "{} of {} events never answered",
+        missing.len(),
         published.len()
     );
     let twice: Vec<_> = answered.iter().filter(|(_, n)| **n > 1).collect();

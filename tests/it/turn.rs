@@ -405,3 +405,48 @@ async fn a_request_the_model_refuses_gets_the_honest_failure_line_once_and_a_dea
     assert_eq!(state, "failed");
     env.finish().await;
 }
+
+#[tokio::test]
+async fn an_attempt_that_hangs_past_the_turn_deadline_is_retried_and_answered_once() {
+    // The model accepts the first request and does not answer for a minute (its own timeout is longer):
+    // only the turn's deadline ends that attempt.
+    let hang = StubReply::Delayed(
+        Duration::from_secs(60),
+        Box::new(StubReply::text("too late")),
+    );
+    let mut env = TestEnv::with(scripted(vec![hang], StubReply::text("finally")), |c| {
+        c.turn.turn_timeout_secs = 2;
+        c.llm.timeout_secs = 120;
+        c.llm.max_retries = 0;
+        c.worker.retry_delay_secs = 1;
+    })
+    .await;
+    env.start_worker().await;
+    let event = env.dm(JESS, KAORI, JESS_KAORI, "still there?").await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let started = std::time::Instant::now();
+    env.publish(&event).await;
+    let reply = next_reply_to(&mut replies, &event.message_id, Duration::from_secs(20)).await;
+    assert_eq!(reply.content, "finally");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the first attempt waited for its deadline"
+    );
+    assert_eq!(env.stub.requests().len(), 2, "asked once per attempt");
+    assert_eq!(env.replies_to(&event.message_id).await.len(), 1);
+    let job = env
+        .journal()
+        .get(&event.message_id)
+        .await
+        .unwrap()
+        .expect("the job");
+    assert_eq!(job.attempts, 2);
+    assert!(
+        job.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("longer than 2 s")),
+        "{:?}",
+        job.last_error
+    );
+    env.finish().await;
+}
