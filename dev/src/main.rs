@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use companion::{
     Config,
-    config::{LogConfig, MongoConfig},
+    config::{EmbedSettings, LogConfig, MongoConfig},
     store, telemetry,
 };
 use companion_dev::{chat, seed, stub};
@@ -68,6 +68,12 @@ enum Command {
     StubLlm {
         #[arg(long, default_value = "127.0.0.1:8089")]
         addr: SocketAddr,
+        /// The demo data whose tricks and cities the model names in its tool calls.
+        #[arg(long, default_value = "deploy/local/seed")]
+        seed_dir: PathBuf,
+        /// The embedding model it reads messages with (without it: keyword rules only).
+        #[command(flatten)]
+        embed: EmbedSettings,
     },
     /// Measure a turn's cost and throughput end to end on the real local stack (see README, Benchmark).
     Bench {
@@ -79,8 +85,24 @@ enum Command {
     },
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    let result = tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(run()));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The whole chain of causes on one line; a backtrace only when asked for.
+            eprintln!("error: {e:#}");
+            if std::env::var_os("RUST_LIB_BACKTRACE").is_some_and(|v| v == "1") {
+                eprintln!("{e:?}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     let _ = dotenvy::dotenv();
     let cli = Cli::parse();
     let _telemetry = telemetry::init(&cli.log);
@@ -118,8 +140,29 @@ async fn main() -> anyhow::Result<()> {
             let session = chat::Session::open(&config, &user, &bot).await?;
             chat::chat(&session, script.as_deref(), Duration::from_secs(wait)).await?;
         }
-        Command::StubLlm { addr } => {
-            let server = stub::StubLlm::start_on(addr, stub::demo(), false)
+        Command::StubLlm {
+            addr,
+            seed_dir,
+            embed,
+        } => {
+            let model = match companion::rag::load_embedder(&embed) {
+                Some(embedder) => match stub::DemoModel::load(embedder, &seed_dir).await {
+                    Ok(m) => Some(std::sync::Arc::new(m)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "demo data not read; keyword rules only");
+                        None
+                    }
+                },
+                None => None,
+            };
+            let responder = match model {
+                Some(m) => {
+                    tracing::info!("the scripted model reads messages with the embedding model");
+                    m.responder()
+                }
+                None => stub::asynchronous(stub::demo()),
+            };
+            let server = stub::StubLlm::start_async(addr, responder, false)
                 .await
                 .context("binding")?;
             tracing::info!(base_url = %server.base_url, "scripted offline model listening");

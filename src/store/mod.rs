@@ -9,14 +9,34 @@ pub use pg::Pg;
 
 use crate::failure::{Class, Classify};
 
+/// A failure of either database. The message includes the driver's (it is not repeated as a source, so
+/// a chain of causes prints it once).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("MongoDB: {0}")]
-    Mongo(#[from] mongodb::error::Error),
+    Mongo(mongodb::error::Error),
     #[error("PostgreSQL: {0}")]
-    Pg(#[from] sqlx::Error),
+    Pg(sqlx::Error),
     #[error("PostgreSQL migration: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(sqlx::migrate::MigrateError),
+}
+
+impl From<mongodb::error::Error> for StoreError {
+    fn from(e: mongodb::error::Error) -> Self {
+        Self::Mongo(e)
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Pg(e)
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        Self::Migrate(e)
+    }
 }
 
 /// By cause: data the server refuses (PostgreSQL SQLSTATE classes 22 and 23, MongoDB document

@@ -42,11 +42,14 @@ impl RunEnv {
         let tag = format!("{:012x}", fastrand::u64(..) >> 16);
         let mut config = base.clone();
         let db = format!("bench_{tag}");
-        let admin_url = admin_url();
+        let admin_url = admin_url(&config.pg.url);
         let owner = pg_user(&config.pg.url).unwrap_or_else(|| "companion".into());
-        let mut admin = sqlx::PgConnection::connect(&admin_url)
-            .await
-            .map_err(|e| BenchError::Setup(format!("PostgreSQL admin connection: {e}")))?;
+        let mut admin = sqlx::PgConnection::connect(&admin_url).await.map_err(|e| {
+            BenchError::Setup(format!(
+                "PostgreSQL admin connection to {}: {e}",
+                companion::config::redact_url(&admin_url)
+            ))
+        })?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "CREATE DATABASE {db} OWNER {owner}"
         )))
@@ -101,10 +104,14 @@ impl RunEnv {
     }
 }
 
-/// The connection that creates and drops databases: `POSTGRES_ADMIN_URL`, else the local stack's superuser.
-pub fn admin_url() -> String {
+/// The connection that creates and drops databases: `POSTGRES_ADMIN_URL`, else `postgres_url` itself on
+/// its server's maintenance database (`postgres`), so the run's databases are made where the workers
+/// will look for them.
+pub fn admin_url(postgres_url: &str) -> String {
     std::env::var("POSTGRES_ADMIN_URL")
-        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| replace_db(postgres_url, "postgres"))
 }
 
 /// The user of a PostgreSQL URL (`postgres://user:pass@host/db`).
@@ -138,6 +145,16 @@ pub fn replace_db(url: &str, db: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_admin_connection_goes_to_the_server_of_postgres_url() {
+        if std::env::var_os("POSTGRES_ADMIN_URL").is_none() {
+            assert_eq!(
+                admin_url("postgres://companion:pw@db:15432/companion?sslmode=require"),
+                "postgres://companion:pw@db:15432/postgres?sslmode=require"
+            );
+        }
+    }
 
     #[test]
     fn database_names_are_replaced_and_users_read() {

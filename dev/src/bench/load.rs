@@ -101,6 +101,35 @@ impl Tracker {
             .collect()
     }
 
+    /// Events published and completed in each second since `start` (one entry per second).
+    pub fn timeline(&self, start: Instant) -> Vec<super::report::Second> {
+        let s = self.state.lock().expect("tracker lock");
+        let second = |t: &Instant| t.saturating_duration_since(start).as_secs() as usize;
+        let last = s
+            .published_at
+            .iter()
+            .chain(&s.completed_at)
+            .flatten()
+            .map(second)
+            .max();
+        let Some(last) = last else {
+            return Vec::new();
+        };
+        let mut out: Vec<super::report::Second> = (0..=last)
+            .map(|i| super::report::Second {
+                second: i,
+                ..Default::default()
+            })
+            .collect();
+        for t in s.published_at.iter().flatten() {
+            out[second(t)].published += 1;
+        }
+        for t in s.completed_at.iter().flatten() {
+            out[second(t)].completed += 1;
+        }
+        out
+    }
+
     /// When the last completion arrived.
     pub fn last_completion(&self) -> Option<Instant> {
         let s = self.state.lock().expect("tracker lock");

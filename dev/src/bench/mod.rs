@@ -9,6 +9,7 @@
 //! `turn timings` log events for the overhead and its stages, prints a table, writes JSON ([`report`]),
 //! stops the workers and removes what it created. `--embed` adds embedding throughput ([`embed`]).
 
+pub mod chart;
 pub mod data;
 pub mod embed;
 pub mod env;
@@ -147,29 +148,7 @@ fn command_line(args: impl Iterator<Item = String>) -> String {
 
 /// Runs the benchmark and returns its report (already printed, and written when `--json` is given).
 pub async fn run(base: Config, args: BenchArgs) -> Result<Report, BenchError> {
-    let mut report = Report {
-        command: command_line(std::env::args()),
-        started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        machine: procs::Machine::read(),
-        load_average_before: procs::load_average(),
-        load_average_after: [0.0; 3],
-        settings: None,
-        turns: None,
-        end_to_end_ms: None,
-        turn_wall_ms: None,
-        llm_wait_ms: None,
-        overhead_ms: None,
-        mongo_wait_ms: None,
-        mongo_commands_per_turn: 0.0,
-        overhead_outside_mongo_ms: None,
-        stages: Vec::new(),
-        resources: None,
-        embedding: None,
-        worker_warnings: 0,
-        worker_errors: 0,
-        worker_log_samples: Vec::new(),
-        worker_logs: Vec::new(),
-    };
+    let mut report = Report::empty(command_line(std::env::args()));
     eprintln!(
         "bench: {} cores, {}; load average {:?}",
         report.machine.cores, report.machine.cpu_model, report.load_average_before
@@ -190,6 +169,10 @@ pub async fn run(base: Config, args: BenchArgs) -> Result<Report, BenchError> {
     if let Some(path) = &args.json {
         let json = serde_json::to_vec_pretty(&report).expect("report serialises");
         std::fs::write(path, json).map_err(|e| BenchError::Write(path.clone(), e))?;
+        // A picture of the run beside its figures.
+        let svg = path.with_extension("svg");
+        std::fs::write(&svg, chart::svg(&report)).map_err(|e| BenchError::Write(svg.clone(), e))?;
+        eprintln!("bench: wrote {} and {}", path.display(), svg.display());
         eprintln!("bench: report written to {}", path.display());
     }
     Ok(report)
@@ -555,6 +538,7 @@ async fn measure(
         .filter(|s| s.turns > 0)
         .collect();
     report.end_to_end_ms = Some(Dist::of(&tracker.latencies_ms()));
+    report.timeline = tracker.timeline(started);
     let samples = samples.lock().expect("samples lock");
     report.turns = Some(TurnCounts {
         published: progress.published,

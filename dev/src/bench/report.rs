@@ -40,6 +40,15 @@ impl Dist {
     }
 }
 
+/// One second of the measured phase.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Second {
+    /// Seconds since the measured phase started.
+    pub second: usize,
+    pub published: usize,
+    pub completed: usize,
+}
+
 /// How the run was set up.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunSettings {
@@ -167,6 +176,8 @@ pub struct Report {
     pub overhead_outside_mongo_ms: Option<Dist>,
     /// Per stage, own time (a stage nested in another is not counted in the outer one).
     pub stages: Vec<StageDist>,
+    /// Events published and completed per second of the measured phase.
+    pub timeline: Vec<Second>,
     pub resources: Option<Resources>,
     pub embedding: Option<EmbedFigures>,
     /// Worker log warnings and errors (with a few samples).
@@ -174,6 +185,36 @@ pub struct Report {
     pub worker_errors: usize,
     pub worker_log_samples: Vec<String>,
     pub worker_logs: Vec<String>,
+}
+
+impl Report {
+    /// A report of `command` started now, with the machine and its load; no figures yet.
+    pub fn empty(command: impl Into<String>) -> Self {
+        Self {
+            command: command.into(),
+            started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            machine: super::procs::Machine::read(),
+            load_average_before: super::procs::load_average(),
+            load_average_after: [0.0; 3],
+            settings: None,
+            turns: None,
+            end_to_end_ms: None,
+            turn_wall_ms: None,
+            llm_wait_ms: None,
+            overhead_ms: None,
+            mongo_wait_ms: None,
+            mongo_commands_per_turn: 0.0,
+            overhead_outside_mongo_ms: None,
+            stages: Vec::new(),
+            timeline: Vec::new(),
+            resources: None,
+            embedding: None,
+            worker_warnings: 0,
+            worker_errors: 0,
+            worker_log_samples: Vec::new(),
+            worker_logs: Vec::new(),
+        }
+    }
 }
 
 /// The report as a terminal table.
