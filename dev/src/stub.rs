@@ -52,9 +52,21 @@ impl StubReply {
 /// Chooses the answer to one request body.
 pub type Responder = Arc<dyn Fn(&Value) -> StubReply + Send + Sync>;
 
+/// Chooses the answer to one request body, asynchronously (e.g. with the embedding model).
+pub type AsyncResponder =
+    Arc<dyn Fn(Value) -> futures::future::BoxFuture<'static, StubReply> + Send + Sync>;
+
+/// A [`Responder`] as an [`AsyncResponder`].
+pub fn asynchronous(responder: Responder) -> AsyncResponder {
+    Arc::new(move |body| {
+        let reply = responder(&body);
+        Box::pin(async move { reply })
+    })
+}
+
 #[derive(Clone)]
 struct StubState {
-    responder: Responder,
+    responder: AsyncResponder,
     requests: Arc<Mutex<Vec<Value>>>,
     record: bool,
     ids: Arc<AtomicU64>,
@@ -87,6 +99,15 @@ impl StubLlm {
     pub async fn start_on(
         addr: SocketAddr,
         responder: Responder,
+        record: bool,
+    ) -> std::io::Result<Self> {
+        Self::start_async(addr, asynchronous(responder), record).await
+    }
+
+    /// [`StubLlm::start_on`] with an asynchronous responder.
+    pub async fn start_async(
+        addr: SocketAddr,
+        responder: AsyncResponder,
         record: bool,
     ) -> std::io::Result<Self> {
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -144,7 +165,7 @@ async fn complete(State(state): State<StubState>, Json(body): Json<Value>) -> Re
     if state.record {
         state.requests.lock().expect("stub lock").push(body.clone());
     }
-    let mut reply = (state.responder)(&body);
+    let mut reply = (state.responder)(body.clone()).await;
     while let StubReply::Delayed(d, inner) = reply {
         tokio::time::sleep(d).await;
         reply = *inner;
@@ -251,6 +272,16 @@ pub fn demo() -> Responder {
 }
 
 fn demo_reply(body: &Value) -> StubReply {
+    compose(body, demo_tool_call)
+}
+
+/// The demo's answer to `body`: a summary of tool results, the tool call `choose` picks for the user's
+/// message (from its lower-case text, its text and the tools offered), or a text reply that shows what
+/// the worker sent.
+fn compose(
+    body: &Value,
+    choose: impl FnOnce(&str, &str, &[&str]) -> Option<StubReply>,
+) -> StubReply {
     let messages = body
         .get("messages")
         .and_then(Value::as_array)
@@ -280,10 +311,20 @@ fn demo_reply(body: &Value) -> StubReply {
     }
     let text = last_user_text(body);
     let lower = text.to_lowercase();
-    if let Some(call) = demo_tool_call(&lower, &text, &offered) {
+    if let Some(call) = choose(&lower, &text, &offered) {
         return call;
     }
-    let history = messages.len().saturating_sub(2);
+    // Earlier messages of the conversation: the user's and the companion's own words, not the system
+    // prompt, this message, tool calls or tool results.
+    let history = messages
+        .iter()
+        .filter(|m| {
+            m["role"] == "user"
+                || (m["role"] == "assistant"
+                    && m["content"].as_str().is_some_and(|c| !c.is_empty()))
+        })
+        .count()
+        .saturating_sub(1);
     let lists = section_items(system, "## Their tricklists");
     let lists = if lists.is_empty() {
         "no tricklists yet".to_owned()
@@ -307,45 +348,57 @@ fn demo_reply(body: &Value) -> StubReply {
     ))
 }
 
+/// A `create_tricklist` call for a message like "make me a park list with kickflip, 50-50 and boardslide";
+/// `known` are trick names the message mentions, used when it lists none after "with".
+fn create_list_call(lower: &str, known: &[String]) -> StubReply {
+    let mut tricks: Vec<String> = lower
+        .split_once(" with ")
+        .map(|(_, rest)| rest)
+        .unwrap_or("")
+        .split([',', '&'])
+        .flat_map(|s| s.split(" and "))
+        .map(|s| s.trim().trim_end_matches(['.', '!', '?']).to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if tricks.is_empty() {
+        tricks = known.to_vec();
+    }
+    let category = if lower.contains("snow") {
+        "snowboard"
+    } else {
+        "skateboard"
+    };
+    let name = if lower.contains("park") {
+        "Park List"
+    } else {
+        "New List"
+    };
+    StubReply::tool(
+        "create_tricklist",
+        json!({"name": name, "tricks": tricks, "category": category}),
+    )
+}
+
+/// A map link in the message, if any.
+fn maps_link(lower: &str) -> bool {
+    lower.contains("maps.app.goo.gl")
+        || lower.contains("google.com/maps")
+        || lower.contains("maps.apple.com")
+}
+
 fn demo_tool_call(lower: &str, text: &str, offered: &[&str]) -> Option<StubReply> {
     let has = |t: &str| offered.contains(&t);
     if (lower.contains("make") || lower.contains("create"))
         && lower.contains("list")
         && has("create_tricklist")
     {
-        let tricks: Vec<String> = lower
-            .split_once(" with ")
-            .map(|(_, rest)| rest)
-            .unwrap_or("")
-            .split([',', '&'])
-            .flat_map(|s| s.split(" and "))
-            .map(|s| s.trim().trim_end_matches(['.', '!', '?']).to_owned())
-            .filter(|s| !s.is_empty())
-            .collect();
-        let category = if lower.contains("snow") {
-            "snowboard"
-        } else {
-            "skateboard"
-        };
-        let name = if lower.contains("park") {
-            "Park List"
-        } else {
-            "New List"
-        };
-        return Some(StubReply::tool(
-            "create_tricklist",
-            json!({"name": name, "tricks": tricks, "category": category}),
-        ));
+        return Some(create_list_call(lower, &[]));
     }
     if lower.contains("my list") || lower.contains("tricklist") || lower.contains("progress") {
         return has("get_user_tricklists")
             .then(|| StubReply::ToolCalls(vec![("get_user_tricklists".into(), String::new())]));
     }
-    if (lower.contains("maps.app.goo.gl")
-        || lower.contains("google.com/maps")
-        || lower.contains("maps.apple.com"))
-        && has("create_spot_draft")
-    {
+    if maps_link(lower) && has("create_spot_draft") {
         let url = text
             .split_whitespace()
             .find(|w| w.starts_with("http"))
@@ -413,13 +466,14 @@ fn names_of(v: &Value, key: &str) -> Option<String> {
     if items.is_empty() {
         return Some("nothing".into());
     }
-    Some(
-        items
-            .iter()
-            .filter_map(|i| i["name"].as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
-    )
+    let mut names: Vec<&str> = Vec::new();
+    for name in items.iter().filter_map(|i| i["name"].as_str()) {
+        // The same name in two sports (a skate and a snowboard boardslide) is said once.
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    Some(names.join(", "))
 }
 
 /// The `- item` lines under a `## heading` of the system prompt.
@@ -433,4 +487,259 @@ fn section_items(system: &str, heading: &str) -> Vec<String> {
         .filter_map(|l| l.strip_prefix("- "))
         .map(|l| l.split(':').next().unwrap_or(l).trim().to_owned())
         .collect()
+}
+
+/// What a user's message asks for, as the embedding-backed demo model reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Intent {
+    CreateList,
+    MyLists,
+    Spots,
+    TrickHelp,
+    Chat,
+}
+
+/// Example messages of each intent; a message takes the intent of the example it is closest to.
+const INTENT_EXAMPLES: &[(Intent, &str)] = &[
+    (
+        Intent::CreateList,
+        "make me a tricklist with kickflip, ollie and heelflip",
+    ),
+    (Intent::CreateList, "create a new list of tricks for me"),
+    (
+        Intent::CreateList,
+        "can you start a park list for me with 50-50 and boardslide",
+    ),
+    (
+        Intent::CreateList,
+        "add a list of the tricks I want to learn this summer",
+    ),
+    (Intent::MyLists, "what's on my tricklists right now?"),
+    (Intent::MyLists, "show me my lists"),
+    (Intent::MyLists, "how am I doing on my trick progress?"),
+    (Intent::MyLists, "which tricks have I already landed?"),
+    (Intent::Spots, "any good skateparks in Portland?"),
+    (Intent::Spots, "where can I skate around here?"),
+    (Intent::Spots, "find me a spot to ride in the city"),
+    (
+        Intent::Spots,
+        "is there a good mountain to snowboard near me?",
+    ),
+    (Intent::TrickHelp, "how do I ollie?"),
+    (
+        Intent::TrickHelp,
+        "what's a good first trick on a skateboard?",
+    ),
+    (Intent::TrickHelp, "tips for landing a kickflip"),
+    (Intent::TrickHelp, "teach me how to do a pop shove-it"),
+    (Intent::TrickHelp, "which trick should I learn next?"),
+    (Intent::Chat, "hey! how often should i wax my snowboard?"),
+    (
+        Intent::Chat,
+        "what should I wear for a cold day on the mountain?",
+    ),
+    (Intent::Chat, "thanks, you're the best"),
+    (Intent::Chat, "how was your day?"),
+    (Intent::Chat, "what's your favourite board?"),
+];
+
+/// Below this similarity to every example, the keyword rules decide.
+const INTENT_FLOOR: f32 = 0.35;
+
+/// A trick of the demo's trickipedia, embedded.
+struct KnownTrick {
+    name: String,
+    category: String,
+    beginner: bool,
+    embedding: Vec<f32>,
+}
+
+/// The offline demo model with the embedding model at hand: it reads a newcomer's own phrasing ("how do
+/// I ollie?", "what's a good first trick on a skateboard?") by the closest example message, and picks
+/// the trick or city a tool call names from the demo data. Still scripted, and says so.
+pub struct DemoModel {
+    embedder: Arc<companion::rag::Embedder>,
+    intents: Vec<(Intent, Vec<f32>)>,
+    tricks: Vec<KnownTrick>,
+    cities: Vec<String>,
+}
+
+impl DemoModel {
+    /// Embeds the example messages and the trickipedia of the seed data (`tricks.json`, `ck_spots.json`).
+    pub async fn load(
+        embedder: Arc<companion::rag::Embedder>,
+        seed_dir: &std::path::Path,
+    ) -> Result<Self, String> {
+        let read = |file: &str| -> Result<Vec<bson::Document>, String> {
+            crate::seed::read_documents(&seed_dir.join(file)).map_err(|e| e.to_string())
+        };
+        let tricks = read("tricks.json")?;
+        let spots = read("ck_spots.json")?;
+        let texts: Vec<String> = INTENT_EXAMPLES
+            .iter()
+            .map(|(_, t)| (*t).to_owned())
+            .chain(tricks.iter().map(|t| {
+                format!(
+                    "{}: {} ({} {})",
+                    t.get_str("name").unwrap_or(""),
+                    t.get_str("description").unwrap_or(""),
+                    t.get_str("difficulty").unwrap_or(""),
+                    t.get_str("category").unwrap_or("")
+                )
+            }))
+            .collect();
+        let mut vectors = embedder.embed(texts).await.map_err(|e| e.to_string())?;
+        let trick_vectors = vectors.split_off(INTENT_EXAMPLES.len());
+        let intents = INTENT_EXAMPLES
+            .iter()
+            .map(|(i, _)| *i)
+            .zip(vectors)
+            .collect();
+        let tricks = tricks
+            .iter()
+            .zip(trick_vectors)
+            .filter_map(|(t, embedding)| {
+                Some(KnownTrick {
+                    name: t.get_str("name").ok()?.to_owned(),
+                    category: t.get_str("category").unwrap_or("").to_owned(),
+                    beginner: t.get_str("difficulty").is_ok_and(|d| d == "beginner"),
+                    embedding,
+                })
+            })
+            .collect();
+        let mut cities: Vec<String> = spots
+            .iter()
+            .filter_map(|s| s.get_str("city").ok().map(str::to_owned))
+            .collect();
+        cities.sort();
+        cities.dedup();
+        Ok(Self {
+            embedder,
+            intents,
+            tricks,
+            cities,
+        })
+    }
+
+    /// The intent of a message, with its similarity to the closest example.
+    pub fn intent_of(&self, v: &[f32]) -> (Intent, f32) {
+        self.intents
+            .iter()
+            .map(|(i, e)| (*i, companion::rag::embed::cosine(v, e)))
+            .fold((Intent::Chat, f32::MIN), |best, x| {
+                if x.1 > best.1 { x } else { best }
+            })
+    }
+
+    /// Trick names the message mentions, longest first ("50-50 Grind" before "50-50").
+    fn mentioned_tricks(&self, lower: &str) -> Vec<String> {
+        let squash = |s: &str| s.to_lowercase().replace(['-', ' '], "");
+        let text = squash(lower);
+        let mut found: Vec<&KnownTrick> = self
+            .tricks
+            .iter()
+            .filter(|t| text.contains(&squash(&t.name)))
+            .collect();
+        found.sort_by_key(|t| std::cmp::Reverse(t.name.len()));
+        found.into_iter().map(|t| t.name.clone()).collect()
+    }
+
+    /// The trick a question is about: one it names, else the closest of its sport (a beginner one when it
+    /// asks for a first or easy trick).
+    fn trick_for(&self, lower: &str, v: &[f32]) -> Option<(String, Option<&'static str>)> {
+        let sport = [
+            ("skate", "skateboard"),
+            ("snowboard", "snowboard"),
+            ("bmx", "bmx"),
+            ("ski", "ski"),
+            ("surf", "surf"),
+        ]
+        .into_iter()
+        .find(|(word, _)| lower.contains(word))
+        .map(|(_, c)| c);
+        if let Some(name) = self.mentioned_tricks(lower).into_iter().next() {
+            return Some((name, sport));
+        }
+        let easy = ["first", "begin", "easy", "start", "simple"]
+            .iter()
+            .any(|w| lower.contains(w));
+        self.tricks
+            .iter()
+            .filter(|t| sport.is_none_or(|s| t.category == s) && (!easy || t.beginner))
+            .map(|t| (t, companion::rag::embed::cosine(v, &t.embedding)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(t, _)| (t.name.clone(), sport))
+    }
+
+    /// The tool call for a user's message, if it asks for one.
+    async fn choose(&self, text: &str, offered: &[String]) -> Option<StubReply> {
+        let lower = text.to_lowercase();
+        let offered: Vec<&str> = offered.iter().map(String::as_str).collect();
+        let has = |t: &str| offered.contains(&t);
+        if maps_link(&lower) {
+            return demo_tool_call(&lower, text, &offered);
+        }
+        let v = self.embedder.embed_one(text).await.ok()?;
+        let (intent, score) = self.intent_of(&v);
+        if score < INTENT_FLOOR {
+            return demo_tool_call(&lower, text, &offered);
+        }
+        match intent {
+            Intent::CreateList if has("create_tricklist") => {
+                Some(create_list_call(&lower, &self.mentioned_tricks(&lower)))
+            }
+            Intent::MyLists if has("get_user_tricklists") => Some(StubReply::ToolCalls(vec![(
+                "get_user_tricklists".into(),
+                String::new(),
+            )])),
+            Intent::Spots if has("search_spots") => {
+                let city = self
+                    .cities
+                    .iter()
+                    .find(|c| lower.contains(&c.to_lowercase()))
+                    .cloned();
+                Some(StubReply::tool(
+                    "search_spots",
+                    json!({"query": city.unwrap_or_else(|| "skatepark".into())}),
+                ))
+            }
+            Intent::TrickHelp if has("search_trickipedia") => {
+                let (name, sport) = self.trick_for(&lower, &v)?;
+                let mut args = json!({"query": name});
+                if let Some(sport) = sport {
+                    args["category"] = json!(sport);
+                }
+                Some(StubReply::tool("search_trickipedia", args))
+            }
+            _ => None,
+        }
+    }
+
+    /// The model as a stub server's responder.
+    pub fn responder(self: Arc<Self>) -> AsyncResponder {
+        Arc::new(move |body: Value| {
+            let model = self.clone();
+            Box::pin(async move {
+                let last = body["messages"]
+                    .as_array()
+                    .and_then(|m| m.last())
+                    .cloned()
+                    .unwrap_or_default();
+                let choice = if last["role"] == "tool" {
+                    None
+                } else {
+                    let offered: Vec<String> = body["tools"]
+                        .as_array()
+                        .map(|t| {
+                            t.iter()
+                                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    model.choose(&last_user_text(&body), &offered).await
+                };
+                compose(&body, |_, _, _| choice)
+            })
+        })
+    }
 }

@@ -21,7 +21,7 @@ use companion::{
 };
 use companion_dev::{
     backend, seed,
-    stub::{Responder, StubLlm, StubReply},
+    stub::{self, AsyncResponder, Responder, StubLlm, StubReply},
 };
 use futures::{StreamExt, TryStreamExt};
 use sqlx::Connection;
@@ -78,6 +78,20 @@ impl TestEnv {
         responder: Responder,
         adjust: impl FnOnce(&mut Config),
     ) -> Self {
+        Self::build(servers, stub::asynchronous(responder), adjust).await
+    }
+
+    /// Like [`TestEnv::new`], with a model that answers asynchronously (e.g. with the embedding model).
+    pub async fn with_model(responder: AsyncResponder) -> Self {
+        Self::build(&Servers::from_env(), responder, |_| {}).await
+    }
+
+    /// The one builder behind the others.
+    async fn build(
+        servers: &Servers,
+        responder: AsyncResponder,
+        adjust: impl FnOnce(&mut Config),
+    ) -> Self {
         let tag = format!("{:016x}", fastrand::u64(..));
         let mut config = Config::from_env().expect("configuration from the environment");
         config.nats.url = servers.nats_url.clone();
@@ -100,7 +114,9 @@ impl TestEnv {
         let models = embed_config();
         config.embed.model_dir = models.model_dir;
         config.embed.ort_dylib_path = models.ort_dylib_path;
-        let stub = StubLlm::start(responder).await.expect("stub LLM starts");
+        let stub = StubLlm::start_async("127.0.0.1:0".parse().unwrap(), responder, true)
+            .await
+            .expect("stub LLM starts");
         config.llm.base_url = stub.base_url.clone();
         adjust(&mut config);
 
@@ -675,9 +691,9 @@ impl Servers {
     pub fn from_env() -> Self {
         let c = Config::from_env().expect("configuration from the environment");
         Self {
+            admin_url: admin_url(&c.pg.url),
             nats_url: c.nats.url,
             postgres_url: c.pg.url,
-            admin_url: admin_url(),
             atlas_uri: c.mongo.uri,
         }
     }

@@ -6,6 +6,7 @@ mod env;
 mod servers;
 
 mod crash_loop;
+mod demo_model;
 mod durable_turns;
 mod embed_bench;
 mod embed_parity;
