@@ -24,8 +24,8 @@ pub struct Probe {
     pub metrics: Arc<Metrics>,
     /// The shared consumer whose gauges are reported.
     pub consumer_name: String,
-    /// The consumer's last gauges and when they were read, so scrapes cost at most one request a second.
-    consumer: tokio::sync::Mutex<Option<(std::time::Instant, String)>>,
+    /// The last scrape-time gauges and when they were read, so scrapes cost at most one read a second.
+    scraped: tokio::sync::Mutex<Option<(std::time::Instant, String)>>,
 }
 
 impl Probe {
@@ -44,7 +44,7 @@ impl Probe {
             embedder,
             metrics,
             consumer_name,
-            consumer: tokio::sync::Mutex::new(None),
+            scraped: tokio::sync::Mutex::new(None),
         }
     }
 }
@@ -69,27 +69,55 @@ pub async fn serve(
     Ok((bound, task))
 }
 
+/// What `/readyz` checks.
+struct Readiness {
+    nats: bool,
+    mongo: bool,
+    pg: bool,
+    model: bool,
+}
+
+impl Readiness {
+    /// NATS connected, MongoDB and PostgreSQL answering a ping within 2 s, the model loaded.
+    async fn check(svc: &Probe) -> Self {
+        let timeout = Duration::from_secs(2);
+        let (mongo, pg) = tokio::join!(
+            tokio::time::timeout(timeout, svc.mongo.ping()),
+            tokio::time::timeout(timeout, svc.pg.ping()),
+        );
+        Self {
+            nats: matches!(
+                svc.bus.client.connection_state(),
+                async_nats::connection::State::Connected
+            ),
+            mongo: matches!(mongo, Ok(Ok(()))),
+            pg: matches!(pg, Ok(Ok(()))),
+            model: svc.embedder.is_some(),
+        }
+    }
+
+    /// Ready to answer turns (a missing model only means turns without knowledge).
+    fn ready(&self) -> bool {
+        self.nats && self.mongo && self.pg
+    }
+
+    fn each(&self) -> [(&'static str, bool); 4] {
+        [
+            ("nats", self.nats),
+            ("mongodb", self.mongo),
+            ("postgres", self.pg),
+            ("model", self.model),
+        ]
+    }
+}
+
 async fn readyz(State(svc): State<Arc<Probe>>) -> impl IntoResponse {
-    let timeout = Duration::from_secs(2);
-    let nats = matches!(
-        svc.bus.client.connection_state(),
-        async_nats::connection::State::Connected
-    );
-    let (mongo, pg) = tokio::join!(
-        tokio::time::timeout(timeout, svc.mongo.ping()),
-        tokio::time::timeout(timeout, svc.pg.ping()),
-    );
-    let mongo = matches!(mongo, Ok(Ok(())));
-    let pg = matches!(pg, Ok(Ok(())));
-    let model = svc.embedder.is_some();
-    let body = format!(
-        "nats {}\nmongodb {}\npostgres {}\nmodel {}\n",
-        ok(nats),
-        ok(mongo),
-        ok(pg),
-        ok(model)
-    );
-    let status = if nats && mongo && pg {
+    let r = Readiness::check(&svc).await;
+    let mut body = String::new();
+    for (name, up) in r.each() {
+        let _ = writeln!(body, "{name} {}", if up { "ok" } else { "down" });
+    }
+    let status = if r.ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -97,13 +125,9 @@ async fn readyz(State(svc): State<Arc<Probe>>) -> impl IntoResponse {
     (status, body)
 }
 
-fn ok(b: bool) -> &'static str {
-    if b { "ok" } else { "down" }
-}
-
 async fn metrics(State(svc): State<Arc<Probe>>) -> impl IntoResponse {
     // First, so a failed read is already in this scrape's counters.
-    let gauges = consumer_gauges(&svc).await;
+    let gauges = scrape_gauges(&svc).await;
     let mut text = svc.metrics.render();
     if let Some(e) = &svc.embedder {
         let h = e.batch_sizes();
@@ -119,15 +143,29 @@ async fn metrics(State(svc): State<Arc<Probe>>) -> impl IntoResponse {
     )
 }
 
-/// Gauges of the shared durable consumer (`CONSUMER.INFO`): events waiting, delivered but not yet acked,
-/// redelivered. Read at most once a second whatever the scrape rate, with a 2 s timeout; on failure the
-/// gauges are left out and `companion_consumer_info_errors_total` counts it.
-async fn consumer_gauges(svc: &Probe) -> String {
-    let mut cached = svc.consumer.lock().await;
+/// The gauges read when scraped, at most once a second whatever the scrape rate: the readiness of
+/// each dependency (`companion_ready{dependency}`, 1 or 0, what `/readyz` checks) and those of the shared
+/// durable consumer (`CONSUMER.INFO`, 2 s timeout): events waiting, delivered but not yet acked,
+/// redelivered. When the consumer cannot be read its gauges are left out and
+/// `companion_consumer_info_errors_total` counts it.
+async fn scrape_gauges(svc: &Probe) -> String {
+    let mut cached = svc.scraped.lock().await;
     if let Some((at, text)) = cached.as_ref()
         && at.elapsed() < Duration::from_secs(1)
     {
         return text.clone();
+    }
+    let readiness = Readiness::check(svc).await;
+    let mut text = String::from(
+        "# HELP companion_ready whether the worker reaches the dependency (1) or not (0)\n\
+         # TYPE companion_ready gauge\n",
+    );
+    for (name, up) in readiness.each() {
+        let _ = writeln!(
+            text,
+            "companion_ready{{dependency=\"{name}\"}} {}",
+            u8::from(up)
+        );
     }
     let names = &svc.bus.names;
     let info = tokio::time::timeout(Duration::from_secs(2), async {
@@ -140,14 +178,13 @@ async fn consumer_gauges(svc: &Probe) -> String {
     let Some(info) = info else {
         svc.metrics.inc("companion_consumer_info_errors_total", "");
         *cached = None;
-        return String::new();
+        return text;
     };
     let labels = format!(
         "stream=\"{}\",consumer=\"{}\"",
         label(&names.stream_in),
         label(&svc.consumer_name)
     );
-    let mut text = String::new();
     for (name, help, v) in [
         (
             "companion_consumer_pending",

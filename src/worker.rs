@@ -94,6 +94,8 @@ impl Worker {
             worker: self,
         });
         let w = &shared.worker;
+        // Alerts look at increases: the dead-letter counter exists (at 0) before the first one.
+        w.metrics.add("companion_dead_letters_total", "", 0);
         let notices = tokio::spawn(order.clone().listen());
         let exhausted = tokio::spawn(watch_exhausted(shared.clone()));
         let semaphore = Arc::new(Semaphore::new(concurrency));

@@ -5,6 +5,7 @@
 mod env;
 mod servers;
 
+mod alerts;
 mod crash_loop;
 mod demo_model;
 mod durable_turns;

@@ -1,0 +1,174 @@
+//! The operators' files, against a real Prometheus (Debian's, `deploy/local/prometheus.sh`) scraping a
+//! real worker: the alert rules load, the dead-letter alert fires after a poison event while the worker
+//! and readiness alerts stay quiet, and every query of the Grafana dashboard runs.
+
+use std::{path::PathBuf, process::Command, time::Duration};
+
+use companion_dev::stub::{StubReply, always};
+use serde_json::Value;
+
+use crate::{env::*, servers::*};
+
+/// `PROMETHEUS_BIN` (deploy/local/test.sh sets it), else `.local/prometheus/bin`.
+fn prometheus_bin() -> PathBuf {
+    let dir = std::env::var_os("PROMETHEUS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| local_dir().join("prometheus/bin"));
+    assert!(
+        dir.join("prometheus").is_file(),
+        "Prometheus is not installed in {}: run deploy/local/prometheus.sh (deploy/local/test.sh does)",
+        dir.display()
+    );
+    dir
+}
+
+/// The alert rules with every `for:` shortened to a second, so a test sees them fire.
+fn quick_rules() -> String {
+    let rules = std::fs::read_to_string(root().join("deploy/prometheus/alerts.yml")).unwrap();
+    regex::Regex::new(r"for: \d+[smh]")
+        .unwrap()
+        .replace_all(&rules, "for: 1s")
+        .into_owned()
+}
+
+async fn get_json(url: &str) -> Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+/// The result of a PromQL query.
+async fn query(base: &str, expr: &str) -> Value {
+    let url =
+        url::Url::parse_with_params(&format!("{base}/api/v1/query"), [("query", expr)]).unwrap();
+    get_json(url.as_str()).await
+}
+
+/// The alerts Prometheus has, by name, with their state.
+async fn alerts(base: &str) -> Vec<(String, String)> {
+    let v = get_json(&format!("{base}/api/v1/alerts")).await;
+    v["data"]["alerts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|a| {
+            (
+                a["labels"]["alertname"].as_str().unwrap_or("").to_owned(),
+                a["state"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_dead_letter_alert_fires_after_a_poison_event() {
+    let bin = prometheus_bin();
+    let env = TestEnv::new(always(StubReply::text("ok"))).await;
+    let worker = InProcessWorker::start(&env).await;
+    let target = worker.base.trim_start_matches("http://").to_owned();
+
+    let dir = TempDir::new("companion-prometheus");
+    std::fs::write(dir.0.join("alerts.yml"), quick_rules()).unwrap();
+    std::fs::write(
+        dir.0.join("prometheus.yml"),
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             rule_files: [alerts.yml]\n\
+             scrape_configs:\n  - job_name: companion\n    static_configs: [{{targets: ['{target}']}}]\n"
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let _prometheus = Server(
+        Command::new(bin.join("prometheus"))
+            .arg(format!(
+                "--config.file={}",
+                dir.0.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.0.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.0.join("prometheus.log")).unwrap())
+            .spawn()
+            .expect("prometheus starts"),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            reqwest::get(format!("{base}/-/ready"))
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        })
+        .await,
+        "Prometheus is ready"
+    );
+    // The worker is scraped: up, ready, and the dead-letter counter is there at 0.
+    let scraped = eventually(Duration::from_secs(30), || async {
+        let v = query(
+            &base,
+            r#"min(companion_ready{dependency!="model"}) + sum(companion_dead_letters_total) + min(up)"#,
+        )
+        .await;
+        v["data"]["result"][0]["value"][1] == "2"
+    })
+    .await;
+    assert!(
+        scraped,
+        "the worker is scraped, up and ready with no dead letter yet"
+    );
+
+    // A poison event: not JSON at all, on a real conversation's subject.
+    env.publish_raw(
+        env.bus.names.inbound(KAORI, JESS_KAORI),
+        "poison-1",
+        &b"{not json"[..],
+    )
+    .await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            env.dead_letters().await.len() == 1
+        })
+        .await,
+        "the poison event is dead-lettered"
+    );
+    let fired = eventually(Duration::from_secs(60), || async {
+        alerts(&base)
+            .await
+            .iter()
+            .any(|(name, state)| name == "CompanionDeadLetters" && state == "firing")
+    })
+    .await;
+    let now = alerts(&base).await;
+    assert!(fired, "CompanionDeadLetters fires: {now:?}");
+    for quiet in [
+        "CompanionWorkerDown",
+        "CompanionNotReady",
+        "CompanionLlmErrorRatio",
+    ] {
+        assert!(
+            !now.iter().any(|(name, _)| name == quiet),
+            "{quiet} stays quiet: {now:?}"
+        );
+    }
+
+    // Every query of the dashboard is valid PromQL that Prometheus runs against these metrics.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("deploy/grafana/companion-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().unwrap() {
+            exprs.push(t["expr"].as_str().unwrap().to_owned());
+        }
+    }
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    for expr in &exprs {
+        let v = query(&base, expr).await;
+        assert_eq!(v["status"], "success", "{expr}: {v}");
+    }
+    worker.stop().await;
+    env.finish().await;
+}
