@@ -30,7 +30,7 @@ deploy/local/models.sh
 eval "$(deploy/local/stack.sh env)"
 mkdir -p -- "$LOGS"
 
-say "building companion and companion-dev (first build: about 8 minutes on 2 cores; then seconds)"
+say "building companion and companion-dev (first build: about 4-5 minutes on 2 cores; then seconds)"
 if [[ -t 2 ]]; then
   cargo build --workspace --bins
 else

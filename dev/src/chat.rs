@@ -20,6 +20,8 @@ pub const DEMO_SCRIPT: &[&str] = &[
     "what's on my tricklists right now?",
     "make me a park list with kickflip, 50-50 and boardslide",
     "any good skateparks in Portland?",
+    "how do I ollie?",
+    "what's a good first trick on a skateboard?",
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -173,7 +173,6 @@ pub async fn run(base: Config, args: BenchArgs) -> Result<Report, BenchError> {
         let svg = path.with_extension("svg");
         std::fs::write(&svg, chart::svg(&report)).map_err(|e| BenchError::Write(svg.clone(), e))?;
         eprintln!("bench: wrote {} and {}", path.display(), svg.display());
-        eprintln!("bench: report written to {}", path.display());
     }
     Ok(report)
 }
