@@ -21,6 +21,11 @@ export PROMETHEUS_BIN
 eval "$(deploy/local/stack.sh env)"
 
 phase "the TB-Backend bridge's nats.js (npm ci)"
+# Node trusts only its own CA list; the system's (which curl and pip use, and which holds a TLS-inspecting
+# proxy's CA where there is one) is added unless the user chose otherwise.
+if [[ -z "${NODE_EXTRA_CA_CERTS:-}" && -r /etc/ssl/certs/ca-certificates.crt ]]; then
+  export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
+fi
 npm ci --prefix deploy/tb-backend --no-audit --no-fund --loglevel=error
 phase "least-privilege NATS users (deploy/nats/test-permissions.sh)"
 deploy/nats/test-permissions.sh
