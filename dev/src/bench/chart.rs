@@ -6,9 +6,10 @@ use std::fmt::Write;
 
 use super::report::{Dist, Report};
 
-const WIDTH: f64 = 900.0;
+const WIDTH: f64 = 1000.0;
 const LEFT: f64 = 170.0;
-const RIGHT: f64 = 40.0;
+/// The column right of the plots: each row's p50 and p99 in figures.
+const RIGHT: f64 = 180.0;
 const ROW: f64 = 22.0;
 
 /// The SVG document of `r`.
@@ -93,7 +94,7 @@ fn latency(o: &mut String, rows: &[(String, &Dist)], top: f64) {
 <line x1="{:.1}" y1="{mid:.1}" x2="{:.1}" y2="{mid:.1}" stroke="#555"/>
 <rect x="{:.1}" y="{:.1}" width="{:.1}" height="12" fill="#4c78a8"/>
 <line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#c00"/>
-<text x="{:.1}" y="{:.1}" fill="#333">p50 {:.2}</text>"##,
+<text x="{:.1}" y="{:.1}" fill="#333">p50 {:.2} · p99 {:.2}</text>"##,
             LEFT - 8.0,
             mid + 4.0,
             escape(name),
@@ -106,9 +107,10 @@ fn latency(o: &mut String, rows: &[(String, &Dist)], top: f64) {
             mid - 6.0,
             x(d.max),
             mid + 6.0,
-            (x(d.max) + 4.0).min(WIDTH - 90.0),
+            WIDTH - RIGHT + 12.0,
             mid + 4.0,
-            d.p50
+            d.p50,
+            d.p99
         );
     }
 }
@@ -135,8 +137,10 @@ fn throughput(o: &mut String, r: &Report, top: f64) {
         .max()
         .unwrap_or(1)
         .max(1) as f64;
+    // Headroom above the busiest second, so its line is not drawn on the frame.
+    let scale = peak * 1.2;
     let span = (t.len().max(2) - 1) as f64;
-    let point = |i: usize, v: usize| (x0 + i as f64 / span * w, y0 + h - v as f64 / peak * h);
+    let point = |i: usize, v: usize| (x0 + i as f64 / span * w, y0 + h - v as f64 / scale * h);
     for (color, pick) in [
         (
             "#999",
@@ -165,7 +169,7 @@ fn throughput(o: &mut String, r: &Report, top: f64) {
 <text x="{x0}" y="{}" fill="#555">0 s</text>
 <text x="{}" y="{}" text-anchor="end" fill="#555">{} s</text>"##,
         x0 - 6.0,
-        y0 + 10.0,
+        y0 + h - peak / scale * h + 4.0,
         x0 - 6.0,
         y0 + h,
         y0 + h + 16.0,

@@ -466,7 +466,7 @@ async fn measure(
     // A covered message's journal row is written by the turn that covers it, so its own delivery is its
     // second "attempt".
     let redelivered: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM turns WHERE attempts > CASE WHEN state = 'covered' THEN 2 ELSE 1 END",
+        "SELECT count(*) FROM jobs WHERE attempts > CASE WHEN state = 'covered' THEN 2 ELSE 1 END",
     )
     .fetch_one(&env.pg.pool)
     .await
