@@ -6,6 +6,7 @@ mod env;
 mod servers;
 
 mod alerts;
+mod bench;
 mod crash_loop;
 mod demo_model;
 mod durable_turns;

@@ -121,6 +121,9 @@ pub struct BenchArgs {
     /// Keep the run's databases, streams and logs (for inspection).
     #[arg(long)]
     pub keep: bool,
+    /// The `companion` binary the workers run (default: the one beside this binary).
+    #[arg(long, env = "COMPANION_BIN")]
+    pub worker_bin: Option<PathBuf>,
 }
 
 /// The command line for the report, with the values of flags that may hold secrets left out.
@@ -272,6 +275,7 @@ async fn measure(
     let settings = workers::WorkerSettings {
         llm_requests_per_second: args.llm_rps,
         rust_log: workers::WORKER_RUST_LOG.into(),
+        binary: args.worker_bin.clone(),
     };
     report.settings = Some(RunSettings {
         workers: args.workers,

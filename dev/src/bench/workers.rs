@@ -33,13 +33,15 @@ pub struct WorkerSettings {
     /// Outbound chat requests per second per process (the paid API's guard, lifted for the bench).
     pub llm_requests_per_second: u32,
     pub rust_log: String,
+    /// The worker binary (`--worker-bin`/`COMPANION_BIN`); none: the one beside this binary.
+    pub binary: Option<std::path::PathBuf>,
 }
 
-/// The `companion` binary the workers run: `COMPANION_BIN`, else the one built beside this binary
+/// The `companion` binary the workers run: the one given, else the one built beside this binary
 /// (`cargo build --release --workspace` builds both).
-pub fn worker_binary() -> Result<std::path::PathBuf, BenchError> {
-    if let Some(path) = std::env::var_os("COMPANION_BIN") {
-        return Ok(path.into());
+pub fn worker_binary(given: Option<&Path>) -> Result<std::path::PathBuf, BenchError> {
+    if let Some(path) = given {
+        return Ok(path.to_owned());
     }
     let me = std::env::current_exe()
         .map_err(|e| BenchError::Setup(format!("cannot find this binary: {e}")))?;
@@ -48,7 +50,7 @@ pub fn worker_binary() -> Result<std::path::PathBuf, BenchError> {
         Ok(exe)
     } else {
         Err(BenchError::Setup(format!(
-            "{} is missing: build it with `cargo build --release --workspace` (or set COMPANION_BIN)",
+            "{} is missing: build it with `cargo build --release --workspace` (or give --worker-bin)",
             exe.display()
         )))
     }
@@ -61,7 +63,7 @@ pub fn spawn(
     log_dir: &Path,
     index: usize,
 ) -> Result<WorkerProc, BenchError> {
-    let exe = worker_binary()?;
+    let exe = worker_binary(settings.binary.as_deref())?;
     let log = log_dir.join(format!("worker-{index}.log"));
     let out = std::fs::File::create(&log)
         .map_err(|e| BenchError::Setup(format!("{}: {e}", log.display())))?;

@@ -1,0 +1,89 @@
+//! `companion-dev bench` end to end on the real stack, small: its setup, worker processes, load and
+//! report still fit the worker (a run that reads a table the worker no longer has fails here), and the
+//! picture is written beside the JSON.
+
+use clap::Parser;
+use companion::Config;
+use companion_dev::bench::{self, BenchArgs};
+
+use crate::env::*;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    bench: BenchArgs,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_run_answers_every_turn_once_and_writes_its_report_and_picture() {
+    let dir = std::env::temp_dir().join(format!("bench-{:016x}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("run.json");
+    let root = root();
+    let path = |p: &str| root.join(p).display().to_string();
+    let args = Cli::parse_from([
+        "bench",
+        "--turns",
+        "20",
+        "--warmup",
+        "4",
+        "--rate",
+        "20",
+        "--conversations",
+        "8",
+        "--users",
+        "4",
+        "--history",
+        "2",
+        "--script",
+        "tool",
+        "--timeout",
+        "60",
+        "--worker-bin",
+        env!("CARGO_BIN_EXE_companion"),
+        "--json",
+        &json.display().to_string(),
+        "--seed-dir",
+        &path("deploy/local/seed"),
+        "--knowledge-dir",
+        &path("deploy/local/knowledge"),
+        "--embed-fixture",
+        &path("tests/fixtures/embeddings-public.jsonl"),
+    ])
+    .bench;
+    let mut config = Config::from_env().expect("configuration from the environment");
+    let models = embed_config();
+    config.embed.model_dir = models.model_dir;
+    config.embed.ort_dylib_path = models.ort_dylib_path;
+
+    let report = bench::run(config, args).await.expect("the bench runs");
+    let turns = report.turns.as_ref().expect("turn counts");
+    assert_eq!(turns.published, 20);
+    assert_eq!(
+        (turns.lost, turns.duplicated, turns.publish_errors),
+        (0, 0, 0)
+    );
+    assert_eq!(turns.dead_letters, 0);
+    assert_eq!(
+        report.end_to_end_ms.as_ref().map(|d| d.n),
+        Some(20),
+        "every measured turn timed"
+    );
+    assert!(
+        report
+            .stages
+            .iter()
+            .any(|s| s.stage == "order" && s.ms.n == 20),
+        "stage timings read from the workers' logs"
+    );
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON report")).unwrap();
+    assert_eq!(written["turns"]["published"], 20);
+    let svg = std::fs::read_to_string(json.with_extension("svg")).expect("the picture");
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(
+        svg.contains("stage order") && svg.contains("<polyline"),
+        "stages and timeline drawn"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
