@@ -478,12 +478,15 @@ impl Job {
         Ok(())
     }
 
-    /// Writes the records still pending, best effort (before an attempt gives up: what succeeded is not
-    /// redone by the next one).
-    pub async fn flush_quietly(&self) {
-        if let Err(e) = self.flush().await {
+    /// Passes an attempt's result on; when it failed, first writes the records still pending, best
+    /// effort, so that what succeeded is not redone by the next attempt.
+    pub async fn keep_successes<T, E>(&self, result: Result<T, E>) -> Result<T, E> {
+        if result.is_err()
+            && let Err(e) = self.flush().await
+        {
             debug!(error = %e, "step records not written; the next attempt redoes those steps");
         }
+        result
     }
 
     /// Settles the running job in state `to` (answered by `by`, when another job's reply answered it),

@@ -191,3 +191,25 @@ pub mod otel {
         Ok(out)
     }
 }
+
+/// A binary's `main`: runs `run` on a new Tokio runtime and reports a failure on stderr as one line with
+/// its whole chain of causes (`error: a: b: c`), the backtrace only with `RUST_LIB_BACKTRACE=1`.
+pub fn run_main<E, F>(run: impl FnOnce() -> F) -> std::process::ExitCode
+where
+    E: std::fmt::Display + std::fmt::Debug + From<std::io::Error>,
+    F: std::future::Future<Output = Result<(), E>>,
+{
+    let result = tokio::runtime::Runtime::new()
+        .map_err(E::from)
+        .and_then(|rt| rt.block_on(run()));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if std::env::var_os("RUST_LIB_BACKTRACE").is_some_and(|v| v == "1") {
+                eprintln!("{e:?}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

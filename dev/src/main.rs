@@ -86,20 +86,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let result = tokio::runtime::Runtime::new()
-        .map_err(anyhow::Error::from)
-        .and_then(|rt| rt.block_on(run()));
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            // The whole chain of causes on one line; a backtrace only when asked for.
-            eprintln!("error: {e:#}");
-            if std::env::var_os("RUST_LIB_BACKTRACE").is_some_and(|v| v == "1") {
-                eprintln!("{e:?}");
-            }
-            std::process::ExitCode::FAILURE
-        }
-    }
+    telemetry::run_main(run)
 }
 
 async fn run() -> anyhow::Result<()> {

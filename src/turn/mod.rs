@@ -294,34 +294,22 @@ impl Turns {
         // hold the message (and its conversation behind it) for good.
         let secs = self.config.turn_timeout_secs.max(1);
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
-        let character = tokio::time::timeout_at(deadline, stage(Stage::Admit, self.admit(event)))
-            .await
-            .map_err(|_| TurnError::TimedOut(secs))??;
+        let character = within(deadline, secs, stage(Stage::Admit, self.admit(event))).await?;
         let ids = Ids::of(event);
-        let job = tokio::time::timeout_at(
-            deadline,
-            stage(
-                Stage::Journal,
-                self.journal.open(&ids.job(delivery.map(|d| d.seq))),
-            ),
-        )
-        .await
-        .map_err(|_| TurnError::TimedOut(secs))??;
+        let new_job = ids.job(delivery.map(|d| d.seq));
+        let open = stage(Stage::Journal, self.journal.open(&new_job));
+        let job = within(deadline, secs, open).await?;
         if let Some(settled) = already_settled(&job) {
             info!(state = ?job.record.state, attempts = job.record.attempts, "message already settled; acknowledging");
             return Ok(settled);
         }
-        let result = tokio::time::timeout_at(
+        let result = within(
             deadline,
+            secs,
             self.answer(&job, event, &ids, character, delivery),
         )
-        .await
-        .unwrap_or(Err(TurnError::TimedOut(secs)));
-        if result.is_err() {
-            // What succeeded is not redone by the next attempt.
-            job.flush_quietly().await;
-        }
-        result
+        .await;
+        job.keep_successes(result).await
     }
 
     async fn answer(
@@ -335,12 +323,7 @@ impl Turns {
         let generation = generation_key(job);
         if let Some(reply) = job.recorded::<Reply>("reply", &generation) {
             debug!("reply already fixed; delivering it again");
-            let burst = job.recorded::<Burst>("burst", "").unwrap_or_default();
-            let flood = job
-                .recorded::<FloodDecision>("flood", "")
-                .unwrap_or_default();
-            let busy = flood.by.as_deref() == Some(ids.message.as_str());
-            return self.deliver(job, event, ids, &burst, reply, busy).await;
+            return self.deliver_recorded(job, event, ids, reply).await;
         }
         let flood = job
             .step("flood", "")
@@ -596,17 +579,11 @@ impl Turns {
             return Ok(settled);
         }
         self.journal.note_error(&ids.message, reason).await?;
-        let burst = job.recorded::<Burst>("burst", "").unwrap_or_default();
         let generation = generation_key(&job);
         let result = match job.recorded::<Reply>("reply", &generation) {
-            Some(reply) => {
-                let flood = job
-                    .recorded::<FloodDecision>("flood", "")
-                    .unwrap_or_default();
-                let busy = flood.by.as_deref() == Some(ids.message.as_str());
-                self.deliver(&job, event, &ids, &burst, reply, busy).await
-            }
+            Some(reply) => self.deliver_recorded(&job, event, &ids, reply).await,
             None => {
+                let burst = job.recorded::<Burst>("burst", "").unwrap_or_default();
                 let line = Reply::new(character.failure_line.clone(), None, None);
                 let reply = job
                     .step("reply", &generation)
@@ -616,10 +593,23 @@ impl Turns {
                     .await
             }
         };
-        if result.is_err() {
-            job.flush_quietly().await;
-        }
-        result
+        job.keep_successes(result).await
+    }
+
+    /// Delivers the reply an earlier attempt fixed, with the burst and flood decision recorded with it.
+    async fn deliver_recorded(
+        &self,
+        job: &Job,
+        event: &DmEvent,
+        ids: &Ids,
+        reply: Reply,
+    ) -> Result<Settled, TurnError> {
+        let burst = job.recorded::<Burst>("burst", "").unwrap_or_default();
+        let flood = job
+            .recorded::<FloodDecision>("flood", "")
+            .unwrap_or_default();
+        let busy = flood.by.as_deref() == Some(ids.message.as_str());
+        self.deliver(job, event, ids, &burst, reply, busy).await
     }
 
     /// Delivers a fixed reply: `Limited` (answered by its own busy line) or `Done`.
@@ -750,6 +740,18 @@ impl Turns {
 }
 
 /// A turn the journal says is settled is acknowledged again, with what its reply covered.
+/// `fut`, unless the attempt's deadline passes first.
+async fn within<T, E: Into<TurnError>>(
+    deadline: tokio::time::Instant,
+    secs: u64,
+    fut: impl Future<Output = Result<T, E>>,
+) -> Result<T, TurnError> {
+    match tokio::time::timeout_at(deadline, fut).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(_) => Err(TurnError::TimedOut(secs)),
+    }
+}
+
 fn already_settled(job: &Job) -> Option<Settled> {
     job.record.state.is_settled().then(|| Settled {
         through_seq: job

@@ -362,21 +362,8 @@ impl TestEnv {
         for w in self.workers.drain(..) {
             let _ = tokio::time::timeout(Duration::from_secs(10), w).await;
         }
-        for s in [
-            &self.bus.names.stream_in,
-            &self.bus.names.stream_out,
-            &self.bus.names.stream_dlq,
-        ] {
-            let _ = self.bus.js.delete_stream(s).await;
-        }
-        self.pg.pool.close().await;
         let db = format!("t_{}", self.tag);
-        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
-            let drop = format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)");
-            let _ = sqlx::query(sqlx::AssertSqlSafe(drop))
-                .execute(&mut conn)
-                .await;
-        }
+        remove_streams_and_database(&self.bus, &self.pg, &self.admin_url, &db).await;
         drop_mongo(&self.mongo).await;
     }
 }
@@ -774,7 +761,9 @@ impl Drop for PrivateStack {
     }
 }
 
-pub use companion_dev::bench::env::{COLLECTIONS, admin_url, replace_db};
+pub use companion_dev::bench::env::{
+    COLLECTIONS, admin_url, remove_streams_and_database, replace_db,
+};
 
 async fn create_pg_database(admin_url: &str, name: &str) {
     let mut conn = sqlx::PgConnection::connect(admin_url)

@@ -86,21 +86,27 @@ impl RunEnv {
 
     /// Removes the streams and both databases of this run.
     pub async fn destroy(self) {
-        for s in [
-            &self.bus.names.stream_in,
-            &self.bus.names.stream_out,
-            &self.bus.names.stream_dlq,
-        ] {
-            let _ = self.bus.js.delete_stream(s).await;
-        }
-        self.pg.pool.close().await;
-        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
-            let drop = format!("DROP DATABASE IF EXISTS bench_{} WITH (FORCE)", self.tag);
-            let _ = sqlx::query(sqlx::AssertSqlSafe(drop))
-                .execute(&mut conn)
-                .await;
-        }
+        let db = format!("bench_{}", self.tag);
+        remove_streams_and_database(&self.bus, &self.pg, &self.admin_url, &db).await;
         let _ = tokio::time::timeout(Duration::from_secs(30), self.mongo.db.drop()).await;
+    }
+}
+
+/// Removes a run's streams and its PostgreSQL database `database` (best effort; MongoDB is the caller's).
+pub async fn remove_streams_and_database(bus: &Bus, pg: &Pg, admin_url: &str, database: &str) {
+    for s in [
+        &bus.names.stream_in,
+        &bus.names.stream_out,
+        &bus.names.stream_dlq,
+    ] {
+        let _ = bus.js.delete_stream(s).await;
+    }
+    pg.pool.close().await;
+    if let Ok(mut conn) = sqlx::PgConnection::connect(admin_url).await {
+        let drop = format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)");
+        let _ = sqlx::query(sqlx::AssertSqlSafe(drop))
+            .execute(&mut conn)
+            .await;
     }
 }
 
