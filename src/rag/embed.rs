@@ -1,8 +1,9 @@
-//! Sentence embeddings with all-MiniLM-L6-v2 through ONNX Runtime (the fused fp32 graph that
-//! `deploy/local/build_model.py` builds), computed exactly as sentence-transformers does: truncation at 256
-//! tokens ([CLS] and [SEP] included), mean pooling under the attention mask, L2 normalisation. Any export
-//! with `input_ids`, `attention_mask` (and optionally `token_type_ids`) in and `last_hidden_state` out
-//! works (the int8 export earlier versions used does too).
+//! Sentence embeddings with all-MiniLM-L6-v2 through ONNX Runtime, computed as sentence-transformers
+//! does: truncation at 256 tokens ([CLS] and [SEP] included), mean pooling under the attention mask, L2
+//! normalisation. Two graphs are installed by `deploy/local/models.sh`: `model.onnx`, the fused fp32 graph
+//! (`build_model.py`, equal to the reference), and `model-int8.onnx`, its smoothed int8 quantisation
+//! (`quantize_model.py`, cosine >= 0.995 to the reference on every fixture line), the default. Any export
+//! with `input_ids`, `attention_mask` (and optionally `token_type_ids`) in and `last_hidden_state` out works.
 //!
 //! The model runs on one dedicated OS thread, never on the async runtime. Callers from any task send
 //! their texts to it; the thread waits for the first request (blocking, no spinning), takes every request
@@ -68,8 +69,10 @@ impl From<ort::Error<ort::session::builder::SessionBuilder>> for EmbedError {
 /// How to load and run the model.
 #[derive(Clone, Debug)]
 pub struct EmbedConfig {
-    /// Folder with `model.onnx` and `tokenizer.json`.
+    /// Folder with the graphs and `tokenizer.json`.
     pub model_dir: PathBuf,
+    /// The graph's file name in that folder.
+    pub model_file: String,
     /// ONNX Runtime 1.31 shared library.
     pub ort_dylib_path: PathBuf,
     /// Intra-op threads (0 = ORT's default, one per core).
@@ -84,6 +87,7 @@ impl EmbedConfig {
     pub fn from_settings(c: &EmbedSettings) -> Self {
         Self {
             model_dir: c.model_dir.clone(),
+            model_file: c.model_file.clone(),
             ort_dylib_path: c.ort_dylib_path.clone(),
             threads: c.threads,
             max_batch: c.max_batch.max(1),
@@ -92,7 +96,7 @@ impl EmbedConfig {
     }
 
     pub fn model_path(&self) -> PathBuf {
-        self.model_dir.join("model.onnx")
+        self.model_dir.join(&self.model_file)
     }
 
     pub fn tokenizer_path(&self) -> PathBuf {

@@ -791,8 +791,10 @@ pub fn embed_config() -> EmbedConfig {
         .unwrap_or_else(|| model_dir.join("libonnxruntime.so.1.31.1"));
     EmbedConfig {
         model_dir,
+        model_file: std::env::var("COMPANION_EMBED_MODEL")
+            .unwrap_or_else(|_| "model-int8.onnx".into()),
         ort_dylib_path,
-        threads: 2,
+        threads: 1,
         max_batch: 32,
         window: Duration::from_millis(5),
     }
