@@ -39,11 +39,12 @@ pub enum Stage {
     Wait,
     /// Parsing and validating the event (bytes to `DmEvent`).
     Parse,
-    /// The admission check: the conversation and its participants (MongoDB).
+    /// The admission check: the conversation and its participants, with the user's profile and
+    /// tricklists in the same aggregate (MongoDB).
     Admit,
     /// Opening the turn in the journal (PostgreSQL).
     Journal,
-    /// History (PostgreSQL), profile and tricklists (MongoDB), loaded together.
+    /// History (PostgreSQL).
     Context,
     /// Embedding the message (the embedder thread, batch window included).
     Embed,
@@ -123,6 +124,8 @@ struct Clock {
     mongo: RefCell<Vec<(Instant, Instant)>>,
     /// Start and end of every wait for a pooled MongoDB connection.
     mongo_wait: RefCell<Vec<(Instant, Instant)>>,
+    /// How the knowledge lookup got its query vector (`embedded`, `cached`, `skipped`), if it ran.
+    knowledge: Cell<&'static str>,
 }
 
 tokio::task_local! {
@@ -149,6 +152,8 @@ pub struct TurnTimings {
     pub mongo_ms: f64,
     /// MongoDB commands sent.
     pub mongo_commands: u32,
+    /// How the knowledge lookup got its query vector, or `none`.
+    pub knowledge: &'static str,
 }
 
 impl TurnTimings {
@@ -171,6 +176,7 @@ pub async fn scope<F: Future>(fut: F) -> F::Output {
         llm_calls: Cell::new(0),
         mongo: RefCell::new(Vec::new()),
         mongo_wait: RefCell::new(Vec::new()),
+        knowledge: Cell::new("none"),
     };
     CLOCK.scope(clock, fut).await
 }
@@ -214,6 +220,11 @@ fn record(stage: Stage, parent: Option<Stage>, elapsed: Duration) {
     });
 }
 
+/// Notes how the current turn's knowledge lookup got its query vector (no-op outside a [`scope`]).
+pub fn note_knowledge(how: &'static str) {
+    let _ = CLOCK.try_with(|c| c.knowledge.set(how));
+}
+
 /// The timings of the current turn so far (`None` outside a [`scope`]).
 pub fn snapshot() -> Option<TurnTimings> {
     CLOCK
@@ -231,6 +242,7 @@ pub fn snapshot() -> Option<TurnTimings> {
                 llm_calls: c.llm_calls.get(),
                 mongo_ms: union(&all).as_secs_f64() * 1e3,
                 mongo_commands: commands.len() as u32,
+                knowledge: c.knowledge.get(),
             }
         })
         .ok()
@@ -249,6 +261,7 @@ pub fn report(metrics: &Metrics, outcome: &'static str) -> Option<TurnTimings> {
         llm_calls = t.llm_calls,
         mongo_ms = round2(t.mongo_ms),
         mongo_commands = t.mongo_commands,
+        knowledge = t.knowledge,
         order_ms = ms(Stage::Order),
         wait_ms = ms(Stage::Wait),
         parse_ms = ms(Stage::Parse),

@@ -7,6 +7,7 @@ pub mod commands;
 pub mod embed;
 pub mod ingest;
 pub mod kb;
+pub mod query;
 
 use std::sync::Arc;
 
@@ -72,11 +73,18 @@ pub async fn retrieve(
         return Ok(Vec::new());
     }
     let query = stage(Stage::Embed, embedder.embed_one(text)).await?;
-    let hits = stage(
-        Stage::Retrieve,
-        kb::search(pool, collections, &query, top_k),
-    )
-    .await?;
+    search(pool, collections, &query, threshold, top_k).await
+}
+
+/// The chunks of `collections` above `threshold` nearest to the vector `query`, best first.
+pub async fn search(
+    pool: &sqlx::PgPool,
+    collections: &[String],
+    query: &[f32],
+    threshold: f32,
+    top_k: i64,
+) -> Result<Vec<KnowledgeSnippet>, RetrieveError> {
+    let hits = stage(Stage::Retrieve, kb::search(pool, collections, query, top_k)).await?;
     Ok(hits
         .into_iter()
         .filter(|h| h.score >= threshold)
@@ -97,6 +105,9 @@ pub struct Retriever {
     pub embedder: Option<Arc<Embedder>>,
     threshold: f32,
     top_k: i64,
+    /// Vectors of texts embedded lately.
+    cache: Arc<query::VectorCache>,
+    skip_contentless: bool,
 }
 
 impl Retriever {
@@ -106,7 +117,28 @@ impl Retriever {
             embedder,
             threshold: config.threshold,
             top_k: config.top_k,
+            cache: Arc::new(query::VectorCache::new(config.query_cache)),
+            skip_contentless: config.skip_contentless,
         }
+    }
+
+    /// The query vector for `text`: from the cache, or from the model (then cached); `None` when the
+    /// message has nothing to look up.
+    async fn query_vector(
+        &self,
+        embedder: &Embedder,
+        text: &str,
+    ) -> Result<Option<(Arc<Vec<f32>>, query::Lookup)>, RetrieveError> {
+        let key = query::normalize(text);
+        if key.is_empty() || (self.skip_contentless && query::needs_no_knowledge(&key)) {
+            return Ok(None);
+        }
+        if let Some(v) = self.cache.get(&key) {
+            return Ok(Some((v, query::Lookup::Cached)));
+        }
+        let v = Arc::new(stage(Stage::Embed, embedder.embed_one(text)).await?);
+        self.cache.put(key, v.clone());
+        Ok(Some((v, query::Lookup::Embedded)))
     }
 
     /// The knowledge of `collections` for `text`; never fails the turn (an error is logged and gives
@@ -125,14 +157,14 @@ impl Retriever {
             hits = tracing::field::Empty,
             scores = tracing::field::Empty,
         );
-        let result = retrieve(
-            &self.pool,
-            embedder,
-            collections,
-            text,
-            self.threshold,
-            self.top_k,
-        )
+        let result = async {
+            let Some((vector, how)) = self.query_vector(embedder, text).await? else {
+                crate::timing::note_knowledge(query::Lookup::Skipped.name());
+                return Ok(Vec::new());
+            };
+            crate::timing::note_knowledge(how.name());
+            search(&self.pool, collections, &vector, self.threshold, self.top_k).await
+        }
         .instrument(span.clone())
         .await;
         match result {

@@ -395,3 +395,69 @@ async fn a_small_collection_is_found_behind_a_large_one() {
     pool.close().await;
     db.finish().await;
 }
+
+/// Messages the retriever skips without embedding: none of them would have brought a chunk above the
+/// worker's threshold from the demo knowledge base (so skipping them changes no prompt), and the
+/// messages it does embed include ones that find their article.
+#[tokio::test]
+async fn a_skipped_message_would_have_retrieved_nothing() {
+    use companion::rag::query::{needs_no_knowledge, normalize};
+    let db = TestEnv::new(always(StubReply::text("unused"))).await;
+    let embedder = crate::env::embedder();
+    let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
+    ingest::ingest(
+        &db.pg.pool,
+        &embedder,
+        &articles,
+        ChunkConfig::default(),
+        false,
+    )
+    .await
+    .unwrap();
+    let threshold = db.config.rag.threshold;
+    let all = cols(&["snowboarding", "skateboarding"]);
+    let skipped = [
+        "ok thanks!",
+        "lol 😂😂",
+        "Thank you so much!!",
+        "haha yeah",
+        "🔥🔥🔥",
+        "cool cool",
+        "got it, makes sense",
+        "yo",
+        "nice!! 🙌",
+        "good night",
+        "omg yes",
+        "sure, sounds good",
+    ];
+    let mut best = 0.0f32;
+    for text in skipped {
+        assert!(needs_no_knowledge(&normalize(text)), "{text:?} is skipped");
+        let hits = rag::retrieve(&db.pg.pool, &embedder, &all, text, 0.0, 1)
+            .await
+            .unwrap();
+        let top = hits.first().map(|h| h.score).unwrap_or(0.0);
+        best = best.max(top);
+        assert!(
+            top < threshold,
+            "{text:?} would have retrieved {:?} at {top:.3} (threshold {threshold})",
+            hits.first().map(|h| &h.title)
+        );
+    }
+    println!("best score of a skipped message: {best:.3} (threshold {threshold})");
+    for text in [
+        "how do I wax my board?",
+        "kickflip?",
+        "thanks! how do I ollie?",
+    ] {
+        assert!(
+            !needs_no_knowledge(&normalize(text)),
+            "{text:?} is embedded"
+        );
+        let hits = rag::retrieve(&db.pg.pool, &embedder, &all, text, threshold, 1)
+            .await
+            .unwrap();
+        assert!(!hits.is_empty(), "{text:?} finds knowledge");
+    }
+    db.finish().await;
+}
