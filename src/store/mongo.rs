@@ -3,6 +3,12 @@
 //! Tricklists store their owner as a DBRef (`user: {$ref: "users", $id: ObjectId}`). Queries on it use
 //! [`user_ref_filter`]; the worker never creates an index on that field (see there).
 
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
 use bson::{Bson, Document, doc, oid::ObjectId};
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
@@ -33,6 +39,38 @@ const OLD_REPLY_INDEX: &str = "companion_reply_once";
 #[derive(Clone)]
 pub struct Mongo {
     pub db: Database,
+    /// Trick names by id: the trickipedia changes rarely, and every turn shows the user's lists.
+    trick_names: Arc<NameCache>,
+}
+
+/// How long a trick name is trusted before it is read again.
+const TRICK_NAME_TTL: Duration = Duration::from_secs(60);
+/// Trick names kept at most.
+const TRICK_NAMES_MAX: usize = 20_000;
+
+/// A bounded map of names with a time to live (a full map is emptied: refilling it is one query).
+#[derive(Default)]
+struct NameCache {
+    names: Mutex<HashMap<ObjectId, (String, Instant)>>,
+}
+
+/// What a turn reads about its user before it starts.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UserData {
+    /// `None` when the user has no profile document.
+    pub profile: Option<UserProfile>,
+    /// Newest first, trick names resolved.
+    pub tricklists: Vec<Tricklist>,
+}
+
+/// The admission check with the user's data, from one aggregate.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Admission {
+    Admitted(UserData),
+    /// No such conversation.
+    Missing,
+    /// The conversation does not join the sender and the bot.
+    NotParticipant,
 }
 
 /// What the companion knows about the user it talks to.
@@ -119,6 +157,7 @@ impl Mongo {
         let client = Client::with_options(options)?;
         Ok(Self {
             db: client.database(&config.database()),
+            trick_names: Arc::default(),
         })
     }
 
@@ -156,6 +195,69 @@ impl Mongo {
         Ok(())
     }
 
+    /// The admission check (the conversation exists and joins the user and the bot) and, when it
+    /// passes, the user's profile and newest `tricklists` lists: one aggregate on the conversation that
+    /// looks up the other two (one round trip where three finds were), plus the trick names the cache
+    /// does not hold.
+    pub async fn admit(
+        &self,
+        conversation: ObjectId,
+        user: ObjectId,
+        bot: ObjectId,
+        tricklists: i64,
+    ) -> Result<Admission, StoreError> {
+        let pipeline = [
+            doc! { "$match": { "_id": conversation } },
+            doc! { "$limit": 1 },
+            doc! { "$project": { "participants": 1 } },
+            doc! { "$lookup": {
+                "from": USERS,
+                "pipeline": [ { "$match": { "_id": user } }, { "$limit": 1 } ],
+                "as": "user",
+            } },
+            doc! { "$lookup": {
+                "from": TRICKLISTS,
+                "pipeline": [
+                    { "$match": user_ref_filter("user", user) },
+                    { "$sort": { "createdAt": -1, "_id": -1 } },
+                    { "$limit": tricklists.max(1) },
+                ],
+                "as": "tricklists",
+            } },
+        ];
+        let mut found: Vec<Document> = self
+            .collection(DM_CONVERSATIONS)
+            .aggregate(pipeline)
+            .await?
+            .try_collect()
+            .await?;
+        let Some(mut conv) = found.pop() else {
+            return Ok(Admission::Missing);
+        };
+        if participants_check(&conv, user, bot) != ConversationCheck::Ok {
+            return Ok(Admission::NotParticipant);
+        }
+        let docs = |conv: &mut Document, key: &str| -> Vec<Document> {
+            match conv.remove(key) {
+                Some(Bson::Array(a)) => a
+                    .into_iter()
+                    .filter_map(|b| match b {
+                        Bson::Document(d) => Some(d),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            }
+        };
+        let profile = docs(&mut conv, "user").first().map(|d| profile_of(user, d));
+        let lists = docs(&mut conv, "tricklists");
+        let tricklists = self.resolve_tricklists(lists).await?;
+        Ok(Admission::Admitted(UserData {
+            profile,
+            tricklists,
+        }))
+    }
+
     /// Checks that the conversation exists and has both users as participants (ObjectId or string form).
     pub async fn check_conversation(
         &self,
@@ -170,58 +272,15 @@ impl Mongo {
         else {
             return Ok(ConversationCheck::Missing);
         };
-        let participants = conv
-            .get_array("participants")
-            .map(|a| a.as_slice())
-            .unwrap_or(&[]);
-        let has = |id: ObjectId| {
-            participants.iter().any(|p| match p {
-                Bson::ObjectId(o) => *o == id,
-                Bson::String(s) => *s == id.to_hex(),
-                Bson::Document(d) => {
-                    d.get_object_id("$id").ok() == Some(id)
-                        || d.get_object_id("_id").ok() == Some(id)
-                }
-                _ => false,
-            })
-        };
-        Ok(if has(user) && has(bot) {
-            ConversationCheck::Ok
-        } else {
-            ConversationCheck::NotParticipant
-        })
+        Ok(participants_check(&conv, user, bot))
     }
 
     pub async fn user_profile(&self, user: ObjectId) -> Result<Option<UserProfile>, StoreError> {
-        let Some(d) = self
+        Ok(self
             .collection(USERS)
             .find_one(doc! { "_id": user })
             .await?
-        else {
-            return Ok(None);
-        };
-        let s = |k: &str| {
-            d.get_str(k)
-                .ok()
-                .map(str::to_owned)
-                .filter(|v| !v.trim().is_empty())
-        };
-        let sports = d
-            .get_array("sports")
-            .map(|a| {
-                a.iter()
-                    .filter_map(|b| b.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        Ok(Some(UserProfile {
-            id: user,
-            name: s("name").or_else(|| s("displayName")),
-            username: s("username"),
-            bio: s("bio"),
-            location: s("location").or_else(|| s("city")),
-            sports,
-        }))
+            .map(|d| profile_of(user, &d)))
     }
 
     /// The user's tricklists, newest first, at most `limit`, with trick names resolved.
@@ -292,21 +351,36 @@ impl Mongo {
             .collect())
     }
 
-    async fn trick_names(
-        &self,
-        ids: &[ObjectId],
-    ) -> Result<std::collections::HashMap<ObjectId, String>, StoreError> {
-        if ids.is_empty() {
-            return Ok(Default::default());
+    /// Names of these tricks: from the cache while fresh, the rest in one query (then cached).
+    async fn trick_names(&self, ids: &[ObjectId]) -> Result<HashMap<ObjectId, String>, StoreError> {
+        let mut names = HashMap::with_capacity(ids.len());
+        let mut missing = Vec::new();
+        {
+            let cache = self
+                .trick_names
+                .names
+                .lock()
+                .expect("trick name cache lock");
+            for id in ids {
+                match cache.get(id) {
+                    Some((name, at)) if at.elapsed() < TRICK_NAME_TTL => {
+                        names.insert(*id, name.clone());
+                    }
+                    _ => missing.push(*id),
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(names);
         }
         let docs: Vec<Document> = self
             .collection(TRICKS)
-            .find(doc! { "_id": { "$in": ids } })
+            .find(doc! { "_id": { "$in": &missing } })
             .projection(doc! { "name": 1 })
             .await?
             .try_collect()
             .await?;
-        Ok(docs
+        let found: Vec<(ObjectId, String)> = docs
             .into_iter()
             .filter_map(|d| {
                 Some((
@@ -314,7 +388,21 @@ impl Mongo {
                     d.get_str("name").ok()?.to_owned(),
                 ))
             })
-            .collect())
+            .collect();
+        let now = Instant::now();
+        let mut cache = self
+            .trick_names
+            .names
+            .lock()
+            .expect("trick name cache lock");
+        if cache.len() + found.len() > TRICK_NAMES_MAX {
+            cache.clear();
+        }
+        for (id, name) in found {
+            cache.insert(id, (name.clone(), now));
+            names.insert(id, name);
+        }
+        Ok(names)
     }
 
     /// Writes the reply; `Ok(false)` when this reply (or another for the same message) is already there.
@@ -358,6 +446,55 @@ impl Mongo {
             )
             .await?;
         Ok(())
+    }
+}
+
+/// Whether the conversation document has both users as participants (ObjectId, string or DBRef form).
+fn participants_check(conv: &Document, user: ObjectId, bot: ObjectId) -> ConversationCheck {
+    let participants = conv
+        .get_array("participants")
+        .map(|a| a.as_slice())
+        .unwrap_or(&[]);
+    let has = |id: ObjectId| {
+        participants.iter().any(|p| match p {
+            Bson::ObjectId(o) => *o == id,
+            Bson::String(s) => *s == id.to_hex(),
+            Bson::Document(d) => {
+                d.get_object_id("$id").ok() == Some(id) || d.get_object_id("_id").ok() == Some(id)
+            }
+            _ => false,
+        })
+    };
+    if has(user) && has(bot) {
+        ConversationCheck::Ok
+    } else {
+        ConversationCheck::NotParticipant
+    }
+}
+
+/// A user document as the prompt shows it.
+fn profile_of(user: ObjectId, d: &Document) -> UserProfile {
+    let s = |k: &str| {
+        d.get_str(k)
+            .ok()
+            .map(str::to_owned)
+            .filter(|v| !v.trim().is_empty())
+    };
+    let sports = d
+        .get_array("sports")
+        .map(|a| {
+            a.iter()
+                .filter_map(|b| b.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    UserProfile {
+        id: user,
+        name: s("name").or_else(|| s("displayName")),
+        username: s("username"),
+        bio: s("bio"),
+        location: s("location").or_else(|| s("city")),
+        sports,
     }
 }
 

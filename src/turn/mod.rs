@@ -44,7 +44,7 @@ use crate::{
     rag::Retriever,
     store::{
         Mongo, Pg, StoreError,
-        mongo::{ConversationCheck, ReplyDoc},
+        mongo::{Admission, ReplyDoc, UserData},
         pg::NewHistory,
     },
     timing::{Stage, stage},
@@ -257,22 +257,28 @@ impl Turns {
     }
 
     /// The checks every event passes before anything is written for it: a known companion, and a
-    /// conversation that exists and joins the sender and the bot.
-    pub async fn admit(&self, event: &DmEvent) -> Result<&Character, TurnError> {
+    /// conversation that exists and joins the sender and the bot; with the user's profile and
+    /// tricklists, read in the same round trip.
+    pub async fn admit(&self, event: &DmEvent) -> Result<(&Character, UserData), TurnError> {
         let character = self
             .characters
             .by_bot(&event.bot_id)
             .ok_or_else(|| TurnError::UnknownBot(event.bot_id.to_hex()))?;
         match self
             .mongo
-            .check_conversation(event.conversation_id, event.sender_id, event.bot_id)
+            .admit(
+                event.conversation_id,
+                event.sender_id,
+                event.bot_id,
+                prompt::PROMPT_TRICKLISTS,
+            )
             .await?
         {
-            ConversationCheck::Ok => Ok(character),
-            ConversationCheck::Missing => Err(TurnError::MissingConversation(
+            Admission::Admitted(user) => Ok((character, user)),
+            Admission::Missing => Err(TurnError::MissingConversation(
                 event.conversation_id.to_hex(),
             )),
-            ConversationCheck::NotParticipant => {
+            Admission::NotParticipant => {
                 Err(TurnError::NotParticipant(event.conversation_id.to_hex()))
             }
         }
@@ -294,7 +300,8 @@ impl Turns {
         // hold the message (and its conversation behind it) for good.
         let secs = self.config.turn_timeout_secs.max(1);
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
-        let character = within(deadline, secs, stage(Stage::Admit, self.admit(event))).await?;
+        let (character, user) =
+            within(deadline, secs, stage(Stage::Admit, self.admit(event))).await?;
         let ids = Ids::of(event);
         let new_job = ids.job(delivery.map(|d| d.seq));
         let open = stage(Stage::Journal, self.journal.open(&new_job));
@@ -306,7 +313,7 @@ impl Turns {
         let result = within(
             deadline,
             secs,
-            self.answer(&job, event, &ids, character, delivery),
+            self.answer(&job, event, &ids, character, &user, delivery),
         )
         .await;
         job.keep_successes(result).await
@@ -318,6 +325,7 @@ impl Turns {
         event: &DmEvent,
         ids: &Ids,
         character: &Character,
+        user: &UserData,
         delivery: Option<&Delivery<'_>>,
     ) -> Result<Settled, TurnError> {
         let generation = generation_key(job);
@@ -368,7 +376,7 @@ impl Turns {
         }
         let reply = job
             .step("reply", &generation)
-            .run(self.respond(job, event, &burst, character))
+            .run(self.respond(job, event, &burst, character, user))
             .await?;
         self.deliver(job, event, ids, &burst, reply, false).await
     }
@@ -485,6 +493,7 @@ impl Turns {
         event: &DmEvent,
         burst: &Burst,
         character: &Character,
+        user: &UserData,
     ) -> Result<Reply, TurnError> {
         let ids = Ids::of(event);
         let followers = burst.events(event);
@@ -495,25 +504,21 @@ impl Turns {
             .filter(|c| !c.is_empty())
             .collect::<Vec<_>>()
             .join("\n");
-        // Retrieval (embedding + vector search) runs beside the context loads, not after them.
-        let (context, knowledge) = tokio::join!(
-            stage(Stage::Context, async {
-                tokio::try_join!(
-                    self.pg
-                        .history(&ids.sender, &ids.bot, self.config.history_limit),
-                    self.mongo.user_profile(event.sender_id),
-                    self.mongo
-                        .user_tricklists(event.sender_id, prompt::PROMPT_TRICKLISTS),
-                )
-            }),
+        // Retrieval (embedding + vector search) runs beside the history load, not after it.
+        let (history, knowledge) = tokio::join!(
+            stage(
+                Stage::Context,
+                self.pg
+                    .history(&ids.sender, &ids.bot, self.config.history_limit)
+            ),
             self.retriever.for_turn(&character.knowledge, &query),
         );
-        let (history, profile, tricklists) = context?;
+        let history = history?;
         let prompt_started = std::time::Instant::now();
         let system = prompt::system_prompt(&prompt::PromptContext {
             character,
-            profile: profile.as_ref(),
-            tricklists: &tricklists,
+            profile: user.profile.as_ref(),
+            tricklists: &user.tricklists,
             knowledge: &knowledge,
             now: Utc::now(),
             tools_enabled: true,
@@ -571,7 +576,7 @@ impl Turns {
         event: &DmEvent,
         reason: &str,
     ) -> Result<Settled, TurnError> {
-        let character = self.admit(event).await?;
+        let (character, _) = self.admit(event).await?;
         let ids = Ids::of(event);
         let job = self.journal.open(&ids.job(None)).await?;
         if let Some(settled) = already_settled(&job) {

@@ -79,3 +79,33 @@ async fn mongodb_commands_count_for_the_turn_that_sent_them() {
     assert!(timing::snapshot().is_none());
     env.finish().await;
 }
+
+/// A turn with one tool round reads the app's data in one round trip: the admission aggregate (the
+/// conversation, the profile and the tricklists together), the tool's query, the reply and the
+/// conversation's touch; trick names come once, then from the cache.
+#[tokio::test]
+async fn a_tool_turn_sends_four_mongodb_commands_once_trick_names_are_cached() {
+    // Every turn: one tool round, then text.
+    let env = TestEnv::new(std::sync::Arc::new(|body: &serde_json::Value| {
+        if last_message(body)["role"] == "tool" {
+            StubReply::text("flick it!")
+        } else {
+            StubReply::tool("search_trickipedia", json!({"query": "kickflip"}))
+        }
+    }))
+    .await;
+    let c = env.components().await;
+    let mut commands = Vec::new();
+    for text in ["how do I kickflip?", "and a heelflip?"] {
+        let event = dm_event(&env.dm(JESS, KAORI, JESS_KAORI, text).await);
+        let t = timing::scope(async {
+            c.turns.run(&event).await.expect("the turn");
+            timing::snapshot().unwrap()
+        })
+        .await;
+        commands.push(t.mongo_commands);
+    }
+    // admission 1 + trick names 1 (first turn only) + search 1 + reply 1 + touch 1
+    assert_eq!(commands, [5, 4], "MongoDB commands per turn");
+    env.finish().await;
+}
