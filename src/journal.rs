@@ -106,6 +106,8 @@ pub enum JournalError {
     },
     #[error("journal: job {0} has an unknown state `{1}`")]
     BadState(String, String),
+    #[error("journal: the recorded step {name}/{key} does not read back")]
+    Decode { name: String, key: String },
 }
 
 impl From<sqlx::Error> for JournalError {
@@ -118,7 +120,7 @@ impl Classify for JournalError {
     fn class(&self) -> Class {
         match self {
             Self::Store(e) => e.class(),
-            Self::Encode { .. } | Self::BadState(..) => Class::Permanent,
+            Self::Encode { .. } | Self::BadState(..) | Self::Decode { .. } => Class::Permanent,
         }
     }
 }
@@ -249,26 +251,7 @@ impl Journal {
     /// Creates `job` settled as `Covered` by job `by`. True when it is covered by `by` now (created, or
     /// by an earlier attempt of the same cover); false when the job already existed otherwise.
     pub async fn cover(&self, job: &NewJob<'_>, by: &str) -> Result<bool, JournalError> {
-        let covered: Option<String> = sqlx::query_scalar(
-            "WITH ins AS (
-                INSERT INTO jobs (id, kind, user_id, bot_id, conversation_id, stream_seq, state, covered_by)
-                VALUES ($1, $2, $3, $4, $5, $6, 'covered', $7)
-                ON CONFLICT (id) DO NOTHING RETURNING covered_by)
-             SELECT covered_by FROM ins
-             UNION ALL SELECT covered_by FROM jobs WHERE id = $1 AND state = 'covered'
-             LIMIT 1",
-        )
-        .bind(job.id)
-        .bind(job.kind)
-        .bind(job.user)
-        .bind(job.bot)
-        .bind(job.conversation)
-        .bind(job.stream_seq.map(|s| s as i64))
-        .bind(by)
-        .fetch_optional(&self.pool)
-        .await?
-        .flatten();
-        Ok(covered.as_deref() == Some(by))
+        cover_with(&self.pool, job, by).await
     }
 
     /// Opens a settled job again for a replay (`Running`, nobody's cover any more). A running job is left
@@ -355,7 +338,7 @@ fn job_record(row: &PgRow) -> Result<JobRecord, JournalError> {
 }
 
 /// A step record not yet written.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Pending {
     name: String,
     key: String,
@@ -460,6 +443,111 @@ impl Job {
         Ok(Admission::Granted)
     }
 
+    /// A step whose effect is covering other jobs (a burst's later messages, answered by this job's
+    /// reply): covers the longest prefix of `candidates` that can still be covered and records
+    /// `output(n)` for the `n` covered, in one transaction, serialised per step. Two attempts of this job
+    /// running at once (a redelivery while the first delivery still runs) therefore agree: the second
+    /// reads the first's record and covers nothing, so no job is covered that the recorded step (and the
+    /// reply built from it) does not answer.
+    pub async fn covering<T, F>(
+        &self,
+        name: &str,
+        key: &str,
+        candidates: &[NewJob<'_>],
+        output: F,
+    ) -> Result<T, JournalError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(usize) -> T,
+    {
+        if let Some(done) = self.recorded::<T>(name, key) {
+            return Ok(done);
+        }
+        if candidates.is_empty() {
+            // Nothing to cover: an ordinary step (its record resolves a race like any other).
+            return self
+                .step(name, key)
+                .run(async { Ok::<_, JournalError>(output(0)) })
+                .await;
+        }
+        let pending = self.take_pending();
+        let result = async {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(format!("step:{}:{name}:{key}", self.id()))
+                .execute(&mut *tx)
+                .await?;
+            let earlier: Option<Value> = sqlx::query_scalar(
+                "SELECT output FROM job_steps WHERE job = $1 AND name = $2 AND key = $3",
+            )
+            .bind(self.id())
+            .bind(name)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(earlier) = earlier {
+                sqlx::query(sqlx::AssertSqlSafe(INSERT_RECORDS))
+                    .bind(self.id())
+                    .bind(records(&pending))
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                return Ok::<_, JournalError>((earlier, None));
+            }
+            let mut n = 0;
+            for c in candidates {
+                if !cover_with(&mut *tx, c, self.id()).await? {
+                    break;
+                }
+                n += 1;
+            }
+            let out = output(n);
+            let mut value = serde_json::to_value(&out).map_err(|source| JournalError::Encode {
+                name: name.to_owned(),
+                key: key.to_owned(),
+                source,
+            })?;
+            strip_nul(&mut value);
+            let mut rows = pending.clone();
+            rows.push(Pending {
+                name: name.to_owned(),
+                key: key.to_owned(),
+                output: value.clone(),
+                tally: None,
+            });
+            sqlx::query(sqlx::AssertSqlSafe(INSERT_RECORDS))
+                .bind(self.id())
+                .bind(records(&rows))
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok((value, Some(out)))
+        }
+        .await;
+        match result {
+            Ok((value, own)) => {
+                self.remember(name, key, value.clone());
+                match own {
+                    Some(out) => Ok(out),
+                    None => {
+                        debug!(
+                            step = name,
+                            key, "another attempt recorded this step first; using its output"
+                        );
+                        decode(name, key, &value).ok_or_else(|| JournalError::Decode {
+                            name: name.to_owned(),
+                            key: key.to_owned(),
+                        })
+                    }
+                }
+            }
+            Err(e) => {
+                self.requeue(pending);
+                Err(e)
+            }
+        }
+    }
+
     /// Writes the records of lazy steps now.
     pub async fn flush(&self) -> Result<(), JournalError> {
         let pending = self.take_pending();
@@ -545,13 +633,54 @@ impl Job {
                 .await;
         let own = rows.pop().expect("the step itself").output;
         match stored {
-            Ok(stored) => Ok(stored.unwrap_or(own)),
+            Ok(Some(stored)) => Ok(stored),
+            // Our insert waited for another attempt's and found it, but the statement's snapshot is
+            // older than that commit: read it now.
+            Ok(None) => {
+                let stored: Option<Value> = sqlx::query_scalar(
+                    "SELECT output FROM job_steps WHERE job = $1 AND name = $2 AND key = $3",
+                )
+                .bind(self.id())
+                .bind(&name)
+                .bind(&key)
+                .fetch_optional(&self.pool)
+                .await?;
+                Ok(stored.unwrap_or(own))
+            }
             Err(e) => {
                 self.requeue(rows);
                 Err(e.into())
             }
         }
     }
+}
+
+/// [`Journal::cover`] on any connection (a transaction's too).
+async fn cover_with<'e>(
+    e: impl sqlx::PgExecutor<'e>,
+    job: &NewJob<'_>,
+    by: &str,
+) -> Result<bool, JournalError> {
+    let covered: Option<String> = sqlx::query_scalar(
+        "WITH ins AS (
+            INSERT INTO jobs (id, kind, user_id, bot_id, conversation_id, stream_seq, state, covered_by)
+            VALUES ($1, $2, $3, $4, $5, $6, 'covered', $7)
+            ON CONFLICT (id) DO NOTHING RETURNING covered_by)
+         SELECT covered_by FROM ins
+         UNION ALL SELECT covered_by FROM jobs WHERE id = $1 AND state = 'covered'
+         LIMIT 1",
+    )
+    .bind(job.id)
+    .bind(job.kind)
+    .bind(job.user)
+    .bind(job.bot)
+    .bind(job.conversation)
+    .bind(job.stream_seq.map(|s| s as i64))
+    .bind(by)
+    .fetch_optional(e)
+    .await?
+    .flatten();
+    Ok(covered.as_deref() == Some(by))
 }
 
 /// Moves a job to `to` from any state that may become it, writing `records` in the same statement.

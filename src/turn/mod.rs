@@ -359,12 +359,7 @@ impl Turns {
             }
             None => {}
         }
-        let burst = stage(
-            Stage::Order,
-            job.step("burst", "")
-                .run(self.fix_burst(event, ids, delivery)),
-        )
-        .await?;
+        let burst = stage(Stage::Order, self.fix_burst(job, event, delivery)).await?;
         let typing = Typing {
             conversation_id: ids.conversation.clone(),
             sender_id: ids.bot.clone(),
@@ -427,56 +422,62 @@ impl Turns {
         })
     }
 
-    /// The later messages of the same sender that follow in the stream now (contiguous, valid, within the
-    /// bounds), each made a job `covered` by this one; the first that already has a job ends the burst.
+    /// The `burst` step: the later messages of the same sender that follow in the stream now
+    /// (contiguous, valid, within the bounds), each made a job `covered` by this one, atomically with
+    /// the step's record ([`Job::covering`]); the first that already has a job ends the burst.
     async fn fix_burst(
         &self,
+        job: &Job,
         event: &DmEvent,
-        ids: &Ids,
         delivery: Option<&Delivery<'_>>,
     ) -> Result<Burst, TurnError> {
-        let mut burst = Burst::default();
-        let Some(d) = delivery.filter(|_| self.config.burst_max > 0) else {
+        if let Some(burst) = job.recorded::<Burst>("burst", "") {
             return Ok(burst);
-        };
-        let limits = self.limits();
-        let mut chars = event.content.chars().count();
-        for m in d
-            .order
-            .followers(d.subject, d.seq, self.config.burst_max)
-            .await?
-        {
-            let Ok(f) = parse_inbound(
-                &m.payload,
-                m.subject.as_str(),
-                &self.bus.names.prefix,
-                limits,
-            ) else {
-                break;
-            };
-            chars += f.content.chars().count();
-            if f.sender_id != event.sender_id
-                || f.message_id == event.message_id
-                || chars > self.config.max_content_chars
-            {
-                break;
-            }
-            let fids = Ids::of(&f);
-            if !self
-                .journal
-                .cover(&fids.job(Some(m.sequence)), &ids.message)
+        }
+        let mut candidates: Vec<(Ids, Covered)> = Vec::new();
+        if let Some(d) = delivery.filter(|_| self.config.burst_max > 0) {
+            let limits = self.limits();
+            let mut chars = event.content.chars().count();
+            for m in d
+                .order
+                .followers(d.subject, d.seq, self.config.burst_max)
                 .await?
             {
-                break;
+                let Ok(f) = parse_inbound(
+                    &m.payload,
+                    m.subject.as_str(),
+                    &self.bus.names.prefix,
+                    limits,
+                ) else {
+                    break;
+                };
+                chars += f.content.chars().count();
+                if f.sender_id != event.sender_id
+                    || f.message_id == event.message_id
+                    || chars > self.config.max_content_chars
+                {
+                    break;
+                }
+                let fids = Ids::of(&f);
+                let covered = Covered {
+                    message_id: fids.message.clone(),
+                    seq: m.sequence,
+                    content: f.content,
+                    images: f.images,
+                    sent_at: f.sent_at,
+                };
+                candidates.push((fids, covered));
             }
-            burst.covers.push(Covered {
-                message_id: fids.message,
-                seq: m.sequence,
-                content: f.content,
-                images: f.images,
-                sent_at: f.sent_at,
-            });
         }
+        let jobs: Vec<NewJob<'_>> = candidates
+            .iter()
+            .map(|(fids, c)| fids.job(Some(c.seq)))
+            .collect();
+        let burst = job
+            .covering("burst", "", &jobs, |n| Burst {
+                covers: candidates[..n].iter().map(|(_, c)| c.clone()).collect(),
+            })
+            .await?;
         if !burst.covers.is_empty() {
             info!(
                 covers = burst.covers.len(),

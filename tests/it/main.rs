@@ -14,6 +14,7 @@ mod embed_bench;
 mod embed_parity;
 mod flood;
 mod hostile_events;
+mod journal;
 mod journal_migration;
 mod limits;
 mod llm_failures;
