@@ -22,6 +22,8 @@ pub struct SummaryRow {
     pub calls: i64,
     pub prompt_tokens: i64,
     pub completion_tokens: i64,
+    /// Prompt tokens the providers served from their prompt caches (where they report it).
+    pub cached_tokens: i64,
     /// Sum of the known costs.
     pub cost_usd: f64,
     /// Calls whose cost is unknown.
@@ -39,6 +41,8 @@ pub async fn summary(pool: &PgPool, days: u32) -> Result<Vec<SummaryRow>, sqlx::
                 coalesce(sum((s.output -> 'usage' ->> 'promptTokens')::bigint), 0)::bigint AS prompt_tokens,
                 coalesce(sum((s.output -> 'usage' ->> 'completionTokens')::bigint), 0)::bigint
                     AS completion_tokens,
+                coalesce(sum((s.output -> 'usage' ->> 'cachedTokens')::bigint), 0)::bigint
+                    AS cached_tokens,
                 coalesce(sum((s.output -> 'usage' ->> 'costUsd')::float8), 0)::float8 AS cost_usd,
                 count(*) FILTER (WHERE s.output -> 'usage' ->> 'costUsd' IS NULL) AS unpriced
          FROM job_steps s JOIN jobs j ON j.id = s.job
@@ -58,6 +62,7 @@ pub async fn summary(pool: &PgPool, days: u32) -> Result<Vec<SummaryRow>, sqlx::
             calls: r.get("calls"),
             prompt_tokens: r.get("prompt_tokens"),
             completion_tokens: r.get("completion_tokens"),
+            cached_tokens: r.get("cached_tokens"),
             cost_usd: r.get("cost_usd"),
             unpriced: r.get("unpriced"),
         })
@@ -82,19 +87,21 @@ pub fn render(rows: &[SummaryRow], names: &HashMap<String, String>, days: u32) -
         .unwrap_or(5);
     let _ = writeln!(
         out,
-        "LLM usage, last {days} day(s) (UTC)\n{:<10}  {:<bot_w$}  {:<model_w$}  {:>6}  {:>12}  {:>12}  {:>12}",
-        "day", "bot", "model", "calls", "prompt tok", "complet. tok", "cost USD"
+        "LLM usage, last {days} day(s) (UTC)\n{:<10}  {:<bot_w$}  {:<model_w$}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}",
+        "day", "bot", "model", "calls", "prompt tok", "cached tok", "complet. tok", "cost USD"
     );
-    let (mut calls, mut prompt, mut completion, mut cost, mut unpriced) = (0, 0, 0, 0.0, 0);
+    let (mut calls, mut prompt, mut cached, mut completion, mut cost, mut unpriced) =
+        (0, 0, 0, 0, 0.0, 0);
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<10}  {:<bot_w$}  {:<model_w$}  {:>6}  {:>12}  {:>12}  {:>12}{}",
+            "{:<10}  {:<bot_w$}  {:<model_w$}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}{}",
             r.day.to_string(),
             bot(&r.bot_id),
             r.model,
             r.calls,
             r.prompt_tokens,
+            r.cached_tokens,
             r.completion_tokens,
             format!("{:.6}", r.cost_usd),
             if r.unpriced > 0 {
@@ -105,18 +112,20 @@ pub fn render(rows: &[SummaryRow], names: &HashMap<String, String>, days: u32) -
         );
         calls += r.calls;
         prompt += r.prompt_tokens;
+        cached += r.cached_tokens;
         completion += r.completion_tokens;
         cost += r.cost_usd;
         unpriced += r.unpriced;
     }
     let _ = writeln!(
         out,
-        "{:<10}  {:<bot_w$}  {:<model_w$}  {:>6}  {:>12}  {:>12}  {:>12}{}",
+        "{:<10}  {:<bot_w$}  {:<model_w$}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}{}",
         "total",
         "",
         "",
         calls,
         prompt,
+        cached,
         completion,
         format!("{cost:.6}"),
         if unpriced > 0 {
@@ -156,6 +165,7 @@ mod tests {
                 model: "m".into(),
                 calls: 2,
                 prompt_tokens: 100,
+                cached_tokens: 80,
                 completion_tokens: 10,
                 cost_usd: 0.25,
                 unpriced: 0,
@@ -166,6 +176,7 @@ mod tests {
                 model: "m".into(),
                 calls: 1,
                 prompt_tokens: 50,
+                cached_tokens: 0,
                 completion_tokens: 5,
                 cost_usd: 0.0,
                 unpriced: 1,
@@ -178,6 +189,7 @@ mod tests {
         let total = text.lines().last().unwrap();
         assert!(total.starts_with("total"), "{text}");
         assert!(total.contains(" 3 ") && total.contains("150") && total.contains("0.250000"));
+        assert!(total.contains(" 80 "), "cached tokens are totalled: {text}");
         assert!(total.contains("1 unpriced"), "{text}");
     }
 }

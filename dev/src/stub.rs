@@ -72,6 +72,8 @@ struct StubState {
     ids: Arc<AtomicU64>,
     /// `usage.cost` put in every answer, as OpenRouter reports it; `None` = no cost field.
     cost: Arc<Mutex<Option<f64>>>,
+    /// `usage.prompt_tokens_details.cached_tokens` put in every answer; `None` = no details.
+    cached: Arc<Mutex<Option<u64>>>,
 }
 
 /// A running stub server; stops when dropped.
@@ -81,6 +83,7 @@ pub struct StubLlm {
     pub addr: SocketAddr,
     requests: Arc<Mutex<Vec<Value>>>,
     cost: Arc<Mutex<Option<f64>>>,
+    cached: Arc<Mutex<Option<u64>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -112,12 +115,14 @@ impl StubLlm {
     ) -> std::io::Result<Self> {
         let requests = Arc::new(Mutex::new(Vec::new()));
         let cost = Arc::new(Mutex::new(None));
+        let cached = Arc::new(Mutex::new(None));
         let state = StubState {
             responder,
             requests: requests.clone(),
             record,
             ids: Arc::new(AtomicU64::new(1)),
             cost: cost.clone(),
+            cached: cached.clone(),
         };
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
@@ -135,6 +140,7 @@ impl StubLlm {
             addr,
             requests,
             cost,
+            cached,
             task,
         })
     }
@@ -142,6 +148,11 @@ impl StubLlm {
     /// From now on, every answer reports this `usage.cost` (USD), or none.
     pub fn report_cost(&self, usd: Option<f64>) {
         *self.cost.lock().expect("stub lock") = usd;
+    }
+
+    /// From now on, every answer says this many prompt tokens came from the provider's cache, or nothing.
+    pub fn report_cached_tokens(&self, tokens: Option<u64>) {
+        *self.cached.lock().expect("stub lock") = tokens;
     }
 
     /// Every request body received so far, in order.
@@ -217,6 +228,9 @@ async fn complete(State(state): State<StubState>, Json(body): Json<Value>) -> Re
                            "total_tokens": prompt_tokens + completion_tokens});
     if let Some(cost) = *state.cost.lock().expect("stub lock") {
         usage["cost"] = json!(cost);
+    }
+    if let Some(cached) = *state.cached.lock().expect("stub lock") {
+        usage["prompt_tokens_details"] = json!({ "cached_tokens": cached.min(prompt_tokens) });
     }
     Json(json!({
         "id": format!("chatcmpl-stub-{n}"),

@@ -175,6 +175,16 @@ pub struct Usage {
     /// OpenRouter reports the charge in credits (USD) when asked.
     #[serde(default)]
     pub cost: Option<f64>,
+    /// How much of the prompt the provider served from its prompt cache (billed at a fraction).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// `usage.prompt_tokens_details` of an OpenAI-compatible answer.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct PromptTokensDetails {
+    #[serde(default)]
+    pub cached_tokens: u64,
 }
 
 fn function_kind() -> String {

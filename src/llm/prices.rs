@@ -108,6 +108,9 @@ pub struct CallUsage {
     pub model: String,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// Prompt tokens served from the provider's prompt cache, when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
     /// USD; `None` when unpriced.
     pub cost_usd: Option<f64>,
     pub cost_source: CostSource,
@@ -121,6 +124,10 @@ impl Prices {
             model: model.to_owned(),
             prompt_tokens: usage.prompt_tokens,
             completion_tokens: usage.completion_tokens,
+            cached_tokens: usage
+                .prompt_tokens_details
+                .as_ref()
+                .map(|d| d.cached_tokens),
             cost_usd: cost.usd,
             cost_source: cost.source,
         }
@@ -161,6 +168,7 @@ mod tests {
             completion_tokens: completion,
             total_tokens: prompt + completion,
             cost,
+            prompt_tokens_details: None,
         }
     }
 

@@ -27,6 +27,7 @@ struct UsageRow {
     completion: i64,
     cost: Option<f64>,
     source: String,
+    cached: Option<i64>,
 }
 
 async fn usage_of(env: &TestEnv, message_id: &str) -> Vec<UsageRow> {
@@ -34,7 +35,8 @@ async fn usage_of(env: &TestEnv, message_id: &str) -> Vec<UsageRow> {
         "SELECT s.key::int, j.user_id, j.bot_id, s.output -> 'usage' ->> 'model',
                 (s.output -> 'usage' ->> 'promptTokens')::bigint,
                 (s.output -> 'usage' ->> 'completionTokens')::bigint,
-                (s.output -> 'usage' ->> 'costUsd')::float8, s.output -> 'usage' ->> 'costSource'
+                (s.output -> 'usage' ->> 'costUsd')::float8, s.output -> 'usage' ->> 'costSource',
+                (s.output -> 'usage' ->> 'cachedTokens')::bigint
          FROM job_steps s JOIN jobs j ON j.id = s.job
          WHERE s.job = $1 AND s.name = 'llm' ORDER BY s.key::int",
     )
@@ -52,6 +54,7 @@ async fn usage_of(env: &TestEnv, message_id: &str) -> Vec<UsageRow> {
         completion: r.get(5),
         cost: r.get(6),
         source: r.get(7),
+        cached: r.get(8),
     })
     .collect()
 }
@@ -102,9 +105,11 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
 
     // A: two paid calls (tool call, then text), cost reported by the server.
     env.stub.report_cost(Some(0.00042));
+    env.stub.report_cached_tokens(Some(64));
     let a = env.dm(JESS, KAORI, JESS_KAORI, "show my lists").await;
     env.turn(&a).await;
     env.stub.report_cost(None);
+    env.stub.report_cached_tokens(None);
     // B: one call, no reported cost: estimated from LLM_PRICES.
     let b = env.dm(JESS, KAORI, JESS_KAORI, "plain question").await;
     env.turn(&b).await;
@@ -131,6 +136,11 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
         assert_eq!(r.prompt, stub_prompt_tokens(&requests[i]), "step {i}");
         assert!(r.completion > 0);
         assert_eq!((r.cost, r.source.as_str()), (Some(0.00042), "reported"));
+        assert_eq!(
+            r.cached,
+            Some(64),
+            "the provider's cached prompt tokens are kept"
+        );
     }
 
     let rows = usage_of(&env, &b.message_id).await;
@@ -138,6 +148,10 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
     let expected = (rows[0].prompt as f64 * 1.5 + rows[0].completion as f64 * 3.0) / 1e6;
     assert_eq!(rows[0].prompt, stub_prompt_tokens(&requests[2]));
     assert_eq!(rows[0].source, "estimated");
+    assert_eq!(
+        rows[0].cached, None,
+        "no cache details reported, none recorded"
+    );
     assert!((rows[0].cost.unwrap() - expected).abs() < 1e-12, "{rows:?}");
     let estimated_b = rows[0].cost.unwrap();
 
@@ -188,7 +202,8 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
     };
     let p = line(PRIMARY);
     assert_eq!(p[3], "4", "A (2) + B + D calls on the main model: {p:?}");
-    assert!((p[6].parse::<f64>().unwrap() - want).abs() < 1e-6, "{p:?}");
+    assert_eq!(p[5], "128", "cached prompt tokens of A's two calls: {p:?}");
+    assert!((p[7].parse::<f64>().unwrap() - want).abs() < 1e-6, "{p:?}");
     let f = line(FALLBACK);
     assert_eq!(f[3], "1");
     assert!(f.join(" ").contains("(1 unpriced)"), "{f:?}");
