@@ -160,7 +160,7 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Bench { args, mut config } => {
             config.log = cli.log;
-            companion_dev::bench::run(*config, *args)
+            companion_dev::bench::main(*config, *args)
                 .await
                 .context("benchmark")?;
         }

@@ -77,6 +77,21 @@ async fn a_small_run_answers_every_turn_once_and_writes_its_report_and_picture()
             .any(|s| s.stage == "order" && s.ms.n > 0),
         "stage timings read from the workers' logs"
     );
+    // The workers say how each turn got its query vector; the stub's requests give the prompt figures.
+    assert!(
+        report.knowledge.keys().any(|k| k == "embedded"),
+        "{:?}",
+        report.knowledge
+    );
+    let prompt = report.prompt.as_ref().expect("prompt figures");
+    assert!(
+        prompt.requests > 0 && prompt.tokens.p50 > 100.0,
+        "{prompt:?}"
+    );
+    assert!(
+        prompt.shared_prefix_share > 0.0 && prompt.shared_prefix_share < 1.0,
+        "{prompt:?}"
+    );
     let written: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json).expect("the JSON report")).unwrap();
     assert_eq!(written["turns"]["published"], 20);
@@ -86,5 +101,95 @@ async fn a_small_run_answers_every_turn_once_and_writes_its_report_and_picture()
         svg.contains("stage order") && svg.contains("<polyline"),
         "stages and timeline drawn"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--compare`: both binaries in alternating rounds, every figure for both and the ratio (here the same
+/// binary twice, so each ratio is measured, not assumed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_runs_both_binaries_in_alternating_rounds_and_reports_ratios() {
+    let dir = std::env::temp_dir().join(format!("bench-{:016x}", fastrand::u64(..)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("compare.json");
+    let root = root();
+    let path = |p: &str| root.join(p).display().to_string();
+    let bin = env!("CARGO_BIN_EXE_companion");
+    let args = Cli::parse_from([
+        "bench",
+        "--compare",
+        bin,
+        "--worker-bin",
+        bin,
+        "--rounds",
+        "2",
+        "--turns",
+        "12",
+        "--warmup",
+        "2",
+        "--rate",
+        "20",
+        "--conversations",
+        "6",
+        "--users",
+        "3",
+        "--history",
+        "2",
+        "--timeout",
+        "60",
+        "--embed",
+        "--embed-secs",
+        "0.3",
+        "--json",
+        &json.display().to_string(),
+        "--seed-dir",
+        &path("deploy/local/seed"),
+        "--knowledge-dir",
+        &path("deploy/local/knowledge"),
+        "--embed-fixture",
+        &path("tests/fixtures/embeddings-public.jsonl"),
+    ])
+    .bench;
+    let mut config = Config::from_env().expect("configuration from the environment");
+    let models = embed_config();
+    config.embed.model_dir = models.model_dir;
+    config.embed.ort_dylib_path = models.ort_dylib_path;
+    config.embed.model_file = models.model_file;
+
+    let other = args.compare.clone().unwrap();
+    let c = bench::compare::run(config, args, other)
+        .await
+        .expect("the comparison runs");
+    let sides: Vec<&str> = c.rounds.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(sides, ["a", "b", "b", "a"], "alternating rounds");
+    let sides: Vec<&str> = c.embedding_rounds.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(sides, ["a", "b", "b", "a"]);
+    assert!(
+        c.embedding_rounds
+            .iter()
+            .any(|(_, e)| e.model.ends_with("model.onnx"))
+    );
+    let row = |name: &str| {
+        c.rows
+            .iter()
+            .find(|r| r.figure.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row: {:?}", c.rows))
+    };
+    let completed = row("turns completed");
+    assert_eq!((completed.a, completed.b), (Some(12.0), Some(12.0)));
+    assert_eq!(row("turns lost").a, Some(0.0));
+    for name in [
+        "worker CPU s per 1,000 turns",
+        "MongoDB commands per turn",
+        "embedding chat lines per CPU-second",
+    ] {
+        let r = row(name);
+        assert!(
+            r.a.is_some_and(|a| a > 0.0) && r.b.is_some_and(|b| b > 0.0) && r.ratio.is_some(),
+            "{r:?}"
+        );
+    }
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the JSON report")).unwrap();
+    assert!(written["rows"].as_array().is_some_and(|r| r.len() > 10));
     std::fs::remove_dir_all(&dir).ok();
 }

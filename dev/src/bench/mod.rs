@@ -10,11 +10,13 @@
 //! stops the workers and removes what it created. `--embed` adds embedding throughput ([`embed`]).
 
 pub mod chart;
+pub mod compare;
 pub mod data;
 pub mod embed;
 pub mod env;
 pub mod load;
 pub mod procs;
+pub mod prompt;
 pub mod report;
 pub mod script;
 pub mod workers;
@@ -124,6 +126,17 @@ pub struct BenchArgs {
     /// The `companion` binary the workers run (default: the one beside this binary).
     #[arg(long, env = "COMPANION_BIN")]
     pub worker_bin: Option<PathBuf>,
+    /// Compare with this other `companion` binary: the same load with both, in alternating rounds, and
+    /// every figure for both with their ratio (A = this build or `--worker-bin`, B = this one).
+    #[arg(long)]
+    pub compare: Option<PathBuf>,
+    /// Rounds per binary of `--compare` (`--turns` are split between them).
+    #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
+    /// With `--compare` and `--embed`: the embedding settings B is measured with, `MODEL:THREADS`
+    /// (today's were the fp32 graph on two threads).
+    #[arg(long, default_value = "model.onnx:2")]
+    pub compare_embed: String,
 }
 
 /// The command line for the report, with the values of flags that may hold secrets left out.
@@ -147,6 +160,14 @@ fn command_line(args: impl Iterator<Item = String>) -> String {
         }
     }
     out.join(" ")
+}
+
+/// `companion bench`: one run, or a comparison with `--compare`.
+pub async fn main(base: Config, args: BenchArgs) -> Result<(), BenchError> {
+    match args.compare.clone() {
+        Some(other) => compare::run(base, args, other).await.map(|_| ()),
+        None => run(base, args).await.map(|_| ()),
+    }
 }
 
 /// Runs the benchmark and returns its report (already printed, and written when `--json` is given).
@@ -262,13 +283,20 @@ async fn measure(
     let events = data::prepare_events(env, &data, turns, args.warmup).await?;
     let measured_ids: Vec<String> = events.iter().map(|e| e.message_id.clone()).collect();
 
-    let stub = StubLlm::start_on(
-        "127.0.0.1:0".parse().expect("loopback"),
-        script::responder(args.script, Duration::from_millis(args.llm_latency_ms)),
-        false,
-    )
-    .await
-    .map_err(|e| BenchError::Setup(format!("stub model: {e}")))?;
+    let sampler = prompt::Sampler::default();
+    let responder = {
+        let (sampler, script) = (
+            sampler.clone(),
+            script::responder(args.script, Duration::from_millis(args.llm_latency_ms)),
+        );
+        Arc::new(move |body: &serde_json::Value| {
+            sampler.offer(body);
+            script(body)
+        }) as crate::stub::Responder
+    };
+    let stub = StubLlm::start_on("127.0.0.1:0".parse().expect("loopback"), responder, false)
+        .await
+        .map_err(|e| BenchError::Setup(format!("stub model: {e}")))?;
     let mut config = env.config.clone();
     config.llm.base_url = stub.base_url.clone();
     config.turn.user_turns_per_minute = args.flood_limit;
@@ -349,6 +377,7 @@ async fn measure(
         }
     );
     tracker.reset(&events);
+    sampler.clear();
     let port = |url: &str, default: u16| {
         url::Url::parse(url.split(',').next().unwrap_or(url))
             .ok()
@@ -515,6 +544,15 @@ async fn measure(
     report.overhead_ms = Some(Dist::of(&col(&|r| r.overhead_ms)));
     report.mongo_wait_ms = Some(Dist::of(&col(&|r| r.mongo_ms)));
     report.mongo_commands_per_turn = Dist::of(&col(&|r| f64::from(r.mongo_commands))).mean;
+    for r in &recs {
+        if !r.knowledge.is_empty() {
+            *report.knowledge.entry(r.knowledge.clone()).or_default() += 1;
+        }
+    }
+    report.prompt = prompt::analyse(
+        &sampler.take(),
+        &env.config.embed.model_dir.join("tokenizer.json"),
+    );
     report.overhead_outside_mongo_ms =
         Some(Dist::of(&col(&|r| (r.overhead_ms - r.mongo_ms).max(0.0))));
     let llm_idx = Stage::ALL

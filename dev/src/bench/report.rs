@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use super::{embed::EmbedFigures, procs::Machine, script::Script};
+use super::{embed::EmbedFigures, procs::Machine, prompt::PromptFigures, script::Script};
 
 /// Summary of a set of measurements (milliseconds unless said otherwise).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -171,6 +171,11 @@ pub struct Report {
     pub mongo_wait_ms: Option<Dist>,
     /// MongoDB commands per turn, on average.
     pub mongo_commands_per_turn: f64,
+    /// Turns by how their knowledge lookup got its query vector (`embedded`, `cached`, `skipped`,
+    /// `none`), as the workers' timings say.
+    pub knowledge: std::collections::BTreeMap<String, usize>,
+    /// Prompt tokens and the prefix shared across users.
+    pub prompt: Option<PromptFigures>,
     /// Overhead minus MongoDB wait: an estimate of the overhead with a MongoDB that answers at once
     /// (parallel branches may then become the longer path, so this is a lower bound).
     pub overhead_outside_mongo_ms: Option<Dist>,
@@ -204,6 +209,8 @@ impl Report {
             overhead_ms: None,
             mongo_wait_ms: None,
             mongo_commands_per_turn: 0.0,
+            knowledge: Default::default(),
+            prompt: None,
             overhead_outside_mongo_ms: None,
             stages: Vec::new(),
             timeline: Vec::new(),
@@ -317,6 +324,27 @@ pub fn table(r: &Report) -> String {
         for s in &r.stages {
             row(&mut o, &format!("  {}", s.stage), Some(s.turns), &s.ms);
         }
+        if !r.knowledge.is_empty() {
+            let all: usize = r.knowledge.values().sum();
+            let shares: Vec<String> = r
+                .knowledge
+                .iter()
+                .map(|(k, n)| format!("{k} {n} ({:.0}%)", 100.0 * *n as f64 / all.max(1) as f64))
+                .collect();
+            let _ = writeln!(o, "  knowledge lookups: {}", shares.join(", "));
+        }
+    }
+    if let Some(p) = &r.prompt {
+        let _ = writeln!(
+            o,
+            "
+prompt (first call of a turn, {} sampled; tokens estimated): p50 {:.0} tokens, mean {:.0}; prefix shared with another user's request: mean {:.0} tokens, {:.0}% of the prompt",
+            p.requests,
+            p.tokens.p50,
+            p.tokens.mean,
+            p.shared_prefix_tokens.mean,
+            p.shared_prefix_share * 100.0
+        );
     }
     if let Some(res) = &r.resources {
         let mb = |v: &[f64]| {

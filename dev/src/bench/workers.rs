@@ -198,6 +198,9 @@ pub struct TimingRecord {
     /// Wall time waiting on MongoDB (connection checkouts and commands, their union).
     pub mongo_ms: f64,
     pub mongo_commands: u32,
+    /// How the knowledge lookup got its query vector (`embedded`, `cached`, `skipped`, `none`); empty
+    /// for a worker that does not say.
+    pub knowledge: String,
     /// Milliseconds per stage, in [`Stage::ALL`] order.
     pub stages_ms: Vec<f64>,
 }
@@ -254,6 +257,7 @@ pub fn read_log(path: &Path) -> LogSummary {
             llm_calls: num("llm_calls") as u32,
             mongo_ms: num("mongo_ms"),
             mongo_commands: num("mongo_commands") as u32,
+            knowledge: f["knowledge"].as_str().unwrap_or("").to_owned(),
             stages_ms: Stage::ALL
                 .iter()
                 .map(|s| num(&format!("{}_ms", s.name())))

@@ -1,0 +1,330 @@
+//! `companion bench --compare OTHER`: the same load on the same stack with two worker binaries, in
+//! alternating short rounds (A B, B A, A B, …) so that the machine's noise falls on both, then each
+//! figure for both and their ratio. With `--embed`, the embedding throughput of this build's settings
+//! and of `--compare-embed` (by default today's: the fp32 graph on two threads) alternates the same way.
+
+use std::{fmt::Write, path::PathBuf};
+
+use serde::Serialize;
+
+use super::{BenchArgs, BenchError, embed, load_run, procs, report::Report, workers};
+use companion::{Config, rag::EmbedConfig};
+
+/// One figure of both binaries.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub figure: String,
+    pub a: Option<f64>,
+    pub b: Option<f64>,
+    /// `a / b`.
+    pub ratio: Option<f64>,
+}
+
+/// The result of a comparison.
+#[derive(Clone, Debug, Serialize)]
+pub struct CompareReport {
+    pub command: String,
+    pub a: String,
+    pub b: String,
+    pub load_average_before: [f64; 3],
+    pub load_average_after: [f64; 3],
+    pub rows: Vec<Row>,
+    /// Every round's full report, in the order they ran: ("a" | "b", report).
+    pub rounds: Vec<(String, Report)>,
+    pub embedding_rounds: Vec<(String, embed::EmbedFigures)>,
+}
+
+/// `MODEL:THREADS` of `--compare-embed`.
+fn embed_variant(base: &Config, spec: &str) -> Result<EmbedConfig, BenchError> {
+    let (model, threads) = spec.split_once(':').unwrap_or((spec, "2"));
+    let mut settings = base.embed.clone();
+    settings.model_file = model.to_owned();
+    settings.threads = threads
+        .parse()
+        .map_err(|_| BenchError::Setup(format!("--compare-embed {spec}: MODEL:THREADS")))?;
+    Ok(EmbedConfig::from_settings(&settings))
+}
+
+pub async fn run(
+    base: Config,
+    args: BenchArgs,
+    other: PathBuf,
+) -> Result<CompareReport, BenchError> {
+    let this = workers::worker_binary(args.worker_bin.as_deref())?;
+    let other = workers::worker_binary(Some(&other))?;
+    let rounds = args.rounds.max(1);
+    let per_round = args.turns.div_ceil(rounds).max(1);
+    let mut out = CompareReport {
+        command: super::command_line(std::env::args()),
+        a: this.display().to_string(),
+        b: other.display().to_string(),
+        load_average_before: procs::load_average(),
+        load_average_after: [0.0; 3],
+        rows: Vec::new(),
+        rounds: Vec::new(),
+        embedding_rounds: Vec::new(),
+    };
+    eprintln!(
+        "bench: comparing A = {} with B = {}: {rounds} rounds of {per_round} turns each, alternating; load average {:?}",
+        out.a, out.b, out.load_average_before
+    );
+    if args.embed || args.embed_only {
+        let a = EmbedConfig::from_settings(&base.embed);
+        let b = embed_variant(&base, &args.compare_embed)?;
+        for round in 0..rounds {
+            let order = if round % 2 == 0 {
+                ["a", "b"]
+            } else {
+                ["b", "a"]
+            };
+            for side in order {
+                let cfg = if side == "a" { &a } else { &b };
+                eprintln!(
+                    "bench: embedding round {} of {rounds}, {side}: {} on {} thread(s)",
+                    round + 1,
+                    cfg.model_file,
+                    cfg.threads
+                );
+                let f = embed::measure(cfg, &args.embed_fixture, args.embed_secs).await?;
+                out.embedding_rounds.push((side.to_owned(), f));
+            }
+        }
+    }
+    if !args.embed_only {
+        for round in 0..rounds {
+            let order = if round % 2 == 0 {
+                ["a", "b"]
+            } else {
+                ["b", "a"]
+            };
+            for side in order {
+                let mut a = args.clone();
+                a.turns = per_round;
+                a.duration = None;
+                a.worker_bin = Some(if side == "a" {
+                    this.clone()
+                } else {
+                    other.clone()
+                });
+                eprintln!("bench: round {} of {rounds}, {side}", round + 1);
+                let mut r = Report::empty(format!("round {} {side}", round + 1));
+                load_run(&base, &a, &mut r).await?;
+                r.load_average_after = procs::load_average();
+                out.rounds.push((side.to_owned(), r));
+            }
+        }
+    }
+    out.load_average_after = procs::load_average();
+    out.rows = rows(&out);
+    println!("{}", table(&out));
+    if let Some(path) = &args.json {
+        let json = serde_json::to_vec_pretty(&out).expect("report serialises");
+        std::fs::write(path, json).map_err(|e| BenchError::Write(path.clone(), e))?;
+        eprintln!("bench: wrote {}", path.display());
+    }
+    Ok(out)
+}
+
+fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+/// Every figure, A against B.
+fn rows(c: &CompareReport) -> Vec<Row> {
+    let side = |s: &str| -> Vec<&Report> {
+        c.rounds
+            .iter()
+            .filter(|(x, _)| x == s)
+            .map(|(_, r)| r)
+            .collect()
+    };
+    let (ra, rb) = (side("a"), side("b"));
+    type Fig = fn(&[&Report]) -> Option<f64>;
+    let figures: Vec<(&str, Fig)> = vec![
+        ("worker CPU s per 1,000 turns", |rs| {
+            let (mut cpu, mut n) = (0.0, 0.0);
+            for r in rs {
+                if let (Some(res), Some(t)) = (&r.resources, &r.turns) {
+                    cpu += res.worker_cpu_s_per_1000 * t.completed as f64;
+                    n += t.completed as f64;
+                }
+            }
+            (n > 0.0).then(|| cpu / n)
+        }),
+        ("turns completed", |rs| {
+            Some(
+                rs.iter()
+                    .filter_map(|r| r.turns.as_ref())
+                    .map(|t| t.completed as f64)
+                    .sum(),
+            )
+        }),
+        ("turns lost or duplicated", |rs| {
+            Some(
+                rs.iter()
+                    .filter_map(|r| r.turns.as_ref())
+                    .map(|t| (t.lost + t.duplicated) as f64)
+                    .sum(),
+            )
+        }),
+        ("end to end p50 ms", |rs| {
+            mean(
+                &rs.iter()
+                    .filter_map(|r| r.end_to_end_ms.as_ref())
+                    .map(|d| d.p50)
+                    .collect::<Vec<_>>(),
+            )
+        }),
+        ("overhead (wall − LLM) p50 ms", |rs| {
+            mean(
+                &rs.iter()
+                    .filter_map(|r| r.overhead_ms.as_ref())
+                    .map(|d| d.p50)
+                    .collect::<Vec<_>>(),
+            )
+        }),
+        ("embed stage p50 ms (turns that embedded)", |rs| {
+            mean(
+                &rs.iter()
+                    .flat_map(|r| r.stages.iter().filter(|s| s.stage == "embed"))
+                    .map(|s| s.ms.p50)
+                    .collect::<Vec<_>>(),
+            )
+        }),
+        ("MongoDB commands per turn", |rs| {
+            mean(
+                &rs.iter()
+                    .map(|r| r.mongo_commands_per_turn)
+                    .collect::<Vec<_>>(),
+            )
+        }),
+        ("share of turns that ran the embedding model", |rs| {
+            let (mut embedded, mut all) = (0usize, 0usize);
+            for r in rs {
+                embedded += r.knowledge.get("embedded").copied().unwrap_or(0);
+                all += r.knowledge.values().sum::<usize>();
+            }
+            (all > 0).then(|| embedded as f64 / all as f64)
+        }),
+        ("worker RSS idle MB (median)", |rs| {
+            median(
+                &rs.iter()
+                    .filter_map(|r| r.resources.as_ref())
+                    .flat_map(|x| x.worker_rss_idle_mb.iter().copied())
+                    .collect::<Vec<_>>(),
+            )
+        }),
+        ("worker RSS after warm-up MB (median)", |rs| {
+            median(
+                &rs.iter()
+                    .filter_map(|r| r.resources.as_ref())
+                    .flat_map(|x| x.worker_rss_warm_mb.iter().copied())
+                    .collect::<Vec<_>>(),
+            )
+        }),
+        ("worker RSS peak MB (max)", |rs| {
+            rs.iter()
+                .filter_map(|r| r.resources.as_ref())
+                .flat_map(|x| x.worker_rss_peak_mb.iter().copied())
+                .reduce(f64::max)
+        }),
+        ("prompt tokens p50 (first call, estimated)", |rs| {
+            mean(
+                &rs.iter()
+                    .filter_map(|r| r.prompt.as_ref())
+                    .map(|p| p.tokens.p50)
+                    .collect::<Vec<_>>(),
+            )
+        }),
+        ("prompt prefix shared across users, share", |rs| {
+            mean(
+                &rs.iter()
+                    .filter_map(|r| r.prompt.as_ref())
+                    .map(|p| p.shared_prefix_share)
+                    .collect::<Vec<_>>(),
+            )
+        }),
+    ];
+    let mut out: Vec<Row> = figures
+        .into_iter()
+        .filter(|_| !c.rounds.is_empty())
+        .map(|(name, f)| row(name, f(&ra), f(&rb)))
+        .collect();
+    let emb = |s: &str, f: fn(&embed::EmbedFigures) -> f64| {
+        mean(
+            &c.embedding_rounds
+                .iter()
+                .filter(|(x, _)| x == s)
+                .map(|(_, e)| f(e))
+                .collect::<Vec<_>>(),
+        )
+    };
+    if !c.embedding_rounds.is_empty() {
+        type EFig = fn(&embed::EmbedFigures) -> f64;
+        let figures: [(&str, EFig); 4] = [
+            ("embedding chat lines per CPU-second (batched)", |e| {
+                e.chat.batched_per_cpu_second
+            }),
+            ("embedding chat lines per second, one at a time", |e| {
+                e.chat.one_at_a_time
+            }),
+            ("embedding all lines per CPU-second (batched)", |e| {
+                e.full.batched_per_cpu_second
+            }),
+            ("embedder RSS after load MB", |e| e.rss_after_load_mb),
+        ];
+        for (name, f) in figures {
+            out.push(row(name, emb("a", f), emb("b", f)));
+        }
+    }
+    out
+}
+
+fn row(figure: &str, a: Option<f64>, b: Option<f64>) -> Row {
+    Row {
+        figure: figure.to_owned(),
+        a,
+        b,
+        ratio: match (a, b) {
+            (Some(a), Some(b)) if b != 0.0 => Some(a / b),
+            _ => None,
+        },
+    }
+}
+
+/// The comparison as a terminal table.
+pub fn table(c: &CompareReport) -> String {
+    let mut o = String::new();
+    let l = |x: [f64; 3]| format!("{:.2} {:.2} {:.2}", x[0], x[1], x[2]);
+    let _ = writeln!(
+        o,
+        "\n== companion bench --compare ==\nA: {}\nB: {}\nload average before {}, after {}; {} load rounds, {} embedding rounds, alternating\n",
+        c.a,
+        c.b,
+        l(c.load_average_before),
+        l(c.load_average_after),
+        c.rounds.len(),
+        c.embedding_rounds.len()
+    );
+    let _ = writeln!(o, "{:<48} {:>12} {:>12} {:>8}", "figure", "A", "B", "A/B");
+    let f = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_else(|| "n/a".into());
+    for r in &c.rows {
+        let _ = writeln!(
+            o,
+            "{:<48} {:>12} {:>12} {:>8}",
+            r.figure,
+            f(r.a),
+            f(r.b),
+            r.ratio
+                .map(|x| format!("{x:.3}"))
+                .unwrap_or_else(|| "n/a".into())
+        );
+    }
+    o
+}

@@ -1,0 +1,153 @@
+//! What the prompts of a run cost: tokens per chat request (an estimate with the embedding model's
+//! WordPiece tokenizer; providers' tokenizers differ by tens of percent, the ratios between runs hold),
+//! and the share of a request that is the same prefix as another user's request to the same companion.
+//! Providers that cache prompts (OpenAI, Gemini, Anthropic through OpenRouter) bill such a prefix at a
+//! fraction of the price. A request is read in the order providers put it in front of the model: the
+//! tool definitions, then the messages.
+
+use std::{
+    path::Path,
+    sync::{Arc, Mutex},
+};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::report::Dist;
+
+/// Request bodies kept for the analysis, at most.
+const KEEP: usize = 400;
+
+/// The first chat requests of a run (each turn's first call), kept as the stub received them.
+#[derive(Clone, Default)]
+pub struct Sampler {
+    bodies: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Sampler {
+    /// Keeps `body` if it is a turn's first call (no tool results yet) and there is room.
+    pub fn offer(&self, body: &Value) {
+        let first_call = body["messages"]
+            .as_array()
+            .is_some_and(|m| !m.iter().any(|m| m["role"] == "tool"));
+        let mut bodies = self.bodies.lock().expect("sampler lock");
+        if first_call && bodies.len() < KEEP {
+            bodies.push(body.clone());
+        }
+    }
+
+    pub fn clear(&self) {
+        self.bodies.lock().expect("sampler lock").clear();
+    }
+
+    pub fn take(&self) -> Vec<Value> {
+        std::mem::take(&mut *self.bodies.lock().expect("sampler lock"))
+    }
+}
+
+/// The prompt figures of a run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PromptFigures {
+    /// First calls of turns analysed.
+    pub requests: usize,
+    /// Estimated prompt tokens per first call.
+    pub tokens: Dist,
+    /// Estimated tokens of the longest prefix shared with the next analysed request of another user.
+    pub shared_prefix_tokens: Dist,
+    /// Mean of shared prefix / prompt tokens.
+    pub shared_prefix_share: f64,
+}
+
+/// The request as text in the order the model reads it.
+fn linear(body: &Value) -> String {
+    let mut out = body["tools"].to_string();
+    for m in body["messages"].as_array().into_iter().flatten() {
+        out.push('\n');
+        out.push_str(m["role"].as_str().unwrap_or(""));
+        out.push_str(": ");
+        match &m["content"] {
+            Value::String(s) => out.push_str(s),
+            Value::Null => {}
+            other => out.push_str(&other.to_string()),
+        }
+        if let Some(calls) = m.get("tool_calls") {
+            out.push_str(&calls.to_string());
+        }
+    }
+    out
+}
+
+/// Who the request is for: the user section of its system prompt.
+fn user_of(body: &Value) -> String {
+    let system = body["messages"][0]["content"].as_str().unwrap_or("");
+    system
+        .split_once("## The user")
+        .map(|(_, rest)| rest.lines().take(2).collect::<Vec<_>>().join("\n"))
+        .unwrap_or_default()
+}
+
+/// Analyses the sampled requests with the tokenizer at `tokenizer` (`tokenizer.json`).
+pub fn analyse(bodies: &[Value], tokenizer: &Path) -> Option<PromptFigures> {
+    if bodies.is_empty() {
+        return None;
+    }
+    let mut t = companion::rag::embed::load_tokenizer(tokenizer).ok()?;
+    t.with_truncation(None).ok()?;
+    let count = |s: &str| t.encode(s, false).map(|e| e.len()).unwrap_or(0) as f64;
+    let texts: Vec<(String, String)> = bodies.iter().map(|b| (linear(b), user_of(b))).collect();
+    let tokens: Vec<f64> = texts.iter().map(|(s, _)| count(s)).collect();
+    let mut shared = Vec::new();
+    let mut shares = Vec::new();
+    for (i, (text, user)) in texts.iter().enumerate() {
+        let Some((other, _)) = texts[i + 1..].iter().find(|(_, u)| u != user) else {
+            continue;
+        };
+        let common: usize = text
+            .char_indices()
+            .zip(other.chars())
+            .take_while(|((_, a), b)| a == b)
+            .last()
+            .map(|((at, c), _)| at + c.len_utf8())
+            .unwrap_or(0);
+        let prefix = count(&text[..common]);
+        shared.push(prefix);
+        shares.push(prefix / tokens[i].max(1.0));
+    }
+    Some(PromptFigures {
+        requests: bodies.len(),
+        tokens: Dist::of(&tokens),
+        shared_prefix_tokens: Dist::of(&shared),
+        shared_prefix_share: if shares.is_empty() {
+            0.0
+        } else {
+            shares.iter().sum::<f64>() / shares.len() as f64
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_shared_prefix_is_measured_between_different_users() {
+        let body = |user: &str, text: &str| {
+            json!({"tools": [{"name": "t"}], "messages": [
+                {"role": "system", "content": format!("You are Kaori.\n## The user\nName: {user}\n")},
+                {"role": "user", "content": text},
+            ]})
+        };
+        let s = Sampler::default();
+        s.offer(&body("Jess", "hi"));
+        s.offer(&body("Jess", "again"));
+        s.offer(&body("Sam", "hi"));
+        s.offer(&json!({"messages": [{"role": "tool", "content": "{}"}]}));
+        let bodies = s.take();
+        assert_eq!(bodies.len(), 3, "only first calls are kept");
+        let texts: Vec<String> = bodies.iter().map(linear).collect();
+        assert!(texts[0].starts_with("[{\"name\":\"t\"}]\nsystem: You are Kaori."));
+        assert_eq!(user_of(&bodies[0]), user_of(&bodies[1]));
+        assert_ne!(user_of(&bodies[0]), user_of(&bodies[2]));
+    }
+}
