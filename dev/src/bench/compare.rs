@@ -106,6 +106,9 @@ pub async fn run(
                 } else {
                     other.clone()
                 });
+                if side == "b" {
+                    a.worker_env.extend(args.compare_env.iter().cloned());
+                }
                 eprintln!("bench: round {} of {rounds}, {side}", round + 1);
                 let mut r = Report::empty(format!("round {} {side}", round + 1));
                 load_run(&base, &a, &mut r).await?;

@@ -20,7 +20,7 @@ use companion::{
     },
 };
 
-/// Chat messages the bench users send, in turn: short, realistic DMs to a companion.
+/// The users' side of the seeded history: short, realistic DMs to a companion.
 pub const CHAT_MESSAGES: &[&str] = &[
     "How do I land a kickflip without the board flipping away from me?",
     "Any tips for locking into a 50-50 grind on a flat bar?",
@@ -35,6 +35,89 @@ pub const CHAT_MESSAGES: &[&str] = &[
     "how do you link turns on steeper runs without skidding",
     "any good skateparks to check out near me?",
 ];
+
+/// Short replies people send in chats: one measured message in eight is one of these.
+pub const ACKNOWLEDGEMENTS: &[&str] = &[
+    "ok thanks!",
+    "lol 😂",
+    "sick 🔥🔥",
+    "haha yeah",
+    "got it, makes sense",
+    "thank you so much!!",
+    "nice",
+    "cool cool",
+];
+
+const TRICK_NAMES: &[&str] = &[
+    "kickflip",
+    "heelflip",
+    "tre flip",
+    "ollie",
+    "nollie",
+    "pop shove-it",
+    "50-50 grind",
+    "boardslide",
+    "5-0",
+    "nosegrind",
+    "manual",
+    "frontside 180",
+    "backside 180",
+    "frontside 360",
+    "method air",
+    "indy grab",
+    "butter",
+    "nose press",
+    "tail press",
+    "rock to fakie",
+    "axle stall",
+    "drop in",
+    "feeble grind",
+    "smith grind",
+    "hardflip",
+    "varial flip",
+    "switch ollie",
+    "fakie flip",
+    "carve",
+    "backside 540",
+];
+
+const PLACES: &[&str] = &[
+    "a flat bar",
+    "a handrail",
+    "the mini ramp",
+    "a ledge",
+    "a medium kicker",
+    "the bowl",
+    "a box in the park",
+    "a down rail",
+    "flat ground",
+    "a quarter pipe",
+];
+
+const TEMPLATES: &[&str] = &[
+    "How do I land a {t} on {p} without bailing?",
+    "Any tips for a {t} on {p}?",
+    "My {t} keeps sliding out on {p}, what am I doing wrong",
+    "is a {t} on {p} too much for my second week?",
+    "what should I practice before trying a {t} on {p}?",
+    "just landed my first {t} on {p} 🔥🛹🎉",
+    "how do you keep your speed into a {t} on {p}",
+    "scared of trying a {t} on {p}, any advice?",
+];
+
+/// The measured phase's message `i`: chat questions about a trick and a place (2,400 different ones, so
+/// a run rarely repeats a text), and one in eight a short acknowledgement, as people chat.
+pub fn chat_message(i: usize) -> String {
+    if i % 8 == 7 {
+        return ACKNOWLEDGEMENTS[(i / 8) % ACKNOWLEDGEMENTS.len()].to_owned();
+    }
+    // The index among the questions (every eighth message is not one).
+    let j = (i / 8) * 7 + i % 8;
+    let t = TEMPLATES[j % TEMPLATES.len()];
+    let k = j / TEMPLATES.len();
+    t.replace("{t}", TRICK_NAMES[k % TRICK_NAMES.len()])
+        .replace("{p}", PLACES[(k / TRICK_NAMES.len()) % PLACES.len()])
+}
 
 /// Rows written per statement when seeding.
 const CHUNK: usize = 500;
@@ -275,13 +358,13 @@ pub async fn prepare_events(
     let mut docs = Vec::with_capacity(n);
     for i in offset..offset + n {
         let c = &data.conversations[i % data.conversations.len()];
-        let text = CHAT_MESSAGES[i % CHAT_MESSAGES.len()];
+        let text = chat_message(i);
         let id = ObjectId::new();
         docs.push(doc! {
             "_id": id,
             "conversationId": c.id,
             "senderId": c.user.to_hex(),
-            "content": text,
+            "content": &text,
             "timestamp": bson::DateTime::from_chrono(now),
             "read": false,
         });
@@ -290,11 +373,36 @@ pub async fn prepare_events(
             conversation_id: c.id.to_hex(),
             sender_id: c.user.to_hex(),
             bot_id: c.bot.to_hex(),
-            content: text.to_owned(),
+            content: text,
             attachments: Vec::new(),
             sent_at: now,
         });
     }
     insert_chunked(env, DM_MESSAGES, docs).await?;
     Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measured_messages_rarely_repeat_and_one_in_eight_is_an_acknowledgement() {
+        let msgs: Vec<String> = (0..400).map(chat_message).collect();
+        let acks = msgs
+            .iter()
+            .filter(|m| ACKNOWLEDGEMENTS.contains(&m.as_str()))
+            .count();
+        assert_eq!(acks, 50);
+        let questions: std::collections::HashSet<&String> = msgs
+            .iter()
+            .filter(|m| !ACKNOWLEDGEMENTS.contains(&m.as_str()))
+            .collect();
+        assert_eq!(
+            questions.len(),
+            350,
+            "every question of a 400-turn run differs"
+        );
+        assert!(msgs.iter().all(|m| !m.contains('{')));
+    }
 }

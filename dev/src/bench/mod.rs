@@ -137,6 +137,19 @@ pub struct BenchArgs {
     /// (today's were the fp32 graph on two threads).
     #[arg(long, default_value = "model.onnx:2")]
     pub compare_embed: String,
+    /// `KEY=VALUE` set in the workers' environment after the run's configuration (repeatable).
+    #[arg(long = "worker-env", value_parser = key_value)]
+    pub worker_env: Vec<(String, String)>,
+    /// `KEY=VALUE` set in B's workers only, with `--compare` (repeatable): e.g. an older build's
+    /// defaults where this build's configuration would override them.
+    #[arg(long = "compare-env", value_parser = key_value)]
+    pub compare_env: Vec<(String, String)>,
+}
+
+fn key_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{s}: KEY=VALUE"))
 }
 
 /// The command line for the report, with the values of flags that may hold secrets left out.
@@ -304,6 +317,7 @@ async fn measure(
         llm_requests_per_second: args.llm_rps,
         rust_log: workers::WORKER_RUST_LOG.into(),
         binary: args.worker_bin.clone(),
+        env: args.worker_env.clone(),
     };
     report.settings = Some(RunSettings {
         workers: args.workers,

@@ -35,6 +35,8 @@ pub struct WorkerSettings {
     pub rust_log: String,
     /// The worker binary (`--worker-bin`/`COMPANION_BIN`); none: the one beside this binary.
     pub binary: Option<std::path::PathBuf>,
+    /// Environment set after the run's configuration (`--worker-env KEY=VALUE`).
+    pub env: Vec<(String, String)>,
 }
 
 /// The `companion` binary the workers run: the one given, else the one built beside this binary
@@ -90,6 +92,7 @@ pub fn spawn(
     cmd.arg("worker")
         .envs(config.to_env())
         .env("RUST_LOG", &settings.rust_log)
+        .envs(settings.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err);
