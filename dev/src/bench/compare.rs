@@ -26,6 +26,9 @@ pub struct CompareReport {
     pub command: String,
     pub a: String,
     pub b: String,
+    /// The embedding settings of the embedding rounds (run in this process): A's and B's.
+    pub embed_a: String,
+    pub embed_b: String,
     pub load_average_before: [f64; 3],
     pub load_average_after: [f64; 3],
     pub rows: Vec<Row>,
@@ -60,6 +63,8 @@ pub async fn run(
         b: other.display().to_string(),
         load_average_before: procs::load_average(),
         load_average_after: [0.0; 3],
+        embed_a: String::new(),
+        embed_b: String::new(),
         rows: Vec::new(),
         rounds: Vec::new(),
         embedding_rounds: Vec::new(),
@@ -71,6 +76,8 @@ pub async fn run(
     if args.embed || args.embed_only {
         let a = EmbedConfig::from_settings(&base.embed);
         let b = embed_variant(&base, &args.compare_embed)?;
+        out.embed_a = format!("{} on {} thread(s)", a.model_file, a.threads);
+        out.embed_b = format!("{} on {} thread(s)", b.model_file, b.threads);
         for round in 0..rounds {
             let order = if round % 2 == 0 {
                 ["a", "b"]
@@ -315,6 +322,13 @@ pub fn table(c: &CompareReport) -> String {
         c.rounds.len(),
         c.embedding_rounds.len()
     );
+    if !c.embedding_rounds.is_empty() {
+        let _ = writeln!(
+            o,
+            "embedding rows (measured in this process): A = {}, B = {}\n",
+            c.embed_a, c.embed_b
+        );
+    }
     let _ = writeln!(o, "{:<48} {:>12} {:>12} {:>8}", "figure", "A", "B", "A/B");
     let f = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_else(|| "n/a".into());
     for r in &c.rows {
