@@ -14,15 +14,40 @@ struct Cli {
     bench: BenchArgs,
 }
 
+/// `bench` with `args` and the repository's seed, knowledge and fixture.
+fn bench_args(args: &[&str]) -> BenchArgs {
+    let root = root();
+    let path = |p: &str| root.join(p).display().to_string();
+    let mut all: Vec<String> = std::iter::once("bench")
+        .chain(args.iter().copied())
+        .map(str::to_owned)
+        .collect();
+    for (flag, p) in [
+        ("--seed-dir", "deploy/local/seed"),
+        ("--knowledge-dir", "deploy/local/knowledge"),
+        ("--embed-fixture", "tests/fixtures/embeddings-public.jsonl"),
+    ] {
+        all.extend([flag.to_owned(), path(p)]);
+    }
+    Cli::parse_from(all).bench
+}
+
+/// The workers' configuration: the environment's, with the installed model files.
+fn bench_config() -> Config {
+    let mut config = Config::from_env().expect("configuration from the environment");
+    let models = embed_config();
+    config.embed.model_dir = models.model_dir;
+    config.embed.ort_dylib_path = models.ort_dylib_path;
+    config.embed.model_file = models.model_file;
+    config
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_run_answers_every_turn_once_and_writes_its_report_and_picture() {
     let dir = std::env::temp_dir().join(format!("bench-{:016x}", fastrand::u64(..)));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("run.json");
-    let root = root();
-    let path = |p: &str| root.join(p).display().to_string();
-    let args = Cli::parse_from([
-        "bench",
+    let args = bench_args(&[
         "--turns",
         "20",
         "--warmup",
@@ -43,18 +68,8 @@ async fn a_small_run_answers_every_turn_once_and_writes_its_report_and_picture()
         env!("CARGO_BIN_EXE_companion"),
         "--json",
         &json.display().to_string(),
-        "--seed-dir",
-        &path("deploy/local/seed"),
-        "--knowledge-dir",
-        &path("deploy/local/knowledge"),
-        "--embed-fixture",
-        &path("tests/fixtures/embeddings-public.jsonl"),
-    ])
-    .bench;
-    let mut config = Config::from_env().expect("configuration from the environment");
-    let models = embed_config();
-    config.embed.model_dir = models.model_dir;
-    config.embed.ort_dylib_path = models.ort_dylib_path;
+    ]);
+    let config = bench_config();
 
     let report = bench::run(config, args).await.expect("the bench runs");
     let turns = report.turns.as_ref().expect("turn counts");
@@ -111,11 +126,8 @@ async fn compare_runs_both_binaries_in_alternating_rounds_and_reports_ratios() {
     let dir = std::env::temp_dir().join(format!("bench-{:016x}", fastrand::u64(..)));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("compare.json");
-    let root = root();
-    let path = |p: &str| root.join(p).display().to_string();
     let bin = env!("CARGO_BIN_EXE_companion");
-    let args = Cli::parse_from([
-        "bench",
+    let args = bench_args(&[
         "--compare",
         bin,
         "--worker-bin",
@@ -141,20 +153,8 @@ async fn compare_runs_both_binaries_in_alternating_rounds_and_reports_ratios() {
         "0.3",
         "--json",
         &json.display().to_string(),
-        "--seed-dir",
-        &path("deploy/local/seed"),
-        "--knowledge-dir",
-        &path("deploy/local/knowledge"),
-        "--embed-fixture",
-        &path("tests/fixtures/embeddings-public.jsonl"),
-    ])
-    .bench;
-    let mut config = Config::from_env().expect("configuration from the environment");
-    let models = embed_config();
-    config.embed.model_dir = models.model_dir;
-    config.embed.ort_dylib_path = models.ort_dylib_path;
-    config.embed.model_file = models.model_file;
-
+    ]);
+    let config = bench_config();
     let other = args.compare.clone().unwrap();
     let c = bench::compare::run(config, args, other)
         .await

@@ -7,7 +7,11 @@ use std::{fmt::Write, path::PathBuf};
 
 use serde::Serialize;
 
-use super::{BenchArgs, BenchError, embed, load_run, procs, report::Report, workers};
+use super::{
+    BenchArgs, BenchError, embed, load_run, procs,
+    report::{Report, Resources},
+    workers,
+};
 use companion::{Config, rag::EmbedConfig};
 
 /// One figure of both binaries.
@@ -139,6 +143,23 @@ fn mean(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
+/// The mean of a figure over the rounds that have it.
+fn mean_of(rs: &[&Report], f: impl Fn(&Report) -> Option<f64>) -> Option<f64> {
+    mean(&rs.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
+}
+
+fn sum_of(rs: &[&Report], f: impl Fn(&Report) -> Option<f64>) -> Option<f64> {
+    Some(rs.iter().filter_map(|r| f(r)).sum())
+}
+
+/// One memory figure of every worker of every round.
+fn per_worker(rs: &[&Report], f: impl Fn(&Resources) -> &Vec<f64>) -> Vec<f64> {
+    rs.iter()
+        .filter_map(|r| r.resources.as_ref())
+        .flat_map(|x| f(x).iter().copied())
+        .collect()
+}
+
 fn median(v: &[f64]) -> Option<f64> {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
@@ -168,51 +189,29 @@ fn rows(c: &CompareReport) -> Vec<Row> {
             (n > 0.0).then(|| cpu / n)
         }),
         ("turns completed", |rs| {
-            Some(
-                rs.iter()
-                    .filter_map(|r| r.turns.as_ref())
-                    .map(|t| t.completed as f64)
-                    .sum(),
-            )
+            sum_of(rs, |r| r.turns.as_ref().map(|t| t.completed as f64))
         }),
         ("turns lost or duplicated", |rs| {
-            Some(
-                rs.iter()
-                    .filter_map(|r| r.turns.as_ref())
-                    .map(|t| (t.lost + t.duplicated) as f64)
-                    .sum(),
-            )
+            sum_of(rs, |r| {
+                r.turns.as_ref().map(|t| (t.lost + t.duplicated) as f64)
+            })
         }),
         ("end to end p50 ms", |rs| {
-            mean(
-                &rs.iter()
-                    .filter_map(|r| r.end_to_end_ms.as_ref())
-                    .map(|d| d.p50)
-                    .collect::<Vec<_>>(),
-            )
+            mean_of(rs, |r| r.end_to_end_ms.as_ref().map(|d| d.p50))
         }),
         ("overhead (wall − LLM) p50 ms", |rs| {
-            mean(
-                &rs.iter()
-                    .filter_map(|r| r.overhead_ms.as_ref())
-                    .map(|d| d.p50)
-                    .collect::<Vec<_>>(),
-            )
+            mean_of(rs, |r| r.overhead_ms.as_ref().map(|d| d.p50))
         }),
         ("embed stage p50 ms (turns that embedded)", |rs| {
-            mean(
-                &rs.iter()
-                    .flat_map(|r| r.stages.iter().filter(|s| s.stage == "embed"))
+            mean_of(rs, |r| {
+                r.stages
+                    .iter()
+                    .find(|s| s.stage == "embed")
                     .map(|s| s.ms.p50)
-                    .collect::<Vec<_>>(),
-            )
+            })
         }),
         ("MongoDB commands per turn", |rs| {
-            mean(
-                &rs.iter()
-                    .map(|r| r.mongo_commands_per_turn)
-                    .collect::<Vec<_>>(),
-            )
+            mean_of(rs, |r| Some(r.mongo_commands_per_turn))
         }),
         ("share of turns that ran the embedding model", |rs| {
             let (mut embedded, mut all) = (0usize, 0usize);
@@ -223,42 +222,21 @@ fn rows(c: &CompareReport) -> Vec<Row> {
             (all > 0).then(|| embedded as f64 / all as f64)
         }),
         ("worker RSS idle MB (median)", |rs| {
-            median(
-                &rs.iter()
-                    .filter_map(|r| r.resources.as_ref())
-                    .flat_map(|x| x.worker_rss_idle_mb.iter().copied())
-                    .collect::<Vec<_>>(),
-            )
+            median(&per_worker(rs, |x| &x.worker_rss_idle_mb))
         }),
         ("worker RSS after warm-up MB (median)", |rs| {
-            median(
-                &rs.iter()
-                    .filter_map(|r| r.resources.as_ref())
-                    .flat_map(|x| x.worker_rss_warm_mb.iter().copied())
-                    .collect::<Vec<_>>(),
-            )
+            median(&per_worker(rs, |x| &x.worker_rss_warm_mb))
         }),
         ("worker RSS peak MB (max)", |rs| {
-            rs.iter()
-                .filter_map(|r| r.resources.as_ref())
-                .flat_map(|x| x.worker_rss_peak_mb.iter().copied())
+            per_worker(rs, |x| &x.worker_rss_peak_mb)
+                .into_iter()
                 .reduce(f64::max)
         }),
         ("prompt tokens p50 (first call, estimated)", |rs| {
-            mean(
-                &rs.iter()
-                    .filter_map(|r| r.prompt.as_ref())
-                    .map(|p| p.tokens.p50)
-                    .collect::<Vec<_>>(),
-            )
+            mean_of(rs, |r| r.prompt.as_ref().map(|p| p.tokens.p50))
         }),
         ("prompt prefix shared across users, share", |rs| {
-            mean(
-                &rs.iter()
-                    .filter_map(|r| r.prompt.as_ref())
-                    .map(|p| p.shared_prefix_share)
-                    .collect::<Vec<_>>(),
-            )
+            mean_of(rs, |r| r.prompt.as_ref().map(|p| p.shared_prefix_share))
         }),
     ];
     let mut out: Vec<Row> = figures
