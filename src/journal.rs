@@ -477,51 +477,41 @@ impl Job {
                 .bind(format!("step:{}:{name}:{key}", self.id()))
                 .execute(&mut *tx)
                 .await?;
-            let earlier: Option<Value> = sqlx::query_scalar(
-                "SELECT output FROM job_steps WHERE job = $1 AND name = $2 AND key = $3",
-            )
-            .bind(self.id())
-            .bind(name)
-            .bind(key)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if let Some(earlier) = earlier {
-                sqlx::query(sqlx::AssertSqlSafe(INSERT_RECORDS))
-                    .bind(self.id())
-                    .bind(records(&pending))
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                return Ok::<_, JournalError>((earlier, None));
-            }
-            let mut n = 0;
-            for c in candidates {
-                if !cover_with(&mut *tx, c, self.id()).await? {
-                    break;
-                }
-                n += 1;
-            }
-            let out = output(n);
-            let mut value = serde_json::to_value(&out).map_err(|source| JournalError::Encode {
-                name: name.to_owned(),
-                key: key.to_owned(),
-                source,
-            })?;
-            strip_nul(&mut value);
             let mut rows = pending.clone();
-            rows.push(Pending {
-                name: name.to_owned(),
-                key: key.to_owned(),
-                output: value.clone(),
-                tally: None,
-            });
+            let decided = match step_output(&mut *tx, self.id(), name, key).await? {
+                Some(earlier) => (earlier, None),
+                None => {
+                    let mut n = 0;
+                    for c in candidates {
+                        if !cover_with(&mut *tx, c, self.id()).await? {
+                            break;
+                        }
+                        n += 1;
+                    }
+                    let out = output(n);
+                    let mut value =
+                        serde_json::to_value(&out).map_err(|source| JournalError::Encode {
+                            name: name.to_owned(),
+                            key: key.to_owned(),
+                            source,
+                        })?;
+                    strip_nul(&mut value);
+                    rows.push(Pending {
+                        name: name.to_owned(),
+                        key: key.to_owned(),
+                        output: value.clone(),
+                        tally: None,
+                    });
+                    (value, Some(out))
+                }
+            };
             sqlx::query(sqlx::AssertSqlSafe(INSERT_RECORDS))
                 .bind(self.id())
                 .bind(records(&rows))
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;
-            Ok((value, Some(out)))
+            Ok::<_, JournalError>(decided)
         }
         .await;
         match result {
@@ -636,23 +626,34 @@ impl Job {
             Ok(Some(stored)) => Ok(stored),
             // Our insert waited for another attempt's and found it, but the statement's snapshot is
             // older than that commit: read it now.
-            Ok(None) => {
-                let stored: Option<Value> = sqlx::query_scalar(
-                    "SELECT output FROM job_steps WHERE job = $1 AND name = $2 AND key = $3",
-                )
-                .bind(self.id())
-                .bind(&name)
-                .bind(&key)
-                .fetch_optional(&self.pool)
-                .await?;
-                Ok(stored.unwrap_or(own))
-            }
+            Ok(None) => Ok(step_output(&self.pool, self.id(), &name, &key)
+                .await?
+                .unwrap_or(own)),
             Err(e) => {
                 self.requeue(rows);
                 Err(e.into())
             }
         }
     }
+}
+
+/// The recorded output of step (name, key) of job `job`, on any connection.
+async fn step_output<'e>(
+    e: impl sqlx::PgExecutor<'e>,
+    job: &str,
+    name: &str,
+    key: &str,
+) -> Result<Option<Value>, JournalError> {
+    Ok(
+        sqlx::query_scalar(
+            "SELECT output FROM job_steps WHERE job = $1 AND name = $2 AND key = $3",
+        )
+        .bind(job)
+        .bind(name)
+        .bind(key)
+        .fetch_optional(e)
+        .await?,
+    )
 }
 
 /// [`Journal::cover`] on any connection (a transaction's too).

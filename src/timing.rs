@@ -44,7 +44,7 @@ pub enum Stage {
     Admit,
     /// Opening the turn in the journal (PostgreSQL).
     Journal,
-    /// History (PostgreSQL).
+    /// History (PostgreSQL) and the trick names of the user's lists (MongoDB, mostly cached).
     Context,
     /// Embedding the message (the embedder thread, batch window included).
     Embed,

@@ -28,7 +28,7 @@ pub const NO_CONTENT: &[&str] = &[
     "and", "too", "very", "really", "man", "bro", "dude", "girl", "love", "this", "that", "will",
     "do", "did", "me", "my", "ill", "i'll", "im", "i'm", "am", "is", "perfect", "pls", "please",
     "yess", "yesss", "nooo", "ahh", "ohh", "what", "ever", "for", "the", "to", "sounds", "sound",
-    "like", "plan", "fun", "glad", "hear", "happy", "haha", "we", "go", "let's", "lets",
+    "like", "plan", "fun", "glad", "hear", "happy", "we", "go", "let's", "lets",
 ];
 
 /// The cache key: lower-case, whitespace collapsed (the tokenizer sees no difference).

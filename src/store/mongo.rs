@@ -54,13 +54,14 @@ struct NameCache {
     names: Mutex<HashMap<ObjectId, (String, Instant)>>,
 }
 
-/// What a turn reads about its user before it starts.
+/// What the admission reads about the user in the same round trip.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct UserData {
     /// `None` when the user has no profile document.
     pub profile: Option<UserProfile>,
-    /// Newest first, trick names resolved.
-    pub tricklists: Vec<Tricklist>,
+    /// The newest tricklist documents, as stored: their trick names are resolved
+    /// ([`Mongo::resolve_tricklists`]) only by a turn that answers, not by every delivery admitted.
+    pub tricklists: Vec<Document>,
 }
 
 /// The admission check with the user's data, from one aggregate.
@@ -101,14 +102,6 @@ pub struct TrickEntry {
     /// `None` when the trick id no longer exists in the trickipedia.
     pub name: Option<String>,
     pub checked: bool,
-}
-
-/// Result of checking that an event's conversation exists and joins these two users.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConversationCheck {
-    Ok,
-    Missing,
-    NotParticipant,
 }
 
 /// A reply as stored in dm_messages.
@@ -197,8 +190,7 @@ impl Mongo {
 
     /// The admission check (the conversation exists and joins the user and the bot) and, when it
     /// passes, the user's profile and newest `tricklists` lists: one aggregate on the conversation that
-    /// looks up the other two (one round trip where three finds were), plus the trick names the cache
-    /// does not hold.
+    /// looks up the other two (one round trip where three finds were).
     pub async fn admit(
         &self,
         conversation: ObjectId,
@@ -234,7 +226,7 @@ impl Mongo {
         let Some(mut conv) = found.pop() else {
             return Ok(Admission::Missing);
         };
-        if participants_check(&conv, user, bot) != ConversationCheck::Ok {
+        if !joins(&conv, user, bot) {
             return Ok(Admission::NotParticipant);
         }
         let docs = |conv: &mut Document, key: &str| -> Vec<Document> {
@@ -250,29 +242,10 @@ impl Mongo {
             }
         };
         let profile = docs(&mut conv, "user").first().map(|d| profile_of(user, d));
-        let lists = docs(&mut conv, "tricklists");
-        let tricklists = self.resolve_tricklists(lists).await?;
         Ok(Admission::Admitted(UserData {
             profile,
-            tricklists,
+            tricklists: docs(&mut conv, "tricklists"),
         }))
-    }
-
-    /// Checks that the conversation exists and has both users as participants (ObjectId or string form).
-    pub async fn check_conversation(
-        &self,
-        conversation: ObjectId,
-        user: ObjectId,
-        bot: ObjectId,
-    ) -> Result<ConversationCheck, StoreError> {
-        let Some(conv) = self
-            .collection(DM_CONVERSATIONS)
-            .find_one(doc! { "_id": conversation })
-            .await?
-        else {
-            return Ok(ConversationCheck::Missing);
-        };
-        Ok(participants_check(&conv, user, bot))
     }
 
     pub async fn user_profile(&self, user: ObjectId) -> Result<Option<UserProfile>, StoreError> {
@@ -297,28 +270,24 @@ impl Mongo {
             .await?
             .try_collect()
             .await?;
-        self.resolve_tricklists(lists).await
+        self.resolve_tricklists(&lists).await
     }
 
     /// Turns raw tricklist documents into [`Tricklist`]s with one trickipedia query for all their tricks.
     pub async fn resolve_tricklists(
         &self,
-        lists: Vec<Document>,
+        lists: &[Document],
     ) -> Result<Vec<Tricklist>, StoreError> {
         let mut ids: Vec<ObjectId> = lists
             .iter()
-            .flat_map(|l| {
-                l.get_array("tricks")
-                    .map(|a| a.to_vec())
-                    .unwrap_or_default()
-            })
-            .filter_map(|t| trick_ref_id(&t))
+            .flat_map(|l| l.get_array("tricks").map(|a| a.as_slice()).unwrap_or(&[]))
+            .filter_map(trick_ref_id)
             .collect();
         ids.sort();
         ids.dedup();
         let names = self.trick_names(&ids).await?;
         Ok(lists
-            .into_iter()
+            .iter()
             .filter_map(|l| {
                 let id = l.get_object_id("_id").ok()?;
                 let tricks = l
@@ -450,7 +419,7 @@ impl Mongo {
 }
 
 /// Whether the conversation document has both users as participants (ObjectId, string or DBRef form).
-fn participants_check(conv: &Document, user: ObjectId, bot: ObjectId) -> ConversationCheck {
+fn joins(conv: &Document, user: ObjectId, bot: ObjectId) -> bool {
     let participants = conv
         .get_array("participants")
         .map(|a| a.as_slice())
@@ -465,11 +434,7 @@ fn participants_check(conv: &Document, user: ObjectId, bot: ObjectId) -> Convers
             _ => false,
         })
     };
-    if has(user) && has(bot) {
-        ConversationCheck::Ok
-    } else {
-        ConversationCheck::NotParticipant
-    }
+    has(user) && has(bot)
 }
 
 /// A user document as the prompt shows it.

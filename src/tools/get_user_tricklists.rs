@@ -50,7 +50,7 @@ impl Tool for GetUserTricklists {
             .await?
             .try_collect()
             .await?;
-        let lists = ctx.mongo.resolve_tricklists(docs).await?;
+        let lists = ctx.mongo.resolve_tricklists(&docs).await?;
         let out: Vec<Value> = lists.iter().map(list_json).collect();
         Ok(ToolOutput::data(
             json!({ "tricklists": out, "count": out.len() }),

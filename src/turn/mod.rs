@@ -505,21 +505,24 @@ impl Turns {
             .filter(|c| !c.is_empty())
             .collect::<Vec<_>>()
             .join("\n");
-        // Retrieval (embedding + vector search) runs beside the history load, not after it.
-        let (history, knowledge) = tokio::join!(
-            stage(
-                Stage::Context,
-                self.pg
-                    .history(&ids.sender, &ids.bot, self.config.history_limit)
-            ),
+        // Retrieval (embedding + vector search) runs beside the history load and the trick names (mostly
+        // cached), not after them.
+        let (context, knowledge) = tokio::join!(
+            stage(Stage::Context, async {
+                tokio::try_join!(
+                    self.pg
+                        .history(&ids.sender, &ids.bot, self.config.history_limit),
+                    self.mongo.resolve_tricklists(&user.tricklists),
+                )
+            }),
             self.retriever.for_turn(&character.knowledge, &query),
         );
-        let history = history?;
+        let (history, tricklists) = context?;
         let prompt_started = std::time::Instant::now();
         let system = prompt::system_prompt(&prompt::PromptContext {
             character,
             profile: user.profile.as_ref(),
-            tricklists: &user.tricklists,
+            tricklists: &tricklists,
             knowledge: &knowledge,
             now: Utc::now(),
             tools_enabled: true,

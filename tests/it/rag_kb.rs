@@ -18,6 +18,23 @@ fn knowledge_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/knowledge")
 }
 
+/// Ingests `articles` with the default chunking into the test's database.
+async fn ingest_all(
+    db: &TestEnv,
+    embedder: &companion::rag::Embedder,
+    articles: &[Article],
+) -> ingest::Report {
+    ingest::ingest(
+        &db.pg.pool,
+        embedder,
+        articles,
+        ChunkConfig::default(),
+        false,
+    )
+    .await
+    .unwrap()
+}
+
 fn cols(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
@@ -30,15 +47,7 @@ async fn ingest_then_query_ranks_the_right_article_first() {
     assert!(articles.len() >= 12, "{} demo articles", articles.len());
     assert!(articles.iter().any(|a| a.collection == "snowboarding"));
     assert!(articles.iter().any(|a| a.collection == "skateboarding"));
-    let report = ingest::ingest(
-        &db.pg.pool,
-        &embedder,
-        &articles,
-        ChunkConfig::default(),
-        false,
-    )
-    .await
-    .unwrap();
+    let report = ingest_all(&db, &embedder, &articles).await;
     assert_eq!(report.added, articles.len());
     let cases = [
         (
@@ -184,15 +193,7 @@ async fn only_chunks_above_the_threshold_are_returned() {
     let embedder = crate::env::embedder();
     let articles =
         ingest::read_articles(&knowledge_dir().join("snowboarding"), Some("snowboarding")).unwrap();
-    ingest::ingest(
-        &db.pg.pool,
-        &embedder,
-        &articles,
-        ChunkConfig::default(),
-        false,
-    )
-    .await
-    .unwrap();
+    ingest_all(&db, &embedder, &articles).await;
     let c = cols(&["snowboarding"]);
     let off_topic = "what is the best recipe for lasagna with spinach?";
     let none = rag::retrieve(&db.pg.pool, &embedder, &c, off_topic, 0.45, 3)
@@ -405,15 +406,7 @@ async fn a_skipped_message_would_have_retrieved_nothing() {
     let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
     let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
-    ingest::ingest(
-        &db.pg.pool,
-        &embedder,
-        &articles,
-        ChunkConfig::default(),
-        false,
-    )
-    .await
-    .unwrap();
+    ingest_all(&db, &embedder, &articles).await;
     let threshold = db.config.rag.threshold;
     let all = cols(&["snowboarding", "skateboarding"]);
     let skipped = [

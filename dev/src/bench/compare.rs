@@ -82,50 +82,36 @@ pub async fn run(
         let b = embed_variant(&base, &args.compare_embed)?;
         out.embed_a = format!("{} on {} thread(s)", a.model_file, a.threads);
         out.embed_b = format!("{} on {} thread(s)", b.model_file, b.threads);
-        for round in 0..rounds {
-            let order = if round % 2 == 0 {
-                ["a", "b"]
-            } else {
-                ["b", "a"]
-            };
-            for side in order {
-                let cfg = if side == "a" { &a } else { &b };
-                eprintln!(
-                    "bench: embedding round {} of {rounds}, {side}: {} on {} thread(s)",
-                    round + 1,
-                    cfg.model_file,
-                    cfg.threads
-                );
-                let f = embed::measure(cfg, &args.embed_fixture, args.embed_secs).await?;
-                out.embedding_rounds.push((side.to_owned(), f));
-            }
+        for (round, side) in alternating(rounds) {
+            let cfg = if side == "a" { &a } else { &b };
+            eprintln!(
+                "bench: embedding round {} of {rounds}, {side}: {} on {} thread(s)",
+                round + 1,
+                cfg.model_file,
+                cfg.threads
+            );
+            let f = embed::measure(cfg, &args.embed_fixture, args.embed_secs).await?;
+            out.embedding_rounds.push((side.to_owned(), f));
         }
     }
     if !args.embed_only {
-        for round in 0..rounds {
-            let order = if round % 2 == 0 {
-                ["a", "b"]
+        for (round, side) in alternating(rounds) {
+            let mut a = args.clone();
+            a.turns = per_round;
+            a.duration = None;
+            a.worker_bin = Some(if side == "a" {
+                this.clone()
             } else {
-                ["b", "a"]
-            };
-            for side in order {
-                let mut a = args.clone();
-                a.turns = per_round;
-                a.duration = None;
-                a.worker_bin = Some(if side == "a" {
-                    this.clone()
-                } else {
-                    other.clone()
-                });
-                if side == "b" {
-                    a.worker_env.extend(args.compare_env.iter().cloned());
-                }
-                eprintln!("bench: round {} of {rounds}, {side}", round + 1);
-                let mut r = Report::empty(format!("round {} {side}", round + 1));
-                load_run(&base, &a, &mut r).await?;
-                r.load_average_after = procs::load_average();
-                out.rounds.push((side.to_owned(), r));
+                other.clone()
+            });
+            if side == "b" {
+                a.worker_env.extend(args.compare_env.iter().cloned());
             }
+            eprintln!("bench: round {} of {rounds}, {side}", round + 1);
+            let mut r = Report::empty(format!("round {} {side}", round + 1));
+            load_run(&base, &a, &mut r).await?;
+            r.load_average_after = procs::load_average();
+            out.rounds.push((side.to_owned(), r));
         }
     }
     out.load_average_after = procs::load_average();
@@ -137,6 +123,18 @@ pub async fn run(
         eprintln!("bench: wrote {}", path.display());
     }
     Ok(out)
+}
+
+/// (round, side) in the order they run: A B, B A, A B, …
+fn alternating(rounds: usize) -> impl Iterator<Item = (usize, &'static str)> {
+    (0..rounds).flat_map(|round| {
+        let order = if round % 2 == 0 {
+            ["a", "b"]
+        } else {
+            ["b", "a"]
+        };
+        order.map(|side| (round, side))
+    })
 }
 
 fn mean(v: &[f64]) -> Option<f64> {
