@@ -44,6 +44,36 @@ pub struct Character {
     /// Model override for this companion.
     #[serde(default)]
     pub model: Option<String>,
+    /// Plain lines for follow-ups, sent when the model cannot write them.
+    #[serde(default)]
+    pub follow_ups: FollowUps,
+}
+
+/// Templated follow-up lines: `{spot}` is the spot's name, `{note}` the moderator's reason (a sentence
+/// of its own, or nothing), `{text}` the reminder.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct FollowUps {
+    pub spot_approved: String,
+    pub spot_rejected: String,
+    pub reminder: String,
+}
+
+impl Default for FollowUps {
+    fn default() -> Self {
+        Self {
+            spot_approved: "good news: {spot} got approved and is live on TrickBook now!".into(),
+            spot_rejected: "the moderators didn't approve {spot}.{note}".into(),
+            reminder: "reminder: {text}".into(),
+        }
+    }
+}
+
+/// `template` with each `{name}` replaced by its value.
+pub fn fill(template: &str, values: &[(&str, &str)]) -> String {
+    values.iter().fold(template.to_owned(), |t, (name, value)| {
+        t.replace(&format!("{{{name}}}"), value)
+    })
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -209,5 +239,25 @@ mod tests {
         let (id, kaori) = chars.by_name("kaori").unwrap();
         assert_eq!(id.to_hex(), "69c15e55c7ebe2c6884f1267");
         assert_eq!(kaori.sport, "snowboard");
+        for (_, c) in chars.iter() {
+            let f = &c.follow_ups;
+            assert!(f.spot_approved.contains("{spot}"), "{}", c.id);
+            assert!(f.spot_rejected.contains("{spot}"), "{}", c.id);
+            assert!(f.spot_rejected.contains("{note}"), "{}", c.id);
+            assert!(f.reminder.contains("{text}"), "{}", c.id);
+        }
+    }
+
+    #[test]
+    fn follow_up_templates_fill_every_placeholder() {
+        let f = FollowUps::default();
+        let line = fill(
+            &f.spot_rejected,
+            &[("spot", "Burnside"), ("note", " they said: no photos.")],
+        );
+        assert_eq!(
+            line,
+            "the moderators didn't approve Burnside. they said: no photos."
+        );
     }
 }

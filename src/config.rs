@@ -471,6 +471,15 @@ pub struct TurnConfig {
         default_value_t = 300
     )]
     pub turn_timeout_secs: u64,
+    /// Proactive messages (follow-ups no user message triggered) one user gets per rolling day, across
+    /// all companions and workers; the rest are dropped and counted.
+    #[arg(
+        id = "proactive-daily-cap",
+        long = "proactive-daily-cap",
+        env = "COMPANION_PROACTIVE_DAILY_CAP",
+        default_value_t = 5
+    )]
+    pub proactive_daily_cap: u32,
 }
 
 /// One worker process: how much it runs at once, how it retries and stops, where it serves `/metrics`.
@@ -485,6 +494,14 @@ pub struct WorkerConfig {
         default_value_t = 64
     )]
     pub concurrency: usize,
+    /// Signals (spot reviews, due reminders) handled at once by one worker process.
+    #[arg(
+        id = "signal-concurrency",
+        long = "signal-concurrency",
+        env = "COMPANION_SIGNAL_CONCURRENCY",
+        default_value_t = 8
+    )]
+    pub signal_concurrency: usize,
     /// Base delay of the NAK backoff for transient failures, seconds (doubled per delivery, capped at 60).
     #[arg(
         id = "retry-delay-secs",
@@ -800,7 +817,15 @@ impl Config {
                 "COMPANION_USER_TURNS_PER_MINUTE",
                 t.user_turns_per_minute.to_string(),
             ),
+            (
+                "COMPANION_PROACTIVE_DAILY_CAP",
+                t.proactive_daily_cap.to_string(),
+            ),
             ("COMPANION_CONCURRENCY", w.concurrency.to_string()),
+            (
+                "COMPANION_SIGNAL_CONCURRENCY",
+                w.signal_concurrency.to_string(),
+            ),
             ("COMPANION_RETRY_DELAY_SECS", w.retry_delay_secs.to_string()),
             (
                 "COMPANION_SHUTDOWN_GRACE_SECS",

@@ -44,15 +44,19 @@ pub enum State {
     Covered,
     /// Over the user's flood limit: answered by the busy line, its own or an earlier one (`covered_by`).
     Limited,
+    /// A proactive message not sent, on purpose: over the daily cap, the user left or blocked the bot,
+    /// the news it would bring is stale. `last_error` says why.
+    Dropped,
 }
 
 impl State {
-    pub const ALL: [State; 5] = [
+    pub const ALL: [State; 6] = [
         State::Running,
         State::Done,
         State::Failed,
         State::Covered,
         State::Limited,
+        State::Dropped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -62,6 +66,7 @@ impl State {
             State::Failed => "failed",
             State::Covered => "covered",
             State::Limited => "limited",
+            State::Dropped => "dropped",
         }
     }
 
@@ -80,7 +85,8 @@ impl State {
         use State::*;
         matches!(
             (self, to),
-            (Running, Done | Failed | Limited) | (Done | Failed | Covered | Limited, Running)
+            (Running, Done | Failed | Limited | Dropped)
+                | (Done | Failed | Covered | Limited | Dropped, Running)
         )
     }
 
@@ -838,15 +844,17 @@ mod tests {
                 (Running, Done),
                 (Running, Failed),
                 (Running, Limited),
+                (Running, Dropped),
                 (Done, Running),
                 (Failed, Running),
                 (Covered, Running),
                 (Limited, Running),
+                (Dropped, Running),
             ]
         );
         assert_eq!(
             State::sources(Running),
-            ["done", "failed", "covered", "limited"]
+            ["done", "failed", "covered", "limited", "dropped"]
         );
         assert_eq!(State::sources(Done), ["running"]);
         for s in State::ALL {

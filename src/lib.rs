@@ -19,6 +19,7 @@ pub mod llm;
 pub mod metrics;
 pub mod ops;
 pub mod order;
+pub mod proactive;
 pub mod rag;
 pub mod replay;
 pub mod settle;
@@ -42,7 +43,7 @@ const LAYERS: &[&[&str]] = &[
     &["journal", "character", "rag"],
     &["tools", "order"],
     &["turn"],
-    &["settle"],
+    &["proactive", "settle"],
     &["worker", "replay", "usage"],
     &["ops"],
     &["app"],

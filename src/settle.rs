@@ -125,6 +125,9 @@ fn jittered(d: Duration) -> Duration {
 pub enum Handle<'a> {
     /// A message this worker holds: acked, NAKed or terminated.
     Message(&'a jetstream::Message),
+    /// A signal this worker holds (a proactive message's cause): settled like a message, without the
+    /// conversation's order floor (signals are not in a conversation's sequence).
+    Signal(&'a jetstream::Message),
     /// A message no worker holds any more (it ran out of deliveries): nothing will deliver it again, so a
     /// write that fails is retried here a few times instead of by a NAK.
     Exhausted {
@@ -137,27 +140,29 @@ pub enum Handle<'a> {
 impl Handle<'_> {
     fn subject(&self) -> &str {
         match self {
-            Handle::Message(m) => m.subject.as_str(),
+            Handle::Message(m) | Handle::Signal(m) => m.subject.as_str(),
             Handle::Exhausted { subject, .. } => subject,
         }
     }
 
     fn seq(&self) -> u64 {
         match self {
-            Handle::Message(m) => m.info().map(|i| i.stream_sequence).unwrap_or(0),
+            Handle::Message(m) | Handle::Signal(m) => {
+                m.info().map(|i| i.stream_sequence).unwrap_or(0)
+            }
             Handle::Exhausted { seq, .. } => *seq,
         }
     }
 
     fn payload(&self) -> Bytes {
         match self {
-            Handle::Message(m) => m.payload.clone(),
+            Handle::Message(m) | Handle::Signal(m) => m.payload.clone(),
             Handle::Exhausted { payload, .. } => payload.clone(),
         }
     }
 
     async fn answer(&self, kind: AckKind) {
-        if let Handle::Message(m) = self {
+        if let Handle::Message(m) | Handle::Signal(m) = self {
             let result = match kind {
                 AckKind::Ack => m.double_ack().await,
                 kind => m.ack_with(kind).await,
@@ -255,6 +260,9 @@ impl Settler {
     /// Moves the conversation's order floor past this event (and the burst it answered, `through`);
     /// false when the event was NAKed instead.
     async fn advance(&self, handle: &Handle<'_>, through: Option<u64>) -> bool {
+        if let Handle::Signal(_) = handle {
+            return true;
+        }
         let seq = handle.seq();
         let through = through.unwrap_or(seq).max(seq);
         let write = || self.order.settle(handle.subject(), through);
@@ -274,7 +282,7 @@ impl Settler {
         E: std::fmt::Display,
     {
         let attempts: u32 = match handle {
-            Handle::Message(_) => 1,
+            Handle::Message(_) | Handle::Signal(_) => 1,
             Handle::Exhausted { .. } => 5,
         };
         for attempt in 0..attempts {
@@ -289,7 +297,7 @@ impl Settler {
             }
         }
         match handle {
-            Handle::Message(_) => {
+            Handle::Message(_) | Handle::Signal(_) => {
                 if let Verdict::Nak { delay } = on_failed_write(write) {
                     handle.answer(AckKind::Nak(Some(delay))).await;
                 }

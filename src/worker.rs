@@ -2,7 +2,9 @@
 //!
 //! Every delivery first passes the conversation's order gate ([`crate::order`]); one waiting behind an
 //! earlier message holds no turn slot. Then its turn runs, and the settlement ([`crate::settle`]) decides
-//! and carries out what becomes of it. Events whose deliveries ran out while no worker held them (every
+//! and carries out what becomes of it. Beside it, a second bounded loop takes the signal stream's
+//! deliveries (spot reviews) and sends their proactive messages ([`crate::proactive`]), settled the same
+//! way. Events whose deliveries ran out while no worker held them (every
 //! worker that took them died) are settled from the server's advisory, the same way.
 
 use std::{sync::Arc, time::Duration};
@@ -22,6 +24,7 @@ use crate::{
     failure::{Class, Failure},
     metrics::Metrics,
     order::{Order, OrderError, Position, Waited},
+    proactive::Proactive,
     settle::{self, Ending, Handle, Settler, Verdict},
     timing::{self, Stage},
     turn::{Delivery, Turns},
@@ -60,11 +63,13 @@ struct Shared {
 impl Worker {
     /// Runs until `shutdown` fires, then drains in-flight turns within the grace period.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        self.bus.check_server()?;
         self.bus.ensure_streams().await?;
         if let Err(e) = self.turns.mongo.ensure_indexes().await {
             warn!(error = %e, "could not ensure MongoDB indexes; continuing");
         }
         let consumer = self.bus.consumer(&self.consumer).await?;
+        let signal_consumer = self.bus.signal_consumer(&self.consumer).await?;
         let order = Arc::new(
             Order::open(
                 &self.bus.js,
@@ -98,6 +103,11 @@ impl Worker {
         w.metrics.add("companion_dead_letters_total", "", 0);
         let notices = tokio::spawn(order.clone().listen());
         let exhausted = tokio::spawn(watch_exhausted(shared.clone()));
+        let signals = tokio::spawn(run_signals(
+            shared.clone(),
+            signal_consumer,
+            shutdown.clone(),
+        ));
         let semaphore = Arc::new(Semaphore::new(concurrency));
         // Fired when the grace period is over: in-flight turns NAK and stop.
         let hard_stop = CancellationToken::new();
@@ -190,6 +200,9 @@ impl Worker {
             );
             hard_stop.cancel();
             while tasks.join_next().await.is_some() {}
+        }
+        if let Err(e) = signals.await {
+            warn!(error = %e, "the signal loop ended abnormally");
         }
         // Acks and NAKs are buffered: make sure the server has them before the process exits.
         if let Err(e) = w.bus.client.flush().await {
@@ -371,6 +384,145 @@ impl Shared {
         self.worker
             .metrics
             .inc(TURNS, &format!("outcome=\"{name}\""));
+    }
+}
+
+/// The signal consumer's loop: each signal is sent as a proactive message, at most
+/// `COMPANION_SIGNAL_CONCURRENCY` at once, and settled like a turn (without an order gate: a signal is about
+/// one draft or reminder, not a step of a conversation). On shutdown it stops pulling and lets the
+/// signals in hand finish within the grace period; what is left is redelivered.
+async fn run_signals(
+    shared: Arc<Shared>,
+    consumer: crate::bus::Consumer,
+    shutdown: CancellationToken,
+) {
+    let w = &shared.worker;
+    let limits = settle::Limits {
+        max_deliver: consumer.max_deliver.max(1),
+        ..shared.limits
+    };
+    let concurrency = w.config.signal_concurrency.max(1);
+    let semaphore = Arc::new(Semaphore::new(concurrency));
+    let proactive = Arc::new(Proactive {
+        turns: w.turns.clone(),
+    });
+    let mut tasks = JoinSet::new();
+    'pull: while !shutdown.is_cancelled() {
+        let mut messages = match consumer
+            .consumer
+            .stream()
+            .max_messages_per_batch(concurrency.min(64))
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(error = %e, "cannot start pulling signals; retrying in 1 s");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break 'pull,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue 'pull,
+                }
+            }
+        };
+        loop {
+            while tasks.try_join_next().is_some() {}
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break 'pull,
+                p = semaphore.clone().acquire_owned() => p.expect("semaphore is never closed"),
+            };
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => break 'pull,
+                m = messages.next() => m,
+            };
+            match next {
+                Some(Ok(msg)) => {
+                    let (shared, proactive) = (shared.clone(), proactive.clone());
+                    tasks.spawn(async move {
+                        shared.handle_signal(&proactive, msg, limits).await;
+                        drop(permit);
+                    });
+                }
+                Some(Err(e)) => {
+                    warn!(error = %e, "signal pull error");
+                    if matches!(
+                        e.kind(),
+                        jetstream::consumer::pull::MessagesErrorKind::ConsumerDeleted
+                    ) {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        if let Err(e) = w.bus.signal_consumer(&w.consumer).await {
+                            error!(error = %e, "cannot recreate the signal consumer");
+                        }
+                        continue 'pull;
+                    }
+                }
+                None => continue 'pull,
+            }
+        }
+    }
+    let drained = tokio::time::timeout(w.config.shutdown_grace(), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!(
+            left = tasks.len(),
+            "grace period over; unfinished signals will be redelivered"
+        );
+        tasks.abort_all();
+    }
+}
+
+impl Shared {
+    /// One signal, from bytes to its settlement; never panics on input.
+    async fn handle_signal(
+        &self,
+        proactive: &Proactive,
+        msg: jetstream::Message,
+        limits: settle::Limits,
+    ) {
+        let (delivered, seq) = msg
+            .info()
+            .map(|i| (i.delivered, i.stream_sequence))
+            .unwrap_or((1, 0));
+        let span = info_span!(
+            "signal",
+            subject = %msg.subject,
+            job = tracing::field::Empty,
+            conversation_id = tracing::field::Empty,
+            delivery = delivered,
+            seq,
+        );
+        async {
+            let progress = keep_alive(&msg, self.progress_every);
+            let result = proactive
+                .handle(msg.subject.as_str(), &msg.payload, seq)
+                .await;
+            progress.abort();
+            let ending = match &result {
+                Ok(_) => Ending::Settled { through: None },
+                Err(e) => Ending::Failed(Failure::of(e)),
+            };
+            let verdict = settle::decide(&ending, delivered, &limits);
+            match (&result, &verdict) {
+                (Err(e), Verdict::Nak { delay }) => {
+                    warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "signal failed; will retry")
+                }
+                (Err(e), Verdict::Term { .. }) => {
+                    error!(error = %e, "signal cannot be acted on; dead-lettering");
+                    self.worker
+                        .metrics
+                        .inc("companion_proactive_total", "kind=\"signal\",outcome=\"failed\"");
+                }
+                _ => {}
+            }
+            self.settler
+                .execute(Handle::Signal(&msg), None, verdict, delivered)
+                .await;
+        }
+        .instrument(span)
+        .await
     }
 }
 

@@ -4,6 +4,11 @@
 // worker's completion whose inReplyTo is the event's messageId.
 //
 //   node dm-bridge.js [--no-wait] [--timeout SECS] ['<event json>']     (no JSON argument: read stdin)
+//   node dm-bridge.js --spot-review [--no-wait] [--timeout SECS] ['<review json>']
+//
+// --spot-review: publish a spot draft's review instead ({"draftId", "status": "approved"|"rejected",
+// "spotId"?, "note"?, "reviewedAt"}; the admin tool stores the status on the draft first) and wait for
+// the companion's follow-up: the completion with trigger {kind: "spot_review", id: "<draftId>:<status>"}.
 //
 // stdout: with --no-wait, the PubAck as JSON ({"stream","seq","duplicate","subject"}); otherwise
 //         the completion event as JSON (one line). Typing events and progress go to stderr.
@@ -26,15 +31,16 @@ const jc = JSONCodec();
 
 function usage(msg) {
   if (msg) process.stderr.write(`dm-bridge: ${msg}\n`);
-  process.stderr.write("usage: dm-bridge.js [--no-wait] [--timeout SECS] ['<event json>']  (or the event on stdin)\n");
+  process.stderr.write("usage: dm-bridge.js [--spot-review] [--no-wait] [--timeout SECS] ['<event or review json>']  (or on stdin)\n");
   process.exit(2);
 }
 
 function parseArgs(argv) {
-  const opts = { wait: true, timeoutSecs: Number(process.env.COMPANION_WAIT_SECS || 120), json: null };
+  const opts = { wait: true, review: false, timeoutSecs: Number(process.env.COMPANION_WAIT_SECS || 120), json: null };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (a === '--no-wait') opts.wait = false;
+    else if (a === '--spot-review') opts.review = true;
     else if (a === '--timeout') opts.timeoutSecs = Number(argv[++i]);
     else if (a === '-h' || a === '--help') usage();
     else if (a.startsWith('--')) usage(`unknown option ${a}`);
@@ -63,6 +69,16 @@ function checkEvent(ev) {
   return null;
 }
 
+function checkReview(r) {
+  if (r === null || typeof r !== 'object' || Array.isArray(r)) return 'the review must be a JSON object';
+  if (typeof r.draftId !== 'string' || !OID.test(r.draftId)) return 'draftId must be a 24-hex ObjectId string';
+  if (r.status !== 'approved' && r.status !== 'rejected') return 'status must be "approved" or "rejected"';
+  if (r.spotId !== undefined && (typeof r.spotId !== 'string' || !OID.test(r.spotId))) return 'spotId must be a 24-hex ObjectId string';
+  if (r.note !== undefined && typeof r.note !== 'string') return 'note must be a string';
+  if (typeof r.reviewedAt !== 'string') return 'reviewedAt must be an RFC 3339 string';
+  return null;
+}
+
 // --- the part TB-Backend uses (see docs/tb-backend.md) ---------------------------------------
 
 const PREFIX = process.env.COMPANION_SUBJECT_PREFIX || 'dm.bot';
@@ -70,6 +86,7 @@ const subjects = {
   inbound: (ev) => `${PREFIX}.in.${ev.botId}.${ev.conversationId}`,
   outbound: (conversationId) => `${PREFIX}.out.${conversationId}`,
   typing: (conversationId) => `${PREFIX}.typing.${conversationId}`,
+  spotReview: (draftId) => `${PREFIX}.signal.spot_draft.${draftId}`,
 };
 
 async function connectNats() {
@@ -91,6 +108,16 @@ async function publishDm(js, ev, timeoutMs = 5000) {
   return { stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate, subject };
 }
 
+// Publishes a spot draft's review, after the admin tool stored the status (and, when approved, the
+// new ck_spots id as spotId) on the draft: the companion that made the draft tells the user once.
+// Nats-Msg-Id = <draftId>:<status>, so publishing the same outcome again is a no-op.
+async function publishSpotReview(js, review, timeoutMs = 5000) {
+  const subject = subjects.spotReview(review.draftId);
+  const msgID = `${review.draftId}:${review.status}`;
+  const ack = await js.publish(subject, jc.encode(review), { msgID, timeout: timeoutMs });
+  return { stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate, subject };
+}
+
 // ----------------------------------------------------------------------------------------------
 
 async function main() {
@@ -102,8 +129,12 @@ async function main() {
   } catch (e) {
     usage(`the event is not JSON: ${e.message}`);
   }
-  const bad = checkEvent(ev);
+  const bad = opts.review ? checkReview(ev) : checkEvent(ev);
   if (bad) usage(bad);
+  // What the awaited completion answers: the DM, or the review (a proactive follow-up).
+  const answers = opts.review
+    ? (c) => c.proactive === true && c.trigger && c.trigger.kind === 'spot_review' && c.trigger.id === `${ev.draftId}:${ev.status}`
+    : (c) => c.inReplyTo === ev.messageId || (c.covers || []).includes(ev.messageId);
 
   let nc;
   try {
@@ -121,8 +152,9 @@ async function main() {
     let resolveDone;
     const done = new Promise((r) => { resolveDone = r; });
     if (opts.wait) {
-      const out = nc.subscribe(subjects.outbound(ev.conversationId));
-      const typing = nc.subscribe(subjects.typing(ev.conversationId));
+      // A review's thread is the draft's: listen to every conversation's completions.
+      const out = nc.subscribe(opts.review ? subjects.outbound('*') : subjects.outbound(ev.conversationId));
+      const typing = nc.subscribe(opts.review ? subjects.typing('*') : subjects.typing(ev.conversationId));
       (async () => {
         for await (const m of typing) {
           process.stderr.write(`dm-bridge: typing ${JSON.stringify(jc.decode(m.data))}\n`);
@@ -132,13 +164,13 @@ async function main() {
         for await (const m of out) {
           let c;
           try { c = jc.decode(m.data); } catch { continue; }
-          if (c && (c.inReplyTo === ev.messageId || (c.covers || []).includes(ev.messageId))) { resolveDone(c); break; }
+          if (c && answers(c)) { resolveDone(c); break; }
         }
       })().catch(() => {});
       await nc.flush(); // the server has the subscriptions before the event goes out
     }
 
-    const ack = await publishDm(js, ev);
+    const ack = opts.review ? await publishSpotReview(js, ev) : await publishDm(js, ev);
     process.stderr.write(`dm-bridge: published ${ack.subject} -> stream ${ack.stream} seq ${ack.seq}` +
       `${ack.duplicate ? ' (DUPLICATE: this messageId was already accepted; not stored again)' : ''}\n`);
     if (!opts.wait) {
@@ -149,14 +181,16 @@ async function main() {
       if (completion) {
         process.stdout.write(`${JSON.stringify(completion)}\n`);
       } else {
-        process.stderr.write(`dm-bridge: no completion with inReplyTo=${ev.messageId} within ${opts.timeoutSecs}s` +
+        const what = opts.review ? `trigger ${ev.draftId}:${ev.status}` : `inReplyTo=${ev.messageId}`;
+        process.stderr.write(`dm-bridge: no completion with ${what} within ${opts.timeoutSecs}s` +
           `${ack.duplicate ? ' (the event was a duplicate: its completion, if any, went out before we subscribed; it is in dm_messages with this inReplyTo)' : ''}\n`);
         exitCode = 1;
       }
     }
   } catch (e) {
     if (e.code === ErrorCode.NoResponders) {
-      process.stderr.write(`dm-bridge: no JetStream stream stores ${subjects.inbound(ev)} (is a worker or the stream set up?)\n`);
+      const subject = opts.review ? subjects.spotReview(ev.draftId) : subjects.inbound(ev);
+      process.stderr.write(`dm-bridge: no JetStream stream stores ${subject} (is a worker or the stream set up?)\n`);
       exitCode = 3;
     } else if (e.code === ErrorCode.Timeout) {
       process.stderr.write('dm-bridge: timed out waiting for the PubAck\n');

@@ -120,3 +120,24 @@ pub async fn completions(
         .await?;
     Ok(sub.filter_map(|m| async move { serde_json::from_slice::<Completion>(&m.payload).ok() }))
 }
+
+/// Publishes a spot draft's review as the admin tool does (`Nats-Msg-Id: <draftId>:<status>`); whether it
+/// was a duplicate.
+pub async fn publish_spot_review(
+    bus: &Bus,
+    draft: ObjectId,
+    review: &serde_json::Value,
+) -> Result<bool, BackendError> {
+    let status = review["status"].as_str().unwrap_or_default();
+    let ack = bus
+        .publish_durable(
+            bus.names.spot_review(&draft.to_hex()),
+            &format!("{}:{status}", draft.to_hex()),
+            async_nats::HeaderMap::new(),
+            serde_json::to_vec(review)
+                .map_err(companion::bus::BusError::from)?
+                .into(),
+        )
+        .await?;
+    Ok(ack.duplicate)
+}

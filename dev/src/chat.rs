@@ -22,6 +22,7 @@ pub const DEMO_SCRIPT: &[&str] = &[
     "any good skateparks in Portland?",
     "how do I ollie?",
     "what's a good first trick on a skateboard?",
+    "can you add this spot? https://www.google.com/maps/place/Hollow+Bowl/@45.5231,-122.6765,17z",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +33,8 @@ pub enum CommandError {
     UnknownBot(String),
     #[error("no reply within {0:?}; is a worker running?")]
     NoReply(Duration),
+    #[error("no spot draft made by {bot} for user {user}")]
+    NoDraft { user: ObjectId, bot: String },
     #[error(transparent)]
     Backend(#[from] backend::BackendError),
     #[error(transparent)]
@@ -123,7 +126,98 @@ impl Session {
         tracing::debug!(message_id = %event.message_id, duplicate, "published");
         let Some(wait) = wait else { return Ok(None) };
         let mut replies = pin!(replies.filter(|c| futures::future::ready(
-            c.in_reply_to == event.message_id || c.covers.contains(&event.message_id)
+            c.in_reply_to.as_deref() == Some(event.message_id.as_str())
+                || c.covers.contains(&event.message_id)
+        )));
+        match tokio::time::timeout(wait, replies.next()).await {
+            Ok(Some(c)) => Ok(Some(c)),
+            _ => Err(CommandError::NoReply(wait)),
+        }
+    }
+}
+
+impl Session {
+    /// Acts as the admin tool on the newest spot draft the companion made for the user: stores the
+    /// review (approved: the spot goes to `ck_spots` and its id on the draft), publishes it, and, when
+    /// `wait` is set, returns the companion's follow-up.
+    pub async fn review_latest_draft(
+        &self,
+        approve: bool,
+        note: Option<&str>,
+        wait: Option<Duration>,
+    ) -> Result<Option<Completion>, CommandError> {
+        let store = |e: mongodb::error::Error| CommandError::Store(e.into());
+        let draft = self
+            .mongo
+            .collection("spot_drafts")
+            .find_one(doc! { "submittedBy": self.user.to_hex(), "botId": self.bot.to_hex() })
+            .sort(doc! { "createdAt": -1, "_id": -1 })
+            .await
+            .map_err(store)?
+            .ok_or_else(|| CommandError::NoDraft {
+                user: self.user,
+                bot: self.bot_name.clone(),
+            })?;
+        let draft_id = draft
+            .get_object_id("_id")
+            .map_err(|_| CommandError::NoDraft {
+                user: self.user,
+                bot: self.bot_name.clone(),
+            })?;
+        let conversation = draft
+            .get_str("conversationId")
+            .ok()
+            .and_then(parse_object_id)
+            .unwrap_or(self.conversation);
+        let mut review = serde_json::json!({
+            "draftId": draft_id.to_hex(),
+            "status": if approve { "approved" } else { "rejected" },
+            "reviewedAt": chrono::Utc::now(),
+        });
+        let mut set = doc! { "status": review["status"].as_str().unwrap_or_default() };
+        if approve {
+            let spot = ObjectId::new();
+            let mut doc = doc! { "_id": spot };
+            for field in [
+                "name",
+                "type",
+                "latitude",
+                "longitude",
+                "city",
+                "state",
+                "country",
+                "description",
+            ] {
+                if let Some(v) = draft.get(field) {
+                    doc.insert(field, v.clone());
+                }
+            }
+            self.mongo
+                .collection("ck_spots")
+                .insert_one(doc)
+                .await
+                .map_err(store)?;
+            set.insert("spotId", spot);
+            review["spotId"] = spot.to_hex().into();
+        }
+        if let Some(n) = note {
+            review["note"] = n.into();
+        }
+        self.mongo
+            .collection("spot_drafts")
+            .update_one(doc! { "_id": draft_id }, doc! { "$set": set })
+            .await
+            .map_err(store)?;
+        let replies = backend::completions(&self.bus, conversation).await?;
+        backend::publish_spot_review(&self.bus, draft_id, &review).await?;
+        let Some(wait) = wait else { return Ok(None) };
+        let trigger = format!(
+            "{}:{}",
+            draft_id.to_hex(),
+            review["status"].as_str().unwrap_or_default()
+        );
+        let mut replies = pin!(replies.filter(move |c| futures::future::ready(
+            c.trigger.as_ref().is_some_and(|t| t.id == trigger)
         )));
         match tokio::time::timeout(wait, replies.next()).await {
             Ok(Some(c)) => Ok(Some(c)),

@@ -200,8 +200,9 @@ fn truncate(s: &str, max: usize) -> String {
 pub struct Completion {
     /// `_id` of the reply in dm_messages.
     pub message_id: String,
-    /// `messageId` of the inbound event answered.
-    pub in_reply_to: String,
+    /// `messageId` of the inbound event answered; none for a proactive message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_reply_to: Option<String>,
     pub conversation_id: String,
     /// The bot's user id.
     pub sender_id: String,
@@ -211,6 +212,19 @@ pub struct Completion {
     /// Later messages of the same burst this reply answers too (they get no reply of their own).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub covers: Vec<String>,
+    /// A message no user message triggered: a companion following up on its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub proactive: bool,
+    /// What a proactive message follows up on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<Trigger>,
+}
+
+/// What a proactive message follows up on: `{"kind": "spot_review", "id": "<draftId>:<status>"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trigger {
+    pub kind: String,
+    pub id: String,
 }
 
 /// Published on `<prefix>.typing.<conversationId>` when a turn starts.

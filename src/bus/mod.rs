@@ -1,4 +1,8 @@
-//! NATS JetStream: subjects, streams and the shared durable consumer, and the publishes a turn makes.
+//! NATS JetStream: subjects, streams and the shared durable consumers, and the publishes a turn makes.
+//!
+//! Two inbound streams: `<S>_IN` holds the DMs users send to companions; `<S>_SIGNAL` holds the signals
+//! a companion acts on by itself (a spot draft's review on `<prefix>.signal.spot_draft.<draftId>`) and,
+//! later, the schedules that fire them (`allow_msg_schedules`, nats-server 2.12 or newer).
 //!
 //! Streams and the consumer are created when missing. Their settings change only through `companion
 //! provision` ([`Bus::provision`]): a worker that finds a consumer set up differently from its own
@@ -26,7 +30,7 @@ use crate::{
     failure::{Class, Classify},
 };
 
-pub use event::{Completion, DmEvent, InboundEvent, Typing};
+pub use event::{Completion, DmEvent, InboundEvent, Trigger, Typing};
 
 /// Header carrying the dead-letter reason.
 pub const DLQ_REASON: &str = "Companion-Dlq-Reason";
@@ -59,12 +63,30 @@ pub enum BusError {
     NoStream(String, String),
     #[error("JetStream consumer info: {0}")]
     ConsumerInfo(String),
+    #[error(
+        "nats-server {0} is too old: companion needs 2.12 or newer (JetStream message schedules)"
+    )]
+    OldServer(String),
+}
+
+/// The oldest nats-server with everything the streams use.
+const MIN_SERVER: (u64, u64) = (2, 12);
+
+/// `major.minor[.patch…]` at least `min`.
+fn version_at_least(version: &str, min: (u64, u64)) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(['.', '-'])
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (major, minor) >= min
 }
 
 impl Classify for BusError {
     fn class(&self) -> Class {
         match self {
-            Self::Encode(_) => Class::Permanent,
+            Self::Encode(_) | Self::OldServer(_) => Class::Permanent,
             _ => Class::Transient,
         }
     }
@@ -77,6 +99,7 @@ pub struct Names {
     pub stream_in: String,
     pub stream_out: String,
     pub stream_dlq: String,
+    pub stream_signal: String,
 }
 
 impl Names {
@@ -87,6 +110,23 @@ impl Names {
             stream_in: format!("{s}_IN"),
             stream_out: format!("{s}_OUT"),
             stream_dlq: format!("{s}_DLQ"),
+            stream_signal: format!("{s}_SIGNAL"),
+        }
+    }
+    /// Every signal a companion acts on by itself.
+    pub fn signal_all(&self) -> String {
+        format!("{}.signal.>", self.prefix)
+    }
+    /// The review of a spot draft, published by TB-Backend.
+    pub fn spot_review(&self, draft_id: &str) -> String {
+        format!("{}.signal.spot_draft.{draft_id}", self.prefix)
+    }
+    /// The stream an inbound subject belongs to.
+    pub fn stream_of(&self, subject: &str) -> &str {
+        if subject.starts_with(&format!("{}.signal.", self.prefix)) {
+            &self.stream_signal
+        } else {
+            &self.stream_in
         }
     }
     pub fn inbound(&self, bot_id: &str, conversation_id: &str) -> String {
@@ -101,13 +141,19 @@ impl Names {
     pub fn typing(&self, conversation_id: &str) -> String {
         format!("{}.typing.{conversation_id}", self.prefix)
     }
-    /// Dead letters keep the tail of the original subject (`<botId>.<conversationId>`).
+    /// Dead letters keep the tail of the original subject: `<botId>.<conversationId>` for a DM,
+    /// `signal.<kind>.<id>` for a signal.
     pub fn dead_letter(&self, original_subject: &str) -> String {
-        let head = format!("{}.in.", self.prefix);
-        let tail = original_subject
-            .strip_prefix(&head)
-            .filter(|t| !t.is_empty())
-            .unwrap_or("unknown");
+        let dm = format!("{}.in.", self.prefix);
+        let signal = format!("{}.signal.", self.prefix);
+        let tail = match original_subject.strip_prefix(&dm) {
+            Some(t) => Some(t.to_owned()),
+            None => original_subject
+                .strip_prefix(&signal)
+                .map(|t| format!("signal.{t}")),
+        }
+        .filter(|t| !t.is_empty() && !t.ends_with('.'))
+        .unwrap_or_else(|| "unknown".to_owned());
         format!("{}.dlq.{tail}", self.prefix)
     }
 }
@@ -195,8 +241,8 @@ impl Bus {
         })
     }
 
-    /// The three streams as this configuration wants them.
-    fn stream_configs(&self) -> [stream::Config; 3] {
+    /// The four streams as this configuration wants them.
+    fn stream_configs(&self) -> [stream::Config; 4] {
         let n = &self.names;
         let day = Duration::from_secs(24 * 3600);
         let num_replicas = self.replicas;
@@ -235,7 +281,34 @@ impl Bus {
                 allow_direct: true,
                 ..Default::default()
             },
+            stream::Config {
+                name: n.stream_signal.clone(),
+                description: Some(
+                    "Signals companions act on by themselves (spot reviews, due reminders)".into(),
+                ),
+                subjects: vec![n.signal_all(), format!("{}.schedule.>", n.prefix)],
+                retention: RetentionPolicy::Limits,
+                storage: StorageType::File,
+                // Longer than the furthest schedule (30 days), so none expires before it fires.
+                max_age: 35 * day,
+                duplicate_window: Duration::from_secs(2 * 3600),
+                discard: DiscardPolicy::Old,
+                num_replicas,
+                allow_direct: true,
+                allow_message_schedules: true,
+                ..Default::default()
+            },
         ]
+    }
+
+    /// Fails clearly on a server without what the streams need (message schedules: 2.12).
+    pub fn check_server(&self) -> Result<(), BusError> {
+        let version = self.client.server_info().version;
+        if version_at_least(&version, MIN_SERVER) {
+            Ok(())
+        } else {
+            Err(BusError::OldServer(version))
+        }
     }
 
     /// Creates the streams that are missing; existing ones are left as they are.
@@ -281,6 +354,23 @@ impl Bus {
             }
         };
         changes.push(line);
+        let signals = self
+            .js
+            .get_stream(&self.names.stream_signal)
+            .await
+            .map_err(|e| BusError::NoStream(self.names.stream_signal.clone(), e.to_string()))?;
+        let name = signal_consumer_name(&consumer.name);
+        let existed = signals.get_consumer::<pull::Config>(&name).await.is_ok();
+        let wanted = self.signal_consumer_config(consumer);
+        if existed {
+            signals.update_consumer(wanted).await?;
+        } else {
+            signals.create_consumer(wanted).await?;
+        }
+        changes.push(format!(
+            "consumer {name}: {}",
+            if existed { "updated" } else { "created" }
+        ));
         Ok(changes)
     }
 
@@ -289,6 +379,41 @@ impl Bus {
             .get_stream(&self.names.stream_in)
             .await
             .map_err(|e| BusError::NoStream(self.names.stream_in.clone(), e.to_string()))
+    }
+
+    /// The consumer of the signal stream: the DM consumer's settings under its own name.
+    fn signal_consumer_config(&self, c: &ConsumerConfig) -> pull::Config {
+        pull::Config {
+            durable_name: Some(signal_consumer_name(&c.name)),
+            description: Some("companion workers: signals".into()),
+            filter_subject: self.names.signal_all(),
+            ..self.consumer_config(c)
+        }
+    }
+
+    /// The shared consumer of signals, created when missing (its settings follow `companion provision`).
+    pub async fn signal_consumer(&self, config: &ConsumerConfig) -> Result<Consumer, BusError> {
+        let stream = self
+            .js
+            .get_stream(&self.names.stream_signal)
+            .await
+            .map_err(|e| BusError::NoStream(self.names.stream_signal.clone(), e.to_string()))?;
+        let wanted = self.signal_consumer_config(config);
+        let name = signal_consumer_name(&config.name);
+        let mut consumer = match stream.get_consumer::<pull::Config>(&name).await {
+            Ok(c) => c,
+            Err(_) => stream.create_consumer(wanted).await?,
+        };
+        let info = consumer
+            .info()
+            .await
+            .map_err(|e| BusError::ConsumerInfo(e.to_string()))?
+            .clone();
+        Ok(Consumer {
+            max_deliver: info.config.max_deliver,
+            ack_wait: info.config.ack_wait,
+            consumer,
+        })
     }
 
     fn consumer_config(&self, c: &ConsumerConfig) -> pull::Config {
@@ -410,7 +535,7 @@ impl Bus {
         headers.insert(DLQ_DELIVERIES, deliveries.to_string().as_str());
         let subject = self.names.dead_letter(original_subject);
         // One dead letter per original stream message, however often this runs.
-        let msg_id = format!("{}:{sequence}", self.names.stream_in);
+        let msg_id = format!("{}:{sequence}", self.names.stream_of(original_subject));
         self.publish_durable(subject, &msg_id, headers, payload)
             .await?;
         Ok(())
@@ -423,6 +548,11 @@ impl Bus {
             self.names.stream_in
         )
     }
+}
+
+/// The durable consumer of signals that goes with the DM consumer `name`.
+pub fn signal_consumer_name(name: &str) -> String {
+    format!("{name}_signals")
 }
 
 /// TLS for the NATS connection: required when asked, when any certificate file is given, or for
@@ -469,4 +599,46 @@ fn header_safe(s: &str) -> String {
         out.truncate(end);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_versions_from_2_12_have_message_schedules() {
+        for (v, ok) in [
+            ("2.15.1", true),
+            ("2.12.0", true),
+            ("v2.12.0-RC.1", true),
+            ("3.0.0", true),
+            ("2.11.9", false),
+            ("2.10", false),
+            ("", false),
+        ] {
+            assert_eq!(version_at_least(v, MIN_SERVER), ok, "{v}");
+        }
+    }
+
+    #[test]
+    fn dead_letters_keep_the_tail_of_dm_and_signal_subjects() {
+        let names = Names {
+            prefix: "dm.bot".into(),
+            stream_in: "DM_BOT_IN".into(),
+            stream_out: "DM_BOT_OUT".into(),
+            stream_dlq: "DM_BOT_DLQ".into(),
+            stream_signal: "DM_BOT_SIGNAL".into(),
+        };
+        assert_eq!(names.dead_letter("dm.bot.in.b.c"), "dm.bot.dlq.b.c");
+        assert_eq!(
+            names.dead_letter("dm.bot.signal.spot_draft.d"),
+            "dm.bot.dlq.signal.spot_draft.d"
+        );
+        assert_eq!(names.dead_letter("elsewhere.x"), "dm.bot.dlq.unknown");
+        assert_eq!(
+            names.stream_of("dm.bot.signal.spot_draft.d"),
+            "DM_BOT_SIGNAL"
+        );
+        assert_eq!(names.stream_of("dm.bot.in.b.c"), "DM_BOT_IN");
+    }
 }

@@ -62,6 +62,8 @@ pub struct UserData {
     /// The newest tricklist documents, as stored: their trick names are resolved
     /// ([`Mongo::resolve_tricklists`]) only by a turn that answers, not by every delivery admitted.
     pub tricklists: Vec<Document>,
+    /// The user blocked the bot (`users.blockedUsers` holds its id): it may answer, never start a DM.
+    pub blocks_bot: bool,
 }
 
 /// The admission check with the user's data, from one aggregate.
@@ -110,7 +112,10 @@ pub struct ReplyDoc {
     pub id: ObjectId,
     pub conversation_id: ObjectId,
     pub sender_id: ObjectId,
-    pub in_reply_to: ObjectId,
+    /// The user message answered; none for a proactive message.
+    pub in_reply_to: Option<ObjectId>,
+    /// What a proactive message follows up on: (kind, id).
+    pub trigger: Option<(String, String)>,
     pub content: String,
     pub rich_content: Option<Value>,
     pub timestamp: DateTime<Utc>,
@@ -241,10 +246,12 @@ impl Mongo {
                 _ => Vec::new(),
             }
         };
-        let profile = docs(&mut conv, "user").first().map(|d| profile_of(user, d));
+        let user_doc = docs(&mut conv, "user");
+        let profile = user_doc.first().map(|d| profile_of(user, d));
         Ok(Admission::Admitted(UserData {
             profile,
             tricklists: docs(&mut conv, "tricklists"),
+            blocks_bot: user_doc.first().is_some_and(|d| blocks(d, bot)),
         }))
     }
 
@@ -388,8 +395,14 @@ impl Mongo {
             "richContent": rich,
             "timestamp": bson::DateTime::from_chrono(reply.timestamp),
             "read": false,
-            "inReplyTo": reply.in_reply_to,
         };
+        if let Some(id) = reply.in_reply_to {
+            doc.insert("inReplyTo", id);
+        }
+        if let Some((kind, id)) = &reply.trigger {
+            doc.insert("proactive", true);
+            doc.insert("trigger", doc! { "kind": kind, "id": id });
+        }
         if reply.generation > 0 {
             doc.insert("replyGeneration", reply.generation);
         }
@@ -401,6 +414,25 @@ impl Mongo {
     }
 
     /// Moves the conversation to the top of both users' inboxes.
+    /// The one-to-one conversation between `user` and `bot`, the newest if there are several.
+    pub async fn direct_conversation(
+        &self,
+        user: ObjectId,
+        bot: ObjectId,
+    ) -> Result<Option<ObjectId>, StoreError> {
+        let either = |id: ObjectId| doc! { "participants": { "$in": [id, id.to_hex()] } };
+        let mut found: Vec<Document> = self
+            .collection(DM_CONVERSATIONS)
+            .find(doc! { "$and": [either(user), either(bot)], "isGroup": { "$ne": true } })
+            .sort(doc! { "updatedAt": -1, "_id": -1 })
+            .limit(5)
+            .await?
+            .try_collect()
+            .await?;
+        found.retain(|c| joins(c, user, bot));
+        Ok(found.first().and_then(|c| c.get_object_id("_id").ok()))
+    }
+
     pub async fn touch_conversation(
         &self,
         conversation: ObjectId,
@@ -473,6 +505,17 @@ fn trick_ref_id(t: &Bson) -> Option<ObjectId> {
             .or_else(|| d.get_object_id("trick").ok()),
         _ => None,
     }
+}
+
+/// Whether the user document lists `bot` in `blockedUsers` (as an ObjectId or its hex).
+fn blocks(user: &Document, bot: ObjectId) -> bool {
+    user.get_array("blockedUsers").is_ok_and(|a| {
+        a.iter().any(|b| match b {
+            Bson::ObjectId(id) => *id == bot,
+            Bson::String(s) => s.eq_ignore_ascii_case(&bot.to_hex()),
+            _ => false,
+        })
+    })
 }
 
 pub fn is_duplicate_key(e: &mongodb::error::Error) -> bool {

@@ -1,4 +1,6 @@
-//! `create_spot_draft`: submits a new spot for moderation into `spot_drafts` (never `ck_spots`).
+//! `create_spot_draft`: submits a new spot for moderation into `spot_drafts` (never `ck_spots`). The
+//! draft names the companion (`createdBy`, `botId`) and the DM thread (`conversationId`) it came from,
+//! so the review's follow-up ([`crate::proactive`]) reaches the user there, from that companion.
 
 use bson::{Bson, doc};
 use schemars::JsonSchema;
@@ -117,6 +119,9 @@ impl Tool for CreateSpotDraft {
                 "shortLinkUnresolved": short_unresolved,
                 "submittedBy": ctx.user.to_hex(),
                 "submittedVia": ctx.character,
+                "createdBy": ctx.character,
+                "botId": ctx.bot.to_hex(),
+                "conversationId": ctx.conversation.to_hex(),
                 "status": "pending_approval",
                 "createdAt": bson::DateTime::from_chrono(ctx.now),
                 "sourceMessageId": ctx.message_id,

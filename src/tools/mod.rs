@@ -60,6 +60,8 @@ pub struct ToolContext<'a> {
     pub user: ObjectId,
     /// The companion answering (a bot user).
     pub bot: ObjectId,
+    /// The DM thread of the turn: what a tool creates remembers it, so a follow-up lands there.
+    pub conversation: ObjectId,
     /// The character's display name, stamped on created content (`createdBy`, `submittedVia`).
     pub character: &'a str,
     /// The inbound event's dm_messages id: with `tool_call_id`, the identity of a write.

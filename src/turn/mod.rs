@@ -30,7 +30,7 @@ use tracing::{debug, info};
 
 use crate::{
     bus::{
-        Bus, BusError, Completion, DmEvent, Typing,
+        Bus, BusError, Completion, DmEvent, Trigger, Typing,
         event::{InvalidEvent, Limits, clean_text, parse_inbound},
     },
     character::{Character, Characters},
@@ -223,7 +223,7 @@ pub struct Reply {
 }
 
 impl Reply {
-    fn new(content: String, rich_content: Option<Value>, tool_log: Option<Value>) -> Self {
+    pub fn new(content: String, rich_content: Option<Value>, tool_log: Option<Value>) -> Self {
         Self {
             id: ObjectId::new().to_hex(),
             content,
@@ -551,6 +551,7 @@ impl Turns {
             tools: ToolContext {
                 user: event.sender_id,
                 bot: event.bot_id,
+                conversation: event.conversation_id,
                 character: &character.name,
                 message_id: event.message_id,
                 tool_call_id: String::new(),
@@ -653,9 +654,55 @@ impl Turns {
         state: State,
         by: Option<&str>,
     ) -> Result<Settled, TurnError> {
+        let followers = burst.events(event);
+        let follower_ids: Vec<Ids> = followers.iter().map(Ids::of).collect();
+        let mut user_rows = vec![user_row(ids, event, reply.at)];
+        for (e, fids) in followers.iter().zip(&follower_ids) {
+            user_rows.push(user_row(fids, e, reply.at));
+        }
+        let out = Outgoing {
+            conversation: event.conversation_id,
+            bot: event.bot_id,
+            user: event.sender_id,
+            in_reply_to: Some(event.message_id),
+            user_rows,
+            covers: burst.covers.iter().map(|c| c.message_id.clone()).collect(),
+            trigger: None,
+        };
+        self.write_reply(job, &out, &reply).await?;
+        if !stage(Stage::Writes, job.settle(state, by)).await? {
+            debug!("the turn was settled elsewhere meanwhile");
+        }
+        info!(reply_id = %reply.id, state = state.as_str(), generation = job.record.generation, "reply delivered");
+        Ok(Settled {
+            through_seq: burst.last_seq(),
+            outcome: match state {
+                State::Limited => Outcome::Limited {
+                    reply_id: Some(reply.id),
+                },
+                _ => Outcome::Answered { reply_id: reply.id },
+            },
+        })
+    }
+
+    /// Delivers a fixed reply, every step keyed by the job's generation and safe to repeat (lazy: recorded
+    /// with the job's settlement): the dm_messages document, the history rows (the user messages it
+    /// answers, then its own), the conversation's last message, the completion event. The one path of
+    /// every companion message, answer or proactive.
+    pub async fn write_reply(
+        &self,
+        job: &Job,
+        out: &Outgoing<'_>,
+        reply: &Reply,
+    ) -> Result<(), TurnError> {
         let generation = generation_key(job);
         let reply_id =
             ObjectId::parse_str(&reply.id).map_err(|_| TurnError::BadReplyId(reply.id.clone()))?;
+        let (user, bot, conversation) = (
+            out.user.to_hex(),
+            out.bot.to_hex(),
+            out.conversation.to_hex(),
+        );
         let writes = async {
             job.step("store_reply", &generation)
                 .lazy()
@@ -664,9 +711,10 @@ impl Turns {
                         .mongo
                         .insert_reply(&ReplyDoc {
                             id: reply_id,
-                            conversation_id: event.conversation_id,
-                            sender_id: event.bot_id,
-                            in_reply_to: event.message_id,
+                            conversation_id: out.conversation,
+                            sender_id: out.bot,
+                            in_reply_to: out.in_reply_to,
+                            trigger: out.trigger.as_ref().map(|t| (t.kind.clone(), t.id.clone())),
                             content: reply.content.clone(),
                             rich_content: reply.rich_content.clone(),
                             timestamp: reply.at,
@@ -682,16 +730,11 @@ impl Turns {
             job.step("history", &generation)
                 .lazy()
                 .run(async {
-                    let followers = burst.events(event);
-                    let follower_ids: Vec<Ids> = followers.iter().map(Ids::of).collect();
-                    let mut rows = vec![user_row(ids, event, reply.at)];
-                    for (e, fids) in followers.iter().zip(&follower_ids) {
-                        rows.push(user_row(fids, e, reply.at));
-                    }
+                    let mut rows = out.user_rows.clone();
                     rows.push(NewHistory {
-                        user_id: &ids.sender,
-                        bot_id: &ids.bot,
-                        conversation_id: &ids.conversation,
+                        user_id: &user,
+                        bot_id: &bot,
+                        conversation_id: &conversation,
                         role: "assistant",
                         content: &reply.content,
                         message_id: &reply.id,
@@ -706,7 +749,7 @@ impl Turns {
                 .lazy()
                 .run(async {
                     self.mongo
-                        .touch_conversation(event.conversation_id, &reply.content, reply.at)
+                        .touch_conversation(out.conversation, &reply.content, reply.at)
                         .await?;
                     Ok::<_, TurnError>(())
                 })
@@ -716,13 +759,15 @@ impl Turns {
         stage(Stage::Writes, writes).await?;
         let completion = Completion {
             message_id: reply.id.clone(),
-            in_reply_to: ids.message.clone(),
-            conversation_id: ids.conversation.clone(),
-            sender_id: ids.bot.clone(),
+            in_reply_to: out.in_reply_to.map(|id| id.to_hex()),
+            conversation_id: conversation.clone(),
+            sender_id: bot.clone(),
             content: reply.content.clone(),
             rich_content: reply.rich_content.clone(),
             created_at: reply.at,
-            covers: burst.covers.iter().map(|c| c.message_id.clone()).collect(),
+            covers: out.covers.clone(),
+            proactive: out.trigger.is_some(),
+            trigger: out.trigger.clone(),
         };
         stage(
             Stage::Publish,
@@ -732,20 +777,25 @@ impl Turns {
             }),
         )
         .await?;
-        if !stage(Stage::Writes, job.settle(state, by)).await? {
-            debug!("the turn was settled elsewhere meanwhile");
-        }
-        info!(reply_id = %reply.id, state = state.as_str(), generation = job.record.generation, "reply delivered");
-        Ok(Settled {
-            through_seq: burst.last_seq(),
-            outcome: match state {
-                State::Limited => Outcome::Limited {
-                    reply_id: Some(reply.id),
-                },
-                _ => Outcome::Answered { reply_id: reply.id },
-            },
-        })
+        Ok(())
     }
+}
+
+/// Where a fixed reply goes and what it answers.
+pub struct Outgoing<'a> {
+    pub conversation: ObjectId,
+    /// The companion speaking.
+    pub bot: ObjectId,
+    /// The user it speaks to.
+    pub user: ObjectId,
+    /// The user message answered; none for a proactive message.
+    pub in_reply_to: Option<ObjectId>,
+    /// History rows of the user messages answered, stored before the reply's own.
+    pub user_rows: Vec<NewHistory<'a>>,
+    /// Later messages of a burst the reply answers too.
+    pub covers: Vec<String>,
+    /// What a proactive message follows up on (`proactive: true` in the completion).
+    pub trigger: Option<Trigger>,
 }
 
 /// A turn the journal says is settled is acknowledged again, with what its reply covered.
@@ -773,7 +823,7 @@ fn already_settled(job: &Job) -> Option<Settled> {
 }
 
 /// The key of this generation's reply steps.
-fn generation_key(job: &Job) -> String {
+pub(crate) fn generation_key(job: &Job) -> String {
     format!("g{}", job.record.generation)
 }
 
@@ -801,7 +851,7 @@ fn user_message_time(sent_at: DateTime<Utc>, reply_at: DateTime<Utc>) -> DateTim
     sent_at.min(reply_at - chrono::Duration::microseconds(1))
 }
 
-fn bound_reply(text: &str, max_chars: usize) -> String {
+pub(crate) fn bound_reply(text: &str, max_chars: usize) -> String {
     let max_chars = max_chars.max(1);
     if text.chars().count() <= max_chars {
         text.to_owned()

@@ -150,6 +150,21 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
     }
 }
 
+/// One answer in text without tools (a proactive message): the `llm` step `0`, recorded like a turn's
+/// (a retry replays it, its usage is counted).
+pub async fn answer_in_text(
+    job: &crate::journal::Job,
+    llm: &LlmClient,
+    request: &ChatRequest,
+) -> Result<String, TurnError> {
+    let record: LlmRecord = stage(
+        Stage::Steps,
+        job.step("llm", "0").run(ask(llm, request, false)),
+    )
+    .await?;
+    Ok(record.message.content.unwrap_or_default())
+}
+
 /// One model answer, or the reason it is not one. A final answer (no tools offered) must have text.
 async fn ask(
     llm: &LlmClient,

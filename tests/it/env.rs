@@ -387,7 +387,7 @@ pub async fn reply_within(
 ) -> Option<Completion> {
     tokio::time::timeout(within, async {
         while let Some(c) = replies.next().await {
-            if c.in_reply_to == message_id {
+            if c.in_reply_to.as_deref() == Some(message_id) {
                 return Some(c);
             }
         }
@@ -509,6 +509,7 @@ impl ToolJob {
         ToolContext {
             user: self.user,
             bot: oid(KAORI),
+            conversation: oid(JESS_KAORI),
             character: "Kaori",
             message_id: self.message_id,
             call_key: format!("{call}:test"),

@@ -24,6 +24,7 @@ mod order;
 #[cfg(feature = "otel")]
 mod otel;
 mod outages;
+mod proactive;
 mod provision;
 mod quota_processes;
 mod rag_kb;

@@ -164,7 +164,7 @@ async fn three_workers_fifty_conversations_bursts_of_five_keep_order_and_answer_
     let finished = tokio::time::timeout(Duration::from_secs(120), async {
         while answered.len() < total {
             let c = completions.next().await.expect("completions");
-            for id in std::iter::once(&c.in_reply_to).chain(&c.covers) {
+            for id in c.in_reply_to.iter().chain(&c.covers) {
                 *answered.entry(id.clone()).or_default() += 1;
             }
             got.push(c);
@@ -181,7 +181,7 @@ async fn three_workers_fifty_conversations_bursts_of_five_keep_order_and_answer_
     while let Ok(Some(c)) =
         tokio::time::timeout(Duration::from_millis(200), completions.next()).await
     {
-        for id in std::iter::once(&c.in_reply_to).chain(&c.covers) {
+        for id in c.in_reply_to.iter().chain(&c.covers) {
             *answered.entry(id.clone()).or_default() += 1;
         }
         got.push(c);
@@ -206,7 +206,7 @@ async fn three_workers_fifty_conversations_bursts_of_five_keep_order_and_answer_
             .unwrap_or_else(|| panic!("no reply in {conversation}"));
         let covered_in_order: Vec<&String> = replies
             .iter()
-            .flat_map(|c| std::iter::once(&c.in_reply_to).chain(&c.covers))
+            .flat_map(|c| c.in_reply_to.iter().chain(&c.covers))
             .collect();
         let expected: Vec<&String> = messages.iter().map(|(id, _)| id).collect();
         assert_eq!(covered_in_order, expected, "order kept in {conversation}");

@@ -121,7 +121,7 @@ async fn steady_stream_through_an_outage(server: &str) {
     let (all, answered) = loop {
         let mut answered: HashMap<String, usize> = HashMap::new();
         for c in stored_completions(&env).await {
-            for id in std::iter::once(c.in_reply_to).chain(c.covers) {
+            for id in c.in_reply_to.into_iter().chain(c.covers) {
                 *answered.entry(id).or_default() += 1;
             }
         }

@@ -58,7 +58,7 @@ async fn two_worker_processes_write_exactly_five_tricklists_for_one_user() {
             let c = futures::StreamExt::next(&mut replies)
                 .await
                 .expect("completions");
-            waiting.remove(&c.in_reply_to);
+            waiting.remove(c.in_reply_to.as_deref().unwrap_or_default());
         }
     })
     .await;

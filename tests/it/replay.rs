@@ -74,7 +74,10 @@ async fn a_poison_event_is_dead_lettered_and_replay_answers_it_once_fixed() {
     })
     .await;
     assert!(done.is_ok(), "three completions, got {got:?}");
-    let by = |id: &str| got.iter().position(|c| c.in_reply_to == id);
+    let by = |id: &str| {
+        got.iter()
+            .position(|c| c.in_reply_to.as_deref() == Some(id))
+    };
     let (p, o, a) = (
         by(&poison.message_id).expect("poison answered"),
         by(&other.message_id).expect("other answered"),

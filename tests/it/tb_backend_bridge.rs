@@ -54,3 +54,69 @@ async fn the_guide_s_node_code_publishes_a_dm_and_gets_the_reply() {
     assert_eq!(env.stub.requests().len(), 1);
     env.finish().await;
 }
+
+#[tokio::test]
+async fn the_guide_s_node_code_publishes_a_spot_review_and_gets_the_follow_up() {
+    let mut env = TestEnv::new(always(StubReply::text("your spot made it!! 🎉"))).await;
+    env.start_worker().await;
+    // A draft Kaori made in Jess's thread, approved by the admin tool (status and spotId stored first).
+    let (draft, spot) = (bson::oid::ObjectId::new(), bson::oid::ObjectId::new());
+    env.mongo
+        .collection("spot_drafts")
+        .insert_one(bson::doc! {
+            "_id": draft, "name": "Node Ledge", "status": "approved", "spotId": spot,
+            "submittedBy": JESS, "botId": KAORI, "conversationId": JESS_KAORI, "createdBy": "Kaori",
+        })
+        .await
+        .unwrap();
+    let review = serde_json::json!({
+        "draftId": draft.to_hex(), "status": "approved", "spotId": spot.to_hex(),
+        "reviewedAt": "2026-11-23T10:00:00Z",
+    })
+    .to_string();
+
+    let out = bridge(&env, &["--spot-review", "--timeout", "60", &review]).await;
+    assert!(
+        out.status.success(),
+        "bridge failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let completion: Value = serde_json::from_slice(&out.stdout).expect("one JSON completion");
+    assert_eq!(completion["proactive"], true);
+    assert_eq!(completion["trigger"]["kind"], "spot_review");
+    assert_eq!(
+        completion["trigger"]["id"],
+        format!("{}:approved", draft.to_hex())
+    );
+    assert_eq!(completion["conversationId"], JESS_KAORI);
+    assert_eq!(completion["senderId"], KAORI);
+    assert_eq!(completion["content"], "your spot made it!! 🎉");
+    assert_eq!(
+        completion["richContent"]["data"]["deepLink"],
+        format!("trickbook://spot/{}", spot.to_hex())
+    );
+    assert!(completion.get("inReplyTo").is_none(), "{completion}");
+
+    // The same outcome again is a duplicate for JetStream.
+    let again = bridge(&env, &["--spot-review", "--no-wait", &review]).await;
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let ack: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(ack["duplicate"], true);
+    // A review the bridge's own check refuses never reaches NATS.
+    let bad = bridge(
+        &env,
+        &[
+            "--spot-review",
+            "--no-wait",
+            r#"{"draftId":"x","status":"approved","reviewedAt":"now"}"#,
+        ],
+    )
+    .await;
+    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(env.stub.requests().len(), 1);
+    env.finish().await;
+}

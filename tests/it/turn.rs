@@ -55,7 +55,7 @@ async fn an_event_becomes_one_reply_two_history_rows_and_one_completion() {
     );
 
     assert_eq!(completion.message_id, reply_id.to_hex());
-    assert_eq!(completion.in_reply_to, event.message_id);
+    assert_eq!(completion.in_reply_to, Some(event.message_id.clone()));
     assert_eq!(completion.conversation_id, JESS_KAORI);
     assert_eq!(completion.sender_id, KAORI);
     assert_eq!(completion.content, "omg yes!! send me a clip 🔥");

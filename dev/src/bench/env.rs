@@ -98,6 +98,7 @@ pub async fn remove_streams_and_database(bus: &Bus, pg: &Pg, admin_url: &str, da
         &bus.names.stream_in,
         &bus.names.stream_out,
         &bus.names.stream_dlq,
+        &bus.names.stream_signal,
     ] {
         let _ = bus.js.delete_stream(s).await;
     }

@@ -1,0 +1,265 @@
+//! A spot draft's review reaches the user: TB-Backend (or the admin tool) publishes
+//! `{ "draftId", "status": "approved" | "rejected", "spotId"?, "note"?, "reviewedAt" }` on
+//! `<prefix>.signal.spot_draft.<draftId>` with `Nats-Msg-Id: <draftId>:<status>`, after storing the status
+//! on the draft. The companion that made the draft tells the user in the DM thread it came from: an
+//! approval with the spot's card, a rejection with the moderator's note.
+//!
+//! MongoDB is the truth: the draft must exist and be a companion's (`botId`, or `createdBy`/`submittedVia`
+//! naming one), else the signal is dead-lettered; a status not stored yet is retried; a signal whose
+//! status the draft no longer has (reviewed again since) is dropped as stale.
+
+use bson::{Bson, Document, doc, oid::ObjectId};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{FollowUp, ProactiveError};
+use crate::{
+    bus::{Trigger, event::parse_object_id},
+    character::fill,
+    store::mongo::{SPOT_DRAFTS, SPOTS},
+    turn::Turns,
+};
+
+/// The trigger kind of a review's follow-up.
+pub const KIND: &str = "spot_review";
+/// Longest moderator's note passed on; a longer one is cut.
+pub const NOTE_MAX: usize = 1000;
+
+/// The signal's body.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpotReview {
+    pub draft_id: String,
+    pub status: Status,
+    #[serde(default)]
+    pub spot_id: Option<String>,
+    /// The moderator's reason (a rejection's, mostly).
+    #[serde(default)]
+    pub note: Option<String>,
+    pub reviewed_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Approved,
+    Rejected,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Approved => "approved",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+/// Reads the review and the draft it is about, and says what to tell whom.
+pub async fn follow_up<'t>(
+    t: &'t Turns,
+    subject_id: &str,
+    payload: &[u8],
+) -> Result<FollowUp<'t>, ProactiveError> {
+    let invalid = |why: String| ProactiveError::Invalid(why);
+    let review: SpotReview =
+        serde_json::from_slice(payload).map_err(|e| invalid(format!("not a spot review: {e}")))?;
+    let draft_id = parse_object_id(&review.draft_id)
+        .ok_or_else(|| invalid(format!("draftId `{}` is not an ObjectId", review.draft_id)))?;
+    if review.draft_id != subject_id {
+        return Err(invalid(format!(
+            "draftId {} does not match the subject's {subject_id}",
+            review.draft_id
+        )));
+    }
+    let draft = t
+        .mongo
+        .collection(SPOT_DRAFTS)
+        .find_one(doc! { "_id": draft_id })
+        .await
+        .map_err(crate::store::StoreError::from)?
+        .ok_or_else(|| invalid(format!("no spot draft {draft_id}")))?;
+    let (bot, character) = companion_of(t, &draft)
+        .ok_or_else(|| invalid(format!("spot draft {draft_id} was not made by a companion")))?;
+    let user = id_field(&draft, "submittedBy")
+        .ok_or_else(|| invalid(format!("spot draft {draft_id} has no submittedBy user")))?;
+    let conversation = match id_field(&draft, "conversationId") {
+        Some(c) => c,
+        None => t
+            .mongo
+            .direct_conversation(user, bot)
+            .await?
+            .ok_or_else(|| {
+                invalid(format!(
+                    "spot draft {draft_id}: no conversation between its user and {}",
+                    character.name
+                ))
+            })?,
+    };
+    let stored = draft.get_str("status").unwrap_or("");
+    let stale = match stored {
+        s if s == review.status.as_str() => None,
+        "approved" | "rejected" => Some(format!(
+            "the draft is {stored} now, not {}: a later review tells the user",
+            review.status.as_str()
+        )),
+        _ => {
+            return Err(ProactiveError::NotYet(format!(
+                "spot draft {draft_id} is still `{stored}` in MongoDB; the review is not stored yet"
+            )));
+        }
+    };
+    let name = draft.get_str("name").unwrap_or("your spot").to_owned();
+    let note = review
+        .note
+        .as_deref()
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| n.chars().take(NOTE_MAX).collect::<String>());
+    let (brief, plain, card) = match review.status {
+        Status::Approved => {
+            let spot = id_field(&draft, "spotId")
+                .or_else(|| review.spot_id.as_deref().and_then(parse_object_id));
+            let card = match spot {
+                Some(id) => Some(spot_card(t, id, &draft).await?),
+                None => {
+                    tracing::warn!("approved spot draft names no spotId; the message has no card");
+                    None
+                }
+            };
+            let brief = format!(
+                "[Not a reply: you are following up on your own.] The TrickBook moderators approved the spot \
+                 \"{name}\" that you submitted for the user{}. It is live on TrickBook now, and the app shows \
+                 its card under your message. Write the user one short DM, in character, telling them the \
+                 good news.",
+                when(&draft)
+            );
+            let plain = fill(&character.follow_ups.spot_approved, &[("spot", &name)]);
+            (brief, plain, card)
+        }
+        Status::Rejected => {
+            let said = note
+                .as_deref()
+                .map(|n| format!(" The moderator's note: \"{n}\"."))
+                .unwrap_or_else(|| " The moderator left no note.".to_owned());
+            let brief = format!(
+                "[Not a reply: you are following up on your own.] The TrickBook moderators did not approve \
+                 the spot \"{name}\" that you submitted for the user{}.{said} Write the user one short DM, \
+                 in character and kindly, telling them, passing on the note if there is one, and offering \
+                 to fix the draft and submit it again.",
+                when(&draft)
+            );
+            let note_part = note
+                .as_deref()
+                .map(|n| format!(" Moderator's note: {n}"))
+                .unwrap_or_default();
+            let plain = fill(
+                &character.follow_ups.spot_rejected,
+                &[("spot", &name), ("note", &note_part)],
+            );
+            (brief, plain, None)
+        }
+    };
+    Ok(FollowUp {
+        trigger: Trigger {
+            kind: KIND.to_owned(),
+            id: format!("{draft_id}:{}", review.status.as_str()),
+        },
+        user,
+        bot,
+        conversation,
+        character,
+        brief,
+        plain,
+        card,
+        stale,
+    })
+}
+
+/// The companion that made the draft: its bot id, or the character its `createdBy`/`submittedVia` names.
+fn companion_of<'t>(
+    t: &'t Turns,
+    draft: &Document,
+) -> Option<(ObjectId, &'t crate::character::Character)> {
+    if let Some(bot) = id_field(draft, "botId") {
+        return t.characters.by_bot(&bot).map(|c| (bot, c));
+    }
+    ["createdBy", "submittedVia"]
+        .iter()
+        .filter_map(|f| draft.get_str(f).ok())
+        .find_map(|name| t.characters.by_name(name))
+}
+
+/// An id stored as an ObjectId or as its hex.
+fn id_field(d: &Document, field: &str) -> Option<ObjectId> {
+    match d.get(field)? {
+        Bson::ObjectId(id) => Some(*id),
+        Bson::String(s) => parse_object_id(s),
+        _ => None,
+    }
+}
+
+/// " on <date>" of the draft's creation, when known.
+fn when(draft: &Document) -> String {
+    draft
+        .get_datetime("createdAt")
+        .map(|d| format!(" on {}", d.to_chrono().format("%B %-d")))
+        .unwrap_or_default()
+}
+
+/// The `spot_card` of the approved spot (`ck_spots`), or of the draft's fields if the spot cannot be read.
+async fn spot_card(t: &Turns, id: ObjectId, draft: &Document) -> Result<Value, ProactiveError> {
+    let spot = t
+        .mongo
+        .collection(SPOTS)
+        .find_one(doc! { "_id": id })
+        .await
+        .map_err(crate::store::StoreError::from)?;
+    let from = spot.as_ref().unwrap_or(draft);
+    let text = |f: &str| from.get_str(f).ok().map(str::to_owned);
+    let rating = from.get("rating").and_then(|r| match r {
+        Bson::Double(x) => Some(json!(x)),
+        Bson::Int32(x) => Some(json!(x)),
+        Bson::Int64(x) => Some(json!(x)),
+        _ => None,
+    });
+    Ok(json!({ "type": "spot_card", "data": {
+        "_id": id.to_hex(),
+        "name": text("name"),
+        "city": text("city"),
+        "state": text("state"),
+        "rating": rating,
+        "imageUrl": text("imageUrl"),
+        "deepLink": format!("trickbook://spot/{}", id.to_hex()),
+    } }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_review_reads_with_and_without_its_optional_fields() {
+        let r: SpotReview = serde_json::from_str(
+            r#"{"draftId":"6650f1a2b3c4d5e6f7a8c001","status":"approved","spotId":"6650f1a2b3c4d5e6f7a8c002","reviewedAt":"2026-11-23T10:00:00Z","extra":1}"#,
+        )
+        .unwrap();
+        assert_eq!(r.status, Status::Approved);
+        assert_eq!(r.spot_id.as_deref(), Some("6650f1a2b3c4d5e6f7a8c002"));
+        let r: SpotReview = serde_json::from_str(
+            r#"{"draftId":"6650f1a2b3c4d5e6f7a8c001","status":"rejected","note":"blurry","reviewedAt":"2026-11-23T10:00:00Z"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (r.status, r.note.as_deref()),
+            (Status::Rejected, Some("blurry"))
+        );
+        for bad in [
+            r#"{"draftId":"x","status":"maybe","reviewedAt":"2026-11-23T10:00:00Z"}"#,
+            r#"{"draftId":"6650f1a2b3c4d5e6f7a8c001","status":"approved"}"#,
+        ] {
+            assert!(serde_json::from_str::<SpotReview>(bad).is_err(), "{bad}");
+        }
+    }
+}

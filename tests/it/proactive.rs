@@ -1,0 +1,424 @@
+//! Companions that follow up: a spot draft a companion made is reviewed, TB-Backend publishes the review
+//! on `<prefix>.signal.spot_draft.<draftId>`, and the companion tells the user in the thread the draft came
+//! from, once, whatever is redelivered, republished or killed on the way.
+
+use std::{sync::Arc, time::Duration};
+
+use bson::{Document, doc, oid::ObjectId};
+use companion::bus::Completion;
+use companion_dev::stub::{Responder, StubReply};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use sqlx::Connection;
+
+use crate::env::*;
+
+const MAPS: &str = "https://www.google.com/maps/place/Hollow+Bowl/@45.5231,-122.6765,17z";
+
+/// The model: a DM asking to add a spot calls `create_spot_draft`; a follow-up brief (a system note
+/// last) is answered by `follow_up`; anything else gets a short text.
+fn model(follow_up: impl Fn(&str) -> StubReply + Send + Sync + 'static) -> Responder {
+    Arc::new(move |body: &Value| {
+        let last = last_message(body);
+        let text = last["content"].as_str().unwrap_or_default();
+        match last["role"].as_str() {
+            Some("user") if text.contains("add this spot") => StubReply::tool(
+                "create_spot_draft",
+                json!({"name": "Hollow Bowl", "type": "skatepark", "mapsUrl": MAPS, "city": "Portland"}),
+            ),
+            Some("system") => follow_up(text),
+            _ => StubReply::text("sent it to the mods 🛹"),
+        }
+    })
+}
+
+/// A DM turn in which Kaori submits a spot draft for Jess; the draft's id.
+async fn submit_draft(env: &TestEnv) -> ObjectId {
+    let event = env
+        .dm(JESS, KAORI, JESS_KAORI, &format!("add this spot {MAPS}"))
+        .await;
+    let reply = env.turn(&event).await;
+    let journal = env.journal();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            journal
+                .get(&event.message_id)
+                .await
+                .unwrap()
+                .is_some_and(|j| j.state == companion::journal::State::Done)
+        })
+        .await,
+        "the turn settled"
+    );
+    assert_eq!(
+        reply.rich_content.as_ref().unwrap()["type"],
+        "spot_draft_confirmation"
+    );
+    let id = reply.rich_content.unwrap()["data"]["_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let draft = drafts(env)
+        .find_one(doc! { "_id": oid(&id) })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        draft.get_str("botId").unwrap(),
+        KAORI,
+        "the draft names its companion"
+    );
+    assert_eq!(
+        draft.get_str("conversationId").unwrap(),
+        JESS_KAORI,
+        "and its thread"
+    );
+    assert_eq!(draft.get_str("createdBy").unwrap(), "Kaori");
+    oid(&id)
+}
+
+fn drafts(env: &TestEnv) -> mongodb::Collection<Document> {
+    env.mongo.collection("spot_drafts")
+}
+
+/// What the admin tool stores before it publishes the review.
+async fn review_in_mongo(env: &TestEnv, draft: ObjectId, set: Document) {
+    drafts(env)
+        .update_one(doc! { "_id": draft }, doc! { "$set": set })
+        .await
+        .unwrap();
+}
+
+/// Publishes a review as TB-Backend does (`Nats-Msg-Id: <draftId>:<status>` unless `msg_id` is given).
+async fn publish_review(env: &TestEnv, draft: ObjectId, body: Value, msg_id: Option<&str>) {
+    let status = body["status"].as_str().unwrap_or("x").to_owned();
+    let id = msg_id.map_or_else(|| format!("{}:{status}", draft.to_hex()), str::to_owned);
+    env.publish_raw(
+        env.bus.names.spot_review(&draft.to_hex()),
+        &id,
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await;
+}
+
+/// The next proactive completion in the stream, within `within`.
+async fn next_proactive(
+    replies: &mut (impl futures::Stream<Item = Completion> + Unpin),
+    within: Duration,
+) -> Completion {
+    tokio::time::timeout(within, async {
+        while let Some(c) = replies.next().await {
+            if c.proactive {
+                return c;
+            }
+        }
+        panic!("completion stream ended")
+    })
+    .await
+    .expect("a proactive message within the time")
+}
+
+/// dm_messages documents following up on `trigger_id`.
+async fn follow_ups(env: &TestEnv, trigger_id: &str) -> Vec<Document> {
+    use futures::TryStreamExt;
+    env.mongo
+        .collection("dm_messages")
+        .find(doc! { "trigger.id": trigger_id })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_approved_review_reaches_the_user_once_with_the_spot_card() {
+    let mut env = TestEnv::new(model(|_| StubReply::text("omg Hollow Bowl is LIVE 🎉"))).await;
+    env.start_worker().await;
+    let draft = submit_draft(&env).await;
+    let spot = ObjectId::new();
+    env.mongo
+        .collection("ck_spots")
+        .insert_one(doc! { "_id": spot, "name": "Hollow Bowl", "city": "Portland", "state": "OR", "rating": 4.5 })
+        .await
+        .unwrap();
+    review_in_mongo(&env, draft, doc! { "status": "approved", "spotId": spot }).await;
+
+    let mut replies = env.completions(JESS_KAORI).await;
+    let review = json!({"draftId": draft.to_hex(), "status": "approved", "spotId": spot.to_hex(), "reviewedAt": "2026-11-23T10:00:00Z"});
+    publish_review(&env, draft, review.clone(), None).await;
+    // The same review again: a JetStream duplicate.
+    publish_review(&env, draft, review.clone(), None).await;
+
+    let c = next_proactive(&mut replies, Duration::from_secs(30)).await;
+    // Once more under another message id, later (a replay by hand): the journal says it was sent.
+    publish_review(&env, draft, review, Some("by-hand-replay")).await;
+    let trigger_id = format!("{}:approved", draft.to_hex());
+    assert_eq!(c.content, "omg Hollow Bowl is LIVE 🎉");
+    assert_eq!(c.sender_id, KAORI);
+    assert_eq!(c.in_reply_to, None);
+    let trigger = c.trigger.as_ref().unwrap();
+    assert_eq!(
+        (trigger.kind.as_str(), trigger.id.as_str()),
+        ("spot_review", trigger_id.as_str())
+    );
+    let card = c.rich_content.as_ref().unwrap();
+    assert_eq!(card["type"], "spot_card");
+    assert_eq!(
+        card["data"]["deepLink"],
+        format!("trickbook://spot/{}", spot.to_hex())
+    );
+    assert_eq!(card["data"]["name"], "Hollow Bowl");
+    assert_eq!(card["data"]["rating"], 4.5);
+
+    // The model wrote it knowing what happened, in Kaori's voice and with the thread so far.
+    let asked = env.stub.requests();
+    let brief = last_message(asked.last().unwrap());
+    assert_eq!(brief["role"], "system");
+    let brief = brief["content"].as_str().unwrap();
+    assert!(
+        brief.contains("approved") && brief.contains("Hollow Bowl"),
+        "{brief}"
+    );
+    let system = asked.last().unwrap()["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(system.contains("Kaori"), "{system}");
+    assert!(
+        asked
+            .last()
+            .unwrap()
+            .get("tools")
+            .is_none_or(|t| t.as_array().is_none_or(Vec::is_empty))
+    );
+
+    // Once: the replay by hand was handled (a second attempt of the job) and sent nothing.
+    let journal = env.journal();
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            journal
+                .get(&format!("spot_review:{trigger_id}"))
+                .await
+                .unwrap()
+                .is_some_and(|j| j.attempts == 2)
+        })
+        .await,
+        "the republished review was handled"
+    );
+    let docs = follow_ups(&env, &trigger_id).await;
+    assert_eq!(docs.len(), 1, "one message");
+    assert!(docs[0].get_bool("proactive").unwrap());
+    assert_eq!(
+        docs[0].get_str("conversationId").ok(),
+        None,
+        "conversationId is an ObjectId"
+    );
+    assert_eq!(
+        docs[0].get_object_id("conversationId").unwrap(),
+        oid(JESS_KAORI)
+    );
+    let model_calls = env.stub.requests().len();
+    assert_eq!(model_calls, 3, "two for the turn, one for the follow-up");
+    // It is in the history the next turn sees.
+    let next = env.dm(JESS, KAORI, JESS_KAORI, "wait really??").await;
+    env.turn(&next).await;
+    let history = env.stub.requests().last().unwrap()["messages"].to_string();
+    assert!(history.contains("omg Hollow Bowl is LIVE"), "{history}");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_rejected_review_passes_the_note_on_and_the_plain_line_stands_in_for_a_failed_model() {
+    // The model refuses every follow-up (400: no retry helps): the character's plain line is sent.
+    let follow_up = |_: &str| StubReply::Status {
+        code: 400,
+        body: r#"{"error":{"message":"bad request"}}"#.into(),
+        retry_after: None,
+    };
+    let mut env = TestEnv::new(model(follow_up)).await;
+    env.start_worker().await;
+    let draft = submit_draft(&env).await;
+
+    // Published before the admin tool stored the status: retried until MongoDB has it.
+    let mut replies = env.completions(JESS_KAORI).await;
+    publish_review(
+        &env,
+        draft,
+        json!({"draftId": draft.to_hex(), "status": "rejected", "note": "that's a private backyard", "reviewedAt": "2026-11-23T10:00:00Z"}),
+        None,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    review_in_mongo(&env, draft, doc! { "status": "rejected" }).await;
+
+    let c = next_proactive(&mut replies, Duration::from_secs(30)).await;
+    let kaori: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("characters/kaori.json")).unwrap(),
+    )
+    .unwrap();
+    let expected = kaori["followUps"]["spotRejected"]
+        .as_str()
+        .unwrap()
+        .replace("{spot}", "Hollow Bowl")
+        .replace("{note}", " Moderator's note: that's a private backyard");
+    assert_eq!(c.content, expected);
+    assert!(c.rich_content.is_none());
+    assert_eq!(
+        c.trigger.unwrap().id,
+        format!("{}:rejected", draft.to_hex())
+    );
+    // The model had been asked, with the note.
+    let asked = env.stub.requests();
+    let brief = last_message(asked.last().unwrap())["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        brief.contains("that's a private backyard") && brief.contains("did not approve"),
+        "{brief}"
+    );
+    assert_eq!(
+        follow_ups(&env, &format!("{}:rejected", draft.to_hex()))
+            .await
+            .len(),
+        1
+    );
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn reviews_of_unknown_or_user_made_drafts_and_malformed_ones_are_dead_lettered() {
+    let mut env = TestEnv::new(model(|_| StubReply::text("should not be sent"))).await;
+    env.start_worker().await;
+    let unknown = ObjectId::new();
+    let by_user = ObjectId::new();
+    drafts(&env)
+        .insert_one(doc! { "_id": by_user, "name": "Backyard", "status": "approved", "submittedBy": JESS, "submittedVia": "app" })
+        .await
+        .unwrap();
+    let review = |d: ObjectId| json!({"draftId": d.to_hex(), "status": "approved", "reviewedAt": "2026-11-23T10:00:00Z"});
+    publish_review(&env, unknown, review(unknown), None).await;
+    publish_review(&env, by_user, review(by_user), None).await;
+    // Not JSON; a draft id that is not the subject's.
+    env.publish_raw(
+        env.bus.names.spot_review(&unknown.to_hex()),
+        "garbage",
+        "{not json",
+    )
+    .await;
+    publish_review(&env, unknown, review(by_user), Some("mismatch")).await;
+
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            env.dead_letters().await.len() == 4
+        })
+        .await,
+        "four dead letters: {:?}",
+        env.dead_letters().await
+    );
+    let reasons: Vec<String> = env.dead_letters().await.into_iter().map(|d| d.0).collect();
+    let has = |s: &str| reasons.iter().any(|r| r.contains(s));
+    assert!(has(&format!("no spot draft {unknown}")), "{reasons:?}");
+    assert!(has("was not made by a companion"), "{reasons:?}");
+    assert!(has("not a spot review"), "{reasons:?}");
+    assert!(has("does not match the subject"), "{reasons:?}");
+    assert!(
+        env.stub.requests().is_empty(),
+        "no model call for any of them"
+    );
+    let sent: u64 = env
+        .mongo
+        .collection("dm_messages")
+        .count_documents(doc! { "proactive": true })
+        .await
+        .unwrap();
+    assert_eq!(sent, 0);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_worker_killed_between_the_model_call_and_the_write_still_sends_one_message() {
+    let slow = |_: &str| {
+        StubReply::Delayed(
+            Duration::from_secs(2),
+            Box::new(StubReply::text("your spot is live!!")),
+        )
+    };
+    let env = TestEnv::with(model(slow), |c| {
+        c.consumer.ack_wait_secs = 2;
+        c.consumer.max_deliver = 5;
+    })
+    .await;
+    let mut first = env.spawn_worker_process(&[]);
+    let draft = submit_draft(&env).await;
+    let spot = ObjectId::new();
+    review_in_mongo(&env, draft, doc! { "status": "approved", "spotId": spot }).await;
+    let before = env.stub.requests().len();
+
+    let mut replies = env.completions(JESS_KAORI).await;
+    publish_review(
+        &env,
+        draft,
+        json!({"draftId": draft.to_hex(), "status": "approved", "reviewedAt": "2026-11-23T10:00:00Z"}),
+        None,
+    )
+    .await;
+    // The model takes 2 s to answer; once it is asked, nothing more can be recorded in the journal while
+    // this transaction holds the lock: the worker gets the answer and waits, before anything of it is
+    // written.
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            env.stub.requests().len() == before + 1
+        })
+        .await,
+        "the worker asked the model"
+    );
+    let mut lock = sqlx::PgConnection::connect(&env.config.pg.url)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN").execute(&mut lock).await.unwrap();
+    sqlx::query("LOCK TABLE job_steps IN SHARE MODE")
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    let pool = env.pg.pool.clone();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            waiting > 0
+        })
+        .await,
+        "the worker got the answer and waits to record it"
+    );
+    kill9(&mut first);
+    // A statement the dead worker already sent would still run once the lock is free: its server session
+    // goes with it, as the server would find on its next write to the dead connection.
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .execute(&mut lock)
+    .await
+    .unwrap();
+    sqlx::query("ROLLBACK").execute(&mut lock).await.unwrap();
+
+    let mut second = env.spawn_worker_process(&[]);
+    let c = next_proactive(&mut replies, Duration::from_secs(30)).await;
+    assert_eq!(c.content, "your spot is live!!");
+    let trigger_id = format!("{}:approved", draft.to_hex());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(follow_ups(&env, &trigger_id).await.len(), 1, "one message");
+    assert_eq!(
+        env.stub.requests().len(),
+        before + 2,
+        "the killed attempt's answer was never recorded, so the model was asked once more"
+    );
+    stop(&mut second);
+    env.finish().await;
+}
