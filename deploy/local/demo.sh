@@ -94,4 +94,6 @@ if [[ -t 0 && -t 1 ]]; then
 else
   say "not a terminal: playing the scripted conversation"
   "$DEV" chat --user jess --bot "$BOT" --script builtin --wait 60
+  say "a moderator approves the spot the companion just submitted; the companion follows up on its own"
+  "$DEV" review --user jess --bot "$BOT" --wait 60
 fi

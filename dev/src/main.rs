@@ -64,6 +64,25 @@ enum Command {
         #[command(flatten)]
         config: chat::ChatConfig,
     },
+    /// Act as the admin tool: review the newest spot draft the companion made for the user, publish the
+    /// review, and print the companion's follow-up.
+    Review {
+        #[arg(long, default_value = "jess")]
+        user: String,
+        #[arg(long, default_value = "kaori")]
+        bot: String,
+        /// Reject it instead of approving it.
+        #[arg(long)]
+        reject: bool,
+        /// The moderator's note.
+        #[arg(long)]
+        note: Option<String>,
+        /// Seconds to wait for the follow-up; 0 publishes and exits.
+        #[arg(long, default_value_t = 120)]
+        wait: u64,
+        #[command(flatten)]
+        config: chat::ChatConfig,
+    },
     /// Serve the scripted offline model (OpenAI-compatible) for demos without an API key.
     StubLlm {
         #[arg(long, default_value = "127.0.0.1:8089")]
@@ -115,6 +134,29 @@ async fn run() -> anyhow::Result<()> {
             match session.say(&text, &images, wait).await? {
                 Some(reply) => chat::print_reply(&session.bot_name, &reply),
                 None => println!("published to conversation {}", session.conversation),
+            }
+        }
+        Command::Review {
+            user,
+            bot,
+            reject,
+            note,
+            wait,
+            config,
+        } => {
+            let session = chat::Session::open(&config, &user, &bot).await?;
+            let wait = (wait > 0).then(|| Duration::from_secs(wait));
+            let status = if reject { "rejected" } else { "approved" };
+            println!(
+                "(a moderator {status} the newest spot draft {} made for {user})",
+                session.bot_name
+            );
+            match session
+                .review_latest_draft(!reject, note.as_deref(), wait)
+                .await?
+            {
+                Some(follow_up) => chat::print_reply(&session.bot_name, &follow_up),
+                None => println!("review published"),
             }
         }
         Command::Chat {

@@ -323,6 +323,17 @@ fn compose(
     if last["role"] == "tool" {
         return StubReply::Text(summarise_tool_results(&messages));
     }
+    if last["role"] == "system" && messages.len() > 1 {
+        // A follow-up: the note after the conversation says what happened.
+        let note = last["content"].as_str().unwrap_or("");
+        let what = note
+            .split_once("] ")
+            .map_or(note, |(_, w)| w)
+            .split(" Write the user")
+            .next()
+            .unwrap_or("");
+        return StubReply::Text(format!("[scripted {name}] following up: {what}"));
+    }
     let text = last_user_text(body);
     let lower = text.to_lowercase();
     if let Some(call) = choose(&lower, &text, &offered) {
