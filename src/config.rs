@@ -480,6 +480,14 @@ pub struct TurnConfig {
         default_value_t = 5
     )]
     pub proactive_daily_cap: u32,
+    /// Shortest time ahead a reminder may be set for, seconds (tests and the demo use a few).
+    #[arg(
+        id = "reminder-min-lead-secs",
+        long = "reminder-min-lead-secs",
+        env = "COMPANION_REMINDER_MIN_LEAD_SECS",
+        default_value_t = 60
+    )]
+    pub reminder_min_lead_secs: u64,
 }
 
 /// One worker process: how much it runs at once, how it retries and stops, where it serves `/metrics`.
@@ -820,6 +828,10 @@ impl Config {
             (
                 "COMPANION_PROACTIVE_DAILY_CAP",
                 t.proactive_daily_cap.to_string(),
+            ),
+            (
+                "COMPANION_REMINDER_MIN_LEAD_SECS",
+                t.reminder_min_lead_secs.to_string(),
             ),
             ("COMPANION_CONCURRENCY", w.concurrency.to_string()),
             (

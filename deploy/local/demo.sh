@@ -80,7 +80,7 @@ else
   say "using the real model ${OPENROUTER_MODEL:-google/gemini-2.0-flash-001} at ${LLM_BASE_URL:-https://openrouter.ai/api/v1}"
 fi
 
-"$BIN" worker >>"$LOGS/worker.log" 2>&1 &
+COMPANION_REMINDER_MIN_LEAD_SECS="${COMPANION_REMINDER_MIN_LEAD_SECS:-5}" "$BIN" worker >>"$LOGS/worker.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do
   grep -q "worker ready" "$LOGS/worker.log" 2>/dev/null && break
@@ -96,4 +96,6 @@ else
   "$DEV" chat --user jess --bot "$BOT" --script builtin --wait 60
   say "a moderator approves the spot the companion just submitted; the companion follows up on its own"
   "$DEV" review --user jess --bot "$BOT" --wait 60
+  say "the reminder Kaori promised a few seconds ago comes due (NATS keeps the timer)"
+  "$DEV" follow-up --user jess --bot "$BOT" --kind reminder --since-secs 120 --wait 60
 fi

@@ -23,6 +23,7 @@ pub const DEMO_SCRIPT: &[&str] = &[
     "how do I ollie?",
     "what's a good first trick on a skateboard?",
     "can you add this spot? https://www.google.com/maps/place/Hollow+Bowl/@45.5231,-122.6765,17z",
+    "remind me to wax my board in a few seconds",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -222,6 +223,38 @@ impl Session {
         match tokio::time::timeout(wait, replies.next()).await {
             Ok(Some(c)) => Ok(Some(c)),
             _ => Err(CommandError::NoReply(wait)),
+        }
+    }
+}
+
+impl Session {
+    /// Waits for the companion's first proactive message of `kind` in this conversation written since
+    /// `since` (read from dm_messages, so one that came before this command started is found too).
+    pub async fn follow_up_since(
+        &self,
+        kind: &str,
+        since: chrono::DateTime<chrono::Utc>,
+        wait: Duration,
+    ) -> Result<bson::Document, CommandError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let found = self
+                .mongo
+                .collection("dm_messages")
+                .find_one(doc! {
+                    "conversationId": self.conversation,
+                    "trigger.kind": kind,
+                    "timestamp": { "$gte": bson::DateTime::from_chrono(since) },
+                })
+                .await
+                .map_err(|e| CommandError::Store(e.into()))?;
+            if let Some(d) = found {
+                return Ok(d);
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(CommandError::NoReply(wait));
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
 }

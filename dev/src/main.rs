@@ -83,6 +83,22 @@ enum Command {
         #[command(flatten)]
         config: chat::ChatConfig,
     },
+    /// Wait for the companion's proactive message of a kind (`reminder`, `spot_review`) written in the
+    /// last `--since-secs` seconds, and print it.
+    FollowUp {
+        #[arg(long, default_value = "jess")]
+        user: String,
+        #[arg(long, default_value = "kaori")]
+        bot: String,
+        #[arg(long, default_value = "reminder")]
+        kind: String,
+        #[arg(long, default_value_t = 300)]
+        since_secs: i64,
+        #[arg(long, default_value_t = 120)]
+        wait: u64,
+        #[command(flatten)]
+        config: chat::ChatConfig,
+    },
     /// Serve the scripted offline model (OpenAI-compatible) for demos without an API key.
     StubLlm {
         #[arg(long, default_value = "127.0.0.1:8089")]
@@ -158,6 +174,25 @@ async fn run() -> anyhow::Result<()> {
                 Some(follow_up) => chat::print_reply(&session.bot_name, &follow_up),
                 None => println!("review published"),
             }
+        }
+        Command::FollowUp {
+            user,
+            bot,
+            kind,
+            since_secs,
+            wait,
+            config,
+        } => {
+            let session = chat::Session::open(&config, &user, &bot).await?;
+            let since = chrono::Utc::now() - chrono::Duration::seconds(since_secs);
+            let d = session
+                .follow_up_since(&kind, since, Duration::from_secs(wait))
+                .await?;
+            println!(
+                "{}> {}",
+                session.bot_name.to_lowercase(),
+                d.get_str("content").unwrap_or_default()
+            );
         }
         Command::Chat {
             user,

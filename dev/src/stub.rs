@@ -411,8 +411,21 @@ fn maps_link(lower: &str) -> bool {
         || lower.contains("maps.apple.com")
 }
 
+/// How far ahead the offline model sets a reminder (the demo's worker accepts 5 s).
+const DEMO_REMINDER_SECS: i64 = 10;
+
 fn demo_tool_call(lower: &str, text: &str, offered: &[&str]) -> Option<StubReply> {
     let has = |t: &str| offered.contains(&t);
+    if let Some((_, what)) = lower.split_once("remind me to ")
+        && has("schedule_reminder")
+    {
+        let what = what.split(" in ").next().unwrap_or(what);
+        let at = chrono::Utc::now() + chrono::Duration::seconds(DEMO_REMINDER_SECS);
+        return Some(StubReply::tool(
+            "schedule_reminder",
+            json!({"text": what.trim_end_matches(['?', '.', '!']), "at": at.to_rfc3339()}),
+        ));
+    }
     if (lower.contains("make") || lower.contains("create"))
         && lower.contains("list")
         && has("create_tricklist")
@@ -701,7 +714,7 @@ impl DemoModel {
         let lower = text.to_lowercase();
         let offered: Vec<&str> = offered.iter().map(String::as_str).collect();
         let has = |t: &str| offered.contains(&t);
-        if maps_link(&lower) {
+        if maps_link(&lower) || lower.contains("remind me") {
             return demo_tool_call(&lower, text, &offered);
         }
         let v = self.embedder.embed_one(text).await.ok()?;

@@ -121,6 +121,14 @@ impl Names {
     pub fn spot_review(&self, draft_id: &str) -> String {
         format!("{}.signal.spot_draft.{draft_id}", self.prefix)
     }
+    /// A due reminder, fired by its schedule.
+    pub fn reminder_due(&self, id: &str) -> String {
+        format!("{}.signal.reminder.{id}", self.prefix)
+    }
+    /// A reminder's schedule (the timer NATS keeps).
+    pub fn reminder_schedule(&self, id: &str) -> String {
+        format!("{}.schedule.reminder.{id}", self.prefix)
+    }
     /// The stream an inbound subject belongs to.
     pub fn stream_of(&self, subject: &str) -> &str {
         if subject.starts_with(&format!("{}.signal.", self.prefix)) {
@@ -474,6 +482,32 @@ impl Bus {
             .message_id(msg_id);
         let ack = self.js.send_publish(subject, msg).await?.await?;
         Ok(ack)
+    }
+
+    /// Stores `payload` as a one-shot message schedule on `subject` (a subject of the signal stream):
+    /// at `at` the server publishes it on `target` and removes the schedule, whether or not any worker
+    /// runs then. async-nats 0.51 has no helper for schedules, so the headers are set here
+    /// (`Nats-Schedule: @at <RFC 3339 UTC>`, `Nats-Schedule-Target`); `msg_id` makes a repeat a no-op.
+    pub async fn schedule_at(
+        &self,
+        subject: String,
+        target: &str,
+        at: chrono::DateTime<chrono::Utc>,
+        msg_id: &str,
+        payload: Bytes,
+    ) -> Result<(), BusError> {
+        // Whole seconds, rounded up: never earlier than asked.
+        let at = match at.timestamp_subsec_nanos() {
+            0 => at,
+            n => at + chrono::Duration::nanoseconds(1_000_000_000 - i64::from(n)),
+        };
+        let mut headers = HeaderMap::new();
+        let when = at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        headers.insert("Nats-Schedule", format!("@at {when}").as_str());
+        headers.insert("Nats-Schedule-Target", target);
+        self.publish_durable(subject, msg_id, headers, payload)
+            .await?;
+        Ok(())
     }
 
     pub async fn publish_completion(&self, completion: &Completion) -> Result<(), BusError> {

@@ -1,5 +1,5 @@
 //! Proactive messages: DMs a companion sends with no user message to answer, because something happened
-//! (a moderator reviewed the spot draft it made). A signal on `<prefix>.signal.<kind>.<id>` becomes one
+//! (a moderator reviewed the spot draft it made, a reminder it promised is due). A signal on `<prefix>.signal.<kind>.<id>` becomes one
 //! job of the journal, `<kind>:<id>`, so each is sent once however often the signal is delivered:
 //!
 //! | step | key | what it records |
@@ -12,6 +12,7 @@
 //! A message that must not be sent (the user left the conversation or blocked the companion, the daily
 //! cap is reached, the news is stale) settles its job `dropped` with the reason, logged and counted.
 
+pub mod reminder;
 pub mod spot_review;
 
 use std::{sync::Arc, time::Duration};
@@ -143,6 +144,7 @@ impl Proactive {
             .ok_or_else(|| ProactiveError::Invalid(format!("unexpected subject {subject}")))?;
         let follow_up = match kind {
             "spot_draft" => spot_review::follow_up(t, id, payload).await?,
+            "reminder" => reminder::follow_up(t, id, payload).await?,
             other => {
                 return Err(ProactiveError::Invalid(format!(
                     "unknown signal kind `{other}`"
@@ -155,7 +157,12 @@ impl Proactive {
             format!("{}:{}", follow_up.trigger.kind, follow_up.trigger.id),
         );
         span.record("conversation_id", follow_up.conversation.to_hex());
-        let outcome = self.send(&follow_up, seq).await;
+        let mut outcome = self.send(&follow_up, seq).await;
+        if let (Ok(o), reminder::KIND) = (&outcome, follow_up.trigger.kind.as_str())
+            && let Err(e) = reminder::settle_row(t, &follow_up.trigger.id, o).await
+        {
+            outcome = Err(e);
+        }
         if let Ok(o) = &outcome {
             t.metrics.inc(
                 PROACTIVE,
@@ -285,6 +292,7 @@ impl Proactive {
             profile: user.profile.as_ref(),
             tricklists: &tricklists,
             knowledge: &[],
+            reminders: &[],
             now: Utc::now(),
             tools_enabled: false,
         });

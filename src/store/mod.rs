@@ -3,6 +3,7 @@
 
 pub mod mongo;
 pub mod pg;
+pub mod reminders;
 
 pub use mongo::Mongo;
 pub use pg::Pg;

@@ -85,6 +85,8 @@ pub struct UserProfile {
     pub bio: Option<String>,
     pub location: Option<String>,
     pub sports: Vec<String>,
+    /// IANA time zone (`timezone` or `timeZone`), e.g. `America/Los_Angeles`.
+    pub time_zone: Option<String>,
 }
 
 /// A tricklist with its trick names resolved from the trickipedia.
@@ -492,6 +494,7 @@ fn profile_of(user: ObjectId, d: &Document) -> UserProfile {
         bio: s("bio"),
         location: s("location").or_else(|| s("city")),
         sports,
+        time_zone: s("timezone").or_else(|| s("timeZone")),
     }
 }
 

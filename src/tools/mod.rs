@@ -17,10 +17,12 @@
 //!
 //! What a call gave the model is kept as a [`ToolRecord`], the journal's record of the call.
 
+pub mod cancel_reminder;
 pub mod create_spot_draft;
 pub mod create_tricklist;
 pub mod get_user_tricklists;
 pub mod maps;
+pub mod schedule_reminder;
 pub mod schema;
 pub mod search_spots;
 pub mod search_trickipedia;
@@ -41,9 +43,10 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
 
 use crate::{
+    bus::{Bus, BusError},
     journal::{Admission, Job, JournalError},
     llm::{FunctionDef, ToolDef},
-    store::{Mongo, StoreError},
+    store::{Mongo, Pg, StoreError},
 };
 
 /// Longest search text accepted from the model (bounds regex scans).
@@ -71,12 +74,26 @@ pub struct ToolContext<'a> {
     /// The journal key of this call (see [`call_key`]): the write quota counts a call once.
     pub call_key: String,
     pub mongo: &'a Mongo,
+    /// The service's database (reminders).
+    pub pg: &'a Pg,
+    /// Where reminders are scheduled.
+    pub bus: &'a Bus,
+    /// The user's IANA time zone (`users.timezone`), for quiet hours.
+    pub time_zone: Option<&'a str>,
+    pub reminders: ReminderBounds,
     /// The turn's journal: a write is counted against the quota as one of its steps.
     pub job: &'a Job,
     /// The clock of this turn (`createdAt`, the quota window).
     pub now: DateTime<Utc>,
     /// Writes allowed per user per rolling hour.
     pub writes_per_hour: u32,
+}
+
+/// The configurable bounds of reminders.
+#[derive(Clone, Copy, Debug)]
+pub struct ReminderBounds {
+    /// Shortest time ahead a reminder may be set for.
+    pub min_lead: std::time::Duration,
 }
 
 /// The journal key of a call: its id and a hash of the tool and its arguments, so a forced replay that
@@ -133,6 +150,9 @@ pub enum ToolError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Journal(#[from] JournalError),
+    /// The broker did not take a write (a reminder's schedule): like a database error, not a result.
+    #[error(transparent)]
+    Bus(#[from] BusError),
 }
 
 impl ToolError {
@@ -319,7 +339,9 @@ impl ToolResult {
     pub fn record(self, raw_args: &str, round: u32, ms: u64) -> Result<ToolRecord, ToolError> {
         let (ok, content, card) = match self.outcome {
             Ok(o) => (true, o.data, o.card),
-            Err(e @ (ToolError::Store(_) | ToolError::Journal(_))) => return Err(e),
+            Err(e @ (ToolError::Store(_) | ToolError::Journal(_) | ToolError::Bus(_))) => {
+                return Err(e);
+            }
             Err(e) => (false, e.to_model(), None),
         };
         Ok(ToolRecord {
@@ -385,7 +407,7 @@ pub struct Registry {
 }
 
 impl Default for Registry {
-    /// The six TrickBook tools.
+    /// The six TrickBook tools and the two of reminders.
     fn default() -> Self {
         Self::empty()
             .with::<search_spots::SearchSpots>()
@@ -394,6 +416,8 @@ impl Default for Registry {
             .with::<create_tricklist::CreateTricklist>()
             .with::<create_spot_draft::CreateSpotDraft>()
             .with::<share_content::ShareContent>()
+            .with::<schedule_reminder::ScheduleReminder>()
+            .with::<cancel_reminder::CancelReminder>()
     }
 }
 
@@ -574,14 +598,14 @@ mod tests {
         let r = Registry::default();
         let (a, b) = (r.defs(), r.defs());
         assert!(Arc::ptr_eq(&a, &b));
-        assert_eq!(a.len(), 6);
+        assert_eq!(a.len(), 8);
         // Adding a tool makes a new set that includes it.
         let more = Registry::empty().with::<search_spots::SearchSpots>();
         assert_eq!(more.defs().len(), 1);
     }
 
     #[test]
-    fn registry_offers_six_tools_with_object_schemas() {
+    fn registry_offers_eight_tools_with_object_schemas() {
         let r = Registry::default();
         assert_eq!(
             r.names(),
@@ -591,7 +615,9 @@ mod tests {
                 "search_trickipedia",
                 "create_tricklist",
                 "create_spot_draft",
-                "share_content"
+                "share_content",
+                "schedule_reminder",
+                "cancel_reminder"
             ]
         );
         for d in r.defs().iter() {

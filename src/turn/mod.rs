@@ -48,7 +48,7 @@ use crate::{
         pg::NewHistory,
     },
     timing::{Stage, stage},
-    tools::{REGISTRY, ToolContext, ToolError},
+    tools::{REGISTRY, ReminderBounds, ToolContext, ToolError},
 };
 
 /// Said when a character file has no `busyLine`.
@@ -156,6 +156,7 @@ impl From<ToolError> for TurnError {
         match e {
             ToolError::Journal(e) => Self::Journal(e),
             ToolError::Store(e) => Self::Store(e),
+            ToolError::Bus(e) => Self::Bus(e),
             other => Self::Store(StoreError::Pg(sqlx::Error::Protocol(other.to_string()))),
         }
     }
@@ -513,17 +514,20 @@ impl Turns {
                     self.pg
                         .history(&ids.sender, &ids.bot, self.config.history_limit),
                     self.mongo.resolve_tricklists(&user.tricklists),
+                    self.pg.pending_reminders(&ids.sender),
                 )
             }),
             self.retriever.for_turn(&character.knowledge, &query),
         );
-        let (history, tricklists) = context?;
+        let (history, tricklists, mut reminders) = context?;
+        reminders.retain(|r| r.bot_id == ids.bot);
         let prompt_started = std::time::Instant::now();
         let system = prompt::system_prompt(&prompt::PromptContext {
             character,
             profile: user.profile.as_ref(),
             tricklists: &tricklists,
             knowledge: &knowledge,
+            reminders: &reminders,
             now: Utc::now(),
             tools_enabled: true,
         });
@@ -553,6 +557,12 @@ impl Turns {
                 bot: event.bot_id,
                 conversation: event.conversation_id,
                 character: &character.name,
+                pg: &self.pg,
+                bus: &self.bus,
+                time_zone: user.profile.as_ref().and_then(|p| p.time_zone.as_deref()),
+                reminders: ReminderBounds {
+                    min_lead: std::time::Duration::from_secs(self.config.reminder_min_lead_secs),
+                },
                 message_id: event.message_id,
                 tool_call_id: String::new(),
                 call_key: String::new(),

@@ -12,6 +12,7 @@ use crate::{
     store::{
         mongo::{Tricklist, UserProfile},
         pg::HistoryMessage,
+        reminders::Reminder,
     },
 };
 
@@ -28,6 +29,8 @@ pub struct PromptContext<'a> {
     pub profile: Option<&'a UserProfile>,
     pub tricklists: &'a [Tricklist],
     pub knowledge: &'a [KnowledgeSnippet],
+    /// The user's pending reminders with this companion.
+    pub reminders: &'a [Reminder],
     pub now: DateTime<Utc>,
     pub tools_enabled: bool,
 }
@@ -70,7 +73,7 @@ pub fn system_prompt(ctx: &PromptContext<'_>) -> String {
     if ctx.tools_enabled {
         let _ = writeln!(
             p,
-            "- Use your tools to look things up or act (search spots or the trickipedia, show or create tricklists, submit spots for review, share cards). Spots you submit go to moderators first."
+            "- Use your tools to look things up or act (search spots or the trickipedia, show or create tricklists, submit spots for review, share cards, set or cancel reminders). Spots you submit go to moderators first. Only promise a reminder you set with schedule_reminder."
         );
     }
     let _ = writeln!(p, "\n## The user");
@@ -94,6 +97,9 @@ pub fn system_prompt(ctx: &PromptContext<'_>) -> String {
             }
             if let Some(bio) = &u.bio {
                 let _ = writeln!(p, "Bio: {}", clip(bio));
+            }
+            if let Some(tz) = &u.time_zone {
+                let _ = writeln!(p, "Time zone: {}", clip(tz));
             }
         }
         None => {
@@ -136,6 +142,18 @@ pub fn system_prompt(ctx: &PromptContext<'_>) -> String {
                 String::new()
             }
         );
+    }
+    if !ctx.reminders.is_empty() {
+        let _ = writeln!(p, "\n## Reminders you promised them (pending)");
+        for r in ctx.reminders {
+            let _ = writeln!(
+                p,
+                "- {}: \"{}\" at {}",
+                r.id,
+                clip(&r.text),
+                r.fire_at.format("%Y-%m-%d %H:%M UTC")
+            );
+        }
     }
     if !ctx.knowledge.is_empty() {
         let _ = writeln!(

@@ -234,7 +234,14 @@ impl TestEnv {
 
     /// A turn's job for a new event message of `user` to Kaori, for calling tools directly.
     pub async fn tool_job(&self, user: &str) -> ToolJob {
-        ToolJob::open(&self.journal(), self.mongo.clone(), user).await
+        ToolJob::open(
+            &self.journal(),
+            self.mongo.clone(),
+            self.pg.clone(),
+            self.bus.clone(),
+            user,
+        )
+        .await
     }
 
     /// Stores a DM from `user` to `bot` as TB-Backend does and returns its event (not yet published).
@@ -476,12 +483,14 @@ impl InProcessWorker {
 pub struct ToolJob {
     pub job: Job,
     pub mongo: Mongo,
+    pub pg: Pg,
+    pub bus: Bus,
     pub user: ObjectId,
     pub message_id: ObjectId,
 }
 
 impl ToolJob {
-    pub async fn open(journal: &Journal, mongo: Mongo, user: &str) -> Self {
+    pub async fn open(journal: &Journal, mongo: Mongo, pg: Pg, bus: Bus, user: &str) -> Self {
         let message_id = ObjectId::new();
         let id = message_id.to_hex();
         let job = journal
@@ -498,6 +507,8 @@ impl ToolJob {
         Self {
             job,
             mongo,
+            pg,
+            bus,
             user: oid(user),
             message_id,
         }
@@ -515,6 +526,12 @@ impl ToolJob {
             call_key: format!("{call}:test"),
             tool_call_id: call,
             mongo: &self.mongo,
+            pg: &self.pg,
+            bus: &self.bus,
+            time_zone: None,
+            reminders: companion::tools::ReminderBounds {
+                min_lead: Duration::from_secs(60),
+            },
             job: &self.job,
             now: chrono::Utc::now(),
             writes_per_hour: 5,

@@ -30,6 +30,7 @@ mod quota_processes;
 mod rag_kb;
 mod rag_turn;
 mod regressions;
+mod reminders;
 mod replay;
 mod shutdown;
 mod tb_backend_bridge;

@@ -422,3 +422,82 @@ async fn a_worker_killed_between_the_model_call_and_the_write_still_sends_one_me
     stop(&mut second);
     env.finish().await;
 }
+
+#[tokio::test]
+async fn follow_ups_to_a_user_who_blocked_the_companion_or_is_over_the_daily_cap_are_dropped() {
+    let mut env = TestEnv::with(model(|_| StubReply::text("news!")), |c| {
+        c.turn.proactive_daily_cap = 1;
+    })
+    .await;
+    env.start_worker().await;
+    // Three drafts Kaori made for Jess, approved.
+    let mut drafts_made = Vec::new();
+    for name in ["One", "Two", "Three"] {
+        let id = ObjectId::new();
+        drafts(&env)
+            .insert_one(doc! {
+                "_id": id, "name": name, "status": "approved", "submittedBy": JESS,
+                "botId": KAORI, "conversationId": JESS_KAORI, "createdBy": "Kaori",
+            })
+            .await
+            .unwrap();
+        drafts_made.push(id);
+    }
+    let review = |d: ObjectId| json!({"draftId": d.to_hex(), "status": "approved", "reviewedAt": "2026-11-23T10:00:00Z"});
+    let journal = env.journal();
+    let settled_as = |d: ObjectId| {
+        let journal = journal.clone();
+        async move {
+            let id = format!("spot_review:{}:approved", d.to_hex());
+            eventually(Duration::from_secs(20), || async {
+                journal
+                    .get(&id)
+                    .await
+                    .unwrap()
+                    .is_some_and(|j| j.state.is_settled())
+            })
+            .await;
+            let job = journal.get(&id).await.unwrap();
+            (
+                job.as_ref().map(|j| j.state),
+                job.and_then(|j| j.last_error),
+            )
+        }
+    };
+    use companion::journal::State;
+
+    // The first is sent; the second is over the cap of one a day.
+    publish_review(&env, drafts_made[0], review(drafts_made[0]), None).await;
+    assert_eq!(settled_as(drafts_made[0]).await.0, Some(State::Done));
+    publish_review(&env, drafts_made[1], review(drafts_made[1]), None).await;
+    let (state, why) = settled_as(drafts_made[1]).await;
+    assert_eq!(state, Some(State::Dropped));
+    assert!(why.unwrap().contains("daily cap of 1"));
+
+    // Jess blocks Kaori: nothing more from her, whatever the cap.
+    sqlx::query("DELETE FROM job_steps WHERE tally LIKE 'proactive:%'")
+        .execute(&env.pg.pool)
+        .await
+        .unwrap();
+    env.mongo
+        .collection("users")
+        .update_one(
+            doc! { "_id": oid(JESS) },
+            doc! { "$set": { "blockedUsers": [oid(KAORI)] } },
+        )
+        .await
+        .unwrap();
+    publish_review(&env, drafts_made[2], review(drafts_made[2]), None).await;
+    let (state, why) = settled_as(drafts_made[2]).await;
+    assert_eq!(state, Some(State::Dropped));
+    assert!(why.unwrap().contains("blocked"));
+
+    let sent = env
+        .mongo
+        .collection("dm_messages")
+        .count_documents(doc! { "proactive": true })
+        .await
+        .unwrap();
+    assert_eq!(sent, 1, "only the first");
+    env.finish().await;
+}

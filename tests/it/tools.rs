@@ -564,10 +564,12 @@ async fn write_quota_holds_across_workers() {
         workers.push(tokio::spawn(async move {
             let reg = Registry::default();
             let calls = (0..6).map(|i| {
-                let (journal, mongo, reg) = (&components.turns.journal, &components.mongo, &reg);
+                let (journal, reg, c) = (&components.turns.journal, &reg, &components);
                 async move {
                     // Each call is another event's turn.
-                    let tj = ToolJob::open(journal, mongo.clone(), JESS).await;
+                    let tj =
+                        ToolJob::open(journal, c.mongo.clone(), c.pg.clone(), c.bus.clone(), JESS)
+                            .await;
                     let mut ctx = tj.ctx();
                     ctx.tool_call_id = format!("call_w{w}_{i}");
                     reg.dispatch(
@@ -623,7 +625,14 @@ async fn write_quota_holds_across_workers() {
 async fn database_errors_fail_the_turn_instead_of_answering() {
     let f = TestEnv::new(always(StubReply::text("unused"))).await;
     let components = f.components().await;
-    let tj = ToolJob::open(&components.turns.journal, f.mongo.clone(), JESS).await;
+    let tj = ToolJob::open(
+        &components.turns.journal,
+        f.mongo.clone(),
+        components.pg.clone(),
+        components.bus.clone(),
+        JESS,
+    )
+    .await;
     components.pg.pool.close().await;
     let ctx = tj.ctx();
     let r = call(

@@ -1,0 +1,103 @@
+//! A due reminder reaches the user: the schedule `schedule_reminder` set fires
+//! `<prefix>.signal.reminder.<id>` with `{ "reminderId", "fireAt" }`, and the companion that promised it
+//! writes to the user in the thread it was promised in. A cancelled reminder is dropped (its schedule
+//! still fired); the row ends `sent` or `dropped`.
+
+use serde::Deserialize;
+
+use super::{FollowUp, ProactiveError, ProactiveOutcome};
+use crate::{
+    bus::{Trigger, event::parse_object_id},
+    character::fill,
+    journal::State,
+    store::reminders::ReminderState,
+    turn::Turns,
+};
+
+/// The trigger kind of a reminder's message.
+pub const KIND: &str = "reminder";
+
+/// The fired schedule's body.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Due {
+    reminder_id: String,
+}
+
+/// Reads the fired reminder and says what to tell whom.
+pub async fn follow_up<'t>(
+    t: &'t Turns,
+    subject_id: &str,
+    payload: &[u8],
+) -> Result<FollowUp<'t>, ProactiveError> {
+    let invalid = |why: String| ProactiveError::Invalid(why);
+    let due: Due =
+        serde_json::from_slice(payload).map_err(|e| invalid(format!("not a due reminder: {e}")))?;
+    if due.reminder_id != subject_id {
+        return Err(invalid(format!(
+            "reminderId {} does not match the subject's {subject_id}",
+            due.reminder_id
+        )));
+    }
+    let r =
+        t.pg.reminder(&due.reminder_id)
+            .await?
+            .ok_or_else(|| invalid(format!("no reminder {}", due.reminder_id)))?;
+    let ids = (
+        parse_object_id(&r.user_id),
+        parse_object_id(&r.bot_id),
+        parse_object_id(&r.conversation_id),
+    );
+    let (Some(user), Some(bot), Some(conversation)) = ids else {
+        return Err(invalid(format!("reminder {} has malformed ids", r.id)));
+    };
+    let character = t
+        .characters
+        .by_bot(&bot)
+        .ok_or_else(|| invalid(format!("reminder {}: no character for bot {bot}", r.id)))?;
+    let stale =
+        (r.state == ReminderState::Cancelled).then(|| "the user cancelled the reminder".to_owned());
+    let brief = format!(
+        "[Not a reply: you are following up on your own.] You promised to remind the user of this, for \
+         {}: \"{}\". That time is now. Write the user one short DM, in character, reminding them.",
+        r.due_at.format("%A %-d %B %H:%M UTC"),
+        r.text
+    );
+    let plain = fill(&character.follow_ups.reminder, &[("text", &r.text)]);
+    Ok(FollowUp {
+        trigger: Trigger {
+            kind: KIND.to_owned(),
+            id: r.id,
+        },
+        user,
+        bot,
+        conversation,
+        character,
+        brief,
+        plain,
+        card: None,
+        stale,
+    })
+}
+
+/// The row follows the message: `sent` once it was sent, `dropped` when it was not (repeatable).
+pub async fn settle_row(
+    t: &Turns,
+    id: &str,
+    outcome: &ProactiveOutcome,
+) -> Result<(), ProactiveError> {
+    let to = match outcome {
+        ProactiveOutcome::Sent { .. }
+        | ProactiveOutcome::AlreadySettled {
+            state: State::Done, ..
+        } => ReminderState::Sent,
+        ProactiveOutcome::Dropped { .. }
+        | ProactiveOutcome::AlreadySettled {
+            state: State::Dropped,
+        } => ReminderState::Dropped,
+        ProactiveOutcome::AlreadySettled { .. } => return Ok(()),
+    };
+    t.pg.move_reminder(id, None, ReminderState::Pending, to)
+        .await?;
+    Ok(())
+}

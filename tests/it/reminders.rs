@@ -1,0 +1,322 @@
+//! Reminders: the companion promises (`schedule_reminder`), NATS keeps the timer (a message schedule), and
+//! the companion writes once at the time, whichever workers run then; a cancelled one never arrives; bad
+//! times are error results the model reads.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use bson::doc;
+use chrono::{DateTime, Utc};
+use companion::{bus::Completion, tools::Registry};
+use companion_dev::stub::{Responder, StubReply};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::env::*;
+
+/// What the scripted model did: the `at` of the reminder it set, and the id to cancel.
+#[derive(Default)]
+struct Script {
+    at: Option<DateTime<Utc>>,
+    cancel: Option<String>,
+}
+
+/// "remind me …" sets a reminder `lead` ahead; "cancel it" cancels `script.cancel`; a due reminder's note
+/// is answered with "⏰ wax your board!"; anything else with a short text.
+fn model(lead: Duration, script: Arc<Mutex<Script>>) -> Responder {
+    Arc::new(move |body: &Value| {
+        let last = last_message(body);
+        let text = last["content"].as_str().unwrap_or_default();
+        match last["role"].as_str() {
+            Some("user") if text.contains("remind me") => {
+                let at = Utc::now() + chrono::Duration::from_std(lead).unwrap();
+                script.lock().unwrap().at = Some(at);
+                StubReply::tool(
+                    "schedule_reminder",
+                    json!({"text": "wax your board", "at": at.to_rfc3339()}),
+                )
+            }
+            Some("user") if text.contains("cancel it") => {
+                let id = script.lock().unwrap().cancel.clone().unwrap_or_default();
+                StubReply::tool("cancel_reminder", json!({"reminderId": id}))
+            }
+            Some("system") => StubReply::text("⏰ wax your board!"),
+            _ => StubReply::text("got it"),
+        }
+    })
+}
+
+async fn env_with(lead: Duration) -> (TestEnv, Arc<Mutex<Script>>) {
+    let script = Arc::new(Mutex::new(Script::default()));
+    let env = TestEnv::with(model(lead, script.clone()), |c| {
+        c.turn.reminder_min_lead_secs = 1;
+        c.consumer.ack_wait_secs = 5;
+    })
+    .await;
+    (env, script)
+}
+
+/// Asks for a reminder and returns its id (from the tool's result), after the turn settled.
+async fn ask_for_reminder(env: &TestEnv) -> String {
+    let event = env
+        .dm(JESS, KAORI, JESS_KAORI, "remind me to wax my board")
+        .await;
+    let reply = env.turn(&event).await;
+    assert_eq!(reply.content, "got it");
+    let result = env.stub.requests().last().unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .cloned()
+        .expect("the tool's result went back to the model");
+    let data: Value = serde_json::from_str(result["content"].as_str().unwrap()).unwrap();
+    assert_eq!(data["state"], "pending", "{data}");
+    data["reminderId"].as_str().unwrap().to_owned()
+}
+
+async fn next_proactive(
+    replies: &mut (impl futures::Stream<Item = Completion> + Unpin),
+    within: Duration,
+) -> Option<(Completion, DateTime<Utc>)> {
+    tokio::time::timeout(within, async {
+        while let Some(c) = replies.next().await {
+            if c.proactive {
+                return Some((c, Utc::now()));
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+async fn messages_for(env: &TestEnv, id: &str) -> u64 {
+    env.mongo
+        .collection("dm_messages")
+        .count_documents(doc! { "trigger.id": id })
+        .await
+        .unwrap()
+}
+
+async fn reminder_state(env: &TestEnv, id: &str) -> String {
+    sqlx::query_scalar("SELECT state FROM reminders WHERE id = $1")
+        .bind(id)
+        .fetch_one(&env.pg.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_reminder_fires_once_at_its_time_with_two_workers_running() {
+    let (env, script) = env_with(Duration::from_secs(3)).await;
+    let mut workers = [env.spawn_worker_process(&[]), env.spawn_worker_process(&[])];
+    let mut replies = env.completions(JESS_KAORI).await;
+    let id = ask_for_reminder(&env).await;
+    let at = script.lock().unwrap().at.unwrap();
+
+    let (c, arrived) = next_proactive(&mut replies, Duration::from_secs(30))
+        .await
+        .expect("the reminder arrives");
+    assert!(arrived >= at, "arrived {arrived}, due {at}");
+    assert_eq!(c.content, "⏰ wax your board!");
+    assert_eq!(c.sender_id, KAORI);
+    let trigger = c.trigger.unwrap();
+    assert_eq!(
+        (trigger.kind.as_str(), trigger.id.as_str()),
+        ("reminder", id.as_str())
+    );
+    // The model knew what it had promised.
+    let brief = last_message(env.stub.requests().last().unwrap())["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(brief.contains("wax your board"), "{brief}");
+
+    assert!(
+        next_proactive(&mut replies, Duration::from_secs(4))
+            .await
+            .is_none(),
+        "nothing more"
+    );
+    assert_eq!(messages_for(&env, &id).await, 1);
+    assert_eq!(reminder_state(&env, &id).await, "sent");
+    for w in &mut workers {
+        stop(w);
+    }
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_reminder_due_while_every_worker_is_stopped_fires_once_when_one_starts() {
+    let (env, script) = env_with(Duration::from_secs(3)).await;
+    let mut first = env.spawn_worker_process(&[]);
+    let mut second = env.spawn_worker_process(&[]);
+    let mut replies = env.completions(JESS_KAORI).await;
+    let id = ask_for_reminder(&env).await;
+    stop(&mut first);
+    stop(&mut second);
+    let at = script.lock().unwrap().at.unwrap();
+    let wait = (at - Utc::now()).to_std().unwrap_or_default() + Duration::from_secs(3);
+    assert!(
+        next_proactive(&mut replies, wait).await.is_none(),
+        "no worker, no message (yet)"
+    );
+    assert_eq!(reminder_state(&env, &id).await, "pending");
+
+    let mut later = env.spawn_worker_process(&[]);
+    let (c, _) = next_proactive(&mut replies, Duration::from_secs(30))
+        .await
+        .expect("the reminder arrives once a worker runs");
+    assert_eq!(c.trigger.unwrap().id, id);
+    assert!(
+        next_proactive(&mut replies, Duration::from_secs(3))
+            .await
+            .is_none()
+    );
+    assert_eq!(messages_for(&env, &id).await, 1);
+    stop(&mut later);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_cancelled_reminder_never_arrives() {
+    let (mut env, script) = env_with(Duration::from_secs(4)).await;
+    env.start_worker().await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let id = ask_for_reminder(&env).await;
+    script.lock().unwrap().cancel = Some(id.clone());
+    let cancel = env.dm(JESS, KAORI, JESS_KAORI, "actually cancel it").await;
+    env.turn(&cancel).await;
+    assert_eq!(reminder_state(&env, &id).await, "cancelled");
+
+    let at = script.lock().unwrap().at.unwrap();
+    let wait = (at - Utc::now()).to_std().unwrap_or_default() + Duration::from_secs(4);
+    assert!(
+        next_proactive(&mut replies, wait).await.is_none(),
+        "never arrives"
+    );
+    // The schedule did fire, and its job was dropped.
+    let journal = env.journal();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            journal
+                .get(&format!("reminder:{id}"))
+                .await
+                .unwrap()
+                .is_some_and(|j| j.state == companion::journal::State::Dropped)
+        })
+        .await
+    );
+    assert_eq!(messages_for(&env, &id).await, 0);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn bad_times_and_too_many_reminders_are_error_results() {
+    let env = TestEnv::new(companion_dev::stub::always(StubReply::text("x"))).await;
+    let tj = env.tool_job(JESS).await;
+    let call = |args: Value| {
+        let ctx = tj.ctx();
+        async move {
+            Registry::default()
+                .dispatch("schedule_reminder", &args.to_string(), &ctx)
+                .await
+        }
+    };
+    let now = Utc::now();
+    let rfc = |d: chrono::Duration| (now + d).to_rfc3339();
+    for (args, field, says) in [
+        (
+            json!({"text": "x", "at": rfc(chrono::Duration::minutes(-5))}),
+            "at",
+            "at least 60 seconds",
+        ),
+        (
+            json!({"text": "x", "at": rfc(chrono::Duration::seconds(20))}),
+            "at",
+            "at least 60 seconds",
+        ),
+        (
+            json!({"text": "x", "at": rfc(chrono::Duration::days(31))}),
+            "at",
+            "at most 30 days",
+        ),
+        (
+            json!({"text": "x", "at": "2026-11-28T09:00:00"}),
+            "at",
+            "RFC 3339",
+        ),
+        (
+            json!({"text": "x", "at": "next tuesday at nine"}),
+            "at",
+            "RFC 3339",
+        ),
+        (
+            json!({"text": "   ", "at": rfc(chrono::Duration::hours(2))}),
+            "text",
+            "",
+        ),
+        (
+            json!({"text": "x".repeat(201), "at": rfc(chrono::Duration::hours(2))}),
+            "text",
+            "",
+        ),
+        (
+            json!({"text": "x", "at": rfc(chrono::Duration::hours(2)), "user": SAM}),
+            "",
+            "never for anyone else",
+        ),
+    ] {
+        let r = call(args.clone()).await;
+        let e = r.outcome.as_ref().expect_err(&format!("{args} is refused"));
+        let model = e.to_model();
+        if !field.is_empty() {
+            assert_eq!(model["field"], field, "{args}: {model}");
+        }
+        assert!(
+            model["error"].as_str().unwrap().contains(says),
+            "{args}: {model}"
+        );
+    }
+    let none: i64 = sqlx::query_scalar("SELECT count(*) FROM reminders")
+        .fetch_one(&env.pg.pool)
+        .await
+        .unwrap();
+    assert_eq!(none, 0, "nothing stored for a refused call");
+
+    // Ten pending at most (the write quota is 5 per hour: two turns' worth of jobs).
+    let mut made = 0;
+    for _ in 0..2 {
+        let tj = env.tool_job(JESS).await;
+        for _ in 0..5 {
+            let r = Registry::default()
+                .dispatch(
+                    "schedule_reminder",
+                    &json!({"text": "x", "at": rfc(chrono::Duration::hours(2))}).to_string(),
+                    &tj.ctx(),
+                )
+                .await;
+            if r.outcome.is_ok() {
+                made += 1;
+            }
+        }
+    }
+    assert_eq!(made, 5, "the write quota counts reminders");
+    sqlx::query("DELETE FROM job_steps WHERE tally IS NOT NULL")
+        .execute(&env.pg.pool)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        let r = call(json!({"text": "x", "at": rfc(chrono::Duration::hours(2))})).await;
+        assert!(r.outcome.is_ok(), "{:?}", r.outcome.err());
+    }
+    let r = call(json!({"text": "x", "at": rfc(chrono::Duration::hours(2))})).await;
+    let e = r.outcome.expect_err("the eleventh is refused").to_model();
+    assert!(e["error"].as_str().unwrap().contains("10 pending"), "{e}");
+    env.finish().await;
+}
