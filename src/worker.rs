@@ -103,6 +103,7 @@ impl Worker {
         w.metrics.add("companion_dead_letters_total", "", 0);
         let notices = tokio::spawn(order.clone().listen());
         let exhausted = tokio::spawn(watch_exhausted(shared.clone()));
+        let exhausted_signals = tokio::spawn(watch_exhausted_signals(shared.clone()));
         let signals = tokio::spawn(run_signals(
             shared.clone(),
             signal_consumer,
@@ -121,67 +122,26 @@ impl Worker {
             "worker ready"
         );
 
-        'pull: while !shutdown.is_cancelled() {
-            let mut messages = match consumer
-                .consumer
-                .stream()
-                .max_messages_per_batch(concurrency.min(64))
-                .heartbeat(Duration::from_secs(5))
-                .expires(Duration::from_secs(30))
-                .messages()
-                .await
-            {
-                Ok(m) => m,
-                Err(e) => {
-                    warn!(error = %e, "cannot start pulling; retrying in 1 s");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break 'pull,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue 'pull,
-                    }
-                }
-            };
-            loop {
-                while tasks.try_join_next().is_some() {}
-                let permit = tokio::select! {
-                    _ = shutdown.cancelled() => break 'pull,
-                    p = semaphore.clone().acquire_owned() => p.expect("semaphore is never closed"),
+        let recreate = || async { w.bus.consumer(&w.consumer).await.map(drop) };
+        pull(
+            &consumer.consumer,
+            concurrency,
+            &semaphore,
+            &mut tasks,
+            &shutdown,
+            recreate,
+            |msg, permit| {
+                let slot = Slot {
+                    permit: Some(permit),
+                    semaphore: semaphore.clone(),
+                    shutdown: shutdown.clone(),
+                    hard_stop: hard_stop.clone(),
                 };
-                let next = tokio::select! {
-                    _ = shutdown.cancelled() => break 'pull,
-                    m = messages.next() => m,
-                };
-                match next {
-                    Some(Ok(msg)) => {
-                        let slot = Slot {
-                            permit: Some(permit),
-                            semaphore: semaphore.clone(),
-                            shutdown: shutdown.clone(),
-                            hard_stop: hard_stop.clone(),
-                        };
-                        let shared = shared.clone();
-                        tasks.spawn(async move { shared.handle(msg, slot).await });
-                    }
-                    Some(Err(e)) => {
-                        warn!(error = %e, "pull error");
-                        if matches!(
-                            e.kind(),
-                            jetstream::consumer::pull::MessagesErrorKind::ConsumerDeleted
-                        ) {
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                            // Recreated (missing) with this worker's settings.
-                            match w.bus.consumer(&w.consumer).await {
-                                Ok(_) => continue 'pull,
-                                Err(e) => error!(error = %e, "cannot recreate the consumer"),
-                            }
-                        }
-                    }
-                    None => {
-                        warn!("message stream ended; pulling again");
-                        continue 'pull;
-                    }
-                }
-            }
-        }
+                let shared = shared.clone();
+                async move { shared.handle(msg, slot).await }
+            },
+        )
+        .await;
 
         let in_flight = tasks.len();
         info!(
@@ -209,6 +169,7 @@ impl Worker {
             warn!(error = %e, "could not flush the last acks; the server will redeliver those events");
         }
         exhausted.abort();
+        exhausted_signals.abort();
         notices.abort();
         info!("worker stopped");
         Ok(())
@@ -387,6 +348,77 @@ impl Shared {
     }
 }
 
+/// Pulls from `consumer` until `shutdown` fires: each message is spawned onto `tasks` with a permit of
+/// `semaphore` (so at most its size run at once); a consumer deleted under the worker is recreated.
+async fn pull<R, RF, S, SF>(
+    consumer: &jetstream::consumer::PullConsumer,
+    concurrency: usize,
+    semaphore: &Arc<Semaphore>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &CancellationToken,
+    recreate: R,
+    mut spawn: S,
+) where
+    R: Fn() -> RF,
+    RF: std::future::Future<Output = Result<(), BusError>>,
+    S: FnMut(jetstream::Message, OwnedSemaphorePermit) -> SF,
+    SF: std::future::Future<Output = ()> + Send + 'static,
+{
+    'pull: while !shutdown.is_cancelled() {
+        let mut messages = match consumer
+            .stream()
+            .max_messages_per_batch(concurrency.min(64))
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(error = %e, "cannot start pulling; retrying in 1 s");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break 'pull,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue 'pull,
+                }
+            }
+        };
+        loop {
+            while tasks.try_join_next().is_some() {}
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break 'pull,
+                p = semaphore.clone().acquire_owned() => p.expect("semaphore is never closed"),
+            };
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => break 'pull,
+                m = messages.next() => m,
+            };
+            match next {
+                Some(Ok(msg)) => {
+                    tasks.spawn(spawn(msg, permit));
+                }
+                Some(Err(e)) => {
+                    warn!(error = %e, "pull error");
+                    if matches!(
+                        e.kind(),
+                        jetstream::consumer::pull::MessagesErrorKind::ConsumerDeleted
+                    ) {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        // Recreated (missing) with this worker's settings.
+                        match recreate().await {
+                            Ok(()) => continue 'pull,
+                            Err(e) => error!(error = %e, "cannot recreate the consumer"),
+                        }
+                    }
+                }
+                None => {
+                    warn!("message stream ended; pulling again");
+                    continue 'pull;
+                }
+            }
+        }
+    }
+}
+
 /// The signal consumer's loop: each signal is sent as a proactive message, at most
 /// `COMPANION_SIGNAL_CONCURRENCY` at once, and settled like a turn (without an order gate: a signal is about
 /// one draft or reminder, not a step of a conversation). On shutdown it stops pulling and lets the
@@ -407,60 +439,23 @@ async fn run_signals(
         turns: w.turns.clone(),
     });
     let mut tasks = JoinSet::new();
-    'pull: while !shutdown.is_cancelled() {
-        let mut messages = match consumer
-            .consumer
-            .stream()
-            .max_messages_per_batch(concurrency.min(64))
-            .heartbeat(Duration::from_secs(5))
-            .expires(Duration::from_secs(30))
-            .messages()
-            .await
-        {
-            Ok(m) => m,
-            Err(e) => {
-                warn!(error = %e, "cannot start pulling signals; retrying in 1 s");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break 'pull,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue 'pull,
-                }
+    let recreate = || async { w.bus.signal_consumer(&w.consumer).await.map(drop) };
+    pull(
+        &consumer.consumer,
+        concurrency,
+        &semaphore,
+        &mut tasks,
+        &shutdown,
+        recreate,
+        |msg, permit| {
+            let (shared, proactive) = (shared.clone(), proactive.clone());
+            async move {
+                shared.handle_signal(&proactive, msg, limits).await;
+                drop(permit);
             }
-        };
-        loop {
-            while tasks.try_join_next().is_some() {}
-            let permit = tokio::select! {
-                _ = shutdown.cancelled() => break 'pull,
-                p = semaphore.clone().acquire_owned() => p.expect("semaphore is never closed"),
-            };
-            let next = tokio::select! {
-                _ = shutdown.cancelled() => break 'pull,
-                m = messages.next() => m,
-            };
-            match next {
-                Some(Ok(msg)) => {
-                    let (shared, proactive) = (shared.clone(), proactive.clone());
-                    tasks.spawn(async move {
-                        shared.handle_signal(&proactive, msg, limits).await;
-                        drop(permit);
-                    });
-                }
-                Some(Err(e)) => {
-                    warn!(error = %e, "signal pull error");
-                    if matches!(
-                        e.kind(),
-                        jetstream::consumer::pull::MessagesErrorKind::ConsumerDeleted
-                    ) {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        if let Err(e) = w.bus.signal_consumer(&w.consumer).await {
-                            error!(error = %e, "cannot recreate the signal consumer");
-                        }
-                        continue 'pull;
-                    }
-                }
-                None => continue 'pull,
-            }
-        }
-    }
+        },
+    )
+    .await;
     let drained = tokio::time::timeout(w.config.shutdown_grace(), async {
         while tasks.join_next().await.is_some() {}
     })
@@ -549,33 +544,102 @@ fn keep_alive(msg: &jetstream::Message, every: Duration) -> tokio::task::JoinHan
 async fn watch_exhausted(shared: Arc<Shared>) {
     let w = &shared.worker;
     let subject = w.bus.max_deliveries_advisory(&w.consumer.name);
-    let mut advisories = match w
-        .bus
-        .client
-        .queue_subscribe(subject, "companion-advisories".into())
-        .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            error!(error = %e, "cannot watch for events that ran out of deliveries");
-            return;
-        }
+    let Some(mut advisories) = max_deliveries(&w.bus, subject).await else {
+        return;
     };
-    while let Some(advisory) = advisories.next().await {
-        #[derive(serde::Deserialize)]
-        struct MaxDeliveries {
-            stream_seq: u64,
-            deliveries: i64,
-        }
-        let Ok(a) = serde_json::from_slice::<MaxDeliveries>(&advisory.payload) else {
-            warn!("unreadable max-deliveries advisory");
-            continue;
-        };
-        let span = info_span!("exhausted", seq = a.stream_seq, deliveries = a.deliveries);
+    while let Some((seq, deliveries)) = advisories.next().await {
+        let span = info_span!("exhausted", seq, deliveries);
         shared
-            .settle_exhausted(a.stream_seq, a.deliveries)
+            .settle_exhausted(seq, deliveries)
             .instrument(span)
             .await;
+    }
+}
+
+/// The server's max-deliveries advisories on `subject` as (stream sequence, deliveries); one worker of
+/// the queue group gets each, and an unreadable one is skipped with a warning.
+async fn max_deliveries(
+    bus: &crate::bus::Bus,
+    subject: String,
+) -> Option<impl futures::Stream<Item = (u64, i64)> + Unpin + use<>> {
+    #[derive(serde::Deserialize)]
+    struct MaxDeliveries {
+        stream_seq: u64,
+        deliveries: i64,
+    }
+    let subscription = bus
+        .client
+        .queue_subscribe(subject.clone(), "companion-advisories".into())
+        .await
+        .inspect_err(|e| error!(error = %e, %subject, "cannot watch for deliveries that ran out"))
+        .ok()?;
+    Some(subscription.filter_map(|advisory| {
+        let parsed = match serde_json::from_slice::<MaxDeliveries>(&advisory.payload) {
+            Ok(a) => Some((a.stream_seq, a.deliveries)),
+            Err(_) => {
+                warn!("unreadable max-deliveries advisory");
+                None
+            }
+        };
+        futures::future::ready(parsed)
+    }))
+}
+
+/// Signals whose deliveries ran out while no worker held them (every worker that took one was killed)
+/// are dead-lettered from the server's advisory with the reason; their job stays open, so republishing
+/// the signal (another `Nats-Msg-Id`) runs it again, resuming from its recorded steps.
+async fn watch_exhausted_signals(shared: Arc<Shared>) {
+    let w = &shared.worker;
+    let subject = w.bus.signal_max_deliveries_advisory(&w.consumer.name);
+    let Some(mut advisories) = max_deliveries(&w.bus, subject).await else {
+        return;
+    };
+    while let Some((seq, deliveries)) = advisories.next().await {
+        let span = info_span!("exhausted_signal", seq, deliveries);
+        async {
+            let stream = match w.bus.js.get_stream(&w.bus.names.stream_signal).await {
+                Ok(s) => s,
+                Err(e) => return error!(error = %e, "cannot open the signal stream"),
+            };
+            let msg = match stream.get_raw_message(seq).await {
+                Ok(m) => m,
+                Err(e) => {
+                    return error!(error = %e, "the exhausted signal is no longer in the stream");
+                }
+            };
+            let reason = format!(
+                "no worker finished this signal in {deliveries} deliveries (crashed or timed out)"
+            );
+            for attempt in 0..5u64 {
+                match w
+                    .bus
+                    .dead_letter_raw(
+                        msg.subject.as_str(),
+                        seq,
+                        msg.payload.clone(),
+                        &reason,
+                        deliveries,
+                    )
+                    .await
+                {
+                    Ok(()) => {
+                        w.metrics.inc("companion_dead_letters_total", "");
+                        w.metrics.inc(
+                            "companion_proactive_total",
+                            "kind=\"signal\",outcome=\"failed\"",
+                        );
+                        return warn!(%reason, "signal dead-lettered");
+                    }
+                    Err(e) => {
+                        warn!(error = %e, attempt, "could not dead-letter the exhausted signal");
+                        tokio::time::sleep(Duration::from_secs(1 + attempt * 2)).await;
+                    }
+                }
+            }
+            error!("the exhausted signal could not be dead-lettered");
+        }
+        .instrument(span)
+        .await;
     }
 }
 

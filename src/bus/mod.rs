@@ -582,6 +582,15 @@ impl Bus {
             self.names.stream_in
         )
     }
+
+    /// The same notice for a signal (the DM consumer `consumer`'s signal consumer).
+    pub fn signal_max_deliveries_advisory(&self, consumer: &str) -> String {
+        format!(
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
+            self.names.stream_signal,
+            signal_consumer_name(consumer)
+        )
+    }
 }
 
 /// The durable consumer of signals that goes with the DM consumer `name`.

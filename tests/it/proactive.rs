@@ -425,11 +425,11 @@ async fn a_worker_killed_between_the_model_call_and_the_write_still_sends_one_me
 
 #[tokio::test]
 async fn follow_ups_to_a_user_who_blocked_the_companion_or_is_over_the_daily_cap_are_dropped() {
-    let mut env = TestEnv::with(model(|_| StubReply::text("news!")), |c| {
+    let env = TestEnv::with(model(|_| StubReply::text("news!")), |c| {
         c.turn.proactive_daily_cap = 1;
     })
     .await;
-    env.start_worker().await;
+    let worker = InProcessWorker::start(&env).await;
     // Three drafts Kaori made for Jess, approved.
     let mut drafts_made = Vec::new();
     for name in ["One", "Two", "Three"] {
@@ -499,5 +499,81 @@ async fn follow_ups_to_a_user_who_blocked_the_companion_or_is_over_the_daily_cap
         .await
         .unwrap();
     assert_eq!(sent, 1, "only the first");
+    let metrics = worker.metrics().await;
+    for line in [
+        "companion_proactive_total{kind=\"spot_review\",outcome=\"sent\"} 1",
+        "companion_proactive_total{kind=\"spot_review\",outcome=\"dropped\"} 2",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_signal_that_outlives_its_deliveries_is_dead_lettered() {
+    // The model never answers a follow-up in time: every worker that takes the review is killed.
+    let hang = |_: &str| {
+        StubReply::Delayed(
+            Duration::from_secs(120),
+            Box::new(StubReply::text("too late")),
+        )
+    };
+    let env = TestEnv::with(model(hang), |c| {
+        c.consumer.max_deliver = 2;
+        c.consumer.ack_wait_secs = 2;
+    })
+    .await;
+    let draft = ObjectId::new();
+    drafts(&env)
+        .insert_one(doc! {
+            "_id": draft, "name": "Cursed Ledge", "status": "rejected", "submittedBy": JESS,
+            "botId": KAORI, "conversationId": JESS_KAORI,
+        })
+        .await
+        .unwrap();
+    let mut first = env.spawn_worker_process(&[]);
+    publish_review(
+        &env,
+        draft,
+        json!({"draftId": draft.to_hex(), "status": "rejected", "reviewedAt": "2026-11-23T10:00:00Z"}),
+        None,
+    )
+    .await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            env.stub.requests().len() == 1
+        })
+        .await,
+        "delivery 1"
+    );
+    kill9(&mut first);
+    let mut second = env.spawn_worker_process(&[]);
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            env.stub.requests().len() == 2
+        })
+        .await,
+        "delivery 2"
+    );
+    kill9(&mut second);
+    let mut survivor = env.spawn_worker_process(&[]);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            env.dead_letters().await.len() == 1
+        })
+        .await,
+        "dead-lettered from the advisory"
+    );
+    let dead = env.dead_letters().await;
+    assert!(dead[0].0.contains("2 deliveries"), "{:?}", dead[0].0);
+    assert_eq!(env.stub.requests().len(), 2, "no third delivery");
+    assert_eq!(
+        follow_ups(&env, &format!("{}:rejected", draft.to_hex()))
+            .await
+            .len(),
+        0
+    );
+    stop(&mut survivor);
     env.finish().await;
 }
