@@ -112,7 +112,9 @@ async def main():
                                       allow_direct=True))
     await ajs.add_stream(StreamConfig(name="DM_BOT_OUT", subjects=["dm.bot.out.>"], duplicate_window=7200))
     await ajs.add_stream(StreamConfig(name="DM_BOT_DLQ", subjects=["dm.bot.dlq.>"]))
-    check(True, "admin creates streams DM_BOT_IN, DM_BOT_OUT, DM_BOT_DLQ")
+    await ajs.add_stream(StreamConfig(name="DM_BOT_SIGNAL", subjects=["dm.bot.signal.>", "dm.bot.schedule.>"],
+                                      duplicate_window=7200))
+    check(True, "admin creates streams DM_BOT_IN, DM_BOT_OUT, DM_BOT_DLQ, DM_BOT_SIGNAL")
 
     # --- anonymous and wrong password are refused --------------------------------------------
     for label, kw in (("anonymous", {}), ("wrong password", {"user": "tb-backend", "password": "nope"})):
@@ -191,6 +193,20 @@ async def main():
               "backend CANNOT direct-get inbound events", type(e).__name__)
     await backend.publish("dm.bot.settled.x", b"{}")
     check(await violation(berr, "publish", "dm.bot.settled.x"), "backend CANNOT publish dm.bot.settled.x")
+    try:
+        ack = await bjs.publish("dm.bot.signal.spot_draft.d1", b'{"draftId":"d1","status":"approved"}', timeout=3,
+                                headers={"Nats-Msg-Id": "d1:approved"})
+        check(ack.stream == "DM_BOT_SIGNAL", "backend CAN publish a spot review (PubAck from DM_BOT_SIGNAL)",
+              f"seq={ack.seq}")
+    except Exception as e:
+        check(False, "backend CAN publish a spot review", repr(e))
+    for subject in ("dm.bot.signal.reminder.r1", "dm.bot.schedule.reminder.r1"):
+        before = await stream_msgs(ajs, "DM_BOT_SIGNAL")
+        await backend.publish(subject, b"{}")
+        await backend.flush()
+        v = await violation(berr, "publish", subject)
+        check(v and await stream_msgs(ajs, "DM_BOT_SIGNAL") == before, f"backend CANNOT publish {subject}",
+              "permissions violation; DM_BOT_SIGNAL unchanged")
     await backend.subscribe("dm.bot.settled.>")
     check(await violation(berr, "subscription", "dm.bot.settled.>"), "backend CANNOT subscribe dm.bot.settled.>")
 
@@ -225,6 +241,18 @@ async def main():
           "worker CANNOT publish dm.bot.in.x.y", "permissions violation; DM_BOT_IN unchanged")
     await worker.subscribe("dm.bot.in.>")
     check(await violation(werr, "subscription", "dm.bot.in.>"), "worker CANNOT subscribe dm.bot.in.> (core, bypassing the consumer)")
+    try:
+        ack = await wjs.publish("dm.bot.schedule.reminder.r2", b'{"reminderId":"r2"}', timeout=3,
+                                headers={"Nats-Msg-Id": "r2"})
+        check(ack.stream == "DM_BOT_SIGNAL", "worker CAN publish a reminder's schedule (PubAck from DM_BOT_SIGNAL)")
+    except Exception as e:
+        check(False, "worker CAN publish a reminder's schedule", repr(e))
+    before = await stream_msgs(ajs, "DM_BOT_SIGNAL")
+    await worker.publish("dm.bot.signal.spot_draft.d2", b'{"forged":true}')
+    await worker.flush()
+    v = await violation(werr, "publish", "dm.bot.signal.spot_draft.d2")
+    check(v and await stream_msgs(ajs, "DM_BOT_SIGNAL") == before,
+          "worker CANNOT publish a spot review", "permissions violation; DM_BOT_SIGNAL unchanged")
     try:
         by_seq = await wjs.get_msg("DM_BOT_IN", seq=1, direct=True)
         last = await wjs.get_last_msg("DM_BOT_IN", "dm.bot.in.x.y", direct=True)

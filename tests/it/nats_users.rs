@@ -1,8 +1,9 @@
 //! The production NATS configuration (`deploy/nats/nats.conf` with the users of `auth.conf`) is enough
 //! for a real worker: a `companion worker` process logged in as `companion-worker` sets up its streams
-//! and consumer, answers a DM, dead-letters a malformed event and reads its consumer's gauges, and the
-//! server records no permissions violation. (What each user may NOT do is proven by
-//! `deploy/nats/test-permissions.sh`.) The test itself acts as TB-Backend and operator with `admin`.
+//! and consumers, answers a DM, follows up on a spot review, dead-letters a malformed event and reads its
+//! consumer's gauges, and the server records no permissions violation. (What each user may NOT do is
+//! proven by `deploy/nats/test-permissions.sh`.) The test itself acts as TB-Backend and operator with
+//! `admin`.
 
 use std::{
     process::{Command, Stdio},
@@ -88,6 +89,37 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
         .await,
         "the worker user dead-letters"
     );
+
+    // A spot review: the worker user consumes the signal stream and sends the follow-up.
+    let draft = bson::oid::ObjectId::new();
+    env.mongo
+        .collection("spot_drafts")
+        .insert_one(bson::doc! {
+            "_id": draft, "name": "Permit Park", "status": "rejected", "submittedBy": JESS,
+            "botId": KAORI, "conversationId": JESS_KAORI,
+        })
+        .await
+        .unwrap();
+    let mut replies = env.completions(JESS_KAORI).await;
+    env.publish_raw(
+        env.bus.names.spot_review(&draft.to_hex()),
+        &format!("{}:rejected", draft.to_hex()),
+        serde_json::json!({"draftId": draft.to_hex(), "status": "rejected", "reviewedAt": "2026-11-23T10:00:00Z"})
+            .to_string(),
+    )
+    .await;
+    let follow_up = tokio::time::timeout(Duration::from_secs(30), async {
+        use futures::StreamExt;
+        loop {
+            let c = replies.next().await.expect("completions");
+            if c.proactive {
+                return c;
+            }
+        }
+    })
+    .await
+    .expect("the worker user sends the follow-up");
+    assert_eq!(follow_up.content, "least privilege, most helpful");
 
     let metrics = get_text(&format!("http://{http}/metrics")).await;
     assert!(

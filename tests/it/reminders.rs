@@ -193,6 +193,22 @@ async fn a_cancelled_reminder_never_arrives() {
     let cancel = env.dm(JESS, KAORI, JESS_KAORI, "actually cancel it").await;
     env.turn(&cancel).await;
     assert_eq!(reminder_state(&env, &id).await, "cancelled");
+    // The companion saw the pending reminder in its context when asked to cancel it.
+    let asked: Vec<Value> = env.stub.requests();
+    let system = asked
+        .iter()
+        .rev()
+        .find(|r| last_message(r)["content"] == "actually cancel it")
+        .expect("the cancel turn asked the model")["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        system.contains("Reminders you promised them")
+            && system.contains(&id)
+            && system.contains("wax your board"),
+        "{system}"
+    );
 
     let at = script.lock().unwrap().at.unwrap();
     let wait = (at - Utc::now()).to_std().unwrap_or_default() + Duration::from_secs(4);
