@@ -41,11 +41,18 @@ enum Command {
     },
     /// Reprocess stored events (a conversation, a time or sequence range, or the dead-letter stream).
     Replay(Box<ReplayCommand>),
-    /// Print LLM usage (calls, tokens, cost) by day, companion and model, with a total.
+    /// Print LLM usage (calls, tokens, cost) by day, companion and model, with a total; or the heaviest
+    /// users (`--top N`).
     Usage {
-        /// Days to cover, today (UTC) included.
-        #[arg(long, default_value_t = 7)]
-        days: u32,
+        /// Days to cover, today (UTC) included (default 7; 1 with `--top`).
+        #[arg(long)]
+        days: Option<u32>,
+        /// Only this user's calls (24-hex user id).
+        #[arg(long, conflicts_with = "top")]
+        user: Option<String>,
+        /// The N users whose calls cost most (then by tokens), instead of the summary.
+        #[arg(long)]
+        top: Option<u32>,
         #[command(flatten)]
         pg: PgConfig,
         #[command(flatten)]
@@ -146,10 +153,17 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Usage {
             days,
+            user,
+            top,
             pg,
             characters,
         } => {
-            let report = usage::report(&pg, &characters.dir, days)
+            let query = usage::Query {
+                days,
+                user: user.as_deref(),
+                top,
+            };
+            let report = usage::report(&pg, &characters.dir, query)
                 .await
                 .context("reading the journal's model calls (run `companion migrate` first)")?;
             print!("{report}");

@@ -1,4 +1,5 @@
-//! `companion usage`: what the chat model cost, by day, companion and model. Every paid call is an `llm`
+//! `companion usage`: what the chat model cost, by day, companion and model (`--user`: one user's), or
+//! the heaviest users (`--top N`). Every paid call is an `llm`
 //! step of a turn's journal, recorded with its usage and cost ([`crate::llm::CallUsage`]); a response
 //! replayed from the journal is not paid again and is counted once.
 
@@ -30,10 +31,19 @@ pub struct SummaryRow {
     pub unpriced: i64,
 }
 
-/// Paid calls of the last `days` UTC days (today included), by day, bot and model.
-pub async fn summary(pool: &PgPool, days: u32) -> Result<Vec<SummaryRow>, sqlx::Error> {
+/// Midnight (UTC) that starts the last `days` days, today included.
+fn since(days: u32) -> chrono::DateTime<Utc> {
     let first = Utc::now().date_naive() - chrono::Days::new(u64::from(days.max(1)) - 1);
-    let since = first.and_hms_opt(0, 0, 0).expect("midnight").and_utc();
+    first.and_hms_opt(0, 0, 0).expect("midnight").and_utc()
+}
+
+/// Paid calls of the last `days` UTC days (today included), by day, bot and model; one user's only when
+/// `user` is given.
+pub async fn summary(
+    pool: &PgPool,
+    days: u32,
+    user: Option<&str>,
+) -> Result<Vec<SummaryRow>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT (s.created_at AT TIME ZONE 'UTC')::date AS day, j.bot_id,
                 s.output -> 'usage' ->> 'model' AS model,
@@ -48,9 +58,11 @@ pub async fn summary(pool: &PgPool, days: u32) -> Result<Vec<SummaryRow>, sqlx::
          FROM job_steps s JOIN jobs j ON j.id = s.job
          WHERE s.name = 'llm' AND s.created_at >= $1
            AND jsonb_typeof(s.output -> 'usage') = 'object'
+           AND ($2::text IS NULL OR j.user_id = $2)
          GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
     )
-    .bind(since)
+    .bind(since(days))
+    .bind(user)
     .fetch_all(pool)
     .await?;
     Ok(rows
@@ -67,6 +79,71 @@ pub async fn summary(pool: &PgPool, days: u32) -> Result<Vec<SummaryRow>, sqlx::
             unpriced: r.get("unpriced"),
         })
         .collect())
+}
+
+/// One user's paid calls over the period, for `--top`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UserRow {
+    pub user_id: String,
+    pub calls: i64,
+    pub tokens: i64,
+    pub cost_usd: f64,
+    pub unpriced: i64,
+}
+
+/// The `n` users whose model calls cost most in the last `days` UTC days (then by tokens).
+pub async fn top_users(pool: &PgPool, days: u32, n: u32) -> Result<Vec<UserRow>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT j.user_id, count(*) AS calls,
+                coalesce(sum((s.output -> 'usage' ->> 'promptTokens')::bigint
+                           + (s.output -> 'usage' ->> 'completionTokens')::bigint), 0)::bigint AS tokens,
+                coalesce(sum((s.output -> 'usage' ->> 'costUsd')::float8), 0)::float8 AS cost_usd,
+                count(*) FILTER (WHERE s.output -> 'usage' ->> 'costUsd' IS NULL) AS unpriced
+         FROM job_steps s JOIN jobs j ON j.id = s.job
+         WHERE s.name = 'llm' AND s.created_at >= $1
+           AND jsonb_typeof(s.output -> 'usage') = 'object'
+         GROUP BY 1 ORDER BY cost_usd DESC, tokens DESC, 1 LIMIT $2",
+    )
+    .bind(since(days))
+    .bind(i64::from(n.max(1)))
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| UserRow {
+            user_id: r.get("user_id"),
+            calls: r.get("calls"),
+            tokens: r.get("tokens"),
+            cost_usd: r.get("cost_usd"),
+            unpriced: r.get("unpriced"),
+        })
+        .collect())
+}
+
+/// The heaviest users as a table, heaviest first.
+pub fn render_top(rows: &[UserRow], days: u32) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Heaviest users, last {days} day(s) (UTC)\n{:<24}  {:>6}  {:>12}  {:>12}",
+        "user", "calls", "tokens", "cost USD"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<24}  {:>6}  {:>12}  {:>12}{}",
+            r.user_id,
+            r.calls,
+            r.tokens,
+            format!("{:.6}", r.cost_usd),
+            if r.unpriced > 0 {
+                format!("  ({} unpriced)", r.unpriced)
+            } else {
+                String::new()
+            }
+        );
+    }
+    out
 }
 
 /// The summary as a table with a total line; bots by character name where `names` knows them.
@@ -137,10 +214,30 @@ pub fn render(rows: &[SummaryRow], names: &HashMap<String, String>, days: u32) -
     out
 }
 
+/// What `companion usage` shows.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Query<'a> {
+    /// Days covered, today included; default 7 for the summary, 1 (today) for `top`.
+    pub days: Option<u32>,
+    /// Only this user's calls.
+    pub user: Option<&'a str>,
+    /// The heaviest users instead of the summary.
+    pub top: Option<u32>,
+}
+
 /// `companion usage`: the summary of the configured database, bots named from the character files.
-pub async fn report(pg: &PgConfig, characters_dir: &Path, days: u32) -> Result<String, StoreError> {
+pub async fn report(
+    pg: &PgConfig,
+    characters_dir: &Path,
+    query: Query<'_>,
+) -> Result<String, StoreError> {
     let pg = Pg::connect(pg).await?;
-    let rows = summary(&pg.pool, days).await?;
+    if let Some(n) = query.top {
+        let days = query.days.unwrap_or(1);
+        return Ok(render_top(&top_users(&pg.pool, days, n).await?, days));
+    }
+    let days = query.days.unwrap_or(7);
+    let rows = summary(&pg.pool, days, query.user).await?;
     let names = Characters::load(characters_dir)
         .map(|c| {
             c.iter()
@@ -148,7 +245,11 @@ pub async fn report(pg: &PgConfig, characters_dir: &Path, days: u32) -> Result<S
                 .collect()
         })
         .unwrap_or_default();
-    Ok(render(&rows, &names, days))
+    let mut text = render(&rows, &names, days);
+    if let Some(user) = query.user {
+        text = format!("user {user}: {text}");
+    }
+    Ok(text)
 }
 
 #[cfg(test)]

@@ -278,6 +278,9 @@ impl Classify for LlmError {
     }
 }
 
+/// Counter of 402 answers (no credits left), for the `CompanionOutOfCredits` alert.
+const OUT_OF_CREDITS: &str = "companion_llm_out_of_credits_total";
+
 /// How a chat request is retried within a turn.
 #[derive(Clone, Debug)]
 pub struct RetryPolicy {
@@ -332,6 +335,8 @@ impl LlmClient {
             .user_agent(concat!("companion/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| LlmError::Connect(e.to_string()))?;
+        // Alerts look at increases: the counter exists (at 0) before the first 402.
+        metrics.add(OUT_OF_CREDITS, "", 0);
         Ok(Self {
             http,
             url: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
@@ -384,6 +389,20 @@ impl LlmClient {
             "companion_llm_requests_total",
             &format!("model=\"{model}\",status=\"{status}\""),
         );
+        match result {
+            Err(LlmError::Rejected { status: 402, body }) => {
+                m.inc(OUT_OF_CREDITS, "");
+                tracing::error!(
+                    model = %model, %body,
+                    "the chat API has no credits left (402): every turn fails until credits are added"
+                )
+            }
+            Err(LlmError::Rejected { status: 403, body }) => tracing::warn!(
+                model = %model, reason = %body,
+                "the chat API refused the request (403: moderation or guardrail); the user gets the failure line, not the reason"
+            ),
+            _ => {}
+        }
         if let Ok(r) = result {
             let usage = r.usage.clone().unwrap_or_default();
             let answered = r.model.as_deref().unwrap_or(&model);

@@ -4,7 +4,7 @@
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
-use companion_dev::stub::{StubReply, always};
+use companion_dev::stub::StubReply;
 use serde_json::Value;
 
 use crate::{env::*, servers::*};
@@ -62,7 +62,22 @@ async fn alerts(base: &str) -> Vec<(String, String)> {
 #[tokio::test]
 async fn the_dead_letter_alert_fires_after_a_poison_event() {
     let bin = prometheus_bin();
-    let env = TestEnv::new(always(StubReply::text("ok"))).await;
+    // The model answers, except the request that finds the account out of credits (402).
+    let responder: companion_dev::stub::Responder = std::sync::Arc::new(|body: &Value| {
+        if crate::env::last_message(body)
+            .to_string()
+            .contains("out of credits")
+        {
+            StubReply::Status {
+                code: 402,
+                body: r#"{"error":{"code":402,"message":"Insufficient credits"}}"#.into(),
+                retry_after: None,
+            }
+        } else {
+            StubReply::text("ok")
+        }
+    });
+    let env = TestEnv::new(responder).await;
     let worker = InProcessWorker::start(&env).await;
     let target = worker.base.trim_start_matches("http://").to_owned();
 
@@ -152,6 +167,25 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
             "{quiet} stays quiet: {now:?}"
         );
     }
+
+    // The account runs out of credits: the user gets the failure line, and the operator is paged.
+    let broke = env
+        .dm(JESS, KAORI, JESS_KAORI, "are we out of credits?")
+        .await;
+    let reply = env.turn(&broke).await;
+    assert_eq!(reply.content, failure_line("kaori"));
+    let paged = eventually(Duration::from_secs(60), || async {
+        alerts(&base)
+            .await
+            .iter()
+            .any(|(name, state)| name == "CompanionOutOfCredits" && state == "firing")
+    })
+    .await;
+    assert!(
+        paged,
+        "CompanionOutOfCredits fires: {:?}",
+        alerts(&base).await
+    );
 
     // Every query of the dashboard is valid PromQL that Prometheus runs against these metrics.
     let dashboard: Value = serde_json::from_str(

@@ -178,7 +178,7 @@ async fn the_earlier_journal_moves_into_jobs_and_steps() {
     assert_eq!(tool.content, json!({"_id": "l1"}));
     assert_eq!(tool.card, Some(json!({"type": "tricklist_card"})));
     // Both paid calls count, the write quota's ledger too.
-    let rows = companion::usage::summary(pool, 1).await.unwrap();
+    let rows = companion::usage::summary(pool, 1, None).await.unwrap();
     assert_eq!(rows.iter().map(|r| r.calls).sum::<i64>(), 2, "{rows:?}");
     let counted: i64 =
         sqlx::query_scalar("SELECT count(*) FROM job_steps WHERE tally = $1 AND name = 'quota'")

@@ -127,3 +127,42 @@ async fn an_outage_of_every_model_ends_in_the_failure_line_after_the_last_delive
     );
     env.finish().await;
 }
+
+#[tokio::test]
+async fn a_moderation_refusal_is_answered_honestly_once_without_the_reason() {
+    // OpenRouter's 403: the prompt was flagged. Permanent for this turn: no retry, no fallback model.
+    let refuse = companion_dev::stub::always(StubReply::Status {
+        code: 403,
+        body: r#"{"error":{"code":403,"message":"Your input was flagged","metadata":{"reasons":["violence"]}}}"#
+            .into(),
+        retry_after: None,
+    });
+    let mut env = TestEnv::with(refuse, |c| {
+        c.llm.fallback_models = vec!["other/model".into()];
+    })
+    .await;
+    env.start_worker().await;
+    let event = env.dm(JESS, KAORI, JESS_KAORI, "something flagged").await;
+    let reply = env.turn(&event).await;
+    assert_eq!(reply.content, failure_line("kaori"));
+    assert!(!reply.content.contains("flagged"));
+    assert_eq!(
+        env.stub.requests().len(),
+        1,
+        "asked once: no retry, no fallback"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            env.dead_letters().await.len() == 1
+        })
+        .await
+    );
+    let dead = env.dead_letters().await;
+    assert!(
+        dead[0].0.contains("403") && dead[0].0.contains("flagged"),
+        "{}",
+        dead[0].0
+    );
+    assert_eq!(env.replies_to(&event.message_id).await.len(), 1);
+    env.finish().await;
+}

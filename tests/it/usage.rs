@@ -243,3 +243,59 @@ async fn a_step_replayed_from_the_journal_is_not_recorded_again() {
     assert_eq!(env.stub.requests().len(), 3);
     env.finish().await;
 }
+
+#[tokio::test]
+async fn usage_for_one_user_and_the_heaviest_users() {
+    let mut env = TestEnv::new(companion_dev::stub::always(StubReply::text("ok!"))).await;
+    env.stub.report_cost(Some(0.002));
+    env.start_worker().await;
+    let sam_kaori = env.conversation(SAM, KAORI).await;
+    for (user, conversation, text) in [
+        (JESS, JESS_KAORI, "one"),
+        (JESS, JESS_KAORI, "two"),
+        (SAM, sam_kaori.as_str(), "three"),
+    ] {
+        let event = env.dm(user, KAORI, conversation, text).await;
+        env.turn(&event).await;
+    }
+
+    let (ok, text, err) = env
+        .run_companion(&["usage", "--days", "1", "--user", SAM])
+        .await;
+    assert!(ok, "{text}{err}");
+    assert!(text.starts_with(&format!("user {SAM}:")), "{text}");
+    let total = text.lines().last().unwrap();
+    assert_eq!(
+        total.split_whitespace().nth(1),
+        Some("1"),
+        "one call of Sam's: {text}"
+    );
+
+    let (ok, text, err) = env.run_companion(&["usage", "--top", "5"]).await;
+    assert!(ok, "{text}{err}");
+    let users: Vec<(String, String)> = text
+        .lines()
+        .skip(2)
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[0].to_owned(), f[1].to_owned())
+        })
+        .collect();
+    assert_eq!(
+        users,
+        [
+            (JESS.to_owned(), "2".to_owned()),
+            (SAM.to_owned(), "1".to_owned())
+        ],
+        "heaviest first: {text}"
+    );
+    assert!(
+        text.contains("0.004000"),
+        "Jess's two calls at 0.002: {text}"
+    );
+    let (ok, _, err) = env
+        .run_companion(&["usage", "--top", "1", "--user", SAM])
+        .await;
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    env.finish().await;
+}
