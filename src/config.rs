@@ -488,6 +488,23 @@ pub struct TurnConfig {
         default_value_t = 60
     )]
     pub reminder_min_lead_secs: u64,
+    /// Requests one turn may send to the chat API, retries and fallback models included (answers replayed
+    /// from the journal are free); the last one goes without tools so the turn still ends with text.
+    #[arg(
+        id = "max-llm-calls-per-turn",
+        long = "max-llm-calls-per-turn",
+        env = "COMPANION_MAX_LLM_CALLS_PER_TURN",
+        default_value_t = 8
+    )]
+    pub max_llm_calls_per_turn: u32,
+    /// Estimated prompt tokens one attempt at a turn may send in all (a quarter of the requests' bytes).
+    #[arg(
+        id = "max-prompt-tokens-per-turn",
+        long = "max-prompt-tokens-per-turn",
+        env = "COMPANION_MAX_PROMPT_TOKENS_PER_TURN",
+        default_value_t = 64_000
+    )]
+    pub max_prompt_tokens_per_turn: u64,
 }
 
 /// One worker process: how much it runs at once, how it retries and stops, where it serves `/metrics`.
@@ -832,6 +849,14 @@ impl Config {
             (
                 "COMPANION_REMINDER_MIN_LEAD_SECS",
                 t.reminder_min_lead_secs.to_string(),
+            ),
+            (
+                "COMPANION_MAX_LLM_CALLS_PER_TURN",
+                t.max_llm_calls_per_turn.to_string(),
+            ),
+            (
+                "COMPANION_MAX_PROMPT_TOKENS_PER_TURN",
+                t.max_prompt_tokens_per_turn.to_string(),
             ),
             ("COMPANION_CONCURRENCY", w.concurrency.to_string()),
             (

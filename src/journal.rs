@@ -376,6 +376,12 @@ impl Job {
         }
     }
 
+    /// How many steps named `name` are recorded.
+    pub fn recorded_count(&self, name: &str) -> usize {
+        let recorded = self.recorded.lock().expect("journal lock");
+        recorded.keys().filter(|(n, _)| n == name).count()
+    }
+
     /// The output recorded for (name, key), if any and if it reads as `T`.
     pub fn recorded<T: DeserializeOwned>(&self, name: &str, key: &str) -> Option<T> {
         let recorded = self.recorded.lock().expect("journal lock");

@@ -136,6 +136,52 @@ fn no_tools(tools: &Arc<[ToolDef]>) -> bool {
     tools.is_empty()
 }
 
+impl ChatRequest {
+    /// Prompt tokens of the request, estimated as a quarter of its JSON bytes (messages and tools).
+    pub fn estimated_prompt_tokens(&self) -> u64 {
+        let bytes = serde_json::to_vec(&self.messages).map_or(0, |v| v.len())
+            + serde_json::to_vec(&*self.tools).map_or(0, |v| v.len());
+        (bytes as u64).div_ceil(4)
+    }
+}
+
+/// What one turn may still spend on the chat API, whatever its tool loop, retries and fallback models
+/// do: requests (each one sent is paid for or may be) and estimated prompt tokens.
+#[derive(Debug)]
+pub struct CallBudget {
+    calls: std::sync::atomic::AtomicU32,
+    prompt_tokens: std::sync::atomic::AtomicU64,
+}
+
+impl CallBudget {
+    pub fn new(calls: u32, prompt_tokens: u64) -> Self {
+        Self {
+            calls: calls.into(),
+            prompt_tokens: prompt_tokens.into(),
+        }
+    }
+
+    pub fn calls_left(&self) -> u32 {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Takes one request of `tokens` estimated prompt tokens, or says which ceiling it would pass.
+    fn take(&self, tokens: u64) -> Result<(), LlmError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.calls
+            .fetch_update(SeqCst, SeqCst, |c| c.checked_sub(1))
+            .map_err(|_| LlmError::OverBudget {
+                what: "requests to the chat API",
+            })?;
+        self.prompt_tokens
+            .fetch_update(SeqCst, SeqCst, |t| t.checked_sub(tokens))
+            .map_err(|_| LlmError::OverBudget {
+                what: "prompt tokens",
+            })?;
+        Ok(())
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 pub struct ChatResponse {
     #[serde(default)]
@@ -232,6 +278,10 @@ pub enum LlmError {
     Prices(#[from] PriceError),
     #[error("chat API response is larger than {max} bytes")]
     TooLarge { max: usize },
+    #[error(
+        "the turn reached its ceiling of {what} (COMPANION_MAX_LLM_CALLS_PER_TURN, COMPANION_MAX_PROMPT_TOKENS_PER_TURN)"
+    )]
+    OverBudget { what: &'static str },
 }
 
 impl LlmError {
@@ -384,6 +434,7 @@ impl LlmClient {
             Err(LlmError::Upstream(_)) => "upstream_error".to_owned(),
             Err(LlmError::EmptyAnswer) => "empty".to_owned(),
             Err(LlmError::TooLarge { .. }) => "too_large".to_owned(),
+            Err(LlmError::OverBudget { .. }) => "over_budget".to_owned(),
         };
         m.inc(
             "companion_llm_requests_total",
@@ -437,6 +488,16 @@ impl LlmClient {
 
     /// The request with retries (timeouts, 429, 5xx; honouring `Retry-After`) and then each fallback model.
     pub async fn complete(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        self.complete_within(request, None).await
+    }
+
+    /// [`LlmClient::complete`], every request sent (retries and fallbacks included) taken from `budget`.
+    pub async fn complete_within(
+        &self,
+        request: &ChatRequest,
+        budget: Option<&CallBudget>,
+    ) -> Result<ChatResponse, LlmError> {
+        let tokens = budget.map_or(0, |_| request.estimated_prompt_tokens());
         let mut models = vec![request.model.clone()];
         models.extend(
             self.fallback_models
@@ -456,6 +517,9 @@ impl LlmClient {
             };
             let mut retry = 0;
             let err = loop {
+                if let Some(b) = budget {
+                    b.take(tokens)?;
+                }
                 self.limiter.until_ready().await;
                 let result = self.chat(&req).await;
                 self.count(model, &result);

@@ -38,7 +38,7 @@ use crate::{
     failure::{Class, Classify},
     flood::FloodLimit,
     journal::{Job, Journal, JournalError, NewJob, State},
-    llm::{ChatRequest, LlmClient, LlmError},
+    llm::{CallBudget, ChatRequest, LlmClient, LlmError},
     metrics::Metrics,
     order::{Order, OrderError},
     rag::Retriever,
@@ -544,7 +544,15 @@ impl Turns {
             max_tokens: Some(self.llm.max_tokens),
             temperature: Some(self.llm.temperature),
         };
+        // Answers recorded by earlier attempts were paid once and are replayed for free.
+        let budget = CallBudget::new(
+            self.config
+                .max_llm_calls_per_turn
+                .saturating_sub(job.recorded_count("llm") as u32),
+            self.config.max_prompt_tokens_per_turn,
+        );
         let cx = tool_loop::LoopContext {
+            budget: &budget,
             llm: &self.llm,
             registry: &REGISTRY,
             limits: tool_loop::LoopLimits {

@@ -12,6 +12,8 @@
 //! - A database error inside a tool fails the turn (with the error's class); everything else a tool can
 //!   go wrong with is an error result the model explains.
 //! - A tool result longer than `max_result_bytes` reaches the model cut, with a note.
+//! - The turn's [`CallBudget`] bounds what it sends to the chat API, retries and fallbacks included: when
+//!   one request is left, it goes without tools, so the turn still ends with text.
 
 use std::{collections::HashSet, time::Instant};
 
@@ -21,7 +23,10 @@ use tracing::{debug, info};
 
 use super::TurnError;
 use crate::{
-    llm::{AssistantMessage, CallUsage, ChatRequest, LlmClient, LlmError, Message, ToolCall},
+    llm::{
+        AssistantMessage, CallBudget, CallUsage, ChatRequest, LlmClient, LlmError, Message,
+        ToolCall,
+    },
     metrics::{Metrics, label},
     timing::{Stage, stage},
     tools::{Registry, ToolContext, ToolRecord, call_key},
@@ -55,6 +60,8 @@ pub struct LoopContext<'a> {
     pub metrics: &'a Metrics,
     /// The context every call starts from (its call id and key are set per call).
     pub tools: ToolContext<'a>,
+    /// What this attempt may still send to the chat API.
+    pub budget: &'a CallBudget,
 }
 
 /// The `llm` step: one answer of the model and what that call used.
@@ -74,12 +81,26 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
     let mut round: u32 = 0;
     let mut step: u32 = 0;
     loop {
+        let recorded = job
+            .recorded::<LlmRecord>("llm", &step.to_string())
+            .is_some();
+        if !recorded && !request.tools.is_empty() && cx.budget.calls_left() <= 1 {
+            info!(
+                "the turn's last allowed request to the model: asking for a final answer without tools"
+            );
+            request.tools = Default::default();
+            request.tool_choice = None;
+        }
         let tools_offered = !request.tools.is_empty();
         // The step's own time is the journal's; the model's is the nested `llm` stage.
         let record: LlmRecord = stage(
             Stage::Steps,
-            job.step("llm", step.to_string())
-                .run(ask(cx.llm, &request, tools_offered)),
+            job.step("llm", step.to_string()).run(ask(
+                cx.llm,
+                &request,
+                tools_offered,
+                Some(cx.budget),
+            )),
         )
         .await?;
         step += 1;
@@ -159,7 +180,7 @@ pub async fn answer_in_text(
 ) -> Result<String, TurnError> {
     let record: LlmRecord = stage(
         Stage::Steps,
-        job.step("llm", "0").run(ask(llm, request, false)),
+        job.step("llm", "0").run(ask(llm, request, false, None)),
     )
     .await?;
     Ok(record.message.content.unwrap_or_default())
@@ -170,8 +191,9 @@ async fn ask(
     llm: &LlmClient,
     request: &ChatRequest,
     tools_offered: bool,
+    budget: Option<&CallBudget>,
 ) -> Result<LlmRecord, TurnError> {
-    let response = stage(Stage::Llm, llm.complete(request)).await?;
+    let response = stage(Stage::Llm, llm.complete_within(request, budget)).await?;
     let model = response
         .model
         .clone()

@@ -8,7 +8,7 @@ use chrono::Utc;
 use companion::{
     bus::DmEvent,
     journal::State,
-    llm::{ChatRequest, LlmClient, Message},
+    llm::{CallBudget, ChatRequest, LlmClient, Message},
     metrics::Metrics,
     store::mongo::{DM_MESSAGES, TRICKLISTS},
     tools::REGISTRY,
@@ -41,9 +41,22 @@ async fn env_with(replies: Vec<StubReply>) -> TestEnv {
 
 /// Runs the loop for one event of Jess; returns its output and the requests the model received.
 async fn run_loop(env: &TestEnv, tj: &ToolJob) -> (tool_loop::LoopOutput, Vec<Value>) {
+    let out = run_within(env, tj, &CallBudget::new(8, 64_000))
+        .await
+        .expect("loop");
+    (out, env.stub.requests())
+}
+
+/// The loop with a budget of requests and prompt tokens.
+async fn run_within(
+    env: &TestEnv,
+    tj: &ToolJob,
+    budget: &CallBudget,
+) -> Result<tool_loop::LoopOutput, companion::turn::TurnError> {
     let metrics = Arc::new(Metrics::default());
     let llm = LlmClient::new(&env.config.llm, metrics.clone()).unwrap();
     let cx = LoopContext {
+        budget,
         llm: &llm,
         registry: &REGISTRY,
         limits: LoopLimits {
@@ -53,8 +66,7 @@ async fn run_loop(env: &TestEnv, tj: &ToolJob) -> (tool_loop::LoopOutput, Vec<Va
         metrics: &metrics,
         tools: tj.ctx(),
     };
-    let out = tool_loop::run(&cx, request()).await.expect("loop");
-    (out, env.stub.requests())
+    tool_loop::run(&cx, request()).await
 }
 
 /// Every assistant message with tool calls is followed by exactly its tool messages, in order.
@@ -289,4 +301,38 @@ async fn park_list_scenario_end_to_end() {
         .unwrap();
     assert_eq!(n, 1);
     f.finish().await;
+}
+
+#[tokio::test]
+async fn the_per_turn_ceiling_ends_the_loop_with_text_and_refuses_an_oversized_prompt() {
+    // A model that asks for a tool whenever it may: with two requests allowed, the second goes without
+    // tools and its text ends the turn.
+    let greedy: companion_dev::stub::Responder = Arc::new(|body: &Value| {
+        if body["tools"].as_array().is_some_and(|t| !t.is_empty()) {
+            StubReply::ToolCalls(vec![("get_user_tricklists".into(), String::new())])
+        } else {
+            StubReply::text("that's all i can look up right now")
+        }
+    });
+    let env = TestEnv::new(greedy).await;
+    let tj = env.tool_job(JESS).await;
+    let budget = CallBudget::new(2, 64_000);
+    let out = run_within(&env, &tj, &budget).await.expect("a text answer");
+    assert_eq!(out.text, "that's all i can look up right now");
+    let asked = env.stub.requests();
+    assert_eq!(asked.len(), 2, "two requests, not max_rounds + 1");
+    assert!(
+        asked[1].get("tools").is_none(),
+        "the last one without tools"
+    );
+    assert_eq!(budget.calls_left(), 0);
+
+    // A prompt larger than the token ceiling is never sent.
+    let tj = env.tool_job(JESS).await;
+    let e = run_within(&env, &tj, &CallBudget::new(8, 100))
+        .await
+        .expect_err("over the ceiling");
+    assert!(e.to_string().contains("prompt tokens"), "{e}");
+    assert_eq!(env.stub.requests().len(), 2, "nothing more was sent");
+    env.finish().await;
 }
