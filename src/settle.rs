@@ -123,11 +123,8 @@ fn jittered(d: Duration) -> Duration {
 
 /// The delivery being settled.
 pub enum Handle<'a> {
-    /// A message this worker holds: acked, NAKed or terminated.
+    /// A message this worker holds (a DM or a signal): acked, NAKed or terminated.
     Message(&'a jetstream::Message),
-    /// A signal this worker holds (a proactive message's cause): settled like a message, without the
-    /// conversation's order floor (signals are not in a conversation's sequence).
-    Signal(&'a jetstream::Message),
     /// A message no worker holds any more (it ran out of deliveries): nothing will deliver it again, so a
     /// write that fails is retried here a few times instead of by a NAK.
     Exhausted {
@@ -140,29 +137,27 @@ pub enum Handle<'a> {
 impl Handle<'_> {
     fn subject(&self) -> &str {
         match self {
-            Handle::Message(m) | Handle::Signal(m) => m.subject.as_str(),
+            Handle::Message(m) => m.subject.as_str(),
             Handle::Exhausted { subject, .. } => subject,
         }
     }
 
     fn seq(&self) -> u64 {
         match self {
-            Handle::Message(m) | Handle::Signal(m) => {
-                m.info().map(|i| i.stream_sequence).unwrap_or(0)
-            }
+            Handle::Message(m) => m.info().map(|i| i.stream_sequence).unwrap_or(0),
             Handle::Exhausted { seq, .. } => *seq,
         }
     }
 
     fn payload(&self) -> Bytes {
         match self {
-            Handle::Message(m) | Handle::Signal(m) => m.payload.clone(),
+            Handle::Message(m) => m.payload.clone(),
             Handle::Exhausted { payload, .. } => payload.clone(),
         }
     }
 
     async fn answer(&self, kind: AckKind) {
-        if let Handle::Message(m) | Handle::Signal(m) = self {
+        if let Handle::Message(m) = self {
             let result = match kind {
                 AckKind::Ack => m.double_ack().await,
                 kind => m.ack_with(kind).await,
@@ -260,7 +255,8 @@ impl Settler {
     /// Moves the conversation's order floor past this event (and the burst it answered, `through`);
     /// false when the event was NAKed instead.
     async fn advance(&self, handle: &Handle<'_>, through: Option<u64>) -> bool {
-        if let Handle::Signal(_) = handle {
+        // Signals are not steps of a conversation: no order floor.
+        if self.bus.names.is_signal(handle.subject()) {
             return true;
         }
         let seq = handle.seq();
@@ -282,7 +278,7 @@ impl Settler {
         E: std::fmt::Display,
     {
         let attempts: u32 = match handle {
-            Handle::Message(_) | Handle::Signal(_) => 1,
+            Handle::Message(_) => 1,
             Handle::Exhausted { .. } => 5,
         };
         for attempt in 0..attempts {
@@ -297,7 +293,7 @@ impl Settler {
             }
         }
         match handle {
-            Handle::Message(_) | Handle::Signal(_) => {
+            Handle::Message(_) => {
                 if let Verdict::Nak { delay } = on_failed_write(write) {
                     handle.answer(AckKind::Nak(Some(delay))).await;
                 }

@@ -102,8 +102,16 @@ impl Worker {
         // Alerts look at increases: the dead-letter counter exists (at 0) before the first one.
         w.metrics.add("companion_dead_letters_total", "", 0);
         let notices = tokio::spawn(order.clone().listen());
-        let exhausted = tokio::spawn(watch_exhausted(shared.clone()));
-        let exhausted_signals = tokio::spawn(watch_exhausted_signals(shared.clone()));
+        let exhausted = tokio::spawn(watch_exhausted(
+            shared.clone(),
+            w.bus.names.stream_in.clone(),
+            w.bus.max_deliveries_advisory(&w.consumer.name),
+        ));
+        let exhausted_signals = tokio::spawn(watch_exhausted(
+            shared.clone(),
+            w.bus.names.stream_signal.clone(),
+            w.bus.signal_max_deliveries_advisory(&w.consumer.name),
+        ));
         let signals = tokio::spawn(run_signals(
             shared.clone(),
             signal_consumer,
@@ -149,11 +157,7 @@ impl Worker {
             grace_secs = w.config.shutdown_grace_secs,
             "stopping: no longer pulling"
         );
-        let drained = tokio::time::timeout(w.config.shutdown_grace(), async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
+        if !finished_within(&mut tasks, w.config.shutdown_grace()).await {
             warn!(
                 left = tasks.len(),
                 "grace period over; returning unfinished turns to the stream"
@@ -419,6 +423,13 @@ async fn pull<R, RF, S, SF>(
     }
 }
 
+/// Waits for every task to end, up to `grace`; whether they all did.
+async fn finished_within(tasks: &mut JoinSet<()>, grace: Duration) -> bool {
+    tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} })
+        .await
+        .is_ok()
+}
+
 /// The signal consumer's loop: each signal is sent as a proactive message, at most
 /// `COMPANION_SIGNAL_CONCURRENCY` at once, and settled like a turn (without an order gate: a signal is about
 /// one draft or reminder, not a step of a conversation). On shutdown it stops pulling and lets the
@@ -456,11 +467,7 @@ async fn run_signals(
         },
     )
     .await;
-    let drained = tokio::time::timeout(w.config.shutdown_grace(), async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
+    if !finished_within(&mut tasks, w.config.shutdown_grace()).await {
         warn!(
             left = tasks.len(),
             "grace period over; unfinished signals will be redelivered"
@@ -513,7 +520,7 @@ impl Shared {
                 _ => {}
             }
             self.settler
-                .execute(Handle::Signal(&msg), None, verdict, delivered)
+                .execute(Handle::Message(&msg), None, verdict, delivered)
                 .await;
         }
         .instrument(span)
@@ -541,16 +548,14 @@ fn keep_alive(msg: &jetstream::Message, every: Duration) -> tokio::task::JoinHan
 /// otherwise just stop: each is settled from the server's advisory as a transient failure on its last
 /// delivery. One worker of the queue group handles each advisory; repeats are harmless (the dead letter
 /// and the reply are keyed by the event).
-async fn watch_exhausted(shared: Arc<Shared>) {
-    let w = &shared.worker;
-    let subject = w.bus.max_deliveries_advisory(&w.consumer.name);
-    let Some(mut advisories) = max_deliveries(&w.bus, subject).await else {
+async fn watch_exhausted(shared: Arc<Shared>, stream: String, subject: String) {
+    let Some(mut advisories) = max_deliveries(&shared.worker.bus, subject).await else {
         return;
     };
     while let Some((seq, deliveries)) = advisories.next().await {
-        let span = info_span!("exhausted", seq, deliveries);
+        let span = info_span!("exhausted", %stream, seq, deliveries);
         shared
-            .settle_exhausted(seq, deliveries)
+            .settle_exhausted(&stream, seq, deliveries)
             .instrument(span)
             .await;
     }
@@ -585,93 +590,45 @@ async fn max_deliveries(
     }))
 }
 
-/// Signals whose deliveries ran out while no worker held them (every worker that took one was killed)
-/// are dead-lettered from the server's advisory with the reason; their job stays open, so republishing
-/// the signal (another `Nats-Msg-Id`) runs it again, resuming from its recorded steps.
-async fn watch_exhausted_signals(shared: Arc<Shared>) {
-    let w = &shared.worker;
-    let subject = w.bus.signal_max_deliveries_advisory(&w.consumer.name);
-    let Some(mut advisories) = max_deliveries(&w.bus, subject).await else {
-        return;
-    };
-    while let Some((seq, deliveries)) = advisories.next().await {
-        let span = info_span!("exhausted_signal", seq, deliveries);
-        async {
-            let stream = match w.bus.js.get_stream(&w.bus.names.stream_signal).await {
-                Ok(s) => s,
-                Err(e) => return error!(error = %e, "cannot open the signal stream"),
-            };
-            let msg = match stream.get_raw_message(seq).await {
-                Ok(m) => m,
-                Err(e) => {
-                    return error!(error = %e, "the exhausted signal is no longer in the stream");
-                }
-            };
-            let reason = format!(
-                "no worker finished this signal in {deliveries} deliveries (crashed or timed out)"
-            );
-            for attempt in 0..5u64 {
-                match w
-                    .bus
-                    .dead_letter_raw(
-                        msg.subject.as_str(),
-                        seq,
-                        msg.payload.clone(),
-                        &reason,
-                        deliveries,
-                    )
-                    .await
-                {
-                    Ok(()) => {
-                        w.metrics.inc("companion_dead_letters_total", "");
-                        w.metrics.inc(
-                            "companion_proactive_total",
-                            "kind=\"signal\",outcome=\"failed\"",
-                        );
-                        return warn!(%reason, "signal dead-lettered");
-                    }
-                    Err(e) => {
-                        warn!(error = %e, attempt, "could not dead-letter the exhausted signal");
-                        tokio::time::sleep(Duration::from_secs(1 + attempt * 2)).await;
-                    }
-                }
-            }
-            error!("the exhausted signal could not be dead-lettered");
-        }
-        .instrument(span)
-        .await;
-    }
-}
-
 impl Shared {
-    async fn settle_exhausted(&self, seq: u64, deliveries: i64) {
+    /// An event (a DM or a signal, by `stream`) whose deliveries ran out, settled as a transient failure on
+    /// its last delivery: the failure line for a DM that parses, a dead letter for every one. A signal's
+    /// job stays open, so republishing it runs it again from its recorded steps.
+    async fn settle_exhausted(&self, stream: &str, seq: u64, deliveries: i64) {
         let w = &self.worker;
-        let stream = match w.bus.js.get_stream(&w.bus.names.stream_in).await {
+        let stream = match w.bus.js.get_stream(stream).await {
             Ok(s) => s,
-            Err(e) => return error!(error = %e, "cannot open the inbound stream"),
+            Err(e) => return error!(error = %e, "cannot open the stream"),
         };
         let msg = match stream.get_raw_message(seq).await {
             Ok(m) => m,
             Err(e) => return error!(error = %e, "the exhausted event is no longer in the stream"),
         };
+        let signal = w.bus.names.is_signal(msg.subject.as_str());
         let reason = format!(
-            "no worker finished this event in {deliveries} deliveries (crashed or timed out)"
+            "no worker finished this {} in {deliveries} deliveries (crashed or timed out)",
+            if signal { "signal" } else { "event" }
         );
-        let parsed = parse_inbound(
-            &msg.payload,
-            msg.subject.as_str(),
-            &w.bus.names.prefix,
-            w.turns.limits(),
-        );
-        let (ending, event) = match parsed {
-            Ok(event) => (
-                Ending::Failed(Failure::new(Class::Transient, reason)),
-                Some(event),
-            ),
-            Err(e) => (
-                Ending::Failed(Failure::new(Class::Reject, format!("{reason}; {e}"))),
-                None,
-            ),
+        let transient = |reason| Ending::Failed(Failure::new(Class::Transient, reason));
+        let (ending, event) = if signal {
+            w.metrics.inc(
+                "companion_proactive_total",
+                "kind=\"signal\",outcome=\"failed\"",
+            );
+            (transient(reason), None)
+        } else {
+            match parse_inbound(
+                &msg.payload,
+                msg.subject.as_str(),
+                &w.bus.names.prefix,
+                w.turns.limits(),
+            ) {
+                Ok(event) => (transient(reason), Some(event)),
+                Err(e) => (
+                    Ending::Failed(Failure::new(Class::Reject, format!("{reason}; {e}"))),
+                    None,
+                ),
+            }
         };
         let verdict = settle::decide(
             &ending,

@@ -129,9 +129,22 @@ impl Names {
     pub fn reminder_schedule(&self, id: &str) -> String {
         format!("{}.schedule.reminder.{id}", self.prefix)
     }
+    /// `(kind, id)` of a signal subject (`<prefix>.signal.<kind>.<id>`); none for any other subject.
+    pub fn signal_parts<'s>(&self, subject: &'s str) -> Option<(&'s str, &'s str)> {
+        subject
+            .strip_prefix(&self.prefix)?
+            .strip_prefix(".signal.")?
+            .split_once('.')
+    }
+    /// Whether `subject` is a signal's (kept in the signal stream, not in a conversation's order).
+    pub fn is_signal(&self, subject: &str) -> bool {
+        subject
+            .strip_prefix(&self.prefix)
+            .is_some_and(|t| t.starts_with(".signal."))
+    }
     /// The stream an inbound subject belongs to.
     pub fn stream_of(&self, subject: &str) -> &str {
-        if subject.starts_with(&format!("{}.signal.", self.prefix)) {
+        if self.is_signal(subject) {
             &self.stream_signal
         } else {
             &self.stream_in
@@ -152,16 +165,13 @@ impl Names {
     /// Dead letters keep the tail of the original subject: `<botId>.<conversationId>` for a DM,
     /// `signal.<kind>.<id>` for a signal.
     pub fn dead_letter(&self, original_subject: &str) -> String {
-        let dm = format!("{}.in.", self.prefix);
-        let signal = format!("{}.signal.", self.prefix);
-        let tail = match original_subject.strip_prefix(&dm) {
-            Some(t) => Some(t.to_owned()),
-            None => original_subject
-                .strip_prefix(&signal)
-                .map(|t| format!("signal.{t}")),
+        let tail = if self.is_signal(original_subject) {
+            original_subject.strip_prefix(&format!("{}.", self.prefix))
+        } else {
+            original_subject.strip_prefix(&format!("{}.in.", self.prefix))
         }
         .filter(|t| !t.is_empty() && !t.ends_with('.'))
-        .unwrap_or_else(|| "unknown".to_owned());
+        .unwrap_or("unknown");
         format!("{}.dlq.{tail}", self.prefix)
     }
 }
@@ -340,9 +350,36 @@ impl Bus {
                 if existed { "updated" } else { "created" }
             ));
         }
-        let stream = self.inbound_stream().await?;
-        let wanted = self.consumer_config(consumer);
-        let line = match stream.get_consumer::<pull::Config>(&consumer.name).await {
+        changes.push(
+            self.provision_consumer(&self.names.stream_in, self.consumer_config(consumer))
+                .await?,
+        );
+        changes.push(
+            self.provision_consumer(
+                &self.names.stream_signal,
+                self.signal_consumer_config(consumer),
+            )
+            .await?,
+        );
+        Ok(changes)
+    }
+
+    async fn stream(&self, name: &str) -> Result<jetstream::stream::Stream, BusError> {
+        self.js
+            .get_stream(name)
+            .await
+            .map_err(|e| BusError::NoStream(name.to_owned(), e.to_string()))
+    }
+
+    /// Creates or updates the durable consumer `wanted` on `stream`; one line saying what changed.
+    async fn provision_consumer(
+        &self,
+        stream: &str,
+        wanted: pull::Config,
+    ) -> Result<String, BusError> {
+        let stream = self.stream(stream).await?;
+        let name = wanted.durable_name.clone().unwrap_or_default();
+        Ok(match stream.get_consumer::<pull::Config>(&name).await {
             Ok(mut existing) => {
                 let info = existing
                     .info()
@@ -351,42 +388,50 @@ impl Bus {
                 let diff = consumer_differences(&info.config, &wanted);
                 stream.update_consumer(wanted).await?;
                 if diff.is_empty() {
-                    format!("consumer {}: unchanged", consumer.name)
+                    format!("consumer {name}: unchanged")
                 } else {
-                    format!("consumer {}: updated ({})", consumer.name, diff.join(", "))
+                    format!("consumer {name}: updated ({})", diff.join(", "))
                 }
             }
             Err(_) => {
                 stream.create_consumer(wanted).await?;
-                format!("consumer {}: created", consumer.name)
+                format!("consumer {name}: created")
             }
-        };
-        changes.push(line);
-        let signals = self
-            .js
-            .get_stream(&self.names.stream_signal)
-            .await
-            .map_err(|e| BusError::NoStream(self.names.stream_signal.clone(), e.to_string()))?;
-        let name = signal_consumer_name(&consumer.name);
-        let existed = signals.get_consumer::<pull::Config>(&name).await.is_ok();
-        let wanted = self.signal_consumer_config(consumer);
-        if existed {
-            signals.update_consumer(wanted).await?;
-        } else {
-            signals.create_consumer(wanted).await?;
-        }
-        changes.push(format!(
-            "consumer {name}: {}",
-            if existed { "updated" } else { "created" }
-        ));
-        Ok(changes)
+        })
     }
 
-    async fn inbound_stream(&self) -> Result<jetstream::stream::Stream, BusError> {
-        self.js
-            .get_stream(&self.names.stream_in)
+    /// The durable consumer `wanted` on `stream`, created when missing. An existing one keeps its
+    /// settings (only `companion provision` changes them); each difference is logged, and the settings
+    /// returned are the consumer's.
+    async fn open_consumer(
+        &self,
+        stream: &str,
+        wanted: pull::Config,
+    ) -> Result<Consumer, BusError> {
+        let stream = self.stream(stream).await?;
+        let name = wanted.durable_name.clone().unwrap_or_default();
+        let mut consumer = match stream.get_consumer::<pull::Config>(&name).await {
+            Ok(c) => c,
+            Err(_) => stream.create_consumer(wanted.clone()).await?,
+        };
+        let info = consumer
+            .info()
             .await
-            .map_err(|e| BusError::NoStream(self.names.stream_in.clone(), e.to_string()))
+            .map_err(|e| BusError::ConsumerInfo(e.to_string()))?
+            .clone();
+        for d in consumer_differences(&info.config, &wanted) {
+            tracing::warn!(
+                consumer = %name,
+                difference = %d,
+                "the shared consumer is set up differently from this worker's configuration; going by \
+                 the consumer's (run `companion provision` to apply this configuration)"
+            );
+        }
+        Ok(Consumer {
+            max_deliver: info.config.max_deliver,
+            ack_wait: info.config.ack_wait,
+            consumer,
+        })
     }
 
     /// The consumer of the signal stream: the DM consumer's settings under its own name.
@@ -399,29 +444,13 @@ impl Bus {
         }
     }
 
-    /// The shared consumer of signals, created when missing (its settings follow `companion provision`).
+    /// The shared consumer of signals (as [`Bus::consumer`] for DMs).
     pub async fn signal_consumer(&self, config: &ConsumerConfig) -> Result<Consumer, BusError> {
-        let stream = self
-            .js
-            .get_stream(&self.names.stream_signal)
-            .await
-            .map_err(|e| BusError::NoStream(self.names.stream_signal.clone(), e.to_string()))?;
-        let wanted = self.signal_consumer_config(config);
-        let name = signal_consumer_name(&config.name);
-        let mut consumer = match stream.get_consumer::<pull::Config>(&name).await {
-            Ok(c) => c,
-            Err(_) => stream.create_consumer(wanted).await?,
-        };
-        let info = consumer
-            .info()
-            .await
-            .map_err(|e| BusError::ConsumerInfo(e.to_string()))?
-            .clone();
-        Ok(Consumer {
-            max_deliver: info.config.max_deliver,
-            ack_wait: info.config.ack_wait,
-            consumer,
-        })
+        self.open_consumer(
+            &self.names.stream_signal,
+            self.signal_consumer_config(config),
+        )
+        .await
     }
 
     fn consumer_config(&self, c: &ConsumerConfig) -> pull::Config {
@@ -442,30 +471,8 @@ impl Bus {
     /// `companion provision` changes them); each difference from `config` is logged, and the settings
     /// returned are the consumer's.
     pub async fn consumer(&self, config: &ConsumerConfig) -> Result<Consumer, BusError> {
-        let stream = self.inbound_stream().await?;
-        let wanted = self.consumer_config(config);
-        let mut consumer = match stream.get_consumer::<pull::Config>(&config.name).await {
-            Ok(c) => c,
-            Err(_) => stream.create_consumer(wanted.clone()).await?,
-        };
-        let info = consumer
-            .info()
+        self.open_consumer(&self.names.stream_in, self.consumer_config(config))
             .await
-            .map_err(|e| BusError::ConsumerInfo(e.to_string()))?
-            .clone();
-        for d in consumer_differences(&info.config, &wanted) {
-            tracing::warn!(
-                consumer = %config.name,
-                difference = %d,
-                "the shared consumer is set up differently from this worker's configuration; going by \
-                 the consumer's (run `companion provision` to apply this configuration)"
-            );
-        }
-        Ok(Consumer {
-            max_deliver: info.config.max_deliver,
-            ack_wait: info.config.ack_wait,
-            consumer,
-        })
     }
 
     /// Publishes to a stream subject and waits for the server's ack; `msg_id` makes a repeat a no-op.

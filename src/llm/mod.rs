@@ -136,15 +136,6 @@ fn no_tools(tools: &Arc<[ToolDef]>) -> bool {
     tools.is_empty()
 }
 
-impl ChatRequest {
-    /// Prompt tokens of the request, estimated as a quarter of its JSON bytes (messages and tools).
-    pub fn estimated_prompt_tokens(&self) -> u64 {
-        let bytes = serde_json::to_vec(&self.messages).map_or(0, |v| v.len())
-            + serde_json::to_vec(&*self.tools).map_or(0, |v| v.len());
-        (bytes as u64).div_ceil(4)
-    }
-}
-
 /// What one turn may still spend on the chat API, whatever its tool loop, retries and fallback models
 /// do: requests (each one sent is paid for or may be) and estimated prompt tokens.
 #[derive(Debug)]
@@ -266,6 +257,8 @@ pub enum LlmError {
     NoToolSupport { model: String },
     #[error("chat API rejected the request ({status}): {body}")]
     Rejected { status: u16, body: String },
+    #[error("the chat request cannot be encoded: {0}")]
+    Encode(String),
     #[error("chat API answered something that is not a chat completion: {0}")]
     Decode(String),
     #[error("chat API answered with no choices")]
@@ -326,6 +319,13 @@ impl Classify for LlmError {
             _ => None,
         }
     }
+}
+
+/// A request's JSON body.
+fn encode(request: &ChatRequest) -> Result<bytes::Bytes, LlmError> {
+    serde_json::to_vec(request)
+        .map(bytes::Bytes::from)
+        .map_err(|e| LlmError::Encode(e.to_string()))
 }
 
 /// Counter of 402 answers (no credits left), for the `CompanionOutOfCredits` alert.
@@ -428,6 +428,7 @@ impl LlmClient {
                 status.to_string()
             }
             Err(LlmError::NoToolSupport { .. }) => "no_tool_support".to_owned(),
+            Err(LlmError::Encode(_)) => "not_sent".to_owned(),
             Err(LlmError::Decode(_) | LlmError::NoChoice | LlmError::Prices(_)) => {
                 "bad_response".to_owned()
             }
@@ -491,13 +492,13 @@ impl LlmClient {
         self.complete_within(request, None).await
     }
 
-    /// [`LlmClient::complete`], every request sent (retries and fallbacks included) taken from `budget`.
+    /// [`LlmClient::complete`], every request sent (retries and fallbacks included) taken from `budget`
+    /// with its prompt tokens estimated as a quarter of the request's JSON bytes.
     pub async fn complete_within(
         &self,
         request: &ChatRequest,
         budget: Option<&CallBudget>,
     ) -> Result<ChatResponse, LlmError> {
-        let tokens = budget.map_or(0, |_| request.estimated_prompt_tokens());
         let mut models = vec![request.model.clone()];
         models.extend(
             self.fallback_models
@@ -515,13 +516,16 @@ impl LlmClient {
                 r.model = model.clone();
                 Cow::Owned(r)
             };
+            // Encoded once per model: every retry sends the same bytes.
+            let body = encode(&req)?;
+            let tokens = (body.len() as u64).div_ceil(4);
             let mut retry = 0;
             let err = loop {
                 if let Some(b) = budget {
                     b.take(tokens)?;
                 }
                 self.limiter.until_ready().await;
-                let result = self.chat(&req).await;
+                let result = self.send(model, body.clone()).await;
                 self.count(model, &result);
                 match result {
                     Ok(mut r) => {
@@ -560,12 +564,18 @@ impl LlmClient {
 
     /// One request, no retries (the caller decides).
     pub async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        self.send(&request.model, encode(request)?).await
+    }
+
+    /// One encoded request for `model`, no retries.
+    async fn send(&self, model: &str, body: bytes::Bytes) -> Result<ChatResponse, LlmError> {
         let mut builder = self
             .http
             .post(&self.url)
             .header("HTTP-Referer", "https://trickbook.app")
             .header("X-Title", "TrickBook companions")
-            .json(request);
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body);
         if !self.key.is_empty() {
             builder = builder.bearer_auth(self.key.expose());
         }
@@ -593,7 +603,7 @@ impl LlmClient {
         if !status.is_success() {
             if status == StatusCode::NOT_FOUND && text.contains("support tool use") {
                 return Err(LlmError::NoToolSupport {
-                    model: request.model.clone(),
+                    model: model.to_owned(),
                 });
             }
             return Err(LlmError::Rejected {

@@ -98,6 +98,25 @@ impl ProactiveOutcome {
     }
 }
 
+/// A signal's JSON body, read as `T` (`what` names it in errors), whose `field` must be the subject's id.
+fn signal_body<T: serde::de::DeserializeOwned>(
+    payload: &[u8],
+    what: &str,
+    subject_id: &str,
+    field: &str,
+    id_of: impl Fn(&T) -> &str,
+) -> Result<T, ProactiveError> {
+    let body: T = serde_json::from_slice(payload)
+        .map_err(|e| ProactiveError::Invalid(format!("not a {what}: {e}")))?;
+    let id = id_of(&body);
+    if id != subject_id {
+        return Err(ProactiveError::Invalid(format!(
+            "{field} {id} does not match the subject's {subject_id}"
+        )));
+    }
+    Ok(body)
+}
+
 /// A follow-up ready to be sent: who to, from whom, about what, and how to say it.
 pub struct FollowUp<'a> {
     /// What it follows up on: the job is `<kind>:<id>`.
@@ -137,10 +156,10 @@ impl Proactive {
                 t.config.max_event_bytes
             )));
         }
-        let head = format!("{}.signal.", t.bus.names.prefix);
-        let (kind, id) = subject
-            .strip_prefix(&head)
-            .and_then(|rest| rest.split_once('.'))
+        let (kind, id) = t
+            .bus
+            .names
+            .signal_parts(subject)
             .ok_or_else(|| ProactiveError::Invalid(format!("unexpected subject {subject}")))?;
         let follow_up = match kind {
             "spot_draft" => spot_review::follow_up(t, id, payload).await?,
@@ -296,7 +315,7 @@ impl Proactive {
             now: Utc::now(),
             tools_enabled: false,
         });
-        let mut messages = prompt::conversation(system, &history, &[]);
+        let mut messages = prompt::conversation(system, &history.messages, &[]);
         messages.push(Message::system(f.brief.clone()));
         let request = ChatRequest {
             model: f

@@ -5,7 +5,7 @@
 
 use serde::Deserialize;
 
-use super::{FollowUp, ProactiveError, ProactiveOutcome};
+use super::{FollowUp, ProactiveError, ProactiveOutcome, signal_body};
 use crate::{
     bus::{Trigger, event::parse_object_id},
     character::fill,
@@ -31,14 +31,13 @@ pub async fn follow_up<'t>(
     payload: &[u8],
 ) -> Result<FollowUp<'t>, ProactiveError> {
     let invalid = |why: String| ProactiveError::Invalid(why);
-    let due: Due =
-        serde_json::from_slice(payload).map_err(|e| invalid(format!("not a due reminder: {e}")))?;
-    if due.reminder_id != subject_id {
-        return Err(invalid(format!(
-            "reminderId {} does not match the subject's {subject_id}",
-            due.reminder_id
-        )));
-    }
+    let due: Due = signal_body(
+        payload,
+        "due reminder",
+        subject_id,
+        "reminderId",
+        |d: &Due| &d.reminder_id,
+    )?;
     let r =
         t.pg.reminder(&due.reminder_id)
             .await?

@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{FollowUp, ProactiveError};
+use super::{FollowUp, ProactiveError, signal_body};
 use crate::{
     bus::{Trigger, event::parse_object_id},
     character::fill,
@@ -63,16 +63,15 @@ pub async fn follow_up<'t>(
     payload: &[u8],
 ) -> Result<FollowUp<'t>, ProactiveError> {
     let invalid = |why: String| ProactiveError::Invalid(why);
-    let review: SpotReview =
-        serde_json::from_slice(payload).map_err(|e| invalid(format!("not a spot review: {e}")))?;
+    let review: SpotReview = signal_body(
+        payload,
+        "spot review",
+        subject_id,
+        "draftId",
+        |r: &SpotReview| &r.draft_id,
+    )?;
     let draft_id = parse_object_id(&review.draft_id)
         .ok_or_else(|| invalid(format!("draftId `{}` is not an ObjectId", review.draft_id)))?;
-    if review.draft_id != subject_id {
-        return Err(invalid(format!(
-            "draftId {} does not match the subject's {subject_id}",
-            review.draft_id
-        )));
-    }
     let draft = t
         .mongo
         .collection(SPOT_DRAFTS)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sqlx::{PgPool, Row, postgres::PgPoolOptions};
 
-use super::StoreError;
+use super::{StoreError, reminders::PendingReminder};
 use crate::config::PgConfig;
 
 /// Embedded so a deployed binary can migrate without the source tree.
@@ -25,6 +25,15 @@ pub struct HistoryMessage {
     pub content: String,
     /// Compact JSON log of the tool calls behind an assistant message, shown to the model next time.
     pub tool_calls: Option<String>,
+}
+
+/// What a turn knows of its user and bot from PostgreSQL.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct History {
+    /// The history window, oldest first.
+    pub messages: Vec<HistoryMessage>,
+    /// Reminders this bot promised the user, still pending.
+    pub reminders: Vec<PendingReminder>,
 }
 
 /// A row to append to `bot_conversations`.
@@ -60,33 +69,47 @@ impl Pg {
         Ok(())
     }
 
-    /// The last `limit` messages between this user and this bot, oldest first.
+    /// The last `limit` messages between this user and this bot, oldest first, and the reminders the bot
+    /// promised the user that are still pending (soonest first): one round trip for both.
     pub async fn history(
         &self,
         user_id: &str,
         bot_id: &str,
         limit: i64,
-    ) -> Result<Vec<HistoryMessage>, StoreError> {
+    ) -> Result<History, StoreError> {
         let rows = sqlx::query(
-            "SELECT role, content, tool_calls FROM (
-                SELECT role, content, tool_calls::text AS tool_calls, created_at, id FROM bot_conversations
-                WHERE user_id = $1 AND bot_id = $2
-                ORDER BY created_at DESC, id DESC LIMIT $3
-             ) w ORDER BY created_at ASC, id ASC",
+            "SELECT role, content, tool_calls, reminder_id, fire_at FROM (
+                SELECT 0 AS part, role, content, tool_calls, NULL::text AS reminder_id,
+                       NULL::timestamptz AS fire_at, created_at, id FROM (
+                    SELECT role, content, tool_calls::text AS tool_calls, created_at, id
+                    FROM bot_conversations WHERE user_id = $1 AND bot_id = $2
+                    ORDER BY created_at DESC, id DESC LIMIT $3) w
+                UNION ALL
+                SELECT 1, 'reminder', text, NULL, id, fire_at, fire_at, 0 FROM reminders
+                WHERE user_id = $1 AND bot_id = $2 AND state = 'pending'
+             ) x ORDER BY part, created_at, id",
         )
         .bind(user_id)
         .bind(bot_id)
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| HistoryMessage {
-                role: r.get("role"),
-                content: r.get("content"),
-                tool_calls: r.get("tool_calls"),
-            })
-            .collect())
+        let mut out = History::default();
+        for r in rows {
+            match r.get::<Option<String>, _>("reminder_id") {
+                Some(id) => out.reminders.push(PendingReminder {
+                    id,
+                    text: r.get("content"),
+                    fire_at: r.get("fire_at"),
+                }),
+                None => out.messages.push(HistoryMessage {
+                    role: r.get("role"),
+                    content: r.get("content"),
+                    tool_calls: r.get("tool_calls"),
+                }),
+            }
+        }
+        Ok(out)
     }
 
     /// Appends messages in one statement; a message already recorded is left as it is.

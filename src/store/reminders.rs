@@ -1,6 +1,7 @@
 //! Reminders a companion promised (`reminders`): what the user asked for and where it stands. The timer
 //! is not here but in NATS (a message schedule, [`crate::bus::Bus::schedule_at`]); this table answers
-//! "what is pending" (the prompt, the per-user bound) and "was it cancelled" (when it fires).
+//! "what is pending" (the prompt, with the history: [`Pg::history`]; the per-user bound) and "was it
+//! cancelled" (when it fires).
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -20,6 +21,14 @@ pub struct Reminder {
     /// When it fires: `due_at`, or held to the morning out of the user's quiet hours.
     pub fire_at: DateTime<Utc>,
     pub state: ReminderState,
+}
+
+/// What the prompt shows of a pending reminder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingReminder {
+    pub id: String,
+    pub text: String,
+    pub fire_at: DateTime<Utc>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,16 +108,14 @@ impl Pg {
         Ok(row.map(reminder))
     }
 
-    /// The user's pending reminders with every companion.
-    pub async fn pending_reminders(&self, user_id: &str) -> Result<Vec<Reminder>, StoreError> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM reminders WHERE user_id = $1 AND state = 'pending' ORDER BY fire_at, id"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(user_id)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.into_iter().map(reminder).collect())
+    /// How many reminders the user has pending, with every companion.
+    pub async fn pending_reminders(&self, user_id: &str) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM reminders WHERE user_id = $1 AND state = 'pending'",
+        )
+        .bind(user_id)
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     /// Moves a reminder from `from` to `to`; whether it was in `from`.

@@ -21,7 +21,7 @@ pub const TEXT_MAX: usize = 200;
 /// Furthest ahead a reminder may be.
 pub const MAX_AHEAD_DAYS: i64 = 30;
 /// Pending reminders one user may have.
-pub const MAX_PENDING: usize = 10;
+pub const MAX_PENDING: i64 = 10;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -82,8 +82,7 @@ impl Tool for ScheduleReminder {
         let stored = match existing {
             Some(r) => r,
             None => {
-                let pending = ctx.pg.pending_reminders(&user).await?;
-                if pending.len() >= MAX_PENDING {
+                if ctx.pg.pending_reminders(&user).await? >= MAX_PENDING {
                     return Err(ToolError::Forbidden(format!(
                         "the user already has {MAX_PENDING} pending reminders; cancel one first"
                     )));

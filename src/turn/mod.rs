@@ -514,24 +514,22 @@ impl Turns {
                     self.pg
                         .history(&ids.sender, &ids.bot, self.config.history_limit),
                     self.mongo.resolve_tricklists(&user.tricklists),
-                    self.pg.pending_reminders(&ids.sender),
                 )
             }),
             self.retriever.for_turn(&character.knowledge, &query),
         );
-        let (history, tricklists, mut reminders) = context?;
-        reminders.retain(|r| r.bot_id == ids.bot);
+        let (history, tricklists) = context?;
         let prompt_started = std::time::Instant::now();
         let system = prompt::system_prompt(&prompt::PromptContext {
             character,
             profile: user.profile.as_ref(),
             tricklists: &tricklists,
             knowledge: &knowledge,
-            reminders: &reminders,
+            reminders: &history.reminders,
             now: Utc::now(),
             tools_enabled: true,
         });
-        let messages = prompt::conversation(system, &history, &events);
+        let messages = prompt::conversation(system, &history.messages, &events);
         crate::timing::add(Stage::Prompt, prompt_started);
         let request = ChatRequest {
             model: character

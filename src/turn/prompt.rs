@@ -12,7 +12,7 @@ use crate::{
     store::{
         mongo::{Tricklist, UserProfile},
         pg::HistoryMessage,
-        reminders::Reminder,
+        reminders::PendingReminder,
     },
 };
 
@@ -30,7 +30,7 @@ pub struct PromptContext<'a> {
     pub tricklists: &'a [Tricklist],
     pub knowledge: &'a [KnowledgeSnippet],
     /// The user's pending reminders with this companion.
-    pub reminders: &'a [Reminder],
+    pub reminders: &'a [PendingReminder],
     pub now: DateTime<Utc>,
     pub tools_enabled: bool,
 }
