@@ -2,54 +2,65 @@
 //! call per message. Turns over the limit are answered once with the character's busy line; the rest of
 //! that minute's messages are recorded (journal and history) without a reply of their own.
 //!
-//! The limit is per process (governor, keyed by user): with N workers a user gets at most N times the
-//! quota, and in practice less, since one conversation's messages are handled one at a time and a burst
-//! is answered by one turn.
+//! The limit holds across every worker: each admitted turn is a counted journal step of the tally
+//! `turns:<user>` ([`Job::counted`], one transaction under a lock per tally), so N workers together admit
+//! exactly `per_minute` turns of one user per rolling minute, whichever companions they are with. The busy
+//! line is a counted step too (tally `busy:<user>:<bot>`, limit 1): one per companion per window, however
+//! many workers see the flood at once.
 
-use std::{num::NonZeroU32, time::Duration};
+use std::time::Duration;
 
-use bson::oid::ObjectId;
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use chrono::Utc;
+
+use crate::journal::{Admission, Job, Journal, JournalError};
+
+/// How long one busy line answers for, and the window turns are counted over.
+pub const WINDOW: Duration = Duration::from_secs(60);
 
 pub struct FloodLimit {
-    limiter: Option<DefaultKeyedRateLimiter<ObjectId>>,
-    /// How long one busy line answers for: further limited messages in this window get none.
-    pub window: Duration,
+    /// Turns per user per rolling minute; 0: no limit.
+    pub per_minute: u32,
 }
 
 impl FloodLimit {
-    /// `per_minute` turns per user per minute (as a burst too); 0 turns the limit off.
     pub fn new(per_minute: u32) -> Self {
-        Self {
-            limiter: NonZeroU32::new(per_minute)
-                .map(|n| RateLimiter::keyed(Quota::per_minute(n).allow_burst(n))),
-            window: Duration::from_secs(60),
-        }
+        Self { per_minute }
     }
 
-    /// Takes one turn from the user's allowance; false when over the limit.
-    pub fn allow(&self, user: ObjectId) -> bool {
-        let Some(l) = &self.limiter else { return true };
-        let ok = l.check_key(&user).is_ok();
-        if l.len() > 100_000 {
-            l.retain_recent();
+    /// Takes one turn from the user's allowance for `job`: `None` when it goes ahead, else the job whose
+    /// busy line answers it (this one, when it is the first over the limit this window).
+    pub async fn decide(
+        &self,
+        journal: &Journal,
+        job: &Job,
+        user: &str,
+        bot: &str,
+    ) -> Result<Option<String>, JournalError> {
+        if self.per_minute == 0 {
+            return Ok(None);
         }
-        ok
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_user_over_the_limit_is_refused_others_are_not() {
-        let f = FloodLimit::new(3);
-        let (a, b) = (ObjectId::new(), ObjectId::new());
-        assert!((0..3).all(|_| f.allow(a)));
-        assert!(!f.allow(a));
-        assert!(f.allow(b));
-        let off = FloodLimit::new(0);
-        assert!((0..1000).all(|_| off.allow(a)));
+        let now = Utc::now();
+        let turns = format!("turns:{user}");
+        if !matches!(
+            job.counted("turn", "", &turns, self.per_minute, WINDOW, now)
+                .await?,
+            Admission::Exceeded { .. }
+        ) {
+            return Ok(None);
+        }
+        let busy = format!("busy:{user}:{bot}");
+        if !matches!(
+            job.counted("busy", "", &busy, 1, WINDOW, now).await?,
+            Admission::Exceeded { .. }
+        ) {
+            return Ok(Some(job.id().to_owned()));
+        }
+        let since = now - chrono::Duration::from_std(WINDOW).unwrap_or_default();
+        Ok(Some(
+            journal
+                .last_tallied(&busy, "busy", since)
+                .await?
+                .unwrap_or_else(|| job.id().to_owned()),
+        ))
     }
 }

@@ -44,6 +44,9 @@ pub enum Stage {
     Admit,
     /// Opening the turn in the journal (PostgreSQL).
     Journal,
+    /// The limits every worker shares: the user's flood limit and the spend check before each paid
+    /// call (PostgreSQL).
+    Limits,
     /// History (PostgreSQL) and the trick names of the user's lists (MongoDB, mostly cached).
     Context,
     /// Embedding the message (the embedder thread, batch window included).
@@ -68,12 +71,13 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in the order of a turn.
-    pub const ALL: [Stage; 15] = [
+    pub const ALL: [Stage; 16] = [
         Stage::Order,
         Stage::Wait,
         Stage::Parse,
         Stage::Admit,
         Stage::Journal,
+        Stage::Limits,
         Stage::Context,
         Stage::Embed,
         Stage::Retrieve,
@@ -94,6 +98,7 @@ impl Stage {
             Stage::Parse => "parse",
             Stage::Admit => "admit",
             Stage::Journal => "journal",
+            Stage::Limits => "limits",
             Stage::Context => "context",
             Stage::Embed => "embed",
             Stage::Retrieve => "retrieve",

@@ -337,7 +337,7 @@ impl Turns {
         let flood = job
             .step("flood", "")
             .lazy()
-            .run(self.decide_flood(job, event, ids))
+            .run(self.decide_flood(job, ids))
             .await?;
         match flood.by.as_deref() {
             Some(by) if by != ids.message => {
@@ -351,7 +351,6 @@ impl Turns {
                     .unwrap_or_else(|| DEFAULT_BUSY_LINE.to_owned());
                 let reply = job
                     .step("reply", &generation)
-                    .tally(busy_tally(ids))
                     .run(async { Ok::<_, TurnError>(Reply::new(line, None, None)) })
                     .await?;
                 return self
@@ -379,22 +378,16 @@ impl Turns {
 
     /// The flood decision of a turn that has none recorded. Only a first attempt takes from the
     /// allowance: a retried or replayed turn was admitted already.
-    async fn decide_flood(
-        &self,
-        job: &Job,
-        event: &DmEvent,
-        ids: &Ids,
-    ) -> Result<FloodDecision, TurnError> {
-        if job.record.attempts > 1 || self.flood.allow(event.sender_id) {
+    async fn decide_flood(&self, job: &Job, ids: &Ids) -> Result<FloodDecision, TurnError> {
+        if job.record.attempts > 1 {
             return Ok(FloodDecision::default());
         }
-        let window = chrono::Duration::from_std(self.flood.window).unwrap_or_default();
-        let by = self
-            .journal
-            .last_tallied(&busy_tally(ids), "reply", Utc::now() - window)
-            .await?
-            .unwrap_or_else(|| ids.message.clone());
-        Ok(FloodDecision { by: Some(by) })
+        let by = stage(
+            Stage::Limits,
+            self.flood.decide(&self.journal, job, &ids.sender, &ids.bot),
+        )
+        .await?;
+        Ok(FloodDecision { by })
     }
 
     /// Over the flood limit with the busy line already said this minute: the message is kept in history
@@ -841,11 +834,6 @@ fn already_settled(job: &Job) -> Option<Settled> {
 /// The key of this generation's reply steps.
 pub(crate) fn generation_key(job: &Job) -> String {
     format!("g{}", job.record.generation)
-}
-
-/// The tally of busy lines said to one user by one companion.
-fn busy_tally(ids: &Ids) -> String {
-    format!("busy:{}:{}", ids.sender, ids.bot)
 }
 
 /// The history row of a user's message.

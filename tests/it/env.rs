@@ -469,6 +469,15 @@ impl InProcessWorker {
         get_text(&format!("{}/metrics", self.base)).await
     }
 
+    /// The value of one series of `/metrics` (`name{labels}` exactly as rendered), if present.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        self.metrics().await.lines().find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|v| v.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
+    }
+
     pub async fn stop(self) {
         self.stop.cancel();
         self.running
@@ -626,11 +635,16 @@ pub async fn wait_exit(
 
 /// The honest failure line of a shipped character (`characters/<slug>.json`).
 pub fn failure_line(slug: &str) -> String {
+    character_line(slug, "failureLine")
+}
+
+/// One fixed line (`failureLine`, `busyLine`, `budgetLine`) of a shipped character.
+pub fn character_line(slug: &str, key: &str) -> String {
     let path = root().join(format!("characters/{slug}.json"));
     let c: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("character file"))
             .expect("character JSON");
-    c["failureLine"].as_str().expect("failureLine").to_owned()
+    c[key].as_str().expect(key).to_owned()
 }
 
 /// The last message of a chat request the stub received (what a scripted responder reacts to).

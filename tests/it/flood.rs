@@ -8,10 +8,8 @@ use crate::env::*;
 use companion_dev::stub::{Responder, StubReply, last_user_text};
 use serde_json::Value;
 
-fn busy_line(slug: &str) -> String {
-    let path = root().join(format!("characters/{slug}.json"));
-    let c: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    c["busyLine"].as_str().expect("busyLine").to_owned()
+pub(crate) fn busy_line(slug: &str) -> String {
+    character_line(slug, "busyLine")
 }
 
 #[tokio::test]
