@@ -20,6 +20,7 @@ use crate::{
     ops::{self, Probe},
     rag::{self, Embedder, Retriever},
     replay::Replayer,
+    spend::{self, SpendGuard},
     store::{Mongo, Pg, StoreError},
     turn::Turns,
     worker::{Worker, WorkerError},
@@ -107,6 +108,7 @@ impl Components {
             characters,
             retriever: Retriever::new(pg.pool.clone(), embedder.clone(), s.rag),
             flood: FloodLimit::new(s.turn.user_turns_per_minute),
+            spend: SpendGuard::new(pg.pool.clone(), spend::Limits::of(s.turn), metrics.clone()),
             config: s.turn.clone(),
             metrics: metrics.clone(),
         });

@@ -38,6 +38,9 @@ pub struct Character {
     /// Said once when a user sends faster than the companion answers.
     #[serde(default)]
     pub busy_line: Option<String>,
+    /// Said instead of an answer while the user's or the service's spend budget is used up.
+    #[serde(default = "default_budget_line")]
+    pub budget_line: String,
     /// Knowledge-base collections this companion retrieves from.
     #[serde(default)]
     pub knowledge: Vec<String>,
@@ -47,6 +50,11 @@ pub struct Character {
     /// Plain lines for follow-ups, sent when the model cannot write them.
     #[serde(default)]
     pub follow_ups: FollowUps,
+}
+
+fn default_budget_line() -> String {
+    "i've talked a lot today and need a break, so no real answer from me right now. message me again tomorrow?"
+        .into()
 }
 
 /// Templated follow-up lines: `{spot}` is the spot's name, `{note}` the moderator's reason (a sentence

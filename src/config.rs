@@ -361,7 +361,7 @@ pub struct LlmConfig {
         id = "llm-prices",
         long = "llm-prices",
         env = "LLM_PRICES",
-        default_value = "google/gemini-2.0-flash-001=0.10:0.40"
+        default_value = "google/gemini-2.0-flash-001=0.10:0.40,google/gemini-2.0-flash-lite-001=0.075:0.30"
     )]
     pub prices: String,
     /// Largest chat API response body read, bytes; a larger one fails the request (not retried).
@@ -505,6 +505,72 @@ pub struct TurnConfig {
         default_value_t = 64_000
     )]
     pub max_prompt_tokens_per_turn: u64,
+    /// Tokens (prompt + completion) one user's turns and follow-ups may use per budget window, across
+    /// all companions and workers (0: no token budget).
+    #[arg(
+        id = "user-daily-tokens",
+        long = "user-daily-tokens",
+        env = "COMPANION_USER_DAILY_TOKENS",
+        default_value_t = 1_000_000
+    )]
+    pub user_daily_tokens: u64,
+    /// USD one user's model calls may cost per budget window (reported or estimated; 0: no USD budget).
+    #[arg(
+        id = "user-daily-usd",
+        long = "user-daily-usd",
+        env = "COMPANION_USER_DAILY_USD",
+        default_value_t = 0.20
+    )]
+    pub user_daily_usd: f64,
+    /// Tokens the whole service may use per budget window (0: no service token cap).
+    #[arg(
+        id = "service-daily-tokens",
+        long = "service-daily-tokens",
+        env = "COMPANION_SERVICE_DAILY_TOKENS",
+        default_value_t = 0
+    )]
+    pub service_daily_tokens: u64,
+    /// USD the whole service may spend on the chat model per budget window (0: no service cap).
+    #[arg(
+        id = "service-daily-usd",
+        long = "service-daily-usd",
+        env = "COMPANION_SERVICE_DAILY_USD",
+        default_value_t = 50.0
+    )]
+    pub service_daily_usd: f64,
+    /// The rolling window the budgets count over, seconds (a day; tests use seconds).
+    #[arg(
+        id = "budget-window-secs",
+        long = "budget-window-secs",
+        env = "COMPANION_BUDGET_WINDOW_SECS",
+        default_value_t = 86_400
+    )]
+    pub budget_window_secs: u64,
+    /// Share of a budget after which calls go to the cheaper model (`COMPANION_BUDGET_MODEL`).
+    #[arg(
+        id = "budget-cheaper-at",
+        long = "budget-cheaper-at",
+        env = "COMPANION_BUDGET_CHEAPER_AT",
+        default_value_t = 0.8
+    )]
+    pub budget_cheaper_at: f64,
+    /// The cheaper model used near a budget (empty: the usual model until the budget is reached).
+    #[arg(
+        id = "budget-model",
+        long = "budget-model",
+        env = "COMPANION_BUDGET_MODEL",
+        default_value = "google/gemini-2.0-flash-lite-001"
+    )]
+    pub budget_model: String,
+    /// How old the service-wide spend figure a worker checks against may be, seconds (one aggregate
+    /// query over the window per refresh; 0: every call).
+    #[arg(
+        id = "service-spend-refresh-secs",
+        long = "service-spend-refresh-secs",
+        env = "COMPANION_SERVICE_SPEND_REFRESH_SECS",
+        default_value_t = 15
+    )]
+    pub service_spend_refresh_secs: u64,
 }
 
 /// One worker process: how much it runs at once, how it retries and stops, where it serves `/metrics`.
@@ -857,6 +923,32 @@ impl Config {
             (
                 "COMPANION_MAX_PROMPT_TOKENS_PER_TURN",
                 t.max_prompt_tokens_per_turn.to_string(),
+            ),
+            (
+                "COMPANION_USER_DAILY_TOKENS",
+                t.user_daily_tokens.to_string(),
+            ),
+            ("COMPANION_USER_DAILY_USD", t.user_daily_usd.to_string()),
+            (
+                "COMPANION_SERVICE_DAILY_TOKENS",
+                t.service_daily_tokens.to_string(),
+            ),
+            (
+                "COMPANION_SERVICE_DAILY_USD",
+                t.service_daily_usd.to_string(),
+            ),
+            (
+                "COMPANION_BUDGET_WINDOW_SECS",
+                t.budget_window_secs.to_string(),
+            ),
+            (
+                "COMPANION_BUDGET_CHEAPER_AT",
+                t.budget_cheaper_at.to_string(),
+            ),
+            ("COMPANION_BUDGET_MODEL", t.budget_model.clone()),
+            (
+                "COMPANION_SERVICE_SPEND_REFRESH_SECS",
+                t.service_spend_refresh_secs.to_string(),
             ),
             ("COMPANION_CONCURRENCY", w.concurrency.to_string()),
             (

@@ -23,6 +23,7 @@ pub mod proactive;
 pub mod rag;
 pub mod replay;
 pub mod settle;
+pub mod spend;
 pub mod store;
 pub mod telemetry;
 pub mod timing;
@@ -40,7 +41,7 @@ const LAYERS: &[&[&str]] = &[
     &["config", "failure", "metrics"],
     &["timing", "telemetry"],
     &["store", "bus", "llm"],
-    &["journal", "character", "rag"],
+    &["journal", "character", "rag", "spend"],
     &["tools", "order", "flood"],
     &["turn"],
     &["proactive", "settle"],

@@ -18,6 +18,8 @@ pub struct Metrics {
     turn_seconds: Mutex<Buckets>,
     /// Counters of fractional amounts (USD).
     amounts: Mutex<BTreeMap<(String, String), f64>>,
+    /// Values that go up and down (`set_gauge`), e.g. the share of the service's budget spent.
+    gauges: Mutex<BTreeMap<(String, String), f64>>,
     /// Per-stage turn timings (`companion_turn_stage_seconds{stage=…}`), fed by the turn timings.
     stage_seconds: Mutex<BTreeMap<&'static str, Buckets>>,
 }
@@ -79,6 +81,23 @@ impl Metrics {
         }
     }
 
+    /// Sets gauge `name` to `v`.
+    pub fn set_gauge(&self, name: &str, labels: &str, v: f64) {
+        if v.is_finite() {
+            let mut g = self.gauges.lock().expect("metrics lock");
+            g.insert((name.to_owned(), labels.to_owned()), v);
+        }
+    }
+
+    /// The value of one gauge, if set.
+    pub fn gauge(&self, name: &str, labels: &str) -> Option<f64> {
+        self.gauges
+            .lock()
+            .expect("metrics lock")
+            .get(&(name.to_owned(), labels.to_owned()))
+            .copied()
+    }
+
     /// The value of one fractional counter.
     pub fn get_f64(&self, name: &str, labels: &str) -> f64 {
         self.amounts
@@ -125,6 +144,11 @@ impl Metrics {
         );
         drop(h);
         write_counters(&mut out, &self.amounts.lock().expect("metrics lock"));
+        write_series(
+            &mut out,
+            &self.gauges.lock().expect("metrics lock"),
+            "gauge",
+        );
         let stages = self.stage_seconds.lock().expect("metrics lock");
         if !stages.is_empty() {
             let _ = writeln!(out, "# TYPE companion_turn_stage_seconds histogram");
@@ -147,10 +171,19 @@ impl Metrics {
 
 /// Counters in the Prometheus text format, a `# TYPE` line before each name's first series.
 fn write_counters<V: fmt::Display>(out: &mut String, counters: &BTreeMap<(String, String), V>) {
+    write_series(out, counters, "counter");
+}
+
+/// Series of one metric type, a `# TYPE` line before each name's first series.
+fn write_series<V: fmt::Display>(
+    out: &mut String,
+    series: &BTreeMap<(String, String), V>,
+    kind: &str,
+) {
     let mut last = "";
-    for ((name, labels), v) in counters {
+    for ((name, labels), v) in series {
         if name != last {
-            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
             last = name;
         }
         if labels.is_empty() {

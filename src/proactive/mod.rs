@@ -329,8 +329,14 @@ impl Proactive {
             max_tokens: Some(t.llm.max_tokens),
             temperature: Some(t.llm.temperature),
         };
-        let written = match tool_loop::answer_in_text(job, &t.llm, &request).await {
-            Ok(text) => bound_reply(clean_text(&text).trim(), t.config.max_reply_chars),
+        let owner = f.user.to_hex();
+        let written = match tool_loop::answer_in_text(job, &t.llm, &t.spend, &owner, &request).await
+        {
+            Ok(Some(text)) => bound_reply(clean_text(&text).trim(), t.config.max_reply_chars),
+            Ok(None) => {
+                info!("the spend budget is used up; sending the plain line");
+                String::new()
+            }
             Err(TurnError::Llm(e)) => {
                 warn!(error = %e, "the model could not write the follow-up; sending the plain line");
                 String::new()

@@ -42,6 +42,7 @@ use crate::{
     metrics::Metrics,
     order::{Order, OrderError},
     rag::Retriever,
+    spend::SpendGuard,
     store::{
         Mongo, Pg, StoreError,
         mongo::{Admission, ReplyDoc, UserData},
@@ -247,6 +248,8 @@ pub struct Turns {
     pub characters: Characters,
     pub retriever: Retriever,
     pub flood: FloodLimit,
+    /// The spend budgets, checked before each paid call.
+    pub spend: SpendGuard,
     pub config: TurnConfig,
     pub metrics: Arc<Metrics>,
 }
@@ -544,6 +547,7 @@ impl Turns {
         );
         let cx = tool_loop::LoopContext {
             budget: &budget,
+            spend: Some(&self.spend),
             llm: &self.llm,
             registry: &REGISTRY,
             limits: tool_loop::LoopLimits {
@@ -572,6 +576,17 @@ impl Turns {
             },
         };
         let out = tool_loop::run(&cx, request).await?;
+        if let Some(scope) = out.stopped {
+            info!(
+                scope = scope.label(),
+                "the spend budget is used up; answering with the budget line"
+            );
+            return Ok(Reply::new(
+                character.budget_line.clone(),
+                out.card,
+                (!out.log.is_empty()).then(|| Value::Array(out.log)),
+            ));
+        }
         let content = bound_reply(clean_text(&out.text).trim(), self.config.max_reply_chars);
         if content.is_empty() {
             return Err(LlmError::EmptyAnswer.into());

@@ -14,6 +14,9 @@
 //! - A tool result longer than `max_result_bytes` reaches the model cut, with a note.
 //! - The turn's [`CallBudget`] bounds what it sends to the chat API, retries and fallbacks included: when
 //!   one request is left, it goes without tools, so the turn still ends with text.
+//! - Before each paid call the spend budgets are checked ([`SpendGuard`]): near one the call goes to the
+//!   cheaper model; at one no call is made and the loop ends [`LoopOutput::stopped`]. Each answer is
+//!   recorded under the user's spend tally, which is what the budgets count.
 
 use std::{collections::HashSet, time::Instant};
 
@@ -28,6 +31,7 @@ use crate::{
         ToolCall,
     },
     metrics::{Metrics, label},
+    spend::{self, Allowance, Scope, SpendGuard},
     timing::{Stage, stage},
     tools::{Registry, ToolContext, ToolRecord, call_key},
 };
@@ -41,6 +45,8 @@ pub struct LoopOutput {
     pub card: Option<Value>,
     /// Compact record of every call made, in order.
     pub log: Vec<Value>,
+    /// A spend budget was used up before the model could answer: no text.
+    pub stopped: Option<Scope>,
 }
 
 /// The bounds of one loop.
@@ -62,6 +68,8 @@ pub struct LoopContext<'a> {
     pub tools: ToolContext<'a>,
     /// What this attempt may still send to the chat API.
     pub budget: &'a CallBudget,
+    /// The spend budgets, checked before each paid call (none: unchecked).
+    pub spend: Option<&'a SpendGuard>,
 }
 
 /// The `llm` step: one answer of the model and what that call used.
@@ -92,15 +100,34 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
             request.tool_choice = None;
         }
         let tools_offered = !request.tools.is_empty();
+        let user = cx.tools.user.to_hex();
+        let mut paid = None;
+        if !recorded && let Some(guard) = cx.spend {
+            match stage(Stage::Limits, guard.check(&user)).await? {
+                Allowance::Full => {}
+                Allowance::Cheaper { model, .. } => {
+                    paid = Some(ChatRequest {
+                        model,
+                        ..request.clone()
+                    })
+                }
+                Allowance::Stopped { scope } => {
+                    out.stopped = Some(scope);
+                    return Ok(out);
+                }
+            }
+        }
         // The step's own time is the journal's; the model's is the nested `llm` stage.
         let record: LlmRecord = stage(
             Stage::Steps,
-            job.step("llm", step.to_string()).run(ask(
-                cx.llm,
-                &request,
-                tools_offered,
-                Some(cx.budget),
-            )),
+            job.step("llm", step.to_string())
+                .tally(spend::tally(&user))
+                .run(ask(
+                    cx.llm,
+                    paid.as_ref().unwrap_or(&request),
+                    tools_offered,
+                    Some(cx.budget),
+                )),
         )
         .await?;
         step += 1;
@@ -171,19 +198,31 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
     }
 }
 
-/// One answer in text without tools (a proactive message): the `llm` step `0`, recorded like a turn's
-/// (a retry replays it, its usage is counted).
+/// One answer in text without tools (a proactive message for `user`): the `llm` step `0`, recorded like
+/// a turn's (a retry replays it, its usage is counted); `None` when a spend budget is used up.
 pub async fn answer_in_text(
     job: &crate::journal::Job,
     llm: &LlmClient,
+    spend: &SpendGuard,
+    user: &str,
     request: &ChatRequest,
-) -> Result<String, TurnError> {
+) -> Result<Option<String>, TurnError> {
+    let mut request = std::borrow::Cow::Borrowed(request);
+    if job.recorded::<LlmRecord>("llm", "0").is_none() {
+        match stage(Stage::Limits, spend.check(user)).await? {
+            Allowance::Full => {}
+            Allowance::Cheaper { model, .. } => request.to_mut().model = model,
+            Allowance::Stopped { .. } => return Ok(None),
+        }
+    }
     let record: LlmRecord = stage(
         Stage::Steps,
-        job.step("llm", "0").run(ask(llm, request, false, None)),
+        job.step("llm", "0")
+            .tally(spend::tally(user))
+            .run(ask(llm, &request, false, None)),
     )
     .await?;
-    Ok(record.message.content.unwrap_or_default())
+    Ok(Some(record.message.content.unwrap_or_default()))
 }
 
 /// One model answer, or the reason it is not one. A final answer (no tools offered) must have text.

@@ -33,6 +33,7 @@ mod regressions;
 mod reminders;
 mod replay;
 mod shutdown;
+mod spend;
 mod tb_backend_bridge;
 mod tls;
 mod tool_loop;

@@ -57,6 +57,7 @@ async fn run_within(
     let llm = LlmClient::new(&env.config.llm, metrics.clone()).unwrap();
     let cx = LoopContext {
         budget,
+        spend: None,
         llm: &llm,
         registry: &REGISTRY,
         limits: LoopLimits {
