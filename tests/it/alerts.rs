@@ -1,6 +1,7 @@
 //! The operators' files, against a real Prometheus (Debian's, `deploy/local/prometheus.sh`) scraping a
 //! real worker: the alert rules load, the dead-letter alert fires after a poison event while the worker
-//! and readiness alerts stay quiet, and every query of the Grafana dashboard runs.
+//! and readiness alerts stay quiet, the out-of-credits and service-budget alerts fire when they should,
+//! and every query of the Grafana dashboard runs.
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
@@ -77,7 +78,12 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
             StubReply::text("ok")
         }
     });
-    let env = TestEnv::new(responder).await;
+    // A small service budget, read at every call, so a few priced answers cross 80% of it.
+    let env = TestEnv::with(responder, |c| {
+        c.turn.service_daily_usd = 0.05;
+        c.turn.service_spend_refresh_secs = 0;
+    })
+    .await;
     let worker = InProcessWorker::start(&env).await;
     let target = worker.base.trim_start_matches("http://").to_owned();
 
@@ -161,6 +167,7 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
         "CompanionWorkerDown",
         "CompanionNotReady",
         "CompanionLlmErrorRatio",
+        "CompanionServiceBudget80",
     ] {
         assert!(
             !now.iter().any(|(name, _)| name == quiet),
@@ -184,6 +191,25 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
     assert!(
         paged,
         "CompanionOutOfCredits fires: {:?}",
+        alerts(&base).await
+    );
+
+    // The service spends 90% of its budget: the next check reports it and the operator is told.
+    env.stub.report_cost(Some(0.045));
+    for text in ["a priced answer", "and the check that sees it"] {
+        let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
+        assert_eq!(env.turn(&e).await.content, "ok");
+    }
+    let warned = eventually(Duration::from_secs(60), || async {
+        alerts(&base)
+            .await
+            .iter()
+            .any(|(name, state)| name == "CompanionServiceBudget80" && state == "firing")
+    })
+    .await;
+    assert!(
+        warned,
+        "CompanionServiceBudget80 fires: {:?}",
         alerts(&base).await
     );
 
