@@ -122,27 +122,33 @@ async fn three_worker_processes_admit_exactly_the_limit_for_one_user() {
     env.finish().await;
 }
 
-/// Every answer costs 0.011 USD; the budget under test is 0.02 USD with the cheaper stage at half.
-fn costly(env: &TestEnv) {
+/// The budget window of the budget tests.
+const WINDOW: Duration = Duration::from_secs(8);
+
+/// A worker whose model echoes and bills 0.011 USD an answer, with a budget of 0.02 USD for each user
+/// or for the service (the other off), the cheaper stage at half of it and an eight-second window.
+async fn budget_env(per_user: bool) -> (TestEnv, InProcessWorker) {
+    let echo: Responder =
+        Arc::new(|body: &Value| StubReply::text(format!("ok: {}", last_user_text(body))));
+    let env = TestEnv::with(echo, |c| {
+        let (user, service) = if per_user { (0.02, 0.0) } else { (0.0, 0.02) };
+        c.turn.user_daily_tokens = 0;
+        c.turn.user_daily_usd = user;
+        c.turn.service_daily_usd = service;
+        c.turn.service_spend_refresh_secs = 0;
+        c.turn.budget_cheaper_at = 0.5;
+        c.turn.budget_model = "cheap/model".into();
+        c.turn.budget_window_secs = WINDOW.as_secs();
+    })
+    .await;
     env.stub.report_cost(Some(0.011));
+    let worker = InProcessWorker::start(&env).await;
+    (env, worker)
 }
 
 #[tokio::test]
 async fn a_user_over_the_budget_gets_the_cheaper_model_then_the_budget_line_then_normal_service() {
-    let echo: Responder =
-        Arc::new(|body: &Value| StubReply::text(format!("ok: {}", last_user_text(body))));
-    let window = Duration::from_secs(8);
-    let env = TestEnv::with(echo, |c| {
-        c.turn.user_daily_tokens = 0;
-        c.turn.user_daily_usd = 0.02;
-        c.turn.service_daily_usd = 0.0;
-        c.turn.budget_cheaper_at = 0.5;
-        c.turn.budget_model = "cheap/model".into();
-        c.turn.budget_window_secs = window.as_secs();
-    })
-    .await;
-    costly(&env);
-    let worker = InProcessWorker::start(&env).await;
+    let (env, worker) = budget_env(true).await;
     let main_model = env.config.llm.model.clone();
     let sam = env.conversation(SAM, KAORI).await;
 
@@ -165,7 +171,7 @@ async fn a_user_over_the_budget_gets_the_cheaper_model_then_the_budget_line_then
     assert_eq!(models_asked(&env)[2], main_model);
 
     // Once the window has rolled past the two paid answers, the usual model answers again.
-    tokio::time::sleep(window + Duration::from_secs(1)).await;
+    tokio::time::sleep(WINDOW + Duration::from_secs(1)).await;
     let later = env.dm(JESS, KAORI, JESS_KAORI, "four").await;
     assert_eq!(env.turn(&later).await.content, "ok: four");
     assert_eq!(models_asked(&env).last(), Some(&main_model));
@@ -179,21 +185,7 @@ async fn a_user_over_the_budget_gets_the_cheaper_model_then_the_budget_line_then
 
 #[tokio::test]
 async fn the_service_cap_goes_cheaper_then_stops_everyone_until_the_window_rolls_over() {
-    let echo: Responder =
-        Arc::new(|body: &Value| StubReply::text(format!("ok: {}", last_user_text(body))));
-    let window = Duration::from_secs(8);
-    let env = TestEnv::with(echo, |c| {
-        c.turn.user_daily_tokens = 0;
-        c.turn.user_daily_usd = 0.0;
-        c.turn.service_daily_usd = 0.02;
-        c.turn.service_spend_refresh_secs = 0;
-        c.turn.budget_cheaper_at = 0.5;
-        c.turn.budget_model = "cheap/model".into();
-        c.turn.budget_window_secs = window.as_secs();
-    })
-    .await;
-    costly(&env);
-    let worker = InProcessWorker::start(&env).await;
+    let (env, worker) = budget_env(false).await;
     let main_model = env.config.llm.model.clone();
     let sam = env.conversation(SAM, TONY).await;
 
@@ -214,7 +206,7 @@ async fn the_service_cap_goes_cheaper_then_stops_everyone_until_the_window_rolls
     let ratio = worker.metric("companion_service_budget_ratio").await;
     assert!(ratio.is_some_and(|r| r >= 1.0), "{ratio:?}");
 
-    tokio::time::sleep(window + Duration::from_secs(1)).await;
+    tokio::time::sleep(WINDOW + Duration::from_secs(1)).await;
     let sam3 = env.dm(SAM, TONY, &sam, "sam three").await;
     assert_eq!(env.turn(&sam3).await.content, "ok: sam three");
     assert_eq!(models_asked(&env).last(), Some(&main_model));
