@@ -577,3 +577,41 @@ async fn a_signal_that_outlives_its_deliveries_is_dead_lettered() {
     stop(&mut survivor);
     env.finish().await;
 }
+
+#[tokio::test]
+async fn a_user_over_the_budget_gets_the_follow_up_as_its_plain_line_without_a_model_call() {
+    // The draft's turn makes two paid calls of 0.011 USD: over the user's 0.02 USD budget.
+    let mut env = TestEnv::with(model(|_| StubReply::text("the model's follow-up")), |c| {
+        c.turn.user_daily_tokens = 0;
+        c.turn.user_daily_usd = 0.02;
+        c.turn.budget_model = String::new();
+    })
+    .await;
+    env.stub.report_cost(Some(0.011));
+    env.start_worker().await;
+    let draft = submit_draft(&env).await;
+    assert_eq!(env.stub.requests().len(), 2);
+
+    let mut replies = env.completions(JESS_KAORI).await;
+    let spot = ObjectId::new();
+    env.mongo
+        .collection("ck_spots")
+        .insert_one(doc! { "_id": spot, "name": "Hollow Bowl", "city": "Portland", "state": "OR", "rating": 4.5 })
+        .await
+        .unwrap();
+    review_in_mongo(&env, draft, doc! { "status": "approved", "spotId": spot }).await;
+    let review = json!({"draftId": draft.to_hex(), "status": "approved", "spotId": spot.to_hex(), "reviewedAt": "2026-11-23T10:00:00Z"});
+    publish_review(&env, draft, review, None).await;
+    let c = next_proactive(&mut replies, Duration::from_secs(30)).await;
+    let kaori: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("characters/kaori.json")).unwrap(),
+    )
+    .unwrap();
+    let expected = kaori["followUps"]["spotApproved"]
+        .as_str()
+        .unwrap()
+        .replace("{spot}", "Hollow Bowl");
+    assert_eq!(c.content, expected, "the plain line, not the model's");
+    assert_eq!(env.stub.requests().len(), 2, "no call over the budget");
+    env.finish().await;
+}
