@@ -272,6 +272,7 @@ pub fn report(metrics: &Metrics, outcome: &'static str) -> Option<TurnTimings> {
         parse_ms = ms(Stage::Parse),
         admit_ms = ms(Stage::Admit),
         journal_ms = ms(Stage::Journal),
+        limits_ms = ms(Stage::Limits),
         context_ms = ms(Stage::Context),
         embed_ms = ms(Stage::Embed),
         retrieve_ms = ms(Stage::Retrieve),

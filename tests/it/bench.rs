@@ -179,6 +179,8 @@ async fn compare_runs_both_binaries_in_alternating_rounds_and_reports_ratios() {
     assert_eq!(row("turns lost").a, Some(0.0));
     for name in [
         "worker CPU s per 1,000 turns",
+        "PostgreSQL CPU s per 1,000 turns",
+        "limits stage mean ms",
         "MongoDB commands per turn",
         "embedding chat lines per CPU-second",
     ] {

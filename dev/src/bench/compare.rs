@@ -146,6 +146,18 @@ fn mean_of(rs: &[&Report], f: impl Fn(&Report) -> Option<f64>) -> Option<f64> {
     mean(&rs.iter().filter_map(|r| f(r)).collect::<Vec<_>>())
 }
 
+/// A process group's CPU seconds per 1,000 turns over the rounds, weighted by the turns of each.
+fn cpu_per_1000(rs: &[&Report], group: fn(&Resources) -> f64) -> Option<f64> {
+    let (mut cpu, mut n) = (0.0, 0.0);
+    for r in rs {
+        if let (Some(res), Some(t)) = (&r.resources, &r.turns) {
+            cpu += group(res) * t.completed as f64;
+            n += t.completed as f64;
+        }
+    }
+    (n > 0.0).then(|| cpu / n)
+}
+
 fn sum_of(rs: &[&Report], f: impl Fn(&Report) -> Option<f64>) -> Option<f64> {
     Some(rs.iter().filter_map(|r| f(r)).sum())
 }
@@ -177,14 +189,10 @@ fn rows(c: &CompareReport) -> Vec<Row> {
     type Fig = fn(&[&Report]) -> Option<f64>;
     let figures: Vec<(&str, Fig)> = vec![
         ("worker CPU s per 1,000 turns", |rs| {
-            let (mut cpu, mut n) = (0.0, 0.0);
-            for r in rs {
-                if let (Some(res), Some(t)) = (&r.resources, &r.turns) {
-                    cpu += res.worker_cpu_s_per_1000 * t.completed as f64;
-                    n += t.completed as f64;
-                }
-            }
-            (n > 0.0).then(|| cpu / n)
+            cpu_per_1000(rs, |res| res.worker_cpu_s_per_1000)
+        }),
+        ("PostgreSQL CPU s per 1,000 turns", |rs| {
+            cpu_per_1000(rs, |res| res.postgres_cpu_s_per_1000)
         }),
         ("turns completed", |rs| {
             sum_of(rs, |r| r.turns.as_ref().map(|t| t.completed as f64))
@@ -206,6 +214,14 @@ fn rows(c: &CompareReport) -> Vec<Row> {
                     .iter()
                     .find(|s| s.stage == "embed")
                     .map(|s| s.ms.p50)
+            })
+        }),
+        ("limits stage mean ms (flood limit, spend checks)", |rs| {
+            mean_of(rs, |r| {
+                r.stages
+                    .iter()
+                    .find(|s| s.stage == "limits")
+                    .map(|s| s.ms.mean)
             })
         }),
         ("MongoDB commands per turn", |rs| {
