@@ -497,6 +497,31 @@ pub struct TurnConfig {
         default_value_t = 8
     )]
     pub max_llm_calls_per_turn: u32,
+    /// Hand-overs (one companion tagging another) after the first answer to one group message.
+    #[arg(
+        id = "group-max-handovers",
+        long = "group-max-handovers",
+        env = "COMPANION_GROUP_MAX_HANDOVERS",
+        default_value_t = 2
+    )]
+    pub group_max_handovers: u32,
+    /// Companion messages in all for one group message (mentions and hand-overs together).
+    #[arg(
+        id = "group-max-messages",
+        long = "group-max-messages",
+        env = "COMPANION_GROUP_MAX_MESSAGES",
+        default_value_t = 3
+    )]
+    pub group_max_messages: u32,
+    /// How much better (cosine) another companion must fit a group message than the last speaker to
+    /// take the floor from it.
+    #[arg(
+        id = "group-fit-margin",
+        long = "group-fit-margin",
+        env = "COMPANION_GROUP_FIT_MARGIN",
+        default_value_t = 0.05
+    )]
+    pub group_fit_margin: f32,
     /// Estimated prompt tokens one attempt at a turn may send in all (a quarter of the requests' bytes).
     #[arg(
         id = "max-prompt-tokens-per-turn",
@@ -920,6 +945,15 @@ impl Config {
                 "COMPANION_MAX_LLM_CALLS_PER_TURN",
                 t.max_llm_calls_per_turn.to_string(),
             ),
+            (
+                "COMPANION_GROUP_MAX_HANDOVERS",
+                t.group_max_handovers.to_string(),
+            ),
+            (
+                "COMPANION_GROUP_MAX_MESSAGES",
+                t.group_max_messages.to_string(),
+            ),
+            ("COMPANION_GROUP_FIT_MARGIN", t.group_fit_margin.to_string()),
             (
                 "COMPANION_MAX_PROMPT_TOKENS_PER_TURN",
                 t.max_prompt_tokens_per_turn.to_string(),

@@ -382,6 +382,15 @@ impl Job {
         recorded.keys().filter(|(n, _)| n == name).count()
     }
 
+    /// How many steps named `name` are recorded with a key starting with `prefix`.
+    pub fn recorded_count_under(&self, name: &str, prefix: &str) -> usize {
+        let recorded = self.recorded.lock().expect("journal lock");
+        recorded
+            .keys()
+            .filter(|(n, k)| n == name && k.starts_with(prefix))
+            .count()
+    }
+
     /// The output recorded for (name, key), if any and if it reads as `T`.
     pub fn recorded<T: DeserializeOwned>(&self, name: &str, key: &str) -> Option<T> {
         let recorded = self.recorded.lock().expect("journal lock");

@@ -14,6 +14,7 @@ pub mod character;
 pub mod config;
 pub mod failure;
 pub mod flood;
+pub mod group;
 pub mod journal;
 pub mod llm;
 pub mod metrics;

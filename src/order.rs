@@ -1,12 +1,13 @@
 //! Per-conversation order across any number of worker processes.
 //!
-//! Every inbound subject (`<prefix>.in.<botId>.<conversationId>`) is one conversation. A delivery is
+//! Every inbound subject (`<prefix>.in.<botId>.<conversationId>`, or `<prefix>.group.<conversationId>`
+//! for a group) is one conversation. A delivery is
 //! handled only when it is the first unsettled message of its subject in the stream: the floor in
 //! PostgreSQL (`order_floors`) says which earlier messages are settled, and a JetStream direct get finds
 //! the first message at or above it. A message behind an unsettled one waits, spending no delivery
 //! attempt (the worker keeps it with progress acks) and no turn slot. It is woken when the earlier one
 //! settles: through a local notification in the same process, through a core NATS notice on
-//! `<prefix>.settled.<botId>.<conversationId>` from another process, and by a slow poll in case a notice
+//! `<prefix>.settled.<botId>.<conversationId>` (`<prefix>.settled.group.<conversationId>`) from another process, and by a slow poll in case a notice
 //! is lost. A message that waits longer than `COMPANION_ORDER_MAX_WAIT_SECS` goes ahead anyway, with an
 //! error in the log: out of order is better than a conversation stuck for good.
 //!
@@ -275,15 +276,22 @@ impl Order {
         let head = format!("{}.settled.", self.prefix);
         while let Some(n) = notices.next().await {
             if let Some(tail) = n.subject.as_str().strip_prefix(&head) {
-                self.wake(&format!("{}.in.{tail}", self.prefix));
+                // `group.<conv>` for a group; `<botId>.<conv>` for a DM (bot ids are hex).
+                let subject = if tail.starts_with("group.") {
+                    format!("{}.{tail}", self.prefix)
+                } else {
+                    format!("{}.in.{tail}", self.prefix)
+                };
+                self.wake(&subject);
             }
         }
     }
 
+    /// The notice's tail: `<botId>.<conv>` for a DM subject, `group.<conv>` for a group's.
     fn tail<'a>(&self, subject: &'a str) -> Option<&'a str> {
-        subject
-            .strip_prefix(&self.prefix)
-            .and_then(|s| s.strip_prefix(".in."))
+        let rest = subject.strip_prefix(&self.prefix)?;
+        rest.strip_prefix(".in.")
+            .or_else(|| rest.strip_prefix(".").filter(|r| r.starts_with("group.")))
             .filter(|t| !t.is_empty())
     }
 

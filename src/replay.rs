@@ -20,7 +20,7 @@ use tokio::sync::Semaphore;
 use tracing::{Instrument, info_span, warn};
 
 use crate::{
-    bus::{Bus, DLQ_REASON, DLQ_SEQUENCE, DLQ_SUBJECT, DmEvent, event::parse_inbound},
+    bus::{Bus, DLQ_REASON, DLQ_SEQUENCE, DLQ_SUBJECT, Inbound, event::parse_event},
     journal::{JournalError, Reopen, State},
     turn::{Outcome, Turns},
 };
@@ -102,7 +102,7 @@ struct Item {
     /// Sequence in the inbound stream, for a dead letter.
     original_seq: Option<u64>,
     subject: String,
-    parsed: Result<DmEvent, String>,
+    parsed: Result<Inbound, String>,
     dlq_reason: Option<String>,
 }
 
@@ -199,7 +199,7 @@ fn stream_name(svc: &Replayer, args: &ReplayArgs) -> String {
 
 fn describe(item: &Item) -> String {
     let id = match &item.parsed {
-        Ok(e) => e.message_id.to_hex(),
+        Ok(e) => e.message_id().to_hex(),
         Err(_) => "-".repeat(24),
     };
     let mut s = format!("seq {:>6}  {id}  {}", item.seq, item.subject);
@@ -217,16 +217,22 @@ fn describe(item: &Item) -> String {
 async fn select(svc: &Replayer, args: &ReplayArgs) -> Result<Vec<Item>, ReplayError> {
     let names = &svc.bus.names;
     let name = stream_name(svc, args);
-    let tier = if args.dlq { "dlq" } else { "in" };
+    // The inbound stream holds DMs (`in.<bot>.<conv>`) and group messages (`group.<conv>`).
+    let every = if args.dlq {
+        format!("{}.dlq.>", names.prefix)
+    } else {
+        format!("{}.>", names.prefix)
+    };
     let filter = match (&args.subject, &args.conversation) {
         (Some(s), _) => s.clone(),
         (None, Some(c)) => {
             if crate::bus::event::parse_object_id(c).is_none() {
                 return Err(ReplayError::BadConversation);
             }
-            format!("{}.{tier}.*.{c}", names.prefix)
+            // The conversation id is the last token of both kinds of subject.
+            every
         }
-        (None, None) => format!("{}.{tier}.>", names.prefix),
+        (None, None) => every,
     };
     let stream = svc
         .bus
@@ -278,10 +284,15 @@ async fn select(svc: &Replayer, args: &ReplayArgs) -> Result<Vec<Item>, ReplayEr
         } else {
             (m.subject.to_string(), None)
         };
-        let parsed = parse_inbound(&m.payload, &subject, &names.prefix, svc.turns.limits())
+        if let Some(c) = &args.conversation
+            && !subject.ends_with(&format!(".{c}"))
+        {
+            continue;
+        }
+        let parsed = parse_event(&m.payload, &subject, &names.prefix, svc.turns.limits())
             .map_err(|e| format!("invalid event: {e}"));
         if let Ok(e) = &parsed
-            && !seen.insert(e.message_id)
+            && !seen.insert(e.message_id())
         {
             continue;
         }
@@ -300,10 +311,10 @@ async fn select(svc: &Replayer, args: &ReplayArgs) -> Result<Vec<Item>, ReplayEr
 /// (`Ok(why)`) or be skipped (`Err(why)`).
 async fn plan(
     svc: &Replayer,
-    event: &DmEvent,
+    event: &Inbound,
     force: bool,
 ) -> Result<(Option<State>, Result<String, String>), ReplayError> {
-    let job = svc.turns.journal.get(&event.message_id.to_hex()).await?;
+    let job = svc.turns.journal.get(&event.message_id().to_hex()).await?;
     let state = job.as_ref().map(|j| j.state);
     let verdict = match job {
         None => Ok("never processed".into()),
@@ -329,7 +340,8 @@ async fn replay_one(svc: &Replayer, item: &Item, force: bool) -> Verdict {
         Ok(e) => e,
         Err(why) => return Verdict::Failed(why.clone()),
     };
-    let id = event.message_id.to_hex();
+    let id = event.message_id().to_hex();
+    let group = matches!(event, Inbound::Group(_));
     let span = info_span!("replay", event_id = %id, seq = item.seq);
     let journal = &svc.turns.journal;
     async {
@@ -347,10 +359,18 @@ async fn replay_one(svc: &Replayer, item: &Item, force: bool) -> Verdict {
             let fresh = force && state != State::Failed;
             let reopened = async {
                 let generation = journal.get(&id).await?.map(|j| j.generation).unwrap_or(0);
-                let had_reply = journal
-                    .has_step(&id, "reply", &format!("g{generation}"))
-                    .await?;
-                let forget: &[&str] = if fresh { &["flood", "llm"] } else { &["flood"] };
+                // A group's first companion message is `g<generation>.0`.
+                let key = if group {
+                    format!("g{generation}.0")
+                } else {
+                    format!("g{generation}")
+                };
+                let had_reply = journal.has_step(&id, "reply", &key).await?;
+                let forget: &[&str] = match (fresh, group) {
+                    (true, true) => &["flood", "llm", "route"],
+                    (true, false) => &["flood", "llm"],
+                    (false, _) => &["flood"],
+                };
                 journal
                     .reopen(
                         &id,
@@ -365,7 +385,14 @@ async fn replay_one(svc: &Replayer, item: &Item, force: bool) -> Verdict {
                 return Verdict::Failed(e.to_string());
             }
         }
-        match svc.turns.run(event).await {
+        let ran = match event {
+            Inbound::Dm(e) => svc.turns.run(e).await,
+            Inbound::Group(e) => crate::group::run(&svc.turns, e, None)
+                .await
+                .map(|s| s.outcome),
+        };
+        match ran {
+            Ok(Outcome::Silent { reason }) => Verdict::Done(format!("no answer ({reason})")),
             Ok(Outcome::Answered { reply_id }) => Verdict::Done(format!("reply {reply_id}")),
             Ok(Outcome::Limited { reply_id }) => Verdict::Done(format!(
                 "over the flood limit; reply {}",

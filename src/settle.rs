@@ -21,7 +21,7 @@ use bytes::Bytes;
 use tracing::{error, info, warn};
 
 use crate::{
-    bus::{Bus, DmEvent},
+    bus::{Bus, Inbound},
     failure::{Class, Failure},
     journal::State,
     metrics::Metrics,
@@ -182,7 +182,7 @@ impl Settler {
     pub async fn execute(
         &self,
         handle: Handle<'_>,
-        event: Option<&DmEvent>,
+        event: Option<&Inbound>,
         verdict: Verdict,
         delivered: i64,
     ) {
@@ -205,7 +205,13 @@ impl Settler {
                     error!(error = %reason, "turn cannot be answered; sending the failure line and dead-lettering");
                     self.metrics
                         .inc("companion_turns_total", "outcome=\"failed\"");
-                    match self.turns.answer_with_failure(event, &reason).await {
+                    let answered = match event {
+                        Inbound::Dm(e) => self.turns.answer_with_failure(e, &reason).await,
+                        Inbound::Group(e) => {
+                            crate::group::answer_with_failure(&self.turns, e, &reason).await
+                        }
+                    };
+                    match answered {
                         Ok(settled) => {
                             through = settled.through_seq;
                             if let Outcome::AlreadySettled { state } = settled.outcome {

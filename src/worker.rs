@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
-    bus::{Bus, BusError, event::parse_inbound},
+    bus::{Bus, BusError, Inbound, event::parse_event},
     config::{ConsumerConfig, WorkerConfig},
     failure::{Class, Failure},
     metrics::Metrics,
@@ -221,7 +221,7 @@ impl Shared {
                         .worker
                         .turns
                         .journal
-                        .note_error(&event.message_id.to_hex(), &f.reason)
+                        .note_error(&event.message_id().to_hex(), &f.reason)
                         .await
                     {
                         debug!(error = %e, "could not record the error in the journal");
@@ -250,7 +250,7 @@ impl Shared {
         msg: &jetstream::Message,
         seq: u64,
         mut slot: Slot,
-    ) -> (Ending, Option<crate::bus::DmEvent>, Option<&'static str>) {
+    ) -> (Ending, Option<Inbound>, Option<&'static str>) {
         let subject = msg.subject.as_str();
         let transient = |e: &OrderError| Ending::Failed(Failure::of(e));
         let position =
@@ -291,7 +291,7 @@ impl Shared {
 
         let parse_started = std::time::Instant::now();
         let turns = &self.worker.turns;
-        let event = match parse_inbound(
+        let event = match parse_event(
             &msg.payload,
             subject,
             &self.worker.bus.names.prefix,
@@ -305,9 +305,11 @@ impl Shared {
         };
         timing::add(Stage::Parse, parse_started);
         let span = tracing::Span::current();
-        span.record("event_id", event.message_id.to_hex());
-        span.record("conversation_id", event.conversation_id.to_hex());
-        span.record("bot_id", event.bot_id.to_hex());
+        span.record("event_id", event.message_id().to_hex());
+        span.record("conversation_id", event.conversation_id().to_hex());
+        if let Some(bot) = event.bot_id() {
+            span.record("bot_id", bot.to_hex());
+        }
 
         let started = std::time::Instant::now();
         let delivery = Delivery {
@@ -317,7 +319,10 @@ impl Shared {
         };
         // The turn is boxed: a delivery waiting for its conversation stays a small task, and a turn's
         // large state is allocated only while it runs.
-        let turn = Box::pin(turns.run_delivered(&event, Some(&delivery)));
+        let turn: std::pin::Pin<Box<dyn Future<Output = _> + Send + '_>> = match &event {
+            Inbound::Dm(e) => Box::pin(turns.run_delivered(e, Some(&delivery))),
+            Inbound::Group(e) => Box::pin(crate::group::run(turns, e, Some(&delivery))),
+        };
         let result = tokio::select! {
             r = turn => r,
             _ = slot.hard_stop.cancelled() => return (Ending::Returned, Some(event), None),
@@ -617,7 +622,7 @@ impl Shared {
             );
             (transient(reason), None)
         } else {
-            match parse_inbound(
+            match parse_event(
                 &msg.payload,
                 msg.subject.as_str(),
                 &w.bus.names.prefix,

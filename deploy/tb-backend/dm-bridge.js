@@ -5,10 +5,15 @@
 //
 //   node dm-bridge.js [--no-wait] [--timeout SECS] ['<event json>']     (no JSON argument: read stdin)
 //   node dm-bridge.js --spot-review [--no-wait] [--timeout SECS] ['<review json>']
+//   node dm-bridge.js --group [--no-wait] [--timeout SECS] ['<group message json>']
 //
 // --spot-review: publish a spot draft's review instead ({"draftId", "status": "approved"|"rejected",
 // "spotId"?, "note"?, "reviewedAt"}; the admin tool stores the status on the draft first) and wait for
 // the companion's follow-up: the completion with trigger {kind: "spot_review", id: "<draftId>:<status>"}.
+//
+// --group: publish a user's message to a group conversation (a DM event without botId) once, on
+// <prefix>.group.<conversationId>, and print every companion message with respondsTo = its messageId,
+// one JSON line each as they come, until COMPANION_GROUP_QUIET_SECS (5) pass without another.
 //
 // stdout: with --no-wait, the PubAck as JSON ({"stream","seq","duplicate","subject"}); otherwise
 //         the completion event as JSON (one line). Typing events and progress go to stderr.
@@ -36,11 +41,12 @@ function usage(msg) {
 }
 
 function parseArgs(argv) {
-  const opts = { wait: true, review: false, timeoutSecs: Number(process.env.COMPANION_WAIT_SECS || 120), json: null };
+  const opts = { wait: true, review: false, group: false, timeoutSecs: Number(process.env.COMPANION_WAIT_SECS || 120), json: null };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (a === '--no-wait') opts.wait = false;
     else if (a === '--spot-review') opts.review = true;
+    else if (a === '--group') opts.group = true;
     else if (a === '--timeout') opts.timeoutSecs = Number(argv[++i]);
     else if (a === '-h' || a === '--help') usage();
     else if (a.startsWith('--')) usage(`unknown option ${a}`);
@@ -48,6 +54,7 @@ function parseArgs(argv) {
     else usage('more than one event given');
   }
   if (!(opts.timeoutSecs > 0)) usage('--timeout must be a positive number of seconds');
+  if (opts.review && opts.group) usage('--spot-review and --group do not go together');
   return opts;
 }
 
@@ -59,9 +66,10 @@ async function readStdin() {
 
 // The shape the worker accepts (README "Event contract"); the worker validates again and
 // dead-letters what it rejects, so this only catches mistakes early.
-function checkEvent(ev) {
+function checkEvent(ev, group = false) {
   if (ev === null || typeof ev !== 'object' || Array.isArray(ev)) return 'the event must be a JSON object';
-  for (const k of ['messageId', 'conversationId', 'senderId', 'botId']) {
+  if (group && ev.botId !== undefined) return 'a group message has no botId (the worker decides who answers)';
+  for (const k of group ? ['messageId', 'conversationId', 'senderId'] : ['messageId', 'conversationId', 'senderId', 'botId']) {
     if (typeof ev[k] !== 'string' || !OID.test(ev[k])) return `${k} must be a 24-hex ObjectId string`;
   }
   if (typeof ev.content !== 'string') return 'content must be a string';
@@ -84,6 +92,7 @@ function checkReview(r) {
 const PREFIX = process.env.COMPANION_SUBJECT_PREFIX || 'dm.bot';
 const subjects = {
   inbound: (ev) => `${PREFIX}.in.${ev.botId}.${ev.conversationId}`,
+  group: (conversationId) => `${PREFIX}.group.${conversationId}`,
   outbound: (conversationId) => `${PREFIX}.out.${conversationId}`,
   typing: (conversationId) => `${PREFIX}.typing.${conversationId}`,
   spotReview: (draftId) => `${PREFIX}.signal.spot_draft.${draftId}`,
@@ -104,6 +113,15 @@ async function connectNats() {
 // duplicate window is acknowledged with duplicate=true and stored only once.
 async function publishDm(js, ev, timeoutMs = 5000) {
   const subject = subjects.inbound(ev);
+  const ack = await js.publish(subject, jc.encode(ev), { msgID: ev.messageId, timeout: timeoutMs });
+  return { stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate, subject };
+}
+
+// Publishes a user's message to a group conversation ONCE, whatever companions are in it, with
+// Nats-Msg-Id = messageId. Never publish a companion's message here: companions only answer users (and
+// the companion that tags them), and auth.conf denies the workers this subject.
+async function publishGroupMessage(js, ev, timeoutMs = 5000) {
+  const subject = subjects.group(ev.conversationId);
   const ack = await js.publish(subject, jc.encode(ev), { msgID: ev.messageId, timeout: timeoutMs });
   return { stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate, subject };
 }
@@ -129,12 +147,15 @@ async function main() {
   } catch (e) {
     usage(`the event is not JSON: ${e.message}`);
   }
-  const bad = opts.review ? checkReview(ev) : checkEvent(ev);
+  const bad = opts.review ? checkReview(ev) : checkEvent(ev, opts.group);
   if (bad) usage(bad);
   // What the awaited completion answers: the DM, or the review (a proactive follow-up).
   const answers = opts.review
     ? (c) => c.proactive === true && c.trigger && c.trigger.kind === 'spot_review' && c.trigger.id === `${ev.draftId}:${ev.status}`
-    : (c) => c.inReplyTo === ev.messageId || (c.covers || []).includes(ev.messageId);
+    : opts.group
+      ? (c) => c.respondsTo === ev.messageId
+      : (c) => c.inReplyTo === ev.messageId || (c.covers || []).includes(ev.messageId);
+  const quietMs = Number(process.env.COMPANION_GROUP_QUIET_SECS || 5) * 1000;
 
   let nc;
   try {
@@ -146,6 +167,7 @@ async function main() {
   const js = nc.jetstream();
   let exitCode = 0;
   let timer;
+  let quiet;
 
   try {
     // Subscribe BEFORE publishing, so a fast reply cannot be missed.
@@ -164,13 +186,21 @@ async function main() {
         for await (const m of out) {
           let c;
           try { c = jc.decode(m.data); } catch { continue; }
-          if (c && answers(c)) { resolveDone(c); break; }
+          if (c && answers(c)) {
+            if (!opts.group) { resolveDone(c); break; }
+            // A group: several companions may answer, in order; each is printed as it comes.
+            process.stdout.write(`${JSON.stringify(c)}\n`);
+            clearTimeout(quiet);
+            quiet = setTimeout(() => resolveDone(c), quietMs);
+          }
         }
       })().catch(() => {});
       await nc.flush(); // the server has the subscriptions before the event goes out
     }
 
-    const ack = opts.review ? await publishSpotReview(js, ev) : await publishDm(js, ev);
+    const ack = opts.review
+      ? await publishSpotReview(js, ev)
+      : opts.group ? await publishGroupMessage(js, ev) : await publishDm(js, ev);
     process.stderr.write(`dm-bridge: published ${ack.subject} -> stream ${ack.stream} seq ${ack.seq}` +
       `${ack.duplicate ? ' (DUPLICATE: this messageId was already accepted; not stored again)' : ''}\n`);
     if (!opts.wait) {
@@ -179,9 +209,11 @@ async function main() {
       const timeout = new Promise((r) => { timer = setTimeout(() => r(null), opts.timeoutSecs * 1000); });
       const completion = await Promise.race([done, timeout]);
       if (completion) {
-        process.stdout.write(`${JSON.stringify(completion)}\n`);
+        if (!opts.group) process.stdout.write(`${JSON.stringify(completion)}\n`);
       } else {
-        const what = opts.review ? `trigger ${ev.draftId}:${ev.status}` : `inReplyTo=${ev.messageId}`;
+        const what = opts.review
+          ? `trigger ${ev.draftId}:${ev.status}`
+          : opts.group ? `respondsTo=${ev.messageId}` : `inReplyTo=${ev.messageId}`;
         process.stderr.write(`dm-bridge: no completion with ${what} within ${opts.timeoutSecs}s` +
           `${ack.duplicate ? ' (the event was a duplicate: its completion, if any, went out before we subscribed; it is in dm_messages with this inReplyTo)' : ''}\n`);
         exitCode = 1;
@@ -189,7 +221,9 @@ async function main() {
     }
   } catch (e) {
     if (e.code === ErrorCode.NoResponders) {
-      const subject = opts.review ? subjects.spotReview(ev.draftId) : subjects.inbound(ev);
+      const subject = opts.review
+        ? subjects.spotReview(ev.draftId)
+        : opts.group ? subjects.group(ev.conversationId) : subjects.inbound(ev);
       process.stderr.write(`dm-bridge: no JetStream stream stores ${subject} (is a worker or the stream set up?)\n`);
       exitCode = 3;
     } else if (e.code === ErrorCode.Timeout) {
@@ -201,6 +235,7 @@ async function main() {
     }
   } finally {
     clearTimeout(timer);
+    clearTimeout(quiet);
     await nc.close().catch(() => {});
   }
   process.exit(exitCode);

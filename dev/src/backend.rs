@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 
 use companion::{
-    bus::{Bus, BusError, Completion, InboundEvent, event::Attachment},
+    bus::{Bus, BusError, Completion, GroupMessageEvent, InboundEvent, event::Attachment},
     store::{
         Mongo, StoreError,
         mongo::{DM_CONVERSATIONS, DM_MESSAGES},
@@ -100,6 +100,66 @@ pub async fn store_user_message(
 }
 
 /// Publishes an event with `Nats-Msg-Id: <messageId>`; returns whether the server saw it as a duplicate.
+/// Creates a group conversation of `users` and `bots` as TB-Backend does (`isGroup: true`).
+pub async fn create_group(
+    mongo: &Mongo,
+    users: &[ObjectId],
+    bots: &[ObjectId],
+) -> Result<ObjectId, BackendError> {
+    let id = ObjectId::new();
+    let now = bson::DateTime::now();
+    let participants: Vec<ObjectId> = users.iter().chain(bots).copied().collect();
+    mongo
+        .collection(DM_CONVERSATIONS)
+        .insert_one(doc! { "_id": id, "participants": participants, "isGroup": true, "createdAt": now, "updatedAt": now })
+        .await?;
+    Ok(id)
+}
+
+/// Stores a user's message to a group and returns its event (not yet published).
+pub async fn store_group_message(
+    mongo: &Mongo,
+    conversation: ObjectId,
+    user: ObjectId,
+    content: &str,
+) -> Result<GroupMessageEvent, BackendError> {
+    let id = ObjectId::new();
+    let now: DateTime<Utc> = Utc::now();
+    mongo
+        .collection(DM_MESSAGES)
+        .insert_one(doc! {
+            "_id": id,
+            "conversationId": conversation,
+            "senderId": user.to_hex(),
+            "content": content,
+            "timestamp": bson::DateTime::from_chrono(now),
+            "read": false,
+        })
+        .await?;
+    Ok(GroupMessageEvent {
+        message_id: id.to_hex(),
+        conversation_id: conversation.to_hex(),
+        sender_id: user.to_hex(),
+        content: content.to_owned(),
+        attachments: Vec::new(),
+        sent_at: now,
+    })
+}
+
+/// Publishes a group message once, as TB-Backend does (`<prefix>.group.<conversationId>`,
+/// `Nats-Msg-Id: <messageId>`); true when JetStream saw a duplicate.
+pub async fn publish_group_message(
+    bus: &Bus,
+    event: &GroupMessageEvent,
+) -> Result<bool, BackendError> {
+    let subject = bus.names.group(&event.conversation_id);
+    let payload = Bytes::from(serde_json::to_vec(event).map_err(BusError::from)?);
+    let ack = bus
+        .publish_durable(subject, &event.message_id, HeaderMap::new(), payload)
+        .await?;
+    Ok(ack.duplicate)
+}
+
 pub async fn publish_event(bus: &Bus, event: &InboundEvent) -> Result<bool, BackendError> {
     let subject = bus.names.inbound(&event.bot_id, &event.conversation_id);
     let payload = Bytes::from(serde_json::to_vec(event).map_err(BusError::from)?);

@@ -35,6 +35,185 @@ pub struct Attachment {
     pub url: String,
 }
 
+/// A user's message in a group conversation, as TB-Backend publishes it once on
+/// `<prefix>.group.<conversationId>`: a DM event without `botId`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupMessageEvent {
+    pub message_id: String,
+    pub conversation_id: String,
+    pub sender_id: String,
+    pub content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<Attachment>,
+    pub sent_at: DateTime<Utc>,
+}
+
+/// A validated group message: who sent what to the group; which companions answer is decided later.
+#[derive(Clone, Debug)]
+pub struct GroupEvent {
+    pub message_id: ObjectId,
+    pub conversation_id: ObjectId,
+    pub sender_id: ObjectId,
+    pub content: String,
+    pub images: Vec<String>,
+    pub sent_at: DateTime<Utc>,
+}
+
+impl GroupEvent {
+    /// The message as addressed to one companion of the group (for the prompt, tools and history).
+    pub fn to_bot(&self, bot: ObjectId) -> DmEvent {
+        DmEvent {
+            message_id: self.message_id,
+            conversation_id: self.conversation_id,
+            sender_id: self.sender_id,
+            bot_id: bot,
+            content: self.content.clone(),
+            images: self.images.clone(),
+            sent_at: self.sent_at,
+        }
+    }
+}
+
+/// Any event of the inbound stream, validated.
+#[derive(Clone, Debug)]
+pub enum Inbound {
+    /// A DM to one companion (`<prefix>.in.<botId>.<conversationId>`).
+    Dm(DmEvent),
+    /// A message to a group (`<prefix>.group.<conversationId>`).
+    Group(GroupEvent),
+}
+
+impl Inbound {
+    pub fn message_id(&self) -> ObjectId {
+        match self {
+            Self::Dm(e) => e.message_id,
+            Self::Group(e) => e.message_id,
+        }
+    }
+
+    pub fn conversation_id(&self) -> ObjectId {
+        match self {
+            Self::Dm(e) => e.conversation_id,
+            Self::Group(e) => e.conversation_id,
+        }
+    }
+
+    /// The companion a DM is for; none for a group message.
+    pub fn bot_id(&self) -> Option<ObjectId> {
+        match self {
+            Self::Dm(e) => Some(e.bot_id),
+            Self::Group(_) => None,
+        }
+    }
+}
+
+/// Parses an event of the inbound stream by its subject: a group message on `<prefix>.group.…`, a DM
+/// otherwise.
+pub fn parse_event(
+    payload: &[u8],
+    subject: &str,
+    prefix: &str,
+    limits: Limits,
+) -> Result<Inbound, InvalidEvent> {
+    let group = subject
+        .strip_prefix(prefix)
+        .is_some_and(|t| t.starts_with(".group."));
+    if group {
+        parse_group(payload, subject, prefix, limits).map(Inbound::Group)
+    } else {
+        parse_inbound(payload, subject, prefix, limits).map(Inbound::Dm)
+    }
+}
+
+/// Parses and validates one group message received on `subject` (`<prefix>.group.<conversationId>`).
+pub fn parse_group(
+    payload: &[u8],
+    subject: &str,
+    prefix: &str,
+    limits: Limits,
+) -> Result<GroupEvent, InvalidEvent> {
+    check_size(payload, limits)?;
+    let text = std::str::from_utf8(payload).map_err(|_| InvalidEvent::NotUtf8)?;
+    let raw: GroupMessageEvent = serde_json::from_str(text)
+        .map_err(|e| InvalidEvent::Malformed(truncate(&e.to_string(), 200)))?;
+    let oid = |field: &'static str, value: &str| {
+        parse_object_id(value).ok_or(InvalidEvent::BadId { field })
+    };
+    let message_id = oid("messageId", &raw.message_id)?;
+    let conversation_id = oid("conversationId", &raw.conversation_id)?;
+    let sender_id = oid("senderId", &raw.sender_id)?;
+    if subject != format!("{prefix}.group.{}", raw.conversation_id) {
+        return Err(InvalidEvent::SubjectMismatch {
+            subject: truncate(subject, 200),
+        });
+    }
+    let (content, images) = check_body(&raw.content, &raw.attachments, limits)?;
+    Ok(GroupEvent {
+        message_id,
+        conversation_id,
+        sender_id,
+        content,
+        images,
+        sent_at: raw.sent_at,
+    })
+}
+
+fn check_size(payload: &[u8], limits: Limits) -> Result<(), InvalidEvent> {
+    if payload.len() > limits.max_event_bytes {
+        return Err(InvalidEvent::TooLarge {
+            size: payload.len(),
+            limit: limits.max_event_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// The message's text (cleaned) and image URLs, within the limits; not both empty.
+fn check_body(
+    content: &str,
+    attachments: &[Attachment],
+    limits: Limits,
+) -> Result<(String, Vec<String>), InvalidEvent> {
+    let chars = content.chars().count();
+    if chars > limits.max_content_chars {
+        return Err(InvalidEvent::ContentTooLong {
+            chars,
+            limit: limits.max_content_chars,
+        });
+    }
+    if attachments.len() > MAX_ATTACHMENTS {
+        return Err(InvalidEvent::BadAttachment {
+            index: MAX_ATTACHMENTS,
+            why: "too many attachments",
+        });
+    }
+    let mut images = Vec::with_capacity(attachments.len());
+    for (index, a) in attachments.iter().enumerate() {
+        if a.kind != "image" {
+            return Err(InvalidEvent::BadAttachment {
+                index,
+                why: "only type \"image\" is supported",
+            });
+        }
+        if a.url.len() > MAX_URL_LEN
+            || !(a.url.starts_with("https://") || a.url.starts_with("http://"))
+            || a.url.chars().any(char::is_control)
+        {
+            return Err(InvalidEvent::BadAttachment {
+                index,
+                why: "url must be http(s), at most 2048 bytes, without control characters",
+            });
+        }
+        images.push(a.url.clone());
+    }
+    let content = clean_text(content).trim().to_owned();
+    if content.is_empty() && images.is_empty() {
+        return Err(InvalidEvent::Empty);
+    }
+    Ok((content, images))
+}
+
 /// An inbound event that passed validation, with its ids parsed.
 #[derive(Clone, Debug)]
 pub struct DmEvent {
@@ -102,12 +281,7 @@ pub fn parse_inbound(
     prefix: &str,
     limits: Limits,
 ) -> Result<DmEvent, InvalidEvent> {
-    if payload.len() > limits.max_event_bytes {
-        return Err(InvalidEvent::TooLarge {
-            size: payload.len(),
-            limit: limits.max_event_bytes,
-        });
-    }
+    check_size(payload, limits)?;
     let text = std::str::from_utf8(payload).map_err(|_| InvalidEvent::NotUtf8)?;
     let raw: InboundEvent = serde_json::from_str(text)
         .map_err(|e| InvalidEvent::Malformed(truncate(&e.to_string(), 200)))?;
@@ -127,42 +301,7 @@ pub fn parse_inbound(
             subject: truncate(subject, 200),
         });
     }
-    let chars = raw.content.chars().count();
-    if chars > limits.max_content_chars {
-        return Err(InvalidEvent::ContentTooLong {
-            chars,
-            limit: limits.max_content_chars,
-        });
-    }
-    if raw.attachments.len() > MAX_ATTACHMENTS {
-        return Err(InvalidEvent::BadAttachment {
-            index: MAX_ATTACHMENTS,
-            why: "too many attachments",
-        });
-    }
-    let mut images = Vec::with_capacity(raw.attachments.len());
-    for (index, a) in raw.attachments.iter().enumerate() {
-        if a.kind != "image" {
-            return Err(InvalidEvent::BadAttachment {
-                index,
-                why: "only type \"image\" is supported",
-            });
-        }
-        if a.url.len() > MAX_URL_LEN
-            || !(a.url.starts_with("https://") || a.url.starts_with("http://"))
-            || a.url.chars().any(char::is_control)
-        {
-            return Err(InvalidEvent::BadAttachment {
-                index,
-                why: "url must be http(s), at most 2048 bytes, without control characters",
-            });
-        }
-        images.push(a.url.clone());
-    }
-    let content = clean_text(&raw.content).trim().to_owned();
-    if content.is_empty() && images.is_empty() {
-        return Err(InvalidEvent::Empty);
-    }
+    let (content, images) = check_body(&raw.content, &raw.attachments, limits)?;
     Ok(DmEvent {
         message_id,
         conversation_id,
@@ -212,6 +351,10 @@ pub struct Completion {
     /// Later messages of the same burst this reply answers too (they get no reply of their own).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub covers: Vec<String>,
+    /// In a group: the user message this companion message belongs to (several companions may answer
+    /// one message, in the order they are meant to be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub responds_to: Option<String>,
     /// A message no user message triggered: a companion following up on its own.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub proactive: bool,

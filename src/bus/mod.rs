@@ -1,6 +1,7 @@
 //! NATS JetStream: subjects, streams and the shared durable consumers, and the publishes a turn makes.
 //!
-//! Two inbound streams: `<S>_IN` holds the DMs users send to companions; `<S>_SIGNAL` holds the signals
+//! Two inbound streams: `<S>_IN` holds the DMs users send to companions (`<prefix>.in.<botId>.<conv>`)
+//! and their messages to group conversations (`<prefix>.group.<conv>`); `<S>_SIGNAL` holds the signals
 //! a companion acts on by itself (a spot draft's review on `<prefix>.signal.spot_draft.<draftId>`) and,
 //! later, the schedules that fire them (`allow_msg_schedules`, nats-server 2.12 or newer).
 //!
@@ -30,7 +31,9 @@ use crate::{
     failure::{Class, Classify},
 };
 
-pub use event::{Completion, DmEvent, InboundEvent, Trigger, Typing};
+pub use event::{
+    Completion, DmEvent, GroupEvent, GroupMessageEvent, Inbound, InboundEvent, Trigger, Typing,
+};
 
 /// Header carrying the dead-letter reason.
 pub const DLQ_REASON: &str = "Companion-Dlq-Reason";
@@ -156,6 +159,20 @@ impl Names {
     pub fn inbound_all(&self) -> String {
         format!("{}.in.>", self.prefix)
     }
+    /// A user's message to a group conversation (published once, whoever answers it).
+    pub fn group(&self, conversation_id: &str) -> String {
+        format!("{}.group.{conversation_id}", self.prefix)
+    }
+    /// Whether `subject` is a group conversation's.
+    pub fn is_group(&self, subject: &str) -> bool {
+        subject
+            .strip_prefix(&self.prefix)
+            .is_some_and(|t| t.starts_with(".group."))
+    }
+    /// The subjects of the inbound stream and its consumer: DMs and group messages.
+    pub fn inbound_subjects(&self) -> Vec<String> {
+        vec![self.inbound_all(), format!("{}.group.>", self.prefix)]
+    }
     pub fn outbound(&self, conversation_id: &str) -> String {
         format!("{}.out.{conversation_id}", self.prefix)
     }
@@ -163,9 +180,9 @@ impl Names {
         format!("{}.typing.{conversation_id}", self.prefix)
     }
     /// Dead letters keep the tail of the original subject: `<botId>.<conversationId>` for a DM,
-    /// `signal.<kind>.<id>` for a signal.
+    /// `group.<conversationId>` for a group message, `signal.<kind>.<id>` for a signal.
     pub fn dead_letter(&self, original_subject: &str) -> String {
-        let tail = if self.is_signal(original_subject) {
+        let tail = if self.is_signal(original_subject) || self.is_group(original_subject) {
             original_subject.strip_prefix(&format!("{}.", self.prefix))
         } else {
             original_subject.strip_prefix(&format!("{}.in.", self.prefix))
@@ -218,10 +235,18 @@ fn consumer_differences(have: &jetstream::consumer::Config, want: &pull::Config)
         have.max_ack_pending.to_string(),
         want.max_ack_pending.to_string(),
     );
+    // One filter or several: the same list either way.
+    let filters = |one: &str, many: &[String]| {
+        let mut all: Vec<&str> = many.iter().map(String::as_str).collect();
+        if !one.is_empty() {
+            all.insert(0, one);
+        }
+        all.join(" ")
+    };
     check(
-        "filter_subject",
-        have.filter_subject.clone(),
-        want.filter_subject.clone(),
+        "filter_subjects",
+        filters(&have.filter_subject, &have.filter_subjects),
+        filters(&want.filter_subject, &want.filter_subjects),
     );
     out
 }
@@ -267,8 +292,10 @@ impl Bus {
         [
             stream::Config {
                 name: n.stream_in.clone(),
-                description: Some("Bot-bound DMs published by TB-Backend".into()),
-                subjects: vec![n.inbound_all()],
+                description: Some(
+                    "Bot-bound DMs and group messages published by TB-Backend".into(),
+                ),
+                subjects: n.inbound_subjects(),
                 retention: RetentionPolicy::Limits,
                 storage: StorageType::File,
                 max_age: 7 * day,
@@ -440,6 +467,7 @@ impl Bus {
             durable_name: Some(signal_consumer_name(&c.name)),
             description: Some("companion workers: signals".into()),
             filter_subject: self.names.signal_all(),
+            filter_subjects: Vec::new(),
             ..self.consumer_config(c)
         }
     }
@@ -462,7 +490,7 @@ impl Bus {
             ack_wait: c.ack_wait(),
             max_deliver: c.max_deliver.max(1),
             max_ack_pending: c.max_ack_pending.max(1),
-            filter_subject: self.names.inbound_all(),
+            filter_subjects: self.names.inbound_subjects(),
             ..Default::default()
         }
     }
@@ -680,6 +708,7 @@ mod tests {
             stream_signal: "DM_BOT_SIGNAL".into(),
         };
         assert_eq!(names.dead_letter("dm.bot.in.b.c"), "dm.bot.dlq.b.c");
+        assert_eq!(names.dead_letter("dm.bot.group.c"), "dm.bot.dlq.group.c");
         assert_eq!(
             names.dead_letter("dm.bot.signal.spot_draft.d"),
             "dm.bot.dlq.signal.spot_draft.d"

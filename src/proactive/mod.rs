@@ -274,6 +274,9 @@ impl Proactive {
             user_rows: Vec::new(),
             covers: Vec::new(),
             trigger: Some(f.trigger.clone()),
+            responds_to: None,
+            group: false,
+            key: generation.clone(),
         };
         t.write_reply(job, &out, &reply).await?;
         job.settle(State::Done, None).await?;

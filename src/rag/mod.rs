@@ -141,6 +141,39 @@ impl Retriever {
         Ok(Some((v, query::Lookup::Embedded)))
     }
 
+    /// Cosine similarity of `text` to each of `profiles` (e.g. the companions of a group, to pick the
+    /// one a message fits best). Profile vectors are cached like query vectors. `None` when the model
+    /// is not installed, the text has nothing to look up, or embedding fails (logged).
+    pub async fn similarities(&self, text: &str, profiles: &[String]) -> Option<Vec<f32>> {
+        let embedder = self.embedder.as_deref()?;
+        let result = async {
+            let Some((query, _)) = self.query_vector(embedder, text).await? else {
+                return Ok(None);
+            };
+            let mut scores = Vec::with_capacity(profiles.len());
+            for p in profiles {
+                let key = format!("profile:{}", query::normalize(p));
+                let v = match self.cache.get(&key) {
+                    Some(v) => v,
+                    None => {
+                        let v = Arc::new(embedder.embed_one(p).await?);
+                        self.cache.put(key, v.clone());
+                        v
+                    }
+                };
+                scores.push(embed::cosine(&query, &v));
+            }
+            Ok::<_, RetrieveError>(Some(scores))
+        };
+        match result.await {
+            Ok(scores) => scores,
+            Err(e) => {
+                warn!(error = %e, "cannot embed for the fit of a group message; going without");
+                None
+            }
+        }
+    }
+
     /// The knowledge of `collections` for `text`; never fails the turn (an error is logged and gives
     /// no knowledge). The span `rag.retrieve` (a child of the turn's span) records the hits and scores.
     pub async fn for_turn(&self, collections: &[String], text: &str) -> Vec<KnowledgeSnippet> {

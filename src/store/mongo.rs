@@ -76,6 +76,19 @@ pub enum Admission {
     NotParticipant,
 }
 
+/// The admission check of a group message, from one aggregate.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GroupAdmission {
+    Admitted {
+        user: Box<UserData>,
+        /// Every participant, users and companions, in the conversation's order.
+        participants: Vec<ObjectId>,
+    },
+    Missing,
+    /// The sender is not a participant.
+    NotParticipant,
+}
+
 /// What the companion knows about the user it talks to.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct UserProfile {
@@ -116,6 +129,9 @@ pub struct ReplyDoc {
     pub sender_id: ObjectId,
     /// The user message answered; none for a proactive message.
     pub in_reply_to: Option<ObjectId>,
+    /// In a group: the user message this is one of the answers to (`respondsTo`; several companions
+    /// answer one message, so it is not `inReplyTo`, whose index allows one reply per generation).
+    pub responds_to: Option<ObjectId>,
     /// What a proactive message follows up on: (kind, id).
     pub trigger: Option<(String, String)>,
     pub content: String,
@@ -205,6 +221,71 @@ impl Mongo {
         bot: ObjectId,
         tricklists: i64,
     ) -> Result<Admission, StoreError> {
+        Ok(
+            match self.admission(conversation, user, tricklists).await? {
+                None => Admission::Missing,
+                Some((participants, _))
+                    if !(has(&participants, user) && has(&participants, bot)) =>
+                {
+                    Admission::NotParticipant
+                }
+                Some((_, data)) => Admission::Admitted(data_for(data, user, bot)),
+            },
+        )
+    }
+
+    /// The admission of a group message: the conversation exists and has `user` among its
+    /// participants; with the participants' ids (in the conversation's order) and the user's data.
+    pub async fn admit_group(
+        &self,
+        conversation: ObjectId,
+        user: ObjectId,
+        tricklists: i64,
+    ) -> Result<GroupAdmission, StoreError> {
+        Ok(
+            match self.admission(conversation, user, tricklists).await? {
+                None => GroupAdmission::Missing,
+                Some((participants, _)) if !has(&participants, user) => {
+                    GroupAdmission::NotParticipant
+                }
+                Some((participants, data)) => GroupAdmission::Admitted {
+                    participants: participants.iter().filter_map(participant_id).collect(),
+                    user: Box::new(data_for(data, user, ObjectId::from_bytes([0; 12]))),
+                },
+            },
+        )
+    }
+
+    /// Display names (`name`, else `username`) of the given users, for a group's history.
+    pub async fn display_names(
+        &self,
+        ids: &[ObjectId],
+    ) -> Result<HashMap<ObjectId, String>, StoreError> {
+        let docs: Vec<Document> = self
+            .collection(USERS)
+            .find(doc! { "_id": { "$in": ids.to_vec() } })
+            .projection(doc! { "name": 1, "username": 1 })
+            .await?
+            .try_collect()
+            .await?;
+        Ok(docs
+            .iter()
+            .filter_map(|d| {
+                let id = d.get_object_id("_id").ok()?;
+                let p = profile_of(id, d);
+                Some((id, p.name.or(p.username)?))
+            })
+            .collect())
+    }
+
+    /// The conversation's participants and the user's profile and newest tricklists, in one aggregate;
+    /// `None` when there is no such conversation.
+    async fn admission(
+        &self,
+        conversation: ObjectId,
+        user: ObjectId,
+        tricklists: i64,
+    ) -> Result<Option<(Vec<Bson>, (Vec<Document>, Vec<Document>))>, StoreError> {
         let pipeline = [
             doc! { "$match": { "_id": conversation } },
             doc! { "$limit": 1 },
@@ -231,11 +312,8 @@ impl Mongo {
             .try_collect()
             .await?;
         let Some(mut conv) = found.pop() else {
-            return Ok(Admission::Missing);
+            return Ok(None);
         };
-        if !joins(&conv, user, bot) {
-            return Ok(Admission::NotParticipant);
-        }
         let docs = |conv: &mut Document, key: &str| -> Vec<Document> {
             match conv.remove(key) {
                 Some(Bson::Array(a)) => a
@@ -248,13 +326,13 @@ impl Mongo {
                 _ => Vec::new(),
             }
         };
+        let participants = match conv.remove("participants") {
+            Some(Bson::Array(a)) => a,
+            _ => Vec::new(),
+        };
         let user_doc = docs(&mut conv, "user");
-        let profile = user_doc.first().map(|d| profile_of(user, d));
-        Ok(Admission::Admitted(UserData {
-            profile,
-            tricklists: docs(&mut conv, "tricklists"),
-            blocks_bot: user_doc.first().is_some_and(|d| blocks(d, bot)),
-        }))
+        let lists = docs(&mut conv, "tricklists");
+        Ok(Some((participants, (user_doc, lists))))
     }
 
     pub async fn user_profile(&self, user: ObjectId) -> Result<Option<UserProfile>, StoreError> {
@@ -401,6 +479,9 @@ impl Mongo {
         if let Some(id) = reply.in_reply_to {
             doc.insert("inReplyTo", id);
         }
+        if let Some(id) = reply.responds_to {
+            doc.insert("respondsTo", id);
+        }
         if let Some((kind, id)) = &reply.trigger {
             doc.insert("proactive", true);
             doc.insert("trigger", doc! { "kind": kind, "id": id });
@@ -431,7 +512,13 @@ impl Mongo {
             .await?
             .try_collect()
             .await?;
-        found.retain(|c| joins(c, user, bot));
+        found.retain(|c| {
+            let participants = c
+                .get_array("participants")
+                .map(|a| a.as_slice())
+                .unwrap_or(&[]);
+            has(participants, user) && has(participants, bot)
+        });
         Ok(found.first().and_then(|c| c.get_object_id("_id").ok()))
     }
 
@@ -453,22 +540,35 @@ impl Mongo {
 }
 
 /// Whether the conversation document has both users as participants (ObjectId, string or DBRef form).
-fn joins(conv: &Document, user: ObjectId, bot: ObjectId) -> bool {
-    let participants = conv
-        .get_array("participants")
-        .map(|a| a.as_slice())
-        .unwrap_or(&[]);
-    let has = |id: ObjectId| {
-        participants.iter().any(|p| match p {
-            Bson::ObjectId(o) => *o == id,
-            Bson::String(s) => *s == id.to_hex(),
-            Bson::Document(d) => {
-                d.get_object_id("$id").ok() == Some(id) || d.get_object_id("_id").ok() == Some(id)
-            }
-            _ => false,
-        })
-    };
-    has(user) && has(bot)
+/// A participant's id, however it is stored (ObjectId, hex string, DBRef or `{_id}`).
+fn participant_id(p: &Bson) -> Option<ObjectId> {
+    match p {
+        Bson::ObjectId(o) => Some(*o),
+        Bson::String(s) => ObjectId::parse_str(s).ok(),
+        Bson::Document(d) => d
+            .get_object_id("$id")
+            .or_else(|_| d.get_object_id("_id"))
+            .ok(),
+        _ => None,
+    }
+}
+
+fn has(participants: &[Bson], id: ObjectId) -> bool {
+    participants.iter().any(|p| participant_id(p) == Some(id))
+}
+
+/// The user's data from the admission's documents (`bot`: whose block to look for).
+fn data_for(
+    (user_doc, tricklists): (Vec<Document>, Vec<Document>),
+    user: ObjectId,
+    bot: ObjectId,
+) -> UserData {
+    let first = user_doc.first();
+    UserData {
+        profile: first.map(|d| profile_of(user, d)),
+        tricklists,
+        blocks_bot: first.is_some_and(|d| blocks(d, bot)),
+    }
 }
 
 /// A user document as the prompt shows it.

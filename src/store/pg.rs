@@ -47,6 +47,21 @@ pub struct NewHistory<'a> {
     pub message_id: &'a str,
     pub tool_calls: Option<&'a Value>,
     pub created_at: chrono::DateTime<chrono::Utc>,
+    /// A row of a group conversation's window (not of the user's DM window with the bot).
+    pub group_chat: bool,
+}
+
+/// One message of a group conversation's window: who said it, and what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupLine {
+    /// `user` or `assistant`.
+    pub role: String,
+    /// The user who sent it, or whom the companion answered.
+    pub user_id: String,
+    /// The companion that said it (for `assistant`).
+    pub bot_id: String,
+    pub message_id: String,
+    pub content: String,
 }
 
 impl Pg {
@@ -82,7 +97,7 @@ impl Pg {
                 SELECT 0 AS part, role, content, tool_calls, NULL::text AS reminder_id,
                        NULL::timestamptz AS fire_at, created_at, id FROM (
                     SELECT role, content, tool_calls::text AS tool_calls, created_at, id
-                    FROM bot_conversations WHERE user_id = $1 AND bot_id = $2
+                    FROM bot_conversations WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat
                     ORDER BY created_at DESC, id DESC LIMIT $3) w
                 UNION ALL
                 SELECT 1, 'reminder', text, NULL, id, fire_at, fire_at, 0 FROM reminders
@@ -112,6 +127,35 @@ impl Pg {
         Ok(out)
     }
 
+    /// The last `limit` messages of the group conversation, oldest first.
+    pub async fn group_history(
+        &self,
+        conversation_id: &str,
+        limit: i64,
+    ) -> Result<Vec<GroupLine>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT role, user_id, bot_id, message_id, content FROM (
+                SELECT role, user_id, bot_id, message_id, content, created_at, id
+                FROM bot_conversations WHERE conversation_id = $1 AND group_chat
+                ORDER BY created_at DESC, id DESC LIMIT $2) w
+             ORDER BY created_at, id",
+        )
+        .bind(conversation_id)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| GroupLine {
+                role: r.get("role"),
+                user_id: r.get("user_id"),
+                bot_id: r.get("bot_id"),
+                message_id: r.get("message_id"),
+                content: r.get("content"),
+            })
+            .collect())
+    }
+
     /// Appends messages in one statement; a message already recorded is left as it is.
     pub async fn append_history(&self, rows: &[NewHistory<'_>]) -> Result<(), StoreError> {
         fn col<'a>(
@@ -122,9 +166,10 @@ impl Pg {
         }
         sqlx::query(
             "INSERT INTO bot_conversations
-                (user_id, bot_id, conversation_id, role, content, message_id, tool_calls, created_at)
+                (user_id, bot_id, conversation_id, role, content, message_id, tool_calls, created_at,
+                 group_chat)
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                                  $6::text[], $7::jsonb[], $8::timestamptz[])
+                                  $6::text[], $7::jsonb[], $8::timestamptz[], $9::boolean[])
              ON CONFLICT (message_id) DO NOTHING",
         )
         .bind(col(rows, |r| r.user_id))
@@ -135,6 +180,7 @@ impl Pg {
         .bind(col(rows, |r| r.message_id))
         .bind(rows.iter().map(|r| r.tool_calls.cloned()).collect::<Vec<Option<Value>>>())
         .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.group_chat).collect::<Vec<_>>())
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -53,7 +53,7 @@ use crate::{
 };
 
 /// Said when a character file has no `busyLine`.
-const DEFAULT_BUSY_LINE: &str =
+pub(crate) const DEFAULT_BUSY_LINE: &str =
     "you're sending messages faster than i can read them, give me a minute to catch up";
 
 /// The kind of a turn's job.
@@ -69,6 +69,8 @@ pub enum Outcome {
     Limited { reply_id: Option<String> },
     /// An earlier delivery already settled this message.
     AlreadySettled { state: State },
+    /// A group message no companion answers, on purpose (an acknowledgement, a companion's own).
+    Silent { reason: String },
 }
 
 impl Outcome {
@@ -78,6 +80,7 @@ impl Outcome {
             Self::Answered { .. } => "answered",
             Self::Limited { .. } => "limited",
             Self::AlreadySettled { .. } => "already_done",
+            Self::Silent { .. } => "silent",
         }
     }
 }
@@ -108,6 +111,8 @@ pub enum TurnError {
     MissingConversation(String),
     #[error("sender or bot is not a participant of conversation {0}")]
     NotParticipant(String),
+    #[error("group conversation {0} has no companion among its participants")]
+    NoCompanion(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -130,7 +135,8 @@ impl Classify for TurnError {
             Self::Invalid(_)
             | Self::UnknownBot(_)
             | Self::MissingConversation(_)
-            | Self::NotParticipant(_) => Class::Reject,
+            | Self::NotParticipant(_)
+            | Self::NoCompanion(_) => Class::Reject,
             Self::Store(e) => e.class(),
             Self::Journal(e) => e.class(),
             Self::Bus(e) => e.class(),
@@ -546,6 +552,7 @@ impl Turns {
             self.config.max_prompt_tokens_per_turn,
         );
         let cx = tool_loop::LoopContext {
+            slot: "",
             budget: &budget,
             spend: Some(&self.spend),
             llm: &self.llm,
@@ -692,6 +699,9 @@ impl Turns {
             user_rows,
             covers: burst.covers.iter().map(|c| c.message_id.clone()).collect(),
             trigger: None,
+            responds_to: None,
+            group: false,
+            key: generation_key(job),
         };
         self.write_reply(job, &out, &reply).await?;
         if !stage(Stage::Writes, job.settle(state, by)).await? {
@@ -719,7 +729,7 @@ impl Turns {
         out: &Outgoing<'_>,
         reply: &Reply,
     ) -> Result<(), TurnError> {
-        let generation = generation_key(job);
+        let generation = out.key.as_str();
         let reply_id =
             ObjectId::parse_str(&reply.id).map_err(|_| TurnError::BadReplyId(reply.id.clone()))?;
         let (user, bot, conversation) = (
@@ -728,7 +738,7 @@ impl Turns {
             out.conversation.to_hex(),
         );
         let writes = async {
-            job.step("store_reply", &generation)
+            job.step("store_reply", generation)
                 .lazy()
                 .run(async {
                     let inserted = self
@@ -738,6 +748,7 @@ impl Turns {
                             conversation_id: out.conversation,
                             sender_id: out.bot,
                             in_reply_to: out.in_reply_to,
+                            responds_to: out.responds_to,
                             trigger: out.trigger.as_ref().map(|t| (t.kind.clone(), t.id.clone())),
                             content: reply.content.clone(),
                             rich_content: reply.rich_content.clone(),
@@ -751,7 +762,7 @@ impl Turns {
                     Ok::<_, TurnError>(inserted)
                 })
                 .await?;
-            job.step("history", &generation)
+            job.step("history", generation)
                 .lazy()
                 .run(async {
                     let mut rows = out.user_rows.clone();
@@ -764,12 +775,13 @@ impl Turns {
                         message_id: &reply.id,
                         tool_calls: reply.tool_log.as_ref(),
                         created_at: reply.at,
+                        group_chat: out.group,
                     });
                     self.pg.append_history(&rows).await?;
                     Ok::<_, TurnError>(())
                 })
                 .await?;
-            job.step("touch", &generation)
+            job.step("touch", generation)
                 .lazy()
                 .run(async {
                     self.mongo
@@ -783,7 +795,8 @@ impl Turns {
         stage(Stage::Writes, writes).await?;
         let completion = Completion {
             message_id: reply.id.clone(),
-            in_reply_to: out.in_reply_to.map(|id| id.to_hex()),
+            in_reply_to: out.in_reply_to.or(out.responds_to).map(|id| id.to_hex()),
+            responds_to: out.responds_to.map(|id| id.to_hex()),
             conversation_id: conversation.clone(),
             sender_id: bot.clone(),
             content: reply.content.clone(),
@@ -795,7 +808,7 @@ impl Turns {
         };
         stage(
             Stage::Publish,
-            job.step("publish", &generation).lazy().run(async {
+            job.step("publish", generation).lazy().run(async {
                 self.bus.publish_completion(&completion).await?;
                 Ok::<_, TurnError>(())
             }),
@@ -820,6 +833,12 @@ pub struct Outgoing<'a> {
     pub covers: Vec<String>,
     /// What a proactive message follows up on (`proactive: true` in the completion).
     pub trigger: Option<Trigger>,
+    /// In a group: the user message this is one of the answers to.
+    pub responds_to: Option<ObjectId>,
+    /// A group conversation's message: its history rows go to the group's window.
+    pub group: bool,
+    /// The key of its delivery steps (`g<generation>`, and the slot in a group).
+    pub key: String,
 }
 
 /// A turn the journal says is settled is acknowledged again, with what its reply covered.
@@ -862,6 +881,7 @@ fn user_row<'a>(ids: &'a Ids, event: &DmEvent, reply_at: DateTime<Utc>) -> NewHi
         message_id: &ids.message,
         tool_calls: None,
         created_at: user_message_time(event.sent_at, reply_at),
+        group_chat: false,
     }
 }
 

@@ -195,7 +195,8 @@ pub fn conversation(
     messages
 }
 
-fn user_message(event: &DmEvent) -> Message {
+/// The user's message, text and images.
+pub(crate) fn user_message(event: &DmEvent) -> Message {
     let content = if event.images.is_empty() {
         UserContent::Text(event.content.clone())
     } else {

@@ -70,6 +70,9 @@ pub struct LoopContext<'a> {
     pub budget: &'a CallBudget,
     /// The spend budgets, checked before each paid call (none: unchecked).
     pub spend: Option<&'a SpendGuard>,
+    /// Prefix of this loop's step keys: empty for a DM turn, `<n>.` for the n-th companion message
+    /// of a group message (several loops share one job).
+    pub slot: &'a str,
 }
 
 /// The `llm` step: one answer of the model and what that call used.
@@ -90,7 +93,7 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
     let mut step: u32 = 0;
     loop {
         let recorded = job
-            .recorded::<LlmRecord>("llm", &step.to_string())
+            .recorded::<LlmRecord>("llm", &format!("{}{step}", cx.slot))
             .is_some();
         if !recorded && !request.tools.is_empty() && cx.budget.calls_left() <= 1 {
             info!(
@@ -120,7 +123,7 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
         // The step's own time is the journal's; the model's is the nested `llm` stage.
         let record: LlmRecord = stage(
             Stage::Steps,
-            job.step("llm", step.to_string())
+            job.step("llm", format!("{}{step}", cx.slot))
                 .tally(spend::tally(&user))
                 .run(ask(
                     cx.llm,
@@ -157,7 +160,7 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
             let (name, args) = (&call.function.name, &call.function.arguments);
             let mut ctx = cx.tools.clone();
             ctx.tool_call_id = call.id.clone();
-            ctx.call_key = call_key(&call.id, name, args);
+            ctx.call_key = format!("{}{}", cx.slot, call_key(&call.id, name, args));
             async move {
                 let key = ctx.call_key.clone();
                 job.step("tool", key)

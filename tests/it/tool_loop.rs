@@ -56,6 +56,7 @@ async fn run_within(
     let metrics = Arc::new(Metrics::default());
     let llm = LlmClient::new(&env.config.llm, metrics.clone()).unwrap();
     let cx = LoopContext {
+        slot: "",
         budget,
         spend: None,
         llm: &llm,
