@@ -3,6 +3,8 @@
 # demo data, start a worker and chat with a companion.
 #
 #   deploy/local/demo.sh            chat with Kaori (BOT=tony|rico|max|zoe for another companion)
+#   deploy/local/demo.sh --group kaori,tony
+#                                   a group chat with several companions
 #
 # With OPENROUTER_API_KEY set the companion talks through the real model; without it the project's
 # scripted offline model answers (and says so). Not on a terminal, it plays a short scripted
@@ -14,6 +16,10 @@ LOCAL_DIR="${COMPANION_LOCAL_DIR:-$ROOT/.local}"
 LOGS="$LOCAL_DIR/logs"
 STUB_PORT="${STUB_PORT:-8089}"
 BOT="${BOT:-kaori}"
+GROUP=""
+if [[ "${1:-}" == "--group" ]]; then
+  GROUP="${2:?--group needs companions, e.g. kaori,tony}"
+fi
 started=$SECONDS
 # Bold only on a terminal: a log or a pipe gets plain text.
 if [[ -t 1 ]]; then
@@ -89,7 +95,14 @@ for _ in $(seq 1 100); do
 done
 say "worker running (log: $LOGS/worker.log)"
 
-if [[ -t 0 && -t 1 ]]; then
+if [[ -n "$GROUP" ]]; then
+  if [[ -t 0 && -t 1 ]]; then
+    "$DEV" chat --user jess --group "$GROUP"
+  else
+    say "not a terminal: playing the scripted group conversation with $GROUP"
+    "$DEV" chat --user jess --group "$GROUP" --script builtin --wait 60
+  fi
+elif [[ -t 0 && -t 1 ]]; then
   "$DEV" chat --user jess --bot "$BOT"
 else
   say "not a terminal: playing the scripted conversation"

@@ -108,7 +108,7 @@ async def main():
     # --- admin: the streams, as the worker would create them --------------------------------
     admin, _ = await connect("admin")
     ajs = admin.jetstream()
-    await ajs.add_stream(StreamConfig(name="DM_BOT_IN", subjects=["dm.bot.in.>"], duplicate_window=7200,
+    await ajs.add_stream(StreamConfig(name="DM_BOT_IN", subjects=["dm.bot.in.>", "dm.bot.group.>"], duplicate_window=7200,
                                       allow_direct=True))
     await ajs.add_stream(StreamConfig(name="DM_BOT_OUT", subjects=["dm.bot.out.>"], duplicate_window=7200))
     await ajs.add_stream(StreamConfig(name="DM_BOT_DLQ", subjects=["dm.bot.dlq.>"]))
@@ -132,7 +132,7 @@ async def main():
     wjs = worker.jetstream()
     try:
         await wjs.stream_info("DM_BOT_IN")
-        await wjs.update_stream(StreamConfig(name="DM_BOT_IN", subjects=["dm.bot.in.>"], duplicate_window=7200,
+        await wjs.update_stream(StreamConfig(name="DM_BOT_IN", subjects=["dm.bot.in.>", "dm.bot.group.>"], duplicate_window=7200,
                                              allow_direct=True, description="Bot-bound DMs published by TB-Backend"))
         await wjs.stream_info("DM_BOT_DLQ")
         ci = await wjs.add_consumer("DM_BOT_IN", ConsumerConfig(
@@ -168,6 +168,12 @@ async def main():
               f"duplicate={dup.duplicate} seq={dup.seq}")
     except Exception as e:
         check(False, "backend CAN publish dm.bot.in.x.y and gets a PubAck", repr(e))
+    try:
+        group = json.dumps({"messageId": "6b0268e63adb75f2715669a8", "content": "hi all"}).encode()
+        ack = await bjs.publish("dm.bot.group.y", group, timeout=3, headers={"Nats-Msg-Id": "6b0268e63adb75f2715669a8"})
+        check(ack.stream == "DM_BOT_IN", "backend CAN publish a group message dm.bot.group.y", f"seq={ack.seq}")
+    except Exception as e:
+        check(False, "backend CAN publish a group message dm.bot.group.y", repr(e))
 
     try:
         psub = await bjs.pull_subscribe_bind(durable="companion-worker", stream="DM_BOT_IN",
@@ -241,6 +247,12 @@ async def main():
           "worker CANNOT publish dm.bot.in.x.y", "permissions violation; DM_BOT_IN unchanged")
     await worker.subscribe("dm.bot.in.>")
     check(await violation(werr, "subscription", "dm.bot.in.>"), "worker CANNOT subscribe dm.bot.in.> (core, bypassing the consumer)")
+    # No bot loops: a worker cannot put a companion's message on a group's inbound subject.
+    await worker.publish("dm.bot.group.y", b'{"forged":true}')
+    await worker.flush()
+    v = await violation(werr, "publish", "dm.bot.group.y")
+    check(v and await stream_msgs(ajs, "DM_BOT_IN") == before,
+          "worker CANNOT publish dm.bot.group.y", "permissions violation; DM_BOT_IN unchanged")
     try:
         ack = await wjs.publish("dm.bot.schedule.reminder.r2", b'{"reminderId":"r2"}', timeout=3,
                                 headers={"Nats-Msg-Id": "r2"})

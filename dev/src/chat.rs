@@ -14,6 +14,14 @@ use companion::{
     store::{Mongo, mongo::USERS},
 };
 
+/// Lines the group demo plays when it is not run on a terminal.
+pub const GROUP_SCRIPT: &[&str] = &[
+    "I'm a snowboarder trying to get into skating, any tips?",
+    "lol nice",
+    "@tony what board size should i get?",
+    "kaori and tony: park or street first?",
+];
+
 /// Lines the demo plays when it is not run on a terminal.
 pub const DEMO_SCRIPT: &[&str] = &[
     "hey kaori!! how often should i wax my snowboard?",
@@ -354,6 +362,187 @@ async fn interactive(session: &Session, wait: Duration) -> Result<(), CommandErr
             Ok(None) => {}
             Err(e) => println!("  ({e})"),
         }
+    }
+    Ok(())
+}
+
+/// A user in a group conversation with several companions (`chat --group kaori,tony`).
+pub struct GroupSession {
+    pub bus: Bus,
+    pub mongo: Mongo,
+    pub user: ObjectId,
+    pub conversation: ObjectId,
+    /// The companions, by bot id: their names.
+    pub names: std::collections::HashMap<String, String>,
+}
+
+impl GroupSession {
+    /// The group of `user` and the companions `bots` (comma separated), created as TB-Backend would when
+    /// there is none with exactly them.
+    pub async fn open(config: &ChatConfig, user: &str, bots: &str) -> Result<Self, CommandError> {
+        let (bus, mongo) = tokio::try_join!(
+            async { Bus::connect(&config.nats).await.map_err(CommandError::from) },
+            async {
+                Mongo::connect(&config.mongo)
+                    .await
+                    .map_err(CommandError::from)
+            },
+        )?;
+        let user = resolve_user(&mongo, user).await?;
+        let mut characters = Characters::load(&config.characters.dir)?;
+        characters.resolve(&mongo).await?;
+        let mut ids = Vec::new();
+        let mut names = std::collections::HashMap::new();
+        for b in bots.split(',').map(str::trim).filter(|b| !b.is_empty()) {
+            let (id, c) = characters
+                .by_name(b)
+                .ok_or_else(|| CommandError::UnknownBot(b.to_owned()))?;
+            ids.push(id);
+            names.insert(id.to_hex(), c.name.clone());
+        }
+        let mut participants = vec![user];
+        participants.extend(&ids);
+        let existing = mongo
+            .collection(companion::store::mongo::DM_CONVERSATIONS)
+            .find_one(doc! {
+                "isGroup": true,
+                "participants": { "$all": participants.clone(), "$size": participants.len() as i32 },
+            })
+            .await
+            .map_err(companion::store::StoreError::from)?
+            .and_then(|d| d.get_object_id("_id").ok());
+        let conversation = match existing {
+            Some(id) => id,
+            None => backend::create_group(&mongo, &[user], &ids).await?,
+        };
+        Ok(Self {
+            bus,
+            mongo,
+            user,
+            conversation,
+            names,
+        })
+    }
+
+    /// Sends one message and prints every companion message that answers it, as they come: each
+    /// companion announces itself with a typing event, so the answers are over when none follows within
+    /// `quiet` (and after `wait` at most).
+    pub async fn say(
+        &self,
+        text: &str,
+        wait: Duration,
+        quiet: Duration,
+    ) -> Result<usize, CommandError> {
+        let replies = backend::completions(&self.bus, self.conversation).await?;
+        let typing = self
+            .bus
+            .client
+            .subscribe(self.bus.names.typing(&self.conversation.to_hex()))
+            .await
+            .map_err(backend::BackendError::from)?;
+        let event =
+            backend::store_group_message(&self.mongo, self.conversation, self.user, text).await?;
+        backend::publish_group_message(&self.bus, &event).await?;
+        let mut replies = pin!(replies.filter(|c| futures::future::ready(
+            c.responds_to.as_deref() == Some(event.message_id.as_str())
+        )));
+        let mut typing = pin!(typing);
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut answered = 0;
+        // Someone is about to speak (a typing event came and no answer since).
+        let mut expecting = false;
+        loop {
+            let limit = if expecting {
+                deadline
+            } else {
+                (tokio::time::Instant::now() + quiet).min(deadline)
+            };
+            tokio::select! {
+                c = replies.next() => {
+                    let Some(c) = c else { break };
+                    let name = self.names.get(&c.sender_id).cloned().unwrap_or_else(|| c.sender_id.clone());
+                    print_reply(&name, &c);
+                    answered += 1;
+                    expecting = false;
+                }
+                t = typing.next() => {
+                    if t.is_none() { break }
+                    expecting = true;
+                }
+                _ = tokio::time::sleep_until(limit) => break,
+            }
+        }
+        if answered == 0 {
+            if expecting {
+                return Err(CommandError::NoReply(wait));
+            }
+            println!("  (no companion answers that)");
+        }
+        Ok(answered)
+    }
+}
+
+/// The group chat in the terminal, or scripted (`script`, or stdin when it is not a terminal).
+pub async fn group_chat(
+    session: &GroupSession,
+    script: Option<&Path>,
+    wait: Duration,
+) -> Result<(), CommandError> {
+    let quiet = Duration::from_secs(4);
+    let mut names: Vec<&String> = session.names.values().collect();
+    names.sort();
+    let lines: Vec<String> = match script {
+        Some(p) if p.as_os_str() == "builtin" => {
+            GROUP_SCRIPT.iter().map(|s| s.to_string()).collect()
+        }
+        Some(p) => std::fs::read_to_string(p)?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_owned)
+            .collect(),
+        None if std::io::stdin().is_terminal() => {
+            println!(
+                "group chat with {} in conversation {} (empty line or Ctrl-D to quit)",
+                names
+                    .iter()
+                    .map(|n| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                session.conversation
+            );
+            let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+            let mut stdout = tokio::io::stdout();
+            loop {
+                stdout.write_all(b"you> ").await?;
+                stdout.flush().await?;
+                let Some(line) = stdin.next_line().await? else {
+                    break;
+                };
+                let line = line.trim();
+                if line.is_empty() {
+                    break;
+                }
+                if let Err(e) = session.say(line, wait, quiet).await {
+                    println!("  ({e})");
+                }
+            }
+            return Ok(());
+        }
+        None => {
+            let mut out = Vec::new();
+            let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+            while let Some(l) = stdin.next_line().await? {
+                if !l.trim().is_empty() {
+                    out.push(l);
+                }
+            }
+            out
+        }
+    };
+    for line in lines {
+        println!("you> {line}");
+        session.say(&line, wait, quiet).await?;
+        println!();
     }
     Ok(())
 }

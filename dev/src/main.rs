@@ -55,6 +55,9 @@ enum Command {
         user: String,
         #[arg(long, default_value = "kaori")]
         bot: String,
+        /// Chat in a group with these companions (comma separated, e.g. `kaori,tony`) instead of a DM.
+        #[arg(long, conflicts_with = "bot")]
+        group: Option<String>,
         /// Play lines from a file, or `builtin` for the demo script.
         #[arg(long)]
         script: Option<PathBuf>,
@@ -197,6 +200,19 @@ async fn run() -> anyhow::Result<()> {
         Command::Chat {
             user,
             bot,
+            group: Some(group),
+            script,
+            wait,
+            config,
+        } => {
+            let _ = bot;
+            let session = chat::GroupSession::open(&config, &user, &group).await?;
+            chat::group_chat(&session, script.as_deref(), Duration::from_secs(wait)).await?;
+        }
+        Command::Chat {
+            user,
+            bot,
+            group: None,
             script,
             wait,
             config,

@@ -120,3 +120,59 @@ async fn the_guide_s_node_code_publishes_a_spot_review_and_gets_the_follow_up() 
     assert_eq!(env.stub.requests().len(), 1);
     env.finish().await;
 }
+
+#[tokio::test]
+async fn the_guide_s_node_code_publishes_a_group_message_once_and_prints_every_answer() {
+    let named = std::sync::Arc::new(|body: &Value| {
+        let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+        let who = system
+            .strip_prefix("You are ")
+            .and_then(|s| s.split([' ', ',']).next())
+            .unwrap_or_default()
+            .to_lowercase();
+        StubReply::text(format!("{who} says hi"))
+    });
+    let mut env = TestEnv::new(named).await;
+    env.start_worker().await;
+    let conv =
+        companion_dev::backend::create_group(&env.mongo, &[oid(JESS)], &[oid(KAORI), oid(TONY)])
+            .await
+            .unwrap();
+    let event = companion_dev::backend::store_group_message(
+        &env.mongo,
+        conv,
+        oid(JESS),
+        "kaori and tony, hi!",
+    )
+    .await
+    .unwrap();
+    let json = serde_json::to_string(&event).unwrap();
+    let out = bridge(&env, &["--group", "--timeout", "60", &json]).await;
+    assert!(
+        out.status.success(),
+        "bridge failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON completion per line"))
+        .collect();
+    let said: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|c| {
+            (
+                c["senderId"].as_str().unwrap(),
+                c["content"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(said, [(KAORI, "kaori says hi"), (TONY, "tony says hi")]);
+    assert!(lines.iter().all(|c| c["respondsTo"] == event.message_id));
+
+    // A group message with a botId is refused before anything is published.
+    let mut with_bot: Value = serde_json::from_str(&json).unwrap();
+    with_bot["botId"] = KAORI.into();
+    let out = bridge(&env, &["--group", &with_bot.to_string()]).await;
+    assert_eq!(out.status.code(), Some(2));
+    env.finish().await;
+}
