@@ -719,7 +719,8 @@ impl Ids {
             id: &self.message,
             kind: JOB_KIND,
             user: &self.sender,
-            bot: "",
+            // Several companions speak in one job: `companion usage` shows its calls as `group`.
+            bot: JOB_KIND,
             conversation: &self.conversation,
             stream_seq,
         }
