@@ -79,17 +79,8 @@ pub struct ChatConfig {
 
 impl Session {
     pub async fn open(config: &ChatConfig, user: &str, bot: &str) -> Result<Self, CommandError> {
-        let (bus, mongo) = tokio::try_join!(
-            async { Bus::connect(&config.nats).await.map_err(CommandError::from) },
-            async {
-                Mongo::connect(&config.mongo)
-                    .await
-                    .map_err(CommandError::from)
-            },
-        )?;
+        let (bus, mongo, characters) = connect(config).await?;
         let user_id = resolve_user(&mongo, user).await?;
-        let mut characters = Characters::load(&config.characters.dir)?;
-        characters.resolve(&mongo).await?;
         let (bot_id, bot_name) = match parse_object_id(bot) {
             Some(id) => (
                 id,
@@ -267,6 +258,21 @@ impl Session {
     }
 }
 
+/// The bus, the app's database and the characters (bots resolved) a session talks through.
+async fn connect(config: &ChatConfig) -> Result<(Bus, Mongo, Characters), CommandError> {
+    let (bus, mongo) = tokio::try_join!(
+        async { Bus::connect(&config.nats).await.map_err(CommandError::from) },
+        async {
+            Mongo::connect(&config.mongo)
+                .await
+                .map_err(CommandError::from)
+        },
+    )?;
+    let mut characters = Characters::load(&config.characters.dir)?;
+    characters.resolve(&mongo).await?;
+    Ok((bus, mongo, characters))
+}
+
 async fn resolve_user(mongo: &Mongo, user: &str) -> Result<ObjectId, CommandError> {
     if let Some(id) = parse_object_id(user) {
         return Ok(id);
@@ -380,17 +386,8 @@ impl GroupSession {
     /// The group of `user` and the companions `bots` (comma separated), created as TB-Backend would when
     /// there is none with exactly them.
     pub async fn open(config: &ChatConfig, user: &str, bots: &str) -> Result<Self, CommandError> {
-        let (bus, mongo) = tokio::try_join!(
-            async { Bus::connect(&config.nats).await.map_err(CommandError::from) },
-            async {
-                Mongo::connect(&config.mongo)
-                    .await
-                    .map_err(CommandError::from)
-            },
-        )?;
+        let (bus, mongo, characters) = connect(config).await?;
         let user = resolve_user(&mongo, user).await?;
-        let mut characters = Characters::load(&config.characters.dir)?;
-        characters.resolve(&mongo).await?;
         let mut ids = Vec::new();
         let mut names = std::collections::HashMap::new();
         for b in bots.split(',').map(str::trim).filter(|b| !b.is_empty()) {

@@ -133,13 +133,7 @@ pub fn parse_group(
     prefix: &str,
     limits: Limits,
 ) -> Result<GroupEvent, InvalidEvent> {
-    check_size(payload, limits)?;
-    let text = std::str::from_utf8(payload).map_err(|_| InvalidEvent::NotUtf8)?;
-    let raw: GroupMessageEvent = serde_json::from_str(text)
-        .map_err(|e| InvalidEvent::Malformed(truncate(&e.to_string(), 200)))?;
-    let oid = |field: &'static str, value: &str| {
-        parse_object_id(value).ok_or(InvalidEvent::BadId { field })
-    };
+    let raw: GroupMessageEvent = decode(payload, limits)?;
     let message_id = oid("messageId", &raw.message_id)?;
     let conversation_id = oid("conversationId", &raw.conversation_id)?;
     let sender_id = oid("senderId", &raw.sender_id)?;
@@ -159,14 +153,24 @@ pub fn parse_group(
     })
 }
 
-fn check_size(payload: &[u8], limits: Limits) -> Result<(), InvalidEvent> {
+/// The payload as `T`: within the size limit, UTF-8, JSON of the contract.
+fn decode<T: serde::de::DeserializeOwned>(
+    payload: &[u8],
+    limits: Limits,
+) -> Result<T, InvalidEvent> {
     if payload.len() > limits.max_event_bytes {
         return Err(InvalidEvent::TooLarge {
             size: payload.len(),
             limit: limits.max_event_bytes,
         });
     }
-    Ok(())
+    let text = std::str::from_utf8(payload).map_err(|_| InvalidEvent::NotUtf8)?;
+    serde_json::from_str(text).map_err(|e| InvalidEvent::Malformed(truncate(&e.to_string(), 200)))
+}
+
+/// A field that must be an ObjectId.
+fn oid(field: &'static str, value: &str) -> Result<ObjectId, InvalidEvent> {
+    parse_object_id(value).ok_or(InvalidEvent::BadId { field })
 }
 
 /// The message's text (cleaned) and image URLs, within the limits; not both empty.
@@ -281,13 +285,7 @@ pub fn parse_inbound(
     prefix: &str,
     limits: Limits,
 ) -> Result<DmEvent, InvalidEvent> {
-    check_size(payload, limits)?;
-    let text = std::str::from_utf8(payload).map_err(|_| InvalidEvent::NotUtf8)?;
-    let raw: InboundEvent = serde_json::from_str(text)
-        .map_err(|e| InvalidEvent::Malformed(truncate(&e.to_string(), 200)))?;
-    let oid = |field: &'static str, value: &str| {
-        parse_object_id(value).ok_or(InvalidEvent::BadId { field })
-    };
+    let raw: InboundEvent = decode(payload, limits)?;
     let message_id = oid("messageId", &raw.message_id)?;
     let conversation_id = oid("conversationId", &raw.conversation_id)?;
     let sender_id = oid("senderId", &raw.sender_id)?;
@@ -449,6 +447,28 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, InvalidEvent::SubjectMismatch { .. }));
+    }
+
+    #[test]
+    fn group_messages_parse_by_their_subject_and_are_checked_alike() {
+        let mut v = event("  kaori and tony?  ");
+        v.as_object_mut().unwrap().remove("botId");
+        let payload = v.to_string();
+        let subject = format!("dm.bot.group.{CONV}");
+        match parse_event(payload.as_bytes(), &subject, "dm.bot", LIMITS).unwrap() {
+            Inbound::Group(g) => assert_eq!(g.content, "kaori and tony?"),
+            other => panic!("{other:?}"),
+        }
+        let other = "dm.bot.group.65f000000000000000000002";
+        assert!(matches!(
+            parse_group(payload.as_bytes(), other, "dm.bot", LIMITS).unwrap_err(),
+            InvalidEvent::SubjectMismatch { .. }
+        ));
+        v["content"] = " ".into();
+        assert_eq!(
+            parse_group(v.to_string().as_bytes(), &subject, "dm.bot", LIMITS).unwrap_err(),
+            InvalidEvent::Empty
+        );
     }
 
     #[test]
