@@ -35,6 +35,8 @@ pub enum SetupError {
     #[error(transparent)]
     Characters(#[from] CharacterError),
     #[error(transparent)]
+    Flows(#[from] crate::flow::FlowError),
+    #[error(transparent)]
     Llm(#[from] LlmError),
     #[error(transparent)]
     Worker(#[from] WorkerError),
@@ -96,6 +98,13 @@ impl Components {
         )?;
         let mut characters = Characters::load(&s.characters.dir)?;
         characters.resolve(&mongo).await?;
+        let flows =
+            crate::flow::Flows::load(&s.characters.flows_dir, &crate::tools::REGISTRY.names())?;
+        flows.check_offers(
+            characters
+                .iter()
+                .map(|(_, c)| (c.id.as_str(), c.flows.as_slice())),
+        )?;
         let metrics = Arc::new(Metrics::default());
         let llm = LlmClient::new(s.llm, metrics.clone())?;
         let embedder = rag::load_embedder(s.embed);
@@ -106,6 +115,7 @@ impl Components {
             bus: bus.clone(),
             llm,
             characters,
+            flows,
             retriever: Retriever::new(pg.pool.clone(), embedder.clone(), s.rag),
             flood: FloodLimit::new(s.turn.user_turns_per_minute),
             spend: SpendGuard::new(pg.pool.clone(), spend::Limits::of(s.turn), metrics.clone()),

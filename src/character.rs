@@ -47,6 +47,9 @@ pub struct Character {
     /// Model override for this companion.
     #[serde(default)]
     pub model: Option<String>,
+    /// Guided flows this companion offers (ids of `flows/*.json`).
+    #[serde(default)]
+    pub flows: Vec<String>,
     /// Plain lines for follow-ups, sent when the model cannot write them.
     #[serde(default)]
     pub follow_ups: FollowUps,

@@ -388,6 +388,14 @@ pub struct CharactersConfig {
         default_value = "characters"
     )]
     pub dir: PathBuf,
+    /// Folder holding the guided flows (`*.json`) the characters offer; checked at start-up.
+    #[arg(
+        id = "flows-dir",
+        long = "flows-dir",
+        env = "COMPANION_FLOWS_DIR",
+        default_value = "flows"
+    )]
+    pub flows_dir: PathBuf,
 }
 
 /// What one turn takes in and gives out.
@@ -522,6 +530,14 @@ pub struct TurnConfig {
         default_value_t = 0.05
     )]
     pub group_fit_margin: f32,
+    /// Days a guided flow may sit untouched before it expires quietly.
+    #[arg(
+        id = "flow-idle-days",
+        long = "flow-idle-days",
+        env = "COMPANION_FLOW_IDLE_DAYS",
+        default_value_t = 30
+    )]
+    pub flow_idle_days: u32,
     /// Estimated prompt tokens one attempt at a turn may send in all (a quarter of the requests' bytes).
     #[arg(
         id = "max-prompt-tokens-per-turn",
@@ -911,6 +927,7 @@ impl Config {
             ("LLM_PRICES", l.prices.clone()),
             ("LLM_MAX_RESPONSE_BYTES", l.max_response_bytes.to_string()),
             ("COMPANION_CHARACTERS_DIR", path(&self.characters.dir)),
+            ("COMPANION_FLOWS_DIR", path(&self.characters.flows_dir)),
             ("COMPANION_MAX_EVENT_BYTES", t.max_event_bytes.to_string()),
             (
                 "COMPANION_MAX_CONTENT_CHARS",
@@ -954,6 +971,7 @@ impl Config {
                 t.group_max_messages.to_string(),
             ),
             ("COMPANION_GROUP_FIT_MARGIN", t.group_fit_margin.to_string()),
+            ("COMPANION_FLOW_IDLE_DAYS", t.flow_idle_days.to_string()),
             (
                 "COMPANION_MAX_PROMPT_TOKENS_PER_TURN",
                 t.max_prompt_tokens_per_turn.to_string(),

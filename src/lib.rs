@@ -14,6 +14,7 @@ pub mod character;
 pub mod config;
 pub mod failure;
 pub mod flood;
+pub mod flow;
 pub mod group;
 pub mod journal;
 pub mod llm;
@@ -42,7 +43,7 @@ const LAYERS: &[&[&str]] = &[
     &["config", "failure", "metrics"],
     &["timing", "telemetry"],
     &["store", "bus", "llm"],
-    &["journal", "character", "rag", "spend"],
+    &["journal", "character", "rag", "spend", "flow"],
     &["tools", "order", "flood"],
     &["turn"],
     &["proactive", "group"],

@@ -542,6 +542,7 @@ impl Speaker<'_> {
             reminders: &[],
             now: Utc::now(),
             tools_enabled: true,
+            flow: "",
         });
         system.push_str(&self.group_note());
         let mine = me.to_hex();
@@ -624,6 +625,8 @@ impl Speaker<'_> {
                 job: self.job,
                 now: Utc::now(),
                 writes_per_hour: t.config.writes_per_hour,
+                flows: &t.flows,
+                offered_flows: &c.flows,
             },
         };
         let out = tool_loop::run(&cx, request).await?;

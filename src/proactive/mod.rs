@@ -26,6 +26,7 @@ use crate::{
     bus::{Trigger, event::clean_text},
     character::Character,
     failure::{Class, Classify},
+    flow::{self, WaitKind, state::Applied},
     journal::{Admission as Counted, Job, NewJob, State},
     llm::{ChatRequest, Message},
     store::{StoreError, mongo::Admission},
@@ -161,7 +162,7 @@ impl Proactive {
             .names
             .signal_parts(subject)
             .ok_or_else(|| ProactiveError::Invalid(format!("unexpected subject {subject}")))?;
-        let follow_up = match kind {
+        let mut follow_up = match kind {
             "spot_draft" => spot_review::follow_up(t, id, payload).await?,
             "reminder" => reminder::follow_up(t, id, payload).await?,
             other => {
@@ -170,6 +171,11 @@ impl Proactive {
                 )));
             }
         };
+        if follow_up.stale.is_none()
+            && let Some(note) = self.advance_flow(&follow_up).await?
+        {
+            follow_up.brief.push_str(&note);
+        }
         let span = tracing::Span::current();
         span.record(
             "job",
@@ -193,6 +199,49 @@ impl Proactive {
             );
         }
         outcome
+    }
+
+    /// Moves on the user's flow with the companion when its step waited for this event (once per event:
+    /// the change is keyed by the trigger); the note for the model's brief when it did.
+    async fn advance_flow(&self, f: &FollowUp<'_>) -> Result<Option<String>, ProactiveError> {
+        let t = &self.turns;
+        let waited = match f.trigger.kind.as_str() {
+            spot_review::KIND => {
+                let draft = f.trigger.id.split(':').next().unwrap_or_default();
+                WaitKind::SpotReview.key(draft)
+            }
+            reminder::KIND => WaitKind::Reminder.key(&f.trigger.id),
+            _ => return Ok(None),
+        };
+        let key = format!("event:{}:{}", f.trigger.kind, f.trigger.id);
+        let applied = flow::state::apply(
+            &t.pg.pool,
+            &f.user.to_hex(),
+            &f.bot.to_hex(),
+            &key,
+            |current| {
+                Ok::<_, ()>(
+                    current
+                        .filter(|c| c.waiting_for.as_deref() == Some(waited.as_str()))
+                        .filter(|c| c.status == flow::state::status::WAITING)
+                        .and_then(|c| Some(flow::resume(t.flows.get(&c.flow)?, c.clone()))),
+                )
+            },
+        )
+        .await?;
+        let Applied::Changed(Some(s)) = applied else {
+            return Ok(None);
+        };
+        let Some(def) = t.flows.get(&s.flow) else {
+            return Ok(None);
+        };
+        info!(flow = %s.flow, step = %s.step, status = %s.status, "the event moved the user's flow on");
+        Ok(Some(format!(
+            "\nThis also moves on the guided flow \"{}\" you lead the user through; it stands now: {}. Say \
+             what comes next in the same message.",
+            def.title,
+            flow::view(def, &s)
+        )))
     }
 
     /// Opens the follow-up's job and sends it once.
@@ -317,6 +366,7 @@ impl Proactive {
             reminders: &[],
             now: Utc::now(),
             tools_enabled: false,
+            flow: "",
         });
         let mut messages = prompt::conversation(system, &history.messages, &[]);
         messages.push(Message::system(f.brief.clone()));

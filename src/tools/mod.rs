@@ -21,12 +21,16 @@ pub mod cancel_reminder;
 pub mod create_spot_draft;
 pub mod create_tricklist;
 pub mod get_user_tricklists;
+pub mod leave_flow;
 pub mod maps;
+pub mod mark_trick_landed;
 pub mod schedule_reminder;
 pub mod schema;
 pub mod search_spots;
 pub mod search_trickipedia;
+pub mod set_flow_slots;
 pub mod share_content;
+pub mod start_flow;
 
 use std::{
     future::Future,
@@ -87,6 +91,10 @@ pub struct ToolContext<'a> {
     pub now: DateTime<Utc>,
     /// Writes allowed per user per rolling hour.
     pub writes_per_hour: u32,
+    /// Every guided flow there is.
+    pub flows: &'a crate::flow::Flows,
+    /// The flows this companion offers (`start_flow` starts only these).
+    pub offered_flows: &'a [String],
 }
 
 /// The configurable bounds of reminders.
@@ -407,7 +415,8 @@ pub struct Registry {
 }
 
 impl Default for Registry {
-    /// The six TrickBook tools and the two of reminders.
+    /// The six TrickBook tools, the two of reminders, checking off a landed trick, and the three of
+    /// guided flows.
     fn default() -> Self {
         Self::empty()
             .with::<search_spots::SearchSpots>()
@@ -418,6 +427,10 @@ impl Default for Registry {
             .with::<share_content::ShareContent>()
             .with::<schedule_reminder::ScheduleReminder>()
             .with::<cancel_reminder::CancelReminder>()
+            .with::<mark_trick_landed::MarkTrickLanded>()
+            .with::<start_flow::StartFlow>()
+            .with::<set_flow_slots::SetFlowSlots>()
+            .with::<leave_flow::LeaveFlow>()
     }
 }
 
@@ -598,14 +611,14 @@ mod tests {
         let r = Registry::default();
         let (a, b) = (r.defs(), r.defs());
         assert!(Arc::ptr_eq(&a, &b));
-        assert_eq!(a.len(), 8);
+        assert_eq!(a.len(), 12);
         // Adding a tool makes a new set that includes it.
         let more = Registry::empty().with::<search_spots::SearchSpots>();
         assert_eq!(more.defs().len(), 1);
     }
 
     #[test]
-    fn registry_offers_eight_tools_with_object_schemas() {
+    fn registry_offers_twelve_tools_with_object_schemas() {
         let r = Registry::default();
         assert_eq!(
             r.names(),
@@ -617,7 +630,11 @@ mod tests {
                 "create_spot_draft",
                 "share_content",
                 "schedule_reminder",
-                "cancel_reminder"
+                "cancel_reminder",
+                "mark_trick_landed",
+                "start_flow",
+                "set_flow_slots",
+                "leave_flow"
             ]
         );
         for d in r.defs().iter() {

@@ -252,6 +252,8 @@ pub struct Turns {
     pub bus: Bus,
     pub llm: LlmClient,
     pub characters: Characters,
+    /// The guided flows the characters offer.
+    pub flows: crate::flow::Flows,
     pub retriever: Retriever,
     pub flood: FloodLimit,
     /// The spend budgets, checked before each paid call.
@@ -510,7 +512,7 @@ impl Turns {
             .join("\n");
         // Retrieval (embedding + vector search) runs beside the history load and the trick names (mostly
         // cached), not after them.
-        let (context, knowledge) = tokio::join!(
+        let (context, knowledge, flow) = tokio::join!(
             stage(Stage::Context, async {
                 tokio::try_join!(
                     self.pg
@@ -519,8 +521,10 @@ impl Turns {
                 )
             }),
             self.retriever.for_turn(&character.knowledge, &query),
+            self.turn_flow(job, &ids, character),
         );
         let (history, tricklists) = context?;
+        let flow = flow?.prompt(&self.flows, &character.flows);
         let prompt_started = std::time::Instant::now();
         let system = prompt::system_prompt(&prompt::PromptContext {
             character,
@@ -530,6 +534,7 @@ impl Turns {
             reminders: &history.reminders,
             now: Utc::now(),
             tools_enabled: true,
+            flow: &flow,
         });
         let messages = prompt::conversation(system, &history.messages, &events);
         crate::timing::add(Stage::Prompt, prompt_started);
@@ -580,6 +585,8 @@ impl Turns {
                 job,
                 now: Utc::now(),
                 writes_per_hour: self.config.writes_per_hour,
+                flows: &self.flows,
+                offered_flows: &character.flows,
             },
         };
         let out = tool_loop::run(&cx, request).await?;
@@ -603,6 +610,27 @@ impl Turns {
             out.card,
             (!out.log.is_empty()).then(|| Value::Array(out.log)),
         ))
+    }
+
+    /// The user's flow with the companion as this turn sees it (the `flow` step: a retry sees the same);
+    /// nothing for a companion without flows.
+    async fn turn_flow(
+        &self,
+        job: &Job,
+        ids: &Ids,
+        character: &Character,
+    ) -> Result<crate::flow::TurnFlow, TurnError> {
+        if character.flows.is_empty() {
+            return Ok(Default::default());
+        }
+        let idle = chrono::Duration::days(i64::from(self.config.flow_idle_days.max(1)));
+        job.step("flow", "")
+            .run(async {
+                crate::flow::TurnFlow::load(&self.pg.pool, &ids.sender, &ids.bot, Utc::now() - idle)
+                    .await
+                    .map_err(TurnError::from)
+            })
+            .await
     }
 
     /// Answers the event (and the burst fixed with it) with the character's honest failure line, once

@@ -105,6 +105,7 @@ impl TestEnv {
         config.nats.stream_prefix = format!("T{tag}");
         config.consumer.name = "workers".into();
         config.characters.dir = root().join("characters");
+        config.characters.flows_dir = root().join("flows");
         config.worker.retry_delay_secs = 1;
         config.consumer.max_deliver = 3;
         config.consumer.max_ack_pending = 32;
@@ -544,9 +545,15 @@ impl ToolJob {
             job: &self.job,
             now: chrono::Utc::now(),
             writes_per_hour: 5,
+            flows: &NO_FLOWS,
+            offered_flows: &[],
         }
     }
 }
+
+/// Tool tests outside a flow.
+static NO_FLOWS: std::sync::LazyLock<companion::flow::Flows> =
+    std::sync::LazyLock::new(Default::default);
 
 /// The body of a GET.
 pub async fn get_text(url: &str) -> String {

@@ -1,0 +1,90 @@
+//! `set_flow_slots`: records what the user told the companion for the current step of their flow,
+//! validated against the step's slots (the same checks as tool arguments), and moves the flow on when
+//! the step is complete.
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::{Tool, ToolContext, ToolError, ToolOutput, schema};
+use crate::flow::{
+    self,
+    state::{self, Applied, status},
+};
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    /// Slot values for the current step, by slot name, as the step's `slots` describe them.
+    pub slots: Map<String, Value>,
+}
+
+pub struct SetFlowSlots;
+
+/// Why a slot update is refused.
+enum Refusal {
+    NoFlow,
+    Waiting(String),
+    Invalid { field: String, message: String },
+}
+
+impl Tool for SetFlowSlots {
+    const NAME: &'static str = "set_flow_slots";
+    type Args = Args;
+
+    fn description() -> &'static str {
+        "Record values for the current step of the user's flow (only what the user said or a tool returned; \
+         never invent them). Returns the flow as it stands: the next step's goal and slots when this step is \
+         complete, or what is still missing."
+    }
+
+    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+        let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
+        let mut def_used = None;
+        let applied = state::apply(&ctx.pg.pool, &user, &bot, &ctx.call_key, |current| {
+            let Some(c) = current.filter(|c| status::is_open(&c.status)) else {
+                return Err(Refusal::NoFlow);
+            };
+            let Some(def) = ctx.flows.get(&c.flow) else {
+                return Err(Refusal::NoFlow);
+            };
+            def_used = Some(def);
+            if c.status == status::WAITING {
+                return Err(Refusal::Waiting(c.waiting_for.clone().unwrap_or_default()));
+            }
+            let step = def.step(&c.step).ok_or(Refusal::NoFlow)?;
+            let value = Value::Object(args.slots.clone());
+            if let Err(v) = schema::validate(&step.schema(), &value) {
+                return Err(Refusal::Invalid {
+                    field: format!("slots.{}", v.field),
+                    message: v.message,
+                });
+            }
+            let mut s = c.clone();
+            s.status = status::ACTIVE.into();
+            s.slots.extend(args.slots.clone());
+            Ok(Some(flow::settle(def, s)))
+        })
+        .await?;
+        match applied {
+            Applied::Changed(Some(s)) | Applied::Unchanged(Some(s)) => {
+                let def = def_used.or_else(|| ctx.flows.get(&s.flow));
+                match def {
+                    Some(def) => Ok(ToolOutput::data(flow::view(def, &s))),
+                    None => Err(ToolError::NotFound(format!("no flow `{}`", s.flow))),
+                }
+            }
+            Applied::Changed(None)
+            | Applied::Unchanged(None)
+            | Applied::Refused(Refusal::NoFlow) => Err(ToolError::NotFound(
+                "the user is not in a flow with you; start one with start_flow".into(),
+            )),
+            Applied::Refused(Refusal::Waiting(what)) => Err(ToolError::Forbidden(format!(
+                "the flow is waiting for {what}; nothing to fill until it comes"
+            ))),
+            Applied::Refused(Refusal::Invalid { field, message }) => {
+                Err(ToolError::InvalidArgs { field, message })
+            }
+        }
+    }
+}
