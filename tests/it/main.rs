@@ -13,6 +13,7 @@ mod durable_turns;
 mod embed_bench;
 mod embed_parity;
 mod flood;
+mod flows;
 mod groups;
 mod hostile_events;
 mod journal;
