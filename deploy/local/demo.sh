@@ -5,6 +5,8 @@
 #   deploy/local/demo.sh            chat with Kaori (BOT=tony|rico|max|zoe for another companion)
 #   deploy/local/demo.sh --group kaori,tony
 #                                   a group chat with several companions
+#   deploy/local/demo.sh --spot-wizard
+#                                   the guided spot wizard, from the maps link to the moderator's review
 #
 # With OPENROUTER_API_KEY set the companion talks through the real model; without it the project's
 # scripted offline model answers (and says so). Not on a terminal, it plays a short scripted
@@ -17,8 +19,11 @@ LOGS="$LOCAL_DIR/logs"
 STUB_PORT="${STUB_PORT:-8089}"
 BOT="${BOT:-kaori}"
 GROUP=""
+WIZARD=""
 if [[ "${1:-}" == "--group" ]]; then
   GROUP="${2:?--group needs companions, e.g. kaori,tony}"
+elif [[ "${1:-}" == "--spot-wizard" ]]; then
+  WIZARD=1
 fi
 started=$SECONDS
 # Bold only on a terminal: a log or a pipe gets plain text.
@@ -95,7 +100,12 @@ for _ in $(seq 1 100); do
 done
 say "worker running (log: $LOGS/worker.log)"
 
-if [[ -n "$GROUP" ]]; then
+if [[ -n "$WIZARD" ]]; then
+  say "the spot wizard: a guided flow from the maps link to the moderator's review"
+  "$DEV" chat --user jess --bot "$BOT" --script spot-wizard --wait 60
+  say "a moderator approves the draft; the companion follows up and the flow ends"
+  "$DEV" review --user jess --bot "$BOT" --wait 60
+elif [[ -n "$GROUP" ]]; then
   if [[ -t 0 && -t 1 ]]; then
     "$DEV" chat --user jess --group "$GROUP"
   else

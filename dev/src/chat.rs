@@ -22,6 +22,13 @@ pub const GROUP_SCRIPT: &[&str] = &[
     "kaori and tony: park or street first?",
 ];
 
+/// The spot wizard, played by `chat --script spot-wizard` (then `review` approves the draft).
+pub const SPOT_WIZARD_SCRIPT: &[&str] = &[
+    "can you help me add a spot to the map?",
+    "https://www.google.com/maps/place/Hollow+Bowl/@45.5231,-122.6765,17z",
+    "it's called Hollow Bowl, a diy spot with a deep bowl and a little hip",
+];
+
 /// Lines the demo plays when it is not run on a terminal.
 pub const DEMO_SCRIPT: &[&str] = &[
     "hey kaori!! how often should i wax my snowboard?",
@@ -308,6 +315,9 @@ pub async fn chat(
     let lines: Option<Vec<String>> = match script {
         Some(p) if p.as_os_str() == "builtin" => {
             Some(DEMO_SCRIPT.iter().map(|s| s.to_string()).collect())
+        }
+        Some(p) if p.as_os_str() == "spot-wizard" => {
+            Some(SPOT_WIZARD_SCRIPT.iter().map(|s| s.to_string()).collect())
         }
         Some(p) => Some(
             std::fs::read_to_string(p)?

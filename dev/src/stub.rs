@@ -320,6 +320,9 @@ fn compose(
         })
         .unwrap_or_default();
     let last = messages.last().cloned().unwrap_or(Value::Null);
+    if let Some(m) = spot_wizard_move(&messages, system, &offered) {
+        return m;
+    }
     if last["role"] == "tool" {
         return StubReply::Text(summarise_tool_results(&messages));
     }
@@ -371,6 +374,84 @@ fn compose(
         "[scripted {name}] you said \"{}\". i remember {history} earlier messages and can see {lists}.{knowledge}",
         text.chars().take(80).collect::<String>()
     ))
+}
+
+/// The offline model leading the spot wizard (`flows/spot_wizard.json`): it starts the flow when asked to
+/// add a spot, records the link and the details the user gives, submits the draft and records its id,
+/// and says each step's goal, as a real model would with the flow in its prompt.
+fn spot_wizard_move(messages: &[Value], system: &str, offered: &[&str]) -> Option<StubReply> {
+    let has = |t: &str| offered.contains(&t);
+    if !has("set_flow_slots") {
+        return None;
+    }
+    let last = messages.last()?;
+    if last["role"] == "tool" {
+        let result: Value = serde_json::from_str(last["content"].as_str()?).ok()?;
+        let called = messages
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "assistant")
+            .and_then(|m| m["tool_calls"][0]["function"]["name"].as_str())
+            .unwrap_or("");
+        if called == "create_spot_draft" {
+            let id = result["_id"].as_str()?;
+            return Some(StubReply::tool(
+                "set_flow_slots",
+                json!({"slots": {"draft_id": id}}),
+            ));
+        }
+        if result["flow"] != "spot_wizard" {
+            return None;
+        }
+        let filled = &result["filled"];
+        if result["step"] == "draft" && filled.get("draft_id").is_none() {
+            return Some(StubReply::tool(
+                "create_spot_draft",
+                json!({"name": filled["name"], "type": filled["spot_type"], "mapsUrl": filled["maps_url"],
+                       "description": filled.get("features").cloned().unwrap_or(json!("added in the demo"))}),
+            ));
+        }
+        return Some(StubReply::Text(format!(
+            "[scripted] {}: {}",
+            result["title"].as_str().unwrap_or(""),
+            result["goal"].as_str().unwrap_or("")
+        )));
+    }
+    if last["role"] != "user" {
+        return None;
+    }
+    let text = last["content"].as_str().unwrap_or("");
+    let lower = text.to_lowercase();
+    let in_wizard = system.contains("Guided flow in progress: Add a spot");
+    if !in_wizard {
+        let wants = lower.contains("add a spot") || lower.contains("add a new spot");
+        return (wants && has("start_flow"))
+            .then(|| StubReply::tool("start_flow", json!({"flow": "spot_wizard"})));
+    }
+    let step = |s: &str| system.contains(&format!("\"step\":\"{s}\""));
+    if step("location")
+        && let Some(url) = text.split_whitespace().find(|w| w.starts_with("http"))
+    {
+        return Some(StubReply::tool(
+            "set_flow_slots",
+            json!({"slots": {"maps_url": url}}),
+        ));
+    }
+    if step("details") {
+        let name = text
+            .split_once("called ")
+            .map(|(_, n)| n.split([',', '.']).next().unwrap_or(n).trim().to_owned())
+            .unwrap_or_else(|| "New Spot".into());
+        let kind = ["diy", "street", "skatepark"]
+            .into_iter()
+            .find(|k| lower.contains(k))
+            .unwrap_or("skatepark");
+        return Some(StubReply::tool(
+            "set_flow_slots",
+            json!({"slots": {"name": name, "spot_type": kind, "features": text}}),
+        ));
+    }
+    None
 }
 
 /// A `create_tricklist` call for a message like "make me a park list with kickflip, 50-50 and boardslide";
