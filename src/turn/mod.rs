@@ -4,6 +4,7 @@
 //! | step | key | what it records |
 //! |---|---|---|
 //! | `flood` | | the flood decision: go ahead, say the busy line, or already answered by one (lazy) |
+//! | `flow` | | the user's guided flow with the companion as this turn sees it (lazy) |
 //! | `burst` | | the later messages this reply answers, fixed on the first attempt |
 //! | `llm` | round | each answer of the model, with its usage and cost ([`tool_loop`]) |
 //! | `tool` | call id + hash | each tool call's result, as the model saw it (lazy) |
@@ -612,8 +613,8 @@ impl Turns {
         ))
     }
 
-    /// The user's flow with the companion as this turn sees it (the `flow` step: a retry sees the same);
-    /// nothing for a companion without flows.
+    /// The user's flow with the companion as this turn sees it (the `flow` step: a retry after the first
+    /// model answer sees the same); nothing for a companion without flows.
     async fn turn_flow(
         &self,
         job: &Job,
@@ -624,7 +625,9 @@ impl Turns {
             return Ok(Default::default());
         }
         let idle = chrono::Duration::days(i64::from(self.config.flow_idle_days.max(1)));
+        // Lazy: reading it again is harmless, and its record rides with the turn's first model answer.
         job.step("flow", "")
+            .lazy()
             .run(async {
                 crate::flow::TurnFlow::load(&self.pg.pool, &ids.sender, &ids.bot, Utc::now() - idle)
                     .await

@@ -46,6 +46,11 @@ fn script(lines: Vec<(&'static str, Vec<Move>)>) -> Responder {
 
 /// The `_id` in the newest tool result of the request.
 fn last_result_id(body: &Value) -> String {
+    last_result_field(body, "_id")
+}
+
+/// A field of the newest tool result of the request.
+fn last_result_field(body: &Value, field: &str) -> String {
     body["messages"]
         .as_array()
         .unwrap()
@@ -53,8 +58,8 @@ fn last_result_id(body: &Value) -> String {
         .rev()
         .find(|m| m["role"] == "tool")
         .and_then(|m| serde_json::from_str::<Value>(m["content"].as_str()?).ok())
-        .and_then(|v| v["_id"].as_str().map(str::to_owned))
-        .expect("a tool result with an _id")
+        .and_then(|v| v[field].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("a tool result with {field}"))
 }
 
 /// (flow, step, status, slots) of Jess's flow with Kaori.
@@ -181,7 +186,7 @@ async fn the_spot_wizard_runs_from_link_to_review_across_a_restart() {
     // A worker restart in the middle: the flow is where it was.
     worker.stop().await;
     let worker = InProcessWorker::start(&env).await;
-    say(&env, "it's called Hollow Bowl, a diy with a deep bowl").await;
+    deliver_again(&env, "it's called Hollow Bowl, a diy with a deep bowl").await;
     let (_, step, status, slots) = flow_of(&env).await.unwrap();
     assert_eq!((step.as_str(), status.as_str()), ("review", "waiting"));
     let draft = ObjectId::parse_str(slots["draft_id"].as_str().unwrap()).unwrap();
@@ -281,9 +286,11 @@ async fn the_season_plan_branches_on_the_level_and_builds_a_real_tricklist() {
     ]);
     let env = TestEnv::new(model).await;
     let worker = InProcessWorker::start(&env).await;
-    say(&env, "can you plan my season?").await;
+    deliver_again(&env, "can you plan my season?").await;
     assert_eq!(step_status(&env).await, ("assess".into(), "active".into()));
-    say(&env, "snowboard, total beginner, maybe 12 days").await;
+    worker.stop().await;
+    let worker = InProcessWorker::start(&env).await;
+    deliver_again(&env, "snowboard, total beginner, maybe 12 days").await;
     assert_eq!(
         step_status(&env).await,
         ("mountains_beginner".into(), "active".into()),
@@ -301,7 +308,7 @@ async fn the_season_plan_branches_on_the_level_and_builds_a_real_tricklist() {
         .unwrap()
         .expect("the tricklist is real");
     assert_eq!(stored.get_str("name").unwrap(), "Season 1");
-    say(&env, "december 20").await;
+    deliver_again(&env, "december 20").await;
     assert_eq!(step_status(&env).await, ("wrap_up".into(), "done".into()));
     worker.stop().await;
     env.finish().await;
@@ -336,6 +343,20 @@ async fn trick_coaching_keeps_a_practice_list_and_checks_off_what_the_user_lands
             ],
         ),
         (
+            "check in on me",
+            vec![
+                Move::Tool("schedule_reminder", |_| {
+                    let at = chrono::Utc::now() + chrono::Duration::seconds(3);
+                    json!({"text": "how did the session go?", "at": at.to_rfc3339()})
+                }),
+                Move::Tool(
+                    "set_flow_slots",
+                    |b| json!({"slots": {"reminder_id": last_result_field(b, "reminderId")}}),
+                ),
+                Move::Text("deal, go skate!"),
+            ],
+        ),
+        (
             "landed my ollie",
             vec![
                 Move::Tool(
@@ -360,16 +381,16 @@ async fn trick_coaching_keeps_a_practice_list_and_checks_off_what_the_user_lands
             ],
         ),
     ]);
-    let env = TestEnv::new(model).await;
+    let env = TestEnv::with(model, |c| c.turn.reminder_min_lead_secs = 1).await;
     let worker = InProcessWorker::start(&env).await;
-    say(&env, "i want to learn a kickflip").await;
+    deliver_again(&env, "i want to learn a kickflip").await;
     assert_eq!(
         step_status(&env).await,
         ("practice_list".into(), "active".into())
     );
-    say(&env, "yes make me the list").await;
+    deliver_again(&env, "yes make me the list").await;
     let (_, step, _, slots) = flow_of(&env).await.unwrap();
-    assert_eq!(step, "practice");
+    assert_eq!(step, "check_in");
     let list = ObjectId::parse_str(slots["tricklist_id"].as_str().unwrap()).unwrap();
     let checked = |env: &TestEnv| {
         let mongo = env.mongo.clone();
@@ -391,6 +412,31 @@ async fn trick_coaching_keeps_a_practice_list_and_checks_off_what_the_user_lands
         checked(&env).await,
         [("Ollie".to_owned(), false), ("Kickflip".to_owned(), false)]
     );
+
+    // The check-in waits for the reminder; a worker restart meanwhile changes nothing. When it comes
+    // due, the companion writes and the flow moves on to practice.
+    let mut replies = env.completions(JESS_KAORI).await;
+    deliver_again(&env, "sure, check in on me after my next session").await;
+    assert_eq!(
+        step_status(&env).await,
+        ("check_in".into(), "waiting".into())
+    );
+    worker.stop().await;
+    let worker = InProcessWorker::start(&env).await;
+    tokio::time::timeout(Duration::from_secs(40), async {
+        use futures::StreamExt;
+        while let Some(c) = replies.next().await {
+            if c.trigger.as_ref().is_some_and(|t| t.kind == "reminder") {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the check-in reminder's message");
+    assert_eq!(
+        step_status(&env).await,
+        ("practice".into(), "active".into())
+    );
     deliver_again(&env, "i landed my ollie today").await;
     assert_eq!(
         checked(&env).await,
@@ -400,7 +446,7 @@ async fn trick_coaching_keeps_a_practice_list_and_checks_off_what_the_user_lands
         step_status(&env).await,
         ("practice".into(), "active".into())
     );
-    say(&env, "KICKFLIP LANDED").await;
+    deliver_again(&env, "KICKFLIP LANDED").await;
     assert_eq!(
         checked(&env).await,
         [("Ollie".to_owned(), true), ("Kickflip".to_owned(), true)]
