@@ -299,7 +299,9 @@ impl Turns {
 
     /// Runs one validated event to completion (no burst: for callers without a stream delivery).
     pub async fn run(&self, event: &DmEvent) -> Result<Outcome, TurnError> {
-        self.run_delivered(event, None).await.map(|s| s.outcome)
+        Box::pin(self.run_delivered(event, None))
+            .await
+            .map(|s| s.outcome)
     }
 
     /// Runs one validated event delivered from the stream; later messages of its burst already in the
@@ -381,9 +383,10 @@ impl Turns {
         if let Err(e) = stage(Stage::Publish, self.bus.publish_typing(&typing)).await {
             debug!(error = %e, "typing indicator not sent");
         }
+        // Boxed: the model's part of a turn is a large future, kept off the caller's stack.
         let reply = job
             .step("reply", &generation)
-            .run(self.respond(job, event, &burst, character, user))
+            .run(Box::pin(self.respond(job, event, &burst, character, user)))
             .await?;
         self.deliver(job, event, ids, &burst, reply, false).await
     }

@@ -108,8 +108,8 @@ async fn parallel_calls_run_and_answer_in_order() {
     let (out, requests) = run_loop(&f, &tj).await;
     assert_eq!(out.text, "all done");
     assert_eq!(requests.len(), 2);
-    assert_eq!(requests[0]["tools"].as_array().unwrap().len(), 8);
-    assert_eq!(requests[1]["tools"].as_array().unwrap().len(), 8);
+    assert_eq!(requests[0]["tools"].as_array().unwrap().len(), 12);
+    assert_eq!(requests[1]["tools"].as_array().unwrap().len(), 12);
     let msgs = requests[1]["messages"].as_array().unwrap();
     assert_valid_conversation(msgs);
     let tools: Vec<&Value> = msgs.iter().filter(|m| m["role"] == "tool").collect();
@@ -289,7 +289,7 @@ async fn park_list_scenario_end_to_end() {
     assert_eq!(log[0]["tool"], "create_tricklist");
     assert_eq!(log[0]["ok"], true);
     let requests = f.stub.requests();
-    assert_eq!(requests[0]["tools"].as_array().unwrap().len(), 8);
+    assert_eq!(requests[0]["tools"].as_array().unwrap().len(), 12);
     // Delivering again (a redelivered event) creates nothing new.
     assert_eq!(
         svc.turns.run(&event).await.unwrap(),
