@@ -306,37 +306,22 @@ pub fn print_reply(bot_name: &str, c: &Completion) {
     }
 }
 
-/// The interactive chat, or the scripted one when `script` is given or stdin is not a terminal.
-pub async fn chat(
-    session: &Session,
+/// The lines a scripted chat plays: `builtin` (the chat's own script), `spot-wizard`, a file, or stdin
+/// when it is not a terminal; `None` on a terminal (the chat is interactive).
+async fn script_lines(
     script: Option<&Path>,
-    wait: Duration,
-) -> Result<(), CommandError> {
-    let lines: Option<Vec<String>> = match script {
-        Some(p) if p.as_os_str() == "builtin" => {
-            Some(DEMO_SCRIPT.iter().map(|s| s.to_string()).collect())
-        }
-        Some(p) if p.as_os_str() == "spot-wizard" => {
-            Some(SPOT_WIZARD_SCRIPT.iter().map(|s| s.to_string()).collect())
-        }
-        Some(p) => Some(
-            std::fs::read_to_string(p)?
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .map(str::to_owned)
-                .collect(),
-        ),
-        None if !std::io::stdin().is_terminal() => None,
-        None => {
-            println!(
-                "chatting with {} as user {} in conversation {} (empty line or Ctrl-D to quit)",
-                session.bot_name, session.user, session.conversation
-            );
-            return interactive(session, wait).await;
-        }
-    };
-    let lines = match lines {
-        Some(l) => l,
+    builtin: &[&str],
+) -> Result<Option<Vec<String>>, CommandError> {
+    let owned = |lines: &[&str]| lines.iter().map(|s| s.to_string()).collect();
+    Ok(Some(match script {
+        Some(p) if p.as_os_str() == "builtin" => owned(builtin),
+        Some(p) if p.as_os_str() == "spot-wizard" => owned(SPOT_WIZARD_SCRIPT),
+        Some(p) => std::fs::read_to_string(p)?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_owned)
+            .collect(),
+        None if std::io::stdin().is_terminal() => return Ok(None),
         None => {
             let mut out = Vec::new();
             let mut stdin = BufReader::new(tokio::io::stdin()).lines();
@@ -347,6 +332,21 @@ pub async fn chat(
             }
             out
         }
+    }))
+}
+
+/// The interactive chat, or the scripted one when `script` is given or stdin is not a terminal.
+pub async fn chat(
+    session: &Session,
+    script: Option<&Path>,
+    wait: Duration,
+) -> Result<(), CommandError> {
+    let Some(lines) = script_lines(script, DEMO_SCRIPT).await? else {
+        println!(
+            "chatting with {} as user {} in conversation {} (empty line or Ctrl-D to quit)",
+            session.bot_name, session.user, session.conversation
+        );
+        return interactive(session, wait).await;
     };
     for line in lines {
         println!("you> {line}");
@@ -498,53 +498,33 @@ pub async fn group_chat(
     let quiet = Duration::from_secs(4);
     let mut names: Vec<&String> = session.names.values().collect();
     names.sort();
-    let lines: Vec<String> = match script {
-        Some(p) if p.as_os_str() == "builtin" => {
-            GROUP_SCRIPT.iter().map(|s| s.to_string()).collect()
-        }
-        Some(p) => std::fs::read_to_string(p)?
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(str::to_owned)
-            .collect(),
-        None if std::io::stdin().is_terminal() => {
-            println!(
-                "group chat with {} in conversation {} (empty line or Ctrl-D to quit)",
-                names
-                    .iter()
-                    .map(|n| n.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                session.conversation
-            );
-            let mut stdin = BufReader::new(tokio::io::stdin()).lines();
-            let mut stdout = tokio::io::stdout();
-            loop {
-                stdout.write_all(b"you> ").await?;
-                stdout.flush().await?;
-                let Some(line) = stdin.next_line().await? else {
-                    break;
-                };
-                let line = line.trim();
-                if line.is_empty() {
-                    break;
-                }
-                if let Err(e) = session.say(line, wait, quiet).await {
-                    println!("  ({e})");
-                }
+    let Some(lines) = script_lines(script, GROUP_SCRIPT).await? else {
+        println!(
+            "group chat with {} in conversation {} (empty line or Ctrl-D to quit)",
+            names
+                .iter()
+                .map(|n| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            session.conversation
+        );
+        let mut stdin = BufReader::new(tokio::io::stdin()).lines();
+        let mut stdout = tokio::io::stdout();
+        loop {
+            stdout.write_all(b"you> ").await?;
+            stdout.flush().await?;
+            let Some(line) = stdin.next_line().await? else {
+                break;
+            };
+            let line = line.trim();
+            if line.is_empty() {
+                break;
             }
-            return Ok(());
-        }
-        None => {
-            let mut out = Vec::new();
-            let mut stdin = BufReader::new(tokio::io::stdin()).lines();
-            while let Some(l) = stdin.next_line().await? {
-                if !l.trim().is_empty() {
-                    out.push(l);
-                }
+            if let Err(e) = session.say(line, wait, quiet).await {
+                println!("  ({e})");
             }
-            out
         }
+        return Ok(());
     };
     for line in lines {
         println!("you> {line}");
