@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use super::{Tool, ToolContext, ToolError, ToolOutput, flow_key};
 use crate::flow::state::{self, Applied, status};
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -32,7 +32,7 @@ impl Tool for LeaveFlow {
             &ctx.pg.pool,
             &ctx.user.to_hex(),
             &ctx.bot.to_hex(),
-            &ctx.call_key,
+            &flow_key(ctx),
             |current| match current.filter(|c| status::is_open(&c.status)) {
                 None => Err(()),
                 Some(c) => {

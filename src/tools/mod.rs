@@ -119,6 +119,12 @@ pub fn call_key(tool_call_id: &str, tool: &str, raw_args: &str) -> String {
     format!("{tool_call_id}:{hex}")
 }
 
+/// The key a flow change is applied once under: the event's message and the call. (A call id alone is
+/// unique only within one turn, and a journal key only within its job.)
+pub fn flow_key(ctx: &ToolContext<'_>) -> String {
+    format!("{}:{}", ctx.message_id.to_hex(), ctx.call_key)
+}
+
 /// What a successful call gives back: data for the model and maybe a card for the app.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolOutput {

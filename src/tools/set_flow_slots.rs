@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{Tool, ToolContext, ToolError, ToolOutput, schema};
+use super::{Tool, ToolContext, ToolError, ToolOutput, flow_key, schema};
 use crate::flow::{
     self,
     state::{self, Applied, status},
@@ -41,7 +41,7 @@ impl Tool for SetFlowSlots {
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
         let mut def_used = None;
-        let applied = state::apply(&ctx.pg.pool, &user, &bot, &ctx.call_key, |current| {
+        let applied = state::apply(&ctx.pg.pool, &user, &bot, &flow_key(ctx), |current| {
             let Some(c) = current.filter(|c| status::is_open(&c.status)) else {
                 return Err(Refusal::NoFlow);
             };

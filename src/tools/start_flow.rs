@@ -5,7 +5,7 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use super::{Tool, ToolContext, ToolError, ToolOutput, flow_key};
 use crate::flow::{
     self,
     state::{self, Applied, FlowState, status},
@@ -48,7 +48,7 @@ impl Tool for StartFlow {
             &ctx.pg.pool,
             &ctx.user.to_hex(),
             &ctx.bot.to_hex(),
-            &ctx.call_key,
+            &flow_key(ctx),
             |current| match current {
                 Some(c) if status::is_open(&c.status) && c.flow != def.id => Err(format!(
                     "the user is in the flow `{}` ({}); finish it or leave it (leave_flow) first",

@@ -14,7 +14,22 @@ use crate::env::*;
 #[derive(Clone)]
 enum Move {
     Tool(&'static str, fn(&Value) -> Value),
+    /// A tool call whose id is always `call_same` (some models reuse ids across turns).
+    SameId(&'static str, fn(&Value) -> Value),
     Text(&'static str),
+}
+
+/// A chat completion asking for one tool call with the given id.
+fn call_with_id(id: &str, name: &str, args: Value) -> StubReply {
+    StubReply::Raw(json!({
+        "id": "chatcmpl-same", "object": "chat.completion", "model": "stub",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": null,
+            "tool_calls": [{"id": id, "type": "function",
+                            "function": {"name": name, "arguments": args.to_string()}}]
+        }}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    }))
 }
 
 /// A model that answers each user line with its moves, in order: the n-th request after the line (n
@@ -37,6 +52,9 @@ fn script(lines: Vec<(&'static str, Vec<Move>)>) -> Responder {
         match moves.get(since_user).or(moves.last()) {
             Some(Move::Tool(name, args)) if since_user < moves.len() => {
                 StubReply::tool(name, args(body))
+            }
+            Some(Move::SameId(name, args)) if since_user < moves.len() => {
+                call_with_id("call_same", name, args(body))
             }
             Some(Move::Text(t)) => StubReply::text(*t),
             _ => StubReply::text("ok"),
@@ -462,7 +480,8 @@ async fn a_user_leaves_a_flow_and_an_idle_one_expires_with_one_mention() {
         (
             "coach me",
             vec![
-                Move::Tool("start_flow", |_| json!({"flow": "trick_coaching"})),
+                // The same call id in both starts: the second start is a change of its own.
+                Move::SameId("start_flow", |_| json!({"flow": "trick_coaching"})),
                 Move::Text("sure, which trick?"),
             ],
         ),
