@@ -10,8 +10,6 @@ CREATE TABLE IF NOT EXISTS flow_states (
     status       text        NOT NULL,
     waiting_for  text,
     applied      text[]      NOT NULL DEFAULT '{}',
-    started_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (user_id, bot_id)
 );
-CREATE INDEX IF NOT EXISTS flow_states_waiting ON flow_states (waiting_for) WHERE waiting_for IS NOT NULL;

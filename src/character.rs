@@ -36,8 +36,8 @@ pub struct Character {
     /// Said, honestly and in character, when a turn cannot be answered.
     pub failure_line: String,
     /// Said once when a user sends faster than the companion answers.
-    #[serde(default)]
-    pub busy_line: Option<String>,
+    #[serde(default = "default_busy_line")]
+    pub busy_line: String,
     /// Said instead of an answer while the user's or the service's spend budget is used up.
     #[serde(default = "default_budget_line")]
     pub budget_line: String,
@@ -53,6 +53,10 @@ pub struct Character {
     /// Plain lines for follow-ups, sent when the model cannot write them.
     #[serde(default)]
     pub follow_ups: FollowUps,
+}
+
+fn default_busy_line() -> String {
+    "you're sending messages faster than i can read them, give me a minute to catch up".into()
 }
 
 fn default_budget_line() -> String {

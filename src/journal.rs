@@ -376,12 +376,6 @@ impl Job {
         }
     }
 
-    /// How many steps named `name` are recorded.
-    pub fn recorded_count(&self, name: &str) -> usize {
-        let recorded = self.recorded.lock().expect("journal lock");
-        recorded.keys().filter(|(n, _)| n == name).count()
-    }
-
     /// How many steps named `name` are recorded with a key starting with `prefix`.
     pub fn recorded_count_under(&self, name: &str, prefix: &str) -> usize {
         let recorded = self.recorded.lock().expect("journal lock");

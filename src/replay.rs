@@ -217,22 +217,23 @@ fn describe(item: &Item) -> String {
 async fn select(svc: &Replayer, args: &ReplayArgs) -> Result<Vec<Item>, ReplayError> {
     let names = &svc.bus.names;
     let name = stream_name(svc, args);
-    // The inbound stream holds DMs (`in.<bot>.<conv>`) and group messages (`group.<conv>`).
-    let every = if args.dlq {
-        format!("{}.dlq.>", names.prefix)
-    } else {
-        format!("{}.>", names.prefix)
-    };
-    let filter = match (&args.subject, &args.conversation) {
-        (Some(s), _) => s.clone(),
+    // The inbound stream holds DMs (`in.<bot>.<conv>`) and group messages (`group.<conv>`); dead letters
+    // keep the tail (`dlq.<bot>.<conv>`, `dlq.group.<conv>`).
+    let p = &names.prefix;
+    let filters = match (&args.subject, &args.conversation) {
+        (Some(s), _) => vec![s.clone()],
         (None, Some(c)) => {
             if crate::bus::event::parse_object_id(c).is_none() {
                 return Err(ReplayError::BadConversation);
             }
-            // The conversation id is the last token of both kinds of subject.
-            every
+            if args.dlq {
+                vec![format!("{p}.dlq.*.{c}")]
+            } else {
+                vec![format!("{p}.in.*.{c}"), names.group(c)]
+            }
         }
-        (None, None) => every,
+        (None, None) if args.dlq => vec![format!("{p}.dlq.>")],
+        (None, None) => vec![format!("{p}.>")],
     };
     let stream = svc
         .bus
@@ -245,17 +246,35 @@ async fn select(svc: &Replayer, args: &ReplayArgs) -> Result<Vec<Item>, ReplayEr
         })?;
     let mut items = Vec::new();
     let mut seen = HashSet::new();
+    for filter in &filters {
+        items.extend(read(&stream, &name, filter, svc, args, &mut seen).await?);
+    }
+    // Several filters: one stream order, within the limit.
+    items.sort_by_key(|i| i.seq);
+    items.truncate(args.limit);
+    Ok(items)
+}
+
+/// The events of `stream` on `filter` the arguments select, in stream order, at most `limit`, each
+/// message id once (`seen`).
+async fn read(
+    stream: &async_nats::jetstream::stream::Stream,
+    name: &str,
+    filter: &str,
+    svc: &Replayer,
+    args: &ReplayArgs,
+    seen: &mut HashSet<bson::oid::ObjectId>,
+) -> Result<Vec<Item>, ReplayError> {
+    let names = &svc.bus.names;
+    let mut items = Vec::new();
     let mut next = args.from_seq.unwrap_or(1).max(1);
     while items.len() < args.limit {
-        let m: StreamMessage = match stream
-            .direct_get_next_for_subject(filter.as_str(), Some(next))
-            .await
-        {
+        let m: StreamMessage = match stream.direct_get_next_for_subject(filter, Some(next)).await {
             Ok(m) => m,
             Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
             Err(e) => {
                 return Err(ReplayError::Read {
-                    stream: name,
+                    stream: name.to_owned(),
                     reason: e.to_string(),
                 });
             }
@@ -284,11 +303,6 @@ async fn select(svc: &Replayer, args: &ReplayArgs) -> Result<Vec<Item>, ReplayEr
         } else {
             (m.subject.to_string(), None)
         };
-        if let Some(c) = &args.conversation
-            && !subject.ends_with(&format!(".{c}"))
-        {
-            continue;
-        }
         let parsed = parse_event(&m.payload, &subject, &names.prefix, svc.turns.limits())
             .map_err(|e| format!("invalid event: {e}"));
         if let Ok(e) = &parsed

@@ -61,15 +61,29 @@ pub async fn store_user_message(
     content: &str,
     images: &[String],
 ) -> Result<InboundEvent, BackendError> {
+    let (id, now, attachments) = insert_message(mongo, conversation, user, content, images).await?;
+    Ok(InboundEvent {
+        message_id: id.to_hex(),
+        conversation_id: conversation.to_hex(),
+        sender_id: user.to_hex(),
+        bot_id: bot.to_hex(),
+        content: content.to_owned(),
+        attachments,
+        sent_at: now,
+    })
+}
+
+/// Publishes an event with `Nats-Msg-Id: <messageId>`; returns whether the server saw it as a duplicate.
+/// Inserts a user's message into dm_messages as the app does; its id, time and attachments.
+async fn insert_message(
+    mongo: &Mongo,
+    conversation: ObjectId,
+    user: ObjectId,
+    content: &str,
+    images: &[String],
+) -> Result<(ObjectId, DateTime<Utc>, Vec<Attachment>), BackendError> {
     let id = ObjectId::new();
     let now: DateTime<Utc> = Utc::now();
-    let attachments: Vec<Attachment> = images
-        .iter()
-        .map(|u| Attachment {
-            kind: "image".into(),
-            url: u.clone(),
-        })
-        .collect();
     let mut message = doc! {
         "_id": id,
         "conversationId": conversation,
@@ -88,18 +102,16 @@ pub async fn store_user_message(
         );
     }
     mongo.collection(DM_MESSAGES).insert_one(message).await?;
-    Ok(InboundEvent {
-        message_id: id.to_hex(),
-        conversation_id: conversation.to_hex(),
-        sender_id: user.to_hex(),
-        bot_id: bot.to_hex(),
-        content: content.to_owned(),
-        attachments,
-        sent_at: now,
-    })
+    let attachments = images
+        .iter()
+        .map(|u| Attachment {
+            kind: "image".into(),
+            url: u.clone(),
+        })
+        .collect();
+    Ok((id, now, attachments))
 }
 
-/// Publishes an event with `Nats-Msg-Id: <messageId>`; returns whether the server saw it as a duplicate.
 /// Creates a group conversation of `users` and `bots` as TB-Backend does (`isGroup: true`).
 pub async fn create_group(
     mongo: &Mongo,
@@ -123,25 +135,13 @@ pub async fn store_group_message(
     user: ObjectId,
     content: &str,
 ) -> Result<GroupMessageEvent, BackendError> {
-    let id = ObjectId::new();
-    let now: DateTime<Utc> = Utc::now();
-    mongo
-        .collection(DM_MESSAGES)
-        .insert_one(doc! {
-            "_id": id,
-            "conversationId": conversation,
-            "senderId": user.to_hex(),
-            "content": content,
-            "timestamp": bson::DateTime::from_chrono(now),
-            "read": false,
-        })
-        .await?;
+    let (id, now, attachments) = insert_message(mongo, conversation, user, content, &[]).await?;
     Ok(GroupMessageEvent {
         message_id: id.to_hex(),
         conversation_id: conversation.to_hex(),
         sender_id: user.to_hex(),
         content: content.to_owned(),
-        attachments: Vec::new(),
+        attachments,
         sent_at: now,
     })
 }

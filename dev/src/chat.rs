@@ -361,6 +361,19 @@ pub async fn chat(
 }
 
 async fn interactive(session: &Session, wait: Duration) -> Result<(), CommandError> {
+    read_lines(
+        async |line| match session.say(line, &[], Some(wait)).await {
+            Ok(Some(reply)) => print_reply(&session.bot_name, &reply),
+            Ok(None) => {}
+            Err(e) => println!("  ({e})"),
+        },
+    )
+    .await
+}
+
+/// Reads the user's lines at a `you>` prompt and hands each to `on_line`, until an empty line or the
+/// end of input.
+async fn read_lines(mut on_line: impl AsyncFnMut(&str)) -> Result<(), CommandError> {
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     let mut stdout = tokio::io::stdout();
     loop {
@@ -373,11 +386,7 @@ async fn interactive(session: &Session, wait: Duration) -> Result<(), CommandErr
         if line.is_empty() {
             break;
         }
-        match session.say(line, &[], Some(wait)).await {
-            Ok(Some(reply)) => print_reply(&session.bot_name, &reply),
-            Ok(None) => {}
-            Err(e) => println!("  ({e})"),
-        }
+        on_line(line).await;
     }
     Ok(())
 }
@@ -508,23 +517,12 @@ pub async fn group_chat(
                 .join(", "),
             session.conversation
         );
-        let mut stdin = BufReader::new(tokio::io::stdin()).lines();
-        let mut stdout = tokio::io::stdout();
-        loop {
-            stdout.write_all(b"you> ").await?;
-            stdout.flush().await?;
-            let Some(line) = stdin.next_line().await? else {
-                break;
-            };
-            let line = line.trim();
-            if line.is_empty() {
-                break;
-            }
+        return read_lines(async |line| {
             if let Err(e) = session.say(line, wait, quiet).await {
                 println!("  ({e})");
             }
-        }
-        return Ok(());
+        })
+        .await;
     };
     for line in lines {
         println!("you> {line}");

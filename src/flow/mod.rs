@@ -378,14 +378,6 @@ impl Flows {
         self.by_id.get(id)
     }
 
-    pub fn len(&self) -> usize {
-        self.by_id.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
-    }
-
     /// Fails when a character offers a flow no file defines.
     pub fn check_offers<'a>(
         &self,
@@ -501,12 +493,17 @@ impl TurnFlow {
         bot: &str,
         idle_since: chrono::DateTime<chrono::Utc>,
     ) -> Result<Self, crate::store::StoreError> {
-        let current = state::load(pool, user, bot).await?;
-        match current {
+        match state::load(pool, user, bot).await? {
             Some(c) if state::status::is_open(&c.status) && c.updated_at < idle_since => {
-                let expired = state::expire_idle(pool, user, bot, idle_since).await?;
+                // Expired by this turn (not by another at the same moment): mentioned by this one.
+                let expired = state::expire_idle(pool, user, bot, idle_since)
+                    .await?
+                    .then(|| c.clone());
+                let mut current = c;
+                current.status = state::status::EXPIRED.into();
+                current.waiting_for = None;
                 Ok(Self {
-                    current: state::load(pool, user, bot).await?,
+                    current: Some(current),
                     expired,
                 })
             }
@@ -533,13 +530,13 @@ impl TurnFlow {
                 (chrono::Utc::now() - e.updated_at).num_days()
             ));
         }
-        match self
+        let open = self
             .current
             .as_ref()
             .filter(|c| state::status::is_open(&c.status))
-        {
-            Some(c) if flows.get(&c.flow).is_some() => {
-                let def = flows.get(&c.flow).expect("checked");
+            .and_then(|c| Some((c, flows.get(&c.flow)?)));
+        match open {
+            Some((c, def)) => {
                 p.push_str(&format!(
                     "\n## Guided flow in progress: {}\n{}\nWork towards the step's goal. Record what \
                      the user tells you with set_flow_slots (only what they said or a tool returned); \

@@ -126,8 +126,6 @@ pub async fn apply<E>(
          ON CONFLICT (user_id, bot_id) DO UPDATE SET
             flow = EXCLUDED.flow, step = EXCLUDED.step, slots = EXCLUDED.slots,
             status = EXCLUDED.status, waiting_for = EXCLUDED.waiting_for, updated_at = now(),
-            started_at = CASE WHEN flow_states.flow = EXCLUDED.flow AND flow_states.status IN ('active', 'waiting', 'paused')
-                              THEN flow_states.started_at ELSE now() END,
             applied = (flow_states.applied || ARRAY[$8])[greatest(1, cardinality(flow_states.applied) + 2 - $9):]
          RETURNING flow, step, slots, status, waiting_for, updated_at",
     )
@@ -146,41 +144,23 @@ pub async fn apply<E>(
     Ok(Applied::Changed(Some(state_of(&row))))
 }
 
-/// The (user, companion) pairs whose flow waits for `waiting_for`.
-pub async fn waiting_on(
-    pool: &PgPool,
-    waiting_for: &str,
-) -> Result<Vec<(String, String)>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT user_id, bot_id FROM flow_states WHERE waiting_for = $1 AND status = 'waiting'",
-    )
-    .bind(waiting_for)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows
-        .iter()
-        .map(|r| (r.get("user_id"), r.get("bot_id")))
-        .collect())
-}
-
-/// Ends the user's open flow with the companion when it was last changed before `idle_since`; the flow
-/// as it was when expired now, `None` otherwise.
+/// Ends the user's open flow with the companion when it was last changed before `idle_since`; whether
+/// this call ended it.
 pub async fn expire_idle(
     pool: &PgPool,
     user: &str,
     bot: &str,
     idle_since: DateTime<Utc>,
-) -> Result<Option<FlowState>, StoreError> {
-    let row = sqlx::query(
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(
         "UPDATE flow_states SET status = 'expired', waiting_for = NULL, updated_at = now()
          WHERE user_id = $1 AND bot_id = $2 AND status IN ('active', 'waiting', 'paused')
-           AND updated_at < $3
-         RETURNING flow, step, slots, 'active' AS status, waiting_for, updated_at",
+           AND updated_at < $3",
     )
     .bind(user)
     .bind(bot)
     .bind(idle_since)
-    .fetch_optional(pool)
+    .execute(pool)
     .await?;
-    Ok(row.as_ref().map(state_of))
+    Ok(done.rows_affected() == 1)
 }

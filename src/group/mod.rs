@@ -23,24 +23,22 @@ use std::collections::HashMap;
 use bson::oid::ObjectId;
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tracing::{debug, info};
 
 use crate::{
-    bus::{DmEvent, GroupEvent, Typing, event::clean_text},
+    bus::{DmEvent, GroupEvent, Typing},
     journal::{Job, NewJob, State},
-    llm::{CallBudget, ChatRequest, LlmError, Message},
+    llm::{LlmError, Message},
     store::{
         mongo::{GroupAdmission, UserData},
         pg::{GroupLine, NewHistory},
     },
     timing::{Stage, stage},
-    tools::{REGISTRY, ReminderBounds, ToolContext},
     turn::{
-        Delivery, FloodDecision, Outcome, Outgoing, Reply, Settled, TurnError, Turns, bound_reply,
+        Delivery, Outcome, Outgoing, Reply, Settled, TurnError, Turns, already_settled,
         generation_key,
         prompt::{self, PromptContext},
-        tool_loop,
+        within,
     },
 };
 use route::{Bounds, Member, why};
@@ -104,22 +102,14 @@ pub async fn run(
             turns.journal.open(&ids.job(delivery.map(|d| d.seq))),
         )
         .await?;
-        if job.record.state.is_settled() {
+        if let Some(settled) = already_settled(&job) {
             info!(state = ?job.record.state, "group message already settled; acknowledging");
-            return Ok(Settled {
-                outcome: Outcome::AlreadySettled {
-                    state: job.record.state,
-                },
-                through_seq: None,
-            });
+            return Ok(settled);
         }
         let result = answer(turns, &job, event, &ids, &admitted).await;
         job.keep_successes(result).await
     };
-    match tokio::time::timeout_at(deadline, work).await {
-        Ok(r) => r,
-        Err(_) => Err(TurnError::TimedOut(secs)),
-    }
+    within(deadline, secs, work).await
 }
 
 /// The conversation exists and has the sender; its companions are the participants with a character.
@@ -192,19 +182,7 @@ async fn answer(
     let flood = job
         .step("flood", "")
         .lazy()
-        .run(async {
-            if job.record.attempts > 1 {
-                return Ok::<_, TurnError>(FloodDecision::default());
-            }
-            let by = stage(
-                Stage::Limits,
-                turns
-                    .flood
-                    .decide(&turns.journal, job, &ids.sender, &first.to_hex()),
-            )
-            .await?;
-            Ok(FloodDecision { by })
-        })
+        .run(turns.decide_flood(job, &ids.sender, &first.to_hex()))
         .await?;
     if let Some(by) = flood.by.as_deref()
         && by != ids.message
@@ -288,11 +266,7 @@ async fn answer(
                 job.step("reply", &key)
                     .run(async {
                         if busy && n == 0 {
-                            let line = member
-                                .character
-                                .busy_line
-                                .clone()
-                                .unwrap_or_else(|| crate::turn::DEFAULT_BUSY_LINE.to_owned());
+                            let line = member.character.busy_line.clone();
                             return Ok(GroupReply {
                                 bot: member.bot.to_hex(),
                                 reply: Reply::new(line, None, None),
@@ -573,87 +547,33 @@ impl Speaker<'_> {
                 self.line(&r.bot, &r.reply.content)
             });
         }
-        let request = ChatRequest {
-            model: c
-                .model
-                .clone()
-                .unwrap_or_else(|| t.llm.default_model.clone()),
-            messages,
-            tools: REGISTRY.defs(),
-            tool_choice: None,
-            max_tokens: Some(t.llm.max_tokens),
-            temperature: Some(t.llm.temperature),
-        };
-        let slot = format!("{}.", self.slot);
-        let budget = CallBudget::new(
-            t.config
-                .max_llm_calls_per_turn
-                .saturating_sub(self.job.recorded_count_under("llm", &slot) as u32),
-            t.config.max_prompt_tokens_per_turn,
-        );
-        let cx = tool_loop::LoopContext {
-            slot: &slot,
-            budget: &budget,
-            spend: Some(&t.spend),
-            llm: &t.llm,
-            registry: &REGISTRY,
-            limits: tool_loop::LoopLimits {
-                max_rounds: t.config.max_tool_rounds,
-                max_result_bytes: t.config.max_tool_result_bytes,
-            },
-            metrics: &t.metrics,
-            tools: ToolContext {
-                user: event.sender_id,
-                bot: me,
-                conversation: event.conversation_id,
-                character: &c.name,
-                pg: &t.pg,
-                bus: &t.bus,
-                time_zone: self
-                    .admitted
-                    .user
-                    .profile
-                    .as_ref()
-                    .and_then(|p| p.time_zone.as_deref()),
-                reminders: ReminderBounds {
-                    min_lead: std::time::Duration::from_secs(t.config.reminder_min_lead_secs),
-                },
-                message_id: event.message_id,
-                tool_call_id: String::new(),
-                call_key: String::new(),
-                mongo: &t.mongo,
-                job: self.job,
-                now: Utc::now(),
-                writes_per_hour: t.config.writes_per_hour,
-                flows: &t.flows,
-                offered_flows: &c.flows,
-            },
-        };
-        let out = tool_loop::run(&cx, request).await?;
-        let log = (!out.log.is_empty()).then(|| Value::Array(out.log));
-        if let Some(scope) = out.stopped {
-            info!(
-                scope = scope.label(),
-                "the spend budget is used up; answering with the budget line"
-            );
+        let answer = t
+            .converse(
+                self.job,
+                &format!("{}.", self.slot),
+                c,
+                &event,
+                &self.admitted.user,
+                messages,
+            )
+            .await?;
+        let mut reply = answer.reply;
+        if answer.budget_stopped {
             return Ok(GroupReply {
                 bot: mine,
-                reply: Reply::new(c.budget_line.clone(), out.card, log),
+                reply,
                 tags: None,
                 last: true,
             });
         }
-        let content = bound_reply(
-            strip_own_name(clean_text(&out.text).trim(), &c.name),
-            t.config.max_reply_chars,
-        );
-        if content.is_empty() {
+        reply.content = strip_own_name(&reply.content, &c.name).to_owned();
+        if reply.content.is_empty() {
             return Err(LlmError::EmptyAnswer.into());
         }
-        let tags = route::handover(&content, me, &self.admitted.members).map(|b| b.to_hex());
+        let tags = route::handover(&reply.content, me, &self.admitted.members).map(|b| b.to_hex());
         Ok(GroupReply {
             bot: mine,
-            reply: Reply::new(content, out.card, log),
+            reply,
             tags,
             last: false,
         })
@@ -757,14 +677,9 @@ pub async fn answer_with_failure(
     let admitted = admit(turns, event).await?;
     let ids = Ids::of(event);
     let job = turns.journal.open(&ids.job(None)).await?;
-    if job.record.state.is_settled() {
+    if let Some(settled) = already_settled(&job) {
         info!(state = ?job.record.state, "group message settled after all; no failure line");
-        return Ok(Settled {
-            outcome: Outcome::AlreadySettled {
-                state: job.record.state,
-            },
-            through_seq: None,
-        });
+        return Ok(settled);
     }
     turns.journal.note_error(&ids.message, reason).await?;
     let generation = generation_key(&job);

@@ -224,12 +224,16 @@ impl Mongo {
         Ok(
             match self.admission(conversation, user, tricklists).await? {
                 None => Admission::Missing,
-                Some((participants, _))
-                    if !(has(&participants, user) && has(&participants, bot)) =>
-                {
+                Some(f) if !(f.participants.contains(&user) && f.participants.contains(&bot)) => {
                     Admission::NotParticipant
                 }
-                Some((_, data)) => Admission::Admitted(data_for(data, user, bot)),
+                Some(f) => {
+                    let blocks_bot = f.user_doc.as_ref().is_some_and(|d| blocks(d, bot));
+                    Admission::Admitted(UserData {
+                        blocks_bot,
+                        ..f.into_user_data(user)
+                    })
+                }
             },
         )
     }
@@ -245,12 +249,10 @@ impl Mongo {
         Ok(
             match self.admission(conversation, user, tricklists).await? {
                 None => GroupAdmission::Missing,
-                Some((participants, _)) if !has(&participants, user) => {
-                    GroupAdmission::NotParticipant
-                }
-                Some((participants, data)) => GroupAdmission::Admitted {
-                    participants: participants.iter().filter_map(participant_id).collect(),
-                    user: Box::new(data_for(data, user, ObjectId::from_bytes([0; 12]))),
+                Some(f) if !f.participants.contains(&user) => GroupAdmission::NotParticipant,
+                Some(mut f) => GroupAdmission::Admitted {
+                    participants: std::mem::take(&mut f.participants),
+                    user: Box::new(f.into_user_data(user)),
                 },
             },
         )
@@ -285,7 +287,7 @@ impl Mongo {
         conversation: ObjectId,
         user: ObjectId,
         tricklists: i64,
-    ) -> Result<Option<(Vec<Bson>, (Vec<Document>, Vec<Document>))>, StoreError> {
+    ) -> Result<Option<Found>, StoreError> {
         let pipeline = [
             doc! { "$match": { "_id": conversation } },
             doc! { "$limit": 1 },
@@ -326,13 +328,11 @@ impl Mongo {
                 _ => Vec::new(),
             }
         };
-        let participants = match conv.remove("participants") {
-            Some(Bson::Array(a)) => a,
-            _ => Vec::new(),
-        };
-        let user_doc = docs(&mut conv, "user");
-        let lists = docs(&mut conv, "tricklists");
-        Ok(Some((participants, (user_doc, lists))))
+        Ok(Some(Found {
+            participants: participants_of(&conv),
+            user_doc: docs(&mut conv, "user").into_iter().next(),
+            tricklists: docs(&mut conv, "tricklists"),
+        }))
     }
 
     pub async fn user_profile(&self, user: ObjectId) -> Result<Option<UserProfile>, StoreError> {
@@ -513,11 +513,8 @@ impl Mongo {
             .try_collect()
             .await?;
         found.retain(|c| {
-            let participants = c
-                .get_array("participants")
-                .map(|a| a.as_slice())
-                .unwrap_or(&[]);
-            has(participants, user) && has(participants, bot)
+            let participants = participants_of(c);
+            participants.contains(&user) && participants.contains(&bot)
         });
         Ok(found.first().and_then(|c| c.get_object_id("_id").ok()))
     }
@@ -553,21 +550,28 @@ fn participant_id(p: &Bson) -> Option<ObjectId> {
     }
 }
 
-fn has(participants: &[Bson], id: ObjectId) -> bool {
-    participants.iter().any(|p| participant_id(p) == Some(id))
+/// The ids of a conversation's participants, in its order.
+fn participants_of(conv: &Document) -> Vec<ObjectId> {
+    conv.get_array("participants")
+        .map(|a| a.iter().filter_map(participant_id).collect())
+        .unwrap_or_default()
 }
 
-/// The user's data from the admission's documents (`bot`: whose block to look for).
-fn data_for(
-    (user_doc, tricklists): (Vec<Document>, Vec<Document>),
-    user: ObjectId,
-    bot: ObjectId,
-) -> UserData {
-    let first = user_doc.first();
-    UserData {
-        profile: first.map(|d| profile_of(user, d)),
-        tricklists,
-        blocks_bot: first.is_some_and(|d| blocks(d, bot)),
+/// What the admission's aggregate found.
+struct Found {
+    participants: Vec<ObjectId>,
+    user_doc: Option<Document>,
+    tricklists: Vec<Document>,
+}
+
+impl Found {
+    /// The user's profile and lists (no companion's block looked at).
+    fn into_user_data(self, user: ObjectId) -> UserData {
+        UserData {
+            profile: self.user_doc.as_ref().map(|d| profile_of(user, d)),
+            tricklists: self.tricklists,
+            blocks_bot: false,
+        }
     }
 }
 

@@ -40,7 +40,6 @@ impl Tool for SetFlowSlots {
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
-        let mut def_used = None;
         let applied = state::apply(&ctx.pg.pool, &user, &bot, &flow_key(ctx), |current| {
             let Some(c) = current.filter(|c| status::is_open(&c.status)) else {
                 return Err(Refusal::NoFlow);
@@ -48,7 +47,6 @@ impl Tool for SetFlowSlots {
             let Some(def) = ctx.flows.get(&c.flow) else {
                 return Err(Refusal::NoFlow);
             };
-            def_used = Some(def);
             if c.status == status::WAITING {
                 return Err(Refusal::Waiting(c.waiting_for.clone().unwrap_or_default()));
             }
@@ -68,8 +66,7 @@ impl Tool for SetFlowSlots {
         .await?;
         match applied {
             Applied::Changed(Some(s)) | Applied::Unchanged(Some(s)) => {
-                let def = def_used.or_else(|| ctx.flows.get(&s.flow));
-                match def {
+                match ctx.flows.get(&s.flow) {
                     Some(def) => Ok(ToolOutput::data(flow::view(def, &s))),
                     None => Err(ToolError::NotFound(format!("no flow `{}`", s.flow))),
                 }

@@ -53,10 +53,6 @@ use crate::{
     tools::{REGISTRY, ReminderBounds, ToolContext, ToolError},
 };
 
-/// Said when a character file has no `busyLine`.
-pub(crate) const DEFAULT_BUSY_LINE: &str =
-    "you're sending messages faster than i can read them, give me a minute to catch up";
-
 /// The kind of a turn's job.
 pub const JOB_KIND: &str = "turn";
 
@@ -351,7 +347,7 @@ impl Turns {
         let flood = job
             .step("flood", "")
             .lazy()
-            .run(self.decide_flood(job, ids))
+            .run(self.decide_flood(job, &ids.sender, &ids.bot))
             .await?;
         match flood.by.as_deref() {
             Some(by) if by != ids.message => {
@@ -359,10 +355,7 @@ impl Turns {
             }
             Some(_) => {
                 info!("over the flood limit; answering with the busy line");
-                let line = character
-                    .busy_line
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_BUSY_LINE.to_owned());
+                let line = character.busy_line.clone();
                 let reply = job
                     .step("reply", &generation)
                     .run(async { Ok::<_, TurnError>(Reply::new(line, None, None)) })
@@ -391,15 +384,21 @@ impl Turns {
         self.deliver(job, event, ids, &burst, reply, false).await
     }
 
-    /// The flood decision of a turn that has none recorded. Only a first attempt takes from the
-    /// allowance: a retried or replayed turn was admitted already.
-    async fn decide_flood(&self, job: &Job, ids: &Ids) -> Result<FloodDecision, TurnError> {
+    /// The flood decision of a job that has none recorded (`bot` is the companion that would say the
+    /// busy line). Only a first attempt takes from the allowance: a retried or replayed job was admitted
+    /// already.
+    pub(crate) async fn decide_flood(
+        &self,
+        job: &Job,
+        sender: &str,
+        bot: &str,
+    ) -> Result<FloodDecision, TurnError> {
         if job.record.attempts > 1 {
             return Ok(FloodDecision::default());
         }
         let by = stage(
             Stage::Limits,
-            self.flood.decide(&self.journal, job, &ids.sender, &ids.bot),
+            self.flood.decide(&self.journal, job, sender, bot),
         )
         .await?;
         Ok(FloodDecision { by })
@@ -542,6 +541,25 @@ impl Turns {
         });
         let messages = prompt::conversation(system, &history.messages, &events);
         crate::timing::add(Stage::Prompt, prompt_started);
+        Ok(self
+            .converse(job, "", character, event, user, messages)
+            .await?
+            .reply)
+    }
+
+    /// Asks the model as `character`, with `messages` (the system prompt first), and runs the tool loop
+    /// for the event's sender: the companion message it makes, bounded, or the character's budget line
+    /// when a spend budget stops it. Its model answers and tool calls are journal steps keyed under
+    /// `slot` (empty for a DM turn), and the per-turn ceiling counts those of the slot.
+    pub(crate) async fn converse(
+        &self,
+        job: &Job,
+        slot: &str,
+        character: &Character,
+        event: &DmEvent,
+        user: &UserData,
+        messages: Vec<crate::llm::Message>,
+    ) -> Result<Answer, TurnError> {
         let request = ChatRequest {
             model: character
                 .model
@@ -557,11 +575,11 @@ impl Turns {
         let budget = CallBudget::new(
             self.config
                 .max_llm_calls_per_turn
-                .saturating_sub(job.recorded_count("llm") as u32),
+                .saturating_sub(job.recorded_count_under("llm", slot) as u32),
             self.config.max_prompt_tokens_per_turn,
         );
         let cx = tool_loop::LoopContext {
-            slot: "",
+            slot,
             budget: &budget,
             spend: Some(&self.spend),
             llm: &self.llm,
@@ -594,26 +612,25 @@ impl Turns {
             },
         };
         let out = tool_loop::run(&cx, request).await?;
+        let log = (!out.log.is_empty()).then(|| Value::Array(out.log));
         if let Some(scope) = out.stopped {
             info!(
                 scope = scope.label(),
                 "the spend budget is used up; answering with the budget line"
             );
-            return Ok(Reply::new(
-                character.budget_line.clone(),
-                out.card,
-                (!out.log.is_empty()).then(|| Value::Array(out.log)),
-            ));
+            return Ok(Answer {
+                reply: Reply::new(character.budget_line.clone(), out.card, log),
+                budget_stopped: true,
+            });
         }
         let content = bound_reply(clean_text(&out.text).trim(), self.config.max_reply_chars);
         if content.is_empty() {
             return Err(LlmError::EmptyAnswer.into());
         }
-        Ok(Reply::new(
-            content,
-            out.card,
-            (!out.log.is_empty()).then(|| Value::Array(out.log)),
-        ))
+        Ok(Answer {
+            reply: Reply::new(content, out.card, log),
+            budget_stopped: false,
+        })
     }
 
     /// The user's flow with the companion as this turn sees it (the `flow` step: a retry after the first
@@ -852,6 +869,13 @@ impl Turns {
     }
 }
 
+/// One companion message the model made ([`Turns::converse`]).
+pub(crate) struct Answer {
+    pub reply: Reply,
+    /// A spend budget stopped the model: the reply is the character's budget line.
+    pub budget_stopped: bool,
+}
+
 /// Where a fixed reply goes and what it answers.
 pub struct Outgoing<'a> {
     pub conversation: ObjectId,
@@ -875,9 +899,8 @@ pub struct Outgoing<'a> {
     pub key: String,
 }
 
-/// A turn the journal says is settled is acknowledged again, with what its reply covered.
 /// `fut`, unless the attempt's deadline passes first.
-async fn within<T, E: Into<TurnError>>(
+pub(crate) async fn within<T, E: Into<TurnError>>(
     deadline: tokio::time::Instant,
     secs: u64,
     fut: impl Future<Output = Result<T, E>>,
@@ -888,7 +911,8 @@ async fn within<T, E: Into<TurnError>>(
     }
 }
 
-fn already_settled(job: &Job) -> Option<Settled> {
+/// A job the journal says is settled is acknowledged again, with what its reply covered.
+pub(crate) fn already_settled(job: &Job) -> Option<Settled> {
     job.record.state.is_settled().then(|| Settled {
         through_seq: job
             .recorded::<Burst>("burst", "")

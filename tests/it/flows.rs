@@ -8,7 +8,7 @@ use bson::{doc, oid::ObjectId};
 use companion_dev::stub::{Responder, StubReply, last_user_text};
 use serde_json::{Value, json};
 
-use crate::env::*;
+use crate::{env::*, proactive::next_proactive};
 
 /// One scripted move of the model: a tool call (arguments from the request so far) or a final text.
 #[derive(Clone)]
@@ -231,17 +231,7 @@ async fn the_spot_wizard_runs_from_link_to_review_across_a_restart() {
     )
     .await
     .unwrap();
-    let follow_up = tokio::time::timeout(Duration::from_secs(30), async {
-        use futures::StreamExt;
-        loop {
-            let c = replies.next().await.unwrap();
-            if c.proactive {
-                return c;
-            }
-        }
-    })
-    .await
-    .expect("the follow-up");
+    let follow_up = next_proactive(&mut replies, Duration::from_secs(30)).await;
     assert!(follow_up.trigger.is_some());
     assert_eq!(step_status(&env).await, ("outcome".into(), "done".into()));
     let brief = env.stub.requests().last().map(|b| b.to_string()).unwrap();
@@ -441,16 +431,12 @@ async fn trick_coaching_keeps_a_practice_list_and_checks_off_what_the_user_lands
     );
     worker.stop().await;
     let worker = InProcessWorker::start(&env).await;
-    tokio::time::timeout(Duration::from_secs(40), async {
-        use futures::StreamExt;
-        while let Some(c) = replies.next().await {
-            if c.trigger.as_ref().is_some_and(|t| t.kind == "reminder") {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("the check-in reminder's message");
+    let check_in = next_proactive(&mut replies, Duration::from_secs(40)).await;
+    assert_eq!(
+        check_in.trigger.map(|t| t.kind).as_deref(),
+        Some("reminder"),
+        "the check-in reminder's message"
+    );
     assert_eq!(
         step_status(&env).await,
         ("practice".into(), "active".into())

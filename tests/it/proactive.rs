@@ -102,7 +102,7 @@ async fn publish_review(env: &TestEnv, draft: ObjectId, body: Value, msg_id: Opt
 }
 
 /// The next proactive completion in the stream, within `within`.
-async fn next_proactive(
+pub(crate) async fn next_proactive(
     replies: &mut (impl futures::Stream<Item = Completion> + Unpin),
     within: Duration,
 ) -> Completion {
