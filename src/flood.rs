@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use chrono::Utc;
 
-use crate::journal::{Admission, Job, Journal, JournalError};
+use crate::journal::{
+    Admission, Job, Journal, JournalError,
+    names::{step, tally},
+};
 
 /// How long one busy line answers for, and the window turns are counted over.
 pub const WINDOW: Duration = Duration::from_secs(60);
@@ -40,17 +43,17 @@ impl FloodLimit {
             return Ok(None);
         }
         let now = Utc::now();
-        let turns = format!("turns:{user}");
+        let turns = tally::turns(user);
         if !matches!(
-            job.counted("turn", "", &turns, self.per_minute, WINDOW, now)
+            job.counted(step::TURN, "", &turns, self.per_minute, WINDOW, now)
                 .await?,
             Admission::Exceeded { .. }
         ) {
             return Ok(None);
         }
-        let busy = format!("busy:{user}:{bot}");
+        let busy = tally::busy(user, bot);
         if !matches!(
-            job.counted("busy", "", &busy, 1, WINDOW, now).await?,
+            job.counted(step::BUSY, "", &busy, 1, WINDOW, now).await?,
             Admission::Exceeded { .. }
         ) {
             return Ok(Some(job.id().to_owned()));
@@ -58,7 +61,7 @@ impl FloodLimit {
         let since = now - chrono::Duration::from_std(WINDOW).unwrap_or_default();
         Ok(Some(
             journal
-                .last_tallied(&busy, "busy", since)
+                .last_tallied(&busy, step::BUSY, since)
                 .await?
                 .unwrap_or_else(|| job.id().to_owned()),
         ))

@@ -1,9 +1,11 @@
 //! companion: the worker that gives TrickBook's AI companions their brain.
 //!
-//! A bot-bound DM arrives on NATS JetStream ([`bus`]); a [`turn`] loads history ([`store::pg`]) and the
-//! user's data ([`store::mongo`]), asks the chat model ([`llm`]) in the voice of a [`character`], writes the
-//! reply into `dm_messages` and publishes the completion. Every side effect of a turn is a step of its
-//! [`journal`]; the [`worker`] runs turns and [`settle`]s each delivery.
+//! A bot-bound DM arrives on NATS JetStream ([`bus`]); the one conversation pipeline ([`turn`]) loads
+//! history ([`store::pg`]) and the user's data ([`store::mongo`]), asks the chat model ([`llm`]) in the
+//! voice of a [`character`], writes the reply into `dm_messages` and publishes the completion. A group
+//! message (who answers: [`group`]) and a follow-up (what to say: [`proactive`]) take the same path.
+//! Every side effect of a job is a step of its [`journal`]; the [`worker`] runs jobs and [`settle`]s
+//! each delivery.
 //!
 //! Modules are layered (the README's Layout section, checked by `layers_have_no_cycles` below): a module
 //! imports only modules of lower layers.
@@ -43,10 +45,11 @@ const LAYERS: &[&[&str]] = &[
     &["config", "failure", "metrics"],
     &["timing", "telemetry"],
     &["store", "bus", "llm"],
-    &["journal", "character", "rag", "spend", "flow"],
+    &["journal", "character", "rag"],
+    &["spend", "flow"],
     &["tools", "order", "flood"],
+    &["group", "proactive"],
     &["turn"],
-    &["proactive", "group"],
     &["settle"],
     &["worker", "replay", "usage"],
     &["ops"],

@@ -21,7 +21,7 @@ use tracing::{Instrument, info_span, warn};
 
 use crate::{
     bus::{Bus, DLQ_REASON, DLQ_SEQUENCE, DLQ_SUBJECT, Inbound, event::parse_event},
-    journal::{JournalError, Reopen, State},
+    journal::{JournalError, State},
     turn::{Outcome, Turns},
 };
 
@@ -355,7 +355,6 @@ async fn replay_one(svc: &Replayer, item: &Item, force: bool) -> Verdict {
         Err(why) => return Verdict::Failed(why.clone()),
     };
     let id = event.message_id().to_hex();
-    let group = matches!(event, Inbound::Group(_));
     let span = info_span!("replay", event_id = %id, seq = item.seq);
     let journal = &svc.turns.journal;
     async {
@@ -367,46 +366,15 @@ async fn replay_one(svc: &Replayer, item: &Item, force: bool) -> Verdict {
         if let Some(state) = state
             && state.is_settled()
         {
-            // A failed turn resumes from its journal; a forced one asks the model again. Either way the
-            // flood decision is made again (a replay is never limited), and a reply of the last
-            // generation means the next one answers.
+            // A failed job resumes from its journal; a forced one asks the model again.
             let fresh = force && state != State::Failed;
-            let reopened = async {
-                let generation = journal.get(&id).await?.map(|j| j.generation).unwrap_or(0);
-                // A group's first companion message is `g<generation>.0`.
-                let key = if group {
-                    format!("g{generation}.0")
-                } else {
-                    format!("g{generation}")
-                };
-                let had_reply = journal.has_step(&id, "reply", &key).await?;
-                let forget: &[&str] = match (fresh, group) {
-                    (true, true) => &["flood", "llm", "route"],
-                    (true, false) => &["flood", "llm"],
-                    (false, _) => &["flood"],
-                };
-                journal
-                    .reopen(
-                        &id,
-                        Reopen {
-                            next_generation: had_reply,
-                            forget,
-                        },
-                    )
-                    .await
-            };
-            if let Err(e) = reopened.await {
+            if let Err(e) = svc.turns.reopen(&id, fresh).await {
                 return Verdict::Failed(e.to_string());
             }
         }
-        let ran = match event {
-            Inbound::Dm(e) => svc.turns.run(e).await,
-            Inbound::Group(e) => crate::group::run(&svc.turns, e, None)
-                .await
-                .map(|s| s.outcome),
-        };
-        match ran {
-            Ok(Outcome::Silent { reason }) => Verdict::Done(format!("no answer ({reason})")),
+        let ran = Box::pin(svc.turns.handle(&event.into(), None)).await;
+        match ran.map(|s| s.outcome) {
+            Ok(Outcome::Dropped { reason }) => Verdict::Done(format!("no answer ({reason})")),
             Ok(Outcome::Answered { reply_id }) => Verdict::Done(format!("reply {reply_id}")),
             Ok(Outcome::Limited { reply_id }) => Verdict::Done(format!(
                 "over the flood limit; reply {}",

@@ -205,12 +205,7 @@ impl Settler {
                     error!(error = %reason, "turn cannot be answered; sending the failure line and dead-lettering");
                     self.metrics
                         .inc("companion_turns_total", "outcome=\"failed\"");
-                    let answered = match event {
-                        Inbound::Dm(e) => self.turns.answer_with_failure(e, &reason).await,
-                        Inbound::Group(e) => {
-                            crate::group::answer_with_failure(&self.turns, e, &reason).await
-                        }
-                    };
+                    let answered = self.turns.fail(&event.into(), &reason).await;
                     match answered {
                         Ok(settled) => {
                             through = settled.through_seq;

@@ -1,8 +1,8 @@
 //! What the chat model may still cost: one user's budget and the whole service's, in tokens and in USD
 //! over a rolling window (a day by default), checked before every paid call.
 //!
-//! The figures are the journal's own: every answer of the model is an `llm` step recorded with its usage
-//! and cost ([`crate::llm::CallUsage`]) under the tally `spend:<user>` ([`tally`]), so what a retry
+//! The figures are the journal's own ([`crate::journal::usage`]): every answer of the model is an `llm`
+//! step recorded with its usage and cost under the tally `spend:<user>` ([`tally`]), so what a retry
 //! replays is never counted twice and no counter of its own can drift from the usage report. A user's
 //! figure is read at each check (an index range over that user's calls in the window); the service's is
 //! one aggregate over every call in the window, read at most every `refresh` per process, so it may lag
@@ -18,21 +18,20 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use tracing::{info, warn};
 
-use crate::{config::TurnConfig, metrics::Metrics, store::StoreError};
+pub use crate::journal::usage::Spent;
+use crate::{
+    config::TurnConfig,
+    journal::{names, usage},
+    metrics::Metrics,
+    store::StoreError,
+};
 
 /// The tally every model answer on behalf of `user` is recorded under.
 pub fn tally(user: &str) -> String {
-    format!("spend:{user}")
-}
-
-/// Tokens (prompt + completion) and USD spent in the window.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Spent {
-    pub tokens: u64,
-    pub usd: f64,
+    names::tally::spend(user)
 }
 
 /// A budget: either bound 0 means none of that kind.
@@ -239,42 +238,7 @@ impl SpendGuard {
 
     /// Tokens and USD of the model answers in the window: under `tally`, or all of them.
     async fn spent(&self, tally: Option<&str>) -> Result<Spent, StoreError> {
-        macro_rules! spent_where {
-            ($filter:literal) => {
-                concat!(
-                    "SELECT coalesce(sum(coalesce((output -> 'usage' ->> 'promptTokens')::bigint, 0)
-                              + coalesce((output -> 'usage' ->> 'completionTokens')::bigint, 0)), 0)::bigint
-                          AS tokens,
-                        coalesce(sum((output -> 'usage' ->> 'costUsd')::float8), 0)::float8 AS usd
-                     FROM job_steps WHERE ",
-                    $filter
-                )
-            };
-        }
-        let window = self.limits.window.as_secs_f64();
-        let row = match tally {
-            Some(t) => {
-                sqlx::query(spent_where!(
-                    "tally = $1 AND created_at > now() - make_interval(secs => $2)"
-                ))
-                .bind(t)
-                .bind(window)
-                .fetch_one(&self.pool)
-                .await?
-            }
-            None => {
-                sqlx::query(spent_where!(
-                    "name = 'llm' AND created_at > now() - make_interval(secs => $1)"
-                ))
-                .bind(window)
-                .fetch_one(&self.pool)
-                .await?
-            }
-        };
-        Ok(Spent {
-            tokens: row.get::<i64, _>("tokens").max(0) as u64,
-            usd: row.get("usd"),
-        })
+        Ok(usage::spent(&self.pool, tally, self.limits.window.as_secs_f64()).await?)
     }
 }
 

@@ -24,10 +24,9 @@ use crate::{
     failure::{Class, Failure},
     metrics::Metrics,
     order::{Order, OrderError, Position, Waited},
-    proactive::Proactive,
     settle::{self, Ending, Handle, Settler, Verdict},
     timing::{self, Stage},
-    turn::{Delivery, Turns},
+    turn::{Delivery, Input, Turns},
 };
 
 /// Counter of turns by outcome.
@@ -313,16 +312,14 @@ impl Shared {
 
         let started = std::time::Instant::now();
         let delivery = Delivery {
-            order: &self.order,
+            order: Some(&self.order),
             subject,
             seq,
         };
         // The turn is boxed: a delivery waiting for its conversation stays a small task, and a turn's
         // large state is allocated only while it runs.
-        let turn: std::pin::Pin<Box<dyn Future<Output = _> + Send + '_>> = match &event {
-            Inbound::Dm(e) => Box::pin(turns.run_delivered(e, Some(&delivery))),
-            Inbound::Group(e) => Box::pin(crate::group::run(turns, e, Some(&delivery))),
-        };
+        let input = Input::from(&event);
+        let turn = Box::pin(turns.handle(&input, Some(&delivery)));
         let result = tokio::select! {
             r = turn => r,
             _ = slot.hard_stop.cancelled() => return (Ending::Returned, Some(event), None),
@@ -451,9 +448,6 @@ async fn run_signals(
     };
     let concurrency = w.config.signal_concurrency.max(1);
     let semaphore = Arc::new(Semaphore::new(concurrency));
-    let proactive = Arc::new(Proactive {
-        turns: w.turns.clone(),
-    });
     let mut tasks = JoinSet::new();
     let recreate = || async { w.bus.signal_consumer(&w.consumer).await.map(drop) };
     pull(
@@ -464,9 +458,9 @@ async fn run_signals(
         &shutdown,
         recreate,
         |msg, permit| {
-            let (shared, proactive) = (shared.clone(), proactive.clone());
+            let shared = shared.clone();
             async move {
-                shared.handle_signal(&proactive, msg, limits).await;
+                shared.handle_signal(msg, limits).await;
                 drop(permit);
             }
         },
@@ -483,12 +477,7 @@ async fn run_signals(
 
 impl Shared {
     /// One signal, from bytes to its settlement; never panics on input.
-    async fn handle_signal(
-        &self,
-        proactive: &Proactive,
-        msg: jetstream::Message,
-        limits: settle::Limits,
-    ) {
+    async fn handle_signal(&self, msg: jetstream::Message, limits: settle::Limits) {
         let (delivered, seq) = msg
             .info()
             .map(|i| (i.delivered, i.stream_sequence))
@@ -503,9 +492,16 @@ impl Shared {
         );
         async {
             let progress = keep_alive(&msg, self.progress_every);
-            let result = proactive
-                .handle(msg.subject.as_str(), &msg.payload, seq)
-                .await;
+            let input = Input::Signal {
+                subject: msg.subject.as_str(),
+                payload: &msg.payload,
+            };
+            let delivery = Delivery {
+                order: None,
+                subject: msg.subject.as_str(),
+                seq,
+            };
+            let result = Box::pin(self.worker.turns.handle(&input, Some(&delivery))).await;
             progress.abort();
             let ending = match &result {
                 Ok(_) => Ending::Settled { through: None },

@@ -3,8 +3,8 @@
 //! typed slots to fill, the tools the step uses, what it may wait for, and the next step (with simple
 //! conditions on slots). The model does the talking and moves the flow with tools (`start_flow`,
 //! `set_flow_slots`, `leave_flow`); where the user stands lives in PostgreSQL ([`state`]), keyed by
-//! (user, companion), and every change is keyed by the tool call that made it, so a retried turn never
-//! moves a flow twice.
+//! (user, companion), and every change is a journal step keyed by the tool call (or the event) that made
+//! it, so a retried turn never moves a flow twice.
 
 pub mod state;
 
@@ -400,7 +400,7 @@ impl Flows {
 /// Moves a flow as far as its slots allow from its current step: a step with required slots missing
 /// stays active; a step that waits starts waiting (for the id in its wait slot); a finished step goes on
 /// to the next one; no next step ends the flow.
-pub fn settle(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
+pub fn advance(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
     for _ in 0..=def.steps.len() {
         let Some(step) = def.step(&s.step) else { break };
         if !step.missing(&s.slots).is_empty() {
@@ -438,7 +438,7 @@ pub fn resume(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
     match def.next_after(&s.step, &s.slots) {
         Go::To(next) => {
             s.step = next;
-            settle(def, s)
+            advance(def, s)
         }
         Go::Stay => {
             s.status = state::status::ACTIVE.into();
@@ -449,6 +449,16 @@ pub fn resume(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
             s
         }
     }
+}
+
+/// The note a follow-up's brief gets when its news moved the user's flow on.
+pub fn resumed_note(def: &FlowDef, s: &state::FlowState) -> String {
+    format!(
+        "\nThis also moves on the guided flow \"{}\" you lead the user through; it stands now: {}. Say \
+         what comes next in the same message.",
+        def.title,
+        view(def, s)
+    )
 }
 
 /// What the model is told about the flow: where it stands, what the step needs, what is filled.
@@ -651,15 +661,15 @@ mod tests {
             waiting_for: None,
             updated_at: chrono::Utc::now(),
         };
-        s = settle(&f, s);
+        s = advance(&f, s);
         assert_eq!((s.step.as_str(), s.status.as_str()), ("link", "active"));
         s.slots
             .insert("url".into(), json!("https://maps.app.goo.gl/x"));
-        s = settle(&f, s);
+        s = advance(&f, s);
         assert_eq!((s.step.as_str(), s.status.as_str()), ("draft", "active"));
         s.slots
             .insert("draft_id".into(), json!("65f000000000000000000001"));
-        s = settle(&f, s);
+        s = advance(&f, s);
         assert_eq!((s.step.as_str(), s.status.as_str()), ("review", "waiting"));
         assert_eq!(
             s.waiting_for.as_deref(),

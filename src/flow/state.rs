@@ -1,17 +1,17 @@
-//! Where a user stands in a flow (`flow_states`, one row per user and companion). Every change is
-//! keyed: by the tool call that made it, or by the event a waiting step was waiting for. A key already in
-//! the row's `applied` list changes nothing, so a retried turn or a redelivered event never moves a flow
-//! twice.
+//! Where a user stands in a flow (`flow_states`, one row per user and companion). Every change is a step
+//! of the journal ([`change`]: step `flow_change`, keyed by the tool call that made it or by the event a
+//! waiting step waited for), written in the transaction that records the step: a retried turn or a
+//! redelivered event gets the recorded result and never moves a flow twice.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::{Map, Value};
-use sqlx::{PgPool, Row, postgres::PgRow};
+use sqlx::{PgConnection, PgPool, Row, postgres::PgRow};
 
-use crate::store::StoreError;
-
-/// Keys kept in `applied` (the newest).
-const APPLIED_KEPT: i32 = 50;
+use crate::{
+    journal::{Job, JournalError, names::step},
+    store::StoreError,
+};
 
 /// A flow's status.
 pub mod status {
@@ -60,10 +60,10 @@ fn state_of(r: &PgRow) -> FlowState {
     }
 }
 
-/// What a keyed change did.
-#[derive(Clone, Debug, PartialEq)]
+/// What a change did (the `flow_change` step's record).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Applied<E> {
-    /// Changed now (or by an earlier attempt with the same key): the flow as it stands.
+    /// Changed now (or by an earlier attempt of the same step): the flow as it stands.
     Changed(Option<FlowState>),
     /// Nothing to change: the flow as it stands.
     Unchanged(Option<FlowState>),
@@ -84,16 +84,34 @@ pub async fn load(pool: &PgPool, user: &str, bot: &str) -> Result<Option<FlowSta
     Ok(row.as_ref().map(state_of))
 }
 
-/// Applies `change` to the user's flow with the companion once per `key`, under the row's lock: `change`
-/// gets the flow as it stands and returns the new one (`None` leaves the row as it is), or a refusal.
-pub async fn apply<E>(
-    pool: &PgPool,
+/// Applies `change` to the user's flow with the companion as step `flow_change`/`key` of `job`: under the
+/// row's lock, `change` gets the flow as it stands and returns the new one (`None` leaves the row as it
+/// is), or a refusal. The row and the step's record commit together; a step already recorded returns its
+/// record and changes nothing.
+pub async fn change<E>(
+    job: &Job,
+    key: &str,
     user: &str,
     bot: &str,
-    key: &str,
+    change: impl FnOnce(Option<&FlowState>) -> Result<Option<FlowState>, E>,
+) -> Result<Applied<E>, JournalError>
+where
+    E: Serialize + DeserializeOwned,
+{
+    job.step(step::FLOW_CHANGE, key)
+        .run_in_tx(|mut tx| async move {
+            let applied = apply(&mut tx, user, bot, change).await;
+            (tx, applied.map_err(JournalError::from))
+        })
+        .await
+}
+
+async fn apply<E>(
+    tx: &mut PgConnection,
+    user: &str,
+    bot: &str,
     change: impl FnOnce(Option<&FlowState>) -> Result<Option<FlowState>, E>,
 ) -> Result<Applied<E>, StoreError> {
-    let mut tx = pool.begin().await?;
     // The row may not exist yet: serialize on the pair all the same.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || $2, 7))")
         .bind(user)
@@ -101,18 +119,14 @@ pub async fn apply<E>(
         .execute(&mut *tx)
         .await?;
     let row = sqlx::query(
-        "SELECT flow, step, slots, status, waiting_for, updated_at, $3 = ANY(applied) AS done
+        "SELECT flow, step, slots, status, waiting_for, updated_at
          FROM flow_states WHERE user_id = $1 AND bot_id = $2",
     )
     .bind(user)
     .bind(bot)
-    .bind(key)
     .fetch_optional(&mut *tx)
     .await?;
     let current = row.as_ref().map(state_of);
-    if row.as_ref().is_some_and(|r| r.get::<bool, _>("done")) {
-        return Ok(Applied::Changed(current));
-    }
     let next = match change(current.as_ref()) {
         Ok(n) => n,
         Err(e) => return Ok(Applied::Refused(e)),
@@ -121,12 +135,11 @@ pub async fn apply<E>(
         return Ok(Applied::Unchanged(current));
     };
     let row = sqlx::query(
-        "INSERT INTO flow_states (user_id, bot_id, flow, step, slots, status, waiting_for, applied)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, ARRAY[$8])
+        "INSERT INTO flow_states (user_id, bot_id, flow, step, slots, status, waiting_for)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
          ON CONFLICT (user_id, bot_id) DO UPDATE SET
             flow = EXCLUDED.flow, step = EXCLUDED.step, slots = EXCLUDED.slots,
-            status = EXCLUDED.status, waiting_for = EXCLUDED.waiting_for, updated_at = now(),
-            applied = (flow_states.applied || ARRAY[$8])[greatest(1, cardinality(flow_states.applied) + 2 - $9):]
+            status = EXCLUDED.status, waiting_for = EXCLUDED.waiting_for, updated_at = now()
          RETURNING flow, step, slots, status, waiting_for, updated_at",
     )
     .bind(user)
@@ -136,11 +149,8 @@ pub async fn apply<E>(
     .bind(Value::Object(next.slots.clone()))
     .bind(&next.status)
     .bind(&next.waiting_for)
-    .bind(key)
-    .bind(APPLIED_KEPT)
     .fetch_one(&mut *tx)
     .await?;
-    tx.commit().await?;
     Ok(Applied::Changed(Some(state_of(&row))))
 }
 

@@ -1,21 +1,20 @@
 //! A due reminder reaches the user: the schedule `schedule_reminder` set fires
 //! `<prefix>.signal.reminder.<id>` with `{ "reminderId", "fireAt" }`, and the companion that promised it
 //! writes to the user in the thread it was promised in. A cancelled reminder is dropped (its schedule
-//! still fired); the row ends `sent` or `dropped`.
+//! still fired). Whether it was sent or dropped is its job's state (`reminder:<id>`); the row keeps what
+//! the user asked for.
 
 use serde::Deserialize;
 
-use super::{FollowUp, ProactiveError, ProactiveOutcome, signal_body};
+use super::{FollowUp, ProactiveError, Sources, signal_body};
 use crate::{
     bus::{Trigger, event::parse_object_id},
     character::fill,
-    journal::State,
     store::reminders::ReminderState,
-    turn::Turns,
 };
 
 /// The trigger kind of a reminder's message.
-pub const KIND: &str = "reminder";
+pub const KIND: &str = crate::store::reminders::KIND;
 
 /// The fired schedule's body.
 #[derive(Debug, Deserialize)]
@@ -26,7 +25,7 @@ struct Due {
 
 /// Reads the fired reminder and says what to tell whom.
 pub async fn follow_up<'t>(
-    t: &'t Turns,
+    t: Sources<'t>,
     subject_id: &str,
     payload: &[u8],
 ) -> Result<FollowUp<'t>, ProactiveError> {
@@ -77,26 +76,4 @@ pub async fn follow_up<'t>(
         card: None,
         stale,
     })
-}
-
-/// The row follows the message: `sent` once it was sent, `dropped` when it was not (repeatable).
-pub async fn settle_row(
-    t: &Turns,
-    id: &str,
-    outcome: &ProactiveOutcome,
-) -> Result<(), ProactiveError> {
-    let to = match outcome {
-        ProactiveOutcome::Sent { .. }
-        | ProactiveOutcome::AlreadySettled {
-            state: State::Done, ..
-        } => ReminderState::Sent,
-        ProactiveOutcome::Dropped { .. }
-        | ProactiveOutcome::AlreadySettled {
-            state: State::Dropped,
-        } => ReminderState::Dropped,
-        ProactiveOutcome::AlreadySettled { .. } => return Ok(()),
-    };
-    t.pg.move_reminder(id, None, ReminderState::Pending, to)
-        .await?;
-    Ok(())
 }

@@ -13,12 +13,11 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{FollowUp, ProactiveError, signal_body};
+use super::{FollowUp, ProactiveError, Sources, signal_body};
 use crate::{
     bus::{Trigger, event::parse_object_id},
     character::fill,
     store::mongo::{SPOT_DRAFTS, SPOTS},
-    turn::Turns,
 };
 
 /// The trigger kind of a review's follow-up.
@@ -58,7 +57,7 @@ impl Status {
 
 /// Reads the review and the draft it is about, and says what to tell whom.
 pub async fn follow_up<'t>(
-    t: &'t Turns,
+    t: Sources<'t>,
     subject_id: &str,
     payload: &[u8],
 ) -> Result<FollowUp<'t>, ProactiveError> {
@@ -178,7 +177,7 @@ pub async fn follow_up<'t>(
 
 /// The companion that made the draft: its bot id, or the character its `createdBy`/`submittedVia` names.
 fn companion_of<'t>(
-    t: &'t Turns,
+    t: Sources<'t>,
     draft: &Document,
 ) -> Option<(ObjectId, &'t crate::character::Character)> {
     if let Some(bot) = id_field(draft, "botId") {
@@ -208,7 +207,11 @@ fn when(draft: &Document) -> String {
 }
 
 /// The `spot_card` of the approved spot (`ck_spots`), or of the draft's fields if the spot cannot be read.
-async fn spot_card(t: &Turns, id: ObjectId, draft: &Document) -> Result<Value, ProactiveError> {
+async fn spot_card(
+    t: Sources<'_>,
+    id: ObjectId,
+    draft: &Document,
+) -> Result<Value, ProactiveError> {
     let spot = t
         .mongo
         .collection(SPOTS)

@@ -62,31 +62,28 @@ pub struct UserData {
     /// The newest tricklist documents, as stored: their trick names are resolved
     /// ([`Mongo::resolve_tricklists`]) only by a turn that answers, not by every delivery admitted.
     pub tricklists: Vec<Document>,
-    /// The user blocked the bot (`users.blockedUsers` holds its id): it may answer, never start a DM.
-    pub blocks_bot: bool,
+    /// Whom the user blocked (`users.blockedUsers`): a companion among them may answer, never start a DM.
+    pub blocked: Vec<ObjectId>,
 }
 
-/// The admission check with the user's data, from one aggregate.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Admission {
-    Admitted(UserData),
-    /// No such conversation.
-    Missing,
-    /// The conversation does not join the sender and the bot.
-    NotParticipant,
+impl UserData {
+    pub fn blocks(&self, bot: ObjectId) -> bool {
+        self.blocked.contains(&bot)
+    }
 }
 
-/// The admission check of a group message, from one aggregate.
+/// A conversation as the admission finds it: who is in it, and the user's data.
 #[derive(Clone, Debug, PartialEq)]
-pub enum GroupAdmission {
-    Admitted {
-        user: Box<UserData>,
-        /// Every participant, users and companions, in the conversation's order.
-        participants: Vec<ObjectId>,
-    },
-    Missing,
-    /// The sender is not a participant.
-    NotParticipant,
+pub struct Admission {
+    /// Every participant, users and companions, in the conversation's order.
+    pub participants: Vec<ObjectId>,
+    pub user: UserData,
+}
+
+impl Admission {
+    pub fn joins(&self, id: ObjectId) -> bool {
+        self.participants.contains(&id)
+    }
 }
 
 /// What the companion knows about the user it talks to.
@@ -211,51 +208,19 @@ impl Mongo {
         Ok(())
     }
 
-    /// The admission check (the conversation exists and joins the user and the bot) and, when it
-    /// passes, the user's profile and newest `tricklists` lists: one aggregate on the conversation that
-    /// looks up the other two (one round trip where three finds were).
+    /// The conversation's participants, and the user's profile, blocks and newest `tricklists` lists:
+    /// one aggregate on the conversation that looks up the other two (one round trip where three finds
+    /// were); `None` when there is no such conversation. Who must be in it is the caller's to check.
     pub async fn admit(
         &self,
         conversation: ObjectId,
         user: ObjectId,
-        bot: ObjectId,
         tricklists: i64,
-    ) -> Result<Admission, StoreError> {
-        Ok(
-            match self.admission(conversation, user, tricklists).await? {
-                None => Admission::Missing,
-                Some(f) if !(f.participants.contains(&user) && f.participants.contains(&bot)) => {
-                    Admission::NotParticipant
-                }
-                Some(f) => {
-                    let blocks_bot = f.user_doc.as_ref().is_some_and(|d| blocks(d, bot));
-                    Admission::Admitted(UserData {
-                        blocks_bot,
-                        ..f.into_user_data(user)
-                    })
-                }
-            },
-        )
-    }
-
-    /// The admission of a group message: the conversation exists and has `user` among its
-    /// participants; with the participants' ids (in the conversation's order) and the user's data.
-    pub async fn admit_group(
-        &self,
-        conversation: ObjectId,
-        user: ObjectId,
-        tricklists: i64,
-    ) -> Result<GroupAdmission, StoreError> {
-        Ok(
-            match self.admission(conversation, user, tricklists).await? {
-                None => GroupAdmission::Missing,
-                Some(f) if !f.participants.contains(&user) => GroupAdmission::NotParticipant,
-                Some(mut f) => GroupAdmission::Admitted {
-                    participants: std::mem::take(&mut f.participants),
-                    user: Box::new(f.into_user_data(user)),
-                },
-            },
-        )
+    ) -> Result<Option<Admission>, StoreError> {
+        Ok(self
+            .admission(conversation, user, tricklists)
+            .await?
+            .map(|f| f.into_admission(user)))
     }
 
     /// Display names (`name`, else `username`) of the given users, for a group's history.
@@ -565,12 +530,14 @@ struct Found {
 }
 
 impl Found {
-    /// The user's profile and lists (no companion's block looked at).
-    fn into_user_data(self, user: ObjectId) -> UserData {
-        UserData {
-            profile: self.user_doc.as_ref().map(|d| profile_of(user, d)),
-            tricklists: self.tricklists,
-            blocks_bot: false,
+    fn into_admission(self, user: ObjectId) -> Admission {
+        Admission {
+            participants: self.participants,
+            user: UserData {
+                profile: self.user_doc.as_ref().map(|d| profile_of(user, d)),
+                blocked: self.user_doc.as_ref().map(blocked_by).unwrap_or_default(),
+                tricklists: self.tricklists,
+            },
         }
     }
 }
@@ -614,15 +581,19 @@ fn trick_ref_id(t: &Bson) -> Option<ObjectId> {
     }
 }
 
-/// Whether the user document lists `bot` in `blockedUsers` (as an ObjectId or its hex).
-fn blocks(user: &Document, bot: ObjectId) -> bool {
-    user.get_array("blockedUsers").is_ok_and(|a| {
-        a.iter().any(|b| match b {
-            Bson::ObjectId(id) => *id == bot,
-            Bson::String(s) => s.eq_ignore_ascii_case(&bot.to_hex()),
-            _ => false,
+/// Whom the user document lists in `blockedUsers` (as ObjectIds or their hex).
+fn blocked_by(user: &Document) -> Vec<ObjectId> {
+    user.get_array("blockedUsers")
+        .map(|a| {
+            a.iter()
+                .filter_map(|b| match b {
+                    Bson::ObjectId(id) => Some(*id),
+                    Bson::String(s) => ObjectId::parse_str(s.to_ascii_lowercase()).ok(),
+                    _ => None,
+                })
+                .collect()
         })
-    })
+        .unwrap_or_default()
 }
 
 pub fn is_duplicate_key(e: &mongodb::error::Error) -> bool {

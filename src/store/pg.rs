@@ -92,7 +92,7 @@ impl Pg {
         bot_id: &str,
         limit: i64,
     ) -> Result<History, StoreError> {
-        let rows = sqlx::query(
+        let sql = format!(
             "SELECT role, content, tool_calls, reminder_id, fire_at FROM (
                 SELECT 0 AS part, role, content, tool_calls, NULL::text AS reminder_id,
                        NULL::timestamptz AS fire_at, created_at, id FROM (
@@ -100,15 +100,17 @@ impl Pg {
                     FROM bot_conversations WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat
                     ORDER BY created_at DESC, id DESC LIMIT $3) w
                 UNION ALL
-                SELECT 1, 'reminder', text, NULL, id, fire_at, fire_at, 0 FROM reminders
-                WHERE user_id = $1 AND bot_id = $2 AND state = 'pending'
+                SELECT 1, 'reminder', r.text, NULL, r.id, r.fire_at, r.fire_at, 0 FROM reminders r
+                WHERE r.user_id = $1 AND r.bot_id = $2 AND {}
              ) x ORDER BY part, created_at, id",
-        )
-        .bind(user_id)
-        .bind(bot_id)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
+            super::reminders::PENDING
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(user_id)
+            .bind(bot_id)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
         let mut out = History::default();
         for r in rows {
             match r.get::<Option<String>, _>("reminder_id") {

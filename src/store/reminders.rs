@@ -1,12 +1,21 @@
-//! Reminders a companion promised (`reminders`): what the user asked for and where it stands. The timer
-//! is not here but in NATS (a message schedule, [`crate::bus::Bus::schedule_at`]); this table answers
-//! "what is pending" (the prompt, with the history: [`Pg::history`]; the per-user bound) and "was it
-//! cancelled" (when it fires).
+//! Reminders a companion promised (`reminders`): what the user asked for (pending, or cancelled). The
+//! timer is not here but in NATS (a message schedule, [`crate::bus::Bus::schedule_at`]), and whether
+//! the reminder was sent or dropped is the state of its job in the journal (`reminder:<id>`), read here
+//! with the row: a reminder is pending while the user has not cancelled it and its job has not ended.
+//! This table answers "what is pending" (the prompt, with the history: [`Pg::history`]; the per-user
+//! bound) and "was it cancelled" (when it fires).
 
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 
 use super::{Pg, StoreError};
+
+/// The kind of a reminder's follow-up: its job is `reminder:<id>` (the SQL below names the prefix).
+pub const KIND: &str = "reminder";
+
+/// SQL: the row `r` is still pending (not cancelled, its follow-up's job not ended).
+pub(crate) const PENDING: &str = "r.state = 'pending' AND NOT EXISTS (SELECT 1 FROM jobs j
+    WHERE j.id = 'reminder:' || r.id AND j.state IN ('done', 'dropped'))";
 
 /// A reminder's row.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,6 +29,7 @@ pub struct Reminder {
     pub due_at: DateTime<Utc>,
     /// When it fires: `due_at`, or held to the morning out of the user's quiet hours.
     pub fire_at: DateTime<Utc>,
+    /// Where it stands: the row's pending or cancelled, or its job's sent or dropped.
     pub state: ReminderState,
 }
 
@@ -31,11 +41,15 @@ pub struct PendingReminder {
     pub fire_at: DateTime<Utc>,
 }
 
+/// Where a reminder stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReminderState {
     Pending,
+    /// The user cancelled it (the row's state).
     Cancelled,
+    /// Its follow-up was sent (its job is done).
     Sent,
+    /// Its follow-up was not sent, on purpose (its job was dropped).
     Dropped,
 }
 
@@ -61,6 +75,12 @@ impl ReminderState {
 
 const COLUMNS: &str = "id, user_id, bot_id, conversation_id, text, due_at, fire_at, state";
 
+/// [`COLUMNS`] of the row `r`, its state as where the reminder stands.
+const STANDING: &str = "r.id, r.user_id, r.bot_id, r.conversation_id, r.text, r.due_at, r.fire_at,
+    CASE WHEN r.state = 'cancelled' THEN 'cancelled'
+         ELSE coalesce((SELECT CASE j.state WHEN 'done' THEN 'sent' WHEN 'dropped' THEN 'dropped' END
+                        FROM jobs j WHERE j.id = 'reminder:' || r.id), 'pending') END AS state";
+
 fn reminder(r: sqlx::postgres::PgRow) -> Reminder {
     Reminder {
         id: r.get("id"),
@@ -84,7 +104,7 @@ impl Pg {
                 ON CONFLICT (id) DO NOTHING
                 RETURNING {COLUMNS})
              SELECT {COLUMNS} FROM ins
-             UNION ALL SELECT {COLUMNS} FROM reminders WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
+             UNION ALL SELECT {STANDING} FROM reminders r WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(&r.id)
@@ -99,8 +119,9 @@ impl Pg {
         Ok(reminder(row))
     }
 
+    /// The reminder, with where it stands.
     pub async fn reminder(&self, id: &str) -> Result<Option<Reminder>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM reminders WHERE id = $1");
+        let sql = format!("SELECT {STANDING} FROM reminders r WHERE id = $1");
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id)
             .fetch_optional(&self.pool)
@@ -110,32 +131,24 @@ impl Pg {
 
     /// How many reminders the user has pending, with every companion.
     pub async fn pending_reminders(&self, user_id: &str) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT count(*) FROM reminders WHERE user_id = $1 AND state = 'pending'",
-        )
-        .bind(user_id)
-        .fetch_one(&self.pool)
-        .await?)
+        let sql = format!("SELECT count(*) FROM reminders r WHERE user_id = $1 AND {PENDING}");
+        Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(user_id)
+            .fetch_one(&self.pool)
+            .await?)
     }
 
-    /// Moves a reminder from `from` to `to`; whether it was in `from`.
-    pub async fn move_reminder(
-        &self,
-        id: &str,
-        user_id: Option<&str>,
-        from: ReminderState,
-        to: ReminderState,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE reminders SET state = $4, updated_at = now()
-             WHERE id = $1 AND ($2::text IS NULL OR user_id = $2) AND state = $3",
-        )
-        .bind(id)
-        .bind(user_id)
-        .bind(from.as_str())
-        .bind(to.as_str())
-        .execute(&self.pool)
-        .await?;
+    /// Cancels the user's reminder while it is pending; whether it was.
+    pub async fn cancel_reminder(&self, id: &str, user_id: &str) -> Result<bool, StoreError> {
+        let sql = format!(
+            "UPDATE reminders r SET state = 'cancelled', updated_at = now()
+             WHERE id = $1 AND user_id = $2 AND {PENDING}"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .bind(user_id)
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 }

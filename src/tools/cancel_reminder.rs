@@ -1,4 +1,4 @@
-//! `cancel_reminder`: the user changed their mind. The reminder's row becomes `cancelled`; its schedule
+//! `cancel_reminder`: the user changed their mind. The pending reminder's row becomes `cancelled`; its schedule
 //! still fires, and the follow-up finds it cancelled and sends nothing (the worker may not purge the
 //! signal stream), so a cancelled reminder never reaches the user.
 
@@ -31,15 +31,7 @@ impl Tool for CancelReminder {
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let id = args.reminder_id.trim();
         let user = ctx.user.to_hex();
-        let cancelled = ctx
-            .pg
-            .move_reminder(
-                id,
-                Some(&user),
-                ReminderState::Pending,
-                ReminderState::Cancelled,
-            )
-            .await?;
+        let cancelled = ctx.pg.cancel_reminder(id, &user).await?;
         if cancelled {
             return Ok(ToolOutput::data(
                 json!({ "reminderId": id, "cancelled": true }),

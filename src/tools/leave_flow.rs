@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Tool, ToolContext, ToolError, ToolOutput, flow_key};
+use super::{Tool, ToolContext, ToolError, ToolOutput};
 use crate::flow::state::{self, Applied, status};
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -28,11 +28,11 @@ impl Tool for LeaveFlow {
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
-        let applied = state::apply(
-            &ctx.pg.pool,
+        let applied = state::change(
+            ctx.job,
+            &ctx.call_key,
             &ctx.user.to_hex(),
             &ctx.bot.to_hex(),
-            &flow_key(ctx),
             |current| match current.filter(|c| status::is_open(&c.status)) {
                 None => Err(()),
                 Some(c) => {

@@ -48,7 +48,7 @@ use serde_json::{Value, json};
 
 use crate::{
     bus::{Bus, BusError},
-    journal::{Admission, Job, JournalError},
+    journal::{Admission, Job, JournalError, names},
     llm::{FunctionDef, ToolDef},
     store::{Mongo, Pg, StoreError},
 };
@@ -75,7 +75,8 @@ pub struct ToolContext<'a> {
     pub message_id: ObjectId,
     /// The model's id for this call (unique within the turn).
     pub tool_call_id: String,
-    /// The journal key of this call (see [`call_key`]): the write quota counts a call once.
+    /// The journal key of this call (see [`call_key`]): the write quota counts a call once, and a flow
+    /// change is made once.
     pub call_key: String,
     pub mongo: &'a Mongo,
     /// The service's database (reminders).
@@ -117,12 +118,6 @@ pub fn call_key(tool_call_id: &str, tool: &str, raw_args: &str) -> String {
         .map(|b| format!("{b:02x}"))
         .collect();
     format!("{tool_call_id}:{hex}")
-}
-
-/// The key a flow change is applied once under: the event's message and the call. (A call id alone is
-/// unique only within one turn, and a journal key only within its job.)
-pub fn flow_key(ctx: &ToolContext<'_>) -> String {
-    format!("{}:{}", ctx.message_id.to_hex(), ctx.call_key)
 }
 
 /// What a successful call gives back: data for the model and maybe a card for the app.
@@ -534,11 +529,11 @@ pub fn derived_id(message_id: ObjectId, tool: &str, tool_call_id: &str) -> Objec
 /// (tally `writes:<user>`, one hour), so every worker counts against the same limit and a retried call is
 /// not counted twice.
 pub async fn guard_write(ctx: &ToolContext<'_>, tool: &str) -> Result<(), ToolError> {
-    let tally = format!("writes:{}", ctx.user.to_hex());
+    let tally = names::tally::writes(&ctx.user.to_hex());
     let admission = ctx
         .job
         .counted(
-            "quota",
+            names::step::QUOTA,
             &ctx.call_key,
             &tally,
             ctx.writes_per_hour,

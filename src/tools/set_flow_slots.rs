@@ -3,10 +3,10 @@
 //! the step is complete.
 
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Tool, ToolContext, ToolError, ToolOutput, flow_key, schema};
+use super::{Tool, ToolContext, ToolError, ToolOutput, schema};
 use crate::flow::{
     self,
     state::{self, Applied, status},
@@ -22,6 +22,7 @@ pub struct Args {
 pub struct SetFlowSlots;
 
 /// Why a slot update is refused.
+#[derive(Serialize, Deserialize)]
 enum Refusal {
     NoFlow,
     Waiting(String),
@@ -40,7 +41,7 @@ impl Tool for SetFlowSlots {
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
-        let applied = state::apply(&ctx.pg.pool, &user, &bot, &flow_key(ctx), |current| {
+        let applied = state::change(ctx.job, &ctx.call_key, &user, &bot, |current| {
             let Some(c) = current.filter(|c| status::is_open(&c.status)) else {
                 return Err(Refusal::NoFlow);
             };
@@ -61,7 +62,7 @@ impl Tool for SetFlowSlots {
             let mut s = c.clone();
             s.status = status::ACTIVE.into();
             s.slots.extend(args.slots.clone());
-            Ok(Some(flow::settle(def, s)))
+            Ok(Some(flow::advance(def, s)))
         })
         .await?;
         match applied {

@@ -5,7 +5,7 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{Tool, ToolContext, ToolError, ToolOutput, flow_key};
+use super::{Tool, ToolContext, ToolError, ToolOutput};
 use crate::flow::{
     self,
     state::{self, Applied, FlowState, status},
@@ -44,11 +44,11 @@ impl Tool for StartFlow {
                 ));
             }
         };
-        let applied = state::apply(
-            &ctx.pg.pool,
+        let applied = state::change(
+            ctx.job,
+            &ctx.call_key,
             &ctx.user.to_hex(),
             &ctx.bot.to_hex(),
-            &flow_key(ctx),
             |current| match current {
                 Some(c) if status::is_open(&c.status) && c.flow != def.id => Err(format!(
                     "the user is in the flow `{}` ({}); finish it or leave it (leave_flow) first",
@@ -60,9 +60,9 @@ impl Tool for StartFlow {
                     if s.status == status::PAUSED {
                         s.status = status::ACTIVE.into();
                     }
-                    Ok(Some(flow::settle(def, s)))
+                    Ok(Some(flow::advance(def, s)))
                 }
-                _ => Ok(Some(flow::settle(
+                _ => Ok(Some(flow::advance(
                     def,
                     FlowState {
                         flow: def.id.clone(),

@@ -1,23 +1,31 @@
-//! One turn: an inbound DM, with the rest of its burst, becomes the companion's reply in dm_messages,
-//! history and a completion event. Every side effect is a step of the turn's journal ([`crate::journal`]):
+//! The one conversation pipeline. Every message a companion sends, the answer to a DM (and its burst),
+//! the answers to a group message, a follow-up on a signal, is one job of the journal
+//! ([`crate::journal`]) and takes this path, in this order:
 //!
-//! | step | key | what it records |
-//! |---|---|---|
-//! | `flood` | | the flood decision: go ahead, say the busy line, or already answered by one (lazy) |
-//! | `flow` | | the user's guided flow with the companion as this turn sees it (lazy) |
-//! | `burst` | | the later messages this reply answers, fixed on the first attempt |
-//! | `llm` | round | each answer of the model, with its usage and cost ([`tool_loop`]) |
-//! | `tool` | call id + hash | each tool call's result, as the model saw it (lazy) |
-//! | `quota` | call id + hash | a write counted against the user's hourly quota (tally `writes:<user>`) |
-//! | `reply` | `g<generation>` | the reply's id, text, card and time: every retry writes the same document |
-//! | `store_reply`, `history`, `touch`, `publish` | `g<generation>` | delivering it (lazy: safe to repeat) |
+//! | # | stage | DM | group message | follow-up | steps |
+//! |---|---|---|---|---|---|
+//! | 1 | admit ([`input`]) | a known companion; the conversation joins the sender and it | the conversation has the sender; its companions | the signal's news ([`crate::proactive`]) and its thread | |
+//! | 2 | incoming hook ([`hooks`]) | the message | the message | | |
+//! | 3 | open the job | message id | message id | `<kind>:<id>` | |
+//! | 4 | gate | the flood limit | who answers ([`crate::group`]), the flood limit | stale news, a companion blocked or gone, the daily cap | `flood`; `route`, `flood`; `gate`, `cap` |
+//! | 5 | take in | the burst, each message through the incoming hook | | the flow the news moves on | `burst`; `flow_change` |
+//! | 6 | plan | one reply | the routed companions, then their hand-overs, bounded | one message | |
+//! | 7 | each slot: compose → converse → outgoing hook → fix ([`compose`]) | the model, with tools | the model, with tools, as that companion | the model without tools, or the plain line | `flow`, `llm`, `tool`, `quota`, `reply` |
+//! | 8 | each slot: deliver ([`deliver`]) | dm_messages, history, the conversation, the completion | the same | the same | `store_reply`, `history`, `touch`, `publish` |
+//! | 9 | finish | done, or limited (the busy line) | done, limited, or dropped with the reason | done, or dropped with the reason | the job's state |
 //!
-//! A burst: messages the user sent after this one that are already in the stream when the turn starts (up
-//! to `COMPANION_BURST_MAX`) are answered by the same reply, as a person would answer five quick lines
-//! once. They become `covered` jobs of their own and are listed in the completion's `covers`.
+//! Over the flood limit the first speaker says the busy line instead (once per window), or the message
+//! is kept in history unanswered. A job whose attempts fail ends through [`Turns::fail`]: the messages
+//! fixed before are delivered, else the first speaker's failure line. Step names and keys are in
+//! [`crate::journal::names`]; every step is keyed so that doing it twice is harmless.
 //!
 //! Errors carry their class ([`Classify`]); the worker's settlement decides what to do about them.
 
+pub mod burst;
+pub mod compose;
+pub mod deliver;
+pub mod hooks;
+pub mod input;
 pub mod prompt;
 pub mod tool_loop;
 
@@ -29,45 +37,53 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{debug, info};
 
+pub use burst::{Burst, Covered};
+pub use deliver::Outgoing;
+pub use input::Input;
+
 use crate::{
-    bus::{
-        Bus, BusError, Completion, DmEvent, Trigger, Typing,
-        event::{InvalidEvent, Limits, clean_text, parse_inbound},
-    },
-    character::{Character, Characters},
+    bus::{Bus, BusError, event::InvalidEvent},
+    character::Characters,
     config::TurnConfig,
     failure::{Class, Classify},
     flood::FloodLimit,
-    journal::{Job, Journal, JournalError, NewJob, State},
-    llm::{CallBudget, ChatRequest, LlmClient, LlmError},
+    flow::{self, Flows, state::Applied},
+    group::{self, Bounds, Member, Route},
+    journal::{
+        Ending, Job, Journal, JournalError, State,
+        names::{
+            key::{self, Slot},
+            step,
+        },
+    },
+    llm::{LlmClient, LlmError},
     metrics::Metrics,
     order::{Order, OrderError},
+    proactive::{self, ProactiveError},
     rag::Retriever,
     spend::SpendGuard,
-    store::{
-        Mongo, Pg, StoreError,
-        mongo::{Admission, ReplyDoc, UserData},
-        pg::NewHistory,
-    },
+    store::{Mongo, Pg, StoreError, pg::GroupLine},
     timing::{Stage, stage},
-    tools::{REGISTRY, ReminderBounds, ToolContext, ToolError},
+    tools::ToolError,
 };
+use input::{Admitted, Kind};
 
-/// The kind of a turn's job.
+/// The kind of a DM turn's job.
 pub const JOB_KIND: &str = "turn";
 
-/// How a turn ended well.
+/// How a job ended well.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// The reply was written and published.
+    /// The message (the last of a group's) was written and published.
     Answered { reply_id: String },
     /// Over the user's flood limit: answered by the busy line, or by none when it was already said
     /// within the window.
     Limited { reply_id: Option<String> },
-    /// An earlier delivery already settled this message.
+    /// An earlier delivery already settled this job.
     AlreadySettled { state: State },
-    /// A group message no companion answers, on purpose (an acknowledgement, a companion's own).
-    Silent { reason: String },
+    /// No message, on purpose, for the reason given: a group message nobody answers (an
+    /// acknowledgement, a companion's own), a follow-up not sent.
+    Dropped { reason: String },
 }
 
 impl Outcome {
@@ -77,12 +93,12 @@ impl Outcome {
             Self::Answered { .. } => "answered",
             Self::Limited { .. } => "limited",
             Self::AlreadySettled { .. } => "already_done",
-            Self::Silent { .. } => "silent",
+            Self::Dropped { .. } => "dropped",
         }
     }
 }
 
-/// A turn's outcome and the last stream sequence it settled (its burst's last message).
+/// A job's outcome and the last stream sequence it settled (its burst's last message).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settled {
     pub outcome: Outcome,
@@ -90,18 +106,21 @@ pub struct Settled {
     pub through_seq: Option<u64>,
 }
 
-/// Where a delivery came from, so a turn can take in the rest of its burst.
+/// Where an input came from: its stream sequence and, for a conversation's message, the conversation's
+/// order (a DM takes in the rest of its burst from there).
 pub struct Delivery<'a> {
-    pub order: &'a Order,
+    pub order: Option<&'a Order>,
     pub subject: &'a str,
     pub seq: u64,
 }
 
-/// Why a turn did not end well; its [`Class`] says what to do about it.
+/// Why a job did not end well; its [`Class`] says what to do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum TurnError {
     #[error("invalid event: {0}")]
     Invalid(#[from] InvalidEvent),
+    #[error(transparent)]
+    Signal(#[from] ProactiveError),
     #[error("no character for bot {0}")]
     UnknownBot(String),
     #[error("conversation {0} does not exist")]
@@ -134,6 +153,7 @@ impl Classify for TurnError {
             | Self::MissingConversation(_)
             | Self::NotParticipant(_)
             | Self::NoCompanion(_) => Class::Reject,
+            Self::Signal(e) => e.class(),
             Self::Store(e) => e.class(),
             Self::Journal(e) => e.class(),
             Self::Bus(e) => e.class(),
@@ -174,56 +194,22 @@ pub struct FloodDecision {
     pub by: Option<String>,
 }
 
-/// A later message of a burst, as the `burst` step fixes it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Covered {
-    pub message_id: String,
-    pub seq: u64,
-    pub content: String,
-    #[serde(default)]
-    pub images: Vec<String>,
-    pub sent_at: DateTime<Utc>,
-}
-
-/// The `burst` step: the later messages this turn's reply answers too, in stream order.
+/// The `gate` step of a follow-up: sent, or dropped with the reason.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Burst {
-    pub covers: Vec<Covered>,
+pub struct GateRecord {
+    pub drop: Option<String>,
 }
 
-impl Burst {
-    pub fn last_seq(&self) -> Option<u64> {
-        self.covers.last().map(|c| c.seq)
-    }
-
-    /// The covered messages as events of the same conversation as `head`.
-    fn events(&self, head: &DmEvent) -> Vec<DmEvent> {
-        self.covers
-            .iter()
-            .filter_map(|c| {
-                Some(DmEvent {
-                    message_id: ObjectId::parse_str(&c.message_id).ok()?,
-                    content: c.content.clone(),
-                    images: c.images.clone(),
-                    sent_at: c.sent_at,
-                    ..head.clone()
-                })
-            })
-            .collect()
-    }
-}
-
-/// The `reply` step: the answer of a generation, fixed before it is delivered.
+/// A companion message, as its model or its character wrote it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Reply {
-    /// `_id` of the reply in dm_messages.
+    /// `_id` of the message in dm_messages.
     pub id: String,
     pub content: String,
     pub rich_content: Option<Value>,
     pub at: DateTime<Utc>,
-    /// Compact log of the tool calls behind this reply, kept on the assistant's history row.
+    /// Compact log of the tool calls behind it, kept on the assistant's history row.
     pub tool_log: Option<Value>,
 }
 
@@ -239,10 +225,93 @@ impl Reply {
     }
 }
 
+/// The `reply` step: one companion message of a job, fixed before it is delivered, so that every retry
+/// delivers the same. A DM's or a follow-up's reads as a plain [`Reply`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Said {
+    #[serde(flatten)]
+    pub reply: Reply,
+    /// The companion speaking (bot user id, hex) where the job has several (a group); else the job's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bot: Option<String>,
+    /// The companion its text names, which it hands over to (bounds permitting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<String>,
+    /// A busy, budget or failure line: nobody speaks after it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub last: bool,
+}
+
+/// What a job does after its gate.
+enum Gate<'a> {
+    /// Its messages are planned: the gate let it through (or over the flood limit, with the busy line).
+    Go(Plan<'a>),
+    /// Over the flood limit with the busy line already said this minute by job `by`: kept in history,
+    /// no message.
+    Limited { by: String },
+    /// No message, on purpose; `keep`: the user's message is kept in history all the same.
+    Drop { reason: String, keep: bool },
+}
+
+/// Who speaks, in order (stage 6).
+struct Plan<'a> {
+    /// The companions that speak first: the DM's or the follow-up's one, a group's routed ones.
+    speakers: Vec<Member<'a>>,
+    /// Over the flood limit: the first speaker says the busy line, and nobody after.
+    busy: bool,
+    /// A group message's route and what its companions see; none for one message.
+    group: Option<GroupPlan>,
+}
+
+/// What a group message's answers share.
+struct GroupPlan {
+    route: Route,
+    bounds: Bounds,
+    /// The group's history before the message.
+    history: Vec<GroupLine>,
+}
+
+impl<'a> Plan<'a> {
+    fn one(speaker: Member<'a>, busy: bool) -> Self {
+        Self {
+            speakers: vec![speaker],
+            busy,
+            group: None,
+        }
+    }
+
+    fn slot(&self, n: usize) -> Slot {
+        match self.group {
+            Some(_) => Slot::Nth(n),
+            None => Slot::Only,
+        }
+    }
+
+    /// Who speaks after `said`, and whether another companion's message handed over to them; none when
+    /// the plan is done.
+    fn next(&self, said: &[Said], members: &[Member<'a>]) -> Option<(Member<'a>, bool)> {
+        if said.last().is_some_and(|s| s.last) {
+            return None;
+        }
+        let Some(g) = &self.group else {
+            return said.is_empty().then(|| (self.speakers[0], false));
+        };
+        let hex = |s: Option<&str>| s.and_then(|b| ObjectId::parse_str(b).ok());
+        let so_far: Vec<(ObjectId, Option<ObjectId>)> = said
+            .iter()
+            .filter_map(|s| Some((hex(s.bot.as_deref())?, hex(s.tags.as_deref()))))
+            .collect();
+        let route: Vec<ObjectId> = self.speakers.iter().map(|m| m.bot).collect();
+        let next = group::route::next_speaker(&route, &so_far, g.bounds)?;
+        let member = members.iter().find(|m| m.bot == next.bot).copied()?;
+        Some((member, next.handed_over))
+    }
+}
+
 /// What a turn uses, built once per process from the components.
 pub struct Turns {
     pub journal: Journal,
-    /// History (`bot_conversations`).
+    /// History (`bot_conversations`), reminders, flows.
     pub pg: Pg,
     pub mongo: Mongo,
     /// Completions and typing events.
@@ -250,7 +319,7 @@ pub struct Turns {
     pub llm: LlmClient,
     pub characters: Characters,
     /// The guided flows the characters offer.
-    pub flows: crate::flow::Flows,
+    pub flows: Flows,
     pub retriever: Retriever,
     pub flood: FloodLimit,
     /// The spend budgets, checked before each paid call.
@@ -261,133 +330,202 @@ pub struct Turns {
 
 impl Turns {
     /// The limits inbound events are parsed with.
-    pub fn limits(&self) -> Limits {
-        Limits::of(&self.config)
+    pub fn limits(&self) -> crate::bus::event::Limits {
+        crate::bus::event::Limits::of(&self.config)
     }
 
-    /// The checks every event passes before anything is written for it: a known companion, and a
-    /// conversation that exists and joins the sender and the bot; with the user's profile and
-    /// tricklists, read in the same round trip.
-    pub async fn admit(&self, event: &DmEvent) -> Result<(&Character, UserData), TurnError> {
-        let character = self
-            .characters
-            .by_bot(&event.bot_id)
-            .ok_or_else(|| TurnError::UnknownBot(event.bot_id.to_hex()))?;
-        match self
-            .mongo
-            .admit(
-                event.conversation_id,
-                event.sender_id,
-                event.bot_id,
-                prompt::PROMPT_TRICKLISTS,
-            )
-            .await?
-        {
-            Admission::Admitted(user) => Ok((character, user)),
-            Admission::Missing => Err(TurnError::MissingConversation(
-                event.conversation_id.to_hex(),
-            )),
-            Admission::NotParticipant => {
-                Err(TurnError::NotParticipant(event.conversation_id.to_hex()))
-            }
-        }
-    }
-
-    /// Runs one validated event to completion (no burst: for callers without a stream delivery).
-    pub async fn run(&self, event: &DmEvent) -> Result<Outcome, TurnError> {
-        Box::pin(self.run_delivered(event, None))
+    /// Runs one validated DM to completion (no burst: for callers without a stream delivery).
+    pub async fn run(&self, event: &crate::bus::DmEvent) -> Result<Outcome, TurnError> {
+        Box::pin(self.handle(&Input::Dm(event), None))
             .await
             .map(|s| s.outcome)
     }
 
-    /// Runs one validated event delivered from the stream; later messages of its burst already in the
-    /// stream are answered with it.
-    pub async fn run_delivered(
+    /// Runs one input to completion: the pipeline of the module documentation.
+    pub async fn handle(
         &self,
-        event: &DmEvent,
+        input: &Input<'_>,
         delivery: Option<&Delivery<'_>>,
     ) -> Result<Settled, TurnError> {
         // One deadline for the whole attempt: a request a server accepted and never answers must not
         // hold the message (and its conversation behind it) for good.
         let secs = self.config.turn_timeout_secs.max(1);
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
-        let (character, user) =
-            within(deadline, secs, stage(Stage::Admit, self.admit(event))).await?;
-        let ids = Ids::of(event);
-        let new_job = ids.job(delivery.map(|d| d.seq));
-        let open = stage(Stage::Journal, self.journal.open(&new_job));
-        let job = within(deadline, secs, open).await?;
-        if let Some(settled) = already_settled(&job) {
-            info!(state = ?job.record.state, attempts = job.record.attempts, "message already settled; acknowledging");
-            return Ok(settled);
-        }
-        let result = within(
-            deadline,
-            secs,
-            self.answer(&job, event, &ids, character, &user, delivery),
-        )
-        .await;
-        job.keep_successes(result).await
+        let work = async {
+            let admitted = stage(Stage::Admit, self.admit(input)).await?;
+            if let Some(m) = admitted.message() {
+                self.incoming(&m);
+            }
+            let new_job = admitted.new_job(delivery.map(|d| d.seq));
+            let job = stage(Stage::Journal, self.journal.open(&new_job)).await?;
+            if let Some(settled) = already_settled(&job) {
+                info!(state = ?job.record.state, attempts = job.record.attempts, "already settled; acknowledging");
+                self.count(&admitted, &settled.outcome, false);
+                return Ok(settled);
+            }
+            let result = self.conduct(&job, &admitted, delivery).await;
+            job.keep_successes(result).await
+        };
+        within(deadline, secs, Box::pin(work)).await
     }
 
-    async fn answer(
+    /// Stages 4 to 9 for an open job.
+    async fn conduct(
         &self,
         job: &Job,
-        event: &DmEvent,
-        ids: &Ids,
-        character: &Character,
-        user: &UserData,
+        a: &Admitted<'_>,
         delivery: Option<&Delivery<'_>>,
     ) -> Result<Settled, TurnError> {
-        let generation = generation_key(job);
-        if let Some(reply) = job.recorded::<Reply>("reply", &generation) {
-            debug!("reply already fixed; delivering it again");
-            return self.deliver_recorded(job, event, ids, reply).await;
-        }
-        let flood = job
-            .step("flood", "")
-            .lazy()
-            .run(self.decide_flood(job, &ids.sender, &ids.bot))
-            .await?;
-        match flood.by.as_deref() {
-            Some(by) if by != ids.message => {
-                return self.limited_silently(job, event, ids, by).await;
-            }
-            Some(_) => {
-                info!("over the flood limit; answering with the busy line");
-                let line = character.busy_line.clone();
-                let reply = job
-                    .step("reply", &generation)
-                    .run(async { Ok::<_, TurnError>(Reply::new(line, None, None)) })
-                    .await?;
-                return self
-                    .deliver(job, event, ids, &Burst::default(), reply, true)
-                    .await;
-            }
-            None => {}
-        }
-        let burst = stage(Stage::Order, self.fix_burst(job, event, delivery)).await?;
-        let typing = Typing {
-            conversation_id: ids.conversation.clone(),
-            sender_id: ids.bot.clone(),
-            typing: true,
-            at: Utc::now(),
+        let plan = match self.gate(job, a).await? {
+            Gate::Go(plan) => plan,
+            Gate::Limited { by } => return self.limited(job, a, &by).await,
+            Gate::Drop { reason, keep } => return self.drop(job, a, &reason, keep).await,
         };
-        if let Err(e) = stage(Stage::Publish, self.bus.publish_typing(&typing)).await {
-            debug!(error = %e, "typing indicator not sent");
+        let burst = match plan.busy {
+            true => Burst::default(),
+            false => stage(Stage::Order, self.take_in(job, a, delivery)).await?,
+        };
+        let flow_note = self.move_flow(job, a).await?;
+        let generation = job.record.generation;
+        let mut said: Vec<Said> = Vec::new();
+        let mut fresh = 0;
+        while let Some((speaker, handed_over)) = plan.next(&said, &a.members) {
+            let slot = plan.slot(said.len());
+            if !said.is_empty() {
+                // The messages before are recorded as delivered before another companion starts: a
+                // crash from here on never sends them (or their completions) again.
+                job.flush().await?;
+            }
+            let turn = compose::Turn {
+                job,
+                admitted: a,
+                speaker,
+                handed_over,
+                slot,
+                burst: &burst,
+                said: &said,
+                busy: plan.busy,
+                history: plan.group.as_ref().map(|g| g.history.as_slice()),
+                flow_note: flow_note.as_deref(),
+            };
+            // Boxed: the model's part of a turn is a large future, kept off the caller's stack.
+            let line = job
+                .step(step::REPLY, slot.reply(generation))
+                .run(Box::pin(async {
+                    fresh += 1;
+                    self.compose(&turn).await
+                }))
+                .await?;
+            self.deliver(job, a, slot, &burst, &line).await?;
+            said.push(line);
         }
-        // Boxed: the model's part of a turn is a large future, kept off the caller's stack.
-        let reply = job
-            .step("reply", &generation)
-            .run(Box::pin(self.respond(job, event, &burst, character, user)))
+        let state = if plan.busy {
+            State::Limited
+        } else {
+            State::Done
+        };
+        self.finish(job, a, &plan, said, &burst, state, fresh > 0)
+            .await
+    }
+
+    /// Stage 4: the checks inside the job, each decision a step of it.
+    async fn gate<'t>(&'t self, job: &Job, a: &Admitted<'t>) -> Result<Gate<'t>, TurnError> {
+        match &a.kind {
+            Kind::Dm(_) => {
+                let first = a.members[0];
+                self.flood_gate(job, a, Plan::one(first, false)).await
+            }
+            Kind::Group { event, .. } => {
+                if a.members.iter().any(|m| m.bot == event.sender_id) {
+                    return Ok(Gate::Drop {
+                        reason: group::COMPANION_SENDER.into(),
+                        keep: false,
+                    });
+                }
+                let history = self
+                    .pg
+                    .group_history(&a.ids.conversation, self.config.history_limit)
+                    .await?;
+                let route = job
+                    .step(step::ROUTE, key::ONCE)
+                    .run(async {
+                        let members = &a.members;
+                        let margin = self.config.group_fit_margin;
+                        let route =
+                            group::decide(&self.retriever, event, members, &history, margin).await;
+                        Ok::<_, TurnError>(route)
+                    })
+                    .await?;
+                let speakers: Vec<Member<'t>> = route
+                    .speakers_among(&a.members)
+                    .into_iter()
+                    .filter_map(|b| a.members.iter().find(|m| m.bot == b).copied())
+                    .collect();
+                if speakers.is_empty() {
+                    return Ok(Gate::Drop {
+                        reason: route.why,
+                        keep: true,
+                    });
+                }
+                let plan = Plan {
+                    speakers,
+                    busy: false,
+                    group: Some(GroupPlan {
+                        route,
+                        bounds: Bounds {
+                            max_handovers: self.config.group_max_handovers,
+                            max_messages: self.config.group_max_messages.max(1),
+                        },
+                        history,
+                    }),
+                };
+                self.flood_gate(job, a, plan).await
+            }
+            Kind::FollowUp { follow_up, access } => {
+                let gate = job
+                    .step(step::GATE, key::ONCE)
+                    .lazy()
+                    .run(self.follow_up_gate(job, a, follow_up, *access))
+                    .await?;
+                Ok(match gate.drop {
+                    Some(reason) => Gate::Drop {
+                        reason,
+                        keep: false,
+                    },
+                    None => Gate::Go(Plan::one(a.members[0], false)),
+                })
+            }
+        }
+    }
+
+    /// The flood decision (the `flood` step) for a plan whose first speaker would say the busy line.
+    async fn flood_gate<'t>(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        mut plan: Plan<'t>,
+    ) -> Result<Gate<'t>, TurnError> {
+        let busy_by = plan.speakers[0].bot.to_hex();
+        let flood = job
+            .step(step::FLOOD, key::ONCE)
+            .lazy()
+            .run(self.decide_flood(job, &a.ids.user, &busy_by))
             .await?;
-        self.deliver(job, event, ids, &burst, reply, false).await
+        Ok(match flood.by {
+            None => Gate::Go(plan),
+            Some(by) if by == job.id() => {
+                info!("over the flood limit; answering with the busy line");
+                plan.busy = true;
+                Gate::Go(plan)
+            }
+            Some(by) => Gate::Limited { by },
+        })
     }
 
     /// The flood decision of a job that has none recorded (`bot` is the companion that would say the
     /// busy line). Only a first attempt takes from the allowance: a retried or replayed job was admitted
     /// already.
-    pub(crate) async fn decide_flood(
+    async fn decide_flood(
         &self,
         job: &Job,
         sender: &str,
@@ -404,25 +542,156 @@ impl Turns {
         Ok(FloodDecision { by })
     }
 
-    /// Over the flood limit with the busy line already said this minute: the message is kept in history
-    /// for the next real answer and settled without a reply of its own.
-    async fn limited_silently(
+    /// A follow-up's checks: the news is still news, the user can still be written to, and the daily cap
+    /// has room (a counted step, tally `proactive:<user>`).
+    async fn follow_up_gate(
         &self,
         job: &Job,
-        event: &DmEvent,
-        ids: &Ids,
-        by: &str,
-    ) -> Result<Settled, TurnError> {
-        job.step("history", "limited")
-            .lazy()
-            .run(async {
-                self.pg
-                    .append_history(&[user_row(ids, event, Utc::now())])
-                    .await
-                    .map_err(TurnError::from)
+        a: &Admitted<'_>,
+        f: &proactive::FollowUp<'_>,
+        access: input::Access,
+    ) -> Result<GateRecord, TurnError> {
+        let drop = |why: &str| {
+            Ok(GateRecord {
+                drop: Some(why.to_owned()),
             })
+        };
+        if let Some(stale) = &f.stale {
+            return drop(stale);
+        }
+        if let Some(why) = access.refusal() {
+            return drop(why);
+        }
+        let cap = self.config.proactive_daily_cap;
+        let counted = job
+            .counted(
+                step::CAP,
+                key::ONCE,
+                &crate::journal::names::tally::proactive(&a.ids.user),
+                cap,
+                std::time::Duration::from_secs(24 * 3600),
+                Utc::now(),
+            )
             .await?;
-        job.settle(State::Limited, Some(by)).await?;
+        if let crate::journal::Admission::Exceeded { .. } = counted {
+            return drop(&format!("the user's daily cap of {cap} proactive messages"));
+        }
+        Ok(GateRecord::default())
+    }
+
+    /// Stage 5 of a follow-up: the user's flow with its companion moves on when a waiting step waited
+    /// for this news (step `flow_change`/`event`); the note for the brief when it did.
+    async fn move_flow(&self, job: &Job, a: &Admitted<'_>) -> Result<Option<String>, TurnError> {
+        let Kind::FollowUp { follow_up, .. } = &a.kind else {
+            return Ok(None);
+        };
+        let Some(awaited) = follow_up.awaited() else {
+            return Ok(None);
+        };
+        let applied = flow::state::change(job, key::EVENT, &a.ids.user, &a.ids.bot, |current| {
+            Ok::<_, ()>(
+                current
+                    .filter(|c| c.waiting_for.as_deref() == Some(awaited.as_str()))
+                    .filter(|c| c.status == flow::state::status::WAITING)
+                    .and_then(|c| Some(flow::resume(self.flows.get(&c.flow)?, c.clone()))),
+            )
+        })
+        .await?;
+        let Applied::Changed(Some(s)) = applied else {
+            return Ok(None);
+        };
+        let Some(def) = self.flows.get(&s.flow) else {
+            return Ok(None);
+        };
+        info!(flow = %s.flow, step = %s.step, status = %s.status, "the news moved the user's flow on");
+        Ok(Some(flow::resumed_note(def, &s)))
+    }
+
+    /// Stage 9: the job ends in `state`, answered.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        plan: &Plan<'_>,
+        said: Vec<Said>,
+        burst: &Burst,
+        state: State,
+        fresh: bool,
+    ) -> Result<Settled, TurnError> {
+        let Some(last) = said.last() else {
+            return self.drop(job, a, "no companion left to speak", false).await;
+        };
+        let by = (state == State::Limited).then(|| job.id());
+        let ending = Ending { by, reason: None };
+        if !stage(Stage::Writes, job.finish(state, ending)).await? {
+            debug!("the job was settled elsewhere meanwhile");
+        }
+        let reply_id = last.reply.id.clone();
+        info!(%reply_id, state = state.as_str(), messages = said.len(), generation = job.record.generation, "delivered");
+        let outcome = match state {
+            State::Limited => Outcome::Limited {
+                reply_id: Some(reply_id),
+            },
+            _ => Outcome::Answered { reply_id },
+        };
+        if let Some(g) = &plan.group
+            && fresh
+        {
+            let route = format!("route=\"{}\"", g.route.why);
+            self.metrics.inc(group::MESSAGES, &route);
+            self.metrics.add(group::ANSWERS, "", said.len() as u64);
+        }
+        let plain = matches!(&a.kind, Kind::FollowUp { follow_up, .. }
+            if last.reply.content == self.outgoing_text(&follow_up.plain));
+        self.count(a, &outcome, plain);
+        Ok(Settled {
+            outcome,
+            through_seq: burst.last_seq(),
+        })
+    }
+
+    /// No message, on purpose: the job ends `dropped` with the reason (the user's message kept in
+    /// history when `keep`).
+    async fn drop(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        reason: &str,
+        keep: bool,
+    ) -> Result<Settled, TurnError> {
+        if keep {
+            self.keep_unanswered(job, a).await?;
+        }
+        let ending = Ending {
+            by: None,
+            reason: Some(reason),
+        };
+        job.finish(State::Dropped, ending).await?;
+        info!(reason, "no message for this job");
+        if let Kind::Group { .. } = a.kind {
+            let label = format!("reason=\"{}\"", crate::metrics::label(reason));
+            self.metrics.inc(group::SILENCES, &label);
+        }
+        let outcome = Outcome::Dropped {
+            reason: reason.to_owned(),
+        };
+        self.count(a, &outcome, false);
+        Ok(Settled {
+            outcome,
+            through_seq: None,
+        })
+    }
+
+    /// Over the flood limit with the busy line already said this minute: the message is kept in history
+    /// for the next real answer and settled without a reply of its own.
+    async fn limited(&self, job: &Job, a: &Admitted<'_>, by: &str) -> Result<Settled, TurnError> {
+        self.keep_unanswered(job, a).await?;
+        let ending = Ending {
+            by: Some(by),
+            reason: None,
+        };
+        job.finish(State::Limited, ending).await?;
         info!(answered_by = %by, "over the flood limit; the busy line already answered this minute");
         Ok(Settled {
             outcome: Outcome::Limited { reply_id: None },
@@ -430,473 +699,97 @@ impl Turns {
         })
     }
 
-    /// The `burst` step: the later messages of the same sender that follow in the stream now
-    /// (contiguous, valid, within the bounds), each made a job `covered` by this one, atomically with
-    /// the step's record ([`Job::covering`]); the first that already has a job ends the burst.
-    async fn fix_burst(
-        &self,
-        job: &Job,
-        event: &DmEvent,
-        delivery: Option<&Delivery<'_>>,
-    ) -> Result<Burst, TurnError> {
-        if let Some(burst) = job.recorded::<Burst>("burst", "") {
-            return Ok(burst);
+    /// The follow-ups' counter (`companion_proactive_total{kind,outcome}`); answers to users are
+    /// counted by the worker.
+    fn count(&self, a: &Admitted<'_>, outcome: &Outcome, plain: bool) {
+        if let Kind::FollowUp { follow_up, .. } = &a.kind {
+            let name = match outcome {
+                Outcome::Answered { .. } if plain => "sent_plain",
+                Outcome::Answered { .. } | Outcome::Limited { .. } => "sent",
+                other => other.name(),
+            };
+            let labels = format!("kind=\"{}\",outcome=\"{name}\"", follow_up.trigger.kind);
+            self.metrics.inc(proactive::PROACTIVE, &labels);
         }
-        let mut candidates: Vec<(Ids, Covered)> = Vec::new();
-        if let Some(d) = delivery.filter(|_| self.config.burst_max > 0) {
-            let limits = self.limits();
-            let mut chars = event.content.chars().count();
-            for m in d
-                .order
-                .followers(d.subject, d.seq, self.config.burst_max)
-                .await?
-            {
-                let Ok(f) = parse_inbound(
-                    &m.payload,
-                    m.subject.as_str(),
-                    &self.bus.names.prefix,
-                    limits,
-                ) else {
-                    break;
-                };
-                chars += f.content.chars().count();
-                if f.sender_id != event.sender_id
-                    || f.message_id == event.message_id
-                    || chars > self.config.max_content_chars
-                {
-                    break;
-                }
-                let fids = Ids::of(&f);
-                let covered = Covered {
-                    message_id: fids.message.clone(),
-                    seq: m.sequence,
-                    content: f.content,
-                    images: f.images,
-                    sent_at: f.sent_at,
-                };
-                candidates.push((fids, covered));
-            }
-        }
-        let jobs: Vec<NewJob<'_>> = candidates
-            .iter()
-            .map(|(fids, c)| fids.job(Some(c.seq)))
-            .collect();
-        let burst = job
-            .covering("burst", "", &jobs, |n| Burst {
-                covers: candidates[..n].iter().map(|(_, c)| c.clone()).collect(),
-            })
-            .await?;
-        if !burst.covers.is_empty() {
-            info!(
-                covers = burst.covers.len(),
-                "answering a burst of messages with one reply"
-            );
-        }
-        Ok(burst)
     }
 
-    /// Loads the context, asks the model (the tool loop) and returns its answer.
-    async fn respond(
-        &self,
-        job: &Job,
-        event: &DmEvent,
-        burst: &Burst,
-        character: &Character,
-        user: &UserData,
-    ) -> Result<Reply, TurnError> {
-        let ids = Ids::of(event);
-        let followers = burst.events(event);
-        let events: Vec<&DmEvent> = std::iter::once(event).chain(&followers).collect();
-        let query = events
-            .iter()
-            .map(|e| e.content.as_str())
-            .filter(|c| !c.is_empty())
-            .collect::<Vec<_>>()
-            .join("\n");
-        // Retrieval (embedding + vector search) runs beside the history load and the trick names (mostly
-        // cached), not after them.
-        let (context, knowledge, flow) = tokio::join!(
-            stage(Stage::Context, async {
-                tokio::try_join!(
-                    self.pg
-                        .history(&ids.sender, &ids.bot, self.config.history_limit),
-                    self.mongo.resolve_tricklists(&user.tricklists),
-                )
-            }),
-            self.retriever.for_turn(&character.knowledge, &query),
-            self.turn_flow(job, &ids, character),
-        );
-        let (history, tricklists) = context?;
-        let flow = flow?.prompt(&self.flows, &character.flows);
-        let prompt_started = std::time::Instant::now();
-        let system = prompt::system_prompt(&prompt::PromptContext {
-            character,
-            profile: user.profile.as_ref(),
-            tricklists: &tricklists,
-            knowledge: &knowledge,
-            reminders: &history.reminders,
-            now: Utc::now(),
-            tools_enabled: true,
-            flow: &flow,
-        });
-        let messages = prompt::conversation(system, &history.messages, &events);
-        crate::timing::add(Stage::Prompt, prompt_started);
-        Ok(self
-            .converse(job, "", character, event, user, messages)
-            .await?
-            .reply)
-    }
-
-    /// Asks the model as `character`, with `messages` (the system prompt first), and runs the tool loop
-    /// for the event's sender: the companion message it makes, bounded, or the character's budget line
-    /// when a spend budget stops it. Its model answers and tool calls are journal steps keyed under
-    /// `slot` (empty for a DM turn), and the per-turn ceiling counts those of the slot.
-    pub(crate) async fn converse(
-        &self,
-        job: &Job,
-        slot: &str,
-        character: &Character,
-        event: &DmEvent,
-        user: &UserData,
-        messages: Vec<crate::llm::Message>,
-    ) -> Result<Answer, TurnError> {
-        let request = ChatRequest {
-            model: character
-                .model
-                .clone()
-                .unwrap_or_else(|| self.llm.default_model.clone()),
-            messages,
-            tools: REGISTRY.defs(),
-            tool_choice: None,
-            max_tokens: Some(self.llm.max_tokens),
-            temperature: Some(self.llm.temperature),
-        };
-        // Answers recorded by earlier attempts were paid once and are replayed for free.
-        let budget = CallBudget::new(
-            self.config
-                .max_llm_calls_per_turn
-                .saturating_sub(job.recorded_count_under("llm", slot) as u32),
-            self.config.max_prompt_tokens_per_turn,
-        );
-        let cx = tool_loop::LoopContext {
-            slot,
-            budget: &budget,
-            spend: Some(&self.spend),
-            llm: &self.llm,
-            registry: &REGISTRY,
-            limits: tool_loop::LoopLimits {
-                max_rounds: self.config.max_tool_rounds,
-                max_result_bytes: self.config.max_tool_result_bytes,
-            },
-            metrics: &self.metrics,
-            tools: ToolContext {
-                user: event.sender_id,
-                bot: event.bot_id,
-                conversation: event.conversation_id,
-                character: &character.name,
-                pg: &self.pg,
-                bus: &self.bus,
-                time_zone: user.profile.as_ref().and_then(|p| p.time_zone.as_deref()),
-                reminders: ReminderBounds {
-                    min_lead: std::time::Duration::from_secs(self.config.reminder_min_lead_secs),
-                },
-                message_id: event.message_id,
-                tool_call_id: String::new(),
-                call_key: String::new(),
-                mongo: &self.mongo,
-                job,
-                now: Utc::now(),
-                writes_per_hour: self.config.writes_per_hour,
-                flows: &self.flows,
-                offered_flows: &character.flows,
-            },
-        };
-        let out = tool_loop::run(&cx, request).await?;
-        let log = (!out.log.is_empty()).then(|| Value::Array(out.log));
-        if let Some(scope) = out.stopped {
-            info!(
-                scope = scope.label(),
-                "the spend budget is used up; answering with the budget line"
-            );
-            return Ok(Answer {
-                reply: Reply::new(character.budget_line.clone(), out.card, log),
-                budget_stopped: true,
-            });
-        }
-        let content = bound_reply(clean_text(&out.text).trim(), self.config.max_reply_chars);
-        if content.is_empty() {
-            return Err(LlmError::EmptyAnswer.into());
-        }
-        Ok(Answer {
-            reply: Reply::new(content, out.card, log),
-            budget_stopped: false,
-        })
-    }
-
-    /// The user's flow with the companion as this turn sees it (the `flow` step: a retry after the first
-    /// model answer sees the same); nothing for a companion without flows.
-    async fn turn_flow(
-        &self,
-        job: &Job,
-        ids: &Ids,
-        character: &Character,
-    ) -> Result<crate::flow::TurnFlow, TurnError> {
-        if character.flows.is_empty() {
-            return Ok(Default::default());
-        }
-        let idle = chrono::Duration::days(i64::from(self.config.flow_idle_days.max(1)));
-        // Lazy: reading it again is harmless, and its record rides with the turn's first model answer.
-        job.step("flow", "")
-            .lazy()
-            .run(async {
-                crate::flow::TurnFlow::load(&self.pg.pool, &ids.sender, &ids.bot, Utc::now() - idle)
-                    .await
-                    .map_err(TurnError::from)
-            })
-            .await
-    }
-
-    /// Answers the event (and the burst fixed with it) with the character's honest failure line, once
-    /// like any reply; never over a settled turn. A reply fixed before the failure is delivered instead.
-    pub async fn answer_with_failure(
-        &self,
-        event: &DmEvent,
-        reason: &str,
-    ) -> Result<Settled, TurnError> {
-        let (character, _) = self.admit(event).await?;
-        let ids = Ids::of(event);
-        let job = self.journal.open(&ids.job(None)).await?;
+    /// The end of a job whose attempts failed: the messages fixed before the failure are delivered, else
+    /// the first speaker's failure line, once like any message; never over a settled job.
+    pub async fn fail(&self, input: &Input<'_>, reason: &str) -> Result<Settled, TurnError> {
+        let a = self.admit(input).await?;
+        let job = self.journal.open(&a.new_job(None)).await?;
         if let Some(settled) = already_settled(&job) {
-            info!(state = ?job.record.state, "message settled after all; no failure line");
+            info!(state = ?job.record.state, "settled after all; no failure line");
             return Ok(settled);
         }
-        self.journal.note_error(&ids.message, reason).await?;
-        let generation = generation_key(&job);
-        let result = match job.recorded::<Reply>("reply", &generation) {
-            Some(reply) => self.deliver_recorded(&job, event, &ids, reply).await,
-            None => {
-                let burst = job.recorded::<Burst>("burst", "").unwrap_or_default();
-                let line = Reply::new(character.failure_line.clone(), None, None);
-                let reply = job
-                    .step("reply", &generation)
-                    .run(async { Ok::<_, TurnError>(line) })
-                    .await?;
-                self.deliver_as(&job, event, &ids, &burst, reply, State::Failed, None)
-                    .await
-            }
-        };
+        self.journal.note_error(job.id(), reason).await?;
+        let result = self.fail_slots(&job, &a).await;
         job.keep_successes(result).await
     }
 
-    /// Delivers the reply an earlier attempt fixed, with the burst and flood decision recorded with it.
-    async fn deliver_recorded(
-        &self,
-        job: &Job,
-        event: &DmEvent,
-        ids: &Ids,
-        reply: Reply,
-    ) -> Result<Settled, TurnError> {
-        let burst = job.recorded::<Burst>("burst", "").unwrap_or_default();
-        let flood = job
-            .recorded::<FloodDecision>("flood", "")
+    async fn fail_slots(&self, job: &Job, a: &Admitted<'_>) -> Result<Settled, TurnError> {
+        let burst = job
+            .recorded::<Burst>(step::BURST, key::ONCE)
             .unwrap_or_default();
-        let busy = flood.by.as_deref() == Some(ids.message.as_str());
-        self.deliver(job, event, ids, &burst, reply, busy).await
-    }
-
-    /// Delivers a fixed reply: `Limited` (answered by its own busy line) or `Done`.
-    async fn deliver(
-        &self,
-        job: &Job,
-        event: &DmEvent,
-        ids: &Ids,
-        burst: &Burst,
-        reply: Reply,
-        busy: bool,
-    ) -> Result<Settled, TurnError> {
-        let (state, by) = if busy {
-            (State::Limited, Some(ids.message.as_str()))
-        } else {
-            (State::Done, None)
-        };
-        self.deliver_as(job, event, ids, burst, reply, state, by)
-            .await
-    }
-
-    /// Writes the fixed reply once and publishes it, then settles the job in `state`; every step is safe
-    /// to repeat and recorded with the settlement.
-    #[allow(clippy::too_many_arguments)]
-    async fn deliver_as(
-        &self,
-        job: &Job,
-        event: &DmEvent,
-        ids: &Ids,
-        burst: &Burst,
-        reply: Reply,
-        state: State,
-        by: Option<&str>,
-    ) -> Result<Settled, TurnError> {
-        let followers = burst.events(event);
-        let follower_ids: Vec<Ids> = followers.iter().map(Ids::of).collect();
-        let mut user_rows = vec![user_row(ids, event, reply.at)];
-        for (e, fids) in followers.iter().zip(&follower_ids) {
-            user_rows.push(user_row(fids, e, reply.at));
-        }
-        let out = Outgoing {
-            conversation: event.conversation_id,
-            bot: event.bot_id,
-            user: event.sender_id,
-            in_reply_to: Some(event.message_id),
-            user_rows,
-            covers: burst.covers.iter().map(|c| c.message_id.clone()).collect(),
-            trigger: None,
-            responds_to: None,
-            group: false,
-            key: generation_key(job),
-        };
-        self.write_reply(job, &out, &reply).await?;
-        if !stage(Stage::Writes, job.settle(state, by)).await? {
-            debug!("the turn was settled elsewhere meanwhile");
-        }
-        info!(reply_id = %reply.id, state = state.as_str(), generation = job.record.generation, "reply delivered");
-        Ok(Settled {
-            through_seq: burst.last_seq(),
-            outcome: match state {
-                State::Limited => Outcome::Limited {
-                    reply_id: Some(reply.id),
+        let busy = job
+            .recorded::<FloodDecision>(step::FLOOD, key::ONCE)
+            .is_some_and(|f| f.by.as_deref() == Some(job.id()));
+        let route = job.recorded::<Route>(step::ROUTE, key::ONCE);
+        let first = route
+            .as_ref()
+            .and_then(|r| r.speakers_among(&a.members).first().copied())
+            .and_then(|b| a.members.iter().find(|m| m.bot == b).copied())
+            .unwrap_or(a.members[0]);
+        let plan = Plan {
+            group: route.map(|route| GroupPlan {
+                route,
+                bounds: Bounds {
+                    max_handovers: 0,
+                    max_messages: 1,
                 },
-                _ => Outcome::Answered { reply_id: reply.id },
-            },
-        })
-    }
-
-    /// Delivers a fixed reply, every step keyed by the job's generation and safe to repeat (lazy: recorded
-    /// with the job's settlement): the dm_messages document, the history rows (the user messages it
-    /// answers, then its own), the conversation's last message, the completion event. The one path of
-    /// every companion message, answer or proactive.
-    pub async fn write_reply(
-        &self,
-        job: &Job,
-        out: &Outgoing<'_>,
-        reply: &Reply,
-    ) -> Result<(), TurnError> {
-        let generation = out.key.as_str();
-        let reply_id =
-            ObjectId::parse_str(&reply.id).map_err(|_| TurnError::BadReplyId(reply.id.clone()))?;
-        let (user, bot, conversation) = (
-            out.user.to_hex(),
-            out.bot.to_hex(),
-            out.conversation.to_hex(),
-        );
-        let writes = async {
-            job.step("store_reply", generation)
-                .lazy()
-                .run(async {
-                    let inserted = self
-                        .mongo
-                        .insert_reply(&ReplyDoc {
-                            id: reply_id,
-                            conversation_id: out.conversation,
-                            sender_id: out.bot,
-                            in_reply_to: out.in_reply_to,
-                            responds_to: out.responds_to,
-                            trigger: out.trigger.as_ref().map(|t| (t.kind.clone(), t.id.clone())),
-                            content: reply.content.clone(),
-                            rich_content: reply.rich_content.clone(),
-                            timestamp: reply.at,
-                            generation: job.record.generation,
-                        })
-                        .await?;
-                    if !inserted {
-                        debug!("reply document already present");
-                    }
-                    Ok::<_, TurnError>(inserted)
-                })
-                .await?;
-            job.step("history", generation)
-                .lazy()
-                .run(async {
-                    let mut rows = out.user_rows.clone();
-                    rows.push(NewHistory {
-                        user_id: &user,
-                        bot_id: &bot,
-                        conversation_id: &conversation,
-                        role: "assistant",
-                        content: &reply.content,
-                        message_id: &reply.id,
-                        tool_calls: reply.tool_log.as_ref(),
-                        created_at: reply.at,
-                        group_chat: out.group,
-                    });
-                    self.pg.append_history(&rows).await?;
-                    Ok::<_, TurnError>(())
-                })
-                .await?;
-            job.step("touch", generation)
-                .lazy()
-                .run(async {
-                    self.mongo
-                        .touch_conversation(out.conversation, &reply.content, reply.at)
-                        .await?;
-                    Ok::<_, TurnError>(())
-                })
-                .await?;
-            Ok::<_, TurnError>(())
-        };
-        stage(Stage::Writes, writes).await?;
-        let completion = Completion {
-            message_id: reply.id.clone(),
-            in_reply_to: out.in_reply_to.or(out.responds_to).map(|id| id.to_hex()),
-            responds_to: out.responds_to.map(|id| id.to_hex()),
-            conversation_id: conversation.clone(),
-            sender_id: bot.clone(),
-            content: reply.content.clone(),
-            rich_content: reply.rich_content.clone(),
-            created_at: reply.at,
-            covers: out.covers.clone(),
-            proactive: out.trigger.is_some(),
-            trigger: out.trigger.clone(),
-        };
-        stage(
-            Stage::Publish,
-            job.step("publish", generation).lazy().run(async {
-                self.bus.publish_completion(&completion).await?;
-                Ok::<_, TurnError>(())
+                history: Vec::new(),
             }),
-        )
-        .await?;
-        Ok(())
+            ..Plan::one(first, busy)
+        };
+        let generation = job.record.generation;
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let first_line = job
+            .step(step::REPLY, plan.slot(0).reply(generation))
+            .run(async {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                let line = first.character.failure_line.clone();
+                Ok::<_, TurnError>(self.line(a, first, line))
+            })
+            .await?;
+        let mut said = vec![first_line];
+        while plan.group.is_some()
+            && let Some(s) =
+                job.recorded::<Said>(step::REPLY, &plan.slot(said.len()).reply(generation))
+        {
+            said.push(s);
+        }
+        for (n, s) in said.iter().enumerate() {
+            self.deliver(job, a, plan.slot(n), &burst, s).await?;
+        }
+        let state = match (failed.into_inner(), busy) {
+            (true, _) => State::Failed,
+            (false, true) => State::Limited,
+            (false, false) => State::Done,
+        };
+        self.finish(job, a, &plan, said, &burst, state, false).await
     }
-}
 
-/// One companion message the model made ([`Turns::converse`]).
-pub(crate) struct Answer {
-    pub reply: Reply,
-    /// A spend budget stopped the model: the reply is the character's budget line.
-    pub budget_stopped: bool,
-}
-
-/// Where a fixed reply goes and what it answers.
-pub struct Outgoing<'a> {
-    pub conversation: ObjectId,
-    /// The companion speaking.
-    pub bot: ObjectId,
-    /// The user it speaks to.
-    pub user: ObjectId,
-    /// The user message answered; none for a proactive message.
-    pub in_reply_to: Option<ObjectId>,
-    /// History rows of the user messages answered, stored before the reply's own.
-    pub user_rows: Vec<NewHistory<'a>>,
-    /// Later messages of a burst the reply answers too.
-    pub covers: Vec<String>,
-    /// What a proactive message follows up on (`proactive: true` in the completion).
-    pub trigger: Option<Trigger>,
-    /// In a group: the user message this is one of the answers to.
-    pub responds_to: Option<ObjectId>,
-    /// A group conversation's message: its history rows go to the group's window.
-    pub group: bool,
-    /// The key of its delivery steps (`g<generation>`, and the slot in a group).
-    pub key: String,
+    /// Opens a settled job again for `companion replay`: a failed one resumes from its journal (the model's
+    /// recorded answers are not paid again); `fresh` asks the model anew. Either way the flood decision is
+    /// made again (a replay is never limited), and when the last generation has a message the next one
+    /// answers.
+    pub async fn reopen(&self, id: &str, fresh: bool) -> Result<(), JournalError> {
+        let forget: &[&str] = match fresh {
+            true => &[step::FLOOD, step::LLM, step::ROUTE],
+            false => &[step::FLOOD],
+        };
+        self.journal.reopen(id, forget).await
+    }
 }
 
 /// `fut`, unless the attempt's deadline passes first.
@@ -912,79 +805,13 @@ pub(crate) async fn within<T, E: Into<TurnError>>(
 }
 
 /// A job the journal says is settled is acknowledged again, with what its reply covered.
-pub(crate) fn already_settled(job: &Job) -> Option<Settled> {
+fn already_settled(job: &Job) -> Option<Settled> {
     job.record.state.is_settled().then(|| Settled {
         through_seq: job
-            .recorded::<Burst>("burst", "")
+            .recorded::<Burst>(step::BURST, key::ONCE)
             .and_then(|b| b.last_seq()),
         outcome: Outcome::AlreadySettled {
             state: job.record.state,
         },
     })
-}
-
-/// The key of this generation's reply steps.
-pub(crate) fn generation_key(job: &Job) -> String {
-    format!("g{}", job.record.generation)
-}
-
-/// The history row of a user's message.
-fn user_row<'a>(ids: &'a Ids, event: &DmEvent, reply_at: DateTime<Utc>) -> NewHistory<'a> {
-    NewHistory {
-        user_id: &ids.sender,
-        bot_id: &ids.bot,
-        conversation_id: &ids.conversation,
-        role: "user",
-        content: ids.text.as_str(),
-        message_id: &ids.message,
-        tool_calls: None,
-        created_at: user_message_time(event.sent_at, reply_at),
-        group_chat: false,
-    }
-}
-
-/// The user's message sorts before the reply even when the client clock is off.
-fn user_message_time(sent_at: DateTime<Utc>, reply_at: DateTime<Utc>) -> DateTime<Utc> {
-    sent_at.min(reply_at - chrono::Duration::microseconds(1))
-}
-
-pub(crate) fn bound_reply(text: &str, max_chars: usize) -> String {
-    let max_chars = max_chars.max(1);
-    if text.chars().count() <= max_chars {
-        text.to_owned()
-    } else {
-        format!("{}…", text.chars().take(max_chars).collect::<String>())
-    }
-}
-
-/// Hex forms of an event's ids, as the stores key them, and its history text.
-struct Ids {
-    message: String,
-    conversation: String,
-    sender: String,
-    bot: String,
-    text: String,
-}
-
-impl Ids {
-    fn of(e: &DmEvent) -> Self {
-        Self {
-            message: e.message_id.to_hex(),
-            conversation: e.conversation_id.to_hex(),
-            sender: e.sender_id.to_hex(),
-            bot: e.bot_id.to_hex(),
-            text: prompt::history_text(e),
-        }
-    }
-
-    fn job(&self, stream_seq: Option<u64>) -> NewJob<'_> {
-        NewJob {
-            id: &self.message,
-            kind: JOB_KIND,
-            user: &self.sender,
-            bot: &self.bot,
-            conversation: &self.conversation,
-            stream_seq,
-        }
-    }
 }

@@ -20,16 +20,13 @@
 
 use std::{collections::HashSet, time::Instant};
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{debug, info};
 
 use super::TurnError;
 use crate::{
-    llm::{
-        AssistantMessage, CallBudget, CallUsage, ChatRequest, LlmClient, LlmError, Message,
-        ToolCall,
-    },
+    journal::names::step,
+    llm::{CallBudget, ChatRequest, LlmClient, LlmError, Message, ToolCall},
     metrics::{Metrics, label},
     spend::{self, Allowance, Scope, SpendGuard},
     timing::{Stage, stage},
@@ -75,12 +72,7 @@ pub struct LoopContext<'a> {
     pub slot: &'a str,
 }
 
-/// The `llm` step: one answer of the model and what that call used.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LlmRecord {
-    pub message: AssistantMessage,
-    pub usage: Option<CallUsage>,
-}
+pub use crate::journal::usage::LlmRecord;
 
 /// Runs the loop for `request` (with the registry's tools) on behalf of the event's sender.
 pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopOutput, TurnError> {
@@ -90,10 +82,12 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
     let mut out = LoopOutput::default();
     let mut seen_ids: HashSet<String> = HashSet::new();
     let mut round: u32 = 0;
-    let mut step: u32 = 0;
+    let mut n: u32 = 0;
+    // Several companions' conversations share a group message's job: each call says who spoke.
+    let speaker = (!cx.slot.is_empty()).then(|| cx.tools.bot.to_hex());
     loop {
         let recorded = job
-            .recorded::<LlmRecord>("llm", &format!("{}{step}", cx.slot))
+            .recorded::<LlmRecord>(step::LLM, &format!("{}{n}", cx.slot))
             .is_some();
         if !recorded && !request.tools.is_empty() && cx.budget.calls_left() <= 1 {
             info!(
@@ -123,17 +117,18 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
         // The step's own time is the journal's; the model's is the nested `llm` stage.
         let record: LlmRecord = stage(
             Stage::Steps,
-            job.step("llm", format!("{}{step}", cx.slot))
+            job.step(step::LLM, format!("{}{n}", cx.slot))
                 .tally(spend::tally(&user))
                 .run(ask(
                     cx.llm,
                     paid.as_ref().unwrap_or(&request),
                     tools_offered,
-                    Some(cx.budget),
+                    cx.budget,
+                    speaker.clone(),
                 )),
         )
         .await?;
-        step += 1;
+        n += 1;
         let message = record.message;
         let text = message.content.clone().unwrap_or_default();
         if message.tool_calls.is_empty() || !tools_offered {
@@ -163,7 +158,7 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
             ctx.call_key = format!("{}{}", cx.slot, call_key(&call.id, name, args));
             async move {
                 let key = ctx.call_key.clone();
-                job.step("tool", key)
+                job.step(step::TOOL, key)
                     .lazy()
                     .run(async {
                         let started = Instant::now();
@@ -201,41 +196,15 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
     }
 }
 
-/// One answer in text without tools (a proactive message for `user`): the `llm` step `0`, recorded like
-/// a turn's (a retry replays it, its usage is counted); `None` when a spend budget is used up.
-pub async fn answer_in_text(
-    job: &crate::journal::Job,
-    llm: &LlmClient,
-    spend: &SpendGuard,
-    user: &str,
-    request: &ChatRequest,
-) -> Result<Option<String>, TurnError> {
-    let mut request = std::borrow::Cow::Borrowed(request);
-    if job.recorded::<LlmRecord>("llm", "0").is_none() {
-        match stage(Stage::Limits, spend.check(user)).await? {
-            Allowance::Full => {}
-            Allowance::Cheaper { model, .. } => request.to_mut().model = model,
-            Allowance::Stopped { .. } => return Ok(None),
-        }
-    }
-    let record: LlmRecord = stage(
-        Stage::Steps,
-        job.step("llm", "0")
-            .tally(spend::tally(user))
-            .run(ask(llm, &request, false, None)),
-    )
-    .await?;
-    Ok(Some(record.message.content.unwrap_or_default()))
-}
-
 /// One model answer, or the reason it is not one. A final answer (no tools offered) must have text.
 async fn ask(
     llm: &LlmClient,
     request: &ChatRequest,
     tools_offered: bool,
-    budget: Option<&CallBudget>,
+    budget: &CallBudget,
+    bot: Option<String>,
 ) -> Result<LlmRecord, TurnError> {
-    let response = stage(Stage::Llm, llm.complete_within(request, budget)).await?;
+    let response = stage(Stage::Llm, llm.complete_within(request, Some(budget))).await?;
     let model = response
         .model
         .clone()
@@ -260,6 +229,7 @@ async fn ask(
     Ok(LlmRecord {
         message,
         usage: Some(usage),
+        bot,
     })
 }
 

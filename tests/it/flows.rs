@@ -564,3 +564,157 @@ async fn invalid_flow_files_stop_the_worker_with_a_clear_error() {
     }
     env.finish().await;
 }
+
+/// A reminder row of Jess's with Kaori, due now, and Jess's coaching flow waiting for it.
+async fn flow_waiting_on_a_reminder(env: &TestEnv) -> String {
+    use companion::store::reminders::{Reminder, ReminderState};
+    let id = ObjectId::new().to_hex();
+    let now = chrono::Utc::now();
+    env.pg
+        .insert_reminder(&Reminder {
+            id: id.clone(),
+            user_id: JESS.into(),
+            bot_id: KAORI.into(),
+            conversation_id: JESS_KAORI.into(),
+            text: "how did the session go?".into(),
+            due_at: now,
+            fire_at: now,
+            state: ReminderState::Pending,
+        })
+        .await
+        .unwrap();
+    let slots = json!({"goal_trick": "Kickflip", "sport": "skateboard",
+                       "tricklist_id": ObjectId::new().to_hex(), "reminder_id": id});
+    sqlx::query(
+        "INSERT INTO flow_states (user_id, bot_id, flow, step, slots, status, waiting_for)
+         VALUES ($1, $2, 'trick_coaching', 'check_in', $3, 'waiting', $4)
+         ON CONFLICT (user_id, bot_id) DO UPDATE SET flow = EXCLUDED.flow, step = EXCLUDED.step,
+            slots = EXCLUDED.slots, status = EXCLUDED.status, waiting_for = EXCLUDED.waiting_for",
+    )
+    .bind(JESS)
+    .bind(KAORI)
+    .bind(slots)
+    .bind(format!("reminder:{id}"))
+    .execute(&env.pg.pool)
+    .await
+    .unwrap();
+    id
+}
+
+/// The schedule of reminder `id` fires; how its job ended: (state, reason).
+async fn fire_reminder(env: &TestEnv, id: &str) -> (String, Option<String>) {
+    env.publish_raw(
+        env.bus.names.reminder_due(id),
+        &format!("due-{id}"),
+        serde_json::to_vec(&json!({"reminderId": id, "fireAt": chrono::Utc::now()})).unwrap(),
+    )
+    .await;
+    let journal = env.journal();
+    let job = format!("reminder:{id}");
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            journal
+                .get(&job)
+                .await
+                .unwrap()
+                .is_some_and(|j| j.state.is_settled())
+        })
+        .await,
+        "the reminder's job ends"
+    );
+    let j = journal.get(&job).await.unwrap().unwrap();
+    (j.state.as_str().to_owned(), j.reason)
+}
+
+/// (step, status, waiting_for) of Jess's flow with Kaori.
+async fn where_the_flow_stands(env: &TestEnv) -> (String, String, Option<String>) {
+    sqlx::query_as(
+        "SELECT step, status, waiting_for FROM flow_states WHERE user_id = $1 AND bot_id = $2",
+    )
+    .bind(JESS)
+    .bind(KAORI)
+    .fetch_one(&env.pg.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_reminder_dropped_over_the_cap_or_for_a_block_leaves_the_flow_waiting_where_it_was() {
+    let env = TestEnv::with(
+        companion_dev::stub::always(StubReply::text("yo, how'd it go?")),
+        |c| {
+            c.turn.proactive_daily_cap = 1;
+        },
+    )
+    .await;
+    let worker = InProcessWorker::start(&env).await;
+
+    // The day's one follow-up goes to another reminder; the flow's own is then over the cap.
+    let other = ObjectId::new().to_hex();
+    env.pg
+        .insert_reminder(&companion::store::reminders::Reminder {
+            id: other.clone(),
+            user_id: JESS.into(),
+            bot_id: KAORI.into(),
+            conversation_id: JESS_KAORI.into(),
+            text: "wax the board".into(),
+            due_at: chrono::Utc::now(),
+            fire_at: chrono::Utc::now(),
+            state: companion::store::reminders::ReminderState::Pending,
+        })
+        .await
+        .unwrap();
+    assert_eq!(fire_reminder(&env, &other).await.0, "done");
+    let capped = flow_waiting_on_a_reminder(&env).await;
+    let before = where_the_flow_stands(&env).await;
+    let (state, reason) = fire_reminder(&env, &capped).await;
+    assert_eq!(state, "dropped");
+    assert!(reason.unwrap().contains("daily cap of 1"));
+    assert_eq!(
+        where_the_flow_stands(&env).await,
+        before,
+        "over the cap: still waiting"
+    );
+
+    // A new day's allowance, but Jess blocked Kaori.
+    sqlx::query("DELETE FROM job_steps WHERE tally LIKE 'proactive:%'")
+        .execute(&env.pg.pool)
+        .await
+        .unwrap();
+    env.mongo
+        .collection("users")
+        .update_one(
+            doc! { "_id": oid(JESS) },
+            doc! { "$set": { "blockedUsers": [oid(KAORI)] } },
+        )
+        .await
+        .unwrap();
+    let blocked = flow_waiting_on_a_reminder(&env).await;
+    let before = where_the_flow_stands(&env).await;
+    let (state, reason) = fire_reminder(&env, &blocked).await;
+    assert_eq!(state, "dropped");
+    assert!(reason.unwrap().contains("blocked"));
+    assert_eq!(
+        where_the_flow_stands(&env).await,
+        before,
+        "blocked: still waiting"
+    );
+
+    // Unblocked, the next one is sent and moves the flow on: the check above could have failed.
+    env.mongo
+        .collection("users")
+        .update_one(
+            doc! { "_id": oid(JESS) },
+            doc! { "$set": { "blockedUsers": [] } },
+        )
+        .await
+        .unwrap();
+    let sent = flow_waiting_on_a_reminder(&env).await;
+    assert_eq!(fire_reminder(&env, &sent).await.0, "done");
+    assert_eq!(
+        where_the_flow_stands(&env).await,
+        ("practice".into(), "active".into(), None)
+    );
+    worker.stop().await;
+    env.finish().await;
+}

@@ -127,7 +127,7 @@ async fn stored(env: &TestEnv, message: &str) -> Vec<(String, String)> {
 }
 
 async fn job_state(env: &TestEnv, id: &str) -> Option<(String, Option<String>)> {
-    sqlx::query_as("SELECT state, last_error FROM jobs WHERE id = $1")
+    sqlx::query_as("SELECT state, reason FROM jobs WHERE id = $1")
         .bind(id)
         .fetch_optional(&env.pg.pool)
         .await

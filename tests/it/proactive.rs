@@ -458,10 +458,7 @@ async fn follow_ups_to_a_user_who_blocked_the_companion_or_is_over_the_daily_cap
             })
             .await;
             let job = journal.get(&id).await.unwrap();
-            (
-                job.as_ref().map(|j| j.state),
-                job.and_then(|j| j.last_error),
-            )
+            (job.as_ref().map(|j| j.state), job.and_then(|j| j.reason))
         }
     };
     use companion::journal::State;

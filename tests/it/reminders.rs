@@ -103,12 +103,10 @@ async fn messages_for(env: &TestEnv, id: &str) -> u64 {
         .unwrap()
 }
 
+/// Where the reminder stands: pending or cancelled (its row), sent or dropped (its job).
 async fn reminder_state(env: &TestEnv, id: &str) -> String {
-    sqlx::query_scalar("SELECT state FROM reminders WHERE id = $1")
-        .bind(id)
-        .fetch_one(&env.pg.pool)
-        .await
-        .unwrap()
+    let r = env.pg.reminder(id).await.unwrap().expect("the reminder");
+    r.state.as_str().to_owned()
 }
 
 #[tokio::test]

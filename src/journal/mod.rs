@@ -1,6 +1,6 @@
 //! The journal of durable jobs: every side effect of a job is a named step, recorded once it succeeded,
-//! so a retry replays what succeeded and redoes only what failed. A turn is a job; so will be any work a
-//! companion does later on its own.
+//! so a retry replays what succeeded and redoes only what failed. Every message a companion sends is a
+//! job: the answer to a DM, to a group message, a follow-up ([`crate::turn`]).
 //!
 //! - A job is a row of `jobs` (a turn's id is its event's message id) with a [`State`], whose transitions
 //!   are all in [`State::may_become`]; attempts, the reply generation and who answered it live there.
@@ -15,15 +15,28 @@
 //!   `writes:<user>`): under a lock per tally, it is granted only while fewer than `limit` steps of the
 //!   tally were recorded in the window.
 //!
+//! - [`Step::run_in_tx`] is a step whose effect is a write to this database: the body runs in the
+//!   transaction that records the step, so the effect and its record commit together or not at all
+//!   (a covered burst, a counted turn, a flow change). [`Job::counted`] and [`Job::covering`] are built
+//!   on it.
+//! - [`Job::recorded`] is the one way to ask whether a step ran (and what it gave).
+//! - A job ends with [`Job::finish`]: its state, who answered it when another job did, and, when it ends
+//!   without a message on purpose, the reason.
+//!
+//! Every step and tally name is in [`names`]; what the model's answers cost is read in [`usage`].
+//!
 //! Outputs are JSON (`job_steps.output`); text is kept as it is but for U+0000, which PostgreSQL cannot
 //! store and which becomes U+FFFD.
+
+pub mod names;
+pub mod usage;
 
 use std::{collections::HashMap, future::Future, sync::Mutex, time::Duration};
 
 use chrono::{DateTime, Utc};
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
-use sqlx::{PgPool, Row, postgres::PgRow};
+use sqlx::{PgPool, Postgres, Row, Transaction, postgres::PgRow};
 use tracing::{debug, warn};
 
 use crate::{
@@ -44,8 +57,8 @@ pub enum State {
     Covered,
     /// Over the user's flood limit: answered by the busy line, its own or an earlier one (`covered_by`).
     Limited,
-    /// A proactive message not sent, on purpose: over the daily cap, the user left or blocked the bot,
-    /// the news it would bring is stale. `last_error` says why.
+    /// Not answered, on purpose: a follow-up over the daily cap, to a user who left or blocked the bot, or
+    /// with stale news; a group message no companion answers. `reason` says why.
     Dropped,
 }
 
@@ -143,6 +156,8 @@ pub struct JobRecord {
     pub covered_by: Option<String>,
     pub stream_seq: Option<u64>,
     pub last_error: Option<String>,
+    /// Why a job ended without a message (`dropped`).
+    pub reason: Option<String>,
     pub updated_at: DateTime<Utc>,
 }
 
@@ -152,6 +167,7 @@ pub struct NewJob<'a> {
     pub id: &'a str,
     pub kind: &'a str,
     pub user: &'a str,
+    /// The companion acting; empty for a job several companions act in (a group message).
     pub bot: &'a str,
     pub conversation: &'a str,
     pub stream_seq: Option<u64>,
@@ -168,14 +184,8 @@ pub enum Admission {
     Exceeded { retry_after_secs: i64 },
 }
 
-/// How a replay opens a settled job again.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Reopen<'a> {
-    /// Answer with the next reply generation (the last one has a reply).
-    pub next_generation: bool,
-    /// Step names whose records are forgotten, so they run again (e.g. the model's answers).
-    pub forget: &'a [&'a str],
-}
+/// A transaction a [`Step::run_in_tx`] body does its writes in.
+pub type Tx = Transaction<'static, Postgres>;
 
 /// The journal, in the service's PostgreSQL database.
 #[derive(Clone)]
@@ -184,7 +194,7 @@ pub struct Journal {
 }
 
 const JOB_COLUMNS: &str =
-    "id, state, attempts, generation, covered_by, stream_seq, last_error, updated_at";
+    "id, state, attempts, generation, covered_by, stream_seq, last_error, reason, updated_at";
 
 impl Journal {
     pub fn new(pool: PgPool) -> Self {
@@ -197,7 +207,7 @@ impl Journal {
         let sql = format!(
             "WITH j AS (
                 INSERT INTO jobs (id, kind, user_id, bot_id, conversation_id, stream_seq)
-                VALUES ($1, $2, $3, $4, $5, $6)
+                VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6)
                 ON CONFLICT (id) DO UPDATE
                    SET attempts = jobs.attempts + 1, updated_at = now(),
                        stream_seq = COALESCE(jobs.stream_seq, EXCLUDED.stream_seq)
@@ -242,41 +252,48 @@ impl Journal {
         row.as_ref().map(job_record).transpose()
     }
 
-    /// Whether step (name, key) of job `id` is recorded.
-    pub async fn has_step(&self, id: &str, name: &str, key: &str) -> Result<bool, JournalError> {
-        Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM job_steps WHERE job = $1 AND name = $2 AND key = $3)",
-        )
-        .bind(id)
-        .bind(name)
-        .bind(key)
-        .fetch_one(&self.pool)
-        .await?)
-    }
-
     /// Creates `job` settled as `Covered` by job `by`. True when it is covered by `by` now (created, or
     /// by an earlier attempt of the same cover); false when the job already existed otherwise.
     pub async fn cover(&self, job: &NewJob<'_>, by: &str) -> Result<bool, JournalError> {
         cover_with(&self.pool, job, by).await
     }
 
-    /// Opens a settled job again for a replay (`Running`, nobody's cover any more). A running job is left
-    /// as it is.
-    pub async fn reopen(&self, id: &str, how: Reopen<'_>) -> Result<(), JournalError> {
+    /// Opens a settled job again for a replay (`Running`, nobody's cover any more, no reason): in the
+    /// next reply generation when the current one has a companion message, so that the replay answers
+    /// anew; the records of the steps named in `forget` are dropped, so they run again (the model's
+    /// answers, say). A running job is left as it is.
+    pub async fn reopen(&self, id: &str, forget: &[&str]) -> Result<(), JournalError> {
         let mut tx = self.pool.begin().await?;
+        let generation: Option<i32> =
+            sqlx::query_scalar("SELECT generation FROM jobs WHERE id = $1 FOR UPDATE")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some(generation) = generation else {
+            return Ok(());
+        };
+        let replies: Vec<String> =
+            sqlx::query_scalar("SELECT key FROM job_steps WHERE job = $1 AND name = $2")
+                .bind(id)
+                .bind(names::step::REPLY)
+                .fetch_all(&mut *tx)
+                .await?;
+        let answered = replies
+            .iter()
+            .any(|k| names::key::is_reply_of(k, generation));
         sqlx::query(
-            "UPDATE jobs SET state = 'running', covered_by = NULL, updated_at = now(),
+            "UPDATE jobs SET state = 'running', covered_by = NULL, reason = NULL, updated_at = now(),
                 generation = generation + CASE WHEN $2 THEN 1 ELSE 0 END
              WHERE id = $1 AND state = ANY($3)",
         )
         .bind(id)
-        .bind(how.next_generation)
+        .bind(answered)
         .bind(State::sources(State::Running))
         .execute(&mut *tx)
         .await?;
         sqlx::query("DELETE FROM job_steps WHERE job = $1 AND name = ANY($2)")
             .bind(id)
-            .bind(how.forget)
+            .bind(forget)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -301,7 +318,7 @@ impl Journal {
         to: State,
         error: Option<&str>,
     ) -> Result<(), JournalError> {
-        transition(&self.pool, id, to, None, error, &[]).await?;
+        transition(&self.pool, id, to, Ending::default(), error, &[]).await?;
         Ok(())
     }
 
@@ -339,6 +356,7 @@ fn job_record(row: &PgRow) -> Result<JobRecord, JournalError> {
         covered_by: row.get("covered_by"),
         stream_seq: row.get::<Option<i64>, _>("stream_seq").map(|s| s as u64),
         last_error: row.get("last_error"),
+        reason: row.get("reason"),
         updated_at: row.get("updated_at"),
     })
 }
@@ -350,6 +368,8 @@ struct Pending {
     key: String,
     output: Value,
     tally: Option<String>,
+    /// When it counts from (a counted step's clock); none: the database's.
+    at: Option<DateTime<Utc>>,
 }
 
 /// One attempt of a job: its row as opened, the steps recorded so far, and the records not yet written.
@@ -373,6 +393,8 @@ impl Job {
             key: key.into(),
             lazy: false,
             tally: None,
+            at: None,
+            lock: None,
         }
     }
 
@@ -392,7 +414,9 @@ impl Job {
         decode(name, key, value)
     }
 
-    /// A step that counts against `limit` steps of `tally` per `window`, across every worker.
+    /// A step that counts against `limit` steps of `tally` per `window`, across every worker: under a lock
+    /// per tally, granted (and recorded, with the tally) only while fewer than `limit` steps of the tally
+    /// were recorded in the window that ends at `now`.
     pub async fn counted(
         &self,
         name: &str,
@@ -402,65 +426,57 @@ impl Job {
         window: Duration,
         now: DateTime<Utc>,
     ) -> Result<Admission, JournalError> {
-        if self.is_recorded(name, key) {
-            return Ok(Admission::AlreadyCounted);
+        /// The window is full: nothing is recorded.
+        enum NotCounted {
+            Full(i64),
+            Journal(JournalError),
         }
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(tally)
-            .execute(&mut *tx)
-            .await?;
-        let seen: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM job_steps WHERE job = $1 AND name = $2 AND key = $3)",
-        )
-        .bind(self.id())
-        .bind(name)
-        .bind(key)
-        .fetch_one(&mut *tx)
-        .await?;
-        if seen {
-            tx.commit().await?;
-            return Ok(Admission::AlreadyCounted);
+        impl From<JournalError> for NotCounted {
+            fn from(e: JournalError) -> Self {
+                Self::Journal(e)
+            }
         }
         let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::hours(1));
-        let row = sqlx::query(
-            "SELECT count(*) AS n, min(created_at) AS oldest FROM job_steps
-             WHERE tally = $1 AND created_at > $2",
-        )
-        .bind(tally)
-        .bind(now - window)
-        .fetch_one(&mut *tx)
-        .await?;
-        let used: i64 = row.get("n");
-        if used >= i64::from(limit) {
-            let oldest: Option<DateTime<Utc>> = row.get("oldest");
-            let retry_after_secs = oldest
-                .map(|o| (o + window - now).num_seconds().max(1))
-                .unwrap_or(window.num_seconds());
-            tx.commit().await?;
-            return Ok(Admission::Exceeded { retry_after_secs });
+        let mut step = self.step(name, key).tally(tally);
+        step.at = Some(now);
+        // Serialised on the tally: every step counting against it, of any job.
+        step.lock = Some(format!("tally:{tally}"));
+        let counted = step
+            .run_tx_fresh(|mut tx| async move {
+                let result = sqlx::query(
+                    "SELECT count(*) AS n, min(created_at) AS oldest FROM job_steps
+                     WHERE tally = $1 AND created_at > $2",
+                )
+                .bind(tally)
+                .bind(now - window)
+                .fetch_one(&mut *tx)
+                .await;
+                let counted = match result {
+                    Err(e) => Err(NotCounted::Journal(e.into())),
+                    Ok(row) if row.get::<i64, _>("n") >= i64::from(limit) => {
+                        let oldest: Option<DateTime<Utc>> = row.get("oldest");
+                        Err(NotCounted::Full(
+                            oldest
+                                .map(|o| (o + window - now).num_seconds().max(1))
+                                .unwrap_or(window.num_seconds()),
+                        ))
+                    }
+                    Ok(_) => Ok(serde_json::json!({ "counted": tally })),
+                };
+                (tx, counted)
+            })
+            .await;
+        match counted {
+            Ok((_, true)) => Ok(Admission::Granted),
+            Ok((_, false)) => Ok(Admission::AlreadyCounted),
+            Err(NotCounted::Full(retry_after_secs)) => Ok(Admission::Exceeded { retry_after_secs }),
+            Err(NotCounted::Journal(e)) => Err(e),
         }
-        let output = serde_json::json!({ "counted": tally });
-        sqlx::query(
-            "INSERT INTO job_steps (job, name, key, output, tally, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(self.id())
-        .bind(name)
-        .bind(key)
-        .bind(&output)
-        .bind(tally)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        self.remember(name, key, output);
-        Ok(Admission::Granted)
     }
 
     /// A step whose effect is covering other jobs (a burst's later messages, answered by this job's
     /// reply): covers the longest prefix of `candidates` that can still be covered and records
-    /// `output(n)` for the `n` covered, in one transaction, serialised per step. Two attempts of this job
+    /// `output(n)` for the `n` covered, in one transaction ([`Step::run_in_tx`]). Two attempts of this job
     /// running at once (a redelivery while the first delivery still runs) therefore agree: the second
     /// reads the first's record and covers nothing, so no job is covered that the recorded step (and the
     /// reply built from it) does not answer.
@@ -475,9 +491,6 @@ impl Job {
         T: Serialize + DeserializeOwned,
         F: FnOnce(usize) -> T,
     {
-        if let Some(done) = self.recorded::<T>(name, key) {
-            return Ok(done);
-        }
         if candidates.is_empty() {
             // Nothing to cover: an ordinary step (its record resolves a race like any other).
             return self
@@ -485,72 +498,19 @@ impl Job {
                 .run(async { Ok::<_, JournalError>(output(0)) })
                 .await;
         }
-        let pending = self.take_pending();
-        let result = async {
-            let mut tx = self.pool.begin().await?;
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-                .bind(format!("step:{}:{name}:{key}", self.id()))
-                .execute(&mut *tx)
-                .await?;
-            let mut rows = pending.clone();
-            let decided = match step_output(&mut *tx, self.id(), name, key).await? {
-                Some(earlier) => (earlier, None),
-                None => {
-                    let mut n = 0;
-                    for c in candidates {
-                        if !cover_with(&mut *tx, c, self.id()).await? {
-                            break;
-                        }
-                        n += 1;
-                    }
-                    let out = output(n);
-                    let mut value =
-                        serde_json::to_value(&out).map_err(|source| JournalError::Encode {
-                            name: name.to_owned(),
-                            key: key.to_owned(),
-                            source,
-                        })?;
-                    strip_nul(&mut value);
-                    rows.push(Pending {
-                        name: name.to_owned(),
-                        key: key.to_owned(),
-                        output: value.clone(),
-                        tally: None,
-                    });
-                    (value, Some(out))
-                }
-            };
-            sqlx::query(sqlx::AssertSqlSafe(INSERT_RECORDS))
-                .bind(self.id())
-                .bind(records(&rows))
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Ok::<_, JournalError>(decided)
-        }
-        .await;
-        match result {
-            Ok((value, own)) => {
-                self.remember(name, key, value.clone());
-                match own {
-                    Some(out) => Ok(out),
-                    None => {
-                        debug!(
-                            step = name,
-                            key, "another attempt recorded this step first; using its output"
-                        );
-                        decode(name, key, &value).ok_or_else(|| JournalError::Decode {
-                            name: name.to_owned(),
-                            key: key.to_owned(),
-                        })
+        self.step(name, key)
+            .run_in_tx(|mut tx| async move {
+                let mut n = 0;
+                for c in candidates {
+                    match cover_with(&mut *tx, c, self.id()).await {
+                        Ok(true) => n += 1,
+                        Ok(false) => break,
+                        Err(e) => return (tx, Err(e)),
                     }
                 }
-            }
-            Err(e) => {
-                self.requeue(pending);
-                Err(e)
-            }
-        }
+                (tx, Ok(output(n)))
+            })
+            .await
     }
 
     /// Writes the records of lazy steps now.
@@ -582,23 +542,16 @@ impl Job {
         result
     }
 
-    /// Settles the running job in state `to` (answered by `by`, when another job's reply answered it),
-    /// writing the pending records in the same statement. False when the job was no longer running (a
-    /// replay or another worker settled it first).
-    pub async fn settle(&self, to: State, by: Option<&str>) -> Result<bool, JournalError> {
+    /// Ends the running job in state `to`, with who answered it and why it ended without a message
+    /// ([`Ending`]), writing the pending records in the same statement. False when the job was no longer
+    /// running (a replay or another worker ended it first).
+    pub async fn finish(&self, to: State, ending: Ending<'_>) -> Result<bool, JournalError> {
         let pending = self.take_pending();
-        let moved = transition(&self.pool, self.id(), to, by, None, &pending).await;
+        let moved = transition(&self.pool, self.id(), to, ending, None, &pending).await;
         if moved.is_err() {
             self.requeue(pending);
         }
         moved
-    }
-
-    fn is_recorded(&self, name: &str, key: &str) -> bool {
-        self.recorded
-            .lock()
-            .expect("journal lock")
-            .contains_key(&(name.to_owned(), key.to_owned()))
     }
 
     fn remember(&self, name: &str, key: &str, output: Value) {
@@ -704,14 +657,15 @@ async fn transition(
     pool: &PgPool,
     id: &str,
     to: State,
-    by: Option<&str>,
+    ending: Ending<'_>,
     error: Option<&str>,
     rows: &[Pending],
 ) -> Result<bool, JournalError> {
     let sql = format!(
         "WITH ins AS ({INSERT_RECORDS})
          UPDATE jobs SET state = $3, covered_by = COALESCE($4, covered_by),
-                last_error = COALESCE($5, last_error), updated_at = now()
+                last_error = COALESCE($5, last_error), reason = COALESCE($7, reason),
+                updated_at = now()
          WHERE id = $1 AND state = ANY($6)
          RETURNING state"
     );
@@ -719,9 +673,10 @@ async fn transition(
         .bind(id)
         .bind(records(rows))
         .bind(to.as_str())
-        .bind(by)
+        .bind(ending.by)
         .bind(error)
         .bind(State::sources(to))
+        .bind(ending.reason)
         .fetch_optional(pool)
         .await?;
     Ok(moved.is_some())
@@ -729,9 +684,9 @@ async fn transition(
 
 /// Inserts the step records `$2` (a JSON array of [`records`]) of job `$1`; a record already there (an
 /// earlier attempt's) stays.
-const INSERT_RECORDS: &str = "INSERT INTO job_steps (job, name, key, output, tally)
-    SELECT $1, r.name, r.key, coalesce(r.output, 'null'::jsonb), r.tally
-    FROM jsonb_to_recordset($2::jsonb) AS r(name text, key text, output jsonb, tally text)
+const INSERT_RECORDS: &str = "INSERT INTO job_steps (job, name, key, output, tally, created_at)
+    SELECT $1, r.name, r.key, coalesce(r.output, 'null'::jsonb), r.tally, coalesce(r.at, now())
+    FROM jsonb_to_recordset($2::jsonb) AS r(name text, key text, output jsonb, tally text, at timestamptz)
     ON CONFLICT (job, name, key) DO NOTHING";
 
 /// Step records as the JSON array [`INSERT_RECORDS`] reads.
@@ -739,7 +694,8 @@ fn records(rows: &[Pending]) -> Value {
     Value::Array(
         rows.iter()
             .map(|r| {
-                serde_json::json!({"name": r.name, "key": r.key, "output": r.output, "tally": r.tally})
+                serde_json::json!({"name": r.name, "key": r.key, "output": r.output, "tally": r.tally,
+                                   "at": r.at})
             })
             .collect(),
     )
@@ -755,6 +711,15 @@ fn decode<T: DeserializeOwned>(name: &str, key: &str, value: &Value) -> Option<T
     }
 }
 
+/// How a job ended, besides its state.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ending<'a> {
+    /// The job whose message answered this one (a burst's reply, a busy line).
+    pub by: Option<&'a str>,
+    /// Why it ended without a message of its own, on purpose.
+    pub reason: Option<&'a str>,
+}
+
 /// A step about to run; see the module documentation.
 pub struct Step<'a> {
     job: &'a Job,
@@ -762,6 +727,9 @@ pub struct Step<'a> {
     key: String,
     lazy: bool,
     tally: Option<String>,
+    at: Option<DateTime<Utc>>,
+    /// What [`Step::run_in_tx`] serialises on, when not the step itself (a tally, for a counted step).
+    lock: Option<String>,
 }
 
 impl Step<'_> {
@@ -778,6 +746,16 @@ impl Step<'_> {
         self
     }
 
+    fn pending(&self, output: Value) -> Pending {
+        Pending {
+            name: self.name.to_owned(),
+            key: self.key.clone(),
+            output,
+            tally: self.tally.clone(),
+            at: self.at,
+        }
+    }
+
     /// The recorded output, or the body's, recorded now (or with the next record, when lazy).
     pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
     where
@@ -785,44 +763,129 @@ impl Step<'_> {
         E: From<JournalError>,
         F: Future<Output = Result<T, E>>,
     {
-        let Step {
-            job,
-            name,
-            key,
-            lazy,
-            tally,
-        } = self;
-        if let Some(done) = job.recorded::<T>(name, &key) {
-            debug!(step = name, key = %key, "step replayed from the journal");
+        let (job, name) = (self.job, self.name);
+        if let Some(done) = job.recorded::<T>(name, &self.key) {
+            debug!(step = name, key = %self.key, "step replayed from the journal");
             return Ok(done);
         }
         let out = body.await?;
-        let mut value = serde_json::to_value(&out).map_err(|source| JournalError::Encode {
-            name: name.to_owned(),
-            key: key.clone(),
-            source,
-        })?;
-        strip_nul(&mut value);
-        let pending = Pending {
-            name: name.to_owned(),
-            key: key.clone(),
-            output: value.clone(),
-            tally,
-        };
-        if lazy {
-            job.remember(name, &key, value);
+        let value = encode(name, &self.key, &out)?;
+        let pending = self.pending(value.clone());
+        if self.lazy {
+            job.remember(name, &self.key, value);
             job.pending.lock().expect("journal lock").push(pending);
             return Ok(out);
         }
         let stored = job.record(pending).await?;
-        job.remember(name, &key, stored.clone());
+        job.remember(name, &self.key, stored.clone());
         if stored == value {
             return Ok(out);
         }
         // Another attempt recorded this step first: go on with its output.
-        debug!(step = name, key = %key, "another attempt recorded this step first; using its output");
-        Ok(decode(name, &key, &stored).unwrap_or(out))
+        debug!(step = name, key = %self.key, "another attempt recorded this step first; using its output");
+        Ok(decode(name, &self.key, &stored).unwrap_or(out))
     }
+
+    /// The recorded output, or the body's: the body does its writes in the transaction that records the
+    /// step (with the job's pending records), so they commit together or not at all. Attempts of the same
+    /// step are serialised; one that finds the step recorded meanwhile returns that record and runs
+    /// nothing. A body's error rolls its writes back and records nothing. The body gets the transaction
+    /// and hands it back with its result.
+    pub async fn run_in_tx<T, E, F, Fut>(self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<JournalError>,
+        F: FnOnce(Tx) -> Fut,
+        Fut: Future<Output = (Tx, Result<T, E>)>,
+    {
+        self.run_tx_fresh(body).await.map(|(out, _)| out)
+    }
+
+    /// [`Step::run_in_tx`], and whether the body ran now (false: an earlier attempt's record).
+    async fn run_tx_fresh<T, E, F, Fut>(self, body: F) -> Result<(T, bool), E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<JournalError>,
+        F: FnOnce(Tx) -> Fut,
+        Fut: Future<Output = (Tx, Result<T, E>)>,
+    {
+        let (job, name) = (self.job, self.name);
+        if let Some(done) = job.recorded::<T>(name, &self.key) {
+            return Ok((done, false));
+        }
+        let pending = job.take_pending();
+        let result = async {
+            let mut tx = job.pool.begin().await.map_err(JournalError::from)?;
+            // Serialised per step (or on the lock asked for); then, in a statement of its own so that
+            // it sees what another attempt committed while this one waited, the step's record.
+            let lock = self
+                .lock
+                .clone()
+                .unwrap_or_else(|| format!("step:{}:{name}:{}", job.id(), self.key));
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(&lock)
+                .execute(&mut *tx)
+                .await
+                .map_err(JournalError::from)?;
+            let earlier = step_output(&mut *tx, job.id(), name, &self.key).await?;
+            let (tx, value, own) = match earlier {
+                Some(v) => (tx, v, None),
+                None => {
+                    let (tx, out) = body(tx).await;
+                    let out = out?;
+                    (tx, encode(name, &self.key, &out)?, Some(out))
+                }
+            };
+            let mut tx = tx;
+            let mut rows = pending.clone();
+            if own.is_some() {
+                rows.push(self.pending(value.clone()));
+            }
+            sqlx::query(sqlx::AssertSqlSafe(INSERT_RECORDS))
+                .bind(job.id())
+                .bind(records(&rows))
+                .execute(&mut *tx)
+                .await
+                .map_err(JournalError::from)?;
+            tx.commit().await.map_err(JournalError::from)?;
+            Ok::<_, E>((value, own))
+        }
+        .await;
+        match result {
+            Ok((value, own)) => {
+                job.remember(name, &self.key, value.clone());
+                match own {
+                    Some(out) => Ok((out, true)),
+                    None => {
+                        debug!(step = name, key = %self.key, "another attempt recorded this step first; using its output");
+                        decode(name, &self.key, &value)
+                            .map(|out| (out, false))
+                            .ok_or_else(|| {
+                                E::from(JournalError::Decode {
+                                    name: name.to_owned(),
+                                    key: self.key.clone(),
+                                })
+                            })
+                    }
+                }
+            }
+            Err(e) => {
+                job.requeue(pending);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A step's output as recorded.
+fn encode<T: Serialize>(name: &str, key: &str, out: &T) -> Result<Value, JournalError> {
+    let mut value = serde_json::to_value(out).map_err(|source| JournalError::Encode {
+        name: name.to_owned(),
+        key: key.to_owned(),
+        source,
+    })?;
+    strip_nul(&mut value);
+    Ok(value)
 }
 
 /// PostgreSQL's `jsonb` cannot hold U+0000.

@@ -1,0 +1,128 @@
+//! Every step and tally name the journal records, and the shape of their keys: the one list, so a reader
+//! (replay, the spend check, `companion usage`, an operator's query) and the writer cannot disagree. The
+//! conversation pipeline ([`crate::turn`]) says in which order they run.
+
+/// Step names, by the stage that records them.
+pub mod step {
+    /// Over the flood limit or not, and who says the busy line ([`crate::flood`]).
+    pub const FLOOD: &str = "flood";
+    /// A turn's admission against the user's flood allowance (tally [`super::tally::turns`]).
+    pub const TURN: &str = "turn";
+    /// The busy line said to a user by a companion (tally [`super::tally::busy`], one per window).
+    pub const BUSY: &str = "busy";
+    /// A follow-up's checks before anything is sent: stale news, a blocked or departed companion, the
+    /// daily cap.
+    pub const GATE: &str = "gate";
+    /// A follow-up counted against the user's daily cap (tally [`super::tally::proactive`]).
+    pub const CAP: &str = "cap";
+    /// Who answers a group message, and why.
+    pub const ROUTE: &str = "route";
+    /// The later messages of a burst that one reply answers.
+    pub const BURST: &str = "burst";
+    /// The user's guided flow as a turn sees it.
+    pub const FLOW: &str = "flow";
+    /// A change to the user's guided flow: by a tool call (keyed by the call) or by the event a waiting
+    /// step waited for (key [`super::key::EVENT`]). Written in the transaction that records it.
+    pub const FLOW_CHANGE: &str = "flow_change";
+    /// One answer of the model, with its usage and cost (tally [`super::tally::spend`]).
+    pub const LLM: &str = "llm";
+    /// One tool call's result, as the model saw it.
+    pub const TOOL: &str = "tool";
+    /// A write counted against the user's hourly quota (tally [`super::tally::writes`]).
+    pub const QUOTA: &str = "quota";
+    /// A companion message, fixed before it is delivered.
+    pub const REPLY: &str = "reply";
+    /// Delivering it: the dm_messages document, the history rows, the conversation's last message and
+    /// the completion event.
+    pub const STORE_REPLY: &str = "store_reply";
+    pub const HISTORY: &str = "history";
+    pub const TOUCH: &str = "touch";
+    pub const PUBLISH: &str = "publish";
+}
+
+/// Tallies: limits every worker counts against together (`job_steps.tally`).
+pub mod tally {
+    /// A user's turns, for the flood limit.
+    pub fn turns(user: &str) -> String {
+        format!("turns:{user}")
+    }
+
+    /// The busy line a companion said to a user.
+    pub fn busy(user: &str, bot: &str) -> String {
+        format!("busy:{user}:{bot}")
+    }
+
+    /// A user's writes through tools, for the hourly quota.
+    pub fn writes(user: &str) -> String {
+        format!("writes:{user}")
+    }
+
+    /// The model's answers on behalf of a user, for the spend budgets.
+    pub fn spend(user: &str) -> String {
+        format!("spend:{user}")
+    }
+
+    /// Follow-ups sent to a user, for the daily cap.
+    pub fn proactive(user: &str) -> String {
+        format!("proactive:{user}")
+    }
+}
+
+/// Step keys.
+pub mod key {
+    /// The key of a step that happens once per job.
+    pub const ONCE: &str = "";
+    /// A flow change made by the event a follow-up is about.
+    pub const EVENT: &str = "event";
+    /// The user's message kept in history without an answer of its own.
+    pub const USER: &str = "user";
+
+    /// Which companion message of a job a step belongs to: the only one (a DM reply, a follow-up) or the
+    /// n-th of several (a group message's answers).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Slot {
+        Only,
+        Nth(usize),
+    }
+
+    impl Slot {
+        /// The key of the slot's `reply` and delivery steps in a reply generation: `g<generation>`, or
+        /// `g<generation>.<n>`.
+        pub fn reply(self, generation: i32) -> String {
+            match self {
+                Slot::Only => format!("g{generation}"),
+                Slot::Nth(n) => format!("g{generation}.{n}"),
+            }
+        }
+
+        /// The prefix of the slot's `llm` and `tool` keys: none, or `<n>.` (several model conversations
+        /// share one job).
+        pub fn calls(self) -> String {
+            match self {
+                Slot::Only => String::new(),
+                Slot::Nth(n) => format!("{n}."),
+            }
+        }
+    }
+
+    /// Whether `key` is a `reply` key of `generation`, of any slot.
+    pub fn is_reply_of(key: &str, generation: i32) -> bool {
+        let g = format!("g{generation}");
+        key == g || key.strip_prefix(&g).is_some_and(|r| r.starts_with('.'))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key::{Slot, is_reply_of};
+
+    #[test]
+    fn reply_keys_name_their_generation_and_slot() {
+        assert_eq!(Slot::Only.reply(0), "g0");
+        assert_eq!(Slot::Nth(2).reply(1), "g1.2");
+        assert_eq!(Slot::Only.calls(), "");
+        assert_eq!(Slot::Nth(1).calls(), "1.");
+        assert!(is_reply_of("g1", 1) && is_reply_of("g1.0", 1));
+        assert!(!is_reply_of("g10", 1) && !is_reply_of("g0", 1));
+    }
+}

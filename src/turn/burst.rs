@@ -1,0 +1,134 @@
+//! Stage 5 of a DM: its burst. Messages the user sent after this one that are already in the stream
+//! when the turn starts (up to `COMPANION_BURST_MAX`) are answered by the same reply, as a person would
+//! answer five quick lines once. They become `covered` jobs of their own, atomically with the `burst`
+//! step's record ([`crate::journal::Job::covering`]), and are listed in the completion's `covers`.
+
+use bson::oid::ObjectId;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use super::{Delivery, TurnError, Turns, hooks::UserMessage, input::Admitted, input::Kind};
+use crate::{
+    bus::{DmEvent, event::parse_inbound},
+    journal::{
+        Job, NewJob,
+        names::{key, step},
+    },
+};
+
+/// A later message of a burst, as the `burst` step fixes it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Covered {
+    pub message_id: String,
+    pub seq: u64,
+    pub content: String,
+    #[serde(default)]
+    pub images: Vec<String>,
+    pub sent_at: DateTime<Utc>,
+}
+
+/// The `burst` step: the later messages this turn's reply answers too, in stream order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Burst {
+    pub covers: Vec<Covered>,
+}
+
+impl Burst {
+    pub fn last_seq(&self) -> Option<u64> {
+        self.covers.last().map(|c| c.seq)
+    }
+
+    /// The covered messages as events of the same conversation as `head`.
+    pub(crate) fn events(&self, head: &DmEvent) -> Vec<DmEvent> {
+        self.covers
+            .iter()
+            .filter_map(|c| {
+                Some(DmEvent {
+                    message_id: ObjectId::parse_str(&c.message_id).ok()?,
+                    content: c.content.clone(),
+                    images: c.images.clone(),
+                    sent_at: c.sent_at,
+                    ..head.clone()
+                })
+            })
+            .collect()
+    }
+}
+
+impl Turns {
+    /// The `burst` step of a DM (none for another input): the later messages of the same sender that
+    /// follow in the stream now (contiguous, valid, within the bounds), each seen by the incoming hook
+    /// and made a job `covered` by this one; the first that already has a job ends the burst.
+    pub(crate) async fn take_in(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        delivery: Option<&Delivery<'_>>,
+    ) -> Result<Burst, TurnError> {
+        let Kind::Dm(event) = &a.kind else {
+            return Ok(Burst::default());
+        };
+        let mut candidates: Vec<(String, Covered)> = Vec::new();
+        // A retry reads the stream again and finds the step recorded: the covered jobs are its record's.
+        let from_stream = delivery
+            .and_then(|d| Some((d.order?, d)))
+            .filter(|_| self.config.burst_max > 0);
+        if let Some((order, d)) = from_stream {
+            let limits = self.limits();
+            let mut chars = event.content.chars().count();
+            for m in order
+                .followers(d.subject, d.seq, self.config.burst_max)
+                .await?
+            {
+                let prefix = &self.bus.names.prefix;
+                let Ok(f) = parse_inbound(&m.payload, m.subject.as_str(), prefix, limits) else {
+                    break;
+                };
+                chars += f.content.chars().count();
+                if f.sender_id != event.sender_id
+                    || f.message_id == event.message_id
+                    || chars > self.config.max_content_chars
+                {
+                    break;
+                }
+                self.incoming(&UserMessage {
+                    kind: "dm",
+                    id: f.message_id,
+                    sender: f.sender_id,
+                    text: &f.content,
+                    images: &f.images,
+                });
+                let covered = Covered {
+                    message_id: f.message_id.to_hex(),
+                    seq: m.sequence,
+                    content: f.content,
+                    images: f.images,
+                    sent_at: f.sent_at,
+                };
+                candidates.push((covered.message_id.clone(), covered));
+            }
+        }
+        let jobs: Vec<NewJob<'_>> = candidates
+            .iter()
+            .map(|(id, c)| NewJob {
+                id,
+                stream_seq: Some(c.seq),
+                ..a.new_job(None)
+            })
+            .collect();
+        let burst = job
+            .covering(step::BURST, key::ONCE, &jobs, |n| Burst {
+                covers: candidates[..n].iter().map(|(_, c)| c.clone()).collect(),
+            })
+            .await?;
+        if !burst.covers.is_empty() {
+            info!(
+                covers = burst.covers.len(),
+                "answering a burst of messages with one reply"
+            );
+        }
+        Ok(burst)
+    }
+}

@@ -1,0 +1,476 @@
+//! Stage 7: what a companion says in one slot. The prompt differs by input (a DM with its history and
+//! burst; a group's shared history and the answers before; a follow-up's brief), then every slot asks the
+//! model the same way ([`Turns::converse`]: the tool loop, the per-slot ceiling, the spend budgets) and
+//! passes the outgoing hook before its `reply` step fixes it. Over the flood limit the character's busy
+//! line stands in, at a spend budget its budget line, and for a follow-up whose model fails its plain
+//! line; those pass the hook too.
+
+use std::{collections::HashMap, sync::LazyLock};
+
+use bson::oid::ObjectId;
+use chrono::Utc;
+use serde_json::Value;
+use tracing::{debug, info, warn};
+
+use super::{
+    Burst, Reply, Said, TurnError, Turns,
+    input::{Admitted, Kind},
+    prompt::{self, PromptContext},
+    tool_loop,
+};
+use crate::{
+    bus::{DmEvent, Typing},
+    character::Character,
+    flow::TurnFlow,
+    group::{self, Member},
+    journal::{
+        Job,
+        names::{key, key::Slot, step},
+    },
+    llm::{CallBudget, ChatRequest, LlmError, Message},
+    proactive::FollowUp,
+    store::pg::GroupLine,
+    timing::{Stage, stage},
+    tools::{REGISTRY, Registry, ReminderBounds, ToolContext},
+};
+
+/// What a follow-up's model is offered: no tools (it tells, it does not act).
+static NO_TOOLS: LazyLock<Registry> = LazyLock::new(Registry::empty);
+
+/// One slot about to be composed, with what it sees.
+pub(crate) struct Turn<'a, 't> {
+    pub job: &'a Job,
+    pub admitted: &'a Admitted<'t>,
+    pub speaker: Member<'t>,
+    /// Another companion's message named this one.
+    pub handed_over: bool,
+    pub slot: Slot,
+    pub burst: &'a Burst,
+    /// The messages already fixed for this job.
+    pub said: &'a [Said],
+    /// Over the flood limit: the busy line.
+    pub busy: bool,
+    /// A group's history before the message.
+    pub history: Option<&'a [GroupLine]>,
+    /// For a follow-up: how its news moved the user's flow on.
+    pub flow_note: Option<&'a str>,
+}
+
+/// What the model said in one slot: its text, or none when a spend budget stopped it.
+pub(crate) struct Spoken {
+    pub text: Option<String>,
+    pub card: Option<Value>,
+    pub log: Option<Value>,
+}
+
+impl Turns {
+    /// The slot's message, through the outgoing hook.
+    pub(crate) async fn compose(&self, t: &Turn<'_, '_>) -> Result<Said, TurnError> {
+        let c = t.speaker.character;
+        if t.busy {
+            return Ok(self.line(t.admitted, t.speaker, c.busy_line.clone()));
+        }
+        match &t.admitted.kind {
+            Kind::Dm(event) => self.answer_dm(t, event).await,
+            Kind::Group { .. } => self.answer_in_group(t).await,
+            Kind::FollowUp { follow_up, .. } => self.follow_up(t, follow_up).await,
+        }
+    }
+
+    /// A line of the character's own (busy, budget, failure), as `speaker`; nobody speaks after it.
+    pub(crate) fn line(&self, a: &Admitted<'_>, speaker: Member<'_>, text: String) -> Said {
+        Said {
+            reply: self.outgoing(Reply::new(text, None, None)),
+            bot: speaker_id(a, speaker),
+            tags: None,
+            last: true,
+        }
+    }
+
+    /// The model's answer to a DM and the rest of its burst, with the history, the user's data, the
+    /// knowledge the messages call up and the user's flow with the companion.
+    async fn answer_dm(&self, t: &Turn<'_, '_>, event: &DmEvent) -> Result<Said, TurnError> {
+        let (a, c) = (t.admitted, t.speaker.character);
+        self.typing(event.conversation_id, event.bot_id).await;
+        let followers = t.burst.events(event);
+        let events: Vec<&DmEvent> = std::iter::once(event).chain(&followers).collect();
+        let query = events
+            .iter()
+            .map(|e| e.content.as_str())
+            .filter(|c| !c.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n");
+        // Retrieval (embedding + vector search) runs beside the history load and the trick names (mostly
+        // cached), not after them.
+        let (context, knowledge, flow) = tokio::join!(
+            stage(Stage::Context, async {
+                tokio::try_join!(
+                    self.pg
+                        .history(&a.ids.user, &a.ids.bot, self.config.history_limit),
+                    self.mongo.resolve_tricklists(&a.user.tricklists),
+                )
+            }),
+            self.retriever.for_turn(&c.knowledge, &query),
+            self.turn_flow(t.job, a, c),
+        );
+        let (history, tricklists) = context?;
+        let flow = flow?.prompt(&self.flows, &c.flows);
+        let prompt_started = std::time::Instant::now();
+        let system = prompt::system_prompt(&PromptContext {
+            character: c,
+            profile: a.user.profile.as_ref(),
+            tricklists: &tricklists,
+            knowledge: &knowledge,
+            reminders: &history.reminders,
+            now: Utc::now(),
+            tools_enabled: true,
+            flow: &flow,
+        });
+        let messages = prompt::conversation(system, &history.messages, &events);
+        crate::timing::add(Stage::Prompt, prompt_started);
+        let spoken = self.converse(t, event, messages, &REGISTRY).await?;
+        self.model_said(t, spoken, |text| text)
+    }
+
+    /// The model's answer as one companion of a group, seeing the group's history, the message and the
+    /// answers before it.
+    async fn answer_in_group(&self, t: &Turn<'_, '_>) -> Result<Said, TurnError> {
+        let (a, c, me) = (t.admitted, t.speaker.character, t.speaker.bot);
+        let Kind::Group {
+            event: group_event,
+            participants,
+        } = &a.kind
+        else {
+            unreachable!("a group slot of a group message");
+        };
+        if t.handed_over {
+            self.metrics.inc(group::HANDOVERS, "");
+            info!(to = %c.id, "handed over by the companion before");
+        }
+        self.typing(group_event.conversation_id, me).await;
+        let event = group_event.to_bot(me);
+        let (tricklists, knowledge, names) = tokio::join!(
+            stage(
+                Stage::Context,
+                self.mongo.resolve_tricklists(&a.user.tricklists)
+            ),
+            self.retriever.for_turn(&c.knowledge, &event.content),
+            self.display_names(&a.members, participants),
+        );
+        let name_of = |id: &str| names.get(id).cloned().unwrap_or_else(|| "someone".into());
+        let line = |id: &str, text: &str| Message::user(format!("{}: {text}", name_of(id)));
+        let mut system = prompt::system_prompt(&PromptContext {
+            character: c,
+            profile: a.user.profile.as_ref(),
+            tricklists: &tricklists?,
+            knowledge: &knowledge,
+            reminders: &[],
+            now: Utc::now(),
+            tools_enabled: true,
+            flow: "",
+        });
+        system.push_str(&group_note(
+            t.speaker,
+            &a.members,
+            participants,
+            &name_of,
+            &a.ids.user,
+        ));
+        let mine = me.to_hex();
+        let this_message: Vec<&str> = t.said.iter().map(|s| s.reply.id.as_str()).collect();
+        let head = event.message_id.to_hex();
+        let mut messages = vec![Message::system(system)];
+        for l in t.history.unwrap_or_default() {
+            if l.message_id == head || this_message.contains(&l.message_id.as_str()) {
+                continue;
+            }
+            messages.push(match (l.role.as_str(), l.bot_id == mine) {
+                ("assistant", true) => Message::assistant(l.content.clone()),
+                ("assistant", false) => line(&l.bot_id, &l.content),
+                _ => line(&l.user_id, &l.content),
+            });
+        }
+        let named = DmEvent {
+            content: format!("{}: {}", name_of(&a.ids.user), event.content),
+            ..event.clone()
+        };
+        messages.push(prompt::user_message(&named));
+        for s in t.said {
+            let bot = s.bot.as_deref().unwrap_or_default();
+            messages.push(if bot == mine {
+                Message::assistant(s.reply.content.clone())
+            } else {
+                line(bot, &s.reply.content)
+            });
+        }
+        let spoken = self.converse(t, &event, messages, &REGISTRY).await?;
+        let mut said = self.model_said(t, spoken, |text| group::strip_own_name(text, &c.name))?;
+        if !said.last {
+            said.tags =
+                group::route::handover(&said.reply.content, me, &a.members).map(|b| b.to_hex());
+        }
+        Ok(said)
+    }
+
+    /// The follow-up the model writes with the news in its context (the brief after the conversation so
+    /// far, without tools); the character's plain line when the model fails after all its retries and
+    /// fallbacks or a budget stops it (the news is never held back for it).
+    async fn follow_up(&self, t: &Turn<'_, '_>, f: &FollowUp<'_>) -> Result<Said, TurnError> {
+        let a = t.admitted;
+        let (history, tricklists) = tokio::try_join!(
+            async {
+                let limit = self.config.history_limit;
+                Ok::<_, TurnError>(self.pg.history(&a.ids.user, &a.ids.bot, limit).await?)
+            },
+            async { Ok(self.mongo.resolve_tricklists(&a.user.tricklists).await?) },
+        )?;
+        let system = prompt::system_prompt(&PromptContext {
+            character: f.character,
+            profile: a.user.profile.as_ref(),
+            tricklists: &tricklists,
+            knowledge: &[],
+            reminders: &[],
+            now: Utc::now(),
+            tools_enabled: false,
+            flow: "",
+        });
+        let mut messages = prompt::conversation(system, &history.messages, &[]);
+        let brief = format!("{}{}", f.brief, t.flow_note.unwrap_or_default());
+        messages.push(Message::system(brief));
+        // A follow-up answers no user message: the tool context's message is only a placeholder (no
+        // tools are offered, so none is called).
+        let as_if = DmEvent {
+            message_id: ObjectId::from_bytes([0; 12]),
+            conversation_id: f.conversation,
+            sender_id: f.user,
+            bot_id: f.bot,
+            content: String::new(),
+            images: Vec::new(),
+            sent_at: Utc::now(),
+        };
+        let written = match self.converse(t, &as_if, messages, &NO_TOOLS).await {
+            Ok(Spoken {
+                text: Some(text), ..
+            }) => self.outgoing_text(&text),
+            Ok(Spoken { text: None, .. }) => {
+                info!("the spend budget is used up; sending the plain line");
+                String::new()
+            }
+            Err(TurnError::Llm(e)) => {
+                warn!(error = %e, "the model could not write the follow-up; sending the plain line");
+                String::new()
+            }
+            Err(e) => return Err(e),
+        };
+        let content = match written.is_empty() {
+            true => self.outgoing_text(&f.plain),
+            false => written,
+        };
+        Ok(Said {
+            reply: Reply::new(content, f.card.clone(), None),
+            bot: None,
+            tags: None,
+            last: false,
+        })
+    }
+
+    /// The model's text as the slot's message (`shape` first: a group strips the speaker's own name),
+    /// through the outgoing hook; the budget line when a spend budget stopped the model.
+    fn model_said(
+        &self,
+        t: &Turn<'_, '_>,
+        spoken: Spoken,
+        shape: impl for<'s> Fn(&'s str) -> &'s str,
+    ) -> Result<Said, TurnError> {
+        let Some(text) = spoken.text else {
+            info!("the spend budget is used up; answering with the budget line");
+            let line = t.speaker.character.budget_line.clone();
+            let mut said = self.line(t.admitted, t.speaker, line);
+            said.reply.rich_content = spoken.card;
+            said.reply.tool_log = spoken.log;
+            return Ok(said);
+        };
+        let reply = self.outgoing(Reply::new(
+            shape(text.trim()).to_owned(),
+            spoken.card,
+            spoken.log,
+        ));
+        if reply.content.is_empty() {
+            return Err(LlmError::EmptyAnswer.into());
+        }
+        Ok(Said {
+            reply,
+            bot: speaker_id(t.admitted, t.speaker),
+            tags: None,
+            last: false,
+        })
+    }
+
+    /// Asks the model as the slot's companion with `messages` (the system prompt first) and runs the
+    /// tool loop with `tools` for `event`'s sender. Its model answers and tool calls are journal steps
+    /// keyed under the slot, and the per-turn ceiling counts those of the slot.
+    async fn converse(
+        &self,
+        t: &Turn<'_, '_>,
+        event: &DmEvent,
+        messages: Vec<Message>,
+        tools: &Registry,
+    ) -> Result<Spoken, TurnError> {
+        let (c, job, user) = (t.speaker.character, t.job, &t.admitted.user);
+        let slot = t.slot.calls();
+        let request = ChatRequest {
+            model: c
+                .model
+                .clone()
+                .unwrap_or_else(|| self.llm.default_model.clone()),
+            messages,
+            tools: tools.defs(),
+            tool_choice: None,
+            max_tokens: Some(self.llm.max_tokens),
+            temperature: Some(self.llm.temperature),
+        };
+        // Answers recorded by earlier attempts were paid once and are replayed for free.
+        let budget = CallBudget::new(
+            self.config
+                .max_llm_calls_per_turn
+                .saturating_sub(job.recorded_count_under(step::LLM, &slot) as u32),
+            self.config.max_prompt_tokens_per_turn,
+        );
+        let cx = tool_loop::LoopContext {
+            slot: &slot,
+            budget: &budget,
+            spend: Some(&self.spend),
+            llm: &self.llm,
+            registry: tools,
+            limits: tool_loop::LoopLimits {
+                max_rounds: self.config.max_tool_rounds,
+                max_result_bytes: self.config.max_tool_result_bytes,
+            },
+            metrics: &self.metrics,
+            tools: ToolContext {
+                user: event.sender_id,
+                bot: event.bot_id,
+                conversation: event.conversation_id,
+                character: &c.name,
+                pg: &self.pg,
+                bus: &self.bus,
+                time_zone: user.profile.as_ref().and_then(|p| p.time_zone.as_deref()),
+                reminders: ReminderBounds {
+                    min_lead: std::time::Duration::from_secs(self.config.reminder_min_lead_secs),
+                },
+                message_id: event.message_id,
+                tool_call_id: String::new(),
+                call_key: String::new(),
+                mongo: &self.mongo,
+                job,
+                now: Utc::now(),
+                writes_per_hour: self.config.writes_per_hour,
+                flows: &self.flows,
+                offered_flows: &c.flows,
+            },
+        };
+        let out = tool_loop::run(&cx, request).await?;
+        Ok(Spoken {
+            text: out.stopped.is_none().then_some(out.text),
+            card: out.card,
+            log: (!out.log.is_empty()).then(|| Value::Array(out.log)),
+        })
+    }
+
+    /// The user's flow with the companion as this turn sees it (the `flow` step: a retry after the first
+    /// model answer sees the same); nothing for a companion without flows.
+    async fn turn_flow(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        c: &Character,
+    ) -> Result<TurnFlow, TurnError> {
+        if c.flows.is_empty() {
+            return Ok(Default::default());
+        }
+        let idle = chrono::Duration::days(i64::from(self.config.flow_idle_days.max(1)));
+        // Lazy: reading it again is harmless, and its record rides with the turn's first model answer.
+        job.step(step::FLOW, key::ONCE)
+            .lazy()
+            .run(async {
+                TurnFlow::load(&self.pg.pool, &a.ids.user, &a.ids.bot, Utc::now() - idle)
+                    .await
+                    .map_err(TurnError::from)
+            })
+            .await
+    }
+
+    /// The typing indicator of `bot` in the conversation, best effort.
+    async fn typing(&self, conversation: ObjectId, bot: ObjectId) {
+        let typing = Typing {
+            conversation_id: conversation.to_hex(),
+            sender_id: bot.to_hex(),
+            typing: true,
+            at: Utc::now(),
+        };
+        if let Err(e) = stage(Stage::Publish, self.bus.publish_typing(&typing)).await {
+            debug!(error = %e, "typing indicator not sent");
+        }
+    }
+
+    /// Names of the group's people and companions by id (hex), for the history the model reads.
+    async fn display_names(
+        &self,
+        members: &[Member<'_>],
+        participants: &[ObjectId],
+    ) -> HashMap<String, String> {
+        let mut names: HashMap<String, String> = members
+            .iter()
+            .map(|m| (m.bot.to_hex(), m.character.name.clone()))
+            .collect();
+        let people: Vec<ObjectId> = participants
+            .iter()
+            .filter(|p| !names.contains_key(&p.to_hex()))
+            .copied()
+            .collect();
+        match self.mongo.display_names(&people).await {
+            Ok(found) => names.extend(found.into_iter().map(|(id, n)| (id.to_hex(), n))),
+            Err(e) => {
+                debug!(error = %e, "participants' names not read; the history says `someone`")
+            }
+        }
+        names
+    }
+}
+
+/// The speaker as the `reply` step names it: only where the job has several (a group).
+fn speaker_id(a: &Admitted<'_>, speaker: Member<'_>) -> Option<String> {
+    matches!(a.kind, Kind::Group { .. }).then(|| speaker.bot.to_hex())
+}
+
+/// What a companion is told about the group.
+fn group_note(
+    me: Member<'_>,
+    members: &[Member<'_>],
+    participants: &[ObjectId],
+    name_of: &dyn Fn(&str) -> String,
+    sender: &str,
+) -> String {
+    let others: Vec<String> = members
+        .iter()
+        .filter(|m| m.bot != me.bot)
+        .map(|m| format!("{} ({})", m.character.name, m.character.sport))
+        .collect();
+    let people: Vec<String> = participants
+        .iter()
+        .filter(|p| !members.iter().any(|m| m.bot == **p))
+        .map(|p| name_of(&p.to_hex()))
+        .collect();
+    format!(
+        "\n## This is a group chat\nThis conversation is a group chat in TrickBook, not a DM. In it: {} \
+         and the companions {}. Messages from others start with the speaker's name and a colon. You \
+         are {}: write one short message as yourself only, without a name prefix, and never speak \
+         for the others. Your tools act for {} only. If another companion of the group knows this \
+         better, you may hand over by naming them in your message; do it only when they would really \
+         help, and never just to be polite.\n",
+        people.join(", "),
+        others.join(", "),
+        me.character.name,
+        name_of(sender),
+    )
+}

@@ -1,0 +1,220 @@
+//! Stage 8: a fixed companion message goes out, the one path of every message: the dm_messages document,
+//! the history rows (the user messages it answers, then its own), the conversation's last message, the
+//! completion event. Every step is keyed by the message's slot in its reply generation and safe to
+//! repeat (lazy: recorded with the job's next record or its end).
+
+use bson::oid::ObjectId;
+use chrono::{DateTime, Utc};
+use tracing::debug;
+
+use super::{
+    Burst, Reply, Said, TurnError, Turns,
+    input::{Admitted, Answered, Kind},
+};
+use crate::{
+    bus::{Completion, Trigger},
+    journal::{
+        Job,
+        names::{key::Slot, step},
+    },
+    store::{mongo::ReplyDoc, pg::NewHistory},
+    timing::{Stage, stage},
+};
+
+/// Where a fixed message goes and what it answers.
+pub struct Outgoing<'a> {
+    pub conversation: ObjectId,
+    /// The companion speaking.
+    pub bot: ObjectId,
+    /// The user it speaks to.
+    pub user: ObjectId,
+    /// The DM answered; none for a group's or a proactive message.
+    pub in_reply_to: Option<ObjectId>,
+    /// History rows of the user messages answered, stored before the message's own.
+    pub user_rows: Vec<NewHistory<'a>>,
+    /// Later messages of a burst the message answers too.
+    pub covers: Vec<String>,
+    /// What a proactive message follows up on (`proactive: true` in the completion).
+    pub trigger: Option<Trigger>,
+    /// In a group: the user message this is one of the answers to.
+    pub responds_to: Option<ObjectId>,
+    /// A group conversation's message: its history rows go to the group's window.
+    pub group: bool,
+    /// The key of its delivery steps (`g<generation>`, or `g<generation>.<n>` in a group).
+    pub key: String,
+}
+
+impl Turns {
+    /// Delivers the message `said` of `slot`.
+    pub(crate) async fn deliver(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        slot: Slot,
+        burst: &Burst,
+        said: &Said,
+    ) -> Result<(), TurnError> {
+        let bot = match &said.bot {
+            Some(b) => ObjectId::parse_str(b).map_err(|_| TurnError::BadReplyId(b.clone()))?,
+            None => a.members[0].bot,
+        };
+        let answered = a.answered(burst);
+        let group = matches!(a.kind, Kind::Group { .. });
+        let (in_reply_to, responds_to, trigger) = match &a.kind {
+            Kind::Dm(e) => (Some(e.message_id), None, None),
+            Kind::Group { event, .. } => (None, Some(event.message_id), None),
+            Kind::FollowUp { follow_up, .. } => (None, None, Some(follow_up.trigger.clone())),
+        };
+        let out = Outgoing {
+            conversation: a.conversation_id(),
+            bot,
+            user: a.user_id(),
+            in_reply_to,
+            user_rows: user_rows(a, &answered, said.reply.at),
+            covers: burst.covers.iter().map(|c| c.message_id.clone()).collect(),
+            trigger,
+            responds_to,
+            group,
+            key: slot.reply(job.record.generation),
+        };
+        self.write_reply(job, &out, &said.reply).await?;
+        debug!(reply_id = %said.reply.id, bot = %bot, key = %out.key, "message delivered");
+        Ok(())
+    }
+
+    /// The user's message kept in history without an answer of its own (over the flood limit, or a
+    /// group message nobody answers): for the next real answer to see.
+    pub(crate) async fn keep_unanswered(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+    ) -> Result<(), TurnError> {
+        let answered = a.answered(&Burst::default());
+        let rows = user_rows(a, &answered, Utc::now());
+        job.step(step::HISTORY, crate::journal::names::key::USER)
+            .lazy()
+            .run(async {
+                self.pg.append_history(&rows).await?;
+                Ok::<_, TurnError>(())
+            })
+            .await
+    }
+
+    /// Writes a fixed message, every step keyed by `out.key` and safe to repeat.
+    pub async fn write_reply(
+        &self,
+        job: &Job,
+        out: &Outgoing<'_>,
+        reply: &Reply,
+    ) -> Result<(), TurnError> {
+        let generation = out.key.as_str();
+        let reply_id =
+            ObjectId::parse_str(&reply.id).map_err(|_| TurnError::BadReplyId(reply.id.clone()))?;
+        let (user, bot, conversation) = (
+            out.user.to_hex(),
+            out.bot.to_hex(),
+            out.conversation.to_hex(),
+        );
+        let writes = async {
+            job.step(step::STORE_REPLY, generation)
+                .lazy()
+                .run(async {
+                    let inserted = self
+                        .mongo
+                        .insert_reply(&ReplyDoc {
+                            id: reply_id,
+                            conversation_id: out.conversation,
+                            sender_id: out.bot,
+                            in_reply_to: out.in_reply_to,
+                            responds_to: out.responds_to,
+                            trigger: out.trigger.as_ref().map(|t| (t.kind.clone(), t.id.clone())),
+                            content: reply.content.clone(),
+                            rich_content: reply.rich_content.clone(),
+                            timestamp: reply.at,
+                            generation: job.record.generation,
+                        })
+                        .await?;
+                    if !inserted {
+                        debug!("reply document already present");
+                    }
+                    Ok::<_, TurnError>(inserted)
+                })
+                .await?;
+            job.step(step::HISTORY, generation)
+                .lazy()
+                .run(async {
+                    let mut rows = out.user_rows.clone();
+                    rows.push(NewHistory {
+                        user_id: &user,
+                        bot_id: &bot,
+                        conversation_id: &conversation,
+                        role: "assistant",
+                        content: &reply.content,
+                        message_id: &reply.id,
+                        tool_calls: reply.tool_log.as_ref(),
+                        created_at: reply.at,
+                        group_chat: out.group,
+                    });
+                    self.pg.append_history(&rows).await?;
+                    Ok::<_, TurnError>(())
+                })
+                .await?;
+            job.step(step::TOUCH, generation)
+                .lazy()
+                .run(async {
+                    self.mongo
+                        .touch_conversation(out.conversation, &reply.content, reply.at)
+                        .await?;
+                    Ok::<_, TurnError>(())
+                })
+                .await?;
+            Ok::<_, TurnError>(())
+        };
+        stage(Stage::Writes, writes).await?;
+        let completion = Completion {
+            message_id: reply.id.clone(),
+            in_reply_to: out.in_reply_to.or(out.responds_to).map(|id| id.to_hex()),
+            responds_to: out.responds_to.map(|id| id.to_hex()),
+            conversation_id: conversation.clone(),
+            sender_id: bot.clone(),
+            content: reply.content.clone(),
+            rich_content: reply.rich_content.clone(),
+            created_at: reply.at,
+            covers: out.covers.clone(),
+            proactive: out.trigger.is_some(),
+            trigger: out.trigger.clone(),
+        };
+        stage(
+            Stage::Publish,
+            job.step(step::PUBLISH, generation).lazy().run(async {
+                self.bus.publish_completion(&completion).await?;
+                Ok::<_, TurnError>(())
+            }),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// The history rows of the user messages answered at `answer_at`: each sorts before the answer even when
+/// the client's clock is off.
+fn user_rows<'a>(
+    a: &'a Admitted<'_>,
+    answered: &'a [Answered],
+    answer_at: DateTime<Utc>,
+) -> Vec<NewHistory<'a>> {
+    answered
+        .iter()
+        .map(|m| NewHistory {
+            user_id: &a.ids.user,
+            bot_id: &a.ids.bot,
+            conversation_id: &a.ids.conversation,
+            role: "user",
+            content: &m.text,
+            message_id: &m.message,
+            tool_calls: None,
+            created_at: m.sent_at.min(answer_at - chrono::Duration::microseconds(1)),
+            group_chat: matches!(a.kind, Kind::Group { .. }),
+        })
+        .collect()
+}

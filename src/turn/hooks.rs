@@ -1,0 +1,70 @@
+//! The two places every message passes, whatever its path: every incoming user message, before any
+//! limit or model call can skip it ([`Turns::incoming`]), and every outgoing companion message, before
+//! it is fixed in the journal and written ([`Turns::outgoing`]). Checks that must hold for every
+//! message stand here and nowhere else.
+
+use bson::oid::ObjectId;
+use tracing::debug;
+
+use super::{Reply, Turns};
+use crate::bus::event::clean_text;
+
+/// User messages seen by the incoming hook, by kind (`dm`, `group`).
+pub const INCOMING: &str = "companion_user_messages_total";
+
+/// A user's message as the incoming hook sees it.
+pub struct UserMessage<'a> {
+    /// `dm` or `group`.
+    pub kind: &'static str,
+    pub id: ObjectId,
+    pub sender: ObjectId,
+    pub text: &'a str,
+    pub images: &'a [String],
+}
+
+impl Turns {
+    /// Sees every user message a job takes in: a DM at admission, each later message of its burst as
+    /// the burst is fixed, a group message at admission. This runs before the flood limit, the spend
+    /// budget, a burst's coverage or a group's routing can skip the message, so a limited, covered or
+    /// unanswered message is seen all the same.
+    pub(crate) fn incoming(&self, m: &UserMessage<'_>) {
+        debug!(kind = m.kind, message = %m.id, sender = %m.sender, chars = m.text.chars().count(),
+               images = m.images.len(), "user message in");
+        self.metrics.inc(INCOMING, &format!("kind=\"{}\"", m.kind));
+    }
+
+    /// Sees every companion message before it is fixed and written, whoever wrote it (the model, or the
+    /// character's busy, budget, failure or plain line): without control characters, trimmed, and at
+    /// most `COMPANION_MAX_REPLY_CHARS` long.
+    pub(crate) fn outgoing(&self, mut reply: Reply) -> Reply {
+        reply.content = self.outgoing_text(&reply.content);
+        reply
+    }
+
+    /// The text of a companion message as the outgoing hook lets it out.
+    pub(crate) fn outgoing_text(&self, text: &str) -> String {
+        bound_reply(clean_text(text).trim(), self.config.max_reply_chars)
+    }
+}
+
+/// `text`, cut to `max_chars` with an ellipsis.
+pub(crate) fn bound_reply(text: &str, max_chars: usize) -> String {
+    let max_chars = max_chars.max(1);
+    if text.chars().count() <= max_chars {
+        text.to_owned()
+    } else {
+        format!("{}…", text.chars().take(max_chars).collect::<String>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bound_reply;
+
+    #[test]
+    fn a_long_reply_is_cut_with_an_ellipsis() {
+        assert_eq!(bound_reply("short", 10), "short");
+        assert_eq!(bound_reply("abcdef", 3), "abc…");
+        assert_eq!(bound_reply("ééé", 0), "é…");
+    }
+}

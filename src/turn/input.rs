@@ -1,0 +1,296 @@
+//! Stage 1: what comes in, and its admission, the checks every input passes before anything is written
+//! for it. A DM needs a known companion and a conversation that joins the sender and it; a group message
+//! a conversation that has the sender and at least one companion; a follow-up, a signal whose news names
+//! a companion, a user and a thread ([`crate::proactive`]). What fails here is rejected (a dead letter,
+//! no reply), except a follow-up whose user left, blocked the companion or lost the conversation: that
+//! is the gate's to drop, inside the job. The conversation and the user's data come from one MongoDB
+//! round trip, whatever the input.
+
+use bson::oid::ObjectId;
+use chrono::{DateTime, Utc};
+
+use super::{TurnError, Turns, hooks::UserMessage, prompt};
+use crate::{
+    bus::{DmEvent, GroupEvent, Inbound},
+    group::Member,
+    journal::NewJob,
+    proactive::{self, FollowUp, ProactiveError},
+    store::mongo::{Admission, UserData},
+};
+
+/// An input of the pipeline.
+pub enum Input<'a> {
+    /// A DM to one companion.
+    Dm(&'a DmEvent),
+    /// A message to a group conversation.
+    Group(&'a GroupEvent),
+    /// A signal (`<prefix>.signal.<kind>.<id>`): news a companion follows up on.
+    Signal { subject: &'a str, payload: &'a [u8] },
+}
+
+impl<'a> From<&'a Inbound> for Input<'a> {
+    fn from(event: &'a Inbound) -> Self {
+        match event {
+            Inbound::Dm(e) => Input::Dm(e),
+            Inbound::Group(e) => Input::Group(e),
+        }
+    }
+}
+
+/// What differs between the kinds of job.
+pub(crate) enum Kind<'t> {
+    Dm(DmEvent),
+    Group {
+        event: GroupEvent,
+        /// Every participant, for display names.
+        participants: Vec<ObjectId>,
+    },
+    FollowUp {
+        follow_up: FollowUp<'t>,
+        access: Access,
+    },
+}
+
+/// Whether a follow-up's user can still be written to in its thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    Open,
+    /// The conversation no longer exists.
+    Missing,
+    /// The user or the companion left it.
+    Left,
+    /// The user blocked the companion.
+    Blocked,
+}
+
+impl Access {
+    /// Why nothing may be sent, if so.
+    pub fn refusal(self) -> Option<&'static str> {
+        match self {
+            Access::Open => None,
+            Access::Missing => Some("the conversation no longer exists"),
+            Access::Left => Some("the user or the companion left the conversation"),
+            Access::Blocked => Some("the user blocked the companion"),
+        }
+    }
+}
+
+/// An input, admitted: the job it opens and what the rest of the pipeline knows of it.
+pub(crate) struct Admitted<'t> {
+    pub kind: Kind<'t>,
+    /// The user's profile, tricklists and blocks.
+    pub user: UserData,
+    /// The companions that may speak, in the conversation's order: the DM's or the follow-up's one, a
+    /// group's every one.
+    pub members: Vec<Member<'t>>,
+    pub ids: Ids,
+}
+
+/// Hex forms of the job's ids, as the stores key them.
+pub(crate) struct Ids {
+    pub job: String,
+    pub kind: String,
+    /// The user the job acts for (the sender, or the one a follow-up is for).
+    pub user: String,
+    /// The companion acting; empty for a group message, where several may.
+    pub bot: String,
+    pub conversation: String,
+}
+
+impl Admitted<'_> {
+    pub fn new_job(&self, stream_seq: Option<u64>) -> NewJob<'_> {
+        NewJob {
+            id: &self.ids.job,
+            kind: &self.ids.kind,
+            user: &self.ids.user,
+            bot: &self.ids.bot,
+            conversation: &self.ids.conversation,
+            stream_seq,
+        }
+    }
+
+    pub fn user_id(&self) -> ObjectId {
+        match &self.kind {
+            Kind::Dm(e) => e.sender_id,
+            Kind::Group { event, .. } => event.sender_id,
+            Kind::FollowUp { follow_up, .. } => follow_up.user,
+        }
+    }
+
+    pub fn conversation_id(&self) -> ObjectId {
+        match &self.kind {
+            Kind::Dm(e) => e.conversation_id,
+            Kind::Group { event, .. } => event.conversation_id,
+            Kind::FollowUp { follow_up, .. } => follow_up.conversation,
+        }
+    }
+
+    /// The user message that came in, for the incoming hook.
+    pub fn message(&self) -> Option<UserMessage<'_>> {
+        let (kind, id, sender, content, images) = match &self.kind {
+            Kind::Dm(e) => ("dm", e.message_id, e.sender_id, &e.content, &e.images),
+            Kind::Group { event: e, .. } => {
+                ("group", e.message_id, e.sender_id, &e.content, &e.images)
+            }
+            Kind::FollowUp { .. } => return None,
+        };
+        Some(UserMessage {
+            kind,
+            id,
+            sender,
+            text: content,
+            images,
+        })
+    }
+
+    /// The user messages a companion message answers (a DM and the later messages of its burst, or the
+    /// group message), as history rows keep them; none for a follow-up.
+    pub fn answered(&self, burst: &super::Burst) -> Vec<Answered> {
+        match &self.kind {
+            Kind::Dm(e) => std::iter::once(Answered::of(e))
+                .chain(burst.events(e).iter().map(Answered::of))
+                .collect(),
+            Kind::Group { event, .. } => vec![Answered::of(&event.to_bot(event.sender_id))],
+            Kind::FollowUp { .. } => Vec::new(),
+        }
+    }
+}
+
+/// A user message as its history row keeps it.
+pub(crate) struct Answered {
+    pub message: String,
+    pub text: String,
+    pub sent_at: DateTime<Utc>,
+}
+
+impl Answered {
+    fn of(e: &DmEvent) -> Self {
+        Self {
+            message: e.message_id.to_hex(),
+            text: prompt::history_text(e),
+            sent_at: e.sent_at,
+        }
+    }
+}
+
+impl Turns {
+    /// Admits `input` (see the module documentation).
+    pub(crate) async fn admit<'t>(&'t self, input: &Input<'_>) -> Result<Admitted<'t>, TurnError> {
+        let tricklists = prompt::PROMPT_TRICKLISTS;
+        match input {
+            Input::Dm(e) => {
+                let character = self
+                    .characters
+                    .by_bot(&e.bot_id)
+                    .ok_or_else(|| TurnError::UnknownBot(e.bot_id.to_hex()))?;
+                let found = self
+                    .mongo
+                    .admit(e.conversation_id, e.sender_id, tricklists)
+                    .await?;
+                let conversation = e.conversation_id.to_hex();
+                let admission =
+                    found.ok_or(TurnError::MissingConversation(conversation.clone()))?;
+                if !(admission.joins(e.sender_id) && admission.joins(e.bot_id)) {
+                    return Err(TurnError::NotParticipant(conversation));
+                }
+                Ok(Admitted {
+                    ids: Ids {
+                        job: e.message_id.to_hex(),
+                        kind: super::JOB_KIND.to_owned(),
+                        user: e.sender_id.to_hex(),
+                        bot: e.bot_id.to_hex(),
+                        conversation,
+                    },
+                    kind: Kind::Dm((*e).clone()),
+                    user: admission.user,
+                    members: vec![Member {
+                        bot: e.bot_id,
+                        character,
+                    }],
+                })
+            }
+            Input::Group(e) => {
+                let conversation = e.conversation_id.to_hex();
+                let admission = self
+                    .mongo
+                    .admit(e.conversation_id, e.sender_id, tricklists)
+                    .await?
+                    .ok_or(TurnError::MissingConversation(conversation.clone()))?;
+                if !admission.joins(e.sender_id) {
+                    return Err(TurnError::NotParticipant(conversation));
+                }
+                let members: Vec<Member<'t>> = admission
+                    .participants
+                    .iter()
+                    .filter_map(|p| {
+                        let character = self.characters.by_bot(p)?;
+                        Some(Member { bot: *p, character })
+                    })
+                    .collect();
+                if members.is_empty() {
+                    return Err(TurnError::NoCompanion(conversation));
+                }
+                Ok(Admitted {
+                    ids: Ids {
+                        job: e.message_id.to_hex(),
+                        kind: crate::group::JOB_KIND.to_owned(),
+                        user: e.sender_id.to_hex(),
+                        bot: String::new(),
+                        conversation,
+                    },
+                    kind: Kind::Group {
+                        event: (*e).clone(),
+                        participants: admission.participants,
+                    },
+                    user: admission.user,
+                    members,
+                })
+            }
+            Input::Signal { subject, payload } => {
+                let (kind, id) = self.bus.names.signal_parts(subject).ok_or_else(|| {
+                    ProactiveError::Invalid(format!("unexpected subject {subject}"))
+                })?;
+                let sources = proactive::Sources {
+                    mongo: &self.mongo,
+                    pg: &self.pg,
+                    characters: &self.characters,
+                };
+                let max = self.config.max_event_bytes;
+                let f = proactive::read(sources, kind, id, payload, max).await?;
+                let span = tracing::Span::current();
+                span.record("job", f.job_id());
+                span.record("conversation_id", f.conversation.to_hex());
+                let found = self.mongo.admit(f.conversation, f.user, tricklists).await?;
+                let (access, user) = follow_up_access(found, &f);
+                Ok(Admitted {
+                    ids: Ids {
+                        job: f.job_id(),
+                        kind: f.trigger.kind.clone(),
+                        user: f.user.to_hex(),
+                        bot: f.bot.to_hex(),
+                        conversation: f.conversation.to_hex(),
+                    },
+                    members: vec![Member {
+                        bot: f.bot,
+                        character: f.character,
+                    }],
+                    kind: Kind::FollowUp {
+                        follow_up: f,
+                        access,
+                    },
+                    user,
+                })
+            }
+        }
+    }
+}
+
+/// Whether the follow-up may reach its user, and the user's data when it may.
+fn follow_up_access(found: Option<Admission>, f: &FollowUp<'_>) -> (Access, UserData) {
+    match found {
+        None => (Access::Missing, UserData::default()),
+        Some(a) if !(a.joins(f.user) && a.joins(f.bot)) => (Access::Left, a.user),
+        Some(a) if a.user.blocks(f.bot) => (Access::Blocked, a.user),
+        Some(a) => (Access::Open, a.user),
+    }
+}
