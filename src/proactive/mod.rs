@@ -103,30 +103,82 @@ pub async fn read<'t>(
             payload.len(),
         )));
     }
-    match kind {
-        "spot_draft" => spot_review::follow_up(sources, id, payload).await,
-        "reminder" => reminder::follow_up(sources, id, payload).await,
-        other => Err(ProactiveError::Invalid(format!(
-            "unknown signal kind `{other}`"
-        ))),
+    let (kind, (id, (user, bot, conversation, character), news)) = match kind {
+        "spot_draft" => (
+            spot_review::KIND,
+            spot_review::follow_up(sources, body(payload, id)?).await?,
+        ),
+        "reminder" => (
+            reminder::KIND,
+            reminder::follow_up(sources, body(payload, id)?).await?,
+        ),
+        other => return Err(invalid(format!("unknown signal kind `{other}`"))),
+    };
+    Ok(FollowUp {
+        trigger: Trigger {
+            kind: kind.to_owned(),
+            id,
+        },
+        user,
+        bot,
+        conversation,
+        character,
+        brief: news.brief,
+        plain: news.plain,
+        card: news.card,
+        stale: news.stale,
+    })
+}
+
+/// What a kind of signal found: the trigger's id, the thread and the news.
+type Found<'t> = (String, Thread<'t>, News);
+
+/// Who a follow-up goes to, from which companion, in which conversation: (user, bot, conversation, the
+/// bot's character).
+type Thread<'a> = (ObjectId, ObjectId, ObjectId, &'a Character);
+
+/// What a follow-up tells (see [`FollowUp`]).
+struct News {
+    brief: String,
+    plain: String,
+    card: Option<Value>,
+    stale: Option<String>,
+}
+
+impl News {
+    fn new(brief: String, plain: String, card: Option<Value>, stale: Option<String>) -> Self {
+        Self {
+            brief,
+            plain,
+            card,
+            stale,
+        }
     }
 }
 
-/// A signal's JSON body, read as `T` (`what` names it in errors), whose `field` must be the subject's id.
-fn signal_body<T: serde::de::DeserializeOwned>(
-    payload: &[u8],
-    what: &str,
-    subject_id: &str,
-    field: &str,
-    id_of: impl Fn(&T) -> &str,
-) -> Result<T, ProactiveError> {
-    let body: T = serde_json::from_slice(payload)
-        .map_err(|e| ProactiveError::Invalid(format!("not a {what}: {e}")))?;
-    let id = id_of(&body);
-    if id != subject_id {
-        return Err(ProactiveError::Invalid(format!(
-            "{field} {id} does not match the subject's {subject_id}"
+/// A signal's JSON body.
+trait SignalBody: serde::de::DeserializeOwned {
+    /// What it is, for errors.
+    const WHAT: &'static str;
+    /// The field that holds the id its subject names.
+    const ID_FIELD: &'static str;
+    fn id(&self) -> &str;
+}
+
+/// The signal's body, whose id must be the one its subject names.
+fn body<T: SignalBody>(payload: &[u8], subject_id: &str) -> Result<T, ProactiveError> {
+    let body: T =
+        serde_json::from_slice(payload).map_err(|e| invalid(format!("not a {}: {e}", T::WHAT)))?;
+    if body.id() != subject_id {
+        return Err(invalid(format!(
+            "{} {} does not match the subject's {subject_id}",
+            T::ID_FIELD,
+            body.id()
         )));
     }
     Ok(body)
+}
+
+fn invalid(why: String) -> ProactiveError {
+    ProactiveError::Invalid(why)
 }

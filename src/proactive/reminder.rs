@@ -6,12 +6,8 @@
 
 use serde::Deserialize;
 
-use super::{FollowUp, ProactiveError, Sources, signal_body};
-use crate::{
-    bus::{Trigger, event::parse_object_id},
-    character::fill,
-    store::reminders::ReminderState,
-};
+use super::{Found, News, ProactiveError, SignalBody, Sources, Thread, invalid};
+use crate::{bus::event::parse_object_id, character::fill, store::reminders::ReminderState};
 
 /// The trigger kind of a reminder's message.
 pub const KIND: &str = crate::store::reminders::KIND;
@@ -19,24 +15,20 @@ pub const KIND: &str = crate::store::reminders::KIND;
 /// The fired schedule's body.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Due {
+pub(super) struct Due {
     reminder_id: String,
 }
 
+impl SignalBody for Due {
+    const WHAT: &'static str = "due reminder";
+    const ID_FIELD: &'static str = "reminderId";
+    fn id(&self) -> &str {
+        &self.reminder_id
+    }
+}
+
 /// Reads the fired reminder and says what to tell whom.
-pub async fn follow_up<'t>(
-    t: Sources<'t>,
-    subject_id: &str,
-    payload: &[u8],
-) -> Result<FollowUp<'t>, ProactiveError> {
-    let invalid = |why: String| ProactiveError::Invalid(why);
-    let due: Due = signal_body(
-        payload,
-        "due reminder",
-        subject_id,
-        "reminderId",
-        |d: &Due| &d.reminder_id,
-    )?;
+pub(super) async fn follow_up(t: Sources<'_>, due: Due) -> Result<Found<'_>, ProactiveError> {
     let r =
         t.pg.reminder(&due.reminder_id)
             .await?
@@ -62,18 +54,6 @@ pub async fn follow_up<'t>(
         r.text
     );
     let plain = fill(&character.follow_ups.reminder, &[("text", &r.text)]);
-    Ok(FollowUp {
-        trigger: Trigger {
-            kind: KIND.to_owned(),
-            id: r.id,
-        },
-        user,
-        bot,
-        conversation,
-        character,
-        brief,
-        plain,
-        card: None,
-        stale,
-    })
+    let thread: Thread = (user, bot, conversation, character);
+    Ok((r.id, thread, News::new(brief, plain, None, stale)))
 }

@@ -13,9 +13,9 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{FollowUp, ProactiveError, Sources, signal_body};
+use super::{Found, News, ProactiveError, SignalBody, Sources, Thread, invalid};
 use crate::{
-    bus::{Trigger, event::parse_object_id},
+    bus::event::parse_object_id,
     character::fill,
     store::mongo::{SPOT_DRAFTS, SPOTS},
 };
@@ -46,6 +46,14 @@ pub enum Status {
     Rejected,
 }
 
+impl SignalBody for SpotReview {
+    const WHAT: &'static str = "spot review";
+    const ID_FIELD: &'static str = "draftId";
+    fn id(&self) -> &str {
+        &self.draft_id
+    }
+}
+
 impl Status {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -56,27 +64,16 @@ impl Status {
 }
 
 /// Reads the review and the draft it is about, and says what to tell whom.
-pub async fn follow_up<'t>(
-    t: Sources<'t>,
-    subject_id: &str,
-    payload: &[u8],
-) -> Result<FollowUp<'t>, ProactiveError> {
-    let invalid = |why: String| ProactiveError::Invalid(why);
-    let review: SpotReview = signal_body(
-        payload,
-        "spot review",
-        subject_id,
-        "draftId",
-        |r: &SpotReview| &r.draft_id,
-    )?;
+pub(super) async fn follow_up(
+    t: Sources<'_>,
+    review: SpotReview,
+) -> Result<Found<'_>, ProactiveError> {
     let draft_id = parse_object_id(&review.draft_id)
         .ok_or_else(|| invalid(format!("draftId `{}` is not an ObjectId", review.draft_id)))?;
     let draft = t
         .mongo
-        .collection(SPOT_DRAFTS)
-        .find_one(doc! { "_id": draft_id })
-        .await
-        .map_err(crate::store::StoreError::from)?
+        .by_id(SPOT_DRAFTS, draft_id)
+        .await?
         .ok_or_else(|| invalid(format!("no spot draft {draft_id}")))?;
     let (bot, character) = companion_of(t, &draft)
         .ok_or_else(|| invalid(format!("spot draft {draft_id} was not made by a companion")))?;
@@ -159,20 +156,9 @@ pub async fn follow_up<'t>(
             (brief, plain, None)
         }
     };
-    Ok(FollowUp {
-        trigger: Trigger {
-            kind: KIND.to_owned(),
-            id: format!("{draft_id}:{}", review.status.as_str()),
-        },
-        user,
-        bot,
-        conversation,
-        character,
-        brief,
-        plain,
-        card,
-        stale,
-    })
+    let id = format!("{draft_id}:{}", review.status.as_str());
+    let thread: Thread = (user, bot, conversation, character);
+    Ok((id, thread, News::new(brief, plain, card, stale)))
 }
 
 /// The companion that made the draft: its bot id, or the character its `createdBy`/`submittedVia` names.
@@ -212,12 +198,7 @@ async fn spot_card(
     id: ObjectId,
     draft: &Document,
 ) -> Result<Value, ProactiveError> {
-    let spot = t
-        .mongo
-        .collection(SPOTS)
-        .find_one(doc! { "_id": id })
-        .await
-        .map_err(crate::store::StoreError::from)?;
+    let spot = t.mongo.by_id(SPOTS, id).await?;
     let from = spot.as_ref().unwrap_or(draft);
     let text = |f: &str| from.get_str(f).ok().map(str::to_owned);
     let rating = from.get("rating").and_then(|r| match r {

@@ -174,6 +174,18 @@ impl Mongo {
         })
     }
 
+    /// The document of `collection` with `_id` `id`.
+    pub async fn by_id(
+        &self,
+        collection: &str,
+        id: ObjectId,
+    ) -> Result<Option<Document>, StoreError> {
+        Ok(self
+            .collection(collection)
+            .find_one(doc! { "_id": id })
+            .await?)
+    }
+
     pub fn collection(&self, name: &str) -> Collection<Document> {
         self.db.collection(name)
     }

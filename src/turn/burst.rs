@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::{Delivery, TurnError, Turns, hooks::UserMessage, input::Admitted, input::Kind};
+use super::{Delivery, TurnError, Turns, hooks::UserMessage};
 use crate::{
     bus::{DmEvent, event::parse_inbound},
     journal::{
@@ -58,18 +58,16 @@ impl Burst {
 }
 
 impl Turns {
-    /// The `burst` step of a DM (none for another input): the later messages of the same sender that
-    /// follow in the stream now (contiguous, valid, within the bounds), each seen by the incoming hook
-    /// and made a job `covered` by this one; the first that already has a job ends the burst.
+    /// The `burst` step of the DM `event`: the later messages of the same sender that follow in the
+    /// stream now (contiguous, valid, within the bounds), each seen by the incoming hook and made a job
+    /// `covered` by this one (like `own`, the job's own row); the first that already has a job ends the
+    /// burst.
     pub(crate) async fn take_in(
         &self,
-        job: &Job,
-        a: &Admitted<'_>,
+        (job, own): (&Job, NewJob<'_>),
+        event: &DmEvent,
         delivery: Option<&Delivery<'_>>,
     ) -> Result<Burst, TurnError> {
-        let Kind::Dm(event) = &a.kind else {
-            return Ok(Burst::default());
-        };
         let mut candidates: Vec<(String, Covered)> = Vec::new();
         // A retry reads the stream again and finds the step recorded: the covered jobs are its record's.
         let from_stream = delivery
@@ -115,7 +113,7 @@ impl Turns {
             .map(|(id, c)| NewJob {
                 id,
                 stream_seq: Some(c.seq),
-                ..a.new_job(None)
+                ..own
             })
             .collect();
         let burst = job

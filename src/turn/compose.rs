@@ -44,7 +44,9 @@ pub(crate) struct Turn<'a, 't> {
     pub speaker: Member<'t>,
     /// Another companion's message named this one.
     pub handed_over: bool,
+    /// Which message of the job this is (the key of its steps).
     pub slot: Slot,
+    /// The later messages of a DM's burst, answered too.
     pub burst: &'a Burst,
     /// The messages already fixed for this job.
     pub said: &'a [Said],

@@ -66,9 +66,9 @@ impl Turns {
             Kind::FollowUp { follow_up, .. } => (None, None, Some(follow_up.trigger.clone())),
         };
         let out = Outgoing {
-            conversation: a.conversation_id(),
+            conversation: a.ids.conversation_id,
             bot,
-            user: a.user_id(),
+            user: a.ids.user_id,
             in_reply_to,
             user_rows: user_rows(a, &answered, said.reply.at),
             covers: burst.covers.iter().map(|c| c.message_id.clone()).collect(),

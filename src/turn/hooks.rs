@@ -23,10 +23,10 @@ pub struct UserMessage<'a> {
 }
 
 impl Turns {
-    /// Sees every user message a job takes in: a DM at admission, each later message of its burst as
-    /// the burst is fixed, a group message at admission. This runs before the flood limit, the spend
-    /// budget, a burst's coverage or a group's routing can skip the message, so a limited, covered or
-    /// unanswered message is seen all the same.
+    /// Sees every user message a job takes in: a DM or a group message once its job is open, each later
+    /// message of a burst as the burst is fixed. This runs before the flood limit, the spend budget, a
+    /// burst's coverage or a group's routing can skip the message, so a limited, covered or unanswered
+    /// message is seen all the same (and a retried attempt sees it again).
     pub(crate) fn incoming(&self, m: &UserMessage<'_>) {
         debug!(kind = m.kind, message = %m.id, sender = %m.sender, chars = m.text.chars().count(),
                images = m.images.len(), "user message in");

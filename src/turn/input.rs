@@ -86,8 +86,10 @@ pub(crate) struct Admitted<'t> {
     pub ids: Ids,
 }
 
-/// Hex forms of the job's ids, as the stores key them.
+/// The job's ids; hex forms as the stores key them.
 pub(crate) struct Ids {
+    pub user_id: ObjectId,
+    pub conversation_id: ObjectId,
     pub job: String,
     pub kind: String,
     /// The user the job acts for (the sender, or the one a follow-up is for).
@@ -106,22 +108,6 @@ impl Admitted<'_> {
             bot: &self.ids.bot,
             conversation: &self.ids.conversation,
             stream_seq,
-        }
-    }
-
-    pub fn user_id(&self) -> ObjectId {
-        match &self.kind {
-            Kind::Dm(e) => e.sender_id,
-            Kind::Group { event, .. } => event.sender_id,
-            Kind::FollowUp { follow_up, .. } => follow_up.user,
-        }
-    }
-
-    pub fn conversation_id(&self) -> ObjectId {
-        match &self.kind {
-            Kind::Dm(e) => e.conversation_id,
-            Kind::Group { event, .. } => event.conversation_id,
-            Kind::FollowUp { follow_up, .. } => follow_up.conversation,
         }
     }
 
@@ -195,6 +181,8 @@ impl Turns {
                 }
                 Ok(Admitted {
                     ids: Ids {
+                        user_id: e.sender_id,
+                        conversation_id: e.conversation_id,
                         job: e.message_id.to_hex(),
                         kind: super::JOB_KIND.to_owned(),
                         user: e.sender_id.to_hex(),
@@ -232,6 +220,8 @@ impl Turns {
                 }
                 Ok(Admitted {
                     ids: Ids {
+                        user_id: e.sender_id,
+                        conversation_id: e.conversation_id,
                         job: e.message_id.to_hex(),
                         kind: crate::group::JOB_KIND.to_owned(),
                         user: e.sender_id.to_hex(),
@@ -264,6 +254,8 @@ impl Turns {
                 let (access, user) = follow_up_access(found, &f);
                 Ok(Admitted {
                     ids: Ids {
+                        user_id: f.user,
+                        conversation_id: f.conversation,
                         job: f.job_id(),
                         kind: f.trigger.kind.clone(),
                         user: f.user.to_hex(),

@@ -5,8 +5,8 @@
 //! | # | stage | DM | group message | follow-up | steps |
 //! |---|---|---|---|---|---|
 //! | 1 | admit ([`input`]) | a known companion; the conversation joins the sender and it | the conversation has the sender; its companions | the signal's news ([`crate::proactive`]) and its thread | |
-//! | 2 | incoming hook ([`hooks`]) | the message | the message | | |
-//! | 3 | open the job | message id | message id | `<kind>:<id>` | |
+//! | 2 | open the job (a settled one is acknowledged again) | message id | message id | `<kind>:<id>` | |
+//! | 3 | incoming hook ([`hooks`]) | the message | the message | | |
 //! | 4 | gate | the flood limit | who answers ([`crate::group`]), the flood limit | stale news, a companion blocked or gone, the daily cap | `flood`; `route`, `flood`; `gate`, `cap` |
 //! | 5 | take in | the burst, each message through the incoming hook | | the flow the news moves on | `burst`; `flow_change` |
 //! | 6 | plan | one reply | the routed companions, then their hand-overs, bounded | one message | |
@@ -194,12 +194,6 @@ pub struct FloodDecision {
     pub by: Option<String>,
 }
 
-/// The `gate` step of a follow-up: sent, or dropped with the reason.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct GateRecord {
-    pub drop: Option<String>,
-}
-
 /// A companion message, as its model or its character wrote it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -353,15 +347,16 @@ impl Turns {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
         let work = async {
             let admitted = stage(Stage::Admit, self.admit(input)).await?;
-            if let Some(m) = admitted.message() {
-                self.incoming(&m);
-            }
             let new_job = admitted.new_job(delivery.map(|d| d.seq));
             let job = stage(Stage::Journal, self.journal.open(&new_job)).await?;
             if let Some(settled) = already_settled(&job) {
                 info!(state = ?job.record.state, attempts = job.record.attempts, "already settled; acknowledging");
                 self.count(&admitted, &settled.outcome, false);
                 return Ok(settled);
+            }
+            // A message its burst's head already took in is settled (covered): seen there.
+            if let Some(m) = admitted.message() {
+                self.incoming(&m);
             }
             let result = self.conduct(&job, &admitted, delivery).await;
             job.keep_successes(result).await
@@ -381,9 +376,12 @@ impl Turns {
             Gate::Limited { by } => return self.limited(job, a, &by).await,
             Gate::Drop { reason, keep } => return self.drop(job, a, &reason, keep).await,
         };
-        let burst = match plan.busy {
-            true => Burst::default(),
-            false => stage(Stage::Order, self.take_in(job, a, delivery)).await?,
+        let burst = match (&a.kind, plan.busy) {
+            (Kind::Dm(event), false) => {
+                let fix = self.take_in((job, a.new_job(None)), event, delivery);
+                stage(Stage::Order, fix).await?
+            }
+            _ => Burst::default(),
         };
         let flow_note = self.move_flow(job, a).await?;
         let generation = job.record.generation;
@@ -482,12 +480,13 @@ impl Turns {
                 self.flood_gate(job, a, plan).await
             }
             Kind::FollowUp { follow_up, access } => {
-                let gate = job
+                // The `gate` step: why the follow-up is dropped, or nothing (it is sent).
+                let dropped = job
                     .step(step::GATE, key::ONCE)
                     .lazy()
                     .run(self.follow_up_gate(job, a, follow_up, *access))
                     .await?;
-                Ok(match gate.drop {
+                Ok(match dropped {
                     Some(reason) => Gate::Drop {
                         reason,
                         keep: false,
@@ -543,19 +542,15 @@ impl Turns {
     }
 
     /// A follow-up's checks: the news is still news, the user can still be written to, and the daily cap
-    /// has room (a counted step, tally `proactive:<user>`).
+    /// has room (a counted step, tally `proactive:<user>`). Why it is dropped, or nothing.
     async fn follow_up_gate(
         &self,
         job: &Job,
         a: &Admitted<'_>,
         f: &proactive::FollowUp<'_>,
         access: input::Access,
-    ) -> Result<GateRecord, TurnError> {
-        let drop = |why: &str| {
-            Ok(GateRecord {
-                drop: Some(why.to_owned()),
-            })
-        };
+    ) -> Result<Option<String>, TurnError> {
+        let drop = |why: &str| Ok(Some(why.to_owned()));
         if let Some(stale) = &f.stale {
             return drop(stale);
         }
@@ -576,7 +571,7 @@ impl Turns {
         if let crate::journal::Admission::Exceeded { .. } = counted {
             return drop(&format!("the user's daily cap of {cap} proactive messages"));
         }
-        Ok(GateRecord::default())
+        Ok(None)
     }
 
     /// Stage 5 of a follow-up: the user's flow with its companion moves on when a waiting step waited
@@ -740,15 +735,16 @@ impl Turns {
             .and_then(|r| r.speakers_among(&a.members).first().copied())
             .and_then(|b| a.members.iter().find(|m| m.bot == b).copied())
             .unwrap_or(a.members[0]);
+        let group = matches!(a.kind, Kind::Group { .. }).then(|| GroupPlan {
+            route: route.unwrap_or_default(),
+            bounds: Bounds {
+                max_handovers: 0,
+                max_messages: 1,
+            },
+            history: Vec::new(),
+        });
         let plan = Plan {
-            group: route.map(|route| GroupPlan {
-                route,
-                bounds: Bounds {
-                    max_handovers: 0,
-                    max_messages: 1,
-                },
-                history: Vec::new(),
-            }),
+            group,
             ..Plan::one(first, busy)
         };
         let generation = job.record.generation;

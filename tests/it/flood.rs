@@ -84,3 +84,82 @@ async fn a_flood_is_limited_answered_once_and_nothing_is_dropped() {
     );
     env.finish().await;
 }
+
+/// The pipeline's incoming hook sees every user message: the head of a burst and the messages it
+/// covers, a turn over the flood limit (busy line), one limited without a reply of its own, and a group
+/// message nobody answers; none of them is skipped by the limit, the burst or the routing.
+#[tokio::test]
+async fn every_user_message_passes_the_incoming_hook_whatever_becomes_of_it() {
+    let echo: Responder =
+        Arc::new(|body: &Value| StubReply::text(format!("ok: {}", last_user_text(body))));
+    let env = TestEnv::with(echo, |c| c.turn.user_turns_per_minute = 2).await;
+    let dm = |text: &'static str| env.dm(JESS, KAORI, JESS_KAORI, text);
+    let mut replies = env.completions(JESS_KAORI).await;
+
+    // A burst of three in the stream before a worker runs: one turn, two covered.
+    let burst = [dm("hey").await, dm("so").await, dm("quick q").await];
+    for e in &burst {
+        env.publish(e).await;
+    }
+    let worker = InProcessWorker::start(&env).await;
+    let answer = next_reply_to(&mut replies, &burst[0].message_id, Duration::from_secs(30)).await;
+    assert_eq!(answer.covers.len(), 2, "one reply for the burst");
+
+    // The second turn of the minute; the third says the busy line; the fourth gets nothing.
+    for (text, expect_reply) in [("one more", true), ("and more", true), ("and more!", false)] {
+        let e = dm(text).await;
+        env.publish(&e).await;
+        if expect_reply {
+            next_reply_to(&mut replies, &e.message_id, Duration::from_secs(30)).await;
+        } else {
+            let journal = env.journal();
+            let limited = eventually(Duration::from_secs(20), || async {
+                journal
+                    .get(&e.message_id)
+                    .await
+                    .unwrap()
+                    .is_some_and(|j| j.state == companion::journal::State::Limited)
+            })
+            .await;
+            assert!(limited, "limited without a reply");
+        }
+    }
+
+    // A group message that is only an acknowledgement: routed to nobody.
+    let group =
+        companion_dev::backend::create_group(&env.mongo, &[oid(JESS)], &[oid(KAORI), oid(TONY)])
+            .await
+            .unwrap();
+    let ack = companion_dev::backend::store_group_message(&env.mongo, group, oid(JESS), "lol")
+        .await
+        .unwrap();
+    companion_dev::backend::publish_group_message(&env.bus, &ack)
+        .await
+        .unwrap();
+    let journal = env.journal();
+    let dropped = eventually(Duration::from_secs(20), || async {
+        journal
+            .get(&ack.message_id)
+            .await
+            .unwrap()
+            .is_some_and(|j| j.state == companion::journal::State::Dropped)
+    })
+    .await;
+    assert!(dropped, "nobody answers an acknowledgement");
+
+    let seen = |kind: &'static str| {
+        let worker = &worker;
+        async move {
+            let series = format!("companion_user_messages_total{{kind=\"{kind}\"}}");
+            worker.metric(&series).await
+        }
+    };
+    assert_eq!(
+        seen("dm").await,
+        Some(6.0),
+        "3 of the burst, 2 answered, 1 limited"
+    );
+    assert_eq!(seen("group").await, Some(1.0));
+    worker.stop().await;
+    env.finish().await;
+}
