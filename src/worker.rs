@@ -1,11 +1,12 @@
-//! The consumer loop: pulls events from the shared durable consumer and runs turns, boundedly.
+//! The consumer loop: pulls events from the shared durable consumer and runs them through the
+//! conversation pipeline ([`crate::turn`]), boundedly.
 //!
 //! Every delivery first passes the conversation's order gate ([`crate::order`]); one waiting behind an
-//! earlier message holds no turn slot. Then its turn runs, and the settlement ([`crate::settle`]) decides
+//! earlier message holds no turn slot. Then its job runs, and the settlement ([`crate::settle`]) decides
 //! and carries out what becomes of it. Beside it, a second bounded loop takes the signal stream's
-//! deliveries (spot reviews) and sends their proactive messages ([`crate::proactive`]), settled the same
-//! way. Events whose deliveries ran out while no worker held them (every
-//! worker that took them died) are settled from the server's advisory, the same way.
+//! deliveries (spot reviews, due reminders) into the same pipeline as follow-ups, settled the same way.
+//! Events whose deliveries ran out while no worker held them (every worker that took them died) are
+//! settled from the server's advisory, the same way.
 
 use std::{sync::Arc, time::Duration};
 

@@ -252,12 +252,6 @@ impl Journal {
         row.as_ref().map(job_record).transpose()
     }
 
-    /// Creates `job` settled as `Covered` by job `by`. True when it is covered by `by` now (created, or
-    /// by an earlier attempt of the same cover); false when the job already existed otherwise.
-    pub async fn cover(&self, job: &NewJob<'_>, by: &str) -> Result<bool, JournalError> {
-        cover_with(&self.pool, job, by).await
-    }
-
     /// Opens a settled job again for a replay (`Running`, nobody's cover any more, no reason): in the
     /// next reply generation when the current one has a companion message, so that the replay answers
     /// anew; the records of the steps named in `forget` are dropped, so they run again (the model's
@@ -624,7 +618,8 @@ async fn step_output<'e>(
     )
 }
 
-/// [`Journal::cover`] on any connection (a transaction's too).
+/// Creates `job` settled as `Covered` by job `by`. True when it is covered by `by` now (created, or by an
+/// earlier attempt of the same cover); false when the job already existed otherwise.
 async fn cover_with<'e>(
     e: impl sqlx::PgExecutor<'e>,
     job: &NewJob<'_>,

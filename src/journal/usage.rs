@@ -18,6 +18,14 @@ pub struct LlmRecord {
     /// The companion the call spoke as, when its job has several (a group message); else the job's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bot: Option<String>,
+    /// Whether the call offered tools (a request without them must end in text, and a tool call in its
+    /// answer is not run).
+    #[serde(default = "offered", rename = "tools")]
+    pub offered_tools: bool,
+}
+
+fn offered() -> bool {
+    true
 }
 
 /// Tokens (prompt + completion) and USD spent in a window.

@@ -48,7 +48,7 @@ impl Turns {
 }
 
 /// `text`, cut to `max_chars` with an ellipsis.
-pub(crate) fn bound_reply(text: &str, max_chars: usize) -> String {
+fn bound_reply(text: &str, max_chars: usize) -> String {
     let max_chars = max_chars.max(1);
     if text.chars().count() <= max_chars {
         text.to_owned()

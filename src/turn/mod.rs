@@ -789,7 +789,7 @@ impl Turns {
 }
 
 /// `fut`, unless the attempt's deadline passes first.
-pub(crate) async fn within<T, E: Into<TurnError>>(
+async fn within<T, E: Into<TurnError>>(
     deadline: tokio::time::Instant,
     secs: u64,
     fut: impl Future<Output = Result<T, E>>,

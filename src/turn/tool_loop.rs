@@ -25,7 +25,7 @@ use tracing::{debug, info};
 
 use super::TurnError;
 use crate::{
-    journal::names::step,
+    journal::{JournalError, names::step},
     llm::{CallBudget, ChatRequest, LlmClient, LlmError, Message, ToolCall},
     metrics::{Metrics, label},
     spend::{self, Allowance, Scope, SpendGuard},
@@ -83,52 +83,30 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
     let mut seen_ids: HashSet<String> = HashSet::new();
     let mut round: u32 = 0;
     let mut n: u32 = 0;
+    let user = cx.tools.user.to_hex();
     // Several companions' conversations share a group message's job: each call says who spoke.
     let speaker = (!cx.slot.is_empty()).then(|| cx.tools.bot.to_hex());
     loop {
-        let recorded = job
-            .recorded::<LlmRecord>(step::LLM, &format!("{}{n}", cx.slot))
-            .is_some();
-        if !recorded && !request.tools.is_empty() && cx.budget.calls_left() <= 1 {
-            info!(
-                "the turn's last allowed request to the model: asking for a final answer without tools"
-            );
-            request.tools = Default::default();
-            request.tool_choice = None;
-        }
-        let tools_offered = !request.tools.is_empty();
-        let user = cx.tools.user.to_hex();
-        let mut paid = None;
-        if !recorded && let Some(guard) = cx.spend {
-            match stage(Stage::Limits, guard.check(&user)).await? {
-                Allowance::Full => {}
-                Allowance::Cheaper { model, .. } => {
-                    paid = Some(ChatRequest {
-                        model,
-                        ..request.clone()
-                    })
-                }
-                Allowance::Stopped { scope } => {
-                    out.stopped = Some(scope);
-                    return Ok(out);
-                }
-            }
-        }
-        // The step's own time is the journal's; the model's is the nested `llm` stage.
-        let record: LlmRecord = stage(
+        // The step's own time is the journal's; the model's is the nested `llm` stage. An answer
+        // recorded by an earlier attempt was paid once and replays for free: the checks before a paid
+        // call are the step's body.
+        let answered = stage(
             Stage::Steps,
             job.step(step::LLM, format!("{}{n}", cx.slot))
                 .tally(spend::tally(&user))
-                .run(ask(
-                    cx.llm,
-                    paid.as_ref().unwrap_or(&request),
-                    tools_offered,
-                    cx.budget,
-                    speaker.clone(),
-                )),
+                .run(pay_and_ask(cx, &request, speaker.clone())),
         )
-        .await?;
+        .await;
+        let record = match answered {
+            Ok(record) => record,
+            Err(Unpaid::Stopped(scope)) => {
+                out.stopped = Some(scope);
+                return Ok(out);
+            }
+            Err(Unpaid::Failed(e)) => return Err(e),
+        };
         n += 1;
+        let tools_offered = record.offered_tools;
         let message = record.message;
         let text = message.content.clone().unwrap_or_default();
         if message.tool_calls.is_empty() || !tools_offered {
@@ -196,14 +174,57 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
     }
 }
 
+/// Why a call to the model gave no answer to record.
+enum Unpaid {
+    /// A spend budget is used up: no call was made.
+    Stopped(Scope),
+    Failed(TurnError),
+}
+
+impl From<JournalError> for Unpaid {
+    fn from(e: JournalError) -> Self {
+        Self::Failed(e.into())
+    }
+}
+
+/// One paid call: the spend budgets first (near one, the cheaper model; at one, no call), and the turn's
+/// last allowed request goes without tools so that it ends with text.
+async fn pay_and_ask(
+    cx: &LoopContext<'_>,
+    request: &ChatRequest,
+    speaker: Option<String>,
+) -> Result<LlmRecord, Unpaid> {
+    let mut request = std::borrow::Cow::Borrowed(request);
+    if !request.tools.is_empty() && cx.budget.calls_left() <= 1 {
+        info!(
+            "the turn's last allowed request to the model: asking for a final answer without tools"
+        );
+        let r = request.to_mut();
+        r.tools = Default::default();
+        r.tool_choice = None;
+    }
+    if let Some(guard) = cx.spend {
+        let user = cx.tools.user.to_hex();
+        match stage(Stage::Limits, guard.check(&user)).await {
+            Ok(Allowance::Full) => {}
+            Ok(Allowance::Cheaper { model, .. }) => request.to_mut().model = model,
+            Ok(Allowance::Stopped { scope }) => return Err(Unpaid::Stopped(scope)),
+            Err(e) => return Err(Unpaid::Failed(e.into())),
+        }
+    }
+    ask(cx.llm, &request, cx.budget, speaker)
+        .await
+        .map_err(Unpaid::Failed)
+}
+
 /// One model answer, or the reason it is not one. A final answer (no tools offered) must have text.
 async fn ask(
     llm: &LlmClient,
     request: &ChatRequest,
-    tools_offered: bool,
     budget: &CallBudget,
     bot: Option<String>,
 ) -> Result<LlmRecord, TurnError> {
+    let offered_tools = !request.tools.is_empty();
     let response = stage(Stage::Llm, llm.complete_within(request, Some(budget))).await?;
     let model = response
         .model
@@ -218,7 +239,7 @@ async fn ask(
         .next()
         .map(|c| c.message)
         .ok_or(LlmError::NoChoice)?;
-    if !tools_offered
+    if !offered_tools
         && message
             .content
             .as_deref()
@@ -230,6 +251,7 @@ async fn ask(
         message,
         usage: Some(usage),
         bot,
+        offered_tools,
     })
 }
 
