@@ -689,8 +689,12 @@ fn records(rows: &[Pending]) -> Value {
     Value::Array(
         rows.iter()
             .map(|r| {
-                serde_json::json!({"name": r.name, "key": r.key, "output": r.output, "tally": r.tally,
-                                   "at": r.at})
+                let mut v = serde_json::json!({"name": r.name, "key": r.key, "output": r.output,
+                                               "tally": r.tally});
+                if let Some(at) = r.at {
+                    v["at"] = serde_json::json!(at);
+                }
+                v
             })
             .collect(),
     )

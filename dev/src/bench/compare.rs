@@ -170,10 +170,16 @@ fn per_worker(rs: &[&Report], f: impl Fn(&Resources) -> &Vec<f64>) -> Vec<f64> {
         .collect()
 }
 
+/// The middle value (the mean of the two middle ones of an even count).
 fn median(v: &[f64]) -> Option<f64> {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    (!v.is_empty()).then(|| v[v.len() / 2])
+    let mid = v.len() / 2;
+    match v.len() {
+        0 => None,
+        n if n % 2 == 0 => Some((v[mid - 1] + v[mid]) / 2.0),
+        _ => Some(v[mid]),
+    }
 }
 
 /// Every figure, A against B.
@@ -190,6 +196,13 @@ fn rows(c: &CompareReport) -> Vec<Row> {
     let figures: Vec<(&str, Fig)> = vec![
         ("worker CPU s per 1,000 turns", |rs| {
             cpu_per_1000(rs, |res| res.worker_cpu_s_per_1000)
+        }),
+        ("worker CPU s per 1,000 turns, median of rounds", |rs| {
+            let per_round: Vec<f64> = rs
+                .iter()
+                .filter_map(|r| r.resources.as_ref().map(|x| x.worker_cpu_s_per_1000))
+                .collect();
+            median(&per_round)
         }),
         ("PostgreSQL CPU s per 1,000 turns", |rs| {
             cpu_per_1000(rs, |res| res.postgres_cpu_s_per_1000)
@@ -336,4 +349,16 @@ pub fn table(c: &CompareReport) -> String {
         );
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[]), None);
+    }
 }
