@@ -168,6 +168,15 @@ pub struct NatsConfig {
         default_value_t = 1
     )]
     pub stream_replicas: usize,
+    /// How long the first connection to NATS is tried (an attempt every few seconds, each logged)
+    /// before the command gives up, naming the server and the cause.
+    #[arg(
+        id = "nats-connect-window-secs",
+        long = "nats-connect-window-secs",
+        env = "NATS_CONNECT_WINDOW_SECS",
+        default_value_t = 60
+    )]
+    pub connect_window_secs: u64,
 }
 
 /// The durable consumer every worker shares. Created with these settings when missing; changed only by
@@ -906,6 +915,10 @@ impl Config {
             ("COMPANION_SUBJECT_PREFIX", n.subject_prefix.clone()),
             ("COMPANION_STREAM_PREFIX", n.stream_prefix.clone()),
             ("COMPANION_STREAM_REPLICAS", n.stream_replicas.to_string()),
+            (
+                "NATS_CONNECT_WINDOW_SECS",
+                n.connect_window_secs.to_string(),
+            ),
             ("COMPANION_CONSUMER", c.name.clone()),
             ("COMPANION_MAX_DELIVER", c.max_deliver.to_string()),
             ("COMPANION_ACK_WAIT_SECS", c.ack_wait_secs.to_string()),

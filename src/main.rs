@@ -119,14 +119,12 @@ async fn run() -> anyhow::Result<()> {
                 .context("worker")?;
         }
         Command::Migrate(pg) => {
-            let pg = store::Pg::connect(&pg)
-                .await
-                .context("connecting to PostgreSQL")?;
+            let pg = store::Pg::connect(&pg).await.context("migrate")?;
             pg.migrate().await.context("migrating")?;
             println!("migrations applied");
         }
         Command::Provision { nats, consumer } => {
-            let bus = Bus::connect(&nats).await.context("connecting to NATS")?;
+            let bus = Bus::connect(&nats).await.context("provision")?;
             for line in bus.provision(&consumer).await.context("provisioning")? {
                 println!("{line}");
             }

@@ -46,8 +46,9 @@ pub const DLQ_DELIVERIES: &str = "Companion-Deliveries";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
-    #[error("cannot connect to NATS: {0}")]
-    Connect(#[from] async_nats::ConnectError),
+    /// The server did not answer (or refused us) within the connect window; `url` without credentials.
+    #[error("cannot connect to NATS at {url}: {cause}")]
+    Connect { url: String, cause: String },
     #[error("JetStream stream setup failed: {0}")]
     Stream(#[from] jetstream::context::CreateStreamError),
     #[error("JetStream consumer setup failed: {0}")]
@@ -252,29 +253,61 @@ fn consumer_differences(have: &jetstream::consumer::Config, want: &pull::Config)
 }
 
 impl Bus {
+    /// Connects to the configured server(s). The first connection is tried for the connect window
+    /// (`NATS_CONNECT_WINDOW_SECS`), an attempt every few seconds, each failure logged with the URL (no
+    /// credentials); a server that refuses our credentials or an address that does not parse fails at
+    /// once. Once connected, the client reconnects by itself whenever the connection drops.
     pub async fn connect(config: &NatsConfig) -> Result<Self, BusError> {
-        let mut options = async_nats::ConnectOptions::new()
-            .name("companion")
-            .retry_on_initial_connect()
-            .connection_timeout(Duration::from_secs(5));
-        if let Some(user) = &config.user {
-            options = options.user_and_password(user.clone(), config.password.expose().to_owned());
-        }
-        options = tls_options(options, config);
+        let shown = crate::config::redact_url(&config.url);
+        let failed = |cause: String| BusError::Connect {
+            url: shown.clone(),
+            cause,
+        };
         let servers: Vec<async_nats::ServerAddr> = config
             .url
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
             .map(|s| s.parse())
-            .collect::<Result<_, _>>()
-            .map_err(|e: std::io::Error| {
-                BusError::Connect(async_nats::ConnectError::with_source(
-                    async_nats::ConnectErrorKind::ServerParse,
-                    e,
-                ))
-            })?;
-        let client = options.connect(servers).await?;
+            .collect::<Result<_, std::io::Error>>()
+            .map_err(|e| failed(format!("not a NATS server address ({e})")))?;
+        if servers.is_empty() {
+            return Err(failed("no server address given".into()));
+        }
+        let window = Duration::from_secs(config.connect_window_secs);
+        let started = tokio::time::Instant::now();
+        let mut attempt = 0u32;
+        let client = loop {
+            attempt += 1;
+            let mut options = async_nats::ConnectOptions::new()
+                .name("companion")
+                .connection_timeout(Duration::from_secs(5));
+            if let Some(user) = &config.user {
+                options =
+                    options.user_and_password(user.clone(), config.password.expose().to_owned());
+            }
+            options = tls_options(options, config);
+            let e = match options.connect(servers.clone()).await {
+                Ok(client) => break client,
+                Err(e) => e,
+            };
+            use async_nats::ConnectErrorKind as K;
+            let final_kind = matches!(
+                e.kind(),
+                K::ServerParse | K::Authentication | K::AuthorizationViolation
+            );
+            let left = window.saturating_sub(started.elapsed());
+            if final_kind || left.is_zero() {
+                return Err(failed(e.to_string()));
+            }
+            let wait = Duration::from_secs(2).min(left);
+            tracing::warn!(url = %shown, attempt, error = %e, retry_in_ms = wait.as_millis() as u64,
+                  "NATS does not answer; trying again");
+            tokio::time::sleep(wait).await;
+        };
+        if attempt > 1 {
+            tracing::info!(url = %shown, attempt, "connected to NATS");
+        }
         let js = jetstream::new(client.clone());
         Ok(Self {
             client,

@@ -16,8 +16,11 @@ use crate::failure::{Class, Classify};
 pub enum StoreError {
     #[error("MongoDB: {0}")]
     Mongo(mongodb::error::Error),
-    #[error("PostgreSQL: {0}")]
+    #[error("PostgreSQL: {}", describe_pg(.0))]
     Pg(sqlx::Error),
+    /// The first connection failed: where to (no password) and the driver's cause.
+    #[error("cannot connect to PostgreSQL at {at}: {cause}")]
+    PgConnect { at: String, cause: String },
     #[error("PostgreSQL migration: {0}")]
     Migrate(sqlx::migrate::MigrateError),
 }
@@ -48,8 +51,24 @@ impl Classify for StoreError {
         match self {
             Self::Pg(e) => pg_class(e),
             Self::Mongo(e) => mongo_class(e),
-            Self::Migrate(_) => Class::Transient,
+            Self::Migrate(_) | Self::PgConnect { .. } => Class::Transient,
         }
+    }
+}
+
+/// A PostgreSQL error as people read it: the server's message and SQLSTATE (not the line of the server's
+/// source file it came from), an I/O error's cause, the rest as the driver says it.
+pub fn describe_pg(e: &sqlx::Error) -> String {
+    use sqlx::Error as E;
+    match e {
+        E::Database(db) => match db.code() {
+            Some(code) => format!("{} (SQLSTATE {code})", db.message()),
+            None => db.message().to_owned(),
+        },
+        E::Io(io) => io.to_string(),
+        E::Tls(tls) => format!("TLS: {tls}"),
+        E::Configuration(c) => format!("the URL is not usable: {c}"),
+        other => other.to_string(),
     }
 }
 

@@ -2,6 +2,7 @@
 //! ([`crate::journal`]), the order floors ([`crate::order`]) and the knowledge base ([`crate::rag`]) use
 //! the same pool.
 
+use std::str::FromStr;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -65,13 +66,48 @@ pub struct GroupLine {
 }
 
 impl Pg {
+    /// Connects the pool. When the first connection fails, the error names the server (user, host,
+    /// port and database; never the password) and the cause: refused, authentication, a missing
+    /// database, no answer.
     pub async fn connect(config: &PgConfig) -> Result<Self, StoreError> {
-        let pool = PgPoolOptions::new()
+        let failed = |at: String, cause: String| StoreError::PgConnect { at, cause };
+        let options = sqlx::postgres::PgConnectOptions::from_str(&config.url).map_err(|e| {
+            failed(
+                crate::config::redact_url(&config.url),
+                super::describe_pg(&e),
+            )
+        })?;
+        let at = format!(
+            "{}@{}:{}/{}",
+            options.get_username(),
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or(options.get_username())
+        );
+        let connected = PgPoolOptions::new()
             .max_connections(config.pool_size.max(1))
             .acquire_timeout(Duration::from_secs(5))
-            .connect(&config.url)
-            .await?;
-        Ok(Self { pool })
+            .connect_with(options.clone())
+            .await;
+        match connected {
+            Ok(pool) => Ok(Self { pool }),
+            Err(e) => {
+                // The pool's own error hides why no connection opened (a timeout): one direct
+                // attempt says it.
+                use sqlx::Connection;
+                let direct = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    sqlx::PgConnection::connect_with(&options),
+                )
+                .await;
+                let cause = match direct {
+                    Ok(Err(why)) => super::describe_pg(&why),
+                    Ok(Ok(_)) => super::describe_pg(&e),
+                    Err(_) => "no answer within 5 s".to_owned(),
+                };
+                Err(failed(at, cause))
+            }
+        }
     }
 
     pub async fn migrate(&self) -> Result<(), StoreError> {
