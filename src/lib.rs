@@ -7,7 +7,7 @@
 //! Every side effect of a job is a step of its [`journal`]; the [`worker`] runs jobs and [`settle`]s
 //! each delivery.
 //!
-//! Modules are layered (the README's Layout section, checked by `layers_have_no_cycles` below): a module
+//! Modules are layered (docs/development.md, Layout; checked by `layers_have_no_cycles` below): a module
 //! imports only modules of lower layers.
 
 pub mod app;

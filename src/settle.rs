@@ -335,7 +335,7 @@ mod tests {
         }
     }
 
-    /// Every row of the README's failure table, and the module's.
+    /// Every row of the failure table (docs/pipeline.md), and the module's.
     #[test]
     fn the_settlement_table() {
         let rows: Vec<(&str, Ending, i64, Verdict)> = vec![

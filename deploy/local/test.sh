@@ -5,7 +5,68 @@ set -euo pipefail
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd -P)"
 cd "$ROOT"
 started=$SECONDS
-phase() { printf '[test] %s (%ds)\n' "$*" "$((SECONDS - started))"; }
+
+# The run's record, for deploy/local/readme-figures.sh: each phase line, cargo's `test result:` lines, then
+# how it ended, the date, the commit, the user and the disk use. Best effort: when the record cannot be
+# written the run and its output are the same, and its exit status never depends on it.
+LOCAL_DIR="${COMPANION_LOCAL_DIR:-$ROOT/.local}"
+LOGS="$LOCAL_DIR/logs"
+record=""
+{ mkdir -p -- "$LOGS" && record="$(mktemp "$LOGS/.last-test-run.XXXXXX")"; } 2>/dev/null || record=""
+note() { [[ -z "$record" ]] || { printf '%s\n' "$@" >>"$record"; } 2>/dev/null || true; }
+finish_record() {
+  local rc=$?
+  set +e
+  [[ -n "$record" ]] || return 0
+  local size
+  {
+    printf 'exit: %s\n' "$rc"
+    printf 'seconds: %s\n' "$((SECONDS - started))"
+    printf 'date: %s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
+    printf 'commit: %s\n' "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+      printf 'worktree: modified\n'
+    else
+      printf 'worktree: clean\n'
+    fi
+    printf 'user: %s\n' "$(id -un 2>/dev/null || id -u)"
+    if [[ "$(id -u)" -eq 0 ]]; then printf 'root: yes\n'; else printf 'root: no\n'; fi
+    size="$(du -sh -- "$LOCAL_DIR" 2>/dev/null | cut -f1)"
+    printf 'disk-local: %s\n' "${size:-unknown}"
+    size="$(du -sh -- "${CARGO_TARGET_DIR:-$ROOT/target}" 2>/dev/null | cut -f1)"
+    printf 'disk-target: %s\n' "${size:-unknown}"
+  } >>"$record" 2>/dev/null && mv -f -- "$record" "$LOGS/last-test-run.txt" 2>/dev/null
+  rm -f -- "$record" 2>/dev/null
+  return 0
+}
+note "# deploy/local/test.sh's last run; deploy/local/readme-figures.sh copies its figures into README.md."
+trap finish_record EXIT
+
+phase() {
+  local line
+  printf -v line '[test] %s (%ds)' "$*" "$((SECONDS - started))"
+  printf '%s\n' "$line"
+  note "$line"
+}
+# cargo test with the output it always had; its `test result:` lines also go to the record. Not on a
+# terminal, stdout and stderr go through one pipe as before; on a terminal only the tests' own output
+# (stdout) is copied, so cargo's progress bar (stderr) stays on the terminal.
+cargo_test() {
+  local out rc
+  if [[ -z "$record" ]] || ! out="$(mktemp "$LOGS/.cargo-test.XXXXXX" 2>/dev/null)"; then
+    "$@" 2>&1
+    return
+  fi
+  if [[ -t 1 ]]; then
+    { "$@" 2>&3 | tee -a -- "$out" 2>/dev/null; rc=${PIPESTATUS[0]}; } 3>&1
+  else
+    "$@" 2>&1 | tee -a -- "$out" 2>/dev/null
+    rc=${PIPESTATUS[0]}
+  fi
+  { grep -a 'test result:' -- "$out" >>"$record"; } 2>/dev/null || true
+  rm -f -- "$out" 2>/dev/null || true
+  return "$rc"
+}
 # cargo's progress bar on a terminal; quiet in logs (CI), where the phase lines say what runs.
 quiet=(--quiet)
 if [[ -t 2 ]]; then quiet=(); fi
@@ -41,8 +102,8 @@ phase "cargo clippy -D warnings, feature otel"
 cargo clippy --features otel --lib --bins --test it "${quiet[@]}" -- -D warnings
 status=0
 phase "cargo test (unit tests and the integration tests against the stack)"
-cargo test --workspace --all-targets --no-fail-fast 2>&1 || status=$?
+cargo_test cargo test --workspace --all-targets --no-fail-fast || status=$?
 phase "cargo test, feature otel"
-cargo test --features otel --test it otel:: 2>&1 || status=$?
+cargo_test cargo test --features otel --test it otel:: || status=$?
 phase "done, exit $status"
 exit "$status"

@@ -31,6 +31,14 @@ enum Command {
         #[command(flatten)]
         mongo: MongoConfig,
     },
+    /// Create a new demo user like `--like` (its profile and tricklists) and print its username: each
+    /// scripted demo run talks as its own user.
+    DemoUser {
+        #[arg(long, default_value = "jess")]
+        like: String,
+        #[command(flatten)]
+        mongo: MongoConfig,
+    },
     /// Publish one DM exactly as TB-Backend would, and print the reply.
     Send {
         /// User id or username.
@@ -113,7 +121,7 @@ enum Command {
         #[command(flatten)]
         embed: EmbedSettings,
     },
-    /// Measure a turn's cost and throughput end to end on the real local stack (see README, Benchmark).
+    /// Measure a turn's cost and throughput end to end on the real local stack (see docs/benchmark.md).
     Bench {
         #[command(flatten)]
         args: Box<companion_dev::bench::BenchArgs>,
@@ -140,6 +148,15 @@ async fn run() -> anyhow::Result<()> {
                 println!("{collection}: {n} documents");
             }
         }
+        Command::DemoUser { like, mongo } => {
+            let mongo = store::Mongo::connect(&mongo)
+                .await
+                .context("connecting to MongoDB")?;
+            let username = seed::demo_user(&mongo, &like)
+                .await
+                .context("creating a demo user")?;
+            println!("{username}");
+        }
         Command::Send {
             user,
             bot,
@@ -151,7 +168,7 @@ async fn run() -> anyhow::Result<()> {
             let session = chat::Session::open(&config, &user, &bot).await?;
             let wait = (wait > 0).then(|| Duration::from_secs(wait));
             match session.say(&text, &images, wait).await? {
-                Some(reply) => chat::print_reply(&session.bot_name, &reply),
+                Some(reply) => session.print(&reply),
                 None => println!("published to conversation {}", session.conversation),
             }
         }
@@ -174,7 +191,7 @@ async fn run() -> anyhow::Result<()> {
                 .review_latest_draft(!reject, note.as_deref(), wait)
                 .await?
             {
-                Some(follow_up) => chat::print_reply(&session.bot_name, &follow_up),
+                Some(follow_up) => session.print(&follow_up),
                 None => println!("review published"),
             }
         }
