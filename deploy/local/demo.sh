@@ -7,6 +7,8 @@
 #                                   a group chat with several companions
 #   deploy/local/demo.sh --spot-wizard
 #                                   the guided spot wizard, from the maps link to the moderator's review
+#   deploy/local/chat.sh            chat as jess after the demo (starts whatever is not running; reads
+#                                   lines from stdin when piped)
 #
 # With OPENROUTER_API_KEY set the companion talks through the real model; without it the project's
 # scripted offline model answers (and says so). Not on a terminal, it plays a short scripted
@@ -20,11 +22,16 @@ STUB_PORT="${STUB_PORT:-8089}"
 BOT="${BOT:-kaori}"
 GROUP=""
 WIZARD=""
-if [[ "${1:-}" == "--group" ]]; then
-  GROUP="${2:?--group needs companions, e.g. kaori,tony}"
-elif [[ "${1:-}" == "--spot-wizard" ]]; then
-  WIZARD=1
-fi
+CHAT=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --group) GROUP="${2:?--group needs companions, e.g. kaori,tony}"; shift 2 ;;
+    --spot-wizard) WIZARD=1; shift ;;
+    # Chat as jess whether or not on a terminal (lines from stdin when piped): deploy/local/chat.sh.
+    --chat) CHAT=1; shift ;;
+    *) echo "usage: $0 [--group kaori,tony | --spot-wizard | --chat]" >&2; exit 2 ;;
+  esac
+done
 started=$SECONDS
 # Bold only on a terminal: a log or a pipe gets plain text.
 if [[ -t 1 ]]; then
@@ -70,6 +77,13 @@ if [[ -d deploy/local/knowledge ]] && "$BIN" help ingest >/dev/null 2>&1; then
   "$BIN" ingest deploy/local/knowledge
 fi
 
+# Demo-sized limits (production: 10 turns a minute, 5 writes an hour, 5 follow-ups a day per user), so that
+# the scripted runs, one after another, are never limited; the banner says so.
+export COMPANION_USER_TURNS_PER_MINUTE="${COMPANION_USER_TURNS_PER_MINUTE:-60}"
+export COMPANION_WRITES_PER_HOUR="${COMPANION_WRITES_PER_HOUR:-100}"
+export COMPANION_PROACTIVE_DAILY_CAP="${COMPANION_PROACTIVE_DAILY_CAP:-100}"
+LIMITS="demo limits per user: $COMPANION_USER_TURNS_PER_MINUTE turns a minute, $COMPANION_WRITES_PER_HOUR writes an hour, $COMPANION_PROACTIVE_DAILY_CAP follow-ups a day"
+
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
@@ -90,6 +104,7 @@ BANNER
 else
   say "using the real model ${OPENROUTER_MODEL:-google/gemini-2.0-flash-001} at ${LLM_BASE_URL:-https://openrouter.ai/api/v1}"
 fi
+say "$LIMITS (production: 10, 5 and 5)"
 
 COMPANION_REMINDER_MIN_LEAD_SECS="${COMPANION_REMINDER_MIN_LEAD_SECS:-5}" "$BIN" worker >>"$LOGS/worker.log" 2>&1 &
 pids+=($!)
@@ -100,25 +115,35 @@ for _ in $(seq 1 100); do
 done
 say "worker running (log: $LOGS/worker.log)"
 
+# On a terminal you are the demo user jess (the companions remember you from run to run); a scripted run
+# talks as a new user like jess, so nothing of an earlier run (history, flows, limits) carries over.
+if [[ -n "$CHAT" || ( -t 0 && -t 1 && -z "$WIZARD" ) ]]; then
+  DEMO_USER=jess
+else
+  DEMO_USER="$("$DEV" demo-user --like jess)"
+  say "talking as the new demo user $DEMO_USER (a copy of jess: her profile and tricklists)"
+fi
+NAME="$(tr '[:lower:]' '[:upper:]' <<<"${BOT:0:1}")${BOT:1}"
+
 if [[ -n "$WIZARD" ]]; then
   say "the spot wizard: a guided flow from the maps link to the moderator's review"
-  "$DEV" chat --user jess --bot "$BOT" --script spot-wizard --wait 60
+  "$DEV" chat --user "$DEMO_USER" --bot "$BOT" --script spot-wizard --wait 60
   say "a moderator approves the draft; the companion follows up and the flow ends"
-  "$DEV" review --user jess --bot "$BOT" --wait 60
+  "$DEV" review --user "$DEMO_USER" --bot "$BOT" --wait 60
 elif [[ -n "$GROUP" ]]; then
-  if [[ -t 0 && -t 1 ]]; then
-    "$DEV" chat --user jess --group "$GROUP"
+  if [[ -n "$CHAT" || ( -t 0 && -t 1 ) ]]; then
+    "$DEV" chat --user "$DEMO_USER" --group "$GROUP"
   else
     say "not a terminal: playing the scripted group conversation with $GROUP"
-    "$DEV" chat --user jess --group "$GROUP" --script builtin --wait 60
+    "$DEV" chat --user "$DEMO_USER" --group "$GROUP" --script builtin --wait 60
   fi
-elif [[ -t 0 && -t 1 ]]; then
-  "$DEV" chat --user jess --bot "$BOT"
+elif [[ -n "$CHAT" || ( -t 0 && -t 1 ) ]]; then
+  "$DEV" chat --user "$DEMO_USER" --bot "$BOT"
 else
   say "not a terminal: playing the scripted conversation"
-  "$DEV" chat --user jess --bot "$BOT" --script builtin --wait 60
+  "$DEV" chat --user "$DEMO_USER" --bot "$BOT" --script builtin --wait 60
   say "a moderator approves the spot the companion just submitted; the companion follows up on its own"
-  "$DEV" review --user jess --bot "$BOT" --wait 60
-  say "the reminder Kaori promised a few seconds ago comes due (NATS keeps the timer)"
-  "$DEV" follow-up --user jess --bot "$BOT" --kind reminder --since-secs 120 --wait 60
+  "$DEV" review --user "$DEMO_USER" --bot "$BOT" --wait 60
+  say "the reminder $NAME promised a few seconds ago comes due (NATS keeps the timer)"
+  "$DEV" follow-up --user "$DEMO_USER" --bot "$BOT" --kind reminder --since-secs 120 --wait 60
 fi

@@ -10,8 +10,9 @@ use crate::backend;
 use companion::{
     bus::{Bus, Completion, event::parse_object_id},
     character::Characters,
-    config::{CharactersConfig, MongoConfig, NatsConfig},
-    store::{Mongo, mongo::USERS},
+    config::{CharactersConfig, MongoConfig, NatsConfig, PgConfig},
+    journal::{Journal, State},
+    store::{Mongo, Pg, mongo::USERS},
 };
 
 /// Lines the group demo plays when it is not run on a terminal.
@@ -19,6 +20,7 @@ pub const GROUP_SCRIPT: &[&str] = &[
     "I'm a snowboarder trying to get into skating, any tips?",
     "lol nice",
     "@tony what board size should i get?",
+    "kaori, how do i drop in on a skateboard?",
     "kaori and tony: park or street first?",
 ];
 
@@ -29,9 +31,9 @@ pub const SPOT_WIZARD_SCRIPT: &[&str] = &[
     "it's called Hollow Bowl, a diy spot with a deep bowl and a little hip",
 ];
 
-/// Lines the demo plays when it is not run on a terminal.
+/// Lines the demo plays when it is not run on a terminal (`{bot}`: the companion's name).
 pub const DEMO_SCRIPT: &[&str] = &[
-    "hey kaori!! how often should i wax my snowboard?",
+    "hey {bot}!! how often should i wax my snowboard?",
     "what's on my tricklists right now?",
     "make me a park list with kickflip, 50-50 and boardslide",
     "any good skateparks in Portland?",
@@ -47,8 +49,16 @@ pub enum CommandError {
     UnknownUser(String),
     #[error("no companion `{0}` in the character files")]
     UnknownBot(String),
-    #[error("no reply within {0:?}; is a worker running?")]
+    #[error("no reply within {0:?}: no worker took the message; is a worker running?")]
     NoReply(Duration),
+    #[error("no reply within {0:?}: a worker took the message and is still on it (see its log)")]
+    StillRunning(Duration),
+    #[error(
+        "limited: over the flood limit (COMPANION_USER_TURNS_PER_MINUTE); the busy line already answered this minute"
+    )]
+    Limited,
+    #[error("failed: the companion could not answer ({0})")]
+    Failed(String),
     #[error("no spot draft made by {bot} for user {user}")]
     NoDraft { user: ObjectId, bot: String },
     #[error(transparent)]
@@ -67,10 +77,16 @@ pub enum CommandError {
 pub struct Session {
     pub bus: Bus,
     pub mongo: Mongo,
+    /// What became of a message that got no reply.
+    pub journal: Journal,
     pub user: ObjectId,
     pub bot: ObjectId,
     pub bot_name: String,
+    /// The companion's busy line: a reply that is it says so.
+    pub busy_line: String,
     pub conversation: ObjectId,
+    /// Cards as raw JSON.
+    pub raw_cards: bool,
 }
 
 /// What `send` and `chat` connect to.
@@ -80,36 +96,61 @@ pub struct ChatConfig {
     pub nats: NatsConfig,
     #[command(flatten)]
     pub mongo: MongoConfig,
+    /// The service's database: the journal says what became of a message that got no reply.
+    #[command(flatten)]
+    pub pg: PgConfig,
     #[command(flatten)]
     pub characters: CharactersConfig,
+    /// Show cards as the raw JSON the app receives instead of as the app would render them.
+    #[arg(long)]
+    pub raw_cards: bool,
 }
 
 impl Session {
     pub async fn open(config: &ChatConfig, user: &str, bot: &str) -> Result<Self, CommandError> {
         let (bus, mongo, characters) = connect(config).await?;
+        let pg = Pg::connect(&config.pg).await?;
         let user_id = resolve_user(&mongo, user).await?;
-        let (bot_id, bot_name) = match parse_object_id(bot) {
-            Some(id) => (
-                id,
-                characters
-                    .by_bot(&id)
-                    .map(|c| c.name.clone())
-                    .unwrap_or_else(|| bot.to_owned()),
-            ),
-            None => characters
-                .by_name(bot)
-                .map(|(id, c)| (id, c.name.clone()))
-                .ok_or_else(|| CommandError::UnknownBot(bot.to_owned()))?,
+        let found = match parse_object_id(bot) {
+            Some(id) => characters.by_bot(&id).map(|c| (id, c)),
+            None => characters.by_name(bot),
         };
+        let (bot_id, character) = found.ok_or_else(|| CommandError::UnknownBot(bot.to_owned()))?;
         let conversation = backend::ensure_conversation(&mongo, user_id, bot_id).await?;
         Ok(Self {
             bus,
             mongo,
+            journal: Journal::new(pg.pool),
             user: user_id,
             bot: bot_id,
-            bot_name,
+            bot_name: character.name.clone(),
+            busy_line: character.busy_line.clone(),
             conversation,
+            raw_cards: config.raw_cards,
         })
+    }
+
+    /// Prints a reply the way the terminal chat shows it, saying when it is the busy line.
+    pub fn print(&self, c: &Completion) {
+        if c.content == self.busy_line {
+            let label = format!("{} (busy: over the flood limit)", self.bot_name);
+            print_reply(&label, c, self.raw_cards);
+        } else {
+            print_reply(&self.bot_name, c, self.raw_cards);
+        }
+    }
+
+    /// Why `message` got no reply within `wait`, as the journal tells it.
+    async fn no_reply(&self, message: &str, wait: Duration) -> CommandError {
+        match self.journal.get(message).await {
+            Ok(Some(j)) => match j.state {
+                State::Limited => CommandError::Limited,
+                State::Failed => CommandError::Failed(j.last_error.unwrap_or_default()),
+                State::Running => CommandError::StillRunning(wait),
+                _ => CommandError::NoReply(wait),
+            },
+            _ => CommandError::NoReply(wait),
+        }
     }
 
     /// Sends one message and, when `wait` is set, returns the reply to it.
@@ -138,7 +179,7 @@ impl Session {
         )));
         match tokio::time::timeout(wait, replies.next()).await {
             Ok(Some(c)) => Ok(Some(c)),
-            _ => Err(CommandError::NoReply(wait)),
+            _ => Err(self.no_reply(&event.message_id, wait).await),
         }
     }
 }
@@ -294,15 +335,95 @@ async fn resolve_user(mongo: &Mongo, user: &str) -> Result<ObjectId, CommandErro
         .ok_or_else(|| CommandError::UnknownUser(user.to_owned()))
 }
 
-/// Prints a reply and its card the way the terminal chat shows them.
-pub fn print_reply(bot_name: &str, c: &Completion) {
+/// Prints a reply and its card the way the terminal chat shows them: the card as the app renders it,
+/// or its JSON when `raw`.
+pub fn print_reply(bot_name: &str, c: &Completion, raw: bool) {
     println!("{}> {}", bot_name.to_lowercase(), c.content);
     if let Some(card) = &c.rich_content {
-        let kind = card.get("type").and_then(|t| t.as_str()).unwrap_or("card");
-        println!(
-            "  [{kind}] {}",
-            serde_json::to_string(card.get("data").unwrap_or(card)).unwrap_or_default()
-        );
+        for line in card_lines(card, raw) {
+            println!("  {line}");
+        }
+    }
+}
+
+/// A card's lines: what the app shows of it (a name, where and how good, the deep link), or its type
+/// and JSON when `raw` or unknown.
+pub fn card_lines(card: &serde_json::Value, raw: bool) -> Vec<String> {
+    use serde_json::Value;
+    let kind = card.get("type").and_then(Value::as_str).unwrap_or("card");
+    let data = card.get("data").unwrap_or(card);
+    let raw_line = || {
+        format!(
+            "[{kind}] {}",
+            serde_json::to_string(data).unwrap_or_default()
+        )
+    };
+    if raw {
+        return vec![raw_line()];
+    }
+    let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    let place = |v: &Value| {
+        let parts: Vec<String> = ["city", "state"]
+            .iter()
+            .filter_map(|k| text(v, k))
+            .collect();
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" · {}", parts.join(", "))
+        }
+    };
+    let rating = |v: &Value| {
+        v.get("rating")
+            .and_then(Value::as_f64)
+            .map(|r| format!(" · ★ {r:.1}"))
+            .unwrap_or_default()
+    };
+    let link = |v: &Value| {
+        text(v, "deepLink")
+            .map(|l| format!(" · {l}"))
+            .unwrap_or_default()
+    };
+    let name = |v: &Value| text(v, "name").unwrap_or_else(|| "(no name)".into());
+    let spot = |v: &Value| format!("📍 {}{}{}{}", name(v), place(v), rating(v), link(v));
+    match kind {
+        "spot_card" => vec![spot(data)],
+        "spots_list" => match data.as_array() {
+            Some(spots) if !spots.is_empty() => spots.iter().map(spot).collect(),
+            _ => vec!["📍 (no spots)".into()],
+        },
+        "tricklist_card" => {
+            let count = data.get("trickCount").and_then(Value::as_u64).unwrap_or(0);
+            let category = text(data, "category")
+                .map(|c| format!("{c}, "))
+                .unwrap_or_default();
+            vec![format!(
+                "📋 {} ({category}{count} tricks){}",
+                name(data),
+                link(data)
+            )]
+        }
+        "trick_card" => {
+            let about: Vec<String> = ["category", "difficulty"]
+                .iter()
+                .filter_map(|k| text(data, k))
+                .collect();
+            vec![format!(
+                "🤙 {} ({}){}",
+                name(data),
+                about.join(", "),
+                link(data)
+            )]
+        }
+        "spot_draft_confirmation" => {
+            let status = match text(data, "status").as_deref() {
+                Some("pending_approval") => "waiting for a moderator".to_owned(),
+                Some(s) => s.to_owned(),
+                None => "submitted".to_owned(),
+            };
+            vec![format!("📝 {}{} · {status}", name(data), place(data))]
+        }
+        _ => vec![raw_line()],
     }
 }
 
@@ -349,12 +470,14 @@ pub async fn chat(
         return interactive(session, wait).await;
     };
     for line in lines {
+        let line = line.replace("{bot}", &session.bot_name.to_lowercase());
         println!("you> {line}");
-        let reply = session
-            .say(&line, &[], Some(wait))
-            .await?
-            .expect("waited for a reply");
-        print_reply(&session.bot_name, &reply);
+        match session.say(&line, &[], Some(wait)).await {
+            Ok(reply) => session.print(&reply.expect("waited for a reply")),
+            // Limited on purpose: said, and the script goes on.
+            Err(e @ CommandError::Limited) => println!("  ({e})"),
+            Err(e) => return Err(e),
+        }
         println!();
     }
     Ok(())
@@ -363,7 +486,7 @@ pub async fn chat(
 async fn interactive(session: &Session, wait: Duration) -> Result<(), CommandError> {
     read_lines(
         async |line| match session.say(line, &[], Some(wait)).await {
-            Ok(Some(reply)) => print_reply(&session.bot_name, &reply),
+            Ok(Some(reply)) => session.print(&reply),
             Ok(None) => {}
             Err(e) => println!("  ({e})"),
         },
@@ -399,6 +522,8 @@ pub struct GroupSession {
     pub conversation: ObjectId,
     /// The companions, by bot id: their names.
     pub names: std::collections::HashMap<String, String>,
+    /// Cards as raw JSON.
+    pub raw_cards: bool,
 }
 
 impl GroupSession {
@@ -437,6 +562,7 @@ impl GroupSession {
             user,
             conversation,
             names,
+            raw_cards: config.raw_cards,
         })
     }
 
@@ -477,7 +603,7 @@ impl GroupSession {
                 c = replies.next() => {
                     let Some(c) = c else { break };
                     let name = self.names.get(&c.sender_id).cloned().unwrap_or_else(|| c.sender_id.clone());
-                    print_reply(&name, &c);
+                    print_reply(&name, &c, self.raw_cards);
                     answered += 1;
                     expecting = false;
                 }
@@ -530,4 +656,41 @@ pub async fn group_chat(
         println!();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::card_lines;
+    use serde_json::json;
+
+    #[test]
+    fn cards_read_as_the_app_shows_them_and_raw_on_request() {
+        let spots = json!({"type": "spots_list", "data": [
+            {"name": "Burnside Skatepark", "city": "Portland", "state": "OR", "rating": 4.9,
+             "deepLink": "trickbook://spot/1"},
+            {"name": "Hollow Bowl", "city": null, "rating": null}
+        ]});
+        assert_eq!(
+            card_lines(&spots, false),
+            [
+                "📍 Burnside Skatepark · Portland, OR · ★ 4.9 · trickbook://spot/1",
+                "📍 Hollow Bowl"
+            ]
+        );
+        let list = json!({"type": "tricklist_card", "data": {"name": "Park List", "trickCount": 3,
+                          "category": "skateboard", "deepLink": "trickbook://tricklist/2"}});
+        assert_eq!(
+            card_lines(&list, false),
+            ["📋 Park List (skateboard, 3 tricks) · trickbook://tricklist/2"]
+        );
+        let draft = json!({"type": "spot_draft_confirmation",
+                           "data": {"name": "New Spot", "status": "pending_approval"}});
+        assert_eq!(
+            card_lines(&draft, false),
+            ["📝 New Spot · waiting for a moderator"]
+        );
+        assert!(card_lines(&list, true)[0].starts_with("[tricklist_card] {"));
+        let odd = json!({"type": "poll", "data": {"q": 1}});
+        assert_eq!(card_lines(&odd, false), [r#"[poll] {"q":1}"#]);
+    }
 }

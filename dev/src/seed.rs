@@ -5,7 +5,13 @@ use std::path::Path;
 use bson::{Bson, Document, doc};
 use mongodb::options::ReplaceOptions;
 
-use companion::store::{Mongo, StoreError};
+use bson::oid::ObjectId;
+use futures::TryStreamExt;
+
+use companion::store::{
+    Mongo, StoreError,
+    mongo::{TRICKLISTS, USERS, user_ref, user_ref_filter},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeedError {
@@ -13,8 +19,52 @@ pub enum SeedError {
     Io(String, std::io::Error),
     #[error("{0}: {1}")]
     Parse(String, String),
+    #[error("no demo user `{0}` to copy (seed first)")]
+    NoUser(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<mongodb::error::Error> for SeedError {
+    fn from(e: mongodb::error::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+/// A new user like the demo user `like` (its profile and own tricklists, under fresh ids), named
+/// `<like>-<6 hex>`: a scripted demo run talks as its own user, so no flood limit, write quota, history or
+/// flow of an earlier run carries over. Returns the new username.
+pub async fn demo_user(mongo: &Mongo, like: &str) -> Result<String, SeedError> {
+    let users = mongo.collection(USERS);
+    let mut user = users
+        .find_one(doc! { "username": like })
+        .await?
+        .ok_or_else(|| SeedError::NoUser(like.to_owned()))?;
+    let original = user
+        .get_object_id("_id")
+        .map_err(|_| SeedError::NoUser(like.to_owned()))?;
+    let id = ObjectId::new();
+    let username = format!("{like}-{}", &id.to_hex()[18..]);
+    user.insert("_id", id);
+    user.insert("username", &username);
+    if let Ok(email) = user.get_str("email") {
+        let email = email.replacen('@', &format!("+{}@", &id.to_hex()[18..]), 1);
+        user.insert("email", email);
+    }
+    users.insert_one(user).await?;
+    let lists = mongo.collection(TRICKLISTS);
+    // The user's own lists, not those a companion made in an earlier demo run.
+    let theirs =
+        doc! { "$and": [user_ref_filter("user", original), { "createdBy": { "$exists": false } }] };
+    let mut theirs: Vec<Document> = lists.find(theirs).await?.try_collect().await?;
+    for l in &mut theirs {
+        l.insert("_id", ObjectId::new());
+        l.insert("user", user_ref(id));
+    }
+    if !theirs.is_empty() {
+        lists.insert_many(theirs).await?;
+    }
+    Ok(username)
 }
 
 /// Loads every `<collection>.json` in `dir`; returns `(collection, documents)` counts.

@@ -280,6 +280,39 @@ pub fn last_user_text(body: &Value) -> String {
         .unwrap_or_default()
 }
 
+/// The user's own words of the newest user message: in a group chat, without the `Name: ` the worker
+/// puts before each person's line.
+fn user_words(body: &Value) -> String {
+    let group = body["messages"][0]["content"]
+        .as_str()
+        .is_some_and(|s| s.contains("## This is a group chat"));
+    if !group {
+        return last_user_text(body);
+    }
+    // In a group, other companions' lines come as user messages too (`Tony: …`): the person's words
+    // are the newest line that is not a companion's (the scripted ones say they are).
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    messages
+        .iter()
+        .rev()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| {
+            let text = match &m["content"] {
+                Value::String(s) => s.clone(),
+                Value::Array(parts) => parts
+                    .iter()
+                    .filter_map(|p| p["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                _ => return None,
+            };
+            let words = text.split_once(": ").map_or(text.as_str(), |(_, w)| w);
+            (!words.starts_with("[scripted")).then(|| words.to_owned())
+        })
+        .next()
+        .unwrap_or_default()
+}
+
 /// The offline demo model: recognisable scripted answers that show what the worker sent it.
 pub fn demo() -> Responder {
     Arc::new(demo_reply)
@@ -327,18 +360,15 @@ fn compose(
         return StubReply::Text(summarise_tool_results(&messages));
     }
     if last["role"] == "system" && messages.len() > 1 {
-        // A follow-up: the note after the conversation says what happened.
+        // A follow-up: the note after the conversation says what happened; the companion tells the user.
         let note = last["content"].as_str().unwrap_or("");
-        let what = note
-            .split_once("] ")
-            .map_or(note, |(_, w)| w)
-            .split(" Write the user")
-            .next()
-            .unwrap_or("");
-        return StubReply::Text(format!("[scripted {name}] following up: {what}"));
+        return StubReply::Text(format!("[scripted {name}] {}", follow_up_line(note)));
     }
-    let text = last_user_text(body);
+    let text = user_words(body);
     let lower = text.to_lowercase();
+    if let Some(handover) = hand_over(system, &lower) {
+        return StubReply::Text(format!("[scripted {name}] {handover}"));
+    }
     if let Some(call) = choose(&lower, &text, &offered) {
         return call;
     }
@@ -393,7 +423,8 @@ fn spot_wizard_move(messages: &[Value], system: &str, offered: &[&str]) -> Optio
             .find(|m| m["role"] == "assistant")
             .and_then(|m| m["tool_calls"][0]["function"]["name"].as_str())
             .unwrap_or("");
-        if called == "create_spot_draft" {
+        let in_wizard = system.contains("Guided flow in progress: Add a spot");
+        if called == "create_spot_draft" && in_wizard {
             let id = result["_id"].as_str()?;
             return Some(StubReply::tool(
                 "set_flow_slots",
@@ -411,11 +442,22 @@ fn spot_wizard_move(messages: &[Value], system: &str, offered: &[&str]) -> Optio
                        "description": filled.get("features").cloned().unwrap_or(json!("added in the demo"))}),
             ));
         }
-        return Some(StubReply::Text(format!(
-            "[scripted] {}: {}",
-            result["title"].as_str().unwrap_or(""),
-            result["goal"].as_str().unwrap_or("")
-        )));
+        // What the step asks of the user, said to the user (a real model reads the step's goal and
+        // says it in its own words; the scripted one has a line per step).
+        let spot = filled["name"].as_str().unwrap_or("your spot");
+        let line = match result["step"].as_str().unwrap_or("") {
+            "location" => "let's add it! drop me the google maps link to the spot 📍".to_owned(),
+            "details" => {
+                "got the link! what's the spot called, and is it a skatepark, a street spot or diy?"
+                    .to_owned()
+            }
+            "review" => format!(
+                "sent \"{spot}\" to the moderators 🙌 i'll tell you as soon as they review it"
+            ),
+            _ if result["status"] == "done" => "and that's your spot added, all done ✅".to_owned(),
+            _ => "nice, on to the next bit!".to_owned(),
+        };
+        return Some(StubReply::Text(format!("[scripted] {line}")));
     }
     if last["role"] != "user" {
         return None;
@@ -469,13 +511,17 @@ fn create_list_call(lower: &str, known: &[String]) -> StubReply {
     if tricks.is_empty() {
         tricks = known.to_vec();
     }
-    let category = if lower.contains("snow") {
-        "snowboard"
-    } else {
-        "skateboard"
-    };
+    if tricks.is_empty() {
+        // Nothing named and nothing known: the first steps of any skater.
+        tricks = ["Ollie", "Pop Shove-it", "Frontside 180"]
+            .map(String::from)
+            .to_vec();
+    }
+    let category = sport_of(lower).unwrap_or("skateboard");
     let name = if lower.contains("park") {
         "Park List"
+    } else if lower.contains("beginner") {
+        "Beginner Tricks"
     } else {
         "New List"
     };
@@ -497,14 +543,14 @@ const DEMO_REMINDER_SECS: i64 = 10;
 
 fn demo_tool_call(lower: &str, text: &str, offered: &[&str]) -> Option<StubReply> {
     let has = |t: &str| offered.contains(&t);
-    if let Some((_, what)) = lower.split_once("remind me to ")
+    if lower.contains("remind me")
         && has("schedule_reminder")
+        && let Some((what, after)) = reminder_of(lower)
     {
-        let what = what.split(" in ").next().unwrap_or(what);
-        let at = chrono::Utc::now() + chrono::Duration::seconds(DEMO_REMINDER_SECS);
+        let at = chrono::Utc::now() + after;
         return Some(StubReply::tool(
             "schedule_reminder",
-            json!({"text": what.trim_end_matches(['?', '.', '!']), "at": at.to_rfc3339()}),
+            json!({"text": what, "at": at.to_rfc3339()}),
         ));
     }
     if (lower.contains("make") || lower.contains("create"))
@@ -528,9 +574,7 @@ fn demo_tool_call(lower: &str, text: &str, offered: &[&str]) -> Option<StubReply
         ));
     }
     if (lower.contains("spot") || lower.contains("park")) && has("search_spots") {
-        let query = lower
-            .split_once(" in ")
-            .map(|(_, c)| c.trim_end_matches(['?', '.', '!']).trim().to_owned());
+        let query = place_in(lower);
         return Some(StubReply::tool(
             "search_spots",
             json!({"query": query.unwrap_or_else(|| "skatepark".into())}),
@@ -550,6 +594,144 @@ fn demo_tool_call(lower: &str, text: &str, offered: &[&str]) -> Option<StubReply
     None
 }
 
+/// The place a message asks about: the words after "in", "near" or "around", up to the punctuation.
+fn place_in(lower: &str) -> Option<String> {
+    let (_, rest) = [" near ", " in ", " around "]
+        .iter()
+        .find_map(|w| lower.split_once(w))?;
+    let place = rest
+        .split(['?', '.', '!', ','])
+        .next()
+        .unwrap_or("")
+        .trim()
+        .trim_start_matches("the ");
+    (!place.is_empty()).then(|| place.to_owned())
+}
+
+/// What a reminder request asks for and how far ahead: "remind me to wax my board in 2 minutes", "remind
+/// me in 2 minutes to wax my board", "remind me to wax my board" (the demo's few seconds).
+fn reminder_of(lower: &str) -> Option<(String, chrono::Duration)> {
+    let (_, rest) = lower.split_once("remind me")?;
+    let rest = rest.trim_end_matches(['?', '.', '!']).trim();
+    let (lead, what) = match rest.strip_prefix("in ") {
+        Some(r) => {
+            let (when, what) = r.split_once(" to ")?;
+            (Some(when), what)
+        }
+        None => {
+            let r = rest.strip_prefix("to ")?;
+            match r.rsplit_once(" in ") {
+                Some((what, when)) if lead_of(when).is_some() => (Some(when), what),
+                _ => (None, r),
+            }
+        }
+    };
+    let after = lead
+        .and_then(lead_of)
+        .unwrap_or(chrono::Duration::seconds(DEMO_REMINDER_SECS));
+    let what = what.trim();
+    (!what.is_empty()).then(|| (what.to_owned(), after))
+}
+
+/// "2 minutes", "an hour", "a few seconds", "30 secs" as a duration.
+fn lead_of(when: &str) -> Option<chrono::Duration> {
+    let mut words = when.split_whitespace();
+    let n = match words.next()? {
+        "a" | "an" | "one" => 1,
+        "a few" | "few" => 5,
+        "two" => 2,
+        "five" => 5,
+        "ten" => 10,
+        w => w.parse::<i64>().ok()?,
+    };
+    let unit = words.find(|w| *w != "few")?;
+    match unit.trim_end_matches('s') {
+        "sec" | "second" => Some(chrono::Duration::seconds(n.max(DEMO_REMINDER_SECS))),
+        "min" | "minute" => Some(chrono::Duration::minutes(n)),
+        "hour" | "hr" => Some(chrono::Duration::hours(n)),
+        _ => None,
+    }
+}
+
+/// The sports a message talks about, by the word stems people use, the last named last.
+const SPORTS: &[(&str, &str)] = &[
+    ("skat", "skateboard"),
+    ("snowboard", "snowboard"),
+    ("bmx", "bmx"),
+    ("ski", "ski"),
+    ("surf", "surf"),
+];
+
+/// The sport a message is about: the one it names last ("a snowboarder getting into skating": skating).
+fn sport_of(lower: &str) -> Option<&'static str> {
+    SPORTS
+        .iter()
+        .filter_map(|(stem, sport)| {
+            // "ski" inside "skill" or "skating" is not skiing.
+            let at = lower
+                .match_indices(stem)
+                .filter(|(i, _)| *stem != "ski" || !lower[i + 3..].starts_with(['l', 'n']));
+            at.last().map(|(i, _)| (i, *sport))
+        })
+        .max_by_key(|(i, _)| *i)
+        .map(|(_, sport)| sport)
+}
+
+/// In a group chat, a question about another companion's sport is handed over to them by name (the
+/// worker then lets them answer), as a real model is told it may.
+fn hand_over(system: &str, lower: &str) -> Option<String> {
+    let (_, note) = system.split_once("## This is a group chat")?;
+    let others = note
+        .split_once("and the companions ")?
+        .1
+        .split(". ")
+        .next()?;
+    let sport = sport_of(lower)?;
+    let (who, _) = others
+        .split(", ")
+        .filter_map(|o| o.split_once(" ("))
+        .find(|(_, s)| s.trim_end_matches(')').starts_with(sport))?;
+    Some(format!(
+        "ooh that's {who}'s thing, not mine! {}, help them out?",
+        who.to_lowercase()
+    ))
+}
+
+/// What a follow-up's note says happened, told to the user: a spot review or a due reminder, and the
+/// guided flow it moved on.
+fn follow_up_line(note: &str) -> String {
+    let quoted = |after: &str| -> Option<String> {
+        let (_, rest) = note.split_once(after)?;
+        Some(rest.split('"').next()?.to_owned())
+    };
+    let mut line = if let Some(spot) = quoted("moderators approved the spot \"") {
+        format!("yo, your spot \"{spot}\" got approved!! 🎉 it's live on TrickBook now")
+    } else if let Some(spot) = quoted("did not approve the spot \"") {
+        let said = quoted("The moderator's note: \"")
+            .map(|n| format!(" (they said: \"{n}\")"))
+            .unwrap_or_default();
+        format!(
+            "hey, the mods didn't approve \"{spot}\" this time{said}. want me to fix it up and send it again?"
+        )
+    } else if let Some(what) = quoted("You promised to remind the user of this, for ").and(
+        note.split_once(": \"")
+            .and_then(|(_, r)| r.split('"').next())
+            .map(str::to_owned),
+    ) {
+        format!("⏰ hey! you asked me to remind you: {what}")
+    } else {
+        "following up on something for you!".to_owned()
+    };
+    if let Some(flow) = quoted("moves on the guided flow \"") {
+        if note.contains("\"status\":\"done\"") {
+            line.push_str(&format!(" and that wraps up \"{flow}\" ✅"));
+        } else {
+            line.push_str(&format!(" (that's the next step of \"{flow}\" done)"));
+        }
+    }
+    line
+}
+
 fn summarise_tool_results(messages: &[Value]) -> String {
     let results: Vec<Value> = messages
         .iter()
@@ -561,16 +743,52 @@ fn summarise_tool_results(messages: &[Value]) -> String {
                 .and_then(|c| serde_json::from_str(c).ok())
         })
         .collect();
+    // Where the user asked for spots: the query of the last search.
+    let asked_where = messages
+        .iter()
+        .rev()
+        .filter_map(|m| m["tool_calls"].as_array())
+        .flatten()
+        .find(|c| c["function"]["name"] == "search_spots")
+        .and_then(|c| serde_json::from_str::<Value>(c["function"]["arguments"].as_str()?).ok())
+        .and_then(|a| a["query"].as_str().map(str::to_lowercase))
+        .filter(|q| q != "skatepark");
     let mut parts = Vec::new();
     for r in results.iter().rev() {
         if let Some(e) = r.get("error") {
             parts.push(format!("that didn't work ({e})"));
         } else if let Some(names) = names_of(r, "spots") {
-            parts.push(format!("found these spots: {names}"));
+            let there = |s: &Value| {
+                let city = s["city"].as_str().unwrap_or("").to_lowercase();
+                asked_where
+                    .as_ref()
+                    .is_some_and(|w| !city.is_empty() && w.contains(&city))
+            };
+            let spots = r["spots"].as_array().cloned().unwrap_or_default();
+            match &asked_where {
+                Some(w) if spots.is_empty() => parts.push(format!(
+                    "i don't know any spots in {w} yet, sorry! want me to look somewhere else?"
+                )),
+                Some(w) if !spots.iter().any(there) => parts.push(format!(
+                    "i don't know any spots in {w} yet, sorry! the closest i have: {names}"
+                )),
+                _ => parts.push(format!("found these spots: {names}")),
+            }
+        } else if r["status"] == "pending_approval" {
+            let name = r["name"].as_str().unwrap_or("your spot");
+            parts.push(format!(
+                "sent \"{name}\" to the moderators for review; i'll tell you when they do"
+            ));
         } else if let Some(names) = names_of(r, "tricks") {
             parts.push(format!("trickipedia has: {names}"));
         } else if let Some(names) = names_of(r, "tricklists") {
             parts.push(format!("your lists are: {names}"));
+        } else if let Some(what) = r
+            .get("reminderId")
+            .and(r.get("text"))
+            .and_then(Value::as_str)
+        {
+            parts.push(format!("deal! i'll remind you: {what} ⏰"));
         } else if let Some(name) = r.get("name").and_then(Value::as_str) {
             parts.push(format!("done, \"{name}\" is saved"));
         } else {
@@ -766,16 +984,7 @@ impl DemoModel {
     /// The trick a question is about: one it names, else the closest of its sport (a beginner one when it
     /// asks for a first or easy trick).
     fn trick_for(&self, lower: &str, v: &[f32]) -> Option<(String, Option<&'static str>)> {
-        let sport = [
-            ("skate", "skateboard"),
-            ("snowboard", "snowboard"),
-            ("bmx", "bmx"),
-            ("ski", "ski"),
-            ("surf", "surf"),
-        ]
-        .into_iter()
-        .find(|(word, _)| lower.contains(word))
-        .map(|(_, c)| c);
+        let sport = sport_of(lower);
         if let Some(name) = self.mentioned_tricks(lower).into_iter().next() {
             return Some((name, sport));
         }
@@ -805,7 +1014,24 @@ impl DemoModel {
         }
         match intent {
             Intent::CreateList if has("create_tricklist") => {
-                Some(create_list_call(&lower, &self.mentioned_tricks(&lower)))
+                let mut tricks = self.mentioned_tricks(&lower);
+                if tricks.is_empty() {
+                    // "a list of 3 beginner tricks": that many of the trickipedia's beginner tricks.
+                    let n = lower
+                        .split_whitespace()
+                        .find_map(|w| w.parse::<usize>().ok())
+                        .unwrap_or(3)
+                        .clamp(1, 10);
+                    let sport = sport_of(&lower).unwrap_or("skateboard");
+                    tricks = self
+                        .tricks
+                        .iter()
+                        .filter(|t| t.beginner && t.category == sport)
+                        .take(n)
+                        .map(|t| t.name.clone())
+                        .collect();
+                }
+                Some(create_list_call(&lower, &tricks))
             }
             Intent::MyLists if has("get_user_tricklists") => Some(StubReply::ToolCalls(vec![(
                 "get_user_tricklists".into(),
@@ -816,7 +1042,8 @@ impl DemoModel {
                     .cities
                     .iter()
                     .find(|c| lower.contains(&c.to_lowercase()))
-                    .cloned();
+                    .cloned()
+                    .or_else(|| place_in(&lower));
                 Some(StubReply::tool(
                     "search_spots",
                     json!({"query": city.unwrap_or_else(|| "skatepark".into())}),
@@ -855,10 +1082,75 @@ impl DemoModel {
                                 .collect()
                         })
                         .unwrap_or_default();
-                    model.choose(&last_user_text(&body), &offered).await
+                    model.choose(&user_words(&body), &offered).await
                 };
                 compose(&body, |_, _, _| choice)
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reminders_are_read_with_their_lead_time() {
+        let (what, after) = reminder_of("remind me in 2 minutes to wax my board").unwrap();
+        assert_eq!(
+            (what.as_str(), after),
+            ("wax my board", chrono::Duration::minutes(2))
+        );
+        let (what, after) = reminder_of("remind me to wax my board in an hour!").unwrap();
+        assert_eq!(
+            (what.as_str(), after),
+            ("wax my board", chrono::Duration::hours(1))
+        );
+        let (what, after) = reminder_of("remind me to wax my board in a few seconds").unwrap();
+        assert_eq!(what, "wax my board");
+        assert_eq!(after, chrono::Duration::seconds(DEMO_REMINDER_SECS));
+        let (what, _) = reminder_of("remind me to check in with the crew").unwrap();
+        assert_eq!(what, "check in with the crew");
+        assert!(reminder_of("remind me").is_none());
+    }
+
+    #[test]
+    fn the_sport_asked_about_is_the_last_named_and_a_group_hands_it_over() {
+        let q = "i'm a snowboarder trying to get into skating, any tips?";
+        assert_eq!(sport_of(q), Some("skateboard"));
+        assert_eq!(sport_of("best skis for powder?"), Some("ski"));
+        assert_eq!(sport_of("any skill tips?"), None);
+        let system = "You are Kaori\n## This is a group chat\nThis conversation is a group chat in \
+                      TrickBook, not a DM. In it: Jess and the companions Tony (skateboard). Messages…";
+        let line = hand_over(system, q).unwrap();
+        assert!(line.contains("Tony") && line.contains("tony,"), "{line}");
+        assert_eq!(
+            hand_over(system, "which board for powder snowboarding?"),
+            None
+        );
+        assert_eq!(hand_over("You are Kaori (a DM)", q), None);
+    }
+
+    #[test]
+    fn follow_ups_tell_the_user_in_character_not_the_brief() {
+        let approved = "[Not a reply: you are following up on your own.] The TrickBook moderators approved \
+            the spot \"Hollow Bowl\" that you submitted for the user on November 25. It is live…";
+        assert_eq!(
+            follow_up_line(approved),
+            "yo, your spot \"Hollow Bowl\" got approved!! 🎉 it's live on TrickBook now"
+        );
+        let due = "[Not a reply: you are following up on your own.] You promised to remind the user of \
+            this, for Wednesday 25 November 04:24 UTC: \"wax my board\". That time is now. Write…\nThis \
+            also moves on the guided flow \"Learn a trick\" you lead the user through; it stands now: \
+            {\"status\":\"active\"}.";
+        let line = follow_up_line(due);
+        assert!(
+            line.starts_with("⏰ hey! you asked me to remind you: wax my board"),
+            "{line}"
+        );
+        assert!(
+            line.contains("Learn a trick") && !line.contains("You promised"),
+            "{line}"
+        );
     }
 }

@@ -58,3 +58,44 @@ async fn natural_questions_get_sensible_scripted_answers() {
     assert!(chat.contains("i remember 6 earlier messages"), "{chat}");
     env.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offline_model_keeps_what_a_newcomer_tries_first() {
+    let model = DemoModel::load(embedder(), &root().join("deploy/local/seed"))
+        .await
+        .expect("the demo data loads");
+    let mut env = TestEnv::with_model(Arc::new(model).responder()).await;
+    env.start_worker().await;
+
+    let list = ask(&env, "can you make me a list of 3 beginner tricks").await;
+    assert!(list.contains("is saved"), "{list}");
+    let made = env
+        .mongo
+        .user_tricklists(oid(JESS), 50)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|l| l.name == "Beginner Tricks")
+        .expect("the list");
+    assert_eq!(made.tricks.len(), 3, "three tricks");
+
+    let before = chrono::Utc::now();
+    let remind = ask(&env, "remind me in 2 minutes to wax my board").await;
+    assert!(!remind.contains("didn't work"), "{remind}");
+    let (text, fire_at): (String, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("SELECT text, fire_at FROM reminders WHERE user_id = $1")
+            .bind(JESS)
+            .fetch_one(&env.pg.pool)
+            .await
+            .unwrap();
+    assert_eq!(text, "wax my board");
+    let lead = (fire_at - before).num_seconds();
+    assert!((100..=140).contains(&lead), "two minutes ahead: {lead} s");
+
+    let denver = ask(&env, "any parks near denver?").await;
+    assert!(
+        denver.contains("don't know any spots in denver"),
+        "{denver}"
+    );
+    env.finish().await;
+}
