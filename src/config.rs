@@ -78,6 +78,7 @@ pub enum LogFormat {
 /// NATS: servers, credentials, TLS, and the names of subjects and streams.
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "NATS")]
+#[command(next_help_heading = "NATS")]
 pub struct NatsConfig {
     /// NATS server(s), comma separated.
     #[arg(
@@ -182,6 +183,7 @@ pub struct NatsConfig {
 /// The durable consumer every worker shares. Created with these settings when missing; changed only by
 /// `companion provision`.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "NATS consumer")]
 #[command(next_help_heading = "Consumer (changed by `companion provision`)")]
 pub struct ConsumerConfig {
     /// Durable pull consumer shared by every worker process.
@@ -228,6 +230,7 @@ impl ConsumerConfig {
 /// MongoDB: the app's database.
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "MongoDB")]
+#[command(next_help_heading = "MongoDB")]
 pub struct MongoConfig {
     /// MongoDB connection string; the database is its path (TrickList2 when absent).
     #[arg(
@@ -249,6 +252,7 @@ impl MongoConfig {
 
 /// PostgreSQL: history, the journal, the knowledge base.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "PostgreSQL")]
 #[command(next_help_heading = "PostgreSQL")]
 pub struct PgConfig {
     /// PostgreSQL connection string.
@@ -272,6 +276,7 @@ pub struct PgConfig {
 
 /// The OpenAI-compatible chat API.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Chat model")]
 #[command(next_help_heading = "Chat model")]
 pub struct LlmConfig {
     /// Key for the chat API; empty means the offline scripted model is expected at LLM_BASE_URL.
@@ -387,6 +392,7 @@ impl LlmConfig {
 
 /// The companions' character files.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Characters and flows")]
 #[command(next_help_heading = "Characters")]
 pub struct CharactersConfig {
     /// Folder holding `*.json` character files.
@@ -409,6 +415,7 @@ pub struct CharactersConfig {
 
 /// What one turn takes in and gives out.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Turns and limits")]
 #[command(next_help_heading = "Turns")]
 pub struct TurnConfig {
     /// Largest accepted event payload in bytes; larger events are dead-lettered unread.
@@ -626,6 +633,7 @@ pub struct TurnConfig {
 /// One worker process: how much it runs at once, how it retries and stops, where it serves `/metrics`.
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Worker")]
+#[command(next_help_heading = "Worker")]
 pub struct WorkerConfig {
     /// Turns processed at once by one worker process.
     #[arg(
@@ -689,6 +697,7 @@ impl WorkerConfig {
 /// The sentence-embedding model (knowledge retrieval and ingest).
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Embedding model")]
+#[command(next_help_heading = "Embedding model")]
 pub struct EmbedSettings {
     /// Folder holding the embedding model (`model.onnx`, `tokenizer.json`); `deploy/local/models.sh` fills it.
     #[arg(
@@ -745,6 +754,7 @@ pub struct EmbedSettings {
 
 /// Knowledge retrieval and chunking.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Knowledge retrieval")]
 #[command(next_help_heading = "Knowledge")]
 pub struct RagConfig {
     /// Lowest cosine similarity for a knowledge chunk to enter the prompt.
@@ -801,6 +811,7 @@ pub struct RagConfig {
 
 /// Logs and exported spans; flags of every subcommand.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Logging")]
 #[command(next_help_heading = "Logging")]
 pub struct LogConfig {
     /// `text` for terminals, `json` for log shippers.

@@ -59,8 +59,8 @@ pub fn render(rows: &[SummaryRow], names: &HashMap<String, String>, days: u32) -
         "LLM usage, last {days} day(s) (UTC)\n{:<10}  {:<bot_w$}  {:<model_w$}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}",
         "day", "bot", "model", "calls", "prompt tok", "cached tok", "complet. tok", "cost USD"
     );
-    let (mut calls, mut prompt, mut cached, mut completion, mut cost, mut unpriced) =
-        (0, 0, 0, 0, 0.0, 0);
+    let (mut calls, mut prompt, mut cached, mut completion, mut cost) = (0, 0, 0, 0, 0.0);
+    let (mut unpriced, mut estimated) = (0, 0);
     for r in rows {
         let _ = writeln!(
             out,
@@ -73,11 +73,7 @@ pub fn render(rows: &[SummaryRow], names: &HashMap<String, String>, days: u32) -
             r.cached_tokens,
             r.completion_tokens,
             format!("{:.6}", r.cost_usd),
-            if r.unpriced > 0 {
-                format!("  ({} unpriced)", r.unpriced)
-            } else {
-                String::new()
-            }
+            notes(r.unpriced, r.estimated, "")
         );
         calls += r.calls;
         prompt += r.prompt_tokens;
@@ -85,6 +81,7 @@ pub fn render(rows: &[SummaryRow], names: &HashMap<String, String>, days: u32) -
         completion += r.completion_tokens;
         cost += r.cost_usd;
         unpriced += r.unpriced;
+        estimated += r.estimated;
     }
     let _ = writeln!(
         out,
@@ -97,13 +94,25 @@ pub fn render(rows: &[SummaryRow], names: &HashMap<String, String>, days: u32) -
         cached,
         completion,
         format!("{cost:.6}"),
-        if unpriced > 0 {
-            format!("  ({unpriced} unpriced: set LLM_PRICES)")
-        } else {
-            String::new()
-        }
+        notes(unpriced, estimated, ": set LLM_PRICES")
     );
     out
+}
+
+/// What a cost figure leaves out or guesses: calls without a price, calls priced from `LLM_PRICES`
+/// because the provider reported no cost.
+fn notes(unpriced: i64, estimated: i64, hint: &str) -> String {
+    let mut parts = Vec::new();
+    if estimated > 0 {
+        parts.push(format!("{estimated} estimated from LLM_PRICES"));
+    }
+    if unpriced > 0 {
+        parts.push(format!("{unpriced} unpriced{hint}"));
+    }
+    match parts.is_empty() {
+        true => String::new(),
+        false => format!("  ({})", parts.join("; ")),
+    }
 }
 
 /// What `companion usage` shows.
@@ -163,6 +172,7 @@ mod tests {
                 completion_tokens: 10,
                 cost_usd: 0.25,
                 unpriced: 0,
+                estimated: 2,
             },
             SummaryRow {
                 day,
@@ -174,6 +184,7 @@ mod tests {
                 completion_tokens: 5,
                 cost_usd: 0.0,
                 unpriced: 1,
+                estimated: 0,
             },
         ];
         let names = HashMap::from([("b1".to_owned(), "Kaori".to_owned())]);
@@ -185,5 +196,9 @@ mod tests {
         assert!(total.contains(" 3 ") && total.contains("150") && total.contains("0.250000"));
         assert!(total.contains(" 80 "), "cached tokens are totalled: {text}");
         assert!(total.contains("1 unpriced"), "{text}");
+        assert!(
+            total.contains("2 estimated from LLM_PRICES"),
+            "estimated costs say so: {text}"
+        );
     }
 }

@@ -55,11 +55,13 @@ else
   # Not on a terminal: cargo's output goes to a log and a line every 30 s says how far it got.
   cargo build --workspace --bins >"$LOGS/build.log" 2>&1 &
   build=$!
+  # About how many crates a first build compiles: the packages of Cargo.lock.
+  total="$(grep -c '^\[\[package\]\]' Cargo.lock || true)"
   next=$((SECONDS + 30))
   while kill -0 "$build" 2>/dev/null; do
     sleep 1
     if ((SECONDS >= next)); then
-      say "still building: $(grep -c '^ *Compiling' "$LOGS/build.log" || true) crates compiled (log: $LOGS/build.log)"
+      say "still building: $(grep -c '^ *Compiling' "$LOGS/build.log" || true)/~$total crates compiled (log: $LOGS/build.log)"
       next=$((SECONDS + 30))
     fi
   done
@@ -92,6 +94,14 @@ if [[ -z "${OPENROUTER_API_KEY:-}" ]]; then
   export LLM_BASE_URL="http://127.0.0.1:$STUB_PORT/v1"
   "$DEV" stub-llm --addr "127.0.0.1:$STUB_PORT" >>"$LOGS/stub-llm.log" 2>&1 &
   pids+=($!)
+  # The scripted model reads the demo data with the embedding model before it listens: the first turn
+  # waits for its first answer.
+  for _ in $(seq 1 300); do
+    curl -sf -o /dev/null -X POST "$LLM_BASE_URL/chat/completions" -H 'content-type: application/json' \
+      -d '{"model":"ping","messages":[{"role":"user","content":"ping"}]}' && break
+    kill -0 "${pids[-1]}" 2>/dev/null || { tail -20 "$LOGS/stub-llm.log"; exit 1; }
+    sleep 0.2
+  done
   cat <<BANNER
 
   ┌──────────────────────────────────────────────────────────────────────┐

@@ -17,6 +17,7 @@ note() { [[ -z "$record" ]] || { printf '%s\n' "$@" >>"$record"; } 2>/dev/null |
 finish_record() {
   local rc=$?
   set +e
+  stop_ticker
   [[ -n "$record" ]] || return 0
   local size
   {
@@ -42,11 +43,22 @@ finish_record() {
 note "# deploy/local/test.sh's last run; deploy/local/readme-figures.sh copies its figures into README.md."
 trap finish_record EXIT
 
+# Not on a terminal (CI, a pipe), a line every 30 s says which phase is still running, so a long build is
+# not taken for a hang.
+ticker=""
+stop_ticker() { [[ -z "$ticker" ]] || kill "$ticker" 2>/dev/null || true; ticker=""; }
 phase() {
   local line
   printf -v line '[test] %s (%ds)' "$*" "$((SECONDS - started))"
   printf '%s\n' "$line"
   note "$line"
+  stop_ticker
+  if [[ ! -t 1 ]]; then
+    local what="$*"
+    # A subshell's SECONDS counts from this script's start, like `phase`'s.
+    (while sleep 30; do printf '[test] … still: %s (%ds)\n' "$what" "$((SECONDS - started))"; done) &
+    ticker=$!
+  fi
 }
 # cargo test with the output it always had; its `test result:` lines also go to the record. Not on a
 # terminal, stdout and stderr go through one pipe as before; on a terminal only the tests' own output

@@ -90,6 +90,8 @@ pub struct SummaryRow {
     pub cost_usd: f64,
     /// Calls whose cost is unknown.
     pub unpriced: i64,
+    /// Calls whose cost is estimated from the price table (the provider did not report it).
+    pub estimated: i64,
 }
 
 /// Midnight (UTC) that starts the last `days` days, today included.
@@ -116,7 +118,8 @@ pub async fn summary(
                 coalesce(sum((s.output -> 'usage' ->> 'cachedTokens')::bigint), 0)::bigint
                     AS cached_tokens,
                 coalesce(sum((s.output -> 'usage' ->> 'costUsd')::float8), 0)::float8 AS cost_usd,
-                count(*) FILTER (WHERE s.output -> 'usage' ->> 'costUsd' IS NULL) AS unpriced
+                count(*) FILTER (WHERE s.output -> 'usage' ->> 'costUsd' IS NULL) AS unpriced,
+                count(*) FILTER (WHERE s.output -> 'usage' ->> 'costSource' = 'estimated') AS estimated
          FROM job_steps s JOIN jobs j ON j.id = s.job
          WHERE s.name = 'llm' AND s.created_at >= $1
            AND jsonb_typeof(s.output -> 'usage') = 'object'
@@ -139,6 +142,7 @@ pub async fn summary(
             cached_tokens: r.get("cached_tokens"),
             cost_usd: r.get("cost_usd"),
             unpriced: r.get("unpriced"),
+            estimated: r.get("estimated"),
         })
         .collect())
 }
