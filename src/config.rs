@@ -78,7 +78,6 @@ pub enum LogFormat {
 /// NATS: servers, credentials, TLS, and the names of subjects and streams.
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "NATS")]
-#[command(next_help_heading = "NATS")]
 pub struct NatsConfig {
     /// NATS server(s), comma separated.
     #[arg(
@@ -230,7 +229,6 @@ impl ConsumerConfig {
 /// MongoDB: the app's database.
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "MongoDB")]
-#[command(next_help_heading = "MongoDB")]
 pub struct MongoConfig {
     /// MongoDB connection string; the database is its path (TrickList2 when absent).
     #[arg(
@@ -252,7 +250,6 @@ impl MongoConfig {
 
 /// PostgreSQL: history, the journal, the knowledge base.
 #[derive(Args, Clone, Debug)]
-#[command(next_help_heading = "PostgreSQL")]
 #[command(next_help_heading = "PostgreSQL")]
 pub struct PgConfig {
     /// PostgreSQL connection string.
@@ -276,7 +273,6 @@ pub struct PgConfig {
 
 /// The OpenAI-compatible chat API.
 #[derive(Args, Clone, Debug)]
-#[command(next_help_heading = "Chat model")]
 #[command(next_help_heading = "Chat model")]
 pub struct LlmConfig {
     /// Key for the chat API; empty means the offline scripted model is expected at LLM_BASE_URL.
@@ -633,7 +629,6 @@ pub struct TurnConfig {
 /// One worker process: how much it runs at once, how it retries and stops, where it serves `/metrics`.
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Worker")]
-#[command(next_help_heading = "Worker")]
 pub struct WorkerConfig {
     /// Turns processed at once by one worker process.
     #[arg(
@@ -696,7 +691,6 @@ impl WorkerConfig {
 
 /// The sentence-embedding model (knowledge retrieval and ingest).
 #[derive(Args, Clone, Debug)]
-#[command(next_help_heading = "Embedding model")]
 #[command(next_help_heading = "Embedding model")]
 pub struct EmbedSettings {
     /// Folder holding the embedding model (`model.onnx`, `tokenizer.json`); `deploy/local/models.sh` fills it.
@@ -811,7 +805,6 @@ pub struct RagConfig {
 
 /// Logs and exported spans; flags of every subcommand.
 #[derive(Args, Clone, Debug)]
-#[command(next_help_heading = "Logging")]
 #[command(next_help_heading = "Logging")]
 pub struct LogConfig {
     /// `text` for terminals, `json` for log shippers.
