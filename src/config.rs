@@ -182,7 +182,6 @@ pub struct NatsConfig {
 /// The durable consumer every worker shares. Created with these settings when missing; changed only by
 /// `companion provision`.
 #[derive(Args, Clone, Debug)]
-#[command(next_help_heading = "NATS consumer")]
 #[command(next_help_heading = "Consumer (changed by `companion provision`)")]
 pub struct ConsumerConfig {
     /// Durable pull consumer shared by every worker process.
@@ -388,7 +387,6 @@ impl LlmConfig {
 
 /// The companions' character files.
 #[derive(Args, Clone, Debug)]
-#[command(next_help_heading = "Characters and flows")]
 #[command(next_help_heading = "Characters")]
 pub struct CharactersConfig {
     /// Folder holding `*.json` character files.
@@ -411,7 +409,6 @@ pub struct CharactersConfig {
 
 /// What one turn takes in and gives out.
 #[derive(Args, Clone, Debug)]
-#[command(next_help_heading = "Turns and limits")]
 #[command(next_help_heading = "Turns")]
 pub struct TurnConfig {
     /// Largest accepted event payload in bytes; larger events are dead-lettered unread.
@@ -748,7 +745,6 @@ pub struct EmbedSettings {
 
 /// Knowledge retrieval and chunking.
 #[derive(Args, Clone, Debug)]
-#[command(next_help_heading = "Knowledge retrieval")]
 #[command(next_help_heading = "Knowledge")]
 pub struct RagConfig {
     /// Lowest cosine similarity for a knowledge chunk to enter the prompt.
