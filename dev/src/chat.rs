@@ -102,7 +102,7 @@ pub struct ChatConfig {
     #[command(flatten)]
     pub characters: CharactersConfig,
     /// Show cards as the raw JSON the app receives instead of as the app would render them.
-    #[arg(long)]
+    #[arg(long, help_heading = "Options")]
     pub raw_cards: bool,
 }
 
