@@ -118,3 +118,45 @@ async fn an_unusable_postgres_is_named_with_its_address_and_the_servers_reason()
     }
     env.finish().await;
 }
+
+#[tokio::test]
+async fn the_terminal_chat_names_the_server_that_did_not_answer() {
+    let env = TestEnv::new(always(StubReply::text("unused"))).await;
+    let port = closed_port();
+    let mut config = companion_dev::chat::ChatConfig {
+        nats: env.config.nats.clone(),
+        mongo: env.config.mongo.clone(),
+        pg: env.config.pg.clone(),
+        characters: env.config.characters.clone(),
+        raw_cards: false,
+    };
+    config.nats.url = format!("nats://127.0.0.1:{port}");
+    config.nats.connect_window_secs = 1;
+    let err = companion_dev::chat::Session::open(&config, "jess", "kaori")
+        .await
+        .err()
+        .expect("no NATS, no chat")
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "cannot connect to NATS at nats://127.0.0.1:{port}: "
+        )),
+        "{err}"
+    );
+    config.nats.url = env.config.nats.url.clone();
+    config.pg.url = {
+        let mut u = url::Url::parse(&env.config.pg.url).unwrap();
+        u.set_port(Some(port)).unwrap();
+        u.to_string()
+    };
+    let err = companion_dev::chat::Session::open(&config, "jess", "kaori")
+        .await
+        .err()
+        .expect("no PostgreSQL, no chat")
+        .to_string();
+    assert!(
+        err.contains("cannot connect to PostgreSQL at") && err.contains("refused"),
+        "{err}"
+    );
+    env.finish().await;
+}
