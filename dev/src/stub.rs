@@ -268,16 +268,23 @@ pub fn last_user_text(body: &Value) -> String {
         .iter()
         .rev()
         .find(|m| m["role"] == "user")
-        .map(|m| match &m["content"] {
-            Value::String(s) => s.clone(),
-            Value::Array(parts) => parts
+        .and_then(text_of)
+        .unwrap_or_default()
+}
+
+/// A message's text: its content, or the text parts of one with images.
+fn text_of(m: &Value) -> Option<String> {
+    match &m["content"] {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => Some(
+            parts
                 .iter()
                 .filter_map(|p| p["text"].as_str())
                 .collect::<Vec<_>>()
                 .join(" "),
-            _ => String::new(),
-        })
-        .unwrap_or_default()
+        ),
+        _ => None,
+    }
 }
 
 /// The user's own words of the newest user message: in a group chat, without the `Name: ` the worker
@@ -297,15 +304,7 @@ fn user_words(body: &Value) -> String {
         .rev()
         .filter(|m| m["role"] == "user")
         .filter_map(|m| {
-            let text = match &m["content"] {
-                Value::String(s) => s.clone(),
-                Value::Array(parts) => parts
-                    .iter()
-                    .filter_map(|p| p["text"].as_str())
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                _ => return None,
-            };
+            let text = text_of(m)?;
             let words = text.split_once(": ").map_or(text.as_str(), |(_, w)| w);
             (!words.starts_with("[scripted")).then(|| words.to_owned())
         })
