@@ -574,7 +574,7 @@ pub(crate) fn num_field(d: &bson::Document, key: &str) -> Option<f64> {
     }
 }
 
-/// Shortens text for the model.
+/// Text cut to `max` characters, with an ellipsis when cut.
 pub(crate) fn clip(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
         s.to_owned()
@@ -586,6 +586,13 @@ pub(crate) fn clip(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_text_is_cut_with_an_ellipsis() {
+        assert_eq!(clip("short", 10), "short");
+        assert_eq!(clip("abcdef", 3), "abc…");
+        assert_eq!(clip("ééé", 1), "é…");
+    }
 
     #[test]
     fn literal_regex_escapes_metacharacters() {

@@ -7,7 +7,7 @@ use bson::oid::ObjectId;
 use tracing::debug;
 
 use super::{Reply, Turns};
-use crate::bus::event::clean_text;
+use crate::{bus::event::clean_text, tools::clip};
 
 /// User messages seen by the incoming hook, by kind (`dm`, `group`).
 pub const INCOMING: &str = "companion_user_messages_total";
@@ -43,28 +43,6 @@ impl Turns {
 
     /// The text of a companion message as the outgoing hook lets it out.
     pub(crate) fn outgoing_text(&self, text: &str) -> String {
-        bound_reply(clean_text(text).trim(), self.config.max_reply_chars)
-    }
-}
-
-/// `text`, cut to `max_chars` with an ellipsis.
-fn bound_reply(text: &str, max_chars: usize) -> String {
-    let max_chars = max_chars.max(1);
-    if text.chars().count() <= max_chars {
-        text.to_owned()
-    } else {
-        format!("{}…", text.chars().take(max_chars).collect::<String>())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bound_reply;
-
-    #[test]
-    fn a_long_reply_is_cut_with_an_ellipsis() {
-        assert_eq!(bound_reply("short", 10), "short");
-        assert_eq!(bound_reply("abcdef", 3), "abc…");
-        assert_eq!(bound_reply("ééé", 0), "é…");
+        clip(clean_text(text).trim(), self.config.max_reply_chars.max(1))
     }
 }
