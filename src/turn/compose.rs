@@ -29,7 +29,6 @@ use crate::{
     },
     llm::{CallBudget, ChatRequest, LlmError, Message},
     proactive::FollowUp,
-    store::pg::GroupLine,
     timing::{Stage, stage},
     tools::{REGISTRY, Registry, ReminderBounds, ToolContext},
 };
@@ -52,8 +51,8 @@ pub(crate) struct Turn<'a, 't> {
     pub said: &'a [Said],
     /// Over the flood limit: the busy line.
     pub busy: bool,
-    /// A group's history before the message.
-    pub history: Option<&'a [GroupLine]>,
+    /// What a group message's answers share (its history, its people's names).
+    pub group: Option<&'a super::GroupPlan>,
     /// For a follow-up: how its news moved the user's flow on.
     pub flow_note: Option<&'a str>,
 }
@@ -151,13 +150,17 @@ impl Turns {
         }
         self.typing(group_event.conversation_id, me).await;
         let event = group_event.to_bot(me);
+        let Some(g) = t.group else {
+            unreachable!("a group message has its group plan");
+        };
         let (tricklists, knowledge, names) = tokio::join!(
             stage(
                 Stage::Context,
                 self.mongo.resolve_tricklists(&a.user.tricklists)
             ),
             self.retriever.for_turn(&c.knowledge, &event.content),
-            self.display_names(&a.members, participants),
+            g.names
+                .get_or_init(|| self.display_names(&a.members, participants)),
         );
         let name_of = |id: &str| names.get(id).cloned().unwrap_or_else(|| "someone".into());
         let line = |id: &str, text: &str| Message::user(format!("{}: {text}", name_of(id)));
@@ -182,7 +185,7 @@ impl Turns {
         let this_message: Vec<&str> = t.said.iter().map(|s| s.reply.id.as_str()).collect();
         let head = event.message_id.to_hex();
         let mut messages = vec![Message::system(system)];
-        for l in t.history.unwrap_or_default() {
+        for l in &g.history {
             if l.message_id == head || this_message.contains(&l.message_id.as_str()) {
                 continue;
             }

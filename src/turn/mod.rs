@@ -258,11 +258,14 @@ struct Plan<'a> {
 }
 
 /// What a group message's answers share.
-struct GroupPlan {
+pub(crate) struct GroupPlan {
     route: Route,
     bounds: Bounds,
     /// The group's history before the message.
     history: Vec<GroupLine>,
+    /// Names of the group's people and companions by id (hex): read once, by the first companion who
+    /// speaks now (none when every message was fixed by an earlier attempt).
+    names: tokio::sync::OnceCell<std::collections::HashMap<String, String>>,
 }
 
 impl<'a> Plan<'a> {
@@ -403,7 +406,7 @@ impl Turns {
                 burst: &burst,
                 said: &said,
                 busy: plan.busy,
-                history: plan.group.as_ref().map(|g| g.history.as_slice()),
+                group: plan.group.as_ref(),
                 flow_note: flow_note.as_deref(),
             };
             // Boxed: the model's part of a turn is a large future, kept off the caller's stack.
@@ -475,6 +478,7 @@ impl Turns {
                             max_messages: self.config.group_max_messages.max(1),
                         },
                         history,
+                        names: Default::default(),
                     }),
                 };
                 self.flood_gate(job, a, plan).await
@@ -742,6 +746,7 @@ impl Turns {
                 max_messages: 1,
             },
             history: Vec::new(),
+            names: Default::default(),
         });
         let plan = Plan {
             group,
