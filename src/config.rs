@@ -407,6 +407,115 @@ pub struct CharactersConfig {
     pub flows_dir: PathBuf,
 }
 
+/// Safety for people (docs/safety.md): the crisis protocol, the AI disclosure, minors.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Safety")]
+pub struct SafetyConfig {
+    /// Crisis lines and referral texts (JSON, the shape of `src/safety/crisis.json`); empty: the
+    /// built-in ones.
+    #[arg(
+        id = "crisis-lines-file",
+        long = "crisis-lines-file",
+        env = "COMPANION_CRISIS_LINES_FILE",
+        default_value = ""
+    )]
+    pub crisis_lines_file: String,
+    /// At most one crisis referral per conversation in this many seconds (every flag is still
+    /// counted and alerted).
+    #[arg(
+        id = "crisis-referral-window-secs",
+        long = "crisis-referral-window-secs",
+        env = "COMPANION_CRISIS_REFERRAL_WINDOW_SECS",
+        default_value_t = 3600
+    )]
+    pub crisis_referral_window_secs: u64,
+    /// Companions say they are an AI on the first message of the user's day and every few hours of a
+    /// continuing interaction (New York GBL Art. 47, California SB 243). Off only for tests of other
+    /// features, or where the app itself shows an equivalent notice on every such message.
+    #[arg(
+        id = "ai-disclosure",
+        long = "ai-disclosure",
+        env = "COMPANION_AI_DISCLOSURE",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub ai_disclosure: bool,
+    /// A continuing interaction is disclosed again (and a minor reminded to take a break) after this
+    /// many seconds.
+    #[arg(
+        id = "disclosure-every-secs",
+        long = "disclosure-every-secs",
+        env = "COMPANION_DISCLOSURE_EVERY_SECS",
+        default_value_t = 3 * 3600
+    )]
+    pub disclosure_every_secs: u64,
+    /// A gap longer than this many seconds ends a continuing interaction.
+    #[arg(
+        id = "disclosure-gap-secs",
+        long = "disclosure-gap-secs",
+        env = "COMPANION_DISCLOSURE_GAP_SECS",
+        default_value_t = 30 * 60
+    )]
+    pub disclosure_gap_secs: u64,
+    /// Users-document field TB-Backend sets to say the user is a minor (boolean); read first.
+    #[arg(
+        id = "age-field-is-minor",
+        long = "age-field-is-minor",
+        env = "COMPANION_AGE_FIELD_IS_MINOR",
+        default_value = "isMinor"
+    )]
+    pub field_is_minor: String,
+    /// Users-document field with the age bracket (`under_13`, `13_15`, `16_17`, `adult`); read second.
+    #[arg(
+        id = "age-field-bracket",
+        long = "age-field-bracket",
+        env = "COMPANION_AGE_FIELD_BRACKET",
+        default_value = "ageBracket"
+    )]
+    pub field_age_bracket: String,
+    /// Users-document field with the birth date; read last.
+    #[arg(
+        id = "age-field-birthdate",
+        long = "age-field-birthdate",
+        env = "COMPANION_AGE_FIELD_BIRTHDATE",
+        default_value = "birthdate"
+    )]
+    pub field_birthdate: String,
+    /// A user whose age is unknown is treated as a minor.
+    #[arg(
+        id = "unknown-age-is-minor",
+        long = "unknown-age-is-minor",
+        env = "COMPANION_UNKNOWN_AGE_IS_MINOR",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub unknown_age_is_minor: bool,
+    /// Start of a minor's quiet hours, local time (no follow-up or reminder goes out in them).
+    #[arg(
+        id = "minor-quiet-start",
+        long = "minor-quiet-start",
+        env = "COMPANION_MINOR_QUIET_START",
+        default_value = "22:00"
+    )]
+    pub minor_quiet_start: chrono::NaiveTime,
+    /// End of a minor's quiet hours, local time.
+    #[arg(
+        id = "minor-quiet-end",
+        long = "minor-quiet-end",
+        env = "COMPANION_MINOR_QUIET_END",
+        default_value = "07:00"
+    )]
+    pub minor_quiet_end: chrono::NaiveTime,
+    /// The one line a user under 13 gets (at most once a day): companions do not chat with them.
+    #[arg(
+        id = "under-13-line",
+        long = "under-13-line",
+        env = "COMPANION_UNDER_13_LINE",
+        default_value = "hey! TrickBook's AI companions are only for riders 13 and up, so i can't chat with you here. your tricklists, spots and the rest of the app are all yours though!"
+    )]
+    pub under_13_line: String,
+}
+
 /// What one turn takes in and gives out.
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Turns")]
@@ -852,6 +961,8 @@ pub struct Config {
     #[command(flatten)]
     pub turn: TurnConfig,
     #[command(flatten)]
+    pub safety: SafetyConfig,
+    #[command(flatten)]
     pub worker: WorkerConfig,
     #[command(flatten)]
     pub embed: EmbedSettings,
@@ -903,6 +1014,7 @@ impl Config {
             &self.embed,
             &self.rag,
         );
+        let s = &self.safety;
         let log_format = match self.log.format {
             LogFormat::Text => "text",
             LogFormat::Json => "json",
@@ -940,6 +1052,36 @@ impl Config {
             ("LLM_PRICES", l.prices.clone()),
             ("LLM_MAX_RESPONSE_BYTES", l.max_response_bytes.to_string()),
             ("COMPANION_CHARACTERS_DIR", path(&self.characters.dir)),
+            ("COMPANION_CRISIS_LINES_FILE", s.crisis_lines_file.clone()),
+            ("COMPANION_AI_DISCLOSURE", s.ai_disclosure.to_string()),
+            (
+                "COMPANION_CRISIS_REFERRAL_WINDOW_SECS",
+                s.crisis_referral_window_secs.to_string(),
+            ),
+            (
+                "COMPANION_DISCLOSURE_EVERY_SECS",
+                s.disclosure_every_secs.to_string(),
+            ),
+            (
+                "COMPANION_DISCLOSURE_GAP_SECS",
+                s.disclosure_gap_secs.to_string(),
+            ),
+            ("COMPANION_AGE_FIELD_IS_MINOR", s.field_is_minor.clone()),
+            ("COMPANION_AGE_FIELD_BRACKET", s.field_age_bracket.clone()),
+            ("COMPANION_AGE_FIELD_BIRTHDATE", s.field_birthdate.clone()),
+            (
+                "COMPANION_UNKNOWN_AGE_IS_MINOR",
+                s.unknown_age_is_minor.to_string(),
+            ),
+            (
+                "COMPANION_MINOR_QUIET_START",
+                s.minor_quiet_start.format("%H:%M").to_string(),
+            ),
+            (
+                "COMPANION_MINOR_QUIET_END",
+                s.minor_quiet_end.format("%H:%M").to_string(),
+            ),
+            ("COMPANION_UNDER_13_LINE", s.under_13_line.clone()),
             ("COMPANION_FLOWS_DIR", path(&self.characters.flows_dir)),
             ("COMPANION_MAX_EVENT_BYTES", t.max_event_bytes.to_string()),
             (

@@ -7,5 +7,6 @@
 pub mod backend;
 pub mod bench;
 pub mod chat;
+pub mod safety_eval;
 pub mod seed;
 pub mod stub;

@@ -121,6 +121,13 @@ enum Command {
         #[command(flatten)]
         embed: EmbedSettings,
     },
+    /// Measure the crisis screen against the labelled set: per language recall, false positives, time.
+    SafetyEval {
+        #[arg(long, default_value = "tests/fixtures/safety/labelled.jsonl")]
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "tune")]
+        split: companion_dev::safety_eval::Split,
+    },
     /// Measure a turn's cost and throughput end to end on the real local stack (see docs/benchmark.md).
     Bench {
         #[command(flatten)]
@@ -268,6 +275,7 @@ async fn run() -> anyhow::Result<()> {
                 _ = tokio::signal::ctrl_c() => {}
             }
         }
+        Command::SafetyEval { file, split } => companion_dev::safety_eval::run(&file, split)?,
         Command::Bench { args, mut config } => {
             config.log = cli.log;
             companion_dev::bench::main(*config, *args)
