@@ -40,6 +40,8 @@ pub enum SetupError {
     Llm(#[from] LlmError),
     #[error(transparent)]
     Worker(#[from] WorkerError),
+    #[error("crisis lines: {0}")]
+    CrisisLines(#[from] crate::safety::lines::LinesError),
 }
 
 /// The sections a turn is built from.
@@ -51,6 +53,7 @@ pub struct TurnSections<'a> {
     pub llm: &'a LlmConfig,
     pub characters: &'a CharactersConfig,
     pub turn: &'a TurnConfig,
+    pub safety: &'a crate::config::SafetyConfig,
     pub embed: &'a EmbedSettings,
     pub rag: &'a RagConfig,
 }
@@ -64,6 +67,7 @@ impl<'a> From<&'a Config> for TurnSections<'a> {
             llm: &c.llm,
             characters: &c.characters,
             turn: &c.turn,
+            safety: &c.safety,
             embed: &c.embed,
             rag: &c.rag,
         }
@@ -120,6 +124,7 @@ impl Components {
             flood: FloodLimit::new(s.turn.user_turns_per_minute),
             spend: SpendGuard::new(pg.pool.clone(), spend::Limits::of(s.turn), metrics.clone()),
             config: s.turn.clone(),
+            safety: crate::safety::Safety::load(s.safety)?,
             metrics: metrics.clone(),
         });
         Ok(Self {

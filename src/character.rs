@@ -53,6 +53,41 @@ pub struct Character {
     /// Plain lines for follow-ups, sent when the model cannot write them.
     #[serde(default)]
     pub follow_ups: FollowUps,
+    /// Says plainly that the companion is an AI, a computer program, not a human, and cannot feel
+    /// human emotion: on the first message of the user's day and every few hours of a continuing
+    /// interaction (docs/safety.md).
+    #[serde(default = "default_disclosure_line")]
+    pub disclosure_line: String,
+    /// The companion's own answer to a user in crisis when the model cannot write one (it failed, the
+    /// user is limited or over budget, a moderator paused the conversation): fixed and reviewed.
+    #[serde(default = "default_crisis_line")]
+    pub crisis_line: String,
+    /// Rides on a minor's message after hours of continuing interaction.
+    #[serde(default = "default_break_line")]
+    pub break_line: String,
+    /// Replaces a message the output check blocked.
+    #[serde(default = "default_safe_line")]
+    pub safe_line: String,
+}
+
+/// The plain sentence every character may say in its own voice instead.
+pub const DISCLOSURE: &str = "Just so you know: I'm an AI, a computer program, not a human, and I can't feel human emotions.";
+
+fn default_disclosure_line() -> String {
+    DISCLOSURE.into()
+}
+
+fn default_crisis_line() -> String {
+    "i'm really glad you told me, and i'm taking it seriously. i'm an AI, so please reach out to one of the people above or someone you trust right now. you don't have to deal with this alone."
+        .into()
+}
+
+fn default_break_line() -> String {
+    "we've been chatting for a while, time for a break? go ride, drink some water, and come back whenever.".into()
+}
+
+fn default_safe_line() -> String {
+    "let's keep it about riding. what are you working on right now?".into()
 }
 
 fn default_busy_line() -> String {

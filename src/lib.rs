@@ -26,6 +26,8 @@ pub mod order;
 pub mod proactive;
 pub mod rag;
 pub mod replay;
+pub mod report;
+pub mod safety;
 pub mod settle;
 pub mod spend;
 pub mod store;
@@ -43,7 +45,7 @@ pub use config::Config;
 #[cfg(test)]
 const LAYERS: &[&[&str]] = &[
     &["config", "failure", "metrics"],
-    &["timing", "telemetry"],
+    &["timing", "telemetry", "safety"],
     &["store", "bus", "llm"],
     &["journal", "character", "rag"],
     &["spend", "flow"],
@@ -51,7 +53,7 @@ const LAYERS: &[&[&str]] = &[
     &["group", "proactive"],
     &["turn"],
     &["settle"],
-    &["worker", "replay", "usage"],
+    &["worker", "replay", "usage", "report"],
     &["ops"],
     &["app"],
 ];

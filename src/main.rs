@@ -9,7 +9,7 @@ use companion::{
     bus::Bus,
     config::{
         CharactersConfig, Config, ConsumerConfig, EmbedSettings, LlmConfig, LogConfig, MongoConfig,
-        NatsConfig, PgConfig, RagConfig, TurnConfig,
+        NatsConfig, PgConfig, RagConfig, SafetyConfig, TurnConfig,
     },
     rag, replay, store, telemetry, usage,
 };
@@ -75,6 +75,9 @@ enum Command {
     },
     /// Embed lines of text from stdin; one JSON line (`{"text", "embedding"}`) per input on stdout.
     Embed(EmbedSettings),
+    /// Reports for the company (`report crisis --year 2026`).
+    #[command(subcommand)]
+    Report(Report),
 }
 
 /// `companion replay`: what to replay, and what a turn needs.
@@ -95,9 +98,28 @@ struct ReplayCommand {
     #[command(flatten)]
     turn: TurnConfig,
     #[command(flatten)]
+    safety: SafetyConfig,
+    #[command(flatten)]
     embed: EmbedSettings,
     #[command(flatten)]
     rag: RagConfig,
+}
+
+/// `companion report`: figures the company publishes.
+#[derive(Subcommand)]
+enum Report {
+    /// Crisis flags and referrals of a year by month and category (no user ids), for the yearly count
+    /// the law asks for.
+    Crisis {
+        /// The year (UTC), e.g. 2026; default this year.
+        #[arg(long)]
+        year: Option<i32>,
+        /// One JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        pg: PgConfig,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -137,6 +159,7 @@ async fn run() -> anyhow::Result<()> {
                 llm: &r.llm,
                 characters: &r.characters,
                 turn: &r.turn,
+                safety: &r.safety,
                 embed: &r.embed,
                 rag: &r.rag,
             })
@@ -184,6 +207,15 @@ async fn run() -> anyhow::Result<()> {
                 r.unchanged,
                 r.chunks
             );
+        }
+        Command::Report(Report::Crisis { year, json, pg }) => {
+            let year = year.unwrap_or_else(|| chrono::Datelike::year(&chrono::Utc::now()));
+            let pg = store::Pg::connect(&pg).await.context("report")?;
+            let rows = pg
+                .crisis_year(year)
+                .await
+                .context("reading the crisis log (run `companion migrate` first)")?;
+            print!("{}", companion::report::crisis(year, &rows, json));
         }
         Command::Embed(embed) => {
             let n = rag::commands::embed_stdin(&embed)

@@ -375,6 +375,7 @@ async fn replay_one(svc: &Replayer, item: &Item, force: bool) -> Verdict {
         let ran = Box::pin(svc.turns.handle(&event.into(), None)).await;
         match ran.map(|s| s.outcome) {
             Ok(Outcome::Dropped { reason }) => Verdict::Done(format!("no answer ({reason})")),
+            Ok(Outcome::Held) => Verdict::Done("held: a moderator paused the conversation".into()),
             Ok(Outcome::Answered { reply_id }) => Verdict::Done(format!("reply {reply_id}")),
             Ok(Outcome::Limited { reply_id }) => Verdict::Done(format!(
                 "over the flood limit; reply {}",

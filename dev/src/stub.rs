@@ -358,6 +358,16 @@ fn compose(
     if last["role"] == "tool" {
         return StubReply::Text(summarise_tool_results(&messages));
     }
+    if last["role"] == "system"
+        && last["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("## Safety first"))
+    {
+        // The worker flagged a crisis and sent the referral: a kind, short answer, no tricks, no tools.
+        return StubReply::Text(format!(
+            "[scripted {name}] i'm really glad you told me. please reach out to one of those lines or someone you trust right now, you don't have to handle this alone."
+        ));
+    }
     if last["role"] == "system" && messages.len() > 1 {
         // A follow-up: the note after the conversation says what happened; the companion tells the user.
         let note = last["content"].as_str().unwrap_or("");

@@ -359,6 +359,9 @@ pub struct Completion {
     /// What a proactive message follows up on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<Trigger>,
+    /// A referral, a disclosure, a break reminder; `visibleTo`: show it to those users only.
+    #[serde(default, flatten)]
+    pub marks: crate::safety::Marks,
 }
 
 /// What a proactive message follows up on: `{"kind": "spot_review", "id": "<draftId>:<status>"}`.

@@ -104,6 +104,8 @@ pub struct Names {
     pub stream_out: String,
     pub stream_dlq: String,
     pub stream_signal: String,
+    /// Crisis alerts for moderators (30 days).
+    pub stream_alert: String,
 }
 
 impl Names {
@@ -115,6 +117,7 @@ impl Names {
             stream_out: format!("{s}_OUT"),
             stream_dlq: format!("{s}_DLQ"),
             stream_signal: format!("{s}_SIGNAL"),
+            stream_alert: format!("{s}_ALERT"),
         }
     }
     /// Every signal a companion acts on by itself.
@@ -128,6 +131,14 @@ impl Names {
     /// A due reminder, fired by its schedule.
     pub fn reminder_due(&self, id: &str) -> String {
         format!("{}.signal.reminder.{id}", self.prefix)
+    }
+    /// A moderator's pause or resume of a conversation, published by TB-Backend's admin tool.
+    pub fn takeover(&self, conversation_id: &str) -> String {
+        format!("{}.signal.takeover.{conversation_id}", self.prefix)
+    }
+    /// A crisis alert for moderators (no message text), kept in the alert stream.
+    pub fn crisis_alert(&self, conversation_id: &str) -> String {
+        format!("{}.alert.crisis.{conversation_id}", self.prefix)
     }
     /// A reminder's schedule (the timer NATS keeps).
     pub fn reminder_schedule(&self, id: &str) -> String {
@@ -317,8 +328,8 @@ impl Bus {
         })
     }
 
-    /// The four streams as this configuration wants them.
-    fn stream_configs(&self) -> [stream::Config; 4] {
+    /// The streams as this configuration wants them.
+    fn stream_configs(&self) -> [stream::Config; 5] {
         let n = &self.names;
         let day = Duration::from_secs(24 * 3600);
         let num_replicas = self.replicas;
@@ -374,6 +385,18 @@ impl Bus {
                 num_replicas,
                 allow_direct: true,
                 allow_message_schedules: true,
+                ..Default::default()
+            },
+            stream::Config {
+                name: n.stream_alert.clone(),
+                description: Some(
+                    "Crisis alerts for moderators: ids and category, never the message text".into(),
+                ),
+                subjects: vec![format!("{}.alert.>", n.prefix)],
+                storage: StorageType::File,
+                max_age: 30 * day,
+                duplicate_window: Duration::from_secs(2 * 3600),
+                num_replicas,
                 ..Default::default()
             },
         ]
@@ -739,6 +762,7 @@ mod tests {
             stream_out: "DM_BOT_OUT".into(),
             stream_dlq: "DM_BOT_DLQ".into(),
             stream_signal: "DM_BOT_SIGNAL".into(),
+            stream_alert: "DM_BOT_ALERT".into(),
         };
         assert_eq!(names.dead_letter("dm.bot.in.b.c"), "dm.bot.dlq.b.c");
         assert_eq!(names.dead_letter("dm.bot.group.c"), "dm.bot.dlq.group.c");

@@ -60,16 +60,20 @@ pub enum State {
     /// Not answered, on purpose: a follow-up over the daily cap, to a user who left or blocked the bot, or
     /// with stale news; a group message no companion answers. `reason` says why.
     Dropped,
+    /// Kept in history, not answered: a moderator had paused the conversation. A resume may open the
+    /// latest held job again to answer it.
+    Held,
 }
 
 impl State {
-    pub const ALL: [State; 6] = [
+    pub const ALL: [State; 7] = [
         State::Running,
         State::Done,
         State::Failed,
         State::Covered,
         State::Limited,
         State::Dropped,
+        State::Held,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -80,6 +84,7 @@ impl State {
             State::Covered => "covered",
             State::Limited => "limited",
             State::Dropped => "dropped",
+            State::Held => "held",
         }
     }
 
@@ -98,8 +103,8 @@ impl State {
         use State::*;
         matches!(
             (self, to),
-            (Running, Done | Failed | Limited | Dropped)
-                | (Done | Failed | Covered | Limited | Dropped, Running)
+            (Running, Done | Failed | Limited | Dropped | Held)
+                | (Done | Failed | Covered | Limited | Dropped | Held, Running)
         )
     }
 
@@ -916,11 +921,13 @@ mod tests {
                 (Running, Failed),
                 (Running, Limited),
                 (Running, Dropped),
+                (Running, Held),
                 (Done, Running),
                 (Failed, Running),
                 (Covered, Running),
                 (Limited, Running),
                 (Dropped, Running),
+                (Held, Running),
             ]
         );
         assert_eq!(

@@ -38,6 +38,18 @@ pub mod step {
     pub const HISTORY: &str = "history";
     pub const TOUCH: &str = "touch";
     pub const PUBLISH: &str = "publish";
+    /// A user message the crisis screen flagged: its category and language, and whether a referral is
+    /// owed; the yearly report's row is written in its transaction. Keyed by the message.
+    pub const CRISIS: &str = "crisis";
+    /// The crisis referral counted against the conversation's window (tally [`super::tally::crisis`]).
+    pub const REFERRAL: &str = "referral";
+    /// The referral message, fixed before it is delivered (its delivery steps are keyed
+    /// [`super::key::crisis`]).
+    pub const REFERRAL_MESSAGE: &str = "referral_message";
+    /// The moderators' crisis alert, published.
+    pub const ALERT: &str = "alert";
+    /// The one line a user under 13 gets a day (tally [`super::tally::under_13`]).
+    pub const UNDER_13: &str = "under_13";
 }
 
 /// Tallies: limits every worker counts against together (`job_steps.tally`).
@@ -66,6 +78,16 @@ pub mod tally {
     pub fn proactive(user: &str) -> String {
         format!("proactive:{user}")
     }
+
+    /// Crisis referrals in a conversation, one per window.
+    pub fn crisis(conversation: &str) -> String {
+        format!("crisis:{conversation}")
+    }
+
+    /// The under-13 line said to a user, once a day.
+    pub fn under_13(user: &str) -> String {
+        format!("under_13:{user}")
+    }
 }
 
 /// Step keys.
@@ -76,6 +98,11 @@ pub mod key {
     pub const EVENT: &str = "event";
     /// The user's message kept in history without an answer of its own.
     pub const USER: &str = "user";
+
+    /// The delivery steps of the crisis referral for user message `message` (hex).
+    pub fn crisis(message: &str) -> String {
+        format!("crisis.{message}")
+    }
 
     /// Which companion message of a job a step belongs to: the only one (a DM reply, a follow-up) or the
     /// n-th of several (a group message's answers).

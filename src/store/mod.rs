@@ -4,6 +4,7 @@
 pub mod mongo;
 pub mod pg;
 pub mod reminders;
+pub mod safety;
 
 pub use mongo::Mongo;
 pub use pg::Pg;

@@ -64,6 +64,9 @@ pub struct UserData {
     pub tricklists: Vec<Document>,
     /// Whom the user blocked (`users.blockedUsers`): a companion among them may answer, never start a DM.
     pub blocked: Vec<ObjectId>,
+    /// The user document as stored, for what the safety protocol reads of it (the age signal, whose
+    /// field names are configured).
+    pub document: Option<Document>,
 }
 
 impl UserData {
@@ -97,6 +100,8 @@ pub struct UserProfile {
     pub sports: Vec<String>,
     /// IANA time zone (`timezone` or `timeZone`), e.g. `America/Los_Angeles`.
     pub time_zone: Option<String>,
+    /// ISO 3166-1 alpha-2 country (`country`), for the crisis lines.
+    pub country: Option<String>,
 }
 
 /// A tricklist with its trick names resolved from the trickipedia.
@@ -136,6 +141,7 @@ pub struct ReplyDoc {
     pub timestamp: DateTime<Utc>,
     /// 0 for the first reply to a message; a replay that answers it again writes the next one.
     pub generation: i32,
+    pub marks: crate::safety::Marks,
 }
 
 /// Filter matching documents whose `field` refers to user `id`, right on MongoDB and on SecantusDB alike.
@@ -466,6 +472,9 @@ impl Mongo {
         if reply.generation > 0 {
             doc.insert("replyGeneration", reply.generation);
         }
+        if let Ok(Bson::Document(marks)) = bson::to_bson(&reply.marks) {
+            doc.extend(marks);
+        }
         match self.collection(DM_MESSAGES).insert_one(doc).await {
             Ok(_) => Ok(true),
             Err(e) if is_duplicate_key(&e) => Ok(false),
@@ -549,6 +558,7 @@ impl Found {
                 profile: self.user_doc.as_ref().map(|d| profile_of(user, d)),
                 blocked: self.user_doc.as_ref().map(blocked_by).unwrap_or_default(),
                 tricklists: self.tricklists,
+                document: self.user_doc,
             },
         }
     }
@@ -578,6 +588,7 @@ fn profile_of(user: ObjectId, d: &Document) -> UserProfile {
         location: s("location").or_else(|| s("city")),
         sports,
         time_zone: s("timezone").or_else(|| s("timeZone")),
+        country: s("country"),
     }
 }
 

@@ -50,6 +50,8 @@ pub struct NewHistory<'a> {
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// A row of a group conversation's window (not of the user's DM window with the bot).
     pub group_chat: bool,
+    /// A companion message that told the user it is an AI (when the next must is read from these).
+    pub ai_disclosure: bool,
 }
 
 /// One message of a group conversation's window: who said it, and what.
@@ -205,9 +207,10 @@ impl Pg {
         sqlx::query(
             "INSERT INTO bot_conversations
                 (user_id, bot_id, conversation_id, role, content, message_id, tool_calls, created_at,
-                 group_chat)
+                 group_chat, ai_disclosure)
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                                  $6::text[], $7::jsonb[], $8::timestamptz[], $9::boolean[])
+                                  $6::text[], $7::jsonb[], $8::timestamptz[], $9::boolean[],
+                                  $10::boolean[])
              ON CONFLICT (message_id) DO NOTHING",
         )
         .bind(col(rows, |r| r.user_id))
@@ -219,6 +222,7 @@ impl Pg {
         .bind(rows.iter().map(|r| r.tool_calls.cloned()).collect::<Vec<Option<Value>>>())
         .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.group_chat).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.ai_disclosure).collect::<Vec<_>>())
         .execute(&self.pool)
         .await?;
         Ok(())

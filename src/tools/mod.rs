@@ -85,6 +85,8 @@ pub struct ToolContext<'a> {
     pub bus: &'a Bus,
     /// The user's IANA time zone (`users.timezone`), for quiet hours.
     pub time_zone: Option<&'a str>,
+    /// A minor's quiet hours (start, end; local time): no reminder fires in them, whatever `exact` says.
+    pub minor_quiet: Option<(chrono::NaiveTime, chrono::NaiveTime)>,
     pub reminders: ReminderBounds,
     /// The turn's journal: a write is counted against the quota as one of its steps.
     pub job: &'a Job,

@@ -6,7 +6,8 @@
 //! Bounds: `at` at least the minimum lead ahead (`COMPANION_REMINDER_MIN_LEAD_SECS`) and at most 30 days;
 //! at most [`MAX_PENDING`] pending per user; counted in the write quota. Quiet hours: with a time zone on
 //! the user's document, a reminder due between 23:00 and 07:00 there is held to 07:00 unless the user
-//! asked for that exact time (`exact`).
+//! asked for that exact time (`exact`); for a minor, none fires in their quiet hours (22:00–07:00 by
+//! default, UTC without a time zone) whatever `exact` says.
 
 use chrono::{DateTime, Duration, NaiveTime, TimeZone, Timelike, Utc};
 use schemars::JsonSchema;
@@ -88,11 +89,15 @@ impl Tool for ScheduleReminder {
                     )));
                 }
                 guard_write(ctx, Self::NAME).await?;
-                let fire_at = if args.exact {
+                let mut fire_at = if args.exact {
                     due
                 } else {
                     out_of_quiet_hours(due, ctx.time_zone)
                 };
+                if let Some((start, end)) = ctx.minor_quiet {
+                    fire_at =
+                        crate::safety::age::after_quiet_hours(fire_at, ctx.time_zone, start, end);
+                }
                 ctx.pg
                     .insert_reminder(&Reminder {
                         id: id.clone(),

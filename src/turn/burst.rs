@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::{Delivery, TurnError, Turns, hooks::UserMessage};
+use super::{Delivery, TurnError, Turns};
 use crate::{
     bus::{DmEvent, event::parse_inbound},
     journal::{
@@ -59,8 +59,8 @@ impl Burst {
 
 impl Turns {
     /// The `burst` step of the DM `event`: the later messages of the same sender that follow in the
-    /// stream now (contiguous, valid, within the bounds), each seen by the incoming hook and made a job
-    /// `covered` by this one (like `own`, the job's own row); the first that already has a job ends the
+    /// stream now (contiguous, valid, within the bounds), each made a job `covered` by this one (the
+    /// incoming hook sees them once the step is fixed) (like `own`, the job's own row); the first that already has a job ends the
     /// burst.
     pub(crate) async fn take_in(
         &self,
@@ -91,13 +91,6 @@ impl Turns {
                 {
                     break;
                 }
-                self.incoming(&UserMessage {
-                    kind: "dm",
-                    id: f.message_id,
-                    sender: f.sender_id,
-                    text: &f.content,
-                    images: &f.images,
-                });
                 let covered = Covered {
                     message_id: f.message_id.to_hex(),
                     seq: m.sequence,

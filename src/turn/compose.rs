@@ -51,6 +51,11 @@ pub(crate) struct Turn<'a, 't> {
     pub said: &'a [Said],
     /// Over the flood limit: the busy line.
     pub busy: bool,
+    /// A fixed line instead of the model's answer.
+    pub fixed: Option<super::Fixed>,
+    /// A message this slot answers was flagged by the crisis screen: the model answers with the safety
+    /// brief and no tools, and the character's crisis line stands in when it cannot.
+    pub crisis: bool,
     /// What a group message's answers share (its history, its people's names).
     pub group: Option<&'a super::GroupPlan>,
     /// For a follow-up: how its news moved the user's flow on.
@@ -68,8 +73,14 @@ impl Turns {
     /// The slot's message, through the outgoing hook.
     pub(crate) async fn compose(&self, t: &Turn<'_, '_>) -> Result<Said, TurnError> {
         let c = t.speaker.character;
-        if t.busy {
-            return Ok(self.line(t.admitted, t.speaker, c.busy_line.clone()));
+        let fixed = match (t.fixed, t.busy, t.crisis) {
+            (Some(super::Fixed::Under13), ..) => Some(&self.safety.config.under_13_line),
+            (Some(super::Fixed::Crisis), ..) | (None, true, true) => Some(&c.crisis_line),
+            (None, true, false) => Some(&c.busy_line),
+            (None, false, _) => None,
+        };
+        if let Some(line) = fixed {
+            return Ok(self.line(t.admitted, t.speaker, line.clone()));
         }
         match &t.admitted.kind {
             Kind::Dm(event) => self.answer_dm(t, event).await,
@@ -78,10 +89,11 @@ impl Turns {
         }
     }
 
-    /// A line of the character's own (busy, budget, failure), as `speaker`; nobody speaks after it.
+    /// A line of the character's own (busy, budget, failure, crisis), as `speaker`; nobody speaks after
+    /// it.
     pub(crate) fn line(&self, a: &Admitted<'_>, speaker: Member<'_>, text: String) -> Said {
         Said {
-            reply: self.outgoing(Reply::new(text, None, None)),
+            reply: Reply::new(self.outgoing_text(&text), None, None),
             bot: speaker_id(a, speaker),
             tags: None,
             last: true,
@@ -127,10 +139,35 @@ impl Turns {
             tools_enabled: true,
             flow: &flow,
         });
-        let messages = prompt::conversation(system, &history.messages, &events);
+        let mut messages = prompt::conversation(system, &history.messages, &events);
         crate::timing::add(Stage::Prompt, prompt_started);
-        let spoken = self.converse(t, event, messages, &REGISTRY).await?;
+        if t.crisis {
+            messages.push(Message::system(prompt::SAFETY_BRIEF.to_owned()));
+        }
+        let Some(spoken) = self.converse_safely(t, event, messages).await? else {
+            return Ok(self.line(a, t.speaker, c.crisis_line.clone()));
+        };
         self.model_said(t, spoken, |text| text)
+    }
+
+    /// [`Turns::converse`] with every tool, or for a user in crisis without tools; none when the model
+    /// failed a user in crisis (the crisis line stands in, never a failure).
+    async fn converse_safely(
+        &self,
+        t: &Turn<'_, '_>,
+        event: &DmEvent,
+        messages: Vec<Message>,
+    ) -> Result<Option<Spoken>, TurnError> {
+        if !t.crisis {
+            return self.converse(t, event, messages, &REGISTRY).await.map(Some);
+        }
+        match self.converse(t, event, messages, &NO_TOOLS).await {
+            Err(TurnError::Llm(e)) => {
+                warn!(error = %e, "the model could not answer a user in crisis; the crisis line goes");
+                Ok(None)
+            }
+            other => other.map(Some),
+        }
     }
 
     /// The model's answer as one companion of a group, seeing the group's history, the message and the
@@ -192,6 +229,9 @@ impl Turns {
             messages.push(match (l.role.as_str(), l.bot_id == mine) {
                 ("assistant", true) => Message::assistant(l.content.clone()),
                 ("assistant", false) => line(&l.bot_id, &l.content),
+                (prompt::MODERATOR, _) => {
+                    Message::user(format!("{}: {}", prompt::MODERATOR_LABEL, l.content))
+                }
                 _ => line(&l.user_id, &l.content),
             });
         }
@@ -208,7 +248,14 @@ impl Turns {
                 line(bot, &s.reply.content)
             });
         }
-        let spoken = self.converse(t, &event, messages, &REGISTRY).await?;
+        let tools: &Registry = match t.crisis {
+            true => {
+                messages.push(Message::system(prompt::GROUP_SAFETY_BRIEF.to_owned()));
+                &NO_TOOLS
+            }
+            false => &REGISTRY,
+        };
+        let spoken = self.converse(t, &event, messages, tools).await?;
         let mut said = self.model_said(t, spoken, |text| group::strip_own_name(text, &c.name))?;
         if !said.last {
             said.tags =
@@ -289,17 +336,21 @@ impl Turns {
     ) -> Result<Said, TurnError> {
         let Some(text) = spoken.text else {
             info!("the spend budget is used up; answering with the budget line");
-            let line = t.speaker.character.budget_line.clone();
+            let c = t.speaker.character;
+            let line = match t.crisis {
+                true => c.crisis_line.clone(),
+                false => c.budget_line.clone(),
+            };
             let mut said = self.line(t.admitted, t.speaker, line);
             said.reply.rich_content = spoken.card;
             said.reply.tool_log = spoken.log;
             return Ok(said);
         };
-        let reply = self.outgoing(Reply::new(
-            shape(text.trim()).to_owned(),
+        let reply = Reply::new(
+            self.outgoing_text(shape(text.trim())),
             spoken.card,
             spoken.log,
-        ));
+        );
         if reply.content.is_empty() {
             return Err(LlmError::EmptyAnswer.into());
         }
@@ -360,6 +411,10 @@ impl Turns {
                 pg: &self.pg,
                 bus: &self.bus,
                 time_zone: user.profile.as_ref().and_then(|p| p.time_zone.as_deref()),
+                minor_quiet: t.admitted.age.is_minor().then_some((
+                    self.safety.config.minor_quiet_start,
+                    self.safety.config.minor_quiet_end,
+                )),
                 reminders: ReminderBounds {
                     min_lead: std::time::Duration::from_secs(self.config.reminder_min_lead_secs),
                 },

@@ -1,6 +1,7 @@
 //! Stage 8: a fixed companion message goes out, the one path of every message: the dm_messages document,
 //! the history rows (the user messages it answers, then its own), the conversation's last message, the
-//! completion event. Every step is keyed by the message's slot in its reply generation and safe to
+//! completion event (a message private to one user, a referral in a group, skips the shared history
+//! and the preview). Every step is keyed by the message's slot in its reply generation and safe to
 //! repeat (lazy: recorded with the job's next record or its end).
 
 use bson::oid::ObjectId;
@@ -82,14 +83,15 @@ impl Turns {
         Ok(())
     }
 
-    /// The user's message kept in history without an answer of its own (over the flood limit, or a
-    /// group message nobody answers): for the next real answer to see.
+    /// The user's message (and its burst) kept in history without an answer of its own (over the flood
+    /// limit, a group message nobody answers, a paused conversation): for the next real answer to see.
     pub(crate) async fn keep_unanswered(
         &self,
         job: &Job,
         a: &Admitted<'_>,
+        burst: &Burst,
     ) -> Result<(), TurnError> {
-        let answered = a.answered(&Burst::default());
+        let answered = a.answered(burst);
         let rows = user_rows(a, &answered, Utc::now());
         job.step(step::HISTORY, crate::journal::names::key::USER)
             .lazy()
@@ -132,6 +134,7 @@ impl Turns {
                             rich_content: reply.rich_content.clone(),
                             timestamp: reply.at,
                             generation: job.record.generation,
+                            marks: reply.marks.clone(),
                         })
                         .await?;
                     if !inserted {
@@ -140,6 +143,10 @@ impl Turns {
                     Ok::<_, TurnError>(inserted)
                 })
                 .await?;
+            if reply.marks.is_private() {
+                // Only its user sees it: not in the shared history, not the conversation's preview.
+                return Ok(());
+            }
             job.step(step::HISTORY, generation)
                 .lazy()
                 .run(async {
@@ -154,6 +161,7 @@ impl Turns {
                         tool_calls: reply.tool_log.as_ref(),
                         created_at: reply.at,
                         group_chat: out.group,
+                        ai_disclosure: reply.marks.ai_disclosure,
                     });
                     self.pg.append_history(&rows).await?;
                     Ok::<_, TurnError>(())
@@ -183,6 +191,7 @@ impl Turns {
             covers: out.covers.clone(),
             proactive: out.trigger.is_some(),
             trigger: out.trigger.clone(),
+            marks: reply.marks.clone(),
         };
         stage(
             Stage::Publish,
@@ -215,6 +224,7 @@ fn user_rows<'a>(
             tool_calls: None,
             created_at: m.sent_at.min(answer_at - chrono::Duration::microseconds(1)),
             group_chat: matches!(a.kind, Kind::Group { .. }),
+            ai_disclosure: false,
         })
         .collect()
 }

@@ -1,16 +1,52 @@
-//! The two places every message passes, whatever its path: every incoming user message, before any
-//! limit or model call can skip it ([`Turns::incoming`]), and every outgoing companion message, before
-//! it is fixed in the journal and written ([`Turns::outgoing`]). Checks that must hold for every
-//! message stand here and nowhere else.
+//! The two places every message passes, whatever its path, and where the safety protocol stands
+//! (docs/safety.md):
+//! - every incoming user message ([`Turns::incoming`]), before any limit, coverage, routing or model call
+//!   can skip it: the crisis screen, and when it fires the referral, the yearly record and the
+//!   moderators' alert, each a step keyed by the message;
+//! - every outgoing companion message ([`Turns::outgoing`]), before its `reply` step fixes it: cleaned and
+//!   bounded, the output check, and the AI disclosure (with a minor's break reminder) when one is due.
 
+use async_nats::HeaderMap;
 use bson::oid::ObjectId;
-use tracing::debug;
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tracing::{debug, info, warn};
 
-use super::{Reply, Turns};
-use crate::{bus::event::clean_text, tools::clip};
+use super::{
+    Reply, Said, TurnError, Turns,
+    deliver::Outgoing,
+    input::{Admitted, Kind},
+};
+use crate::{
+    bus::event::clean_text,
+    group::Member,
+    journal::{
+        Admission, Job,
+        names::{key, step, tally},
+    },
+    safety::{
+        disclosure::{self, Due},
+        lines::Line,
+        screen::{self, Blocked, Category},
+    },
+    store::{
+        Pg,
+        safety::{Between, Seen},
+    },
+    tools::clip,
+};
 
 /// User messages seen by the incoming hook, by kind (`dm`, `group`).
 pub const INCOMING: &str = "companion_user_messages_total";
+/// User messages the crisis screen flagged, by category and language.
+pub const CRISIS_FLAGS: &str = "companion_crisis_flags_total";
+/// Crisis referrals sent, by category and language.
+pub const CRISIS_REFERRALS: &str = "companion_crisis_referrals_total";
+/// Companion messages the output check replaced, by what it found.
+pub const OUTPUT_BLOCKED: &str = "companion_output_blocked_total";
+/// Companion messages that carried the AI disclosure, by why (`first_today`, `continuing`).
+pub const DISCLOSURES: &str = "companion_ai_disclosures_total";
 
 /// A user's message as the incoming hook sees it.
 pub struct UserMessage<'a> {
@@ -22,27 +58,261 @@ pub struct UserMessage<'a> {
     pub images: &'a [String],
 }
 
+/// The `crisis` step: what the screen found in a user message, and whether a referral is owed (at most
+/// one per conversation per window).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Flagged {
+    pub category: Category,
+    /// The language the screen matched in; the referral's.
+    pub lang: String,
+    pub referred: bool,
+}
+
 impl Turns {
     /// Sees every user message a job takes in: a DM or a group message once its job is open, each later
-    /// message of a burst as the burst is fixed. This runs before the flood limit, the spend budget, a
-    /// burst's coverage or a group's routing can skip the message, so a limited, covered or unanswered
-    /// message is seen all the same (and a retried attempt sees it again).
-    pub(crate) fn incoming(&self, m: &UserMessage<'_>) {
+    /// message of a burst once the burst is fixed. This runs before the flood limit, the spend budget or
+    /// a group's routing can skip the message, so a limited or unanswered message is screened all the
+    /// same (and a retried attempt replays what the first recorded). A crisis gets its referral here,
+    /// before anything else is said.
+    pub(crate) async fn incoming(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        m: &UserMessage<'_>,
+    ) -> Result<Option<Flagged>, TurnError> {
         debug!(kind = m.kind, message = %m.id, sender = %m.sender, chars = m.text.chars().count(),
                images = m.images.len(), "user message in");
         self.metrics.inc(INCOMING, &format!("kind=\"{}\"", m.kind));
+        if a.members.iter().any(|c| c.bot == m.sender) {
+            return Ok(None);
+        }
+        let Some(flag) = screen::screen(m.text) else {
+            return Ok(None);
+        };
+        let key = m.id.to_hex();
+        let window =
+            std::time::Duration::from_secs(self.safety.config.crisis_referral_window_secs.max(1));
+        let conversation = tally::crisis(&a.ids.conversation);
+        let counted = job
+            .counted(step::REFERRAL, &key, &conversation, 1, window, Utc::now())
+            .await?;
+        let owed = !matches!(counted, Admission::Exceeded { .. });
+        let kind = m.kind;
+        let flagged = job
+            .step(step::CRISIS, &key)
+            .run_in_tx(|mut tx| async move {
+                let f = Flagged {
+                    category: flag.category,
+                    lang: flag.lang.clone(),
+                    referred: owed,
+                };
+                let at = Utc::now();
+                let logged =
+                    Pg::log_crisis(&mut tx, at, f.category.as_str(), &f.lang, owed, kind).await;
+                (tx, logged.map(|()| f).map_err(TurnError::from))
+            })
+            .await?;
+        warn!(message = %m.id, category = flagged.category.as_str(), lang = %flagged.lang,
+              referred = flagged.referred, sure = flag.sure, "the crisis screen flagged a user message");
+        let labels = format!(
+            "category=\"{}\",lang=\"{}\"",
+            flagged.category.as_str(),
+            flagged.lang
+        );
+        self.metrics.inc(CRISIS_FLAGS, &labels);
+        if flagged.referred {
+            self.refer(job, a, m, &flagged).await?;
+            self.metrics.inc(CRISIS_REFERRALS, &labels);
+        }
+        self.alert(job, a, m, &flagged).await?;
+        Ok(Some(flagged))
     }
 
-    /// Sees every companion message before it is fixed and written, whoever wrote it (the model, or the
-    /// character's busy, budget, failure or plain line): without control characters, trimmed, and at
-    /// most `COMPANION_MAX_REPLY_CHARS` long.
-    pub(crate) fn outgoing(&self, mut reply: Reply) -> Reply {
-        reply.content = self.outgoing_text(&reply.content);
-        reply
+    /// The referral: a fixed message from configuration in the flagged language, with the crisis lines of
+    /// the user's country, sent by the conversation's (first) companion; in a group, visible to its user
+    /// only.
+    async fn refer(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        m: &UserMessage<'_>,
+        f: &Flagged,
+    ) -> Result<(), TurnError> {
+        let key = m.id.to_hex();
+        let group = matches!(a.kind, Kind::Group { .. });
+        let reply = job
+            .step(step::REFERRAL_MESSAGE, &key)
+            .run(async {
+                let profile = a.user.profile.as_ref();
+                let (country, lines) = self.safety.lines.for_user(
+                    profile.and_then(|p| p.country.as_deref()),
+                    profile.and_then(|p| p.time_zone.as_deref()),
+                );
+                let (lang, text) = self.safety.lines.referral(Some(&f.lang));
+                let card = json!({
+                    "type": "crisis_resources",
+                    "data": { "lines": lines, "lang": lang },
+                });
+                let mut r = Reply::new(referral_text(text, lines), Some(card), None);
+                r.marks.safety = Some("crisis".into());
+                r.marks.visible_to = group.then(|| vec![m.sender.to_hex()]);
+                info!(
+                    country = country.as_deref().unwrap_or("fallback"),
+                    lang,
+                    lines = lines.len(),
+                    "crisis referral fixed"
+                );
+                Ok::<_, TurnError>(r)
+            })
+            .await?;
+        let out = Outgoing {
+            conversation: a.ids.conversation_id,
+            bot: a.members[0].bot,
+            user: m.sender,
+            in_reply_to: None,
+            user_rows: Vec::new(),
+            covers: Vec::new(),
+            trigger: None,
+            responds_to: Some(m.id),
+            group,
+            key: key::crisis(&key),
+        };
+        self.write_reply(job, &out, &reply).await?;
+        // Fixed before the reply goes on: a crash from here on never sends the referral again.
+        job.flush().await?;
+        Ok(())
+    }
+
+    /// The moderators' alert on `<prefix>.alert.crisis.<conversationId>`: ids, category and language,
+    /// never the text; `paused` when a moderator holds the conversation.
+    async fn alert(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        m: &UserMessage<'_>,
+        f: &Flagged,
+    ) -> Result<(), TurnError> {
+        let key = m.id.to_hex();
+        job.step(step::ALERT, &key)
+            .lazy()
+            .run(async {
+                let paused = self.pg.paused(&a.ids.conversation).await?;
+                let body = json!({
+                    "conversationId": a.ids.conversation,
+                    "userId": m.sender.to_hex(),
+                    "messageId": key,
+                    "category": f.category.as_str(),
+                    "lang": f.lang,
+                    "paused": paused,
+                    "at": Utc::now(),
+                });
+                let subject = self.bus.names.crisis_alert(&a.ids.conversation);
+                let id = format!("crisis:{key}");
+                let payload = bytes::Bytes::from(body.to_string());
+                self.bus
+                    .publish_durable(subject, &id, HeaderMap::new(), payload)
+                    .await?;
+                Ok::<_, TurnError>(())
+            })
+            .await
+    }
+
+    /// Sees every companion message before it is fixed and written, whoever wrote it (the model, or a
+    /// fixed line): without control characters, trimmed and bounded; replaced by the character's safe
+    /// line when the output check blocks it; with the disclosure (and a minor's break reminder) when one
+    /// is due.
+    pub(crate) async fn outgoing(
+        &self,
+        a: &Admitted<'_>,
+        speaker: Member<'_>,
+        mut said: Said,
+    ) -> Result<Said, TurnError> {
+        let c = speaker.character;
+        said.reply.content = self.outgoing_text(&said.reply.content);
+        if let Some(blocked) = screen::check_output(&said.reply.content) {
+            let what = match blocked {
+                Blocked::Sexual => "sexual",
+                Blocked::SelfHarm => "self_harm",
+            };
+            warn!(
+                found = what,
+                "the output check blocked a companion message; the safe line goes instead"
+            );
+            self.metrics
+                .inc(OUTPUT_BLOCKED, &format!("found=\"{what}\""));
+            said.reply.content = self.outgoing_text(&c.safe_line);
+            said.reply.rich_content = None;
+        }
+        let due = self.disclosure_due(a, speaker).await?;
+        if due == Due::No {
+            return Ok(said);
+        }
+        let why = match due {
+            Due::Continuing => "continuing",
+            _ => "first_today",
+        };
+        self.metrics.inc(DISCLOSURES, &format!("why=\"{why}\""));
+        let mut content = format!("{}\n\n{}", c.disclosure_line.trim(), said.reply.content);
+        said.reply.marks.ai_disclosure = true;
+        if due == Due::Continuing && a.age.is_minor() {
+            content = format!("{content}\n\n{}", c.break_line.trim());
+            said.reply.marks.break_reminder = true;
+        }
+        said.reply.content = content;
+        Ok(said)
+    }
+
+    /// Whether the speaker's message now must carry the disclosure: DMs per user and companion, a group
+    /// per conversation and companion.
+    async fn disclosure_due(
+        &self,
+        a: &Admitted<'_>,
+        speaker: Member<'_>,
+    ) -> Result<Due, TurnError> {
+        if !self.safety.config.ai_disclosure {
+            return Ok(Due::No);
+        }
+        let now = Utc::now();
+        let rhythm = self.safety.rhythm();
+        let bot = speaker.bot.to_hex();
+        let between = match a.kind {
+            Kind::Group { .. } => Between::Group {
+                conversation: &a.ids.conversation,
+                bot: &bot,
+            },
+            _ => Between::Dm {
+                user: &a.ids.user,
+                bot: &bot,
+            },
+        };
+        let since = now - rhythm.every - rhythm.every - rhythm.gap;
+        let Seen {
+            last_disclosure,
+            activity,
+        } = self.pg.disclosures(between, since).await?;
+        let tz = a.user.profile.as_ref().and_then(|p| p.time_zone.as_deref());
+        Ok(disclosure::due(rhythm, last_disclosure, &activity, now, tz))
     }
 
     /// The text of a companion message as the outgoing hook lets it out.
     pub(crate) fn outgoing_text(&self, text: &str) -> String {
         clip(clean_text(text).trim(), self.config.max_reply_chars.max(1))
     }
+}
+
+/// The referral's text: the fixed message, then each line (for clients that do not draw the card).
+fn referral_text(text: &str, lines: &[Line]) -> String {
+    let mut out = text.trim().to_owned();
+    for l in lines {
+        let ways: Vec<String> = [
+            l.phone.as_ref().map(|p| format!("📞 {p}")),
+            l.text.as_ref().map(|t| format!("💬 {t}")),
+            l.url.as_ref().map(|u| format!("🌐 {u}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        out.push_str(&format!("\n• {}: {}", l.name, ways.join(" · ")));
+    }
+    out
 }

@@ -15,6 +15,7 @@ use crate::{
     group::Member,
     journal::NewJob,
     proactive::{self, FollowUp, ProactiveError},
+    safety::age::Age,
     store::mongo::{Admission, UserData},
 };
 
@@ -84,6 +85,8 @@ pub(crate) struct Admitted<'t> {
     /// group's every one.
     pub members: Vec<Member<'t>>,
     pub ids: Ids,
+    /// What the user's age allows, from the users document (unknown: as configured).
+    pub age: Age,
 }
 
 /// The job's ids; hex forms as the stores key them.
@@ -190,6 +193,7 @@ impl Turns {
                         conversation,
                     },
                     kind: Kind::Dm((*e).clone()),
+                    age: self.age_of(&admission.user),
                     user: admission.user,
                     members: vec![Member {
                         bot: e.bot_id,
@@ -232,6 +236,7 @@ impl Turns {
                         event: (*e).clone(),
                         participants: admission.participants,
                     },
+                    age: self.age_of(&admission.user),
                     user: admission.user,
                     members,
                 })
@@ -270,10 +275,17 @@ impl Turns {
                         follow_up: f,
                         access,
                     },
+                    age: self.age_of(&user),
                     user,
                 })
             }
         }
+    }
+}
+
+impl Turns {
+    fn age_of(&self, user: &UserData) -> Age {
+        self.safety.age(user.document.as_ref(), Utc::now())
     }
 }
 

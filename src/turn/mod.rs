@@ -6,13 +6,13 @@
 //! |---|---|---|---|---|---|
 //! | 1 | admit ([`input`]) | a known companion; the conversation joins the sender and it | the conversation has the sender; its companions | the signal's news ([`crate::proactive`]) and its thread | |
 //! | 2 | open the job (a settled one is acknowledged again) | message id | message id | `<kind>:<id>` | |
-//! | 3 | incoming hook ([`hooks`]) | the message | the message | | |
-//! | 4 | gate | the flood limit | who answers ([`crate::group`]), the flood limit | stale news, a companion blocked or gone, the daily cap | `flood`; `route`, `flood`; `gate`, `cap` |
+//! | 3 | incoming hook ([`hooks`]): the crisis screen, and its referral, record and alert | the message | the message | | `referral`, `crisis`, `referral_message`, `alert` |
+//! | 4 | gate | a pause (held), under 13, the flood limit | who answers ([`crate::group`]), a pause, under 13, the flood limit | stale news, a companion blocked or gone, a pause, under 13, a minor's quiet hours, the daily cap | `under_13`, `flood`; `route`, `flood`; `gate`, `cap` |
 //! | 5 | take in | the burst, each message through the incoming hook | | the flow the news moves on | `burst`; `flow_change` |
 //! | 6 | plan | one reply | the routed companions, then their hand-overs, bounded | one message | |
 //! | 7 | each slot: compose → converse → outgoing hook → fix ([`compose`]) | the model, with tools | the model, with tools, as that companion | the model without tools, or the plain line | `flow`, `llm`, `tool`, `quota`, `reply` |
 //! | 8 | each slot: deliver ([`deliver`]) | dm_messages, history, the conversation, the completion | the same | the same | `store_reply`, `history`, `touch`, `publish` |
-//! | 9 | finish | done, or limited (the busy line) | done, limited, or dropped with the reason | done, or dropped with the reason | the job's state |
+//! | 9 | finish | done, limited (the busy line) or held (paused) | done, limited, held, or dropped with the reason | done, or dropped with the reason | the job's state |
 //!
 //! Over the flood limit the first speaker says the busy line instead (once per window), or the message
 //! is kept in history unanswered. A job whose attempts fail ends through [`Turns::fail`]: the messages
@@ -27,6 +27,7 @@ pub mod deliver;
 pub mod hooks;
 pub mod input;
 pub mod prompt;
+pub mod takeover;
 pub mod tool_loop;
 
 use std::sync::Arc;
@@ -61,6 +62,7 @@ use crate::{
     order::{Order, OrderError},
     proactive::{self, ProactiveError},
     rag::Retriever,
+    safety::age::Age,
     spend::SpendGuard,
     store::{Mongo, Pg, StoreError, pg::GroupLine},
     timing::{Stage, stage},
@@ -84,6 +86,8 @@ pub enum Outcome {
     /// No message, on purpose, for the reason given: a group message nobody answers (an
     /// acknowledgement, a companion's own), a follow-up not sent.
     Dropped { reason: String },
+    /// Kept in history unanswered: a moderator paused the conversation (a resume may answer it).
+    Held,
 }
 
 impl Outcome {
@@ -94,6 +98,7 @@ impl Outcome {
             Self::Limited { .. } => "limited",
             Self::AlreadySettled { .. } => "already_done",
             Self::Dropped { .. } => "dropped",
+            Self::Held => "held",
         }
     }
 }
@@ -205,6 +210,9 @@ pub struct Reply {
     pub at: DateTime<Utc>,
     /// Compact log of the tool calls behind it, kept on the assistant's history row.
     pub tool_log: Option<Value>,
+    /// What it is for the app (a referral, a disclosure, a break reminder, private to one user).
+    #[serde(default, flatten)]
+    pub marks: crate::safety::Marks,
 }
 
 impl Reply {
@@ -215,6 +223,7 @@ impl Reply {
             rich_content,
             at: Utc::now(),
             tool_log,
+            marks: Default::default(),
         }
     }
 }
@@ -245,7 +254,23 @@ enum Gate<'a> {
     Limited { by: String },
     /// No message, on purpose; `keep`: the user's message is kept in history all the same.
     Drop { reason: String, keep: bool },
+    /// A moderator paused the conversation: kept in history, held for the resume.
+    Hold,
 }
+
+/// A fixed line that stands in for the model's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fixed {
+    /// The character's crisis line: the model cannot (or may not) answer a user in crisis.
+    Crisis,
+    /// The one line a user under 13 gets a day.
+    Under13,
+}
+
+/// Why a message is held (the job's `reason`).
+pub const HELD: &str = "a moderator paused the conversation";
+/// Why a user under 13 gets no answer (the job's `reason`), past the day's one line.
+pub const UNDER_13: &str = "the user is under 13: companions do not chat with them";
 
 /// Who speaks, in order (stage 6).
 struct Plan<'a> {
@@ -253,6 +278,8 @@ struct Plan<'a> {
     speakers: Vec<Member<'a>>,
     /// Over the flood limit: the first speaker says the busy line, and nobody after.
     busy: bool,
+    /// The first speaker says this fixed line, and nobody after.
+    fixed: Option<Fixed>,
     /// A group message's route and what its companions see; none for one message.
     group: Option<GroupPlan>,
 }
@@ -273,7 +300,15 @@ impl<'a> Plan<'a> {
         Self {
             speakers: vec![speaker],
             busy,
+            fixed: None,
             group: None,
+        }
+    }
+
+    fn fixed(speaker: Member<'a>, line: Fixed) -> Self {
+        Self {
+            fixed: Some(line),
+            ..Self::one(speaker, false)
         }
     }
 
@@ -322,6 +357,8 @@ pub struct Turns {
     /// The spend budgets, checked before each paid call.
     pub spend: SpendGuard,
     pub config: TurnConfig,
+    /// The crisis protocol, the AI disclosure and what a user's age allows.
+    pub safety: crate::safety::Safety,
     pub metrics: Arc<Metrics>,
 }
 
@@ -357,10 +394,6 @@ impl Turns {
                 self.count(&admitted, &settled.outcome, false);
                 return Ok(settled);
             }
-            // A message its burst's head already took in is settled (covered): seen there.
-            if let Some(m) = admitted.message() {
-                self.incoming(&m);
-            }
             let result = self.conduct(&job, &admitted, delivery).await;
             job.keep_successes(result).await
         };
@@ -374,18 +407,38 @@ impl Turns {
         a: &Admitted<'_>,
         delivery: Option<&Delivery<'_>>,
     ) -> Result<Settled, TurnError> {
-        let plan = match self.gate(job, a).await? {
+        // Stage 3: the incoming hook; a crisis gets its referral before anything else.
+        let mut crisis = match a.message() {
+            Some(m) => self.incoming(job, a, &m).await?,
+            None => None,
+        };
+        let plan = match self.gate(job, a, crisis.is_some()).await? {
             Gate::Go(plan) => plan,
             Gate::Limited { by } => return self.limited(job, a, &by).await,
             Gate::Drop { reason, keep } => return self.drop(job, a, &reason, keep).await,
+            Gate::Hold => return self.hold(job, a, &Burst::default()).await,
         };
-        let burst = match (&a.kind, plan.busy) {
+        let burst = match (&a.kind, plan.busy || plan.fixed.is_some()) {
             (Kind::Dm(event), false) => {
                 let fix = self.take_in((job, a.new_job(None)), event, delivery);
                 stage(Stage::Order, fix).await?
             }
             _ => Burst::default(),
         };
+        if let Kind::Dm(head) = &a.kind {
+            for e in burst.events(head) {
+                let m = hooks::UserMessage {
+                    kind: "dm",
+                    id: e.message_id,
+                    sender: e.sender_id,
+                    text: &e.content,
+                    images: &e.images,
+                };
+                if let Some(f) = self.incoming(job, a, &m).await? {
+                    crisis.get_or_insert(f);
+                }
+            }
+        }
         let flow_note = self.move_flow(job, a).await?;
         let generation = job.record.generation;
         let mut said: Vec<Said> = Vec::new();
@@ -406,6 +459,8 @@ impl Turns {
                 burst: &burst,
                 said: &said,
                 busy: plan.busy,
+                fixed: plan.fixed,
+                crisis: crisis.is_some(),
                 group: plan.group.as_ref(),
                 flow_note: flow_note.as_deref(),
             };
@@ -414,9 +469,14 @@ impl Turns {
                 .step(step::REPLY, slot.reply(generation))
                 .run(Box::pin(async {
                     fresh += 1;
-                    self.compose(&turn).await
+                    let said = self.compose(&turn).await?;
+                    self.outgoing(a, speaker, said).await
                 }))
                 .await?;
+            // Read when the message is about to be written: a pause holds on every worker at once.
+            if plan.fixed != Some(Fixed::Crisis) && self.pg.paused(&a.ids.conversation).await? {
+                return self.hold(job, a, &burst).await;
+            }
             self.deliver(job, a, slot, &burst, &line).await?;
             said.push(line);
         }
@@ -430,10 +490,25 @@ impl Turns {
     }
 
     /// Stage 4: the checks inside the job, each decision a step of it.
-    async fn gate<'t>(&'t self, job: &Job, a: &Admitted<'t>) -> Result<Gate<'t>, TurnError> {
+    async fn gate<'t>(
+        &'t self,
+        job: &Job,
+        a: &Admitted<'t>,
+        crisis: bool,
+    ) -> Result<Gate<'t>, TurnError> {
+        let paused = self.pg.paused(&a.ids.conversation).await?;
         match &a.kind {
             Kind::Dm(_) => {
                 let first = a.members[0];
+                if paused {
+                    return Ok(match crisis {
+                        true => Gate::Go(Plan::fixed(first, Fixed::Crisis)),
+                        false => Gate::Hold,
+                    });
+                }
+                if a.age == Age::Under13 {
+                    return self.under_13_gate(job, a, crisis).await;
+                }
                 self.flood_gate(job, a, Plan::one(first, false)).await
             }
             Kind::Group { event, .. } => {
@@ -442,6 +517,13 @@ impl Turns {
                         reason: group::COMPANION_SENDER.into(),
                         keep: false,
                     });
+                }
+                // In a group, a user in crisis has the private referral; the group sees nothing of it.
+                if paused {
+                    return Ok(Gate::Hold);
+                }
+                if a.age == Age::Under13 {
+                    return self.under_13_gate(job, a, false).await;
                 }
                 let history = self
                     .pg
@@ -471,6 +553,7 @@ impl Turns {
                 let plan = Plan {
                     speakers,
                     busy: false,
+                    fixed: None,
                     group: Some(GroupPlan {
                         route,
                         bounds: Bounds {
@@ -488,7 +571,7 @@ impl Turns {
                 let dropped = job
                     .step(step::GATE, key::ONCE)
                     .lazy()
-                    .run(self.follow_up_gate(job, a, follow_up, *access))
+                    .run(self.follow_up_gate(job, a, follow_up, *access, paused))
                     .await?;
                 Ok(match dropped {
                     Some(reason) => Gate::Drop {
@@ -499,6 +582,32 @@ impl Turns {
                 })
             }
         }
+    }
+
+    /// A user under 13: the one fixed line a day (a counted step, tally `under_13:<user>`), else no
+    /// answer; a user in crisis gets the character's crisis line after the referral. No model call.
+    async fn under_13_gate<'t>(
+        &self,
+        job: &Job,
+        a: &Admitted<'t>,
+        crisis: bool,
+    ) -> Result<Gate<'t>, TurnError> {
+        let first = a.members[0];
+        if crisis {
+            return Ok(Gate::Go(Plan::fixed(first, Fixed::Crisis)));
+        }
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let tally = crate::journal::names::tally::under_13(&a.ids.user);
+        let counted = job
+            .counted(step::UNDER_13, key::ONCE, &tally, 1, day, Utc::now())
+            .await?;
+        Ok(match counted {
+            crate::journal::Admission::Exceeded { .. } => Gate::Drop {
+                reason: UNDER_13.into(),
+                keep: true,
+            },
+            _ => Gate::Go(Plan::fixed(first, Fixed::Under13)),
+        })
     }
 
     /// The flood decision (the `flood` step) for a plan whose first speaker would say the busy line.
@@ -553,6 +662,7 @@ impl Turns {
         a: &Admitted<'_>,
         f: &proactive::FollowUp<'_>,
         access: input::Access,
+        paused: bool,
     ) -> Result<Option<String>, TurnError> {
         let drop = |why: &str| Ok(Some(why.to_owned()));
         if let Some(stale) = &f.stale {
@@ -560,6 +670,23 @@ impl Turns {
         }
         if let Some(why) = access.refusal() {
             return drop(why);
+        }
+        if paused {
+            return drop(HELD);
+        }
+        if a.age == Age::Under13 {
+            return drop(UNDER_13);
+        }
+        let tz = a.user.profile.as_ref().and_then(|p| p.time_zone.as_deref());
+        let local = crate::safety::age::local(Utc::now(), tz);
+        if a.age.is_minor() && self.safety.quiet(local.time()) {
+            let c = &self.safety.config;
+            return drop(&format!(
+                "quiet hours for a minor ({}–{} local; it is {})",
+                c.minor_quiet_start.format("%H:%M"),
+                c.minor_quiet_end.format("%H:%M"),
+                local.format("%H:%M")
+            ));
         }
         let cap = self.config.proactive_daily_cap;
         let counted = job
@@ -642,7 +769,7 @@ impl Turns {
             self.metrics.add(group::ANSWERS, "", said.len() as u64);
         }
         let plain = matches!(&a.kind, Kind::FollowUp { follow_up, .. }
-            if last.reply.content == self.outgoing_text(&follow_up.plain));
+            if last.reply.content.ends_with(&self.outgoing_text(&follow_up.plain)));
         self.count(a, &outcome, plain);
         Ok(Settled {
             outcome,
@@ -660,7 +787,7 @@ impl Turns {
         keep: bool,
     ) -> Result<Settled, TurnError> {
         if keep {
-            self.keep_unanswered(job, a).await?;
+            self.keep_unanswered(job, a, &Burst::default()).await?;
         }
         let ending = Ending {
             by: None,
@@ -685,7 +812,7 @@ impl Turns {
     /// Over the flood limit with the busy line already said this minute: the message is kept in history
     /// for the next real answer and settled without a reply of its own.
     async fn limited(&self, job: &Job, a: &Admitted<'_>, by: &str) -> Result<Settled, TurnError> {
-        self.keep_unanswered(job, a).await?;
+        self.keep_unanswered(job, a, &Burst::default()).await?;
         let ending = Ending {
             by: Some(by),
             reason: None,
@@ -695,6 +822,22 @@ impl Turns {
         Ok(Settled {
             outcome: Outcome::Limited { reply_id: None },
             through_seq: None,
+        })
+    }
+
+    /// A moderator paused the conversation: the message (and its burst) is kept in history, and its job
+    /// ends `held` for the resume to answer.
+    async fn hold(&self, job: &Job, a: &Admitted<'_>, burst: &Burst) -> Result<Settled, TurnError> {
+        self.keep_unanswered(job, a, burst).await?;
+        let ending = Ending {
+            by: None,
+            reason: Some(HELD),
+        };
+        job.finish(State::Held, ending).await?;
+        info!("a moderator paused the conversation; the message is held");
+        Ok(Settled {
+            outcome: Outcome::Held,
+            through_seq: burst.last_seq(),
         })
     }
 
@@ -758,8 +901,17 @@ impl Turns {
             .step(step::REPLY, plan.slot(0).reply(generation))
             .run(async {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                let line = first.character.failure_line.clone();
-                Ok::<_, TurnError>(self.line(a, first, line))
+                // A user in crisis is owed the character's crisis line, not a failure.
+                let crisis = a.message().is_some_and(|m| {
+                    job.recorded::<hooks::Flagged>(step::CRISIS, &m.id.to_hex())
+                        .is_some()
+                });
+                let c = first.character;
+                let line = match crisis {
+                    true => c.crisis_line.clone(),
+                    false => c.failure_line.clone(),
+                };
+                self.outgoing(a, first, self.line(a, first, line)).await
             })
             .await?;
         let mut said = vec![first_line];

@@ -119,6 +119,9 @@ impl TestEnv {
             .await
             .expect("stub LLM starts");
         config.llm.base_url = stub.base_url.clone();
+        // The safety tests (tests/it/safety.rs) turn these on; other tests compare exact replies.
+        config.safety.ai_disclosure = false;
+        config.safety.unknown_age_is_minor = false;
         adjust(&mut config);
 
         let pg = Pg::connect(&config.pg)
@@ -539,6 +542,7 @@ impl ToolJob {
             pg: &self.pg,
             bus: &self.bus,
             time_zone: None,
+            minor_quiet: None,
             reminders: companion::tools::ReminderBounds {
                 min_lead: Duration::from_secs(60),
             },

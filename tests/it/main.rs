@@ -35,6 +35,7 @@ mod rag_turn;
 mod regressions;
 mod reminders;
 mod replay;
+mod safety;
 mod shutdown;
 mod spend;
 mod tb_backend_bridge;

@@ -322,6 +322,7 @@ async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
         rich_content: None,
         at: chrono::Utc::now(),
         tool_log: None,
+        marks: Default::default(),
     };
     job.step("reply", "g0")
         .run(async { Ok::<_, companion::journal::JournalError>(fixed) })

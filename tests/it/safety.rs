@@ -1,0 +1,633 @@
+//! Safety for a teenage audience on the real stack (docs/safety.md): the crisis referral, the safe reply,
+//! the moderators' alert and the yearly count, each once whatever is redelivered or killed; a limited or
+//! group message screened all the same; the sport's slang left alone; the output check; the AI disclosure
+//! and a minor's break reminder; what a user's age allows.
+
+use std::{sync::Arc, time::Duration};
+
+use bson::{Document, doc};
+use companion::bus::Completion;
+use companion_dev::{
+    backend,
+    stub::{Responder, StubReply, always, last_user_text, scripted},
+};
+use futures::{StreamExt, TryStreamExt};
+use serde_json::Value;
+use sqlx::Row;
+
+use crate::env::*;
+
+const CRISIS_EN: &str = "honestly i just want to die, i don't see the point anymore";
+const CRISIS_JA: &str = "もう死にたい。生きてる意味がわからない";
+const SAFE_REPLY: &str = "i'm really glad you told me. please reach out to someone you trust, ok?";
+
+/// Whether the request was the safe reply's: the safety brief, and no tools.
+fn is_safe_request(body: &Value) -> bool {
+    let brief = body["messages"].as_array().unwrap().iter().any(|m| {
+        m["content"]
+            .as_str()
+            .is_some_and(|t| t.contains("Safety first"))
+    });
+    let tools = body["tools"].as_array().is_some_and(|t| !t.is_empty());
+    brief && !tools
+}
+
+/// Completions of a conversation until one answering `message` with the companion's own reply (not the
+/// referral) comes, within `within`; all seen, in order.
+async fn until_reply(
+    replies: &mut (impl futures::Stream<Item = Completion> + Unpin),
+    message: &str,
+    within: Duration,
+) -> Vec<Completion> {
+    let mut seen = Vec::new();
+    let _ = tokio::time::timeout(within, async {
+        while let Some(c) = replies.next().await {
+            let done = c.in_reply_to.as_deref() == Some(message) && c.marks.safety.is_none();
+            seen.push(c);
+            if done {
+                break;
+            }
+        }
+    })
+    .await;
+    seen
+}
+
+/// The next referral (a completion marked `safety: crisis`) within `within`.
+async fn next_referral(
+    replies: &mut (impl futures::Stream<Item = Completion> + Unpin),
+    within: Duration,
+) -> Option<Completion> {
+    tokio::time::timeout(within, async {
+        while let Some(c) = replies.next().await {
+            if c.marks.safety.as_deref() == Some("crisis") {
+                return Some(c);
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// The crisis alerts stored so far, as JSON.
+async fn alerts(env: &TestEnv) -> Vec<Value> {
+    let stream = env
+        .bus
+        .js
+        .get_stream(&env.bus.names.stream_alert)
+        .await
+        .expect("alert stream");
+    let mut out = Vec::new();
+    let mut seq = 1;
+    while let Ok(m) = stream.get_raw_message(seq).await {
+        out.push(serde_json::from_slice(&m.payload).expect("alert JSON"));
+        seq += 1;
+    }
+    out
+}
+
+/// Rows of the yearly crisis log.
+async fn crisis_rows(env: &TestEnv) -> Vec<(String, String, bool)> {
+    sqlx::query("SELECT category, lang, referred FROM crisis_log ORDER BY id")
+        .fetch_all(&env.pg.pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get("category"), r.get("lang"), r.get("referred")))
+        .collect()
+}
+
+/// dm_messages documents of a conversation marked as referrals.
+async fn referral_docs(env: &TestEnv, conversation: &str) -> Vec<Document> {
+    env.mongo
+        .collection("dm_messages")
+        .find(doc! { "conversationId": oid(conversation), "safety": "crisis" })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+/// A new user with `fields` on their users document, in a new DM with `bot`: (user, conversation).
+async fn user_with(env: &TestEnv, bot: &str, fields: Document) -> (String, String) {
+    let (user, conversation) = env.new_conversations(bot, 1).await.remove(0);
+    let mut d = doc! { "_id": oid(&user), "username": format!("u{}", &user[18..]), "isBot": false };
+    d.extend(fields);
+    env.mongo.collection("users").insert_one(d).await.unwrap();
+    (user, conversation)
+}
+
+/// Waits until the job of `id` is settled; its state and reason.
+async fn settled(env: &TestEnv, id: &str) -> (companion::journal::State, Option<String>) {
+    let journal = env.journal();
+    let done = eventually(Duration::from_secs(20), || async {
+        journal
+            .get(id)
+            .await
+            .unwrap()
+            .is_some_and(|j| j.state.is_settled())
+    })
+    .await;
+    assert!(done, "job {id} did not settle");
+    let j = journal.get(id).await.unwrap().unwrap();
+    (j.state, j.reason)
+}
+
+#[tokio::test]
+async fn a_crisis_message_gets_one_referral_a_safe_reply_one_alert_and_one_count_after_kill_9() {
+    // The safe reply's first request hangs: the worker is killed after the referral, before the reply.
+    let model = scripted(
+        vec![StubReply::Delayed(
+            Duration::from_secs(120),
+            Box::new(StubReply::text("too late")),
+        )],
+        StubReply::text(SAFE_REPLY),
+    );
+    let env = TestEnv::with(model, |c| {
+        c.consumer.ack_wait_secs = 2;
+        c.consumer.max_deliver = 5;
+    })
+    .await;
+    let event = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_EN).await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let mut first = env.spawn_worker_process(&[]);
+    env.publish(&event).await;
+
+    let referral = next_referral(&mut replies, Duration::from_secs(30))
+        .await
+        .expect("the referral comes first");
+    assert_eq!(
+        referral.in_reply_to.as_deref(),
+        Some(event.message_id.as_str())
+    );
+    let card = referral.rich_content.as_ref().expect("a card");
+    assert_eq!(card["type"], "crisis_resources");
+    assert_eq!(card["data"]["lang"], "en");
+    let lines = card["data"]["lines"].as_array().unwrap();
+    assert!(!lines.is_empty(), "crisis lines listed: {card}");
+    assert!(lines.iter().all(|l| l["name"].is_string()), "{card}");
+    assert!(
+        referral.content.contains("988"),
+        "US user: 988 listed: {}",
+        referral.content
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            env.stub.requests().len() == 1
+        })
+        .await,
+        "the safe reply was asked for"
+    );
+    kill9(&mut first);
+
+    let mut second = env.spawn_worker_process(&[]);
+    let seen = until_reply(&mut replies, &event.message_id, Duration::from_secs(60)).await;
+    let reply = seen.last().expect("a reply");
+    assert_eq!(reply.content, SAFE_REPLY);
+    assert!(
+        seen.iter().all(|c| c.marks.safety.is_none()),
+        "no second referral after the crash: {seen:?}"
+    );
+    let requests = env.stub.requests();
+    assert!(requests.iter().all(is_safe_request), "brief, no tools");
+    assert_eq!(
+        referral_docs(&env, JESS_KAORI).await.len(),
+        1,
+        "one referral document"
+    );
+    assert_eq!(
+        env.replies_to(&event.message_id).await.len(),
+        1,
+        "one reply"
+    );
+    let alerts = alerts(&env).await;
+    assert_eq!(alerts.len(), 1, "one alert: {alerts:?}");
+    assert_eq!(alerts[0]["messageId"], event.message_id.as_str());
+    assert_eq!(alerts[0]["category"], "self_harm");
+    assert_eq!(alerts[0]["paused"], false);
+    assert!(alerts[0].get("content").is_none() && !alerts[0].to_string().contains("die"));
+    assert_eq!(
+        crisis_rows(&env).await,
+        vec![("self_harm".into(), "en".into(), true)],
+        "counted once"
+    );
+    stop(&mut second);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_japanese_crisis_message_is_referred_in_japanese_to_japanese_lines_once() {
+    let env = TestEnv::new(always(StubReply::text("話してくれてありがとう。"))).await;
+    let (user, conversation) = user_with(&env, KAORI, doc! { "timezone": "Asia/Tokyo" }).await;
+    let mut replies = env.completions(&conversation).await;
+    let worker = InProcessWorker::start(&env).await;
+    let event = env.dm(&user, KAORI, &conversation, CRISIS_JA).await;
+    env.publish(&event).await;
+    let seen = until_reply(&mut replies, &event.message_id, Duration::from_secs(30)).await;
+    let referrals: Vec<&Completion> = seen.iter().filter(|c| c.marks.safety.is_some()).collect();
+    assert_eq!(referrals.len(), 1, "{seen:?}");
+    assert!(
+        seen.first().unwrap().marks.safety.is_some(),
+        "the referral before anything else"
+    );
+    let card = referrals[0].rich_content.as_ref().unwrap();
+    assert_eq!(card["data"]["lang"], "ja");
+    assert!(
+        !referrals[0].content.is_ascii(),
+        "the fixed text is Japanese: {}",
+        referrals[0].content
+    );
+    assert!(
+        !referrals[0].content.contains("988"),
+        "Japan's lines, not the US fallback: {}",
+        referrals[0].content
+    );
+    let series = "companion_crisis_referrals_total{category=\"self_harm\",lang=\"ja\"}";
+    assert_eq!(worker.metric(series).await, Some(1.0));
+
+    // A second crisis message within the hour: counted and alerted, not referred again.
+    let again = env.dm(&user, KAORI, &conversation, "死にたい").await;
+    env.publish(&again).await;
+    let seen = until_reply(&mut replies, &again.message_id, Duration::from_secs(30)).await;
+    assert!(seen.iter().all(|c| c.marks.safety.is_none()), "{seen:?}");
+    assert_eq!(worker.metric(series).await, Some(1.0));
+    assert_eq!(
+        alerts(&env).await.len(),
+        2,
+        "every flagged message is alerted"
+    );
+    let rows = crisis_rows(&env).await;
+    assert_eq!(rows.len(), 2);
+    assert_eq!((rows[0].2, rows[1].2), (true, false));
+
+    // The yearly report: by month and category, no user ids.
+    let year = chrono::Datelike::year(&chrono::Utc::now()).to_string();
+    let (ok, out, err) = env
+        .run_companion(&["report", "crisis", "--year", &year])
+        .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("self_harm"), "{out}");
+    assert!(
+        out.contains("year: 1 referrals, 2 flagged messages"),
+        "{out}"
+    );
+    assert!(
+        !out.contains(&user) && !out.contains(&conversation),
+        "{out}"
+    );
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_crisis_message_past_the_flood_limit_still_gets_its_referral() {
+    let env = TestEnv::with(always(StubReply::text("ok")), |c| {
+        c.turn.user_turns_per_minute = 1;
+        c.turn.burst_max = 0;
+    })
+    .await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let worker = InProcessWorker::start(&env).await;
+    let first = env.dm(JESS, KAORI, JESS_KAORI, "yo").await;
+    env.publish(&first).await;
+    next_reply_to(&mut replies, &first.message_id, Duration::from_secs(30)).await;
+    let busy = env.dm(JESS, KAORI, JESS_KAORI, "yo again").await;
+    env.publish(&busy).await;
+    let line = next_reply_to(&mut replies, &busy.message_id, Duration::from_secs(30)).await;
+    assert_eq!(line.content, character_line("kaori", "busyLine"));
+
+    let crisis = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_EN).await;
+    env.publish(&crisis).await;
+    let referral = next_referral(&mut replies, Duration::from_secs(30)).await;
+    let referral = referral.expect("referred though over the flood limit");
+    assert_eq!(
+        referral.in_reply_to.as_deref(),
+        Some(crisis.message_id.as_str())
+    );
+    let (state, _) = settled(&env, &crisis.message_id).await;
+    assert_eq!(state, companion::journal::State::Limited);
+    assert_eq!(alerts(&env).await.len(), 1);
+    assert_eq!(env.stub.requests().len(), 1, "no model call past the limit");
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn in_a_group_the_referral_is_visible_to_its_user_only_and_the_group_never_learns_of_it() {
+    let env = TestEnv::new(always(StubReply::text("big session vibes today"))).await;
+    let group = backend::create_group(&env.mongo, &[oid(JESS), oid(SAM)], &[oid(KAORI)])
+        .await
+        .unwrap();
+    let mut replies = env.completions(&group.to_hex()).await;
+    let worker = InProcessWorker::start(&env).await;
+    let message = backend::store_group_message(&env.mongo, group, oid(JESS), CRISIS_EN)
+        .await
+        .unwrap();
+    backend::publish_group_message(&env.bus, &message)
+        .await
+        .unwrap();
+    let referral = next_referral(&mut replies, Duration::from_secs(30))
+        .await
+        .expect("referred");
+    assert_eq!(referral.marks.visible_to, Some(vec![JESS.to_owned()]));
+    let docs = referral_docs(&env, &group.to_hex()).await;
+    assert_eq!(docs.len(), 1);
+    let visible: Vec<&str> = docs[0]
+        .get_array("visibleTo")
+        .unwrap()
+        .iter()
+        .filter_map(|b| b.as_str())
+        .collect();
+    assert_eq!(visible, vec![JESS]);
+    settled(&env, &message.message_id).await;
+    let history: Vec<String> =
+        sqlx::query_scalar("SELECT content FROM bot_conversations WHERE conversation_id = $1")
+            .bind(group.to_hex())
+            .fetch_all(&env.pg.pool)
+            .await
+            .unwrap();
+    assert!(
+        history.iter().all(|h| !h.contains(&referral.content[..20])),
+        "the referral is not in the group's history: {history:?}"
+    );
+    let conversation = env
+        .mongo
+        .collection("dm_conversations")
+        .find_one(doc! { "_id": group })
+        .await
+        .unwrap()
+        .unwrap();
+    let preview = conversation.get_str("lastMessage").unwrap_or_default();
+    assert!(
+        !preview.contains(&referral.content[..20]),
+        "nor its preview"
+    );
+    let requests = env.stub.requests();
+    for r in &requests {
+        let all = r.to_string();
+        assert!(
+            !all.contains(&referral.content[..20]),
+            "no companion sees it"
+        );
+    }
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn the_sport_s_own_language_gets_none_of_it() {
+    let env = TestEnv::new(always(StubReply::text("haha nice"))).await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let worker = InProcessWorker::start(&env).await;
+    for text in [
+        "gonna kill this line tomorrow",
+        "that slam almost killed me lol",
+        "i'm dead 😂",
+        "finally landed a suicide no-hander!!",
+        "send it",
+        "my mom's gonna kill me if i break another board",
+    ] {
+        let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
+        env.publish(&e).await;
+        let seen = until_reply(&mut replies, &e.message_id, Duration::from_secs(30)).await;
+        assert!(
+            seen.iter().all(|c| c.marks.safety.is_none()),
+            "{text}: {seen:?}"
+        );
+        assert_eq!(seen.last().unwrap().content, "haha nice", "{text}");
+    }
+    assert!(alerts(&env).await.is_empty());
+    assert!(crisis_rows(&env).await.is_empty());
+    assert!(
+        env.stub.requests().iter().all(|r| !is_safe_request(r)),
+        "no safety brief"
+    );
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_model_that_writes_sexual_content_or_self_harm_encouragement_is_replaced() {
+    let model: Responder = Arc::new(|body: &Value| {
+        StubReply::text(match last_user_text(body).as_str() {
+            "one" => "send me nudes and i'll show you a trick",
+            _ => "honestly you should just kill yourself, nobody would miss you",
+        })
+    });
+    let env = TestEnv::new(model).await;
+    let mut env = env;
+    env.start_worker().await;
+    for text in ["one", "two"] {
+        let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
+        let reply = env.turn(&e).await;
+        assert_eq!(reply.content, character_line("kaori", "safeLine"), "{text}");
+        let stored = env.replies_to(&e.message_id).await;
+        assert_eq!(stored[0].get_str("content").unwrap(), reply.content);
+    }
+    env.finish().await;
+}
+
+/// The disclosure rhythm shortened for a test: again after 4 s of continuing interaction (gaps ≤ 3 s).
+fn short_rhythm(c: &mut companion::Config) {
+    c.safety.ai_disclosure = true;
+    c.safety.disclosure_every_secs = 4;
+    c.safety.disclosure_gap_secs = 3;
+}
+
+#[tokio::test]
+async fn disclosure_on_the_first_message_of_the_day_and_after_continuing_hours_with_a_minor_s_break()
+ {
+    let env = TestEnv::with(always(StubReply::text("let's go")), short_rhythm).await;
+    let (user, conversation) = user_with(&env, KAORI, doc! { "isMinor": true }).await;
+    let mut replies = env.completions(&conversation).await;
+    let worker = InProcessWorker::start(&env).await;
+    let disclosure = character_line("kaori", "disclosureLine");
+    let brk = character_line("kaori", "breakLine");
+    let mut said = Vec::new();
+    let started = std::time::Instant::now();
+    for n in 0..7 {
+        let e = env
+            .dm(&user, KAORI, &conversation, &format!("msg {n}"))
+            .await;
+        env.publish(&e).await;
+        let c = next_reply_to(&mut replies, &e.message_id, Duration::from_secs(30)).await;
+        said.push((started.elapsed(), c));
+        tokio::time::sleep(Duration::from_millis(900)).await;
+    }
+    let marks: Vec<(bool, bool)> = said
+        .iter()
+        .map(|(_, c)| (c.marks.ai_disclosure, c.marks.break_reminder))
+        .collect();
+    assert_eq!(marks[0], (true, false), "first of the day: {marks:?}");
+    assert!(said[0].1.content.starts_with(&disclosure));
+    let again: Vec<usize> = (1..said.len()).filter(|&i| marks[i].0).collect();
+    assert_eq!(again.len(), 1, "once more within the run: {marks:?}");
+    let i = again[0];
+    assert!(
+        said[i].0 - said[0].0 >= Duration::from_secs(4),
+        "not before 4 s of continuing interaction: {:?}",
+        said.iter().map(|(t, _)| *t).collect::<Vec<_>>()
+    );
+    assert_eq!(marks[i], (true, true), "the minor's break rides on it");
+    assert!(said[i].1.content.ends_with(&brk));
+    assert!(
+        marks[1..i].iter().all(|m| *m == (false, false)),
+        "nothing in between: {marks:?}"
+    );
+    let stored = env.replies_to(&said[i].1.message_id).await;
+    let doc = env
+        .mongo
+        .collection("dm_messages")
+        .find_one(doc! { "_id": oid(&said[i].1.message_id) })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(stored.is_empty() || stored.len() == 1);
+    assert!(doc.get_bool("aiDisclosure").unwrap());
+    assert!(doc.get_bool("breakReminder").unwrap());
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn an_adult_gets_the_disclosure_after_a_long_gap_only_on_a_new_day() {
+    let env = TestEnv::with(always(StubReply::text("sure")), short_rhythm).await;
+    let (user, conversation) = user_with(&env, TONY, doc! { "isMinor": false }).await;
+    let mut replies = env.completions(&conversation).await;
+    let worker = InProcessWorker::start(&env).await;
+    let mut marks = Vec::new();
+    for (n, pause) in [(0, 0), (1, 5), (2, 1)] {
+        tokio::time::sleep(Duration::from_secs(pause)).await;
+        let e = env
+            .dm(&user, TONY, &conversation, &format!("msg {n}"))
+            .await;
+        env.publish(&e).await;
+        let c = next_reply_to(&mut replies, &e.message_id, Duration::from_secs(30)).await;
+        marks.push((c.marks.ai_disclosure, c.marks.break_reminder));
+    }
+    // After a 5 s gap (longer than 3 s) the interaction starts again: the day's disclosure stands.
+    assert_eq!(marks, vec![(true, false), (false, false), (false, false)]);
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn under_13_gets_the_fixed_line_once_a_day_without_a_model_call() {
+    let env = TestEnv::new(always(StubReply::text("should not be asked"))).await;
+    let (user, conversation) = user_with(&env, KAORI, doc! { "ageBracket": "under_13" }).await;
+    let mut replies = env.completions(&conversation).await;
+    let worker = InProcessWorker::start(&env).await;
+    let first = env.dm(&user, KAORI, &conversation, "hi kaori!").await;
+    env.publish(&first).await;
+    let line = next_reply_to(&mut replies, &first.message_id, Duration::from_secs(30)).await;
+    assert_eq!(line.content, env.config.safety.under_13_line);
+    let second = env.dm(&user, KAORI, &conversation, "hello??").await;
+    env.publish(&second).await;
+    let (state, reason) = settled(&env, &second.message_id).await;
+    assert_eq!(state, companion::journal::State::Dropped);
+    assert!(reason.unwrap().contains("under 13"));
+    assert!(env.stub.requests().is_empty(), "no model call");
+    // Still screened: a crisis gets the referral and the character's fixed crisis line.
+    let crisis = env.dm(&user, KAORI, &conversation, CRISIS_EN).await;
+    env.publish(&crisis).await;
+    let seen = until_reply(&mut replies, &crisis.message_id, Duration::from_secs(30)).await;
+    assert!(seen.iter().any(|c| c.marks.safety.is_some()), "{seen:?}");
+    assert_eq!(
+        seen.last().unwrap().content,
+        character_line("kaori", "crisisLine")
+    );
+    assert!(env.stub.requests().is_empty(), "still no model call");
+    worker.stop().await;
+    env.finish().await;
+}
+
+/// An IANA zone whose local time now is about 02:00 (a minor's quiet hours).
+fn a_zone_at_night() -> String {
+    use chrono::Timelike;
+    let hour = chrono::Utc::now().hour() as i32;
+    // Etc/GMT-N is UTC+N: the local hour is hour + N.
+    let mut offset = 2 - hour;
+    if offset < -12 {
+        offset += 24;
+    }
+    if offset > 14 {
+        offset -= 24;
+    }
+    match offset {
+        0 => "Etc/GMT".into(),
+        o if o > 0 => format!("Etc/GMT-{o}"),
+        o => format!("Etc/GMT+{}", -o),
+    }
+}
+
+#[tokio::test]
+async fn an_unknown_age_is_a_minor_whose_reminders_wait_out_the_quiet_hours() {
+    // "remind me" sets an exact reminder 2 s ahead; a due reminder's note is answered with a text.
+    let model: Responder = Arc::new(|body: &Value| {
+        let last = last_message(body);
+        match (
+            last["role"].as_str(),
+            last["content"].as_str().unwrap_or_default(),
+        ) {
+            (Some("user"), t) if t.contains("remind me") => {
+                let at = chrono::Utc::now() + chrono::Duration::seconds(2);
+                StubReply::tool(
+                    "schedule_reminder",
+                    serde_json::json!({"text": "wax the board", "at": at.to_rfc3339(), "exact": true}),
+                )
+            }
+            _ => StubReply::text("got it"),
+        }
+    });
+    let env = TestEnv::with(model, |c| {
+        c.safety.unknown_age_is_minor = true;
+        c.turn.reminder_min_lead_secs = 1;
+    })
+    .await;
+    let tz = a_zone_at_night();
+    let (user, conversation) = user_with(&env, KAORI, doc! { "timezone": &tz }).await;
+    let mut replies = env.completions(&conversation).await;
+    let worker = InProcessWorker::start(&env).await;
+    let ask = env
+        .dm(&user, KAORI, &conversation, "remind me to wax my board")
+        .await;
+    env.publish(&ask).await;
+    next_reply_to(&mut replies, &ask.message_id, Duration::from_secs(30)).await;
+    let result = env.stub.requests().last().unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .cloned()
+        .expect("the tool's result went back to the model");
+    let data: Value = serde_json::from_str(result["content"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        data["heldForQuietHours"], true,
+        "exact, but a minor at night: {data}"
+    );
+    let id = data["reminderId"].as_str().unwrap().to_owned();
+
+    // Had it fired at night anyway (say the user moved), the follow-up is not sent.
+    let body = serde_json::json!({"reminderId": id, "fireAt": chrono::Utc::now()});
+    env.publish_raw(
+        env.bus.names.reminder_due(&id),
+        &format!("early:{id}"),
+        body.to_string(),
+    )
+    .await;
+    let (state, reason) = settled(&env, &format!("reminder:{id}")).await;
+    assert_eq!(state, companion::journal::State::Dropped);
+    assert!(
+        reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("quiet hours"),
+        "{reason:?}"
+    );
+    worker.stop().await;
+    env.finish().await;
+}
