@@ -98,6 +98,7 @@ impl Turns {
             .await?;
         let owed = !matches!(counted, Admission::Exceeded { .. });
         let kind = m.kind;
+        let metrics = &self.metrics;
         let flagged = job
             .step(step::CRISIS, &key)
             .run_in_tx(|mut tx| async move {
@@ -109,20 +110,16 @@ impl Turns {
                 let at = Utc::now();
                 let logged =
                     Pg::log_crisis(&mut tx, at, f.category.as_str(), &f.lang, owed, kind).await;
+                if logged.is_ok() {
+                    metrics.inc(CRISIS_FLAGS, &labels(&f));
+                }
                 (tx, logged.map(|()| f).map_err(TurnError::from))
             })
             .await?;
         warn!(message = %m.id, category = flagged.category.as_str(), lang = %flagged.lang,
               referred = flagged.referred, sure = flag.sure, "the crisis screen flagged a user message");
-        let labels = format!(
-            "category=\"{}\",lang=\"{}\"",
-            flagged.category.as_str(),
-            flagged.lang
-        );
-        self.metrics.inc(CRISIS_FLAGS, &labels);
         if flagged.referred {
             self.refer(job, a, m, &flagged).await?;
-            self.metrics.inc(CRISIS_REFERRALS, &labels);
         }
         self.alert(job, a, m, &flagged).await?;
         Ok(Some(flagged))
@@ -162,6 +159,7 @@ impl Turns {
                     lines = lines.len(),
                     "crisis referral fixed"
                 );
+                self.metrics.inc(CRISIS_REFERRALS, &labels(f));
                 Ok::<_, TurnError>(r)
             })
             .await?;
@@ -298,6 +296,11 @@ impl Turns {
     pub(crate) fn outgoing_text(&self, text: &str) -> String {
         clip(clean_text(text).trim(), self.config.max_reply_chars.max(1))
     }
+}
+
+/// A flag's metric labels.
+fn labels(f: &Flagged) -> String {
+    format!("category=\"{}\",lang=\"{}\"", f.category.as_str(), f.lang)
 }
 
 /// The referral's text: the fixed message, then each line (for clients that do not draw the card).

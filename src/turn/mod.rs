@@ -475,7 +475,11 @@ impl Turns {
                 .await?;
             // Read when the message is about to be written: a pause holds on every worker at once.
             if plan.fixed != Some(Fixed::Crisis) && self.pg.paused(&a.ids.conversation).await? {
-                return self.hold(job, a, &burst).await;
+                return match a.kind {
+                    // News is not held for later: a follow-up is simply not sent.
+                    Kind::FollowUp { .. } => self.drop(job, a, HELD, false).await,
+                    _ => self.hold(job, a, &burst).await,
+                };
             }
             self.deliver(job, a, slot, &burst, &line).await?;
             said.push(line);
