@@ -932,7 +932,7 @@ mod tests {
         );
         assert_eq!(
             State::sources(Running),
-            ["done", "failed", "covered", "limited", "dropped"]
+            ["done", "failed", "covered", "limited", "dropped", "held"]
         );
         assert_eq!(State::sources(Done), ["running"]);
         for s in State::ALL {
