@@ -631,3 +631,94 @@ async fn an_unknown_age_is_a_minor_whose_reminders_wait_out_the_quiet_hours() {
     worker.stop().await;
     env.finish().await;
 }
+
+/// A moderator's pause of `conversation`, as the takeover signal stores it.
+async fn pause(env: &TestEnv, conversation: &str) {
+    sqlx::query(
+        "INSERT INTO takeovers (conversation_id, paused, by_whom, at, paused_at)
+         VALUES ($1, true, 'moderator-1', now(), now())",
+    )
+    .bind(conversation)
+    .execute(&env.pg.pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_paused_conversation_gets_nothing_but_a_crisis_referral_its_line_and_the_alert() {
+    let env = TestEnv::new(always(StubReply::text("should not be sent"))).await;
+    let worker = InProcessWorker::start(&env).await;
+    let mut all = env.all_completions().await;
+    pause(&env, JESS_KAORI).await;
+
+    // A DM: held, its text kept in history.
+    let dm = env.dm(JESS, KAORI, JESS_KAORI, "anyone there?").await;
+    env.publish(&dm).await;
+    let (state, reason) = settled(&env, &dm.message_id).await;
+    assert_eq!(state, companion::journal::State::Held);
+    assert!(reason.unwrap().contains("moderator"));
+    let kept: Vec<String> =
+        sqlx::query_scalar("SELECT content FROM bot_conversations WHERE message_id = $1")
+            .bind(&dm.message_id)
+            .fetch_all(&env.pg.pool)
+            .await
+            .unwrap();
+    assert_eq!(kept, vec!["anyone there?".to_owned()]);
+
+    // A group message in a paused group: held too.
+    let group = backend::create_group(&env.mongo, &[oid(JESS)], &[oid(KAORI)])
+        .await
+        .unwrap();
+    pause(&env, &group.to_hex()).await;
+    let message = backend::store_group_message(&env.mongo, group, oid(JESS), "hello group")
+        .await
+        .unwrap();
+    backend::publish_group_message(&env.bus, &message)
+        .await
+        .unwrap();
+    let (state, _) = settled(&env, &message.message_id).await;
+    assert_eq!(state, companion::journal::State::Held);
+
+    // A due reminder: not sent.
+    let id = bson::oid::ObjectId::new().to_hex();
+    env.pg
+        .insert_reminder(&companion::store::reminders::Reminder {
+            id: id.clone(),
+            user_id: JESS.into(),
+            bot_id: KAORI.into(),
+            conversation_id: JESS_KAORI.into(),
+            text: "wax the board".into(),
+            due_at: chrono::Utc::now(),
+            fire_at: chrono::Utc::now(),
+            state: companion::store::reminders::ReminderState::Pending,
+        })
+        .await
+        .unwrap();
+    let body = serde_json::json!({"reminderId": id, "fireAt": chrono::Utc::now()});
+    env.publish_raw(env.bus.names.reminder_due(&id), &id, body.to_string())
+        .await;
+    let (state, reason) = settled(&env, &format!("reminder:{id}")).await;
+    assert_eq!(state, companion::journal::State::Dropped);
+    assert!(reason.unwrap().contains("moderator"));
+
+    // A crisis: the referral, the character's fixed crisis line, and the alert marked paused.
+    let crisis = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_EN).await;
+    env.publish(&crisis).await;
+    let seen = until_reply(&mut all, &crisis.message_id, Duration::from_secs(30)).await;
+    assert!(seen.iter().any(|c| c.marks.safety.is_some()), "{seen:?}");
+    assert_eq!(
+        seen.last().unwrap().content,
+        character_line("kaori", "crisisLine")
+    );
+    assert!(
+        seen.iter()
+            .all(|c| c.in_reply_to.as_deref() != Some(dm.message_id.as_str())),
+        "nothing for the held messages"
+    );
+    let alerts = alerts(&env).await;
+    assert_eq!(alerts.len(), 1);
+    assert_eq!(alerts[0]["paused"], true);
+    assert!(env.stub.requests().is_empty(), "no model call while paused");
+    worker.stop().await;
+    env.finish().await;
+}
