@@ -277,6 +277,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_character_says_it_is_an_ai_and_none_claims_to_be_human() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("characters");
+        let claims = regex::Regex::new(
+            r"(?i)\b(i'?m|i am|im) (a |an )?(real )?(human|person|girl|boy|guy)\b|not an? (ai|bot)\b|crush|boyfriend|girlfriend",
+        )
+        .unwrap();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap().to_lowercase();
+            let found: Vec<&str> = claims.find_iter(&text).map(|m| m.as_str()).collect();
+            assert!(found.is_empty(), "{}: {found:?}", path.display());
+        }
+        let chars = Characters::load(&dir).unwrap();
+        for (_, c) in chars.iter() {
+            let d = c.disclosure_line.to_lowercase();
+            assert!(d.contains(" ai") && d.contains("not a"), "{}: {d}", c.id);
+            assert!(d.contains("emotion"), "{}: {d}", c.id);
+        }
+    }
+
+    #[test]
     fn shipped_characters_load_and_are_complete() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("characters");
         let chars = Characters::load(&dir).unwrap();
