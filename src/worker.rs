@@ -4,7 +4,8 @@
 //! Every delivery first passes the conversation's order gate ([`crate::order`]); one waiting behind an
 //! earlier message holds no turn slot. Then its job runs, and the settlement ([`crate::settle`]) decides
 //! and carries out what becomes of it. Beside it, a second bounded loop takes the signal stream's
-//! deliveries (spot reviews, due reminders) into the same pipeline as follow-ups, settled the same way.
+//! deliveries (spot reviews, due reminders) into the same pipeline as follow-ups, and a moderator's
+//! takeover to [`Turns::takeover`], settled the same way.
 //! Events whose deliveries ran out while no worker held them (every worker that took them died) are
 //! settled from the server's advisory, the same way.
 
@@ -502,7 +503,14 @@ impl Shared {
                 subject: msg.subject.as_str(),
                 seq,
             };
-            let result = Box::pin(self.worker.turns.handle(&input, Some(&delivery))).await;
+            let turns = &self.worker.turns;
+            // A moderator's takeover changes the conversation's state; every other signal is a follow-up.
+            let result = match self.worker.bus.names.signal_parts(msg.subject.as_str()) {
+                Some((crate::turn::takeover::KIND, _)) => {
+                    Box::pin(turns.takeover(msg.subject.as_str(), &msg.payload)).await
+                }
+                _ => Box::pin(turns.handle(&input, Some(&delivery))).await.map(drop),
+            };
             progress.abort();
             let ending = match &result {
                 Ok(_) => Ending::Settled { through: None },

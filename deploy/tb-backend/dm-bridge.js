@@ -6,6 +6,7 @@
 //   node dm-bridge.js [--no-wait] [--timeout SECS] ['<event json>']     (no JSON argument: read stdin)
 //   node dm-bridge.js --spot-review [--no-wait] [--timeout SECS] ['<review json>']
 //   node dm-bridge.js --group [--no-wait] [--timeout SECS] ['<group message json>']
+//   node dm-bridge.js --takeover ['<takeover json>']
 //
 // --spot-review: publish a spot draft's review instead ({"draftId", "status": "approved"|"rejected",
 // "spotId"?, "note"?, "reviewedAt"}; the admin tool stores the status on the draft first) and wait for
@@ -14,6 +15,15 @@
 // --group: publish a user's message to a group conversation (a DM event without botId) once, on
 // <prefix>.group.<conversationId>, and print every companion message with respondsTo = its messageId,
 // one JSON line each as they come, until COMPANION_GROUP_QUIET_SECS (5) pass without another.
+//
+// --takeover: a moderator pauses or resumes a conversation ({"conversationId", "action": "pause"|"resume",
+// "by": "<moderator id>", "at"?: RFC 3339 (default now), "reason"?, "catchUp"?: false}): publishes
+// {action, by, at, reason?, catchUp?} on <prefix>.signal.takeover.<conversationId> with
+// Nats-Msg-Id = <conversationId>:<action>:<at> and prints the PubAck (nothing to wait for: a pause has
+// no completion; on resume the companion's answer to the latest held message is an ordinary completion).
+//
+// A completion with visibleTo (a crisis referral in a group) is for those users only: the bridge says so
+// on stderr, and TB-Backend emits it to those users' sockets, never to the conversation's room.
 //
 // stdout: with --no-wait, the PubAck as JSON ({"stream","seq","duplicate","subject"}); otherwise
 //         the completion event as JSON (one line). Typing events and progress go to stderr.
@@ -36,17 +46,18 @@ const jc = JSONCodec();
 
 function usage(msg) {
   if (msg) process.stderr.write(`dm-bridge: ${msg}\n`);
-  process.stderr.write("usage: dm-bridge.js [--spot-review] [--no-wait] [--timeout SECS] ['<event or review json>']  (or on stdin)\n");
+  process.stderr.write("usage: dm-bridge.js [--spot-review | --group | --takeover] [--no-wait] [--timeout SECS] ['<event, review or takeover json>']  (or on stdin)\n");
   process.exit(2);
 }
 
 function parseArgs(argv) {
-  const opts = { wait: true, review: false, group: false, timeoutSecs: Number(process.env.COMPANION_WAIT_SECS || 120), json: null };
+  const opts = { wait: true, review: false, group: false, takeover: false, timeoutSecs: Number(process.env.COMPANION_WAIT_SECS || 120), json: null };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (a === '--no-wait') opts.wait = false;
     else if (a === '--spot-review') opts.review = true;
     else if (a === '--group') opts.group = true;
+    else if (a === '--takeover') opts.takeover = true;
     else if (a === '--timeout') opts.timeoutSecs = Number(argv[++i]);
     else if (a === '-h' || a === '--help') usage();
     else if (a.startsWith('--')) usage(`unknown option ${a}`);
@@ -54,7 +65,10 @@ function parseArgs(argv) {
     else usage('more than one event given');
   }
   if (!(opts.timeoutSecs > 0)) usage('--timeout must be a positive number of seconds');
-  if (opts.review && opts.group) usage('--spot-review and --group do not go together');
+  if ([opts.review, opts.group, opts.takeover].filter(Boolean).length > 1) {
+    usage('only one of --spot-review, --group and --takeover');
+  }
+  if (opts.takeover) opts.wait = false;
   return opts;
 }
 
@@ -87,6 +101,17 @@ function checkReview(r) {
   return null;
 }
 
+function checkTakeover(t) {
+  if (t === null || typeof t !== 'object' || Array.isArray(t)) return 'the takeover must be a JSON object';
+  if (typeof t.conversationId !== 'string' || !OID.test(t.conversationId)) return 'conversationId must be a 24-hex ObjectId string';
+  if (t.action !== 'pause' && t.action !== 'resume') return 'action must be "pause" or "resume"';
+  if (typeof t.by !== 'string' || !t.by) return 'by must be the moderator\'s id';
+  if (t.at !== undefined && (typeof t.at !== 'string' || Number.isNaN(Date.parse(t.at)))) return 'at must be an RFC 3339 string';
+  if (t.reason !== undefined && typeof t.reason !== 'string') return 'reason must be a string';
+  if (t.catchUp !== undefined && typeof t.catchUp !== 'boolean') return 'catchUp must be true or false';
+  return null;
+}
+
 // --- the part TB-Backend uses (see docs/tb-backend.md) ---------------------------------------
 
 const PREFIX = process.env.COMPANION_SUBJECT_PREFIX || 'dm.bot';
@@ -96,7 +121,16 @@ const subjects = {
   outbound: (conversationId) => `${PREFIX}.out.${conversationId}`,
   typing: (conversationId) => `${PREFIX}.typing.${conversationId}`,
   spotReview: (draftId) => `${PREFIX}.signal.spot_draft.${draftId}`,
+  takeover: (conversationId) => `${PREFIX}.signal.takeover.${conversationId}`,
 };
+
+// Who may see a completion: everyone in the conversation's room, or, when it has visibleTo (a crisis
+// referral in a group), only those users, never the others of the group.
+function audience(c) {
+  return Array.isArray(c.visibleTo) && c.visibleTo.length
+    ? { users: c.visibleTo.map(String) }
+    : { room: c.conversationId };
+}
 
 async function connectNats() {
   return connect({
@@ -136,7 +170,31 @@ async function publishSpotReview(js, review, timeoutMs = 5000) {
   return { stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate, subject };
 }
 
+// A moderator pauses or resumes a conversation (the admin tool; only tb-backend may publish these).
+// While paused the companions send nothing there (crisis referrals excepted) and the users' messages
+// are held; the latest `at` wins, so signals arriving out of order cannot undo a later action. On resume
+// the companion answers the latest held message once, unless catchUp is false.
+// Nats-Msg-Id = <conversationId>:<action>:<at>, so publishing the same action again is a no-op.
+async function publishTakeover(js, conversationId, { action, by, at, reason, catchUp }, timeoutMs = 5000) {
+  const subject = subjects.takeover(conversationId);
+  const body = { action, by, at: at || new Date().toISOString() };
+  if (reason !== undefined) body.reason = reason;
+  if (catchUp !== undefined) body.catchUp = catchUp;
+  const msgID = `${conversationId}:${action}:${body.at}`;
+  const ack = await js.publish(subject, jc.encode(body), { msgID, timeout: timeoutMs });
+  return { stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate, subject, msgID };
+}
+
 // ----------------------------------------------------------------------------------------------
+
+// Says on stderr when a completion is private (TB-Backend emits it to those users only).
+function notePrivate(c) {
+  const to = audience(c);
+  if (to.users) {
+    process.stderr.write(`dm-bridge: completion ${c.messageId} is private: show it only to user(s) ` +
+      `${to.users.join(', ')}, never to the others of conversation ${c.conversationId}\n`);
+  }
+}
 
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
@@ -147,7 +205,7 @@ async function main() {
   } catch (e) {
     usage(`the event is not JSON: ${e.message}`);
   }
-  const bad = opts.review ? checkReview(ev) : checkEvent(ev, opts.group);
+  const bad = opts.review ? checkReview(ev) : opts.takeover ? checkTakeover(ev) : checkEvent(ev, opts.group);
   if (bad) usage(bad);
   // What the awaited completion answers: the DM, or the review (a proactive follow-up).
   const answers = opts.review
@@ -187,6 +245,7 @@ async function main() {
           let c;
           try { c = jc.decode(m.data); } catch { continue; }
           if (c && answers(c)) {
+            notePrivate(c);
             if (!opts.group) { resolveDone(c); break; }
             // A group: several companions may answer, in order; each is printed as it comes.
             process.stdout.write(`${JSON.stringify(c)}\n`);
@@ -200,7 +259,8 @@ async function main() {
 
     const ack = opts.review
       ? await publishSpotReview(js, ev)
-      : opts.group ? await publishGroupMessage(js, ev) : await publishDm(js, ev);
+      : opts.takeover ? await publishTakeover(js, ev.conversationId, ev)
+        : opts.group ? await publishGroupMessage(js, ev) : await publishDm(js, ev);
     process.stderr.write(`dm-bridge: published ${ack.subject} -> stream ${ack.stream} seq ${ack.seq}` +
       `${ack.duplicate ? ' (DUPLICATE: this messageId was already accepted; not stored again)' : ''}\n`);
     if (!opts.wait) {
@@ -223,7 +283,8 @@ async function main() {
     if (e.code === ErrorCode.NoResponders) {
       const subject = opts.review
         ? subjects.spotReview(ev.draftId)
-        : opts.group ? subjects.group(ev.conversationId) : subjects.inbound(ev);
+        : opts.takeover ? subjects.takeover(ev.conversationId)
+          : opts.group ? subjects.group(ev.conversationId) : subjects.inbound(ev);
       process.stderr.write(`dm-bridge: no JetStream stream stores ${subject} (is a worker or the stream set up?)\n`);
       exitCode = 3;
     } else if (e.code === ErrorCode.Timeout) {

@@ -339,6 +339,29 @@ impl Journal {
         .fetch_optional(&self.pool)
         .await?)
     }
+
+    /// The latest job of `conversation` held by a moderator's pause, created at or after `since` (when
+    /// the pause began): its id, kind and inbound stream sequence, for the resume to answer it.
+    pub async fn latest_held(
+        &self,
+        conversation: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<(String, String, Option<u64>)>, JournalError> {
+        let row = sqlx::query(
+            "SELECT id, kind, stream_seq FROM jobs
+             WHERE conversation_id = $1 AND state = $2 AND created_at >= $3
+             ORDER BY stream_seq DESC NULLS LAST, created_at DESC LIMIT 1",
+        )
+        .bind(conversation)
+        .bind(State::Held.as_str())
+        .bind(since)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| {
+            let seq = r.get::<Option<i64>, _>("stream_seq").map(|s| s as u64);
+            (r.get("id"), r.get("kind"), seq)
+        }))
+    }
 }
 
 fn job_record(row: &PgRow) -> Result<JobRecord, JournalError> {

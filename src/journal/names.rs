@@ -50,6 +50,13 @@ pub mod step {
     pub const ALERT: &str = "alert";
     /// The one line a user under 13 gets a day (tally [`super::tally::under_13`]).
     pub const UNDER_13: &str = "under_13";
+    /// A moderator's pause or resume of a conversation: whether it changed the takeover state, which is
+    /// written in its transaction.
+    pub const TAKEOVER: &str = "takeover";
+    /// On resume: what moderators wrote during the pause, added to the companion's history.
+    pub const MODERATOR_HISTORY: &str = "moderator_history";
+    /// On resume: the latest held job, opened again to be answered (or none).
+    pub const CATCH_UP: &str = "catch_up";
 }
 
 /// Tallies: limits every worker counts against together (`job_steps.tally`).

@@ -520,6 +520,49 @@ impl Mongo {
             .await?;
         Ok(())
     }
+
+    /// What moderators wrote in `conversation` from `from` to `to` (both included): among the window's
+    /// newest 500 messages, those whose sender is not one of its participants, oldest first; with its
+    /// participants and whether it is a group. None when there is no such conversation.
+    pub async fn outsider_messages(
+        &self,
+        conversation: ObjectId,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+    ) -> Result<Option<(Vec<ObjectId>, bool, Vec<Document>)>, StoreError> {
+        let Some(conv) = self
+            .collection(DM_CONVERSATIONS)
+            .find_one(doc! { "_id": conversation })
+            .projection(doc! { "participants": 1, "isGroup": 1 })
+            .await?
+        else {
+            return Ok(None);
+        };
+        let participants = participants_of(&conv);
+        let window = doc! {
+            "$gte": bson::DateTime::from_chrono(from),
+            "$lte": bson::DateTime::from_chrono(to),
+        };
+        let messages: Vec<Document> = self
+            .collection(DM_MESSAGES)
+            .find(doc! { "conversationId": conversation, "timestamp": window })
+            .sort(doc! { "timestamp": -1, "_id": -1 })
+            .limit(500)
+            .await?
+            .try_collect()
+            .await?;
+        let outsiders = messages
+            .into_iter()
+            .rev()
+            .filter(|m| {
+                m.get("senderId")
+                    .and_then(participant_id)
+                    .is_some_and(|s| !participants.contains(&s))
+            })
+            .collect();
+        let group = conv.get_bool("isGroup").unwrap_or(false);
+        Ok(Some((participants, group, outsiders)))
+    }
 }
 
 /// Whether the conversation document has both users as participants (ObjectId, string or DBRef form).

@@ -26,6 +26,9 @@ pub struct HistoryMessage {
     pub content: String,
     /// Compact JSON log of the tool calls behind an assistant message, shown to the model next time.
     pub tool_calls: Option<String>,
+    /// The message's id (dm_messages `_id`): a message kept before it is answered (held, limited) is
+    /// not shown twice.
+    pub message_id: String,
 }
 
 /// What a turn knows of its user and bot from PostgreSQL.
@@ -131,14 +134,15 @@ impl Pg {
         limit: i64,
     ) -> Result<History, StoreError> {
         let sql = format!(
-            "SELECT role, content, tool_calls, reminder_id, fire_at FROM (
+            "SELECT role, content, tool_calls, reminder_id, fire_at, message_id FROM (
                 SELECT 0 AS part, role, content, tool_calls, NULL::text AS reminder_id,
-                       NULL::timestamptz AS fire_at, created_at, id FROM (
-                    SELECT role, content, tool_calls::text AS tool_calls, created_at, id
+                       NULL::timestamptz AS fire_at, created_at, id, message_id FROM (
+                    SELECT role, content, tool_calls::text AS tool_calls, created_at, id, message_id
                     FROM bot_conversations WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat
                     ORDER BY created_at DESC, id DESC LIMIT $3) w
                 UNION ALL
-                SELECT 1, 'reminder', r.text, NULL, r.id, r.fire_at, r.fire_at, 0 FROM reminders r
+                SELECT 1, 'reminder', r.text, NULL, r.id, r.fire_at, r.fire_at, 0, r.id
+                FROM reminders r
                 WHERE r.user_id = $1 AND r.bot_id = $2 AND {}
              ) x ORDER BY part, created_at, id",
             super::reminders::PENDING
@@ -161,6 +165,7 @@ impl Pg {
                     role: r.get("role"),
                     content: r.get("content"),
                     tool_calls: r.get("tool_calls"),
+                    message_id: r.get("message_id"),
                 }),
             }
         }

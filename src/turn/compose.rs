@@ -126,7 +126,12 @@ impl Turns {
             self.retriever.for_turn(&c.knowledge, &query),
             self.turn_flow(t.job, a, c),
         );
-        let (history, tricklists) = context?;
+        let (mut history, tricklists) = context?;
+        // A message kept in history before this answer (held while paused) is the one answered now.
+        let answering: Vec<String> = events.iter().map(|e| e.message_id.to_hex()).collect();
+        history
+            .messages
+            .retain(|m| !answering.contains(&m.message_id));
         let flow = flow?.prompt(&self.flows, &c.flows);
         let prompt_started = std::time::Instant::now();
         let system = prompt::system_prompt(&PromptContext {

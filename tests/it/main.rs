@@ -38,6 +38,7 @@ mod replay;
 mod safety;
 mod shutdown;
 mod spend;
+mod takeover;
 mod tb_backend_bridge;
 mod tls;
 mod tool_loop;
