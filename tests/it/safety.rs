@@ -722,3 +722,32 @@ async fn a_paused_conversation_gets_nothing_but_a_crisis_referral_its_line_and_t
     worker.stop().await;
     env.finish().await;
 }
+
+#[tokio::test]
+async fn in_a_group_each_companion_discloses_the_first_time_it_speaks_there_in_a_day() {
+    let env = TestEnv::with(always(StubReply::text("nice one")), short_rhythm).await;
+    // Jess already heard Kaori's disclosure in their DM today: the group still gets its own.
+    let worker = InProcessWorker::start(&env).await;
+    let mut dm_replies = env.completions(JESS_KAORI).await;
+    let dm = env.dm(JESS, KAORI, JESS_KAORI, "hey").await;
+    env.publish(&dm).await;
+    let first = next_reply_to(&mut dm_replies, &dm.message_id, Duration::from_secs(30)).await;
+    assert!(first.marks.ai_disclosure);
+
+    let group = backend::create_group(&env.mongo, &[oid(JESS)], &[oid(KAORI)])
+        .await
+        .unwrap();
+    let mut replies = env.completions(&group.to_hex()).await;
+    let mut marks = Vec::new();
+    for text in ["kaori what's up", "kaori any tips for boxes?"] {
+        let m = backend::store_group_message(&env.mongo, group, oid(JESS), text)
+            .await
+            .unwrap();
+        backend::publish_group_message(&env.bus, &m).await.unwrap();
+        let answer = next_reply_to(&mut replies, &m.message_id, Duration::from_secs(30)).await;
+        marks.push(answer.marks.ai_disclosure);
+    }
+    assert_eq!(marks, vec![true, false], "once in the group, then not again");
+    worker.stop().await;
+    env.finish().await;
+}
