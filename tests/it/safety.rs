@@ -747,7 +747,11 @@ async fn in_a_group_each_companion_discloses_the_first_time_it_speaks_there_in_a
         let answer = next_reply_to(&mut replies, &m.message_id, Duration::from_secs(30)).await;
         marks.push(answer.marks.ai_disclosure);
     }
-    assert_eq!(marks, vec![true, false], "once in the group, then not again");
+    assert_eq!(
+        marks,
+        vec![true, false],
+        "once in the group, then not again"
+    );
     worker.stop().await;
     env.finish().await;
 }
