@@ -334,6 +334,21 @@ impl TestEnv {
         next_reply_to(&mut replies, &event.message_id, Duration::from_secs(30)).await
     }
 
+    /// Waits (up to 30 s) until job `id` is settled; its record.
+    pub async fn settled(&self, id: &str) -> companion::journal::JobRecord {
+        let journal = self.journal();
+        let done = eventually(Duration::from_secs(30), || async {
+            journal
+                .get(id)
+                .await
+                .unwrap()
+                .is_some_and(|j| j.state.is_settled())
+        })
+        .await;
+        assert!(done, "job {id} did not settle");
+        journal.get(id).await.unwrap().unwrap()
+    }
+
     pub async fn replies_to(&self, message_id: &str) -> Vec<Document> {
         self.mongo
             .collection("dm_messages")

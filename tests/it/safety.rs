@@ -122,17 +122,7 @@ async fn user_with(env: &TestEnv, bot: &str, fields: Document) -> (String, Strin
 
 /// Waits until the job of `id` is settled; its state and reason.
 async fn settled(env: &TestEnv, id: &str) -> (companion::journal::State, Option<String>) {
-    let journal = env.journal();
-    let done = eventually(Duration::from_secs(20), || async {
-        journal
-            .get(id)
-            .await
-            .unwrap()
-            .is_some_and(|j| j.state.is_settled())
-    })
-    .await;
-    assert!(done, "job {id} did not settle");
-    let j = journal.get(id).await.unwrap().unwrap();
+    let j = env.settled(id).await;
     (j.state, j.reason)
 }
 

@@ -62,17 +62,7 @@ fn job(conversation: &str, action: Action, at: &str) -> String {
 
 /// Waits until job `id` is settled; its state.
 async fn settled(env: &TestEnv, id: &str) -> State {
-    let journal = env.journal();
-    let done = eventually(Duration::from_secs(30), || async {
-        journal
-            .get(id)
-            .await
-            .unwrap()
-            .is_some_and(|j| j.state.is_settled())
-    })
-    .await;
-    assert!(done, "job {id} did not settle");
-    journal.get(id).await.unwrap().unwrap().state
+    env.settled(id).await.state
 }
 
 /// Pauses the conversation and waits until the pause is in force.
