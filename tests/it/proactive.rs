@@ -17,7 +17,7 @@ const MAPS: &str = "https://www.google.com/maps/place/Hollow+Bowl/@45.5231,-122.
 
 /// The model: a DM asking to add a spot calls `create_spot_draft`; a follow-up brief (a system note
 /// last) is answered by `follow_up`; anything else gets a short text.
-fn model(follow_up: impl Fn(&str) -> StubReply + Send + Sync + 'static) -> Responder {
+pub(crate) fn model(follow_up: impl Fn(&str) -> StubReply + Send + Sync + 'static) -> Responder {
     Arc::new(move |body: &Value| {
         let last = last_message(body);
         let text = last["content"].as_str().unwrap_or_default();
@@ -33,7 +33,7 @@ fn model(follow_up: impl Fn(&str) -> StubReply + Send + Sync + 'static) -> Respo
 }
 
 /// A DM turn in which Kaori submits a spot draft for Jess; the draft's id.
-async fn submit_draft(env: &TestEnv) -> ObjectId {
+pub(crate) async fn submit_draft(env: &TestEnv) -> ObjectId {
     let event = env
         .dm(JESS, KAORI, JESS_KAORI, &format!("add this spot {MAPS}"))
         .await;
@@ -82,7 +82,7 @@ fn drafts(env: &TestEnv) -> mongodb::Collection<Document> {
 }
 
 /// What the admin tool stores before it publishes the review.
-async fn review_in_mongo(env: &TestEnv, draft: ObjectId, set: Document) {
+pub(crate) async fn review_in_mongo(env: &TestEnv, draft: ObjectId, set: Document) {
     drafts(env)
         .update_one(doc! { "_id": draft }, doc! { "$set": set })
         .await
@@ -90,7 +90,12 @@ async fn review_in_mongo(env: &TestEnv, draft: ObjectId, set: Document) {
 }
 
 /// Publishes a review as TB-Backend does (`Nats-Msg-Id: <draftId>:<status>` unless `msg_id` is given).
-async fn publish_review(env: &TestEnv, draft: ObjectId, body: Value, msg_id: Option<&str>) {
+pub(crate) async fn publish_review(
+    env: &TestEnv,
+    draft: ObjectId,
+    body: Value,
+    msg_id: Option<&str>,
+) {
     let status = body["status"].as_str().unwrap_or("x").to_owned();
     let id = msg_id.map_or_else(|| format!("{}:{status}", draft.to_hex()), str::to_owned);
     env.publish_raw(

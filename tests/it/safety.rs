@@ -636,10 +636,26 @@ async fn pause(env: &TestEnv, conversation: &str) {
 
 #[tokio::test]
 async fn a_paused_conversation_gets_nothing_but_a_crisis_referral_its_line_and_the_alert() {
-    let env = TestEnv::new(always(StubReply::text("should not be sent"))).await;
+    let env = TestEnv::new(crate::proactive::model(|_| {
+        StubReply::text("not while paused")
+    }))
+    .await;
     let worker = InProcessWorker::start(&env).await;
+    // Before the pause, Kaori submits a spot draft for Jess (one model call, one tool call).
+    let draft = crate::proactive::submit_draft(&env).await;
+    let before = env.stub.requests().len();
     let mut all = env.all_completions().await;
     pause(&env, JESS_KAORI).await;
+
+    // The draft's review comes in: no follow-up.
+    crate::proactive::review_in_mongo(&env, draft, doc! { "status": "rejected" }).await;
+    let review = serde_json::json!({
+        "draftId": draft.to_hex(), "status": "rejected", "reviewedAt": chrono::Utc::now(),
+    });
+    crate::proactive::publish_review(&env, draft, review, None).await;
+    let (state, reason) = settled(&env, &format!("spot_review:{}:rejected", draft.to_hex())).await;
+    assert_eq!(state, companion::journal::State::Dropped);
+    assert!(reason.unwrap().contains("moderator"));
 
     // A DM: held, its text kept in history.
     let dm = env.dm(JESS, KAORI, JESS_KAORI, "anyone there?").await;
@@ -708,7 +724,11 @@ async fn a_paused_conversation_gets_nothing_but_a_crisis_referral_its_line_and_t
     let alerts = alerts(&env).await;
     assert_eq!(alerts.len(), 1);
     assert_eq!(alerts[0]["paused"], true);
-    assert!(env.stub.requests().is_empty(), "no model call while paused");
+    assert_eq!(
+        env.stub.requests().len(),
+        before,
+        "no model call while paused"
+    );
     worker.stop().await;
     env.finish().await;
 }
