@@ -394,6 +394,19 @@ impl TestEnv {
     }
 }
 
+/// The last tool result the model was sent (the `tool` message of the stub's latest request), as JSON.
+pub fn last_tool_result(stub: &companion_dev::stub::StubLlm) -> serde_json::Value {
+    let result = stub.requests().last().expect("a request")["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .cloned()
+        .expect("the tool's result went back to the model");
+    serde_json::from_str(result["content"].as_str().expect("text")).expect("JSON result")
+}
+
 /// Waits for the completion answering `message_id` (discarding others); panics if none comes `within`.
 pub async fn next_reply_to(
     replies: &mut (impl futures::Stream<Item = Completion> + Unpin),

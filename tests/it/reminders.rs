@@ -65,15 +65,7 @@ async fn ask_for_reminder(env: &TestEnv) -> String {
         .await;
     let reply = env.turn(&event).await;
     assert_eq!(reply.content, "got it");
-    let result = env.stub.requests().last().unwrap()["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find(|m| m["role"] == "tool")
-        .cloned()
-        .expect("the tool's result went back to the model");
-    let data: Value = serde_json::from_str(result["content"].as_str().unwrap()).unwrap();
+    let data = last_tool_result(&env.stub);
     assert_eq!(data["state"], "pending", "{data}");
     data["reminderId"].as_str().unwrap().to_owned()
 }

@@ -586,15 +586,7 @@ async fn an_unknown_age_is_a_minor_whose_reminders_wait_out_the_quiet_hours() {
         .await;
     env.publish(&ask).await;
     next_reply_to(&mut replies, &ask.message_id, Duration::from_secs(30)).await;
-    let result = env.stub.requests().last().unwrap()["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find(|m| m["role"] == "tool")
-        .cloned()
-        .expect("the tool's result went back to the model");
-    let data: Value = serde_json::from_str(result["content"].as_str().unwrap()).unwrap();
+    let data = last_tool_result(&env.stub);
     assert_eq!(
         data["heldForQuietHours"], true,
         "exact, but a minor at night: {data}"

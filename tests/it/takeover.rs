@@ -297,22 +297,6 @@ async fn a_malformed_takeover_signal_is_dead_lettered_and_changes_nothing() {
     env.finish().await;
 }
 
-/// Runs the TB-Backend guide's bridge (`deploy/tb-backend/dm-bridge.js`) against this environment.
-async fn bridge(env: &TestEnv, args: &[&str]) -> std::process::Output {
-    assert!(
-        root().join("deploy/tb-backend/node_modules/nats").exists(),
-        "nats.js is not installed: run `npm ci --prefix deploy/tb-backend` (deploy/local/test.sh does)"
-    );
-    tokio::process::Command::new("node")
-        .arg(root().join("deploy/tb-backend/dm-bridge.js"))
-        .args(args)
-        .env("NATS_URL", &env.config.nats.url)
-        .env("COMPANION_SUBJECT_PREFIX", &env.config.nats.subject_prefix)
-        .output()
-        .await
-        .expect("node runs")
-}
-
 #[tokio::test]
 async fn the_guide_s_node_code_pauses_a_conversation_once() {
     let env = TestEnv::new(always(StubReply::text(WELCOME))).await;
@@ -321,7 +305,7 @@ async fn the_guide_s_node_code_pauses_a_conversation_once() {
     let pause =
         json!({"conversationId": JESS_KAORI, "action": "pause", "by": MODERATOR, "at": when})
             .to_string();
-    let out = bridge(&env, &["--takeover", &pause]).await;
+    let out = crate::tb_backend_bridge::bridge(&env, &["--takeover", &pause]).await;
     assert!(
         out.status.success(),
         "{}",
@@ -336,14 +320,14 @@ async fn the_guide_s_node_code_pauses_a_conversation_once() {
     assert_eq!(settled(&env, &id).await, State::Done);
     assert!(env.pg.paused(JESS_KAORI).await.unwrap());
 
-    let again = bridge(&env, &["--takeover", &pause]).await;
+    let again = crate::tb_backend_bridge::bridge(&env, &["--takeover", &pause]).await;
     let ack: Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(
         ack["duplicate"], true,
         "the same action again is a duplicate"
     );
     let bad = json!({"conversationId": JESS_KAORI, "action": "stop", "by": MODERATOR}).to_string();
-    let out = bridge(&env, &["--takeover", &bad]).await;
+    let out = crate::tb_backend_bridge::bridge(&env, &["--takeover", &bad]).await;
     assert_eq!(
         out.status.code(),
         Some(2),

@@ -5,7 +5,8 @@ use crate::env::*;
 use companion_dev::stub::{StubReply, always};
 use serde_json::Value;
 
-async fn bridge(env: &TestEnv, args: &[&str]) -> std::process::Output {
+/// Runs the guide's bridge with `args` against this environment.
+pub(crate) async fn bridge(env: &TestEnv, args: &[&str]) -> std::process::Output {
     let script = root().join("deploy/tb-backend/dm-bridge.js");
     assert!(
         root().join("deploy/tb-backend/node_modules/nats").exists(),
