@@ -349,6 +349,39 @@ impl TestEnv {
         journal.get(id).await.unwrap().unwrap()
     }
 
+    /// A pending reminder of Jess's with Kaori, due now (as if `schedule_reminder` had stored it); its id.
+    pub async fn due_reminder(&self, text: &str) -> String {
+        use companion::store::reminders::{Reminder, ReminderState};
+        let (id, now) = (ObjectId::new().to_hex(), chrono::Utc::now());
+        self.pg
+            .insert_reminder(&Reminder {
+                id: id.clone(),
+                user_id: JESS.into(),
+                bot_id: KAORI.into(),
+                conversation_id: JESS_KAORI.into(),
+                text: text.into(),
+                due_at: now,
+                fire_at: now,
+                state: ReminderState::Pending,
+            })
+            .await
+            .expect("reminder stored");
+        id
+    }
+
+    /// Fires reminder `id` as its schedule would (`<prefix>.signal.reminder.<id>`, message id
+    /// `due-<id>`) and waits until its job is settled; the job's record.
+    pub async fn fire_reminder(&self, id: &str) -> companion::journal::JobRecord {
+        let body = serde_json::json!({"reminderId": id, "fireAt": chrono::Utc::now()});
+        self.publish_raw(
+            self.bus.names.reminder_due(id),
+            &format!("due-{id}"),
+            body.to_string(),
+        )
+        .await;
+        self.settled(&format!("reminder:{id}")).await
+    }
+
     pub async fn replies_to(&self, message_id: &str) -> Vec<Document> {
         self.mongo
             .collection("dm_messages")

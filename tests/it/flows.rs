@@ -567,22 +567,7 @@ async fn invalid_flow_files_stop_the_worker_with_a_clear_error() {
 
 /// A reminder row of Jess's with Kaori, due now, and Jess's coaching flow waiting for it.
 async fn flow_waiting_on_a_reminder(env: &TestEnv) -> String {
-    use companion::store::reminders::{Reminder, ReminderState};
-    let id = ObjectId::new().to_hex();
-    let now = chrono::Utc::now();
-    env.pg
-        .insert_reminder(&Reminder {
-            id: id.clone(),
-            user_id: JESS.into(),
-            bot_id: KAORI.into(),
-            conversation_id: JESS_KAORI.into(),
-            text: "how did the session go?".into(),
-            due_at: now,
-            fire_at: now,
-            state: ReminderState::Pending,
-        })
-        .await
-        .unwrap();
+    let id = env.due_reminder("how did the session go?").await;
     let slots = json!({"goal_trick": "Kickflip", "sport": "skateboard",
                        "tricklist_id": ObjectId::new().to_hex(), "reminder_id": id});
     sqlx::query(
@@ -603,26 +588,7 @@ async fn flow_waiting_on_a_reminder(env: &TestEnv) -> String {
 
 /// The schedule of reminder `id` fires; how its job ended: (state, reason).
 async fn fire_reminder(env: &TestEnv, id: &str) -> (String, Option<String>) {
-    env.publish_raw(
-        env.bus.names.reminder_due(id),
-        &format!("due-{id}"),
-        serde_json::to_vec(&json!({"reminderId": id, "fireAt": chrono::Utc::now()})).unwrap(),
-    )
-    .await;
-    let journal = env.journal();
-    let job = format!("reminder:{id}");
-    assert!(
-        eventually(Duration::from_secs(20), || async {
-            journal
-                .get(&job)
-                .await
-                .unwrap()
-                .is_some_and(|j| j.state.is_settled())
-        })
-        .await,
-        "the reminder's job ends"
-    );
-    let j = journal.get(&job).await.unwrap().unwrap();
+    let j = env.fire_reminder(id).await;
     (j.state.as_str().to_owned(), j.reason)
 }
 
@@ -650,20 +616,7 @@ async fn a_reminder_dropped_over_the_cap_or_for_a_block_leaves_the_flow_waiting_
     let worker = InProcessWorker::start(&env).await;
 
     // The day's one follow-up goes to another reminder; the flow's own is then over the cap.
-    let other = ObjectId::new().to_hex();
-    env.pg
-        .insert_reminder(&companion::store::reminders::Reminder {
-            id: other.clone(),
-            user_id: JESS.into(),
-            bot_id: KAORI.into(),
-            conversation_id: JESS_KAORI.into(),
-            text: "wax the board".into(),
-            due_at: chrono::Utc::now(),
-            fire_at: chrono::Utc::now(),
-            state: companion::store::reminders::ReminderState::Pending,
-        })
-        .await
-        .unwrap();
+    let other = env.due_reminder("wax the board").await;
     assert_eq!(fire_reminder(&env, &other).await.0, "done");
     let capped = flow_waiting_on_a_reminder(&env).await;
     let before = where_the_flow_stands(&env).await;

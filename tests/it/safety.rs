@@ -594,14 +594,8 @@ async fn an_unknown_age_is_a_minor_whose_reminders_wait_out_the_quiet_hours() {
     let id = data["reminderId"].as_str().unwrap().to_owned();
 
     // Had it fired at night anyway (say the user moved), the follow-up is not sent.
-    let body = serde_json::json!({"reminderId": id, "fireAt": chrono::Utc::now()});
-    env.publish_raw(
-        env.bus.names.reminder_due(&id),
-        &format!("early:{id}"),
-        body.to_string(),
-    )
-    .await;
-    let (state, reason) = settled(&env, &format!("reminder:{id}")).await;
+    let fired = env.fire_reminder(&id).await;
+    let (state, reason) = (fired.state, fired.reason);
     assert_eq!(state, companion::journal::State::Dropped);
     assert!(
         reason
@@ -678,26 +672,10 @@ async fn a_paused_conversation_gets_nothing_but_a_crisis_referral_its_line_and_t
     assert_eq!(state, companion::journal::State::Held);
 
     // A due reminder: not sent.
-    let id = bson::oid::ObjectId::new().to_hex();
-    env.pg
-        .insert_reminder(&companion::store::reminders::Reminder {
-            id: id.clone(),
-            user_id: JESS.into(),
-            bot_id: KAORI.into(),
-            conversation_id: JESS_KAORI.into(),
-            text: "wax the board".into(),
-            due_at: chrono::Utc::now(),
-            fire_at: chrono::Utc::now(),
-            state: companion::store::reminders::ReminderState::Pending,
-        })
-        .await
-        .unwrap();
-    let body = serde_json::json!({"reminderId": id, "fireAt": chrono::Utc::now()});
-    env.publish_raw(env.bus.names.reminder_due(&id), &id, body.to_string())
-        .await;
-    let (state, reason) = settled(&env, &format!("reminder:{id}")).await;
-    assert_eq!(state, companion::journal::State::Dropped);
-    assert!(reason.unwrap().contains("moderator"));
+    let id = env.due_reminder("wax the board").await;
+    let fired = env.fire_reminder(&id).await;
+    assert_eq!(fired.state, companion::journal::State::Dropped);
+    assert!(fired.reason.unwrap().contains("moderator"));
 
     // A crisis: the referral, the character's fixed crisis line, and the alert marked paused.
     let crisis = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_EN).await;
