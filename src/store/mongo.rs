@@ -65,7 +65,7 @@ pub struct UserData {
     /// Whom the user blocked (`users.blockedUsers`): a companion among them may answer, never start a DM.
     pub blocked: Vec<ObjectId>,
     /// The user document as stored, for what the safety protocol reads of it (the age signal, whose
-    /// field names are configured).
+    /// field names are configured); the admission takes it once it has read the age.
     pub document: Option<Document>,
 }
 

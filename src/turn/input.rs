@@ -177,7 +177,7 @@ impl Turns {
                     .admit(e.conversation_id, e.sender_id, tricklists)
                     .await?;
                 let conversation = e.conversation_id.to_hex();
-                let admission =
+                let mut admission =
                     found.ok_or(TurnError::MissingConversation(conversation.clone()))?;
                 if !(admission.joins(e.sender_id) && admission.joins(e.bot_id)) {
                     return Err(TurnError::NotParticipant(conversation));
@@ -193,7 +193,7 @@ impl Turns {
                         conversation,
                     },
                     kind: Kind::Dm((*e).clone()),
-                    age: self.age_of(&admission.user),
+                    age: self.age_of(&mut admission.user),
                     user: admission.user,
                     members: vec![Member {
                         bot: e.bot_id,
@@ -203,7 +203,7 @@ impl Turns {
             }
             Input::Group(e) => {
                 let conversation = e.conversation_id.to_hex();
-                let admission = self
+                let mut admission = self
                     .mongo
                     .admit(e.conversation_id, e.sender_id, tricklists)
                     .await?
@@ -236,7 +236,7 @@ impl Turns {
                         event: (*e).clone(),
                         participants: admission.participants,
                     },
-                    age: self.age_of(&admission.user),
+                    age: self.age_of(&mut admission.user),
                     user: admission.user,
                     members,
                 })
@@ -256,7 +256,7 @@ impl Turns {
                 span.record("job", f.job_id());
                 span.record("conversation_id", f.conversation.to_hex());
                 let found = self.mongo.admit(f.conversation, f.user, tricklists).await?;
-                let (access, user) = follow_up_access(found, &f);
+                let (access, mut user) = follow_up_access(found, &f);
                 Ok(Admitted {
                     ids: Ids {
                         user_id: f.user,
@@ -275,7 +275,7 @@ impl Turns {
                         follow_up: f,
                         access,
                     },
-                    age: self.age_of(&user),
+                    age: self.age_of(&mut user),
                     user,
                 })
             }
@@ -284,8 +284,9 @@ impl Turns {
 }
 
 impl Turns {
-    fn age_of(&self, user: &UserData) -> Age {
-        self.safety.age(user.document.as_ref(), Utc::now())
+    /// The user's age; the users document is let go once read (a waiting turn does not hold it).
+    fn age_of(&self, user: &mut UserData) -> Age {
+        self.safety.age(user.document.take().as_ref(), Utc::now())
     }
 }
 
