@@ -12,7 +12,7 @@ use crate::store::reminders::ReminderState;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The id `schedule_reminder` returned (also listed with the pending reminders in your context).
+    /// From schedule_reminder or your context's pending reminders.
     #[serde(rename = "reminderId")]
     #[schemars(length(min = 1, max = 64))]
     pub reminder_id: String,
@@ -25,7 +25,7 @@ impl Tool for CancelReminder {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Cancel a pending reminder of the user's (by its reminderId), when they no longer want it."
+        "Cancel a pending reminder the user no longer wants."
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {

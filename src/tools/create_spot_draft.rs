@@ -23,21 +23,18 @@ pub const DESCRIPTION_MAX: usize = 1000;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The spot's name.
     #[schemars(length(min = 1, max = NAME_MAX), regex(pattern = r"\S"))]
     pub name: String,
-    /// What kind of spot it is.
     #[serde(rename = "type")]
     pub kind: SpotType,
-    /// A Google Maps or Apple Maps link to the spot, as the user shared it.
+    // Coordinates are read from it ([`maps::parse`]) unless latitude and longitude are given.
+    /// Google or Apple Maps link, as shared.
     #[serde(default, rename = "mapsUrl")]
     #[schemars(length(min = 1, max = URL_MAX))]
     pub maps_url: Option<String>,
-    /// Latitude, when there is no maps link.
     #[serde(default)]
     #[schemars(range(min = -90.0, max = 90.0))]
     pub latitude: Option<f64>,
-    /// Longitude, when there is no maps link.
     #[serde(default)]
     #[schemars(range(min = -180.0, max = 180.0))]
     pub longitude: Option<f64>,
@@ -50,7 +47,6 @@ pub struct Args {
     #[serde(default)]
     #[schemars(length(min = 1, max = PLACE_MAX))]
     pub country: Option<String>,
-    /// What the spot is like.
     #[serde(default)]
     #[schemars(length(min = 1, max = DESCRIPTION_MAX))]
     pub description: Option<String>,
@@ -64,7 +60,7 @@ impl Tool for CreateSpotDraft {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Submit a new spot for moderator approval. Use when the user shares a Google or Apple Maps link or describes a spot they want added to TrickBook. Coordinates are read from the link (or give latitude and longitude). The spot is a draft pending approval, not yet public. Counts toward the user's hourly limit of things you can create."
+        "Submit a spot the user wants added; it is public only once a moderator approves it. Give latitude and longitude only without a maps link. Counts toward an hourly limit."
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {

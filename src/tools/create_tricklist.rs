@@ -26,13 +26,13 @@ const TRICKIPEDIA_MAX: i64 = 5000;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The list's name, e.g. "Park List".
     #[schemars(length(min = 1, max = NAME_MAX), regex(pattern = r"\S"))]
     pub name: String,
-    /// Trick names to add, e.g. ["kickflip", "50-50", "boardslide"]; each is matched against the trickipedia.
+    // Each is matched against the trickipedia ([`resolve_trick`]).
     #[schemars(length(min = 1, max = TRICKS_MAX), inner(length(min = 1, max = TRICK_NAME_MAX)))]
     pub tricks: Vec<String>,
-    /// The sport of the list (default skateboard); tricks of this sport are preferred when names repeat.
+    // Tricks of this sport are preferred when names repeat.
+    /// Default skateboard.
     #[serde(default)]
     pub category: Option<Category>,
 }
@@ -53,7 +53,7 @@ impl Tool for CreateTricklist {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Create a new tricklist for the user with tricks from the trickipedia. Use when the user asks you to make them a list or wants to track tricks to learn. Trick names are matched forgivingly (\"kick flip\" finds Kickflip); the result says which names matched and which did not, so tell the user about any that didn't. Counts toward the user's hourly limit of things you can create."
+        "Create a tricklist for the user from trickipedia tricks (names match forgivingly); tell the user which names did not match. Counts toward an hourly limit."
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {

@@ -15,7 +15,7 @@ pub const LISTS_MAX: i64 = 20;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// Only lists whose name contains this text (case-insensitive), e.g. "park".
+    /// Filter: text in the list's name.
     #[serde(default, rename = "listName")]
     #[schemars(length(min = 1, max = NAME_MAX))]
     pub list_name: Option<String>,
@@ -28,7 +28,7 @@ impl Tool for GetUserTricklists {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Get the current user's own tricklists with each trick's name and whether they have landed it (checked). Use when the user asks about their lists, tricks they've landed or their progress. Optionally filter by list name."
+        "Get the user's own tricklists: each trick and whether they landed it (checked). Use for their lists or progress."
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {

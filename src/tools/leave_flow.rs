@@ -11,7 +11,8 @@ use crate::flow::state::{self, Applied, status};
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// True when the user only wants a break and may continue later; false to drop the flow.
+    // False drops the flow.
+    /// Keep progress to resume later.
     #[serde(default)]
     pub pause: bool,
 }
@@ -23,8 +24,7 @@ impl Tool for LeaveFlow {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Stop the user's current flow when they say they want to stop, pause or do something else. \
-         pause=true keeps their progress for later."
+        "Stop the user's flow when they want to stop, pause or do something else."
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {

@@ -13,10 +13,10 @@ use crate::store::mongo::{TRICKLISTS, user_ref_filter};
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The trick's name as on the list (matched forgivingly: case, spaces and dashes do not matter).
+    // The name as on the list; case, spaces and dashes do not matter ([`key`]).
     #[schemars(length(min = 1, max = NAME_MAX))]
     pub trick: String,
-    /// The tricklist's `_id`, when the trick is on several of the user's lists.
+    /// Only when the trick is on several lists.
     #[serde(default, rename = "tricklistId")]
     #[schemars(regex(pattern = r"^[0-9a-fA-F]{24}$"))]
     pub tricklist_id: Option<String>,
@@ -37,8 +37,7 @@ impl Tool for MarkTrickLanded {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Check off a trick the user says they landed, on their tricklist that has it. Returns the list with \
-         how many of its tricks are landed."
+        "Check off a trick the user says they landed on their tricklist."
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {

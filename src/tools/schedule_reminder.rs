@@ -27,14 +27,15 @@ pub const MAX_PENDING: i64 = 10;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// What to remind the user of, in a few words ("wax the board before saturday").
+    // What to remind the user of, in a few words ("wax the board before saturday").
     #[schemars(length(min = 1, max = TEXT_MAX), regex(pattern = r"\S"))]
     pub text: String,
-    /// When, as an RFC 3339 timestamp with the user's UTC offset, e.g. `2026-11-28T09:00:00-08:00`.
+    // E.g. `2026-11-28T09:00:00-08:00`; at least the minimum lead and at most 30 days ahead.
+    /// RFC 3339 with the user's UTC offset, 1 min to 30 days ahead.
     #[schemars(length(min = 1, max = 64))]
     pub at: String,
-    /// True when the user asked for this exact time even at night ("wake me at 5am"); otherwise a
-    /// reminder due in the user's quiet hours (23:00–07:00) is held to 07:00.
+    // False: a reminder due in the user's quiet hours (23:00–07:00) is held to 07:00.
+    /// The user wants this time even in night quiet hours.
     #[serde(default)]
     pub exact: bool,
 }
@@ -47,7 +48,7 @@ impl Tool for ScheduleReminder {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Promise to remind the user of something later, and keep the promise: at the time you give, you will message them in this chat. Use when the user asks to be reminded (or agrees to your offer). `at` is an RFC 3339 timestamp with their UTC offset, at least a minute ahead and at most 30 days. Returns the reminder's id (needed to cancel it) and when it will fire. Counts toward the user's hourly limit of things you can create."
+        "Remind the user of something: at `at` you will message them in this chat. Use when they ask for a reminder or accept your offer. Counts toward an hourly limit."
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {

@@ -17,7 +17,8 @@ pub const LIMIT_MAX: u32 = 20;
 /// Spots returned when the model names no limit.
 pub const LIMIT_DEFAULT: u32 = 5;
 
-/// Kinds of spot in `ck_spots`.
+// Kinds of spot in `ck_spots`. A plain comment: a doc comment here would become the `type` field's
+// description in the tools' schemas.
 #[derive(Clone, Copy, Debug, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum SpotType {
@@ -45,13 +46,13 @@ impl SpotType {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// Words to look for in a spot's name, city, state, country or description, e.g. "Portland" or "Burnside". Matched literally, case-insensitively.
+    // Looked for in the name, city, state, country and description, case-insensitively.
+    /// Matched literally.
     #[schemars(length(min = 1, max = QUERY_MAX), regex(pattern = r"\S"))]
     pub query: String,
-    /// Only spots of this type.
     #[serde(default, rename = "type")]
     pub kind: Option<SpotType>,
-    /// How many spots to return, 1-20 (default 5).
+    /// Default 5.
     #[serde(default)]
     #[schemars(range(min = 1, max = LIMIT_MAX))]
     pub limit: Option<u32>,
@@ -64,7 +65,7 @@ impl Tool for SearchSpots {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Search TrickBook spots (skateparks, street spots, DIYs, mountains, resorts) by words in their name, city, state, country or description, optionally of one type. Use when the user asks about spots, parks or places to skate or ride. Returns the spots with ids; the app shows them as a list."
+        "Find spots by a word in their name or location, when the user asks about places to skate or ride. The app shows them as a list."
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {

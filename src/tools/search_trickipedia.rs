@@ -14,7 +14,8 @@ use crate::store::mongo::TRICKS;
 /// Most tricks returned.
 pub const LIMIT: i64 = 10;
 
-/// Sports of the trickipedia.
+// Sports of the trickipedia. A plain comment: a doc comment here would become the `category` field's
+// description in the tools' schemas.
 #[derive(Clone, Copy, Debug, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Category {
@@ -40,10 +41,10 @@ impl Category {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// A trick name or keyword, e.g. "kickflip" or "grind". Matched literally, case-insensitively.
+    // Looked for in trick names and descriptions, case-insensitively.
+    /// Matched literally.
     #[schemars(length(min = 1, max = QUERY_MAX), regex(pattern = r"\S"))]
     pub query: String,
-    /// Only tricks of this sport.
     #[serde(default)]
     pub category: Option<Category>,
 }
@@ -55,7 +56,7 @@ impl Tool for SearchTrickipedia {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Search the trickipedia for tricks by name or keyword (up to 10), optionally for one sport. Use when the user asks about a specific trick, how to do something, or wants trick ideas. Returns names, categories, difficulty and how-to descriptions."
+        "Look up tricks by name or keyword, for how-tos, difficulty or ideas."
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {

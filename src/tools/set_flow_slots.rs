@@ -15,7 +15,8 @@ use crate::flow::{
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// Slot values for the current step, by slot name, as the step's `slots` describe them.
+    // As the step's `slots` describe them; validated against the step's schema.
+    /// Values by slot name.
     pub slots: Map<String, Value>,
 }
 
@@ -34,9 +35,7 @@ impl Tool for SetFlowSlots {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Record values for the current step of the user's flow (only what the user said or a tool returned; \
-         never invent them). Returns the flow as it stands: the next step's goal and slots when this step is \
-         complete, or what is still missing."
+        "Record values for the current flow step: only what the user said or a tool returned, never invented."
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {

@@ -27,10 +27,9 @@ pub enum ContentType {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// What kind of item the id names.
     #[serde(rename = "type")]
     pub kind: ContentType,
-    /// The item's id (24 hex characters) from an earlier tool result.
+    /// From an earlier tool result.
     #[schemars(regex(pattern = r"^[0-9a-fA-F]{24}$"))]
     pub id: String,
 }
@@ -42,7 +41,7 @@ impl Tool for ShareContent {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Show a TrickBook spot, tricklist or trick as a tappable card in the chat. Use when you want to point the user to a specific item; take the id from an earlier tool result. Tricklists can be shared only if they are the user's own or public."
+        "Show a spot, tricklist or trick as a card in the chat. Only the user's own or public tricklists."
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {

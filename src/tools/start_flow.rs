@@ -14,7 +14,7 @@ use crate::flow::{
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Args {
-    /// The flow's id, one of those listed as offered in your context.
+    /// An id offered in your context.
     #[schemars(length(min = 1, max = 64))]
     pub flow: String,
 }
@@ -26,8 +26,7 @@ impl Tool for StartFlow {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Start (or resume) a guided flow you offer, when the user asks for it or agrees to it. Returns the \
-         flow's first step: its goal, the slots to fill (record them with set_flow_slots) and the tools it uses."
+        "Start or resume a guided flow you offer, when the user asks for or agrees to it. Fill its slots with set_flow_slots."
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
