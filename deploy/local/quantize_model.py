@@ -10,13 +10,30 @@ the fp32 reference on this project's parity fixture: BERT's activations have a f
 than the rest, and one scale per tensor spends the 8 bits on them. So, as SmoothQuant does, each quantised
 MatMul/Attention input channel j is divided by s_j = amax_j^ALPHA / wmax_j^(1-ALPHA) (amax from a
 calibration run, wmax the weight row's largest magnitude) and the weight row multiplied by it: the same
-function, with the outliers moved into the weights, which are quantised per output channel. The first
-layer's FFN output projection (the most sensitive) stays fp32. Weights use 7 bits (reduce_range): CPUs
-without VNNI multiply u8 x s8 pairs with a saturating 16-bit add.
+function, with the outliers moved into the weights, which are quantised per output channel. Weights use 7
+bits (reduce_range): CPUs without VNNI multiply u8 x s8 pairs with a saturating 16-bit add (8 bits measured
+worse). Activations are quantised per model run, one range per tensor, so two more things keep that range
+honest:
+  - the padded rows of a batch are set to 0 before each quantised operator (they never reach the output,
+    but their values widened the range of their batch mates);
+  - in layers 1-3 the [CLS] token's FFN activations are 3-4x those of every other token, so the FFN output
+    projection multiplies the [CLS] row and the other rows apart (SPLIT_CLS, same weights), each with its
+    own range.
+Layer 0's FFN output projection (the most sensitive) stays fp32.
 
-Calibration texts are the demo knowledge base's paragraphs and the seed's chat lines (never the parity
-fixture). Prints the smallest cosine between the two graphs on those texts. Needs numpy, onnx,
-onnxruntime and tokenizers.
+Calibration texts (the activation maxima) are, in this order:
+  - deploy/local/calibration/*.txt: chat messages (chat.txt), lines in Japanese, Spanish, Portuguese,
+    French, German, Italian, Korean and Chinese (multilingual.txt), paragraphs of 170-450 tokens
+    (paragraphs.txt); one text per line, # starts a comment;
+  - the demo knowledge articles' paragraphs (deploy/local/knowledge/**/*.md but README.md);
+  - the seed data's content/text/description/name strings (deploy/local/seed/*.json).
+They must share no line with the texts parity is measured on (tests/fixtures/heldout/parity.jsonl and
+queries.txt, tests/fixtures/embeddings-public.jsonl): the script stops if one does (equal after lower-casing
+and collapsing whitespace, or one containing the other), and so does tests/it/embed_parity.rs.
+
+Prints the operators quantised, the calibration texts and the smallest cosine between the two graphs on
+them. `companion-dev parity` measures the graph on the held-out texts (docs/benchmark.md, issue 29). Needs
+numpy, onnx, onnxruntime and tokenizers.
 """
 
 import glob
@@ -31,14 +48,29 @@ from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from tokenizers import Tokenizer
 
-ALPHA = 0.7
+ALPHA = 0.6
 KEEP_FP32 = ["l0_ffn_out"]
+SPLIT_CLS = ["l1_ffn_out", "l2_ffn_out", "l3_ffn_out"]
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+# Texts parity is measured on: never calibration text.
+HELD_OUT = [
+    ("tests/fixtures/heldout/parity.jsonl", "jsonl"),
+    ("tests/fixtures/heldout/queries.txt", "lines"),
+    ("tests/fixtures/embeddings-public.jsonl", "jsonl"),
+]
 
 
 def calibration_texts():
     texts = []
+    for path in sorted(glob.glob(os.path.join(HERE, "calibration", "*.txt"))):
+        for line in open(path, encoding="utf-8"):
+            line = line.strip()
+            if line and not line.startswith("#"):
+                texts.append(line)
     for path in sorted(glob.glob(os.path.join(HERE, "knowledge", "**", "*.md"), recursive=True)):
+        if os.path.basename(path) == "README.md":
+            continue
         body = open(path, encoding="utf-8").read().split("\n---\n", 1)[-1]
         texts += [p.strip() for p in body.split("\n\n") if len(p.strip()) > 20]
 
@@ -58,6 +90,30 @@ def calibration_texts():
     return texts
 
 
+def normalize(text):
+    return " ".join(text.lower().split())
+
+
+def held_out_overlaps(texts):
+    """Held-out lines that calibration contains (the same rule as companion_dev::parity::overlaps)."""
+    held = []
+    for rel, kind in HELD_OUT:
+        path = os.path.join(ROOT, rel)
+        if not os.path.exists(path):
+            continue
+        for line in open(path, encoding="utf-8"):
+            if line.strip():
+                held.append(json.loads(line)["text"] if kind == "jsonl" else line.strip())
+    cal = [normalize(t) for t in texts]
+    exact = set(cal)
+    bad = []
+    for h in held:
+        n = normalize(h)
+        if n in exact or any((len(n) >= 24 and n in c) or (len(c) >= 24 and c in n) for c in cal):
+            bad.append(h)
+    return bad
+
+
 def feeds(tok, text):
     e = tok.encode(text)
     return {
@@ -66,7 +122,7 @@ def feeds(tok, text):
     }
 
 
-def session(model, outputs=None):
+def session(model):
     o = ort.SessionOptions()
     o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     o.intra_op_num_threads = 1
@@ -78,6 +134,31 @@ def pooled(hidden):
     return v / np.linalg.norm(v)
 
 
+def split_cls(graph, names):
+    """MatMul nodes `names`: row 0 ([CLS]) and the other rows through two MatMuls of the same weights."""
+    graph.initializer.extend([
+        numpy_helper.from_array(np.array([0], np.int64), "cls_first"),
+        numpy_helper.from_array(np.array([1], np.int64), "cls_rest"),
+        numpy_helper.from_array(np.array([2**62], np.int64), "cls_end"),
+        numpy_helper.from_array(np.array([1], np.int64), "cls_axis"),
+    ])
+    nodes = []
+    for n in graph.node:
+        if n.name not in names:
+            nodes.append(n)
+            continue
+        x, w, y, p = n.input[0], n.input[1], n.output[0], n.name
+        nodes += [
+            helper.make_node("Slice", [x, "cls_first", "cls_rest", "cls_axis"], [f"{p}_x_cls"], name=f"{p}_slice_cls"),
+            helper.make_node("Slice", [x, "cls_rest", "cls_end", "cls_axis"], [f"{p}_x_tok"], name=f"{p}_slice_tok"),
+            helper.make_node("MatMul", [f"{p}_x_cls", w], [f"{p}_y_cls"], name=f"{p}_cls"),
+            helper.make_node("MatMul", [f"{p}_x_tok", w], [f"{p}_y_tok"], name=f"{p}_tok"),
+            helper.make_node("Concat", [f"{p}_y_cls", f"{p}_y_tok"], [y], axis=1, name=f"{p}_concat"),
+        ]
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
 def main():
     models = sys.argv[1]
     src = os.path.join(models, "model.onnx")
@@ -85,6 +166,10 @@ def main():
     tok.enable_truncation(256)
     tok.no_padding()
     texts = calibration_texts()
+    overlap = held_out_overlaps(texts)
+    if overlap:
+        sys.exit("calibration text contains held-out parity text (remove it from the calibration sources):\n  "
+                 + "\n  ".join(overlap[:10]))
 
     m = onnx.load(src)
     targets = [n for n in m.graph.node if n.op_type in ("MatMul", "Attention") and n.name not in KEEP_FP32]
@@ -101,7 +186,12 @@ def main():
             amax[n.name] = np.maximum(amax.get(n.name, a), a)
 
     inits = {i.name: i for i in m.graph.initializer}
-    nodes = []
+    # The attention mask as [batch, seq, 1] floats: padded rows times 0.
+    m.graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), "pad_axes"))
+    nodes = [
+        helper.make_node("Cast", ["attention_mask"], ["pad_mask_f"], to=onnx.TensorProto.FLOAT, name="pad_mask_f"),
+        helper.make_node("Unsqueeze", ["pad_mask_f", "pad_axes"], ["pad_mask"], name="pad_mask"),
+    ]
     for n in m.graph.node:
         if n in targets:
             w = numpy_helper.to_array(inits[n.input[1]])
@@ -110,11 +200,13 @@ def main():
             inits[n.input[1]].CopyFrom(numpy_helper.from_array((w * scale[:, None]).astype(np.float32), n.input[1]))
             inv, smoothed = f"{n.name}_smooth", f"{n.name}_smoothed_in"
             m.graph.initializer.append(numpy_helper.from_array((1.0 / scale).astype(np.float32), inv))
-            nodes.append(helper.make_node("Mul", [n.input[0], inv], [smoothed], name=f"{n.name}_smooth"))
+            nodes.append(helper.make_node("Mul", [n.input[0], inv], [f"{smoothed}_padded"], name=f"{n.name}_smooth"))
+            nodes.append(helper.make_node("Mul", [f"{smoothed}_padded", "pad_mask"], [smoothed], name=f"{n.name}_unpad"))
             n.input[0] = smoothed
         nodes.append(n)
     del m.graph.node[:]
     m.graph.node.extend(nodes)
+    split_cls(m.graph, set(SPLIT_CLS))
 
     work = os.path.join(models, ".quantize-model")
     os.makedirs(work, exist_ok=True)
@@ -128,6 +220,7 @@ def main():
     )
     # Weights apart (the 47 MB word table stays on disk except the rows used), like the fp32 graph.
     q = onnx.load(out)
+    quantised = sum(1 for n in q.graph.node if n.op_type in ("DynamicQuantizeMatMul", "QAttention", "MatMulInteger"))
     onnx.save_model(
         q, out, save_as_external_data=True, all_tensors_to_one_file=True,
         location="model-int8.onnx.data", size_threshold=1024,
@@ -146,8 +239,8 @@ def main():
     for f in glob.glob(os.path.join(work, "*")):
         os.remove(f)
     os.rmdir(work)
-    print(f"int8 graph: {len(targets)} operators quantised, {len(texts)} calibration texts, "
-          f"smallest cosine to fp32 {worst:.5f}")
+    print(f"int8 graph: {quantised} operators quantised, {len(texts)} calibration texts, "
+          f"smallest cosine to fp32 on them {worst:.5f}")
 
 
 if __name__ == "__main__":
