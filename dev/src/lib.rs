@@ -1,12 +1,14 @@
 //! companion-dev: the tooling around the worker that is not the worker. The scripted OpenAI-compatible
 //! model ([`stub`]) of the tests and the offline demo, TB-Backend's side of the contract ([`backend`]),
-//! the demo data ([`seed`]), the terminal chat ([`chat`]) and the benchmark ([`bench`]).
+//! the demo data ([`seed`]), the terminal chat ([`chat`]), the benchmark ([`bench`]) and the embedding
+//! graphs' parity on held-out text ([`parity`]).
 //!
 //! The production library (`companion`) never imports this crate.
 
 pub mod backend;
 pub mod bench;
 pub mod chat;
+pub mod parity;
 pub mod safety_eval;
 pub mod seed;
 pub mod stub;

@@ -128,6 +128,12 @@ enum Command {
         #[arg(long, value_enum, default_value = "tune")]
         split: companion_dev::safety_eval::Split,
     },
+    /// Compare an embedding graph with another on held-out text: cosines (one at a time and batched) and
+    /// retrieval agreement on the demo knowledge (see docs/benchmark.md, issue 29).
+    Parity {
+        #[command(flatten)]
+        args: companion_dev::parity::ParityArgs,
+    },
     /// Measure a turn's cost and throughput end to end on the real local stack (see docs/benchmark.md).
     Bench {
         #[command(flatten)]
@@ -276,6 +282,7 @@ async fn run() -> anyhow::Result<()> {
             }
         }
         Command::SafetyEval { file, split } => companion_dev::safety_eval::run(&file, split)?,
+        Command::Parity { args } => companion_dev::parity::run(&args).await?,
         Command::Bench { args, mut config } => {
             config.log = cli.log;
             companion_dev::bench::main(*config, *args)
