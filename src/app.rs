@@ -54,6 +54,7 @@ pub struct TurnSections<'a> {
     pub characters: &'a CharactersConfig,
     pub turn: &'a TurnConfig,
     pub safety: &'a crate::config::SafetyConfig,
+    pub prompt: &'a crate::config::PromptConfig,
     pub embed: &'a EmbedSettings,
     pub rag: &'a RagConfig,
 }
@@ -68,6 +69,7 @@ impl<'a> From<&'a Config> for TurnSections<'a> {
             characters: &c.characters,
             turn: &c.turn,
             safety: &c.safety,
+            prompt: &c.prompt,
             embed: &c.embed,
             rag: &c.rag,
         }
@@ -125,6 +127,7 @@ impl Components {
             spend: SpendGuard::new(pg.pool.clone(), spend::Limits::of(s.turn), metrics.clone()),
             config: s.turn.clone(),
             safety: crate::safety::Safety::load(s.safety)?,
+            prompt: s.prompt.clone(),
             metrics: metrics.clone(),
         });
         Ok(Self {

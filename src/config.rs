@@ -407,6 +407,70 @@ pub struct CharactersConfig {
     pub flows_dir: PathBuf,
 }
 
+/// The prompt budget (docs/prompt.md): a cap in estimated tokens per block of what a turn sends the
+/// model, and one on the whole first request (tools, system prompt, history, the new messages). Over its
+/// cap a block loses its last lines; over the total, history goes oldest first, then knowledge.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Prompt budget")]
+pub struct PromptConfig {
+    /// The whole first request of a turn.
+    #[arg(
+        id = "prompt-max-tokens",
+        long = "prompt-max-tokens",
+        env = "COMPANION_PROMPT_MAX_TOKENS",
+        default_value_t = 3000
+    )]
+    pub max_tokens: usize,
+    /// Who the companion is: bio, backstory, personality, style, topics, examples.
+    #[arg(
+        id = "prompt-character-tokens",
+        long = "prompt-character-tokens",
+        env = "COMPANION_PROMPT_CHARACTER_TOKENS",
+        default_value_t = 550
+    )]
+    pub character_tokens: usize,
+    /// The rules every companion follows.
+    #[arg(
+        id = "prompt-rules-tokens",
+        long = "prompt-rules-tokens",
+        env = "COMPANION_PROMPT_RULES_TOKENS",
+        default_value_t = 250
+    )]
+    pub rules_tokens: usize,
+    /// The user's profile, tricklists and pending reminders.
+    #[arg(
+        id = "prompt-user-tokens",
+        long = "prompt-user-tokens",
+        env = "COMPANION_PROMPT_USER_TOKENS",
+        default_value_t = 350
+    )]
+    pub user_tokens: usize,
+    /// Knowledge chunks retrieved for the message.
+    #[arg(
+        id = "prompt-knowledge-tokens",
+        long = "prompt-knowledge-tokens",
+        env = "COMPANION_PROMPT_KNOWLEDGE_TOKENS",
+        default_value_t = 300
+    )]
+    pub knowledge_tokens: usize,
+    /// Guided flows: the one in progress, or those on offer when the message asks for one.
+    #[arg(
+        id = "prompt-flow-tokens",
+        long = "prompt-flow-tokens",
+        env = "COMPANION_PROMPT_FLOW_TOKENS",
+        default_value_t = 300
+    )]
+    pub flow_tokens: usize,
+    /// The conversation before the new messages (within `COMPANION_HISTORY_LIMIT` messages).
+    #[arg(
+        id = "prompt-history-tokens",
+        long = "prompt-history-tokens",
+        env = "COMPANION_PROMPT_HISTORY_TOKENS",
+        default_value_t = 1000
+    )]
+    pub history_tokens: usize,
+}
+
 /// Safety for people (docs/safety.md): the crisis protocol, the AI disclosure, minors.
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Safety")]
@@ -963,6 +1027,8 @@ pub struct Config {
     #[command(flatten)]
     pub safety: SafetyConfig,
     #[command(flatten)]
+    pub prompt: PromptConfig,
+    #[command(flatten)]
     pub worker: WorkerConfig,
     #[command(flatten)]
     pub embed: EmbedSettings,
@@ -1082,6 +1148,34 @@ impl Config {
                 s.minor_quiet_end.format("%H:%M").to_string(),
             ),
             ("COMPANION_UNDER_13_LINE", s.under_13_line.clone()),
+            (
+                "COMPANION_PROMPT_MAX_TOKENS",
+                self.prompt.max_tokens.to_string(),
+            ),
+            (
+                "COMPANION_PROMPT_CHARACTER_TOKENS",
+                self.prompt.character_tokens.to_string(),
+            ),
+            (
+                "COMPANION_PROMPT_RULES_TOKENS",
+                self.prompt.rules_tokens.to_string(),
+            ),
+            (
+                "COMPANION_PROMPT_USER_TOKENS",
+                self.prompt.user_tokens.to_string(),
+            ),
+            (
+                "COMPANION_PROMPT_KNOWLEDGE_TOKENS",
+                self.prompt.knowledge_tokens.to_string(),
+            ),
+            (
+                "COMPANION_PROMPT_FLOW_TOKENS",
+                self.prompt.flow_tokens.to_string(),
+            ),
+            (
+                "COMPANION_PROMPT_HISTORY_TOKENS",
+                self.prompt.history_tokens.to_string(),
+            ),
             ("COMPANION_FLOWS_DIR", path(&self.characters.flows_dir)),
             ("COMPANION_MAX_EVENT_BYTES", t.max_event_bytes.to_string()),
             (

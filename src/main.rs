@@ -9,7 +9,7 @@ use companion::{
     bus::Bus,
     config::{
         CharactersConfig, Config, ConsumerConfig, EmbedSettings, LlmConfig, LogConfig, MongoConfig,
-        NatsConfig, PgConfig, RagConfig, SafetyConfig, TurnConfig,
+        NatsConfig, PgConfig, PromptConfig, RagConfig, SafetyConfig, TurnConfig,
     },
     rag, replay, store, telemetry, usage,
 };
@@ -53,6 +53,10 @@ enum Command {
         /// The N users whose calls cost most (then by tokens), instead of the summary.
         #[arg(long)]
         top: Option<u32>,
+        /// A cached prompt token's price over an uncached one's (the provider's cached-read ratio),
+        /// for the billed-equivalent tokens per turn.
+        #[arg(long, env = "LLM_CACHED_PRICE_RATIO", default_value_t = 0.25)]
+        cached_price_ratio: f64,
         #[command(flatten)]
         pg: PgConfig,
         #[command(flatten)]
@@ -99,6 +103,8 @@ struct ReplayCommand {
     turn: TurnConfig,
     #[command(flatten)]
     safety: SafetyConfig,
+    #[command(flatten)]
+    prompt: PromptConfig,
     #[command(flatten)]
     embed: EmbedSettings,
     #[command(flatten)]
@@ -160,6 +166,7 @@ async fn run() -> anyhow::Result<()> {
                 characters: &r.characters,
                 turn: &r.turn,
                 safety: &r.safety,
+                prompt: &r.prompt,
                 embed: &r.embed,
                 rag: &r.rag,
             })
@@ -176,6 +183,7 @@ async fn run() -> anyhow::Result<()> {
             days,
             user,
             top,
+            cached_price_ratio,
             pg,
             characters,
         } => {
@@ -183,6 +191,7 @@ async fn run() -> anyhow::Result<()> {
                 days,
                 user: user.as_deref(),
                 top,
+                cached_price_ratio,
             };
             let report = usage::report(&pg, &characters.dir, query)
                 .await

@@ -38,8 +38,16 @@ pub fn render_top(rows: &[UserRow], days: u32) -> String {
     out
 }
 
-/// The summary as a table with a total line; bots by character name where `names` knows them.
-pub fn render(rows: &[SummaryRow], names: &HashMap<String, String>, days: u32) -> String {
+/// The summary as a table with a total line, then what a turn's prompts come to: tokens over all its
+/// calls, the cacheable prefix, the cached part, and the billed-equivalent (uncached + cached ×
+/// `cached_price_ratio`, the provider's cached-read price over its input price). Bots by character name
+/// where `names` knows them.
+pub fn render(
+    rows: &[SummaryRow],
+    names: &HashMap<String, String>,
+    days: u32,
+    cached_price_ratio: f64,
+) -> String {
     let mut out = String::new();
     let bot = |id: &str| names.get(id).cloned().unwrap_or_else(|| id.to_owned());
     let bot_w = rows
@@ -60,8 +68,10 @@ pub fn render(rows: &[SummaryRow], names: &HashMap<String, String>, days: u32) -
         "day", "bot", "model", "calls", "prompt tok", "cached tok", "complet. tok", "cost USD"
     );
     let (mut calls, mut prompt, mut cached, mut completion, mut cost) = (0, 0, 0, 0, 0.0);
-    let (mut unpriced, mut estimated) = (0, 0);
+    let (mut unpriced, mut estimated, mut turns, mut prefix) = (0, 0, 0, 0);
     for r in rows {
+        turns += r.turns;
+        prefix += r.prefix_tokens;
         let _ = writeln!(
             out,
             "{:<10}  {:<bot_w$}  {:<model_w$}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}{}",
@@ -96,6 +106,18 @@ pub fn render(rows: &[SummaryRow], names: &HashMap<String, String>, days: u32) -
         format!("{cost:.6}"),
         notes(unpriced, estimated, ": set LLM_PRICES")
     );
+    if turns > 0 {
+        let per = |x: f64| x / turns as f64;
+        let billed = (prompt - cached) as f64 + cached as f64 * cached_price_ratio;
+        let _ = writeln!(
+            out,
+            "per turn ({turns} turns, all calls): prompt {:.0} tok, cacheable prefix (est.) {:.0}, cached {:.0}, billed-equivalent {:.0} (cached × {cached_price_ratio})",
+            per(prompt as f64),
+            per(prefix as f64),
+            per(cached as f64),
+            per(billed),
+        );
+    }
     out
 }
 
@@ -124,6 +146,8 @@ pub struct Query<'a> {
     pub user: Option<&'a str>,
     /// The heaviest users instead of the summary.
     pub top: Option<u32>,
+    /// A cached prompt token's price over an uncached one's, for the billed-equivalent tokens.
+    pub cached_price_ratio: f64,
 }
 
 /// `companion usage`: the summary of the configured database, bots named from the character files.
@@ -146,7 +170,7 @@ pub async fn report(
                 .collect()
         })
         .unwrap_or_default();
-    let mut text = render(&rows, &names, days);
+    let mut text = render(&rows, &names, days, query.cached_price_ratio);
     if let Some(user) = query.user {
         text = format!("user {user}: {text}");
     }
@@ -169,6 +193,8 @@ mod tests {
                 calls: 2,
                 prompt_tokens: 100,
                 cached_tokens: 80,
+                turns: 1,
+                prefix_tokens: 70,
                 completion_tokens: 10,
                 cost_usd: 0.25,
                 unpriced: 0,
@@ -181,6 +207,8 @@ mod tests {
                 calls: 1,
                 prompt_tokens: 50,
                 cached_tokens: 0,
+                turns: 1,
+                prefix_tokens: 30,
                 completion_tokens: 5,
                 cost_usd: 0.0,
                 unpriced: 1,
@@ -188,10 +216,19 @@ mod tests {
             },
         ];
         let names = HashMap::from([("b1".to_owned(), "Kaori".to_owned())]);
-        let text = render(&rows, &names, 7);
+        let text = render(&rows, &names, 7, 0.25);
         assert!(text.contains("2026-11-22  Kaori"), "{text}");
         assert!(text.contains("2026-11-22  b2"), "{text}");
-        let total = text.lines().last().unwrap();
+        let per_turn = text.lines().last().unwrap();
+        assert!(
+            per_turn.contains("2 turns")
+                && per_turn.contains("prompt 75 tok")
+                && per_turn.contains("prefix (est.) 50")
+                && per_turn.contains("cached 40")
+                && per_turn.contains("billed-equivalent 45"),
+            "(150 - 80 + 80 × 0.25) / 2 = 45: {per_turn}"
+        );
+        let total = text.lines().find(|l| l.starts_with("total")).unwrap();
         assert!(total.starts_with("total"), "{text}");
         assert!(total.contains(" 3 ") && total.contains("150") && total.contains("0.250000"));
         assert!(total.contains(" 80 "), "cached tokens are totalled: {text}");

@@ -496,6 +496,13 @@ pub struct TurnFlow {
 }
 
 impl TurnFlow {
+    /// The user is in a flow with the companion (running, waiting or paused).
+    pub fn open(&self) -> bool {
+        self.current
+            .as_ref()
+            .is_some_and(|c| state::status::is_open(&c.status))
+    }
+
     /// The flow of `user` with `bot`; an open one idle since before `idle_since` expires now.
     pub async fn load(
         pool: &sqlx::PgPool,

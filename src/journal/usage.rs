@@ -86,6 +86,10 @@ pub struct SummaryRow {
     pub completion_tokens: i64,
     /// Prompt tokens the providers served from their prompt caches (where they report it).
     pub cached_tokens: i64,
+    /// Turns (jobs) the calls were made for.
+    pub turns: i64,
+    /// Estimated tokens of the requests' cacheable prefix (tools and system prompt), where recorded.
+    pub prefix_tokens: i64,
     /// Sum of the known costs.
     pub cost_usd: f64,
     /// Calls whose cost is unknown.
@@ -117,6 +121,9 @@ pub async fn summary(
                     AS completion_tokens,
                 coalesce(sum((s.output -> 'usage' ->> 'cachedTokens')::bigint), 0)::bigint
                     AS cached_tokens,
+                count(DISTINCT s.job) AS turns,
+                coalesce(sum((s.output -> 'usage' ->> 'prefixTokens')::bigint), 0)::bigint
+                    AS prefix_tokens,
                 coalesce(sum((s.output -> 'usage' ->> 'costUsd')::float8), 0)::float8 AS cost_usd,
                 count(*) FILTER (WHERE s.output -> 'usage' ->> 'costUsd' IS NULL) AS unpriced,
                 count(*) FILTER (WHERE s.output -> 'usage' ->> 'costSource' = 'estimated') AS estimated
@@ -140,6 +147,8 @@ pub async fn summary(
             prompt_tokens: r.get("prompt_tokens"),
             completion_tokens: r.get("completion_tokens"),
             cached_tokens: r.get("cached_tokens"),
+            turns: r.get("turns"),
+            prefix_tokens: r.get("prefix_tokens"),
             cost_usd: r.get("cost_usd"),
             unpriced: r.get("unpriced"),
             estimated: r.get("estimated"),

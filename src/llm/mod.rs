@@ -132,6 +132,19 @@ pub struct ChatRequest {
     pub temperature: Option<f32>,
 }
 
+impl ChatRequest {
+    /// Estimated tokens (a quarter of the bytes) of what a provider can cache across users and turns:
+    /// the tool definitions and the first system message.
+    pub fn prefix_tokens(&self) -> u64 {
+        let tools = serde_json::to_string(&*self.tools).map_or(0, |t| t.len());
+        let system = match self.messages.first() {
+            Some(Message::System { content }) => content.len(),
+            _ => 0,
+        };
+        (tools + system).div_ceil(4) as u64
+    }
+}
+
 fn no_tools(tools: &Arc<[ToolDef]>) -> bool {
     tools.is_empty()
 }

@@ -111,6 +111,10 @@ pub struct CallUsage {
     /// Prompt tokens served from the provider's prompt cache, when it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u64>,
+    /// Estimated tokens of the request's prefix that stays the same across users and turns (the tool
+    /// definitions and the system prompt): what a provider can cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_tokens: Option<u64>,
     /// USD; `None` when unpriced.
     pub cost_usd: Option<f64>,
     pub cost_source: CostSource,
@@ -128,6 +132,7 @@ impl Prices {
                 .prompt_tokens_details
                 .as_ref()
                 .map(|d| d.cached_tokens),
+            prefix_tokens: None,
             cost_usd: cost.usd,
             cost_source: cost.source,
         }

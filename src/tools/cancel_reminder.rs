@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput};
 use crate::store::reminders::ReminderState;
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -22,6 +22,7 @@ pub struct CancelReminder;
 
 impl Tool for CancelReminder {
     const NAME: &'static str = "cancel_reminder";
+    const GROUPS: &'static [Group] = &[Group::Reminders];
     type Args = Args;
 
     fn description() -> &'static str {

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{
-    NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, derived_id, guard_write, maps,
+    Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, derived_id, guard_write, maps,
     search_spots::SpotType,
 };
 use crate::store::mongo::{SPOT_DRAFTS, is_duplicate_key};
@@ -56,6 +56,7 @@ pub struct CreateSpotDraft;
 
 impl Tool for CreateSpotDraft {
     const NAME: &'static str = "create_spot_draft";
+    const GROUPS: &'static [Group] = &[Group::Spots];
     const WRITES: bool = true;
     type Args = Args;
 

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, deep_link, derived_id, guard_write,
+    Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, deep_link, derived_id, guard_write,
     search_trickipedia::Category,
 };
 use crate::store::mongo::{TRICKLISTS, TRICKS, is_duplicate_key, user_ref};
@@ -49,6 +49,7 @@ pub struct TrickRef {
 
 impl Tool for CreateTricklist {
     const NAME: &'static str = "create_tricklist";
+    const GROUPS: &'static [Group] = &[Group::Tricks];
     const WRITES: bool = true;
     type Args = Args;
 

@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, contains_ci};
+use super::{Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, contains_ci};
 use crate::store::mongo::{TRICKLISTS, Tricklist, user_ref_filter};
 
 /// Most lists returned.
@@ -25,6 +25,7 @@ pub struct GetUserTricklists;
 
 impl Tool for GetUserTricklists {
     const NAME: &'static str = "get_user_tricklists";
+    const GROUPS: &'static [Group] = &[Group::Tricks];
     type Args = Args;
 
     fn description() -> &'static str {

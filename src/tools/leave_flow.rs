@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput};
 use crate::flow::state::{self, Applied, status};
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -21,6 +21,7 @@ pub struct LeaveFlow;
 
 impl Tool for LeaveFlow {
     const NAME: &'static str = "leave_flow";
+    const GROUPS: &'static [Group] = &[Group::InFlow];
     type Args = Args;
 
     fn description() -> &'static str {

@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{NAME_MAX, Tool, ToolContext, ToolError, ToolOutput};
+use super::{Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput};
 use crate::store::mongo::{TRICKLISTS, user_ref_filter};
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -34,6 +34,7 @@ fn key(name: &str) -> String {
 
 impl Tool for MarkTrickLanded {
     const NAME: &'static str = "mark_trick_landed";
+    const GROUPS: &'static [Group] = &[Group::Tricks];
     type Args = Args;
 
     fn description() -> &'static str {

@@ -24,6 +24,8 @@ pub mod get_user_tricklists;
 pub mod leave_flow;
 pub mod maps;
 pub mod mark_trick_landed;
+pub mod more_tools;
+pub mod offer;
 pub mod schedule_reminder;
 pub mod schema;
 pub mod search_spots;
@@ -198,9 +200,45 @@ impl From<sqlx::Error> for ToolError {
     }
 }
 
+// What a turn may need tools for. A turn is offered the tools of the groups it needs ([`offer`]), and
+// the model can ask for another group with [`more_tools`]; a tool of the registry runs whether or not it
+// was offered this turn (offering shortens the prompt, it does not grant anything). Plain comments: the
+// enum is `more_tools`' argument, and doc comments would go to the model with its schema.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Group {
+    // The trickipedia, the user's tricklists, checking off a landed trick.
+    Tricks,
+    // Finding and adding spots.
+    Spots,
+    // Setting and cancelling reminders.
+    Reminders,
+    // Starting a guided flow.
+    Flows,
+    // Answering inside a guided flow (its slots, leaving it).
+    InFlow,
+}
+
+impl Group {
+    pub const ALL: [Group; 5] = [
+        Group::Tricks,
+        Group::Spots,
+        Group::Reminders,
+        Group::Flows,
+        Group::InFlow,
+    ];
+
+    /// The group's bit in an [`offer::Offer`].
+    pub const fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
 /// A typed tool.
 pub trait Tool: Send + Sync + 'static {
     const NAME: &'static str;
+    /// The groups whose turns are offered this tool.
+    const GROUPS: &'static [Group];
     /// Whether the tool creates data (counted by the write quota).
     const WRITES: bool = false;
     type Args: DeserializeOwned + JsonSchema + Send;
@@ -215,6 +253,7 @@ pub trait Tool: Send + Sync + 'static {
 /// A tool with its type erased.
 pub trait DynTool: Send + Sync {
     fn name(&self) -> &'static str;
+    fn groups(&self) -> &'static [Group];
     fn writes(&self) -> bool;
     fn def(&self) -> ToolDef;
     fn run<'a>(
@@ -241,6 +280,9 @@ impl<T: Tool> Erased<T> {
 impl<T: Tool> DynTool for Erased<T> {
     fn name(&self) -> &'static str {
         T::NAME
+    }
+    fn groups(&self) -> &'static [Group] {
+        T::GROUPS
     }
     fn writes(&self) -> bool {
         T::WRITES
@@ -410,11 +452,12 @@ impl ToolRecord {
     }
 }
 
-/// The tools offered to the model.
+/// The tools the model may call.
 pub struct Registry {
     tools: Vec<Box<dyn DynTool>>,
-    /// The definitions, built once and shared by every request (they are a few KB of schema per tool).
-    defs: OnceLock<Arc<[ToolDef]>>,
+    /// The definitions offered with each set of groups (by [`offer::Offer`] bits, with `more_tools`
+    /// while a group is left out), built once each and shared: a few KB of schema per tool.
+    offers: [OnceLock<Arc<[ToolDef]>>; offer::OFFERS],
 }
 
 impl Default for Registry {
@@ -434,6 +477,7 @@ impl Default for Registry {
             .with::<start_flow::StartFlow>()
             .with::<set_flow_slots::SetFlowSlots>()
             .with::<leave_flow::LeaveFlow>()
+            .with::<more_tools::MoreTools>()
     }
 }
 
@@ -444,25 +488,57 @@ impl Registry {
     pub fn empty() -> Self {
         Self {
             tools: Vec::new(),
-            defs: OnceLock::new(),
+            offers: Default::default(),
         }
     }
 
     pub fn with<T: Tool>(mut self) -> Self {
         self.tools.push(Box::new(Erased::<T>::new()));
-        self.defs = OnceLock::new();
+        self.offers = Default::default();
         self
+    }
+
+    /// The `tools` array of a request offered `offer`: the tools of its groups, in registry order, and
+    /// `more_tools` when a group with tools is left out.
+    pub fn offered(&self, offer: offer::Offer) -> Arc<[ToolDef]> {
+        self.offers[offer.index()]
+            .get_or_init(|| {
+                let left_out = self.tools.iter().any(|t| {
+                    t.name() != more_tools::NAME && !t.groups().iter().any(|g| offer.has(*g))
+                });
+                self.tools
+                    .iter()
+                    .filter(|t| match t.name() {
+                        more_tools::NAME => left_out,
+                        _ => t.groups().iter().any(|g| offer.has(*g)),
+                    })
+                    .map(|t| t.def())
+                    .collect()
+            })
+            .clone()
     }
 
     pub fn names(&self) -> Vec<&'static str> {
         self.tools.iter().map(|t| t.name()).collect()
     }
 
-    /// The `tools` array of a chat request.
+    /// The `tools` array of a chat request offered every tool.
     pub fn defs(&self) -> Arc<[ToolDef]> {
-        self.defs
-            .get_or_init(|| self.tools.iter().map(|t| t.def()).collect())
-            .clone()
+        self.offered(offer::Offer::all())
+    }
+
+    /// The estimated prompt tokens of [`Registry::offered`] (a quarter of its JSON bytes).
+    pub fn offered_tokens(&self, offer: offer::Offer) -> usize {
+        serde_json::to_string(&*self.offered(offer)).map_or(0, |s| s.len().div_ceil(4))
+    }
+
+    /// The names of the tools of `group`.
+    pub fn names_in(&self, group: Group) -> Vec<&'static str> {
+        self.tools
+            .iter()
+            .filter(|t| t.groups().contains(&group))
+            .map(|t| t.name())
+            .collect()
     }
 
     /// Runs one call: unknown names, bad arguments, tool errors and even panics become results.
@@ -628,8 +704,50 @@ mod tests {
     }
 
     #[test]
+    fn an_offer_is_its_groups_tools_and_more_tools_for_the_rest() {
+        let r = Registry::default();
+        let names = |o: offer::Offer| -> Vec<String> {
+            r.offered(o)
+                .iter()
+                .map(|d| d.function.name.clone())
+                .collect()
+        };
+        assert_eq!(names(offer::Offer::none()), ["more_tools"]);
+        let group = &r.offered(offer::Offer::none())[0].function.parameters["properties"]["group"];
+        assert_eq!(
+            group["enum"],
+            serde_json::json!(["tricks", "spots", "reminders", "flows", "in_flow"]),
+            "a plain enum, no code docs shown to the model: {group}"
+        );
+        assert_eq!(
+            names(offer::Offer::none().with(Group::Spots)),
+            [
+                "search_spots",
+                "create_spot_draft",
+                "share_content",
+                "more_tools"
+            ]
+        );
+        assert_eq!(
+            names(offer::Offer::none().with(Group::Reminders)),
+            ["schedule_reminder", "cancel_reminder", "more_tools"]
+        );
+        // Every tool but `more_tools` is in some group, so every tool can be offered.
+        for name in r.names() {
+            assert!(
+                name == more_tools::NAME
+                    || Group::ALL.iter().any(|g| r.names_in(*g).contains(&name)),
+                "{name} is in no group"
+            );
+        }
+        assert!(r.offered_tokens(offer::Offer::none()) < r.offered_tokens(offer::Offer::all()));
+    }
+
+    #[test]
     fn registry_offers_twelve_tools_with_object_schemas() {
         let r = Registry::default();
+        assert_eq!(r.names().last(), Some(&more_tools::NAME));
+        assert_eq!(r.defs().len(), 12, "every tool offered: no `more_tools`");
         assert_eq!(
             r.names(),
             [
@@ -644,10 +762,15 @@ mod tests {
                 "mark_trick_landed",
                 "start_flow",
                 "set_flow_slots",
-                "leave_flow"
+                "leave_flow",
+                "more_tools"
             ]
         );
-        for d in r.defs().iter() {
+        for d in r
+            .offered(offer::Offer::none())
+            .iter()
+            .chain(r.defs().iter())
+        {
             assert_eq!(
                 d.function.parameters["type"], "object",
                 "{}",

@@ -14,7 +14,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Tool, ToolContext, ToolError, ToolOutput, derived_id, guard_write};
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput, derived_id, guard_write};
 use crate::store::reminders::{Reminder, ReminderState};
 
 /// Longest reminder text.
@@ -44,6 +44,7 @@ pub struct ScheduleReminder;
 
 impl Tool for ScheduleReminder {
     const NAME: &'static str = "schedule_reminder";
+    const GROUPS: &'static [Group] = &[Group::Reminders];
     const WRITES: bool = true;
     type Args = Args;
 

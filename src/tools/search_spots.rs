@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    QUERY_MAX, Tool, ToolContext, ToolError, ToolOutput, contains_ci, deep_link, num_field,
+    Group, QUERY_MAX, Tool, ToolContext, ToolError, ToolOutput, contains_ci, deep_link, num_field,
     str_field,
 };
 use crate::store::mongo::SPOTS;
@@ -62,6 +62,7 @@ pub struct SearchSpots;
 
 impl Tool for SearchSpots {
     const NAME: &'static str = "search_spots";
+    const GROUPS: &'static [Group] = &[Group::Spots];
     type Args = Args;
 
     fn description() -> &'static str {

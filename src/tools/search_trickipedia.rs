@@ -7,7 +7,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    QUERY_MAX, Tool, ToolContext, ToolError, ToolOutput, clip, contains_ci, deep_link, str_field,
+    Group, QUERY_MAX, Tool, ToolContext, ToolError, ToolOutput, clip, contains_ci, deep_link,
+    str_field,
 };
 use crate::store::mongo::TRICKS;
 
@@ -53,6 +54,7 @@ pub struct SearchTrickipedia;
 
 impl Tool for SearchTrickipedia {
     const NAME: &'static str = "search_trickipedia";
+    const GROUPS: &'static [Group] = &[Group::Tricks];
     type Args = Args;
 
     fn description() -> &'static str {

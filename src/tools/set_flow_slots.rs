@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Tool, ToolContext, ToolError, ToolOutput, schema};
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput, schema};
 use crate::flow::{
     self,
     state::{self, Applied, status},
@@ -32,6 +32,7 @@ enum Refusal {
 
 impl Tool for SetFlowSlots {
     const NAME: &'static str = "set_flow_slots";
+    const GROUPS: &'static [Group] = &[Group::InFlow];
     type Args = Args;
 
     fn description() -> &'static str {

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    Tool, ToolContext, ToolError, ToolOutput,
+    Group, Tool, ToolContext, ToolError, ToolOutput,
     create_tricklist::tricklist_card_data,
     search_spots::spot_summary,
     search_trickipedia::{trick_card, trick_summary},
@@ -38,6 +38,7 @@ pub struct ShareContent;
 
 impl Tool for ShareContent {
     const NAME: &'static str = "share_content";
+    const GROUPS: &'static [Group] = &[Group::Tricks, Group::Spots];
     type Args = Args;
 
     fn description() -> &'static str {

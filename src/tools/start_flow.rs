@@ -5,7 +5,7 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{Tool, ToolContext, ToolError, ToolOutput};
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput};
 use crate::flow::{
     self,
     state::{self, Applied, FlowState, status},
@@ -23,6 +23,7 @@ pub struct StartFlow;
 
 impl Tool for StartFlow {
     const NAME: &'static str = "start_flow";
+    const GROUPS: &'static [Group] = &[Group::Flows];
     type Args = Args;
 
     fn description() -> &'static str {

@@ -30,8 +30,20 @@ use crate::{
     llm::{CallBudget, ChatRequest, LlmError, Message},
     proactive::FollowUp,
     timing::{Stage, stage},
-    tools::{REGISTRY, Registry, ReminderBounds, ToolContext},
+    tools::{
+        Group, REGISTRY, Registry, ReminderBounds, ToolContext,
+        offer::{self, Offer, Signals},
+    },
 };
+
+/// The companion's last message before the new ones: a "yes please" answers what it offered.
+fn last_said(history: &[crate::store::pg::HistoryMessage]) -> Option<&str> {
+    history
+        .iter()
+        .rev()
+        .find(|m| m.role == "assistant")
+        .map(|m| m.content.as_str())
+}
 
 /// What a follow-up's model is offered: no tools (it tells, it does not act).
 static NO_TOOLS: LazyLock<Registry> = LazyLock::new(Registry::empty);
@@ -89,6 +101,14 @@ impl Turns {
         }
     }
 
+    /// The tools a slot may call: none for a user in crisis.
+    fn tools_for(&self, crisis: bool) -> &'static Registry {
+        match crisis {
+            true => &NO_TOOLS,
+            false => &REGISTRY,
+        }
+    }
+
     /// A line of the character's own (busy, budget, failure, crisis), as `speaker`; nobody speaks after
     /// it.
     pub(crate) fn line(&self, a: &Admitted<'_>, speaker: Member<'_>, text: String) -> Said {
@@ -132,7 +152,25 @@ impl Turns {
         history
             .messages
             .retain(|m| !answering.contains(&m.message_id));
-        let flow = flow?.prompt(&self.flows, &c.flows);
+        let flow = flow?;
+        let offer = match flow.open() {
+            true => Offer::all(),
+            false => offer::for_turn(&Signals {
+                texts: events
+                    .iter()
+                    .map(|e| e.content.as_str())
+                    .chain(last_said(&history.messages))
+                    .collect(),
+                pending_reminders: !history.reminders.is_empty(),
+                in_flow: false,
+                has_flows: !c.flows.is_empty(),
+            }),
+        };
+        let offered_flows: &[String] = match offer.has(Group::Flows) {
+            true => &c.flows,
+            false => &[],
+        };
+        let flow = flow.prompt(&self.flows, offered_flows);
         let prompt_started = std::time::Instant::now();
         let system = prompt::system_prompt(&PromptContext {
             character: c,
@@ -143,13 +181,22 @@ impl Turns {
             now: Utc::now(),
             tools_enabled: true,
             flow: &flow,
+            budget: &self.prompt,
         });
-        let mut messages = prompt::conversation(system, &history.messages, &events);
+        let tools = self.tools_for(t.crisis);
+        let tools_tokens = tools.offered_tokens(offer);
+        let mut messages = prompt::conversation(
+            system,
+            &history.messages,
+            &events,
+            &self.prompt,
+            tools_tokens,
+        );
         crate::timing::add(Stage::Prompt, prompt_started);
         if t.crisis {
             messages.push(Message::system(prompt::SAFETY_BRIEF.to_owned()));
         }
-        let Some(spoken) = self.converse_safely(t, event, messages).await? else {
+        let Some(spoken) = self.converse_safely(t, event, messages, offer).await? else {
             return Ok(self.line(a, t.speaker, c.crisis_line.clone()));
         };
         self.model_said(t, spoken, |text| text)
@@ -162,11 +209,16 @@ impl Turns {
         t: &Turn<'_, '_>,
         event: &DmEvent,
         messages: Vec<Message>,
+        offer: Offer,
     ) -> Result<Option<Spoken>, TurnError> {
+        let tools = self.tools_for(t.crisis);
         if !t.crisis {
-            return self.converse(t, event, messages, &REGISTRY).await.map(Some);
+            return self
+                .converse(t, event, messages, tools, offer)
+                .await
+                .map(Some);
         }
-        match self.converse(t, event, messages, &NO_TOOLS).await {
+        match self.converse(t, event, messages, tools, offer).await {
             Err(TurnError::Llm(e)) => {
                 warn!(error = %e, "the model could not answer a user in crisis; the crisis line goes");
                 Ok(None)
@@ -206,7 +258,7 @@ impl Turns {
         );
         let name_of = |id: &str| names.get(id).cloned().unwrap_or_else(|| "someone".into());
         let line = |id: &str, text: &str| Message::user(format!("{}: {text}", name_of(id)));
-        let mut system = prompt::system_prompt(&PromptContext {
+        let mut prompt = prompt::system_prompt(&PromptContext {
             character: c,
             profile: a.user.profile.as_ref(),
             tricklists: &tricklists?,
@@ -215,8 +267,9 @@ impl Turns {
             now: Utc::now(),
             tools_enabled: true,
             flow: "",
+            budget: &self.prompt,
         });
-        system.push_str(&group_note(
+        prompt.system.push_str(&group_note(
             t.speaker,
             &a.members,
             participants,
@@ -226,11 +279,32 @@ impl Turns {
         let mine = me.to_hex();
         let this_message: Vec<&str> = t.said.iter().map(|s| s.reply.id.as_str()).collect();
         let head = event.message_id.to_hex();
-        let mut messages = vec![Message::system(system)];
-        for l in &g.history {
-            if l.message_id == head || this_message.contains(&l.message_id.as_str()) {
-                continue;
-            }
+        let named = DmEvent {
+            content: format!("{}: {}", name_of(&a.ids.user), event.content),
+            ..event.clone()
+        };
+        let offer = offer::for_turn(&Signals {
+            texts: std::iter::once(event.content.as_str())
+                .chain(t.said.iter().map(|s| s.reply.content.as_str()))
+                .collect(),
+            ..Default::default()
+        });
+        let tools = self.tools_for(t.crisis);
+        let said_tokens: usize = t
+            .said
+            .iter()
+            .map(|s| prompt::tokens(&s.reply.content))
+            .sum();
+        let fixed = tools.offered_tokens(offer) + prompt::tokens(&named.content) + said_tokens;
+        let (knowledge, history_cap) = prompt.room(&self.prompt, fixed);
+        let earlier: Vec<_> = g
+            .history
+            .iter()
+            .filter(|l| l.message_id != head && !this_message.contains(&l.message_id.as_str()))
+            .collect();
+        let earlier = prompt::recent(&earlier, history_cap, |l| l.content.len() + 8);
+        let mut messages = vec![Message::system(std::mem::take(&mut prompt.system))];
+        for l in earlier {
             messages.push(match (l.role.as_str(), l.bot_id == mine) {
                 ("assistant", true) => Message::assistant(l.content.clone()),
                 ("assistant", false) => line(&l.bot_id, &l.content),
@@ -240,10 +314,7 @@ impl Turns {
                 _ => line(&l.user_id, &l.content),
             });
         }
-        let named = DmEvent {
-            content: format!("{}: {}", name_of(&a.ids.user), event.content),
-            ..event.clone()
-        };
+        messages.push(Message::system(format!("{knowledge}{}", prompt.turn)));
         messages.push(prompt::user_message(&named));
         for s in t.said {
             let bot = s.bot.as_deref().unwrap_or_default();
@@ -253,14 +324,10 @@ impl Turns {
                 line(bot, &s.reply.content)
             });
         }
-        let tools: &Registry = match t.crisis {
-            true => {
-                messages.push(Message::system(prompt::GROUP_SAFETY_BRIEF.to_owned()));
-                &NO_TOOLS
-            }
-            false => &REGISTRY,
-        };
-        let spoken = self.converse(t, &event, messages, tools).await?;
+        if t.crisis {
+            messages.push(Message::system(prompt::GROUP_SAFETY_BRIEF.to_owned()));
+        }
+        let spoken = self.converse(t, &event, messages, tools, offer).await?;
         let mut said = self.model_said(t, spoken, |text| group::strip_own_name(text, &c.name))?;
         if !said.last {
             said.tags =
@@ -290,8 +357,9 @@ impl Turns {
             now: Utc::now(),
             tools_enabled: false,
             flow: "",
+            budget: &self.prompt,
         });
-        let mut messages = prompt::conversation(system, &history.messages, &[]);
+        let mut messages = prompt::conversation(system, &history.messages, &[], &self.prompt, 0);
         let brief = format!("{}{}", f.brief, t.flow_note.unwrap_or_default());
         messages.push(Message::system(brief));
         // A follow-up answers no user message: the tool context's message is only a placeholder (no
@@ -305,7 +373,10 @@ impl Turns {
             images: Vec::new(),
             sent_at: Utc::now(),
         };
-        let written = match self.converse(t, &as_if, messages, &NO_TOOLS).await {
+        let written = match self
+            .converse(t, &as_if, messages, &NO_TOOLS, Offer::none())
+            .await
+        {
             Ok(Spoken {
                 text: Some(text), ..
             }) => self.outgoing_text(&text),
@@ -376,6 +447,7 @@ impl Turns {
         event: &DmEvent,
         messages: Vec<Message>,
         tools: &Registry,
+        offer: Offer,
     ) -> Result<Spoken, TurnError> {
         let (c, job, user) = (t.speaker.character, t.job, &t.admitted.user);
         let slot = t.slot.calls();
@@ -385,7 +457,7 @@ impl Turns {
                 .clone()
                 .unwrap_or_else(|| self.llm.default_model.clone()),
             messages,
-            tools: tools.defs(),
+            tools: Default::default(),
             tool_choice: None,
             max_tokens: Some(self.llm.max_tokens),
             temperature: Some(self.llm.temperature),
@@ -403,6 +475,7 @@ impl Turns {
             spend: Some(&self.spend),
             llm: &self.llm,
             registry: tools,
+            offer,
             limits: tool_loop::LoopLimits {
                 max_rounds: self.config.max_tool_rounds,
                 max_result_bytes: self.config.max_tool_result_bytes,

@@ -359,6 +359,8 @@ pub struct Turns {
     pub config: TurnConfig,
     /// The crisis protocol, the AI disclosure and what a user's age allows.
     pub safety: crate::safety::Safety,
+    /// The caps of what a turn sends the model.
+    pub prompt: crate::config::PromptConfig,
     pub metrics: Arc<Metrics>,
 }
 

@@ -30,7 +30,7 @@ use crate::{
     metrics::{Metrics, label},
     spend::{self, Allowance, Scope, SpendGuard},
     timing::{Stage, stage},
-    tools::{Registry, ToolContext, ToolRecord, call_key},
+    tools::{Group, Registry, ToolContext, ToolRecord, call_key, more_tools, offer::Offer},
 };
 
 /// What the loop produced.
@@ -59,6 +59,8 @@ pub struct LoopLimits {
 pub struct LoopContext<'a> {
     pub llm: &'a LlmClient,
     pub registry: &'a Registry,
+    /// The groups of tools offered at first; `more_tools` adds one for the rounds after it.
+    pub offer: Offer,
     pub limits: LoopLimits,
     pub metrics: &'a Metrics,
     /// The context every call starts from (its call id and key are set per call).
@@ -76,7 +78,8 @@ pub use crate::journal::usage::LlmRecord;
 
 /// Runs the loop for `request` (with the registry's tools) on behalf of the event's sender.
 pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopOutput, TurnError> {
-    request.tools = cx.registry.defs();
+    let mut offer = cx.offer;
+    request.tools = cx.registry.offered(offer);
     request.tool_choice = None;
     let job = cx.tools.job;
     let mut out = LoopOutput::default();
@@ -165,6 +168,11 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
             if let Some(card) = &record.card {
                 out.card = Some(card.clone());
             }
+            if let Some(group) = asked_for(&record) {
+                info!(?group, "the model asked for more tools");
+                offer = offer.with(group);
+                request.tools = cx.registry.offered(offer);
+            }
             out.log.push(record.compact());
             request.messages.push(Message::Tool {
                 tool_call_id: call.id.clone(),
@@ -172,6 +180,14 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
             });
         }
     }
+}
+
+/// The group a successful `more_tools` call asked for (read from its recorded result, so a replayed
+/// turn widens its offer the same way).
+fn asked_for(record: &ToolRecord) -> Option<Group> {
+    (record.ok && record.tool == more_tools::NAME)
+        .then(|| serde_json::from_value(record.content["group"].clone()).ok())
+        .flatten()
 }
 
 /// Why a call to the model gave no answer to record.
@@ -230,9 +246,10 @@ async fn ask(
         .model
         .clone()
         .unwrap_or_else(|| request.model.clone());
-    let usage = llm
+    let mut usage = llm
         .prices
         .call_usage(&model, &response.usage.clone().unwrap_or_default());
+    usage.prefix_tokens = Some(request.prefix_tokens());
     let message = response
         .choices
         .into_iter()

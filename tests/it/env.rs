@@ -719,6 +719,19 @@ pub fn character_line(slug: &str, key: &str) -> String {
     c[key].as_str().expect(key).to_owned()
 }
 
+/// Every system message of a request, joined: the system prompt, and the knowledge, flow and time
+/// placed after the history.
+pub fn system_text(body: &serde_json::Value) -> String {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "system")
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The last message of a chat request the stub received (what a scripted responder reacts to).
 pub fn last_message(body: &serde_json::Value) -> serde_json::Value {
     body["messages"]

@@ -133,11 +133,8 @@ fn slot_in_prompt(body: &Value, slot: &str) -> String {
     system[at + slot.len() + 4..].chars().take(24).collect()
 }
 
-fn system_prompt(body: &Value) -> String {
-    body["messages"][0]["content"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
+fn system_prompt(body: &serde_json::Value) -> String {
+    system_text(body)
 }
 
 #[tokio::test]
@@ -491,7 +488,7 @@ async fn a_user_leaves_a_flow_and_an_idle_one_expires_with_one_mention() {
     say(&env, "coach me on a trick").await;
     say(&env, "actually stop, not today").await;
     assert_eq!(step_status(&env).await, ("assess".into(), "left".into()));
-    say(&env, "what's up").await;
+    say(&env, "what's up, got a plan for me?").await;
     let prompt = system_prompt(env.stub.requests().last().unwrap());
     assert!(prompt.contains("Guided flows you can offer"), "{prompt}");
     assert!(!prompt.contains("Guided flow in progress"));

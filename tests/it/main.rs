@@ -28,6 +28,7 @@ mod order;
 mod otel;
 mod outages;
 mod proactive;
+mod prompt_budget;
 mod provision;
 mod quota_processes;
 mod rag_kb;

@@ -15,11 +15,8 @@ use companion_dev::{
     stub::{self, StubReply},
 };
 
-fn system_prompt(request: &serde_json::Value) -> String {
-    request["messages"][0]["content"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
+fn system_prompt(body: &serde_json::Value) -> String {
+    system_text(body)
 }
 
 #[tokio::test]

@@ -140,7 +140,11 @@ async fn the_model_gets_the_character_the_tricklists_and_the_last_20_messages_in
     let requests = env.stub.requests();
     assert_eq!(requests.len(), 1);
     let messages = requests[0]["messages"].as_array().unwrap();
-    assert_eq!(messages.len(), 22, "system + 20 history + the new message");
+    assert_eq!(
+        messages.len(),
+        23,
+        "system + 20 history + this turn's context + the new message"
+    );
     let system = messages[0]["content"].as_str().unwrap();
     assert_eq!(messages[0]["role"], "system");
     assert!(
@@ -159,7 +163,7 @@ async fn the_model_gets_the_character_the_tricklists_and_the_last_20_messages_in
         "the user's tricklists"
     );
     assert!(
-        system.contains("Kickflip ✗") && system.contains("Ollie ✓"),
+        system.contains("Kickflip") && !system.contains("Kickflip ✓") && system.contains("Ollie ✓"),
         "trick names and checked state resolved"
     );
     assert!(
@@ -171,8 +175,13 @@ async fn the_model_gets_the_character_the_tricklists_and_the_last_20_messages_in
         assert_eq!(m["content"], format!("history message {n}"));
         assert_eq!(m["role"], if n % 2 == 0 { "user" } else { "assistant" });
     }
-    assert_eq!(messages[21]["role"], "user");
-    assert_eq!(messages[21]["content"], "what should i learn next?");
+    assert_eq!(messages[21]["role"], "system");
+    assert!(
+        messages[21]["content"].as_str().unwrap().contains("Now: "),
+        "the time goes after the history, where it does not break a cached prefix"
+    );
+    assert_eq!(messages[22]["role"], "user");
+    assert_eq!(messages[22]["content"], "what should i learn next?");
     assert_eq!(requests[0]["model"], env.config.llm.model);
     env.finish().await;
 }
