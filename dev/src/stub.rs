@@ -74,6 +74,70 @@ struct StubState {
     cost: Arc<Mutex<Option<f64>>>,
     /// `usage.prompt_tokens_details.cached_tokens` put in every answer; `None` = no details.
     cached: Arc<Mutex<Option<u64>>>,
+    /// A provider's prompt cache, when simulated; wins over `cached`.
+    cache: Arc<Mutex<Option<PromptCache>>>,
+    /// Prompt and cached tokens of every answer so far.
+    totals: Arc<Mutex<Totals>>,
+}
+
+/// What the stub has answered: calls, prompt tokens and the prompt tokens its cache served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub calls: u64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+/// A provider's automatic prompt cache as OpenAI documents it (others are alike): a request's longest
+/// prefix seen before, in blocks of 128 tokens, is served from the cache once it is at least 1,024
+/// tokens. Tokens are the stub's (a quarter of the bytes); the request is read as the provider puts it
+/// in front of the model: the tools, then the messages. Kept for the life of the stub (a run is shorter
+/// than a provider's cache lifetime under load).
+#[derive(Debug, Default)]
+struct PromptCache {
+    seen: std::collections::HashSet<u64>,
+}
+
+impl PromptCache {
+    const BLOCK_BYTES: usize = 128 * 4;
+    const MIN_TOKENS: u64 = 1024;
+    /// Bound on the prefixes kept.
+    const MAX_SEEN: usize = 4_000_000;
+
+    /// The cached tokens of a request whose text is `linear`; remembers its prefixes.
+    fn serve(&mut self, linear: &[u8]) -> u64 {
+        use std::hash::Hasher;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut hit_blocks = 0u64;
+        let mut missed = false;
+        for (i, block) in linear.chunks_exact(Self::BLOCK_BYTES).enumerate() {
+            h.write(block);
+            let key = h.finish();
+            if !missed && self.seen.contains(&key) {
+                hit_blocks = i as u64 + 1;
+            } else {
+                missed = true;
+                if self.seen.len() < Self::MAX_SEEN {
+                    self.seen.insert(key);
+                }
+            }
+        }
+        let tokens = hit_blocks * 128;
+        if tokens >= Self::MIN_TOKENS {
+            tokens
+        } else {
+            0
+        }
+    }
+}
+
+/// The request as the provider reads it: the tools, then each message.
+fn linear(body: &Value) -> Vec<u8> {
+    let mut out = body.get("tools").map(|t| t.to_string()).unwrap_or_default();
+    for m in body["messages"].as_array().into_iter().flatten() {
+        out.push_str(&m.to_string());
+    }
+    out.into_bytes()
 }
 
 /// A running stub server; stops when dropped.
@@ -84,6 +148,8 @@ pub struct StubLlm {
     requests: Arc<Mutex<Vec<Value>>>,
     cost: Arc<Mutex<Option<f64>>>,
     cached: Arc<Mutex<Option<u64>>>,
+    cache: Arc<Mutex<Option<PromptCache>>>,
+    totals: Arc<Mutex<Totals>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -116,7 +182,11 @@ impl StubLlm {
         let requests = Arc::new(Mutex::new(Vec::new()));
         let cost = Arc::new(Mutex::new(None));
         let cached = Arc::new(Mutex::new(None));
+        let cache = Arc::new(Mutex::new(None));
+        let totals = Arc::new(Mutex::new(Totals::default()));
         let state = StubState {
+            cache: cache.clone(),
+            totals: totals.clone(),
             responder,
             requests: requests.clone(),
             record,
@@ -141,8 +211,25 @@ impl StubLlm {
             requests,
             cost,
             cached,
+            cache,
+            totals,
             task,
         })
+    }
+
+    /// From now on, answers report the cached tokens of a simulated provider prompt cache
+    /// ([`PromptCache`]), which starts empty.
+    pub fn simulate_prompt_cache(&self) {
+        *self.cache.lock().expect("stub lock") = Some(PromptCache::default());
+    }
+
+    /// What the stub has answered since the start or the last [`StubLlm::reset_totals`].
+    pub fn totals(&self) -> Totals {
+        *self.totals.lock().expect("stub lock")
+    }
+
+    pub fn reset_totals(&self) {
+        *self.totals.lock().expect("stub lock") = Totals::default();
     }
 
     /// From now on, every answer reports this `usage.cost` (USD), or none.
@@ -186,10 +273,15 @@ async fn complete(State(state): State<StubState>, Json(body): Json<Value>) -> Re
         .and_then(Value::as_str)
         .unwrap_or("stub")
         .to_owned();
-    let prompt_chars: usize = body
-        .get("messages")
-        .map(|m| m.to_string().len())
-        .unwrap_or(0);
+    // Prompt tokens as a provider counts them: the tool definitions are part of the prompt.
+    let linear = linear(&body);
+    let simulated = state
+        .cache
+        .lock()
+        .expect("stub lock")
+        .as_mut()
+        .map(|c| c.serve(&linear));
+    let prompt_chars = linear.len();
     let n = state.ids.fetch_add(1, Ordering::Relaxed);
     let (message, finish) = match reply {
         StubReply::Text(text) => (json!({"role": "assistant", "content": text}), "stop"),
@@ -229,8 +321,15 @@ async fn complete(State(state): State<StubState>, Json(body): Json<Value>) -> Re
     if let Some(cost) = *state.cost.lock().expect("stub lock") {
         usage["cost"] = json!(cost);
     }
-    if let Some(cached) = *state.cached.lock().expect("stub lock") {
+    let cached = simulated.or(*state.cached.lock().expect("stub lock"));
+    if let Some(cached) = cached {
         usage["prompt_tokens_details"] = json!({ "cached_tokens": cached.min(prompt_tokens) });
+    }
+    {
+        let mut t = state.totals.lock().expect("stub lock");
+        t.calls += 1;
+        t.prompt_tokens += prompt_tokens;
+        t.cached_tokens += cached.unwrap_or(0).min(prompt_tokens);
     }
     Json(json!({
         "id": format!("chatcmpl-stub-{n}"),
@@ -1101,6 +1200,33 @@ impl DemoModel {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_prompt_cache_serves_the_longest_prefix_seen_in_blocks_from_1024_tokens() {
+        let mut cache = PromptCache::default();
+        let shared = vec![b'a'; 600 * 4];
+        let short = [shared.clone(), vec![b'x'; 400]].concat();
+        assert_eq!(cache.serve(&short), 0, "nothing seen yet");
+        assert_eq!(
+            cache.serve(&short),
+            0,
+            "a prefix under 1,024 tokens is not cached"
+        );
+        let long = [vec![b'b'; 1100 * 4], vec![b'y'; 300 * 4]].concat();
+        assert_eq!(cache.serve(&long), 0);
+        let other = [vec![b'b'; 1100 * 4], vec![b'z'; 300 * 4]].concat();
+        assert_eq!(
+            cache.serve(&other),
+            1024,
+            "the shared 1,100 tokens, in whole blocks"
+        );
+        assert_eq!(
+            cache.serve(&other),
+            1280,
+            "all of a request seen before, in whole blocks"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -59,9 +59,16 @@ async fn usage_of(env: &TestEnv, message_id: &str) -> Vec<UsageRow> {
     .collect()
 }
 
-/// The prompt tokens the stub reports for a request (a quarter of the messages' JSON length).
+/// The prompt tokens the stub reports for a request (a quarter of the tools' and messages' JSON length).
 fn stub_prompt_tokens(body: &Value) -> i64 {
-    (body["messages"].to_string().len() / 4) as i64
+    let tools = body.get("tools").map_or(0, |t| t.to_string().len());
+    let messages: usize = body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| m.to_string().len())
+        .sum();
+    ((tools + messages) / 4) as i64
 }
 
 #[tokio::test]
@@ -207,9 +214,21 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
     let f = line(FALLBACK);
     assert_eq!(f[3], "1");
     assert!(f.join(" ").contains("(1 unpriced)"), "{f:?}");
-    let total = text.lines().last().unwrap();
-    assert!(total.starts_with("total"), "{text}");
+    let total = text.lines().find(|l| l.starts_with("total")).unwrap();
     assert_eq!(total.split_whitespace().nth(1), Some("5"), "{total}");
+    // Per turn, over all its paid calls (not the 404 and the 503): 4 turns, 128 prompt tokens cached.
+    let per_turn = text.lines().last().unwrap();
+    let prompt: i64 = (0..7)
+        .filter(|i| ![3, 5].contains(i))
+        .map(|i| stub_prompt_tokens(&requests[i]))
+        .sum();
+    let billed = (prompt - 128) as f64 + 128.0 * 0.25;
+    assert!(
+        per_turn.starts_with("per turn (4 turns, all calls)")
+            && per_turn.contains(&format!("cached {:.0},", 128.0 / 4.0))
+            && per_turn.contains(&format!("billed-equivalent {:.0} ", billed / 4.0)),
+        "{per_turn}"
+    );
     env.finish().await;
 }
 
@@ -264,11 +283,18 @@ async fn usage_for_one_user_and_the_heaviest_users() {
         .await;
     assert!(ok, "{text}{err}");
     assert!(text.starts_with(&format!("user {SAM}:")), "{text}");
-    let total = text.lines().last().unwrap();
+    let total = text.lines().find(|l| l.starts_with("total")).unwrap();
     assert_eq!(
         total.split_whitespace().nth(1),
         Some("1"),
         "one call of Sam's: {text}"
+    );
+    assert!(
+        text.lines()
+            .last()
+            .unwrap()
+            .starts_with("per turn (1 turns"),
+        "{text}"
     );
 
     let (ok, text, err) = env.run_companion(&["usage", "--top", "5"]).await;

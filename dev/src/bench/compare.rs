@@ -265,6 +265,18 @@ fn rows(c: &CompareReport) -> Vec<Row> {
         ("prompt prefix shared across users, share", |rs| {
             mean_of(rs, |r| r.prompt.as_ref().map(|p| p.shared_prefix_share))
         }),
+        ("prompt tokens per turn, all calls (stub count)", |rs| {
+            mean_of(rs, |r| r.billing.as_ref().map(|b| b.prompt_tokens_per_turn))
+        }),
+        (
+            "cached prompt tokens per turn (simulated provider cache)",
+            |rs| mean_of(rs, |r| r.billing.as_ref().map(|b| b.cached_tokens_per_turn)),
+        ),
+        ("billed-equivalent prompt tokens per turn", |rs| {
+            mean_of(rs, |r| {
+                r.billing.as_ref().map(|b| b.billed_equivalent_per_turn)
+            })
+        }),
     ];
     let mut out: Vec<Row> = figures
         .into_iter()

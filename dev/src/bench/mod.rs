@@ -137,6 +137,13 @@ pub struct BenchArgs {
     /// (today's were the fp32 graph on two threads).
     #[arg(long, default_value = "model.onnx:2")]
     pub compare_embed: String,
+    /// What a cached prompt token costs relative to an uncached one (the provider's cached-read
+    /// price ratio), for the billed-equivalent figure.
+    #[arg(long, default_value_t = 0.25)]
+    pub cached_price_ratio: f64,
+    /// Write the sampled first requests of turns (as the stub received them) to this JSON-lines file.
+    #[arg(long)]
+    pub save_prompts: Option<PathBuf>,
     /// `KEY=VALUE` set in the workers' environment after the run's configuration (repeatable).
     #[arg(long = "worker-env", value_parser = key_value)]
     pub worker_env: Vec<(String, String)>,
@@ -310,6 +317,7 @@ async fn measure(
     let stub = StubLlm::start_on("127.0.0.1:0".parse().expect("loopback"), responder, false)
         .await
         .map_err(|e| BenchError::Setup(format!("stub model: {e}")))?;
+    stub.simulate_prompt_cache();
     let mut config = env.config.clone();
     config.llm.base_url = stub.base_url.clone();
     config.turn.user_turns_per_minute = args.flood_limit;
@@ -392,6 +400,7 @@ async fn measure(
     );
     tracker.reset(&events);
     sampler.clear();
+    stub.reset_totals();
     let port = |url: &str, default: u16| {
         url::Url::parse(url.split(',').next().unwrap_or(url))
             .ok()
@@ -563,10 +572,12 @@ async fn measure(
             *report.knowledge.entry(r.knowledge.clone()).or_default() += 1;
         }
     }
-    report.prompt = prompt::analyse(
-        &sampler.take(),
-        &env.config.embed.model_dir.join("tokenizer.json"),
-    );
+    report.billing = prompt::Billing::of(stub.totals(), recs.len(), args.cached_price_ratio);
+    let bodies = sampler.take();
+    if let Some(path) = &args.save_prompts {
+        prompt::save(&bodies, path).map_err(|e| BenchError::Write(path.clone(), e))?;
+    }
+    report.prompt = prompt::analyse(&bodies, &env.config.embed.model_dir.join("tokenizer.json"));
     report.overhead_outside_mongo_ms =
         Some(Dist::of(&col(&|r| (r.overhead_ms - r.mongo_ms).max(0.0))));
     let llm_idx = Stage::ALL

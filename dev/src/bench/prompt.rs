@@ -45,6 +45,44 @@ impl Sampler {
     }
 }
 
+/// What the prompts of a run's turns are billed as, from every answer of the stub model with its
+/// simulated provider prompt cache ([`crate::stub::StubLlm::simulate_prompt_cache`]): tokens are the
+/// stub's (a quarter of the request's bytes), all calls of a turn counted.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Billing {
+    pub calls_per_turn: f64,
+    pub prompt_tokens_per_turn: f64,
+    /// Of those, served from the provider's cache.
+    pub cached_tokens_per_turn: f64,
+    /// Uncached + cached × `cached_price_ratio`: what the prompt costs, in uncached tokens.
+    pub billed_equivalent_per_turn: f64,
+    pub cached_price_ratio: f64,
+}
+
+impl Billing {
+    pub fn of(t: crate::stub::Totals, turns: usize, cached_price_ratio: f64) -> Option<Self> {
+        let per = |x: u64| x as f64 / turns as f64;
+        (turns > 0 && t.calls > 0).then(|| Self {
+            calls_per_turn: per(t.calls),
+            prompt_tokens_per_turn: per(t.prompt_tokens),
+            cached_tokens_per_turn: per(t.cached_tokens),
+            billed_equivalent_per_turn: per(t.prompt_tokens - t.cached_tokens)
+                + per(t.cached_tokens) * cached_price_ratio,
+            cached_price_ratio,
+        })
+    }
+}
+
+/// Writes `bodies` as JSON lines to `path`.
+pub fn save(bodies: &[Value], path: &Path) -> std::io::Result<()> {
+    let mut out = String::new();
+    for b in bodies {
+        out.push_str(&b.to_string());
+        out.push('\n');
+    }
+    std::fs::write(path, out)
+}
+
 /// The prompt figures of a run.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PromptFigures {

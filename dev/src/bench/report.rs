@@ -176,6 +176,8 @@ pub struct Report {
     pub knowledge: std::collections::BTreeMap<String, usize>,
     /// Prompt tokens and the prefix shared across users.
     pub prompt: Option<PromptFigures>,
+    /// Prompt tokens of all calls per turn, cached and billed-equivalent.
+    pub billing: Option<super::prompt::Billing>,
     /// Overhead minus MongoDB wait: an estimate of the overhead with a MongoDB that answers at once
     /// (parallel branches may then become the longer path, so this is a lower bound).
     pub overhead_outside_mongo_ms: Option<Dist>,
@@ -211,6 +213,7 @@ impl Report {
             mongo_commands_per_turn: 0.0,
             knowledge: Default::default(),
             prompt: None,
+            billing: None,
             overhead_outside_mongo_ms: None,
             stages: Vec::new(),
             timeline: Vec::new(),
@@ -344,6 +347,17 @@ prompt (first call of a turn, {} sampled; tokens estimated): p50 {:.0} tokens, m
             p.tokens.mean,
             p.shared_prefix_tokens.mean,
             p.shared_prefix_share * 100.0
+        );
+    }
+    if let Some(b) = &r.billing {
+        let _ = writeln!(
+            o,
+            "prompt billing (all calls, stub tokens, simulated provider cache): per turn {:.1} calls, {:.0} prompt tokens, {:.0} cached, billed-equivalent {:.0} (cached × {})",
+            b.calls_per_turn,
+            b.prompt_tokens_per_turn,
+            b.cached_tokens_per_turn,
+            b.billed_equivalent_per_turn,
+            b.cached_price_ratio
         );
     }
     if let Some(res) = &r.resources {
