@@ -433,3 +433,57 @@ fn clip(s: &str) -> String {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kaori() -> Character {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("characters/kaori.json"),
+        )
+        .unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn the_character_block_says_each_thing_once() {
+        let block = character_block(&kaori());
+        let items: Vec<String> = block
+            .lines()
+            .filter_map(|l| l.split_once(": ").map(|(_, rest)| rest.to_owned()))
+            .flat_map(|rest| {
+                rest.split("; ")
+                    .map(|i| i.trim_end_matches('.').to_lowercase())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let unique: std::collections::HashSet<&String> = items.iter().collect();
+        assert_eq!(unique.len(), items.len(), "{block}");
+        assert!(
+            block.matches("chaotic but sweet").count() == 1,
+            "personality and style share it: {block}"
+        );
+    }
+
+    #[test]
+    fn a_block_over_its_cap_keeps_whole_lines_and_says_it_was_cut() {
+        let text = "line one is here\nline two is here\nline three is here\n";
+        assert_eq!(fit(text, 100), text);
+        let cut = fit(text, 10);
+        assert!(tokens(&cut) <= 10, "{cut}");
+        assert_eq!(cut, "line one is here\nline two is here\n(…)\n");
+        assert_eq!(fit(text, 8), "line one is here\n(…)\n");
+        let one_long_line = "x".repeat(100);
+        assert!(tokens(&fit(&one_long_line, 5)) <= 6);
+    }
+
+    #[test]
+    fn history_keeps_the_newest_that_fit() {
+        let items = ["a".repeat(40), "b".repeat(40), "c".repeat(40)];
+        // 40 bytes = 10 tokens + 4 per message.
+        assert_eq!(recent(&items, 28, |s| s.len()), &items[1..]);
+        assert_eq!(recent(&items, 13, |s| s.len()), &items[..0]);
+        assert_eq!(recent(&items, 1000, |s| s.len()).len(), 3);
+    }
+}
