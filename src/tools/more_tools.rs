@@ -24,9 +24,9 @@ impl Tool for MoreTools {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Get tools you weren't given this time, for your next step: tricks (look up tricks, the user's \
-         tricklists, create one, mark a trick landed, share cards), spots (find or add spots), reminders \
-         (set or cancel), flows (start a guided plan), in_flow (answer or leave a running flow)."
+        "Ask for tools you lack, for your next step: tricks (trickipedia, the user's tricklists, create one, \
+         mark landed, share cards), spots (find or add), reminders (set or cancel), flows (guided plans), \
+         in_flow (a running flow)."
     }
 
     async fn call(_ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
