@@ -461,6 +461,10 @@ pub struct PromptConfig {
         default_value_t = 300
     )]
     pub flow_tokens: usize,
+    /// Offer each turn the tools its messages call for (and `more_tools`); false offers every tool on
+    /// every turn: a longer prompt, but one prefix for all turns of a companion.
+    #[arg(id = "prompt-tools-by-turn", long = "prompt-tools-by-turn", env = "COMPANION_PROMPT_TOOLS_BY_TURN", default_value_t = true, action = clap::ArgAction::Set)]
+    pub tools_by_turn: bool,
     /// The conversation before the new messages (within `COMPANION_HISTORY_LIMIT` messages).
     #[arg(
         id = "prompt-history-tokens",

@@ -153,7 +153,7 @@ impl Turns {
             .messages
             .retain(|m| !answering.contains(&m.message_id));
         let flow = flow?;
-        let offer = match flow.open() {
+        let offer = match flow.open() || !self.prompt.tools_by_turn {
             true => Offer::all(),
             false => offer::for_turn(&Signals {
                 texts: events
@@ -283,12 +283,15 @@ impl Turns {
             content: format!("{}: {}", name_of(&a.ids.user), event.content),
             ..event.clone()
         };
-        let offer = offer::for_turn(&Signals {
-            texts: std::iter::once(event.content.as_str())
-                .chain(t.said.iter().map(|s| s.reply.content.as_str()))
-                .collect(),
-            ..Default::default()
-        });
+        let offer = match self.prompt.tools_by_turn {
+            false => Offer::all(),
+            true => offer::for_turn(&Signals {
+                texts: std::iter::once(event.content.as_str())
+                    .chain(t.said.iter().map(|s| s.reply.content.as_str()))
+                    .collect(),
+                ..Default::default()
+            }),
+        };
         let tools = self.tools_for(t.crisis);
         let said_tokens: usize = t
             .said

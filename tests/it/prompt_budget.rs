@@ -192,3 +192,14 @@ async fn every_block_stays_within_its_cap_and_the_history_within_the_total() {
     );
     assert!(history.last().unwrap().starts_with("history message 9"));
 }
+
+#[tokio::test]
+async fn with_tools_by_turn_off_every_turn_is_offered_every_tool() {
+    let mut env = TestEnv::with(model(), |c| c.prompt.tools_by_turn = false).await;
+    env.start_worker().await;
+    let e = env.dm(JESS, KAORI, JESS_KAORI, "hey how's it going").await;
+    env.turn(&e).await;
+    let names = offered(env.stub.requests().last().unwrap());
+    assert_eq!(names.len(), 12, "{names:?}");
+    assert!(!names.contains(&"more_tools".to_owned()));
+}
