@@ -1180,6 +1180,10 @@ impl Config {
                 "COMPANION_PROMPT_HISTORY_TOKENS",
                 self.prompt.history_tokens.to_string(),
             ),
+            (
+                "COMPANION_PROMPT_TOOLS_BY_TURN",
+                self.prompt.tools_by_turn.to_string(),
+            ),
             ("COMPANION_FLOWS_DIR", path(&self.characters.flows_dir)),
             ("COMPANION_MAX_EVENT_BYTES", t.max_event_bytes.to_string()),
             (
