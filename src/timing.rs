@@ -19,8 +19,9 @@
 
 use std::{
     cell::{Cell, RefCell},
-    future::{Future, poll_fn},
-    pin::pin,
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
@@ -174,7 +175,7 @@ impl TurnTimings {
 }
 
 /// Runs one delivery with a fresh clock; [`stage`] and [`report`] inside it use that clock.
-pub async fn scope<F: Future>(fut: F) -> F::Output {
+pub fn scope<F: Future>(fut: F) -> impl Future<Output = F::Output> {
     let clock = Clock {
         started: Instant::now(),
         nanos: Default::default(),
@@ -183,25 +184,50 @@ pub async fn scope<F: Future>(fut: F) -> F::Output {
         mongo_wait: RefCell::new(Vec::new()),
         knowledge: Cell::new("none"),
     };
-    CLOCK.scope(clock, fut).await
+    CLOCK.scope(clock, fut)
 }
 
 /// Runs `fut` as `stage` of the current turn: adds its wall time (less that of stages nested in it) to the
 /// turn's clock when inside a [`scope`], and runs it in a `stage` span (debug level) named after it.
-pub async fn stage<F: Future>(stage: Stage, fut: F) -> F::Output {
-    // Read at the first poll: the stage being polled around this one, if any, is its parent.
-    let parent = POLLING.with(Cell::get);
-    let started = Instant::now();
-    let mut fut = pin!(fut.instrument(debug_span!("stage", name = stage.name())));
-    let out = poll_fn(|cx| {
+///
+/// A plain function returning [`Staged`], not an `async fn`: an `async fn` would hold `fut` twice (its
+/// argument and the awaited copy), and every turn waiting on the model sits inside several stages.
+pub fn stage<F: Future>(stage: Stage, fut: F) -> Staged<F> {
+    Staged {
+        stage,
+        first_poll: None,
+        fut: fut.instrument(debug_span!("stage", name = stage.name())),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`stage`].
+    pub struct Staged<F> {
+        stage: Stage,
+        // The stage polled around this one at its first poll (its parent), and when that was.
+        first_poll: Option<(Option<Stage>, Instant)>,
+        #[pin]
+        fut: tracing::instrument::Instrumented<F>,
+    }
+}
+
+impl<F: Future> Future for Staged<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let stage = *this.stage;
+        let (parent, started) = *this
+            .first_poll
+            .get_or_insert_with(|| (POLLING.with(Cell::get), Instant::now()));
         let outer = POLLING.with(|p| p.replace(Some(stage)));
-        let poll = fut.as_mut().poll(cx);
+        let poll = this.fut.poll(cx);
         POLLING.with(|p| p.set(outer));
+        if poll.is_ready() {
+            record(stage, parent, started.elapsed());
+        }
         poll
-    })
-    .await;
-    record(stage, parent, started.elapsed());
-    out
+    }
 }
 
 /// Adds the time since `started` to `stage` of the current turn, for code timed without a future (no-op

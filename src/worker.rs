@@ -218,21 +218,22 @@ impl Shared {
                     (&ending, &verdict, &event)
                 {
                     warn!(error = %f.reason, retry_in_ms = delay.as_millis() as u64, "turn failed; will retry");
-                    if let Err(e) = self
+                    if let Err(e) = Box::pin(self
                         .worker
                         .turns
                         .journal
-                        .note_error(&event.message_id().to_hex(), &f.reason)
+                        .note_error(&event.message_id().to_hex(), &f.reason))
                         .await
                     {
                         debug!(error = %e, "could not record the error in the journal");
                     }
                 }
                 let ack = matches!(verdict, Verdict::Ack { .. });
+                // Boxed, as is the journal note: a task waiting on the model keeps no room for them.
                 timing::stage(
                     Stage::Ack,
-                    self.settler
-                        .execute(Handle::Message(&msg), event.as_ref(), verdict, delivered),
+                    Box::pin(self.settler
+                        .execute(Handle::Message(&msg), event.as_ref(), verdict, delivered)),
                 )
                 .await;
                 if let (true, Some(name)) = (ack, outcome) {

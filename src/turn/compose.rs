@@ -135,25 +135,28 @@ impl Turns {
             .join("\n");
         // Retrieval (embedding + vector search) runs beside the history load and the trick names (mostly
         // cached), not after them.
-        let (context, knowledge, flow) = tokio::join!(
-            stage(Stage::Context, async {
-                tokio::try_join!(
-                    self.pg
-                        .history(&a.ids.user, &a.ids.bot, self.config.history_limit),
-                    self.mongo.resolve_tricklists(&a.user.tricklists),
-                )
-            }),
-            self.retriever.for_turn(&c.knowledge, &query),
-            self.turn_flow(t.job, a, c),
-        );
+        let (context, knowledge, flow) = Box::pin(async {
+            tokio::join!(
+                stage(Stage::Context, async {
+                    tokio::try_join!(
+                        self.pg
+                            .history(&a.ids.user, &a.ids.bot, self.config.history_limit),
+                        self.mongo.resolve_tricklists(&a.user.tricklists),
+                    )
+                }),
+                self.retriever.for_turn(&c.knowledge, &query),
+                self.turn_flow(t.job, a, c),
+            )
+        })
+        .await;
         let (mut history, tricklists) = context?;
         // A message kept in history before this answer (held while paused) is the one answered now.
         let answering: Vec<String> = events.iter().map(|e| e.message_id.to_hex()).collect();
         history
             .messages
             .retain(|m| !answering.contains(&m.message_id));
-        let flow = flow?;
-        let offer = match flow.open() || !self.prompt.tools_by_turn {
+        let turn_flow = flow?;
+        let offer = match turn_flow.open() || !self.prompt.tools_by_turn {
             true => Offer::all(),
             false => offer::for_turn(&Signals {
                 texts: events
@@ -170,7 +173,8 @@ impl Turns {
             true => &c.flows,
             false => &[],
         };
-        let flow = flow.prompt(&self.flows, offered_flows);
+        let flow = turn_flow.prompt(&self.flows, offered_flows);
+        drop(turn_flow);
         let prompt_started = std::time::Instant::now();
         let system = prompt::system_prompt(&PromptContext {
             character: c,
@@ -193,6 +197,8 @@ impl Turns {
             tools_tokens,
         );
         crate::timing::add(Stage::Prompt, prompt_started);
+        // A turn waits on the model holding its request and nothing it was built from.
+        drop((history, tricklists, knowledge, flow, query, answering));
         if t.crisis {
             messages.push(Message::system(prompt::SAFETY_BRIEF.to_owned()));
         }
@@ -247,15 +253,18 @@ impl Turns {
         let Some(g) = t.group else {
             unreachable!("a group message has its group plan");
         };
-        let (tricklists, knowledge, names) = tokio::join!(
-            stage(
-                Stage::Context,
-                self.mongo.resolve_tricklists(&a.user.tricklists)
-            ),
-            self.retriever.for_turn(&c.knowledge, &event.content),
-            g.names
-                .get_or_init(|| self.display_names(&a.members, participants)),
-        );
+        let (tricklists, knowledge, names) = Box::pin(async {
+            tokio::join!(
+                stage(
+                    Stage::Context,
+                    self.mongo.resolve_tricklists(&a.user.tricklists)
+                ),
+                self.retriever.for_turn(&c.knowledge, &event.content),
+                g.names
+                    .get_or_init(|| self.display_names(&a.members, participants)),
+            )
+        })
+        .await;
         let name_of = |id: &str| names.get(id).cloned().unwrap_or_else(|| "someone".into());
         let line = |id: &str, text: &str| Message::user(format!("{}: {text}", name_of(id)));
         let mut prompt = prompt::system_prompt(&PromptContext {
@@ -269,6 +278,7 @@ impl Turns {
             flow: "",
             budget: &self.prompt,
         });
+        drop(knowledge);
         prompt.system.push_str(&group_note(
             t.speaker,
             &a.members,
@@ -330,6 +340,7 @@ impl Turns {
         if t.crisis {
             messages.push(Message::system(prompt::GROUP_SAFETY_BRIEF.to_owned()));
         }
+        drop((prompt, knowledge, named));
         let spoken = self.converse(t, &event, messages, tools, offer).await?;
         let mut said = self.model_said(t, spoken, |text| group::strip_own_name(text, &c.name))?;
         if !said.last {
@@ -344,13 +355,16 @@ impl Turns {
     /// fallbacks or a budget stops it (the news is never held back for it).
     async fn follow_up(&self, t: &Turn<'_, '_>, f: &FollowUp<'_>) -> Result<Said, TurnError> {
         let a = t.admitted;
-        let (history, tricklists) = tokio::try_join!(
-            async {
-                let limit = self.config.history_limit;
-                Ok::<_, TurnError>(self.pg.history(&a.ids.user, &a.ids.bot, limit).await?)
-            },
-            async { Ok(self.mongo.resolve_tricklists(&a.user.tricklists).await?) },
-        )?;
+        let (history, tricklists) = Box::pin(async {
+            tokio::try_join!(
+                async {
+                    let limit = self.config.history_limit;
+                    Ok::<_, TurnError>(self.pg.history(&a.ids.user, &a.ids.bot, limit).await?)
+                },
+                async { Ok(self.mongo.resolve_tricklists(&a.user.tricklists).await?) },
+            )
+        })
+        .await?;
         let system = prompt::system_prompt(&PromptContext {
             character: f.character,
             profile: a.user.profile.as_ref(),
@@ -365,6 +379,7 @@ impl Turns {
         let mut messages = prompt::conversation(system, &history.messages, &[], &self.prompt, 0);
         let brief = format!("{}{}", f.brief, t.flow_note.unwrap_or_default());
         messages.push(Message::system(brief));
+        drop((history, tricklists));
         // A follow-up answers no user message: the tool context's message is only a placeholder (no
         // tools are offered, so none is called).
         let as_if = DmEvent {

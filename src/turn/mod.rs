@@ -397,12 +397,16 @@ impl Turns {
                 return Ok(settled);
             }
             let result = self.conduct(&job, &admitted, delivery).await;
-            job.keep_successes(result).await
+            Box::pin(job.keep_successes(result)).await
         };
         within(deadline, secs, Box::pin(work)).await
     }
 
     /// Stages 4 to 9 for an open job.
+    ///
+    /// Each stage's future is boxed where it is awaited: an `async fn`'s state is as large as its largest
+    /// await, so a turn waiting on the model would otherwise hold room for the gate's and the writes'
+    /// database futures (65 KB of state per waiting turn before, 3 KB now; docs/benchmark.md).
     async fn conduct(
         &self,
         job: &Job,
@@ -411,18 +415,18 @@ impl Turns {
     ) -> Result<Settled, TurnError> {
         // Stage 3: the incoming hook; a crisis gets its referral before anything else.
         let mut crisis = match a.message() {
-            Some(m) => self.incoming(job, a, &m).await?,
+            Some(m) => Box::pin(self.incoming(job, a, &m)).await?,
             None => None,
         };
-        let plan = match self.gate(job, a, crisis.is_some()).await? {
+        let plan = match Box::pin(self.gate(job, a, crisis.is_some())).await? {
             Gate::Go(plan) => plan,
-            Gate::Limited { by } => return self.limited(job, a, &by).await,
-            Gate::Drop { reason, keep } => return self.drop(job, a, &reason, keep).await,
-            Gate::Hold => return self.hold(job, a, &Burst::default()).await,
+            Gate::Limited { by } => return Box::pin(self.limited(job, a, &by)).await,
+            Gate::Drop { reason, keep } => return Box::pin(self.drop(job, a, &reason, keep)).await,
+            Gate::Hold => return Box::pin(self.hold(job, a, &Burst::default())).await,
         };
         let burst = match (&a.kind, plan.busy || plan.fixed.is_some()) {
             (Kind::Dm(event), false) => {
-                let fix = self.take_in((job, a.new_job(None)), event, delivery);
+                let fix = Box::pin(self.take_in((job, a.new_job(None)), event, delivery));
                 stage(Stage::Order, fix).await?
             }
             _ => Burst::default(),
@@ -436,12 +440,12 @@ impl Turns {
                     text: &e.content,
                     images: &e.images,
                 };
-                if let Some(f) = self.incoming(job, a, &m).await? {
+                if let Some(f) = Box::pin(self.incoming(job, a, &m)).await? {
                     crisis.get_or_insert(f);
                 }
             }
         }
-        let flow_note = self.move_flow(job, a).await?;
+        let flow_note = Box::pin(self.move_flow(job, a)).await?;
         let generation = job.record.generation;
         let mut said: Vec<Said> = Vec::new();
         let mut fresh = 0;
@@ -450,7 +454,7 @@ impl Turns {
             if !said.is_empty() {
                 // The messages before are recorded as delivered before another companion starts: a
                 // crash from here on never sends them (or their completions) again.
-                job.flush().await?;
+                Box::pin(job.flush()).await?;
             }
             let turn = compose::Turn {
                 job,
@@ -476,14 +480,16 @@ impl Turns {
                 }))
                 .await?;
             // Read when the message is about to be written: a pause holds on every worker at once.
-            if plan.fixed != Some(Fixed::Crisis) && self.pg.paused(&a.ids.conversation).await? {
+            if plan.fixed != Some(Fixed::Crisis)
+                && Box::pin(self.pg.paused(&a.ids.conversation)).await?
+            {
                 return match a.kind {
                     // News is not held for later: a follow-up is simply not sent.
-                    Kind::FollowUp { .. } => self.drop(job, a, HELD, false).await,
-                    _ => self.hold(job, a, &burst).await,
+                    Kind::FollowUp { .. } => Box::pin(self.drop(job, a, HELD, false)).await,
+                    _ => Box::pin(self.hold(job, a, &burst)).await,
                 };
             }
-            self.deliver(job, a, slot, &burst, &line).await?;
+            Box::pin(self.deliver(job, a, slot, &burst, &line)).await?;
             said.push(line);
         }
         let state = if plan.busy {
@@ -491,8 +497,7 @@ impl Turns {
         } else {
             State::Done
         };
-        self.finish(job, a, &plan, said, &burst, state, fresh > 0)
-            .await
+        Box::pin(self.finish(job, a, &plan, said, &burst, state, fresh > 0)).await
     }
 
     /// Stage 4: the checks inside the job, each decision a step of it.

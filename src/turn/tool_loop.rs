@@ -97,7 +97,7 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
             Stage::Steps,
             job.step(step::LLM, format!("{}{n}", cx.slot))
                 .tally(spend::tally(&user))
-                .run(pay_and_ask(cx, &request, speaker.clone())),
+                .run(Box::pin(pay_and_ask(cx, &request, speaker.clone()))),
         )
         .await;
         let record = match answered {
