@@ -59,9 +59,10 @@ struct NameCache {
 pub struct UserData {
     /// `None` when the user has no profile document.
     pub profile: Option<UserProfile>,
-    /// The newest tricklist documents, as stored: their trick names are resolved
-    /// ([`Mongo::resolve_tricklists`]) only by a turn that answers, not by every delivery admitted.
-    pub tricklists: Vec<Document>,
+    /// The newest tricklists, read from their documents (which are not kept: a turn holds this while it
+    /// waits on the model); their trick names are resolved ([`Mongo::resolve_tricklists`]) only by a turn
+    /// that answers, not by every delivery admitted.
+    pub tricklists: Vec<Tricklist>,
     /// Whom the user blocked (`users.blockedUsers`): a companion among them may answer, never start a DM.
     pub blocked: Vec<ObjectId>,
     /// The user document as stored, for what the safety protocol reads of it (the age signal, whose
@@ -314,7 +315,10 @@ impl Mongo {
         Ok(Some(Found {
             participants: participants_of(&conv),
             user_doc: docs(&mut conv, "user").into_iter().next(),
-            tricklists: docs(&mut conv, "tricklists"),
+            tricklists: docs(&mut conv, "tricklists")
+                .iter()
+                .filter_map(tricklist_of)
+                .collect(),
         }))
     }
 
@@ -340,52 +344,35 @@ impl Mongo {
             .await?
             .try_collect()
             .await?;
+        let lists: Vec<Tricklist> = lists.iter().filter_map(tricklist_of).collect();
         self.resolve_tricklists(&lists).await
     }
 
-    /// Turns raw tricklist documents into [`Tricklist`]s with one trickipedia query for all their tricks.
+    /// Fills in the trick names of `lists` (read by [`tricklist_of`]) with one trickipedia query for all
+    /// their tricks.
     pub async fn resolve_tricklists(
         &self,
-        lists: &[Document],
+        lists: &[Tricklist],
     ) -> Result<Vec<Tricklist>, StoreError> {
         let mut ids: Vec<ObjectId> = lists
             .iter()
-            .flat_map(|l| l.get_array("tricks").map(|a| a.as_slice()).unwrap_or(&[]))
-            .filter_map(trick_ref_id)
+            .flat_map(|l| l.tricks.iter().map(|t| t.id))
             .collect();
         ids.sort();
         ids.dedup();
         let names = self.trick_names(&ids).await?;
         Ok(lists
             .iter()
-            .filter_map(|l| {
-                let id = l.get_object_id("_id").ok()?;
-                let tricks = l
-                    .get_array("tricks")
-                    .map(|a| a.as_slice())
-                    .unwrap_or(&[])
+            .map(|l| Tricklist {
+                tricks: l
+                    .tricks
                     .iter()
-                    .filter_map(|t| {
-                        let id = trick_ref_id(t)?;
-                        let checked = t
-                            .as_document()
-                            .and_then(|d| d.get_bool("checked").ok())
-                            .unwrap_or(false);
-                        Some(TrickEntry {
-                            id,
-                            name: names.get(&id).cloned(),
-                            checked,
-                        })
+                    .map(|t| TrickEntry {
+                        name: names.get(&t.id).cloned(),
+                        ..t.clone()
                     })
-                    .collect();
-                Some(Tricklist {
-                    id,
-                    name: l.get_str("name").unwrap_or("(unnamed)").to_owned(),
-                    category: l.get_str("category").ok().map(str::to_owned),
-                    is_public: l.get_bool("isPublic").unwrap_or(false),
-                    created_by: l.get_str("createdBy").ok().map(str::to_owned),
-                    tricks,
-                })
+                    .collect(),
+                ..l.clone()
             })
             .collect())
     }
@@ -586,11 +573,40 @@ fn participants_of(conv: &Document) -> Vec<ObjectId> {
         .unwrap_or_default()
 }
 
+/// A tricklist document as a [`Tricklist`] whose trick names are not resolved yet; `None` without an id.
+pub fn tricklist_of(l: &Document) -> Option<Tricklist> {
+    let id = l.get_object_id("_id").ok()?;
+    let tricks = l
+        .get_array("tricks")
+        .map(|a| a.as_slice())
+        .unwrap_or(&[])
+        .iter()
+        .filter_map(|t| {
+            Some(TrickEntry {
+                id: trick_ref_id(t)?,
+                name: None,
+                checked: t
+                    .as_document()
+                    .and_then(|d| d.get_bool("checked").ok())
+                    .unwrap_or(false),
+            })
+        })
+        .collect();
+    Some(Tricklist {
+        id,
+        name: l.get_str("name").unwrap_or("(unnamed)").to_owned(),
+        category: l.get_str("category").ok().map(str::to_owned),
+        is_public: l.get_bool("isPublic").unwrap_or(false),
+        created_by: l.get_str("createdBy").ok().map(str::to_owned),
+        tricks,
+    })
+}
+
 /// What the admission's aggregate found.
 struct Found {
     participants: Vec<ObjectId>,
     user_doc: Option<Document>,
-    tricklists: Vec<Document>,
+    tricklists: Vec<Tricklist>,
 }
 
 impl Found {

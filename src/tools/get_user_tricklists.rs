@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, contains_ci};
-use crate::store::mongo::{TRICKLISTS, Tricklist, user_ref_filter};
+use crate::store::mongo::{TRICKLISTS, Tricklist, tricklist_of, user_ref_filter};
 
 /// Most lists returned.
 pub const LISTS_MAX: i64 = 20;
@@ -51,7 +51,8 @@ impl Tool for GetUserTricklists {
             .await?
             .try_collect()
             .await?;
-        let lists = ctx.mongo.resolve_tricklists(&docs).await?;
+        let lists: Vec<_> = docs.iter().filter_map(tricklist_of).collect();
+        let lists = ctx.mongo.resolve_tricklists(&lists).await?;
         let out: Vec<Value> = lists.iter().map(list_json).collect();
         Ok(ToolOutput::data(
             json!({ "tricklists": out, "count": out.len() }),
