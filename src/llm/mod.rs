@@ -114,7 +114,8 @@ pub struct ToolDef {
 pub struct FunctionDef {
     pub name: String,
     pub description: String,
-    pub parameters: Value,
+    /// Shared: the same schema goes with every offer that holds the tool.
+    pub parameters: Arc<Value>,
 }
 
 #[derive(Clone, Debug, Serialize)]

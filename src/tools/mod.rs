@@ -264,14 +264,14 @@ pub trait DynTool: Send + Sync {
 }
 
 struct Erased<T> {
-    parameters: Value,
+    parameters: Arc<Value>,
     _tool: PhantomData<fn() -> T>,
 }
 
 impl<T: Tool> Erased<T> {
     fn new() -> Self {
         Self {
-            parameters: schema::parameters_for::<T::Args>(),
+            parameters: Arc::new(schema::parameters_for::<T::Args>()),
             _tool: PhantomData,
         }
     }
