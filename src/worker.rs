@@ -218,24 +218,19 @@ impl Shared {
                     (&ending, &verdict, &event)
                 {
                     warn!(error = %f.reason, retry_in_ms = delay.as_millis() as u64, "turn failed; will retry");
-                    if let Err(e) = Box::pin(self
-                        .worker
-                        .turns
-                        .journal
-                        .note_error(&event.message_id().to_hex(), &f.reason))
-                        .await
-                    {
+                    let journal = &self.worker.turns.journal;
+                    let id = event.message_id().to_hex();
+                    let note = journal.note_error(&id, &f.reason);
+                    if let Err(e) = Box::pin(note).await {
                         debug!(error = %e, "could not record the error in the journal");
                     }
                 }
                 let ack = matches!(verdict, Verdict::Ack { .. });
                 // Boxed, as is the journal note: a task waiting on the model keeps no room for them.
-                timing::stage(
-                    Stage::Ack,
-                    Box::pin(self.settler
-                        .execute(Handle::Message(&msg), event.as_ref(), verdict, delivered)),
-                )
-                .await;
+                let settle =
+                    self.settler
+                        .execute(Handle::Message(&msg), event.as_ref(), verdict, delivered);
+                timing::stage(Stage::Ack, Box::pin(settle)).await;
                 if let (true, Some(name)) = (ack, outcome) {
                     timing::report(&self.worker.metrics, name);
                 }

@@ -361,20 +361,11 @@ impl Mongo {
         ids.sort();
         ids.dedup();
         let names = self.trick_names(&ids).await?;
-        Ok(lists
-            .iter()
-            .map(|l| Tricklist {
-                tricks: l
-                    .tricks
-                    .iter()
-                    .map(|t| TrickEntry {
-                        name: names.get(&t.id).cloned(),
-                        ..t.clone()
-                    })
-                    .collect(),
-                ..l.clone()
-            })
-            .collect())
+        let mut lists = lists.to_vec();
+        for t in lists.iter_mut().flat_map(|l| l.tricks.iter_mut()) {
+            t.name = names.get(&t.id).cloned();
+        }
+        Ok(lists)
     }
 
     /// Names of these tricks: from the cache while fresh, the rest in one query (then cached).

@@ -406,7 +406,7 @@ impl Turns {
     ///
     /// Each stage's future is boxed where it is awaited: an `async fn`'s state is as large as its largest
     /// await, so a turn waiting on the model would otherwise hold room for the gate's and the writes'
-    /// database futures (65 KB of state per waiting turn before, 3 KB now; docs/benchmark.md).
+    /// database futures (its boxed work was 33 KB per waiting turn before, 2 KB now; docs/benchmark.md).
     async fn conduct(
         &self,
         job: &Job,
