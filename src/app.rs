@@ -57,6 +57,7 @@ pub struct TurnSections<'a> {
     pub prompt: &'a crate::config::PromptConfig,
     pub embed: &'a EmbedSettings,
     pub rag: &'a RagConfig,
+    pub memory: &'a crate::config::MemoryConfig,
 }
 
 impl<'a> From<&'a Config> for TurnSections<'a> {
@@ -72,6 +73,7 @@ impl<'a> From<&'a Config> for TurnSections<'a> {
             prompt: &c.prompt,
             embed: &c.embed,
             rag: &c.rag,
+            memory: &c.memory,
         }
     }
 }
@@ -128,6 +130,13 @@ impl Components {
             config: s.turn.clone(),
             safety: crate::safety::Safety::load(s.safety)?,
             prompt: s.prompt.clone(),
+            memory: crate::memory::Memory::new(pg.pool.clone(), embedder.clone(), s.memory.clone()),
+            memory_model: [&s.memory.model, &s.turn.budget_model, &s.llm.model]
+                .into_iter()
+                .map(|m| m.trim())
+                .find(|m| !m.is_empty())
+                .unwrap_or_default()
+                .to_owned(),
             metrics: metrics.clone(),
         });
         Ok(Self {

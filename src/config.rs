@@ -473,6 +473,22 @@ pub struct PromptConfig {
         default_value_t = 1000
     )]
     pub history_tokens: usize,
+    /// What the companion remembers about the user: pinned facts and those nearest the message.
+    #[arg(
+        id = "prompt-memory-tokens",
+        long = "prompt-memory-tokens",
+        env = "COMPANION_PROMPT_MEMORY_TOKENS",
+        default_value_t = 300
+    )]
+    pub memory_tokens: usize,
+    /// The rolling summary of the conversation before the history window.
+    #[arg(
+        id = "prompt-summary-tokens",
+        long = "prompt-summary-tokens",
+        env = "COMPANION_PROMPT_SUMMARY_TOKENS",
+        default_value_t = 200
+    )]
+    pub summary_tokens: usize,
 }
 
 /// Safety for people (docs/safety.md): the crisis protocol, the AI disclosure, minors.
@@ -976,6 +992,87 @@ pub struct RagConfig {
     pub chunk_overlap: f32,
 }
 
+/// Long-term memory (docs/memory.md): facts a companion keeps about its user, the rolling summary.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Memory")]
+pub struct MemoryConfig {
+    /// Keep long-term memory (facts, summaries, `remember`/`forget`); false: none is kept or recalled.
+    #[arg(id = "memory", long = "memory", env = "COMPANION_MEMORY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+    /// Extraction runs after this many new user messages of a DM...
+    #[arg(
+        id = "memory-extract-after",
+        long = "memory-extract-after",
+        env = "COMPANION_MEMORY_EXTRACT_AFTER",
+        default_value_t = 10
+    )]
+    pub extract_after: i64,
+    /// ...or once the DM has been quiet this many seconds, whichever comes first.
+    #[arg(
+        id = "memory-quiet-secs",
+        long = "memory-quiet-secs",
+        env = "COMPANION_MEMORY_QUIET_SECS",
+        default_value_t = 600
+    )]
+    pub quiet_secs: u64,
+    /// User messages one extraction reads at most (the rest go to the next run).
+    #[arg(
+        id = "memory-batch-max",
+        long = "memory-batch-max",
+        env = "COMPANION_MEMORY_BATCH_MAX",
+        default_value_t = 40
+    )]
+    pub batch_max: i64,
+    /// The model extraction and summaries use (empty: `COMPANION_BUDGET_MODEL`, else the usual model).
+    #[arg(
+        id = "memory-model",
+        long = "memory-model",
+        env = "COMPANION_MEMORY_MODEL",
+        default_value = ""
+    )]
+    pub model: String,
+    /// Facts nearest the message recalled into the prompt, besides the pinned ones.
+    #[arg(
+        id = "memory-top-k",
+        long = "memory-top-k",
+        env = "COMPANION_MEMORY_TOP_K",
+        default_value_t = 4
+    )]
+    pub top_k: i64,
+    /// Lowest cosine similarity of a fact to the message for it to be recalled (pinned ones always are).
+    #[arg(
+        id = "memory-threshold",
+        long = "memory-threshold",
+        env = "COMPANION_MEMORY_THRESHOLD",
+        default_value_t = 0.3
+    )]
+    pub threshold: f32,
+    /// `remember` calls a user may make per rolling 24 hours (apart from the hourly write quota).
+    #[arg(
+        id = "memory-remember-per-day",
+        long = "memory-remember-per-day",
+        env = "COMPANION_MEMORY_REMEMBER_PER_DAY",
+        default_value_t = 50
+    )]
+    pub remember_per_day: u32,
+    /// Facts kept per user and companion at most: past it, the oldest extracted ones go first.
+    #[arg(
+        id = "memory-max-facts",
+        long = "memory-max-facts",
+        env = "COMPANION_MEMORY_MAX_FACTS",
+        default_value_t = 200
+    )]
+    pub max_facts: i64,
+    /// The summary is rewritten once this many messages have left the history window since it was.
+    #[arg(
+        id = "memory-summary-after",
+        long = "memory-summary-after",
+        env = "COMPANION_MEMORY_SUMMARY_AFTER",
+        default_value_t = 20
+    )]
+    pub summary_after: i64,
+}
+
 /// Logs and exported spans; flags of every subcommand.
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Logging")]
@@ -1038,6 +1135,8 @@ pub struct Config {
     pub embed: EmbedSettings,
     #[command(flatten)]
     pub rag: RagConfig,
+    #[command(flatten)]
+    pub memory: MemoryConfig,
     /// Parsed once for every subcommand (global flags); carried here for child processes.
     #[arg(skip)]
     pub log: LogConfig,
@@ -1183,6 +1282,45 @@ impl Config {
             (
                 "COMPANION_PROMPT_TOOLS_BY_TURN",
                 self.prompt.tools_by_turn.to_string(),
+            ),
+            (
+                "COMPANION_PROMPT_MEMORY_TOKENS",
+                self.prompt.memory_tokens.to_string(),
+            ),
+            (
+                "COMPANION_PROMPT_SUMMARY_TOKENS",
+                self.prompt.summary_tokens.to_string(),
+            ),
+            ("COMPANION_MEMORY", self.memory.enabled.to_string()),
+            (
+                "COMPANION_MEMORY_EXTRACT_AFTER",
+                self.memory.extract_after.to_string(),
+            ),
+            (
+                "COMPANION_MEMORY_QUIET_SECS",
+                self.memory.quiet_secs.to_string(),
+            ),
+            (
+                "COMPANION_MEMORY_BATCH_MAX",
+                self.memory.batch_max.to_string(),
+            ),
+            ("COMPANION_MEMORY_MODEL", self.memory.model.clone()),
+            ("COMPANION_MEMORY_TOP_K", self.memory.top_k.to_string()),
+            (
+                "COMPANION_MEMORY_THRESHOLD",
+                self.memory.threshold.to_string(),
+            ),
+            (
+                "COMPANION_MEMORY_REMEMBER_PER_DAY",
+                self.memory.remember_per_day.to_string(),
+            ),
+            (
+                "COMPANION_MEMORY_MAX_FACTS",
+                self.memory.max_facts.to_string(),
+            ),
+            (
+                "COMPANION_MEMORY_SUMMARY_AFTER",
+                self.memory.summary_after.to_string(),
             ),
             ("COMPANION_FLOWS_DIR", path(&self.characters.flows_dir)),
             ("COMPANION_MAX_EVENT_BYTES", t.max_event_bytes.to_string()),

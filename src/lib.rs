@@ -20,6 +20,7 @@ pub mod flow;
 pub mod group;
 pub mod journal;
 pub mod llm;
+pub mod memory;
 pub mod metrics;
 pub mod ops;
 pub mod order;
@@ -49,6 +50,7 @@ const LAYERS: &[&[&str]] = &[
     &["store", "bus", "llm"],
     &["journal", "character", "rag"],
     &["spend", "flow"],
+    &["memory"],
     &["tools", "order", "flood"],
     &["group", "proactive"],
     &["turn"],

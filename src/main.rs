@@ -8,8 +8,9 @@ use companion::{
     app::{Components, TurnSections},
     bus::Bus,
     config::{
-        CharactersConfig, Config, ConsumerConfig, EmbedSettings, LlmConfig, LogConfig, MongoConfig,
-        NatsConfig, PgConfig, PromptConfig, RagConfig, SafetyConfig, TurnConfig,
+        CharactersConfig, Config, ConsumerConfig, EmbedSettings, LlmConfig, LogConfig,
+        MemoryConfig, MongoConfig, NatsConfig, PgConfig, PromptConfig, RagConfig, SafetyConfig,
+        TurnConfig,
     },
     rag, replay, store, telemetry, usage,
 };
@@ -79,6 +80,19 @@ enum Command {
     },
     /// Embed lines of text from stdin; one JSON line (`{"text", "embedding"}`) per input on stdout.
     Embed(EmbedSettings),
+    /// What companions remember about a user (facts with their sources, summaries).
+    Memory {
+        /// The user (24-hex id).
+        #[arg(long)]
+        user: String,
+        /// Only this companion (its name, as in `characters/`, or its bot id).
+        #[arg(long)]
+        bot: Option<String>,
+        #[command(flatten)]
+        pg: PgConfig,
+        #[command(flatten)]
+        characters: CharactersConfig,
+    },
     /// Reports for the company (`report crisis --year 2026`).
     #[command(subcommand)]
     Report(Report),
@@ -109,6 +123,8 @@ struct ReplayCommand {
     embed: EmbedSettings,
     #[command(flatten)]
     rag: RagConfig,
+    #[command(flatten)]
+    memory: MemoryConfig,
 }
 
 /// `companion report`: figures the company publishes.
@@ -169,6 +185,7 @@ async fn run() -> anyhow::Result<()> {
                 prompt: &r.prompt,
                 embed: &r.embed,
                 rag: &r.rag,
+                memory: &r.memory,
             })
             .await
             .context("connecting for the replay")?;
@@ -178,6 +195,18 @@ async fn run() -> anyhow::Result<()> {
             if summary.failed > 0 {
                 anyhow::bail!("{} event(s) could not be replayed", summary.failed);
             }
+        }
+        Command::Memory {
+            user,
+            bot,
+            pg,
+            characters,
+        } => {
+            let report =
+                companion::memory::show::report(&pg, &characters.dir, &user, bot.as_deref())
+                    .await
+                    .context("reading what companions remember")?;
+            print!("{report}");
         }
         Command::Usage {
             days,

@@ -328,7 +328,23 @@ async fn plan(
     event: &Inbound,
     force: bool,
 ) -> Result<(Option<State>, Result<String, String>), ReplayError> {
+    let gone = svc
+        .turns
+        .memory
+        .tombstoned(&event.sender_id().to_hex(), &[event.message_id().to_hex()])
+        .await
+        .map_err(|e| ReplayError::Read {
+            stream: "tombstones".into(),
+            reason: e.to_string(),
+        })?;
     let job = svc.turns.journal.get(&event.message_id().to_hex()).await?;
+    if gone {
+        let state = job.as_ref().map(|j| j.state);
+        return Ok((
+            state,
+            Err("deleted (the message or its user): it stays gone".into()),
+        ));
+    }
     let state = job.as_ref().map(|j| j.state);
     let verdict = match job {
         None => Ok("never processed".into()),

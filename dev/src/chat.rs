@@ -41,6 +41,8 @@ pub const DEMO_SCRIPT: &[&str] = &[
     "what's a good first trick on a skateboard?",
     "can you add this spot? https://www.google.com/maps/place/Hollow+Bowl/@45.5231,-122.6765,17z",
     "remind me to wax my board in a few seconds",
+    "remember i ride goofy",
+    "btw my home park is burnside, i'm scared of dropping in there",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -321,7 +323,7 @@ async fn connect(config: &ChatConfig) -> Result<(Bus, Mongo, Characters), Comman
     Ok((bus, mongo, characters))
 }
 
-async fn resolve_user(mongo: &Mongo, user: &str) -> Result<ObjectId, CommandError> {
+pub async fn resolve_user(mongo: &Mongo, user: &str) -> Result<ObjectId, CommandError> {
     if let Some(id) = parse_object_id(user) {
         return Ok(id);
     }

@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod bench;
 pub mod chat;
+pub mod memory_rules;
 pub mod parity;
 pub mod safety_eval;
 pub mod seed;

@@ -31,6 +31,12 @@ enum Command {
         #[command(flatten)]
         mongo: MongoConfig,
     },
+    /// Print the 24-hex id of a user given by username (or id).
+    UserId {
+        user: String,
+        #[command(flatten)]
+        mongo: MongoConfig,
+    },
     /// Create a new demo user like `--like` (its profile and tricklists) and print its username: each
     /// scripted demo run talks as its own user.
     DemoUser {
@@ -160,6 +166,15 @@ async fn run() -> anyhow::Result<()> {
             for (collection, n) in seed::seed_dir(&mongo, &dir).await.context("seeding")? {
                 println!("{collection}: {n} documents");
             }
+        }
+        Command::UserId { user, mongo } => {
+            let mongo = store::Mongo::connect(&mongo)
+                .await
+                .context("connecting to MongoDB")?;
+            let id = companion_dev::chat::resolve_user(&mongo, &user)
+                .await
+                .context("finding the user")?;
+            println!("{}", id.to_hex());
         }
         Command::DemoUser { like, mongo } => {
             let mongo = store::Mongo::connect(&mongo)

@@ -417,7 +417,18 @@ pub fn demo() -> Responder {
 }
 
 fn demo_reply(body: &Value) -> StubReply {
+    if let Some(answer) = crate::memory_rules::answer(body) {
+        return StubReply::Text(answer);
+    }
     compose(body, demo_tool_call)
+}
+
+/// `responder`, with the worker's memory requests (extraction, summaries) answered by rules.
+pub fn with_memory(responder: Responder) -> Responder {
+    Arc::new(move |body| match crate::memory_rules::answer(body) {
+        Some(answer) => StubReply::Text(answer),
+        None => responder(body),
+    })
 }
 
 /// The demo's answer to `body`: a summary of tool results, the tool call `choose` picks for the user's
@@ -651,6 +662,29 @@ const DEMO_REMINDER_SECS: i64 = 10;
 
 fn demo_tool_call(lower: &str, text: &str, offered: &[&str]) -> Option<StubReply> {
     let has = |t: &str| offered.contains(&t);
+    if lower.starts_with("remember") && has("remember") {
+        let fact = crate::memory_rules::facts_in(text)
+            .into_iter()
+            .next()
+            .map(|(_, f)| f)
+            .unwrap_or_else(|| {
+                let rest = lower
+                    .trim_start_matches("remember")
+                    .trim_start_matches([',', ':', ' ']);
+                rest.trim_start_matches("that ").to_owned()
+            });
+        return Some(StubReply::tool("remember", json!({ "fact": fact })));
+    }
+    if lower.starts_with("forget") && has("forget") {
+        let about = lower
+            .trim_start_matches("forget")
+            .trim_start_matches([',', ':', ' '])
+            .trim_start_matches("that ")
+            .trim_start_matches("about ")
+            .trim_end_matches(['.', '!', '?']);
+        let about = if about.is_empty() { "that" } else { about };
+        return Some(StubReply::tool("forget", json!({ "about": about })));
+    }
     if lower.contains("remind me")
         && has("schedule_reminder")
         && let Some((what, after)) = reminder_of(lower)

@@ -99,6 +99,13 @@ impl Inbound {
         }
     }
 
+    pub fn sender_id(&self) -> ObjectId {
+        match self {
+            Self::Dm(e) => e.sender_id,
+            Self::Group(e) => e.sender_id,
+        }
+    }
+
     /// The companion a DM is for; none for a group message.
     pub fn bot_id(&self) -> Option<ObjectId> {
         match self {

@@ -10,6 +10,7 @@
 //! configuration logs each difference and goes by the consumer's (its `max_deliver` decides which
 //! delivery is the last, its `ack_wait` how often progress is sent).
 
+mod erase;
 pub mod event;
 
 use std::time::Duration;
@@ -71,6 +72,9 @@ pub enum BusError {
         "nats-server {0} is too old: companion needs 2.12 or newer (JetStream message schedules)"
     )]
     OldServer(String),
+    /// A stream operation other than the above failed (purging, deleting, reading a stored message).
+    #[error("JetStream: {0}")]
+    Other(String),
 }
 
 /// The oldest nats-server with everything the streams use.
@@ -139,6 +143,14 @@ impl Names {
     /// A crisis alert for moderators (no message text), kept in the alert stream.
     pub fn crisis_alert(&self, conversation_id: &str) -> String {
         format!("{}.alert.crisis.{conversation_id}", self.prefix)
+    }
+    /// The memory extraction of a user's DM with a companion (see `memory::extract`).
+    pub fn memory(&self, user_id: &str, bot_id: &str) -> String {
+        format!("{}.signal.memory.{user_id}.{bot_id}", self.prefix)
+    }
+    /// The quiet-period timer of that extraction: each turn's schedule replaces the one before.
+    pub fn memory_schedule(&self, user_id: &str, bot_id: &str) -> String {
+        format!("{}.schedule.memory.{user_id}.{bot_id}", self.prefix)
     }
     /// A reminder's schedule (the timer NATS keeps).
     pub fn reminder_schedule(&self, id: &str) -> String {

@@ -57,6 +57,20 @@ pub mod step {
     pub const MODERATOR_HISTORY: &str = "moderator_history";
     /// On resume: the latest held job, opened again to be answered (or none).
     pub const CATCH_UP: &str = "catch_up";
+    /// A fact the user asked to be remembered, written in the transaction that records it (keyed by the
+    /// call).
+    pub const REMEMBER: &str = "remember";
+    /// A `remember` counted against the user's daily bound (tally [`super::tally::remember`]).
+    pub const REMEMBER_QUOTA: &str = "remember_quota";
+    /// Facts the user asked to be forgotten, removed in the transaction that records it (keyed by the
+    /// call).
+    pub const FORGET: &str = "forget";
+    /// A memory extraction's history rows read (ids only), keyed `facts` or `summary`.
+    pub const MEMORY_BATCH: &str = "memory_batch";
+    /// The facts an extraction kept and what they replaced, written in its transaction with the cursor.
+    pub const MEMORY_FACTS: &str = "memory_facts";
+    /// The rolling summary, written in its transaction with its cursor.
+    pub const MEMORY_SUMMARY: &str = "memory_summary";
 }
 
 /// Tallies: limits every worker counts against together (`job_steps.tally`).
@@ -89,6 +103,11 @@ pub mod tally {
     /// Crisis referrals in a conversation, one per window.
     pub fn crisis(conversation: &str) -> String {
         format!("crisis:{conversation}")
+    }
+
+    /// What a user asked to be remembered, for its daily bound.
+    pub fn remember(user: &str) -> String {
+        format!("remember:{user}")
     }
 
     /// The under-13 line said to a user, once a day.

@@ -177,12 +177,22 @@ impl Retriever {
     /// The knowledge of `collections` for `text`; never fails the turn (an error is logged and gives
     /// no knowledge). The span `rag.retrieve` (a child of the turn's span) records the hits and scores.
     pub async fn for_turn(&self, collections: &[String], text: &str) -> Vec<KnowledgeSnippet> {
-        let Some(embedder) = self.embedder.as_deref() else {
-            return Vec::new();
-        };
         if collections.is_empty() {
             return Vec::new();
         }
+        self.lookup(collections, text).await.0
+    }
+
+    /// [`Retriever::for_turn`], and the message's vector (when it has content to look up and the model
+    /// is installed), which long-term memory's recall uses instead of running the model again.
+    pub async fn lookup(
+        &self,
+        collections: &[String],
+        text: &str,
+    ) -> (Vec<KnowledgeSnippet>, Option<Arc<Vec<f32>>>) {
+        let Some(embedder) = self.embedder.as_deref() else {
+            return (Vec::new(), None);
+        };
         let span = info_span!(
             "rag.retrieve",
             collections = %collections.join(","),
@@ -193,15 +203,19 @@ impl Retriever {
         let result = async {
             let Some((vector, how)) = self.query_vector(embedder, text).await? else {
                 crate::timing::note_knowledge(query::Lookup::Skipped.name());
-                return Ok(Vec::new());
+                return Ok((Vec::new(), None));
             };
             crate::timing::note_knowledge(how.name());
-            search(&self.pool, collections, &vector, self.threshold, self.top_k).await
+            if collections.is_empty() {
+                return Ok((Vec::new(), Some(vector)));
+            }
+            let hits = search(&self.pool, collections, &vector, self.threshold, self.top_k).await?;
+            Ok::<_, RetrieveError>((hits, Some(vector)))
         }
         .instrument(span.clone())
         .await;
         match result {
-            Ok(snippets) => {
+            Ok((snippets, vector)) => {
                 let scores: Vec<String> = snippets
                     .iter()
                     .map(|s| format!("{:.3} {}", s.score, s.title))
@@ -209,13 +223,13 @@ impl Retriever {
                 span.record("hits", snippets.len());
                 span.record("scores", scores.join("; "));
                 span.in_scope(|| tracing::debug!(hits = snippets.len(), "knowledge retrieved"));
-                snippets
+                (snippets, vector)
             }
             Err(e) => {
                 span.in_scope(
                     || warn!(error = %e, "knowledge retrieval failed; answering without it"),
                 );
-                Vec::new()
+                (Vec::new(), None)
             }
         }
     }

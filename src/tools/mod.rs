@@ -20,12 +20,14 @@
 pub mod cancel_reminder;
 pub mod create_spot_draft;
 pub mod create_tricklist;
+pub mod forget;
 pub mod get_user_tricklists;
 pub mod leave_flow;
 pub mod maps;
 pub mod mark_trick_landed;
 pub mod more_tools;
 pub mod offer;
+pub mod remember;
 pub mod schedule_reminder;
 pub mod schema;
 pub mod search_spots;
@@ -100,6 +102,8 @@ pub struct ToolContext<'a> {
     pub flows: &'a crate::flow::Flows,
     /// The flows this companion offers (`start_flow` starts only these).
     pub offered_flows: &'a [String],
+    /// Long-term memory: the user's DM with this companion keeps it; a group chat does not.
+    pub memory: crate::memory::Access<'a>,
 }
 
 /// The configurable bounds of reminders.
@@ -217,15 +221,18 @@ pub enum Group {
     Flows,
     // Answering inside a guided flow (its slots, leaving it).
     InFlow,
+    // Remembering and forgetting what the user asks.
+    Memory,
 }
 
 impl Group {
-    pub const ALL: [Group; 5] = [
+    pub const ALL: [Group; 6] = [
         Group::Tricks,
         Group::Spots,
         Group::Reminders,
         Group::Flows,
         Group::InFlow,
+        Group::Memory,
     ];
 
     /// The group's bit in an [`offer::Offer`].
@@ -461,8 +468,8 @@ pub struct Registry {
 }
 
 impl Default for Registry {
-    /// The six TrickBook tools, the two of reminders, checking off a landed trick, and the three of
-    /// guided flows.
+    /// The six TrickBook tools, the two of reminders, checking off a landed trick, the three of guided
+    /// flows, and remembering and forgetting.
     fn default() -> Self {
         Self::empty()
             .with::<search_spots::SearchSpots>()
@@ -477,6 +484,8 @@ impl Default for Registry {
             .with::<start_flow::StartFlow>()
             .with::<set_flow_slots::SetFlowSlots>()
             .with::<leave_flow::LeaveFlow>()
+            .with::<remember::Remember>()
+            .with::<forget::Forget>()
             .with::<more_tools::MoreTools>()
     }
 }
@@ -488,13 +497,13 @@ impl Registry {
     pub fn empty() -> Self {
         Self {
             tools: Vec::new(),
-            offers: Default::default(),
+            offers: std::array::from_fn(|_| OnceLock::new()),
         }
     }
 
     pub fn with<T: Tool>(mut self) -> Self {
         self.tools.push(Box::new(Erased::<T>::new()));
-        self.offers = Default::default();
+        self.offers = std::array::from_fn(|_| OnceLock::new());
         self
     }
 
@@ -697,7 +706,7 @@ mod tests {
         let r = Registry::default();
         let (a, b) = (r.defs(), r.defs());
         assert!(Arc::ptr_eq(&a, &b));
-        assert_eq!(a.len(), 12);
+        assert_eq!(a.len(), 14);
         // Adding a tool makes a new set that includes it.
         let more = Registry::empty().with::<search_spots::SearchSpots>();
         assert_eq!(more.defs().len(), 1);
@@ -716,7 +725,7 @@ mod tests {
         let group = &r.offered(offer::Offer::none())[0].function.parameters["properties"]["group"];
         assert_eq!(
             group["enum"],
-            serde_json::json!(["tricks", "spots", "reminders", "flows", "in_flow"]),
+            serde_json::json!(["tricks", "spots", "reminders", "flows", "in_flow", "memory"]),
             "a plain enum, no code docs shown to the model: {group}"
         );
         assert_eq!(
@@ -744,10 +753,10 @@ mod tests {
     }
 
     #[test]
-    fn registry_offers_twelve_tools_with_object_schemas() {
+    fn registry_offers_fourteen_tools_with_object_schemas() {
         let r = Registry::default();
         assert_eq!(r.names().last(), Some(&more_tools::NAME));
-        assert_eq!(r.defs().len(), 12, "every tool offered: no `more_tools`");
+        assert_eq!(r.defs().len(), 14, "every tool offered: no `more_tools`");
         assert_eq!(
             r.names(),
             [
@@ -763,6 +772,8 @@ mod tests {
                 "start_flow",
                 "set_flow_slots",
                 "leave_flow",
+                "remember",
+                "forget",
                 "more_tools"
             ]
         );

@@ -182,6 +182,25 @@ const CANCEL: &[&str] = &[
     "annule",
     "キャンセル",
 ];
+const MEMORY: &[&str] = &[
+    "remember",
+    "forget",
+    "keep in mind",
+    "don't tell",
+    "what do you know about me",
+    "recuerda",
+    "acuérdate",
+    "acuerdate",
+    "olvida",
+    "lembre-se",
+    "lembra de",
+    "esqueça",
+    "esquece",
+    "souviens",
+    "oublie",
+    "覚えて",
+    "忘れて",
+];
 const FLOWS: &[&str] = &[
     "plan",
     "season",
@@ -220,6 +239,9 @@ pub fn for_turn(signals: &Signals<'_>) -> Offer {
     }
     if signals.in_flow {
         offer = offer.with(Group::InFlow);
+    }
+    if any(&texts, MEMORY) {
+        offer = offer.with(Group::Memory);
     }
     offer
 }

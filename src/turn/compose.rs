@@ -28,6 +28,7 @@ use crate::{
         names::{key, key::Slot, step},
     },
     llm::{CallBudget, ChatRequest, LlmError, Message},
+    memory::recall::Recall,
     proactive::FollowUp,
     timing::{Stage, stage},
     tools::{
@@ -144,11 +145,12 @@ impl Turns {
                         self.mongo.resolve_tricklists(&a.user.tricklists),
                     )
                 }),
-                self.retriever.for_turn(&c.knowledge, &query),
+                self.knowledge_and_memory(a, &c.knowledge, &query),
                 self.turn_flow(t.job, a, c),
             )
         })
         .await;
+        let (knowledge, memory) = knowledge;
         let (mut history, tricklists) = context?;
         // A message kept in history before this answer (held while paused) is the one answered now.
         let answering: Vec<String> = events.iter().map(|e| e.message_id.to_hex()).collect();
@@ -185,6 +187,7 @@ impl Turns {
             now: Utc::now(),
             tools_enabled: true,
             flow: &flow,
+            memory: &memory,
             budget: &self.prompt,
         });
         let tools = self.tools_for(t.crisis);
@@ -198,7 +201,9 @@ impl Turns {
         );
         crate::timing::add(Stage::Prompt, prompt_started);
         // A turn waits on the model holding its request and nothing it was built from.
-        drop((history, tricklists, knowledge, flow, query, answering));
+        drop((
+            history, tricklists, knowledge, flow, query, answering, memory,
+        ));
         if t.crisis {
             messages.push(Message::system(prompt::SAFETY_BRIEF.to_owned()));
         }
@@ -231,6 +236,37 @@ impl Turns {
             }
             other => other.map(Some),
         }
+    }
+
+    /// The knowledge for a DM's messages and what the companion remembers of its user: the pinned facts,
+    /// the summary, and the facts nearest the messages by the vector retrieval computed (no second model
+    /// run). Memory that cannot be read is logged and left out, like knowledge.
+    async fn knowledge_and_memory(
+        &self,
+        a: &Admitted<'_>,
+        collections: &[String],
+        query: &str,
+    ) -> (Vec<crate::rag::KnowledgeSnippet>, Recall) {
+        if !self.memory.config.enabled {
+            return (
+                self.retriever.for_turn(collections, query).await,
+                Recall::default(),
+            );
+        }
+        let (knowledge, vector) = self.retriever.lookup(collections, query).await;
+        let recall = self
+            .memory
+            .recall(
+                &a.ids.user,
+                &a.ids.bot,
+                vector.as_deref().map(Vec::as_slice),
+            )
+            .await
+            .unwrap_or_else(|e| {
+                warn!(error = %e, "cannot read what the companion remembers; answering without it");
+                Recall::default()
+            });
+        (knowledge, recall)
     }
 
     /// The model's answer as one companion of a group, seeing the group's history, the message and the
@@ -276,6 +312,7 @@ impl Turns {
             now: Utc::now(),
             tools_enabled: true,
             flow: "",
+            memory: &Recall::default(),
             budget: &self.prompt,
         });
         drop(knowledge);
@@ -374,6 +411,7 @@ impl Turns {
             now: Utc::now(),
             tools_enabled: false,
             flow: "",
+            memory: &Recall::default(),
             budget: &self.prompt,
         });
         let mut messages = prompt::conversation(system, &history.messages, &[], &self.prompt, 0);
@@ -523,6 +561,11 @@ impl Turns {
                 writes_per_hour: self.config.writes_per_hour,
                 flows: &self.flows,
                 offered_flows: &c.flows,
+                memory: match (&t.admitted.kind, self.memory.config.enabled) {
+                    (Kind::Dm(_), true) => crate::memory::Access::Dm(&self.memory),
+                    (Kind::Dm(_), false) => crate::memory::Access::Off,
+                    _ => crate::memory::Access::Group,
+                },
             },
         };
         let out = tool_loop::run(&cx, request).await?;

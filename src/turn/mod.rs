@@ -73,6 +73,13 @@ use input::{Admitted, Kind};
 /// The kind of a DM turn's job.
 pub const JOB_KIND: &str = "turn";
 
+/// Why a deleted message (or an erased user's) is not answered.
+pub const DELETED: &str = "deleted";
+
+fn oid_like(s: &str) -> bool {
+    s.len() == 24 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// How a job ended well.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -148,6 +155,8 @@ pub enum TurnError {
     BadReplyId(String),
     #[error("the turn took longer than {0} s (COMPANION_TURN_TIMEOUT_SECS)")]
     TimedOut(u64),
+    #[error(transparent)]
+    Memory(#[from] crate::memory::MemoryError),
 }
 
 impl Classify for TurnError {
@@ -166,6 +175,7 @@ impl Classify for TurnError {
             Self::Llm(e) => e.class(),
             Self::BadReplyId(_) => Class::Permanent,
             Self::TimedOut(_) => Class::Transient,
+            Self::Memory(e) => e.class(),
         }
     }
 
@@ -361,6 +371,10 @@ pub struct Turns {
     pub safety: crate::safety::Safety,
     /// The caps of what a turn sends the model.
     pub prompt: crate::config::PromptConfig,
+    /// What companions remember about their users (facts, summaries) and deletion.
+    pub memory: crate::memory::Memory,
+    /// The model memory's extraction and summaries use (the cheaper one).
+    pub memory_model: String,
     pub metrics: Arc<Metrics>,
 }
 
@@ -389,6 +403,15 @@ impl Turns {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
         let work = async {
             let admitted = stage(Stage::Admit, self.admit(input)).await?;
+            if self.deleted(&admitted).await? {
+                info!("the message was deleted or its user erased; acknowledged without an answer");
+                return Ok(Settled {
+                    outcome: Outcome::Dropped {
+                        reason: DELETED.into(),
+                    },
+                    through_seq: None,
+                });
+            }
             let new_job = admitted.new_job(delivery.map(|d| d.seq));
             let job = stage(Stage::Journal, self.journal.open(&new_job)).await?;
             if let Some(settled) = already_settled(&job) {
@@ -400,6 +423,53 @@ impl Turns {
             Box::pin(job.keep_successes(result)).await
         };
         within(deadline, secs, Box::pin(work)).await
+    }
+
+    /// Whether a tombstone stops this input: its message was deleted or its user erased, so a redelivery
+    /// or a replay cannot bring it back (docs/memory.md).
+    async fn deleted(&self, a: &Admitted<'_>) -> Result<bool, TurnError> {
+        let messages: Vec<String> = a.message().map(|m| m.id.to_hex()).into_iter().collect();
+        Ok(self.memory.tombstoned(&a.ids.user, &messages).await?)
+    }
+
+    /// A signal of long-term memory: a user's extraction is due (`memory`), or a deletion
+    /// (`message_deleted`, `memory_cleared`, `user_erased`).
+    pub async fn memory_signal(
+        &self,
+        kind: &str,
+        id: &str,
+        payload: &[u8],
+    ) -> Result<(), TurnError> {
+        if kind != crate::memory::KIND {
+            self.memory.on_signal(&self.bus, kind, id, payload).await?;
+            return Ok(());
+        }
+        let (user, bot) = id
+            .split_once('.')
+            .filter(|(u, b)| oid_like(u) && oid_like(b))
+            .ok_or_else(|| {
+                crate::memory::MemoryError::Invalid(format!("`{id}` is not <userId>.<botId>"))
+            })?;
+        let Some(character) = ObjectId::parse_str(bot)
+            .ok()
+            .and_then(|b| self.characters.by_bot(&b))
+        else {
+            return Err(TurnError::UnknownBot(bot.to_owned()));
+        };
+        if !self.memory.config.enabled {
+            return Ok(());
+        }
+        let extractor = crate::memory::extract::Extractor {
+            memory: &self.memory,
+            journal: &self.journal,
+            llm: &self.llm,
+            bus: &self.bus,
+            model: &self.memory_model,
+            history_limit: self.config.history_limit,
+            companion: &character.name,
+        };
+        extractor.run(user, bot).await?;
+        Ok(())
     }
 
     /// Stages 4 to 9 for an open job.
@@ -766,6 +836,14 @@ impl Turns {
         }
         let reply_id = last.reply.id.clone();
         info!(%reply_id, state = state.as_str(), messages = said.len(), generation = job.record.generation, "delivered");
+        if let Kind::Dm(_) = a.kind
+            && fresh
+        {
+            // Off the reply path: memory extraction is due now, or after the quiet period.
+            let (memory, bus) = (self.memory.clone(), self.bus.clone());
+            let (user, bot, turn) = (a.ids.user.clone(), a.ids.bot.clone(), job.id().to_owned());
+            tokio::spawn(async move { memory.after_turn(&bus, &user, &bot, &turn).await });
+        }
         let outcome = match state {
             State::Limited => Outcome::Limited {
                 reply_id: Some(reply_id),

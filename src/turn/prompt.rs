@@ -9,6 +9,7 @@ use crate::{
     character::Character,
     config::PromptConfig,
     llm::{ContentPart, FunctionCall, ImageUrl, Message, ToolCall, UserContent},
+    memory::recall::Recall,
     rag::KnowledgeSnippet,
     store::{
         mongo::{Tricklist, UserProfile},
@@ -48,6 +49,8 @@ pub struct PromptContext<'a> {
     pub tools_enabled: bool,
     /// The section on guided flows ([`crate::flow::TurnFlow::prompt`]), when there is one.
     pub flow: &'a str,
+    /// What the companion remembers about the user (a DM's; empty elsewhere).
+    pub memory: &'a Recall,
     pub budget: &'a PromptConfig,
 }
 
@@ -119,10 +122,20 @@ pub fn system_prompt(ctx: &PromptContext<'_>) -> Prompt {
     system.push_str(&fit(&character_block(ctx.character), b.character_tokens));
     system.push_str(&fit(&rules_block(ctx.tools_enabled), b.rules_tokens));
     system.push_str(&fit(&user_block(ctx), b.user_tokens));
-    let knowledge = match ctx.knowledge.is_empty() {
+    // Memory: the pinned facts and the summary change seldom and go before the history; the facts
+    // related to this message after it, in what the pinned ones leave of the memory cap.
+    let pinned = fit(&ctx.memory.pinned_block(), b.memory_tokens).into_owned();
+    system.push_str(&pinned);
+    system.push_str(&fit(&ctx.memory.summary_block(), b.summary_tokens));
+    let related_cap = b.memory_tokens.saturating_sub(tokens(&pinned));
+    let related = ctx.memory.related_block();
+    let mut knowledge = match related.is_empty() || related_cap < 20 {
         true => String::new(),
-        false => fit(&knowledge_block(ctx), b.knowledge_tokens).into_owned(),
+        false => fit(&related, related_cap).into_owned(),
     };
+    if !ctx.knowledge.is_empty() {
+        knowledge.push_str(&fit(&knowledge_block(ctx), b.knowledge_tokens));
+    }
     let mut turn = fit(ctx.flow.trim_start(), b.flow_tokens).into_owned();
     let _ = writeln!(turn, "Now: {}", ctx.now.format("%A %-d %B %Y, %H:%M UTC"));
     Prompt {

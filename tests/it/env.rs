@@ -122,6 +122,9 @@ impl TestEnv {
         // The safety tests (tests/it/safety.rs) turn these on; other tests compare exact replies.
         config.safety.ai_disclosure = false;
         config.safety.unknown_age_is_minor = false;
+        // Memory extraction is a background request to the model after 10 user messages; the memory
+        // tests (tests/it/memory.rs) set their own, other tests count the model's requests.
+        config.memory.extract_after = 1_000_000;
         adjust(&mut config);
 
         let pg = Pg::connect(&config.pg)
@@ -612,6 +615,7 @@ impl ToolJob {
             writes_per_hour: 5,
             flows: &NO_FLOWS,
             offered_flows: &[],
+            memory: companion::memory::Access::Off,
         }
     }
 }

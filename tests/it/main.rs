@@ -20,6 +20,7 @@ mod journal;
 mod journal_migration;
 mod limits;
 mod llm_failures;
+mod memory;
 mod misconfigured;
 mod nats_users;
 mod ops;

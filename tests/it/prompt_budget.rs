@@ -42,7 +42,7 @@ async fn every_tool_is_offered_for_a_message_that_needs_it() {
     let mut env = TestEnv::with(model(), |c| c.turn.user_turns_per_minute = 0).await;
     env.start_worker().await;
     // Each tool, a message a user would send for it.
-    let cases: [(&str, &str); 14] = [
+    let cases: [(&str, &str); 17] = [
         ("search_spots", "any good skateparks near portland?"),
         ("get_user_tricklists", "what's on my tricklists?"),
         ("search_trickipedia", "what even is a heelflip"),
@@ -65,6 +65,9 @@ async fn every_tool_is_offered_for_a_message_that_needs_it() {
         ("start_flow", "can you help me plan my season?"),
         ("search_trickipedia", "トリックを教えて"),
         ("search_spots", "¿dónde hay un buen skatepark?"),
+        ("remember", "remember that i ride goofy"),
+        ("forget", "forget what i said about my wrist"),
+        ("remember", "覚えておいて、グーフィーだよ"),
         ("more_tools", "hey how's it going"),
     ];
     for (tool, text) in cases {
@@ -200,6 +203,6 @@ async fn with_tools_by_turn_off_every_turn_is_offered_every_tool() {
     let e = env.dm(JESS, KAORI, JESS_KAORI, "hey how's it going").await;
     env.turn(&e).await;
     let names = offered(env.stub.requests().last().unwrap());
-    assert_eq!(names.len(), 12, "{names:?}");
+    assert_eq!(names.len(), 14, "{names:?}");
     assert!(!names.contains(&"more_tools".to_owned()));
 }

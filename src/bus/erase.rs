@@ -1,0 +1,96 @@
+//! Removing a user's messages from the streams when the user is erased (see `memory::erase`): a DM
+//! conversation's subjects hold only that user's messages and the companion's answers, so they are
+//! purged; a group message is deleted by its sequence; a dead letter of a group message is found by its
+//! sender. The worker's NATS user needs `$JS.API.STREAM.PURGE` and `$JS.API.STREAM.MSG.DELETE` on the
+//! inbound, outbound and dead-letter streams, and `$JS.API.DIRECT.GET` on the dead-letter stream
+//! (deploy/nats/auth.conf).
+
+use super::{Bus, BusError};
+
+/// Dead letters read at most when looking for one user's (the stream is small; this bounds a scan).
+const DLQ_SCAN_MAX: u64 = 100_000;
+
+impl Bus {
+    /// Deletes message `seq` of the inbound stream: 1, or 0 when it is gone already.
+    pub async fn delete_inbound(&self, seq: u64) -> Result<u64, BusError> {
+        let stream = self.stream(&self.names.stream_in).await?;
+        match stream.delete_message(seq).await {
+            Ok(true) => Ok(1),
+            Ok(false) => Ok(0),
+            Err(e) if e.to_string().contains("no message found") => Ok(0),
+            Err(e) => Err(BusError::Other(format!(
+                "cannot delete message {seq} of {}: {e}",
+                self.names.stream_in
+            ))),
+        }
+    }
+
+    /// Purges a DM conversation's subjects: its inbound messages, their dead letters, and the
+    /// completions of the companion's answers. Returns the messages removed.
+    pub async fn purge_conversation(&self, bot: &str, conversation: &str) -> Result<u64, BusError> {
+        let inbound = self.names.inbound(bot, conversation);
+        let purges = [
+            (self.names.stream_in.clone(), inbound.clone()),
+            (
+                self.names.stream_dlq.clone(),
+                self.names.dead_letter(&inbound),
+            ),
+            (
+                self.names.stream_out.clone(),
+                self.names.outbound(conversation),
+            ),
+        ];
+        let mut n = 0;
+        for (stream, subject) in purges {
+            let purged = self
+                .stream(&stream)
+                .await?
+                .purge()
+                .filter(subject.clone())
+                .await
+                .map_err(|e| BusError::Other(format!("cannot purge {subject} in {stream}: {e}")))?;
+            n += purged.purged;
+        }
+        Ok(n)
+    }
+
+    /// Deletes every dead letter whose event was sent by `user` (`senderId` of the original JSON).
+    pub async fn delete_dead_letters_of(&self, user: &str) -> Result<u64, BusError> {
+        use async_nats::jetstream::stream::DirectGetErrorKind;
+        let name = self.names.stream_dlq.clone();
+        let mut stream = self.stream(&name).await?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| BusError::Other(format!("cannot read {name}: {e}")))?;
+        let (first, last) = (info.state.first_sequence, info.state.last_sequence);
+        if info.state.messages == 0 {
+            return Ok(0);
+        }
+        let needle = format!("\"senderId\":\"{user}\"");
+        let mut n = 0;
+        let mut seq = first;
+        let mut read = 0;
+        while seq <= last && read < DLQ_SCAN_MAX {
+            let msg = match stream
+                .direct_get_next_for_subject(format!("{}.dlq.>", self.names.prefix), Some(seq))
+                .await
+            {
+                Ok(m) => m,
+                Err(e) if matches!(e.kind(), DirectGetErrorKind::NotFound) => break,
+                Err(e) => return Err(BusError::Other(format!("cannot read {name}: {e}"))),
+            };
+            read += 1;
+            let at = msg.sequence;
+            let compact: String = String::from_utf8_lossy(&msg.payload)
+                .chars()
+                .filter(|c| !c.is_whitespace())
+                .collect();
+            if compact.contains(&needle) && stream.delete_message(at).await.unwrap_or(false) {
+                n += 1;
+            }
+            seq = at + 1;
+        }
+        Ok(n)
+    }
+}

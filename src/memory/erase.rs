@@ -1,0 +1,369 @@
+//! Deletion that really deletes, on signals from TB-Backend (docs/memory.md, docs/tb-backend.md):
+//!
+//! - `<prefix>.signal.message_deleted.<messageId>`: the message and the companion's reply to it leave
+//!   the history; facts whose only source it was go; the answering turn's recorded outputs (the model's
+//!   answers, tool calls, the reply) are scrubbed; a summary written from it is rebuilt.
+//! - `<prefix>.signal.memory_cleared.<userId>` (body `{"userId", "botId"?}`): facts and summaries go, the
+//!   account and the history stay (extraction does not read the old messages again).
+//! - `<prefix>.signal.user_erased.<userId>`: every fact, summary, history row, reminder text, flow state
+//!   and recorded output of the user's jobs, and the user's messages in the inbound and dead-letter
+//!   streams.
+//!
+//! A tombstone (`tombstones`, ids only) makes each stick: admission, extraction and `replay` check it, so
+//! a redelivery or a replay cannot bring anything back. Each handler is idempotent: a repeat finds
+//! nothing more to remove. The crisis counts (`crisis_log`) hold no ids and stay.
+
+use serde::Deserialize;
+use sqlx::PgConnection;
+use tracing::info;
+
+use super::{Memory, MemoryError};
+use crate::bus::Bus;
+
+/// The signal kinds handled here.
+pub const MESSAGE_DELETED: &str = "message_deleted";
+pub const MEMORY_CLEARED: &str = "memory_cleared";
+pub const USER_ERASED: &str = "user_erased";
+
+/// What a recorded output becomes once scrubbed: no text, only the usage a budget counts.
+const SCRUB: &str =
+    "jsonb_strip_nulls(jsonb_build_object('erased', true, 'usage', output -> 'usage'))";
+
+/// What a deletion removed, for the log and the tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    pub history_rows: u64,
+    pub facts: u64,
+    pub summaries: u64,
+    pub scrubbed_steps: u64,
+    pub reminders: u64,
+    pub flows: u64,
+    pub stream_messages: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Cleared {
+    user_id: String,
+    #[serde(default)]
+    bot_id: Option<String>,
+}
+
+fn hex24(s: &str) -> bool {
+    s.len() == 24 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+impl Memory {
+    /// Whether the user was erased.
+    pub async fn is_erased(&self, user: &str) -> Result<bool, MemoryError> {
+        Ok(tombstoned(&self.pool, "user", user).await?)
+    }
+
+    /// Whether any of `ids` (messages, or the user) is tombstoned: such an event is never answered.
+    pub async fn tombstoned(&self, user: &str, messages: &[String]) -> Result<bool, MemoryError> {
+        let hit: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM tombstones
+                            WHERE (kind = 'user' AND id = $1) OR (kind = 'message' AND id = ANY($2)))",
+        )
+        .bind(user)
+        .bind(messages)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(hit)
+    }
+
+    /// Acts on a deletion signal of `kind` about `id`.
+    pub async fn on_signal(
+        &self,
+        bus: &Bus,
+        kind: &str,
+        id: &str,
+        payload: &[u8],
+    ) -> Result<Removed, MemoryError> {
+        if !hex24(id) {
+            return Err(MemoryError::Invalid(format!("`{id}` is not a 24-hex id")));
+        }
+        let removed = match kind {
+            MESSAGE_DELETED => self.delete_message(bus, id).await?,
+            MEMORY_CLEARED => {
+                let bot = match payload.iter().all(u8::is_ascii_whitespace) {
+                    true => None,
+                    false => {
+                        let c: Cleared = serde_json::from_slice(payload).map_err(|e| {
+                            MemoryError::Invalid(format!("not a memory_cleared body: {e}"))
+                        })?;
+                        if c.user_id != id {
+                            return Err(MemoryError::Invalid(format!(
+                                "userId {} does not match the subject's {id}",
+                                c.user_id
+                            )));
+                        }
+                        if let Some(b) = c.bot_id.as_deref().filter(|b| !hex24(b)) {
+                            return Err(MemoryError::Invalid(format!(
+                                "botId `{b}` is not a 24-hex id"
+                            )));
+                        }
+                        c.bot_id
+                    }
+                };
+                self.clear(id, bot.as_deref()).await?
+            }
+            USER_ERASED => self.erase_user(bus, id).await?,
+            other => {
+                return Err(MemoryError::Invalid(format!(
+                    "unknown signal kind `{other}`"
+                )));
+            }
+        };
+        info!(kind, id, ?removed, "deletion carried out");
+        Ok(removed)
+    }
+
+    /// `message_deleted`: see the module documentation.
+    pub async fn delete_message(&self, bus: &Bus, message: &str) -> Result<Removed, MemoryError> {
+        let mut tx = self.pool.begin().await?;
+        tombstone(&mut tx, "message", message).await?;
+        // The job that answered it: its own, or the burst's that covered it.
+        let answering: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM jobs WHERE id = $1
+             UNION SELECT covered_by FROM jobs WHERE id = $1 AND covered_by IS NOT NULL",
+        )
+        .bind(message)
+        .fetch_all(&mut *tx)
+        .await?;
+        let replies: Vec<String> = sqlx::query_scalar(
+            "SELECT output ->> 'id' FROM job_steps
+             WHERE job = ANY($1) AND name = 'reply' AND output ? 'id'",
+        )
+        .bind(&answering)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut doomed = replies.clone();
+        doomed.push(message.to_owned());
+        let owners: Vec<(String, String)> = sqlx::query_as(
+            "SELECT DISTINCT user_id, bot_id FROM bot_conversations WHERE message_id = $1",
+        )
+        .bind(message)
+        .fetch_all(&mut *tx)
+        .await?;
+        let history = sqlx::query("DELETE FROM bot_conversations WHERE message_id = ANY($1)")
+            .bind(&doomed)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        sqlx::query(
+            "UPDATE memory_facts SET sources = array_remove(sources, $1) WHERE sources @> ARRAY[$1]",
+        )
+        .bind(message)
+        .execute(&mut *tx)
+        .await?;
+        let facts = sqlx::query("DELETE FROM memory_facts WHERE sources = '{}'")
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        // A summary written from it is rebuilt from what is left.
+        let rebuilt: Vec<(String, String)> = sqlx::query_as(
+            "UPDATE memory_state SET summary = '', summarized_through = 0, summary_sources = '{}',
+                    updated_at = now()
+             WHERE summary_sources @> ARRAY[$1] RETURNING user_id, bot_id",
+        )
+        .bind(message)
+        .fetch_all(&mut *tx)
+        .await?;
+        let scrubbed = scrub(
+            &mut tx,
+            "job = ANY($1) AND name IN ('llm', 'tool', 'reply', 'flow', 'flow_change')",
+            &answering,
+        )
+        .await?;
+        // The extraction runs that read it: their answers named its facts.
+        let mut extraction_scrubbed = 0;
+        for (user, bot) in &owners {
+            extraction_scrubbed += sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE job_steps SET output = {SCRUB}
+                 WHERE name = 'llm' AND job IN (
+                    SELECT j.id FROM jobs j JOIN job_steps b ON b.job = j.id AND b.name = 'memory_batch'
+                    WHERE j.kind = 'memory' AND j.user_id = $1 AND j.bot_id = $2
+                      AND b.output -> 'rows' @> jsonb_build_array(jsonb_build_object('message_id', $3::text)))
+                   AND NOT output ? 'erased'"
+            )))
+            .bind(user)
+            .bind(bot)
+            .bind(message)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        }
+        tx.commit().await?;
+        for (user, bot) in &rebuilt {
+            self.signal_now(bus, user, bot, &format!("rebuild:{message}"))
+                .await?;
+        }
+        Ok(Removed {
+            history_rows: history,
+            facts,
+            summaries: rebuilt.len() as u64,
+            scrubbed_steps: scrubbed + extraction_scrubbed,
+            ..Removed::default()
+        })
+    }
+
+    /// `memory_cleared`: facts and summaries of the user (with one companion, or all), and the extraction
+    /// answers that named them. The cursors stay, so the old messages are not read again.
+    pub async fn clear(&self, user: &str, bot: Option<&str>) -> Result<Removed, MemoryError> {
+        let mut tx = self.pool.begin().await?;
+        let facts = sqlx::query(
+            "DELETE FROM memory_facts WHERE user_id = $1 AND ($2::text IS NULL OR bot_id = $2)",
+        )
+        .bind(user)
+        .bind(bot)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let summaries = sqlx::query(
+            "UPDATE memory_state SET summary = '', summary_sources = '{}', updated_at = now()
+             WHERE user_id = $1 AND ($2::text IS NULL OR bot_id = $2) AND summary <> ''",
+        )
+        .bind(user)
+        .bind(bot)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let scrubbed = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE job_steps SET output = {SCRUB}
+             WHERE job IN (SELECT id FROM jobs WHERE kind = 'memory' AND user_id = $1
+                           AND ($2::text IS NULL OR bot_id = $2))
+               AND name IN ('llm', 'memory_facts') AND NOT output ? 'erased'"
+        )))
+        .bind(user)
+        .bind(bot)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(Removed {
+            facts,
+            summaries,
+            scrubbed_steps: scrubbed,
+            ..Removed::default()
+        })
+    }
+
+    /// `user_erased`: see the module documentation. The PostgreSQL part commits first (with the
+    /// tombstone), then the streams: a failure there is retried by the signal's redelivery, and a repeat
+    /// of the first part finds nothing more.
+    pub async fn erase_user(&self, bus: &Bus, user: &str) -> Result<Removed, MemoryError> {
+        let mut tx = self.pool.begin().await?;
+        tombstone(&mut tx, "user", user).await?;
+        // Where the user's messages are in the inbound stream: their DM conversations' subjects, and the
+        // sequence of each group message they sent.
+        let subjects: Vec<(String, String, Option<i64>)> = sqlx::query_as(
+            "SELECT DISTINCT kind, conversation_id || '|' || coalesce(bot_id, ''), stream_seq FROM jobs
+             WHERE user_id = $1 AND kind IN ('turn', 'group')",
+        )
+        .bind(user)
+        .fetch_all(&mut *tx)
+        .await?;
+        let facts = sqlx::query("DELETE FROM memory_facts WHERE user_id = $1")
+            .bind(user)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let summaries = sqlx::query("DELETE FROM memory_state WHERE user_id = $1")
+            .bind(user)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let history_rows = sqlx::query("DELETE FROM bot_conversations WHERE user_id = $1")
+            .bind(user)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let reminders = sqlx::query(
+            "UPDATE reminders SET text = '', state = CASE WHEN state = 'pending' THEN 'cancelled' ELSE state END,
+                    updated_at = now()
+             WHERE user_id = $1 AND text <> ''",
+        )
+        .bind(user)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let flows = sqlx::query("DELETE FROM flow_states WHERE user_id = $1")
+            .bind(user)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let scrubbed_steps = scrub(
+            &mut tx,
+            "job IN (SELECT id FROM jobs WHERE user_id = ANY($1)) AND NOT output ? 'erased'",
+            &[user.to_owned()],
+        )
+        .await?;
+        sqlx::query("UPDATE jobs SET last_error = NULL, reason = NULL WHERE user_id = $1")
+            .bind(user)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let stream_messages = erase_from_streams(bus, user, &subjects).await?;
+        Ok(Removed {
+            history_rows,
+            facts,
+            summaries,
+            scrubbed_steps,
+            reminders,
+            flows,
+            stream_messages,
+        })
+    }
+}
+
+/// Scrubs the outputs of the steps `filter` selects (`$1`: a text array).
+async fn scrub(tx: &mut PgConnection, filter: &str, arg: &[String]) -> Result<u64, MemoryError> {
+    let sql = format!("UPDATE job_steps SET output = {SCRUB} WHERE {filter}");
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(arg)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected())
+}
+
+async fn tombstone(tx: &mut PgConnection, kind: &str, id: &str) -> Result<(), MemoryError> {
+    sqlx::query("INSERT INTO tombstones (kind, id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+        .bind(kind)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+async fn tombstoned(pool: &sqlx::PgPool, kind: &str, id: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tombstones WHERE kind = $1 AND id = $2)")
+        .bind(kind)
+        .bind(id)
+        .fetch_one(pool)
+        .await
+}
+
+/// The user's messages in the inbound stream (their DM conversations' subjects purged; each group
+/// message they sent deleted by its sequence) and in the dead-letter stream (their DM conversations'
+/// subjects purged; their group messages found by sender and deleted).
+async fn erase_from_streams(
+    bus: &Bus,
+    user: &str,
+    jobs: &[(String, String, Option<i64>)],
+) -> Result<u64, MemoryError> {
+    let mut n = 0;
+    for (kind, where_, seq) in jobs {
+        let (conversation, bot) = where_.split_once('|').unwrap_or((where_, ""));
+        match (kind.as_str(), seq) {
+            ("group", Some(seq)) => n += bus.delete_inbound(*seq as u64).await?,
+            ("group", None) => {}
+            _ if !bot.is_empty() && hex24(conversation) => {
+                n += bus.purge_conversation(bot, conversation).await?;
+            }
+            _ => {}
+        }
+    }
+    n += bus.delete_dead_letters_of(user).await?;
+    Ok(n)
+}

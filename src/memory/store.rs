@@ -1,0 +1,224 @@
+//! Facts and the per-(user, companion) memory state in PostgreSQL. A fact is written with what it
+//! replaces in one transaction: the older fact of a one-value topic, or a near-duplicate (the same words,
+//! or an embedding this close) of a many-value one, whose sources it takes over; so a fact said twice is
+//! kept once, and an update never leaves the old value beside the new.
+
+use chrono::{DateTime, Utc};
+use pgvector::Vector;
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, Row};
+
+use super::{Memory, MemoryError, Topic};
+
+/// Cosine similarity from which two facts of a topic say the same thing.
+pub const DUPLICATE_SIMILARITY: f32 = 0.85;
+
+/// How a fact was learned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum How {
+    /// By the extraction job, from the conversation.
+    Extracted,
+    /// The user asked (`remember`).
+    Remembered,
+}
+
+impl How {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            How::Extracted => "extracted",
+            How::Remembered => "remembered",
+        }
+    }
+}
+
+/// One fact as kept.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Fact {
+    pub id: String,
+    pub topic: Topic,
+    pub fact: String,
+    /// The user messages (dm_messages ids) it was learned from.
+    pub sources: Vec<String>,
+    /// The companion that learned it (its bot id).
+    pub learned_by: String,
+    pub how: How,
+    pub learned_at: DateTime<Utc>,
+}
+
+/// A fact to keep.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NewFact {
+    /// Derived from what writes it, so a retry writes the same row.
+    pub id: String,
+    pub topic: Topic,
+    pub fact: String,
+    pub sources: Vec<String>,
+    pub how: How,
+}
+
+/// What keeping a fact did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Kept {
+    /// The facts it replaced, by id.
+    pub replaced: Vec<String>,
+}
+
+fn fact_of(r: &sqlx::postgres::PgRow) -> Fact {
+    Fact {
+        id: r.get("id"),
+        topic: Topic::parse(r.get::<&str, _>("topic")).unwrap_or(Topic::Other),
+        fact: r.get("fact"),
+        sources: r.get("sources"),
+        learned_by: r.get("learned_by"),
+        how: match r.get::<&str, _>("how") {
+            "remembered" => How::Remembered,
+            _ => How::Extracted,
+        },
+        learned_at: r.get("learned_at"),
+    }
+}
+
+const FACT_COLUMNS: &str = "id, topic, fact, sources, learned_by, how, learned_at";
+
+impl Memory {
+    /// Keeps `new` for (user, bot), in `tx`, replacing what it supersedes; at most `max_facts` kept (the
+    /// oldest extracted ones go first). Writing the same fact (same id) again changes nothing.
+    pub async fn keep(
+        tx: &mut PgConnection,
+        user: &str,
+        bot: &str,
+        new: &NewFact,
+        embedding: Option<&[f32]>,
+        max_facts: i64,
+    ) -> Result<Kept, MemoryError> {
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM memory_facts WHERE id = $1)")
+                .bind(&new.id)
+                .fetch_one(&mut *tx)
+                .await?;
+        if exists {
+            return Ok(Kept::default());
+        }
+        let vector = embedding.map(|e| Vector::from(e.to_vec()));
+        // The same thing said again (its sources carry over), or the older value of a one-value topic.
+        let replaced = sqlx::query(
+            "DELETE FROM memory_facts
+             WHERE user_id = $1 AND bot_id = $2 AND topic = $3
+               AND ($4 OR lower(fact) = lower($5)
+                    OR ($6::vector IS NOT NULL AND embedding IS NOT NULL
+                        AND 1 - (embedding <=> $6::vector) >= $7))
+             RETURNING id, sources,
+                       (lower(fact) = lower($5) OR ($6::vector IS NOT NULL AND embedding IS NOT NULL
+                        AND 1 - (embedding <=> $6::vector) >= $7)) AS same",
+        )
+        .bind(user)
+        .bind(bot)
+        .bind(new.topic.as_str())
+        .bind(new.topic.single())
+        .bind(&new.fact)
+        .bind(&vector)
+        .bind(f64::from(DUPLICATE_SIMILARITY))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut sources = new.sources.clone();
+        for r in &replaced {
+            if r.get::<Option<bool>, _>("same").unwrap_or(false) {
+                for s in r.get::<Vec<String>, _>("sources") {
+                    if !sources.contains(&s) {
+                        sources.push(s);
+                    }
+                }
+            }
+        }
+        sqlx::query(
+            "INSERT INTO memory_facts (id, user_id, bot_id, topic, fact, sources, learned_by, how, embedding)
+             VALUES ($1, $2, $3, $4, $5, $6, $3, $7, $8)
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(&new.id)
+        .bind(user)
+        .bind(bot)
+        .bind(new.topic.as_str())
+        .bind(&new.fact)
+        .bind(&sources)
+        .bind(new.how.as_str())
+        .bind(&vector)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "DELETE FROM memory_facts WHERE id IN (
+                SELECT id FROM memory_facts WHERE user_id = $1 AND bot_id = $2
+                ORDER BY (how = 'remembered') DESC, learned_at DESC OFFSET $3)",
+        )
+        .bind(user)
+        .bind(bot)
+        .bind(max_facts.max(1))
+        .execute(&mut *tx)
+        .await?;
+        Ok(Kept {
+            replaced: replaced.iter().map(|r| r.get("id")).collect(),
+        })
+    }
+
+    /// Every fact kept for (user, bot), or for every companion of the user with `bot` `None`; newest
+    /// first.
+    pub async fn facts(&self, user: &str, bot: Option<&str>) -> Result<Vec<Fact>, MemoryError> {
+        let sql = format!(
+            "SELECT {FACT_COLUMNS} FROM memory_facts
+             WHERE user_id = $1 AND ($2::text IS NULL OR bot_id = $2) ORDER BY learned_at DESC, id"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(user)
+            .bind(bot)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(fact_of).collect())
+    }
+
+    /// The facts of (user, bot) that `about` names: the same words in them, or an embedding at least
+    /// `similarity` close (the closest one from `floor` when none is that close). Removes them in `tx` and
+    /// returns them.
+    pub async fn forget(
+        tx: &mut PgConnection,
+        user: &str,
+        bot: &str,
+        about: &str,
+        embedding: Option<&[f32]>,
+        similarity: f32,
+        floor: f32,
+    ) -> Result<Vec<Fact>, MemoryError> {
+        let vector = embedding.map(|e| Vector::from(e.to_vec()));
+        let sql = format!(
+            "WITH scored AS (
+                SELECT id, (char_length($3) >= 3 AND lower(fact) LIKE '%' || lower($3) || '%') AS says,
+                       CASE WHEN $4::vector IS NULL OR embedding IS NULL THEN 0
+                            ELSE 1 - (embedding <=> $4::vector) END AS score
+                FROM memory_facts WHERE user_id = $1 AND bot_id = $2),
+             best AS (SELECT id FROM scored WHERE score >= $6 ORDER BY score DESC LIMIT 1),
+             doomed AS (
+                SELECT id FROM scored WHERE says OR score >= $5
+                UNION SELECT id FROM best
+                WHERE NOT EXISTS (SELECT 1 FROM scored WHERE says OR score >= $5))
+             DELETE FROM memory_facts WHERE id IN (SELECT id FROM doomed)
+             RETURNING {FACT_COLUMNS}"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(user)
+            .bind(bot)
+            .bind(like_literal(about.trim()))
+            .bind(&vector)
+            .bind(f64::from(similarity))
+            .bind(f64::from(floor))
+            .fetch_all(&mut *tx)
+            .await?;
+        Ok(rows.iter().map(fact_of).collect())
+    }
+}
+
+/// `text` with LIKE's wildcards taken literally.
+fn like_literal(text: &str) -> String {
+    text.replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_")
+}

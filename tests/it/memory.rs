@@ -1,0 +1,595 @@
+//! Long-term memory (docs/memory.md): facts learned off the reply path and recalled 150 turns later,
+//! "remember"/"forget", updates that replace, no duplicate after `kill -9` or a replay, deletion that
+//! sticks (a message, a user's memory, the user), no DM fact in a group, nothing from a crisis message.
+//! The scripted model answers the worker's extraction and summary requests by rules
+//! (`companion_dev::memory_rules`).
+
+use std::{sync::Arc, time::Duration};
+
+use companion_dev::stub::{self, Responder, StubReply};
+use serde_json::{Value, json};
+
+use crate::env::*;
+
+/// A companion that answers "ok", calls `remember`/`forget` when the user asks (and the tool is
+/// offered), and reads back a tool's result as "done".
+fn model() -> Responder {
+    stub::with_memory(Arc::new(|body: &Value| {
+        let last = last_message(body);
+        if last["role"] == "tool" {
+            return StubReply::text("done");
+        }
+        let text = last["content"].as_str().unwrap_or_default().to_lowercase();
+        let offered = |name: &str| {
+            body["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|t| t["function"]["name"] == name)
+        };
+        if let Some((_, fact)) = text.split_once("remember ")
+            && offered("remember")
+        {
+            let fact = companion_dev::memory_rules::facts_in(fact)
+                .into_iter()
+                .next()
+                .map_or_else(|| fact.to_owned(), |(_, f)| f);
+            return StubReply::tool("remember", json!({ "fact": fact }));
+        }
+        if let Some((_, about)) = text.split_once("forget ")
+            && offered("forget")
+        {
+            return StubReply::tool("forget", json!({ "about": about }));
+        }
+        StubReply::text("ok")
+    }))
+}
+
+async fn memory_env(extract_after: i64) -> TestEnv {
+    let mut env = TestEnv::with(model(), |c| {
+        c.memory.extract_after = extract_after;
+        c.memory.quiet_secs = 3600;
+        // One user sends faster here than people do.
+        c.turn.user_turns_per_minute = 0;
+    })
+    .await;
+    env.start_worker().await;
+    env
+}
+
+/// Everything the model was sent for the latest chat request whose last user message is `text`.
+fn prompt_for(env: &TestEnv, text: &str) -> String {
+    env.stub
+        .requests()
+        .into_iter()
+        .rev()
+        .find(|b| {
+            b["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .rev()
+                .find(|m| m["role"] == "user")
+                .is_some_and(|m| m["content"].as_str().is_some_and(|c| c.ends_with(text)))
+        })
+        .map(|b| b["messages"].to_string())
+        .unwrap_or_else(|| panic!("no request for {text:?}"))
+}
+
+/// The facts kept for (user, Kaori): (topic, fact), newest first.
+async fn facts(env: &TestEnv, user: &str) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT topic, fact FROM memory_facts WHERE user_id = $1 AND bot_id = $2
+         ORDER BY learned_at DESC, id",
+    )
+    .bind(user)
+    .bind(KAORI)
+    .fetch_all(&env.pg.pool)
+    .await
+    .unwrap()
+}
+
+/// Waits until `count` facts are kept for `user`; their list.
+async fn facts_eventually(env: &TestEnv, user: &str, count: usize) -> Vec<(String, String)> {
+    let reached = eventually(Duration::from_secs(40), || async {
+        facts(env, user).await.len() >= count
+    })
+    .await;
+    let got = facts(env, user).await;
+    assert!(reached, "{count} facts expected, got {got:?}");
+    got
+}
+
+async fn say(env: &TestEnv, text: &str) -> String {
+    let event = env.dm(JESS, KAORI, JESS_KAORI, text).await;
+    env.turn(&event).await;
+    event.message_id
+}
+
+/// How often `needle` is in any of the service's tables that could hold a user's words.
+async fn traces(env: &TestEnv, needle: &str) -> Vec<(String, i64)> {
+    let like = format!("%{needle}%");
+    let mut out = Vec::new();
+    for (table, column) in [
+        ("bot_conversations", "content"),
+        ("memory_facts", "fact"),
+        ("memory_state", "summary"),
+        ("job_steps", "output::text"),
+        ("reminders", "text"),
+        ("flow_states", "slots::text"),
+    ] {
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} WHERE {column} ILIKE $1"
+        )))
+        .bind(&like)
+        .fetch_one(&env.pg.pool)
+        .await
+        .unwrap();
+        if n > 0 {
+            out.push((table.to_owned(), n));
+        }
+    }
+    out
+}
+
+/// Small talk with no fact in it, as the 150 turns between.
+const CHATTER: &[&str] = &[
+    "lol that's sick",
+    "what do you think about the new deck graphics this year",
+    "it rained all day here",
+    "haha no way",
+    "did you see that video of the huge gap",
+    "ok cool",
+    "what's the difference between a slide and a grind",
+    "my friends are all at school",
+    "that sounds fun",
+    "how long should wax last on a rail",
+];
+
+#[tokio::test]
+async fn a_fact_told_in_turn_one_is_recalled_150_turns_later_and_an_unrelated_question_does_not_pull_in_every_fact()
+ {
+    let env = memory_env(10).await;
+    say(&env, "i broke my wrist last month").await;
+    say(&env, "my home park is burnside").await;
+    say(&env, "i'm scared of dropping in").await;
+    for i in 0..147 {
+        say(&env, CHATTER[i % CHATTER.len()]).await;
+    }
+    let kept = facts_eventually(&env, JESS, 3).await;
+    assert_eq!(kept.len(), 3, "no fact from small talk: {kept:?}");
+    // The summary of what left the window has been written too.
+    let summary: String =
+        sqlx::query_scalar("SELECT summary FROM memory_state WHERE user_id = $1 AND bot_id = $2")
+            .bind(JESS)
+            .bind(KAORI)
+            .fetch_one(&env.pg.pool)
+            .await
+            .unwrap();
+    assert!(!summary.is_empty());
+
+    let related = "my wrist feels weird when i land, should i keep riding?";
+    say(&env, related).await;
+    let prompt = prompt_for(&env, related);
+    assert!(prompt.contains("broke their wrist last month"), "{prompt}");
+    // The history window (20 messages) no longer holds turn 1.
+    assert!(!prompt.contains("i broke my wrist last month"), "{prompt}");
+    assert!(prompt.contains("home spot is burnside"), "pinned: {prompt}");
+
+    let unrelated = "what wax is best for cold snow";
+    say(&env, unrelated).await;
+    let prompt = prompt_for(&env, unrelated);
+    assert!(prompt.contains("home spot is burnside"), "pinned: {prompt}");
+    assert!(!prompt.contains("broke their wrist"), "{prompt}");
+    assert!(!prompt.contains("scared of dropping in"), "{prompt}");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn remember_is_in_the_next_prompt_and_forget_removes_it() {
+    let env = memory_env(100).await;
+    say(&env, "remember i ride goofy").await;
+    let result = last_tool_result(&env.stub);
+    assert_eq!(result["remembered"], "rides goofy", "{result}");
+    assert_eq!(
+        facts(&env, JESS).await,
+        [("stance".into(), "rides goofy".into())]
+    );
+    say(&env, "which foot should be in front for a drop in?").await;
+    let prompt = prompt_for(&env, "which foot should be in front for a drop in?");
+    assert!(prompt.contains("- stance: rides goofy"), "{prompt}");
+
+    say(&env, "forget that i ride goofy").await;
+    let result = last_tool_result(&env.stub);
+    assert_eq!(result["forgotten"], json!(["rides goofy"]), "{result}");
+    assert!(facts(&env, JESS).await.is_empty());
+    say(&env, "and for a kickturn?").await;
+    // Gone from what the companion remembers (the chat itself still shows what was said).
+    let prompt = prompt_for(&env, "and for a kickturn?");
+    assert!(!prompt.contains("- stance: rides goofy"), "{prompt}");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_superseding_fact_replaces_the_old_one_whether_remembered_or_learned() {
+    let env = memory_env(1).await;
+    say(&env, "remember i ride goofy").await;
+    say(&env, "remember i switched to regular stance").await;
+    assert_eq!(
+        facts(&env, JESS).await,
+        [("stance".into(), "rides regular".into())]
+    );
+    // The same by extraction (one user message per run): an update, and a repeat kept once.
+    say(&env, "i'm scared of dropping in").await;
+    say(&env, "my home park is burnside").await;
+    let _ = facts_eventually(&env, JESS, 3).await;
+    say(&env, "my home park is lincoln city now").await;
+    say(&env, "i'm scared of dropping in").await;
+    let reached = eventually(Duration::from_secs(30), || async {
+        facts(&env, JESS)
+            .await
+            .contains(&("home_spot".into(), "home spot is lincoln city now".into()))
+    })
+    .await;
+    let kept = facts(&env, JESS).await;
+    assert!(reached, "{kept:?}");
+    let mut kept = kept;
+    kept.sort();
+    assert_eq!(
+        kept,
+        [
+            ("fear".into(), "is scared of dropping in".into()),
+            ("home_spot".into(), "home spot is lincoln city now".into()),
+            ("stance".into(), "rides regular".into()),
+        ]
+    );
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_crisis_message_yields_no_fact() {
+    let env = memory_env(1).await;
+    let crisis = env
+        .dm(
+            JESS,
+            KAORI,
+            JESS_KAORI,
+            "i broke my wrist last month and honestly i just want to die, i don't see the point anymore",
+        )
+        .await;
+    env.publish(&crisis).await;
+    env.settled(&crisis.message_id).await;
+    say(&env, "my home park is burnside").await;
+    let kept = facts_eventually(&env, JESS, 1).await;
+    assert_eq!(kept, [("home_spot".into(), "home spot is burnside".into())]);
+    // Nor is it kept when asked: the message is a crisis (the referral, no tools), and the next run
+    // skips it.
+    let asked = env
+        .dm(JESS, KAORI, JESS_KAORI, "remember i just want to die")
+        .await;
+    env.publish(&asked).await;
+    env.settled(&asked.message_id).await;
+    say(&env, "i want to learn kickflips").await;
+    let kept = facts_eventually(&env, JESS, 2).await;
+    assert!(kept.iter().all(|(_, f)| !f.contains("die")), "{kept:?}");
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_dm_fact_never_appears_in_a_group_prompt_and_remember_there_says_why_not() {
+    let env = memory_env(100).await;
+    say(&env, "remember i ride goofy").await;
+    let group =
+        companion_dev::backend::create_group(&env.mongo, &[oid(JESS), oid(SAM)], &[oid(KAORI)])
+            .await
+            .expect("group created")
+            .to_hex();
+    let mut replies = env.completions(&group).await;
+    for text in [
+        "kaori, which foot forward for me?",
+        "kaori remember i ride goofy",
+    ] {
+        let e =
+            companion_dev::backend::store_group_message(&env.mongo, oid(&group), oid(JESS), text)
+                .await
+                .expect("stored");
+        companion_dev::backend::publish_group_message(&env.bus, &e)
+            .await
+            .expect("published");
+        let answered = eventually(Duration::from_secs(30), || async {
+            env.stub
+                .requests()
+                .iter()
+                .any(|b| b["messages"].to_string().contains(text))
+        })
+        .await;
+        assert!(answered, "the group message was answered");
+        let _ = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures::StreamExt::next(&mut replies),
+        )
+        .await;
+    }
+    let prompt = prompt_for(&env, "which foot forward for me?");
+    assert!(
+        !prompt.contains("goofy"),
+        "a DM fact in a group prompt: {prompt}"
+    );
+    let refused = env
+        .stub
+        .requests()
+        .into_iter()
+        .rev()
+        .find_map(|b| {
+            let last = last_message(&b);
+            (last["role"] == "tool")
+                .then(|| last["content"].as_str().unwrap_or_default().to_owned())
+        })
+        .expect("the tool result");
+    assert!(refused.contains("group chat"), "{refused}");
+    assert_eq!(
+        facts(&env, JESS).await.len(),
+        1,
+        "nothing kept from the group"
+    );
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn kill_9_during_extraction_and_a_replay_of_its_job_leave_no_duplicate() {
+    // Extraction answers take 4 s: long enough to kill the worker while one waits.
+    let slow = stub::with_memory(Arc::new(|_| StubReply::text("ok")));
+    let delayed: Responder = Arc::new(move |body: &Value| {
+        let reply = slow(body);
+        match companion_dev::memory_rules::answer(body) {
+            Some(_) => StubReply::Delayed(Duration::from_secs(4), Box::new(reply)),
+            None => reply,
+        }
+    });
+    let env = TestEnv::with(delayed, |c| {
+        c.memory.extract_after = 2;
+        c.memory.quiet_secs = 3600;
+        c.consumer.ack_wait_secs = 3;
+    })
+    .await;
+    let mut worker = env.spawn_worker_process(&[]);
+    for text in ["my home park is burnside", "i'm scared of dropping in"] {
+        let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
+        env.publish(&e).await;
+        env.settled(&e.message_id).await;
+    }
+    let asked = eventually(Duration::from_secs(20), || async {
+        env.stub
+            .requests()
+            .iter()
+            .any(|b| companion_dev::memory_rules::answer(b).is_some())
+    })
+    .await;
+    assert!(asked, "the extraction asked the model");
+    worker.kill().expect("kill -9");
+    let _ = worker.wait();
+    assert!(
+        facts(&env, JESS).await.is_empty(),
+        "killed before anything was kept"
+    );
+    let _worker = env.spawn_worker_process(&[]);
+    let kept = facts_eventually(&env, JESS, 2).await;
+    assert_eq!(kept.len(), 2, "{kept:?}");
+
+    // The extraction signal again (another id), and the job forced to run again: nothing doubles.
+    let jobs: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM jobs WHERE kind = 'memory' ORDER BY created_at")
+            .fetch_all(&env.pg.pool)
+            .await
+            .unwrap();
+    let first = jobs.first().expect("an extraction job").clone();
+    env.journal().reopen(&first, &[]).await.expect("reopened");
+    sqlx::query(
+        "UPDATE memory_state SET extracted_through = 0, summarized_through = 0 WHERE user_id = $1",
+    )
+    .bind(JESS)
+    .execute(&env.pg.pool)
+    .await
+    .unwrap();
+    env.publish_raw(env.bus.names.memory(JESS, KAORI), "again-1", "")
+        .await;
+    let rerun = eventually(Duration::from_secs(30), || async {
+        env.journal()
+            .get(&first)
+            .await
+            .unwrap()
+            .is_some_and(|j| j.state.is_settled())
+    })
+    .await;
+    assert!(rerun, "the reopened job ran again");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let again = facts(&env, JESS).await;
+    assert_eq!(again.len(), 2, "{again:?}");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_deleted_message_leaves_no_trace_within_60_s_and_a_replay_brings_nothing_back() {
+    let env = memory_env(1).await;
+    let deleted = say(&env, "my home park is burnside").await;
+    say(&env, "i'm scared of dropping in").await;
+    let _ = facts_eventually(&env, JESS, 2).await;
+    assert!(!traces(&env, "burnside").await.is_empty());
+
+    env.publish_raw(
+        env.bus
+            .names
+            .signal_all()
+            .replace('>', &format!("message_deleted.{deleted}")),
+        &format!("del-{deleted}"),
+        "",
+    )
+    .await;
+    let gone = eventually(Duration::from_secs(60), || async {
+        traces(&env, "burnside").await.is_empty()
+    })
+    .await;
+    assert!(gone, "left: {:?}", traces(&env, "burnside").await);
+    assert_eq!(
+        facts(&env, JESS).await,
+        [("fear".into(), "is scared of dropping in".into())]
+    );
+    say(&env, "where should i skate today?").await;
+    assert!(!prompt_for(&env, "where should i skate today?").contains("burnside"));
+
+    // A redelivery of the deleted event, and a forced replay of the conversation: nothing comes back.
+    let event = env.dm(JESS, KAORI, JESS_KAORI, "x").await;
+    let mut again = event.clone();
+    again.message_id = deleted.clone();
+    again.content = "my home park is burnside".into();
+    env.publish_raw(
+        env.bus.names.inbound(KAORI, JESS_KAORI),
+        &format!("redelivered-{deleted}"),
+        serde_json::to_vec(&again).unwrap(),
+    )
+    .await;
+    let (ok, out, err) = env
+        .run_companion(&["replay", "--conversation", JESS_KAORI, "--force"])
+        .await;
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("deleted"), "{out}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        traces(&env, "burnside").await.is_empty(),
+        "{:?}",
+        traces(&env, "burnside").await
+    );
+    assert!(
+        env.replies_to(&deleted).await.len() <= 1,
+        "no new reply to a deleted message"
+    );
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn clearing_memory_keeps_the_account_and_does_not_relearn_old_messages() {
+    let env = memory_env(1).await;
+    say(&env, "my home park is burnside").await;
+    let _ = facts_eventually(&env, JESS, 1).await;
+    env.publish_raw(
+        env.bus
+            .names
+            .signal_all()
+            .replace('>', &format!("memory_cleared.{JESS}")),
+        "clear-1",
+        json!({"userId": JESS, "botId": KAORI}).to_string(),
+    )
+    .await;
+    let cleared = eventually(Duration::from_secs(30), || async {
+        facts(&env, JESS).await.is_empty()
+    })
+    .await;
+    assert!(cleared);
+    say(&env, "ok cool").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        facts(&env, JESS).await.is_empty(),
+        "old messages are not read again"
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM bot_conversations WHERE user_id = $1")
+        .bind(JESS)
+        .fetch_one(&env.pg.pool)
+        .await
+        .unwrap();
+    assert!(rows >= 4, "the history stays");
+    let (ok, out, _) = env
+        .run_companion(&["memory", "--user", JESS, "--bot", "kaori"])
+        .await;
+    assert!(ok && out.contains("nothing remembered"), "{out}");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn user_erasure_leaves_nothing_including_the_streams_and_a_replay_brings_nothing_back() {
+    let env = memory_env(1).await;
+    say(&env, "my home park is burnside").await;
+    say(&env, "remember i ride goofy").await;
+    let _ = facts_eventually(&env, JESS, 2).await;
+    let (ok, out, _) = env.run_companion(&["memory", "--user", JESS]).await;
+    assert!(
+        ok && out.contains("rides goofy") && out.contains("sources"),
+        "{out}"
+    );
+    // A malformed DM of the user's, kept in the dead-letter stream.
+    let bad = json!({"messageId": "6650f1a2b3c4d5e6f7a8ffff", "conversationId": JESS_KAORI,
+                     "senderId": JESS, "botId": KAORI, "content": 42});
+    env.publish_raw(
+        env.bus.names.inbound(KAORI, JESS_KAORI),
+        "bad-1",
+        bad.to_string(),
+    )
+    .await;
+    let dead = eventually(Duration::from_secs(30), || async {
+        !env.dead_letters().await.is_empty()
+    })
+    .await;
+    assert!(dead);
+
+    env.publish_raw(
+        env.bus
+            .names
+            .signal_all()
+            .replace('>', &format!("user_erased.{JESS}")),
+        "erase-1",
+        "",
+    )
+    .await;
+    let gone = eventually(Duration::from_secs(60), || async {
+        traces(&env, "burnside").await.is_empty() && traces(&env, "goofy").await.is_empty()
+    })
+    .await;
+    assert!(
+        gone,
+        "{:?} {:?}",
+        traces(&env, "burnside").await,
+        traces(&env, "goofy").await
+    );
+    for table in [
+        "memory_facts",
+        "memory_state",
+        "bot_conversations",
+        "flow_states",
+    ] {
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} WHERE user_id = $1"
+        )))
+        .bind(JESS)
+        .fetch_one(&env.pg.pool)
+        .await
+        .unwrap();
+        assert_eq!(n, 0, "{table}");
+    }
+    let stream = env
+        .bus
+        .js
+        .get_stream(&env.bus.names.stream_in)
+        .await
+        .unwrap();
+    let left = stream
+        .get_last_raw_message_by_subject(&env.bus.names.inbound(KAORI, JESS_KAORI))
+        .await;
+    assert!(
+        left.is_err(),
+        "the user's DMs are purged from the inbound stream"
+    );
+    assert!(
+        env.dead_letters().await.is_empty(),
+        "and from the dead-letter stream"
+    );
+
+    let (ok, out, err) = env
+        .run_companion(&["replay", "--conversation", JESS_KAORI, "--force"])
+        .await;
+    assert!(ok, "{out}{err}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(traces(&env, "burnside").await.is_empty());
+    let (ok, out, _) = env.run_companion(&["memory", "--user", JESS]).await;
+    assert!(ok && out.contains("erased"), "{out}");
+    env.finish().await;
+}
