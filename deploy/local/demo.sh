@@ -84,6 +84,8 @@ fi
 export COMPANION_USER_TURNS_PER_MINUTE="${COMPANION_USER_TURNS_PER_MINUTE:-60}"
 export COMPANION_WRITES_PER_HOUR="${COMPANION_WRITES_PER_HOUR:-100}"
 export COMPANION_PROACTIVE_DAILY_CAP="${COMPANION_PROACTIVE_DAILY_CAP:-100}"
+# Memory is extracted once a chat has been quiet this long (production: 600 s).
+export COMPANION_MEMORY_QUIET_SECS="${COMPANION_MEMORY_QUIET_SECS:-5}"
 LIMITS="demo limits per user: $COMPANION_USER_TURNS_PER_MINUTE turns a minute, $COMPANION_WRITES_PER_HOUR writes an hour, $COMPANION_PROACTIVE_DAILY_CAP follow-ups a day"
 
 pids=()
@@ -156,4 +158,11 @@ else
   "$DEV" review --user "$DEMO_USER" --bot "$BOT" --wait 60
   say "the reminder $NAME promised a few seconds ago comes due (NATS keeps the timer)"
   "$DEV" follow-up --user "$DEMO_USER" --bot "$BOT" --kind reminder --since-secs 120 --wait 60
+  say "what $NAME remembers about you: what you asked it to remember at once, the rest learned off the reply path once the chat is quiet (${COMPANION_MEMORY_QUIET_SECS}s in the demo)"
+  DEMO_ID="$("$DEV" user-id "$DEMO_USER")"
+  for _ in $(seq 1 60); do
+    "$BIN" memory --user "$DEMO_ID" --bot "$BOT" | grep -q home_spot && break
+    sleep 1
+  done
+  "$BIN" memory --user "$DEMO_ID" --bot "$BOT"
 fi
