@@ -104,6 +104,15 @@ async def violation(errors, kind, subject, wait=1.0):
 async def stream_msgs(js, name):
     return (await js.stream_info(name)).state.messages
 
+# TB-Backend's three deletion signals: (subject, body, Nats-Msg-Id).
+ERASED_USER, ERASED_BOT, DELETED_MSG = "6650f1a2b3c4d5e6f7a8b9c0", "69c15e55c7ebe2c6884f1267", "6b0268e63adb75f2715669b0"
+DELETIONS = (
+    (f"dm.bot.signal.message_deleted.{DELETED_MSG}", b"", f"deleted:{DELETED_MSG}"),
+    (f"dm.bot.signal.memory_cleared.{ERASED_USER}", json.dumps({"userId": ERASED_USER, "botId": ERASED_BOT}).encode(),
+     f"cleared:{ERASED_USER}:{ERASED_BOT}:2026-11-27T10:00:00Z"),
+    (f"dm.bot.signal.user_erased.{ERASED_USER}", b"", f"erased:{ERASED_USER}"),
+)
+
 async def main():
     # --- admin: the streams, as the worker would create them --------------------------------
     admin, _ = await connect("admin")
@@ -111,10 +120,12 @@ async def main():
     await ajs.add_stream(StreamConfig(name="DM_BOT_IN", subjects=["dm.bot.in.>", "dm.bot.group.>"], duplicate_window=7200,
                                       allow_direct=True))
     await ajs.add_stream(StreamConfig(name="DM_BOT_OUT", subjects=["dm.bot.out.>"], duplicate_window=7200))
-    await ajs.add_stream(StreamConfig(name="DM_BOT_DLQ", subjects=["dm.bot.dlq.>"]))
+    await ajs.add_stream(StreamConfig(name="DM_BOT_DLQ", subjects=["dm.bot.dlq.>"], allow_direct=True))
     await ajs.add_stream(StreamConfig(name="DM_BOT_SIGNAL", subjects=["dm.bot.signal.>", "dm.bot.schedule.>"],
                                       duplicate_window=7200))
-    check(True, "admin creates streams DM_BOT_IN, DM_BOT_OUT, DM_BOT_DLQ, DM_BOT_SIGNAL")
+    await ajs.add_stream(StreamConfig(name="DM_BOT_ALERT", subjects=["dm.bot.alert.>"], duplicate_window=7200))
+    await ajs.publish("dm.bot.alert.crisis.x", b'{"conversationId":"x","category":"self_harm"}')
+    check(True, "admin creates streams DM_BOT_IN, DM_BOT_OUT, DM_BOT_DLQ, DM_BOT_SIGNAL, DM_BOT_ALERT")
 
     # --- anonymous and wrong password are refused --------------------------------------------
     for label, kw in (("anonymous", {}), ("wrong password", {"user": "tb-backend", "password": "nope"})):
@@ -206,7 +217,17 @@ async def main():
               f"seq={ack.seq}")
     except Exception as e:
         check(False, "backend CAN publish a spot review", repr(e))
-    for subject in ("dm.bot.signal.reminder.r1", "dm.bot.schedule.reminder.r1"):
+    # The deletion signals (docs/tb-backend.md "Deleting"): tb-backend's alone.
+    for subject, body, msg_id in DELETIONS:
+        kind = subject.split(".")[3]
+        try:
+            ack = await bjs.publish(subject, body, timeout=3, headers={"Nats-Msg-Id": msg_id})
+            check(ack.stream == "DM_BOT_SIGNAL" and not ack.duplicate,
+                  f"backend CAN publish {kind} (PubAck from DM_BOT_SIGNAL)", f"seq={ack.seq}")
+        except Exception as e:
+            check(False, f"backend CAN publish {kind}", repr(e))
+    # ... but not the workers' own signals: due reminders, memory extraction, their schedules.
+    for subject in ("dm.bot.signal.reminder.r1", "dm.bot.schedule.reminder.r1", "dm.bot.signal.memory.x.y"):
         before = await stream_msgs(ajs, "DM_BOT_SIGNAL")
         await backend.publish(subject, b"{}")
         await backend.flush()
@@ -293,6 +314,72 @@ async def main():
     check(len(got_out) == 1 and got_out[0].subject == "dm.bot.out.x", "backend receives the completion on dm.bot.out.x",
           f"{len(got_out)} message(s); the forged one was dropped")
     check(len(got_typing) == 1, "backend receives the typing event on dm.bot.typing.x")
+
+    # --- the worker's memory signals, and erasing a user (src/memory, src/bus/erase.rs) ---------
+    for subject in ("dm.bot.signal.memory.x.y", "dm.bot.schedule.memory.x.y"):
+        try:
+            ack = await wjs.publish(subject, b"", timeout=3, headers={"Nats-Msg-Id": f"{subject}:1"})
+            check(ack.stream == "DM_BOT_SIGNAL", f"worker CAN publish {subject} (PubAck from DM_BOT_SIGNAL)",
+                  f"seq={ack.seq}")
+        except Exception as e:
+            check(False, f"worker CAN publish {subject}", repr(e))
+    # An erased user's DM conversation: its subject purged in the inbound, outbound and dead-letter streams.
+    for stream, subject in (("DM_BOT_IN", "dm.bot.in.k.erased"), ("DM_BOT_OUT", "dm.bot.out.erased"),
+                            ("DM_BOT_DLQ", "dm.bot.dlq.k.erased")):
+        await ajs.publish(subject, b'{"senderId":"erased"}')
+        before = await stream_msgs(ajs, stream)
+        try:
+            ok = await wjs.purge_stream(stream, subject=subject)
+            after = await stream_msgs(ajs, stream)
+            check(ok and after == before - 1 and after > 0, f"worker CAN purge {subject} of {stream} (only that subject)",
+                  f"{before} -> {after} messages")
+        except Exception as e:
+            check(False, f"worker CAN purge {subject} of {stream}", repr(e))
+    # A group message the user sent, deleted by its sequence; their dead letter found by its sender (a
+    # direct get of the next message on the dead-letter subjects, as the worker scans) and deleted.
+    try:
+        ack = await ajs.publish("dm.bot.group.erased", b'{"senderId":"erased"}')
+        ok = await wjs.delete_msg("DM_BOT_IN", ack.seq)
+        try:
+            await ajs.get_msg("DM_BOT_IN", ack.seq)
+            gone = False
+        except APIError:
+            gone = True
+        check(ok and gone, "worker CAN delete a message of DM_BOT_IN by sequence", f"seq={ack.seq}")
+    except Exception as e:
+        check(False, "worker CAN delete a message of DM_BOT_IN by sequence", repr(e))
+    try:
+        ack = await ajs.publish("dm.bot.dlq.group.erased", b'{"senderId":"erased"}')
+        m = await wjs.get_msg("DM_BOT_DLQ", seq=ack.seq, subject="dm.bot.dlq.>", direct=True, next=True)
+        check(m.seq == ack.seq and b'"senderId":"erased"' in m.data,
+              "worker CAN direct-get from DM_BOT_DLQ (next message on dm.bot.dlq.>)", f"seq={m.seq}")
+        ok = await wjs.delete_msg("DM_BOT_DLQ", m.seq)
+        check(ok, "worker CAN delete a message of DM_BOT_DLQ by sequence", f"seq={m.seq}")
+    except Exception as e:
+        check(False, "worker CAN direct-get from and delete a message of DM_BOT_DLQ", repr(e))
+    # Never the signal and alert streams; never TB-Backend's deletion signals.
+    wjs_short = worker.jetstream(timeout=1)
+    for api, stream, call in (
+        ("PURGE", "DM_BOT_SIGNAL", lambda: wjs_short.purge_stream("DM_BOT_SIGNAL")),
+        ("PURGE", "DM_BOT_ALERT", lambda: wjs_short.purge_stream("DM_BOT_ALERT")),
+        ("MSG.DELETE", "DM_BOT_SIGNAL", lambda: wjs_short.delete_msg("DM_BOT_SIGNAL", 1)),
+    ):
+        what = f"worker CANNOT {'purge' if api == 'PURGE' else 'delete a message of'} {stream}"
+        before = await stream_msgs(ajs, stream)
+        try:
+            await call()
+            check(False, what, "the request was answered")
+        except Exception as e:
+            v = await violation(werr, "publish", f"$JS.API.STREAM.{api}.{stream}")
+            check(v and before > 0 and await stream_msgs(ajs, stream) == before, what,
+                  f"{type(e).__name__}; permissions violation; {before} messages kept")
+    for subject, body, msg_id in DELETIONS:
+        before = await stream_msgs(ajs, "DM_BOT_SIGNAL")
+        await worker.publish(subject, body, headers={"Nats-Msg-Id": msg_id + ":worker"})
+        await worker.flush()
+        v = await violation(werr, "publish", subject)
+        check(v and await stream_msgs(ajs, "DM_BOT_SIGNAL") == before, f"worker CANNOT publish {subject.split('.')[3]}",
+              "permissions violation; DM_BOT_SIGNAL unchanged")
 
     for nc in (backend, worker, admin):
         await nc.close()

@@ -7,6 +7,7 @@
 //   node dm-bridge.js --spot-review [--no-wait] [--timeout SECS] ['<review json>']
 //   node dm-bridge.js --group [--no-wait] [--timeout SECS] ['<group message json>']
 //   node dm-bridge.js --takeover ['<takeover json>']
+//   node dm-bridge.js --message-deleted | --memory-cleared | --user-erased ['<deletion json>']
 //
 // --spot-review: publish a spot draft's review instead ({"draftId", "status": "approved"|"rejected",
 // "spotId"?, "note"?, "reviewedAt"}; the admin tool stores the status on the draft first) and wait for
@@ -21,6 +22,26 @@
 // {action, by, at, reason?, catchUp?} on <prefix>.signal.takeover.<conversationId> with
 // Nats-Msg-Id = <conversationId>:<action>:<at> and prints the PubAck (nothing to wait for: a pause has
 // no completion; on resume the companion's answer to the latest held message is an ordinary completion).
+//
+// Deletion (docs/tb-backend.md "Deleting: a message, what companions remember, a user"; each prints the
+// PubAck, there is nothing to wait for; the workers act within seconds, idempotently):
+// --message-deleted '{"messageId"}': a user deleted a message of a DM with a companion (TB-Backend deletes
+//   the dm_messages document itself). Publishes an empty body on <prefix>.signal.message_deleted.<messageId>,
+//   Nats-Msg-Id deleted:<messageId> (publishMessageDeleted): the message and the companion's reply leave
+//   the companion's history, facts learned only from it and the answering turn's recorded outputs go, a
+//   summary written from it is rebuilt.
+// --memory-cleared '{"userId", "botId"?, "at"?}': the user cleared what one companion (botId) or all of them
+//   (no botId) remember. Publishes {userId, botId?} on <prefix>.signal.memory_cleared.<userId>, Nats-Msg-Id
+//   cleared:<userId>:<botId|all>:<at> (at: RFC 3339, default now; give the same at to make a retry a
+//   duplicate) (publishMemoryCleared): facts and summaries go; the account and the history stay.
+// --user-erased '{"userId"}': the user's account is deleted. Publishes an empty body on
+//   <prefix>.signal.user_erased.<userId>, Nats-Msg-Id erased:<userId> (publishUserErased): every fact,
+//   summary, history row, reminder text, flow state and recorded output of the user, and their messages in
+//   the inbound, outbound and dead-letter streams.
+// Only tb-backend may publish these three (deploy/nats/auth.conf).
+//
+// require('./dm-bridge') exports the publishers (publishDm, publishGroupMessage, publishSpotReview,
+// publishTakeover, publishMessageDeleted, publishMemoryCleared, publishUserErased) without running the CLI.
 //
 // A completion with visibleTo (a crisis referral in a group) is for those users only: the bridge says so
 // on stderr, and TB-Backend emits it to those users' sockets, never to the conversation's room.
@@ -46,18 +67,22 @@ const jc = JSONCodec();
 
 function usage(msg) {
   if (msg) process.stderr.write(`dm-bridge: ${msg}\n`);
-  process.stderr.write("usage: dm-bridge.js [--spot-review | --group | --takeover] [--no-wait] [--timeout SECS] ['<event, review or takeover json>']  (or on stdin)\n");
+  process.stderr.write("usage: dm-bridge.js [--spot-review | --group | --takeover | --message-deleted | --memory-cleared | --user-erased] [--no-wait] [--timeout SECS] ['<event, review, takeover or deletion json>']  (or on stdin)\n");
   process.exit(2);
 }
 
 function parseArgs(argv) {
-  const opts = { wait: true, review: false, group: false, takeover: false, timeoutSecs: Number(process.env.COMPANION_WAIT_SECS || 120), json: null };
+  const opts = { wait: true, review: false, group: false, takeover: false, deletion: null, timeoutSecs: Number(process.env.COMPANION_WAIT_SECS || 120), json: null };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (a === '--no-wait') opts.wait = false;
     else if (a === '--spot-review') opts.review = true;
     else if (a === '--group') opts.group = true;
     else if (a === '--takeover') opts.takeover = true;
+    else if (DELETIONS.includes(a.slice(2))) {
+      if (opts.deletion !== null) usage('only one of --message-deleted, --memory-cleared and --user-erased');
+      opts.deletion = a.slice(2);
+    }
     else if (a === '--timeout') opts.timeoutSecs = Number(argv[++i]);
     else if (a === '-h' || a === '--help') usage();
     else if (a.startsWith('--')) usage(`unknown option ${a}`);
@@ -65,10 +90,10 @@ function parseArgs(argv) {
     else usage('more than one event given');
   }
   if (!(opts.timeoutSecs > 0)) usage('--timeout must be a positive number of seconds');
-  if ([opts.review, opts.group, opts.takeover].filter(Boolean).length > 1) {
-    usage('only one of --spot-review, --group and --takeover');
+  if ([opts.review, opts.group, opts.takeover, opts.deletion !== null].filter(Boolean).length > 1) {
+    usage('only one of --spot-review, --group, --takeover and a deletion');
   }
-  if (opts.takeover) opts.wait = false;
+  if (opts.takeover || opts.deletion !== null) opts.wait = false;
   return opts;
 }
 
@@ -112,6 +137,20 @@ function checkTakeover(t) {
   return null;
 }
 
+// The deletion options (--message-deleted, ...), by the signal kind they publish.
+const DELETIONS = ['message-deleted', 'memory-cleared', 'user-erased'];
+
+function checkDeletion(kind, d) {
+  if (d === null || typeof d !== 'object' || Array.isArray(d)) return 'the deletion must be a JSON object';
+  const key = kind === 'message-deleted' ? 'messageId' : 'userId';
+  if (typeof d[key] !== 'string' || !OID.test(d[key])) return `${key} must be a 24-hex ObjectId string`;
+  if (kind === 'memory-cleared') {
+    if (d.botId !== undefined && (typeof d.botId !== 'string' || !OID.test(d.botId))) return 'botId must be a 24-hex ObjectId string';
+    if (d.at !== undefined && (typeof d.at !== 'string' || Number.isNaN(Date.parse(d.at)))) return 'at must be an RFC 3339 string';
+  }
+  return null;
+}
+
 // --- the part TB-Backend uses (see docs/tb-backend.md) ---------------------------------------
 
 const PREFIX = process.env.COMPANION_SUBJECT_PREFIX || 'dm.bot';
@@ -122,6 +161,9 @@ const subjects = {
   typing: (conversationId) => `${PREFIX}.typing.${conversationId}`,
   spotReview: (draftId) => `${PREFIX}.signal.spot_draft.${draftId}`,
   takeover: (conversationId) => `${PREFIX}.signal.takeover.${conversationId}`,
+  messageDeleted: (messageId) => `${PREFIX}.signal.message_deleted.${messageId}`,
+  memoryCleared: (userId) => `${PREFIX}.signal.memory_cleared.${userId}`,
+  userErased: (userId) => `${PREFIX}.signal.user_erased.${userId}`,
 };
 
 // Who may see a completion: everyone in the conversation's room, or, when it has visibleTo (a crisis
@@ -185,7 +227,64 @@ async function publishTakeover(js, conversationId, { action, by, at, reason, cat
   return { stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate, subject, msgID };
 }
 
+// The three deletion signals (only tb-backend may publish them). Each is acted on within seconds by one
+// worker and is idempotent: publishing it again finds nothing more to remove. Each leaves a tombstone
+// (ids only), so a redelivered or replayed event of what was deleted is never answered again.
+function requireOid(name, id) {
+  if (typeof id !== 'string' || !OID.test(id)) throw new TypeError(`${name} must be a 24-hex ObjectId string`);
+}
+
+// A user deleted a message of a DM with a companion. TB-Backend still deletes the dm_messages document
+// itself; the workers remove the message and the companion's reply from the companion's history, the facts
+// learned only from it and the answering turn's recorded outputs, and rebuild a summary written from it.
+// Empty body; Nats-Msg-Id = deleted:<messageId>.
+async function publishMessageDeleted(js, messageId, timeoutMs = 5000) {
+  requireOid('messageId', messageId);
+  const subject = subjects.messageDeleted(messageId);
+  const msgID = `deleted:${messageId}`;
+  const ack = await js.publish(subject, new Uint8Array(0), { msgID, timeout: timeoutMs });
+  return { stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate, subject, msgID };
+}
+
+// The user cleared what one companion (botId) or every companion (no botId) remembers about them: facts
+// and summaries go; the account and the history stay (the old messages are not read again).
+// Body {userId, botId?}; Nats-Msg-Id = cleared:<userId>:<botId|all>:<at> (at defaults to now: a later
+// clear is a new signal; give the same at to make a retry a JetStream duplicate).
+async function publishMemoryCleared(js, userId, botId, { at } = {}, timeoutMs = 5000) {
+  requireOid('userId', userId);
+  if (botId !== undefined && botId !== null) requireOid('botId', botId);
+  const subject = subjects.memoryCleared(userId);
+  const body = botId ? { userId, botId } : { userId };
+  const msgID = `cleared:${userId}:${botId || 'all'}:${at || new Date().toISOString()}`;
+  const ack = await js.publish(subject, jc.encode(body), { msgID, timeout: timeoutMs });
+  return { stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate, subject, msgID };
+}
+
+// The user's account is deleted: the workers remove every fact, summary, history row, reminder text, flow
+// state and recorded output of the user, and the user's messages in the inbound, outbound and dead-letter
+// streams. TB-Backend still deletes its own MongoDB data (dm_messages included) and backups.
+// Empty body; Nats-Msg-Id = erased:<userId>.
+async function publishUserErased(js, userId, timeoutMs = 5000) {
+  requireOid('userId', userId);
+  const subject = subjects.userErased(userId);
+  const msgID = `erased:${userId}`;
+  const ack = await js.publish(subject, new Uint8Array(0), { msgID, timeout: timeoutMs });
+  return { stream: ack.stream, seq: ack.seq, duplicate: ack.duplicate, subject, msgID };
+}
+
 // ----------------------------------------------------------------------------------------------
+
+// The CLI's deletion options, on the publishers above.
+function publishDeletion(js, kind, d) {
+  if (kind === 'message-deleted') return publishMessageDeleted(js, d.messageId);
+  if (kind === 'memory-cleared') return publishMemoryCleared(js, d.userId, d.botId, { at: d.at });
+  return publishUserErased(js, d.userId);
+}
+
+function deletionSubject(kind, d) {
+  if (kind === 'message-deleted') return subjects.messageDeleted(d.messageId);
+  return kind === 'memory-cleared' ? subjects.memoryCleared(d.userId) : subjects.userErased(d.userId);
+}
 
 // Says on stderr when a completion is private (TB-Backend emits it to those users only).
 function notePrivate(c) {
@@ -205,7 +304,8 @@ async function main() {
   } catch (e) {
     usage(`the event is not JSON: ${e.message}`);
   }
-  const bad = opts.review ? checkReview(ev) : opts.takeover ? checkTakeover(ev) : checkEvent(ev, opts.group);
+  const bad = opts.deletion !== null ? checkDeletion(opts.deletion, ev)
+    : opts.review ? checkReview(ev) : opts.takeover ? checkTakeover(ev) : checkEvent(ev, opts.group);
   if (bad) usage(bad);
   // What the awaited completion answers: the DM, or the review (a proactive follow-up).
   const answers = opts.review
@@ -257,10 +357,10 @@ async function main() {
       await nc.flush(); // the server has the subscriptions before the event goes out
     }
 
-    const ack = opts.review
-      ? await publishSpotReview(js, ev)
-      : opts.takeover ? await publishTakeover(js, ev.conversationId, ev)
-        : opts.group ? await publishGroupMessage(js, ev) : await publishDm(js, ev);
+    const ack = opts.deletion !== null ? await publishDeletion(js, opts.deletion, ev)
+      : opts.review ? await publishSpotReview(js, ev)
+        : opts.takeover ? await publishTakeover(js, ev.conversationId, ev)
+          : opts.group ? await publishGroupMessage(js, ev) : await publishDm(js, ev);
     process.stderr.write(`dm-bridge: published ${ack.subject} -> stream ${ack.stream} seq ${ack.seq}` +
       `${ack.duplicate ? ' (DUPLICATE: this messageId was already accepted; not stored again)' : ''}\n`);
     if (!opts.wait) {
@@ -281,10 +381,10 @@ async function main() {
     }
   } catch (e) {
     if (e.code === ErrorCode.NoResponders) {
-      const subject = opts.review
-        ? subjects.spotReview(ev.draftId)
-        : opts.takeover ? subjects.takeover(ev.conversationId)
-          : opts.group ? subjects.group(ev.conversationId) : subjects.inbound(ev);
+      const subject = opts.deletion !== null ? deletionSubject(opts.deletion, ev)
+        : opts.review ? subjects.spotReview(ev.draftId)
+          : opts.takeover ? subjects.takeover(ev.conversationId)
+            : opts.group ? subjects.group(ev.conversationId) : subjects.inbound(ev);
       process.stderr.write(`dm-bridge: no JetStream stream stores ${subject} (is a worker or the stream set up?)\n`);
       exitCode = 3;
     } else if (e.code === ErrorCode.Timeout) {
@@ -302,4 +402,9 @@ async function main() {
   process.exit(exitCode);
 }
 
-main();
+module.exports = {
+  subjects, connectNats, publishDm, publishGroupMessage, publishSpotReview, publishTakeover,
+  publishMessageDeleted, publishMemoryCleared, publishUserErased,
+};
+
+if (require.main === module) main();

@@ -54,7 +54,8 @@ impl Bus {
         Ok(n)
     }
 
-    /// Deletes every dead letter whose event was sent by `user` (`senderId` of the original JSON).
+    /// Deletes every dead letter whose event was sent by `user` (`senderId` of the original JSON), and its
+    /// original in the inbound stream.
     pub async fn delete_dead_letters_of(&self, user: &str) -> Result<u64, BusError> {
         use async_nats::jetstream::stream::DirectGetErrorKind;
         let name = self.names.stream_dlq.clone();
@@ -86,8 +87,26 @@ impl Bus {
                 .chars()
                 .filter(|c| !c.is_whitespace())
                 .collect();
-            if compact.contains(&needle) && stream.delete_message(at).await.unwrap_or(false) {
-                n += 1;
+            if compact.contains(&needle) {
+                // The original too, when it is still in the inbound stream (an event dead-lettered before
+                // any job was opened for it, e.g. a malformed one, is found only this way).
+                let original = (
+                    msg.headers
+                        .get(super::DLQ_SUBJECT)
+                        .map(|v| v.as_str().to_owned()),
+                    msg.headers
+                        .get(super::DLQ_SEQUENCE)
+                        .and_then(|v| v.as_str().parse::<u64>().ok()),
+                );
+                if let (Some(subject), Some(original_seq)) = original
+                    && original_seq > 0
+                    && !self.names.is_signal(&subject)
+                {
+                    n += self.delete_inbound(original_seq).await?;
+                }
+                if stream.delete_message(at).await.unwrap_or(false) {
+                    n += 1;
+                }
             }
             seq = at + 1;
         }

@@ -1,7 +1,9 @@
 //! The production NATS configuration (`deploy/nats/nats.conf` with the users of `auth.conf`) is enough
 //! for a real worker: a `companion worker` process logged in as `companion-worker` sets up its streams
-//! and consumers, answers a DM, follows up on a spot review, dead-letters a malformed event and reads its
-//! consumer's gauges, and the server records no permissions violation. (What each user may NOT do is
+//! and consumers, answers a DM (and signals and schedules its memory extraction), follows up on a spot
+//! review, dead-letters a malformed event, carries out a `user_erased` signal (purging the user's DM
+//! subjects, deleting their group message and, found by a direct-get scan, their dead letter) and reads
+//! its consumer's gauges, and the server records no permissions violation. (What each user may NOT do is
 //! proven by `deploy/nats/test-permissions.sh`.) The test itself acts as TB-Backend and operator with
 //! `admin`.
 
@@ -11,8 +13,27 @@ use std::{
 };
 
 use crate::{env::*, servers::*};
-use companion::config::Secret;
-use companion_dev::stub::{StubReply, always};
+use companion::{bus::Bus, config::Secret};
+use companion_dev::{
+    backend,
+    stub::{StubReply, always},
+};
+
+/// Messages of `stream` whose payload names `user` as its sender (read as `admin`).
+async fn sent_by(bus: &Bus, stream: &str, user: &str) -> Vec<u64> {
+    let mut stream = bus.js.get_stream(stream).await.expect("stream");
+    let state = stream.info().await.expect("stream info").state.clone();
+    let needle = format!("\"senderId\":\"{user}\"");
+    let mut found = Vec::new();
+    for seq in state.first_sequence..=state.last_sequence {
+        if let Ok(m) = stream.get_raw_message(seq).await
+            && String::from_utf8_lossy(&m.payload).contains(&needle)
+        {
+            found.push(seq);
+        }
+    }
+    found
+}
 
 #[tokio::test]
 async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
@@ -60,6 +81,8 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
             c.nats.subject_prefix = "dm.bot".into();
             c.nats.stream_prefix = "DM_BOT".into();
             c.consumer.name = "companion-worker".into();
+            // The first DM's turn signals its memory extraction at once (and schedules the quiet timer).
+            c.memory.extract_after = 1;
         },
     )
     .await;
@@ -120,6 +143,109 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
     .await
     .expect("the worker user sends the follow-up");
     assert_eq!(follow_up.content, "least privilege, most helpful");
+
+    // TB-Backend erases Jess. Before: a group message of hers answered, and a malformed one
+    // dead-lettered on the group's subject (found only by the dead-letter scan, by its sender).
+    let group = backend::create_group(&env.mongo, &[oid(JESS)], &[oid(KAORI), oid(TONY)])
+        .await
+        .unwrap();
+    let said = backend::store_group_message(&env.mongo, group, oid(JESS), "kaori, tony: hi!")
+        .await
+        .unwrap();
+    backend::publish_group_message(&env.bus, &said)
+        .await
+        .unwrap();
+    let group_seq = env
+        .settled(&said.message_id)
+        .await
+        .stream_seq
+        .expect("the group job knows its sequence");
+    let junk = serde_json::json!({"messageId": bson::oid::ObjectId::new().to_hex(),
+        "conversationId": group.to_hex(), "senderId": JESS, "content": 42, "sentAt": "2026-11-27T10:00:00Z"});
+    env.publish_raw(
+        env.bus.names.group(&group.to_hex()),
+        "junk-2",
+        junk.to_string(),
+    )
+    .await;
+    let dlq = env.bus.names.stream_dlq.clone();
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            sent_by(&env.bus, &dlq, JESS).await.len() == 1
+        })
+        .await,
+        "the malformed group message is dead-lettered"
+    );
+
+    env.publish_raw(
+        env.bus
+            .names
+            .signal_all()
+            .replace('>', &format!("user_erased.{JESS}")),
+        &format!("erased:{JESS}"),
+        "",
+    )
+    .await;
+    let history = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM bot_conversations WHERE user_id = $1")
+            .bind(JESS)
+            .fetch_one(&env.pg.pool)
+            .await
+            .unwrap()
+    };
+    let dm_out = env.bus.names.outbound(JESS_KAORI);
+    let erased = eventually(Duration::from_secs(30), || async {
+        history().await == 0
+            && sent_by(&env.bus, &dlq, JESS).await.is_empty()
+            && worker.log().contains("deletion carried out")
+    })
+    .await;
+    assert!(
+        erased,
+        "the worker user erases Jess: {} history rows, dead letters {:?}\n{}",
+        history().await,
+        sent_by(&env.bus, &dlq, JESS).await,
+        worker.log()
+    );
+    let stream = env
+        .bus
+        .js
+        .get_stream(&env.bus.names.stream_in)
+        .await
+        .unwrap();
+    assert!(
+        stream.get_raw_message(group_seq).await.is_err(),
+        "her group message is deleted"
+    );
+    assert_eq!(
+        sent_by(&env.bus, &env.bus.names.stream_in, JESS).await,
+        Vec::<u64>::new(),
+        "nothing she sent is left in the inbound stream (the malformed one found through its dead letter)"
+    );
+    let inbound = env.bus.names.inbound(KAORI, JESS_KAORI);
+    assert!(
+        stream
+            .get_last_raw_message_by_subject(&inbound)
+            .await
+            .is_err(),
+        "her DM conversation's inbound subject is purged"
+    );
+    let out = env
+        .bus
+        .js
+        .get_stream(&env.bus.names.stream_out)
+        .await
+        .unwrap();
+    assert!(
+        out.get_last_raw_message_by_subject(&dm_out).await.is_err(),
+        "and its completions"
+    );
+    let mut dlq_stream = env.bus.js.get_stream(&dlq).await.unwrap();
+    assert_eq!(
+        dlq_stream.info().await.unwrap().state.messages,
+        0,
+        "and the dead letters (the DM's purged, the group's found by sender and deleted)"
+    );
 
     let metrics = get_text(&format!("http://{http}/metrics")).await;
     assert!(

@@ -1,5 +1,6 @@
 //! The TB-Backend integration guide cannot rot: its code (`deploy/tb-backend/dm-bridge.js`, nats.js)
-//! publishes a DM with its `Nats-Msg-Id` and receives the worker's completion, against a real worker.
+//! publishes a DM with its `Nats-Msg-Id` and receives the worker's completion, against a real worker;
+//! its other publishers (spot review, group message, a user's erasure) reach the worker too.
 
 use crate::env::*;
 use companion_dev::stub::{StubReply, always};
@@ -175,5 +176,51 @@ async fn the_guide_s_node_code_publishes_a_group_message_once_and_prints_every_a
     with_bot["botId"] = KAORI.into();
     let out = bridge(&env, &["--group", &with_bot.to_string()]).await;
     assert_eq!(out.status.code(), Some(2));
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn the_guide_s_node_code_erases_a_user_and_the_worker_removes_their_history() {
+    let mut env = TestEnv::new(always(StubReply::text("noted"))).await;
+    env.start_worker().await;
+    let event = env.dm(JESS, KAORI, JESS_KAORI, "erase me later").await;
+    env.turn(&event).await;
+    let history = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM bot_conversations WHERE user_id = $1")
+            .bind(JESS)
+            .fetch_one(&env.pg.pool)
+            .await
+            .unwrap()
+    };
+    assert!(history().await > 0);
+
+    let erase = serde_json::json!({ "userId": JESS }).to_string();
+    let out = bridge(&env, &["--user-erased", &erase]).await;
+    assert!(
+        out.status.success(),
+        "bridge failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ack: Value = serde_json::from_slice(&out.stdout).expect("the PubAck as JSON");
+    assert_eq!(ack["stream"], env.bus.names.stream_signal.as_str());
+    assert_eq!(
+        ack["subject"],
+        format!("{}.signal.user_erased.{JESS}", env.bus.names.prefix)
+    );
+    assert_eq!(ack["msgID"], format!("erased:{JESS}"));
+    let gone = eventually(std::time::Duration::from_secs(30), || async {
+        history().await == 0
+    })
+    .await;
+    assert!(gone, "{} history rows left", history().await);
+    let (ok, shown, _) = env.run_companion(&["memory", "--user", JESS]).await;
+    assert!(ok && shown.contains("erased"), "{shown}");
+
+    // The same erasure again is a duplicate for JetStream; a user id that is not 24 hex never reaches NATS.
+    let again = bridge(&env, &["--user-erased", &erase]).await;
+    let ack: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(ack["duplicate"], true);
+    let bad = bridge(&env, &["--user-erased", r#"{"userId":"jess"}"#]).await;
+    assert_eq!(bad.status.code(), Some(2));
     env.finish().await;
 }
