@@ -212,6 +212,16 @@ impl SpendGuard {
         Ok(allowance)
     }
 
+    /// Whether the service's budget still allows a call made for no user (memory's extraction), which
+    /// counts against the service budget only.
+    pub async fn service_allows(&self) -> Result<bool, StoreError> {
+        let service = self.service_spent().await?;
+        Ok(!matches!(
+            self.limits.decide(Spent::default(), service),
+            Allowance::Stopped { .. }
+        ))
+    }
+
     /// The service's spending in the window, read again when older than `refresh`; its share of the
     /// service budget is the gauge `companion_service_budget_ratio`.
     async fn service_spent(&self) -> Result<Spent, StoreError> {

@@ -63,6 +63,8 @@ pub struct Extractor<'a> {
     pub history_limit: i64,
     /// The companion's name, for the prompts.
     pub companion: &'a str,
+    /// The spend budgets: extraction is paid by the service and waits while its budget is used up.
+    pub spend: Option<&'a crate::spend::SpendGuard>,
 }
 
 /// How a run ended.
@@ -395,6 +397,11 @@ impl Extractor<'_> {
         let record: LlmRecord = job
             .step(STEP_LLM, key)
             .run(async {
+                if let Some(guard) = self.spend
+                    && !guard.service_allows().await?
+                {
+                    return Err(MemoryError::Budget);
+                }
                 let response = self.llm.complete(&request).await?;
                 let model = response
                     .model

@@ -57,6 +57,9 @@ pub enum MemoryError {
     Embed(#[from] EmbedError),
     #[error(transparent)]
     Bus(#[from] crate::bus::BusError),
+    /// The service's spend budget is used up: extraction waits (the signal is tried again later).
+    #[error("the service's spend budget is used up; memory extraction waits")]
+    Budget,
 }
 
 impl From<sqlx::Error> for MemoryError {
@@ -75,6 +78,7 @@ impl Classify for MemoryError {
             // The model runs in this process: a failure is a bug or a missing file, not a passing fault.
             Self::Embed(_) => Class::Transient,
             Self::Bus(e) => e.class(),
+            Self::Budget => Class::Transient,
         }
     }
 }

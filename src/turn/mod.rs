@@ -467,6 +467,7 @@ impl Turns {
             model: &self.memory_model,
             history_limit: self.config.history_limit,
             companion: &character.name,
+            spend: Some(&self.spend),
         };
         extractor.run(user, bot).await?;
         Ok(())

@@ -175,6 +175,10 @@ async fn a_fact_told_in_turn_one_is_recalled_150_turns_later_and_an_unrelated_qu
     // The history window (20 messages) no longer holds turn 1.
     assert!(!prompt.contains("i broke my wrist last month"), "{prompt}");
     assert!(prompt.contains("home spot is burnside"), "pinned: {prompt}");
+    assert!(
+        prompt.contains("## Earlier in your chats (summary)"),
+        "the summary of what left the window: {prompt}"
+    );
 
     let unrelated = "what wax is best for cold snow";
     say(&env, unrelated).await;
@@ -508,6 +512,23 @@ async fn clearing_memory_keeps_the_account_and_does_not_relearn_old_messages() {
 #[tokio::test]
 async fn user_erasure_leaves_nothing_including_the_streams_and_a_replay_brings_nothing_back() {
     let env = memory_env(1).await;
+    let crisis = env
+        .dm(
+            JESS,
+            KAORI,
+            JESS_KAORI,
+            "honestly i just want to die, i don't see the point anymore",
+        )
+        .await;
+    env.publish(&crisis).await;
+    env.settled(&crisis.message_id).await;
+    let crisis_count = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM crisis_log")
+            .fetch_one(&env.pg.pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(crisis_count().await, 1);
     say(&env, "my home park is burnside").await;
     say(&env, "remember i ride goofy").await;
     let _ = facts_eventually(&env, JESS, 2).await;
@@ -591,5 +612,10 @@ async fn user_erasure_leaves_nothing_including_the_streams_and_a_replay_brings_n
     assert!(traces(&env, "burnside").await.is_empty());
     let (ok, out, _) = env.run_companion(&["memory", "--user", JESS]).await;
     assert!(ok && out.contains("erased"), "{out}");
+    assert_eq!(
+        crisis_count().await,
+        1,
+        "the yearly crisis count holds no id and stays"
+    );
     env.finish().await;
 }
