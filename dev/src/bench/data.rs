@@ -327,6 +327,16 @@ async fn seed_history(
         .await
         .map_err(StoreError::from)?;
     }
+    // Memory in its steady state: extraction has read the seeded history (a run's turns are then what
+    // it reads next, every `COMPANION_MEMORY_EXTRACT_AFTER` user messages), not all of it at once.
+    sqlx::query(
+        "INSERT INTO memory_state (user_id, bot_id, extracted_through)
+         SELECT user_id, bot_id, max(id) FROM bot_conversations GROUP BY user_id, bot_id
+         ON CONFLICT (user_id, bot_id) DO UPDATE SET extracted_through = EXCLUDED.extracted_through",
+    )
+    .execute(&env.pg.pool)
+    .await
+    .map_err(StoreError::from)?;
     Ok(())
 }
 

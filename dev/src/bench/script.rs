@@ -43,10 +43,14 @@ impl Script {
     }
 }
 
-/// The stub's responder: the script's answer after `latency`.
+/// The stub's responder: the script's answer after `latency`; memory's extraction and summary
+/// requests (the worker's own, a few per ten user messages) answered by rules, as in the demo.
 pub fn responder(script: Script, latency: Duration) -> Responder {
     Arc::new(move |body| {
-        let reply = script.reply(body);
+        let reply = match crate::memory_rules::answer(body) {
+            Some(answer) => StubReply::Text(answer),
+            None => script.reply(body),
+        };
         if latency.is_zero() {
             reply
         } else {
