@@ -29,6 +29,17 @@ pub const USER_ERASED: &str = "user_erased";
 const SCRUB: &str =
     "jsonb_strip_nulls(jsonb_build_object('erased', true, 'usage', output -> 'usage'))";
 
+/// What [`Memory::probe`] found for a turn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Probe {
+    /// Its message was deleted or its user erased: it is not answered.
+    pub gone: bool,
+    /// The companion remembers something of the user (facts or a summary): recall runs.
+    pub remembers: bool,
+    /// The user's DM messages extraction has not read yet, before this turn's.
+    pub waiting: i64,
+}
+
 /// What a deletion removed, for the log and the tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Removed {
@@ -57,6 +68,44 @@ impl Memory {
     /// Whether the user was erased.
     pub async fn is_erased(&self, user: &str) -> Result<bool, MemoryError> {
         Ok(tombstoned(&self.pool, "user", user).await?)
+    }
+
+    /// What a turn needs to know before it opens its job, in one statement: whether a tombstone stops it
+    /// (its message deleted or its user erased), whether the companion remembers anything of the user
+    /// (else recall is skipped), and how many of the user's DM messages extraction has not read yet.
+    /// `bot` is empty for a group message (no memory there).
+    pub async fn probe(
+        &self,
+        user: &str,
+        bot: &str,
+        messages: &[String],
+    ) -> Result<Probe, MemoryError> {
+        let (gone, remembers, waiting): (bool, bool, i64) = sqlx::query_as(
+            "WITH s AS (SELECT extracted_through AS e, summary <> '' AS summarized FROM memory_state
+                        WHERE user_id = $1 AND bot_id = $2)
+             SELECT
+               EXISTS (SELECT 1 FROM tombstones
+                       WHERE (kind = 'user' AND id = $1) OR (kind = 'message' AND id = ANY($3))),
+               $2 <> '' AND (EXISTS (SELECT 1 FROM memory_facts WHERE user_id = $1 AND bot_id = $2)
+                             OR coalesce((SELECT summarized FROM s), false)),
+               CASE WHEN $2 = '' THEN 0 ELSE
+                 (SELECT count(*) FROM bot_conversations b
+                  WHERE b.user_id = $1 AND b.bot_id = $2 AND NOT b.group_chat AND b.role = 'user'
+                    AND b.id > coalesce((SELECT e FROM s), 0)
+                    AND b.created_at >= coalesce((SELECT created_at FROM bot_conversations
+                                                  WHERE id = (SELECT e FROM s)), '-infinity'))
+               END",
+        )
+        .bind(user)
+        .bind(bot)
+        .bind(messages)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Probe {
+            gone,
+            remembers: remembers && self.config.enabled,
+            waiting,
+        })
     }
 
     /// Whether any of `ids` (messages, or the user) is tombstoned: such an event is never answered.

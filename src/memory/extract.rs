@@ -623,31 +623,18 @@ fn clip(s: &str, max: usize) -> String {
 }
 
 impl Memory {
-    /// After a DM turn: the extraction signal now when `extract_after` user messages wait, and (every
-    /// turn) the quiet-period schedule, which replaces the one before (a schedule's subject is its
-    /// identity). A failure is logged: the next turn schedules again, and nothing is lost meanwhile.
-    pub async fn after_turn(&self, bus: &Bus, user: &str, bot: &str, turn: &str) {
+    /// After a DM turn: the extraction signal now when `extract_after` user messages wait (`waiting`,
+    /// this turn's included: the turn's probe counted them), and (every turn) the quiet-period schedule,
+    /// which replaces the one before (a schedule's subject is its identity). A failure is logged: the
+    /// next turn schedules again, and nothing is lost meanwhile.
+    pub async fn after_turn(&self, bus: &Bus, user: &str, bot: &str, turn: &str, waiting: i64) {
         if !self.config.enabled {
             return;
         }
         let result = async {
-            let (extracted, waiting): (i64, i64) = sqlx::query_as(
-                "WITH c AS (SELECT coalesce((SELECT extracted_through FROM memory_state
-                                             WHERE user_id = $1 AND bot_id = $2), 0) AS e)
-                 SELECT c.e, (SELECT count(*) FROM bot_conversations
-                              WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat AND role = 'user'
-                                AND id > c.e
-                                AND created_at >= coalesce((SELECT created_at FROM bot_conversations
-                                                            WHERE id = c.e), '-infinity'))
-                 FROM c",
-            )
-            .bind(user)
-            .bind(bot)
-            .fetch_one(&self.pool)
-            .await?;
             let every = self.config.extract_after.max(1);
             if waiting >= every {
-                let tag = format!("e{extracted}:n{}", waiting / every);
+                let tag = format!("{turn}:n{}", waiting / every);
                 self.signal_now(bus, user, bot, &tag).await?;
             }
             let names = &bus.names;

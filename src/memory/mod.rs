@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
+pub use erase::Probe;
 pub use store::Fact;
 pub use topic::Topic;
 

@@ -247,7 +247,7 @@ impl Turns {
         collections: &[String],
         query: &str,
     ) -> (Vec<crate::rag::KnowledgeSnippet>, Recall) {
-        if !self.memory.config.enabled {
+        if !a.memory.remembers {
             return (
                 self.retriever.for_turn(collections, query).await,
                 Recall::default(),

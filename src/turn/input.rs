@@ -87,6 +87,8 @@ pub(crate) struct Admitted<'t> {
     pub ids: Ids,
     /// What the user's age allows, from the users document (unknown: as configured).
     pub age: Age,
+    /// Tombstones and memory, read before the job opens ([`crate::memory::Memory::probe`]).
+    pub memory: crate::memory::Probe,
 }
 
 /// The job's ids; hex forms as the stores key them.
@@ -195,6 +197,7 @@ impl Turns {
                     kind: Kind::Dm((*e).clone()),
                     age: self.age_of(&mut admission.user),
                     user: admission.user,
+                    memory: Default::default(),
                     members: vec![Member {
                         bot: e.bot_id,
                         character,
@@ -238,6 +241,7 @@ impl Turns {
                     },
                     age: self.age_of(&mut admission.user),
                     user: admission.user,
+                    memory: Default::default(),
                     members,
                 })
             }
@@ -277,6 +281,7 @@ impl Turns {
                     },
                     age: self.age_of(&mut user),
                     user,
+                    memory: Default::default(),
                 })
             }
         }

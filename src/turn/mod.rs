@@ -402,8 +402,9 @@ impl Turns {
         let secs = self.config.turn_timeout_secs.max(1);
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
         let work = async {
-            let admitted = stage(Stage::Admit, self.admit(input)).await?;
-            if self.deleted(&admitted).await? {
+            let mut admitted = stage(Stage::Admit, self.admit(input)).await?;
+            admitted.memory = self.probe(&admitted).await?;
+            if admitted.memory.gone {
                 info!("the message was deleted or its user erased; acknowledged without an answer");
                 return Ok(Settled {
                     outcome: Outcome::Dropped {
@@ -425,11 +426,15 @@ impl Turns {
         within(deadline, secs, Box::pin(work)).await
     }
 
-    /// Whether a tombstone stops this input: its message was deleted or its user erased, so a redelivery
-    /// or a replay cannot bring it back (docs/memory.md).
-    async fn deleted(&self, a: &Admitted<'_>) -> Result<bool, TurnError> {
+    /// Whether a tombstone stops this input (its message was deleted or its user erased, so a redelivery
+    /// or a replay cannot bring it back; docs/memory.md), and what memory the turn has: one statement.
+    async fn probe(&self, a: &Admitted<'_>) -> Result<crate::memory::Probe, TurnError> {
         let messages: Vec<String> = a.message().map(|m| m.id.to_hex()).into_iter().collect();
-        Ok(self.memory.tombstoned(&a.ids.user, &messages).await?)
+        let bot = match a.kind {
+            Kind::Dm(_) => a.ids.bot.as_str(),
+            _ => "",
+        };
+        Ok(self.memory.probe(&a.ids.user, bot, &messages).await?)
     }
 
     /// A signal of long-term memory: a user's extraction is due (`memory`), or a deletion
@@ -843,7 +848,8 @@ impl Turns {
             // Off the reply path: memory extraction is due now, or after the quiet period.
             let (memory, bus) = (self.memory.clone(), self.bus.clone());
             let (user, bot, turn) = (a.ids.user.clone(), a.ids.bot.clone(), job.id().to_owned());
-            tokio::spawn(async move { memory.after_turn(&bus, &user, &bot, &turn).await });
+            let waiting = a.memory.waiting + 1 + burst.covers.len() as i64;
+            tokio::spawn(async move { memory.after_turn(&bus, &user, &bot, &turn, waiting).await });
         }
         let outcome = match state {
             State::Limited => Outcome::Limited {
