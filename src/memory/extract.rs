@@ -68,12 +68,14 @@ pub struct Extractor<'a> {
 }
 
 /// How a run ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Extracted {
+    /// No message to read.
+    NothingNew,
+    /// An earlier run with the same cursors and batch settled it.
+    AlreadyDone,
     /// It ran: facts kept (new), summary rewritten.
     Ran { facts: usize, summary: bool },
-    /// An earlier run with the same cursors settled it.
-    AlreadyDone,
     /// The user was erased: nothing is read or kept.
     Erased,
 }
@@ -97,6 +99,9 @@ struct Batch {
 struct FactsWritten {
     kept: Vec<String>,
     replaced: Vec<String>,
+    /// Another run had read these messages first (the cursor had moved): nothing written.
+    #[serde(default)]
+    skipped: bool,
 }
 
 /// A line of the conversation as the model sees it.
@@ -107,93 +112,153 @@ struct Line {
     role: String,
     message_id: String,
     content: String,
+    /// When it was said.
+    at: chrono::DateTime<Utc>,
 }
 
 impl Extractor<'_> {
-    /// Runs the extraction of (user, bot) from where the cursors stand.
+    /// Runs the extraction of (user, bot) from where the cursors stand, again from the new cursors when a
+    /// concurrent run read the same messages first or a full batch leaves more (at most a few passes).
     pub async fn run(&self, user: &str, bot: &str) -> Result<Extracted, MemoryError> {
-        let pool = &self.memory.pool;
         if self.memory.is_erased(user).await? {
             return Ok(Extracted::Erased);
         }
-        let (extracted, summarized): (i64, i64) = sqlx::query_as(
+        let mut total = Extracted::NothingNew;
+        for _ in 0..PASSES {
+            let (e, s) = self.cursors(user, bot).await?;
+            let facts = self.facts_batch(user, bot, e).await?;
+            let summary = self.summary_batch(user, bot, s).await?;
+            if facts.rows.is_empty() && summary.rows.is_empty() {
+                break;
+            }
+            let id = format!(
+                "memory:{user}:{bot}:{e}-{}:{s}-{}",
+                facts.through, summary.through
+            );
+            let job = self
+                .journal
+                .open(&NewJob {
+                    id: &id,
+                    kind: "memory",
+                    user,
+                    bot,
+                    conversation: "",
+                    stream_seq: None,
+                })
+                .await?;
+            if job.record.state.is_settled() {
+                total = total.max(Extracted::AlreadyDone);
+                break;
+            }
+            let full = facts.rows.len() as i64 >= self.memory.config.batch_max.max(1) * 2;
+            let result = async {
+                let (kept, first) = self.facts(&job, user, bot, e, facts).await?;
+                let summarized = self.summary(&job, user, bot, s, summary).await?;
+                Ok::<_, MemoryError>((kept, first, summarized))
+            }
+            .await;
+            let (kept, first, summarized) = job.keep_successes(result).await?;
+            let reason = (!first).then_some("another run read these messages first");
+            job.finish(State::Done, Ending { by: None, reason }).await?;
+            info!(job = %id, kept, summarized, first, "memory extraction ran");
+            total = match total {
+                Extracted::Ran { facts, summary } => Extracted::Ran {
+                    facts: facts + kept,
+                    summary: summary || summarized,
+                },
+                _ => Extracted::Ran {
+                    facts: kept,
+                    summary: summarized,
+                },
+            };
+            if first && !full {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// (extracted_through, summarized_through) of (user, bot).
+    async fn cursors(&self, user: &str, bot: &str) -> Result<(i64, i64), MemoryError> {
+        Ok(sqlx::query_as(
             "SELECT coalesce(max(extracted_through), 0), coalesce(max(summarized_through), 0)
              FROM memory_state WHERE user_id = $1 AND bot_id = $2",
         )
         .bind(user)
         .bind(bot)
-        .fetch_one(pool)
-        .await?;
-        let id = format!("memory:{user}:{bot}:{extracted}:{summarized}");
-        let job = self
-            .journal
-            .open(&NewJob {
-                id: &id,
-                kind: "memory",
-                user,
-                bot,
-                conversation: "",
-                stream_seq: None,
-            })
-            .await?;
-        if job.record.state.is_settled() {
-            return Ok(Extracted::AlreadyDone);
-        }
-        let result = async {
-            let facts = self.facts(&job, user, bot, extracted).await?;
-            let summary = self.summary(&job, user, bot, summarized).await?;
-            Ok::<_, MemoryError>(Extracted::Ran { facts, summary })
-        }
-        .await;
-        let result = job.keep_successes(result).await?;
-        job.finish(State::Done, Ending::default()).await?;
-        info!(job = %id, ?result, "memory extraction ran");
-        Ok(result)
+        .fetch_one(&self.memory.pool)
+        .await?)
     }
 
-    /// Facts from the user messages after `from`.
+    /// The DM rows after `from`: at most `batch_max` user messages and the companion's lines between.
+    async fn facts_batch(&self, user: &str, bot: &str, from: i64) -> Result<Batch, MemoryError> {
+        let rows = sqlx::query(
+            "SELECT id, message_id FROM bot_conversations
+             WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat AND id > $3
+             ORDER BY id LIMIT $4",
+        )
+        .bind(user)
+        .bind(bot)
+        .bind(from)
+        .bind(self.memory.config.batch_max.max(1) * 2)
+        .fetch_all(&self.memory.pool)
+        .await?;
+        Ok(batch_of(&rows, from))
+    }
+
+    /// The rows that left the history window after `from`, when at least `summary_after` did.
+    async fn summary_batch(&self, user: &str, bot: &str, from: i64) -> Result<Batch, MemoryError> {
+        let pool = &self.memory.pool;
+        // The oldest row still in the history window: what is older has left it.
+        let window_start: Option<i64> = sqlx::query_scalar(
+            "SELECT min(id) FROM (SELECT id FROM bot_conversations
+              WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat
+              ORDER BY created_at DESC, id DESC LIMIT $3) w",
+        )
+        .bind(user)
+        .bind(bot)
+        .bind(self.history_limit.max(1))
+        .fetch_one(pool)
+        .await?;
+        let Some(window_start) = window_start else {
+            return Ok(Batch::default());
+        };
+        let rows = sqlx::query(
+            "SELECT id, message_id FROM bot_conversations
+             WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat AND id > $3 AND id < $4
+             ORDER BY id LIMIT $5",
+        )
+        .bind(user)
+        .bind(bot)
+        .bind(from)
+        .bind(window_start)
+        .bind(SUMMARY_BATCH)
+        .fetch_all(pool)
+        .await?;
+        if (rows.len() as i64) < self.memory.config.summary_after.max(1) {
+            return Ok(Batch::default());
+        }
+        Ok(batch_of(&rows, from))
+    }
+
+    /// Facts from the batch read after `from`: (facts kept, whether this run was the first to read
+    /// them). The batch is the job's record (a retry reads the same rows); the facts and the cursor are
+    /// written in one transaction, under a lock per (user, bot), only while the cursor still stands at
+    /// `from`.
     async fn facts(
         &self,
         job: &Job,
         user: &str,
         bot: &str,
         from: i64,
-    ) -> Result<usize, MemoryError> {
-        let pool = &self.memory.pool;
-        let limit = self.memory.config.batch_max.max(1);
+        read: Batch,
+    ) -> Result<(usize, bool), MemoryError> {
         let batch: Batch = job
             .step(STEP_BATCH, "facts")
-            .run(async {
-                let rows = sqlx::query(
-                    "SELECT id, message_id, role FROM bot_conversations
-                     WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat AND id > $3
-                     ORDER BY id LIMIT $4",
-                )
-                .bind(user)
-                .bind(bot)
-                .bind(from)
-                .bind(limit * 2)
-                .fetch_all(pool)
-                .await?;
-                let through = rows
-                    .iter()
-                    .map(|r| r.get::<i64, _>("id"))
-                    .max()
-                    .unwrap_or(from);
-                Ok::<_, MemoryError>(Batch {
-                    rows: rows
-                        .iter()
-                        .map(|r| Row_ {
-                            id: r.get("id"),
-                            message_id: r.get("message_id"),
-                        })
-                        .collect(),
-                    through,
-                })
-            })
+            .run(async { Ok::<_, MemoryError>(read) })
             .await?;
         if batch.rows.is_empty() {
-            return Ok(0);
+            return Ok((0, true));
         }
         let lines = self.lines(&batch).await?;
         let numbered: Vec<&Line> = lines.iter().filter(|l| l.role == "user").collect();
@@ -223,10 +288,16 @@ impl Extractor<'_> {
             .run_in_tx(|mut tx| async move {
                 let r = async {
                     let mut w = FactsWritten::default();
+                    if cursor(&mut tx, user, bot, "extracted_through").await? != from {
+                        w.skipped = true;
+                        return Ok(w);
+                    }
                     for (c, v) in candidates.iter().zip(vectors.iter()) {
                         let k =
                             Memory::keep(&mut tx, user, bot, c, v.as_deref(), max_facts).await?;
-                        w.kept.push(c.id.clone());
+                        if !k.stale {
+                            w.kept.push(c.id.clone());
+                        }
                         w.replaced.extend(k.replaced);
                     }
                     advance(&mut tx, user, bot, "extracted_through", through).await?;
@@ -236,66 +307,23 @@ impl Extractor<'_> {
                 (tx, r)
             })
             .await?;
-        Ok(written.kept.len())
+        Ok((written.kept.len(), !written.skipped))
     }
 
-    /// The summary, rewritten when `summary_after` messages have left the history window since `from`.
+    /// The summary, rewritten from the batch that left the history window after `from` (none: nothing
+    /// to do), only while the summary's cursor still stands at `from`.
     async fn summary(
         &self,
         job: &Job,
         user: &str,
         bot: &str,
         from: i64,
+        read: Batch,
     ) -> Result<bool, MemoryError> {
         let pool = &self.memory.pool;
         let batch: Batch = job
             .step(STEP_BATCH, "summary")
-            .run(async {
-                // The oldest row still in the history window: what is older has left it.
-                let window_start: Option<i64> = sqlx::query_scalar(
-                    "SELECT min(id) FROM (SELECT id FROM bot_conversations
-                      WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat
-                      ORDER BY created_at DESC, id DESC LIMIT $3) w",
-                )
-                .bind(user)
-                .bind(bot)
-                .bind(self.history_limit.max(1))
-                .fetch_one(pool)
-                .await?;
-                let Some(window_start) = window_start else {
-                    return Ok(Batch::default());
-                };
-                let rows = sqlx::query(
-                    "SELECT id, message_id FROM bot_conversations
-                     WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat AND id > $3 AND id < $4
-                     ORDER BY id LIMIT $5",
-                )
-                .bind(user)
-                .bind(bot)
-                .bind(from)
-                .bind(window_start)
-                .bind(SUMMARY_BATCH)
-                .fetch_all(pool)
-                .await?;
-                if (rows.len() as i64) < self.memory.config.summary_after.max(1) {
-                    return Ok(Batch::default());
-                }
-                let through = rows
-                    .iter()
-                    .map(|r| r.get::<i64, _>("id"))
-                    .max()
-                    .unwrap_or(from);
-                Ok::<_, MemoryError>(Batch {
-                    rows: rows
-                        .iter()
-                        .map(|r| Row_ {
-                            id: r.get("id"),
-                            message_id: r.get("message_id"),
-                        })
-                        .collect(),
-                    through,
-                })
-            })
+            .run(async { Ok::<_, MemoryError>(read) })
             .await?;
         if batch.rows.is_empty() {
             return Ok(false);
@@ -318,9 +346,13 @@ impl Extractor<'_> {
         };
         let sources: Vec<String> = lines.iter().map(|l| l.message_id.clone()).collect();
         let through = batch.through;
-        job.step(STEP_SUMMARY, "summary")
+        let wrote: bool = job
+            .step(STEP_SUMMARY, "summary")
             .run_in_tx(|mut tx| async move {
                 let r = async {
+                    if cursor(&mut tx, user, bot, "summarized_through").await? != from {
+                        return Ok(false);
+                    }
                     sqlx::query(
                         "INSERT INTO memory_state (user_id, bot_id, summary, summarized_through, summary_sources)
                          VALUES ($1, $2, $3, $4, $5)
@@ -344,19 +376,19 @@ impl Extractor<'_> {
             })
             .await?;
         // A longer backlog (a rebuild after a deletion) goes on in the next run.
-        if batch.rows.len() as i64 >= SUMMARY_BATCH {
+        if wrote && batch.rows.len() as i64 >= SUMMARY_BATCH {
             self.memory
                 .signal_now(self.bus, user, bot, &format!("s{through}"))
                 .await?;
         }
-        Ok(true)
+        Ok(wrote)
     }
 
     /// The batch's rows as the model may see them: not deleted, not flagged by the crisis screen.
     async fn lines(&self, batch: &Batch) -> Result<Vec<Line>, MemoryError> {
         let ids: Vec<i64> = batch.rows.iter().map(|r| r.id).collect();
         let rows = sqlx::query(
-            "SELECT b.message_id, b.role, b.content FROM bot_conversations b
+            "SELECT b.message_id, b.role, b.content, b.created_at FROM bot_conversations b
              WHERE b.id = ANY($1)
                AND NOT EXISTS (SELECT 1 FROM tombstones t WHERE t.kind = 'message' AND t.id = b.message_id)
              ORDER BY b.id",
@@ -380,6 +412,7 @@ impl Extractor<'_> {
                     role: r.get("role"),
                     message_id,
                     content: r.get("content"),
+                    at: r.get("created_at"),
                 }
             })
             .filter(|l| l.role != "user" || crate::safety::screen::screen(&l.content).is_none())
@@ -498,6 +531,48 @@ impl Extractor<'_> {
     }
 }
 
+/// Passes one run makes at most (a concurrent run read the batch first, or a full batch left more).
+const PASSES: usize = 3;
+
+/// The batch of `rows` (`id`, `message_id`), read after `from`.
+fn batch_of(rows: &[sqlx::postgres::PgRow], from: i64) -> Batch {
+    Batch {
+        rows: rows
+            .iter()
+            .map(|r| Row_ {
+                id: r.get("id"),
+                message_id: r.get("message_id"),
+            })
+            .collect(),
+        through: rows
+            .iter()
+            .map(|r| r.get::<i64, _>("id"))
+            .max()
+            .unwrap_or(from),
+    }
+}
+
+/// A cursor of (user, bot), read under a lock per (user, bot) held to the end of the transaction.
+async fn cursor(
+    tx: &mut sqlx::PgConnection,
+    user: &str,
+    bot: &str,
+    column: &str,
+) -> Result<i64, MemoryError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("memory:{user}:{bot}"))
+        .execute(&mut *tx)
+        .await?;
+    let sql = format!(
+        "SELECT coalesce(max({column}), 0) FROM memory_state WHERE user_id = $1 AND bot_id = $2"
+    );
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(user)
+        .bind(bot)
+        .fetch_one(&mut *tx)
+        .await?)
+}
+
 /// Moves a cursor of (user, bot) forward to `through`.
 async fn advance(
     tx: &mut sqlx::PgConnection,
@@ -544,17 +619,17 @@ fn parse_facts(answer: &str, numbered: &[&Line], job: &str) -> Vec<NewFact> {
         if fact.is_empty() || flagged(fact) {
             continue;
         }
-        let sources: Vec<String> = f["sources"]
+        let cited: Vec<&&Line> = f["sources"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(Value::as_u64)
             .filter_map(|n| numbered.iter().find(|l| l.n as u64 == n))
-            .map(|l| l.message_id.clone())
             .collect();
-        if sources.is_empty() {
+        let Some(said_at) = cited.iter().map(|l| l.at).max() else {
             continue;
-        }
+        };
+        let sources: Vec<String> = cited.iter().map(|l| l.message_id.clone()).collect();
         let topic = f["topic"]
             .as_str()
             .and_then(Topic::parse)
@@ -568,6 +643,7 @@ fn parse_facts(answer: &str, numbered: &[&Line], job: &str) -> Vec<NewFact> {
             fact: clip(fact, FACT_MAX),
             sources,
             how: How::Extracted,
+            said_at,
         });
         if out.len() >= FACTS_PER_RUN {
             break;
@@ -685,6 +761,7 @@ mod tests {
             role: "user".into(),
             message_id: id.into(),
             content: String::new(),
+            at: Utc::now(),
         }
     }
 

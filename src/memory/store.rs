@@ -1,7 +1,9 @@
 //! Facts and the per-(user, companion) memory state in PostgreSQL. A fact is written with what it
 //! replaces in one transaction: the older fact of a one-value topic, or a near-duplicate (the same words,
 //! or an embedding this close) of a many-value one, whose sources it takes over; so a fact said twice is
-//! kept once, and an update never leaves the old value beside the new.
+//! kept once, and an update never leaves the old value beside the new. Updates go by when the user said
+//! them (`said_at`), not by when they were learned: an extraction that reads an older message after a
+//! newer "remember" does not bring the old value back.
 
 use chrono::{DateTime, Utc};
 use pgvector::Vector;
@@ -55,6 +57,8 @@ pub struct NewFact {
     pub fact: String,
     pub sources: Vec<String>,
     pub how: How,
+    /// When its newest source message was said: an older statement never replaces a newer value.
+    pub said_at: DateTime<Utc>,
 }
 
 /// What keeping a fact did.
@@ -62,6 +66,9 @@ pub struct NewFact {
 pub struct Kept {
     /// The facts it replaced, by id.
     pub replaced: Vec<String>,
+    /// Not kept: the user said something newer about the same thing (a one-value topic).
+    #[serde(default)]
+    pub stale: bool,
 }
 
 fn fact_of(r: &sqlx::postgres::PgRow) -> Fact {
@@ -101,17 +108,36 @@ impl Memory {
             return Ok(Kept::default());
         }
         let vector = embedding.map(|e| Vector::from(e.to_vec()));
+        const SAME: &str =
+            "(lower(fact) = lower($5) OR ($6::vector IS NOT NULL AND embedding IS NOT NULL
+                             AND 1 - (embedding <=> $6::vector) >= $7))";
+        // A one-value topic the user has said something newer about keeps that.
+        let newer: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT $4 AND EXISTS (SELECT 1 FROM memory_facts
+                WHERE user_id = $1 AND bot_id = $2 AND topic = $3 AND said_at > $8 AND NOT {SAME})"
+        )))
+        .bind(user)
+        .bind(bot)
+        .bind(new.topic.as_str())
+        .bind(new.topic.single())
+        .bind(&new.fact)
+        .bind(&vector)
+        .bind(f64::from(DUPLICATE_SIMILARITY))
+        .bind(new.said_at)
+        .fetch_one(&mut *tx)
+        .await?;
+        if newer {
+            return Ok(Kept {
+                replaced: Vec::new(),
+                stale: true,
+            });
+        }
         // The same thing said again (its sources carry over), or the older value of a one-value topic.
-        let replaced = sqlx::query(
+        let replaced = sqlx::query(sqlx::AssertSqlSafe(format!(
             "DELETE FROM memory_facts
-             WHERE user_id = $1 AND bot_id = $2 AND topic = $3
-               AND ($4 OR lower(fact) = lower($5)
-                    OR ($6::vector IS NOT NULL AND embedding IS NOT NULL
-                        AND 1 - (embedding <=> $6::vector) >= $7))
-             RETURNING id, sources,
-                       (lower(fact) = lower($5) OR ($6::vector IS NOT NULL AND embedding IS NOT NULL
-                        AND 1 - (embedding <=> $6::vector) >= $7)) AS same",
-        )
+             WHERE user_id = $1 AND bot_id = $2 AND topic = $3 AND ($4 OR {SAME})
+             RETURNING id, sources, said_at, {SAME} AS same"
+        )))
         .bind(user)
         .bind(bot)
         .bind(new.topic.as_str())
@@ -122,8 +148,10 @@ impl Memory {
         .fetch_all(&mut *tx)
         .await?;
         let mut sources = new.sources.clone();
+        let mut said_at = new.said_at;
         for r in &replaced {
             if r.get::<Option<bool>, _>("same").unwrap_or(false) {
+                said_at = said_at.max(r.get("said_at"));
                 for s in r.get::<Vec<String>, _>("sources") {
                     if !sources.contains(&s) {
                         sources.push(s);
@@ -132,8 +160,8 @@ impl Memory {
             }
         }
         sqlx::query(
-            "INSERT INTO memory_facts (id, user_id, bot_id, topic, fact, sources, learned_by, how, embedding)
-             VALUES ($1, $2, $3, $4, $5, $6, $3, $7, $8)
+            "INSERT INTO memory_facts (id, user_id, bot_id, topic, fact, sources, learned_by, how, embedding, said_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $3, $7, $8, $9)
              ON CONFLICT (id) DO NOTHING",
         )
         .bind(&new.id)
@@ -144,6 +172,7 @@ impl Memory {
         .bind(&sources)
         .bind(new.how.as_str())
         .bind(&vector)
+        .bind(said_at)
         .execute(&mut *tx)
         .await?;
         sqlx::query(
@@ -158,6 +187,7 @@ impl Memory {
         .await?;
         Ok(Kept {
             replaced: replaced.iter().map(|r| r.get("id")).collect(),
+            stale: false,
         })
     }
 

@@ -70,6 +70,7 @@ impl Tool for Remember {
             fact: fact.clone(),
             sources: vec![ctx.message_id.to_hex()],
             how: How::Remembered,
+            said_at: ctx.now,
         };
         let recorded = ctx
             .job
@@ -91,6 +92,11 @@ impl Tool for Remember {
                 (tx, r)
             })
             .await?;
+        if kept.stale {
+            return Err(ToolError::Forbidden(
+                "the user said something newer about this that is kept instead".into(),
+            ));
+        }
         Ok(ToolOutput::data(json!({
             "remembered": fact,
             "topic": memory::topic::topic_of(&fact).as_str(),

@@ -619,3 +619,67 @@ async fn user_erasure_leaves_nothing_including_the_streams_and_a_replay_brings_n
     );
     env.finish().await;
 }
+
+#[tokio::test]
+async fn extractions_at_once_read_each_message_once_and_a_late_message_is_not_left_behind() {
+    // Extraction answers take 2 s, so a second run starts while the first waits on the model.
+    let base = model();
+    let slow: Responder = Arc::new(move |body: &Value| {
+        let reply = base(body);
+        match companion_dev::memory_rules::answer(body) {
+            Some(_) => StubReply::Delayed(Duration::from_secs(2), Box::new(reply)),
+            None => reply,
+        }
+    });
+    let mut env = TestEnv::with(slow, |c| {
+        c.memory.extract_after = 1_000;
+        c.memory.quiet_secs = 3600;
+        c.turn.user_turns_per_minute = 0;
+    })
+    .await;
+    env.start_worker().await;
+    for text in ["my home park is burnside", "i'm scared of dropping in"] {
+        say(&env, text).await;
+    }
+    let components = env.components().await;
+    let turns = &components.turns;
+    let id = format!("{JESS}.{KAORI}");
+    // Runs at once (the quiet timer, the count, a redelivery), and a message that comes while the first
+    // waits on the model: each message is read by one run, and the late one is not left behind.
+    let first = async {
+        let r = futures::future::join_all((0..3).map(|_| turns.memory_signal("memory", &id, b"")))
+            .await;
+        assert!(r.iter().all(Result::is_ok), "{r:?}");
+    };
+    let late = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        say(&env, "i want to learn kickflips").await;
+        turns.memory_signal("memory", &id, b"").await
+    };
+    let ((), late) = tokio::join!(first, late);
+    assert!(late.is_ok(), "{late:?}");
+    let mut kept = facts(&env, JESS).await;
+    kept.sort();
+    assert_eq!(
+        kept,
+        [
+            ("fear".into(), "is scared of dropping in".into()),
+            ("goal".into(), "wants to learn kickflips".into()),
+            ("home_spot".into(), "home spot is burnside".into()),
+        ]
+    );
+    let read: Vec<String> = sqlx::query_scalar(
+        "SELECT s.output ->> 'kept' FROM job_steps s JOIN jobs j ON j.id = s.job
+         WHERE j.kind = 'memory' AND s.name = 'memory_facts'
+           AND NOT coalesce((s.output ->> 'skipped')::boolean, false)",
+    )
+    .fetch_all(&env.pg.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        read.len(),
+        2,
+        "two runs wrote, the others found the messages read: {read:?}"
+    );
+    env.finish().await;
+}
