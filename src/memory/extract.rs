@@ -1,5 +1,6 @@
-//! The extraction job, off the reply path: per (user, companion), the job `memory:<user>:<bot>:<e>:<s>`
-//! (`e`, `s`: how far extraction and the summary had read) reads the DM messages since its last run,
+//! The extraction job, off the reply path: per (user, companion), the job
+//! `memory:<user>:<bot>:<e>-<through>:<s>-<through>` (`e`, `s`: how far extraction and the summary had
+//! read; `through`: the last row of each batch) reads the DM messages since its last run,
 //! asks the cheaper model for facts about the user, keeps them, and rewrites the rolling summary once
 //! enough messages have left the history window. Each part is a journal step, so a crash or a replay
 //! never doubles a fact:
