@@ -931,6 +931,14 @@ fn summarise_tool_results(messages: &[Value]) -> String {
             .and_then(Value::as_str)
         {
             parts.push(format!("deal! i'll remind you: {what} ⏰"));
+        } else if let Some(fact) = r.get("remembered").and_then(Value::as_str) {
+            parts.push(format!("got it, i'll remember that: {fact} 🧠"));
+        } else if let Some(gone) = r.get("forgotten").and_then(Value::as_array) {
+            let gone: Vec<&str> = gone.iter().filter_map(Value::as_str).collect();
+            parts.push(match gone.is_empty() {
+                true => "i didn't have anything like that saved".to_owned(),
+                false => format!("forgotten: {}", gone.join(", ")),
+            });
         } else if let Some(name) = r.get("name").and_then(Value::as_str) {
             parts.push(format!("done, \"{name}\" is saved"));
         } else {
@@ -1146,7 +1154,11 @@ impl DemoModel {
         let lower = text.to_lowercase();
         let offered: Vec<&str> = offered.iter().map(String::as_str).collect();
         let has = |t: &str| offered.contains(&t);
-        if maps_link(&lower) || lower.contains("remind me") {
+        if maps_link(&lower)
+            || lower.contains("remind me")
+            || lower.starts_with("remember")
+            || lower.starts_with("forget")
+        {
             return demo_tool_call(&lower, text, &offered);
         }
         let v = self.embedder.embed_one(text).await.ok()?;
@@ -1208,6 +1220,9 @@ impl DemoModel {
         Arc::new(move |body: Value| {
             let model = self.clone();
             Box::pin(async move {
+                if let Some(answer) = crate::memory_rules::answer(&body) {
+                    return StubReply::Text(answer);
+                }
                 let last = body["messages"]
                     .as_array()
                     .and_then(|m| m.last())

@@ -136,7 +136,7 @@ impl Memory {
         let replaced = sqlx::query(sqlx::AssertSqlSafe(format!(
             "DELETE FROM memory_facts
              WHERE user_id = $1 AND bot_id = $2 AND topic = $3 AND ($4 OR {SAME})
-             RETURNING id, sources, said_at, {SAME} AS same"
+             RETURNING id, sources, said_at, how, {SAME} AS same"
         )))
         .bind(user)
         .bind(bot)
@@ -149,9 +149,14 @@ impl Memory {
         .await?;
         let mut sources = new.sources.clone();
         let mut said_at = new.said_at;
+        let mut how = new.how;
         for r in &replaced {
             if r.get::<Option<bool>, _>("same").unwrap_or(false) {
                 said_at = said_at.max(r.get("said_at"));
+                // What the user asked to be remembered stays so when it is learned again.
+                if r.get::<&str, _>("how") == How::Remembered.as_str() {
+                    how = How::Remembered;
+                }
                 for s in r.get::<Vec<String>, _>("sources") {
                     if !sources.contains(&s) {
                         sources.push(s);
@@ -170,7 +175,7 @@ impl Memory {
         .bind(new.topic.as_str())
         .bind(&new.fact)
         .bind(&sources)
-        .bind(new.how.as_str())
+        .bind(how.as_str())
         .bind(&vector)
         .bind(said_at)
         .execute(&mut *tx)
