@@ -92,6 +92,8 @@ enum Command {
         pg: PgConfig,
         #[command(flatten)]
         characters: CharactersConfig,
+        #[command(flatten)]
+        memory: MemoryConfig,
     },
     /// Reports for the company (`report crisis --year 2026`).
     #[command(subcommand)]
@@ -201,11 +203,17 @@ async fn run() -> anyhow::Result<()> {
             bot,
             pg,
             characters,
+            memory,
         } => {
-            let report =
-                companion::memory::show::report(&pg, &characters.dir, &user, bot.as_deref())
-                    .await
-                    .context("reading what companions remember")?;
+            let report = companion::memory::show::report(
+                &pg,
+                &memory,
+                &characters.dir,
+                &user,
+                bot.as_deref(),
+            )
+            .await
+            .context("reading what companions remember")?;
             print!("{report}");
         }
         Command::Usage {

@@ -331,8 +331,13 @@ async fn plan(
     let gone = svc
         .turns
         .memory
-        .tombstoned(&event.sender_id().to_hex(), &[event.message_id().to_hex()])
+        .probe(
+            &event.sender_id().to_hex(),
+            "",
+            &[event.message_id().to_hex()],
+        )
         .await
+        .map(|p| p.gone)
         .map_err(|e| ReplayError::Read {
             stream: "tombstones".into(),
             reason: e.to_string(),

@@ -8,7 +8,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgPool, Row};
 
-use crate::llm::{AssistantMessage, CallUsage};
+use crate::llm::{AssistantMessage, CallUsage, ChatRequest, ChatResponse, LlmClient, LlmError};
 
 /// The `llm` step: one answer of the model and what that call used.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -26,6 +26,48 @@ pub struct LlmRecord {
 
 fn offered() -> bool {
     true
+}
+
+impl LlmRecord {
+    /// The record of `response` to `request`: the first choice's message and the call's usage (priced
+    /// for the model that answered, with the cacheable prefix), spoken as `bot`. A request without tools
+    /// must end in text: an empty answer to one is an error, so the call is made again.
+    pub fn answer(
+        llm: &LlmClient,
+        request: &ChatRequest,
+        response: ChatResponse,
+        bot: Option<String>,
+    ) -> Result<Self, LlmError> {
+        let offered_tools = !request.tools.is_empty();
+        let model = response
+            .model
+            .clone()
+            .unwrap_or_else(|| request.model.clone());
+        let mut usage = llm
+            .prices
+            .call_usage(&model, &response.usage.clone().unwrap_or_default());
+        usage.prefix_tokens = Some(request.prefix_tokens());
+        let message = response
+            .choices
+            .into_iter()
+            .next()
+            .map(|c| c.message)
+            .ok_or(LlmError::NoChoice)?;
+        if !offered_tools
+            && message
+                .content
+                .as_deref()
+                .is_none_or(|c| c.trim().is_empty())
+        {
+            return Err(LlmError::EmptyAnswer);
+        }
+        Ok(Self {
+            message,
+            usage: Some(usage),
+            bot,
+            offered_tools,
+        })
+    }
 }
 
 /// Tokens (prompt + completion) and USD spent in a window.

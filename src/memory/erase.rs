@@ -61,13 +61,13 @@ struct Cleared {
 }
 
 fn hex24(s: &str) -> bool {
-    s.len() == 24 && s.bytes().all(|b| b.is_ascii_hexdigit())
+    crate::bus::event::parse_object_id(s).is_some()
 }
 
 impl Memory {
     /// Whether the user was erased.
     pub async fn is_erased(&self, user: &str) -> Result<bool, MemoryError> {
-        Ok(tombstoned(&self.pool, "user", user).await?)
+        Ok(self.probe(user, "", &[]).await?.gone)
     }
 
     /// What a turn needs to know before it opens its job, in one statement: whether a tombstone stops it
@@ -106,19 +106,6 @@ impl Memory {
             remembers: remembers && self.config.enabled,
             waiting,
         })
-    }
-
-    /// Whether any of `ids` (messages, or the user) is tombstoned: such an event is never answered.
-    pub async fn tombstoned(&self, user: &str, messages: &[String]) -> Result<bool, MemoryError> {
-        let hit: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM tombstones
-                            WHERE (kind = 'user' AND id = $1) OR (kind = 'message' AND id = ANY($2)))",
-        )
-        .bind(user)
-        .bind(messages)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(hit)
     }
 
     /// Acts on a deletion signal of `kind` about `id`.
@@ -383,14 +370,6 @@ async fn tombstone(tx: &mut PgConnection, kind: &str, id: &str) -> Result<(), Me
         .execute(&mut *tx)
         .await?;
     Ok(())
-}
-
-async fn tombstoned(pool: &sqlx::PgPool, kind: &str, id: &str) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tombstones WHERE kind = $1 AND id = $2)")
-        .bind(kind)
-        .bind(id)
-        .fetch_one(pool)
-        .await
 }
 
 /// The user's messages in the inbound stream (their DM conversations' subjects purged; each group

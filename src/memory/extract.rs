@@ -29,7 +29,7 @@ use super::{FACT_MAX, Memory, MemoryError, Topic, store::How, store::NewFact};
 use crate::{
     bus::Bus,
     journal::{Ending, Job, Journal, NewJob, State, usage::LlmRecord},
-    llm::{ChatRequest, LlmClient, LlmError, Message},
+    llm::{ChatRequest, LlmClient, Message},
 };
 
 /// The first line of an extraction request's system message (the scripted model knows it by this).
@@ -254,10 +254,7 @@ impl Extractor<'_> {
         from: i64,
         read: Batch,
     ) -> Result<(usize, bool), MemoryError> {
-        let batch: Batch = job
-            .step(STEP_BATCH, "facts")
-            .run(async { Ok::<_, MemoryError>(read) })
-            .await?;
+        let batch = recorded_batch(job, "facts", read).await?;
         if batch.rows.is_empty() {
             return Ok((0, true));
         }
@@ -322,10 +319,7 @@ impl Extractor<'_> {
         read: Batch,
     ) -> Result<bool, MemoryError> {
         let pool = &self.memory.pool;
-        let batch: Batch = job
-            .step(STEP_BATCH, "summary")
-            .run(async { Ok::<_, MemoryError>(read) })
-            .await?;
+        let batch = recorded_batch(job, "summary", read).await?;
         if batch.rows.is_empty() {
             return Ok(false);
         }
@@ -437,26 +431,12 @@ impl Extractor<'_> {
                     return Err(MemoryError::Budget);
                 }
                 let response = self.llm.complete(&request).await?;
-                let model = response
-                    .model
-                    .clone()
-                    .unwrap_or_else(|| request.model.clone());
-                let usage = self
-                    .llm
-                    .prices
-                    .call_usage(&model, &response.usage.clone().unwrap_or_default());
-                let message = response
-                    .choices
-                    .into_iter()
-                    .next()
-                    .map(|c| c.message)
-                    .ok_or(LlmError::NoChoice)?;
-                Ok::<_, MemoryError>(LlmRecord {
-                    message,
-                    usage: Some(usage),
-                    bot: Some(bot.to_owned()),
-                    offered_tools: false,
-                })
+                Ok::<_, MemoryError>(LlmRecord::answer(
+                    self.llm,
+                    &request,
+                    response,
+                    Some(bot.to_owned()),
+                )?)
             })
             .await?;
         Ok(record.message.content.unwrap_or_default())
@@ -530,6 +510,14 @@ impl Extractor<'_> {
         }
         self.request(system, user)
     }
+}
+
+/// The batch a job reads under `key`: the one recorded by an earlier attempt, else `read`, recorded
+/// now.
+async fn recorded_batch(job: &Job, key: &str, read: Batch) -> Result<Batch, MemoryError> {
+    job.step(STEP_BATCH, key)
+        .run(async { Ok::<_, MemoryError>(read) })
+        .await
 }
 
 /// Passes one run makes at most (a concurrent run read the batch first, or a full batch left more).

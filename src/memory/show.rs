@@ -4,16 +4,21 @@
 use std::{collections::BTreeMap, fmt::Write, path::Path};
 
 use super::{Memory, MemoryError};
-use crate::{character::Characters, config::PgConfig, store::Pg};
+use crate::{
+    character::Characters,
+    config::{MemoryConfig, PgConfig},
+    store::Pg,
+};
 
 /// The report for `user` (24-hex), with one companion (its name, slug or bot id) or all.
 pub async fn report(
     pg: &PgConfig,
+    config: &MemoryConfig,
     characters_dir: &Path,
     user: &str,
     bot: Option<&str>,
 ) -> Result<String, MemoryError> {
-    if !(user.len() == 24 && user.bytes().all(|b| b.is_ascii_hexdigit())) {
+    if crate::bus::event::parse_object_id(user).is_none() {
         return Err(MemoryError::Invalid(format!(
             "--user `{user}` is not a 24-hex id"
         )));
@@ -37,11 +42,7 @@ pub async fn report(
                 .ok_or_else(|| MemoryError::Invalid(format!("no companion named `{b}`")))?,
         ),
     };
-    let memory = Memory::new(
-        pg.pool.clone(),
-        None,
-        crate::config::from_env().map_err(|e| MemoryError::Invalid(e.to_string()))?,
-    );
+    let memory = Memory::new(pg.pool.clone(), None, config.clone());
     let facts = memory.facts(user, bot_id.as_deref()).await?;
     let summaries: Vec<(String, String, i64)> = sqlx::query_as(
         "SELECT bot_id, summary, summarized_through FROM memory_state

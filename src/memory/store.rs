@@ -99,52 +99,50 @@ impl Memory {
         embedding: Option<&[f32]>,
         max_facts: i64,
     ) -> Result<Kept, MemoryError> {
-        let exists: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM memory_facts WHERE id = $1)")
-                .bind(&new.id)
-                .fetch_one(&mut *tx)
-                .await?;
-        if exists {
-            return Ok(Kept::default());
-        }
         let vector = embedding.map(|e| Vector::from(e.to_vec()));
+        // $1 user, $2 bot, $3 topic, $4 one-value topic, $5 fact, $6 its vector, $7 the duplicate
+        // similarity, $8 its id, $9 when it was said.
         const SAME: &str =
             "(lower(fact) = lower($5) OR ($6::vector IS NOT NULL AND embedding IS NOT NULL
                              AND 1 - (embedding <=> $6::vector) >= $7))";
-        // A one-value topic the user has said something newer about keeps that.
-        let newer: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT $4 AND EXISTS (SELECT 1 FROM memory_facts
-                WHERE user_id = $1 AND bot_id = $2 AND topic = $3 AND said_at > $8 AND NOT {SAME})"
-        )))
-        .bind(user)
-        .bind(bot)
-        .bind(new.topic.as_str())
-        .bind(new.topic.single())
-        .bind(&new.fact)
-        .bind(&vector)
-        .bind(f64::from(DUPLICATE_SIMILARITY))
-        .bind(new.said_at)
+        let with_fact = |sql: String| {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .bind(user)
+                .bind(bot)
+                .bind(new.topic.as_str())
+                .bind(new.topic.single())
+                .bind(&new.fact)
+                .bind(&vector)
+                .bind(f64::from(DUPLICATE_SIMILARITY))
+                .bind(&new.id)
+                .bind(new.said_at)
+        };
+        // Kept already (the same write again), or a one-value topic the user has said something newer
+        // about: that stays.
+        let row = with_fact(format!(
+            "SELECT EXISTS (SELECT 1 FROM memory_facts WHERE id = $8) AS kept,
+                    $4 AND EXISTS (SELECT 1 FROM memory_facts
+                        WHERE user_id = $1 AND bot_id = $2 AND topic = $3 AND said_at > $9
+                          AND NOT {SAME}) AS newer"
+        ))
         .fetch_one(&mut *tx)
         .await?;
-        if newer {
+        if row.get("kept") {
+            return Ok(Kept::default());
+        }
+        if row.get("newer") {
             return Ok(Kept {
                 replaced: Vec::new(),
                 stale: true,
             });
         }
         // The same thing said again (its sources carry over), or the older value of a one-value topic.
-        let replaced = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let replaced = with_fact(format!(
             "DELETE FROM memory_facts
              WHERE user_id = $1 AND bot_id = $2 AND topic = $3 AND ($4 OR {SAME})
+               AND id <> $8 AND (said_at <= $9 OR {SAME})
              RETURNING id, sources, said_at, how, {SAME} AS same"
-        )))
-        .bind(user)
-        .bind(bot)
-        .bind(new.topic.as_str())
-        .bind(new.topic.single())
-        .bind(&new.fact)
-        .bind(&vector)
-        .bind(f64::from(DUPLICATE_SIMILARITY))
+        ))
         .fetch_all(&mut *tx)
         .await?;
         let mut sources = new.sources.clone();

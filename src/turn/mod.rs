@@ -76,10 +76,6 @@ pub const JOB_KIND: &str = "turn";
 /// Why a deleted message (or an erased user's) is not answered.
 pub const DELETED: &str = "deleted";
 
-fn oid_like(s: &str) -> bool {
-    s.len() == 24 && s.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
 /// How a job ended well.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -451,7 +447,11 @@ impl Turns {
         }
         let (user, bot) = id
             .split_once('.')
-            .filter(|(u, b)| oid_like(u) && oid_like(b))
+            .filter(|(u, b)| {
+                [u, b]
+                    .iter()
+                    .all(|i| crate::bus::event::parse_object_id(i).is_some())
+            })
             .ok_or_else(|| {
                 crate::memory::MemoryError::Invalid(format!("`{id}` is not <userId>.<botId>"))
             })?;

@@ -26,7 +26,7 @@ use tracing::{debug, info};
 use super::TurnError;
 use crate::{
     journal::{JournalError, names::step},
-    llm::{CallBudget, ChatRequest, LlmClient, LlmError, Message, ToolCall},
+    llm::{CallBudget, ChatRequest, LlmClient, Message, ToolCall},
     metrics::{Metrics, label},
     spend::{self, Allowance, Scope, SpendGuard},
     timing::{Stage, stage},
@@ -240,36 +240,8 @@ async fn ask(
     budget: &CallBudget,
     bot: Option<String>,
 ) -> Result<LlmRecord, TurnError> {
-    let offered_tools = !request.tools.is_empty();
     let response = stage(Stage::Llm, llm.complete_within(request, Some(budget))).await?;
-    let model = response
-        .model
-        .clone()
-        .unwrap_or_else(|| request.model.clone());
-    let mut usage = llm
-        .prices
-        .call_usage(&model, &response.usage.clone().unwrap_or_default());
-    usage.prefix_tokens = Some(request.prefix_tokens());
-    let message = response
-        .choices
-        .into_iter()
-        .next()
-        .map(|c| c.message)
-        .ok_or(LlmError::NoChoice)?;
-    if !offered_tools
-        && message
-            .content
-            .as_deref()
-            .is_none_or(|c| c.trim().is_empty())
-    {
-        return Err(LlmError::EmptyAnswer.into());
-    }
-    Ok(LlmRecord {
-        message,
-        usage: Some(usage),
-        bot,
-        offered_tools,
-    })
+    Ok(LlmRecord::answer(llm, request, response, bot)?)
 }
 
 /// A tool result cut to `max` bytes (on a character boundary) with a note saying so.
