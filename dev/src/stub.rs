@@ -413,14 +413,7 @@ fn user_words(body: &Value) -> String {
 
 /// The offline demo model: recognisable scripted answers that show what the worker sent it.
 pub fn demo() -> Responder {
-    Arc::new(demo_reply)
-}
-
-fn demo_reply(body: &Value) -> StubReply {
-    if let Some(answer) = crate::memory_rules::answer(body) {
-        return StubReply::Text(answer);
-    }
-    compose(body, demo_tool_call)
+    with_memory(Arc::new(|body| compose(body, demo_tool_call)))
 }
 
 /// `responder`, with the worker's memory requests (extraction, summaries) answered by rules.

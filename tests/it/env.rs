@@ -318,6 +318,12 @@ impl TestEnv {
             .expect("raw publish");
     }
 
+    /// Publishes a signal as TB-Backend does (`<prefix>.signal.<kind>.<id>`), with a message id.
+    pub async fn signal(&self, kind: &str, id: &str, msg_id: &str, body: impl Into<Bytes>) {
+        let subject = format!("{}.signal.{kind}.{id}", self.bus.names.prefix);
+        self.publish_raw(subject, msg_id, body).await;
+    }
+
     /// Completions of a conversation, subscribed now (subscribe before publishing).
     pub async fn completions(
         &self,

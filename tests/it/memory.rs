@@ -45,6 +45,17 @@ fn model() -> Responder {
     }))
 }
 
+/// `responder`, with its answers to memory's requests (extraction, summaries) `after` a delay.
+fn slow_memory(responder: Responder, after: Duration) -> Responder {
+    Arc::new(move |body: &Value| {
+        let reply = responder(body);
+        match companion_dev::memory_rules::answer(body) {
+            Some(_) => StubReply::Delayed(after, Box::new(reply)),
+            None => reply,
+        }
+    })
+}
+
 async fn memory_env(extract_after: i64) -> TestEnv {
     let mut env = TestEnv::with(model(), |c| {
         c.memory.extract_after = extract_after;
@@ -343,14 +354,10 @@ async fn a_dm_fact_never_appears_in_a_group_prompt_and_remember_there_says_why_n
 #[tokio::test]
 async fn kill_9_during_extraction_and_a_replay_of_its_job_leave_no_duplicate() {
     // Extraction answers take 4 s: long enough to kill the worker while one waits.
-    let slow = stub::with_memory(Arc::new(|_| StubReply::text("ok")));
-    let delayed: Responder = Arc::new(move |body: &Value| {
-        let reply = slow(body);
-        match companion_dev::memory_rules::answer(body) {
-            Some(_) => StubReply::Delayed(Duration::from_secs(4), Box::new(reply)),
-            None => reply,
-        }
-    });
+    let delayed = slow_memory(
+        stub::with_memory(Arc::new(|_| StubReply::text("ok"))),
+        Duration::from_secs(4),
+    );
     let env = TestEnv::with(delayed, |c| {
         c.memory.extract_after = 2;
         c.memory.quiet_secs = 3600;
@@ -421,15 +428,8 @@ async fn a_deleted_message_leaves_no_trace_within_60_s_and_a_replay_brings_nothi
     let _ = facts_eventually(&env, JESS, 2).await;
     assert!(!traces(&env, "burnside").await.is_empty());
 
-    env.publish_raw(
-        env.bus
-            .names
-            .signal_all()
-            .replace('>', &format!("message_deleted.{deleted}")),
-        &format!("del-{deleted}"),
-        "",
-    )
-    .await;
+    env.signal("message_deleted", &deleted, &format!("del-{deleted}"), "")
+        .await;
     let gone = eventually(Duration::from_secs(60), || async {
         traces(&env, "burnside").await.is_empty()
     })
@@ -476,11 +476,9 @@ async fn clearing_memory_keeps_the_account_and_does_not_relearn_old_messages() {
     let env = memory_env(1).await;
     say(&env, "my home park is burnside").await;
     let _ = facts_eventually(&env, JESS, 1).await;
-    env.publish_raw(
-        env.bus
-            .names
-            .signal_all()
-            .replace('>', &format!("memory_cleared.{JESS}")),
+    env.signal(
+        "memory_cleared",
+        JESS,
         "clear-1",
         json!({"userId": JESS, "botId": KAORI}).to_string(),
     )
@@ -552,15 +550,7 @@ async fn user_erasure_leaves_nothing_including_the_streams_and_a_replay_brings_n
     .await;
     assert!(dead);
 
-    env.publish_raw(
-        env.bus
-            .names
-            .signal_all()
-            .replace('>', &format!("user_erased.{JESS}")),
-        "erase-1",
-        "",
-    )
-    .await;
+    env.signal("user_erased", JESS, "erase-1", "").await;
     let gone = eventually(Duration::from_secs(60), || async {
         traces(&env, "burnside").await.is_empty() && traces(&env, "goofy").await.is_empty()
     })
@@ -623,14 +613,7 @@ async fn user_erasure_leaves_nothing_including_the_streams_and_a_replay_brings_n
 #[tokio::test]
 async fn extractions_at_once_read_each_message_once_and_a_late_message_is_not_left_behind() {
     // Extraction answers take 2 s, so a second run starts while the first waits on the model.
-    let base = model();
-    let slow: Responder = Arc::new(move |body: &Value| {
-        let reply = base(body);
-        match companion_dev::memory_rules::answer(body) {
-            Some(_) => StubReply::Delayed(Duration::from_secs(2), Box::new(reply)),
-            None => reply,
-        }
-    });
+    let slow = slow_memory(model(), Duration::from_secs(2));
     let mut env = TestEnv::with(slow, |c| {
         c.memory.extract_after = 1_000;
         c.memory.quiet_secs = 3600;

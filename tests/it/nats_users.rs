@@ -177,15 +177,8 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
         "the malformed group message is dead-lettered"
     );
 
-    env.publish_raw(
-        env.bus
-            .names
-            .signal_all()
-            .replace('>', &format!("user_erased.{JESS}")),
-        &format!("erased:{JESS}"),
-        "",
-    )
-    .await;
+    env.signal("user_erased", JESS, &format!("erased:{JESS}"), "")
+        .await;
     let history = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM bot_conversations WHERE user_id = $1")
             .bind(JESS)

@@ -46,11 +46,9 @@ impl Script {
 /// The stub's responder: the script's answer after `latency`; memory's extraction and summary
 /// requests (the worker's own, a few per ten user messages) answered by rules, as in the demo.
 pub fn responder(script: Script, latency: Duration) -> Responder {
+    let answer = crate::stub::with_memory(Arc::new(move |body| script.reply(body)));
     Arc::new(move |body| {
-        let reply = match crate::memory_rules::answer(body) {
-            Some(answer) => StubReply::Text(answer),
-            None => script.reply(body),
-        };
+        let reply = answer(body);
         if latency.is_zero() {
             reply
         } else {
