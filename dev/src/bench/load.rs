@@ -215,11 +215,14 @@ pub async fn collect_completions(
 pub async fn publish(bus: &Bus, events: Vec<InboundEvent>, rate: f64, tracker: &Tracker) {
     let started = Instant::now();
     let pending = Arc::new(Semaphore::new(MAX_PENDING_PUBLISHES));
-    for (i, event) in events.into_iter().enumerate() {
+    for (i, mut event) in events.into_iter().enumerate() {
         if rate > 0.0 {
             let due = started + Duration::from_secs_f64(i as f64 / rate);
             tokio::time::sleep_until(due.into()).await;
         }
+        // Sent now, as TB-Backend publishes a message when the user sends it: the history orders a
+        // conversation's messages by it, between the replies to the messages before.
+        event.sent_at = chrono::Utc::now();
         let permit = pending.clone().acquire_owned().await.expect("never closed");
         tracker.published(i, Instant::now());
         let (bus, tracker) = (bus.clone(), tracker.clone());

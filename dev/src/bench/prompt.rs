@@ -25,11 +25,15 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Keeps `body` if it is a turn's first call (no tool results yet) and there is room.
+    /// Keeps `body` if it is a turn's first call (no tool results after the user's message: those
+    /// before it are earlier turns' in the history) and there is room; memory's requests are not turns.
     pub fn offer(&self, body: &Value) {
-        let first_call = body["messages"]
-            .as_array()
-            .is_some_and(|m| !m.iter().any(|m| m["role"] == "tool"));
+        let first_call = body["messages"].as_array().is_some_and(|m| {
+            m.iter()
+                .rev()
+                .take_while(|m| m["role"] != "user")
+                .all(|m| m["role"] != "tool")
+        }) && crate::memory_rules::answer(body).is_none();
         let mut bodies = self.bodies.lock().expect("sampler lock");
         if first_call && bodies.len() < KEEP {
             bodies.push(body.clone());
@@ -181,8 +185,20 @@ mod tests {
         s.offer(&body("Jess", "again"));
         s.offer(&body("Sam", "hi"));
         s.offer(&json!({"messages": [{"role": "tool", "content": "{}"}]}));
+        // An earlier turn's tool round in the history does not make a first call a second one.
+        let mut with_past_round = body("Jess", "and now?");
+        with_past_round["messages"].as_array_mut().unwrap().insert(
+            1,
+            json!({"role": "tool", "tool_call_id": "past_0_0", "content": "{}"}),
+        );
+        s.offer(&with_past_round);
+        let memory = format!("{}\n", companion::memory::extract::EXTRACT_MARKER);
+        s.offer(&json!({"messages": [
+            {"role": "system", "content": memory},
+            {"role": "user", "content": "1. i ride goofy"},
+        ]}));
         let bodies = s.take();
-        assert_eq!(bodies.len(), 3, "only first calls are kept");
+        assert_eq!(bodies.len(), 4, "only turns' first calls are kept");
         let texts: Vec<String> = bodies.iter().map(linear).collect();
         assert!(texts[0].starts_with("[{\"name\":\"t\"}]\nsystem: You are Kaori."));
         assert_eq!(user_of(&bodies[0]), user_of(&bodies[1]));
