@@ -473,6 +473,17 @@ pub struct PromptConfig {
         default_value_t = 1000
     )]
     pub history_tokens: usize,
+    /// The history window begins at an anchor (about one message in this many, the same on every turn)
+    /// and moves in steps, so a conversation's turns share their history prefix, which a provider's
+    /// prompt cache serves at its cached-read price; 1 slides it one message a turn (no cache across
+    /// turns, on average `step / 2` messages more in the window).
+    #[arg(
+        id = "prompt-history-step",
+        long = "prompt-history-step",
+        env = "COMPANION_PROMPT_HISTORY_STEP",
+        default_value_t = 8
+    )]
+    pub history_step: usize,
     /// What the companion remembers about the user: pinned facts and those nearest the message.
     #[arg(
         id = "prompt-memory-tokens",
@@ -1278,6 +1289,10 @@ impl Config {
             (
                 "COMPANION_PROMPT_HISTORY_TOKENS",
                 self.prompt.history_tokens.to_string(),
+            ),
+            (
+                "COMPANION_PROMPT_HISTORY_STEP",
+                self.prompt.history_step.to_string(),
             ),
             (
                 "COMPANION_PROMPT_TOOLS_BY_TURN",

@@ -38,6 +38,8 @@ pub struct History {
     pub messages: Vec<HistoryMessage>,
     /// Reminders this bot promised the user, still pending.
     pub reminders: Vec<PendingReminder>,
+    /// The window holds the whole conversation (fewer messages than the limit were stored).
+    pub whole: bool,
 }
 
 /// A row to append to `bot_conversations`.
@@ -169,6 +171,7 @@ impl Pg {
                 }),
             }
         }
+        out.whole = (out.messages.len() as i64) < limit;
         Ok(out)
     }
 

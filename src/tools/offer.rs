@@ -1,8 +1,9 @@
 //! Which tools a turn is offered. Every tool definition the model is sent costs prompt tokens on every
 //! call of the turn, so a turn is offered the groups its messages call for: read from the new messages
 //! and the companion's last message (a "yes please" answers it), in the languages the crisis screen
-//! knows, plus what the user's state makes relevant (a running flow, pending reminders). A guess that
-//! falls short costs one round: the model asks [`super::more_tools`] for the group.
+//! knows, plus what the user's state makes relevant (a running flow, pending reminders); small talk keeps
+//! the offer of the conversation's last ask ([`Offer::or_earlier`]). A guess that falls short costs one
+//! round: the model asks [`super::more_tools`] for the group.
 //!
 //! An offer is one of a few dozen sets, each with its own definitions built once, so requests with the
 //! same offer share a prefix a provider can cache.
@@ -24,6 +25,17 @@ impl Offer {
 
     pub const fn none() -> Self {
         Self(0)
+    }
+
+    /// This offer, or, when it offers nothing (small talk: "lol", "thanks!"), the first of `earlier`
+    /// (the offers of the conversation's earlier messages, newest first) that offers something. A run
+    /// of small talk then keeps the offer, and with it the prefix (the tools come first), of the turn
+    /// that last asked for something, which a provider's prompt cache serves.
+    pub fn or_earlier<I: Iterator<Item = Offer>>(self, earlier: impl FnOnce() -> I) -> Self {
+        match self == Self::none() {
+            true => earlier().find(|o| *o != Self::none()).unwrap_or(self),
+            false => self,
+        }
     }
 
     pub fn with(self, g: Group) -> Self {
@@ -256,6 +268,19 @@ mod tests {
             has_flows: true,
             ..Default::default()
         })
+    }
+
+    #[test]
+    fn an_offer_of_nothing_takes_the_newest_earlier_one_that_offers_something() {
+        let tricks = Offer::none().with(Group::Tricks);
+        let spots = Offer::none().with(Group::Spots);
+        let earlier = || [Offer::none(), spots, tricks].into_iter();
+        assert_eq!(Offer::none().or_earlier(earlier), spots);
+        assert_eq!(tricks.or_earlier(earlier), tricks);
+        assert_eq!(
+            Offer::none().or_earlier(|| [Offer::none()].into_iter()),
+            Offer::none()
+        );
     }
 
     #[test]

@@ -169,6 +169,17 @@ impl Turns {
                 pending_reminders: !history.reminders.is_empty(),
                 in_flow: false,
                 has_flows: !c.flows.is_empty(),
+            })
+            .or_earlier(|| {
+                let window = prompt::window(&history, &self.prompt, usize::MAX);
+                window.iter().rev().filter(|m| m.role == "user").map(|m| {
+                    offer::for_turn(&Signals {
+                        texts: vec![m.content.as_str()],
+                        pending_reminders: false,
+                        in_flow: false,
+                        has_flows: !c.flows.is_empty(),
+                    })
+                })
             }),
         };
         let offered_flows: &[String] = match offer.has(Group::Flows) {
@@ -192,13 +203,8 @@ impl Turns {
         });
         let tools = self.tools_for(t.crisis);
         let tools_tokens = tools.offered_tokens(offer);
-        let mut messages = prompt::conversation(
-            system,
-            &history.messages,
-            &events,
-            &self.prompt,
-            tools_tokens,
-        );
+        let mut messages =
+            prompt::conversation(system, &history, &events, &self.prompt, tools_tokens);
         crate::timing::add(Stage::Prompt, prompt_started);
         // A turn waits on the model holding its request and nothing it was built from.
         drop((
@@ -414,7 +420,7 @@ impl Turns {
             memory: &Recall::default(),
             budget: &self.prompt,
         });
-        let mut messages = prompt::conversation(system, &history.messages, &[], &self.prompt, 0);
+        let mut messages = prompt::conversation(system, &history, &[], &self.prompt, 0);
         let brief = format!("{}{}", f.brief, t.flow_note.unwrap_or_default());
         messages.push(Message::system(brief));
         drop((history, tricklists));

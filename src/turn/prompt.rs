@@ -13,7 +13,7 @@ use crate::{
     rag::KnowledgeSnippet,
     store::{
         mongo::{Tricklist, UserProfile},
-        pg::HistoryMessage,
+        pg::{History, HistoryMessage},
         reminders::PendingReminder,
     },
 };
@@ -305,16 +305,14 @@ fn knowledge_block(ctx: &PromptContext<'_>) -> String {
 /// way first, then the knowledge.
 pub fn conversation(
     prompt: Prompt,
-    history: &[HistoryMessage],
+    history: &History,
     events: &[&DmEvent],
     budget: &PromptConfig,
     tools_tokens: usize,
 ) -> Vec<Message> {
     let new_tokens: usize = events.iter().map(|e| tokens(&e.content) + 4).sum();
     let (knowledge, history_cap) = prompt.room(budget, tools_tokens + new_tokens);
-    let history = recent(history, history_cap, |h| {
-        h.content.len() + h.tool_calls.as_ref().map_or(0, String::len)
-    });
+    let history = window(history, budget, history_cap);
     let mut messages = Vec::with_capacity(history.len() + events.len() + 2);
     messages.push(Message::system(prompt.system));
     for (n, h) in history.iter().enumerate() {
@@ -330,6 +328,44 @@ pub fn conversation(
     messages.push(Message::system(format!("{knowledge}{}", prompt.turn)));
     messages.extend(events.iter().map(|e| user_message(e)));
     messages
+}
+
+/// The history a turn sends: the newest messages that fit the history cap, begun at an anchor so that
+/// a conversation's turns send the same history prefix (served by a provider's prompt cache at its
+/// cached-read price) instead of one that slides a message every turn and is never served. A message is
+/// an anchor when its id hashes to 0 modulo `history_step`, so every turn finds the same anchors without
+/// keeping state; the window begins at the first anchor among the oldest `2 × step` messages that fit
+/// and stays there until it no longer fits, then moves to the next one (about `step` messages on). With
+/// no anchor there, or the whole conversation fitting, it begins where the newest that fit begin. A
+/// turn with less room than the cap (`room`: a long message, much knowledge) keeps the newest of that.
+pub fn window<'h>(
+    history: &'h History,
+    budget: &PromptConfig,
+    room: usize,
+) -> &'h [HistoryMessage] {
+    let bytes = |h: &HistoryMessage| h.content.len() + h.tool_calls.as_ref().map_or(0, String::len);
+    let all = &history.messages[..];
+    let fits = recent(all, budget.history_tokens, bytes);
+    let from = all.len() - fits.len();
+    let step = budget.history_step.max(1);
+    let cut = from > 0 || !history.whole;
+    let anchor = match cut && step > 1 {
+        true => fits
+            .iter()
+            .take(step * 2)
+            .position(|h| anchors(&h.message_id, step))
+            .map_or(from, |i| from + i),
+        false => from,
+    };
+    recent(&all[anchor..], room, bytes)
+}
+
+/// Whether the message with this id may begin a history window (FNV-1a, stable across processes).
+fn anchors(message_id: &str, step: usize) -> bool {
+    let hash = message_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    hash % step as u64 == 0
 }
 
 /// The newest items of `items` (oldest first) whose estimated tokens fit `cap`.
@@ -489,6 +525,95 @@ mod tests {
         assert_eq!(fit(text, 8), "line one is here\n(…)\n");
         let one_long_line = "x".repeat(100);
         assert!(tokens(&fit(&one_long_line, 5)) <= 6);
+    }
+
+    /// The window a turn sends when the conversation has `n` messages and the last `limit` are loaded:
+    /// the absolute index of its first message and its length.
+    fn window_of(n: usize, limit: usize, budget: &PromptConfig) -> (usize, usize) {
+        let loaded = n.saturating_sub(limit);
+        let history = History {
+            messages: (loaded..n)
+                .map(|i| HistoryMessage {
+                    role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
+                    content: format!("message {i} about a kickflip on the ledge"),
+                    tool_calls: None,
+                    message_id: format!("{:024x}", i * 7919),
+                })
+                .collect(),
+            reminders: Vec::new(),
+            whole: n < limit,
+        };
+        let w = window(&history, budget, budget.history_tokens);
+        let first = w.first().map_or(n, |m| {
+            history
+                .messages
+                .iter()
+                .position(|h| h.message_id == m.message_id)
+                .unwrap()
+                + loaded
+        });
+        (first, w.len())
+    }
+
+    fn budget(history_tokens: usize, step: usize) -> PromptConfig {
+        let mut b: PromptConfig = crate::config::from_env().expect("defaults");
+        b.history_tokens = history_tokens;
+        b.history_step = step;
+        b
+    }
+
+    #[test]
+    fn the_history_window_moves_in_steps_so_turns_share_its_prefix() {
+        let anchored = budget(1000, 8);
+        let sliding = budget(1000, 1);
+        let (mut moves, mut slides, mut shortest, mut total) = (0, 0, usize::MAX, 0);
+        let (mut last, mut last_sliding) = (None, None);
+        // 60 turns of a conversation past its 20-message limit: two messages a turn.
+        for turn in 0..60 {
+            let n = 40 + 2 * turn;
+            let (first, len) = window_of(n, 20, &anchored);
+            let (first_sliding, len_sliding) = window_of(n, 20, &sliding);
+            assert_eq!((first_sliding, len_sliding), (n - 20, 20), "step 1 slides");
+            assert_eq!(first + len, n, "the window ends with the newest message");
+            moves += usize::from(last.is_some_and(|l| l != first));
+            slides += usize::from(last_sliding.is_some_and(|l| l != first_sliding));
+            (last, last_sliding) = (Some(first), Some(first_sliding));
+            shortest = shortest.min(len);
+            total += len;
+        }
+        assert_eq!(slides, 59);
+        assert!(moves <= 25, "the window moved on {moves} of 59 turns");
+        assert!(shortest >= 4, "shortest window {shortest}");
+        assert!(total / 60 >= 12, "mean window {}", total / 60);
+        // A cut by tokens moves in steps too.
+        let tight = budget(120, 8);
+        let starts: std::collections::HashSet<usize> = (0..60)
+            .map(|t| window_of(40 + 2 * t, 20, &tight).0)
+            .collect();
+        assert!(starts.len() <= 40, "{} starts", starts.len());
+    }
+
+    #[test]
+    fn a_conversation_that_fits_whole_is_sent_whole_and_a_short_room_keeps_the_newest() {
+        let b = budget(1000, 8);
+        for n in 1..20 {
+            assert_eq!(window_of(n, 20, &b), (0, n));
+        }
+        let history = History {
+            messages: (0..30)
+                .map(|i| HistoryMessage {
+                    role: "user".into(),
+                    content: "x".repeat(36),
+                    tool_calls: None,
+                    message_id: format!("{i}"),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        // 36 bytes = 9 tokens + 4 per message: a room of 26 keeps the newest two.
+        let w = window(&history, &b, 26);
+        assert_eq!(w.len(), 2);
+        assert_eq!(w[1].message_id, "29");
     }
 
     #[test]

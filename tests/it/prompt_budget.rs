@@ -82,9 +82,12 @@ async fn every_tool_is_offered_for_a_message_that_needs_it() {
             "{tool} offered for {text:?}: {names:?}"
         );
     }
-    // Small talk is offered `more_tools` alone: the smallest prompt.
+    // Small talk keeps the offer of the conversation's last ask (the memory group, asked for in
+    // Japanese just before), so the turn before's prefix is served from a provider's cache; small talk
+    // with no ask before it is offered `more_tools` alone
+    // (`small_talk_keeps_the_offer_of_the_last_ask_and_a_new_ask_changes_it`).
     let last = env.stub.requests().last().cloned().unwrap();
-    assert_eq!(offered(&last), ["more_tools"]);
+    assert_eq!(offered(&last), ["remember", "forget", "more_tools"]);
 
     // Inside a flow, its tools are there whatever the message says.
     let e = env.dm(JESS, KAORI, JESS_KAORI, "coach me on a trick").await;
@@ -205,4 +208,87 @@ async fn with_tools_by_turn_off_every_turn_is_offered_every_tool() {
     let names = offered(env.stub.requests().last().unwrap());
     assert_eq!(names.len(), 14, "{names:?}");
     assert!(!names.contains(&"more_tools".to_owned()));
+}
+
+/// Cached prompt tokens of 16 turns of one conversation with 30 messages of history (more than the
+/// window holds), under a simulated provider cache, and the turns whose history began elsewhere than
+/// the turn before's.
+async fn cached_over_turns(history_step: usize) -> (u64, usize) {
+    let mut env = TestEnv::with(model(), |c| {
+        c.turn.user_turns_per_minute = 0;
+        c.prompt.history_step = history_step;
+    })
+    .await;
+    env.stub.simulate_prompt_cache();
+    let base = chrono::Utc::now() - chrono::Duration::hours(1);
+    for i in 0..30 {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        sqlx::query("INSERT INTO bot_conversations (user_id, bot_id, conversation_id, role, content, message_id, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7)")
+            .bind(JESS).bind(KAORI).bind(JESS_KAORI).bind(role)
+            .bind(format!("history message {i}: {}", "we talked about pushing and stance and ".repeat(3)))
+            .bind(format!("h{i}-{}", env.tag))
+            .bind(base + chrono::Duration::seconds(i))
+            .execute(&env.pg.pool).await.unwrap();
+    }
+    env.start_worker().await;
+    let mut firsts = Vec::new();
+    for i in 0..16 {
+        let text = format!("ok and which trick should I learn after number {i}?");
+        let e = env.dm(JESS, KAORI, JESS_KAORI, &text).await;
+        env.turn(&e).await;
+        let body = env.stub.requests().last().cloned().unwrap();
+        firsts.push(body["messages"][1]["content"].to_string());
+    }
+    let moves = firsts.windows(2).filter(|w| w[0] != w[1]).count();
+    (env.stub.totals().cached_tokens, moves)
+}
+
+#[tokio::test]
+async fn a_conversations_turns_share_their_history_so_the_provider_cache_serves_it() {
+    let (anchored, anchored_moves) = cached_over_turns(8).await;
+    let (sliding, sliding_moves) = cached_over_turns(1).await;
+    assert_eq!(sliding_moves, 15, "a sliding window moves every turn");
+    assert!(
+        anchored_moves < sliding_moves,
+        "anchored moved on {anchored_moves} of 15 turns"
+    );
+    // The tools and the system prompt are served in both; the history only when it is anchored
+    // (a 128-token block or more on each turn it stayed).
+    assert!(
+        anchored >= sliding + 4 * 128,
+        "cached tokens anchored {anchored}, sliding {sliding}"
+    );
+}
+
+#[tokio::test]
+async fn small_talk_keeps_the_offer_of_the_last_ask_and_a_new_ask_changes_it() {
+    let mut env = TestEnv::with(model(), |c| c.turn.user_turns_per_minute = 0).await;
+    env.start_worker().await;
+    let mut offers = Vec::new();
+    for text in [
+        "hey whats up",
+        "how do i land a heelflip",
+        "lol ok",
+        "thanks!!",
+        "any good skateparks near portland?",
+        "sick",
+    ] {
+        let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
+        env.turn(&e).await;
+        offers.push(offered(env.stub.requests().last().unwrap()));
+    }
+    assert_eq!(
+        offers[0],
+        ["more_tools"],
+        "small talk with no ask before it"
+    );
+    assert!(offers[1].contains(&"search_trickipedia".to_owned()));
+    assert_eq!(
+        offers[2], offers[1],
+        "small talk keeps the last ask's offer"
+    );
+    assert_eq!(offers[3], offers[1]);
+    assert!(offers[4].contains(&"search_spots".to_owned()));
+    assert_ne!(offers[4], offers[1]);
+    assert_eq!(offers[5], offers[4]);
 }

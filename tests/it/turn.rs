@@ -116,9 +116,12 @@ async fn an_event_becomes_one_reply_two_history_rows_and_one_completion() {
 
 #[tokio::test]
 async fn the_model_gets_the_character_the_tricklists_and_the_last_20_messages_in_order() {
-    let mut env = TestEnv::new(always(StubReply::text(
-        "ok wait what level are you at rn??",
-    )))
+    // A window that slides a message a turn (the anchored one, the default, begins at an anchor
+    // among these 20: `prompt_budget::a_conversations_turns_share_their_history…`).
+    let mut env = TestEnv::with(
+        always(StubReply::text("ok wait what level are you at rn??")),
+        |c| c.prompt.history_step = 1,
+    )
     .await;
     // 25 earlier messages; only the last 20 may be sent, oldest first.
     let base = chrono::Utc::now() - chrono::Duration::hours(1);
