@@ -126,7 +126,11 @@ impl Components {
             flows,
             retriever: Retriever::new(pg.pool.clone(), embedder.clone(), s.rag),
             flood: FloodLimit::new(s.turn.user_turns_per_minute),
-            spend: SpendGuard::new(pg.pool.clone(), spend::Limits::of(s.turn), metrics.clone()),
+            spend: SpendGuard::new(
+                pg.pool.clone(),
+                spend::SpendLimits::of(s.turn),
+                metrics.clone(),
+            ),
             config: s.turn.clone(),
             safety: crate::safety::Safety::load(s.safety)?,
             prompt: s.prompt.clone(),

@@ -212,7 +212,7 @@ impl Order {
     }
 
     /// Marks every message of `subject` up to `through_seq` settled and wakes whoever waits on it.
-    pub async fn settle(&self, subject: &str, through_seq: u64) -> Result<(), OrderError> {
+    pub async fn advance_floor(&self, subject: &str, through_seq: u64) -> Result<(), OrderError> {
         sqlx::query(
             "INSERT INTO order_floors (stream, subject, next_seq) VALUES ($1, $2, $3)
              ON CONFLICT (stream, subject) DO UPDATE

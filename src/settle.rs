@@ -57,7 +57,7 @@ pub enum Verdict {
 
 /// The bounds the decision depends on.
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub struct RetryLimits {
     /// Deliveries of one event (the consumer's `max_deliver`).
     pub max_deliver: i64,
     /// First NAK delay, doubled per delivery.
@@ -67,7 +67,7 @@ pub struct Limits {
 }
 
 /// The one decision.
-pub fn decide(ending: &Ending, delivered: i64, limits: &Limits) -> Verdict {
+pub fn decide(ending: &Ending, delivered: i64, limits: &RetryLimits) -> Verdict {
     match ending {
         Ending::Settled { through } => Verdict::Ack { through: *through },
         Ending::Returned => Verdict::Nak {
@@ -107,7 +107,7 @@ pub fn on_failed_write(write: Write) -> Verdict {
 }
 
 /// Exponential backoff: `retry_base` doubled per delivery so far, capped.
-fn backoff(limits: &Limits, delivered: i64) -> Duration {
+fn backoff(limits: &RetryLimits, delivered: i64) -> Duration {
     let exp = delivered.clamp(1, 10) as u32 - 1;
     limits
         .retry_base
@@ -262,7 +262,7 @@ impl Settler {
         }
         let seq = handle.seq();
         let through = through.unwrap_or(seq).max(seq);
-        let write = || self.order.settle(handle.subject(), through);
+        let write = || self.order.advance_floor(handle.subject(), through);
         timing::stage(
             Stage::Order,
             self.retrying(handle, Write::OrderFloor, write),
@@ -312,7 +312,7 @@ impl Settler {
 mod tests {
     use super::*;
 
-    const LIMITS: Limits = Limits {
+    const LIMITS: RetryLimits = RetryLimits {
         max_deliver: 5,
         retry_base: Duration::from_secs(2),
         retry_cap: Duration::from_secs(60),
@@ -408,7 +408,7 @@ mod tests {
         assert_eq!(decide(&Ending::Failed(f.clone()), 1, &LIMITS), nak(30));
         f.retry_after = Some(Duration::from_secs(1));
         assert_eq!(decide(&Ending::Failed(f), 1, &LIMITS), nak(2));
-        let long = Limits {
+        let long = RetryLimits {
             max_deliver: 100,
             ..LIMITS
         };

@@ -91,7 +91,7 @@ pub enum Allowance {
 
 /// The budgets, the window and the stages, from the configuration.
 #[derive(Clone, Debug)]
-pub struct Limits {
+pub struct SpendLimits {
     pub user: Budget,
     pub service: Budget,
     pub window: Duration,
@@ -101,7 +101,7 @@ pub struct Limits {
     pub refresh: Duration,
 }
 
-impl Limits {
+impl SpendLimits {
     pub fn of(c: &TurnConfig) -> Self {
         Self {
             user: Budget {
@@ -153,14 +153,14 @@ impl Limits {
 /// The check before each paid call, shared by a process's turns and follow-ups.
 pub struct SpendGuard {
     pool: PgPool,
-    pub limits: Limits,
+    pub limits: SpendLimits,
     /// The service's figure and when it was read.
     service: tokio::sync::Mutex<Option<(Instant, Spent)>>,
     metrics: Arc<Metrics>,
 }
 
 impl SpendGuard {
-    pub fn new(pool: PgPool, limits: Limits, metrics: Arc<Metrics>) -> Self {
+    pub fn new(pool: PgPool, limits: SpendLimits, metrics: Arc<Metrics>) -> Self {
         Self {
             pool,
             limits,
@@ -256,8 +256,8 @@ impl SpendGuard {
 mod tests {
     use super::*;
 
-    fn limits() -> Limits {
-        Limits {
+    fn limits() -> SpendLimits {
+        SpendLimits {
             user: Budget {
                 tokens: 1000,
                 usd: 0.10,
@@ -310,7 +310,7 @@ mod tests {
 
     #[test]
     fn without_a_cheaper_model_the_first_stage_is_skipped() {
-        let l = Limits {
+        let l = SpendLimits {
             cheaper_model: String::new(),
             ..limits()
         };

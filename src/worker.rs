@@ -56,7 +56,7 @@ struct Shared {
     worker: Worker,
     order: Arc<Order>,
     settler: Settler,
-    limits: settle::Limits,
+    limits: settle::RetryLimits,
     /// How often a long turn sends progress (a third of the consumer's ack wait).
     progress_every: Duration,
 }
@@ -90,7 +90,7 @@ impl Worker {
                 turns: self.turns.clone(),
                 metrics: self.metrics.clone(),
             },
-            limits: settle::Limits {
+            limits: settle::RetryLimits {
                 max_deliver: consumer.max_deliver.max(1),
                 retry_base: Duration::from_secs(self.config.retry_delay_secs.max(1)),
                 retry_cap: Duration::from_secs(60),
@@ -440,7 +440,7 @@ async fn run_signals(
     shutdown: CancellationToken,
 ) {
     let w = &shared.worker;
-    let limits = settle::Limits {
+    let limits = settle::RetryLimits {
         max_deliver: consumer.max_deliver.max(1),
         ..shared.limits
     };
@@ -475,7 +475,7 @@ async fn run_signals(
 
 impl Shared {
     /// One signal, from bytes to its settlement; never panics on input.
-    async fn handle_signal(&self, msg: jetstream::Message, limits: settle::Limits) {
+    async fn handle_signal(&self, msg: jetstream::Message, limits: settle::RetryLimits) {
         let (delivered, seq) = msg
             .info()
             .map(|i| (i.delivered, i.stream_sequence))

@@ -121,7 +121,7 @@ pub fn parse_event(
     payload: &[u8],
     subject: &str,
     prefix: &str,
-    limits: Limits,
+    limits: EventLimits,
 ) -> Result<Inbound, InvalidEvent> {
     let group = subject
         .strip_prefix(prefix)
@@ -138,7 +138,7 @@ pub fn parse_group(
     payload: &[u8],
     subject: &str,
     prefix: &str,
-    limits: Limits,
+    limits: EventLimits,
 ) -> Result<GroupEvent, InvalidEvent> {
     let raw: GroupMessageEvent = decode(payload, limits)?;
     let message_id = oid("messageId", &raw.message_id)?;
@@ -163,7 +163,7 @@ pub fn parse_group(
 /// The payload as `T`: within the size limit, UTF-8, JSON of the contract.
 fn decode<T: serde::de::DeserializeOwned>(
     payload: &[u8],
-    limits: Limits,
+    limits: EventLimits,
 ) -> Result<T, InvalidEvent> {
     if payload.len() > limits.max_event_bytes {
         return Err(InvalidEvent::TooLarge {
@@ -184,7 +184,7 @@ fn oid(field: &'static str, value: &str) -> Result<ObjectId, InvalidEvent> {
 fn check_body(
     content: &str,
     attachments: &[Attachment],
-    limits: Limits,
+    limits: EventLimits,
 ) -> Result<(String, Vec<String>), InvalidEvent> {
     let chars = content.chars().count();
     if chars > limits.max_content_chars {
@@ -261,14 +261,14 @@ pub enum InvalidEvent {
     SelfMessage,
 }
 
-/// Limits applied while parsing.
+/// EventLimits applied while parsing.
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub struct EventLimits {
     pub max_event_bytes: usize,
     pub max_content_chars: usize,
 }
 
-impl Limits {
+impl EventLimits {
     pub fn of(config: &crate::config::TurnConfig) -> Self {
         Self {
             max_event_bytes: config.max_event_bytes,
@@ -290,7 +290,7 @@ pub fn parse_inbound(
     payload: &[u8],
     subject: &str,
     prefix: &str,
-    limits: Limits,
+    limits: EventLimits,
 ) -> Result<DmEvent, InvalidEvent> {
     let raw: InboundEvent = decode(payload, limits)?;
     let message_id = oid("messageId", &raw.message_id)?;
@@ -392,7 +392,7 @@ pub struct Typing {
 mod tests {
     use super::*;
 
-    const LIMITS: Limits = Limits {
+    const LIMITS: EventLimits = EventLimits {
         max_event_bytes: 64 * 1024,
         max_content_chars: 4000,
     };

@@ -18,7 +18,7 @@ use std::time::Duration;
 use async_nats::{
     HeaderMap,
     jetstream::{
-        self, AckKind,
+        self,
         consumer::{AckPolicy, DeliverPolicy, pull},
         message::PublishMessage,
         stream::{self, DiscardPolicy, RetentionPolicy, StorageType},
@@ -722,13 +722,6 @@ fn tls_options(
         options = options.tls_first();
     }
     options
-}
-
-/// NAK with a delay, or terminate: how a failed delivery is answered.
-pub async fn settle(msg: &jetstream::Message, kind: AckKind) {
-    if let Err(e) = msg.ack_with(kind).await {
-        tracing::warn!(error = %e, "could not settle message; the server will redeliver it");
-    }
 }
 
 /// Header values must be one printable line.

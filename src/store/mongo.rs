@@ -78,13 +78,13 @@ impl UserData {
 
 /// A conversation as the admission finds it: who is in it, and the user's data.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Admission {
+pub struct Membership {
     /// Every participant, users and companions, in the conversation's order.
     pub participants: Vec<ObjectId>,
     pub user: UserData,
 }
 
-impl Admission {
+impl Membership {
     pub fn joins(&self, id: ObjectId) -> bool {
         self.participants.contains(&id)
     }
@@ -235,11 +235,11 @@ impl Mongo {
         conversation: ObjectId,
         user: ObjectId,
         tricklists: i64,
-    ) -> Result<Option<Admission>, StoreError> {
+    ) -> Result<Option<Membership>, StoreError> {
         Ok(self
             .admission(conversation, user, tricklists)
             .await?
-            .map(|f| f.into_admission(user)))
+            .map(|f| f.into_membership(user)))
     }
 
     /// Display names (`name`, else `username`) of the given users, for a group's history.
@@ -601,8 +601,8 @@ struct Found {
 }
 
 impl Found {
-    fn into_admission(self, user: ObjectId) -> Admission {
-        Admission {
+    fn into_membership(self, user: ObjectId) -> Membership {
+        Membership {
             participants: self.participants,
             user: UserData {
                 profile: self.user_doc.as_ref().map(|d| profile_of(user, d)),

@@ -16,7 +16,7 @@ use crate::{
     journal::NewJob,
     proactive::{self, FollowUp, ProactiveError},
     safety::age::Age,
-    store::mongo::{Admission, UserData},
+    store::mongo::{Membership, UserData},
 };
 
 /// An input of the pipeline.
@@ -296,7 +296,7 @@ impl Turns {
 }
 
 /// Whether the follow-up may reach its user, and the user's data when it may.
-fn follow_up_access(found: Option<Admission>, f: &FollowUp<'_>) -> (Access, UserData) {
+fn follow_up_access(found: Option<Membership>, f: &FollowUp<'_>) -> (Access, UserData) {
     match found {
         None => (Access::Missing, UserData::default()),
         Some(a) if !(a.joins(f.user) && a.joins(f.bot)) => (Access::Left, a.user),

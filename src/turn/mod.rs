@@ -376,8 +376,8 @@ pub struct Turns {
 
 impl Turns {
     /// The limits inbound events are parsed with.
-    pub fn limits(&self) -> crate::bus::event::Limits {
-        crate::bus::event::Limits::of(&self.config)
+    pub fn limits(&self) -> crate::bus::event::EventLimits {
+        crate::bus::event::EventLimits::of(&self.config)
     }
 
     /// Runs one validated DM to completion (no burst: for callers without a stream delivery).

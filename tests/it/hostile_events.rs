@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use crate::env::*;
-use companion::bus::event::{InvalidEvent, Limits, parse_inbound};
+use companion::bus::event::{EventLimits, InvalidEvent, parse_inbound};
 use companion_dev::stub::{StubReply, always};
 use serde_json::{Value, json};
 
-const LIMITS: Limits = Limits {
+const LIMITS: EventLimits = EventLimits {
     max_event_bytes: 64 * 1024,
     max_content_chars: 4000,
 };
