@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use super::report::{Dist, Report};
+use super::{dist::Dist, report::Report};
 
 const WIDTH: f64 = 1000.0;
 const LEFT: f64 = 170.0;

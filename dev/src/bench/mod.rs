@@ -12,6 +12,7 @@
 pub mod chart;
 pub mod compare;
 pub mod data;
+pub mod dist;
 pub mod embed;
 pub mod env;
 pub mod load;
@@ -36,7 +37,8 @@ use companion::{
     store::StoreError,
     timing::Stage,
 };
-use report::{Dist, Report, Resources, RunSettings, StageDist, TurnCounts};
+use dist::Dist;
+use report::{Report, Resources, RunSettings, StageDist, TurnCounts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

@@ -13,7 +13,7 @@ use std::{
 use serde::Serialize;
 use serde_json::Value;
 
-use super::report::Dist;
+use super::dist::Dist;
 
 /// Request bodies kept for the analysis, at most.
 const KEEP: usize = 400;
