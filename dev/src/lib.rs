@@ -1,13 +1,15 @@
 //! companion-dev: the tooling around the worker that is not the worker. The scripted OpenAI-compatible
 //! model ([`stub`]) of the tests and the offline demo, TB-Backend's side of the contract ([`backend`]),
 //! the demo data ([`seed`]), the terminal chat ([`chat`]), the benchmark ([`bench`]) and the embedding
-//! graphs' parity on held-out text ([`parity`]).
+//! graphs' parity on held-out text ([`parity`]), and the environment a worker the bench or a test
+//! starts is given ([`child_env`]).
 //!
 //! The production library (`companion`) never imports this crate.
 
 pub mod backend;
 pub mod bench;
 pub mod chat;
+pub mod child_env;
 pub mod memory_rules;
 pub mod parity;
 pub mod safety_eval;

@@ -207,7 +207,7 @@ impl TestEnv {
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
-            .envs(self.config.to_env());
+            .envs(companion_dev::child_env::of(&self.config));
         cmd
     }
 

@@ -90,7 +90,7 @@ pub fn spawn(
     config.log.format = companion::config::LogFormat::Json;
     let mut cmd = Command::new(exe);
     cmd.arg("worker")
-        .envs(config.to_env())
+        .envs(crate::child_env::of(&config))
         .env("RUST_LOG", &settings.rust_log)
         .envs(settings.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
