@@ -175,29 +175,7 @@ async fn run() -> anyhow::Result<()> {
                 println!("{line}");
             }
         }
-        Command::Replay(r) => {
-            let components = Components::connect(TurnSections {
-                nats: &r.nats,
-                mongo: &r.mongo,
-                pg: &r.pg,
-                llm: &r.llm,
-                characters: &r.characters,
-                turn: &r.turn,
-                safety: &r.safety,
-                prompt: &r.prompt,
-                embed: &r.embed,
-                rag: &r.rag,
-                memory: &r.memory,
-            })
-            .await
-            .context("connecting for the replay")?;
-            let summary = replay::run(components.replayer().into(), &r.args)
-                .await
-                .context("replay")?;
-            if summary.failed > 0 {
-                anyhow::bail!("{} event(s) could not be replayed", summary.failed);
-            }
-        }
+        Command::Replay(r) => replay_command(*r).await?,
         Command::Memory {
             user,
             bot,
@@ -230,10 +208,7 @@ async fn run() -> anyhow::Result<()> {
                 top,
                 cached_price_ratio,
             };
-            let report = usage::report(&pg, &characters.dir, query)
-                .await
-                .context("reading the journal's model calls (run `companion migrate` first)")?;
-            print!("{report}");
+            usage_report(query, &pg, &characters).await?
         }
         Command::Ingest {
             path,
@@ -241,27 +216,9 @@ async fn run() -> anyhow::Result<()> {
             pg,
             embed,
             rag,
-        } => {
-            let r = rag::commands::ingest_path(&pg, &embed, &rag, &path, collection.as_deref())
-                .await
-                .with_context(|| format!("ingesting {}", path.display()))?;
-            println!(
-                "ingested {}: {} added, {} replaced, {} unchanged, {} chunks written",
-                path.display(),
-                r.added,
-                r.replaced,
-                r.unchanged,
-                r.chunks
-            );
-        }
+        } => ingest(&path, collection.as_deref(), &pg, &embed, &rag).await?,
         Command::Report(Report::Crisis { year, json, pg }) => {
-            let year = year.unwrap_or_else(|| chrono::Datelike::year(&chrono::Utc::now()));
-            let pg = store::Pg::connect(&pg).await.context("report")?;
-            let rows = pg
-                .crisis_year(year)
-                .await
-                .context("reading the crisis log (run `companion migrate` first)")?;
-            print!("{}", companion::report::crisis(year, &rows, json));
+            crisis_report(year, json, &pg).await?
         }
         Command::Embed(embed) => {
             let n = rag::commands::embed_stdin(&embed)
@@ -270,6 +227,79 @@ async fn run() -> anyhow::Result<()> {
             tracing::debug!(lines = n, "embedded");
         }
     }
+    Ok(())
+}
+
+/// `companion replay`: the worker's parts, then the events again.
+async fn replay_command(r: ReplayCommand) -> anyhow::Result<()> {
+    let components = Components::connect(TurnSections {
+        nats: &r.nats,
+        mongo: &r.mongo,
+        pg: &r.pg,
+        llm: &r.llm,
+        characters: &r.characters,
+        turn: &r.turn,
+        safety: &r.safety,
+        prompt: &r.prompt,
+        embed: &r.embed,
+        rag: &r.rag,
+        memory: &r.memory,
+    })
+    .await
+    .context("connecting for the replay")?;
+    let summary = replay::run(components.replayer().into(), &r.args)
+        .await
+        .context("replay")?;
+    if summary.failed > 0 {
+        anyhow::bail!("{} event(s) could not be replayed", summary.failed);
+    }
+    Ok(())
+}
+
+/// `companion usage`: what the model calls cost, from the journal.
+async fn usage_report(
+    query: usage::Query<'_>,
+    pg: &PgConfig,
+    characters: &CharactersConfig,
+) -> anyhow::Result<()> {
+    let report = usage::report(pg, &characters.dir, query)
+        .await
+        .context("reading the journal's model calls (run `companion migrate` first)")?;
+    print!("{report}");
+    Ok(())
+}
+
+/// `companion ingest`: articles into the knowledge table.
+async fn ingest(
+    path: &std::path::Path,
+    collection: Option<&str>,
+    pg: &PgConfig,
+    embed: &EmbedSettings,
+    rag: &RagConfig,
+) -> anyhow::Result<()> {
+    let r = rag::commands::ingest_path(pg, embed, rag, path, collection)
+        .await
+        .with_context(|| format!("ingesting {}", path.display()))?;
+    println!(
+        "ingested {}: {} added, {} replaced, {} unchanged, {} chunks written",
+        path.display(),
+        r.added,
+        r.replaced,
+        r.unchanged,
+        r.chunks
+    );
+    Ok(())
+}
+
+/// `companion report crisis`: the year's crisis log, for the annual report.
+async fn crisis_report(year: Option<i32>, json: bool, pg: &PgConfig) -> anyhow::Result<()> {
+    let year = year.unwrap_or_else(|| chrono::Datelike::year(&chrono::Utc::now()));
+    let pg = store::Pg::connect(pg).await.context("report")?;
+    let rows = pg
+        .crisis_year(year)
+        .await
+        .context("reading the crisis log (run `companion migrate` first)")?;
+    print!("{}", companion::report::crisis(year, &rows, json));
     Ok(())
 }
 

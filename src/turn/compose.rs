@@ -46,6 +46,38 @@ fn last_said(history: &[crate::store::pg::HistoryMessage]) -> Option<&str> {
         .map(|m| m.content.as_str())
 }
 
+/// The tools a DM turn is offered: the groups its messages (and the companion's last message) call for,
+/// or, for small talk, those of the conversation's last ask in the history window.
+fn dm_offer(
+    events: &[&DmEvent],
+    history: &crate::store::pg::History,
+    c: &Character,
+    budget: &crate::config::PromptConfig,
+) -> Offer {
+    let has_flows = !c.flows.is_empty();
+    fn signals(texts: Vec<&str>, pending_reminders: bool, has_flows: bool) -> Signals<'_> {
+        Signals {
+            texts,
+            pending_reminders,
+            in_flow: false,
+            has_flows,
+        }
+    }
+    let texts = events
+        .iter()
+        .map(|e| e.content.as_str())
+        .chain(last_said(&history.messages))
+        .collect();
+    offer::for_turn(&signals(texts, !history.reminders.is_empty(), has_flows)).or_earlier(|| {
+        let window = prompt::window(history, budget, usize::MAX);
+        window
+            .iter()
+            .rev()
+            .filter(|m| m.role == "user")
+            .map(move |m| offer::for_turn(&signals(vec![m.content.as_str()], false, has_flows)))
+    })
+}
+
 /// What a follow-up's model is offered: no tools (it tells, it does not act).
 static NO_TOOLS: LazyLock<Registry> = LazyLock::new(Registry::empty);
 
@@ -160,27 +192,7 @@ impl Turns {
         let turn_flow = flow?;
         let offer = match turn_flow.open() || !self.prompt.tools_by_turn {
             true => Offer::all(),
-            false => offer::for_turn(&Signals {
-                texts: events
-                    .iter()
-                    .map(|e| e.content.as_str())
-                    .chain(last_said(&history.messages))
-                    .collect(),
-                pending_reminders: !history.reminders.is_empty(),
-                in_flow: false,
-                has_flows: !c.flows.is_empty(),
-            })
-            .or_earlier(|| {
-                let window = prompt::window(&history, &self.prompt, usize::MAX);
-                window.iter().rev().filter(|m| m.role == "user").map(|m| {
-                    offer::for_turn(&Signals {
-                        texts: vec![m.content.as_str()],
-                        pending_reminders: false,
-                        in_flow: false,
-                        has_flows: !c.flows.is_empty(),
-                    })
-                })
-            }),
+            false => dm_offer(&events, &history, c, &self.prompt),
         };
         let offered_flows: &[String] = match offer.has(Group::Flows) {
             true => &c.flows,
