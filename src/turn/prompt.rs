@@ -201,7 +201,26 @@ fn rules_block(tools_enabled: bool) -> String {
 
 fn user_block(ctx: &PromptContext<'_>) -> String {
     let mut p = String::from("## The user\n");
-    match ctx.profile {
+    profile_lines(&mut p, ctx.profile);
+    tricklist_lines(&mut p, ctx.tricklists);
+    if !ctx.reminders.is_empty() {
+        let _ = writeln!(p, "## Reminders you promised them (pending)");
+        for r in ctx.reminders {
+            let _ = writeln!(
+                p,
+                "- {}: \"{}\" at {}",
+                r.id,
+                clip(&r.text),
+                r.fire_at.format("%Y-%m-%d %H:%M UTC")
+            );
+        }
+    }
+    p
+}
+
+/// Who the user is, from their profile.
+fn profile_lines(p: &mut String, profile: Option<&UserProfile>) {
+    match profile {
         Some(u) => {
             let name = u
                 .name
@@ -230,11 +249,15 @@ fn user_block(ctx: &PromptContext<'_>) -> String {
             let _ = writeln!(p, "(no profile found)");
         }
     }
+}
+
+/// The user's tricklists, each trick with its landed mark, within the per-list cap.
+fn tricklist_lines(p: &mut String, tricklists: &[Tricklist]) {
     let _ = writeln!(p, "## Their tricklists (✓ landed)");
-    if ctx.tricklists.is_empty() {
+    if tricklists.is_empty() {
         let _ = writeln!(p, "(none yet)");
     }
-    for l in ctx.tricklists {
+    for l in tricklists {
         let landed = l.tricks.iter().filter(|t| t.checked).count();
         let tricks: Vec<String> = l
             .tricks
@@ -267,19 +290,6 @@ fn user_block(ctx: &PromptContext<'_>) -> String {
             }
         );
     }
-    if !ctx.reminders.is_empty() {
-        let _ = writeln!(p, "## Reminders you promised them (pending)");
-        for r in ctx.reminders {
-            let _ = writeln!(
-                p,
-                "- {}: \"{}\" at {}",
-                r.id,
-                clip(&r.text),
-                r.fire_at.format("%Y-%m-%d %H:%M UTC")
-            );
-        }
-    }
-    p
 }
 
 /// The knowledge chunks, best first (a cut drops the last ones first).
