@@ -54,31 +54,8 @@ impl Tool for ScheduleReminder {
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let text = args.text.trim().to_owned();
-        let due = DateTime::parse_from_rfc3339(args.at.trim())
-            .map_err(|e| {
-                ToolError::invalid(
-                    "at",
-                    format!("not an RFC 3339 timestamp with an offset ({e}), e.g. 2026-11-28T09:00:00-08:00"),
-                )
-            })?
-            .with_timezone(&Utc);
         let min_lead = Duration::from_std(ctx.reminders.min_lead).unwrap_or(Duration::minutes(1));
-        if due < ctx.now + min_lead {
-            return Err(ToolError::invalid(
-                "at",
-                format!(
-                    "must be at least {} seconds from now (it is {})",
-                    min_lead.num_seconds(),
-                    ctx.now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                ),
-            ));
-        }
-        if due > ctx.now + Duration::days(MAX_AHEAD_DAYS) {
-            return Err(ToolError::invalid(
-                "at",
-                format!("must be at most {MAX_AHEAD_DAYS} days from now"),
-            ));
-        }
+        let due = due_time(&args.at, ctx.now, min_lead)?;
         let id = derived_id(ctx.message_id, Self::NAME, &ctx.tool_call_id).to_hex();
         let user = ctx.user.to_hex();
         let existing = ctx.pg.reminder(&id).await?;
@@ -136,6 +113,38 @@ impl Tool for ScheduleReminder {
             "state": stored.state.as_str(),
         })))
     }
+}
+
+/// When a reminder given `at` (RFC 3339 with an offset) is due: at least `min_lead` from `now` and at
+/// most `MAX_AHEAD_DAYS` ahead, else an error the model reads.
+fn due_time(at: &str, now: DateTime<Utc>, min_lead: Duration) -> Result<DateTime<Utc>, ToolError> {
+    let due = DateTime::parse_from_rfc3339(at.trim())
+        .map_err(|e| {
+            ToolError::invalid(
+                "at",
+                format!(
+                    "not an RFC 3339 timestamp with an offset ({e}), e.g. 2026-11-28T09:00:00-08:00"
+                ),
+            )
+        })?
+        .with_timezone(&Utc);
+    if due < now + min_lead {
+        return Err(ToolError::invalid(
+            "at",
+            format!(
+                "must be at least {} seconds from now (it is {})",
+                min_lead.num_seconds(),
+                now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        ));
+    }
+    if due > now + Duration::days(MAX_AHEAD_DAYS) {
+        return Err(ToolError::invalid(
+            "at",
+            format!("must be at most {MAX_AHEAD_DAYS} days from now"),
+        ));
+    }
+    Ok(due)
 }
 
 /// `due`, or 07:00 local when it falls in the quiet hours (23:00–07:00) of the time zone `tz` (IANA name;
