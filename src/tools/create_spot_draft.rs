@@ -65,28 +65,7 @@ impl Tool for CreateSpotDraft {
     }
 
     async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
-        let link = match args.maps_url.as_deref() {
-            Some(u) => {
-                Some(maps::parse(u).map_err(|e| ToolError::invalid("mapsUrl", e.to_string()))?)
-            }
-            None => None,
-        };
-        let manual = match (args.latitude, args.longitude) {
-            (Some(lat), Some(lng)) => Some((lat, lng)),
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(ToolError::invalid("longitude", "is required with latitude"));
-            }
-            (None, Some(_)) => {
-                return Err(ToolError::invalid("latitude", "is required with longitude"));
-            }
-        };
-        let (coords, source) = match (manual, link.as_ref().and_then(|l| l.coords)) {
-            (Some(c), _) => (Some(c), "manual"),
-            (None, Some(c)) => (Some(c), "maps_url"),
-            (None, None) => (None, "none"),
-        };
-        let short_unresolved = link.as_ref().is_some_and(|l| l.short) && coords.is_none();
+        let (coords, source, short_unresolved) = coordinates(&args)?;
         let id = derived_id(ctx.message_id, Self::NAME, &ctx.tool_call_id);
         let coll = ctx.mongo.collection(SPOT_DRAFTS);
         let existing = coll.find_one(doc! { "_id": id }).await?;
@@ -150,4 +129,33 @@ impl Tool for CreateSpotDraft {
         } });
         Ok(ToolOutput::with_card(data, Some(card)))
     }
+}
+
+/// Where a spot is: its coordinates (latitude, longitude) if known, where they came from (`manual`,
+/// `maps_url`, `none`), and whether a short maps link could not be resolved.
+type Located = (Option<(f64, f64)>, &'static str, bool);
+
+/// Where the spot is: coordinates given (both or neither), else those of the maps link.
+fn coordinates(args: &Args) -> Result<Located, ToolError> {
+    let link = match args.maps_url.as_deref() {
+        Some(u) => Some(maps::parse(u).map_err(|e| ToolError::invalid("mapsUrl", e.to_string()))?),
+        None => None,
+    };
+    let manual = match (args.latitude, args.longitude) {
+        (Some(lat), Some(lng)) => Some((lat, lng)),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(ToolError::invalid("longitude", "is required with latitude"));
+        }
+        (None, Some(_)) => {
+            return Err(ToolError::invalid("latitude", "is required with longitude"));
+        }
+    };
+    let (coords, source) = match (manual, link.as_ref().and_then(|l| l.coords)) {
+        (Some(c), _) => (Some(c), "manual"),
+        (None, Some(c)) => (Some(c), "maps_url"),
+        (None, None) => (None, "none"),
+    };
+    let short_unresolved = link.as_ref().is_some_and(|l| l.short) && coords.is_none();
+    Ok((coords, source, short_unresolved))
 }
