@@ -625,49 +625,55 @@ impl LlmClient {
                 body: text.chars().take(300).collect(),
             });
         }
-        // OpenRouter can answer 200 with an error object (e.g. an upstream failure mid-stream).
-        if let Ok(v) = serde_json::from_slice::<Value>(&body)
-            && let Some(err) = v.get("error")
-        {
-            let code = err.get("code").and_then(Value::as_u64).unwrap_or(500) as u16;
-            return Err(if code == 429 {
-                LlmError::RateLimited { retry_after }
-            } else if code >= 500 {
-                LlmError::Server {
-                    status: code,
-                    retry_after,
-                }
-            } else {
-                LlmError::Rejected {
-                    status: code,
-                    body: err.to_string().chars().take(300).collect(),
-                }
-            });
-        }
-        let parsed: ChatResponse =
-            serde_json::from_slice(&body).map_err(|e| LlmError::Decode(e.to_string()))?;
-        let Some(choice) = parsed.choices.first() else {
-            return Err(LlmError::NoChoice);
-        };
-        if choice.finish_reason.as_deref() == Some("error") || choice.error.is_some() {
-            let why = choice
-                .error
-                .as_ref()
-                .map(|e| {
-                    e.get("message")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                        .unwrap_or_else(|| e.to_string())
-                })
-                .unwrap_or_else(|| "finish_reason \"error\"".into());
-            return Err(LlmError::Upstream(why.chars().take(300).collect()));
-        }
-        let m = &choice.message;
-        if m.tool_calls.is_empty() && m.content.as_deref().is_none_or(|c| c.trim().is_empty()) {
-            return Err(LlmError::EmptyAnswer);
-        }
-        Ok(parsed)
+        decode(&body, retry_after)
     }
+}
+
+/// A successful (200) answer's body as a response, or the error it holds: an error object (OpenRouter
+/// answers so on an upstream failure), no choice, a choice that failed, or an empty answer.
+fn decode(body: &[u8], retry_after: Option<Duration>) -> Result<ChatResponse, LlmError> {
+    // OpenRouter can answer 200 with an error object (e.g. an upstream failure mid-stream).
+    if let Ok(v) = serde_json::from_slice::<Value>(body)
+        && let Some(err) = v.get("error")
+    {
+        let code = err.get("code").and_then(Value::as_u64).unwrap_or(500) as u16;
+        return Err(if code == 429 {
+            LlmError::RateLimited { retry_after }
+        } else if code >= 500 {
+            LlmError::Server {
+                status: code,
+                retry_after,
+            }
+        } else {
+            LlmError::Rejected {
+                status: code,
+                body: err.to_string().chars().take(300).collect(),
+            }
+        });
+    }
+    let parsed: ChatResponse =
+        serde_json::from_slice(body).map_err(|e| LlmError::Decode(e.to_string()))?;
+    let Some(choice) = parsed.choices.first() else {
+        return Err(LlmError::NoChoice);
+    };
+    if choice.finish_reason.as_deref() == Some("error") || choice.error.is_some() {
+        let why = choice
+            .error
+            .as_ref()
+            .map(|e| {
+                e.get("message")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| e.to_string())
+            })
+            .unwrap_or_else(|| "finish_reason \"error\"".into());
+        return Err(LlmError::Upstream(why.chars().take(300).collect()));
+    }
+    let m = &choice.message;
+    if m.tool_calls.is_empty() && m.content.as_deref().is_none_or(|c| c.trim().is_empty()) {
+        return Err(LlmError::EmptyAnswer);
+    }
+    Ok(parsed)
 }
 
 /// The response body, refused past `max` bytes so a broken or hostile server cannot exhaust memory.
