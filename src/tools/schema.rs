@@ -189,75 +189,95 @@ fn check(schema: &Value, v: &Value, path: &str) -> Result<(), Violation> {
             }
         }
     }
-    if let Value::String(text) = v {
-        let n = text.chars().count() as u64;
-        if let Some(min) = s.get("minLength").and_then(Value::as_u64)
-            && n < min
-        {
-            return Err(violation(
-                path,
-                format!("must be at least {min} characters"),
-            ));
+    match v {
+        Value::String(text) => check_string(s, text, path),
+        Value::Number(n) => n.as_f64().map_or(Ok(()), |x| check_number(s, x, path)),
+        Value::Array(items) => check_array(s, items, path),
+        Value::Object(fields) => check_object(s, fields, path),
+        _ => Ok(()),
+    }
+}
+
+type Schema = serde_json::Map<String, Value>;
+
+/// A string's length and pattern.
+fn check_string(s: &Schema, text: &str, path: &str) -> Result<(), Violation> {
+    let n = text.chars().count() as u64;
+    if let Some(min) = s.get("minLength").and_then(Value::as_u64)
+        && n < min
+    {
+        return Err(violation(
+            path,
+            format!("must be at least {min} characters"),
+        ));
+    }
+    if let Some(max) = s.get("maxLength").and_then(Value::as_u64)
+        && n > max
+    {
+        return Err(violation(path, format!("must be at most {max} characters")));
+    }
+    if let Some(p) = s.get("pattern").and_then(Value::as_str) {
+        match pattern_matches(p, text) {
+            Some(true) => {}
+            Some(false) => return Err(violation(path, format!("must match the pattern {p}"))),
+            None => return Err(violation(path, "has an unusable pattern")),
         }
-        if let Some(max) = s.get("maxLength").and_then(Value::as_u64)
-            && n > max
-        {
-            return Err(violation(path, format!("must be at most {max} characters")));
+    }
+    Ok(())
+}
+
+/// A number's bounds.
+fn check_number(s: &Schema, x: f64, path: &str) -> Result<(), Violation> {
+    if let Some(min) = s.get("minimum").and_then(Value::as_f64)
+        && x < min
+    {
+        return Err(violation(path, format!("must be at least {min}")));
+    }
+    if let Some(max) = s.get("maximum").and_then(Value::as_f64)
+        && x > max
+    {
+        return Err(violation(path, format!("must be at most {max}")));
+    }
+    Ok(())
+}
+
+/// An array's length and items.
+fn check_array(s: &Schema, items: &[Value], path: &str) -> Result<(), Violation> {
+    if let Some(min) = s.get("minItems").and_then(Value::as_u64)
+        && (items.len() as u64) < min
+    {
+        return Err(violation(path, format!("must have at least {min} items")));
+    }
+    if let Some(max) = s.get("maxItems").and_then(Value::as_u64)
+        && items.len() as u64 > max
+    {
+        return Err(violation(path, format!("must have at most {max} items")));
+    }
+    if let Some(item_schema) = s.get("items") {
+        for (i, item) in items.iter().enumerate() {
+            check(item_schema, item, &format!("{path}[{i}]"))?;
         }
-        if let Some(p) = s.get("pattern").and_then(Value::as_str) {
-            match pattern_matches(p, text) {
-                Some(true) => {}
-                Some(false) => return Err(violation(path, format!("must match the pattern {p}"))),
-                None => return Err(violation(path, "has an unusable pattern")),
+    }
+    Ok(())
+}
+
+/// An object's required and accepted fields.
+fn check_object(s: &Schema, fields: &Schema, path: &str) -> Result<(), Violation> {
+    let props = s.get("properties").and_then(Value::as_object);
+    if let Some(Value::Array(required)) = s.get("required") {
+        for r in required.iter().filter_map(Value::as_str) {
+            if !fields.contains_key(r) {
+                return Err(violation(&join(path, r), "is required"));
             }
         }
     }
-    if let Some(x) = v.as_f64().filter(|_| v.is_number()) {
-        if let Some(min) = s.get("minimum").and_then(Value::as_f64)
-            && x < min
-        {
-            return Err(violation(path, format!("must be at least {min}")));
-        }
-        if let Some(max) = s.get("maximum").and_then(Value::as_f64)
-            && x > max
-        {
-            return Err(violation(path, format!("must be at most {max}")));
-        }
-    }
-    if let Value::Array(items) = v {
-        if let Some(min) = s.get("minItems").and_then(Value::as_u64)
-            && (items.len() as u64) < min
-        {
-            return Err(violation(path, format!("must have at least {min} items")));
-        }
-        if let Some(max) = s.get("maxItems").and_then(Value::as_u64)
-            && items.len() as u64 > max
-        {
-            return Err(violation(path, format!("must have at most {max} items")));
-        }
-        if let Some(item_schema) = s.get("items") {
-            for (i, item) in items.iter().enumerate() {
-                check(item_schema, item, &format!("{path}[{i}]"))?;
+    for (k, fv) in fields {
+        match props.and_then(|p| p.get(k)) {
+            Some(ps) => check(ps, fv, &join(path, k))?,
+            None if s.get("additionalProperties") == Some(&Value::Bool(false)) => {
+                return Err(violation(&join(path, k), "is not an accepted argument"));
             }
-        }
-    }
-    if let Value::Object(fields) = v {
-        let props = s.get("properties").and_then(Value::as_object);
-        if let Some(Value::Array(required)) = s.get("required") {
-            for r in required.iter().filter_map(Value::as_str) {
-                if !fields.contains_key(r) {
-                    return Err(violation(&join(path, r), "is required"));
-                }
-            }
-        }
-        for (k, fv) in fields {
-            match props.and_then(|p| p.get(k)) {
-                Some(ps) => check(ps, fv, &join(path, k))?,
-                None if s.get("additionalProperties") == Some(&Value::Bool(false)) => {
-                    return Err(violation(&join(path, k), "is not an accepted argument"));
-                }
-                None => {}
-            }
+            None => {}
         }
     }
     Ok(())
