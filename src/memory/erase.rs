@@ -159,21 +159,7 @@ impl Memory {
     pub async fn delete_message(&self, bus: &Bus, message: &str) -> Result<Removed, MemoryError> {
         let mut tx = self.pool.begin().await?;
         tombstone(&mut tx, "message", message).await?;
-        // The job that answered it: its own, or the burst's that covered it.
-        let answering: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM jobs WHERE id = $1
-             UNION SELECT covered_by FROM jobs WHERE id = $1 AND covered_by IS NOT NULL",
-        )
-        .bind(message)
-        .fetch_all(&mut *tx)
-        .await?;
-        let replies: Vec<String> = sqlx::query_scalar(
-            "SELECT output ->> 'id' FROM job_steps
-             WHERE job = ANY($1) AND name = 'reply' AND output ? 'id'",
-        )
-        .bind(&answering)
-        .fetch_all(&mut *tx)
-        .await?;
+        let (answering, replies) = answered_by(&mut tx, message).await?;
         let mut doomed = replies.clone();
         doomed.push(message.to_owned());
         let owners: Vec<(String, String)> = sqlx::query_as(
@@ -212,24 +198,7 @@ impl Memory {
             &answering,
         )
         .await?;
-        // The extraction runs that read it: their answers named its facts.
-        let mut extraction_scrubbed = 0;
-        for (user, bot) in &owners {
-            extraction_scrubbed += sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE job_steps SET output = {SCRUB}
-                 WHERE name = 'llm' AND job IN (
-                    SELECT j.id FROM jobs j JOIN job_steps b ON b.job = j.id AND b.name = 'memory_batch'
-                    WHERE j.kind = 'memory' AND j.user_id = $1 AND j.bot_id = $2
-                      AND b.output -> 'rows' @> jsonb_build_array(jsonb_build_object('message_id', $3::text)))
-                   AND NOT output ? 'erased'"
-            )))
-            .bind(user)
-            .bind(bot)
-            .bind(message)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        }
+        let extraction_scrubbed = scrub_extractions(&mut tx, &owners, message).await?;
         tx.commit().await?;
         for (user, bot) in &rebuilt {
             self.signal_now(bus, user, bot, &format!("rebuild:{message}"))
@@ -351,6 +320,55 @@ impl Memory {
             stream_messages,
         })
     }
+}
+
+/// The jobs that answered `message` (its own, or the burst's that covered it) and the ids of their
+/// replies.
+async fn answered_by(
+    tx: &mut PgConnection,
+    message: &str,
+) -> Result<(Vec<String>, Vec<String>), MemoryError> {
+    let answering: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM jobs WHERE id = $1
+         UNION SELECT covered_by FROM jobs WHERE id = $1 AND covered_by IS NOT NULL",
+    )
+    .bind(message)
+    .fetch_all(&mut *tx)
+    .await?;
+    let replies: Vec<String> = sqlx::query_scalar(
+        "SELECT output ->> 'id' FROM job_steps
+         WHERE job = ANY($1) AND name = 'reply' AND output ? 'id'",
+    )
+    .bind(&answering)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok((answering, replies))
+}
+
+/// Scrubs the answers of the extraction runs of `owners` that read `message` (they named its facts).
+async fn scrub_extractions(
+    tx: &mut PgConnection,
+    owners: &[(String, String)],
+    message: &str,
+) -> Result<u64, MemoryError> {
+    let mut extraction_scrubbed = 0;
+    for (user, bot) in owners {
+        extraction_scrubbed += sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE job_steps SET output = {SCRUB}
+             WHERE name = 'llm' AND job IN (
+                SELECT j.id FROM jobs j JOIN job_steps b ON b.job = j.id AND b.name = 'memory_batch'
+                WHERE j.kind = 'memory' AND j.user_id = $1 AND j.bot_id = $2
+                  AND b.output -> 'rows' @> jsonb_build_array(jsonb_build_object('message_id', $3::text)))
+               AND NOT output ? 'erased'"
+        )))
+        .bind(user)
+        .bind(bot)
+        .bind(message)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    }
+    Ok(extraction_scrubbed)
 }
 
 /// Scrubs the outputs of the steps `filter` selects (`$1`: a text array).
