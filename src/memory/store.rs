@@ -145,23 +145,7 @@ impl Memory {
         ))
         .fetch_all(&mut *tx)
         .await?;
-        let mut sources = new.sources.clone();
-        let mut said_at = new.said_at;
-        let mut how = new.how;
-        for r in &replaced {
-            if r.get::<Option<bool>, _>("same").unwrap_or(false) {
-                said_at = said_at.max(r.get("said_at"));
-                // What the user asked to be remembered stays so when it is learned again.
-                if r.get::<&str, _>("how") == How::Remembered.as_str() {
-                    how = How::Remembered;
-                }
-                for s in r.get::<Vec<String>, _>("sources") {
-                    if !sources.contains(&s) {
-                        sources.push(s);
-                    }
-                }
-            }
-        }
+        let (sources, said_at, how) = merged(new, &replaced);
         sqlx::query(
             "INSERT INTO memory_facts (id, user_id, bot_id, topic, fact, sources, learned_by, how, embedding, said_at)
              VALUES ($1, $2, $3, $4, $5, $6, $3, $7, $8, $9)
@@ -178,16 +162,7 @@ impl Memory {
         .bind(said_at)
         .execute(&mut *tx)
         .await?;
-        sqlx::query(
-            "DELETE FROM memory_facts WHERE id IN (
-                SELECT id FROM memory_facts WHERE user_id = $1 AND bot_id = $2
-                ORDER BY (how = 'remembered') DESC, learned_at DESC OFFSET $3)",
-        )
-        .bind(user)
-        .bind(bot)
-        .bind(max_facts.max(1))
-        .execute(&mut *tx)
-        .await?;
+        trim(tx, user, bot, max_facts).await?;
         Ok(Kept {
             replaced: replaced.iter().map(|r| r.get("id")).collect(),
             stale: false,
@@ -247,6 +222,49 @@ impl Memory {
             .await?;
         Ok(rows.iter().map(fact_of).collect())
     }
+}
+
+/// The sources, time and how of a fact that replaces `replaced`: those it repeats (`same`) hand over
+/// their sources and their latest time, and a fact the user asked to be remembered stays so.
+fn merged(new: &NewFact, replaced: &[sqlx::postgres::PgRow]) -> (Vec<String>, DateTime<Utc>, How) {
+    let mut sources = new.sources.clone();
+    let mut said_at = new.said_at;
+    let mut how = new.how;
+    for r in replaced {
+        if r.get::<Option<bool>, _>("same").unwrap_or(false) {
+            said_at = said_at.max(r.get("said_at"));
+            // What the user asked to be remembered stays so when it is learned again.
+            if r.get::<&str, _>("how") == How::Remembered.as_str() {
+                how = How::Remembered;
+            }
+            for s in r.get::<Vec<String>, _>("sources") {
+                if !sources.contains(&s) {
+                    sources.push(s);
+                }
+            }
+        }
+    }
+    (sources, said_at, how)
+}
+
+/// Keeps the newest `max_facts` of (user, bot), those the user asked to be remembered first.
+async fn trim(
+    tx: &mut PgConnection,
+    user: &str,
+    bot: &str,
+    max_facts: i64,
+) -> Result<(), MemoryError> {
+    sqlx::query(
+        "DELETE FROM memory_facts WHERE id IN (
+            SELECT id FROM memory_facts WHERE user_id = $1 AND bot_id = $2
+            ORDER BY (how = 'remembered') DESC, learned_at DESC OFFSET $3)",
+    )
+    .bind(user)
+    .bind(bot)
+    .bind(max_facts.max(1))
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 /// `text` with LIKE's wildcards taken literally.
