@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::{Found, News, ProactiveError, SignalBody, Sources, Thread, invalid};
 use crate::{
     bus::event::parse_object_id,
-    character::fill,
+    character::{Character, fill},
     store::mongo::{SPOT_DRAFTS, SPOTS},
 };
 
@@ -112,12 +112,28 @@ pub(super) async fn follow_up(
         .map(str::trim)
         .filter(|n| !n.is_empty())
         .map(|n| n.chars().take(NOTE_MAX).collect::<String>());
-    let (brief, plain, card) = match review.status {
+    let (brief, plain, card) = news(t, &review, &draft, character, &name, note.as_deref()).await?;
+    let id = format!("{draft_id}:{}", review.status.as_str());
+    let thread: Thread = (user, bot, conversation, character);
+    Ok((id, thread, News::new(brief, plain, card, stale)))
+}
+
+/// What the companion is briefed with, its plain line should the model fail, and the card, for a
+/// review: the approved spot's card, or the moderator's note passed on.
+async fn news(
+    t: Sources<'_>,
+    review: &SpotReview,
+    draft: &Document,
+    character: &Character,
+    name: &str,
+    note: Option<&str>,
+) -> Result<(String, String, Option<Value>), ProactiveError> {
+    Ok(match review.status {
         Status::Approved => {
-            let spot = id_field(&draft, "spotId")
+            let spot = id_field(draft, "spotId")
                 .or_else(|| review.spot_id.as_deref().and_then(parse_object_id));
             let card = match spot {
-                Some(id) => Some(spot_card(t, id, &draft).await?),
+                Some(id) => Some(spot_card(t, id, draft).await?),
                 None => {
                     tracing::warn!("approved spot draft names no spotId; the message has no card");
                     None
@@ -128,14 +144,13 @@ pub(super) async fn follow_up(
                  \"{name}\" that you submitted for the user{}. It is live on TrickBook now, and the app shows \
                  its card under your message. Write the user one short DM, in character, telling them the \
                  good news.",
-                when(&draft)
+                when(draft)
             );
-            let plain = fill(&character.follow_ups.spot_approved, &[("spot", &name)]);
+            let plain = fill(&character.follow_ups.spot_approved, &[("spot", name)]);
             (brief, plain, card)
         }
         Status::Rejected => {
             let said = note
-                .as_deref()
                 .map(|n| format!(" The moderator's note: \"{n}\"."))
                 .unwrap_or_else(|| " The moderator left no note.".to_owned());
             let brief = format!(
@@ -143,22 +158,18 @@ pub(super) async fn follow_up(
                  the spot \"{name}\" that you submitted for the user{}.{said} Write the user one short DM, \
                  in character and kindly, telling them, passing on the note if there is one, and offering \
                  to fix the draft and submit it again.",
-                when(&draft)
+                when(draft)
             );
             let note_part = note
-                .as_deref()
                 .map(|n| format!(" Moderator's note: {n}"))
                 .unwrap_or_default();
             let plain = fill(
                 &character.follow_ups.spot_rejected,
-                &[("spot", &name), ("note", &note_part)],
+                &[("spot", name), ("note", &note_part)],
             );
             (brief, plain, None)
         }
-    };
-    let id = format!("{draft_id}:{}", review.status.as_str());
-    let thread: Thread = (user, bot, conversation, character);
-    Ok((id, thread, News::new(brief, plain, card, stale)))
+    })
 }
 
 /// The companion that made the draft: its bot id, or the character its `createdBy`/`submittedVia` names.
