@@ -132,32 +132,7 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
         round += 1;
         let calls = unique_ids(message.tool_calls, round, &mut seen_ids);
         let round_started = Instant::now();
-        let results = futures::future::join_all(calls.iter().map(|call| {
-            let (name, args) = (&call.function.name, &call.function.arguments);
-            let mut ctx = cx.tools.clone();
-            ctx.tool_call_id = call.id.clone();
-            ctx.call_key = format!("{}{}", cx.slot, call_key(&call.id, name, args));
-            async move {
-                let key = ctx.call_key.clone();
-                job.step(step::TOOL, key)
-                    .lazy()
-                    .run(async {
-                        let started = Instant::now();
-                        let result = cx.registry.dispatch(name, args, &ctx).await;
-                        let ms = started.elapsed().as_millis() as u64;
-                        let record = result.record(args, round, ms)?;
-                        info!(tool = %record.tool, ok = record.ok, ms, round, "tool call");
-                        let outcome = if record.ok { "ok" } else { "error" };
-                        cx.metrics.inc(
-                            "companion_tool_calls_total",
-                            &format!("tool=\"{}\",outcome=\"{outcome}\"", label(&record.tool)),
-                        );
-                        Ok::<_, TurnError>(record)
-                    })
-                    .await
-            }
-        }))
-        .await;
+        let results = run_calls(cx, &calls, round).await;
         crate::timing::add(Stage::Tools, round_started);
         request.messages.push(Message::Assistant {
             content: message.content.filter(|c| !c.trim().is_empty()),
@@ -180,6 +155,41 @@ pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopO
             });
         }
     }
+}
+
+/// One round's tool calls, at once, each a journal step keyed by the call (a replay reads its result).
+async fn run_calls(
+    cx: &LoopContext<'_>,
+    calls: &[ToolCall],
+    round: u32,
+) -> Vec<Result<ToolRecord, TurnError>> {
+    let job = cx.tools.job;
+    futures::future::join_all(calls.iter().map(|call| {
+        let (name, args) = (&call.function.name, &call.function.arguments);
+        let mut ctx = cx.tools.clone();
+        ctx.tool_call_id = call.id.clone();
+        ctx.call_key = format!("{}{}", cx.slot, call_key(&call.id, name, args));
+        async move {
+            let key = ctx.call_key.clone();
+            job.step(step::TOOL, key)
+                .lazy()
+                .run(async {
+                    let started = Instant::now();
+                    let result = cx.registry.dispatch(name, args, &ctx).await;
+                    let ms = started.elapsed().as_millis() as u64;
+                    let record = result.record(args, round, ms)?;
+                    info!(tool = %record.tool, ok = record.ok, ms, round, "tool call");
+                    let outcome = if record.ok { "ok" } else { "error" };
+                    cx.metrics.inc(
+                        "companion_tool_calls_total",
+                        &format!("tool=\"{}\",outcome=\"{outcome}\"", label(&record.tool)),
+                    );
+                    Ok::<_, TurnError>(record)
+                })
+                .await
+        }
+    }))
+    .await
 }
 
 /// The group a successful `more_tools` call asked for (read from its recorded result, so a replayed
