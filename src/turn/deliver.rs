@@ -123,19 +123,7 @@ impl Turns {
                 .run(async {
                     let inserted = self
                         .mongo
-                        .insert_reply(&ReplyDoc {
-                            id: reply_id,
-                            conversation_id: out.conversation,
-                            sender_id: out.bot,
-                            in_reply_to: out.in_reply_to,
-                            responds_to: out.responds_to,
-                            trigger: out.trigger.as_ref().map(|t| (t.kind.clone(), t.id.clone())),
-                            content: reply.content.clone(),
-                            rich_content: reply.rich_content.clone(),
-                            timestamp: reply.at,
-                            generation: job.record.generation,
-                            marks: reply.marks.clone(),
-                        })
+                        .insert_reply(&reply_doc(job, out, reply, reply_id))
                         .await?;
                     if !inserted {
                         debug!("reply document already present");
@@ -179,20 +167,7 @@ impl Turns {
             Ok::<_, TurnError>(())
         };
         stage(Stage::Writes, writes).await?;
-        let completion = Completion {
-            message_id: reply.id.clone(),
-            in_reply_to: out.in_reply_to.or(out.responds_to).map(|id| id.to_hex()),
-            responds_to: out.responds_to.map(|id| id.to_hex()),
-            conversation_id: conversation.clone(),
-            sender_id: bot.clone(),
-            content: reply.content.clone(),
-            rich_content: reply.rich_content.clone(),
-            created_at: reply.at,
-            covers: out.covers.clone(),
-            proactive: out.trigger.is_some(),
-            trigger: out.trigger.clone(),
-            marks: reply.marks.clone(),
-        };
+        let completion = completion_of(out, reply);
         stage(
             Stage::Publish,
             job.step(step::PUBLISH, generation).lazy().run(async {
@@ -202,6 +177,41 @@ impl Turns {
         )
         .await?;
         Ok(())
+    }
+}
+
+/// The reply's document in `dm_messages`.
+fn reply_doc(job: &Job, out: &Outgoing<'_>, reply: &Reply, reply_id: ObjectId) -> ReplyDoc {
+    ReplyDoc {
+        id: reply_id,
+        conversation_id: out.conversation,
+        sender_id: out.bot,
+        in_reply_to: out.in_reply_to,
+        responds_to: out.responds_to,
+        trigger: out.trigger.as_ref().map(|t| (t.kind.clone(), t.id.clone())),
+        content: reply.content.clone(),
+        rich_content: reply.rich_content.clone(),
+        timestamp: reply.at,
+        generation: job.record.generation,
+        marks: reply.marks.clone(),
+    }
+}
+
+/// The completion event TB-Backend fans out for the reply.
+fn completion_of(out: &Outgoing<'_>, reply: &Reply) -> Completion {
+    Completion {
+        message_id: reply.id.clone(),
+        in_reply_to: out.in_reply_to.or(out.responds_to).map(|id| id.to_hex()),
+        responds_to: out.responds_to.map(|id| id.to_hex()),
+        conversation_id: out.conversation.to_hex(),
+        sender_id: out.bot.to_hex(),
+        content: reply.content.clone(),
+        rich_content: reply.rich_content.clone(),
+        created_at: reply.at,
+        covers: out.covers.clone(),
+        proactive: out.trigger.is_some(),
+        trigger: out.trigger.clone(),
+        marks: reply.marks.clone(),
     }
 }
 
