@@ -598,61 +598,7 @@ impl Turns {
                 }
                 self.flood_gate(job, a, Plan::one(first, false)).await
             }
-            Kind::Group { event, .. } => {
-                if a.members.iter().any(|m| m.bot == event.sender_id) {
-                    return Ok(Gate::Drop {
-                        reason: group::COMPANION_SENDER.into(),
-                        keep: false,
-                    });
-                }
-                // In a group, a user in crisis has the private referral; the group sees nothing of it.
-                if paused {
-                    return Ok(Gate::Hold);
-                }
-                if a.age == Age::Under13 {
-                    return self.under_13_gate(job, a, false).await;
-                }
-                let history = self
-                    .pg
-                    .group_history(&a.ids.conversation, self.config.history_limit)
-                    .await?;
-                let route = job
-                    .step(step::ROUTE, key::ONCE)
-                    .run(async {
-                        let members = &a.members;
-                        let margin = self.config.group_fit_margin;
-                        let route =
-                            group::decide(&self.retriever, event, members, &history, margin).await;
-                        Ok::<_, TurnError>(route)
-                    })
-                    .await?;
-                let speakers: Vec<Member<'t>> = route
-                    .speakers_among(&a.members)
-                    .into_iter()
-                    .filter_map(|b| a.members.iter().find(|m| m.bot == b).copied())
-                    .collect();
-                if speakers.is_empty() {
-                    return Ok(Gate::Drop {
-                        reason: route.why,
-                        keep: true,
-                    });
-                }
-                let plan = Plan {
-                    speakers,
-                    busy: false,
-                    fixed: None,
-                    group: Some(GroupPlan {
-                        route,
-                        bounds: Bounds {
-                            max_handovers: self.config.group_max_handovers,
-                            max_messages: self.config.group_max_messages.max(1),
-                        },
-                        history,
-                        names: Default::default(),
-                    }),
-                };
-                self.flood_gate(job, a, plan).await
-            }
+            Kind::Group { event, .. } => self.group_gate(job, a, event, paused).await,
             Kind::FollowUp { follow_up, access } => {
                 // The `gate` step: why the follow-up is dropped, or nothing (it is sent).
                 let dropped = job
@@ -669,6 +615,69 @@ impl Turns {
                 })
             }
         }
+    }
+
+    /// A group message: dropped when a companion sent it, held while paused, else the companions the
+    /// route picks (a journal step, so a replay picks the same), within the flood limit.
+    async fn group_gate<'t>(
+        &'t self,
+        job: &Job,
+        a: &Admitted<'t>,
+        event: &crate::bus::GroupEvent,
+        paused: bool,
+    ) -> Result<Gate<'t>, TurnError> {
+        if a.members.iter().any(|m| m.bot == event.sender_id) {
+            return Ok(Gate::Drop {
+                reason: group::COMPANION_SENDER.into(),
+                keep: false,
+            });
+        }
+        // In a group, a user in crisis has the private referral; the group sees nothing of it.
+        if paused {
+            return Ok(Gate::Hold);
+        }
+        if a.age == Age::Under13 {
+            return self.under_13_gate(job, a, false).await;
+        }
+        let history = self
+            .pg
+            .group_history(&a.ids.conversation, self.config.history_limit)
+            .await?;
+        let route = job
+            .step(step::ROUTE, key::ONCE)
+            .run(async {
+                let members = &a.members;
+                let margin = self.config.group_fit_margin;
+                let route = group::decide(&self.retriever, event, members, &history, margin).await;
+                Ok::<_, TurnError>(route)
+            })
+            .await?;
+        let speakers: Vec<Member<'t>> = route
+            .speakers_among(&a.members)
+            .into_iter()
+            .filter_map(|b| a.members.iter().find(|m| m.bot == b).copied())
+            .collect();
+        if speakers.is_empty() {
+            return Ok(Gate::Drop {
+                reason: route.why,
+                keep: true,
+            });
+        }
+        let plan = Plan {
+            speakers,
+            busy: false,
+            fixed: None,
+            group: Some(GroupPlan {
+                route,
+                bounds: Bounds {
+                    max_handovers: self.config.group_max_handovers,
+                    max_messages: self.config.group_max_messages.max(1),
+                },
+                history,
+                names: Default::default(),
+            }),
+        };
+        self.flood_gate(job, a, plan).await
     }
 
     /// A user under 13: the one fixed line a day (a counted step, tally `under_13:<user>`), else no
