@@ -507,22 +507,10 @@ impl Turns {
             }
             _ => Burst::default(),
         };
-        if let Kind::Dm(head) = &a.kind {
-            for e in burst.events(head) {
-                let m = hooks::UserMessage {
-                    kind: "dm",
-                    id: e.message_id,
-                    sender: e.sender_id,
-                    text: &e.content,
-                    images: &e.images,
-                };
-                if let Some(f) = Box::pin(self.incoming(job, a, &m)).await? {
-                    crisis.get_or_insert(f);
-                }
-            }
+        if let Some(f) = Box::pin(self.incoming_burst(job, a, &burst)).await? {
+            crisis.get_or_insert(f);
         }
         let flow_note = Box::pin(self.move_flow(job, a)).await?;
-        let generation = job.record.generation;
         let mut said: Vec<Said> = Vec::new();
         let mut fresh = 0;
         while let Some((speaker, handed_over)) = plan.next(&said, &a.members) {
@@ -548,7 +536,7 @@ impl Turns {
             };
             // Boxed: the model's part of a turn is a large future, kept off the caller's stack.
             let line = job
-                .step(step::REPLY, slot.reply(generation))
+                .step(step::REPLY, slot.reply(job.record.generation))
                 .run(Box::pin(async {
                     fresh += 1;
                     let said = self.compose(&turn).await?;
@@ -574,6 +562,32 @@ impl Turns {
             State::Done
         };
         Box::pin(self.finish(job, a, &plan, said, &burst, state, fresh > 0)).await
+    }
+
+    /// The burst's other messages through the incoming hook, each screened; the first crisis among them.
+    async fn incoming_burst(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        burst: &Burst,
+    ) -> Result<Option<hooks::Flagged>, TurnError> {
+        let Kind::Dm(head) = &a.kind else {
+            return Ok(None);
+        };
+        let mut crisis = None;
+        for e in burst.events(head) {
+            let m = hooks::UserMessage {
+                kind: "dm",
+                id: e.message_id,
+                sender: e.sender_id,
+                text: &e.content,
+                images: &e.images,
+            };
+            if let Some(f) = Box::pin(self.incoming(job, a, &m)).await? {
+                crisis.get_or_insert(f);
+            }
+        }
+        Ok(crisis)
     }
 
     /// Stage 4: the checks inside the job, each decision a step of it.
