@@ -255,35 +255,10 @@ impl Shared {
                 Ok(p) => p,
                 Err(e) => return (transient(&e), None, None),
             };
-        if let Position::Behind(first) = position {
-            // Waiting holds no turn slot: the slots stay free for the messages that can run.
-            drop(slot.permit.take());
-            self.worker.metrics.inc("companion_order_waits_total", "");
-            let wait = Box::pin(self.order.wait_turn(subject, seq, &slot.shutdown));
-            match timing::stage(Stage::Wait, wait).await {
-                Ok(Waited::Go { waited }) => {
-                    self.worker.metrics.add(
-                        "companion_order_wait_milliseconds_total",
-                        "",
-                        waited.as_millis() as u64,
-                    );
-                    debug!(
-                        after = first,
-                        waited_ms = waited.as_millis() as u64,
-                        "conversation's turn came"
-                    );
-                }
-                Ok(Waited::Cancelled) => return (Ending::Returned, None, None),
-                Err(e) => return (transient(&e), None, None),
-            }
-            let slot_started = std::time::Instant::now();
-            tokio::select! {
-                p = slot.semaphore.clone().acquire_owned() => {
-                    slot.permit = p.ok();
-                    timing::add(Stage::Wait, slot_started);
-                }
-                _ = slot.shutdown.cancelled() => return (Ending::Returned, None, None),
-            }
+        if let Position::Behind(first) = position
+            && let Some(ending) = self.wait_turn(subject, seq, first, &mut slot).await
+        {
+            return (ending, None, None);
         }
 
         let parse_started = std::time::Instant::now();
@@ -336,6 +311,45 @@ impl Shared {
             }
             Err(e) => (Ending::Failed(Failure::of(&e)), Some(event), None),
         }
+    }
+
+    /// Waits for the conversation's turn holding no turn slot (the slots stay free for the messages
+    /// that can run), then takes one; the ending when the wait does not end in the turn.
+    async fn wait_turn(
+        &self,
+        subject: &str,
+        seq: u64,
+        first: u64,
+        slot: &mut Slot,
+    ) -> Option<Ending> {
+        drop(slot.permit.take());
+        self.worker.metrics.inc("companion_order_waits_total", "");
+        let wait = Box::pin(self.order.wait_turn(subject, seq, &slot.shutdown));
+        match timing::stage(Stage::Wait, wait).await {
+            Ok(Waited::Go { waited }) => {
+                self.worker.metrics.add(
+                    "companion_order_wait_milliseconds_total",
+                    "",
+                    waited.as_millis() as u64,
+                );
+                debug!(
+                    after = first,
+                    waited_ms = waited.as_millis() as u64,
+                    "conversation's turn came"
+                );
+            }
+            Ok(Waited::Cancelled) => return Some(Ending::Returned),
+            Err(e) => return Some(Ending::Failed(Failure::of(&e))),
+        }
+        let slot_started = std::time::Instant::now();
+        tokio::select! {
+            p = slot.semaphore.clone().acquire_owned() => {
+                slot.permit = p.ok();
+                timing::add(Stage::Wait, slot_started);
+            }
+            _ = slot.shutdown.cancelled() => return Some(Ending::Returned),
+        }
+        None
     }
 
     /// `companion_turns_total{outcome}` (a failure line is counted by the settlement).
