@@ -71,34 +71,9 @@ impl Worker {
         }
         let consumer = self.bus.consumer(&self.consumer).await?;
         let signal_consumer = self.bus.signal_consumer(&self.consumer).await?;
-        let order = Arc::new(
-            Order::open(
-                &self.bus.js,
-                self.bus.client.clone(),
-                &self.bus.names.stream_in,
-                &self.bus.names.prefix,
-                self.turns.pg.pool.clone(),
-                self.config.order_max_wait(),
-            )
-            .await?,
-        );
         let concurrency = self.config.concurrency.max(1);
-        let shared = Arc::new(Shared {
-            settler: Settler {
-                bus: self.bus.clone(),
-                order: order.clone(),
-                turns: self.turns.clone(),
-                metrics: self.metrics.clone(),
-            },
-            limits: settle::RetryLimits {
-                max_deliver: consumer.max_deliver.max(1),
-                retry_base: Duration::from_secs(self.config.retry_delay_secs.max(1)),
-                retry_cap: Duration::from_secs(60),
-            },
-            progress_every: (consumer.ack_wait / 3).max(Duration::from_millis(200)),
-            order: order.clone(),
-            worker: self,
-        });
+        let shared = self.share(&consumer).await?;
+        let order = shared.order.clone();
         let w = &shared.worker;
         // Alerts look at increases: the dead-letter counter exists (at 0) before the first one.
         w.metrics.add("companion_dead_letters_total", "", 0);
@@ -152,20 +127,7 @@ impl Worker {
         )
         .await;
 
-        let in_flight = tasks.len();
-        info!(
-            in_flight,
-            grace_secs = w.config.shutdown_grace_secs,
-            "stopping: no longer pulling"
-        );
-        if !finished_within(&mut tasks, w.config.shutdown_grace()).await {
-            warn!(
-                left = tasks.len(),
-                "grace period over; returning unfinished turns to the stream"
-            );
-            hard_stop.cancel();
-            while tasks.join_next().await.is_some() {}
-        }
+        drain(&mut tasks, w.config.shutdown_grace(), &hard_stop).await;
         if let Err(e) = signals.await {
             warn!(error = %e, "the signal loop ended abnormally");
         }
@@ -178,6 +140,57 @@ impl Worker {
         notices.abort();
         info!("worker stopped");
         Ok(())
+    }
+
+    /// What every delivery's task shares: the worker, the conversations' order, the settlement and the
+    /// bounds it applies.
+    async fn share(self, consumer: &crate::bus::Consumer) -> Result<Arc<Shared>, WorkerError> {
+        let order = Arc::new(
+            Order::open(
+                &self.bus.js,
+                self.bus.client.clone(),
+                &self.bus.names.stream_in,
+                &self.bus.names.prefix,
+                self.turns.pg.pool.clone(),
+                self.config.order_max_wait(),
+            )
+            .await?,
+        );
+        Ok(Arc::new(Shared {
+            settler: Settler {
+                bus: self.bus.clone(),
+                order: order.clone(),
+                turns: self.turns.clone(),
+                metrics: self.metrics.clone(),
+            },
+            limits: settle::RetryLimits {
+                max_deliver: consumer.max_deliver.max(1),
+                retry_base: Duration::from_secs(self.config.retry_delay_secs.max(1)),
+                retry_cap: Duration::from_secs(60),
+            },
+            progress_every: (consumer.ack_wait / 3).max(Duration::from_millis(200)),
+            order: order.clone(),
+            worker: self,
+        }))
+    }
+}
+
+/// Stops pulling and waits for the turns in flight for `grace`; then they return their events to the
+/// stream (`hard_stop`) and are awaited.
+async fn drain(tasks: &mut JoinSet<()>, grace: Duration, hard_stop: &CancellationToken) {
+    let in_flight = tasks.len();
+    info!(
+        in_flight,
+        grace_secs = grace.as_secs(),
+        "stopping: no longer pulling"
+    );
+    if !finished_within(tasks, grace).await {
+        warn!(
+            left = tasks.len(),
+            "grace period over; returning unfinished turns to the stream"
+        );
+        hard_stop.cancel();
+        while tasks.join_next().await.is_some() {}
     }
 }
 
