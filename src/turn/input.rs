@@ -167,124 +167,140 @@ impl Answered {
 impl Turns {
     /// Admits `input` (see the module documentation).
     pub(crate) async fn admit<'t>(&'t self, input: &Input<'_>) -> Result<Admitted<'t>, TurnError> {
-        let tricklists = prompt::PROMPT_TRICKLISTS;
         match input {
-            Input::Dm(e) => {
-                let character = self
-                    .characters
-                    .by_bot(&e.bot_id)
-                    .ok_or_else(|| TurnError::UnknownBot(e.bot_id.to_hex()))?;
-                let found = self
-                    .mongo
-                    .admit(e.conversation_id, e.sender_id, tricklists)
-                    .await?;
-                let conversation = e.conversation_id.to_hex();
-                let mut admission =
-                    found.ok_or(TurnError::MissingConversation(conversation.clone()))?;
-                if !(admission.joins(e.sender_id) && admission.joins(e.bot_id)) {
-                    return Err(TurnError::NotParticipant(conversation));
-                }
-                Ok(Admitted {
-                    ids: Ids {
-                        user_id: e.sender_id,
-                        conversation_id: e.conversation_id,
-                        job: e.message_id.to_hex(),
-                        kind: super::JOB_KIND.to_owned(),
-                        user: e.sender_id.to_hex(),
-                        bot: e.bot_id.to_hex(),
-                        conversation,
-                    },
-                    kind: Kind::Dm((*e).clone()),
-                    age: self.age_of(&mut admission.user),
-                    user: admission.user,
-                    memory: Default::default(),
-                    members: vec![Member {
-                        bot: e.bot_id,
-                        character,
-                    }],
-                })
-            }
-            Input::Group(e) => {
-                let conversation = e.conversation_id.to_hex();
-                let mut admission = self
-                    .mongo
-                    .admit(e.conversation_id, e.sender_id, tricklists)
-                    .await?
-                    .ok_or(TurnError::MissingConversation(conversation.clone()))?;
-                if !admission.joins(e.sender_id) {
-                    return Err(TurnError::NotParticipant(conversation));
-                }
-                let members: Vec<Member<'t>> = admission
-                    .participants
-                    .iter()
-                    .filter_map(|p| {
-                        let character = self.characters.by_bot(p)?;
-                        Some(Member { bot: *p, character })
-                    })
-                    .collect();
-                if members.is_empty() {
-                    return Err(TurnError::NoCompanion(conversation));
-                }
-                Ok(Admitted {
-                    ids: Ids {
-                        user_id: e.sender_id,
-                        conversation_id: e.conversation_id,
-                        job: e.message_id.to_hex(),
-                        kind: crate::group::JOB_KIND.to_owned(),
-                        user: e.sender_id.to_hex(),
-                        bot: String::new(),
-                        conversation,
-                    },
-                    kind: Kind::Group {
-                        event: (*e).clone(),
-                        participants: admission.participants,
-                    },
-                    age: self.age_of(&mut admission.user),
-                    user: admission.user,
-                    memory: Default::default(),
-                    members,
-                })
-            }
-            Input::Signal { subject, payload } => {
-                let (kind, id) = self.bus.names.signal_parts(subject).ok_or_else(|| {
-                    ProactiveError::Invalid(format!("unexpected subject {subject}"))
-                })?;
-                let sources = proactive::Sources {
-                    mongo: &self.mongo,
-                    pg: &self.pg,
-                    characters: &self.characters,
-                };
-                let max = self.config.max_event_bytes;
-                let f = proactive::read(sources, kind, id, payload, max).await?;
-                let span = tracing::Span::current();
-                span.record("job", f.job_id());
-                span.record("conversation_id", f.conversation.to_hex());
-                let found = self.mongo.admit(f.conversation, f.user, tricklists).await?;
-                let (access, mut user) = follow_up_access(found, &f);
-                Ok(Admitted {
-                    ids: Ids {
-                        user_id: f.user,
-                        conversation_id: f.conversation,
-                        job: f.job_id(),
-                        kind: f.trigger.kind.clone(),
-                        user: f.user.to_hex(),
-                        bot: f.bot.to_hex(),
-                        conversation: f.conversation.to_hex(),
-                    },
-                    members: vec![Member {
-                        bot: f.bot,
-                        character: f.character,
-                    }],
-                    kind: Kind::FollowUp {
-                        follow_up: f,
-                        access,
-                    },
-                    age: self.age_of(&mut user),
-                    user,
-                    memory: Default::default(),
-                })
-            }
+            Input::Dm(e) => self.admit_dm(e).await,
+            Input::Group(e) => self.admit_group(e).await,
+            Input::Signal { subject, payload } => self.admit_signal(subject, payload).await,
         }
+    }
+
+    /// A DM: its companion, the conversation with both in it, the user's data.
+    async fn admit_dm<'t>(&'t self, e: &DmEvent) -> Result<Admitted<'t>, TurnError> {
+        let tricklists = prompt::PROMPT_TRICKLISTS;
+        let character = self
+            .characters
+            .by_bot(&e.bot_id)
+            .ok_or_else(|| TurnError::UnknownBot(e.bot_id.to_hex()))?;
+        let found = self
+            .mongo
+            .admit(e.conversation_id, e.sender_id, tricklists)
+            .await?;
+        let conversation = e.conversation_id.to_hex();
+        let mut admission = found.ok_or(TurnError::MissingConversation(conversation.clone()))?;
+        if !(admission.joins(e.sender_id) && admission.joins(e.bot_id)) {
+            return Err(TurnError::NotParticipant(conversation));
+        }
+        Ok(Admitted {
+            ids: Ids {
+                user_id: e.sender_id,
+                conversation_id: e.conversation_id,
+                job: e.message_id.to_hex(),
+                kind: super::JOB_KIND.to_owned(),
+                user: e.sender_id.to_hex(),
+                bot: e.bot_id.to_hex(),
+                conversation,
+            },
+            kind: Kind::Dm(e.clone()),
+            age: self.age_of(&mut admission.user),
+            user: admission.user,
+            memory: Default::default(),
+            members: vec![Member {
+                bot: e.bot_id,
+                character,
+            }],
+        })
+    }
+
+    /// A group message: the conversation with its sender in it and at least one companion.
+    async fn admit_group<'t>(&'t self, e: &GroupEvent) -> Result<Admitted<'t>, TurnError> {
+        let tricklists = prompt::PROMPT_TRICKLISTS;
+        let conversation = e.conversation_id.to_hex();
+        let mut admission = self
+            .mongo
+            .admit(e.conversation_id, e.sender_id, tricklists)
+            .await?
+            .ok_or(TurnError::MissingConversation(conversation.clone()))?;
+        if !admission.joins(e.sender_id) {
+            return Err(TurnError::NotParticipant(conversation));
+        }
+        let members: Vec<Member<'t>> = admission
+            .participants
+            .iter()
+            .filter_map(|p| {
+                let character = self.characters.by_bot(p)?;
+                Some(Member { bot: *p, character })
+            })
+            .collect();
+        if members.is_empty() {
+            return Err(TurnError::NoCompanion(conversation));
+        }
+        Ok(Admitted {
+            ids: Ids {
+                user_id: e.sender_id,
+                conversation_id: e.conversation_id,
+                job: e.message_id.to_hex(),
+                kind: crate::group::JOB_KIND.to_owned(),
+                user: e.sender_id.to_hex(),
+                bot: String::new(),
+                conversation,
+            },
+            kind: Kind::Group {
+                event: e.clone(),
+                participants: admission.participants,
+            },
+            age: self.age_of(&mut admission.user),
+            user: admission.user,
+            memory: Default::default(),
+            members,
+        })
+    }
+
+    /// A signal: the news it carries, read against the app's data, and the thread it goes to.
+    async fn admit_signal<'t>(
+        &'t self,
+        subject: &str,
+        payload: &[u8],
+    ) -> Result<Admitted<'t>, TurnError> {
+        let tricklists = prompt::PROMPT_TRICKLISTS;
+        let (kind, id) = self
+            .bus
+            .names
+            .signal_parts(subject)
+            .ok_or_else(|| ProactiveError::Invalid(format!("unexpected subject {subject}")))?;
+        let sources = proactive::Sources {
+            mongo: &self.mongo,
+            pg: &self.pg,
+            characters: &self.characters,
+        };
+        let max = self.config.max_event_bytes;
+        let f = proactive::read(sources, kind, id, payload, max).await?;
+        let span = tracing::Span::current();
+        span.record("job", f.job_id());
+        span.record("conversation_id", f.conversation.to_hex());
+        let found = self.mongo.admit(f.conversation, f.user, tricklists).await?;
+        let (access, mut user) = follow_up_access(found, &f);
+        Ok(Admitted {
+            ids: Ids {
+                user_id: f.user,
+                conversation_id: f.conversation,
+                job: f.job_id(),
+                kind: f.trigger.kind.clone(),
+                user: f.user.to_hex(),
+                bot: f.bot.to_hex(),
+                conversation: f.conversation.to_hex(),
+            },
+            members: vec![Member {
+                bot: f.bot,
+                character: f.character,
+            }],
+            kind: Kind::FollowUp {
+                follow_up: f,
+                access,
+            },
+            age: self.age_of(&mut user),
+            user,
+            memory: Default::default(),
+        })
     }
 }
 
