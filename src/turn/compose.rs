@@ -78,6 +78,34 @@ fn dm_offer(
     })
 }
 
+/// The tools a companion's slot in a group is offered: what the message and the lines said to it
+/// so far call for.
+fn group_offer(text: &str, said: &[Said]) -> Offer {
+    offer::for_turn(&Signals {
+        texts: std::iter::once(text)
+            .chain(said.iter().map(|s| s.reply.content.as_str()))
+            .collect(),
+        ..Default::default()
+    })
+}
+
+/// An earlier line of a group as the companion `mine` reads it: its own as its, a moderator's marked,
+/// everyone else's with their name (`line`).
+fn as_read_by(
+    l: &crate::store::pg::GroupLine,
+    mine: &str,
+    line: &impl Fn(&str, &str) -> Message,
+) -> Message {
+    match (l.role.as_str(), l.bot_id == mine) {
+        ("assistant", true) => Message::assistant(l.content.clone()),
+        ("assistant", false) => line(&l.bot_id, &l.content),
+        (prompt::MODERATOR, _) => {
+            Message::user(format!("{}: {}", prompt::MODERATOR_LABEL, l.content))
+        }
+        _ => line(&l.user_id, &l.content),
+    }
+}
+
 /// What a follow-up's model is offered: no tools (it tells, it does not act).
 static NO_TOOLS: LazyLock<Registry> = LazyLock::new(Registry::empty);
 
@@ -304,9 +332,7 @@ impl Turns {
         }
         self.typing(group_event.conversation_id, me).await;
         let event = group_event.to_bot(me);
-        let Some(g) = t.group else {
-            unreachable!("a group message has its group plan");
-        };
+        let g = t.group.expect("a group message has its group plan");
         let (tricklists, knowledge, names) = Box::pin(async {
             tokio::join!(
                 stage(
@@ -321,26 +347,8 @@ impl Turns {
         .await;
         let name_of = |id: &str| names.get(id).cloned().unwrap_or_else(|| "someone".into());
         let line = |id: &str, text: &str| Message::user(format!("{}: {text}", name_of(id)));
-        let mut prompt = prompt::system_prompt(&PromptContext {
-            character: c,
-            profile: a.user.profile.as_ref(),
-            tricklists: &tricklists?,
-            knowledge: &knowledge,
-            reminders: &[],
-            now: Utc::now(),
-            tools_enabled: true,
-            flow: "",
-            memory: &Recall::default(),
-            budget: &self.prompt,
-        });
+        let mut prompt = self.group_prompt(t, &tricklists?, &knowledge, participants, &name_of);
         drop(knowledge);
-        prompt.system.push_str(&group_note(
-            t.speaker,
-            &a.members,
-            participants,
-            &name_of,
-            &a.ids.user,
-        ));
         let mine = me.to_hex();
         let this_message: Vec<&str> = t.said.iter().map(|s| s.reply.id.as_str()).collect();
         let head = event.message_id.to_hex();
@@ -350,12 +358,7 @@ impl Turns {
         };
         let offer = match self.prompt.tools_by_turn {
             false => Offer::all(),
-            true => offer::for_turn(&Signals {
-                texts: std::iter::once(event.content.as_str())
-                    .chain(t.said.iter().map(|s| s.reply.content.as_str()))
-                    .collect(),
-                ..Default::default()
-            }),
+            true => group_offer(&event.content, t.said),
         };
         let tools = self.tools_for(t.crisis);
         let said_tokens: usize = t
@@ -372,26 +375,16 @@ impl Turns {
             .collect();
         let earlier = prompt::recent(&earlier, history_cap, |l| l.content.len() + 8);
         let mut messages = vec![Message::system(std::mem::take(&mut prompt.system))];
-        for l in earlier {
-            messages.push(match (l.role.as_str(), l.bot_id == mine) {
-                ("assistant", true) => Message::assistant(l.content.clone()),
-                ("assistant", false) => line(&l.bot_id, &l.content),
-                (prompt::MODERATOR, _) => {
-                    Message::user(format!("{}: {}", prompt::MODERATOR_LABEL, l.content))
-                }
-                _ => line(&l.user_id, &l.content),
-            });
-        }
+        messages.extend(earlier.iter().map(|l| as_read_by(l, &mine, &line)));
         messages.push(Message::system(format!("{knowledge}{}", prompt.turn)));
         messages.push(prompt::user_message(&named));
-        for s in t.said {
+        messages.extend(t.said.iter().map(|s| {
             let bot = s.bot.as_deref().unwrap_or_default();
-            messages.push(if bot == mine {
-                Message::assistant(s.reply.content.clone())
-            } else {
-                line(bot, &s.reply.content)
-            });
-        }
+            match bot == mine {
+                true => Message::assistant(s.reply.content.clone()),
+                false => line(bot, &s.reply.content),
+            }
+        }));
         if t.crisis {
             messages.push(Message::system(prompt::GROUP_SAFETY_BRIEF.to_owned()));
         }
@@ -403,6 +396,34 @@ impl Turns {
                 group::route::handover(&said.reply.content, me, &a.members).map(|b| b.to_hex());
         }
         Ok(said)
+    }
+
+    /// The system prompt of a companion's slot in a group: who it is, the sender's tricklists, the
+    /// knowledge, and who is in the group; no memory (a group never reads a DM's) and no flows.
+    fn group_prompt(
+        &self,
+        t: &Turn<'_, '_>,
+        tricklists: &[crate::store::mongo::Tricklist],
+        knowledge: &[crate::rag::KnowledgeSnippet],
+        participants: &[ObjectId],
+        name_of: &dyn Fn(&str) -> String,
+    ) -> prompt::Prompt {
+        let a = t.admitted;
+        let mut prompt = prompt::system_prompt(&PromptContext {
+            character: t.speaker.character,
+            profile: a.user.profile.as_ref(),
+            tricklists,
+            knowledge,
+            reminders: &[],
+            now: Utc::now(),
+            tools_enabled: true,
+            flow: "",
+            memory: &Recall::default(),
+            budget: &self.prompt,
+        });
+        let note = group_note(t.speaker, &a.members, participants, name_of, &a.ids.user);
+        prompt.system.push_str(&note);
+        prompt
     }
 
     /// The follow-up the model writes with the news in its context (the brief after the conversation so
