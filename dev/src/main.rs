@@ -207,22 +207,7 @@ async fn run() -> anyhow::Result<()> {
             note,
             wait,
             config,
-        } => {
-            let session = chat::Session::open(&config, &user, &bot).await?;
-            let wait = (wait > 0).then(|| Duration::from_secs(wait));
-            let status = if reject { "rejected" } else { "approved" };
-            println!(
-                "(a moderator {status} the newest spot draft {} made for {user})",
-                session.bot_name
-            );
-            match session
-                .review_latest_draft(!reject, note.as_deref(), wait)
-                .await?
-            {
-                Some(follow_up) => session.print(&follow_up),
-                None => println!("review published"),
-            }
-        }
+        } => review(&config, &user, &bot, reject, note.as_deref(), wait).await?,
         Command::FollowUp {
             user,
             bot,
@@ -269,33 +254,7 @@ async fn run() -> anyhow::Result<()> {
             addr,
             seed_dir,
             embed,
-        } => {
-            let model = match companion::rag::load_embedder(&embed) {
-                Some(embedder) => match stub::DemoModel::load(embedder, &seed_dir).await {
-                    Ok(m) => Some(std::sync::Arc::new(m)),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "demo data not read; keyword rules only");
-                        None
-                    }
-                },
-                None => None,
-            };
-            let responder = match model {
-                Some(m) => {
-                    tracing::info!("the scripted model reads messages with the embedding model");
-                    m.responder()
-                }
-                None => stub::asynchronous(stub::demo()),
-            };
-            let server = stub::StubLlm::start_async(addr, responder, false)
-                .await
-                .context("binding")?;
-            tracing::info!(base_url = %server.base_url, "scripted offline model listening");
-            tokio::select! {
-                _ = server.wait() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
+        } => stub_llm(addr, &seed_dir, &embed).await?,
         Command::SafetyEval { file, split } => companion_dev::safety_eval::run(&file, split)?,
         Command::Parity { args } => companion_dev::parity::run(&args).await?,
         Command::Bench { args, mut config } => {
@@ -304,6 +263,63 @@ async fn run() -> anyhow::Result<()> {
                 .await
                 .context("benchmark")?;
         }
+    }
+    Ok(())
+}
+
+/// `review`: a moderator approves (or rejects) the newest spot draft the companion made for the user.
+async fn review(
+    config: &chat::ChatConfig,
+    user: &str,
+    bot: &str,
+    reject: bool,
+    note: Option<&str>,
+    wait: u64,
+) -> anyhow::Result<()> {
+    let session = chat::Session::open(config, user, bot).await?;
+    let wait = (wait > 0).then(|| Duration::from_secs(wait));
+    let status = if reject { "rejected" } else { "approved" };
+    println!(
+        "(a moderator {status} the newest spot draft {} made for {user})",
+        session.bot_name
+    );
+    match session.review_latest_draft(!reject, note, wait).await? {
+        Some(follow_up) => session.print(&follow_up),
+        None => println!("review published"),
+    }
+    Ok(())
+}
+
+/// `stub-llm`: the scripted offline model, reading messages with the embedding model when it loads.
+async fn stub_llm(
+    addr: SocketAddr,
+    seed_dir: &std::path::Path,
+    embed: &EmbedSettings,
+) -> anyhow::Result<()> {
+    let model = match companion::rag::load_embedder(embed) {
+        Some(embedder) => match stub::DemoModel::load(embedder, seed_dir).await {
+            Ok(m) => Some(std::sync::Arc::new(m)),
+            Err(e) => {
+                tracing::warn!(error = %e, "demo data not read; keyword rules only");
+                None
+            }
+        },
+        None => None,
+    };
+    let responder = match model {
+        Some(m) => {
+            tracing::info!("the scripted model reads messages with the embedding model");
+            m.responder()
+        }
+        None => stub::asynchronous(stub::demo()),
+    };
+    let server = stub::StubLlm::start_async(addr, responder, false)
+        .await
+        .context("binding")?;
+    tracing::info!(base_url = %server.base_url, "scripted offline model listening");
+    tokio::select! {
+        _ = server.wait() => {}
+        _ = tokio::signal::ctrl_c() => {}
     }
     Ok(())
 }
