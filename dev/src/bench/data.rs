@@ -207,25 +207,7 @@ pub async fn seed_all(
         .collect();
     insert_chunked(env, USERS, user_docs).await?;
 
-    let mut lists = Vec::new();
-    for (i, user) in users.iter().enumerate() {
-        for l in 0..shape.tricklists_per_user {
-            let picked: Vec<Document> = (0..8)
-                .filter_map(|k| tricks.get((i * 7 + l * 13 + k * 3) % tricks.len().max(1)))
-                .enumerate()
-                .map(|(k, t)| doc! { "_id": *t, "checked": k % 3 == 0 })
-                .collect();
-            lists.push(doc! {
-                "_id": ObjectId::new(),
-                "name": format!("Session list {l}"),
-                "user": user_ref(*user),
-                "category": sports[(i + l) % sports.len()],
-                "isPublic": l % 2 == 0,
-                "tricks": picked,
-                "createdAt": bson::DateTime::from_chrono(now - ChronoDuration::days(l as i64 + 1)),
-            });
-        }
-    }
+    let lists = tricklists(&users, &tricks, shape.tricklists_per_user, now);
     insert_chunked(env, TRICKLISTS, lists).await?;
 
     let conversations: Vec<Conversation> = (0..shape.conversations)
@@ -270,6 +252,36 @@ pub async fn seed_all(
         users: n_users,
         knowledge_chunks,
     })
+}
+
+/// `per_user` tricklists for each user, eight of `tricks` in each, every third one landed.
+fn tricklists(
+    users: &[ObjectId],
+    tricks: &[ObjectId],
+    per_user: usize,
+    now: chrono::DateTime<Utc>,
+) -> Vec<Document> {
+    let sports = ["skateboard", "snowboard", "bmx"];
+    let mut lists = Vec::new();
+    for (i, user) in users.iter().enumerate() {
+        for l in 0..per_user {
+            let picked: Vec<Document> = (0..8)
+                .filter_map(|k| tricks.get((i * 7 + l * 13 + k * 3) % tricks.len().max(1)))
+                .enumerate()
+                .map(|(k, t)| doc! { "_id": *t, "checked": k % 3 == 0 })
+                .collect();
+            lists.push(doc! {
+                "_id": ObjectId::new(),
+                "name": format!("Session list {l}"),
+                "user": user_ref(*user),
+                "category": sports[(i + l) % sports.len()],
+                "isPublic": l % 2 == 0,
+                "tricks": picked,
+                "createdAt": bson::DateTime::from_chrono(now - ChronoDuration::days(l as i64 + 1)),
+            });
+        }
+    }
+    lists
 }
 
 /// `history` alternating user/assistant rows per conversation, oldest first, ending an hour ago.
