@@ -283,6 +283,13 @@ fn rows(c: &CompareReport) -> Vec<Row> {
         .filter(|_| !c.rounds.is_empty())
         .map(|(name, f)| row(name, f(&ra), f(&rb)))
         .collect();
+    out.extend(embedding_rows(c));
+    out
+}
+
+/// The embedding rounds' rows, when the run had any.
+fn embedding_rows(c: &CompareReport) -> Vec<Row> {
+    let mut out = Vec::new();
     let emb = |s: &str, f: fn(&embed::EmbedFigures) -> f64| {
         mean(
             &c.embedding_rounds
