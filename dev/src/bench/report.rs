@@ -197,6 +197,15 @@ impl Report {
 /// The report as a terminal table.
 pub fn table(r: &Report) -> String {
     let mut o = String::new();
+    run_lines(&mut o, r);
+    stage_lines(&mut o, r);
+    cost_lines(&mut o, r);
+    embedding_and_log_lines(&mut o, r);
+    o
+}
+
+/// The machine, the run's settings and what became of its turns.
+fn run_lines(o: &mut String, r: &Report) {
     let m = &r.machine;
     let _ = writeln!(
         o,
@@ -257,6 +266,10 @@ pub fn table(r: &Report) -> String {
             t.turns_per_second, t.seconds, t.peak_in_flight, t.peak_running_in_workers
         );
     }
+}
+
+/// Each turn's times, end to end and by stage, and how knowledge was looked up.
+fn stage_lines(o: &mut String, r: &Report) {
     let row = |o: &mut String, name: &str, n: Option<usize>, d: &Dist| {
         let _ = writeln!(
             o,
@@ -283,7 +296,7 @@ pub fn table(r: &Report) -> String {
             ("  outside MongoDB (est)", &r.overhead_outside_mongo_ms),
         ] {
             if let Some(d) = d {
-                row(&mut o, name, Some(d.n), d);
+                row(o, name, Some(d.n), d);
             }
         }
         let _ = writeln!(
@@ -292,7 +305,7 @@ pub fn table(r: &Report) -> String {
             r.mongo_commands_per_turn
         );
         for s in &r.stages {
-            row(&mut o, &format!("  {}", s.stage), Some(s.turns), &s.ms);
+            row(o, &format!("  {}", s.stage), Some(s.turns), &s.ms);
         }
         if !r.knowledge.is_empty() {
             let all: usize = r.knowledge.values().sum();
@@ -304,6 +317,10 @@ pub fn table(r: &Report) -> String {
             let _ = writeln!(o, "  knowledge lookups: {}", shares.join(", "));
         }
     }
+}
+
+/// The prompts, what they are billed as, memory and CPU.
+fn cost_lines(o: &mut String, r: &Report) {
     if let Some(p) = &r.prompt {
         let _ = writeln!(
             o,
@@ -365,6 +382,10 @@ prompt (first call of a turn, {} sampled; tokens estimated): p50 {:.0} tokens, m
             res.machine_busy_share * 100.0
         );
     }
+}
+
+/// The embedding rounds and the workers' warnings and errors.
+fn embedding_and_log_lines(o: &mut String, r: &Report) {
     if let Some(e) = &r.embedding {
         let _ = writeln!(
             o,
@@ -406,5 +427,4 @@ prompt (first call of a turn, {} sampled; tokens estimated): p50 {:.0} tokens, m
             let _ = writeln!(o, "  {s}");
         }
     }
-    o
 }
