@@ -251,6 +251,21 @@ impl TestEnv {
         .await
     }
 
+    /// `n` earlier messages of JESS and KAORI's DM in the history (user and companion in turn, the
+    /// `i`-th saying `text(i)`), an hour ago, oldest first.
+    pub async fn earlier_messages(&self, n: usize, text: impl Fn(usize) -> String) {
+        let base = chrono::Utc::now() - chrono::Duration::hours(1);
+        for i in 0..n {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            sqlx::query("INSERT INTO bot_conversations (user_id, bot_id, conversation_id, role, content, message_id, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7)")
+                .bind(JESS).bind(KAORI).bind(JESS_KAORI).bind(role)
+                .bind(text(i))
+                .bind(format!("h{i}-{}", self.tag))
+                .bind(base + chrono::Duration::seconds(i as i64))
+                .execute(&self.pg.pool).await.unwrap();
+        }
+    }
+
     /// Stores a DM from `user` to `bot` as TB-Backend does and returns its event (not yet published).
     pub async fn dm(&self, user: &str, bot: &str, conversation: &str, text: &str) -> InboundEvent {
         backend::store_user_message(

@@ -159,16 +159,10 @@ async fn every_block_stays_within_its_cap_and_the_history_within_the_total() {
         )
         .await
         .unwrap();
-    let base = chrono::Utc::now() - chrono::Duration::hours(1);
-    for i in 0..10 {
-        let role = if i % 2 == 0 { "user" } else { "assistant" };
-        sqlx::query("INSERT INTO bot_conversations (user_id, bot_id, conversation_id, role, content, message_id, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7)")
-            .bind(JESS).bind(KAORI).bind(JESS_KAORI).bind(role)
-            .bind(format!("history message {i} {}", "and on and on ".repeat(10)))
-            .bind(format!("h{i}-{}", env.tag))
-            .bind(base + chrono::Duration::seconds(i))
-            .execute(&env.pg.pool).await.unwrap();
-    }
+    env.earlier_messages(10, |i| {
+        format!("history message {i} {}", "and on and on ".repeat(10))
+    })
+    .await;
     env.start_worker().await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, "what's up").await;
     env.turn(&e).await;
@@ -220,16 +214,13 @@ async fn cached_over_turns(history_step: usize) -> (u64, usize) {
     })
     .await;
     env.stub.simulate_prompt_cache();
-    let base = chrono::Utc::now() - chrono::Duration::hours(1);
-    for i in 0..30 {
-        let role = if i % 2 == 0 { "user" } else { "assistant" };
-        sqlx::query("INSERT INTO bot_conversations (user_id, bot_id, conversation_id, role, content, message_id, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7)")
-            .bind(JESS).bind(KAORI).bind(JESS_KAORI).bind(role)
-            .bind(format!("history message {i}: {}", "we talked about pushing and stance and ".repeat(3)))
-            .bind(format!("h{i}-{}", env.tag))
-            .bind(base + chrono::Duration::seconds(i))
-            .execute(&env.pg.pool).await.unwrap();
-    }
+    env.earlier_messages(30, |i| {
+        format!(
+            "history message {i}: {}",
+            "we talked about pushing and stance and ".repeat(3)
+        )
+    })
+    .await;
     env.start_worker().await;
     let mut firsts = Vec::new();
     for i in 0..16 {

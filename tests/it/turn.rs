@@ -124,16 +124,8 @@ async fn the_model_gets_the_character_the_tricklists_and_the_last_20_messages_in
     )
     .await;
     // 25 earlier messages; only the last 20 may be sent, oldest first.
-    let base = chrono::Utc::now() - chrono::Duration::hours(1);
-    for i in 0..25 {
-        let role = if i % 2 == 0 { "user" } else { "assistant" };
-        sqlx::query("INSERT INTO bot_conversations (user_id, bot_id, conversation_id, role, content, message_id, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7)")
-            .bind(JESS).bind(KAORI).bind(JESS_KAORI).bind(role)
-            .bind(format!("history message {i}"))
-            .bind(format!("h{i}-{}", env.tag))
-            .bind(base + chrono::Duration::seconds(i))
-            .execute(&env.pg.pool).await.unwrap();
-    }
+    env.earlier_messages(25, |i| format!("history message {i}"))
+        .await;
     env.start_worker().await;
     let event = env
         .dm(JESS, KAORI, JESS_KAORI, "what should i learn next?")
