@@ -10,16 +10,25 @@ use companion::memory::extract::{EXTRACT_MARKER, SUMMARY_MARKER};
 
 /// The answer to a memory request, or `None` for any other request.
 pub fn answer(body: &Value) -> Option<String> {
-    let messages = body["messages"].as_array()?;
-    let system = messages.first()?["content"].as_str()?;
-    let user = messages.get(1)?["content"].as_str().unwrap_or("");
+    let (system, user) = request(body)?;
     if system.starts_with(EXTRACT_MARKER) {
         return Some(extract(user).to_string());
     }
-    if system.starts_with(SUMMARY_MARKER) {
-        return Some(summarize(user));
-    }
-    None
+    Some(summarize(user))
+}
+
+/// Whether `body` is one of the worker's memory requests (extraction or summary), not a turn's.
+pub fn is_memory_request(body: &Value) -> bool {
+    request(body).is_some()
+}
+
+/// A memory request's system prompt and its numbered messages.
+fn request(body: &Value) -> Option<(&str, &str)> {
+    let messages = body["messages"].as_array()?;
+    let system = messages.first()?["content"].as_str()?;
+    let user = messages.get(1)?["content"].as_str().unwrap_or("");
+    (system.starts_with(EXTRACT_MARKER) || system.starts_with(SUMMARY_MARKER))
+        .then_some((system, user))
 }
 
 /// `{"facts": [...]}` from the numbered lines (`N. text`) of an extraction request.

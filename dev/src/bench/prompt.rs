@@ -33,7 +33,7 @@ impl Sampler {
                 .rev()
                 .take_while(|m| m["role"] != "user")
                 .all(|m| m["role"] != "tool")
-        }) && crate::memory_rules::answer(body).is_none();
+        }) && !crate::memory_rules::is_memory_request(body);
         let mut bodies = self.bodies.lock().expect("sampler lock");
         if first_call && bodies.len() < KEEP {
             bodies.push(body.clone());
