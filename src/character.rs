@@ -71,7 +71,7 @@ pub struct Character {
 }
 
 /// The plain sentence every character may say in its own voice instead.
-pub const DISCLOSURE: &str = "Just so you know: I'm an AI, a computer program, not a human, and I can't feel human emotions.";
+pub(crate) const DISCLOSURE: &str = "Just so you know: I'm an AI, a computer program, not a human, and I can't feel human emotions.";
 
 fn default_disclosure_line() -> String {
     DISCLOSURE.into()
@@ -120,7 +120,7 @@ impl Default for FollowUps {
 }
 
 /// `template` with each `{name}` replaced by its value.
-pub fn fill(template: &str, values: &[(&str, &str)]) -> String {
+pub(crate) fn fill(template: &str, values: &[(&str, &str)]) -> String {
     values.iter().fold(template.to_owned(), |t, (name, value)| {
         t.replace(&format!("{{{name}}}"), value)
     })

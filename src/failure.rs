@@ -29,7 +29,7 @@ pub trait Classify {
 
 /// A classified failure, as the settlement sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failure {
+pub(crate) struct Failure {
     pub class: Class,
     /// Logged, recorded in the journal and in the dead letter.
     pub reason: String,
@@ -37,7 +37,7 @@ pub struct Failure {
 }
 
 impl Failure {
-    pub fn of<E: Classify + std::fmt::Display>(e: &E) -> Self {
+    pub(crate) fn of<E: Classify + std::fmt::Display>(e: &E) -> Self {
         Self {
             class: e.class(),
             reason: e.to_string(),
@@ -45,7 +45,7 @@ impl Failure {
         }
     }
 
-    pub fn new(class: Class, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(class: Class, reason: impl Into<String>) -> Self {
         Self {
             class,
             reason: reason.into(),

@@ -9,37 +9,52 @@
 //!
 //! Modules are layered (docs/development.md, Layout; checked by `layers_have_no_cycles` below): a module
 //! imports only modules of lower layers.
+//!
+//! The public API is small (as in mini-redis): the settings ([`config`]), the worker ([`run_worker`]), the
+//! telemetry the binary starts ([`init_telemetry`], [`run_main`]) and the operations commands
+//! ([`commands`]). Everything else is private to the crate; the integration tests and the dev tooling
+//! (`companion-dev`) reach what they need through [`testing`] (feature `testing`), never the production
+//! binary.
 
-pub mod app;
-pub mod bus;
-pub mod character;
+// What is `pub` is reachable from the API or from `testing`; anything else is `pub(crate)` at most.
+#![cfg_attr(feature = "testing", warn(unreachable_pub))]
+
+mod app;
+mod bus;
+mod character;
+mod failure;
+mod flood;
+mod flow;
+mod group;
+mod journal;
+mod llm;
+mod memory;
+mod metrics;
+mod ops;
+mod order;
+mod proactive;
+mod rag;
+mod replay;
+mod report;
+mod safety;
+mod settle;
+mod spend;
+mod store;
+mod telemetry;
+mod timing;
+mod tools;
+mod turn;
+mod usage;
+mod worker;
+
+pub mod commands;
 pub mod config;
-pub mod failure;
-pub mod flood;
-pub mod flow;
-pub mod group;
-pub mod journal;
-pub mod llm;
-pub mod memory;
-pub mod metrics;
-pub mod ops;
-pub mod order;
-pub mod proactive;
-pub mod rag;
-pub mod replay;
-pub mod report;
-pub mod safety;
-pub mod settle;
-pub mod spend;
-pub mod store;
-pub mod telemetry;
-pub mod timing;
-pub mod tools;
-pub mod turn;
-pub mod usage;
-pub mod worker;
+#[cfg(feature = "testing")]
+pub mod testing;
 
+pub use app::{Components, TurnSections, run_worker};
 pub use config::Config;
+pub use telemetry::{Telemetry, init as init_telemetry, run_main};
 
 /// The layers, lowest first: a module may import modules of lower layers only. A new module gets a
 /// layer here; an import that goes sideways or up fails `layers_have_no_cycles`.
@@ -58,6 +73,8 @@ const LAYERS: &[&[&str]] = &[
     &["worker", "replay", "usage", "report"],
     &["ops"],
     &["app"],
+    &["commands"],
+    &["testing"],
 ];
 
 #[cfg(test)]

@@ -5,14 +5,12 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use companion::{
-    app::{Components, TurnSections},
-    bus::Bus,
+    TurnSections, commands,
     config::{
         CharactersConfig, Config, ConsumerConfig, EmbedSettings, LlmConfig, LogConfig,
         MemoryConfig, MongoConfig, NatsConfig, PgConfig, PromptConfig, RagConfig, SafetyConfig,
         TurnConfig,
     },
-    rag, replay, store, telemetry, usage,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -104,7 +102,7 @@ enum Command {
 #[derive(Args)]
 struct ReplayCommand {
     #[command(flatten)]
-    args: replay::ReplayArgs,
+    args: commands::ReplayArgs,
     #[command(flatten)]
     nats: NatsConfig,
     #[command(flatten)]
@@ -147,31 +145,32 @@ enum Report {
 }
 
 fn main() -> std::process::ExitCode {
-    telemetry::run_main(run)
+    companion::run_main(run)
 }
 
 async fn run() -> anyhow::Result<()> {
     let _ = dotenvy::dotenv();
     let cli = Cli::parse();
     // Flushes exported spans when main returns.
-    let _telemetry = telemetry::init(&cli.log);
+    let _telemetry = companion::init_telemetry(&cli.log);
     match cli.command {
         Command::Worker(mut config) => {
             config.log = cli.log;
             let shutdown = CancellationToken::new();
             tokio::spawn(watch_signals(shutdown.clone()));
-            companion::app::run_worker(*config, shutdown)
+            companion::run_worker(*config, shutdown)
                 .await
                 .context("worker")?;
         }
         Command::Migrate(pg) => {
-            let pg = store::Pg::connect(&pg).await.context("migrate")?;
-            pg.migrate().await.context("migrating")?;
+            commands::migrate(&pg).await.context("migrate")?;
             println!("migrations applied");
         }
         Command::Provision { nats, consumer } => {
-            let bus = Bus::connect(&nats).await.context("provision")?;
-            for line in bus.provision(&consumer).await.context("provisioning")? {
+            let lines = commands::provision(&nats, &consumer)
+                .await
+                .context("provision")?;
+            for line in lines {
                 println!("{line}");
             }
         }
@@ -183,15 +182,9 @@ async fn run() -> anyhow::Result<()> {
             characters,
             memory,
         } => {
-            let report = companion::memory::show::report(
-                &pg,
-                &memory,
-                &characters.dir,
-                &user,
-                bot.as_deref(),
-            )
-            .await
-            .context("reading what companions remember")?;
+            let report = commands::memory(&pg, &memory, &characters.dir, &user, bot.as_deref())
+                .await
+                .context("reading what companions remember")?;
             print!("{report}");
         }
         Command::Usage {
@@ -202,7 +195,7 @@ async fn run() -> anyhow::Result<()> {
             pg,
             characters,
         } => {
-            let query = usage::Query {
+            let query = commands::UsageQuery {
                 days,
                 user: user.as_deref(),
                 top,
@@ -221,9 +214,7 @@ async fn run() -> anyhow::Result<()> {
             crisis_report(year, json, &pg).await?
         }
         Command::Embed(embed) => {
-            let n = rag::commands::embed_stdin(&embed)
-                .await
-                .context("embedding")?;
+            let n = commands::embed(&embed).await.context("embedding")?;
             tracing::debug!(lines = n, "embedded");
         }
     }
@@ -232,7 +223,7 @@ async fn run() -> anyhow::Result<()> {
 
 /// `companion replay`: the worker's parts, then the events again.
 async fn replay_command(r: ReplayCommand) -> anyhow::Result<()> {
-    let components = Components::connect(TurnSections {
+    let sections = TurnSections {
         nats: &r.nats,
         mongo: &r.mongo,
         pg: &r.pg,
@@ -244,10 +235,8 @@ async fn replay_command(r: ReplayCommand) -> anyhow::Result<()> {
         embed: &r.embed,
         rag: &r.rag,
         memory: &r.memory,
-    })
-    .await
-    .context("connecting for the replay")?;
-    let summary = replay::run(components.replayer().into(), &r.args)
+    };
+    let summary = commands::replay(sections, &r.args)
         .await
         .context("replay")?;
     if summary.failed > 0 {
@@ -258,11 +247,11 @@ async fn replay_command(r: ReplayCommand) -> anyhow::Result<()> {
 
 /// `companion usage`: what the model calls cost, from the journal.
 async fn usage_report(
-    query: usage::Query<'_>,
+    query: commands::UsageQuery<'_>,
     pg: &PgConfig,
     characters: &CharactersConfig,
 ) -> anyhow::Result<()> {
-    let report = usage::report(pg, &characters.dir, query)
+    let report = commands::usage(pg, &characters.dir, query)
         .await
         .context("reading the journal's model calls (run `companion migrate` first)")?;
     print!("{report}");
@@ -277,7 +266,7 @@ async fn ingest(
     embed: &EmbedSettings,
     rag: &RagConfig,
 ) -> anyhow::Result<()> {
-    let r = rag::commands::ingest_path(pg, embed, rag, path, collection)
+    let r = commands::ingest(pg, embed, rag, path, collection)
         .await
         .with_context(|| format!("ingesting {}", path.display()))?;
     println!(
@@ -294,12 +283,10 @@ async fn ingest(
 /// `companion report crisis`: the year's crisis log, for the annual report.
 async fn crisis_report(year: Option<i32>, json: bool, pg: &PgConfig) -> anyhow::Result<()> {
     let year = year.unwrap_or_else(|| chrono::Datelike::year(&chrono::Utc::now()));
-    let pg = store::Pg::connect(pg).await.context("report")?;
-    let rows = pg
-        .crisis_year(year)
+    let report = commands::crisis_report(pg, year, json)
         .await
         .context("reading the crisis log (run `companion migrate` first)")?;
-    print!("{}", companion::report::crisis(year, &rows, json));
+    print!("{report}");
     Ok(())
 }
 

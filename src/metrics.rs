@@ -30,7 +30,7 @@ const STAGE_BUCKETS: &[f64] = &[
 ];
 
 /// Upper bounds of the embedding batch-size histogram (texts per model run).
-pub const EMBED_BATCH_BUCKETS: &[u64] = &[1, 2, 4, 8, 16, 32, 64, 128];
+pub(crate) const EMBED_BATCH_BUCKETS: &[u64] = &[1, 2, 4, 8, 16, 32, 64, 128];
 
 /// A cumulative histogram over any bounds.
 #[derive(Clone, Debug, Default)]
@@ -220,7 +220,7 @@ fn write_histogram<B: fmt::Display>(
 }
 
 /// A label value safe inside `"…"`.
-pub fn label(v: &str) -> String {
+pub(crate) fn label(v: &str) -> String {
     v.chars()
         .filter(|c| !matches!(c, '"' | '\\' | '\n'))
         .take(100)
@@ -229,7 +229,7 @@ pub fn label(v: &str) -> String {
 
 /// `companion_embed_batch_size`: texts per model run of the embedder, cumulative over
 /// [`EMBED_BATCH_BUCKETS`] (`cumulative[i]` = runs with at most that many texts), with count and sum.
-pub fn render_embed_batches(out: &mut String, cumulative: &[u64], count: u64, sum: u64) {
+pub(crate) fn render_embed_batches(out: &mut String, cumulative: &[u64], count: u64, sum: u64) {
     let _ = writeln!(out, "# TYPE companion_embed_batch_size histogram");
     write_histogram(
         out,

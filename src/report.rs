@@ -11,7 +11,7 @@ const MONTHS: [&str; 12] = [
 ];
 
 /// The report as a table (or one JSON object with `json`).
-pub fn crisis(year: i32, rows: &[CrisisMonth], json: bool) -> String {
+pub(crate) fn crisis(year: i32, rows: &[CrisisMonth], json: bool) -> String {
     if json {
         let total: i64 = rows.iter().map(|r| r.referred).sum();
         let flagged: i64 = rows.iter().map(|r| r.flagged).sum();

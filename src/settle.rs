@@ -32,7 +32,7 @@ use crate::{
 
 /// How a delivery's turn ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Ending {
+pub(crate) enum Ending {
     /// The turn settled the message; `through` is the last stream sequence its reply answered (a burst).
     Settled { through: Option<u64> },
     /// The worker is stopping: the message goes back to the stream at once.
@@ -43,7 +43,7 @@ pub enum Ending {
 
 /// What is done with the delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Settled: move the order floor through `through` (or the message itself) and acknowledge.
     Ack { through: Option<u64> },
     /// Hand it back to the stream, redelivered after `delay`.
@@ -57,7 +57,7 @@ pub enum Verdict {
 
 /// The bounds the decision depends on.
 #[derive(Clone, Copy, Debug)]
-pub struct RetryLimits {
+pub(crate) struct RetryLimits {
     /// Deliveries of one event (the consumer's `max_deliver`).
     pub max_deliver: i64,
     /// First NAK delay, doubled per delivery.
@@ -67,7 +67,7 @@ pub struct RetryLimits {
 }
 
 /// The one decision.
-pub fn decide(ending: &Ending, delivered: i64, limits: &RetryLimits) -> Verdict {
+pub(crate) fn decide(ending: &Ending, delivered: i64, limits: &RetryLimits) -> Verdict {
     match ending {
         Ending::Settled { through } => Verdict::Ack { through: *through },
         Ending::Returned => Verdict::Nak {
@@ -91,13 +91,13 @@ pub fn decide(ending: &Ending, delivered: i64, limits: &RetryLimits) -> Verdict 
 
 /// The settlement's own writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Write {
+pub(crate) enum Write {
     DeadLetter,
     OrderFloor,
 }
 
 /// A write of the settlement failed: the event comes back, and its redelivery settles it again.
-pub fn on_failed_write(write: Write) -> Verdict {
+pub(crate) fn on_failed_write(write: Write) -> Verdict {
     Verdict::Nak {
         delay: match write {
             Write::DeadLetter => Duration::from_secs(5),
@@ -122,7 +122,7 @@ fn jittered(d: Duration) -> Duration {
 }
 
 /// The delivery being settled.
-pub enum Handle<'a> {
+pub(crate) enum Handle<'a> {
     /// A message this worker holds (a DM or a signal): acked, NAKed or terminated.
     Message(&'a jetstream::Message),
     /// A message no worker holds any more (it ran out of deliveries): nothing will deliver it again, so a
@@ -170,7 +170,7 @@ impl Handle<'_> {
 }
 
 /// Carries verdicts out.
-pub struct Settler {
+pub(crate) struct Settler {
     pub bus: Bus,
     pub order: Arc<Order>,
     pub turns: Arc<Turns>,
@@ -179,7 +179,7 @@ pub struct Settler {
 
 impl Settler {
     /// Executes `verdict` for the delivery; `event` is the parsed event when the payload was valid.
-    pub async fn execute(
+    pub(crate) async fn execute(
         &self,
         handle: Handle<'_>,
         event: Option<&Inbound>,

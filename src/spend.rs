@@ -21,7 +21,7 @@ use std::{
 use sqlx::PgPool;
 use tracing::{info, warn};
 
-pub use crate::journal::usage::Spent;
+pub(crate) use crate::journal::usage::Spent;
 use crate::{
     config::TurnConfig,
     journal::{names, usage},
@@ -30,7 +30,7 @@ use crate::{
 };
 
 /// The tally every model answer on behalf of `user` is recorded under.
-pub fn tally(user: &str) -> String {
+pub(crate) fn tally(user: &str) -> String {
     names::tally::spend(user)
 }
 

@@ -232,7 +232,7 @@ impl<F: Future> Future for Staged<F> {
 
 /// Adds the time since `started` to `stage` of the current turn, for code timed without a future (no-op
 /// outside a [`scope`]).
-pub fn add(stage: Stage, started: Instant) {
+pub(crate) fn add(stage: Stage, started: Instant) {
     record(stage, POLLING.with(Cell::get), started.elapsed());
 }
 
@@ -252,7 +252,7 @@ fn record(stage: Stage, parent: Option<Stage>, elapsed: Duration) {
 }
 
 /// Notes how the current turn's knowledge lookup got its query vector (no-op outside a [`scope`]).
-pub fn note_knowledge(how: &'static str) {
+pub(crate) fn note_knowledge(how: &'static str) {
     let _ = CLOCK.try_with(|c| c.knowledge.set(how));
 }
 
@@ -281,7 +281,7 @@ pub fn snapshot() -> Option<TurnTimings> {
 
 /// Ends the current turn's measurement: one `turn timings` log event (inside the turn's span, so it
 /// carries the event id) and the stage histograms. Returns what was reported.
-pub fn report(metrics: &Metrics, outcome: &'static str) -> Option<TurnTimings> {
+pub(crate) fn report(metrics: &Metrics, outcome: &'static str) -> Option<TurnTimings> {
     let t = snapshot()?;
     let ms = |s: Stage| round2(t.stage_ms(s));
     info!(
@@ -326,8 +326,8 @@ pub fn report(metrics: &Metrics, outcome: &'static str) -> Option<TurnTimings> {
 
 /// The MongoDB driver's command monitor: every command that completes inside a turn adds its interval
 /// to that turn's clock (the driver runs commands in the caller's task and calls this synchronously).
-pub fn mongo_command_handler() -> mongodb::event::EventHandler<mongodb::event::command::CommandEvent>
-{
+pub(crate) fn mongo_command_handler()
+-> mongodb::event::EventHandler<mongodb::event::command::CommandEvent> {
     use mongodb::event::command::CommandEvent;
     mongodb::event::EventHandler::callback(|event| {
         let duration = match event {
@@ -343,7 +343,8 @@ pub fn mongo_command_handler() -> mongodb::event::EventHandler<mongodb::event::c
 
 /// The MongoDB driver's connection-pool monitor: time spent waiting to check out a connection counts
 /// as MongoDB wait of the turn that waited (a saturated server shows here first).
-pub fn mongo_pool_handler() -> mongodb::event::EventHandler<mongodb::event::cmap::CmapEvent> {
+pub(crate) fn mongo_pool_handler() -> mongodb::event::EventHandler<mongodb::event::cmap::CmapEvent>
+{
     use mongodb::event::cmap::CmapEvent;
     mongodb::event::EventHandler::callback(|event| {
         let duration = match event {

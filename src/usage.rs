@@ -5,7 +5,7 @@
 
 use std::{collections::HashMap, fmt::Write, path::Path};
 
-pub use crate::journal::usage::{SummaryRow, UserRow, summary, top_users};
+pub(crate) use crate::journal::usage::{SummaryRow, UserRow, summary, top_users};
 use crate::{
     character::Characters,
     config::PgConfig,
@@ -13,7 +13,7 @@ use crate::{
 };
 
 /// The heaviest users as a table, heaviest first.
-pub fn render_top(rows: &[UserRow], days: u32) -> String {
+pub(crate) fn render_top(rows: &[UserRow], days: u32) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -42,7 +42,7 @@ pub fn render_top(rows: &[UserRow], days: u32) -> String {
 /// calls, the cacheable prefix, the cached part, and the billed-equivalent (uncached + cached ×
 /// `cached_price_ratio`, the provider's cached-read price over its input price). Bots by character name
 /// where `names` knows them.
-pub fn render(
+pub(crate) fn render(
     rows: &[SummaryRow],
     names: &HashMap<String, String>,
     days: u32,
@@ -151,7 +151,7 @@ pub struct Query<'a> {
 }
 
 /// `companion usage`: the summary of the configured database, bots named from the character files.
-pub async fn report(
+pub(crate) async fn report(
     pg: &PgConfig,
     characters_dir: &Path,
     query: Query<'_>,

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 
-use companion::{
+use companion::testing::{
     bus::{Bus, BusError, Completion, GroupMessageEvent, InboundEvent, event::Attachment},
     store::{
         Mongo, StoreError,
@@ -195,7 +195,7 @@ pub async fn publish_spot_review(
             &format!("{}:{status}", draft.to_hex()),
             async_nats::HeaderMap::new(),
             serde_json::to_vec(review)
-                .map_err(companion::bus::BusError::from)?
+                .map_err(companion::testing::bus::BusError::from)?
                 .into(),
         )
         .await?;

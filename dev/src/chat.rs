@@ -7,7 +7,7 @@ use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::backend;
-use companion::{
+use companion::testing::{
     bus::{Bus, Completion, event::parse_object_id},
     character::Characters,
     config::{CharactersConfig, MongoConfig, NatsConfig, PgConfig},
@@ -66,11 +66,11 @@ pub enum CommandError {
     #[error(transparent)]
     Backend(#[from] backend::BackendError),
     #[error(transparent)]
-    Store(#[from] companion::store::StoreError),
+    Store(#[from] companion::testing::store::StoreError),
     #[error(transparent)]
-    Characters(#[from] companion::character::CharacterError),
+    Characters(#[from] companion::testing::character::CharacterError),
     #[error(transparent)]
-    Bus(#[from] companion::bus::BusError),
+    Bus(#[from] companion::testing::bus::BusError),
     #[error("terminal: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -331,7 +331,7 @@ pub async fn resolve_user(mongo: &Mongo, user: &str) -> Result<ObjectId, Command
         .collection(USERS)
         .find_one(doc! { "username": user })
         .await
-        .map_err(companion::store::StoreError::from)?;
+        .map_err(companion::testing::store::StoreError::from)?;
     found
         .and_then(|d| d.get_object_id("_id").ok())
         .ok_or_else(|| CommandError::UnknownUser(user.to_owned()))
@@ -546,13 +546,13 @@ impl GroupSession {
         let mut participants = vec![user];
         participants.extend(&ids);
         let existing = mongo
-            .collection(companion::store::mongo::DM_CONVERSATIONS)
+            .collection(companion::testing::store::mongo::DM_CONVERSATIONS)
             .find_one(doc! {
                 "isGroup": true,
                 "participants": { "$all": participants.clone(), "$size": participants.len() as i32 },
             })
             .await
-            .map_err(companion::store::StoreError::from)?
+            .map_err(companion::testing::store::StoreError::from)?
             .and_then(|d| d.get_object_id("_id").ok());
         let conversation = match existing {
             Some(id) => id,

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use companion::config::{Config, LogFormat};
+use companion::testing::config::{Config, LogFormat};
 
 /// `key=value` pairs for a child process's environment.
 pub type Env = Vec<(&'static str, String)>;
@@ -399,7 +399,7 @@ fn telemetry(c: &Config) -> Env {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use companion::config::LogConfig;
+    use companion::testing::config::LogConfig;
 
     /// `of` lists every setting, and what it lists reads back as the same configuration.
     #[test]

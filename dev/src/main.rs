@@ -5,10 +5,10 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use companion::{
+use companion::testing::{
     Config,
     config::{EmbedSettings, LogConfig, MongoConfig},
-    store, telemetry,
+    store,
 };
 use companion_dev::{chat, seed, stub};
 
@@ -151,13 +151,13 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    telemetry::run_main(run)
+    companion::run_main(run)
 }
 
 async fn run() -> anyhow::Result<()> {
     let _ = dotenvy::dotenv();
     let cli = Cli::parse();
-    let _telemetry = telemetry::init(&cli.log);
+    let _telemetry = companion::init_telemetry(&cli.log);
     match cli.command {
         Command::Seed { dir, mongo } => {
             let mongo = store::Mongo::connect(&mongo)
@@ -296,7 +296,7 @@ async fn stub_llm(
     seed_dir: &std::path::Path,
     embed: &EmbedSettings,
 ) -> anyhow::Result<()> {
-    let model = match companion::rag::load_embedder(embed) {
+    let model = match companion::testing::rag::load_embedder(embed) {
         Some(embedder) => match stub::DemoModel::load(embedder, seed_dir).await {
             Ok(m) => Some(std::sync::Arc::new(m)),
             Err(e) => {

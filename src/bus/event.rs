@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Most attachments accepted on one message (the app sends one image per DM).
-pub const MAX_ATTACHMENTS: usize = 4;
+pub(crate) const MAX_ATTACHMENTS: usize = 4;
 /// Longest accepted attachment URL.
-pub const MAX_URL_LEN: usize = 2048;
+pub(crate) const MAX_URL_LEN: usize = 2048;
 
 /// A bot-bound DM, as TB-Backend publishes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -117,7 +117,7 @@ impl Inbound {
 
 /// Parses an event of the inbound stream by its subject: a group message on `<prefix>.group.…`, a DM
 /// otherwise.
-pub fn parse_event(
+pub(crate) fn parse_event(
     payload: &[u8],
     subject: &str,
     prefix: &str,
@@ -134,7 +134,7 @@ pub fn parse_event(
 }
 
 /// Parses and validates one group message received on `subject` (`<prefix>.group.<conversationId>`).
-pub fn parse_group(
+pub(crate) fn parse_group(
     payload: &[u8],
     subject: &str,
     prefix: &str,
@@ -279,7 +279,7 @@ impl EventLimits {
 
 /// The text without C0 control characters other than tab and newline (NUL among them, which
 /// PostgreSQL cannot store): invisible in a chat, and never worth failing a message over.
-pub fn clean_text(text: &str) -> String {
+pub(crate) fn clean_text(text: &str) -> String {
     text.chars()
         .filter(|c| *c >= ' ' || matches!(c, '\t' | '\n'))
         .collect()

@@ -11,7 +11,7 @@
 //! delivery is the last, its `ack_wait` how often progress is sent).
 
 mod erase;
-pub mod event;
+pub(crate) mod event;
 
 use std::time::Duration;
 
@@ -32,18 +32,16 @@ use crate::{
     failure::{Class, Classify},
 };
 
-pub use event::{
-    Completion, DmEvent, GroupEvent, GroupMessageEvent, Inbound, InboundEvent, Trigger, Typing,
-};
+pub(crate) use event::{Completion, DmEvent, GroupEvent, Inbound, Trigger, Typing};
 
 /// Header carrying the dead-letter reason.
 pub const DLQ_REASON: &str = "Companion-Dlq-Reason";
 /// Header carrying the subject the dead-lettered event arrived on.
-pub const DLQ_SUBJECT: &str = "Companion-Original-Subject";
+pub(crate) const DLQ_SUBJECT: &str = "Companion-Original-Subject";
 /// Header carrying the stream sequence of the dead-lettered event.
-pub const DLQ_SEQUENCE: &str = "Companion-Original-Sequence";
+pub(crate) const DLQ_SEQUENCE: &str = "Companion-Original-Sequence";
 /// Header carrying how many times the event was delivered.
-pub const DLQ_DELIVERIES: &str = "Companion-Deliveries";
+pub(crate) const DLQ_DELIVERIES: &str = "Companion-Deliveries";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -697,7 +695,7 @@ impl Bus {
 }
 
 /// The durable consumer of signals that goes with the DM consumer `name`.
-pub fn signal_consumer_name(name: &str) -> String {
+pub(crate) fn signal_consumer_name(name: &str) -> String {
     format!("{name}_signals")
 }
 

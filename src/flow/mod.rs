@@ -6,7 +6,7 @@
 //! (user, companion), and every change is a journal step keyed by the tool call (or the event) that made
 //! it, so a retried turn never moves a flow twice.
 
-pub mod state;
+pub(crate) mod state;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -400,7 +400,7 @@ impl Flows {
 /// Moves a flow as far as its slots allow from its current step: a step with required slots missing
 /// stays active; a step that waits starts waiting (for the id in its wait slot); a finished step goes on
 /// to the next one; no next step ends the flow.
-pub fn advance(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
+pub(crate) fn advance(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
     for _ in 0..=def.steps.len() {
         let Some(step) = def.step(&s.step) else { break };
         if !step.missing(&s.slots).is_empty() {
@@ -433,7 +433,7 @@ pub fn advance(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
 }
 
 /// The flow after the event its step waited for: on to the next step, and as far as it goes.
-pub fn resume(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
+pub(crate) fn resume(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
     s.waiting_for = None;
     match def.next_after(&s.step, &s.slots) {
         Go::To(next) => {
@@ -452,7 +452,7 @@ pub fn resume(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
 }
 
 /// The note a follow-up's brief gets when its news moved the user's flow on.
-pub fn resumed_note(def: &FlowDef, s: &state::FlowState) -> String {
+pub(crate) fn resumed_note(def: &FlowDef, s: &state::FlowState) -> String {
     format!(
         "\nThis also moves on the guided flow \"{}\" you lead the user through; it stands now: {}. Say \
          what comes next in the same message.",
@@ -462,7 +462,7 @@ pub fn resumed_note(def: &FlowDef, s: &state::FlowState) -> String {
 }
 
 /// What the model is told about the flow: where it stands, what the step needs, what is filled.
-pub fn view(def: &FlowDef, s: &state::FlowState) -> Value {
+pub(crate) fn view(def: &FlowDef, s: &state::FlowState) -> Value {
     let step = def.step(&s.step);
     let mut v = json!({
         "flow": def.id,
@@ -490,21 +490,21 @@ pub fn view(def: &FlowDef, s: &state::FlowState) -> Value {
 /// What a turn knows of the user's flow with the companion, fixed once per turn (the journal's `flow`
 /// step): the flow as it stands, and the one that expired at this turn (mentioned once).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, Deserialize)]
-pub struct TurnFlow {
+pub(crate) struct TurnFlow {
     pub current: Option<state::FlowState>,
     pub expired: Option<state::FlowState>,
 }
 
 impl TurnFlow {
     /// The user is in a flow with the companion (running, waiting or paused).
-    pub fn open(&self) -> bool {
+    pub(crate) fn open(&self) -> bool {
         self.current
             .as_ref()
             .is_some_and(|c| state::status::is_open(&c.status))
     }
 
     /// The flow of `user` with `bot`; an open one idle since before `idle_since` expires now.
-    pub async fn load(
+    pub(crate) async fn load(
         pool: &sqlx::PgPool,
         user: &str,
         bot: &str,
@@ -533,7 +533,7 @@ impl TurnFlow {
 
     /// The system prompt's section on flows: the open flow and its step, or the flows on offer; and an
     /// expired flow to mention once.
-    pub fn prompt(&self, flows: &Flows, offered: &[String]) -> String {
+    pub(crate) fn prompt(&self, flows: &Flows, offered: &[String]) -> String {
         let mut p = String::new();
         if let Some(e) = &self.expired
             && let Some(def) = flows.get(&e.flow)

@@ -14,28 +14,28 @@ use crate::{
 };
 
 /// A flow's status.
-pub mod status {
+pub(crate) mod status {
     /// The companion is working through a step with the user.
-    pub const ACTIVE: &str = "active";
+    pub(crate) const ACTIVE: &str = "active";
     /// A step waits for an event (`waiting_for`).
-    pub const WAITING: &str = "waiting";
+    pub(crate) const WAITING: &str = "waiting";
     /// The user paused it; `start_flow` with the same flow resumes it.
-    pub const PAUSED: &str = "paused";
-    pub const DONE: &str = "done";
+    pub(crate) const PAUSED: &str = "paused";
+    pub(crate) const DONE: &str = "done";
     /// The user left it.
-    pub const LEFT: &str = "left";
+    pub(crate) const LEFT: &str = "left";
     /// Idle too long; the companion may mention it once.
-    pub const EXPIRED: &str = "expired";
+    pub(crate) const EXPIRED: &str = "expired";
 
     /// Still counts as the user's flow with this companion.
-    pub fn is_open(s: &str) -> bool {
+    pub(crate) fn is_open(s: &str) -> bool {
         matches!(s, ACTIVE | WAITING | PAUSED)
     }
 }
 
 /// A user's flow with a companion.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct FlowState {
+pub(crate) struct FlowState {
     pub flow: String,
     pub step: String,
     pub slots: Map<String, Value>,
@@ -62,7 +62,7 @@ fn state_of(r: &PgRow) -> FlowState {
 
 /// What a change did (the `flow_change` step's record).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum Applied<E> {
+pub(crate) enum Applied<E> {
     /// Changed now (or by an earlier attempt of the same step): the flow as it stands.
     Changed(Option<FlowState>),
     /// Nothing to change: the flow as it stands.
@@ -72,7 +72,11 @@ pub enum Applied<E> {
 }
 
 /// The user's flow with the companion, if any.
-pub async fn load(pool: &PgPool, user: &str, bot: &str) -> Result<Option<FlowState>, StoreError> {
+pub(crate) async fn load(
+    pool: &PgPool,
+    user: &str,
+    bot: &str,
+) -> Result<Option<FlowState>, StoreError> {
     let row = sqlx::query(
         "SELECT flow, step, slots, status, waiting_for, updated_at FROM flow_states
          WHERE user_id = $1 AND bot_id = $2",
@@ -88,7 +92,7 @@ pub async fn load(pool: &PgPool, user: &str, bot: &str) -> Result<Option<FlowSta
 /// row's lock, `change` gets the flow as it stands and returns the new one (`None` leaves the row as it
 /// is), or a refusal. The row and the step's record commit together; a step already recorded returns its
 /// record and changes nothing.
-pub async fn change<E>(
+pub(crate) async fn change<E>(
     job: &Job,
     key: &str,
     user: &str,
@@ -156,7 +160,7 @@ async fn apply<E>(
 
 /// Ends the user's open flow with the companion when it was last changed before `idle_since`; whether
 /// this call ended it.
-pub async fn expire_idle(
+pub(crate) async fn expire_idle(
     pool: &PgPool,
     user: &str,
     bot: &str,

@@ -3,13 +3,13 @@
 //! ([`crate::turn`]) records the decision (step `route`) and lets each chosen companion speak in turn,
 //! hand-overs included, like any companion message.
 
-pub mod route;
+pub(crate) mod route;
 
 use bson::oid::ObjectId;
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-pub use route::{Bounds, Member, Next, why};
+pub(crate) use route::{Bounds, Member, why};
 
 use crate::{
     bus::GroupEvent,
@@ -19,24 +19,24 @@ use crate::{
 };
 
 /// The kind of a group message's job.
-pub const JOB_KIND: &str = "group";
+pub(crate) const JOB_KIND: &str = "group";
 
 /// Group messages handled, by route.
-pub const MESSAGES: &str = "companion_group_messages_total";
+pub(crate) const MESSAGES: &str = "companion_group_messages_total";
 /// Companion messages sent in groups.
-pub const ANSWERS: &str = "companion_group_answers_total";
+pub(crate) const ANSWERS: &str = "companion_group_answers_total";
 /// Hand-overs from one companion to another.
-pub const HANDOVERS: &str = "companion_group_handovers_total";
+pub(crate) const HANDOVERS: &str = "companion_group_handovers_total";
 /// Group messages no companion answered, by reason.
-pub const SILENCES: &str = "companion_group_silences_total";
+pub(crate) const SILENCES: &str = "companion_group_silences_total";
 
 /// Why a group message gets no answer at all: a companion sent it (companions never answer each other
 /// unprompted).
-pub const COMPANION_SENDER: &str = "companion_sender";
+pub(crate) const COMPANION_SENDER: &str = "companion_sender";
 
 /// The `route` step: who answers the message, in order, and why.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Route {
+pub(crate) struct Route {
     /// Bot user ids (hex) of the companions that answer first.
     pub speakers: Vec<String>,
     /// One of [`route::why`].
@@ -45,7 +45,7 @@ pub struct Route {
 
 impl Route {
     /// The route's speakers that are still companions of the group.
-    pub fn speakers_among(&self, members: &[Member<'_>]) -> Vec<ObjectId> {
+    pub(crate) fn speakers_among(&self, members: &[Member<'_>]) -> Vec<ObjectId> {
         self.speakers
             .iter()
             .filter_map(|s| ObjectId::parse_str(s).ok())
@@ -57,7 +57,7 @@ impl Route {
 /// The route of a message: the companions it names, nobody for an acknowledgement, else the best fit
 /// (or the last speaker, when none fits clearly better). `margin` is how much better a fit must be to
 /// take the floor from the last speaker.
-pub async fn decide(
+pub(crate) async fn decide(
     retriever: &Retriever,
     event: &GroupEvent,
     members: &[Member<'_>],
@@ -117,7 +117,7 @@ pub async fn decide(
 }
 
 /// A model writing `Kaori: hey` in a group (it sees others' lines that way) loses the prefix.
-pub fn strip_own_name<'s>(text: &'s str, name: &str) -> &'s str {
+pub(crate) fn strip_own_name<'s>(text: &'s str, name: &str) -> &'s str {
     text.strip_prefix(name)
         .and_then(|t| t.strip_prefix(':'))
         .map(str::trim_start)

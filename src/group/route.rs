@@ -16,14 +16,14 @@ use crate::character::Character;
 
 /// A companion of the group.
 #[derive(Clone, Copy, Debug)]
-pub struct Member<'a> {
+pub(crate) struct Member<'a> {
     pub bot: ObjectId,
     pub character: &'a Character,
 }
 
 impl Member<'_> {
     /// The text a message is compared with to find the best fit.
-    pub fn profile(&self) -> String {
+    pub(crate) fn profile(&self) -> String {
         let c = self.character;
         format!(
             "{}, {}. {} Knows about: {}.",
@@ -43,17 +43,17 @@ impl Member<'_> {
 }
 
 /// Why these companions answer (the route's label in metrics and logs).
-pub mod why {
+pub(crate) mod why {
     /// The message names them.
-    pub const MENTION: &str = "mention";
+    pub(crate) const MENTION: &str = "mention";
     /// The best fit by profile.
-    pub const FIT: &str = "fit";
+    pub(crate) const FIT: &str = "fit";
     /// The last speaker kept the floor (no other fits clearly better).
-    pub const FLOOR: &str = "floor";
+    pub(crate) const FLOOR: &str = "floor";
     /// No way to compare (model not installed, nothing to compare): the last speaker, or the first.
-    pub const DEFAULT: &str = "default";
+    pub(crate) const DEFAULT: &str = "default";
     /// A content-free acknowledgement: nobody answers.
-    pub const ACKNOWLEDGEMENT: &str = "acknowledgement";
+    pub(crate) const ACKNOWLEDGEMENT: &str = "acknowledgement";
 }
 
 /// The words of `text`, lowercased (letters, digits and `_`; `@` and punctuation split them).
@@ -64,7 +64,7 @@ fn words(text: &str) -> impl Iterator<Item = String> + '_ {
 }
 
 /// The companions `text` names, in the order first named; none twice.
-pub fn named(text: &str, members: &[Member<'_>]) -> Vec<ObjectId> {
+pub(crate) fn named(text: &str, members: &[Member<'_>]) -> Vec<ObjectId> {
     let mut out = Vec::new();
     for w in words(text) {
         if let Some(m) = members.iter().find(|m| m.is_named_by(&w))
@@ -104,7 +104,7 @@ fn is_laugh(word: &str) -> bool {
 
 /// A message with nothing to answer: no letters or digits at all (emoji, punctuation), or at most six
 /// words that are all acknowledgements.
-pub fn is_acknowledgement(text: &str) -> bool {
+pub(crate) fn is_acknowledgement(text: &str) -> bool {
     let words: Vec<String> = words(text).collect();
     if words.is_empty() {
         return true;
@@ -120,7 +120,7 @@ pub fn is_acknowledgement(text: &str) -> bool {
 
 /// The best fit among `scores` (one per member), or the last speaker when the best one beats it by
 /// less than `margin`.
-pub fn best_fit(
+pub(crate) fn best_fit(
     scores: &[(ObjectId, f32)],
     last_speaker: Option<ObjectId>,
     margin: f32,
@@ -141,13 +141,13 @@ pub fn best_fit(
 }
 
 /// The companion a reply of `speaker` hands over to: the first other member it names.
-pub fn handover(reply: &str, speaker: ObjectId, members: &[Member<'_>]) -> Option<ObjectId> {
+pub(crate) fn handover(reply: &str, speaker: ObjectId, members: &[Member<'_>]) -> Option<ObjectId> {
     named(reply, members).into_iter().find(|b| *b != speaker)
 }
 
 /// How far one user message may go.
 #[derive(Clone, Copy, Debug)]
-pub struct Bounds {
+pub(crate) struct Bounds {
     /// Hand-overs after the first answers.
     pub max_handovers: u32,
     /// Companion messages in all.
@@ -157,7 +157,7 @@ pub struct Bounds {
 /// Who speaks next, from the route's speakers and the messages so far (each with the companion it
 /// named, if any); `None` when nobody is left or a bound is reached. A hand-over goes to the back of
 /// the queue unless that companion is queued already; each one accepted counts against the bound.
-pub fn next_speaker(
+pub(crate) fn next_speaker(
     route: &[ObjectId],
     said: &[(ObjectId, Option<ObjectId>)],
     bounds: Bounds,
@@ -184,7 +184,7 @@ pub fn next_speaker(
 
 /// The next companion to speak.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Next {
+pub(crate) struct Next {
     pub bot: ObjectId,
     /// It speaks because another companion named it.
     pub handed_over: bool,

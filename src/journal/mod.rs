@@ -28,8 +28,8 @@
 //! Outputs are JSON (`job_steps.output`); text is kept as it is but for U+0000, which PostgreSQL cannot
 //! store and which becomes U+FFFD.
 
-pub mod names;
-pub mod usage;
+pub(crate) mod names;
+pub(crate) mod usage;
 
 use std::{collections::HashMap, future::Future, sync::Mutex, time::Duration};
 
@@ -190,7 +190,7 @@ pub enum Admission {
 }
 
 /// A transaction a [`Step::run_in_tx`] body does its writes in.
-pub type Tx = Transaction<'static, Postgres>;
+pub(crate) type Tx = Transaction<'static, Postgres>;
 
 /// The journal, in the service's PostgreSQL database.
 #[derive(Clone)]

@@ -78,7 +78,7 @@ pub struct Spent {
 }
 
 /// Tokens and USD of the model answers in the last `window_secs`: under `tally` (one user's), or all.
-pub async fn spent(
+pub(crate) async fn spent(
     pool: &PgPool,
     tally: Option<&str>,
     window_secs: f64,
@@ -200,7 +200,7 @@ pub async fn summary(
 
 /// One user's paid calls over the period.
 #[derive(Clone, Debug, PartialEq)]
-pub struct UserRow {
+pub(crate) struct UserRow {
     pub user_id: String,
     pub calls: i64,
     pub tokens: i64,
@@ -209,7 +209,11 @@ pub struct UserRow {
 }
 
 /// The `n` users whose model calls cost most in the last `days` UTC days (then by tokens).
-pub async fn top_users(pool: &PgPool, days: u32, n: u32) -> Result<Vec<UserRow>, sqlx::Error> {
+pub(crate) async fn top_users(
+    pool: &PgPool,
+    days: u32,
+    n: u32,
+) -> Result<Vec<UserRow>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT j.user_id, count(*) AS calls,
                 coalesce(sum((s.output -> 'usage' ->> 'promptTokens')::bigint

@@ -5,7 +5,7 @@
 //! `error` object in the body or as a choice with `finish_reason: "error"`; both are transient errors
 //! here, like an answer with neither text nor tool calls, so no caller ever takes one for an answer.
 
-pub mod prices;
+pub(crate) mod prices;
 
 use std::{borrow::Cow, num::NonZeroU32, sync::Arc, time::Duration};
 
@@ -19,7 +19,7 @@ use crate::{
     failure::{Class, Classify},
     metrics::{Metrics, label},
 };
-pub use prices::{CallUsage, Cost, CostSource, PriceError, Prices};
+pub(crate) use prices::{CallUsage, PriceError, Prices};
 
 /// One chat message, as the API takes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

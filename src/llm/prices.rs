@@ -14,7 +14,7 @@ use super::Usage;
 
 /// USD per million tokens of one model.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Price {
+pub(crate) struct Price {
     pub prompt: f64,
     pub completion: f64,
 }

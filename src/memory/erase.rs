@@ -21,9 +21,9 @@ use super::{Memory, MemoryError};
 use crate::bus::Bus;
 
 /// The signal kinds handled here.
-pub const MESSAGE_DELETED: &str = "message_deleted";
-pub const MEMORY_CLEARED: &str = "memory_cleared";
-pub const USER_ERASED: &str = "user_erased";
+pub(crate) const MESSAGE_DELETED: &str = "message_deleted";
+pub(crate) const MEMORY_CLEARED: &str = "memory_cleared";
+pub(crate) const USER_ERASED: &str = "user_erased";
 
 /// What a recorded output becomes once scrubbed: no text, only the usage a budget counts.
 const SCRUB: &str =

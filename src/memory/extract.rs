@@ -53,7 +53,7 @@ use crate::journal::names::step::{
 };
 
 /// What the extraction job needs besides memory's store.
-pub struct Extractor<'a> {
+pub(crate) struct Extractor<'a> {
     pub memory: &'a Memory,
     pub journal: &'a Journal,
     pub llm: &'a LlmClient,
@@ -70,7 +70,7 @@ pub struct Extractor<'a> {
 
 /// How a run ended.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Extracted {
+pub(crate) enum Extracted {
     /// No message to read.
     NothingNew,
     /// An earlier run with the same cursors and batch settled it.
@@ -120,7 +120,7 @@ struct Line {
 impl Extractor<'_> {
     /// Runs the extraction of (user, bot) from where the cursors stand, again from the new cursors when a
     /// concurrent run read the same messages first or a full batch leaves more (at most a few passes).
-    pub async fn run(&self, user: &str, bot: &str) -> Result<Extracted, MemoryError> {
+    pub(crate) async fn run(&self, user: &str, bot: &str) -> Result<Extracted, MemoryError> {
         if self.memory.is_erased(user).await? {
             return Ok(Extracted::Erased);
         }
@@ -643,7 +643,7 @@ fn parse_facts(answer: &str, numbered: &[&Line], job: &str) -> Vec<NewFact> {
 
 /// Whether the crisis screen flags a fact, read as written (third person) and as the user would have
 /// said it ("wants to die" → "i want to die"): the screen is tuned on what users write.
-pub fn flagged(fact: &str) -> bool {
+pub(crate) fn flagged(fact: &str) -> bool {
     use crate::safety::screen::screen;
     if screen(fact).is_some() {
         return true;
@@ -673,7 +673,7 @@ pub fn flagged(fact: &str) -> bool {
 }
 
 /// The id of the `n`-th fact of `origin` (a job, or a turn's tool call).
-pub fn fact_id(origin: &str, n: usize) -> String {
+pub(crate) fn fact_id(origin: &str, n: usize) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(format!("{origin}\n{n}").as_bytes());
     digest[..12].iter().map(|b| format!("{b:02x}")).collect()

@@ -13,20 +13,20 @@
 //! - **Deletion that sticks** ([`erase`]): deleting a message, clearing memory, erasing a user, each with
 //!   a tombstone checked at admission, at extraction and in `replay`.
 
-pub mod erase;
-pub mod extract;
-pub mod recall;
-pub mod show;
-pub mod store;
-pub mod topic;
+pub(crate) mod erase;
+pub(crate) mod extract;
+pub(crate) mod recall;
+pub(crate) mod show;
+pub(crate) mod store;
+pub(crate) mod topic;
 
 use std::sync::Arc;
 
 use sqlx::PgPool;
 
-pub use erase::Probe;
-pub use store::Fact;
-pub use topic::Topic;
+pub(crate) use erase::Probe;
+pub(crate) use store::Fact;
+pub(crate) use topic::Topic;
 
 use crate::{
     config::MemoryConfig,
@@ -38,10 +38,10 @@ use crate::{
 };
 
 /// Longest fact, in characters.
-pub const FACT_MAX: usize = 300;
+pub(crate) const FACT_MAX: usize = 300;
 
 /// The signal kind that runs a user's extraction with one companion: `<prefix>.signal.memory.<user>.<bot>`.
-pub const KIND: &str = "memory";
+pub(crate) const KIND: &str = "memory";
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {

@@ -13,7 +13,7 @@ use sqlx::{PgConnection, Row};
 use super::{Memory, MemoryError, Topic};
 
 /// Cosine similarity from which two facts of a topic say the same thing.
-pub const DUPLICATE_SIMILARITY: f32 = 0.85;
+pub(crate) const DUPLICATE_SIMILARITY: f32 = 0.85;
 
 /// How a fact was learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

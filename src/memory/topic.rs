@@ -197,7 +197,7 @@ const RULES: &[(Topic, &[&str])] = &[
 ];
 
 /// The topic a fact's words suggest; [`Topic::Other`] when none does.
-pub fn topic_of(fact: &str) -> Topic {
+pub(crate) fn topic_of(fact: &str) -> Topic {
     let f = fact.to_lowercase();
     RULES
         .iter()

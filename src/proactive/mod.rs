@@ -5,8 +5,8 @@
 //! conversation pipeline ([`crate::turn`]) sends it once, as the job `<kind>:<id>`, or drops it with the
 //! reason (the user left or blocked the companion, the daily cap, stale news).
 
-pub mod reminder;
-pub mod spot_review;
+pub(crate) mod reminder;
+pub(crate) mod spot_review;
 
 use bson::oid::ObjectId;
 use serde_json::Value;
@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// Counter of follow-ups by kind and outcome.
-pub const PROACTIVE: &str = "companion_proactive_total";
+pub(crate) const PROACTIVE: &str = "companion_proactive_total";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProactiveError {
@@ -46,14 +46,14 @@ impl Classify for ProactiveError {
 
 /// What reading a signal looks at.
 #[derive(Clone, Copy)]
-pub struct Sources<'t> {
+pub(crate) struct Sources<'t> {
     pub mongo: &'t Mongo,
     pub pg: &'t Pg,
     pub characters: &'t Characters,
 }
 
 /// A follow-up ready to be sent: who to, from whom, about what, and how to say it.
-pub struct FollowUp<'a> {
+pub(crate) struct FollowUp<'a> {
     /// What it follows up on: the job is `<kind>:<id>`.
     pub trigger: Trigger,
     pub user: ObjectId,
@@ -72,12 +72,12 @@ pub struct FollowUp<'a> {
 
 impl FollowUp<'_> {
     /// The job's id: `<kind>:<id>`.
-    pub fn job_id(&self) -> String {
+    pub(crate) fn job_id(&self) -> String {
         format!("{}:{}", self.trigger.kind, self.trigger.id)
     }
 
     /// How a waiting step of a guided flow names the event this follows up on.
-    pub fn awaited(&self) -> Option<String> {
+    pub(crate) fn awaited(&self) -> Option<String> {
         match self.trigger.kind.as_str() {
             spot_review::KIND => {
                 let draft = self.trigger.id.split(':').next().unwrap_or_default();
@@ -90,7 +90,7 @@ impl FollowUp<'_> {
 }
 
 /// Reads the signal of `kind` about `id` (its subject's last tokens) into the follow-up it asks for.
-pub async fn read<'t>(
+pub(crate) async fn read<'t>(
     sources: Sources<'t>,
     kind: &str,
     id: &str,

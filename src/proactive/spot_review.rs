@@ -21,14 +21,14 @@ use crate::{
 };
 
 /// The trigger kind of a review's follow-up.
-pub const KIND: &str = "spot_review";
+pub(crate) const KIND: &str = "spot_review";
 /// Longest moderator's note passed on; a longer one is cut.
-pub const NOTE_MAX: usize = 1000;
+pub(crate) const NOTE_MAX: usize = 1000;
 
 /// The signal's body.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SpotReview {
+pub(crate) struct SpotReview {
     pub draft_id: String,
     pub status: Status,
     #[serde(default)]
@@ -41,7 +41,7 @@ pub struct SpotReview {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Status {
+pub(crate) enum Status {
     Approved,
     Rejected,
 }
@@ -55,7 +55,7 @@ impl SignalBody for SpotReview {
 }
 
 impl Status {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Approved => "approved",
             Self::Rejected => "rejected",
@@ -70,6 +70,7 @@ pub(super) async fn follow_up(
 ) -> Result<Found<'_>, ProactiveError> {
     let draft_id = parse_object_id(&review.draft_id)
         .ok_or_else(|| invalid(format!("draftId `{}` is not an ObjectId", review.draft_id)))?;
+    tracing::debug!(draft = %draft_id, status = review.status.as_str(), reviewed_at = %review.reviewed_at, "spot review");
     let draft = t
         .mongo
         .by_id(SPOT_DRAFTS, draft_id)

@@ -117,7 +117,7 @@ impl EmbedConfig {
 
 /// Counters of the batcher, for tests and operators.
 #[derive(Debug, Default)]
-pub struct EmbedStats {
+pub(crate) struct EmbedStats {
     /// Requests (calls of [`Embedder::embed`]) served.
     pub requests: AtomicU64,
     /// Texts embedded.

@@ -29,7 +29,7 @@ pub struct Hit {
 }
 
 /// The stored content hash of an article, if it exists.
-pub async fn content_hash(
+pub(crate) async fn content_hash(
     pool: &PgPool,
     collection: &str,
     key: &str,
@@ -132,7 +132,8 @@ pub async fn search(
     Ok(hits)
 }
 
-/// Articles and chunks stored (for reports and tests).
+/// Articles and chunks stored (for the tests and the bench).
+#[cfg(any(test, feature = "testing"))]
 pub async fn counts(pool: &PgPool) -> Result<(i64, i64), StoreError> {
     let row = sqlx::query(
         "SELECT (SELECT count(*) FROM kb_articles) AS a, (SELECT count(*) FROM kb_chunks) AS c",

@@ -2,12 +2,12 @@
 //! ([`kb`]) filled by `companion ingest` ([`ingest`], [`chunk`]), and the retrieval each turn makes
 //! ([`Retriever`]).
 
-pub mod chunk;
-pub mod commands;
-pub mod embed;
-pub mod ingest;
-pub mod kb;
-pub mod query;
+pub(crate) mod chunk;
+pub(crate) mod commands;
+pub(crate) mod embed;
+pub(crate) mod ingest;
+pub(crate) mod kb;
+pub(crate) mod query;
 
 use std::sync::Arc;
 
@@ -61,6 +61,7 @@ pub fn load_embedder(config: &EmbedSettings) -> Option<Arc<Embedder>> {
 }
 
 /// The chunks of `collections` above `threshold` most similar to `text`, best first, at most `top_k`.
+#[cfg(any(test, feature = "testing"))]
 pub async fn retrieve(
     pool: &sqlx::PgPool,
     embedder: &Embedder,
@@ -77,7 +78,7 @@ pub async fn retrieve(
 }
 
 /// The chunks of `collections` above `threshold` nearest to the vector `query`, best first.
-pub async fn search(
+pub(crate) async fn search(
     pool: &sqlx::PgPool,
     collections: &[String],
     query: &[f32],

@@ -38,7 +38,7 @@ impl Age {
 
 /// Where the age came from, so the logs show which profile field decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AgeSource {
+pub(crate) enum AgeSource {
     IsMinor,
     AgeBracket,
     Birthdate,
@@ -74,7 +74,7 @@ impl Default for AgeFields {
 /// "adult" → Adult; anything else is ignored), `birthdate` (age in whole years on `today`: < 13
 /// Under13, < 18 Minor, else Adult; a birthdate in the future or more than 120 years ago is ignored).
 /// None of them usable → Unknown, and Minor when `unknown_is_minor`, else Adult.
-pub fn age_of(
+pub(crate) fn age_of(
     user: Option<&Document>,
     fields: &AgeFields,
     unknown_is_minor: bool,
@@ -148,7 +148,7 @@ fn birthdate_age(value: &Bson, today: NaiveDate) -> Option<Age> {
 
 /// Whether `local` (a user's local time of day) is in the quiet hours from `start` (inclusive) to `end`
 /// (exclusive), which may wrap midnight (22:00–07:00). Equal `start` and `end` mean no quiet hours.
-pub fn in_quiet_hours(local: NaiveTime, start: NaiveTime, end: NaiveTime) -> bool {
+pub(crate) fn in_quiet_hours(local: NaiveTime, start: NaiveTime, end: NaiveTime) -> bool {
     if start <= end {
         start <= local && local < end
     } else {
@@ -162,13 +162,13 @@ fn zone(tz: Option<&str>) -> Tz {
 }
 
 /// The user's local date and time at `now` in IANA zone `tz` (UTC when None or unknown).
-pub fn local(now: DateTime<Utc>, tz: Option<&str>) -> NaiveDateTime {
+pub(crate) fn local(now: DateTime<Utc>, tz: Option<&str>) -> NaiveDateTime {
     now.with_timezone(&zone(tz)).naive_local()
 }
 
 /// The first instant at or after `now` outside the quiet hours in zone `tz` (UTC when None or
 /// unknown): `now` itself when it is not quiet, else the end of the quiet hours in local time.
-pub fn after_quiet_hours(
+pub(crate) fn after_quiet_hours(
     now: DateTime<Utc>,
     tz: Option<&str>,
     start: NaiveTime,

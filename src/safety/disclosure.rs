@@ -7,7 +7,7 @@ use chrono::{DateTime, Duration, Utc};
 
 /// Why a message must carry the disclosure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Due {
+pub(crate) enum Due {
     /// Nothing is owed.
     No,
     /// The companion's first message to the user in the user's day.
@@ -27,7 +27,11 @@ pub struct Rhythm {
 
 /// Where the interaction that goes on at `now` began: walking back from `now` over the message times
 /// (newest first) while no two are further apart than `gap`.
-pub fn began(activity: &[DateTime<Utc>], now: DateTime<Utc>, gap: Duration) -> DateTime<Utc> {
+pub(crate) fn began(
+    activity: &[DateTime<Utc>],
+    now: DateTime<Utc>,
+    gap: Duration,
+) -> DateTime<Utc> {
     let mut start = now;
     for &t in activity {
         if start - t > gap {
@@ -41,7 +45,7 @@ pub fn began(activity: &[DateTime<Utc>], now: DateTime<Utc>, gap: Duration) -> D
 /// Whether the message a companion sends at `now` must carry the disclosure, given the last one it sent
 /// (`last`) and the interaction's message times since at least `now - 2 × every` (newest first). The
 /// day is the user's local day in time zone `tz` (UTC without one).
-pub fn due(
+pub(crate) fn due(
     rhythm: Rhythm,
     last: Option<DateTime<Utc>>,
     activity: &[DateTime<Utc>],

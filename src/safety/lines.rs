@@ -302,7 +302,7 @@ const ZONES: &[(&str, &str)] = &[
 
 /// The country (ISO alpha-2, upper case) of an IANA time zone, for the common zones; None for zones
 /// such as UTC or Etc/* that name no country, and for zones not in the table.
-pub fn country_of_time_zone(tz: &str) -> Option<&'static str> {
+pub(crate) fn country_of_time_zone(tz: &str) -> Option<&'static str> {
     let tz = tz.trim();
     ZONES
         .iter()

@@ -3,10 +3,10 @@
 //! what a user's age allows ([`age`]). Pure rules and configuration; the pipeline applies them at its
 //! two hooks.
 
-pub mod age;
-pub mod disclosure;
-pub mod lines;
-pub mod screen;
+pub(crate) mod age;
+pub(crate) mod disclosure;
+pub(crate) mod lines;
+pub(crate) mod screen;
 
 use serde::{Deserialize, Serialize};
 

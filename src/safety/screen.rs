@@ -67,7 +67,7 @@ pub struct Flag {
 /// What a companion message was blocked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Blocked {
+pub(crate) enum Blocked {
     /// Sexual content: never sent, whoever the user is.
     Sexual,
     /// Encouragement of self-harm, or its methods.
@@ -1257,7 +1257,7 @@ fn is_japanese(c: char) -> bool {
 
 /// Best guess of the message's language among the six, None when it cannot tell (used to choose the
 /// referral's language; short texts may be None).
-pub fn language(text: &str) -> Option<&'static str> {
+pub(crate) fn language(text: &str) -> Option<&'static str> {
     if text.chars().any(is_japanese) {
         return Some("ja");
     }
@@ -1314,7 +1314,7 @@ static OUTPUT: LazyLock<Output> = LazyLock::new(|| {
 /// The output check of a companion message: sexual content (blocked for everyone: these are sports
 /// companions) or self-harm encouragement/instructions (methods, doses, "you should do it", "nobody
 /// would care"), None when it may go out.
-pub fn check_output(text: &str) -> Option<Blocked> {
+pub(crate) fn check_output(text: &str) -> Option<Blocked> {
     let o = &*OUTPUT;
     let normalized = normalize(text);
     let masked = o.mask.replace_all(&normalized, " | ");

@@ -1,10 +1,10 @@
 //! The two databases: MongoDB holds the app's data (users, DMs, tricklists, spots, tricks),
 //! PostgreSQL the companion's own (history, the journal, the knowledge base).
 
-pub mod mongo;
-pub mod pg;
-pub mod reminders;
-pub mod safety;
+pub(crate) mod mongo;
+pub(crate) mod pg;
+pub(crate) mod reminders;
+pub(crate) mod safety;
 
 pub use mongo::Mongo;
 pub use pg::Pg;
@@ -59,7 +59,7 @@ impl Classify for StoreError {
 
 /// A PostgreSQL error as people read it: the server's message and SQLSTATE (not the line of the server's
 /// source file it came from), an I/O error's cause, the rest as the driver says it.
-pub fn describe_pg(e: &sqlx::Error) -> String {
+pub(crate) fn describe_pg(e: &sqlx::Error) -> String {
     use sqlx::Error as E;
     match e {
         E::Database(db) => match db.code() {

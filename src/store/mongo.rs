@@ -565,7 +565,7 @@ fn participants_of(conv: &Document) -> Vec<ObjectId> {
 }
 
 /// A tricklist document as a [`Tricklist`] whose trick names are not resolved yet; `None` without an id.
-pub fn tricklist_of(l: &Document) -> Option<Tricklist> {
+pub(crate) fn tricklist_of(l: &Document) -> Option<Tricklist> {
     let id = l.get_object_id("_id").ok()?;
     let tricks = l
         .get_array("tricks")
@@ -669,7 +669,7 @@ fn blocked_by(user: &Document) -> Vec<ObjectId> {
         .unwrap_or_default()
 }
 
-pub fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
+pub(crate) fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
     match &*e.kind {
         ErrorKind::Write(WriteFailure::WriteError(we)) => we.code == 11000,
         ErrorKind::InsertMany(im) => im

@@ -11,7 +11,7 @@ use sqlx::Row;
 use super::{Pg, StoreError};
 
 /// The kind of a reminder's follow-up: its job is `reminder:<id>` (the SQL below names the prefix).
-pub const KIND: &str = "reminder";
+pub(crate) const KIND: &str = "reminder";
 
 /// SQL: the row `r` is still pending (not cancelled, its follow-up's job not ended).
 pub(crate) const PENDING: &str = "r.state = 'pending' AND NOT EXISTS (SELECT 1 FROM jobs j

@@ -14,15 +14,15 @@ use super::{
 use crate::store::mongo::{SPOT_DRAFTS, is_duplicate_key};
 
 /// Longest maps link accepted.
-pub const URL_MAX: usize = 2048;
+pub(crate) const URL_MAX: usize = 2048;
 /// Longest place field (city, state, country).
-pub const PLACE_MAX: usize = 100;
+pub(crate) const PLACE_MAX: usize = 100;
 /// Longest description.
-pub const DESCRIPTION_MAX: usize = 1000;
+pub(crate) const DESCRIPTION_MAX: usize = 1000;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     #[schemars(length(min = 1, max = NAME_MAX), regex(pattern = r"\S"))]
     pub name: String,
     #[serde(rename = "type")]
@@ -52,12 +52,11 @@ pub struct Args {
     pub description: Option<String>,
 }
 
-pub struct CreateSpotDraft;
+pub(crate) struct CreateSpotDraft;
 
 impl Tool for CreateSpotDraft {
     const NAME: &'static str = "create_spot_draft";
     const GROUPS: &'static [Group] = &[Group::Spots];
-    const WRITES: bool = true;
     type Args = Args;
 
     fn description() -> &'static str {

@@ -17,15 +17,15 @@ use super::{
 use crate::store::mongo::{TRICKLISTS, TRICKS, is_duplicate_key, user_ref};
 
 /// Most tricks requested in one list.
-pub const TRICKS_MAX: usize = 30;
+pub(crate) const TRICKS_MAX: usize = 30;
 /// Longest requested trick name.
-pub const TRICK_NAME_MAX: usize = 60;
+pub(crate) const TRICK_NAME_MAX: usize = 60;
 /// Upper bound on trickipedia entries loaded for matching.
 const TRICKIPEDIA_MAX: i64 = 5000;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     #[schemars(length(min = 1, max = NAME_MAX), regex(pattern = r"\S"))]
     pub name: String,
     // Each is matched against the trickipedia ([`resolve_trick`]).
@@ -37,11 +37,11 @@ pub struct Args {
     pub category: Option<Category>,
 }
 
-pub struct CreateTricklist;
+pub(crate) struct CreateTricklist;
 
 /// One trickipedia entry, for matching.
 #[derive(Clone, Debug)]
-pub struct TrickRef {
+pub(crate) struct TrickRef {
     pub id: ObjectId,
     pub name: String,
     pub category: Option<String>,
@@ -50,7 +50,6 @@ pub struct TrickRef {
 impl Tool for CreateTricklist {
     const NAME: &'static str = "create_tricklist";
     const GROUPS: &'static [Group] = &[Group::Tricks];
-    const WRITES: bool = true;
     type Args = Args;
 
     fn description() -> &'static str {
@@ -135,7 +134,7 @@ impl Tool for CreateTricklist {
 }
 
 /// The `data` of a `tricklist_card`.
-pub fn tricklist_card_data(
+pub(crate) fn tricklist_card_data(
     id: ObjectId,
     name: &Value,
     trick_count: usize,
@@ -183,7 +182,7 @@ fn squash(s: &str) -> String {
 /// Finds the trick a requested name means: case-insensitive exact name first, then the same letters and
 /// digits ("kick flip"), then a name starting with them ("50-50" → "50-50 Grind", shortest wins), then a
 /// plural. Entries of `category` win over others at every step.
-pub fn resolve_trick<'a>(
+pub(crate) fn resolve_trick<'a>(
     requested: &str,
     pedia: &'a [TrickRef],
     category: &str,

@@ -12,7 +12,7 @@ use crate::store::mongo::{TRICKLISTS, user_ref_filter};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     // The name as on the list; case, spaces and dashes do not matter ([`key`]).
     #[schemars(length(min = 1, max = NAME_MAX))]
     pub trick: String,
@@ -22,7 +22,7 @@ pub struct Args {
     pub tricklist_id: Option<String>,
 }
 
-pub struct MarkTrickLanded;
+pub(crate) struct MarkTrickLanded;
 
 /// Lowercase letters and digits only: "Kick-flip" and "kickflip" are the same trick.
 fn key(name: &str) -> String {

@@ -17,24 +17,24 @@
 //!
 //! What a call gave the model is kept as a [`ToolRecord`], the journal's record of the call.
 
-pub mod cancel_reminder;
-pub mod create_spot_draft;
-pub mod create_tricklist;
-pub mod forget;
-pub mod get_user_tricklists;
-pub mod leave_flow;
-pub mod maps;
-pub mod mark_trick_landed;
-pub mod more_tools;
-pub mod offer;
-pub mod remember;
-pub mod schedule_reminder;
-pub mod schema;
-pub mod search_spots;
-pub mod search_trickipedia;
-pub mod set_flow_slots;
-pub mod share_content;
-pub mod start_flow;
+pub(crate) mod cancel_reminder;
+pub(crate) mod create_spot_draft;
+pub(crate) mod create_tricklist;
+pub(crate) mod forget;
+pub(crate) mod get_user_tricklists;
+pub(crate) mod leave_flow;
+pub(crate) mod maps;
+pub(crate) mod mark_trick_landed;
+pub(crate) mod more_tools;
+pub(crate) mod offer;
+pub(crate) mod remember;
+pub(crate) mod schedule_reminder;
+pub(crate) mod schema;
+pub(crate) mod search_spots;
+pub(crate) mod search_trickipedia;
+pub(crate) mod set_flow_slots;
+pub(crate) mod share_content;
+pub(crate) mod start_flow;
 
 use std::{
     future::Future,
@@ -58,11 +58,11 @@ use crate::{
 };
 
 /// Longest search text accepted from the model (bounds regex scans).
-pub const QUERY_MAX: usize = 100;
+pub(crate) const QUERY_MAX: usize = 100;
 /// Longest name (tricklist, spot) accepted.
-pub const NAME_MAX: usize = 100;
+pub(crate) const NAME_MAX: usize = 100;
 /// Raw argument text longer than this is refused before parsing.
-pub const MAX_ARGS_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_ARGS_BYTES: usize = 16 * 1024;
 
 /// Everything a tool call may use. The acting user is the event's sender and nothing else.
 #[derive(Clone)]
@@ -246,8 +246,6 @@ pub trait Tool: Send + Sync + 'static {
     const NAME: &'static str;
     /// The groups whose turns are offered this tool.
     const GROUPS: &'static [Group];
-    /// Whether the tool creates data (counted by the write quota).
-    const WRITES: bool = false;
     type Args: DeserializeOwned + JsonSchema + Send;
     /// Written for the model: when to use the tool and what it returns.
     fn description() -> &'static str;
@@ -258,10 +256,9 @@ pub trait Tool: Send + Sync + 'static {
 }
 
 /// A tool with its type erased.
-pub trait DynTool: Send + Sync {
+pub(crate) trait DynTool: Send + Sync {
     fn name(&self) -> &'static str;
     fn groups(&self) -> &'static [Group];
-    fn writes(&self) -> bool;
     fn def(&self) -> ToolDef;
     fn run<'a>(
         &'a self,
@@ -291,9 +288,6 @@ impl<T: Tool> DynTool for Erased<T> {
     fn groups(&self) -> &'static [Group] {
         T::GROUPS
     }
-    fn writes(&self) -> bool {
-        T::WRITES
-    }
     fn def(&self) -> ToolDef {
         ToolDef {
             kind: "function".into(),
@@ -317,7 +311,10 @@ impl<T: Tool> DynTool for Erased<T> {
 }
 
 /// Raw argument text → validated `A`. Empty text means `{}` (OpenRouter sends that for no-arg tools).
-pub fn parse_args<A: DeserializeOwned>(parameters: &Value, raw: &str) -> Result<A, ToolError> {
+pub(crate) fn parse_args<A: DeserializeOwned>(
+    parameters: &Value,
+    raw: &str,
+) -> Result<A, ToolError> {
     if raw.len() > MAX_ARGS_BYTES {
         return Err(ToolError::invalid(
             "(arguments)",
@@ -379,6 +376,8 @@ pub struct ToolResult {
     pub outcome: Result<ToolOutput, ToolError>,
 }
 
+/// What the tests read of a result.
+#[cfg(any(test, feature = "testing"))]
 impl ToolResult {
     /// The `content` of the tool message sent back to the model.
     pub fn model_content(&self) -> String {
@@ -393,7 +392,9 @@ impl ToolResult {
     pub fn is_ok(&self) -> bool {
         self.outcome.is_ok()
     }
+}
 
+impl ToolResult {
     /// What the model was given, for the journal; `None` for a database failure, which is not a result
     /// (the turn fails and the call runs again on the next attempt).
     pub fn record(self, raw_args: &str, round: u32, ms: u64) -> Result<ToolRecord, ToolError> {
@@ -532,6 +533,7 @@ impl Registry {
     }
 
     /// The `tools` array of a chat request offered every tool.
+    #[cfg(any(test, feature = "testing"))]
     pub fn defs(&self) -> Arc<[ToolDef]> {
         self.offered(offer::Offer::all())
     }
@@ -571,7 +573,7 @@ impl Registry {
 
 /// A regex source matching `text` literally: every ASCII punctuation character is escaped, which is
 /// literal in PCRE (MongoDB) and Python `re` (SecantusDB) alike, so `.*` or `(a+)+$` are just characters.
-pub fn literal_regex(text: &str) -> String {
+pub(crate) fn literal_regex(text: &str) -> String {
     let mut out = String::with_capacity(text.len() * 2);
     for c in text.chars() {
         if c.is_ascii_punctuation() && !matches!(c, '<' | '>') {
@@ -583,18 +585,13 @@ pub fn literal_regex(text: &str) -> String {
 }
 
 /// `{ $regex: <literal text>, $options: "i" }`: a case-insensitive substring match.
-pub fn contains_ci(text: &str) -> bson::Document {
+pub(crate) fn contains_ci(text: &str) -> bson::Document {
     bson::doc! { "$regex": literal_regex(text), "$options": "i" }
-}
-
-/// `{ $regex: ^<literal text>$, $options: "i" }`: a case-insensitive exact match.
-pub fn equals_ci(text: &str) -> bson::Document {
-    bson::doc! { "$regex": format!("^{}$", literal_regex(text)), "$options": "i" }
 }
 
 /// The identity of a document created by a call: the event message's timestamp followed by a stable
 /// hash of (message, tool, call id). A retried call computes the same `_id` and cannot insert twice.
-pub fn derived_id(message_id: ObjectId, tool: &str, tool_call_id: &str) -> ObjectId {
+pub(crate) fn derived_id(message_id: ObjectId, tool: &str, tool_call_id: &str) -> ObjectId {
     let m = message_id.bytes();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in m
@@ -615,7 +612,7 @@ pub fn derived_id(message_id: ObjectId, tool: &str, tool_call_id: &str) -> Objec
 /// Passes the write quota for this call or explains why not: a counted step of the turn's journal
 /// (tally `writes:<user>`, one hour), so every worker counts against the same limit and a retried call is
 /// not counted twice.
-pub async fn guard_write(ctx: &ToolContext<'_>, tool: &str) -> Result<(), ToolError> {
+pub(crate) async fn guard_write(ctx: &ToolContext<'_>, tool: &str) -> Result<(), ToolError> {
     let tally = names::tally::writes(&ctx.user.to_hex());
     let admission = ctx
         .job
@@ -639,7 +636,7 @@ pub async fn guard_write(ctx: &ToolContext<'_>, tool: &str) -> Result<(), ToolEr
 }
 
 /// Deep links the app opens.
-pub fn deep_link(kind: &str, id: ObjectId) -> String {
+pub(crate) fn deep_link(kind: &str, id: ObjectId) -> String {
     format!("trickbook://{kind}/{}", id.to_hex())
 }
 

@@ -8,15 +8,15 @@ use serde_json::json;
 
 use super::{Group, REGISTRY, Tool, ToolContext, ToolError, ToolOutput};
 
-pub const NAME: &str = "more_tools";
+pub(crate) const NAME: &str = "more_tools";
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     pub group: Group,
 }
 
-pub struct MoreTools;
+pub(crate) struct MoreTools;
 
 impl Tool for MoreTools {
     const NAME: &'static str = NAME;

@@ -11,7 +11,7 @@
 use super::Group;
 
 /// How many offers there are (one per set of groups).
-pub const OFFERS: usize = 1 << Group::ALL.len();
+pub(crate) const OFFERS: usize = 1 << Group::ALL.len();
 
 /// The groups offered to one turn.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -49,16 +49,11 @@ impl Offer {
     pub fn index(self) -> usize {
         usize::from(self.0)
     }
-
-    /// The offered groups, for logs and the journal.
-    pub fn groups(self) -> Vec<Group> {
-        Group::ALL.into_iter().filter(|g| self.has(*g)).collect()
-    }
 }
 
 /// What a turn's offer is read from.
 #[derive(Clone, Debug, Default)]
-pub struct Signals<'a> {
+pub(crate) struct Signals<'a> {
     /// The messages answered now, and the companion's last message before them.
     pub texts: Vec<&'a str>,
     /// The user has reminders pending with this companion (one may be cancelled).
@@ -234,7 +229,7 @@ fn any(texts: &[String], words: &[&str]) -> bool {
 }
 
 /// The offer for a turn with `signals`.
-pub fn for_turn(signals: &Signals<'_>) -> Offer {
+pub(crate) fn for_turn(signals: &Signals<'_>) -> Offer {
     let texts: Vec<String> = signals.texts.iter().map(|t| t.to_lowercase()).collect();
     let mut offer = Offer::none();
     if any(&texts, TRICKS) {
@@ -307,6 +302,12 @@ mod tests {
             !o.has(Group::Flows),
             "no flows to start without the companion's flows"
         );
+    }
+
+    impl Offer {
+        fn groups(self) -> Vec<Group> {
+            Group::ALL.into_iter().filter(|g| self.has(*g)).collect()
+        }
     }
 
     #[test]

@@ -18,15 +18,15 @@ use super::{Group, Tool, ToolContext, ToolError, ToolOutput, derived_id, guard_w
 use crate::store::reminders::{Reminder, ReminderState};
 
 /// Longest reminder text.
-pub const TEXT_MAX: usize = 200;
+pub(crate) const TEXT_MAX: usize = 200;
 /// Furthest ahead a reminder may be.
-pub const MAX_AHEAD_DAYS: i64 = 30;
+pub(crate) const MAX_AHEAD_DAYS: i64 = 30;
 /// Pending reminders one user may have.
-pub const MAX_PENDING: i64 = 10;
+pub(crate) const MAX_PENDING: i64 = 10;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     // What to remind the user of, in a few words ("wax the board before saturday").
     #[schemars(length(min = 1, max = TEXT_MAX), regex(pattern = r"\S"))]
     pub text: String,
@@ -40,12 +40,11 @@ pub struct Args {
     pub exact: bool,
 }
 
-pub struct ScheduleReminder;
+pub(crate) struct ScheduleReminder;
 
 impl Tool for ScheduleReminder {
     const NAME: &'static str = "schedule_reminder";
     const GROUPS: &'static [Group] = &[Group::Reminders];
-    const WRITES: bool = true;
     type Args = Args;
 
     fn description() -> &'static str {
@@ -149,7 +148,7 @@ fn due_time(at: &str, now: DateTime<Utc>, min_lead: Duration) -> Result<DateTime
 
 /// `due`, or 07:00 local when it falls in the quiet hours (23:00–07:00) of the time zone `tz` (IANA name;
 /// none or unknown: no quiet hours).
-pub fn out_of_quiet_hours(due: DateTime<Utc>, tz: Option<&str>) -> DateTime<Utc> {
+pub(crate) fn out_of_quiet_hours(due: DateTime<Utc>, tz: Option<&str>) -> DateTime<Utc> {
     let Some(tz) = tz.and_then(|t| t.parse::<chrono_tz::Tz>().ok()) else {
         return due;
     };

@@ -36,7 +36,7 @@ fn pattern_matches(pattern: &str, text: &str) -> Option<bool> {
 /// The `parameters` schema of a tool whose arguments are `T`: inline (no `$ref`), without the
 /// meta-schema, titles or integer formats some providers reject, and with optional fields as plain
 /// (non-nullable) types. A `null` sent for an optional field is treated as absent (see [`normalize`]).
-pub fn parameters_for<T: JsonSchema>() -> Value {
+pub(crate) fn parameters_for<T: JsonSchema>() -> Value {
     let generator = SchemaSettings::draft07()
         .with(|s| {
             s.inline_subschemas = true;
@@ -98,13 +98,13 @@ fn tidy(v: &mut Value) {
 
 /// An argument that does not satisfy the schema: which field and why, for the model.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Violation {
+pub(crate) struct Violation {
     pub field: String,
     pub message: String,
 }
 
 /// Drops top-level `null` values of optional fields: models often send `"type": null` for "not given".
-pub fn normalize(schema: &Value, args: &mut Value) {
+pub(crate) fn normalize(schema: &Value, args: &mut Value) {
     let required: Vec<&str> = schema
         .get("required")
         .and_then(Value::as_array)
@@ -116,7 +116,7 @@ pub fn normalize(schema: &Value, args: &mut Value) {
 }
 
 /// Checks `value` against the subset of JSON Schema the generated schemas use.
-pub fn validate(schema: &Value, value: &Value) -> Result<(), Violation> {
+pub(crate) fn validate(schema: &Value, value: &Value) -> Result<(), Violation> {
     check(schema, value, "")
 }
 

@@ -13,13 +13,13 @@ use super::{
 use crate::store::mongo::TRICKS;
 
 /// Most tricks returned.
-pub const LIMIT: i64 = 10;
+pub(crate) const LIMIT: i64 = 10;
 
 // Sports of the trickipedia. A plain comment: a doc comment here would become the `category` field's
 // description in the tools' schemas.
 #[derive(Clone, Copy, Debug, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum Category {
+pub(crate) enum Category {
     Skateboard,
     Snowboard,
     Bmx,
@@ -28,7 +28,7 @@ pub enum Category {
 }
 
 impl Category {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Skateboard => "skateboard",
             Self::Snowboard => "snowboard",
@@ -41,7 +41,7 @@ impl Category {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     // Looked for in trick names and descriptions, case-insensitively.
     /// Matched literally.
     #[schemars(length(min = 1, max = QUERY_MAX), regex(pattern = r"\S"))]
@@ -50,7 +50,7 @@ pub struct Args {
     pub category: Option<Category>,
 }
 
-pub struct SearchTrickipedia;
+pub(crate) struct SearchTrickipedia;
 
 impl Tool for SearchTrickipedia {
     const NAME: &'static str = "search_trickipedia";
@@ -113,7 +113,7 @@ impl Tool for SearchTrickipedia {
 }
 
 /// A trick for the model.
-pub fn trick_summary(d: &Document) -> Option<Value> {
+pub(crate) fn trick_summary(d: &Document) -> Option<Value> {
     let id = d.get_object_id("_id").ok()?;
     Some(json!({
         "_id": id.to_hex(),
@@ -126,7 +126,7 @@ pub fn trick_summary(d: &Document) -> Option<Value> {
 }
 
 /// The `trick_card` of a trick summary.
-pub fn trick_card(t: &Value) -> Value {
+pub(crate) fn trick_card(t: &Value) -> Value {
     json!({ "type": "trick_card", "data": {
         "_id": t["_id"], "name": t["name"], "category": t["category"],
         "difficulty": t["difficulty"], "deepLink": t["deepLink"],

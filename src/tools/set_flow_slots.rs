@@ -14,13 +14,13 @@ use crate::flow::{
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     // As the step's `slots` describe them; validated against the step's schema.
     /// Values by slot name.
     pub slots: Map<String, Value>,
 }
 
-pub struct SetFlowSlots;
+pub(crate) struct SetFlowSlots;
 
 /// Why a slot update is refused.
 #[derive(Serialize, Deserialize)]

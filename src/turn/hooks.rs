@@ -38,18 +38,18 @@ use crate::{
 };
 
 /// User messages seen by the incoming hook, by kind (`dm`, `group`).
-pub const INCOMING: &str = "companion_user_messages_total";
+pub(crate) const INCOMING: &str = "companion_user_messages_total";
 /// User messages the crisis screen flagged, by category and language.
-pub const CRISIS_FLAGS: &str = "companion_crisis_flags_total";
+pub(crate) const CRISIS_FLAGS: &str = "companion_crisis_flags_total";
 /// Crisis referrals sent, by category and language.
-pub const CRISIS_REFERRALS: &str = "companion_crisis_referrals_total";
+pub(crate) const CRISIS_REFERRALS: &str = "companion_crisis_referrals_total";
 /// Companion messages the output check replaced, by what it found.
-pub const OUTPUT_BLOCKED: &str = "companion_output_blocked_total";
+pub(crate) const OUTPUT_BLOCKED: &str = "companion_output_blocked_total";
 /// Companion messages that carried the AI disclosure, by why (`first_today`, `continuing`).
-pub const DISCLOSURES: &str = "companion_ai_disclosures_total";
+pub(crate) const DISCLOSURES: &str = "companion_ai_disclosures_total";
 
 /// A user's message as the incoming hook sees it.
-pub struct UserMessage<'a> {
+pub(crate) struct UserMessage<'a> {
     /// `dm` or `group`.
     pub kind: &'static str,
     pub id: ObjectId,
@@ -61,7 +61,7 @@ pub struct UserMessage<'a> {
 /// The `crisis` step: what the screen found in a user message, and whether a referral is owed (at most
 /// one per conversation per window).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Flagged {
+pub(crate) struct Flagged {
     pub category: Category,
     /// The language the screen matched in; the referral's.
     pub lang: String,

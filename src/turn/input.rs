@@ -66,7 +66,7 @@ pub(crate) enum Access {
 
 impl Access {
     /// Why nothing may be sent, if so.
-    pub fn refusal(self) -> Option<&'static str> {
+    pub(crate) fn refusal(self) -> Option<&'static str> {
         match self {
             Access::Open => None,
             Access::Missing => Some("the conversation no longer exists"),
@@ -105,7 +105,7 @@ pub(crate) struct Ids {
 }
 
 impl Admitted<'_> {
-    pub fn new_job(&self, stream_seq: Option<u64>) -> NewJob<'_> {
+    pub(crate) fn new_job(&self, stream_seq: Option<u64>) -> NewJob<'_> {
         NewJob {
             id: &self.ids.job,
             kind: &self.ids.kind,
@@ -117,7 +117,7 @@ impl Admitted<'_> {
     }
 
     /// The user message that came in, for the incoming hook.
-    pub fn message(&self) -> Option<UserMessage<'_>> {
+    pub(crate) fn message(&self) -> Option<UserMessage<'_>> {
         let (kind, id, sender, content, images) = match &self.kind {
             Kind::Dm(e) => ("dm", e.message_id, e.sender_id, &e.content, &e.images),
             Kind::Group { event: e, .. } => {
@@ -136,7 +136,7 @@ impl Admitted<'_> {
 
     /// The user messages a companion message answers (a DM and the later messages of its burst, or the
     /// group message), as history rows keep them; none for a follow-up.
-    pub fn answered(&self, burst: &super::Burst) -> Vec<Answered> {
+    pub(crate) fn answered(&self, burst: &super::Burst) -> Vec<Answered> {
         match &self.kind {
             Kind::Dm(e) => std::iter::once(Answered::of(e))
                 .chain(burst.events(e).iter().map(Answered::of))

@@ -21,14 +21,14 @@
 //!
 //! Errors carry their class ([`Classify`]); the worker's settlement decides what to do about them.
 
-pub mod burst;
-pub mod compose;
-pub mod deliver;
-pub mod hooks;
-pub mod input;
-pub mod prompt;
-pub mod takeover;
-pub mod tool_loop;
+pub(crate) mod burst;
+pub(crate) mod compose;
+pub(crate) mod deliver;
+pub(crate) mod hooks;
+pub(crate) mod input;
+pub(crate) mod prompt;
+pub(crate) mod takeover;
+pub(crate) mod tool_loop;
 
 use std::sync::Arc;
 
@@ -38,9 +38,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{debug, info};
 
-pub use burst::{Burst, Covered};
-pub use deliver::Outgoing;
-pub use input::Input;
+pub use burst::Burst;
+pub(crate) use input::Input;
 
 use crate::{
     bus::{Bus, BusError, event::InvalidEvent},
@@ -71,10 +70,10 @@ use crate::{
 use input::{Admitted, Kind};
 
 /// The kind of a DM turn's job.
-pub const JOB_KIND: &str = "turn";
+pub(crate) const JOB_KIND: &str = "turn";
 
 /// Why a deleted message (or an erased user's) is not answered.
-pub const DELETED: &str = "deleted";
+pub(crate) const DELETED: &str = "deleted";
 
 /// How a job ended well.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,7 +236,7 @@ impl Reply {
 /// The `reply` step: one companion message of a job, fixed before it is delivered, so that every retry
 /// delivers the same. A DM's or a follow-up's reads as a plain [`Reply`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Said {
+pub(crate) struct Said {
     #[serde(flatten)]
     pub reply: Reply,
     /// The companion speaking (bot user id, hex) where the job has several (a group); else the job's.
@@ -274,9 +273,9 @@ pub(crate) enum Fixed {
 }
 
 /// Why a message is held (the job's `reason`).
-pub const HELD: &str = "a moderator paused the conversation";
+pub(crate) const HELD: &str = "a moderator paused the conversation";
 /// Why a user under 13 gets no answer (the job's `reason`), past the day's one line.
-pub const UNDER_13: &str = "the user is under 13: companions do not chat with them";
+pub(crate) const UNDER_13: &str = "the user is under 13: companions do not chat with them";
 
 /// Who speaks, in order (stage 6).
 struct Plan<'a> {

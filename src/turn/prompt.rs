@@ -21,24 +21,24 @@ use crate::{
 /// Longest app-supplied string (bio, list name) copied into the prompt.
 const MAX_FIELD_CHARS: usize = 300;
 /// Tricklists shown in the prompt; the tools give the rest.
-pub const PROMPT_TRICKLISTS: i64 = 10;
+pub(crate) const PROMPT_TRICKLISTS: i64 = 10;
 /// Tricks shown per tricklist.
 const PROMPT_TRICKS_PER_LIST: usize = 30;
 
 /// Told to the model, after the conversation, when a message it answers was flagged by the crisis screen
 /// (a fixed referral with crisis lines was sent just before).
-pub const SAFETY_BRIEF: &str = "## Safety first\nThe user's last message suggests they may be in crisis or unsafe. A message with crisis lines was just sent to them. Now answer as yourself, briefly and kindly: take them seriously, say you're glad they told you, listen, and encourage them to reach out right now to someone they trust or to one of those lines. Never describe methods or means, never judge, never joke, don't change the subject to tricks, and don't use tools. You are an AI, not a human or a counsellor; say so if it helps.";
+pub(crate) const SAFETY_BRIEF: &str = "## Safety first\nThe user's last message suggests they may be in crisis or unsafe. A message with crisis lines was just sent to them. Now answer as yourself, briefly and kindly: take them seriously, say you're glad they told you, listen, and encourage them to reach out right now to someone they trust or to one of those lines. Never describe methods or means, never judge, never joke, don't change the subject to tricks, and don't use tools. You are an AI, not a human or a counsellor; say so if it helps.";
 
 /// The same in a group: the user was sent private support, which the group must never learn of.
-pub const GROUP_SAFETY_BRIEF: &str = "## Be gentle here\nSomeone in this group may be going through something hard and was sent private support. Never mention it, anything personal, or that a message was sent. Keep your message short, kind and on the group's topic, and don't use tools.";
+pub(crate) const GROUP_SAFETY_BRIEF: &str = "## Be gentle here\nSomeone in this group may be going through something hard and was sent private support. Never mention it, anything personal, or that a message was sent. Keep your message short, kind and on the group's topic, and don't use tools.";
 
 /// The history role of a message a moderator wrote while the conversation was paused.
-pub const MODERATOR: &str = "moderator";
+pub(crate) const MODERATOR: &str = "moderator";
 /// How such a message is shown to the model: the app's, not the user's or the companion's.
-pub const MODERATOR_LABEL: &str = "[TrickBook moderator, not the user]";
+pub(crate) const MODERATOR_LABEL: &str = "[TrickBook moderator, not the user]";
 
 /// Everything the prompt is built from.
-pub struct PromptContext<'a> {
+pub(crate) struct PromptContext<'a> {
     pub character: &'a Character,
     pub profile: Option<&'a UserProfile>,
     pub tricklists: &'a [Tricklist],
@@ -58,7 +58,7 @@ pub struct PromptContext<'a> {
 /// user) goes first, before the history, so that a provider's prompt cache covers it and the history
 /// with it; what this message brings (knowledge, a flow, the time) goes after the history.
 #[derive(Debug, Default)]
-pub struct Prompt {
+pub(crate) struct Prompt {
     pub system: String,
     /// Knowledge retrieved for the message (within its cap; the total may cut it further).
     pub knowledge: String,
@@ -70,7 +70,7 @@ impl Prompt {
     /// What the total leaves, besides `fixed` tokens (tool definitions, the new messages) and the
     /// system prompt: the knowledge (cut to what fits, or dropped when little would) and the history's
     /// cap.
-    pub fn room(&self, budget: &PromptConfig, fixed: usize) -> (String, usize) {
+    pub(crate) fn room(&self, budget: &PromptConfig, fixed: usize) -> (String, usize) {
         let room = budget
             .max_tokens
             .saturating_sub(fixed + tokens(&self.system) + tokens(&self.turn));
@@ -86,13 +86,13 @@ impl Prompt {
 /// An estimate of the tokens of `text` for budgets: a quarter of its UTF-8 bytes (about right for
 /// English prose and JSON; a CJK character counts 3/4). Providers' tokenizers differ by tens of
 /// percent; the bench counts with a real one.
-pub fn tokens(text: &str) -> usize {
+pub(crate) fn tokens(text: &str) -> usize {
     text.len().div_ceil(4)
 }
 
 /// `text` cut to at most `cap` estimated tokens: whole lines from the start while they fit (a cut
 /// block says so), or the first line clipped.
-pub fn fit(text: &str, cap: usize) -> std::borrow::Cow<'_, str> {
+pub(crate) fn fit(text: &str, cap: usize) -> std::borrow::Cow<'_, str> {
     if tokens(text) <= cap {
         return text.into();
     }
@@ -116,7 +116,7 @@ pub fn fit(text: &str, cap: usize) -> std::borrow::Cow<'_, str> {
 }
 
 /// The prompt of a turn, each block within its cap.
-pub fn system_prompt(ctx: &PromptContext<'_>) -> Prompt {
+pub(crate) fn system_prompt(ctx: &PromptContext<'_>) -> Prompt {
     let b = ctx.budget;
     let mut system = String::with_capacity(4096);
     system.push_str(&fit(&character_block(ctx.character), b.character_tokens));
@@ -313,7 +313,7 @@ fn knowledge_block(ctx: &PromptContext<'_>) -> String {
 /// newest that fit), the knowledge, flow and time as a system message, then the new messages (one, or a
 /// burst), text and images. Over the total (with `tools_tokens` of tool definitions), the history gives
 /// way first, then the knowledge.
-pub fn conversation(
+pub(crate) fn conversation(
     prompt: Prompt,
     history: &History,
     events: &[&DmEvent],
@@ -348,7 +348,7 @@ pub fn conversation(
 /// and stays there until it no longer fits, then moves to the next one (about `step` messages on). With
 /// no anchor there, or the whole conversation fitting, it begins where the newest that fit begin. A
 /// turn with less room than the cap (`room`: a long message, much knowledge) keeps the newest of that.
-pub fn window<'h>(
+pub(crate) fn window<'h>(
     history: &'h History,
     budget: &PromptConfig,
     room: usize,
@@ -379,7 +379,7 @@ fn anchors(message_id: &str, step: usize) -> bool {
 }
 
 /// The newest items of `items` (oldest first) whose estimated tokens fit `cap`.
-pub fn recent<T>(items: &[T], cap: usize, bytes: impl Fn(&T) -> usize) -> &[T] {
+pub(crate) fn recent<T>(items: &[T], cap: usize, bytes: impl Fn(&T) -> usize) -> &[T] {
     let mut used = 0;
     let mut from = items.len();
     while from > 0 {
@@ -452,7 +452,7 @@ fn past_tool_calls(n: usize, log: Option<&str>) -> Vec<Message> {
 }
 
 /// The user's message as kept in history (images noted, not embedded).
-pub fn history_text(event: &DmEvent) -> String {
+pub(crate) fn history_text(event: &DmEvent) -> String {
     match event.images.len() {
         0 => event.content.clone(),
         n => {

@@ -34,7 +34,7 @@ use crate::{
 };
 
 /// The kind of a takeover signal (`<prefix>.signal.takeover.<conversationId>`) and of its job.
-pub const KIND: &str = "takeover";
+pub(crate) const KIND: &str = "takeover";
 /// Longest moderator id accepted (it is the job's user).
 const MAX_BY: usize = 200;
 /// Longest reason kept.
@@ -75,7 +75,7 @@ struct Body {
 
 /// A takeover signal, validated.
 #[derive(Clone, Debug)]
-pub struct Signal {
+pub(crate) struct Signal {
     pub conversation: ObjectId,
     pub action: Action,
     /// The state it asks for, as the store keeps it (`paused_at` is the store's to say).
@@ -84,7 +84,7 @@ pub struct Signal {
 
 impl Signal {
     /// Its job's id (see [`job_id`]).
-    pub fn job_id(&self) -> String {
+    pub(crate) fn job_id(&self) -> String {
         job_id(
             &self.takeover.conversation_id,
             self.action,
@@ -102,7 +102,11 @@ pub fn job_id(conversation: &str, action: Action, at: DateTime<Utc>) -> String {
 
 /// Parses the body of a takeover signal for `conversation` (the subject's last token), at most
 /// `max_bytes` long.
-pub fn parse(conversation: &str, payload: &[u8], max_bytes: usize) -> Result<Signal, InvalidEvent> {
+pub(crate) fn parse(
+    conversation: &str,
+    payload: &[u8],
+    max_bytes: usize,
+) -> Result<Signal, InvalidEvent> {
     let malformed = |why: &str| InvalidEvent::Malformed(why.chars().take(200).collect());
     let id = parse_object_id(conversation).ok_or(InvalidEvent::BadId {
         field: "conversationId",

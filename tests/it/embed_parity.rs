@@ -5,7 +5,7 @@
 
 use std::{path::PathBuf, sync::Arc};
 
-use companion::rag::{
+use companion::testing::rag::{
     Embedder, chunk,
     embed::{DIM, cosine},
 };

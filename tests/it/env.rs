@@ -5,12 +5,12 @@ use crate::servers;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use companion::rag::{EmbedConfig, Embedder};
+use companion::testing::rag::{EmbedConfig, Embedder};
 
 use async_nats::HeaderMap;
 use bson::{Document, doc, oid::ObjectId};
 use bytes::Bytes;
-use companion::{
+use companion::testing::{
     Config,
     app::Components,
     bus::{Bus, Completion, InboundEvent},
@@ -359,7 +359,7 @@ impl TestEnv {
     }
 
     /// Waits (up to 30 s) until job `id` is settled; its record.
-    pub async fn settled(&self, id: &str) -> companion::journal::JobRecord {
+    pub async fn settled(&self, id: &str) -> companion::testing::journal::JobRecord {
         let journal = self.journal();
         let done = eventually(Duration::from_secs(30), || async {
             journal
@@ -375,7 +375,7 @@ impl TestEnv {
 
     /// A pending reminder of Jess's with Kaori, due now (as if `schedule_reminder` had stored it); its id.
     pub async fn due_reminder(&self, text: &str) -> String {
-        use companion::store::reminders::{Reminder, ReminderState};
+        use companion::testing::store::reminders::{Reminder, ReminderState};
         let (id, now) = (ObjectId::new().to_hex(), chrono::Utc::now());
         self.pg
             .insert_reminder(&Reminder {
@@ -395,7 +395,7 @@ impl TestEnv {
 
     /// Fires reminder `id` as its schedule would (`<prefix>.signal.reminder.<id>`, message id
     /// `due-<id>`) and waits until its job is settled; the job's record.
-    pub async fn fire_reminder(&self, id: &str) -> companion::journal::JobRecord {
+    pub async fn fire_reminder(&self, id: &str) -> companion::testing::journal::JobRecord {
         let body = serde_json::json!({"reminderId": id, "fireAt": chrono::Utc::now()});
         self.publish_raw(
             self.bus.names.reminder_due(id),
@@ -430,7 +430,7 @@ impl TestEnv {
         while let Ok(msg) = stream.get_raw_message(seq).await {
             let reason = msg
                 .headers
-                .get(companion::bus::DLQ_REASON)
+                .get(companion::testing::bus::DLQ_REASON)
                 .map(|v| v.to_string())
                 .unwrap_or_default();
             out.push((reason, msg.payload));
@@ -495,8 +495,8 @@ pub async fn reply_within(
 }
 
 /// The validated form of an event built by [`TestEnv::dm`], for calling `turn::run` directly.
-pub fn dm_event(raw: &InboundEvent) -> companion::bus::DmEvent {
-    companion::bus::DmEvent {
+pub fn dm_event(raw: &InboundEvent) -> companion::testing::bus::DmEvent {
+    companion::testing::bus::DmEvent {
         message_id: oid(&raw.message_id),
         conversation_id: oid(&raw.conversation_id),
         sender_id: oid(&raw.sender_id),
@@ -540,7 +540,7 @@ impl InProcessWorker {
     pub async fn start(env: &TestEnv) -> Self {
         let components = env.components().await;
         let probe = Arc::new(components.probe(&env.config.consumer.name));
-        let (addr, server) = companion::ops::serve("127.0.0.1:0".parse().unwrap(), probe)
+        let (addr, server) = companion::testing::ops::serve("127.0.0.1:0".parse().unwrap(), probe)
             .await
             .expect("ops endpoint");
         let stop = CancellationToken::new();
@@ -628,7 +628,7 @@ impl ToolJob {
             bus: &self.bus,
             time_zone: None,
             minor_quiet: None,
-            reminders: companion::tools::ReminderBounds {
+            reminders: companion::testing::tools::ReminderBounds {
                 min_lead: Duration::from_secs(60),
             },
             job: &self.job,
@@ -636,13 +636,13 @@ impl ToolJob {
             writes_per_hour: 5,
             flows: &NO_FLOWS,
             offered_flows: &[],
-            memory: companion::memory::Access::Off,
+            memory: companion::testing::memory::Access::Off,
         }
     }
 }
 
 /// Tool tests outside a flow.
-static NO_FLOWS: std::sync::LazyLock<companion::flow::Flows> =
+static NO_FLOWS: std::sync::LazyLock<companion::testing::flow::Flows> =
     std::sync::LazyLock::new(Default::default);
 
 /// The body of a GET.

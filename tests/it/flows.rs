@@ -98,7 +98,7 @@ async fn step_status(env: &TestEnv) -> (String, String) {
 }
 
 /// Jess says `text` to Kaori and gets the reply.
-async fn say(env: &TestEnv, text: &str) -> companion::bus::Completion {
+async fn say(env: &TestEnv, text: &str) -> companion::testing::bus::Completion {
     let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
     env.turn(&e).await
 }

@@ -11,7 +11,7 @@ use std::{
 };
 
 use bson::doc;
-use companion::bus::{Completion, GroupMessageEvent};
+use companion::testing::bus::{Completion, GroupMessageEvent};
 use companion_dev::{
     backend,
     stub::{Responder, StubReply},

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::env::*;
-use companion::bus::event::{EventLimits, InvalidEvent, parse_inbound};
+use companion::testing::bus::event::{EventLimits, InvalidEvent, parse_inbound};
 use companion_dev::stub::{StubReply, always};
 use serde_json::{Value, json};
 

@@ -5,7 +5,7 @@
 //! answered them (CI's "6 of 195 events never answered" in the MongoDB outage test).
 
 use bson::oid::ObjectId;
-use companion::journal::NewJob;
+use companion::testing::journal::NewJob;
 use companion_dev::stub::{StubReply, always};
 
 use crate::env::*;

@@ -2,7 +2,7 @@
 //! `llm_usage`, `tool_writes`): the rows move into `jobs` and `job_steps`, read back as the new core reads
 //! them, and the old tables are gone.
 
-use companion::{
+use companion::testing::{
     journal::{Journal, NewJob, State},
     llm::CallUsage,
     store::pg::MIGRATOR,
@@ -178,7 +178,9 @@ async fn the_earlier_journal_moves_into_jobs_and_steps() {
     assert_eq!(tool.content, json!({"_id": "l1"}));
     assert_eq!(tool.card, Some(json!({"type": "tricklist_card"})));
     // Both paid calls count, the write quota's ledger too.
-    let rows = companion::usage::summary(pool, 1, None).await.unwrap();
+    let rows = companion::testing::usage::summary(pool, 1, None)
+        .await
+        .unwrap();
     assert_eq!(rows.iter().map(|r| r.calls).sum::<i64>(), 2, "{rows:?}");
     let counted: i64 =
         sqlx::query_scalar("SELECT count(*) FROM job_steps WHERE tally = $1 AND name = 'quota'")

@@ -13,7 +13,7 @@ use std::{
 };
 
 use crate::{env::*, servers::*};
-use companion::{bus::Bus, config::Secret};
+use companion::testing::{bus::Bus, config::Secret};
 use companion_dev::{
     backend,
     stub::{StubReply, always},

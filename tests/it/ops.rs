@@ -1,7 +1,7 @@
 //! The operations endpoint of a running worker: `/healthz`, `/readyz` and `/metrics` counting a real turn.
 
 use crate::env::*;
-use companion::ops;
+use companion::testing::ops;
 use companion_dev::stub::{StubReply, always};
 
 #[tokio::test]

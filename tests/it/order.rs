@@ -10,7 +10,7 @@ use std::{
 
 use crate::env::*;
 use bson::doc;
-use companion::bus::Completion;
+use companion::testing::bus::Completion;
 use companion_dev::stub::{Responder, StubReply};
 use futures::StreamExt;
 use serde_json::Value;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::env::*;
 use axum::{Router, body::Bytes, extract::State, routing::post};
-use companion::telemetry::otel::{ExportedSpan, decode_export};
+use companion::testing::telemetry::otel::{ExportedSpan, decode_export};
 use companion_dev::stub::{StubReply, always};
 
 /// An OTLP/HTTP collector that keeps every trace export request body.

@@ -12,7 +12,7 @@ use std::{
 use crate::env::*;
 use bson::{doc, oid::ObjectId};
 use chrono::Utc;
-use companion::bus::{Completion, InboundEvent};
+use companion::testing::bus::{Completion, InboundEvent};
 use companion_dev::{
     backend,
     stub::{Responder, StubReply, last_user_text},

@@ -5,7 +5,7 @@
 use crate::env::*;
 use bson::oid::ObjectId;
 use chrono::Utc;
-use companion::{
+use companion::testing::{
     bus::DmEvent,
     rag::{chunk::ChunkConfig, ingest},
     turn::Outcome,

@@ -9,7 +9,7 @@ use std::{
 
 use bson::doc;
 use chrono::{DateTime, Utc};
-use companion::{bus::Completion, tools::Registry};
+use companion::testing::{bus::Completion, tools::Registry};
 use companion_dev::stub::{Responder, StubReply};
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -214,7 +214,7 @@ async fn a_cancelled_reminder_never_arrives() {
                 .get(&format!("reminder:{id}"))
                 .await
                 .unwrap()
-                .is_some_and(|j| j.state == companion::journal::State::Dropped)
+                .is_some_and(|j| j.state == companion::testing::journal::State::Dropped)
         })
         .await
     );

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bson::{doc, oid::ObjectId};
 use chrono::{SecondsFormat, Utc};
-use companion::{
+use companion::testing::{
     bus::Completion,
     journal::State,
     turn::takeover::{self, Action},

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::env::*;
 use bson::doc;
 use chrono::Utc;
-use companion::{
+use companion::testing::{
     bus::DmEvent,
     journal::State,
     llm::{CallBudget, ChatRequest, LlmClient, Message},
@@ -52,7 +52,7 @@ async fn run_within(
     env: &TestEnv,
     tj: &ToolJob,
     budget: &CallBudget,
-) -> Result<tool_loop::LoopOutput, companion::turn::TurnError> {
+) -> Result<tool_loop::LoopOutput, companion::testing::turn::TurnError> {
     let metrics = Arc::new(Metrics::default());
     let llm = LlmClient::new(&env.config.llm, metrics.clone()).unwrap();
     let cx = LoopContext {
@@ -61,7 +61,7 @@ async fn run_within(
         spend: None,
         llm: &llm,
         registry: &REGISTRY,
-        offer: companion::tools::offer::Offer::all(),
+        offer: companion::testing::tools::offer::Offer::all(),
         limits: LoopLimits {
             max_rounds: 3,
             max_result_bytes: 16 * 1024,

@@ -2,7 +2,7 @@
 
 use crate::env::*;
 use bson::{Bson, Document, doc};
-use companion::{
+use companion::testing::{
     failure::{Class, Classify},
     store::mongo::{SPOT_DRAFTS, SPOTS, TRICKLISTS},
     tools::{Registry, ToolContext, ToolError, ToolResult},

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::env::*;
 use bson::{Bson, doc};
-use companion::{
+use companion::testing::{
     journal::{NewJob, State},
     turn,
 };
@@ -329,7 +329,7 @@ async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
         marks: Default::default(),
     };
     job.step("reply", "g0")
-        .run(async { Ok::<_, companion::journal::JournalError>(fixed) })
+        .run(async { Ok::<_, companion::testing::journal::JournalError>(fixed) })
         .await
         .unwrap();
     let event = dm_event(&raw);

@@ -12,7 +12,7 @@ use super::{
     report::{Report, Resources},
     workers,
 };
-use companion::{Config, rag::EmbedConfig};
+use companion::testing::{Config, rag::EmbedConfig};
 
 /// One figure of both binaries.
 #[derive(Clone, Debug, Serialize)]

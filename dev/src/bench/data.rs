@@ -10,7 +10,7 @@ use futures::TryStreamExt;
 
 use super::{BenchError, env::RunEnv};
 use crate::seed;
-use companion::{
+use companion::testing::{
     bus::InboundEvent,
     character::Characters,
     rag::{Embedder, chunk::ChunkConfig, ingest},

@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 
 use super::BenchError;
 use crate::backend;
-use companion::bus::{Bus, InboundEvent};
+use companion::testing::bus::{Bus, InboundEvent};
 
 /// Publishes waiting for their JetStream ack at once (bounds the publisher's memory when open-loop).
 const MAX_PENDING_PUBLISHES: usize = 512;

@@ -31,7 +31,7 @@ use std::{
 use clap::Args;
 
 use crate::stub::StubLlm;
-use companion::{
+use companion::testing::{
     Config,
     rag::{EmbedConfig, Embedder},
     store::StoreError,
@@ -49,7 +49,7 @@ pub enum BenchError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
-    Bus(#[from] companion::bus::BusError),
+    Bus(#[from] companion::testing::bus::BusError),
     #[error("writing {0}: {1}")]
     Write(PathBuf, std::io::Error),
 }
@@ -517,7 +517,7 @@ async fn measure(
         .collect();
     let replies_stored = env
         .mongo
-        .collection(companion::store::mongo::DM_MESSAGES)
+        .collection(companion::testing::store::mongo::DM_MESSAGES)
         .count_documents(bson::doc! { "inReplyTo": { "$in": ids } })
         .await
         .map_err(StoreError::from)?;
