@@ -5,9 +5,10 @@
 //! A run creates its own databases and subjects ([`env`]), seeds users, conversations with history,
 //! tricklists and the knowledge base ([`data`]), starts `--workers` worker processes of this binary
 //! ([`workers`]), publishes warm-up then measured events at `--rate` as TB-Backend does and counts every
-//! completion ([`load`]), samples memory and CPU from `/proc` ([`procs`]), reads the workers' own
-//! `turn timings` log events for the overhead and its stages, prints a table, writes JSON ([`report`]),
-//! stops the workers and removes what it created. `--embed` adds embedding throughput ([`embed`]).
+//! completion ([`load`]), samples memory and CPU from `/proc` while they run ([`phase`], [`procs`]),
+//! reads the workers' own `turn timings` log events for the overhead and its stages, prints a table,
+//! writes JSON ([`report`]), stops the workers and removes what it created. `--embed` adds embedding
+//! throughput ([`embed`]).
 
 pub mod chart;
 pub mod compare;
@@ -16,23 +17,21 @@ pub mod dist;
 pub mod embed;
 pub mod env;
 pub mod load;
+pub mod phase;
 pub mod procs;
 pub mod prompt;
 pub mod report;
 pub mod script;
 pub mod workers;
 
-use std::{
-    path::PathBuf,
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use clap::Args;
 
 use crate::stub::StubLlm;
 use companion::testing::{
     Config,
+    bus::InboundEvent,
     rag::{EmbedConfig, Embedder},
     store::StoreError,
     timing::Stage,
@@ -260,13 +259,8 @@ async fn load_run(base: &Config, args: &BenchArgs, report: &mut Report) -> Resul
     result
 }
 
-/// Samples of the measured phase, taken while it runs.
-#[derive(Default)]
-struct Samples {
-    peak_rss_kb: Vec<u64>,
-    peak_in_flight: usize,
-}
-
+/// Seeds, starts the stub model and the workers, runs the warm-up and the measured phase, stops the
+/// workers and fills in `report`.
 async fn measure(
     env: &env::RunEnv,
     args: &BenchArgs,
@@ -275,7 +269,50 @@ async fn measure(
     procs: &mut Vec<workers::WorkerProc>,
     report: &mut Report,
 ) -> Result<(), BenchError> {
-    // Seed, with the knowledge base embedded by a model loaded here (then released).
+    let (data, warmup_events, events) = seed(env, args, turns).await?;
+    let measured_ids: Vec<String> = events.iter().map(|e| e.message_id.clone()).collect();
+    let sampler = prompt::Sampler::default();
+    let stub = start_stub(args, &sampler).await?;
+    let mut config = env.config.clone();
+    config.llm.base_url = stub.base_url.clone();
+    config.turn.user_turns_per_minute = args.flood_limit;
+    report.settings = Some(run_settings(args, turns, &data, &config));
+    let rss_idle = start_workers(&config, args, log_dir, procs, report).await?;
+
+    let phases = phase::Phases {
+        env,
+        tracker: load::Tracker::default(),
+        rate: args.rate,
+        timeout: Duration::from_secs(args.timeout),
+    };
+    let collector = load::collect_completions(&env.bus, phases.tracker.clone()).await?;
+    phases.warm_up(warmup_events).await;
+    let rss_warm = phase::rss_mb(procs);
+    let measured = phases.measured(events, procs, &sampler, &stub).await;
+    collector.abort();
+
+    eprintln!("bench: stopping the workers…");
+    workers::stop(procs, Duration::from_secs(30)).await;
+
+    let held = Held::read(env, &measured_ids).await?;
+    let records = read_timings(procs, measured_ids, report);
+    let recs: Vec<&workers::TimingRecord> = records.iter().collect();
+    turn_figures(&recs, &stub, &sampler, env, args, report)?;
+    report.end_to_end_ms = Some(Dist::of(&phases.tracker.latencies_ms()));
+    report.timeline = phases.tracker.timeline(measured.started);
+    report.turns = Some(turn_counts(&measured, &held, &recs));
+    report.resources = Some(resources(measured, rss_idle, rss_warm));
+    drop(stub);
+    Ok(())
+}
+
+/// Seeds the run's data, with the knowledge base embedded by a model loaded here (then released), and
+/// stores the warm-up and the measured messages; returns the data and their events.
+async fn seed(
+    env: &env::RunEnv,
+    args: &BenchArgs,
+    turns: usize,
+) -> Result<(data::Dataset, Vec<InboundEvent>, Vec<InboundEvent>), BenchError> {
     eprintln!(
         "bench: seeding {} conversations, {} history messages each…",
         args.conversations, args.history
@@ -303,9 +340,11 @@ async fn measure(
     drop(embedder);
     let warmup_events = data::prepare_events(env, &data, args.warmup, 0).await?;
     let events = data::prepare_events(env, &data, turns, args.warmup).await?;
-    let measured_ids: Vec<String> = events.iter().map(|e| e.message_id.clone()).collect();
+    Ok((data, warmup_events, events))
+}
 
-    let sampler = prompt::Sampler::default();
+/// Starts the stub model: it offers every request to `sampler` and answers as `--script` says.
+async fn start_stub(args: &BenchArgs, sampler: &prompt::Sampler) -> Result<StubLlm, BenchError> {
     let responder = {
         let (sampler, script) = (
             sampler.clone(),
@@ -320,16 +359,17 @@ async fn measure(
         .await
         .map_err(|e| BenchError::Setup(format!("stub model: {e}")))?;
     stub.simulate_prompt_cache();
-    let mut config = env.config.clone();
-    config.llm.base_url = stub.base_url.clone();
-    config.turn.user_turns_per_minute = args.flood_limit;
-    let settings = workers::WorkerSettings {
-        llm_requests_per_second: args.llm_rps,
-        rust_log: workers::WORKER_RUST_LOG.into(),
-        binary: args.worker_bin.clone(),
-        env: args.worker_env.clone(),
-    };
-    report.settings = Some(RunSettings {
+    Ok(stub)
+}
+
+/// How the run is set up, for the report.
+fn run_settings(
+    args: &BenchArgs,
+    turns: usize,
+    data: &data::Dataset,
+    config: &Config,
+) -> RunSettings {
+    RunSettings {
         workers: args.workers,
         turns,
         warmup: args.warmup,
@@ -344,207 +384,98 @@ async fn measure(
         embed_max_batch: config.embed.max_batch,
         embed_window_ms: config.embed.window_ms,
         knowledge_chunks: data.knowledge_chunks,
-    });
+    }
+}
 
+/// Starts the workers into `procs` and waits until they are ready and a second more; returns their
+/// resident memory then, MB.
+async fn start_workers(
+    config: &Config,
+    args: &BenchArgs,
+    log_dir: &std::path::Path,
+    procs: &mut Vec<workers::WorkerProc>,
+    report: &mut Report,
+) -> Result<Vec<f64>, BenchError> {
+    let settings = workers::WorkerSettings {
+        llm_requests_per_second: args.llm_rps,
+        rust_log: workers::WORKER_RUST_LOG.into(),
+        binary: args.worker_bin.clone(),
+        env: args.worker_env.clone(),
+    };
     eprintln!(
         "bench: starting {} worker(s), logs in {}…",
         args.workers,
         log_dir.display()
     );
     for i in 0..args.workers {
-        procs.push(workers::spawn(&config, &settings, log_dir, i)?);
+        procs.push(workers::spawn(config, &settings, log_dir, i)?);
     }
     report.worker_logs = procs.iter().map(|w| w.log.display().to_string()).collect();
     workers::wait_ready(procs, Duration::from_secs(120)).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mb = |kb: u64| kb as f64 / 1024.0;
-    let rss_now = |procs: &[workers::WorkerProc]| -> Vec<f64> {
-        procs
+    Ok(phase::rss_mb(procs))
+}
+
+/// What the servers hold after the measured phase.
+struct Held {
+    /// Replies to the measured messages stored in MongoDB.
+    replies_stored: u64,
+    /// Journal rows delivered more often than their turn needed.
+    redelivered: i64,
+    /// Messages in the outbound stream.
+    out_stream_messages: u64,
+    /// Messages in the dead-letter stream.
+    dead_letters: u64,
+}
+
+impl Held {
+    async fn read(env: &env::RunEnv, measured_ids: &[String]) -> Result<Self, BenchError> {
+        let ids: Vec<bson::oid::ObjectId> = measured_ids
             .iter()
-            .map(|w| procs::sample(w.pid).map(|s| mb(s.rss_kb)).unwrap_or(0.0))
-            .collect()
-    };
-    let rss_idle = rss_now(procs);
-
-    let tracker = load::Tracker::default();
-    let collector = load::collect_completions(&env.bus, tracker.clone()).await?;
-    if !warmup_events.is_empty() {
-        eprintln!("bench: warm-up, {} turns…", warmup_events.len());
-        let n = warmup_events.len();
-        tracker.reset(&warmup_events);
-        load::publish(&env.bus, warmup_events, args.rate, &tracker).await;
-        let p = load::wait_done(
-            &tracker,
-            n,
-            Duration::from_secs(args.timeout),
-            "warm-up",
-            |_| {},
+            .filter_map(|i| bson::oid::ObjectId::parse_str(i).ok())
+            .collect();
+        let replies_stored = env
+            .mongo
+            .collection(companion::testing::store::mongo::DM_MESSAGES)
+            .count_documents(bson::doc! { "inReplyTo": { "$in": ids } })
+            .await
+            .map_err(StoreError::from)?;
+        // A covered message's journal row is written by the turn that covers it, so its own delivery is
+        // its second "attempt".
+        let redelivered: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jobs WHERE attempts > CASE WHEN state = 'covered' THEN 2 ELSE 1 END",
         )
-        .await;
-        if p.completed < n {
-            eprintln!(
-                "bench: warm-up: only {} of {n} completed; measuring anyway",
-                p.completed
-            );
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    let rss_warm = rss_now(procs);
-
-    // The measured phase.
-    eprintln!(
-        "bench: measuring {turns} turns at {}…",
-        if args.rate > 0.0 {
-            format!("{} turns/s", args.rate)
-        } else {
-            "full speed".into()
-        }
-    );
-    tracker.reset(&events);
-    sampler.clear();
-    stub.reset_totals();
-    let port = |url: &str, default: u16| {
-        url::Url::parse(url.split(',').next().unwrap_or(url))
-            .ok()
-            .and_then(|u| u.port())
-            .unwrap_or(default)
-    };
-    let servers = procs::Servers::find(
-        port(&env.config.nats.url, 4222),
-        port(&env.config.mongo.uri, 27017),
-        &format!("bench_{}", env.tag),
-    );
-    if servers.nats.is_empty() || servers.mongo.is_empty() || servers.postgres.is_empty() {
-        eprintln!(
-            "bench: server processes not all found (nats {:?}, mongo {:?}, postgres {}); their CPU shows as other",
-            servers.nats,
-            servers.mongo,
-            servers.postgres.len()
-        );
-    }
-    let pids: Vec<u32> = procs.iter().map(|w| w.pid).collect();
-    let worker_ticks =
-        |pids: &[u32]| -> u64 { pids.iter().filter_map(|p| procs::cpu_ticks(*p)).sum() };
-    let me = std::process::id();
-    let (w0, s0, b0, m0) = (
-        worker_ticks(&pids),
-        servers.ticks(),
-        procs::cpu_ticks(me).unwrap_or(0),
-        procs::machine_ticks().unwrap_or((0, 0)),
-    );
-    let started = Instant::now();
-    let samples = Arc::new(Mutex::new(Samples {
-        peak_rss_kb: vec![0; pids.len()],
-        peak_in_flight: 0,
-    }));
-    let sample = {
-        let (samples, pids) = (samples.clone(), pids.clone());
-        move |p: load::Progress| {
-            let mut s = samples.lock().expect("samples lock");
-            s.peak_in_flight = s.peak_in_flight.max(p.in_flight());
-            for (peak, pid) in s.peak_rss_kb.iter_mut().zip(&pids) {
-                if let Some(x) = procs::sample(*pid) {
-                    *peak = (*peak).max(x.rss_kb);
-                }
-            }
-        }
-    };
-    let publisher = {
-        let (bus, tracker, rate) = (env.bus.clone(), tracker.clone(), args.rate);
-        tokio::spawn(async move { load::publish(&bus, events, rate, &tracker).await })
-    };
-    let mut last_print = Instant::now();
-    while !publisher.is_finished() {
-        let p = tracker.progress();
-        sample(p);
-        if last_print.elapsed() >= Duration::from_secs(1) {
-            let rss: Vec<String> = pids
-                .iter()
-                .map(|pid| {
-                    procs::sample(*pid)
-                        .map(|s| format!("{:.0}", mb(s.rss_kb)))
-                        .unwrap_or_default()
-                })
-                .collect();
-            eprintln!(
-                "  {:>6.1} s  published {}/{turns}  completed {}  in flight {}  worker RSS {} MB",
-                started.elapsed().as_secs_f64(),
-                p.published,
-                p.completed,
-                p.in_flight(),
-                rss.join("/")
-            );
-            last_print = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let _ = publisher.await;
-    let progress = load::wait_done(
-        &tracker,
-        turns,
-        Duration::from_secs(args.timeout),
-        "draining",
-        sample,
-    )
-    .await;
-    let ended = tracker.last_completion().unwrap_or_else(Instant::now);
-    let seconds = ended.duration_since(started).as_secs_f64().max(1e-9);
-    let (w1, s1, b1, m1) = (
-        worker_ticks(&pids),
-        servers.ticks(),
-        procs::cpu_ticks(me).unwrap_or(0),
-        procs::machine_ticks().unwrap_or((0, 0)),
-    );
-    let hwm: Vec<f64> = pids
-        .iter()
-        .map(|p| procs::sample(*p).map(|s| mb(s.hwm_kb)).unwrap_or(0.0))
-        .collect();
-    // Late duplicates would show within a moment.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let progress = load::Progress {
-        duplicates: tracker.progress().duplicates,
-        ..progress
-    };
-    collector.abort();
-
-    eprintln!("bench: stopping the workers…");
-    workers::stop(procs, Duration::from_secs(30)).await;
-
-    // What the servers hold.
-    let ids: Vec<bson::oid::ObjectId> = measured_ids
-        .iter()
-        .filter_map(|i| bson::oid::ObjectId::parse_str(i).ok())
-        .collect();
-    let replies_stored = env
-        .mongo
-        .collection(companion::testing::store::mongo::DM_MESSAGES)
-        .count_documents(bson::doc! { "inReplyTo": { "$in": ids } })
+        .fetch_one(&env.pg.pool)
         .await
         .map_err(StoreError::from)?;
-    // A covered message's journal row is written by the turn that covers it, so its own delivery is its
-    // second "attempt".
-    let redelivered: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM jobs WHERE attempts > CASE WHEN state = 'covered' THEN 2 ELSE 1 END",
-    )
-    .fetch_one(&env.pg.pool)
-    .await
-    .map_err(StoreError::from)?;
-    let stream_messages = |name: String| {
-        let js = env.bus.js.clone();
-        async move {
-            match js.get_stream(&name).await {
-                Ok(mut s) => s.info().await.map(|i| i.state.messages).unwrap_or(0),
-                Err(_) => 0,
+        let stream_messages = |name: String| {
+            let js = env.bus.js.clone();
+            async move {
+                match js.get_stream(&name).await {
+                    Ok(mut s) => s.info().await.map(|i| i.state.messages).unwrap_or(0),
+                    Err(_) => 0,
+                }
             }
-        }
-    };
-    let out_stream_messages = stream_messages(env.bus.names.stream_out.clone()).await;
-    let dead_letters = stream_messages(env.bus.names.stream_dlq.clone()).await;
+        };
+        Ok(Self {
+            replies_stored,
+            redelivered,
+            out_stream_messages: stream_messages(env.bus.names.stream_out.clone()).await,
+            dead_letters: stream_messages(env.bus.names.stream_dlq.clone()).await,
+        })
+    }
+}
 
-    // The workers' own timings of the measured turns.
+/// Reads the workers' logs: their warnings, errors and first samples into `report`; returns their own
+/// timings of the measured turns.
+fn read_timings(
+    procs: &[workers::WorkerProc],
+    measured_ids: Vec<String>,
+    report: &mut Report,
+) -> Vec<workers::TimingRecord> {
     let measured: std::collections::HashSet<String> = measured_ids.into_iter().collect();
     let mut records = Vec::new();
-    for w in procs.iter() {
+    for w in procs {
         let s = workers::read_log(&w.log);
         report.worker_warnings += s.warnings;
         report.worker_errors += s.errors;
@@ -561,7 +492,19 @@ async fn measure(
                 .filter(|t| measured.contains(&t.event_id) && t.outcome != "already_done"),
         );
     }
-    let recs: Vec<&workers::TimingRecord> = records.iter().collect();
+    records
+}
+
+/// The figures of a turn from the workers' timings, the stub model's totals and the sampled prompts
+/// (saved when `--save-prompts` says so).
+fn turn_figures(
+    recs: &[&workers::TimingRecord],
+    stub: &StubLlm,
+    sampler: &prompt::Sampler,
+    env: &env::RunEnv,
+    args: &BenchArgs,
+    report: &mut Report,
+) -> Result<(), BenchError> {
     let col = |f: &dyn Fn(&workers::TimingRecord) -> f64| -> Vec<f64> {
         recs.iter().map(|r| f(r)).collect()
     };
@@ -569,7 +512,7 @@ async fn measure(
     report.overhead_ms = Some(Dist::of(&col(&|r| r.overhead_ms)));
     report.mongo_wait_ms = Some(Dist::of(&col(&|r| r.mongo_ms)));
     report.mongo_commands_per_turn = Dist::of(&col(&|r| f64::from(r.mongo_commands))).mean;
-    for r in &recs {
+    for r in recs {
         if !r.knowledge.is_empty() {
             *report.knowledge.entry(r.knowledge.clone()).or_default() += 1;
         }
@@ -587,7 +530,13 @@ async fn measure(
         .position(|s| *s == Stage::Llm)
         .expect("llm stage");
     report.llm_wait_ms = Some(Dist::of(&col(&|r| r.stages_ms[llm_idx])));
-    report.stages = Stage::ALL
+    report.stages = stage_dists(recs);
+    Ok(())
+}
+
+/// Each stage but the model's, over the turns that went through it.
+fn stage_dists(recs: &[&workers::TimingRecord]) -> Vec<StageDist> {
+    Stage::ALL
         .iter()
         .enumerate()
         .filter(|(_, s)| **s != Stage::Llm)
@@ -604,11 +553,13 @@ async fn measure(
             }
         })
         .filter(|s| s.turns > 0)
-        .collect();
-    report.end_to_end_ms = Some(Dist::of(&tracker.latencies_ms()));
-    report.timeline = tracker.timeline(started);
-    let samples = samples.lock().expect("samples lock");
-    report.turns = Some(TurnCounts {
+        .collect()
+}
+
+/// What became of the measured turns, by the bench's count, the servers' and the workers'.
+fn turn_counts(m: &phase::Measured, held: &Held, recs: &[&workers::TimingRecord]) -> TurnCounts {
+    let progress = &m.progress;
+    TurnCounts {
         published: progress.published,
         completed: progress.completed,
         lost: progress.published.saturating_sub(progress.completed),
@@ -616,29 +567,34 @@ async fn measure(
         covered: progress.covered,
         duplicated: progress.duplicates,
         publish_errors: progress.publish_errors,
-        replies_stored,
-        out_stream_messages,
-        dead_letters,
-        redelivered: redelivered.max(0) as u64,
-        seconds,
-        turns_per_second: progress.completed as f64 / seconds,
-        peak_in_flight: samples.peak_in_flight,
-        peak_running_in_workers: workers::peak_concurrency(&recs),
-    });
+        replies_stored: held.replies_stored,
+        out_stream_messages: held.out_stream_messages,
+        dead_letters: held.dead_letters,
+        redelivered: held.redelivered.max(0) as u64,
+        seconds: m.seconds,
+        turns_per_second: progress.completed as f64 / m.seconds,
+        peak_in_flight: m.peak_in_flight,
+        peak_running_in_workers: workers::peak_concurrency(recs),
+    }
+}
+
+/// The workers' memory, and the CPU time of each group of processes per 1,000 turns and as cores.
+fn resources(m: phase::Measured, rss_idle: Vec<f64>, rss_warm: Vec<f64>) -> Resources {
+    let (before, after) = (&m.before, &m.after);
     let tck = procs::clock_ticks_per_second();
-    let per_1000 = |ticks: u64| ticks as f64 / tck / progress.completed.max(1) as f64 * 1000.0;
-    let cores = |ticks: u64| ticks as f64 / tck / seconds;
-    let workers_t = w1.saturating_sub(w0);
-    let [n_t, p_t, mo_t] = [0, 1, 2].map(|i| s1[i].saturating_sub(s0[i]));
-    let bench_t = b1.saturating_sub(b0);
-    let busy_t = m1.0.saturating_sub(m0.0);
+    let per_1000 = |ticks: u64| ticks as f64 / tck / m.progress.completed.max(1) as f64 * 1000.0;
+    let cores = |ticks: u64| ticks as f64 / tck / m.seconds;
+    let workers_t = after.workers.saturating_sub(before.workers);
+    let [n_t, p_t, mo_t] = [0, 1, 2].map(|i| after.servers[i].saturating_sub(before.servers[i]));
+    let bench_t = after.bench.saturating_sub(before.bench);
+    let busy_t = after.machine.0.saturating_sub(before.machine.0);
     let other_t = busy_t.saturating_sub(workers_t + n_t + p_t + mo_t + bench_t);
-    let total_t = m1.1.saturating_sub(m0.1).max(1);
-    report.resources = Some(Resources {
+    let total_t = after.machine.1.saturating_sub(before.machine.1).max(1);
+    Resources {
         worker_rss_idle_mb: rss_idle,
         worker_rss_warm_mb: rss_warm,
-        worker_rss_peak_mb: samples.peak_rss_kb.iter().map(|k| mb(*k)).collect(),
-        worker_vm_hwm_mb: hwm,
+        worker_rss_peak_mb: m.peak_rss_mb,
+        worker_vm_hwm_mb: m.hwm_mb,
         worker_cpu_s_per_1000: per_1000(workers_t),
         nats_cpu_s_per_1000: per_1000(n_t),
         postgres_cpu_s_per_1000: per_1000(p_t),
@@ -654,9 +610,7 @@ async fn measure(
             bench: cores(bench_t),
             other: cores(other_t),
         },
-    });
-    drop(stub);
-    Ok(())
+    }
 }
 
 #[cfg(test)]
