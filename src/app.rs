@@ -177,7 +177,7 @@ impl Components {
     }
 
     /// What `companion replay` runs on.
-    pub fn replayer(&self) -> Replayer {
+    pub(crate) fn replayer(&self) -> Replayer {
         Replayer {
             bus: self.bus.clone(),
             turns: self.turns.clone(),

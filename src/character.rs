@@ -12,62 +12,62 @@ use crate::store::{Mongo, StoreError, mongo::USERS};
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Character {
     /// Stable slug (`kaori`), used in logs and as `createdBy` on what the companion creates.
-    pub id: String,
+    pub(crate) id: String,
     pub name: String,
     #[serde(default)]
-    pub emoji: String,
+    pub(crate) emoji: String,
     /// The bot's user `_id` in MongoDB; when absent it is looked up by `username` at start-up.
     #[serde(default)]
-    pub bot_user_id: Option<String>,
-    pub username: String,
+    pub(crate) bot_user_id: Option<String>,
+    pub(crate) username: String,
     /// The companion's sport, e.g. `snowboard`.
-    pub sport: String,
-    pub bio: String,
+    pub(crate) sport: String,
+    pub(crate) bio: String,
     #[serde(default)]
-    pub lore: Vec<String>,
+    pub(crate) lore: Vec<String>,
     #[serde(default)]
-    pub personality: Vec<String>,
+    pub(crate) personality: Vec<String>,
     #[serde(default)]
-    pub style: Style,
+    pub(crate) style: Style,
     #[serde(default)]
-    pub topics: Vec<String>,
+    pub(crate) topics: Vec<String>,
     #[serde(default)]
-    pub message_examples: Vec<Example>,
+    pub(crate) message_examples: Vec<Example>,
     /// Said, honestly and in character, when a turn cannot be answered.
-    pub failure_line: String,
+    pub(crate) failure_line: String,
     /// Said once when a user sends faster than the companion answers.
     #[serde(default = "default_busy_line")]
     pub busy_line: String,
     /// Said instead of an answer while the user's or the service's spend budget is used up.
     #[serde(default = "default_budget_line")]
-    pub budget_line: String,
+    pub(crate) budget_line: String,
     /// Knowledge-base collections this companion retrieves from.
     #[serde(default)]
-    pub knowledge: Vec<String>,
+    pub(crate) knowledge: Vec<String>,
     /// Model override for this companion.
     #[serde(default)]
-    pub model: Option<String>,
+    pub(crate) model: Option<String>,
     /// Guided flows this companion offers (ids of `flows/*.json`).
     #[serde(default)]
-    pub flows: Vec<String>,
+    pub(crate) flows: Vec<String>,
     /// Plain lines for follow-ups, sent when the model cannot write them.
     #[serde(default)]
-    pub follow_ups: FollowUps,
+    pub(crate) follow_ups: FollowUps,
     /// Says plainly that the companion is an AI, a computer program, not a human, and cannot feel
     /// human emotion: on the first message of the user's day and every few hours of a continuing
     /// interaction (docs/safety.md).
     #[serde(default = "default_disclosure_line")]
-    pub disclosure_line: String,
+    pub(crate) disclosure_line: String,
     /// The companion's own answer to a user in crisis when the model cannot write one (it failed, the
     /// user is limited or over budget, a moderator paused the conversation): fixed and reviewed.
     #[serde(default = "default_crisis_line")]
-    pub crisis_line: String,
+    pub(crate) crisis_line: String,
     /// Rides on a minor's message after hours of continuing interaction.
     #[serde(default = "default_break_line")]
-    pub break_line: String,
+    pub(crate) break_line: String,
     /// Replaces a message the output check blocked.
     #[serde(default = "default_safe_line")]
-    pub safe_line: String,
+    pub(crate) safe_line: String,
 }
 
 /// The plain sentence every character may say in its own voice instead.
@@ -103,10 +103,10 @@ fn default_budget_line() -> String {
 /// of its own, or nothing), `{text}` the reminder.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct FollowUps {
-    pub spot_approved: String,
-    pub spot_rejected: String,
-    pub reminder: String,
+pub(crate) struct FollowUps {
+    pub(crate) spot_approved: String,
+    pub(crate) spot_rejected: String,
+    pub(crate) reminder: String,
 }
 
 impl Default for FollowUps {
@@ -128,18 +128,18 @@ pub(crate) fn fill(template: &str, values: &[(&str, &str)]) -> String {
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Style {
+pub(crate) struct Style {
     #[serde(default)]
-    pub all: Vec<String>,
+    pub(crate) all: Vec<String>,
     #[serde(default)]
-    pub chat: Vec<String>,
+    pub(crate) chat: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Example {
-    pub user: String,
-    pub assistant: String,
+pub(crate) struct Example {
+    pub(crate) user: String,
+    pub(crate) assistant: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -263,12 +263,8 @@ impl Characters {
         self.by_bot.iter()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_bot.len() + self.unresolved.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

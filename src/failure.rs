@@ -30,10 +30,10 @@ pub trait Classify {
 /// A classified failure, as the settlement sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Failure {
-    pub class: Class,
+    pub(crate) class: Class,
     /// Logged, recorded in the journal and in the dead letter.
-    pub reason: String,
-    pub retry_after: Option<Duration>,
+    pub(crate) reason: String,
+    pub(crate) retry_after: Option<Duration>,
 }
 
 impl Failure {

@@ -20,19 +20,19 @@ use crate::journal::{
 /// How long one busy line answers for, and the window turns are counted over.
 pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 
-pub struct FloodLimit {
+pub(crate) struct FloodLimit {
     /// Turns per user per rolling minute; 0: no limit.
-    pub per_minute: u32,
+    pub(crate) per_minute: u32,
 }
 
 impl FloodLimit {
-    pub fn new(per_minute: u32) -> Self {
+    pub(crate) fn new(per_minute: u32) -> Self {
         Self { per_minute }
     }
 
     /// Takes one turn from the user's allowance for `job`: `None` when it goes ahead, else the job whose
     /// busy line answers it (this one, when it is the first over the limit this window).
-    pub async fn decide(
+    pub(crate) async fn decide(
         &self,
         journal: &Journal,
         job: &Job,

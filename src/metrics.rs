@@ -57,16 +57,16 @@ impl Buckets {
 
 impl Metrics {
     /// Adds `by` to counter `name` with `labels` (already formatted, e.g. `outcome="answered"`).
-    pub fn add(&self, name: &str, labels: &str, by: u64) {
+    pub(crate) fn add(&self, name: &str, labels: &str, by: u64) {
         let mut c = self.counters.lock().expect("metrics lock");
         *c.entry((name.to_owned(), labels.to_owned())).or_default() += by;
     }
 
-    pub fn inc(&self, name: &str, labels: &str) {
+    pub(crate) fn inc(&self, name: &str, labels: &str) {
         self.add(name, labels, 1);
     }
 
-    pub fn observe_turn(&self, d: Duration) {
+    pub(crate) fn observe_turn(&self, d: Duration) {
         self.turn_seconds
             .lock()
             .expect("metrics lock")
@@ -74,7 +74,7 @@ impl Metrics {
     }
 
     /// Adds `by` to the fractional counter `name` (e.g. USD spent).
-    pub fn add_f64(&self, name: &str, labels: &str, by: f64) {
+    pub(crate) fn add_f64(&self, name: &str, labels: &str, by: f64) {
         if by.is_finite() {
             let mut c = self.amounts.lock().expect("metrics lock");
             *c.entry((name.to_owned(), labels.to_owned())).or_default() += by;
@@ -82,20 +82,11 @@ impl Metrics {
     }
 
     /// Sets gauge `name` to `v`.
-    pub fn set_gauge(&self, name: &str, labels: &str, v: f64) {
+    pub(crate) fn set_gauge(&self, name: &str, labels: &str, v: f64) {
         if v.is_finite() {
             let mut g = self.gauges.lock().expect("metrics lock");
             g.insert((name.to_owned(), labels.to_owned()), v);
         }
-    }
-
-    /// The value of one gauge, if set.
-    pub fn gauge(&self, name: &str, labels: &str) -> Option<f64> {
-        self.gauges
-            .lock()
-            .expect("metrics lock")
-            .get(&(name.to_owned(), labels.to_owned()))
-            .copied()
     }
 
     /// The value of one fractional counter.
@@ -109,7 +100,7 @@ impl Metrics {
     }
 
     /// One observation of the histogram of turn stage `stage` (`companion_turn_stage_seconds`).
-    pub fn observe_stage(&self, stage: &'static str, seconds: f64) {
+    pub(crate) fn observe_stage(&self, stage: &'static str, seconds: f64) {
         self.stage_seconds
             .lock()
             .expect("metrics lock")

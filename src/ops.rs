@@ -16,20 +16,20 @@ use crate::{
 
 /// What the endpoint looks at.
 pub struct Probe {
-    pub bus: Bus,
-    pub mongo: Mongo,
-    pub pg: Pg,
+    pub(crate) bus: Bus,
+    pub(crate) mongo: Mongo,
+    pub(crate) pg: Pg,
     /// `None` when the model is not installed (`/readyz` says `model down`, and stays ready).
-    pub embedder: Option<Arc<Embedder>>,
-    pub metrics: Arc<Metrics>,
+    pub(crate) embedder: Option<Arc<Embedder>>,
+    pub(crate) metrics: Arc<Metrics>,
     /// The shared consumer whose gauges are reported.
-    pub consumer_name: String,
+    pub(crate) consumer_name: String,
     /// The last scrape-time gauges and when they were read, so scrapes cost at most one read a second.
     scraped: tokio::sync::Mutex<Option<(std::time::Instant, String)>>,
 }
 
 impl Probe {
-    pub fn new(
+    pub(crate) fn new(
         bus: Bus,
         mongo: Mongo,
         pg: Pg,

@@ -62,7 +62,7 @@ impl Classify for OrderError {
 
 /// Where a delivery stands in its conversation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Position {
+pub(crate) enum Position {
     /// The first unsettled message of its subject: handle it now.
     Head,
     /// Already settled by an earlier delivery (or covered by a burst): the journal says how.
@@ -73,7 +73,7 @@ pub enum Position {
 
 /// How a wait ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Waited {
+pub(crate) enum Waited {
     /// Handle the message (it is the head, or it is settled already).
     Go { waited: Duration },
     /// The worker is stopping.
@@ -81,7 +81,7 @@ pub enum Waited {
 }
 
 /// The order gate of one inbound stream.
-pub struct Order {
+pub(crate) struct Order {
     pool: PgPool,
     client: async_nats::Client,
     stream: jetstream::stream::Stream,
@@ -94,7 +94,7 @@ pub struct Order {
 }
 
 impl Order {
-    pub async fn open(
+    pub(crate) async fn open(
         js: &jetstream::Context,
         client: async_nats::Client,
         stream_name: &str,
@@ -136,7 +136,7 @@ impl Order {
     }
 
     /// Where the message `seq` of `subject` stands now.
-    pub async fn position(&self, subject: &str, seq: u64) -> Result<Position, OrderError> {
+    pub(crate) async fn position(&self, subject: &str, seq: u64) -> Result<Position, OrderError> {
         let floor = self.floor(subject).await?;
         if floor > seq {
             return Ok(Position::Settled);
@@ -164,7 +164,7 @@ impl Order {
     }
 
     /// Waits until the message may be handled, or the worker stops.
-    pub async fn wait_turn(
+    pub(crate) async fn wait_turn(
         &self,
         subject: &str,
         seq: u64,
@@ -212,7 +212,11 @@ impl Order {
     }
 
     /// Marks every message of `subject` up to `through_seq` settled and wakes whoever waits on it.
-    pub async fn advance_floor(&self, subject: &str, through_seq: u64) -> Result<(), OrderError> {
+    pub(crate) async fn advance_floor(
+        &self,
+        subject: &str,
+        through_seq: u64,
+    ) -> Result<(), OrderError> {
         sqlx::query(
             "INSERT INTO order_floors (stream, subject, next_seq) VALUES ($1, $2, $3)
              ON CONFLICT (stream, subject) DO UPDATE
@@ -238,7 +242,7 @@ impl Order {
     }
 
     /// Up to `max` messages of `subject` after `seq`, in stream order.
-    pub async fn followers(
+    pub(crate) async fn followers(
         &self,
         subject: &str,
         seq: u64,
@@ -264,7 +268,7 @@ impl Order {
     }
 
     /// Wakes local waiters when another process settles a message (runs until the connection closes).
-    pub async fn listen(self: Arc<Self>) {
+    pub(crate) async fn listen(self: Arc<Self>) {
         let filter = format!("{}.settled.>", self.prefix);
         let mut notices = match self.client.subscribe(filter).await {
             Ok(s) => s,

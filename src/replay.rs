@@ -33,37 +33,37 @@ const IN_PROGRESS_SECS: i64 = 120;
 pub struct ReplayArgs {
     /// Read the dead-letter stream instead of the inbound stream.
     #[arg(long)]
-    pub dlq: bool,
+    pub(crate) dlq: bool,
     /// Subject filter, NATS wildcards allowed (default: every subject of the stream).
     #[arg(long)]
-    pub subject: Option<String>,
+    pub(crate) subject: Option<String>,
     /// Only this conversation (24-hex id); shorthand for the subject filter.
     #[arg(long, conflicts_with = "subject")]
-    pub conversation: Option<String>,
+    pub(crate) conversation: Option<String>,
     /// Only events stored at or after this time (RFC 3339).
     #[arg(long)]
-    pub since: Option<DateTime<Utc>>,
+    pub(crate) since: Option<DateTime<Utc>>,
     /// Only events stored before this time (RFC 3339).
     #[arg(long)]
-    pub until: Option<DateTime<Utc>>,
+    pub(crate) until: Option<DateTime<Utc>>,
     /// First stream sequence to read.
     #[arg(long)]
-    pub from_seq: Option<u64>,
+    pub(crate) from_seq: Option<u64>,
     /// Last stream sequence to read.
     #[arg(long)]
-    pub to_seq: Option<u64>,
+    pub(crate) to_seq: Option<u64>,
     /// Most events selected in one run.
     #[arg(long, default_value_t = 10_000)]
-    pub limit: usize,
+    pub(crate) limit: usize,
     /// Run completed turns again (a new reply; the model is asked again).
     #[arg(long)]
-    pub force: bool,
+    pub(crate) force: bool,
     /// List what would run, change nothing.
     #[arg(long)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// Conversations replayed at once (each one's events in order).
     #[arg(long, default_value_t = 4)]
-    pub concurrency: usize,
+    pub(crate) concurrency: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,9 +79,9 @@ pub enum ReplayError {
 }
 
 /// What a replay runs on: the bus it reads the streams from, and the turns it runs.
-pub struct Replayer {
-    pub bus: Bus,
-    pub turns: Arc<Turns>,
+pub(crate) struct Replayer {
+    pub(crate) bus: Bus,
+    pub(crate) turns: Arc<Turns>,
 }
 
 /// What happened to each selected event.

@@ -59,11 +59,11 @@ pub(crate) enum Verdict {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RetryLimits {
     /// Deliveries of one event (the consumer's `max_deliver`).
-    pub max_deliver: i64,
+    pub(crate) max_deliver: i64,
     /// First NAK delay, doubled per delivery.
-    pub retry_base: Duration,
+    pub(crate) retry_base: Duration,
     /// Longest NAK delay.
-    pub retry_cap: Duration,
+    pub(crate) retry_cap: Duration,
 }
 
 /// The one decision.
@@ -171,10 +171,10 @@ impl Handle<'_> {
 
 /// Carries verdicts out.
 pub(crate) struct Settler {
-    pub bus: Bus,
-    pub order: Arc<Order>,
-    pub turns: Arc<Turns>,
-    pub metrics: Arc<Metrics>,
+    pub(crate) bus: Bus,
+    pub(crate) order: Arc<Order>,
+    pub(crate) turns: Arc<Turns>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 impl Settler {

@@ -36,9 +36,9 @@ pub(crate) fn tally(user: &str) -> String {
 
 /// A budget: either bound 0 means none of that kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Budget {
-    pub tokens: u64,
-    pub usd: f64,
+pub(crate) struct Budget {
+    pub(crate) tokens: u64,
+    pub(crate) usd: f64,
 }
 
 impl Budget {
@@ -47,7 +47,7 @@ impl Budget {
     }
 
     /// The larger share of the budget `spent` uses (0 when there is no budget).
-    pub fn share(&self, spent: Spent) -> f64 {
+    pub(crate) fn share(&self, spent: Spent) -> f64 {
         let tokens = if self.tokens > 0 {
             spent.tokens as f64 / self.tokens as f64
         } else {
@@ -64,13 +64,13 @@ impl Budget {
 
 /// Whose budget decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scope {
+pub(crate) enum Scope {
     User,
     Service,
 }
 
 impl Scope {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Scope::User => "user",
             Scope::Service => "service",
@@ -80,7 +80,7 @@ impl Scope {
 
 /// What the next paid call may be.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Allowance {
+pub(crate) enum Allowance {
     /// As usual.
     Full,
     /// Near a budget: with this (cheaper) model.
@@ -91,18 +91,18 @@ pub enum Allowance {
 
 /// The budgets, the window and the stages, from the configuration.
 #[derive(Clone, Debug)]
-pub struct SpendLimits {
-    pub user: Budget,
-    pub service: Budget,
-    pub window: Duration,
-    pub cheaper_at: f64,
+pub(crate) struct SpendLimits {
+    pub(crate) user: Budget,
+    pub(crate) service: Budget,
+    pub(crate) window: Duration,
+    pub(crate) cheaper_at: f64,
     /// Empty: no cheaper stage.
-    pub cheaper_model: String,
-    pub refresh: Duration,
+    pub(crate) cheaper_model: String,
+    pub(crate) refresh: Duration,
 }
 
 impl SpendLimits {
-    pub fn of(c: &TurnConfig) -> Self {
+    pub(crate) fn of(c: &TurnConfig) -> Self {
         Self {
             user: Budget {
                 tokens: c.user_daily_tokens,
@@ -134,7 +134,7 @@ impl SpendLimits {
     }
 
     /// The stricter of the user's and the service's stage.
-    pub fn decide(&self, user: Spent, service: Spent) -> Allowance {
+    pub(crate) fn decide(&self, user: Spent, service: Spent) -> Allowance {
         let by_user = self.stage(self.user.share(user), Scope::User);
         let by_service = self.stage(self.service.share(service), Scope::Service);
         let rank = |a: &Allowance| match a {
@@ -153,14 +153,14 @@ impl SpendLimits {
 /// The check before each paid call, shared by a process's turns and follow-ups.
 pub struct SpendGuard {
     pool: PgPool,
-    pub limits: SpendLimits,
+    pub(crate) limits: SpendLimits,
     /// The service's figure and when it was read.
     service: tokio::sync::Mutex<Option<(Instant, Spent)>>,
     metrics: Arc<Metrics>,
 }
 
 impl SpendGuard {
-    pub fn new(pool: PgPool, limits: SpendLimits, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(pool: PgPool, limits: SpendLimits, metrics: Arc<Metrics>) -> Self {
         Self {
             pool,
             limits,
@@ -170,7 +170,7 @@ impl SpendGuard {
     }
 
     /// What the next paid call on behalf of `user` may be.
-    pub async fn check(&self, user: &str) -> Result<Allowance, StoreError> {
+    pub(crate) async fn check(&self, user: &str) -> Result<Allowance, StoreError> {
         let l = &self.limits;
         if l.user.is_off() && l.service.is_off() {
             return Ok(Allowance::Full);
@@ -214,7 +214,7 @@ impl SpendGuard {
 
     /// Whether the service's budget still allows a call made for no user (memory's extraction), which
     /// counts against the service budget only.
-    pub async fn service_allows(&self) -> Result<bool, StoreError> {
+    pub(crate) async fn service_allows(&self) -> Result<bool, StoreError> {
         let service = self.service_spent().await?;
         Ok(!matches!(
             self.limits.decide(Spent::default(), service),

@@ -88,23 +88,22 @@ pub fn init(config: &LogConfig) -> Telemetry {
 }
 
 #[cfg(feature = "otel")]
-pub mod otel {
+pub(crate) mod otel {
     //! The OTLP/HTTP (protobuf) span exporter: batched on its own thread with a blocking HTTP client, so
     //! no export ever waits on the worker's runtime. The SDK bounds it: at most 2048 spans queued
     //! (later ones are dropped and counted by the SDK), 512 per request, sent every 5 s and at exit.
 
-    use std::{collections::BTreeMap, time::Duration};
+    use std::time::Duration;
 
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_otlp::{Protocol, WithExportConfig};
     use opentelemetry_sdk::{Resource, trace::SdkTracerProvider};
-    use prost::Message as _;
 
     use crate::config::LogConfig;
 
     /// The provider exporting to `{OTEL_EXPORTER_OTLP_ENDPOINT}/v1/traces`, or `None` when no endpoint is set.
     /// Extra headers (e.g. a collector's API key) come from `OTEL_EXPORTER_OTLP_HEADERS`.
-    pub fn provider(config: &LogConfig) -> Result<Option<SdkTracerProvider>, String> {
+    pub(crate) fn provider(config: &LogConfig) -> Result<Option<SdkTracerProvider>, String> {
         let base = config.otel_endpoint.trim().trim_end_matches('/');
         if base.is_empty() {
             return Ok(None);
@@ -130,7 +129,7 @@ pub mod otel {
     }
 
     /// The `tracing` layer that turns spans into OpenTelemetry spans of `provider`.
-    pub fn layer<S>(
+    pub(crate) fn layer<S>(
         provider: &SdkTracerProvider,
     ) -> tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>
     where
@@ -140,21 +139,24 @@ pub mod otel {
     }
 
     /// One span of an export request, as a collector sees it.
+    #[cfg(any(test, feature = "testing"))]
     #[derive(Clone, Debug, PartialEq)]
     pub struct ExportedSpan {
         pub service: Option<String>,
         pub name: String,
         pub trace_id: String,
         /// String forms of the attribute values.
-        pub attributes: BTreeMap<String, String>,
+        pub attributes: std::collections::BTreeMap<String, String>,
     }
 
     /// The spans in the body of an OTLP/HTTP protobuf trace export (what a collector receives at
     /// `/v1/traces`); for tests and for checking what a worker sends.
+    #[cfg(any(test, feature = "testing"))]
     pub fn decode_export(body: &[u8]) -> Result<Vec<ExportedSpan>, prost::DecodeError> {
         use opentelemetry_proto::tonic::{
             collector::trace::v1::ExportTraceServiceRequest, common::v1::any_value::Value,
         };
+        use prost::Message as _;
         let text = |v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>| match v
             .as_ref()
             .and_then(|v| v.value.as_ref())

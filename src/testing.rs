@@ -87,7 +87,9 @@ pub mod store {
 }
 pub mod telemetry {
     #[cfg(feature = "otel")]
-    pub use crate::telemetry::otel;
+    pub mod otel {
+        pub use crate::telemetry::otel::{ExportedSpan, decode_export};
+    }
 }
 pub mod timing {
     pub use crate::timing::{Stage, scope, snapshot, stage};

@@ -44,11 +44,11 @@ pub enum WorkerError {
 
 /// A worker: the turns it runs and how it settles them.
 pub struct Worker {
-    pub bus: Bus,
-    pub turns: Arc<Turns>,
-    pub metrics: Arc<Metrics>,
-    pub config: WorkerConfig,
-    pub consumer: ConsumerConfig,
+    pub(crate) bus: Bus,
+    pub(crate) turns: Arc<Turns>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) config: WorkerConfig,
+    pub(crate) consumer: ConsumerConfig,
 }
 
 /// What every delivery of one running worker shares.

@@ -12,7 +12,7 @@ const DLQ_SCAN_MAX: u64 = 100_000;
 
 impl Bus {
     /// Deletes message `seq` of the inbound stream: 1, or 0 when it is gone already.
-    pub async fn delete_inbound(&self, seq: u64) -> Result<u64, BusError> {
+    pub(crate) async fn delete_inbound(&self, seq: u64) -> Result<u64, BusError> {
         let stream = self.stream(&self.names.stream_in).await?;
         match stream.delete_message(seq).await {
             Ok(true) => Ok(1),
@@ -27,7 +27,11 @@ impl Bus {
 
     /// Purges a DM conversation's subjects: its inbound messages, their dead letters, and the
     /// completions of the companion's answers. Returns the messages removed.
-    pub async fn purge_conversation(&self, bot: &str, conversation: &str) -> Result<u64, BusError> {
+    pub(crate) async fn purge_conversation(
+        &self,
+        bot: &str,
+        conversation: &str,
+    ) -> Result<u64, BusError> {
         let inbound = self.names.inbound(bot, conversation);
         let purges = [
             (self.names.stream_in.clone(), inbound.clone()),
@@ -56,7 +60,7 @@ impl Bus {
 
     /// Deletes every dead letter whose event was sent by `user` (`senderId` of the original JSON), and its
     /// original in the inbound stream.
-    pub async fn delete_dead_letters_of(&self, user: &str) -> Result<u64, BusError> {
+    pub(crate) async fn delete_dead_letters_of(&self, user: &str) -> Result<u64, BusError> {
         use async_nats::jetstream::stream::DirectGetErrorKind;
         let name = self.names.stream_dlq.clone();
         let mut stream = self.stream(&name).await?;

@@ -51,18 +51,18 @@ pub struct GroupMessageEvent {
 
 /// A validated group message: who sent what to the group; which companions answer is decided later.
 #[derive(Clone, Debug)]
-pub struct GroupEvent {
-    pub message_id: ObjectId,
-    pub conversation_id: ObjectId,
-    pub sender_id: ObjectId,
-    pub content: String,
-    pub images: Vec<String>,
-    pub sent_at: DateTime<Utc>,
+pub(crate) struct GroupEvent {
+    pub(crate) message_id: ObjectId,
+    pub(crate) conversation_id: ObjectId,
+    pub(crate) sender_id: ObjectId,
+    pub(crate) content: String,
+    pub(crate) images: Vec<String>,
+    pub(crate) sent_at: DateTime<Utc>,
 }
 
 impl GroupEvent {
     /// The message as addressed to one companion of the group (for the prompt, tools and history).
-    pub fn to_bot(&self, bot: ObjectId) -> DmEvent {
+    pub(crate) fn to_bot(&self, bot: ObjectId) -> DmEvent {
         DmEvent {
             message_id: self.message_id,
             conversation_id: self.conversation_id,
@@ -77,7 +77,7 @@ impl GroupEvent {
 
 /// Any event of the inbound stream, validated.
 #[derive(Clone, Debug)]
-pub enum Inbound {
+pub(crate) enum Inbound {
     /// A DM to one companion (`<prefix>.in.<botId>.<conversationId>`).
     Dm(DmEvent),
     /// A message to a group (`<prefix>.group.<conversationId>`).
@@ -85,21 +85,21 @@ pub enum Inbound {
 }
 
 impl Inbound {
-    pub fn message_id(&self) -> ObjectId {
+    pub(crate) fn message_id(&self) -> ObjectId {
         match self {
             Self::Dm(e) => e.message_id,
             Self::Group(e) => e.message_id,
         }
     }
 
-    pub fn conversation_id(&self) -> ObjectId {
+    pub(crate) fn conversation_id(&self) -> ObjectId {
         match self {
             Self::Dm(e) => e.conversation_id,
             Self::Group(e) => e.conversation_id,
         }
     }
 
-    pub fn sender_id(&self) -> ObjectId {
+    pub(crate) fn sender_id(&self) -> ObjectId {
         match self {
             Self::Dm(e) => e.sender_id,
             Self::Group(e) => e.sender_id,
@@ -107,7 +107,7 @@ impl Inbound {
     }
 
     /// The companion a DM is for; none for a group message.
-    pub fn bot_id(&self) -> Option<ObjectId> {
+    pub(crate) fn bot_id(&self) -> Option<ObjectId> {
         match self {
             Self::Dm(e) => Some(e.bot_id),
             Self::Group(_) => None,
@@ -269,7 +269,7 @@ pub struct EventLimits {
 }
 
 impl EventLimits {
-    pub fn of(config: &crate::config::TurnConfig) -> Self {
+    pub(crate) fn of(config: &crate::config::TurnConfig) -> Self {
         Self {
             max_event_bytes: config.max_event_bytes,
             max_content_chars: config.max_content_chars,
@@ -381,11 +381,11 @@ pub struct Trigger {
 /// Published on `<prefix>.typing.<conversationId>` when a turn starts.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Typing {
-    pub conversation_id: String,
-    pub sender_id: String,
-    pub typing: bool,
-    pub at: DateTime<Utc>,
+pub(crate) struct Typing {
+    pub(crate) conversation_id: String,
+    pub(crate) sender_id: String,
+    pub(crate) typing: bool,
+    pub(crate) at: DateTime<Utc>,
 }
 
 #[cfg(test)]

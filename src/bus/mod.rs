@@ -111,7 +111,7 @@ pub struct Names {
 }
 
 impl Names {
-    pub fn new(config: &NatsConfig) -> Self {
+    pub(crate) fn new(config: &NatsConfig) -> Self {
         let s = &config.stream_prefix;
         Self {
             prefix: config.subject_prefix.clone(),
@@ -123,7 +123,7 @@ impl Names {
         }
     }
     /// Every signal a companion acts on by itself.
-    pub fn signal_all(&self) -> String {
+    pub(crate) fn signal_all(&self) -> String {
         format!("{}.signal.>", self.prefix)
     }
     /// The review of a spot draft, published by TB-Backend.
@@ -139,7 +139,7 @@ impl Names {
         format!("{}.signal.takeover.{conversation_id}", self.prefix)
     }
     /// A crisis alert for moderators (no message text), kept in the alert stream.
-    pub fn crisis_alert(&self, conversation_id: &str) -> String {
+    pub(crate) fn crisis_alert(&self, conversation_id: &str) -> String {
         format!("{}.alert.crisis.{conversation_id}", self.prefix)
     }
     /// The memory extraction of a user's DM with a companion (see `memory::extract`).
@@ -147,28 +147,28 @@ impl Names {
         format!("{}.signal.memory.{user_id}.{bot_id}", self.prefix)
     }
     /// The quiet-period timer of that extraction: each turn's schedule replaces the one before.
-    pub fn memory_schedule(&self, user_id: &str, bot_id: &str) -> String {
+    pub(crate) fn memory_schedule(&self, user_id: &str, bot_id: &str) -> String {
         format!("{}.schedule.memory.{user_id}.{bot_id}", self.prefix)
     }
     /// A reminder's schedule (the timer NATS keeps).
-    pub fn reminder_schedule(&self, id: &str) -> String {
+    pub(crate) fn reminder_schedule(&self, id: &str) -> String {
         format!("{}.schedule.reminder.{id}", self.prefix)
     }
     /// `(kind, id)` of a signal subject (`<prefix>.signal.<kind>.<id>`); none for any other subject.
-    pub fn signal_parts<'s>(&self, subject: &'s str) -> Option<(&'s str, &'s str)> {
+    pub(crate) fn signal_parts<'s>(&self, subject: &'s str) -> Option<(&'s str, &'s str)> {
         subject
             .strip_prefix(&self.prefix)?
             .strip_prefix(".signal.")?
             .split_once('.')
     }
     /// Whether `subject` is a signal's (kept in the signal stream, not in a conversation's order).
-    pub fn is_signal(&self, subject: &str) -> bool {
+    pub(crate) fn is_signal(&self, subject: &str) -> bool {
         subject
             .strip_prefix(&self.prefix)
             .is_some_and(|t| t.starts_with(".signal."))
     }
     /// The stream an inbound subject belongs to.
-    pub fn stream_of(&self, subject: &str) -> &str {
+    pub(crate) fn stream_of(&self, subject: &str) -> &str {
         if self.is_signal(subject) {
             &self.stream_signal
         } else {
@@ -178,7 +178,7 @@ impl Names {
     pub fn inbound(&self, bot_id: &str, conversation_id: &str) -> String {
         format!("{}.in.{bot_id}.{conversation_id}", self.prefix)
     }
-    pub fn inbound_all(&self) -> String {
+    pub(crate) fn inbound_all(&self) -> String {
         format!("{}.in.>", self.prefix)
     }
     /// A user's message to a group conversation (published once, whoever answers it).
@@ -186,13 +186,13 @@ impl Names {
         format!("{}.group.{conversation_id}", self.prefix)
     }
     /// Whether `subject` is a group conversation's.
-    pub fn is_group(&self, subject: &str) -> bool {
+    pub(crate) fn is_group(&self, subject: &str) -> bool {
         subject
             .strip_prefix(&self.prefix)
             .is_some_and(|t| t.starts_with(".group."))
     }
     /// The subjects of the inbound stream and its consumer: DMs and group messages.
-    pub fn inbound_subjects(&self) -> Vec<String> {
+    pub(crate) fn inbound_subjects(&self) -> Vec<String> {
         vec![self.inbound_all(), format!("{}.group.>", self.prefix)]
     }
     pub fn outbound(&self, conversation_id: &str) -> String {
@@ -203,7 +203,7 @@ impl Names {
     }
     /// Dead letters keep the tail of the original subject: `<botId>.<conversationId>` for a DM,
     /// `group.<conversationId>` for a group message, `signal.<kind>.<id>` for a signal.
-    pub fn dead_letter(&self, original_subject: &str) -> String {
+    pub(crate) fn dead_letter(&self, original_subject: &str) -> String {
         let tail = if self.is_signal(original_subject) || self.is_group(original_subject) {
             original_subject.strip_prefix(&format!("{}.", self.prefix))
         } else {
@@ -222,16 +222,16 @@ pub struct Bus {
     pub js: jetstream::Context,
     pub names: Names,
     /// Replicas requested for every stream.
-    pub replicas: usize,
+    pub(crate) replicas: usize,
 }
 
 /// The shared consumer with the settings the server has for it.
 pub struct Consumer {
     pub consumer: jetstream::consumer::PullConsumer,
     /// Deliveries of one event before the server gives up on it.
-    pub max_deliver: i64,
+    pub(crate) max_deliver: i64,
     /// How long the server waits for an ack or progress.
-    pub ack_wait: Duration,
+    pub(crate) ack_wait: Duration,
 }
 
 /// `setting: server value (consumer) → configured value`, for each setting that differs.
@@ -413,7 +413,7 @@ impl Bus {
     }
 
     /// Fails clearly on a server without what the streams need (message schedules: 2.12).
-    pub fn check_server(&self) -> Result<(), BusError> {
+    pub(crate) fn check_server(&self) -> Result<(), BusError> {
         let version = self.client.server_info().version;
         if version_at_least(&version, MIN_SERVER) {
             Ok(())
@@ -432,7 +432,10 @@ impl Bus {
 
     /// `companion provision`: creates or updates the streams and the shared consumer to this
     /// configuration; returns one line per change.
-    pub async fn provision(&self, consumer: &ConsumerConfig) -> Result<Vec<String>, BusError> {
+    pub(crate) async fn provision(
+        &self,
+        consumer: &ConsumerConfig,
+    ) -> Result<Vec<String>, BusError> {
         let mut changes = Vec::new();
         for config in self.stream_configs() {
             let existed = self.js.get_stream(&config.name).await.is_ok();
@@ -539,7 +542,10 @@ impl Bus {
     }
 
     /// The shared consumer of signals (as [`Bus::consumer`] for DMs).
-    pub async fn signal_consumer(&self, config: &ConsumerConfig) -> Result<Consumer, BusError> {
+    pub(crate) async fn signal_consumer(
+        &self,
+        config: &ConsumerConfig,
+    ) -> Result<Consumer, BusError> {
         self.open_consumer(
             &self.names.stream_signal,
             self.signal_consumer_config(config),
@@ -589,7 +595,7 @@ impl Bus {
     /// at `at` the server publishes it on `target` and removes the schedule, whether or not any worker
     /// runs then. async-nats 0.51 has no helper for schedules, so the headers are set here
     /// (`Nats-Schedule: @at <RFC 3339 UTC>`, `Nats-Schedule-Target`); `msg_id` makes a repeat a no-op.
-    pub async fn schedule_at(
+    pub(crate) async fn schedule_at(
         &self,
         subject: String,
         target: &str,
@@ -611,7 +617,7 @@ impl Bus {
         Ok(())
     }
 
-    pub async fn publish_completion(&self, completion: &Completion) -> Result<(), BusError> {
+    pub(crate) async fn publish_completion(&self, completion: &Completion) -> Result<(), BusError> {
         let payload = Bytes::from(serde_json::to_vec(completion)?);
         let subject = self.names.outbound(&completion.conversation_id);
         self.publish_durable(subject, &completion.message_id, HeaderMap::new(), payload)
@@ -620,12 +626,12 @@ impl Bus {
     }
 
     /// Best-effort typing indicator (core NATS, not stored).
-    pub async fn publish_typing(&self, typing: &Typing) -> Result<(), BusError> {
+    pub(crate) async fn publish_typing(&self, typing: &Typing) -> Result<(), BusError> {
         let subject = self.names.typing(&typing.conversation_id);
         self.publish_json(subject, typing).await
     }
 
-    pub async fn publish_json<T: Serialize>(
+    pub(crate) async fn publish_json<T: Serialize>(
         &self,
         subject: String,
         value: &T,
@@ -636,26 +642,8 @@ impl Bus {
         Ok(())
     }
 
-    /// Records an event no worker can process, with the original bytes and why.
-    pub async fn dead_letter(
-        &self,
-        msg: &jetstream::Message,
-        reason: &str,
-        deliveries: i64,
-    ) -> Result<(), BusError> {
-        let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
-        self.dead_letter_raw(
-            msg.subject.as_str(),
-            sequence,
-            msg.payload.clone(),
-            reason,
-            deliveries,
-        )
-        .await
-    }
-
     /// [`Bus::dead_letter`] for a stream message known by its subject, sequence and bytes.
-    pub async fn dead_letter_raw(
+    pub(crate) async fn dead_letter_raw(
         &self,
         original_subject: &str,
         sequence: u64,
@@ -677,7 +665,7 @@ impl Bus {
     }
 
     /// The server's notice that an event used up its deliveries without being settled (workers crashed).
-    pub fn max_deliveries_advisory(&self, consumer: &str) -> String {
+    pub(crate) fn max_deliveries_advisory(&self, consumer: &str) -> String {
         format!(
             "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{consumer}",
             self.names.stream_in
@@ -685,7 +673,7 @@ impl Bus {
     }
 
     /// The same notice for a signal (the DM consumer `consumer`'s signal consumer).
-    pub fn signal_max_deliveries_advisory(&self, consumer: &str) -> String {
+    pub(crate) fn signal_max_deliveries_advisory(&self, consumer: &str) -> String {
         format!(
             "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
             self.names.stream_signal,

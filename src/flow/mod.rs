@@ -19,53 +19,53 @@ use serde_json::{Value, json};
 /// One flow, as written in its file.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FlowDef {
+pub(crate) struct FlowDef {
     /// Stable id, the file's name without `.json` (`season_plan`).
-    pub id: String,
+    pub(crate) id: String,
     /// What the user sees it called.
-    pub title: String,
+    pub(crate) title: String,
     /// For the model: when to offer it.
-    pub offer: String,
+    pub(crate) offer: String,
     /// The first step.
-    pub start: String,
-    pub steps: BTreeMap<String, StepDef>,
+    pub(crate) start: String,
+    pub(crate) steps: BTreeMap<String, StepDef>,
 }
 
 /// One step of a flow.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StepDef {
+pub(crate) struct StepDef {
     /// What the companion should get done in this step, for the model.
-    pub goal: String,
+    pub(crate) goal: String,
     /// Values the step must fill (by `set_flow_slots`), by name.
     #[serde(default)]
-    pub slots: BTreeMap<String, SlotDef>,
+    pub(crate) slots: BTreeMap<String, SlotDef>,
     /// Tools the step uses (named to the model; they must exist).
     #[serde(default)]
-    pub tools: Vec<String>,
+    pub(crate) tools: Vec<String>,
     /// Entered with its slots filled, the flow waits here for an event before going on.
     #[serde(default)]
-    pub wait: Option<Wait>,
+    pub(crate) wait: Option<Wait>,
     /// Where the flow goes once the step's required slots are filled (or its wait is over); the first
     /// rule whose condition holds wins. None: the flow ends after this step.
     #[serde(default)]
-    pub next: Option<Next>,
+    pub(crate) next: Option<Next>,
 }
 
 /// A slot's type and whether the step needs it.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SlotDef {
+pub(crate) struct SlotDef {
     #[serde(rename = "type")]
-    pub kind: SlotType,
+    pub(crate) kind: SlotType,
     /// For the model: what to put there.
     #[serde(default)]
-    pub description: Option<String>,
+    pub(crate) description: Option<String>,
     /// For `enum`: the allowed values.
     #[serde(default)]
-    pub values: Vec<String>,
+    pub(crate) values: Vec<String>,
     #[serde(default = "yes")]
-    pub required: bool,
+    pub(crate) required: bool,
 }
 
 fn yes() -> bool {
@@ -75,7 +75,7 @@ fn yes() -> bool {
 /// What a slot holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum SlotType {
+pub(crate) enum SlotType {
     /// Up to 300 characters.
     Text,
     Integer,
@@ -94,25 +94,25 @@ pub enum SlotType {
 /// An event a step waits for.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Wait {
+pub(crate) struct Wait {
     /// `spot_review` (the review of the draft whose id is in `slot`) or `reminder` (the reminder whose id
     /// is in `slot` comes due).
     #[serde(rename = "for")]
-    pub kind: WaitKind,
+    pub(crate) kind: WaitKind,
     /// The slot (of this step or an earlier one) holding the id waited on.
-    pub slot: String,
+    pub(crate) slot: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum WaitKind {
+pub(crate) enum WaitKind {
     SpotReview,
     Reminder,
 }
 
 impl WaitKind {
     /// How a flow's `waiting_for` names the event: `<kind>:<id>`.
-    pub fn key(self, id: &str) -> String {
+    pub(crate) fn key(self, id: &str) -> String {
         match self {
             Self::SpotReview => format!("spot_draft:{id}"),
             Self::Reminder => format!("reminder:{id}"),
@@ -122,7 +122,7 @@ impl WaitKind {
 
 /// Where a finished step leads.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Go {
+pub(crate) enum Go {
     To(String),
     /// Rules of which none holds yet: the step goes on.
     Stay,
@@ -133,7 +133,7 @@ pub enum Go {
 /// The next step: one name, or rules tried in order (none holding: the step goes on).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
-pub enum Next {
+pub(crate) enum Next {
     To(String),
     Rules(Vec<Rule>),
 }
@@ -141,22 +141,22 @@ pub enum Next {
 /// `{"if": {"slot": "level", "equals": "beginner"}, "to": "basics"}`; a rule without `if` always holds.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Rule {
+pub(crate) struct Rule {
     #[serde(default, rename = "if")]
-    pub condition: Option<Condition>,
-    pub to: String,
+    pub(crate) condition: Option<Condition>,
+    pub(crate) to: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Condition {
-    pub slot: String,
+pub(crate) struct Condition {
+    pub(crate) slot: String,
     /// Holds when the slot equals this value.
     #[serde(default)]
-    pub equals: Option<Value>,
+    pub(crate) equals: Option<Value>,
     /// Holds when the slot is one of these values.
     #[serde(default, rename = "in")]
-    pub one_of: Option<Vec<Value>>,
+    pub(crate) one_of: Option<Vec<Value>>,
 }
 
 impl Condition {
@@ -189,12 +189,12 @@ pub enum FlowError {
 }
 
 impl FlowDef {
-    pub fn step(&self, id: &str) -> Option<&StepDef> {
+    pub(crate) fn step(&self, id: &str) -> Option<&StepDef> {
         self.steps.get(id)
     }
 
     /// Where the flow goes after `step` with these slots.
-    pub fn next_after(&self, step: &str, slots: &serde_json::Map<String, Value>) -> Go {
+    pub(crate) fn next_after(&self, step: &str, slots: &serde_json::Map<String, Value>) -> Go {
         let Some(next) = self.step(step).and_then(|s| s.next.as_ref()) else {
             return Go::End;
         };
@@ -209,7 +209,7 @@ impl FlowDef {
 
     /// Every problem of the definition: unknown steps and tools, steps no path reaches, slots without a
     /// usable type, waits on slots that do not exist.
-    pub fn problems(&self, known_tools: &[&str]) -> Vec<String> {
+    pub(crate) fn problems(&self, known_tools: &[&str]) -> Vec<String> {
         let mut out = Vec::new();
         if !self.steps.contains_key(&self.start) {
             out.push(format!("start step `{}` is not a step", self.start));
@@ -283,7 +283,7 @@ impl StepDef {
     }
 
     /// The JSON Schema of the step's slots: what `set_flow_slots` accepts here, shown to the model.
-    pub fn schema(&self) -> Value {
+    pub(crate) fn schema(&self) -> Value {
         let mut properties = serde_json::Map::new();
         for (name, slot) in &self.slots {
             let mut s = match slot.kind {
@@ -310,7 +310,7 @@ impl StepDef {
     }
 
     /// Required slots not yet filled.
-    pub fn missing(&self, slots: &serde_json::Map<String, Value>) -> Vec<String> {
+    pub(crate) fn missing(&self, slots: &serde_json::Map<String, Value>) -> Vec<String> {
         self.slots
             .iter()
             .filter(|(n, s)| s.required && !slots.contains_key(*n))
@@ -328,7 +328,7 @@ pub struct Flows {
 impl Flows {
     /// Reads and checks every `*.json` in `dir` (a missing directory means no flows); tools are checked
     /// against `known_tools`.
-    pub fn load(dir: &Path, known_tools: &[&str]) -> Result<Self, FlowError> {
+    pub(crate) fn load(dir: &Path, known_tools: &[&str]) -> Result<Self, FlowError> {
         let mut by_id = HashMap::new();
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
@@ -374,12 +374,12 @@ impl Flows {
         Ok(Self { by_id })
     }
 
-    pub fn get(&self, id: &str) -> Option<&FlowDef> {
+    pub(crate) fn get(&self, id: &str) -> Option<&FlowDef> {
         self.by_id.get(id)
     }
 
     /// Fails when a character offers a flow no file defines.
-    pub fn check_offers<'a>(
+    pub(crate) fn check_offers<'a>(
         &self,
         offers: impl IntoIterator<Item = (&'a str, &'a [String])>,
     ) -> Result<(), FlowError> {
@@ -491,8 +491,8 @@ pub(crate) fn view(def: &FlowDef, s: &state::FlowState) -> Value {
 /// step): the flow as it stands, and the one that expired at this turn (mentioned once).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, Deserialize)]
 pub(crate) struct TurnFlow {
-    pub current: Option<state::FlowState>,
-    pub expired: Option<state::FlowState>,
+    pub(crate) current: Option<state::FlowState>,
+    pub(crate) expired: Option<state::FlowState>,
 }
 
 impl TurnFlow {

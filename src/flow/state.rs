@@ -36,13 +36,13 @@ pub(crate) mod status {
 /// A user's flow with a companion.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct FlowState {
-    pub flow: String,
-    pub step: String,
-    pub slots: Map<String, Value>,
-    pub status: String,
+    pub(crate) flow: String,
+    pub(crate) step: String,
+    pub(crate) slots: Map<String, Value>,
+    pub(crate) status: String,
     /// `<kind>:<id>` of the event a waiting step waits for.
-    pub waiting_for: Option<String>,
-    pub updated_at: DateTime<Utc>,
+    pub(crate) waiting_for: Option<String>,
+    pub(crate) updated_at: DateTime<Utc>,
 }
 
 fn state_of(r: &PgRow) -> FlowState {

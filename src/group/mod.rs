@@ -38,9 +38,9 @@ pub(crate) const COMPANION_SENDER: &str = "companion_sender";
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Route {
     /// Bot user ids (hex) of the companions that answer first.
-    pub speakers: Vec<String>,
+    pub(crate) speakers: Vec<String>,
     /// One of [`route::why`].
-    pub why: String,
+    pub(crate) why: String,
 }
 
 impl Route {

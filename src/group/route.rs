@@ -17,8 +17,8 @@ use crate::character::Character;
 /// A companion of the group.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Member<'a> {
-    pub bot: ObjectId,
-    pub character: &'a Character,
+    pub(crate) bot: ObjectId,
+    pub(crate) character: &'a Character,
 }
 
 impl Member<'_> {
@@ -149,9 +149,9 @@ pub(crate) fn handover(reply: &str, speaker: ObjectId, members: &[Member<'_>]) -
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Bounds {
     /// Hand-overs after the first answers.
-    pub max_handovers: u32,
+    pub(crate) max_handovers: u32,
     /// Companion messages in all.
-    pub max_messages: u32,
+    pub(crate) max_messages: u32,
 }
 
 /// Who speaks next, from the route's speakers and the messages so far (each with the companion it
@@ -185,9 +185,9 @@ pub(crate) fn next_speaker(
 /// The next companion to speak.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Next {
-    pub bot: ObjectId,
+    pub(crate) bot: ObjectId,
     /// It speaks because another companion named it.
-    pub handed_over: bool,
+    pub(crate) handed_over: bool,
 }
 
 #[cfg(test)]

@@ -66,7 +66,7 @@ pub enum State {
 }
 
 impl State {
-    pub const ALL: [State; 7] = [
+    pub(crate) const ALL: [State; 7] = [
         State::Running,
         State::Done,
         State::Failed,
@@ -88,7 +88,7 @@ impl State {
         }
     }
 
-    pub fn parse(s: &str) -> Option<State> {
+    pub(crate) fn parse(s: &str) -> Option<State> {
         State::ALL.into_iter().find(|x| x.as_str() == s)
     }
 
@@ -99,7 +99,7 @@ impl State {
 
     /// Every transition there is. A job is created `Running` by its own delivery, or `Covered` by the
     /// turn whose reply answers it; a running job settles once; a replay reopens a settled one.
-    pub fn may_become(self, to: State) -> bool {
+    pub(crate) fn may_become(self, to: State) -> bool {
         use State::*;
         matches!(
             (self, to),
@@ -152,18 +152,18 @@ impl Classify for JournalError {
 /// A job's row.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobRecord {
-    pub id: String,
+    pub(crate) id: String,
     pub state: State,
     pub attempts: i32,
     /// Reply generation: 0 first; each replay that answers again takes the next.
-    pub generation: i32,
+    pub(crate) generation: i32,
     /// For a covered or limited job: the job whose reply answered it.
     pub covered_by: Option<String>,
     pub stream_seq: Option<u64>,
     pub last_error: Option<String>,
     /// Why a job ended without a message (`dropped`).
     pub reason: Option<String>,
-    pub updated_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
 }
 
 /// Who a job acts for and where it came from, for its row.
@@ -180,7 +180,7 @@ pub struct NewJob<'a> {
 
 /// The answer of [`Job::counted`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// Counted now.
     Granted,
     /// Counted by an earlier attempt of this step; nothing new is counted.
@@ -300,7 +300,7 @@ impl Journal {
     }
 
     /// Records why an attempt failed, for operators.
-    pub async fn note_error(&self, id: &str, reason: &str) -> Result<(), JournalError> {
+    pub(crate) async fn note_error(&self, id: &str, reason: &str) -> Result<(), JournalError> {
         sqlx::query("UPDATE jobs SET last_error = $2, updated_at = now() WHERE id = $1")
             .bind(id)
             .bind(reason)
@@ -311,7 +311,7 @@ impl Journal {
 
     /// Settles a job that has no open attempt here (a replay that failed): only from a state that may
     /// become `to`.
-    pub async fn force_state(
+    pub(crate) async fn force_state(
         &self,
         id: &str,
         to: State,
@@ -323,7 +323,7 @@ impl Journal {
 
     /// The job whose step `name` was last recorded under `tally`, if that was at or after `since` (e.g.
     /// the turn that said the busy line to this user this minute).
-    pub async fn last_tallied(
+    pub(crate) async fn last_tallied(
         &self,
         tally: &str,
         name: &str,
@@ -342,7 +342,7 @@ impl Journal {
 
     /// The latest job of `conversation` held by a moderator's pause, created at or after `since` (when
     /// the pause began): its id, kind and inbound stream sequence, for the resume to answer it.
-    pub async fn latest_held(
+    pub(crate) async fn latest_held(
         &self,
         conversation: &str,
         since: DateTime<Utc>,
@@ -397,13 +397,13 @@ struct Pending {
 /// One attempt of a job: its row as opened, the steps recorded so far, and the records not yet written.
 pub struct Job {
     pool: PgPool,
-    pub record: JobRecord,
+    pub(crate) record: JobRecord,
     recorded: Mutex<HashMap<(String, String), Value>>,
     pending: Mutex<Vec<Pending>>,
 }
 
 impl Job {
-    pub fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         &self.record.id
     }
 
@@ -421,7 +421,7 @@ impl Job {
     }
 
     /// How many steps named `name` are recorded with a key starting with `prefix`.
-    pub fn recorded_count_under(&self, name: &str, prefix: &str) -> usize {
+    pub(crate) fn recorded_count_under(&self, name: &str, prefix: &str) -> usize {
         let recorded = self.recorded.lock().expect("journal lock");
         recorded
             .keys()
@@ -439,7 +439,7 @@ impl Job {
     /// A step that counts against `limit` steps of `tally` per `window`, across every worker: under a lock
     /// per tally, granted (and recorded, with the tally) only while fewer than `limit` steps of the tally
     /// were recorded in the window that ends at `now`.
-    pub async fn counted(
+    pub(crate) async fn counted(
         &self,
         name: &str,
         key: &str,
@@ -536,7 +536,7 @@ impl Job {
     }
 
     /// Writes the records of lazy steps now.
-    pub async fn flush(&self) -> Result<(), JournalError> {
+    pub(crate) async fn flush(&self) -> Result<(), JournalError> {
         let pending = self.take_pending();
         if pending.is_empty() {
             return Ok(());
@@ -555,7 +555,7 @@ impl Job {
 
     /// Passes an attempt's result on; when it failed, first writes the records still pending, best
     /// effort, so that what succeeded is not redone by the next attempt.
-    pub async fn keep_successes<T, E>(&self, result: Result<T, E>) -> Result<T, E> {
+    pub(crate) async fn keep_successes<T, E>(&self, result: Result<T, E>) -> Result<T, E> {
         if result.is_err()
             && let Err(e) = self.flush().await
         {
@@ -567,7 +567,7 @@ impl Job {
     /// Ends the running job in state `to`, with who answered it and why it ended without a message
     /// ([`Ending`]), writing the pending records in the same statement. False when the job was no longer
     /// running (a replay or another worker ended it first).
-    pub async fn finish(&self, to: State, ending: Ending<'_>) -> Result<bool, JournalError> {
+    pub(crate) async fn finish(&self, to: State, ending: Ending<'_>) -> Result<bool, JournalError> {
         let pending = self.take_pending();
         let moved = transition(&self.pool, self.id(), to, ending, None, &pending).await;
         if moved.is_err() {
@@ -740,11 +740,11 @@ fn decode<T: DeserializeOwned>(name: &str, key: &str, value: &Value) -> Option<T
 
 /// How a job ended, besides its state.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Ending<'a> {
+pub(crate) struct Ending<'a> {
     /// The job whose message answered this one (a burst's reply, a busy line).
-    pub by: Option<&'a str>,
+    pub(crate) by: Option<&'a str>,
     /// Why it ended without a message of its own, on purpose.
-    pub reason: Option<&'a str>,
+    pub(crate) reason: Option<&'a str>,
 }
 
 /// A step about to run; see the module documentation.
@@ -762,13 +762,13 @@ pub struct Step<'a> {
 impl Step<'_> {
     /// Recorded with the job's next recorded step or its settlement, not on its own: for effects that
     /// are safe to repeat.
-    pub fn lazy(mut self) -> Self {
+    pub(crate) fn lazy(mut self) -> Self {
         self.lazy = true;
         self
     }
 
     /// Counted under `tally` (see [`Journal::last_tallied`], [`Job::counted`]).
-    pub fn tally(mut self, tally: impl Into<String>) -> Self {
+    pub(crate) fn tally(mut self, tally: impl Into<String>) -> Self {
         self.tally = Some(tally.into());
         self
     }
@@ -818,7 +818,7 @@ impl Step<'_> {
     /// step are serialised; one that finds the step recorded meanwhile returns that record and runs
     /// nothing. A body's error rolls its writes back and records nothing. The body gets the transaction
     /// and hands it back with its result.
-    pub async fn run_in_tx<T, E, F, Fut>(self, body: F) -> Result<T, E>
+    pub(crate) async fn run_in_tx<T, E, F, Fut>(self, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<JournalError>,

@@ -17,11 +17,11 @@ pub struct LlmRecord {
     pub usage: Option<CallUsage>,
     /// The companion the call spoke as, when its job has several (a group message); else the job's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bot: Option<String>,
+    pub(crate) bot: Option<String>,
     /// Whether the call offered tools (a request without them must end in text, and a tool call in its
     /// answer is not run).
     #[serde(default = "offered", rename = "tools")]
-    pub offered_tools: bool,
+    pub(crate) offered_tools: bool,
 }
 
 fn offered() -> bool {
@@ -32,7 +32,7 @@ impl LlmRecord {
     /// The record of `response` to `request`: the first choice's message and the call's usage (priced
     /// for the model that answered, with the cacheable prefix), spoken as `bot`. A request without tools
     /// must end in text: an empty answer to one is an error, so the call is made again.
-    pub fn answer(
+    pub(crate) fn answer(
         llm: &LlmClient,
         request: &ChatRequest,
         response: ChatResponse,
@@ -72,9 +72,9 @@ impl LlmRecord {
 
 /// Tokens (prompt + completion) and USD spent in a window.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Spent {
-    pub tokens: u64,
-    pub usd: f64,
+pub(crate) struct Spent {
+    pub(crate) tokens: u64,
+    pub(crate) usd: f64,
 }
 
 /// Tokens and USD of the model answers in the last `window_secs`: under `tally` (one user's), or all.
@@ -120,24 +120,24 @@ pub(crate) async fn spent(
 /// One line of the usage summary.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SummaryRow {
-    pub day: NaiveDate,
-    pub bot_id: String,
-    pub model: String,
+    pub(crate) day: NaiveDate,
+    pub(crate) bot_id: String,
+    pub(crate) model: String,
     pub calls: i64,
-    pub prompt_tokens: i64,
-    pub completion_tokens: i64,
+    pub(crate) prompt_tokens: i64,
+    pub(crate) completion_tokens: i64,
     /// Prompt tokens the providers served from their prompt caches (where they report it).
-    pub cached_tokens: i64,
+    pub(crate) cached_tokens: i64,
     /// Turns (jobs) the calls were made for.
-    pub turns: i64,
+    pub(crate) turns: i64,
     /// Estimated tokens of the requests' cacheable prefix (tools and system prompt), where recorded.
-    pub prefix_tokens: i64,
+    pub(crate) prefix_tokens: i64,
     /// Sum of the known costs.
-    pub cost_usd: f64,
+    pub(crate) cost_usd: f64,
     /// Calls whose cost is unknown.
-    pub unpriced: i64,
+    pub(crate) unpriced: i64,
     /// Calls whose cost is estimated from the price table (the provider did not report it).
-    pub estimated: i64,
+    pub(crate) estimated: i64,
 }
 
 /// Midnight (UTC) that starts the last `days` days, today included.
@@ -201,11 +201,11 @@ pub async fn summary(
 /// One user's paid calls over the period.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct UserRow {
-    pub user_id: String,
-    pub calls: i64,
-    pub tokens: i64,
-    pub cost_usd: f64,
-    pub unpriced: i64,
+    pub(crate) user_id: String,
+    pub(crate) calls: i64,
+    pub(crate) tokens: i64,
+    pub(crate) cost_usd: f64,
+    pub(crate) unpriced: i64,
 }
 
 /// The `n` users whose model calls cost most in the last `days` UTC days (then by tokens).

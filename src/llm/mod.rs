@@ -58,7 +58,7 @@ impl Message {
             content: UserContent::Text(content.into()),
         }
     }
-    pub fn assistant(content: impl Into<String>) -> Self {
+    pub(crate) fn assistant(content: impl Into<String>) -> Self {
         Self::Assistant {
             content: Some(content.into()),
             tool_calls: Vec::new(),
@@ -83,14 +83,14 @@ pub enum ContentPart {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ImageUrl {
-    pub url: String,
+    pub(crate) url: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
-    pub id: String,
+    pub(crate) id: String,
     #[serde(rename = "type", default = "function_kind")]
-    pub kind: String,
+    pub(crate) kind: String,
     pub function: FunctionCall,
 }
 
@@ -99,23 +99,23 @@ pub struct FunctionCall {
     pub name: String,
     /// JSON text as the model wrote it (some servers send an object; it is re-encoded as text).
     #[serde(default, deserialize_with = "arguments_as_text")]
-    pub arguments: String,
+    pub(crate) arguments: String,
 }
 
 /// A tool offered to the model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ToolDef {
     #[serde(rename = "type")]
-    pub kind: String,
-    pub function: FunctionDef,
+    pub(crate) kind: String,
+    pub(crate) function: FunctionDef,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct FunctionDef {
-    pub name: String,
-    pub description: String,
+pub(crate) struct FunctionDef {
+    pub(crate) name: String,
+    pub(crate) description: String,
     /// Shared: the same schema goes with every offer that holds the tool.
-    pub parameters: Arc<Value>,
+    pub(crate) parameters: Arc<Value>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -136,7 +136,7 @@ pub struct ChatRequest {
 impl ChatRequest {
     /// Estimated tokens (a quarter of the bytes) of what a provider can cache across users and turns:
     /// the tool definitions and the first system message.
-    pub fn prefix_tokens(&self) -> u64 {
+    pub(crate) fn prefix_tokens(&self) -> u64 {
         let tools = serde_json::to_string(&*self.tools).map_or(0, |t| t.len());
         let system = match self.messages.first() {
             Some(Message::System { content }) => content.len(),
@@ -188,54 +188,54 @@ impl CallBudget {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-pub struct ChatResponse {
+pub(crate) struct ChatResponse {
     #[serde(default)]
-    pub model: Option<String>,
-    pub choices: Vec<Choice>,
+    pub(crate) model: Option<String>,
+    pub(crate) choices: Vec<Choice>,
     #[serde(default)]
-    pub usage: Option<Usage>,
+    pub(crate) usage: Option<Usage>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
-pub struct Choice {
+pub(crate) struct Choice {
     #[serde(default)]
-    pub message: AssistantMessage,
+    pub(crate) message: AssistantMessage,
     #[serde(default)]
-    pub finish_reason: Option<String>,
+    pub(crate) finish_reason: Option<String>,
     /// OpenRouter's error of a choice that ended in `finish_reason: "error"`.
     #[serde(default)]
-    pub error: Option<Value>,
+    pub(crate) error: Option<Value>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 pub struct AssistantMessage {
     #[serde(default)]
-    pub content: Option<String>,
+    pub(crate) content: Option<String>,
     #[serde(default, deserialize_with = "null_as_empty")]
     pub tool_calls: Vec<ToolCall>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-pub struct Usage {
+pub(crate) struct Usage {
     #[serde(default)]
-    pub prompt_tokens: u64,
+    pub(crate) prompt_tokens: u64,
     #[serde(default)]
-    pub completion_tokens: u64,
+    pub(crate) completion_tokens: u64,
     #[serde(default)]
-    pub total_tokens: u64,
+    pub(crate) total_tokens: u64,
     /// OpenRouter reports the charge in credits (USD) when asked.
     #[serde(default)]
-    pub cost: Option<f64>,
+    pub(crate) cost: Option<f64>,
     /// How much of the prompt the provider served from its prompt cache (billed at a fraction).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt_tokens_details: Option<PromptTokensDetails>,
+    pub(crate) prompt_tokens_details: Option<PromptTokensDetails>,
 }
 
 /// `usage.prompt_tokens_details` of an OpenAI-compatible answer.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-pub struct PromptTokensDetails {
+pub(crate) struct PromptTokensDetails {
     #[serde(default)]
-    pub cached_tokens: u64,
+    pub(crate) cached_tokens: u64,
 }
 
 fn function_kind() -> String {
@@ -293,7 +293,7 @@ pub enum LlmError {
 
 impl LlmError {
     /// Worth trying again later (same request).
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         matches!(
             self,
             Self::Timeout
@@ -347,11 +347,11 @@ const OUT_OF_CREDITS: &str = "companion_llm_out_of_credits_total";
 
 /// How a chat request is retried within a turn.
 #[derive(Clone, Debug)]
-pub struct RetryPolicy {
-    pub max_retries: u32,
-    pub base: Duration,
+pub(crate) struct RetryPolicy {
+    pub(crate) max_retries: u32,
+    pub(crate) base: Duration,
     /// Longest wait; a longer `Retry-After` ends the attempt so the turn goes back to the stream.
-    pub max_wait: Duration,
+    pub(crate) max_wait: Duration,
 }
 
 impl RetryPolicy {
@@ -372,20 +372,20 @@ pub struct LlmClient {
     http: reqwest::Client,
     url: String,
     key: Secret,
-    pub default_model: String,
+    pub(crate) default_model: String,
     /// Tried in order after the request's own model.
-    pub fallback_models: Vec<String>,
-    pub max_tokens: u32,
-    pub temperature: f32,
-    pub retry: RetryPolicy,
+    pub(crate) fallback_models: Vec<String>,
+    pub(crate) max_tokens: u32,
+    pub(crate) temperature: f32,
+    pub(crate) retry: RetryPolicy,
     /// Process-wide cap on outbound requests.
     limiter: Arc<DefaultDirectRateLimiter>,
     /// Requests and tokens by model, for `/metrics`.
     metrics: Arc<Metrics>,
     /// Prices a response whose server reported no cost.
-    pub prices: Prices,
+    pub(crate) prices: Prices,
     /// Largest response body read; a larger one is a bad response.
-    pub max_response_bytes: usize,
+    pub(crate) max_response_bytes: usize,
 }
 
 impl LlmClient {
@@ -502,13 +502,13 @@ impl LlmClient {
     }
 
     /// The request with retries (timeouts, 429, 5xx; honouring `Retry-After`) and then each fallback model.
-    pub async fn complete(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
+    pub(crate) async fn complete(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
         self.complete_within(request, None).await
     }
 
     /// [`LlmClient::complete`], every request sent (retries and fallbacks included) taken from `budget`
     /// with its prompt tokens estimated as a quarter of the request's JSON bytes.
-    pub async fn complete_within(
+    pub(crate) async fn complete_within(
         &self,
         request: &ChatRequest,
         budget: Option<&CallBudget>,
@@ -574,11 +574,6 @@ impl LlmClient {
             return Err(err);
         }
         Err(last.unwrap_or(LlmError::NoChoice))
-    }
-
-    /// One request, no retries (the caller decides).
-    pub async fn chat(&self, request: &ChatRequest) -> Result<ChatResponse, LlmError> {
-        self.send(&request.model, encode(request)?).await
     }
 
     /// One encoded request for `model`, no retries.

@@ -15,13 +15,13 @@ use super::Usage;
 /// USD per million tokens of one model.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Price {
-    pub prompt: f64,
-    pub completion: f64,
+    pub(crate) prompt: f64,
+    pub(crate) completion: f64,
 }
 
 /// Prices by model, from `LLM_PRICES` (`model=prompt:completion,…`, USD per million tokens).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Prices(BTreeMap<String, Price>);
+pub(crate) struct Prices(BTreeMap<String, Price>);
 
 #[derive(Debug, thiserror::Error)]
 #[error("price `{entry}` is not `model=prompt:completion` (USD per million tokens, both ≥ 0)")]
@@ -75,7 +75,7 @@ impl FromStr for Prices {
 /// Where a call's cost comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum CostSource {
+pub(crate) enum CostSource {
     /// The server's `usage.cost`.
     Reported,
     /// Tokens × the price table.
@@ -84,20 +84,10 @@ pub enum CostSource {
     Unpriced,
 }
 
-impl CostSource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Reported => "reported",
-            Self::Estimated => "estimated",
-            Self::Unpriced => "unpriced",
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Cost {
-    pub usd: Option<f64>,
-    pub source: CostSource,
+pub(crate) struct Cost {
+    pub(crate) usd: Option<f64>,
+    pub(crate) source: CostSource,
 }
 
 /// What one paid call used and cost, as the journal keeps it with the model's answer.
@@ -105,24 +95,24 @@ pub struct Cost {
 #[serde(rename_all = "camelCase")]
 pub struct CallUsage {
     /// The model that answered (the server's `model`, else the one asked).
-    pub model: String,
+    pub(crate) model: String,
     pub prompt_tokens: u64,
-    pub completion_tokens: u64,
+    pub(crate) completion_tokens: u64,
     /// Prompt tokens served from the provider's prompt cache, when it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_tokens: Option<u64>,
+    pub(crate) cached_tokens: Option<u64>,
     /// Estimated tokens of the request's prefix that stays the same across users and turns (the tool
     /// definitions and the system prompt): what a provider can cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prefix_tokens: Option<u64>,
+    pub(crate) prefix_tokens: Option<u64>,
     /// USD; `None` when unpriced.
     pub cost_usd: Option<f64>,
-    pub cost_source: CostSource,
+    pub(crate) cost_source: CostSource,
 }
 
 impl Prices {
     /// The usage record of one response with `usage`, answered by `model`.
-    pub fn call_usage(&self, model: &str, usage: &Usage) -> CallUsage {
+    pub(crate) fn call_usage(&self, model: &str, usage: &Usage) -> CallUsage {
         let cost = self.cost(model, usage);
         CallUsage {
             model: model.to_owned(),
@@ -139,7 +129,7 @@ impl Prices {
     }
 
     /// The cost of one response with `usage`, answered by `model`.
-    pub fn cost(&self, model: &str, usage: &Usage) -> Cost {
+    pub(crate) fn cost(&self, model: &str, usage: &Usage) -> Cost {
         if let Some(c) = usage.cost.filter(|c| c.is_finite() && *c >= 0.0) {
             return Cost {
                 usd: Some(c),

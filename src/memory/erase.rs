@@ -31,25 +31,25 @@ const SCRUB: &str =
 
 /// What [`Memory::probe`] found for a turn.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Probe {
+pub(crate) struct Probe {
     /// Its message was deleted or its user erased: it is not answered.
-    pub gone: bool,
+    pub(crate) gone: bool,
     /// The companion remembers something of the user (facts or a summary): recall runs.
-    pub remembers: bool,
+    pub(crate) remembers: bool,
     /// The user's DM messages extraction has not read yet, before this turn's.
-    pub waiting: i64,
+    pub(crate) waiting: i64,
 }
 
 /// What a deletion removed, for the log and the tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Removed {
-    pub history_rows: u64,
-    pub facts: u64,
-    pub summaries: u64,
-    pub scrubbed_steps: u64,
-    pub reminders: u64,
-    pub flows: u64,
-    pub stream_messages: u64,
+pub(crate) struct Removed {
+    pub(crate) history_rows: u64,
+    pub(crate) facts: u64,
+    pub(crate) summaries: u64,
+    pub(crate) scrubbed_steps: u64,
+    pub(crate) reminders: u64,
+    pub(crate) flows: u64,
+    pub(crate) stream_messages: u64,
 }
 
 #[derive(Deserialize)]
@@ -66,7 +66,7 @@ fn hex24(s: &str) -> bool {
 
 impl Memory {
     /// Whether the user was erased.
-    pub async fn is_erased(&self, user: &str) -> Result<bool, MemoryError> {
+    pub(crate) async fn is_erased(&self, user: &str) -> Result<bool, MemoryError> {
         Ok(self.probe(user, "", &[]).await?.gone)
     }
 
@@ -74,7 +74,7 @@ impl Memory {
     /// (its message deleted or its user erased), whether the companion remembers anything of the user
     /// (else recall is skipped), and how many of the user's DM messages extraction has not read yet.
     /// `bot` is empty for a group message (no memory there).
-    pub async fn probe(
+    pub(crate) async fn probe(
         &self,
         user: &str,
         bot: &str,
@@ -109,7 +109,7 @@ impl Memory {
     }
 
     /// Acts on a deletion signal of `kind` about `id`.
-    pub async fn on_signal(
+    pub(crate) async fn on_signal(
         &self,
         bus: &Bus,
         kind: &str,
@@ -156,7 +156,11 @@ impl Memory {
     }
 
     /// `message_deleted`: see the module documentation.
-    pub async fn delete_message(&self, bus: &Bus, message: &str) -> Result<Removed, MemoryError> {
+    pub(crate) async fn delete_message(
+        &self,
+        bus: &Bus,
+        message: &str,
+    ) -> Result<Removed, MemoryError> {
         let mut tx = self.pool.begin().await?;
         tombstone(&mut tx, "message", message).await?;
         let (answering, replies) = answered_by(&mut tx, message).await?;
@@ -215,7 +219,11 @@ impl Memory {
 
     /// `memory_cleared`: facts and summaries of the user (with one companion, or all), and the extraction
     /// answers that named them. The cursors stay, so the old messages are not read again.
-    pub async fn clear(&self, user: &str, bot: Option<&str>) -> Result<Removed, MemoryError> {
+    pub(crate) async fn clear(
+        &self,
+        user: &str,
+        bot: Option<&str>,
+    ) -> Result<Removed, MemoryError> {
         let mut tx = self.pool.begin().await?;
         let facts = sqlx::query(
             "DELETE FROM memory_facts WHERE user_id = $1 AND ($2::text IS NULL OR bot_id = $2)",
@@ -257,7 +265,7 @@ impl Memory {
     /// `user_erased`: see the module documentation. The PostgreSQL part commits first (with the
     /// tombstone), then the streams: a failure there is retried by the signal's redelivery, and a repeat
     /// of the first part finds nothing more.
-    pub async fn erase_user(&self, bus: &Bus, user: &str) -> Result<Removed, MemoryError> {
+    pub(crate) async fn erase_user(&self, bus: &Bus, user: &str) -> Result<Removed, MemoryError> {
         let mut tx = self.pool.begin().await?;
         tombstone(&mut tx, "user", user).await?;
         // Where the user's messages are in the inbound stream: their DM conversations' subjects, and the

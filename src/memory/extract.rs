@@ -54,18 +54,18 @@ use crate::journal::names::step::{
 
 /// What the extraction job needs besides memory's store.
 pub(crate) struct Extractor<'a> {
-    pub memory: &'a Memory,
-    pub journal: &'a Journal,
-    pub llm: &'a LlmClient,
-    pub bus: &'a Bus,
+    pub(crate) memory: &'a Memory,
+    pub(crate) journal: &'a Journal,
+    pub(crate) llm: &'a LlmClient,
+    pub(crate) bus: &'a Bus,
     /// The model used (the cheaper one).
-    pub model: &'a str,
+    pub(crate) model: &'a str,
     /// `COMPANION_HISTORY_LIMIT`: what has left it goes into the summary.
-    pub history_limit: i64,
+    pub(crate) history_limit: i64,
     /// The companion's name, for the prompts.
-    pub companion: &'a str,
+    pub(crate) companion: &'a str,
     /// The spend budgets: extraction is paid by the service and waits while its budget is used up.
-    pub spend: Option<&'a crate::spend::SpendGuard>,
+    pub(crate) spend: Option<&'a crate::spend::SpendGuard>,
 }
 
 /// How a run ended.
@@ -692,7 +692,14 @@ impl Memory {
     /// this turn's included: the turn's probe counted them), and (every turn) the quiet-period schedule,
     /// which replaces the one before (a schedule's subject is its identity). A failure is logged: the
     /// next turn schedules again, and nothing is lost meanwhile.
-    pub async fn after_turn(&self, bus: &Bus, user: &str, bot: &str, turn: &str, waiting: i64) {
+    pub(crate) async fn after_turn(
+        &self,
+        bus: &Bus,
+        user: &str,
+        bot: &str,
+        turn: &str,
+        waiting: i64,
+    ) {
         if !self.config.enabled {
             return;
         }
@@ -722,7 +729,7 @@ impl Memory {
 
     /// Publishes the extraction signal of (user, bot) now; `tag` tells repeats apart (the stream drops a
     /// duplicate id within its window).
-    pub async fn signal_now(
+    pub(crate) async fn signal_now(
         &self,
         bus: &Bus,
         user: &str,

@@ -91,11 +91,11 @@ pub struct Memory {
     /// Embeds facts (and `forget`'s words); `None` when the model is not installed: facts are kept and
     /// pinned ones recalled, without similarity.
     pub(crate) embedder: Option<Arc<Embedder>>,
-    pub config: MemoryConfig,
+    pub(crate) config: MemoryConfig,
 }
 
 impl Memory {
-    pub fn new(pool: PgPool, embedder: Option<Arc<Embedder>>, config: MemoryConfig) -> Self {
+    pub(crate) fn new(pool: PgPool, embedder: Option<Arc<Embedder>>, config: MemoryConfig) -> Self {
         Self {
             pool,
             embedder,

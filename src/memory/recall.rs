@@ -12,25 +12,25 @@ use super::{Memory, MemoryError, Topic};
 
 /// One recalled fact.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Recalled {
-    pub topic: Topic,
-    pub fact: String,
+pub(crate) struct Recalled {
+    pub(crate) topic: Topic,
+    pub(crate) fact: String,
     /// Cosine similarity to the message (related facts only).
-    pub score: Option<f32>,
+    pub(crate) score: Option<f32>,
 }
 
 /// What a turn recalls.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Recall {
-    pub pinned: Vec<Recalled>,
+pub(crate) struct Recall {
+    pub(crate) pinned: Vec<Recalled>,
     /// Best first, each at least the threshold close to the message.
-    pub related: Vec<Recalled>,
-    pub summary: String,
+    pub(crate) related: Vec<Recalled>,
+    pub(crate) summary: String,
 }
 
 impl Recall {
     /// The pinned facts, for the stable part of the prompt; empty when there are none.
-    pub fn pinned_block(&self) -> String {
+    pub(crate) fn pinned_block(&self) -> String {
         if self.pinned.is_empty() {
             return String::new();
         }
@@ -42,7 +42,7 @@ impl Recall {
     }
 
     /// The facts related to this message, for after the history; empty when none is.
-    pub fn related_block(&self) -> String {
+    pub(crate) fn related_block(&self) -> String {
         if self.related.is_empty() {
             return String::new();
         }
@@ -52,7 +52,7 @@ impl Recall {
     }
 
     /// The summary of the conversation before the history window; empty when there is none.
-    pub fn summary_block(&self) -> String {
+    pub(crate) fn summary_block(&self) -> String {
         match self.summary.trim() {
             "" => String::new(),
             s => format!("## Earlier in your chats (summary)\n{s}\n"),
@@ -69,7 +69,7 @@ fn lines(p: &mut String, facts: &[Recalled]) {
 impl Memory {
     /// The recall of (user, bot) for a message whose vector is `query` (none: pinned facts and the
     /// summary only).
-    pub async fn recall(
+    pub(crate) async fn recall(
         &self,
         user: &str,
         bot: &str,

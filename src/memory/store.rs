@@ -18,7 +18,7 @@ pub(crate) const DUPLICATE_SIMILARITY: f32 = 0.85;
 /// How a fact was learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum How {
+pub(crate) enum How {
     /// By the extraction job, from the conversation.
     Extracted,
     /// The user asked (`remember`).
@@ -26,7 +26,7 @@ pub enum How {
 }
 
 impl How {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             How::Extracted => "extracted",
             How::Remembered => "remembered",
@@ -36,39 +36,39 @@ impl How {
 
 /// One fact as kept.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Fact {
-    pub id: String,
-    pub topic: Topic,
-    pub fact: String,
+pub(crate) struct Fact {
+    pub(crate) id: String,
+    pub(crate) topic: Topic,
+    pub(crate) fact: String,
     /// The user messages (dm_messages ids) it was learned from.
-    pub sources: Vec<String>,
+    pub(crate) sources: Vec<String>,
     /// The companion that learned it (its bot id).
-    pub learned_by: String,
-    pub how: How,
-    pub learned_at: DateTime<Utc>,
+    pub(crate) learned_by: String,
+    pub(crate) how: How,
+    pub(crate) learned_at: DateTime<Utc>,
 }
 
 /// A fact to keep.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct NewFact {
+pub(crate) struct NewFact {
     /// Derived from what writes it, so a retry writes the same row.
-    pub id: String,
-    pub topic: Topic,
-    pub fact: String,
-    pub sources: Vec<String>,
-    pub how: How,
+    pub(crate) id: String,
+    pub(crate) topic: Topic,
+    pub(crate) fact: String,
+    pub(crate) sources: Vec<String>,
+    pub(crate) how: How,
     /// When its newest source message was said: an older statement never replaces a newer value.
-    pub said_at: DateTime<Utc>,
+    pub(crate) said_at: DateTime<Utc>,
 }
 
 /// What keeping a fact did.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Kept {
+pub(crate) struct Kept {
     /// The facts it replaced, by id.
-    pub replaced: Vec<String>,
+    pub(crate) replaced: Vec<String>,
     /// Not kept: the user said something newer about the same thing (a one-value topic).
     #[serde(default)]
-    pub stale: bool,
+    pub(crate) stale: bool,
 }
 
 fn fact_of(r: &sqlx::postgres::PgRow) -> Fact {
@@ -91,7 +91,7 @@ const FACT_COLUMNS: &str = "id, topic, fact, sources, learned_by, how, learned_a
 impl Memory {
     /// Keeps `new` for (user, bot), in `tx`, replacing what it supersedes; at most `max_facts` kept (the
     /// oldest extracted ones go first). Writing the same fact (same id) again changes nothing.
-    pub async fn keep(
+    pub(crate) async fn keep(
         tx: &mut PgConnection,
         user: &str,
         bot: &str,
@@ -171,7 +171,11 @@ impl Memory {
 
     /// Every fact kept for (user, bot), or for every companion of the user with `bot` `None`; newest
     /// first.
-    pub async fn facts(&self, user: &str, bot: Option<&str>) -> Result<Vec<Fact>, MemoryError> {
+    pub(crate) async fn facts(
+        &self,
+        user: &str,
+        bot: Option<&str>,
+    ) -> Result<Vec<Fact>, MemoryError> {
         let sql = format!(
             "SELECT {FACT_COLUMNS} FROM memory_facts
              WHERE user_id = $1 AND ($2::text IS NULL OR bot_id = $2) ORDER BY learned_at DESC, id"
@@ -187,7 +191,7 @@ impl Memory {
     /// The facts of (user, bot) that `about` names: the same words in them, or an embedding at least
     /// `similarity` close (the closest one from `floor` when none is that close). Removes them in `tx` and
     /// returns them.
-    pub async fn forget(
+    pub(crate) async fn forget(
         tx: &mut PgConnection,
         user: &str,
         bot: &str,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Topic {
+pub(crate) enum Topic {
     Name,
     Level,
     Stance,
@@ -20,7 +20,7 @@ pub enum Topic {
 }
 
 impl Topic {
-    pub const ALL: [Topic; 11] = [
+    pub(crate) const ALL: [Topic; 11] = [
         Topic::Name,
         Topic::Level,
         Topic::Stance,
@@ -34,7 +34,7 @@ impl Topic {
         Topic::Other,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Topic::Name => "name",
             Topic::Level => "level",
@@ -50,13 +50,13 @@ impl Topic {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Topic> {
+    pub(crate) fn parse(s: &str) -> Option<Topic> {
         let s = s.trim().to_ascii_lowercase().replace([' ', '-'], "_");
         Topic::ALL.into_iter().find(|t| t.as_str() == s)
     }
 
     /// One value at a time: a newer fact replaces the older.
-    pub fn single(self) -> bool {
+    pub(crate) fn single(self) -> bool {
         matches!(
             self,
             Topic::Name | Topic::Level | Topic::Stance | Topic::HomeSpot
@@ -64,12 +64,12 @@ impl Topic {
     }
 
     /// In every prompt of the user's DM with the companion, whatever the message.
-    pub fn pinned(self) -> bool {
+    pub(crate) fn pinned(self) -> bool {
         self.single()
     }
 
     /// How the prompt labels it.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Topic::Name => "name",
             Topic::Level => "level",

@@ -47,27 +47,27 @@ impl Classify for ProactiveError {
 /// What reading a signal looks at.
 #[derive(Clone, Copy)]
 pub(crate) struct Sources<'t> {
-    pub mongo: &'t Mongo,
-    pub pg: &'t Pg,
-    pub characters: &'t Characters,
+    pub(crate) mongo: &'t Mongo,
+    pub(crate) pg: &'t Pg,
+    pub(crate) characters: &'t Characters,
 }
 
 /// A follow-up ready to be sent: who to, from whom, about what, and how to say it.
 pub(crate) struct FollowUp<'a> {
     /// What it follows up on: the job is `<kind>:<id>`.
-    pub trigger: Trigger,
-    pub user: ObjectId,
-    pub bot: ObjectId,
-    pub conversation: ObjectId,
-    pub character: &'a Character,
+    pub(crate) trigger: Trigger,
+    pub(crate) user: ObjectId,
+    pub(crate) bot: ObjectId,
+    pub(crate) conversation: ObjectId,
+    pub(crate) character: &'a Character,
     /// What happened, for the model (a note after the conversation so far).
-    pub brief: String,
+    pub(crate) brief: String,
     /// The plain line sent when the model cannot write the message.
-    pub plain: String,
+    pub(crate) plain: String,
     /// The card shown with the message.
-    pub card: Option<Value>,
+    pub(crate) card: Option<Value>,
     /// Set when the news must not be sent after all (it is stale): the job is dropped with this reason.
-    pub stale: Option<String>,
+    pub(crate) stale: Option<String>,
 }
 
 impl FollowUp<'_> {

@@ -29,14 +29,14 @@ pub(crate) const NOTE_MAX: usize = 1000;
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct SpotReview {
-    pub draft_id: String,
-    pub status: Status,
+    pub(crate) draft_id: String,
+    pub(crate) status: Status,
     #[serde(default)]
-    pub spot_id: Option<String>,
+    pub(crate) spot_id: Option<String>,
     /// The moderator's reason (a rejection's, mostly).
     #[serde(default)]
-    pub note: Option<String>,
-    pub reviewed_at: DateTime<Utc>,
+    pub(crate) note: Option<String>,
+    pub(crate) reviewed_at: DateTime<Utc>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

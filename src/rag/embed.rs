@@ -99,7 +99,7 @@ impl EmbedConfig {
         self.model_dir.join(&self.model_file)
     }
 
-    pub fn tokenizer_path(&self) -> PathBuf {
+    pub(crate) fn tokenizer_path(&self) -> PathBuf {
         self.model_dir.join("tokenizer.json")
     }
 
@@ -119,27 +119,27 @@ impl EmbedConfig {
 #[derive(Debug, Default)]
 pub(crate) struct EmbedStats {
     /// Requests (calls of [`Embedder::embed`]) served.
-    pub requests: AtomicU64,
+    pub(crate) requests: AtomicU64,
     /// Texts embedded.
-    pub texts: AtomicU64,
+    pub(crate) texts: AtomicU64,
     /// Model runs; fewer than `requests` when concurrent requests were batched.
-    pub model_runs: AtomicU64,
+    pub(crate) model_runs: AtomicU64,
     /// Batches collected by the window (each gives one or more model runs).
-    pub batches: AtomicU64,
+    pub(crate) batches: AtomicU64,
     /// Model runs by texts per run: index `i` counts runs of at most `EMBED_BATCH_BUCKETS[i]` texts
     /// (and more than the bound before it); the last slot counts larger runs.
-    pub run_sizes: [AtomicU64; EMBED_BATCH_BUCKETS.len() + 1],
+    pub(crate) run_sizes: [AtomicU64; EMBED_BATCH_BUCKETS.len() + 1],
 }
 
 /// The batch-size histogram of the model runs so far (for `companion_embed_batch_size`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BatchSizes {
+pub(crate) struct BatchSizes {
     /// Cumulative counts per bound of [`EMBED_BATCH_BUCKETS`].
-    pub cumulative: Vec<u64>,
+    pub(crate) cumulative: Vec<u64>,
     /// Model runs.
-    pub count: u64,
+    pub(crate) count: u64,
     /// Texts over all runs.
-    pub sum: u64,
+    pub(crate) sum: u64,
 }
 
 /// A snapshot of [`EmbedStats`].
@@ -148,7 +148,7 @@ pub struct EmbedCounts {
     pub requests: u64,
     pub texts: u64,
     pub model_runs: u64,
-    pub batches: u64,
+    pub(crate) batches: u64,
 }
 
 struct Request {
@@ -278,7 +278,7 @@ impl Embedder {
     }
 
     /// Texts per model run so far, as a cumulative histogram.
-    pub fn batch_sizes(&self) -> BatchSizes {
+    pub(crate) fn batch_sizes(&self) -> BatchSizes {
         let mut cumulative = Vec::with_capacity(EMBED_BATCH_BUCKETS.len());
         let mut running = 0;
         for slot in &self.stats.run_sizes[..EMBED_BATCH_BUCKETS.len()] {

@@ -100,10 +100,10 @@ pub(crate) async fn search(
 
 /// The knowledge a turn gets: the embedder (when installed), the knowledge base and the bounds.
 #[derive(Clone)]
-pub struct Retriever {
+pub(crate) struct Retriever {
     pool: sqlx::PgPool,
     /// `None` when the model is not installed: turns go without knowledge.
-    pub embedder: Option<Arc<Embedder>>,
+    pub(crate) embedder: Option<Arc<Embedder>>,
     threshold: f32,
     top_k: i64,
     /// Vectors of texts embedded lately.
@@ -112,7 +112,11 @@ pub struct Retriever {
 }
 
 impl Retriever {
-    pub fn new(pool: sqlx::PgPool, embedder: Option<Arc<Embedder>>, config: &RagConfig) -> Self {
+    pub(crate) fn new(
+        pool: sqlx::PgPool,
+        embedder: Option<Arc<Embedder>>,
+        config: &RagConfig,
+    ) -> Self {
         Self {
             pool,
             embedder,
@@ -145,7 +149,7 @@ impl Retriever {
     /// Cosine similarity of `text` to each of `profiles` (e.g. the companions of a group, to pick the
     /// one a message fits best). Profile vectors are cached like query vectors. `None` when the model
     /// is not installed, the text has nothing to look up, or embedding fails (logged).
-    pub async fn similarities(&self, text: &str, profiles: &[String]) -> Option<Vec<f32>> {
+    pub(crate) async fn similarities(&self, text: &str, profiles: &[String]) -> Option<Vec<f32>> {
         let embedder = self.embedder.as_deref()?;
         let result = async {
             let Some((query, _)) = self.query_vector(embedder, text).await? else {
@@ -177,7 +181,11 @@ impl Retriever {
 
     /// The knowledge of `collections` for `text`; never fails the turn (an error is logged and gives
     /// no knowledge). The span `rag.retrieve` (a child of the turn's span) records the hits and scores.
-    pub async fn for_turn(&self, collections: &[String], text: &str) -> Vec<KnowledgeSnippet> {
+    pub(crate) async fn for_turn(
+        &self,
+        collections: &[String],
+        text: &str,
+    ) -> Vec<KnowledgeSnippet> {
         if collections.is_empty() {
             return Vec::new();
         }
@@ -186,7 +194,7 @@ impl Retriever {
 
     /// [`Retriever::for_turn`], and the message's vector (when it has content to look up and the model
     /// is installed), which long-term memory's recall uses instead of running the model again.
-    pub async fn lookup(
+    pub(crate) async fn lookup(
         &self,
         collections: &[String],
         text: &str,

@@ -10,7 +10,7 @@ use chrono_tz::Tz;
 /// What a user's age allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Age {
+pub(crate) enum Age {
     /// Younger than 13: the strictest rules apply. Named like the `ageBracket` value.
     #[serde(rename = "under_13")]
     Under13,
@@ -22,17 +22,8 @@ pub enum Age {
 
 impl Age {
     /// Whether the rules for minors apply (under 13 included).
-    pub fn is_minor(self) -> bool {
+    pub(crate) fn is_minor(self) -> bool {
         matches!(self, Self::Under13 | Self::Minor)
-    }
-
-    /// The name used in logs and metrics (the serde name).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Under13 => "under_13",
-            Self::Minor => "minor",
-            Self::Adult => "adult",
-        }
     }
 }
 
@@ -48,13 +39,13 @@ pub(crate) enum AgeSource {
 
 /// The users-document fields the age is read from (configurable by the worker).
 #[derive(Clone, Debug)]
-pub struct AgeFields {
+pub(crate) struct AgeFields {
     /// A boolean set by the app.
-    pub is_minor: String,
+    pub(crate) is_minor: String,
     /// One of "under_13", "13_15", "16_17", "adult".
-    pub age_bracket: String,
+    pub(crate) age_bracket: String,
     /// A BSON date, or a string "YYYY-MM-DD" or RFC 3339.
-    pub birthdate: String,
+    pub(crate) birthdate: String,
 }
 
 impl Default for AgeFields {
@@ -349,6 +340,16 @@ mod tests {
             age_of(Some(&user), &fields, false, today()),
             (Age::Under13, AgeSource::Birthdate)
         );
+    }
+
+    impl Age {
+        fn as_str(self) -> &'static str {
+            match self {
+                Self::Under13 => "under_13",
+                Self::Minor => "minor",
+                Self::Adult => "adult",
+            }
+        }
     }
 
     #[test]

@@ -18,11 +18,11 @@ pub(crate) enum Due {
 
 /// The two intervals the rule reads.
 #[derive(Clone, Copy, Debug)]
-pub struct Rhythm {
+pub(crate) struct Rhythm {
     /// Disclose again after this much continuing interaction (3 hours).
-    pub every: Duration,
+    pub(crate) every: Duration,
     /// A gap longer than this ends an interaction (30 minutes).
-    pub gap: Duration,
+    pub(crate) gap: Duration,
 }
 
 /// Where the interaction that goes on at `now` began: walking back from `now` over the message times

@@ -16,32 +16,32 @@ const BUILTIN: &str = include_str!("crisis.json");
 /// One service a user can reach: at least one of `phone`, `text` or `url` is set.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Line {
+pub(crate) struct Line {
     /// What the user will recognise, in the country's language where that helps.
-    pub name: String,
+    pub(crate) name: String,
     /// The number to call, as written locally.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phone: Option<String>,
+    pub(crate) phone: Option<String>,
     /// Where to text: a number, or "KEYWORD to NUMBER" when the service needs a first word.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
+    pub(crate) text: Option<String>,
     /// The service's web site or chat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
+    pub(crate) url: Option<String>,
 }
 
 /// The referral texts and the lines, per country, as loaded and validated.
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CrisisLines {
+pub(crate) struct CrisisLines {
     /// The referral message by language (ISO 639-1, lower case); "en" is required as the fallback.
-    pub referral: BTreeMap<String, String>,
+    pub(crate) referral: BTreeMap<String, String>,
     /// The lines for a user whose country is unknown or not configured.
-    pub fallback_lines: Vec<Line>,
+    pub(crate) fallback_lines: Vec<Line>,
     /// The lines by country (ISO 3166-1 alpha-2, upper case).
-    pub countries: BTreeMap<String, Vec<Line>>,
+    pub(crate) countries: BTreeMap<String, Vec<Line>>,
     /// Who checked the lines, when, and what: kept with the data so a stale review is visible.
-    pub reviewed: String,
+    pub(crate) reviewed: String,
 }
 
 /// Why a crisis-lines file cannot be used.
@@ -63,18 +63,20 @@ pub enum LinesError {
 
 impl CrisisLines {
     /// The configuration shipped with the worker.
-    pub fn builtin() -> Self {
+    pub(crate) fn builtin() -> Self {
         Self::parse(BUILTIN, Path::new("crisis.json (built in)"))
             .expect("the built-in crisis.json is valid (checked by a unit test)")
     }
 
     /// A configuration file of the same shape as the built-in one, validated.
-    pub fn load(path: &Path) -> Result<Self, LinesError> {
+    pub(crate) fn load(path: &Path) -> Result<Self, LinesError> {
         let text = std::fs::read_to_string(path).map_err(|source| LinesError::Io {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text, path)
+        let lines = Self::parse(&text, path)?;
+        tracing::info!(path = %path.display(), reviewed = %lines.reviewed, "crisis lines loaded");
+        Ok(lines)
     }
 
     fn parse(text: &str, path: &Path) -> Result<Self, LinesError> {
@@ -112,7 +114,7 @@ impl CrisisLines {
 
     /// The referral message in `lang` (a language tag such as "pt-BR" or "ja"; only the primary subtag
     /// counts), or in English when the language has none. Returns the language used and the text.
-    pub fn referral(&self, lang: Option<&str>) -> (&str, &str) {
+    pub(crate) fn referral(&self, lang: Option<&str>) -> (&str, &str) {
         let primary = lang
             .and_then(|l| l.split(['-', '_']).next())
             .map(|l| l.trim().to_ascii_lowercase());
@@ -126,7 +128,7 @@ impl CrisisLines {
     /// The lines for a user: by `country` (ISO 3166-1 alpha-2, any case) when the config has it, else by
     /// the country of `time_zone` (IANA), else the fallback lines. Returns the country used (None for the
     /// fallback).
-    pub fn for_user(
+    pub(crate) fn for_user(
         &self,
         country: Option<&str>,
         time_zone: Option<&str>,

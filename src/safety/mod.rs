@@ -32,23 +32,23 @@ pub struct Marks {
 
 impl Marks {
     /// Only some may see it: kept out of the conversation's shared history and preview.
-    pub fn is_private(&self) -> bool {
+    pub(crate) fn is_private(&self) -> bool {
         self.visible_to.is_some()
     }
 }
 
 /// The protocol's settings and data, loaded once per process.
 #[derive(Clone, Debug)]
-pub struct Safety {
-    pub config: crate::config::SafetyConfig,
+pub(crate) struct Safety {
+    pub(crate) config: crate::config::SafetyConfig,
     /// Crisis lines and referral texts.
-    pub lines: lines::CrisisLines,
-    pub age_fields: age::AgeFields,
+    pub(crate) lines: lines::CrisisLines,
+    pub(crate) age_fields: age::AgeFields,
 }
 
 impl Safety {
     /// The configured crisis lines (the built-in ones without a file), checked.
-    pub fn load(config: &crate::config::SafetyConfig) -> Result<Self, lines::LinesError> {
+    pub(crate) fn load(config: &crate::config::SafetyConfig) -> Result<Self, lines::LinesError> {
         let lines = match config.crisis_lines_file.trim() {
             "" => lines::CrisisLines::builtin(),
             path => lines::CrisisLines::load(std::path::Path::new(path))?,
@@ -65,7 +65,7 @@ impl Safety {
     }
 
     /// What the user document says of its user's age (unknown: as configured).
-    pub fn age(
+    pub(crate) fn age(
         &self,
         user: Option<&bson::Document>,
         now: chrono::DateTime<chrono::Utc>,
@@ -81,7 +81,7 @@ impl Safety {
     }
 
     /// The disclosure rule's intervals.
-    pub fn rhythm(&self) -> disclosure::Rhythm {
+    pub(crate) fn rhythm(&self) -> disclosure::Rhythm {
         let secs = |s: u64| chrono::Duration::seconds(s.min(i64::MAX as u64) as i64);
         disclosure::Rhythm {
             every: secs(self.config.disclosure_every_secs.max(1)),
@@ -90,7 +90,7 @@ impl Safety {
     }
 
     /// Whether `local` is in a minor's quiet hours.
-    pub fn quiet(&self, local: chrono::NaiveTime) -> bool {
+    pub(crate) fn quiet(&self, local: chrono::NaiveTime) -> bool {
         age::in_quiet_hours(
             local,
             self.config.minor_quiet_start,

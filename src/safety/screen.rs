@@ -35,7 +35,7 @@ pub enum Category {
 
 impl Category {
     /// Every category, most urgent first (the order a message matching several is reported in).
-    pub const ALL: [Category; 4] = [
+    pub(crate) const ALL: [Category; 4] = [
         Category::SelfHarm,
         Category::HarmOthers,
         Category::Abuse,
@@ -59,9 +59,9 @@ pub struct Flag {
     /// What was found.
     pub category: Category,
     /// ISO 639-1 code of the language the match was in: "en", "es", "pt", "fr", "de", "ja".
-    pub lang: String,
+    pub(crate) lang: String,
     /// false when the rules are unsure (a weaker pattern); a second stage may be asked then.
-    pub sure: bool,
+    pub(crate) sure: bool,
 }
 
 /// What a companion message was blocked for.

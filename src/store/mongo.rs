@@ -56,36 +56,36 @@ struct NameCache {
 
 /// What the admission reads about the user in the same round trip.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct UserData {
+pub(crate) struct UserData {
     /// `None` when the user has no profile document.
-    pub profile: Option<UserProfile>,
+    pub(crate) profile: Option<UserProfile>,
     /// The newest tricklists, read from their documents (which are not kept: a turn holds this while it
     /// waits on the model); their trick names are resolved ([`Mongo::resolve_tricklists`]) only by a turn
     /// that answers, not by every delivery admitted.
-    pub tricklists: Vec<Tricklist>,
+    pub(crate) tricklists: Vec<Tricklist>,
     /// Whom the user blocked (`users.blockedUsers`): a companion among them may answer, never start a DM.
-    pub blocked: Vec<ObjectId>,
+    pub(crate) blocked: Vec<ObjectId>,
     /// The user document as stored, for what the safety protocol reads of it (the age signal, whose
     /// field names are configured); the admission takes it once it has read the age.
-    pub document: Option<Document>,
+    pub(crate) document: Option<Document>,
 }
 
 impl UserData {
-    pub fn blocks(&self, bot: ObjectId) -> bool {
+    pub(crate) fn blocks(&self, bot: ObjectId) -> bool {
         self.blocked.contains(&bot)
     }
 }
 
 /// A conversation as the admission finds it: who is in it, and the user's data.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Membership {
+pub(crate) struct Membership {
     /// Every participant, users and companions, in the conversation's order.
-    pub participants: Vec<ObjectId>,
-    pub user: UserData,
+    pub(crate) participants: Vec<ObjectId>,
+    pub(crate) user: UserData,
 }
 
 impl Membership {
-    pub fn joins(&self, id: ObjectId) -> bool {
+    pub(crate) fn joins(&self, id: ObjectId) -> bool {
         self.participants.contains(&id)
     }
 }
@@ -93,16 +93,16 @@ impl Membership {
 /// What the companion knows about the user it talks to.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct UserProfile {
-    pub id: ObjectId,
-    pub name: Option<String>,
-    pub username: Option<String>,
-    pub bio: Option<String>,
-    pub location: Option<String>,
-    pub sports: Vec<String>,
+    pub(crate) id: ObjectId,
+    pub(crate) name: Option<String>,
+    pub(crate) username: Option<String>,
+    pub(crate) bio: Option<String>,
+    pub(crate) location: Option<String>,
+    pub(crate) sports: Vec<String>,
     /// IANA time zone (`timezone` or `timeZone`), e.g. `America/Los_Angeles`.
-    pub time_zone: Option<String>,
+    pub(crate) time_zone: Option<String>,
     /// ISO 3166-1 alpha-2 country (`country`), for the crisis lines.
-    pub country: Option<String>,
+    pub(crate) country: Option<String>,
 }
 
 /// A tricklist with its trick names resolved from the trickipedia.
@@ -110,15 +110,15 @@ pub struct UserProfile {
 pub struct Tricklist {
     pub id: ObjectId,
     pub name: String,
-    pub category: Option<String>,
-    pub is_public: bool,
-    pub created_by: Option<String>,
+    pub(crate) category: Option<String>,
+    pub(crate) is_public: bool,
+    pub(crate) created_by: Option<String>,
     pub tricks: Vec<TrickEntry>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrickEntry {
-    pub id: ObjectId,
+    pub(crate) id: ObjectId,
     /// `None` when the trick id no longer exists in the trickipedia.
     pub name: Option<String>,
     pub checked: bool,
@@ -126,23 +126,23 @@ pub struct TrickEntry {
 
 /// A reply as stored in dm_messages.
 #[derive(Clone, Debug)]
-pub struct ReplyDoc {
-    pub id: ObjectId,
-    pub conversation_id: ObjectId,
-    pub sender_id: ObjectId,
+pub(crate) struct ReplyDoc {
+    pub(crate) id: ObjectId,
+    pub(crate) conversation_id: ObjectId,
+    pub(crate) sender_id: ObjectId,
     /// The user message answered; none for a proactive message.
-    pub in_reply_to: Option<ObjectId>,
+    pub(crate) in_reply_to: Option<ObjectId>,
     /// In a group: the user message this is one of the answers to (`respondsTo`; several companions
     /// answer one message, so it is not `inReplyTo`, whose index allows one reply per generation).
-    pub responds_to: Option<ObjectId>,
+    pub(crate) responds_to: Option<ObjectId>,
     /// What a proactive message follows up on: (kind, id).
-    pub trigger: Option<(String, String)>,
-    pub content: String,
-    pub rich_content: Option<Value>,
-    pub timestamp: DateTime<Utc>,
+    pub(crate) trigger: Option<(String, String)>,
+    pub(crate) content: String,
+    pub(crate) rich_content: Option<Value>,
+    pub(crate) timestamp: DateTime<Utc>,
     /// 0 for the first reply to a message; a replay that answers it again writes the next one.
-    pub generation: i32,
-    pub marks: crate::safety::Marks,
+    pub(crate) generation: i32,
+    pub(crate) marks: crate::safety::Marks,
 }
 
 /// Filter matching documents whose `field` refers to user `id`, right on MongoDB and on SecantusDB alike.
@@ -182,7 +182,7 @@ impl Mongo {
     }
 
     /// The document of `collection` with `_id` `id`.
-    pub async fn by_id(
+    pub(crate) async fn by_id(
         &self,
         collection: &str,
         id: ObjectId,
@@ -222,7 +222,7 @@ impl Mongo {
         Ok(())
     }
 
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
         self.db.run_command(doc! { "ping": 1 }).await?;
         Ok(())
     }
@@ -230,7 +230,7 @@ impl Mongo {
     /// The conversation's participants, and the user's profile, blocks and newest `tricklists` lists:
     /// one aggregate on the conversation that looks up the other two (one round trip where three finds
     /// were); `None` when there is no such conversation. Who must be in it is the caller's to check.
-    pub async fn admit(
+    pub(crate) async fn admit(
         &self,
         conversation: ObjectId,
         user: ObjectId,
@@ -243,7 +243,7 @@ impl Mongo {
     }
 
     /// Display names (`name`, else `username`) of the given users, for a group's history.
-    pub async fn display_names(
+    pub(crate) async fn display_names(
         &self,
         ids: &[ObjectId],
     ) -> Result<HashMap<ObjectId, String>, StoreError> {
@@ -350,7 +350,7 @@ impl Mongo {
 
     /// Fills in the trick names of `lists` (read by [`tricklist_of`]) with one trickipedia query for all
     /// their tricks.
-    pub async fn resolve_tricklists(
+    pub(crate) async fn resolve_tricklists(
         &self,
         lists: &[Tricklist],
     ) -> Result<Vec<Tricklist>, StoreError> {
@@ -423,7 +423,7 @@ impl Mongo {
     }
 
     /// Writes the reply; `Ok(false)` when this reply (or another for the same message) is already there.
-    pub async fn insert_reply(&self, reply: &ReplyDoc) -> Result<bool, StoreError> {
+    pub(crate) async fn insert_reply(&self, reply: &ReplyDoc) -> Result<bool, StoreError> {
         let rich = match &reply.rich_content {
             Some(v) => bson::to_bson(v).unwrap_or(Bson::Null),
             None => Bson::Null,
@@ -462,7 +462,7 @@ impl Mongo {
 
     /// Moves the conversation to the top of both users' inboxes.
     /// The one-to-one conversation between `user` and `bot`, the newest if there are several.
-    pub async fn direct_conversation(
+    pub(crate) async fn direct_conversation(
         &self,
         user: ObjectId,
         bot: ObjectId,
@@ -483,7 +483,7 @@ impl Mongo {
         Ok(found.first().and_then(|c| c.get_object_id("_id").ok()))
     }
 
-    pub async fn touch_conversation(
+    pub(crate) async fn touch_conversation(
         &self,
         conversation: ObjectId,
         last_message: &str,
@@ -502,7 +502,7 @@ impl Mongo {
     /// What moderators wrote in `conversation` from `from` to `to` (both included): among the window's
     /// newest 500 messages, those whose sender is not one of its participants, oldest first; with its
     /// participants and whether it is a group. None when there is no such conversation.
-    pub async fn outsider_messages(
+    pub(crate) async fn outsider_messages(
         &self,
         conversation: ObjectId,
         from: DateTime<Utc>,

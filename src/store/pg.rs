@@ -21,55 +21,55 @@ pub struct Pg {
 
 /// One message of the history window.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HistoryMessage {
-    pub role: String,
-    pub content: String,
+pub(crate) struct HistoryMessage {
+    pub(crate) role: String,
+    pub(crate) content: String,
     /// Compact JSON log of the tool calls behind an assistant message, shown to the model next time.
-    pub tool_calls: Option<String>,
+    pub(crate) tool_calls: Option<String>,
     /// The message's id (dm_messages `_id`): a message kept before it is answered (held, limited) is
     /// not shown twice.
-    pub message_id: String,
+    pub(crate) message_id: String,
 }
 
 /// What a turn knows of its user and bot from PostgreSQL.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct History {
+pub(crate) struct History {
     /// The history window, oldest first.
-    pub messages: Vec<HistoryMessage>,
+    pub(crate) messages: Vec<HistoryMessage>,
     /// Reminders this bot promised the user, still pending.
-    pub reminders: Vec<PendingReminder>,
+    pub(crate) reminders: Vec<PendingReminder>,
     /// The window holds the whole conversation (fewer messages than the limit were stored).
-    pub whole: bool,
+    pub(crate) whole: bool,
 }
 
 /// A row to append to `bot_conversations`.
 #[derive(Clone, Debug)]
-pub struct NewHistory<'a> {
-    pub user_id: &'a str,
-    pub bot_id: &'a str,
-    pub conversation_id: &'a str,
-    pub role: &'a str,
-    pub content: &'a str,
-    pub message_id: &'a str,
-    pub tool_calls: Option<&'a Value>,
-    pub created_at: chrono::DateTime<chrono::Utc>,
+pub(crate) struct NewHistory<'a> {
+    pub(crate) user_id: &'a str,
+    pub(crate) bot_id: &'a str,
+    pub(crate) conversation_id: &'a str,
+    pub(crate) role: &'a str,
+    pub(crate) content: &'a str,
+    pub(crate) message_id: &'a str,
+    pub(crate) tool_calls: Option<&'a Value>,
+    pub(crate) created_at: chrono::DateTime<chrono::Utc>,
     /// A row of a group conversation's window (not of the user's DM window with the bot).
-    pub group_chat: bool,
+    pub(crate) group_chat: bool,
     /// A companion message that told the user it is an AI (when the next must is read from these).
-    pub ai_disclosure: bool,
+    pub(crate) ai_disclosure: bool,
 }
 
 /// One message of a group conversation's window: who said it, and what.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GroupLine {
+pub(crate) struct GroupLine {
     /// `user` or `assistant`.
-    pub role: String,
+    pub(crate) role: String,
     /// The user who sent it, or whom the companion answered.
-    pub user_id: String,
+    pub(crate) user_id: String,
     /// The companion that said it (for `assistant`).
-    pub bot_id: String,
-    pub message_id: String,
-    pub content: String,
+    pub(crate) bot_id: String,
+    pub(crate) message_id: String,
+    pub(crate) content: String,
 }
 
 impl Pg {
@@ -122,14 +122,14 @@ impl Pg {
         Ok(())
     }
 
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
 
     /// The last `limit` messages between this user and this bot, oldest first, and the reminders the bot
     /// promised the user that are still pending (soonest first): one round trip for both.
-    pub async fn history(
+    pub(crate) async fn history(
         &self,
         user_id: &str,
         bot_id: &str,
@@ -176,7 +176,7 @@ impl Pg {
     }
 
     /// The last `limit` messages of the group conversation, oldest first.
-    pub async fn group_history(
+    pub(crate) async fn group_history(
         &self,
         conversation_id: &str,
         limit: i64,
@@ -205,7 +205,7 @@ impl Pg {
     }
 
     /// Appends messages in one statement; a message already recorded is left as it is.
-    pub async fn append_history(&self, rows: &[NewHistory<'_>]) -> Result<(), StoreError> {
+    pub(crate) async fn append_history(&self, rows: &[NewHistory<'_>]) -> Result<(), StoreError> {
         fn col<'a>(
             rows: &'a [NewHistory<'_>],
             f: fn(&'a NewHistory<'_>) -> &'a str,

@@ -35,10 +35,10 @@ pub struct Reminder {
 
 /// What the prompt shows of a pending reminder.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PendingReminder {
-    pub id: String,
-    pub text: String,
-    pub fire_at: DateTime<Utc>,
+pub(crate) struct PendingReminder {
+    pub(crate) id: String,
+    pub(crate) text: String,
+    pub(crate) fire_at: DateTime<Utc>,
 }
 
 /// Where a reminder stands.
@@ -130,7 +130,7 @@ impl Pg {
     }
 
     /// How many reminders the user has pending, with every companion.
-    pub async fn pending_reminders(&self, user_id: &str) -> Result<i64, StoreError> {
+    pub(crate) async fn pending_reminders(&self, user_id: &str) -> Result<i64, StoreError> {
         let sql = format!("SELECT count(*) FROM reminders r WHERE user_id = $1 AND {PENDING}");
         Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(user_id)
@@ -139,7 +139,11 @@ impl Pg {
     }
 
     /// Cancels the user's reminder while it is pending; whether it was.
-    pub async fn cancel_reminder(&self, id: &str, user_id: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn cancel_reminder(
+        &self,
+        id: &str,
+        user_id: &str,
+    ) -> Result<bool, StoreError> {
         let sql = format!(
             "UPDATE reminders r SET state = 'cancelled', updated_at = now()
              WHERE id = $1 AND user_id = $2 AND {PENDING}"

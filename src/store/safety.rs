@@ -10,25 +10,25 @@ use super::{Pg, StoreError};
 /// A conversation's takeover state, as the latest signal set it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Takeover {
-    pub conversation_id: String,
-    pub paused: bool,
+pub(crate) struct Takeover {
+    pub(crate) conversation_id: String,
+    pub(crate) paused: bool,
     /// The moderator's id.
-    pub by: String,
+    pub(crate) by: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub(crate) reason: Option<String>,
     /// On resume: answer the latest held message.
-    pub catch_up: bool,
+    pub(crate) catch_up: bool,
     /// When the moderator acted (the signal's `at`): the latest wins.
-    pub at: DateTime<Utc>,
+    pub(crate) at: DateTime<Utc>,
     /// When the current (or last) pause began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub paused_at: Option<DateTime<Utc>>,
+    pub(crate) paused_at: Option<DateTime<Utc>>,
 }
 
 /// Whose companion messages a disclosure is counted over.
 #[derive(Clone, Copy, Debug)]
-pub enum Between<'a> {
+pub(crate) enum Between<'a> {
     /// A user's DM with a companion.
     Dm { user: &'a str, bot: &'a str },
     /// A companion in a group conversation.
@@ -37,11 +37,11 @@ pub enum Between<'a> {
 
 /// What the disclosure rule reads: the last disclosure and the interaction's messages since.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Seen {
-    pub last_disclosure: Option<DateTime<Utc>>,
+pub(crate) struct Seen {
+    pub(crate) last_disclosure: Option<DateTime<Utc>>,
     /// Times of the interaction's messages (both sides; a group: everyone's) since `since`, newest
     /// first.
-    pub activity: Vec<DateTime<Utc>>,
+    pub(crate) activity: Vec<DateTime<Utc>>,
 }
 
 /// Most message times read to find where a continuing interaction began.
@@ -49,7 +49,10 @@ const ACTIVITY_ROWS: i64 = 400;
 
 impl Pg {
     /// The conversation's takeover state; none when no moderator ever took it over.
-    pub async fn takeover(&self, conversation: &str) -> Result<Option<Takeover>, StoreError> {
+    pub(crate) async fn takeover(
+        &self,
+        conversation: &str,
+    ) -> Result<Option<Takeover>, StoreError> {
         let row = sqlx::query(
             "SELECT conversation_id, paused, by_whom, reason, catch_up, at, paused_at
              FROM takeovers WHERE conversation_id = $1",
@@ -74,7 +77,7 @@ impl Pg {
     }
 
     /// Sets the takeover state unless a later signal set it already; the state now when it changed.
-    pub async fn apply_takeover(
+    pub(crate) async fn apply_takeover(
         tx: &mut PgConnection,
         t: &Takeover,
     ) -> Result<Option<Takeover>, StoreError> {
@@ -104,7 +107,7 @@ impl Pg {
     }
 
     /// The last disclosure of `between` and the interaction's message times since `since`.
-    pub async fn disclosures(
+    pub(crate) async fn disclosures(
         &self,
         between: Between<'_>,
         since: DateTime<Utc>,
@@ -157,7 +160,7 @@ impl Pg {
 
     /// Records one flagged message for the yearly report, in the transaction of the step that flagged
     /// it.
-    pub async fn log_crisis(
+    pub(crate) async fn log_crisis(
         tx: &mut PgConnection,
         at: DateTime<Utc>,
         category: &str,
@@ -179,7 +182,7 @@ impl Pg {
     }
 
     /// The year's flagged messages and referrals by month (1–12) and category.
-    pub async fn crisis_year(&self, year: i32) -> Result<Vec<CrisisMonth>, StoreError> {
+    pub(crate) async fn crisis_year(&self, year: i32) -> Result<Vec<CrisisMonth>, StoreError> {
         let rows = sqlx::query(
             "SELECT extract(month FROM at AT TIME ZONE 'UTC')::int AS month, category,
                     count(*) AS flagged, count(*) FILTER (WHERE referred) AS referred
@@ -203,9 +206,9 @@ impl Pg {
 
 /// One row of the yearly crisis report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct CrisisMonth {
-    pub month: u32,
-    pub category: String,
-    pub flagged: i64,
-    pub referred: i64,
+pub(crate) struct CrisisMonth {
+    pub(crate) month: u32,
+    pub(crate) category: String,
+    pub(crate) flagged: i64,
+    pub(crate) referred: i64,
 }

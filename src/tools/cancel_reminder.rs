@@ -15,7 +15,7 @@ pub(crate) struct Args {
     /// From schedule_reminder or your context's pending reminders.
     #[serde(rename = "reminderId")]
     #[schemars(length(min = 1, max = 64))]
-    pub reminder_id: String,
+    pub(crate) reminder_id: String,
 }
 
 pub(crate) struct CancelReminder;

@@ -27,14 +27,14 @@ const TRICKIPEDIA_MAX: i64 = 5000;
 #[serde(deny_unknown_fields)]
 pub(crate) struct Args {
     #[schemars(length(min = 1, max = NAME_MAX), regex(pattern = r"\S"))]
-    pub name: String,
+    pub(crate) name: String,
     // Each is matched against the trickipedia ([`resolve_trick`]).
     #[schemars(length(min = 1, max = TRICKS_MAX), inner(length(min = 1, max = TRICK_NAME_MAX)))]
-    pub tricks: Vec<String>,
+    pub(crate) tricks: Vec<String>,
     // Tricks of this sport are preferred when names repeat.
     /// Default skateboard.
     #[serde(default)]
-    pub category: Option<Category>,
+    pub(crate) category: Option<Category>,
 }
 
 pub(crate) struct CreateTricklist;
@@ -42,9 +42,9 @@ pub(crate) struct CreateTricklist;
 /// One trickipedia entry, for matching.
 #[derive(Clone, Debug)]
 pub(crate) struct TrickRef {
-    pub id: ObjectId,
-    pub name: String,
-    pub category: Option<String>,
+    pub(crate) id: ObjectId,
+    pub(crate) name: String,
+    pub(crate) category: Option<String>,
 }
 
 impl Tool for CreateTricklist {

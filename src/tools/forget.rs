@@ -23,7 +23,7 @@ const CLOSEST: f32 = 0.4;
 pub(crate) struct Args {
     /// What to forget, in your words ("that they ride goofy"); resolve "that" from the chat.
     #[schemars(length(min = 1, max = 200), regex(pattern = r"\S"))]
-    pub about: String,
+    pub(crate) about: String,
 }
 
 pub(crate) struct Forget;

@@ -18,7 +18,7 @@ pub(crate) struct Args {
     /// Filter: text in the list's name.
     #[serde(default, rename = "listName")]
     #[schemars(length(min = 1, max = NAME_MAX))]
-    pub list_name: Option<String>,
+    pub(crate) list_name: Option<String>,
 }
 
 pub(crate) struct GetUserTricklists;

@@ -14,7 +14,7 @@ pub(crate) struct Args {
     // False drops the flow.
     /// Keep progress to resume later.
     #[serde(default)]
-    pub pause: bool,
+    pub(crate) pause: bool,
 }
 
 pub(crate) struct LeaveFlow;

@@ -11,10 +11,10 @@ use url::Url;
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct MapsLink {
     /// Latitude and longitude, range-checked.
-    pub coords: Option<(f64, f64)>,
+    pub(crate) coords: Option<(f64, f64)>,
     /// A short link whose target is unknown offline.
-    pub short: bool,
-    pub provider: &'static str,
+    pub(crate) short: bool,
+    pub(crate) provider: &'static str,
 }
 
 /// Why a link was refused.

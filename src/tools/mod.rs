@@ -132,14 +132,14 @@ pub fn call_key(tool_call_id: &str, tool: &str, raw_args: &str) -> String {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolOutput {
     pub data: Value,
-    pub card: Option<Value>,
+    pub(crate) card: Option<Value>,
 }
 
 impl ToolOutput {
-    pub fn data(data: Value) -> Self {
+    pub(crate) fn data(data: Value) -> Self {
         Self { data, card: None }
     }
-    pub fn with_card(data: Value, card: Option<Value>) -> Self {
+    pub(crate) fn with_card(data: Value, card: Option<Value>) -> Self {
         Self { data, card }
     }
 }
@@ -173,7 +173,7 @@ pub enum ToolError {
 }
 
 impl ToolError {
-    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::InvalidArgs {
             field: field.into(),
             message: message.into(),
@@ -210,7 +210,7 @@ impl From<sqlx::Error> for ToolError {
 // enum is `more_tools`' argument, and doc comments would go to the model with its schema.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum Group {
+pub(crate) enum Group {
     // The trickipedia, the user's tricklists, checking off a landed trick.
     Tricks,
     // Finding and adding spots.
@@ -226,7 +226,7 @@ pub enum Group {
 }
 
 impl Group {
-    pub const ALL: [Group; 6] = [
+    pub(crate) const ALL: [Group; 6] = [
         Group::Tricks,
         Group::Spots,
         Group::Reminders,
@@ -236,13 +236,13 @@ impl Group {
     ];
 
     /// The group's bit in an [`offer::Offer`].
-    pub const fn bit(self) -> u8 {
+    pub(crate) const fn bit(self) -> u8 {
         1 << self as u8
     }
 }
 
 /// A typed tool.
-pub trait Tool: Send + Sync + 'static {
+pub(crate) trait Tool: Send + Sync + 'static {
     const NAME: &'static str;
     /// The groups whose turns are offered this tool.
     const GROUPS: &'static [Group];
@@ -397,7 +397,12 @@ impl ToolResult {
 impl ToolResult {
     /// What the model was given, for the journal; `None` for a database failure, which is not a result
     /// (the turn fails and the call runs again on the next attempt).
-    pub fn record(self, raw_args: &str, round: u32, ms: u64) -> Result<ToolRecord, ToolError> {
+    pub(crate) fn record(
+        self,
+        raw_args: &str,
+        round: u32,
+        ms: u64,
+    ) -> Result<ToolRecord, ToolError> {
         let (ok, content, card) = match self.outcome {
             Ok(o) => (true, o.data, o.card),
             Err(e @ (ToolError::Store(_) | ToolError::Journal(_) | ToolError::Bus(_))) => {
@@ -423,23 +428,23 @@ const MAX_RECORDED_ARGS: usize = 4000;
 /// One call as the model saw it: the journal's record of the call (and the audit of tool use).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ToolRecord {
-    pub tool: String,
+    pub(crate) tool: String,
     /// The arguments as the model wrote them (at most 4000 characters).
-    pub args: String,
+    pub(crate) args: String,
     pub ok: bool,
     /// What the model reads: the data, or `{"error": …}`.
     pub content: Value,
     /// The card for the app, when the call made one.
     pub card: Option<Value>,
     /// Tool round of the turn (1 first).
-    pub round: u32,
+    pub(crate) round: u32,
     /// How long the call took, milliseconds.
-    pub ms: u64,
+    pub(crate) ms: u64,
 }
 
 impl ToolRecord {
     /// The compact form kept on the assistant's history row (`bot_conversations.tool_calls`).
-    pub fn compact(&self) -> Value {
+    pub(crate) fn compact(&self) -> Value {
         let args: Value =
             serde_json::from_str(&self.args).unwrap_or_else(|_| json!(clip(&self.args, 200)));
         let mut v = json!({ "tool": self.tool, "args": args, "ok": self.ok });
@@ -495,14 +500,14 @@ impl Default for Registry {
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::default);
 
 impl Registry {
-    pub fn empty() -> Self {
+    pub(crate) fn empty() -> Self {
         Self {
             tools: Vec::new(),
             offers: std::array::from_fn(|_| OnceLock::new()),
         }
     }
 
-    pub fn with<T: Tool>(mut self) -> Self {
+    pub(crate) fn with<T: Tool>(mut self) -> Self {
         self.tools.push(Box::new(Erased::<T>::new()));
         self.offers = std::array::from_fn(|_| OnceLock::new());
         self
@@ -510,7 +515,7 @@ impl Registry {
 
     /// The `tools` array of a request offered `offer`: the tools of its groups, in registry order, and
     /// `more_tools` when a group with tools is left out.
-    pub fn offered(&self, offer: offer::Offer) -> Arc<[ToolDef]> {
+    pub(crate) fn offered(&self, offer: offer::Offer) -> Arc<[ToolDef]> {
         self.offers[offer.index()]
             .get_or_init(|| {
                 let left_out = self.tools.iter().any(|t| {
@@ -528,7 +533,7 @@ impl Registry {
             .clone()
     }
 
-    pub fn names(&self) -> Vec<&'static str> {
+    pub(crate) fn names(&self) -> Vec<&'static str> {
         self.tools.iter().map(|t| t.name()).collect()
     }
 
@@ -539,12 +544,12 @@ impl Registry {
     }
 
     /// The estimated prompt tokens of [`Registry::offered`] (a quarter of its JSON bytes).
-    pub fn offered_tokens(&self, offer: offer::Offer) -> usize {
+    pub(crate) fn offered_tokens(&self, offer: offer::Offer) -> usize {
         serde_json::to_string(&*self.offered(offer)).map_or(0, |s| s.len().div_ceil(4))
     }
 
     /// The names of the tools of `group`.
-    pub fn names_in(&self, group: Group) -> Vec<&'static str> {
+    pub(crate) fn names_in(&self, group: Group) -> Vec<&'static str> {
         self.tools
             .iter()
             .filter(|t| t.groups().contains(&group))

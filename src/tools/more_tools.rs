@@ -13,7 +13,7 @@ pub(crate) const NAME: &str = "more_tools";
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Args {
-    pub group: Group,
+    pub(crate) group: Group,
 }
 
 pub(crate) struct MoreTools;

@@ -23,7 +23,7 @@ impl Offer {
         Self((OFFERS - 1) as u8)
     }
 
-    pub const fn none() -> Self {
+    pub(crate) const fn none() -> Self {
         Self(0)
     }
 
@@ -31,22 +31,22 @@ impl Offer {
     /// (the offers of the conversation's earlier messages, newest first) that offers something. A run
     /// of small talk then keeps the offer, and with it the prefix (the tools come first), of the turn
     /// that last asked for something, which a provider's prompt cache serves.
-    pub fn or_earlier<I: Iterator<Item = Offer>>(self, earlier: impl FnOnce() -> I) -> Self {
+    pub(crate) fn or_earlier<I: Iterator<Item = Offer>>(self, earlier: impl FnOnce() -> I) -> Self {
         match self == Self::none() {
             true => earlier().find(|o| *o != Self::none()).unwrap_or(self),
             false => self,
         }
     }
 
-    pub fn with(self, g: Group) -> Self {
+    pub(crate) fn with(self, g: Group) -> Self {
         Self(self.0 | g.bit())
     }
 
-    pub fn has(self, g: Group) -> bool {
+    pub(crate) fn has(self, g: Group) -> bool {
         self.0 & g.bit() != 0
     }
 
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         usize::from(self.0)
     }
 }
@@ -55,13 +55,13 @@ impl Offer {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Signals<'a> {
     /// The messages answered now, and the companion's last message before them.
-    pub texts: Vec<&'a str>,
+    pub(crate) texts: Vec<&'a str>,
     /// The user has reminders pending with this companion (one may be cancelled).
-    pub pending_reminders: bool,
+    pub(crate) pending_reminders: bool,
     /// The user is in a guided flow with this companion.
-    pub in_flow: bool,
+    pub(crate) in_flow: bool,
     /// The companion offers guided flows.
-    pub has_flows: bool,
+    pub(crate) has_flows: bool,
 }
 
 /// Words that call for a group: lowercase, matched anywhere in the lowercased text (so stems work and

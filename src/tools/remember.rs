@@ -23,7 +23,7 @@ use crate::{
 pub(crate) struct Args {
     /// About the user, third person ("rides goofy").
     #[schemars(length(min = 1, max = memory::FACT_MAX), regex(pattern = r"\S"))]
-    pub fact: String,
+    pub(crate) fact: String,
 }
 
 pub(crate) struct Remember;

@@ -29,15 +29,15 @@ pub(crate) const MAX_PENDING: i64 = 10;
 pub(crate) struct Args {
     // What to remind the user of, in a few words ("wax the board before saturday").
     #[schemars(length(min = 1, max = TEXT_MAX), regex(pattern = r"\S"))]
-    pub text: String,
+    pub(crate) text: String,
     // E.g. `2026-11-28T09:00:00-08:00`; at least the minimum lead and at most 30 days ahead.
     /// RFC 3339 with the user's UTC offset, 1 min to 30 days ahead.
     #[schemars(length(min = 1, max = 64))]
-    pub at: String,
+    pub(crate) at: String,
     // False: a reminder due in the user's quiet hours (23:00–07:00) is held to 07:00.
     /// The user wants this time even in night quiet hours.
     #[serde(default)]
-    pub exact: bool,
+    pub(crate) exact: bool,
 }
 
 pub(crate) struct ScheduleReminder;

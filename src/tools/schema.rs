@@ -99,8 +99,8 @@ fn tidy(v: &mut Value) {
 /// An argument that does not satisfy the schema: which field and why, for the model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Violation {
-    pub field: String,
-    pub message: String,
+    pub(crate) field: String,
+    pub(crate) message: String,
 }
 
 /// Drops top-level `null` values of optional fields: models often send `"type": null` for "not given".

@@ -49,13 +49,13 @@ pub(crate) struct Args {
     // Looked for in the name, city, state, country and description, case-insensitively.
     /// Matched literally.
     #[schemars(length(min = 1, max = QUERY_MAX), regex(pattern = r"\S"))]
-    pub query: String,
+    pub(crate) query: String,
     #[serde(default, rename = "type")]
-    pub kind: Option<SpotType>,
+    pub(crate) kind: Option<SpotType>,
     /// Default 5.
     #[serde(default)]
     #[schemars(range(min = 1, max = LIMIT_MAX))]
-    pub limit: Option<u32>,
+    pub(crate) limit: Option<u32>,
 }
 
 pub(crate) struct SearchSpots;

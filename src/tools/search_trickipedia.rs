@@ -45,9 +45,9 @@ pub(crate) struct Args {
     // Looked for in trick names and descriptions, case-insensitively.
     /// Matched literally.
     #[schemars(length(min = 1, max = QUERY_MAX), regex(pattern = r"\S"))]
-    pub query: String,
+    pub(crate) query: String,
     #[serde(default)]
-    pub category: Option<Category>,
+    pub(crate) category: Option<Category>,
 }
 
 pub(crate) struct SearchTrickipedia;

@@ -17,7 +17,7 @@ use crate::flow::{
 pub(crate) struct Args {
     // As the step's `slots` describe them; validated against the step's schema.
     /// Values by slot name.
-    pub slots: Map<String, Value>,
+    pub(crate) slots: Map<String, Value>,
 }
 
 pub(crate) struct SetFlowSlots;

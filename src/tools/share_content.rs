@@ -28,10 +28,10 @@ pub(crate) enum ContentType {
 #[serde(deny_unknown_fields)]
 pub(crate) struct Args {
     #[serde(rename = "type")]
-    pub kind: ContentType,
+    pub(crate) kind: ContentType,
     /// From an earlier tool result.
     #[schemars(regex(pattern = r"^[0-9a-fA-F]{24}$"))]
-    pub id: String,
+    pub(crate) id: String,
 }
 
 pub(crate) struct ShareContent;

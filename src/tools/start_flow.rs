@@ -16,7 +16,7 @@ use crate::flow::{
 pub(crate) struct Args {
     /// An id offered in your context.
     #[schemars(length(min = 1, max = 64))]
-    pub flow: String,
+    pub(crate) flow: String,
 }
 
 pub(crate) struct StartFlow;

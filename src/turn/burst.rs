@@ -20,19 +20,19 @@ use crate::{
 /// A later message of a burst, as the `burst` step fixes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Covered {
-    pub message_id: String,
-    pub seq: u64,
-    pub content: String,
+pub(crate) struct Covered {
+    pub(crate) message_id: String,
+    pub(crate) seq: u64,
+    pub(crate) content: String,
     #[serde(default)]
-    pub images: Vec<String>,
-    pub sent_at: DateTime<Utc>,
+    pub(crate) images: Vec<String>,
+    pub(crate) sent_at: DateTime<Utc>,
 }
 
 /// The `burst` step: the later messages this turn's reply answers too, in stream order.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Burst {
-    pub covers: Vec<Covered>,
+    pub(crate) covers: Vec<Covered>,
 }
 
 impl Burst {

@@ -111,35 +111,35 @@ static NO_TOOLS: LazyLock<Registry> = LazyLock::new(Registry::empty);
 
 /// One slot about to be composed, with what it sees.
 pub(crate) struct Turn<'a, 't> {
-    pub job: &'a Job,
-    pub admitted: &'a Admitted<'t>,
-    pub speaker: Member<'t>,
+    pub(crate) job: &'a Job,
+    pub(crate) admitted: &'a Admitted<'t>,
+    pub(crate) speaker: Member<'t>,
     /// Another companion's message named this one.
-    pub handed_over: bool,
+    pub(crate) handed_over: bool,
     /// Which message of the job this is (the key of its steps).
-    pub slot: Slot,
+    pub(crate) slot: Slot,
     /// The later messages of a DM's burst, answered too.
-    pub burst: &'a Burst,
+    pub(crate) burst: &'a Burst,
     /// The messages already fixed for this job.
-    pub said: &'a [Said],
+    pub(crate) said: &'a [Said],
     /// Over the flood limit: the busy line.
-    pub busy: bool,
+    pub(crate) busy: bool,
     /// A fixed line instead of the model's answer.
-    pub fixed: Option<super::Fixed>,
+    pub(crate) fixed: Option<super::Fixed>,
     /// A message this slot answers was flagged by the crisis screen: the model answers with the safety
     /// brief and no tools, and the character's crisis line stands in when it cannot.
-    pub crisis: bool,
+    pub(crate) crisis: bool,
     /// What a group message's answers share (its history, its people's names).
-    pub group: Option<&'a super::GroupPlan>,
+    pub(crate) group: Option<&'a super::GroupPlan>,
     /// For a follow-up: how its news moved the user's flow on.
-    pub flow_note: Option<&'a str>,
+    pub(crate) flow_note: Option<&'a str>,
 }
 
 /// What the model said in one slot: its text, or none when a spend budget stopped it.
 pub(crate) struct Spoken {
-    pub text: Option<String>,
-    pub card: Option<Value>,
-    pub log: Option<Value>,
+    pub(crate) text: Option<String>,
+    pub(crate) card: Option<Value>,
+    pub(crate) log: Option<Value>,
 }
 
 impl Turns {

@@ -23,26 +23,26 @@ use crate::{
 };
 
 /// Where a fixed message goes and what it answers.
-pub struct Outgoing<'a> {
-    pub conversation: ObjectId,
+pub(crate) struct Outgoing<'a> {
+    pub(crate) conversation: ObjectId,
     /// The companion speaking.
-    pub bot: ObjectId,
+    pub(crate) bot: ObjectId,
     /// The user it speaks to.
-    pub user: ObjectId,
+    pub(crate) user: ObjectId,
     /// The DM answered; none for a group's or a proactive message.
-    pub in_reply_to: Option<ObjectId>,
+    pub(crate) in_reply_to: Option<ObjectId>,
     /// History rows of the user messages answered, stored before the message's own.
-    pub user_rows: Vec<NewHistory<'a>>,
+    pub(crate) user_rows: Vec<NewHistory<'a>>,
     /// Later messages of a burst the message answers too.
-    pub covers: Vec<String>,
+    pub(crate) covers: Vec<String>,
     /// What a proactive message follows up on (`proactive: true` in the completion).
-    pub trigger: Option<Trigger>,
+    pub(crate) trigger: Option<Trigger>,
     /// In a group: the user message this is one of the answers to.
-    pub responds_to: Option<ObjectId>,
+    pub(crate) responds_to: Option<ObjectId>,
     /// A group conversation's message: its history rows go to the group's window.
-    pub group: bool,
+    pub(crate) group: bool,
     /// The key of its delivery steps (`g<generation>`, or `g<generation>.<n>` in a group).
-    pub key: String,
+    pub(crate) key: String,
 }
 
 impl Turns {
@@ -103,7 +103,7 @@ impl Turns {
     }
 
     /// Writes a fixed message, every step keyed by `out.key` and safe to repeat.
-    pub async fn write_reply(
+    pub(crate) async fn write_reply(
         &self,
         job: &Job,
         out: &Outgoing<'_>,

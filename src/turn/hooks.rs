@@ -51,21 +51,21 @@ pub(crate) const DISCLOSURES: &str = "companion_ai_disclosures_total";
 /// A user's message as the incoming hook sees it.
 pub(crate) struct UserMessage<'a> {
     /// `dm` or `group`.
-    pub kind: &'static str,
-    pub id: ObjectId,
-    pub sender: ObjectId,
-    pub text: &'a str,
-    pub images: &'a [String],
+    pub(crate) kind: &'static str,
+    pub(crate) id: ObjectId,
+    pub(crate) sender: ObjectId,
+    pub(crate) text: &'a str,
+    pub(crate) images: &'a [String],
 }
 
 /// The `crisis` step: what the screen found in a user message, and whether a referral is owed (at most
 /// one per conversation per window).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Flagged {
-    pub category: Category,
+    pub(crate) category: Category,
     /// The language the screen matched in; the referral's.
-    pub lang: String,
-    pub referred: bool,
+    pub(crate) lang: String,
+    pub(crate) referred: bool,
 }
 
 impl Turns {

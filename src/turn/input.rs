@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// An input of the pipeline.
-pub enum Input<'a> {
+pub(crate) enum Input<'a> {
     /// A DM to one companion.
     Dm(&'a DmEvent),
     /// A message to a group conversation.
@@ -78,30 +78,30 @@ impl Access {
 
 /// An input, admitted: the job it opens and what the rest of the pipeline knows of it.
 pub(crate) struct Admitted<'t> {
-    pub kind: Kind<'t>,
+    pub(crate) kind: Kind<'t>,
     /// The user's profile, tricklists and blocks.
-    pub user: UserData,
+    pub(crate) user: UserData,
     /// The companions that may speak, in the conversation's order: the DM's or the follow-up's one, a
     /// group's every one.
-    pub members: Vec<Member<'t>>,
-    pub ids: Ids,
+    pub(crate) members: Vec<Member<'t>>,
+    pub(crate) ids: Ids,
     /// What the user's age allows, from the users document (unknown: as configured).
-    pub age: Age,
+    pub(crate) age: Age,
     /// Tombstones and memory, read before the job opens ([`crate::memory::Memory::probe`]).
-    pub memory: crate::memory::Probe,
+    pub(crate) memory: crate::memory::Probe,
 }
 
 /// The job's ids; hex forms as the stores key them.
 pub(crate) struct Ids {
-    pub user_id: ObjectId,
-    pub conversation_id: ObjectId,
-    pub job: String,
-    pub kind: String,
+    pub(crate) user_id: ObjectId,
+    pub(crate) conversation_id: ObjectId,
+    pub(crate) job: String,
+    pub(crate) kind: String,
     /// The user the job acts for (the sender, or the one a follow-up is for).
-    pub user: String,
+    pub(crate) user: String,
     /// The companion acting; empty for a group message, where several may.
-    pub bot: String,
-    pub conversation: String,
+    pub(crate) bot: String,
+    pub(crate) conversation: String,
 }
 
 impl Admitted<'_> {
@@ -149,9 +149,9 @@ impl Admitted<'_> {
 
 /// A user message as its history row keeps it.
 pub(crate) struct Answered {
-    pub message: String,
-    pub text: String,
-    pub sent_at: DateTime<Utc>,
+    pub(crate) message: String,
+    pub(crate) text: String,
+    pub(crate) sent_at: DateTime<Utc>,
 }
 
 impl Answered {

@@ -94,7 +94,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// The outcome's name in metrics (`outcome="…"`) and in the turn's timing record.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Self::Answered { .. } => "answered",
             Self::Limited { .. } => "limited",
@@ -107,18 +107,18 @@ impl Outcome {
 
 /// A job's outcome and the last stream sequence it settled (its burst's last message).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settled {
-    pub outcome: Outcome,
+pub(crate) struct Settled {
+    pub(crate) outcome: Outcome,
     /// Stream sequence of the last message of the burst, when the turn answered more than one.
-    pub through_seq: Option<u64>,
+    pub(crate) through_seq: Option<u64>,
 }
 
 /// Where an input came from: its stream sequence and, for a conversation's message, the conversation's
 /// order (a DM takes in the rest of its burst from there).
-pub struct Delivery<'a> {
-    pub order: Option<&'a Order>,
-    pub subject: &'a str,
-    pub seq: u64,
+pub(crate) struct Delivery<'a> {
+    pub(crate) order: Option<&'a Order>,
+    pub(crate) subject: &'a str,
+    pub(crate) seq: u64,
 }
 
 /// Why a job did not end well; its [`Class`] says what to do about it.
@@ -221,7 +221,11 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub fn new(content: String, rich_content: Option<Value>, tool_log: Option<Value>) -> Self {
+    pub(crate) fn new(
+        content: String,
+        rich_content: Option<Value>,
+        tool_log: Option<Value>,
+    ) -> Self {
         Self {
             id: ObjectId::new().to_hex(),
             content,
@@ -238,16 +242,16 @@ impl Reply {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Said {
     #[serde(flatten)]
-    pub reply: Reply,
+    pub(crate) reply: Reply,
     /// The companion speaking (bot user id, hex) where the job has several (a group); else the job's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bot: Option<String>,
+    pub(crate) bot: Option<String>,
     /// The companion its text names, which it hands over to (bounds permitting).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tags: Option<String>,
+    pub(crate) tags: Option<String>,
     /// A busy, budget or failure line: nobody speaks after it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub last: bool,
+    pub(crate) last: bool,
 }
 
 /// What a job does after its gate.
@@ -349,33 +353,33 @@ impl<'a> Plan<'a> {
 pub struct Turns {
     pub journal: Journal,
     /// History (`bot_conversations`), reminders, flows.
-    pub pg: Pg,
-    pub mongo: Mongo,
+    pub(crate) pg: Pg,
+    pub(crate) mongo: Mongo,
     /// Completions and typing events.
-    pub bus: Bus,
-    pub llm: LlmClient,
-    pub characters: Characters,
+    pub(crate) bus: Bus,
+    pub(crate) llm: LlmClient,
+    pub(crate) characters: Characters,
     /// The guided flows the characters offer.
-    pub flows: Flows,
-    pub retriever: Retriever,
-    pub flood: FloodLimit,
+    pub(crate) flows: Flows,
+    pub(crate) retriever: Retriever,
+    pub(crate) flood: FloodLimit,
     /// The spend budgets, checked before each paid call.
-    pub spend: SpendGuard,
-    pub config: TurnConfig,
+    pub(crate) spend: SpendGuard,
+    pub(crate) config: TurnConfig,
     /// The crisis protocol, the AI disclosure and what a user's age allows.
-    pub safety: crate::safety::Safety,
+    pub(crate) safety: crate::safety::Safety,
     /// The caps of what a turn sends the model.
-    pub prompt: crate::config::PromptConfig,
+    pub(crate) prompt: crate::config::PromptConfig,
     /// What companions remember about their users (facts, summaries) and deletion.
-    pub memory: crate::memory::Memory,
+    pub(crate) memory: crate::memory::Memory,
     /// The model memory's extraction and summaries use (the cheaper one).
-    pub memory_model: String,
-    pub metrics: Arc<Metrics>,
+    pub(crate) memory_model: String,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 impl Turns {
     /// The limits inbound events are parsed with.
-    pub fn limits(&self) -> crate::bus::event::EventLimits {
+    pub(crate) fn limits(&self) -> crate::bus::event::EventLimits {
         crate::bus::event::EventLimits::of(&self.config)
     }
 
@@ -387,7 +391,7 @@ impl Turns {
     }
 
     /// Runs one input to completion: the pipeline of the module documentation.
-    pub async fn handle(
+    pub(crate) async fn handle(
         &self,
         input: &Input<'_>,
         delivery: Option<&Delivery<'_>>,
@@ -975,7 +979,7 @@ impl Turns {
 
     /// The end of a job whose attempts failed: the messages fixed before the failure are delivered, else
     /// the first speaker's failure line, once like any message; never over a settled job.
-    pub async fn fail(&self, input: &Input<'_>, reason: &str) -> Result<Settled, TurnError> {
+    pub(crate) async fn fail(&self, input: &Input<'_>, reason: &str) -> Result<Settled, TurnError> {
         let a = self.admit(input).await?;
         let job = self.journal.open(&a.new_job(None)).await?;
         if let Some(settled) = already_settled(&job) {
@@ -1054,7 +1058,7 @@ impl Turns {
     /// recorded answers are not paid again); `fresh` asks the model anew. Either way the flood decision is
     /// made again (a replay is never limited), and when the last generation has a message the next one
     /// answers.
-    pub async fn reopen(&self, id: &str, fresh: bool) -> Result<(), JournalError> {
+    pub(crate) async fn reopen(&self, id: &str, fresh: bool) -> Result<(), JournalError> {
         let forget: &[&str] = match fresh {
             true => &[step::FLOOD, step::LLM, step::ROUTE],
             false => &[step::FLOOD],

@@ -39,19 +39,19 @@ pub(crate) const MODERATOR_LABEL: &str = "[TrickBook moderator, not the user]";
 
 /// Everything the prompt is built from.
 pub(crate) struct PromptContext<'a> {
-    pub character: &'a Character,
-    pub profile: Option<&'a UserProfile>,
-    pub tricklists: &'a [Tricklist],
-    pub knowledge: &'a [KnowledgeSnippet],
+    pub(crate) character: &'a Character,
+    pub(crate) profile: Option<&'a UserProfile>,
+    pub(crate) tricklists: &'a [Tricklist],
+    pub(crate) knowledge: &'a [KnowledgeSnippet],
     /// The user's pending reminders with this companion.
-    pub reminders: &'a [PendingReminder],
-    pub now: DateTime<Utc>,
-    pub tools_enabled: bool,
+    pub(crate) reminders: &'a [PendingReminder],
+    pub(crate) now: DateTime<Utc>,
+    pub(crate) tools_enabled: bool,
     /// The section on guided flows ([`crate::flow::TurnFlow::prompt`]), when there is one.
-    pub flow: &'a str,
+    pub(crate) flow: &'a str,
     /// What the companion remembers about the user (a DM's; empty elsewhere).
-    pub memory: &'a Recall,
-    pub budget: &'a PromptConfig,
+    pub(crate) memory: &'a Recall,
+    pub(crate) budget: &'a PromptConfig,
 }
 
 /// A turn's prompt in two parts: what stays the same from turn to turn (the character, the rules, the
@@ -59,11 +59,11 @@ pub(crate) struct PromptContext<'a> {
 /// with it; what this message brings (knowledge, a flow, the time) goes after the history.
 #[derive(Debug, Default)]
 pub(crate) struct Prompt {
-    pub system: String,
+    pub(crate) system: String,
     /// Knowledge retrieved for the message (within its cap; the total may cut it further).
-    pub knowledge: String,
+    pub(crate) knowledge: String,
     /// The flow and the time.
-    pub turn: String,
+    pub(crate) turn: String,
 }
 
 impl Prompt {

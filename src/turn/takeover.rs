@@ -51,7 +51,7 @@ pub enum Action {
 
 impl Action {
     /// As the signal and the job id spell it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Action::Pause => "pause",
             Action::Resume => "resume",
@@ -76,10 +76,10 @@ struct Body {
 /// A takeover signal, validated.
 #[derive(Clone, Debug)]
 pub(crate) struct Signal {
-    pub conversation: ObjectId,
-    pub action: Action,
+    pub(crate) conversation: ObjectId,
+    pub(crate) action: Action,
     /// The state it asks for, as the store keeps it (`paused_at` is the store's to say).
-    pub takeover: Takeover,
+    pub(crate) takeover: Takeover,
 }
 
 impl Signal {
@@ -208,7 +208,7 @@ impl Line {
 impl Turns {
     /// Acts on a takeover signal received on `subject` (see the module documentation). A body that can
     /// never be acted on is an [`InvalidEvent`] (dead-lettered); a store or bus failure is transient.
-    pub async fn takeover(&self, subject: &str, payload: &[u8]) -> Result<(), TurnError> {
+    pub(crate) async fn takeover(&self, subject: &str, payload: &[u8]) -> Result<(), TurnError> {
         let conversation = self
             .bus
             .names

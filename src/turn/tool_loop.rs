@@ -43,7 +43,7 @@ pub struct LoopOutput {
     /// Compact record of every call made, in order.
     pub log: Vec<Value>,
     /// A spend budget was used up before the model could answer: no text.
-    pub stopped: Option<Scope>,
+    pub(crate) stopped: Option<Scope>,
 }
 
 /// The bounds of one loop.
