@@ -190,7 +190,7 @@ impl Components {
 pub async fn run_worker(config: Config, shutdown: CancellationToken) -> Result<(), SetupError> {
     let components = Components::connect((&config).into()).await?;
     let ops = serve_ops(&config.worker.http_addr, &components, &config).await;
-    let result = components.worker(&config).run(shutdown).await;
+    let result = components.worker(&config).serve(shutdown).await;
     if let Some(task) = ops {
         task.abort();
     }

@@ -42,7 +42,7 @@ pub async fn replay(
     args: &ReplayArgs,
 ) -> Result<ReplaySummary, ReplayCommandError> {
     let components = Components::connect(sections).await?;
-    Ok(crate::replay::run(components.replayer().into(), args).await?)
+    Ok(crate::replay::replay_events(components.replayer().into(), args).await?)
 }
 
 /// `companion memory`: what companions remember about a user, as text.

@@ -113,7 +113,10 @@ enum Verdict {
 }
 
 /// Selects, then (unless a dry run) replays; prints one line per event and a progress bar on stderr.
-pub(crate) async fn run(svc: Arc<Replayer>, args: &ReplayArgs) -> Result<Summary, ReplayError> {
+pub(crate) async fn replay_events(
+    svc: Arc<Replayer>,
+    args: &ReplayArgs,
+) -> Result<Summary, ReplayError> {
     let items = select(&svc, args).await?;
     let mut summary = Summary {
         selected: items.len(),

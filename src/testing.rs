@@ -109,7 +109,9 @@ pub mod turn {
         pub use crate::turn::takeover::{Action, job_id};
     }
     pub mod tool_loop {
-        pub use crate::turn::tool_loop::{LlmRecord, LoopContext, LoopLimits, LoopOutput, run};
+        pub use crate::turn::tool_loop::{
+            LlmRecord, LoopContext, LoopLimits, LoopOutput, converse,
+        };
     }
 }
 pub mod usage {

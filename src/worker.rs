@@ -63,7 +63,7 @@ struct Shared {
 
 impl Worker {
     /// Runs until `shutdown` fires, then drains in-flight turns within the grace period.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    pub async fn serve(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
         self.bus.check_server()?;
         self.bus.ensure_streams().await?;
         if let Err(e) = self.turns.mongo.ensure_indexes().await {

@@ -255,8 +255,8 @@ async fn run() -> anyhow::Result<()> {
             seed_dir,
             embed,
         } => stub_llm(addr, &seed_dir, &embed).await?,
-        Command::SafetyEval { file, split } => companion_dev::safety_eval::run(&file, split)?,
-        Command::Parity { args } => companion_dev::parity::run(&args).await?,
+        Command::SafetyEval { file, split } => companion_dev::safety_eval::report(&file, split)?,
+        Command::Parity { args } => companion_dev::parity::measure(&args).await?,
         Command::Bench { args, mut config } => {
             config.log = cli.log;
             companion_dev::bench::main(*config, *args)

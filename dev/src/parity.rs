@@ -563,7 +563,7 @@ pub fn agreement_lines(a: &Agreement, show: usize) -> Vec<String> {
 
 /// `companion-dev parity`: loads both graphs and prints the figures. A report: it succeeds whatever
 /// they are.
-pub async fn run(args: &ParityArgs) -> anyhow::Result<()> {
+pub async fn measure(args: &ParityArgs) -> anyhow::Result<()> {
     let load = |file: &str| {
         let cfg = EmbedConfig {
             model_dir: args.model_dir.clone(),

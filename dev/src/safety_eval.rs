@@ -143,7 +143,7 @@ fn row(lang: &str, f: &Figures) -> String {
 }
 
 /// Measures `file`'s `split` and prints the table.
-pub fn run(file: &Path, split: Split) -> anyhow::Result<()> {
+pub fn report(file: &Path, split: Split) -> anyhow::Result<()> {
     let examples = load(file)?;
     let (figures, cold) = evaluate(&examples, split);
     println!("crisis screen on {} (split {split:?})", file.display());

@@ -317,7 +317,7 @@ impl Journal {
         to: State,
         error: Option<&str>,
     ) -> Result<(), JournalError> {
-        transition(&self.pool, id, to, Ending::default(), error, &[]).await?;
+        transition(&self.pool, id, to, Finish::default(), error, &[]).await?;
         Ok(())
     }
 
@@ -565,9 +565,9 @@ impl Job {
     }
 
     /// Ends the running job in state `to`, with who answered it and why it ended without a message
-    /// ([`Ending`]), writing the pending records in the same statement. False when the job was no longer
+    /// ([`Finish`]), writing the pending records in the same statement. False when the job was no longer
     /// running (a replay or another worker ended it first).
-    pub(crate) async fn finish(&self, to: State, ending: Ending<'_>) -> Result<bool, JournalError> {
+    pub(crate) async fn finish(&self, to: State, ending: Finish<'_>) -> Result<bool, JournalError> {
         let pending = self.take_pending();
         let moved = transition(&self.pool, self.id(), to, ending, None, &pending).await;
         if moved.is_err() {
@@ -680,7 +680,7 @@ async fn transition(
     pool: &PgPool,
     id: &str,
     to: State,
-    ending: Ending<'_>,
+    ending: Finish<'_>,
     error: Option<&str>,
     rows: &[Pending],
 ) -> Result<bool, JournalError> {
@@ -740,7 +740,7 @@ fn decode<T: DeserializeOwned>(name: &str, key: &str, value: &Value) -> Option<T
 
 /// How a job ended, besides its state.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Ending<'a> {
+pub(crate) struct Finish<'a> {
     /// The job whose message answered this one (a burst's reply, a busy line).
     pub(crate) by: Option<&'a str>,
     /// Why it ended without a message of its own, on purpose.

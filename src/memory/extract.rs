@@ -28,7 +28,7 @@ use tracing::{info, warn};
 use super::{FACT_MAX, Memory, MemoryError, Topic, store::How, store::NewFact};
 use crate::{
     bus::Bus,
-    journal::{Ending, Job, Journal, NewJob, State, usage::LlmRecord},
+    journal::{Finish, Job, Journal, NewJob, State, usage::LlmRecord},
     llm::{ChatRequest, LlmClient, Message},
 };
 
@@ -120,7 +120,7 @@ struct Line {
 impl Extractor<'_> {
     /// Runs the extraction of (user, bot) from where the cursors stand, again from the new cursors when a
     /// concurrent run read the same messages first or a full batch leaves more (at most a few passes).
-    pub(crate) async fn run(&self, user: &str, bot: &str) -> Result<Extracted, MemoryError> {
+    pub(crate) async fn extract(&self, user: &str, bot: &str) -> Result<Extracted, MemoryError> {
         if self.memory.is_erased(user).await? {
             return Ok(Extracted::Erased);
         }
@@ -160,7 +160,7 @@ impl Extractor<'_> {
             .await;
             let (kept, first, summarized) = job.keep_successes(result).await?;
             let reason = (!first).then_some("another run read these messages first");
-            job.finish(State::Done, Ending { by: None, reason }).await?;
+            job.finish(State::Done, Finish { by: None, reason }).await?;
             info!(job = %id, kept, summarized, first, "memory extraction ran");
             total = match total {
                 Extracted::Ran { facts, summary } => Extracted::Ran {

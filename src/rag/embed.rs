@@ -236,7 +236,7 @@ impl Embedder {
         };
         std::thread::Builder::new()
             .name("embedder".into())
-            .spawn(move || worker.run(rx))
+            .spawn(move || worker.batch_until_closed(rx))
             .map_err(|e| EmbedError::Ort(format!("cannot start the embedder thread: {e}")))?;
         Ok(Arc::new(Self {
             tx,
@@ -304,7 +304,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(mut self, rx: mpsc::Receiver<Request>) {
+    fn batch_until_closed(mut self, rx: mpsc::Receiver<Request>) {
         // Blocks without spinning until a request comes; ends when every Embedder handle is gone.
         while let Ok(first) = rx.recv() {
             let mut pending = vec![first];

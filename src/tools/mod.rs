@@ -260,7 +260,7 @@ pub(crate) trait DynTool: Send + Sync {
     fn name(&self) -> &'static str;
     fn groups(&self) -> &'static [Group];
     fn def(&self) -> ToolDef;
-    fn run<'a>(
+    fn call_json<'a>(
         &'a self,
         ctx: &'a ToolContext<'a>,
         raw: &'a str,
@@ -298,7 +298,7 @@ impl<T: Tool> DynTool for Erased<T> {
             },
         }
     }
-    fn run<'a>(
+    fn call_json<'a>(
         &'a self,
         ctx: &'a ToolContext<'a>,
         raw: &'a str,
@@ -561,7 +561,7 @@ impl Registry {
     pub async fn dispatch(&self, name: &str, raw_args: &str, ctx: &ToolContext<'_>) -> ToolResult {
         let outcome = match self.tools.iter().find(|t| t.name() == name) {
             None => Err(ToolError::UnknownTool(name.chars().take(64).collect())),
-            Some(tool) => AssertUnwindSafe(tool.run(ctx, raw_args))
+            Some(tool) => AssertUnwindSafe(tool.call_json(ctx, raw_args))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| {

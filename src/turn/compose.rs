@@ -607,7 +607,7 @@ impl Turns {
                 },
             },
         };
-        let out = tool_loop::run(&cx, request).await?;
+        let out = tool_loop::converse(&cx, request).await?;
         Ok(Spoken {
             text: out.stopped.is_none().then_some(out.text),
             card: out.card,

@@ -50,7 +50,7 @@ use crate::{
     flow::{self, Flows, state::Applied},
     group::{self, Bounds, Member, Route},
     journal::{
-        Ending, Job, Journal, JournalError, State,
+        Finish, Job, Journal, JournalError, State,
         names::{
             key::{self, Slot},
             step,
@@ -384,7 +384,7 @@ impl Turns {
     }
 
     /// Runs one validated DM to completion (no burst: for callers without a stream delivery).
-    pub async fn run(&self, event: &crate::bus::DmEvent) -> Result<Outcome, TurnError> {
+    pub async fn process_dm(&self, event: &crate::bus::DmEvent) -> Result<Outcome, TurnError> {
         Box::pin(self.handle(&Input::Dm(event), None))
             .await
             .map(|s| s.outcome)
@@ -477,7 +477,7 @@ impl Turns {
             companion: &character.name,
             spend: Some(&self.spend),
         };
-        extractor.run(user, bot).await?;
+        extractor.extract(user, bot).await?;
         Ok(())
     }
 
@@ -862,7 +862,7 @@ impl Turns {
             return self.drop(job, a, "no companion left to speak", false).await;
         };
         let by = (state == State::Limited).then(|| job.id());
-        let ending = Ending { by, reason: None };
+        let ending = Finish { by, reason: None };
         if !stage(Stage::Writes, job.finish(state, ending)).await? {
             debug!("the job was settled elsewhere meanwhile");
         }
@@ -911,7 +911,7 @@ impl Turns {
         if keep {
             self.keep_unanswered(job, a, &Burst::default()).await?;
         }
-        let ending = Ending {
+        let ending = Finish {
             by: None,
             reason: Some(reason),
         };
@@ -935,7 +935,7 @@ impl Turns {
     /// for the next real answer and settled without a reply of its own.
     async fn limited(&self, job: &Job, a: &Admitted<'_>, by: &str) -> Result<Settled, TurnError> {
         self.keep_unanswered(job, a, &Burst::default()).await?;
-        let ending = Ending {
+        let ending = Finish {
             by: Some(by),
             reason: None,
         };
@@ -951,7 +951,7 @@ impl Turns {
     /// ends `held` for the resume to answer.
     async fn hold(&self, job: &Job, a: &Admitted<'_>, burst: &Burst) -> Result<Settled, TurnError> {
         self.keep_unanswered(job, a, burst).await?;
-        let ending = Ending {
+        let ending = Finish {
             by: None,
             reason: Some(HELD),
         };

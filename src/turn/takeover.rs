@@ -26,7 +26,7 @@ use crate::{
         event::{InvalidEvent, clean_text, parse_event, parse_object_id},
     },
     journal::{
-        Ending, Job, NewJob, State,
+        Finish, Job, NewJob, State,
         names::{key, step},
     },
     proactive::ProactiveError,
@@ -280,7 +280,7 @@ impl Turns {
                 false => info!("catchUp is false: the held messages stay unanswered"),
             }
         }
-        job.finish(State::Done, Ending::default()).await?;
+        job.finish(State::Done, Finish::default()).await?;
         Ok(())
     }
 

@@ -77,7 +77,10 @@ pub struct LoopContext<'a> {
 pub use crate::journal::usage::LlmRecord;
 
 /// Runs the loop for `request` (with the registry's tools) on behalf of the event's sender.
-pub async fn run(cx: &LoopContext<'_>, mut request: ChatRequest) -> Result<LoopOutput, TurnError> {
+pub async fn converse(
+    cx: &LoopContext<'_>,
+    mut request: ChatRequest,
+) -> Result<LoopOutput, TurnError> {
     let mut offer = cx.offer;
     request.tools = cx.registry.offered(offer);
     request.tool_choice = None;

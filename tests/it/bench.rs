@@ -71,7 +71,7 @@ async fn a_small_run_answers_every_turn_once_and_writes_its_report_and_picture()
     ]);
     let config = bench_config();
 
-    let report = bench::run(config, args).await.expect("the bench runs");
+    let report = bench::one_run(config, args).await.expect("the bench runs");
     let turns = report.turns.as_ref().expect("turn counts");
     assert_eq!(turns.published, 20);
     assert_eq!(
@@ -156,7 +156,7 @@ async fn compare_runs_both_binaries_in_alternating_rounds_and_reports_ratios() {
     ]);
     let config = bench_config();
     let other = args.compare.clone().unwrap();
-    let c = bench::compare::run(config, args, other)
+    let c = bench::compare::alternate(config, args, other)
         .await
         .expect("the comparison runs");
     let sides: Vec<&str> = c.rounds.iter().map(|(s, _)| s.as_str()).collect();

@@ -153,7 +153,7 @@ impl TestEnv {
         let worker = self.components().await.worker(&self.config);
         let shutdown = self.shutdown.clone();
         self.workers.push(tokio::spawn(async move {
-            worker.run(shutdown).await.expect("worker runs");
+            worker.serve(shutdown).await.expect("worker runs");
         }));
     }
 
@@ -544,7 +544,7 @@ impl InProcessWorker {
             .await
             .expect("ops endpoint");
         let stop = CancellationToken::new();
-        let running = tokio::spawn(components.worker(&env.config).run(stop.clone()));
+        let running = tokio::spawn(components.worker(&env.config).serve(stop.clone()));
         Self {
             base: format!("http://{addr}"),
             stop,

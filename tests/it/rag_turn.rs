@@ -87,7 +87,7 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
 
     let outcome = svc
         .turns
-        .run(&event("how often should I wax my snowboard?"))
+        .process_dm(&event("how often should I wax my snowboard?"))
         .await
         .unwrap();
     assert!(matches!(outcome, Outcome::Answered { .. }));
@@ -102,7 +102,7 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
     assert!(prompt.contains(&article.text), "{prompt}");
 
     svc.turns
-        .run(&event("what's the best lasagna recipe?"))
+        .process_dm(&event("what's the best lasagna recipe?"))
         .await
         .unwrap();
     let requests = env.stub.requests();

@@ -69,7 +69,7 @@ async fn run_within(
         metrics: &metrics,
         tools: tj.ctx(),
     };
-    tool_loop::run(&cx, request()).await
+    tool_loop::converse(&cx, request()).await
 }
 
 /// Every assistant message with tool calls is followed by exactly its tool messages, in order.
@@ -251,7 +251,7 @@ async fn park_list_scenario_end_to_end() {
         images: Vec::new(),
         sent_at: Utc::now(),
     };
-    let outcome = svc.turns.run(&event).await.expect("turn");
+    let outcome = svc.turns.process_dm(&event).await.expect("turn");
     let Outcome::Answered { reply_id } = outcome else {
         panic!("not answered: {outcome:?}")
     };
@@ -299,7 +299,7 @@ async fn park_list_scenario_end_to_end() {
     assert!(offered.contains(&"create_tricklist"), "{offered:?}");
     // Delivering again (a redelivered event) creates nothing new.
     assert_eq!(
-        svc.turns.run(&event).await.unwrap(),
+        svc.turns.process_dm(&event).await.unwrap(),
         Outcome::AlreadySettled { state: State::Done }
     );
     let n = f

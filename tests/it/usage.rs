@@ -108,7 +108,7 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
     .await;
     let svc = env.components().await;
     let stop = CancellationToken::new();
-    let running = tokio::spawn(svc.worker(&env.config).run(stop.clone()));
+    let running = tokio::spawn(svc.worker(&env.config).serve(stop.clone()));
 
     // A: two paid calls (tool call, then text), cost reported by the server.
     env.stub.report_cost(Some(0.00042));
@@ -244,14 +244,18 @@ async fn a_step_replayed_from_the_journal_is_not_recorded_again() {
     let svc = env.components().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "my lists?").await;
     let event = dm_event(&raw);
-    assert!(svc.turns.run(&event).await.is_err());
+    assert!(svc.turns.process_dm(&event).await.is_err());
     let rows = usage_of(&env, &raw.message_id).await;
     assert_eq!(
         rows.iter().map(|r| r.step).collect::<Vec<_>>(),
         vec![0],
         "{rows:?}"
     );
-    let done = svc.turns.run(&event).await.expect("the retry answers");
+    let done = svc
+        .turns
+        .process_dm(&event)
+        .await
+        .expect("the retry answers");
     assert!(matches!(done, Outcome::Answered { .. }));
     let rows = usage_of(&env, &raw.message_id).await;
     assert_eq!(

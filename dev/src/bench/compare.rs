@@ -52,7 +52,7 @@ fn embed_variant(base: &Config, spec: &str) -> Result<EmbedConfig, BenchError> {
     Ok(EmbedConfig::from_settings(&settings))
 }
 
-pub async fn run(
+pub async fn alternate(
     base: Config,
     args: BenchArgs,
     other: PathBuf,

@@ -186,13 +186,13 @@ fn command_line(args: impl Iterator<Item = String>) -> String {
 /// `companion bench`: one run, or a comparison with `--compare`.
 pub async fn main(base: Config, args: BenchArgs) -> Result<(), BenchError> {
     match args.compare.clone() {
-        Some(other) => compare::run(base, args, other).await.map(|_| ()),
-        None => run(base, args).await.map(|_| ()),
+        Some(other) => compare::alternate(base, args, other).await.map(|_| ()),
+        None => one_run(base, args).await.map(|_| ()),
     }
 }
 
 /// Runs the benchmark and returns its report (already printed, and written when `--json` is given).
-pub async fn run(base: Config, args: BenchArgs) -> Result<Report, BenchError> {
+pub async fn one_run(base: Config, args: BenchArgs) -> Result<Report, BenchError> {
     let mut report = Report::empty(command_line(std::env::args()));
     eprintln!(
         "bench: {} cores, {}; load average {:?}",
