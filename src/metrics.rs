@@ -90,6 +90,7 @@ impl Metrics {
     }
 
     /// The value of one fractional counter.
+    #[cfg(any(test, feature = "testing"))]
     pub fn get_f64(&self, name: &str, labels: &str) -> f64 {
         self.amounts
             .lock()
@@ -110,6 +111,7 @@ impl Metrics {
     }
 
     /// The value of one counter (for tests and the bench).
+    #[cfg(any(test, feature = "testing"))]
     pub fn get(&self, name: &str, labels: &str) -> u64 {
         self.counters
             .lock()

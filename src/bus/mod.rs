@@ -127,6 +127,7 @@ impl Names {
         format!("{}.signal.>", self.prefix)
     }
     /// The review of a spot draft, published by TB-Backend.
+    #[cfg(any(test, feature = "testing"))]
     pub fn spot_review(&self, draft_id: &str) -> String {
         format!("{}.signal.spot_draft.{draft_id}", self.prefix)
     }
@@ -135,6 +136,7 @@ impl Names {
         format!("{}.signal.reminder.{id}", self.prefix)
     }
     /// A moderator's pause or resume of a conversation, published by TB-Backend's admin tool.
+    #[cfg(any(test, feature = "testing"))]
     pub fn takeover(&self, conversation_id: &str) -> String {
         format!("{}.signal.takeover.{conversation_id}", self.prefix)
     }

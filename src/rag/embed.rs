@@ -144,6 +144,7 @@ pub(crate) struct BatchSizes {
 
 /// A snapshot of [`EmbedStats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg(any(test, feature = "testing"))]
 pub struct EmbedCounts {
     pub requests: u64,
     pub texts: u64,
@@ -268,6 +269,7 @@ impl Embedder {
         &self.tokenizer
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn counts(&self) -> EmbedCounts {
         EmbedCounts {
             requests: self.stats.requests.load(Ordering::Relaxed),

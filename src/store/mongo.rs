@@ -322,6 +322,7 @@ impl Mongo {
         }))
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub async fn user_profile(&self, user: ObjectId) -> Result<Option<UserProfile>, StoreError> {
         Ok(self
             .collection(USERS)

@@ -384,6 +384,7 @@ impl Turns {
     }
 
     /// Runs one validated DM to completion (no burst: for callers without a stream delivery).
+    #[cfg(any(test, feature = "testing"))]
     pub async fn process_dm(&self, event: &crate::bus::DmEvent) -> Result<Outcome, TurnError> {
         Box::pin(self.handle(&Input::Dm(event), None))
             .await
