@@ -53,6 +53,10 @@ pub struct TurnSections<'a> {
     pub llm: &'a LlmConfig,
     pub characters: &'a CharactersConfig,
     pub turn: &'a TurnConfig,
+    pub spend: &'a crate::config::SpendConfig,
+    pub group: &'a crate::config::GroupConfig,
+    pub flow: &'a crate::config::FlowConfig,
+    pub follow_ups: &'a crate::config::FollowUpConfig,
     pub safety: &'a crate::config::SafetyConfig,
     pub prompt: &'a crate::config::PromptConfig,
     pub embed: &'a EmbedSettings,
@@ -69,6 +73,10 @@ impl<'a> From<&'a Config> for TurnSections<'a> {
             llm: &c.llm,
             characters: &c.characters,
             turn: &c.turn,
+            spend: &c.spend,
+            group: &c.group,
+            flow: &c.flow,
+            follow_ups: &c.follow_ups,
             safety: &c.safety,
             prompt: &c.prompt,
             embed: &c.embed,
@@ -128,14 +136,17 @@ impl Components {
             flood: FloodLimit::new(s.turn.user_turns_per_minute),
             spend: SpendGuard::new(
                 pg.pool.clone(),
-                spend::SpendLimits::of(s.turn),
+                spend::SpendLimits::of(s.spend),
                 metrics.clone(),
             ),
             config: s.turn.clone(),
+            group: s.group.clone(),
+            flow: s.flow.clone(),
+            follow_ups: s.follow_ups.clone(),
             safety: crate::safety::Safety::load(s.safety)?,
             prompt: s.prompt.clone(),
             memory: crate::memory::Memory::new(pg.pool.clone(), embedder.clone(), s.memory.clone()),
-            memory_model: [&s.memory.model, &s.turn.budget_model, &s.llm.model]
+            memory_model: [&s.memory.model, &s.spend.budget_model, &s.llm.model]
                 .into_iter()
                 .map(|m| m.trim())
                 .find(|m| !m.is_empty())

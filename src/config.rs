@@ -689,15 +689,6 @@ pub struct TurnConfig {
         default_value_t = 300
     )]
     pub turn_timeout_secs: u64,
-    /// Proactive messages (follow-ups no user message triggered) one user gets per rolling day, across
-    /// all companions and workers; the rest are dropped and counted.
-    #[arg(
-        id = "proactive-daily-cap",
-        long = "proactive-daily-cap",
-        env = "COMPANION_PROACTIVE_DAILY_CAP",
-        default_value_t = 5
-    )]
-    pub proactive_daily_cap: u32,
     /// Shortest time ahead a reminder may be set for, seconds (tests and the demo use a few).
     #[arg(
         id = "reminder-min-lead-secs",
@@ -715,39 +706,12 @@ pub struct TurnConfig {
         default_value_t = 8
     )]
     pub max_llm_calls_per_turn: u32,
-    /// Hand-overs (one companion tagging another) after the first answer to one group message.
-    #[arg(
-        id = "group-max-handovers",
-        long = "group-max-handovers",
-        env = "COMPANION_GROUP_MAX_HANDOVERS",
-        default_value_t = 2
-    )]
-    pub group_max_handovers: u32,
-    /// Companion messages in all for one group message (mentions and hand-overs together).
-    #[arg(
-        id = "group-max-messages",
-        long = "group-max-messages",
-        env = "COMPANION_GROUP_MAX_MESSAGES",
-        default_value_t = 3
-    )]
-    pub group_max_messages: u32,
-    /// How much better (cosine) another companion must fit a group message than the last speaker to
-    /// take the floor from it.
-    #[arg(
-        id = "group-fit-margin",
-        long = "group-fit-margin",
-        env = "COMPANION_GROUP_FIT_MARGIN",
-        default_value_t = 0.05
-    )]
-    pub group_fit_margin: f32,
-    /// Days a guided flow may sit untouched before it expires quietly.
-    #[arg(
-        id = "flow-idle-days",
-        long = "flow-idle-days",
-        env = "COMPANION_FLOW_IDLE_DAYS",
-        default_value_t = 30
-    )]
-    pub flow_idle_days: u32,
+}
+
+/// The spend budgets: what one turn, one user and the whole service may spend on the model, and the cheaper model past a budget.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Spend budgets")]
+pub struct SpendConfig {
     /// Estimated prompt tokens one attempt at a turn may send in all (a quarter of the requests' bytes).
     #[arg(
         id = "max-prompt-tokens-per-turn",
@@ -822,6 +786,66 @@ pub struct TurnConfig {
         default_value_t = 15
     )]
     pub service_spend_refresh_secs: u64,
+}
+
+/// Who answers in a group chat, and how far companions may talk among themselves.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Group chats")]
+pub struct GroupConfig {
+    /// Hand-overs (one companion tagging another) after the first answer to one group message.
+    #[arg(
+        id = "group-max-handovers",
+        long = "group-max-handovers",
+        env = "COMPANION_GROUP_MAX_HANDOVERS",
+        default_value_t = 2
+    )]
+    pub max_handovers: u32,
+    /// Companion messages in all for one group message (mentions and hand-overs together).
+    #[arg(
+        id = "group-max-messages",
+        long = "group-max-messages",
+        env = "COMPANION_GROUP_MAX_MESSAGES",
+        default_value_t = 3
+    )]
+    pub max_messages: u32,
+    /// How much better (cosine) another companion must fit a group message than the last speaker to
+    /// take the floor from it.
+    #[arg(
+        id = "group-fit-margin",
+        long = "group-fit-margin",
+        env = "COMPANION_GROUP_FIT_MARGIN",
+        default_value_t = 0.05
+    )]
+    pub fit_margin: f32,
+}
+
+/// Guided flows: how long a user's place in a flow is kept.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Guided flows")]
+pub struct FlowConfig {
+    /// Days a guided flow may sit untouched before it expires quietly.
+    #[arg(
+        id = "flow-idle-days",
+        long = "flow-idle-days",
+        env = "COMPANION_FLOW_IDLE_DAYS",
+        default_value_t = 30
+    )]
+    pub idle_days: u32,
+}
+
+/// Follow-ups no user message triggered (spot reviews, reminders).
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Follow-ups")]
+pub struct FollowUpConfig {
+    /// Proactive messages (follow-ups no user message triggered) one user gets per rolling day, across
+    /// all companions and workers; the rest are dropped and counted.
+    #[arg(
+        id = "proactive-daily-cap",
+        long = "proactive-daily-cap",
+        env = "COMPANION_PROACTIVE_DAILY_CAP",
+        default_value_t = 5
+    )]
+    pub daily_cap: u32,
 }
 
 /// One worker process: how much it runs at once, how it retries and stops, where it serves `/metrics`.
@@ -1133,6 +1157,14 @@ pub struct Config {
     pub characters: CharactersConfig,
     #[command(flatten)]
     pub turn: TurnConfig,
+    #[command(flatten)]
+    pub spend: SpendConfig,
+    #[command(flatten)]
+    pub group: GroupConfig,
+    #[command(flatten)]
+    pub flow: FlowConfig,
+    #[command(flatten)]
+    pub follow_ups: FollowUpConfig,
     #[command(flatten)]
     pub safety: SafetyConfig,
     #[command(flatten)]

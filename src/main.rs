@@ -7,9 +7,9 @@ use clap::{Args, Parser, Subcommand};
 use companion::{
     TurnSections, commands,
     config::{
-        CharactersConfig, Config, ConsumerConfig, EmbedSettings, LlmConfig, LogConfig,
-        MemoryConfig, MongoConfig, NatsConfig, PgConfig, PromptConfig, RagConfig, SafetyConfig,
-        TurnConfig,
+        CharactersConfig, Config, ConsumerConfig, EmbedSettings, FlowConfig, FollowUpConfig,
+        GroupConfig, LlmConfig, LogConfig, MemoryConfig, MongoConfig, NatsConfig, PgConfig,
+        PromptConfig, RagConfig, SafetyConfig, SpendConfig, TurnConfig,
     },
 };
 use tokio_util::sync::CancellationToken;
@@ -115,6 +115,14 @@ struct ReplayCommand {
     characters: CharactersConfig,
     #[command(flatten)]
     turn: TurnConfig,
+    #[command(flatten)]
+    spend: SpendConfig,
+    #[command(flatten)]
+    group: GroupConfig,
+    #[command(flatten)]
+    flow: FlowConfig,
+    #[command(flatten)]
+    follow_ups: FollowUpConfig,
     #[command(flatten)]
     safety: SafetyConfig,
     #[command(flatten)]
@@ -230,6 +238,10 @@ async fn replay_command(r: ReplayCommand) -> anyhow::Result<()> {
         llm: &r.llm,
         characters: &r.characters,
         turn: &r.turn,
+        spend: &r.spend,
+        group: &r.group,
+        flow: &r.flow,
+        follow_ups: &r.follow_ups,
         safety: &r.safety,
         prompt: &r.prompt,
         embed: &r.embed,

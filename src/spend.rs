@@ -23,7 +23,7 @@ use tracing::{info, warn};
 
 pub(crate) use crate::journal::usage::Spent;
 use crate::{
-    config::TurnConfig,
+    config::SpendConfig,
     journal::{names, usage},
     metrics::Metrics,
     store::StoreError,
@@ -99,10 +99,12 @@ pub(crate) struct SpendLimits {
     /// Empty: no cheaper stage.
     pub(crate) cheaper_model: String,
     pub(crate) refresh: Duration,
+    /// Prompt tokens one turn may send over all its model calls (0: no cap).
+    pub(crate) per_turn_prompt_tokens: u64,
 }
 
 impl SpendLimits {
-    pub(crate) fn of(c: &TurnConfig) -> Self {
+    pub(crate) fn of(c: &SpendConfig) -> Self {
         Self {
             user: Budget {
                 tokens: c.user_daily_tokens,
@@ -116,6 +118,7 @@ impl SpendLimits {
             cheaper_at: c.budget_cheaper_at,
             cheaper_model: c.budget_model.trim().to_owned(),
             refresh: Duration::from_secs(c.service_spend_refresh_secs),
+            per_turn_prompt_tokens: c.max_prompt_tokens_per_turn,
         }
     }
 
@@ -270,6 +273,7 @@ mod tests {
             cheaper_at: 0.8,
             cheaper_model: "cheap/model".into(),
             refresh: Duration::ZERO,
+            per_turn_prompt_tokens: 0,
         }
     }
 

@@ -19,6 +19,8 @@ pub fn of(c: &Config) -> Env {
     env.extend(prompt(c));
     env.extend(memory(c));
     env.extend(turn(c));
+    env.extend(spend(c));
+    env.extend(groups_flows_follow_ups(c));
     env.extend(worker(c));
     env.extend(retrieval(c));
     env.extend(telemetry(c));
@@ -241,7 +243,7 @@ fn memory(c: &Config) -> Env {
     ]
 }
 
-/// Turns: input bounds, tools, limits and budgets, groups, flows.
+/// Turns: input bounds, tools, limits.
 fn turn(c: &Config) -> Env {
     vec![
         (
@@ -279,10 +281,6 @@ fn turn(c: &Config) -> Env {
             c.turn.user_turns_per_minute.to_string(),
         ),
         (
-            "COMPANION_PROACTIVE_DAILY_CAP",
-            c.turn.proactive_daily_cap.to_string(),
-        ),
-        (
             "COMPANION_REMINDER_MIN_LEAD_SECS",
             c.turn.reminder_min_lead_secs.to_string(),
         ),
@@ -290,54 +288,64 @@ fn turn(c: &Config) -> Env {
             "COMPANION_MAX_LLM_CALLS_PER_TURN",
             c.turn.max_llm_calls_per_turn.to_string(),
         ),
-        (
-            "COMPANION_GROUP_MAX_HANDOVERS",
-            c.turn.group_max_handovers.to_string(),
-        ),
-        (
-            "COMPANION_GROUP_MAX_MESSAGES",
-            c.turn.group_max_messages.to_string(),
-        ),
-        (
-            "COMPANION_GROUP_FIT_MARGIN",
-            c.turn.group_fit_margin.to_string(),
-        ),
-        (
-            "COMPANION_FLOW_IDLE_DAYS",
-            c.turn.flow_idle_days.to_string(),
-        ),
+    ]
+}
+
+/// The spend budgets.
+fn spend(c: &Config) -> Env {
+    vec![
         (
             "COMPANION_MAX_PROMPT_TOKENS_PER_TURN",
-            c.turn.max_prompt_tokens_per_turn.to_string(),
+            c.spend.max_prompt_tokens_per_turn.to_string(),
         ),
         (
             "COMPANION_USER_DAILY_TOKENS",
-            c.turn.user_daily_tokens.to_string(),
+            c.spend.user_daily_tokens.to_string(),
         ),
         (
             "COMPANION_USER_DAILY_USD",
-            c.turn.user_daily_usd.to_string(),
+            c.spend.user_daily_usd.to_string(),
         ),
         (
             "COMPANION_SERVICE_DAILY_TOKENS",
-            c.turn.service_daily_tokens.to_string(),
+            c.spend.service_daily_tokens.to_string(),
         ),
         (
             "COMPANION_SERVICE_DAILY_USD",
-            c.turn.service_daily_usd.to_string(),
+            c.spend.service_daily_usd.to_string(),
         ),
         (
             "COMPANION_BUDGET_WINDOW_SECS",
-            c.turn.budget_window_secs.to_string(),
+            c.spend.budget_window_secs.to_string(),
         ),
         (
             "COMPANION_BUDGET_CHEAPER_AT",
-            c.turn.budget_cheaper_at.to_string(),
+            c.spend.budget_cheaper_at.to_string(),
         ),
-        ("COMPANION_BUDGET_MODEL", c.turn.budget_model.clone()),
+        ("COMPANION_BUDGET_MODEL", c.spend.budget_model.clone()),
         (
             "COMPANION_SERVICE_SPEND_REFRESH_SECS",
-            c.turn.service_spend_refresh_secs.to_string(),
+            c.spend.service_spend_refresh_secs.to_string(),
+        ),
+    ]
+}
+
+/// Group chats, guided flows and follow-ups.
+fn groups_flows_follow_ups(c: &Config) -> Env {
+    vec![
+        (
+            "COMPANION_GROUP_MAX_HANDOVERS",
+            c.group.max_handovers.to_string(),
+        ),
+        (
+            "COMPANION_GROUP_MAX_MESSAGES",
+            c.group.max_messages.to_string(),
+        ),
+        ("COMPANION_GROUP_FIT_MARGIN", c.group.fit_margin.to_string()),
+        ("COMPANION_FLOW_IDLE_DAYS", c.flow.idle_days.to_string()),
+        (
+            "COMPANION_PROACTIVE_DAILY_CAP",
+            c.follow_ups.daily_cap.to_string(),
         ),
     ]
 }

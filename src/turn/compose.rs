@@ -562,7 +562,7 @@ impl Turns {
             self.config
                 .max_llm_calls_per_turn
                 .saturating_sub(job.recorded_count_under(step::LLM, &slot) as u32),
-            self.config.max_prompt_tokens_per_turn,
+            self.spend.limits.per_turn_prompt_tokens,
         );
         let cx = tool_loop::LoopContext {
             slot: &slot,
@@ -626,7 +626,7 @@ impl Turns {
         if c.flows.is_empty() {
             return Ok(Default::default());
         }
-        let idle = chrono::Duration::days(i64::from(self.config.flow_idle_days.max(1)));
+        let idle = chrono::Duration::days(i64::from(self.flow.idle_days.max(1)));
         // Lazy: reading it again is harmless, and its record rides with the turn's first model answer.
         job.step(step::FLOW, key::ONCE)
             .lazy()

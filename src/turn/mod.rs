@@ -366,6 +366,12 @@ pub struct Turns {
     /// The spend budgets, checked before each paid call.
     pub(crate) spend: SpendGuard,
     pub(crate) config: TurnConfig,
+    /// Who answers in a group chat and how far companions talk among themselves.
+    pub(crate) group: crate::config::GroupConfig,
+    /// How long a user's place in a guided flow is kept.
+    pub(crate) flow: crate::config::FlowConfig,
+    /// The daily cap of follow-ups no user message triggered.
+    pub(crate) follow_ups: crate::config::FollowUpConfig,
     /// The crisis protocol, the AI disclosure and what a user's age allows.
     pub(crate) safety: crate::safety::Safety,
     /// The caps of what a turn sends the model.
@@ -665,7 +671,7 @@ impl Turns {
             .step(step::ROUTE, key::ONCE)
             .run(async {
                 let members = &a.members;
-                let margin = self.config.group_fit_margin;
+                let margin = self.group.fit_margin;
                 let route = group::decide(&self.retriever, event, members, &history, margin).await;
                 Ok::<_, TurnError>(route)
             })
@@ -688,8 +694,8 @@ impl Turns {
             group: Some(GroupPlan {
                 route,
                 bounds: Bounds {
-                    max_handovers: self.config.group_max_handovers,
-                    max_messages: self.config.group_max_messages.max(1),
+                    max_handovers: self.group.max_handovers,
+                    max_messages: self.group.max_messages.max(1),
                 },
                 history,
                 names: Default::default(),
@@ -802,7 +808,7 @@ impl Turns {
                 local.format("%H:%M")
             ));
         }
-        let cap = self.config.proactive_daily_cap;
+        let cap = self.follow_ups.daily_cap;
         let counted = job
             .counted(
                 step::CAP,

@@ -80,8 +80,8 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
     });
     // A small service budget, read at every call, so a few priced answers cross 80% of it.
     let env = TestEnv::with(responder, |c| {
-        c.turn.service_daily_usd = 0.05;
-        c.turn.service_spend_refresh_secs = 0;
+        c.spend.service_daily_usd = 0.05;
+        c.spend.service_spend_refresh_secs = 0;
     })
     .await;
     let worker = InProcessWorker::start(&env).await;

@@ -606,7 +606,7 @@ async fn a_reminder_dropped_over_the_cap_or_for_a_block_leaves_the_flow_waiting_
     let env = TestEnv::with(
         companion_dev::stub::always(StubReply::text("yo, how'd it go?")),
         |c| {
-            c.turn.proactive_daily_cap = 1;
+            c.follow_ups.daily_cap = 1;
         },
     )
     .await;

@@ -307,8 +307,8 @@ async fn a_tag_chain_stops_at_the_hand_over_bound_and_a_companion_s_message_is_n
         })
     });
     let env = TestEnv::with(tagger, |c| {
-        c.turn.group_max_handovers = 1;
-        c.turn.group_max_messages = 5;
+        c.group.max_handovers = 1;
+        c.group.max_messages = 5;
     })
     .await;
     let worker = InProcessWorker::start(&env).await;

@@ -431,7 +431,7 @@ async fn a_worker_killed_between_the_model_call_and_the_write_still_sends_one_me
 #[tokio::test]
 async fn follow_ups_to_a_user_who_blocked_the_companion_or_is_over_the_daily_cap_are_dropped() {
     let env = TestEnv::with(model(|_| StubReply::text("news!")), |c| {
-        c.turn.proactive_daily_cap = 1;
+        c.follow_ups.daily_cap = 1;
     })
     .await;
     let worker = InProcessWorker::start(&env).await;
@@ -584,9 +584,9 @@ async fn a_signal_that_outlives_its_deliveries_is_dead_lettered() {
 async fn a_user_over_the_budget_gets_the_follow_up_as_its_plain_line_without_a_model_call() {
     // The draft's turn makes two paid calls of 0.011 USD: over the user's 0.02 USD budget.
     let mut env = TestEnv::with(model(|_| StubReply::text("the model's follow-up")), |c| {
-        c.turn.user_daily_tokens = 0;
-        c.turn.user_daily_usd = 0.02;
-        c.turn.budget_model = String::new();
+        c.spend.user_daily_tokens = 0;
+        c.spend.user_daily_usd = 0.02;
+        c.spend.budget_model = String::new();
     })
     .await;
     env.stub.report_cost(Some(0.011));

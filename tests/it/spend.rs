@@ -132,13 +132,13 @@ async fn budget_env(per_user: bool) -> (TestEnv, InProcessWorker) {
         Arc::new(|body: &Value| StubReply::text(format!("ok: {}", last_user_text(body))));
     let env = TestEnv::with(echo, |c| {
         let (user, service) = if per_user { (0.02, 0.0) } else { (0.0, 0.02) };
-        c.turn.user_daily_tokens = 0;
-        c.turn.user_daily_usd = user;
-        c.turn.service_daily_usd = service;
-        c.turn.service_spend_refresh_secs = 0;
-        c.turn.budget_cheaper_at = 0.5;
-        c.turn.budget_model = "cheap/model".into();
-        c.turn.budget_window_secs = WINDOW.as_secs();
+        c.spend.user_daily_tokens = 0;
+        c.spend.user_daily_usd = user;
+        c.spend.service_daily_usd = service;
+        c.spend.service_spend_refresh_secs = 0;
+        c.spend.budget_cheaper_at = 0.5;
+        c.spend.budget_model = "cheap/model".into();
+        c.spend.budget_window_secs = WINDOW.as_secs();
     })
     .await;
     env.stub.report_cost(Some(0.011));
