@@ -114,8 +114,10 @@ impl Components {
         )?;
         let mut characters = Characters::load(&s.characters.dir)?;
         characters.resolve(&mongo).await?;
-        let flows =
-            crate::flow::Flows::load(&s.characters.flows_dir, &crate::tools::REGISTRY.names())?;
+        let flows = Arc::new(crate::flow::Flows::load(
+            &s.characters.flows_dir,
+            &crate::tools::REGISTRY.names(),
+        )?);
         flows.check_offers(
             characters
                 .iter()
@@ -131,6 +133,16 @@ impl Components {
             bus: bus.clone(),
             llm,
             characters,
+            tools: Arc::new(crate::tools::Toolbox::new(&crate::tools::ToolStores {
+                mongo: mongo.clone(),
+                pg: pg.clone(),
+                bus: bus.clone(),
+                flows: flows.clone(),
+                reminders: crate::tools::ReminderBounds {
+                    min_lead: std::time::Duration::from_secs(s.turn.reminder_min_lead_secs),
+                },
+                writes_per_hour: s.turn.writes_per_hour,
+            })),
             flows,
             retriever: Retriever::new(pg.pool.clone(), embedder.clone(), s.rag),
             flood: FloodLimit::new(s.turn.user_turns_per_minute),

@@ -97,7 +97,7 @@ pub mod timing {
 pub mod tools {
     pub use crate::tools::{
         REGISTRY, Registry, ReminderBounds, ToolContext, ToolError, ToolRecord, ToolResult,
-        call_key,
+        ToolStores, Toolbox, call_key,
     };
     pub mod offer {
         pub use crate::tools::offer::Offer;

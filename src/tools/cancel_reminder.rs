@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Group, Tool, ToolContext, ToolError, ToolOutput};
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores};
 use crate::store::reminders::ReminderState;
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -18,7 +18,10 @@ pub(crate) struct Args {
     pub(crate) reminder_id: String,
 }
 
-pub(crate) struct CancelReminder;
+pub(crate) struct CancelReminder {
+    /// The service's database.
+    pg: crate::store::Pg,
+}
 
 impl Tool for CancelReminder {
     const NAME: &'static str = "cancel_reminder";
@@ -29,17 +32,21 @@ impl Tool for CancelReminder {
         "Cancel a pending reminder the user no longer wants."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(s: &ToolStores) -> Self {
+        Self { pg: s.pg.clone() }
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let id = args.reminder_id.trim();
         let user = ctx.user.to_hex();
-        let cancelled = ctx.pg.cancel_reminder(id, &user).await?;
+        let cancelled = self.pg.cancel_reminder(id, &user).await?;
         if cancelled {
             return Ok(ToolOutput::data(
                 json!({ "reminderId": id, "cancelled": true }),
             ));
         }
         // Cancelled by an earlier attempt of this call, or not the user's / not pending.
-        match ctx.pg.reminder(id).await? {
+        match self.pg.reminder(id).await? {
             Some(r) if r.user_id == user && r.state == ReminderState::Cancelled => Ok(
                 ToolOutput::data(json!({ "reminderId": id, "cancelled": true })),
             ),

@@ -8,8 +8,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{
-    Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, derived_id, guard_write, maps,
-    search_spots::SpotType,
+    Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStores, derived_id, guard_write,
+    maps, search_spots::SpotType,
 };
 use crate::store::mongo::{SPOT_DRAFTS, is_duplicate_key};
 
@@ -52,7 +52,11 @@ pub(crate) struct Args {
     pub(crate) description: Option<String>,
 }
 
-pub(crate) struct CreateSpotDraft;
+pub(crate) struct CreateSpotDraft {
+    mongo: crate::store::Mongo,
+    /// Things a user may create per rolling hour (the write quota).
+    writes_per_hour: u32,
+}
 
 impl Tool for CreateSpotDraft {
     const NAME: &'static str = "create_spot_draft";
@@ -63,16 +67,23 @@ impl Tool for CreateSpotDraft {
         "Submit a spot the user wants added; it is public only once a moderator approves it. Give latitude and longitude only without a maps link. Counts toward an hourly limit."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(s: &ToolStores) -> Self {
+        Self {
+            mongo: s.mongo.clone(),
+            writes_per_hour: s.writes_per_hour,
+        }
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let (coords, source, short_unresolved) = coordinates(&args)?;
         let id = derived_id(ctx.message_id, Self::NAME, &ctx.tool_call_id);
-        let coll = ctx.mongo.collection(SPOT_DRAFTS);
+        let coll = self.mongo.collection(SPOT_DRAFTS);
         let existing = coll.find_one(doc! { "_id": id }).await?;
         let name = args.name.trim().to_owned();
         let created = if existing.is_some() {
             false
         } else {
-            guard_write(ctx, Self::NAME).await?;
+            guard_write(ctx, self.writes_per_hour, Self::NAME).await?;
             let opt = |s: &Option<String>| {
                 s.as_deref()
                     .map(str::trim)

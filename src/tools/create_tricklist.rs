@@ -11,8 +11,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, deep_link, derived_id, guard_write,
-    search_trickipedia::Category,
+    Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStores, deep_link, derived_id,
+    guard_write, search_trickipedia::Category,
 };
 use crate::store::mongo::{TRICKLISTS, TRICKS, is_duplicate_key, user_ref};
 
@@ -37,7 +37,11 @@ pub(crate) struct Args {
     pub(crate) category: Option<Category>,
 }
 
-pub(crate) struct CreateTricklist;
+pub(crate) struct CreateTricklist {
+    mongo: crate::store::Mongo,
+    /// Things a user may create per rolling hour (the write quota).
+    writes_per_hour: u32,
+}
 
 /// One trickipedia entry, for matching.
 #[derive(Clone, Debug)]
@@ -56,10 +60,17 @@ impl Tool for CreateTricklist {
         "Create a tricklist for the user from trickipedia tricks (names match forgivingly); tell the user which names did not match. Counts toward an hourly limit."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(s: &ToolStores) -> Self {
+        Self {
+            mongo: s.mongo.clone(),
+            writes_per_hour: s.writes_per_hour,
+        }
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let name = args.name.trim().to_owned();
         let category = args.category.unwrap_or(Category::Skateboard).as_str();
-        let pedia = load_trickipedia(ctx).await?;
+        let pedia = load_trickipedia(&self.mongo).await?;
         let mut matched: Vec<(String, &TrickRef)> = Vec::new();
         let mut unmatched: Vec<String> = Vec::new();
         for requested in &args.tricks {
@@ -78,12 +89,12 @@ impl Tool for CreateTricklist {
             )));
         }
         let id = derived_id(ctx.message_id, Self::NAME, &ctx.tool_call_id);
-        let coll = ctx.mongo.collection(TRICKLISTS);
+        let coll = self.mongo.collection(TRICKLISTS);
         let existing = coll.find_one(doc! { "_id": id }).await?;
         let created = if existing.is_some() {
             false
         } else {
-            guard_write(ctx, Self::NAME).await?;
+            guard_write(ctx, self.writes_per_hour, Self::NAME).await?;
             let tricks: Vec<Bson> = matched
                 .iter()
                 .map(|(_, t)| Bson::Document(doc! { "_id": t.id, "checked": false }))
@@ -149,9 +160,8 @@ pub(crate) fn tricklist_card_data(
     })
 }
 
-async fn load_trickipedia(ctx: &ToolContext<'_>) -> Result<Vec<TrickRef>, ToolError> {
-    let docs: Vec<Document> = ctx
-        .mongo
+async fn load_trickipedia(mongo: &crate::store::Mongo) -> Result<Vec<TrickRef>, ToolError> {
+    let docs: Vec<Document> = mongo
         .collection(TRICKS)
         .find(doc! {})
         .projection(doc! { "name": 1, "category": 1 })

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{
-    Group, Tool, ToolContext, ToolError, ToolOutput,
+    Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores,
     remember::{dm_memory, memory_error},
 };
 use crate::{journal::names, memory::Memory};
@@ -37,7 +37,11 @@ impl Tool for Forget {
         "Forget what the user asks you to forget about them; returns the facts removed."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(_: &ToolStores) -> Self {
+        Self
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let memory = dm_memory(ctx)?;
         let about = args.about.trim().to_owned();
         let recorded = ctx

@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, contains_ci};
+use super::{Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStores, contains_ci};
 use crate::store::mongo::{TRICKLISTS, Tricklist, tricklist_of, user_ref_filter};
 
 /// Most lists returned.
@@ -21,7 +21,9 @@ pub(crate) struct Args {
     pub(crate) list_name: Option<String>,
 }
 
-pub(crate) struct GetUserTricklists;
+pub(crate) struct GetUserTricklists {
+    mongo: crate::store::Mongo,
+}
 
 impl Tool for GetUserTricklists {
     const NAME: &'static str = "get_user_tricklists";
@@ -32,7 +34,13 @@ impl Tool for GetUserTricklists {
         "Get the user's own tricklists: each trick and whether they landed it (checked). Use for their lists or progress."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(s: &ToolStores) -> Self {
+        Self {
+            mongo: s.mongo.clone(),
+        }
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let mut filter = user_ref_filter("user", ctx.user);
         if let Some(name) = args
             .list_name
@@ -42,7 +50,7 @@ impl Tool for GetUserTricklists {
         {
             filter = doc! { "$and": [filter, { "name": contains_ci(name) }] };
         }
-        let docs: Vec<Document> = ctx
+        let docs: Vec<Document> = self
             .mongo
             .collection(TRICKLISTS)
             .find(filter)
@@ -52,7 +60,7 @@ impl Tool for GetUserTricklists {
             .try_collect()
             .await?;
         let lists: Vec<_> = docs.iter().filter_map(tricklist_of).collect();
-        let lists = ctx.mongo.resolve_tricklists(&lists).await?;
+        let lists = self.mongo.resolve_tricklists(&lists).await?;
         let out: Vec<Value> = lists.iter().map(list_json).collect();
         Ok(ToolOutput::data(
             json!({ "tricklists": out, "count": out.len() }),

@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Group, Tool, ToolContext, ToolError, ToolOutput};
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores};
 use crate::flow::state::{self, Applied, status};
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -28,7 +28,11 @@ impl Tool for LeaveFlow {
         "Stop the user's flow when they want to stop, pause or do something else."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(_: &ToolStores) -> Self {
+        Self
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let applied = state::change(
             ctx.job,
             &ctx.call_key,

@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput};
+use super::{Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStores};
 use crate::store::mongo::{TRICKLISTS, user_ref_filter};
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -22,7 +22,9 @@ pub(crate) struct Args {
     pub(crate) tricklist_id: Option<String>,
 }
 
-pub(crate) struct MarkTrickLanded;
+pub(crate) struct MarkTrickLanded {
+    mongo: crate::store::Mongo,
+}
 
 /// Lowercase letters and digits only: "Kick-flip" and "kickflip" are the same trick.
 fn key(name: &str) -> String {
@@ -41,13 +43,19 @@ impl Tool for MarkTrickLanded {
         "Check off a trick the user says they landed on their tricklist."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(s: &ToolStores) -> Self {
+        Self {
+            mongo: s.mongo.clone(),
+        }
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let wanted = key(&args.trick);
         let list_id = args
             .tricklist_id
             .as_deref()
             .and_then(|s| bson::oid::ObjectId::parse_str(s).ok());
-        let lists = ctx.mongo.user_tricklists(ctx.user, 50).await?;
+        let lists = self.mongo.user_tricklists(ctx.user, 50).await?;
         let found: Vec<_> = lists
             .iter()
             .filter(|l| list_id.is_none_or(|id| id == l.id))
@@ -82,7 +90,7 @@ impl Tool for MarkTrickLanded {
             }
         };
         if !trick.checked {
-            let coll = ctx.mongo.collection(TRICKLISTS);
+            let coll = self.mongo.collection(TRICKLISTS);
             let filter = doc! { "$and": [ { "_id": list.id }, user_ref_filter("user", ctx.user) ] };
             if let Some(stored) = coll.find_one(filter.clone()).await? {
                 let tricks: Vec<Bson> = stored

@@ -2,8 +2,10 @@
 //!
 //! A tool is a type implementing [`Tool`]: a name, a description written for the model, an `Args` type
 //! whose JSON Schema is generated ([`schema::parameters_for`]) and enforced ([`schema::validate`]) before
-//! the arguments are deserialized, and an async `call`. [`Registry`] erases the types; adding a tool is
-//! one file and one line in [`Registry::default`].
+//! the arguments are deserialized, and an async `call`. A tool holds what it works with (a store, a
+//! bound), taken from [`ToolStores`] when the [`Registry`] is built once per process; the per-call
+//! [`ToolContext`] holds only the call's identity, the user it acts for and its job. [`Registry`] erases
+//! the types; adding a tool is one file and one line in [`each_tool`].
 //!
 //! Guardrails that hold for every tool: the acting user is always the event's sender (no argument can
 //! name a user), writes pass the durable per-user quota ([`guard_write`], a counted journal step) and
@@ -38,7 +40,6 @@ pub(crate) mod start_flow;
 
 use std::{
     future::Future,
-    marker::PhantomData,
     panic::AssertUnwindSafe,
     sync::{Arc, LazyLock, OnceLock},
 };
@@ -64,7 +65,8 @@ pub(crate) const NAME_MAX: usize = 100;
 /// Raw argument text longer than this is refused before parsing.
 pub(crate) const MAX_ARGS_BYTES: usize = 16 * 1024;
 
-/// Everything a tool call may use. The acting user is the event's sender and nothing else.
+/// One call: who it acts for (the event's sender and nothing else), where, its identity and its job. What
+/// a tool works with (stores, bounds) it holds itself ([`ToolStores`]).
 #[derive(Clone)]
 pub struct ToolContext<'a> {
     /// The event's sender: every tool reads and writes as this user only.
@@ -82,28 +84,33 @@ pub struct ToolContext<'a> {
     /// The journal key of this call (see [`call_key`]): the write quota counts a call once, and a flow
     /// change is made once.
     pub call_key: String,
-    pub mongo: &'a Mongo,
-    /// The service's database (reminders).
-    pub pg: &'a Pg,
-    /// Where reminders are scheduled.
-    pub bus: &'a Bus,
     /// The user's IANA time zone (`users.timezone`), for quiet hours.
     pub time_zone: Option<&'a str>,
     /// A minor's quiet hours (start, end; local time): no reminder fires in them, whatever `exact` says.
     pub minor_quiet: Option<(chrono::NaiveTime, chrono::NaiveTime)>,
-    pub reminders: ReminderBounds,
     /// The turn's journal: a write is counted against the quota as one of its steps.
     pub job: &'a Job,
     /// The clock of this turn (`createdAt`, the quota window).
     pub now: DateTime<Utc>,
-    /// Writes allowed per user per rolling hour.
-    pub writes_per_hour: u32,
-    /// Every guided flow there is.
-    pub flows: &'a crate::flow::Flows,
     /// The flows this companion offers (`start_flow` starts only these).
     pub offered_flows: &'a [String],
     /// Long-term memory: the user's DM with this companion keeps it; a group chat does not.
     pub memory: crate::memory::Access<'a>,
+}
+
+/// What the tools are built with, once per process: each tool keeps the parts it needs.
+#[derive(Clone)]
+pub struct ToolStores {
+    pub mongo: Mongo,
+    /// The service's database (reminders).
+    pub pg: Pg,
+    /// Where reminders are scheduled.
+    pub bus: Bus,
+    /// Every guided flow there is.
+    pub flows: Arc<crate::flow::Flows>,
+    pub reminders: ReminderBounds,
+    /// Writes allowed per user per rolling hour.
+    pub writes_per_hour: u32,
 }
 
 /// The configurable bounds of reminders.
@@ -249,17 +256,20 @@ pub(crate) trait Tool: Send + Sync + 'static {
     type Args: DeserializeOwned + JsonSchema + Send;
     /// Written for the model: when to use the tool and what it returns.
     fn description() -> &'static str;
+    /// The tool, holding what it needs of `stores`.
+    fn new(stores: &ToolStores) -> Self
+    where
+        Self: Sized;
     fn call(
+        &self,
         ctx: &ToolContext<'_>,
         args: Self::Args,
     ) -> impl Future<Output = Result<ToolOutput, ToolError>> + Send;
 }
 
-/// A tool with its type erased.
-pub(crate) trait DynTool: Send + Sync {
+/// A tool with its type erased: what runs a call.
+trait DynTool: Send + Sync {
     fn name(&self) -> &'static str;
-    fn groups(&self) -> &'static [Group];
-    fn def(&self) -> ToolDef;
     fn call_json<'a>(
         &'a self,
         ctx: &'a ToolContext<'a>,
@@ -268,35 +278,14 @@ pub(crate) trait DynTool: Send + Sync {
 }
 
 struct Erased<T> {
+    /// The JSON Schema of `T::Args`, the one its definition shows the model.
     parameters: Arc<Value>,
-    _tool: PhantomData<fn() -> T>,
-}
-
-impl<T: Tool> Erased<T> {
-    fn new() -> Self {
-        Self {
-            parameters: Arc::new(schema::parameters_for::<T::Args>()),
-            _tool: PhantomData,
-        }
-    }
+    tool: T,
 }
 
 impl<T: Tool> DynTool for Erased<T> {
     fn name(&self) -> &'static str {
         T::NAME
-    }
-    fn groups(&self) -> &'static [Group] {
-        T::GROUPS
-    }
-    fn def(&self) -> ToolDef {
-        ToolDef {
-            kind: "function".into(),
-            function: FunctionDef {
-                name: T::NAME.into(),
-                description: T::description().into(),
-                parameters: self.parameters.clone(),
-            },
-        }
     }
     fn call_json<'a>(
         &'a self,
@@ -305,8 +294,32 @@ impl<T: Tool> DynTool for Erased<T> {
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
         Box::pin(async move {
             let args = parse_args::<T::Args>(&self.parameters, raw)?;
-            T::call(ctx, args).await
+            self.tool.call(ctx, args).await
         })
+    }
+}
+
+/// A tool as the model is offered it: its name, groups and definition, which need no store.
+struct Def {
+    name: &'static str,
+    groups: &'static [Group],
+    def: ToolDef,
+}
+
+impl Def {
+    fn of<T: Tool>() -> Self {
+        Self {
+            name: T::NAME,
+            groups: T::GROUPS,
+            def: ToolDef {
+                kind: "function".into(),
+                function: FunctionDef {
+                    name: T::NAME.into(),
+                    description: T::description().into(),
+                    parameters: Arc::new(schema::parameters_for::<T::Args>()),
+                },
+            },
+        }
     }
 }
 
@@ -465,50 +478,69 @@ impl ToolRecord {
     }
 }
 
-/// The tools the model may call.
+/// The tools the model may be offered: their definitions, by the groups a turn needs. What runs a call
+/// is the [`Toolbox`].
 pub struct Registry {
-    tools: Vec<Box<dyn DynTool>>,
+    defs: Vec<Def>,
     /// The definitions offered with each set of groups (by [`offer::Offer`] bits, with `more_tools`
     /// while a group is left out), built once each and shared: a few KB of schema per tool.
     offers: [OnceLock<Arc<[ToolDef]>>; offer::OFFERS],
 }
 
-impl Default for Registry {
-    /// The six TrickBook tools, the two of reminders, checking off a landed trick, the three of guided
-    /// flows, and remembering and forgetting.
-    fn default() -> Self {
-        Self::empty()
-            .with::<search_spots::SearchSpots>()
-            .with::<get_user_tricklists::GetUserTricklists>()
-            .with::<search_trickipedia::SearchTrickipedia>()
-            .with::<create_tricklist::CreateTricklist>()
-            .with::<create_spot_draft::CreateSpotDraft>()
-            .with::<share_content::ShareContent>()
-            .with::<schedule_reminder::ScheduleReminder>()
-            .with::<cancel_reminder::CancelReminder>()
-            .with::<mark_trick_landed::MarkTrickLanded>()
-            .with::<start_flow::StartFlow>()
-            .with::<set_flow_slots::SetFlowSlots>()
-            .with::<leave_flow::LeaveFlow>()
-            .with::<remember::Remember>()
-            .with::<forget::Forget>()
-            .with::<more_tools::MoreTools>()
+/// Something done with each tool type, in the order the model is offered them.
+trait EachTool {
+    fn tool<T: Tool>(&mut self);
+}
+
+/// The six TrickBook tools, the two of reminders, checking off a landed trick, the three of guided
+/// flows, remembering and forgetting, and `more_tools`.
+fn each_tool(e: &mut impl EachTool) {
+    e.tool::<search_spots::SearchSpots>();
+    e.tool::<get_user_tricklists::GetUserTricklists>();
+    e.tool::<search_trickipedia::SearchTrickipedia>();
+    e.tool::<create_tricklist::CreateTricklist>();
+    e.tool::<create_spot_draft::CreateSpotDraft>();
+    e.tool::<share_content::ShareContent>();
+    e.tool::<schedule_reminder::ScheduleReminder>();
+    e.tool::<cancel_reminder::CancelReminder>();
+    e.tool::<mark_trick_landed::MarkTrickLanded>();
+    e.tool::<start_flow::StartFlow>();
+    e.tool::<set_flow_slots::SetFlowSlots>();
+    e.tool::<leave_flow::LeaveFlow>();
+    e.tool::<remember::Remember>();
+    e.tool::<forget::Forget>();
+    e.tool::<more_tools::MoreTools>();
+}
+
+impl EachTool for Registry {
+    fn tool<T: Tool>(&mut self) {
+        self.defs.push(Def::of::<T>());
     }
 }
 
-/// The default registry, built once per process.
+impl Default for Registry {
+    fn default() -> Self {
+        let mut registry = Self::empty();
+        each_tool(&mut registry);
+        registry
+    }
+}
+
+/// Every tool's definition, built once per process.
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::default);
 
 impl Registry {
+    /// No tool at all (a crisis turn's, a follow-up's).
     pub(crate) fn empty() -> Self {
         Self {
-            tools: Vec::new(),
+            defs: Vec::new(),
             offers: std::array::from_fn(|_| OnceLock::new()),
         }
     }
 
-    pub(crate) fn with<T: Tool>(mut self) -> Self {
-        self.tools.push(Box::new(Erased::<T>::new()));
+    #[cfg(test)]
+    fn with<T: Tool>(mut self) -> Self {
+        self.defs.push(Def::of::<T>());
         self.offers = std::array::from_fn(|_| OnceLock::new());
         self
     }
@@ -518,23 +550,37 @@ impl Registry {
     pub(crate) fn offered(&self, offer: offer::Offer) -> Arc<[ToolDef]> {
         self.offers[offer.index()]
             .get_or_init(|| {
-                let left_out = self.tools.iter().any(|t| {
-                    t.name() != more_tools::NAME && !t.groups().iter().any(|g| offer.has(*g))
-                });
-                self.tools
+                let left_out = self
+                    .defs
                     .iter()
-                    .filter(|t| match t.name() {
+                    .any(|t| t.name != more_tools::NAME && !t.groups.iter().any(|g| offer.has(*g)));
+                self.defs
+                    .iter()
+                    .filter(|t| match t.name {
                         more_tools::NAME => left_out,
-                        _ => t.groups().iter().any(|g| offer.has(*g)),
+                        _ => t.groups.iter().any(|g| offer.has(*g)),
                     })
-                    .map(|t| t.def())
+                    .map(|t| t.def.clone())
                     .collect()
             })
             .clone()
     }
 
     pub(crate) fn names(&self) -> Vec<&'static str> {
-        self.tools.iter().map(|t| t.name()).collect()
+        self.defs.iter().map(|t| t.name).collect()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.defs.is_empty()
+    }
+
+    /// The names of the tools of `group`.
+    pub(crate) fn names_in(&self, group: Group) -> Vec<&'static str> {
+        self.defs
+            .iter()
+            .filter(|t| t.groups.contains(&group))
+            .map(|t| t.name)
+            .collect()
     }
 
     /// The `tools` array of a chat request offered every tool.
@@ -547,14 +593,33 @@ impl Registry {
     pub(crate) fn offered_tokens(&self, offer: offer::Offer) -> usize {
         serde_json::to_string(&*self.offered(offer)).map_or(0, |s| s.len().div_ceil(4))
     }
+}
 
-    /// The names of the tools of `group`.
-    pub(crate) fn names_in(&self, group: Group) -> Vec<&'static str> {
-        self.tools
-            .iter()
-            .filter(|t| t.groups().contains(&group))
-            .map(|t| t.name())
-            .collect()
+/// What runs the tools' calls: every tool, holding the stores it works with.
+pub struct Toolbox {
+    tools: Vec<Box<dyn DynTool>>,
+}
+
+impl Toolbox {
+    /// Every tool, built with what it needs of `stores`.
+    pub fn new(stores: &ToolStores) -> Self {
+        struct Build<'s>(&'s ToolStores, Vec<Box<dyn DynTool>>);
+        impl EachTool for Build<'_> {
+            fn tool<T: Tool>(&mut self) {
+                self.1.push(Box::new(Erased {
+                    parameters: Arc::new(schema::parameters_for::<T::Args>()),
+                    tool: T::new(self.0),
+                }));
+            }
+        }
+        let mut build = Build(stores, Vec::new());
+        each_tool(&mut build);
+        Self { tools: build.1 }
+    }
+
+    /// No tool: every call is an unknown tool (a crisis turn's).
+    pub(crate) fn empty() -> Self {
+        Self { tools: Vec::new() }
     }
 
     /// Runs one call: unknown names, bad arguments, tool errors and even panics become results.
@@ -617,7 +682,11 @@ pub(crate) fn derived_id(message_id: ObjectId, tool: &str, tool_call_id: &str) -
 /// Passes the write quota for this call or explains why not: a counted step of the turn's journal
 /// (tally `writes:<user>`, one hour), so every worker counts against the same limit and a retried call is
 /// not counted twice.
-pub(crate) async fn guard_write(ctx: &ToolContext<'_>, tool: &str) -> Result<(), ToolError> {
+pub(crate) async fn guard_write(
+    ctx: &ToolContext<'_>,
+    writes_per_hour: u32,
+    tool: &str,
+) -> Result<(), ToolError> {
     let tally = names::tally::writes(&ctx.user.to_hex());
     let admission = ctx
         .job
@@ -625,7 +694,7 @@ pub(crate) async fn guard_write(ctx: &ToolContext<'_>, tool: &str) -> Result<(),
             names::step::QUOTA,
             &ctx.call_key,
             &tally,
-            ctx.writes_per_hour,
+            writes_per_hour,
             std::time::Duration::from_secs(3600),
             ctx.now,
         )
@@ -634,7 +703,7 @@ pub(crate) async fn guard_write(ctx: &ToolContext<'_>, tool: &str) -> Result<(),
     match admission {
         Admission::Granted | Admission::AlreadyCounted => Ok(()),
         Admission::Exceeded { retry_after_secs } => Err(ToolError::QuotaExceeded {
-            limit: ctx.writes_per_hour,
+            limit: writes_per_hour,
             retry_after_mins: (retry_after_secs + 59) / 60,
         }),
     }

@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Group, REGISTRY, Tool, ToolContext, ToolError, ToolOutput};
+use super::{Group, REGISTRY, Tool, ToolContext, ToolError, ToolOutput, ToolStores};
 
 pub(crate) const NAME: &str = "more_tools";
 
@@ -29,7 +29,11 @@ impl Tool for MoreTools {
          in_flow (a running flow)."
     }
 
-    async fn call(_ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(_: &ToolStores) -> Self {
+        Self
+    }
+
+    async fn call(&self, _ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         Ok(ToolOutput::data(json!({
             "group": args.group,
             "tools": REGISTRY.names_in(args.group),

@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Group, Tool, ToolContext, ToolError, ToolOutput};
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores};
 use crate::{
     journal::{Admission, names},
     memory::{
@@ -37,7 +37,11 @@ impl Tool for Remember {
         "Keep a fact about the user for later chats, when they ask you to remember it. Only about them, never about others."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(_: &ToolStores) -> Self {
+        Self
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let memory = dm_memory(ctx)?;
         let fact = args.fact.trim().to_owned();
         if memory::extract::flagged(&fact) {

@@ -14,7 +14,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{Group, Tool, ToolContext, ToolError, ToolOutput, derived_id, guard_write};
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores, derived_id, guard_write};
 use crate::store::reminders::{Reminder, ReminderState};
 
 /// Longest reminder text.
@@ -40,7 +40,15 @@ pub(crate) struct Args {
     pub(crate) exact: bool,
 }
 
-pub(crate) struct ScheduleReminder;
+pub(crate) struct ScheduleReminder {
+    /// The service's database.
+    pg: crate::store::Pg,
+    /// Where reminders are scheduled.
+    bus: crate::bus::Bus,
+    reminders: super::ReminderBounds,
+    /// Things a user may create per rolling hour (the write quota).
+    writes_per_hour: u32,
+}
 
 impl Tool for ScheduleReminder {
     const NAME: &'static str = "schedule_reminder";
@@ -51,22 +59,31 @@ impl Tool for ScheduleReminder {
         "Remind the user of something: at `at` you will message them in this chat. Use when they ask for a reminder or accept your offer. Counts toward an hourly limit."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(s: &ToolStores) -> Self {
+        Self {
+            pg: s.pg.clone(),
+            bus: s.bus.clone(),
+            reminders: s.reminders,
+            writes_per_hour: s.writes_per_hour,
+        }
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let text = args.text.trim().to_owned();
-        let min_lead = Duration::from_std(ctx.reminders.min_lead).unwrap_or(Duration::minutes(1));
+        let min_lead = Duration::from_std(self.reminders.min_lead).unwrap_or(Duration::minutes(1));
         let due = due_time(&args.at, ctx.now, min_lead)?;
         let id = derived_id(ctx.message_id, Self::NAME, &ctx.tool_call_id).to_hex();
         let user = ctx.user.to_hex();
-        let existing = ctx.pg.reminder(&id).await?;
+        let existing = self.pg.reminder(&id).await?;
         let stored = match existing {
             Some(r) => r,
             None => {
-                if ctx.pg.pending_reminders(&user).await? >= MAX_PENDING {
+                if self.pg.pending_reminders(&user).await? >= MAX_PENDING {
                     return Err(ToolError::Forbidden(format!(
                         "the user already has {MAX_PENDING} pending reminders; cancel one first"
                     )));
                 }
-                guard_write(ctx, Self::NAME).await?;
+                guard_write(ctx, self.writes_per_hour, Self::NAME).await?;
                 let mut fire_at = if args.exact {
                     due
                 } else {
@@ -76,7 +93,7 @@ impl Tool for ScheduleReminder {
                     fire_at =
                         crate::safety::age::after_quiet_hours(fire_at, ctx.time_zone, start, end);
                 }
-                ctx.pg
+                self.pg
                     .insert_reminder(&Reminder {
                         id: id.clone(),
                         user_id: user,
@@ -91,9 +108,9 @@ impl Tool for ScheduleReminder {
             }
         };
         if stored.state == ReminderState::Pending {
-            let names = &ctx.bus.names;
+            let names = &self.bus.names;
             let body = json!({ "reminderId": &stored.id, "fireAt": stored.fire_at });
-            ctx.bus
+            self.bus
                 .schedule_at(
                     names.reminder_schedule(&stored.id),
                     &names.reminder_due(&stored.id),

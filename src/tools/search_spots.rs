@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    Group, QUERY_MAX, Tool, ToolContext, ToolError, ToolOutput, contains_ci, deep_link, num_field,
-    str_field,
+    Group, QUERY_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStores, contains_ci, deep_link,
+    num_field, str_field,
 };
 use crate::store::mongo::SPOTS;
 
@@ -58,7 +58,9 @@ pub(crate) struct Args {
     pub(crate) limit: Option<u32>,
 }
 
-pub(crate) struct SearchSpots;
+pub(crate) struct SearchSpots {
+    mongo: crate::store::Mongo,
+}
 
 impl Tool for SearchSpots {
     const NAME: &'static str = "search_spots";
@@ -69,7 +71,13 @@ impl Tool for SearchSpots {
         "Find spots by a word in their name or location, when the user asks about places to skate or ride. The app shows them as a list."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(s: &ToolStores) -> Self {
+        Self {
+            mongo: s.mongo.clone(),
+        }
+    }
+
+    async fn call(&self, _ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let q = args.query.trim();
         let mut filter = doc! { "$or": [
             { "name": contains_ci(q) },
@@ -82,7 +90,7 @@ impl Tool for SearchSpots {
             filter.insert("type", kind.as_str());
         }
         let limit = args.limit.unwrap_or(LIMIT_DEFAULT).clamp(1, LIMIT_MAX);
-        let docs: Vec<Document> = ctx
+        let docs: Vec<Document> = self
             .mongo
             .collection(SPOTS)
             .find(filter)

@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    Group, QUERY_MAX, Tool, ToolContext, ToolError, ToolOutput, clip, contains_ci, deep_link,
-    str_field,
+    Group, QUERY_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStores, clip, contains_ci,
+    deep_link, str_field,
 };
 use crate::store::mongo::TRICKS;
 
@@ -50,7 +50,9 @@ pub(crate) struct Args {
     pub(crate) category: Option<Category>,
 }
 
-pub(crate) struct SearchTrickipedia;
+pub(crate) struct SearchTrickipedia {
+    mongo: crate::store::Mongo,
+}
 
 impl Tool for SearchTrickipedia {
     const NAME: &'static str = "search_trickipedia";
@@ -61,14 +63,20 @@ impl Tool for SearchTrickipedia {
         "Look up tricks by name or keyword, for how-tos, difficulty or ideas."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(s: &ToolStores) -> Self {
+        Self {
+            mongo: s.mongo.clone(),
+        }
+    }
+
+    async fn call(&self, _ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let q = args.query.trim();
         let mut filter =
             doc! { "$or": [ { "name": contains_ci(q) }, { "description": contains_ci(q) } ] };
         if let Some(c) = args.category {
             filter.insert("category", c.as_str());
         }
-        let mut docs: Vec<Document> = ctx
+        let mut docs: Vec<Document> = self
             .mongo
             .collection(TRICKS)
             .find(filter)

@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Group, Tool, ToolContext, ToolError, ToolOutput, schema};
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores, schema};
 use crate::flow::{
     self,
     state::{self, Applied, status},
@@ -20,7 +20,10 @@ pub(crate) struct Args {
     pub(crate) slots: Map<String, Value>,
 }
 
-pub(crate) struct SetFlowSlots;
+pub(crate) struct SetFlowSlots {
+    /// Every guided flow there is.
+    flows: std::sync::Arc<crate::flow::Flows>,
+}
 
 /// Why a slot update is refused.
 #[derive(Serialize, Deserialize)]
@@ -39,13 +42,19 @@ impl Tool for SetFlowSlots {
         "Record values for the current flow step: only what the user said or a tool returned, never invented."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(s: &ToolStores) -> Self {
+        Self {
+            flows: s.flows.clone(),
+        }
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
         let applied = state::change(ctx.job, &ctx.call_key, &user, &bot, |current| {
             let Some(c) = current.filter(|c| status::is_open(&c.status)) else {
                 return Err(Refusal::NoFlow);
             };
-            let Some(def) = ctx.flows.get(&c.flow) else {
+            let Some(def) = self.flows.get(&c.flow) else {
                 return Err(Refusal::NoFlow);
             };
             if c.status == status::WAITING {
@@ -67,7 +76,7 @@ impl Tool for SetFlowSlots {
         .await?;
         match applied {
             Applied::Changed(Some(s)) | Applied::Unchanged(Some(s)) => {
-                match ctx.flows.get(&s.flow) {
+                match self.flows.get(&s.flow) {
                     Some(def) => Ok(ToolOutput::data(flow::view(def, &s))),
                     None => Err(ToolError::NotFound(format!("no flow `{}`", s.flow))),
                 }

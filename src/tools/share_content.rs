@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    Group, Tool, ToolContext, ToolError, ToolOutput,
+    Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores,
     create_tricklist::tricklist_card_data,
     search_spots::spot_summary,
     search_trickipedia::{trick_card, trick_summary},
@@ -34,7 +34,9 @@ pub(crate) struct Args {
     pub(crate) id: String,
 }
 
-pub(crate) struct ShareContent;
+pub(crate) struct ShareContent {
+    mongo: crate::store::Mongo,
+}
 
 impl Tool for ShareContent {
     const NAME: &'static str = "share_content";
@@ -45,7 +47,13 @@ impl Tool for ShareContent {
         "Show a spot, tricklist or trick as a card in the chat. Only the user's own or public tricklists."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(s: &ToolStores) -> Self {
+        Self {
+            mongo: s.mongo.clone(),
+        }
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let id = ObjectId::parse_str(&args.id)
             .map_err(|_| ToolError::invalid("id", "is not an ObjectId"))?;
         let missing = |what: &str| {
@@ -56,7 +64,7 @@ impl Tool for ShareContent {
         };
         let card = match args.kind {
             ContentType::Spot => {
-                let d = ctx
+                let d = self
                     .mongo
                     .collection(SPOTS)
                     .find_one(doc! { "_id": id })
@@ -66,7 +74,7 @@ impl Tool for ShareContent {
                 json!({ "type": "spot_card", "data": s })
             }
             ContentType::Trick => {
-                let d = ctx
+                let d = self
                     .mongo
                     .collection(TRICKS)
                     .find_one(doc! { "_id": id })
@@ -76,7 +84,7 @@ impl Tool for ShareContent {
                 trick_card(&t)
             }
             ContentType::Tricklist => {
-                let d = ctx
+                let d = self
                     .mongo
                     .collection(TRICKLISTS)
                     .find_one(doc! { "_id": id })

@@ -5,7 +5,7 @@
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::{Group, Tool, ToolContext, ToolError, ToolOutput};
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores};
 use crate::flow::{
     self,
     state::{self, Applied, FlowState, status},
@@ -19,7 +19,10 @@ pub(crate) struct Args {
     pub(crate) flow: String,
 }
 
-pub(crate) struct StartFlow;
+pub(crate) struct StartFlow {
+    /// Every guided flow there is.
+    flows: std::sync::Arc<crate::flow::Flows>,
+}
 
 impl Tool for StartFlow {
     const NAME: &'static str = "start_flow";
@@ -30,9 +33,15 @@ impl Tool for StartFlow {
         "Start or resume a guided flow you offer, when the user asks for or agrees to it. Fill its slots with set_flow_slots."
     }
 
-    async fn call(ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+    fn new(s: &ToolStores) -> Self {
+        Self {
+            flows: s.flows.clone(),
+        }
+    }
+
+    async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let id = args.flow.trim();
-        let def = match ctx.flows.get(id) {
+        let def = match self.flows.get(id) {
             Some(d) if ctx.offered_flows.iter().any(|f| f == id) => d,
             _ => {
                 return Err(ToolError::invalid(

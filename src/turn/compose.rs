@@ -32,7 +32,7 @@ use crate::{
     proactive::FollowUp,
     timing::{Stage, stage},
     tools::{
-        Group, REGISTRY, Registry, ReminderBounds, ToolContext,
+        Group, REGISTRY, Registry, ToolContext, Toolbox,
         offer::{self, Offer, Signals},
     },
 };
@@ -108,6 +108,8 @@ fn as_read_by(
 
 /// What a follow-up's model is offered: no tools (it tells, it does not act).
 static NO_TOOLS: LazyLock<Registry> = LazyLock::new(Registry::empty);
+/// What runs a call no tool was offered for: nothing (every call is an unknown tool).
+static NO_TOOLBOX: LazyLock<Toolbox> = LazyLock::new(Toolbox::empty);
 
 /// One slot about to be composed, with what it sees.
 pub(crate) struct Turn<'a, 't> {
@@ -570,6 +572,11 @@ impl Turns {
             spend: Some(&self.spend),
             llm: &self.llm,
             registry: tools,
+            // Offered nothing, the model can run nothing.
+            toolbox: match tools.is_empty() {
+                true => &NO_TOOLBOX,
+                false => &self.tools,
+            },
             offer,
             limits: tool_loop::LoopLimits {
                 max_rounds: self.config.max_tool_rounds,
@@ -581,24 +588,16 @@ impl Turns {
                 bot: event.bot_id,
                 conversation: event.conversation_id,
                 character: &c.name,
-                pg: &self.pg,
-                bus: &self.bus,
                 time_zone: user.profile.as_ref().and_then(|p| p.time_zone.as_deref()),
                 minor_quiet: t.admitted.age.is_minor().then_some((
                     self.safety.config.minor_quiet_start,
                     self.safety.config.minor_quiet_end,
                 )),
-                reminders: ReminderBounds {
-                    min_lead: std::time::Duration::from_secs(self.config.reminder_min_lead_secs),
-                },
                 message_id: event.message_id,
                 tool_call_id: String::new(),
                 call_key: String::new(),
-                mongo: &self.mongo,
                 job,
                 now: Utc::now(),
-                writes_per_hour: self.config.writes_per_hour,
-                flows: &self.flows,
                 offered_flows: &c.flows,
                 memory: match (&t.admitted.kind, self.memory.config.enabled) {
                     (Kind::Dm(_), true) => crate::memory::Access::Dm(&self.memory),

@@ -360,7 +360,9 @@ pub struct Turns {
     pub(crate) llm: LlmClient,
     pub(crate) characters: Characters,
     /// The guided flows the characters offer.
-    pub(crate) flows: Flows,
+    pub(crate) flows: Arc<Flows>,
+    /// The tools, built once with the stores they use.
+    pub(crate) tools: Arc<crate::tools::Toolbox>,
     pub(crate) retriever: Retriever,
     pub(crate) flood: FloodLimit,
     /// The spend budgets, checked before each paid call.

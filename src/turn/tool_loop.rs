@@ -30,7 +30,9 @@ use crate::{
     metrics::{Metrics, label},
     spend::{self, Allowance, Scope, SpendGuard},
     timing::{Stage, stage},
-    tools::{Group, Registry, ToolContext, ToolRecord, call_key, more_tools, offer::Offer},
+    tools::{
+        Group, Registry, ToolContext, ToolRecord, Toolbox, call_key, more_tools, offer::Offer,
+    },
 };
 
 /// What the loop produced.
@@ -59,6 +61,8 @@ pub struct LoopLimits {
 pub struct LoopContext<'a> {
     pub llm: &'a LlmClient,
     pub registry: &'a Registry,
+    /// What runs the calls: the tools, or none when none were offered.
+    pub toolbox: &'a Toolbox,
     /// The groups of tools offered at first; `more_tools` adds one for the rounds after it.
     pub offer: Offer,
     pub limits: LoopLimits,
@@ -178,7 +182,7 @@ async fn run_calls(
                 .lazy()
                 .run(async {
                     let started = Instant::now();
-                    let result = cx.registry.dispatch(name, args, &ctx).await;
+                    let result = cx.toolbox.dispatch(name, args, &ctx).await;
                     let ms = started.elapsed().as_millis() as u64;
                     let record = result.record(args, round, ms)?;
                     info!(tool = %record.tool, ok = record.ok, ms, round, "tool call");

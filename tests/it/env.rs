@@ -577,12 +577,11 @@ impl InProcessWorker {
     }
 }
 
-/// A turn's job for calling tools directly: a new event message of one user to Kaori.
+/// A turn's job for calling tools directly: a new event message of one user to Kaori, and the tools
+/// built with this job's stores.
 pub struct ToolJob {
     pub job: Job,
-    pub mongo: Mongo,
-    pub pg: Pg,
-    pub bus: Bus,
+    pub tools: companion::testing::tools::Toolbox,
     pub user: ObjectId,
     pub message_id: ObjectId,
 }
@@ -602,11 +601,20 @@ impl ToolJob {
             })
             .await
             .expect("job opens");
+        let tools =
+            companion::testing::tools::Toolbox::new(&companion::testing::tools::ToolStores {
+                mongo,
+                pg,
+                bus,
+                flows: NO_FLOWS.clone(),
+                reminders: companion::testing::tools::ReminderBounds {
+                    min_lead: Duration::from_secs(60),
+                },
+                writes_per_hour: 5,
+            });
         Self {
             job,
-            mongo,
-            pg,
-            bus,
+            tools,
             user: oid(user),
             message_id,
         }
@@ -623,18 +631,10 @@ impl ToolJob {
             message_id: self.message_id,
             call_key: format!("{call}:test"),
             tool_call_id: call,
-            mongo: &self.mongo,
-            pg: &self.pg,
-            bus: &self.bus,
             time_zone: None,
             minor_quiet: None,
-            reminders: companion::testing::tools::ReminderBounds {
-                min_lead: Duration::from_secs(60),
-            },
             job: &self.job,
             now: chrono::Utc::now(),
-            writes_per_hour: 5,
-            flows: &NO_FLOWS,
             offered_flows: &[],
             memory: companion::testing::memory::Access::Off,
         }
@@ -642,7 +642,7 @@ impl ToolJob {
 }
 
 /// Tool tests outside a flow.
-static NO_FLOWS: std::sync::LazyLock<companion::testing::flow::Flows> =
+static NO_FLOWS: std::sync::LazyLock<std::sync::Arc<companion::testing::flow::Flows>> =
     std::sync::LazyLock::new(Default::default);
 
 /// The body of a GET.

@@ -9,7 +9,7 @@ use std::{
 
 use bson::doc;
 use chrono::{DateTime, Utc};
-use companion::testing::{bus::Completion, tools::Registry};
+use companion::testing::bus::Completion;
 use companion_dev::stub::{Responder, StubReply};
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -226,10 +226,11 @@ async fn a_cancelled_reminder_never_arrives() {
 async fn bad_times_and_too_many_reminders_are_error_results() {
     let env = TestEnv::new(companion_dev::stub::always(StubReply::text("x"))).await;
     let tj = env.tool_job(JESS).await;
+    let tools = &tj.tools;
     let call = |args: Value| {
         let ctx = tj.ctx();
         async move {
-            Registry::default()
+            tools
                 .dispatch("schedule_reminder", &args.to_string(), &ctx)
                 .await
         }
@@ -300,7 +301,8 @@ async fn bad_times_and_too_many_reminders_are_error_results() {
     for _ in 0..2 {
         let tj = env.tool_job(JESS).await;
         for _ in 0..5 {
-            let r = Registry::default()
+            let r = tj
+                .tools
                 .dispatch(
                     "schedule_reminder",
                     &json!({"text": "x", "at": rfc(chrono::Duration::hours(2))}).to_string(),

@@ -61,6 +61,7 @@ async fn run_within(
         spend: None,
         llm: &llm,
         registry: &REGISTRY,
+        toolbox: &tj.tools,
         offer: companion::testing::tools::offer::Offer::all(),
         limits: LoopLimits {
             max_rounds: 3,

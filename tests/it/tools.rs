@@ -5,17 +5,15 @@ use bson::{Bson, Document, doc};
 use companion::testing::{
     failure::{Class, Classify},
     store::mongo::{SPOT_DRAFTS, SPOTS, TRICKLISTS},
-    tools::{Registry, ToolContext, ToolError, ToolResult},
+    tools::{ToolContext, ToolError, ToolResult, Toolbox},
     turn::TurnError,
 };
 use companion_dev::stub::{StubReply, always};
 use futures::TryStreamExt;
 use serde_json::{Value, json};
 
-async fn call(ctx: &ToolContext<'_>, name: &str, args: Value) -> ToolResult {
-    Registry::default()
-        .dispatch(name, &args.to_string(), ctx)
-        .await
+async fn call(tools: &Toolbox, ctx: &ToolContext<'_>, name: &str, args: Value) -> ToolResult {
+    tools.dispatch(name, &args.to_string(), ctx).await
 }
 
 fn data(r: &ToolResult) -> &Value {
@@ -50,7 +48,13 @@ async fn search_spots_matches_filters_limits_and_is_literal() {
     let tj_jess = f.tool_job(JESS).await;
 
     let ctx = tj_jess.ctx();
-    let r = call(&ctx, "search_spots", json!({"query": "portland"})).await;
+    let r = call(
+        &tj_jess.tools,
+        &ctx,
+        "search_spots",
+        json!({"query": "portland"}),
+    )
+    .await;
     assert!(names(data(&r), "spots").contains(&"Burnside Skatepark".to_owned()));
     let card = r.card().unwrap();
     assert_eq!(card["type"], "spots_list");
@@ -60,16 +64,29 @@ async fn search_spots_matches_filters_limits_and_is_literal() {
         format!("trickbook://spot/{}", first["_id"].as_str().unwrap())
     );
     // no matches: no card
-    let r = call(&ctx, "search_spots", json!({"query": "zzzz-no-such-spot"})).await;
+    let r = call(
+        &tj_jess.tools,
+        &ctx,
+        "search_spots",
+        json!({"query": "zzzz-no-such-spot"}),
+    )
+    .await;
     assert_eq!(data(&r)["count"], 0);
     assert!(r.card().is_none());
     // limit (default 5, explicit 2)
-    let r = call(&ctx, "search_spots", json!({"query": "e"})).await;
+    let r = call(&tj_jess.tools, &ctx, "search_spots", json!({"query": "e"})).await;
     assert_eq!(data(&r)["count"], 5);
-    let r = call(&ctx, "search_spots", json!({"query": "e", "limit": 2})).await;
+    let r = call(
+        &tj_jess.tools,
+        &ctx,
+        "search_spots",
+        json!({"query": "e", "limit": 2}),
+    )
+    .await;
     assert_eq!(data(&r)["count"], 2);
     // type filter
     let r = call(
+        &tj_jess.tools,
         &ctx,
         "search_spots",
         json!({"query": "e", "type": "diy", "limit": 20}),
@@ -80,24 +97,65 @@ async fn search_spots_matches_filters_limits_and_is_literal() {
     assert!(spots.iter().all(|s| s["type"] == "diy"));
     // regex metacharacters are literal
     for q in [".*", "(a+)+$", "^B", "[a-z]+", "Burnside|FDR"] {
-        let r = call(&ctx, "search_spots", json!({"query": q})).await;
+        let r = call(&tj_jess.tools, &ctx, "search_spots", json!({"query": q})).await;
         assert_eq!(data(&r)["count"], 0, "query {q} must match literally");
     }
     // validation
-    let e = error(&call(&ctx, "search_spots", json!({"query": "x".repeat(101)})).await);
+    let e = error(
+        &call(
+            &tj_jess.tools,
+            &ctx,
+            "search_spots",
+            json!({"query": "x".repeat(101)}),
+        )
+        .await,
+    );
     assert_eq!(e["field"], "query");
-    let e = error(&call(&ctx, "search_spots", json!({"query": "a", "limit": 21})).await);
+    let e = error(
+        &call(
+            &tj_jess.tools,
+            &ctx,
+            "search_spots",
+            json!({"query": "a", "limit": 21}),
+        )
+        .await,
+    );
     assert_eq!(e["field"], "limit");
-    let e = error(&call(&ctx, "search_spots", json!({"query": "a", "limit": 0})).await);
+    let e = error(
+        &call(
+            &tj_jess.tools,
+            &ctx,
+            "search_spots",
+            json!({"query": "a", "limit": 0}),
+        )
+        .await,
+    );
     assert_eq!(e["field"], "limit");
-    let e = error(&call(&ctx, "search_spots", json!({"query": "a", "type": "mall"})).await);
+    let e = error(
+        &call(
+            &tj_jess.tools,
+            &ctx,
+            "search_spots",
+            json!({"query": "a", "type": "mall"}),
+        )
+        .await,
+    );
     assert_eq!(e["field"], "type");
-    let e = error(&call(&ctx, "search_spots", json!({"query": "   "})).await);
+    let e = error(
+        &call(
+            &tj_jess.tools,
+            &ctx,
+            "search_spots",
+            json!({"query": "   "}),
+        )
+        .await,
+    );
     assert_eq!(e["field"], "query");
-    let e = error(&call(&ctx, "search_spots", json!({})).await);
+    let e = error(&call(&tj_jess.tools, &ctx, "search_spots", json!({})).await);
     assert_eq!(e["field"], "query");
     // null for an optional field means absent
     let r = call(
+        &tj_jess.tools,
         &ctx,
         "search_spots",
         json!({"query": "portland", "type": null}),
@@ -115,7 +173,8 @@ async fn get_user_tricklists_sees_only_own_lists() {
 
     let jess = tj_jess.ctx();
     // empty-string arguments (OpenRouter for no-arg tools)
-    let r = Registry::default()
+    let r = tj_jess
+        .tools
         .dispatch("get_user_tricklists", "", &jess)
         .await;
     let mut got = names(data(&r), "tricklists");
@@ -132,16 +191,36 @@ async fn get_user_tricklists_sees_only_own_lists() {
     assert_eq!(park["landed"], 3);
     assert_eq!(park["tricks"][0]["name"], "Ollie");
     assert_eq!(park["tricks"][0]["checked"], true);
-    let r = call(&jess, "get_user_tricklists", json!({"listName": "PARK"})).await;
+    let r = call(
+        &tj_jess.tools,
+        &jess,
+        "get_user_tricklists",
+        json!({"listName": "PARK"}),
+    )
+    .await;
     assert_eq!(names(data(&r), "tricklists"), ["Park Essentials"]);
-    let r = call(&jess, "get_user_tricklists", json!({"listName": ".*"})).await;
+    let r = call(
+        &tj_jess.tools,
+        &jess,
+        "get_user_tricklists",
+        json!({"listName": ".*"}),
+    )
+    .await;
     assert_eq!(data(&r)["count"], 0);
     let sam = tj_sam.ctx();
-    let r = call(&sam, "get_user_tricklists", json!({})).await;
+    let r = call(&tj_sam.tools, &sam, "get_user_tricklists", json!({})).await;
     let mut got = names(data(&r), "tricklists");
     got.sort();
     assert_eq!(got, ["Sam's Secret List", "Sam's Street Basics"]);
-    let e = error(&call(&jess, "get_user_tricklists", json!({"userId": SAM})).await);
+    let e = error(
+        &call(
+            &tj_jess.tools,
+            &jess,
+            "get_user_tricklists",
+            json!({"userId": SAM}),
+        )
+        .await,
+    );
     assert!(
         e["error"].as_str().unwrap().contains("act for the user"),
         "{e}"
@@ -155,7 +234,13 @@ async fn search_trickipedia_by_name_keyword_and_category() {
     let tj_jess = f.tool_job(JESS).await;
 
     let ctx = tj_jess.ctx();
-    let r = call(&ctx, "search_trickipedia", json!({"query": "kickflip"})).await;
+    let r = call(
+        &tj_jess.tools,
+        &ctx,
+        "search_trickipedia",
+        json!({"query": "kickflip"}),
+    )
+    .await;
     let got = names(data(&r), "tricks");
     assert_eq!(got[0], "Kickflip", "exact name first: {got:?}");
     assert!(got.contains(&"Varial Kickflip".to_owned()));
@@ -170,6 +255,7 @@ async fn search_trickipedia_by_name_keyword_and_category() {
     );
     // category filter picks the snowboard Boardslide
     let r = call(
+        &tj_jess.tools,
         &ctx,
         "search_trickipedia",
         json!({"query": "boardslide", "category": "snowboard"}),
@@ -179,10 +265,17 @@ async fn search_trickipedia_by_name_keyword_and_category() {
     assert_eq!(data(&r)["tricks"][0]["category"], "snowboard");
     assert_eq!(r.card().unwrap()["type"], "trick_card");
     // keyword in the description, at most 10
-    let r = call(&ctx, "search_trickipedia", json!({"query": "the"})).await;
+    let r = call(
+        &tj_jess.tools,
+        &ctx,
+        "search_trickipedia",
+        json!({"query": "the"}),
+    )
+    .await;
     assert_eq!(data(&r)["count"], 10);
     assert!(r.card().is_none());
     let r = call(
+        &tj_jess.tools,
         &ctx,
         "search_trickipedia",
         json!({"query": "no such trick"}),
@@ -190,11 +283,18 @@ async fn search_trickipedia_by_name_keyword_and_category() {
     .await;
     assert_eq!(data(&r)["count"], 0);
     for q in [".*", "(a+)+$", "Kick.lip"] {
-        let r = call(&ctx, "search_trickipedia", json!({"query": q})).await;
+        let r = call(
+            &tj_jess.tools,
+            &ctx,
+            "search_trickipedia",
+            json!({"query": q}),
+        )
+        .await;
         assert_eq!(data(&r)["count"], 0, "query {q} must match literally");
     }
     let e = error(
         &call(
+            &tj_jess.tools,
             &ctx,
             "search_trickipedia",
             json!({"query": "x", "category": "golf"}),
@@ -212,7 +312,7 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
 
     let ctx = tj_jess.ctx();
     let args = json!({"name": "Park List", "tricks": ["kick flip", "50-50", "boardslide", "(a+)+$", "triple cork 1440"]});
-    let r = call(&ctx, "create_tricklist", args.clone()).await;
+    let r = call(&tj_jess.tools, &ctx, "create_tricklist", args.clone()).await;
     let d = data(&r).clone();
     assert_eq!(d["created"], true);
     assert_eq!(d["trickCount"], 3);
@@ -273,7 +373,7 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
     let sam_lists = f.mongo.user_tricklists(oid(SAM), 50).await.unwrap();
     assert!(sam_lists.iter().all(|l| l.id != id));
     // The same call again (a retry): same list, nothing new, quota counted once.
-    let again = call(&ctx, "create_tricklist", args).await;
+    let again = call(&tj_jess.tools, &ctx, "create_tricklist", args).await;
     assert_eq!(data(&again)["_id"], d["_id"]);
     assert_eq!(data(&again)["created"], false);
     let n = f
@@ -291,6 +391,7 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
     // Nothing matched: an error, no write.
     let e = error(
         &call(
+            &tj_jess.tools,
             &tj_jess.ctx(),
             "create_tricklist",
             json!({"name": "X", "tricks": [".*"]}),
@@ -301,6 +402,7 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
     // validation
     let e = error(
         &call(
+            &tj_jess.tools,
             &ctx,
             "create_tricklist",
             json!({"name": "x".repeat(101), "tricks": ["ollie"]}),
@@ -308,10 +410,19 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
         .await,
     );
     assert_eq!(e["field"], "name");
-    let e = error(&call(&ctx, "create_tricklist", json!({"name": "x", "tricks": []})).await);
+    let e = error(
+        &call(
+            &tj_jess.tools,
+            &ctx,
+            "create_tricklist",
+            json!({"name": "x", "tricks": []}),
+        )
+        .await,
+    );
     assert_eq!(e["field"], "tricks");
     let e = error(
         &call(
+            &tj_jess.tools,
             &ctx,
             "create_tricklist",
             json!({"name": "x", "tricks": "ollie"}),
@@ -321,6 +432,7 @@ async fn create_tricklist_stores_the_apps_shape_and_is_idempotent() {
     assert_eq!(e["field"], "tricks");
     let e = error(
         &call(
+            &tj_jess.tools,
             &ctx,
             "create_tricklist",
             json!({"name": "x", "tricks": ["ollie"], "user": {"$ref": "users", "$id": SAM}}),
@@ -348,7 +460,7 @@ async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
         .await
         .unwrap();
     let ctx = tj_jess.ctx();
-    let r = call(&ctx, "create_spot_draft", json!({
+    let r = call(&tj_jess.tools, &ctx, "create_spot_draft", json!({
         "name": "Ledge Plaza", "type": "street", "city": "Portland",
         "mapsUrl": "https://www.google.com/maps/place/X/@45.0,-122.0,17z/data=!3m1!4b1!4m6!3m5!8m2!3d45.5231!4d-122.6651"
     })).await;
@@ -370,6 +482,7 @@ async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
     assert_eq!(draft.get_f64("latitude").unwrap(), 45.5231);
     // A short link: a draft without coordinates, flagged.
     let r = call(
+        &tj_jess.tools,
         &tj_jess.ctx(),
         "create_spot_draft",
         json!({"name": "Mystery DIY", "type": "diy", "mapsUrl": "https://maps.app.goo.gl/AbC123"}),
@@ -388,7 +501,7 @@ async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
     assert!(draft.get_bool("shortLinkUnresolved").unwrap());
     assert_eq!(draft.get("latitude"), Some(&Bson::Null));
     // Apple, q=, manual coordinates
-    let r = call(&tj_jess.ctx(), "create_spot_draft", json!({"name": "A", "type": "skatepark", "mapsUrl": "https://maps.apple.com/?ll=37.7749,-122.4194&q=Spot"})).await;
+    let r = call(&tj_jess.tools, &tj_jess.ctx(), "create_spot_draft", json!({"name": "A", "type": "skatepark", "mapsUrl": "https://maps.apple.com/?ll=37.7749,-122.4194&q=Spot"})).await;
     assert_eq!(data(&r)["latitude"], 37.7749);
     // Refusals name the field; nothing is written.
     let bad = [
@@ -416,7 +529,15 @@ async fn create_spot_draft_reads_maps_links_and_never_touches_spots() {
         (json!({"name": "", "type": "street"}), "name"),
     ];
     for (args, field) in bad {
-        let e = error(&call(&tj_jess.ctx(), "create_spot_draft", args.clone()).await);
+        let e = error(
+            &call(
+                &tj_jess.tools,
+                &tj_jess.ctx(),
+                "create_spot_draft",
+                args.clone(),
+            )
+            .await,
+        );
         assert_eq!(e["field"], field, "{args}");
     }
     let drafts = f
@@ -447,6 +568,7 @@ async fn share_content_only_what_the_user_may_see() {
     // Sam's private list: refused like a missing one; Sam's public list and Jess's private list: cards.
     let e = error(
         &call(
+            &tj_jess.tools,
             &jess,
             "share_content",
             share("tricklist", "6650f1a2b3c4d5e6f7a8f003"),
@@ -455,6 +577,7 @@ async fn share_content_only_what_the_user_may_see() {
     );
     assert!(e["error"].as_str().unwrap().contains("no tricklist"));
     let r = call(
+        &tj_jess.tools,
         &jess,
         "share_content",
         share("tricklist", "6650f1a2b3c4d5e6f7a8f004"),
@@ -463,6 +586,7 @@ async fn share_content_only_what_the_user_may_see() {
     assert_eq!(r.card().unwrap()["type"], "tricklist_card");
     assert_eq!(r.card().unwrap()["data"]["name"], "Sam's Street Basics");
     let r = call(
+        &tj_jess.tools,
         &jess,
         "share_content",
         share("tricklist", "6650f1a2b3c4d5e6f7a8f002"),
@@ -470,6 +594,7 @@ async fn share_content_only_what_the_user_may_see() {
     .await;
     assert_eq!(r.card().unwrap()["data"]["name"], "Winter Goals");
     let r = call(
+        &tj_sam.tools,
         &tj_sam.ctx(),
         "share_content",
         share("tricklist", "6650f1a2b3c4d5e6f7a8f003"),
@@ -477,6 +602,7 @@ async fn share_content_only_what_the_user_may_see() {
     .await;
     assert_eq!(r.card().unwrap()["data"]["name"], "Sam's Secret List");
     let r = call(
+        &tj_jess.tools,
         &jess,
         "share_content",
         share("spot", "6650f1a2b3c4d5e6f7a8e001"),
@@ -489,6 +615,7 @@ async fn share_content_only_what_the_user_may_see() {
         "trickbook://spot/6650f1a2b3c4d5e6f7a8e001"
     );
     let r = call(
+        &tj_jess.tools,
         &jess,
         "share_content",
         share("trick", "6650f1a2b3c4d5e6f7a8d005"),
@@ -499,6 +626,7 @@ async fn share_content_only_what_the_user_may_see() {
     // unknown and invalid ids
     let e = error(
         &call(
+            &tj_jess.tools,
             &jess,
             "share_content",
             share("spot", "6650f1a2b3c4d5e6f7a8ffff"),
@@ -506,10 +634,19 @@ async fn share_content_only_what_the_user_may_see() {
         .await,
     );
     assert!(e["error"].as_str().unwrap().contains("no spot"));
-    let e = error(&call(&jess, "share_content", share("spot", "not-an-id")).await);
+    let e = error(
+        &call(
+            &tj_jess.tools,
+            &jess,
+            "share_content",
+            share("spot", "not-an-id"),
+        )
+        .await,
+    );
     assert_eq!(e["field"], "id");
     let e = error(
         &call(
+            &tj_jess.tools,
             &jess,
             "share_content",
             share("video", "6650f1a2b3c4d5e6f7a8e001"),
@@ -526,7 +663,7 @@ async fn malformed_calls_are_error_results() {
     let tj_jess = f.tool_job(JESS).await;
 
     let ctx = tj_jess.ctx();
-    let reg = Registry::default();
+    let reg = &tj_jess.tools;
     let r = reg
         .dispatch("search_spots", "{\"query\": \"port", &ctx)
         .await;
@@ -562,9 +699,8 @@ async fn write_quota_holds_across_workers() {
     for w in 0..2 {
         let components = f.components().await;
         workers.push(tokio::spawn(async move {
-            let reg = Registry::default();
             let calls = (0..6).map(|i| {
-                let (journal, reg, c) = (&components.turns.journal, &reg, &components);
+                let (journal, c) = (&components.turns.journal, &components);
                 async move {
                     // Each call is another event's turn.
                     let tj =
@@ -572,12 +708,14 @@ async fn write_quota_holds_across_workers() {
                             .await;
                     let mut ctx = tj.ctx();
                     ctx.tool_call_id = format!("call_w{w}_{i}");
-                    reg.dispatch(
-                        "create_tricklist",
-                        &json!({"name": format!("Quota {w}-{i}"), "tricks": ["ollie"]}).to_string(),
-                        &ctx,
-                    )
-                    .await
+                    tj.tools
+                        .dispatch(
+                            "create_tricklist",
+                            &json!({"name": format!("Quota {w}-{i}"), "tricks": ["ollie"]})
+                                .to_string(),
+                            &ctx,
+                        )
+                        .await
                 }
             });
             futures::future::join_all(calls).await
@@ -609,6 +747,7 @@ async fn write_quota_holds_across_workers() {
     assert_eq!(lists.len(), 5);
     // Another user is not affected.
     let r = call(
+        &tj_sam.tools,
         &tj_sam.ctx(),
         "create_tricklist",
         json!({"name": "Sam's", "tricks": ["ollie"]}),
@@ -636,6 +775,7 @@ async fn database_errors_fail_the_turn_instead_of_answering() {
     components.pg.pool.close().await;
     let ctx = tj.ctx();
     let r = call(
+        &tj.tools,
         &ctx,
         "create_tricklist",
         json!({"name": "X", "tricks": ["ollie"]}),
@@ -645,7 +785,13 @@ async fn database_errors_fail_the_turn_instead_of_answering() {
     assert!(matches!(e, ToolError::Journal(_)), "{e}");
     let e = TurnError::from(e);
     assert_eq!(e.class(), Class::Transient, "{e}");
-    let r = call(&ctx, "search_spots", json!({"query": "portland"})).await;
+    let r = call(
+        &tj.tools,
+        &ctx,
+        "search_spots",
+        json!({"query": "portland"}),
+    )
+    .await;
     assert!(r.is_ok());
     let n = f
         .mongo
