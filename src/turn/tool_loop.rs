@@ -91,8 +91,7 @@ pub async fn converse(
     let job = cx.tools.job;
     let mut out = LoopOutput::default();
     let mut seen_ids: HashSet<String> = HashSet::new();
-    let mut round: u32 = 0;
-    let mut n: u32 = 0;
+    let (mut round, mut n) = (0u32, 0u32); // tool rounds run; model calls made (each step's key)
     let user = cx.tools.user.to_hex();
     // Several companions' conversations share a group message's job: each call says who spoke.
     let speaker = (!cx.slot.is_empty()).then(|| cx.tools.bot.to_hex());
@@ -116,8 +115,7 @@ pub async fn converse(
             Err(Unpaid::Failed(e)) => return Err(e),
         };
         n += 1;
-        let tools_offered = record.offered_tools;
-        let message = record.message;
+        let (tools_offered, message) = (record.offered_tools, record.message);
         let text = message.content.clone().unwrap_or_default();
         if message.tool_calls.is_empty() || !tools_offered {
             if !message.tool_calls.is_empty() {
