@@ -1006,7 +1006,7 @@ pub struct RagConfig {
         action = clap::ArgAction::Set
     )]
     pub skip_contentless: bool,
-    /// Longest chunk in tokens, [CLS] and [SEP] included (the model reads 256 at most).
+    /// Longest chunk in tokens, `[CLS]` and `[SEP]` included (the model reads 256 at most).
     #[arg(
         id = "chunk-tokens",
         long = "chunk-tokens",

@@ -1,10 +1,10 @@
 //! companion: the worker that gives TrickBook's AI companions their brain.
 //!
-//! A bot-bound DM arrives on NATS JetStream ([`bus`]); the one conversation pipeline ([`turn`]) loads
-//! history ([`store::pg`]) and the user's data ([`store::mongo`]), asks the chat model ([`llm`]) in the
-//! voice of a [`character`], writes the reply into `dm_messages` and publishes the completion. A group
-//! message (who answers: [`group`]) and a follow-up (what to say: [`proactive`]) take the same path.
-//! Every side effect of a job is a step of its [`journal`]; the [`worker`] runs jobs and [`settle`]s
+//! A bot-bound DM arrives on NATS JetStream (`bus`); the one conversation pipeline (`turn`) loads
+//! history (`store::pg`) and the user's data (`store::mongo`), asks the chat model (`llm`) in the
+//! voice of a `character`, writes the reply into `dm_messages` and publishes the completion. A group
+//! message (who answers: `group`) and a follow-up (what to say: `proactive`) take the same path.
+//! Every side effect of a job is a step of its `journal`; the `worker` runs jobs and `settle`s
 //! each delivery.
 //!
 //! Modules are layered (docs/development.md, Layout; checked by `layers_have_no_cycles` below): a module
@@ -13,7 +13,7 @@
 //! The public API is small (as in mini-redis): the settings ([`config`]), the worker ([`run_worker`]), the
 //! telemetry the binary starts ([`init_telemetry`], [`run_main`]) and the operations commands
 //! ([`commands`]). Everything else is private to the crate; the integration tests and the dev tooling
-//! (`companion-dev`) reach what they need through [`testing`] (feature `testing`), never the production
+//! (`companion-dev`) reach what they need through `testing` (feature `testing`), never the production
 //! binary.
 
 // What is `pub` is reachable from the API or from `testing`; anything else is `pub(crate)` at most.
