@@ -34,7 +34,9 @@ pub mod llm {
     pub use crate::llm::{CallBudget, ChatRequest, LlmClient, Message};
 }
 pub mod memory {
-    pub use crate::memory::Access;
+    pub use crate::memory::store::{How, NewFact};
+    pub use crate::memory::topic::Topic;
+    pub use crate::memory::{Access, Memory};
     pub mod extract {
         pub use crate::memory::extract::{EXTRACT_MARKER, SUMMARY_MARKER};
     }

@@ -3,7 +3,9 @@
 //! or an embedding this close) of a many-value one, whose sources it takes over; so a fact said twice is
 //! kept once, and an update never leaves the old value beside the new. Updates go by when the user said
 //! them (`said_at`), not by when they were learned: an extraction that reads an older message after a
-//! newer "remember" does not bring the old value back.
+//! newer "remember" does not bring the old value back. Writers of one (user, companion) take turns (an
+//! advisory lock held to the end of the transaction), so this holds when a `remember` and an extraction
+//! write at once.
 
 use chrono::{DateTime, Utc};
 use pgvector::Vector;
@@ -18,7 +20,7 @@ pub(crate) const DUPLICATE_SIMILARITY: f32 = 0.85;
 /// How a fact was learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum How {
+pub enum How {
     /// By the extraction job, from the conversation.
     Extracted,
     /// The user asked (`remember`).
@@ -50,25 +52,25 @@ pub(crate) struct Fact {
 
 /// A fact to keep.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct NewFact {
+pub struct NewFact {
     /// Derived from what writes it, so a retry writes the same row.
-    pub(crate) id: String,
-    pub(crate) topic: Topic,
-    pub(crate) fact: String,
-    pub(crate) sources: Vec<String>,
-    pub(crate) how: How,
+    pub id: String,
+    pub topic: Topic,
+    pub fact: String,
+    pub sources: Vec<String>,
+    pub how: How,
     /// When its newest source message was said: an older statement never replaces a newer value.
-    pub(crate) said_at: DateTime<Utc>,
+    pub said_at: DateTime<Utc>,
 }
 
 /// What keeping a fact did.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Kept {
+pub struct Kept {
     /// The facts it replaced, by id.
-    pub(crate) replaced: Vec<String>,
+    pub replaced: Vec<String>,
     /// Not kept: the user said something newer about the same thing (a one-value topic).
     #[serde(default)]
-    pub(crate) stale: bool,
+    pub stale: bool,
 }
 
 fn fact_of(r: &sqlx::postgres::PgRow) -> Fact {
@@ -91,7 +93,7 @@ const FACT_COLUMNS: &str = "id, topic, fact, sources, learned_by, how, learned_a
 impl Memory {
     /// Keeps `new` for (user, bot), in `tx`, replacing what it supersedes; at most `max_facts` kept (the
     /// oldest extracted ones go first). Writing the same fact (same id) again changes nothing.
-    pub(crate) async fn keep(
+    pub async fn keep(
         tx: &mut PgConnection,
         user: &str,
         bot: &str,
@@ -99,6 +101,14 @@ impl Memory {
         embedding: Option<&[f32]>,
         max_facts: i64,
     ) -> Result<Kept, MemoryError> {
+        // One writer at a time per (user, companion), until its transaction ends: a `remember` and an
+        // extraction keeping facts of one topic at once would otherwise each find nothing to replace and
+        // both insert (seed 11: this lock's own key space).
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || $2, 11))")
+            .bind(user)
+            .bind(bot)
+            .execute(&mut *tx)
+            .await?;
         let vector = embedding.map(|e| Vector::from(e.to_vec()));
         // $1 user, $2 bot, $3 topic, $4 one-value topic, $5 fact, $6 its vector, $7 the duplicate
         // similarity, $8 its id, $9 when it was said.

@@ -261,6 +261,45 @@ async fn a_superseding_fact_replaces_the_old_one_whether_remembered_or_learned()
     env.finish().await;
 }
 
+/// A `remember` and an extraction keep a fact of one one-value topic at the same moment, each in its
+/// own transaction, held open past the write: the second waits for the first and replaces it (or is
+/// older and stays out), so one value is kept. Without the per-(user, companion) lock both found nothing
+/// to replace and both were inserted (seen once in a loaded CI run of the test above).
+#[tokio::test]
+async fn two_writers_of_one_topic_at_once_keep_one_value() {
+    use companion::testing::memory::{How, Memory, NewFact, Topic};
+    let env = TestEnv::new(stub::always(StubReply::text("ok"))).await;
+    let now = chrono::Utc::now();
+    let write = |id: &'static str, fact: &'static str, how: How, said_secs: i64| {
+        let pool = env.pg.pool.clone();
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            let new = NewFact {
+                id: id.into(),
+                topic: Topic::Stance,
+                fact: fact.into(),
+                sources: vec![],
+                how,
+                said_at: now + chrono::Duration::seconds(said_secs),
+            };
+            Memory::keep(&mut tx, JESS, KAORI, &new, None, 50)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            tx.commit().await.unwrap();
+        }
+    };
+    tokio::join!(
+        write("race-goofy", "rides goofy", How::Extracted, 0),
+        write("race-regular", "rides regular", How::Remembered, 1),
+    );
+    assert_eq!(
+        facts(&env, JESS).await,
+        [("stance".into(), "rides regular".into())]
+    );
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn a_crisis_message_yields_no_fact() {
     let env = memory_env(1).await;
