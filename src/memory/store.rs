@@ -90,6 +90,18 @@ fn fact_of(r: &sqlx::postgres::PgRow) -> Fact {
 
 const FACT_COLUMNS: &str = "id, topic, fact, sources, learned_by, how, learned_at";
 
+/// Waits until no other transaction writes facts of (user, companion), and holds that until this one
+/// ends: a `remember` and an extraction keeping facts of one topic at once would otherwise each find
+/// nothing to replace and both insert (seed 11: this lock's own key space).
+async fn one_writer(tx: &mut PgConnection, user: &str, bot: &str) -> Result<(), MemoryError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || $2, 11))")
+        .bind(user)
+        .bind(bot)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
 impl Memory {
     /// Keeps `new` for (user, bot), in `tx`, replacing what it supersedes; at most `max_facts` kept (the
     /// oldest extracted ones go first). Writing the same fact (same id) again changes nothing.
@@ -101,14 +113,7 @@ impl Memory {
         embedding: Option<&[f32]>,
         max_facts: i64,
     ) -> Result<Kept, MemoryError> {
-        // One writer at a time per (user, companion), until its transaction ends: a `remember` and an
-        // extraction keeping facts of one topic at once would otherwise each find nothing to replace and
-        // both insert (seed 11: this lock's own key space).
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || $2, 11))")
-            .bind(user)
-            .bind(bot)
-            .execute(&mut *tx)
-            .await?;
+        one_writer(tx, user, bot).await?;
         let vector = embedding.map(|e| Vector::from(e.to_vec()));
         // $1 user, $2 bot, $3 topic, $4 one-value topic, $5 fact, $6 its vector, $7 the duplicate
         // similarity, $8 its id, $9 when it was said.
