@@ -151,7 +151,7 @@ pub struct Query<'a> {
 }
 
 /// `companion usage`: the summary of the configured database, bots named from the character files.
-pub(crate) async fn report(
+pub async fn report(
     pg: &PgConfig,
     characters_dir: &Path,
     query: Query<'_>,

@@ -11,7 +11,7 @@ use crate::{
 };
 
 /// The report for `user` (24-hex), with one companion (its name, slug or bot id) or all.
-pub(crate) async fn report(
+pub async fn report(
     pg: &PgConfig,
     config: &MemoryConfig,
     characters_dir: &Path,

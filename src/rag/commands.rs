@@ -38,7 +38,7 @@ struct EmbeddedLine<'a> {
 
 /// Reads lines of text from stdin and writes `{"text":…, "embedding":[…]}` per line to stdout.
 /// Lines already buffered are embedded together (up to 64); a lone line is answered at once.
-pub(crate) async fn embed_stdin(config: &EmbedSettings) -> Result<usize, RagCommandError> {
+pub async fn embed_stdin(config: &EmbedSettings) -> Result<usize, RagCommandError> {
     let embedder = Embedder::load(&EmbedConfig::from_settings(config))?;
     let mut input = BufReader::new(tokio::io::stdin());
     let mut out = tokio::io::BufWriter::new(tokio::io::stdout());
@@ -75,7 +75,7 @@ pub(crate) async fn embed_stdin(config: &EmbedSettings) -> Result<usize, RagComm
 }
 
 /// Ingests a folder or JSON-lines file into the knowledge base.
-pub(crate) async fn ingest_path(
+pub async fn ingest_path(
     pg: &PgConfig,
     embed: &EmbedSettings,
     rag: &RagConfig,
