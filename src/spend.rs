@@ -154,7 +154,7 @@ impl SpendLimits {
 }
 
 /// The check before each paid call, shared by a process's turns and follow-ups.
-pub struct SpendGuard {
+pub(crate) struct SpendGuard {
     pool: PgPool,
     pub(crate) limits: SpendLimits,
     /// The service's figure and when it was read.

@@ -30,8 +30,8 @@ pub mod journal {
     pub use crate::journal::{Job, JobRecord, Journal, JournalError, NewJob, State};
 }
 pub mod llm {
+    pub use crate::llm::CallBudget;
     pub use crate::llm::prices::CallUsage;
-    pub use crate::llm::{CallBudget, ChatRequest, LlmClient, Message};
 }
 pub mod memory {
     pub use crate::memory::store::{How, NewFact};
@@ -98,12 +98,9 @@ pub mod timing {
 }
 pub mod tools {
     pub use crate::tools::{
-        REGISTRY, Registry, ReminderBounds, ToolContext, ToolError, ToolRecord, ToolResult,
-        ToolStores, Toolbox, call_key,
+        ReminderBounds, ToolContext, ToolError, ToolRecord, ToolResult, ToolStores, Toolbox,
+        call_key,
     };
-    pub mod offer {
-        pub use crate::tools::offer::Offer;
-    }
 }
 pub mod turn {
     pub use crate::turn::{Burst, FloodDecision, Outcome, Reply, TurnError};
@@ -111,9 +108,7 @@ pub mod turn {
         pub use crate::turn::takeover::{Action, job_id};
     }
     pub mod tool_loop {
-        pub use crate::turn::tool_loop::{
-            LlmRecord, LoopContext, LoopLimits, LoopOutput, converse,
-        };
+        pub use crate::turn::tool_loop::{LlmRecord, LoopOutput, converse_with_every_tool};
     }
 }
 pub mod usage {

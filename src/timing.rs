@@ -190,9 +190,9 @@ pub fn scope<F: Future>(fut: F) -> impl Future<Output = F::Output> {
 /// Runs `fut` as `stage` of the current turn: adds its wall time (less that of stages nested in it) to the
 /// turn's clock when inside a [`scope`], and runs it in a `stage` span (debug level) named after it.
 ///
-/// A plain function returning [`Staged`], not an `async fn`: an `async fn` would hold `fut` twice (its
+/// A plain function returning a [`Staged`], not an `async fn`: an `async fn` would hold `fut` twice (its
 /// argument and the awaited copy), and every turn waiting on the model sits inside several stages.
-pub fn stage<F: Future>(stage: Stage, fut: F) -> Staged<F> {
+pub fn stage<F: Future>(stage: Stage, fut: F) -> impl Future<Output = F::Output> {
     Staged {
         stage,
         first_poll: None,
@@ -202,7 +202,7 @@ pub fn stage<F: Future>(stage: Stage, fut: F) -> Staged<F> {
 
 pin_project_lite::pin_project! {
     /// The future of [`stage`].
-    pub struct Staged<F> {
+    pub(crate) struct Staged<F> {
         stage: Stage,
         // The stage polled around this one at its first poll (its parent), and when that was.
         first_poll: Option<(Option<Stage>, Instant)>,

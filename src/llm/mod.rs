@@ -24,7 +24,7 @@ pub(crate) use prices::{CallUsage, PriceError, Prices};
 /// One chat message, as the API takes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "role", rename_all = "lowercase")]
-pub enum Message {
+pub(crate) enum Message {
     System {
         content: String,
     },
@@ -48,12 +48,12 @@ pub enum Message {
 }
 
 impl Message {
-    pub fn system(content: impl Into<String>) -> Self {
+    pub(crate) fn system(content: impl Into<String>) -> Self {
         Self::System {
             content: content.into(),
         }
     }
-    pub fn user(content: impl Into<String>) -> Self {
+    pub(crate) fn user(content: impl Into<String>) -> Self {
         Self::User {
             content: UserContent::Text(content.into()),
         }
@@ -69,20 +69,20 @@ impl Message {
 /// Plain text, or text and images.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum UserContent {
+pub(crate) enum UserContent {
     Text(String),
     Parts(Vec<ContentPart>),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum ContentPart {
+pub(crate) enum ContentPart {
     Text { text: String },
     ImageUrl { image_url: ImageUrl },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ImageUrl {
+pub(crate) struct ImageUrl {
     pub(crate) url: String,
 }
 
@@ -104,7 +104,7 @@ pub struct FunctionCall {
 
 /// A tool offered to the model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ToolDef {
+pub(crate) struct ToolDef {
     #[serde(rename = "type")]
     pub(crate) kind: String,
     pub(crate) function: FunctionDef,
@@ -119,7 +119,7 @@ pub(crate) struct FunctionDef {
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct ChatRequest {
+pub(crate) struct ChatRequest {
     pub model: String,
     pub messages: Vec<Message>,
     /// Shared with the registry: the same definitions go out with every request.
@@ -368,7 +368,7 @@ impl RetryPolicy {
 
 /// A client for one OpenAI-compatible base URL.
 #[derive(Clone)]
-pub struct LlmClient {
+pub(crate) struct LlmClient {
     http: reqwest::Client,
     url: String,
     key: Secret,
@@ -389,7 +389,7 @@ pub struct LlmClient {
 }
 
 impl LlmClient {
-    pub fn new(config: &LlmConfig, metrics: Arc<Metrics>) -> Result<Self, LlmError> {
+    pub(crate) fn new(config: &LlmConfig, metrics: Arc<Metrics>) -> Result<Self, LlmError> {
         // reqwest is built without a default crypto provider; ring is the one compiled in.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()

@@ -480,7 +480,7 @@ impl ToolRecord {
 
 /// The tools the model may be offered: their definitions, by the groups a turn needs. What runs a call
 /// is the [`Toolbox`].
-pub struct Registry {
+pub(crate) struct Registry {
     defs: Vec<Def>,
     /// The definitions offered with each set of groups (by [`offer::Offer`] bits, with `more_tools`
     /// while a group is left out), built once each and shared: a few KB of schema per tool.
@@ -527,7 +527,7 @@ impl Default for Registry {
 }
 
 /// Every tool's definition, built once per process.
-pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::default);
+pub(crate) static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::default);
 
 impl Registry {
     /// No tool at all (a crisis turn's, a follow-up's).
@@ -584,8 +584,8 @@ impl Registry {
     }
 
     /// The `tools` array of a chat request offered every tool.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn defs(&self) -> Arc<[ToolDef]> {
+    #[cfg(test)]
+    fn defs(&self) -> Arc<[ToolDef]> {
         self.offered(offer::Offer::all())
     }
 

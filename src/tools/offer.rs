@@ -15,11 +15,11 @@ pub(crate) const OFFERS: usize = 1 << Group::ALL.len();
 
 /// The groups offered to one turn.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Offer(u8);
+pub(crate) struct Offer(u8);
 
 impl Offer {
     /// Every group (no `more_tools`).
-    pub const fn all() -> Self {
+    pub(crate) const fn all() -> Self {
         Self((OFFERS - 1) as u8)
     }
 

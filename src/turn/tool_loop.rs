@@ -50,7 +50,7 @@ pub struct LoopOutput {
 
 /// The bounds of one loop.
 #[derive(Clone, Copy, Debug)]
-pub struct LoopLimits {
+pub(crate) struct LoopLimits {
     /// Rounds of tool calls before the model must answer in text.
     pub max_rounds: u32,
     /// Longest tool result sent back to the model, bytes.
@@ -58,7 +58,7 @@ pub struct LoopLimits {
 }
 
 /// What one loop uses: the model, the tools (with the turn's journal in their context) and its bounds.
-pub struct LoopContext<'a> {
+pub(crate) struct LoopContext<'a> {
     pub llm: &'a LlmClient,
     pub registry: &'a Registry,
     /// What runs the calls: the tools, or none when none were offered.
@@ -80,8 +80,49 @@ pub struct LoopContext<'a> {
 
 pub use crate::journal::usage::LlmRecord;
 
+/// What the tool-loop tests drive: the loop for `system` then `user` to `model` (100 tokens at most,
+/// temperature 0), every tool offered, no spend check, at most 3 tool rounds of 16 KB results each.
+#[cfg(any(test, feature = "testing"))]
+pub async fn converse_with_every_tool(
+    llm: &crate::config::LlmConfig,
+    toolbox: &Toolbox,
+    tools: ToolContext<'_>,
+    budget: &CallBudget,
+    model: &str,
+    system: &str,
+    user: &str,
+) -> Result<LoopOutput, TurnError> {
+    let metrics = std::sync::Arc::new(Metrics::default());
+    let llm = LlmClient::new(llm, metrics.clone())?;
+    let registry: &Registry = &crate::tools::REGISTRY;
+    let cx = LoopContext {
+        slot: "",
+        budget,
+        spend: None,
+        llm: &llm,
+        registry,
+        toolbox,
+        offer: Offer::all(),
+        limits: LoopLimits {
+            max_rounds: 3,
+            max_result_bytes: 16 * 1024,
+        },
+        metrics: &metrics,
+        tools,
+    };
+    let request = ChatRequest {
+        model: model.into(),
+        messages: vec![Message::system(system), Message::user(user)],
+        tools: registry.offered(Offer::all()),
+        tool_choice: None,
+        max_tokens: Some(100),
+        temperature: Some(0.0),
+    };
+    converse(&cx, request).await
+}
+
 /// Runs the loop for `request` (with the registry's tools) on behalf of the event's sender.
-pub async fn converse(
+pub(crate) async fn converse(
     cx: &LoopContext<'_>,
     mut request: ChatRequest,
 ) -> Result<LoopOutput, TurnError> {

@@ -8,31 +8,12 @@ use chrono::Utc;
 use companion::testing::{
     bus::DmEvent,
     journal::State,
-    llm::{CallBudget, ChatRequest, LlmClient, Message},
-    metrics::Metrics,
+    llm::CallBudget,
     store::mongo::{DM_MESSAGES, TRICKLISTS},
-    tools::REGISTRY,
-    turn::{
-        Outcome,
-        tool_loop::{self, LoopContext, LoopLimits},
-    },
+    turn::{Outcome, tool_loop},
 };
 use companion_dev::stub::{StubReply, demo, scripted};
 use serde_json::{Value, json};
-
-fn request() -> ChatRequest {
-    ChatRequest {
-        model: "stub".into(),
-        messages: vec![
-            Message::system("You are Kaori, a test."),
-            Message::user("hi"),
-        ],
-        tools: REGISTRY.defs(),
-        tool_choice: None,
-        max_tokens: Some(100),
-        temperature: Some(0.0),
-    }
-}
 
 /// An environment whose model answers with `replies`, then "all done".
 async fn env_with(replies: Vec<StubReply>) -> TestEnv {
@@ -53,24 +34,16 @@ async fn run_within(
     tj: &ToolJob,
     budget: &CallBudget,
 ) -> Result<tool_loop::LoopOutput, companion::testing::turn::TurnError> {
-    let metrics = Arc::new(Metrics::default());
-    let llm = LlmClient::new(&env.config.llm, metrics.clone()).unwrap();
-    let cx = LoopContext {
-        slot: "",
+    tool_loop::converse_with_every_tool(
+        &env.config.llm,
+        &tj.tools,
+        tj.ctx(),
         budget,
-        spend: None,
-        llm: &llm,
-        registry: &REGISTRY,
-        toolbox: &tj.tools,
-        offer: companion::testing::tools::offer::Offer::all(),
-        limits: LoopLimits {
-            max_rounds: 3,
-            max_result_bytes: 16 * 1024,
-        },
-        metrics: &metrics,
-        tools: tj.ctx(),
-    };
-    tool_loop::converse(&cx, request()).await
+        "stub",
+        "You are Kaori, a test.",
+        "hi",
+    )
+    .await
 }
 
 /// Every assistant message with tool calls is followed by exactly its tool messages, in order.
