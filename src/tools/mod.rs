@@ -278,7 +278,7 @@ trait DynTool: Send + Sync {
 }
 
 struct Erased<T> {
-    /// The JSON Schema of `T::Args`, the one its definition shows the model.
+    /// The JSON Schema of `T::Args`: the value its definition shows the model ([`Registry::parameters`]).
     parameters: Arc<Value>,
     tool: T,
 }
@@ -574,6 +574,17 @@ impl Registry {
         self.defs.is_empty()
     }
 
+    /// The JSON Schema of `tool`'s arguments, the one its definition shows the model: a call is
+    /// validated against this very value.
+    fn parameters(&self, tool: &str) -> Arc<Value> {
+        let def = self.defs.iter().find(|d| d.name == tool);
+        def.expect("every tool has a definition: both are built from `each_tool`")
+            .def
+            .function
+            .parameters
+            .clone()
+    }
+
     /// The names of the tools of `group`.
     pub(crate) fn names_in(&self, group: Group) -> Vec<&'static str> {
         self.defs
@@ -607,7 +618,7 @@ impl Toolbox {
         impl EachTool for Build<'_> {
             fn tool<T: Tool>(&mut self) {
                 self.1.push(Box::new(Erased {
-                    parameters: Arc::new(schema::parameters_for::<T::Args>()),
+                    parameters: REGISTRY.parameters(T::NAME),
                     tool: T::new(self.0),
                 }));
             }
