@@ -108,7 +108,57 @@ pub mod turn {
         pub use crate::turn::takeover::{Action, job_id};
     }
     pub mod tool_loop {
-        pub use crate::turn::tool_loop::{LlmRecord, LoopOutput, converse_with_every_tool};
+        pub use crate::turn::tool_loop::{LlmRecord, LoopOutput};
+        use crate::{
+            config::LlmConfig,
+            llm::{CallBudget, ChatRequest, LlmClient, Message},
+            metrics::Metrics,
+            tools::{REGISTRY, ToolContext, Toolbox, offer::Offer},
+            turn::{
+                TurnError,
+                tool_loop::{LoopContext, LoopLimits, converse},
+            },
+        };
+
+        /// What the tool-loop tests drive: the loop for `system` then `user` to `model` (100 tokens at
+        /// most, temperature 0), every tool offered, no spend check, at most 3 tool rounds of 16 KB
+        /// results each.
+        pub async fn converse_with_every_tool(
+            llm: &LlmConfig,
+            toolbox: &Toolbox,
+            tools: ToolContext<'_>,
+            budget: &CallBudget,
+            model: &str,
+            system: &str,
+            user: &str,
+        ) -> Result<LoopOutput, TurnError> {
+            let metrics = std::sync::Arc::new(Metrics::default());
+            let llm = LlmClient::new(llm, metrics.clone())?;
+            let cx = LoopContext {
+                slot: "",
+                budget,
+                spend: None,
+                llm: &llm,
+                registry: &REGISTRY,
+                toolbox,
+                offer: Offer::all(),
+                limits: LoopLimits {
+                    max_rounds: 3,
+                    max_result_bytes: 16 * 1024,
+                },
+                metrics: &metrics,
+                tools,
+            };
+            let request = ChatRequest {
+                model: model.into(),
+                messages: vec![Message::system(system), Message::user(user)],
+                tools: REGISTRY.offered(Offer::all()),
+                tool_choice: None,
+                max_tokens: Some(100),
+                temperature: Some(0.0),
+            };
+            converse(&cx, request).await
+        }
     }
 }
 pub mod usage {

@@ -80,47 +80,6 @@ pub(crate) struct LoopContext<'a> {
 
 pub use crate::journal::usage::LlmRecord;
 
-/// What the tool-loop tests drive: the loop for `system` then `user` to `model` (100 tokens at most,
-/// temperature 0), every tool offered, no spend check, at most 3 tool rounds of 16 KB results each.
-#[cfg(any(test, feature = "testing"))]
-pub async fn converse_with_every_tool(
-    llm: &crate::config::LlmConfig,
-    toolbox: &Toolbox,
-    tools: ToolContext<'_>,
-    budget: &CallBudget,
-    model: &str,
-    system: &str,
-    user: &str,
-) -> Result<LoopOutput, TurnError> {
-    let metrics = std::sync::Arc::new(Metrics::default());
-    let llm = LlmClient::new(llm, metrics.clone())?;
-    let registry: &Registry = &crate::tools::REGISTRY;
-    let cx = LoopContext {
-        slot: "",
-        budget,
-        spend: None,
-        llm: &llm,
-        registry,
-        toolbox,
-        offer: Offer::all(),
-        limits: LoopLimits {
-            max_rounds: 3,
-            max_result_bytes: 16 * 1024,
-        },
-        metrics: &metrics,
-        tools,
-    };
-    let request = ChatRequest {
-        model: model.into(),
-        messages: vec![Message::system(system), Message::user(user)],
-        tools: registry.offered(Offer::all()),
-        tool_choice: None,
-        max_tokens: Some(100),
-        temperature: Some(0.0),
-    };
-    converse(&cx, request).await
-}
-
 /// Runs the loop for `request` (with the registry's tools) on behalf of the event's sender.
 pub(crate) async fn converse(
     cx: &LoopContext<'_>,
