@@ -548,10 +548,7 @@ async fn cursor(
     bot: &str,
     column: &str,
 ) -> Result<i64, MemoryError> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(format!("memory:{user}:{bot}"))
-        .execute(&mut *tx)
-        .await?;
+    super::store::one_writer(tx, user, bot).await?;
     let sql = format!(
         "SELECT coalesce(max({column}), 0) FROM memory_state WHERE user_id = $1 AND bot_id = $2"
     );

@@ -90,13 +90,17 @@ fn fact_of(r: &sqlx::postgres::PgRow) -> Fact {
 
 const FACT_COLUMNS: &str = "id, topic, fact, sources, learned_by, how, learned_at";
 
-/// Waits until no other transaction writes facts of (user, companion), and holds that until this one
-/// ends: a `remember` and an extraction keeping facts of one topic at once would otherwise each find
-/// nothing to replace and both insert (seed 11: this lock's own key space).
-async fn one_writer(tx: &mut PgConnection, user: &str, bot: &str) -> Result<(), MemoryError> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || $2, 11))")
-        .bind(user)
-        .bind(bot)
+/// Waits until no other transaction writes the memory of (user, companion), and holds that until this
+/// one ends: its facts (a `remember` and an extraction keeping one topic at once would otherwise each
+/// find nothing to replace and both insert) and its cursors. Taking it again in one transaction is
+/// harmless.
+pub(crate) async fn one_writer(
+    tx: &mut PgConnection,
+    user: &str,
+    bot: &str,
+) -> Result<(), MemoryError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("memory:{user}:{bot}"))
         .execute(&mut *tx)
         .await?;
     Ok(())
