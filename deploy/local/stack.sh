@@ -297,9 +297,10 @@ start_nats() {
     log "starting nats-server on 127.0.0.1:$NATS_PORT (monitor $NATS_MONITOR_PORT), store $NATS_STORE"
     printf '\n==== %s start ====\n' "$(date -Is)" >>"$logfile"
     COMPANION_NATS_STORE="$NATS_STORE" nohup setsid "$VENV/bin/nats-server" \
-      --config "$ROOT/nats.conf" -p "$NATS_PORT" -m "$NATS_MONITOR_PORT" \
+      --config "$ROOT/nats.conf" -p "$NATS_PORT" -m "$NATS_MONITOR_PORT" -P "$LOG_DIR/nats.pid" \
       </dev/null >>"$logfile" 2>&1 &
-    printf '%s\n' "$!" >"$LOG_DIR/nats.pid"
+    # The server writes its own pid: `$!` is setsid's when setsid has to fork (the shell put the
+    # job in a process group of its own, as under `set -m`), and that process is gone at once.
   fi
   wait_healthy nats nats_healthy "$logfile" nats
 }
