@@ -99,20 +99,24 @@ impl Tool for SearchTrickipedia {
             }
         });
         docs.truncate(LIMIT as usize);
-        let tricks: Vec<Value> = docs.iter().filter_map(trick_summary).collect();
-        let exact: Vec<&Value> = tricks
+        let exact = docs
             .iter()
-            .filter(|t| {
-                t["name"]
-                    .as_str()
-                    .is_some_and(|n| n.to_lowercase() == lower)
-            })
-            .collect();
-        let card = match (tricks.len(), exact.len()) {
-            (1, _) => Some(trick_card(&tricks[0])),
-            (_, 1) => Some(trick_card(exact[0])),
+            .filter(|d| d.get_str("name").unwrap_or("").to_lowercase() == lower)
+            .count();
+        // The best match in full (an exact name sorts first); the others by name, for the model to
+        // search one of them by.
+        let first = docs.first().and_then(|d| trick_summary(d, DESCRIPTION));
+        let card = match (docs.len(), exact) {
+            (1, _) | (_, 1) => first.as_ref().map(trick_card),
             _ => None,
         };
+        let sport = first
+            .as_ref()
+            .and_then(|t| t["category"].as_str().map(str::to_owned));
+        let tricks: Vec<Value> = first
+            .into_iter()
+            .chain(docs.iter().skip(1).map(|d| glimpse(d, sport.as_deref())))
+            .collect();
         Ok(ToolOutput::with_card(
             json!({ "tricks": tricks, "count": tricks.len() }),
             card,
@@ -120,23 +124,40 @@ impl Tool for SearchTrickipedia {
     }
 }
 
-/// A trick for the model.
-pub(crate) fn trick_summary(d: &Document) -> Option<Value> {
+/// Characters of a trick's description the model is given: what it answers a how-to from.
+pub(crate) const DESCRIPTION: usize = 300;
+
+/// A trick for the model, its description cut to `description` characters. No deep link: the model
+/// refers to a trick by its `_id` (`share_content`), and the card carries the link.
+pub(crate) fn trick_summary(d: &Document, description: usize) -> Option<Value> {
     let id = d.get_object_id("_id").ok()?;
     Some(json!({
         "_id": id.to_hex(),
         "name": str_field(d, "name"),
         "category": str_field(d, "category"),
         "difficulty": str_field(d, "difficulty"),
-        "description": str_field(d, "description").map(|s| clip(&s, 300)),
-        "deepLink": deep_link("trick", id),
+        "description": str_field(d, "description").map(|s| clip(&s, description)),
     }))
+}
+
+/// A match after the best: its name and difficulty, and its sport when it is not the best match's.
+fn glimpse(d: &Document, sport: Option<&str>) -> Value {
+    let mut t = json!({ "name": str_field(d, "name"), "difficulty": str_field(d, "difficulty") });
+    let category = str_field(d, "category");
+    if category.as_deref() != sport {
+        t["category"] = json!(category);
+    }
+    t
 }
 
 /// The `trick_card` of a trick summary.
 pub(crate) fn trick_card(t: &Value) -> Value {
+    let link = t["_id"]
+        .as_str()
+        .and_then(|id| bson::oid::ObjectId::parse_str(id).ok())
+        .map(|id| deep_link("trick", id));
     json!({ "type": "trick_card", "data": {
         "_id": t["_id"], "name": t["name"], "category": t["category"],
-        "difficulty": t["difficulty"], "deepLink": t["deepLink"],
+        "difficulty": t["difficulty"], "deepLink": link,
     } })
 }
