@@ -53,7 +53,7 @@ pub(crate) struct TrickRef {
 
 impl Tool for CreateTricklist {
     const NAME: &'static str = "create_tricklist";
-    const GROUPS: &'static [Group] = &[Group::Tricks];
+    const GROUPS: &'static [Group] = &[Group::Lists];
     type Args = Args;
 
     fn description() -> &'static str {

@@ -36,7 +36,7 @@ fn key(name: &str) -> String {
 
 impl Tool for MarkTrickLanded {
     const NAME: &'static str = "mark_trick_landed";
-    const GROUPS: &'static [Group] = &[Group::Tricks];
+    const GROUPS: &'static [Group] = &[Group::Lists];
     type Args = Args;
 
     fn description() -> &'static str {

@@ -218,8 +218,10 @@ impl From<sqlx::Error> for ToolError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Group {
-    // The trickipedia, the user's tricklists, checking off a landed trick.
+    // Looking tricks up, the user's tricklists, showing cards.
     Tricks,
+    // Changing the user's tricklists: making one, checking off a landed trick.
+    Lists,
     // Finding and adding spots.
     Spots,
     // Setting and cancelling reminders.
@@ -233,8 +235,9 @@ pub(crate) enum Group {
 }
 
 impl Group {
-    pub(crate) const ALL: [Group; 6] = [
+    pub(crate) const ALL: [Group; 7] = [
         Group::Tricks,
+        Group::Lists,
         Group::Spots,
         Group::Reminders,
         Group::Flows,
@@ -807,7 +810,15 @@ mod tests {
         let group = &r.offered(offer::Offer::none())[0].function.parameters["properties"]["group"];
         assert_eq!(
             group["enum"],
-            serde_json::json!(["tricks", "spots", "reminders", "flows", "in_flow", "memory"]),
+            serde_json::json!([
+                "tricks",
+                "lists",
+                "spots",
+                "reminders",
+                "flows",
+                "in_flow",
+                "memory"
+            ]),
             "a plain enum, no code docs shown to the model: {group}"
         );
         assert_eq!(

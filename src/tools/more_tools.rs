@@ -24,9 +24,9 @@ impl Tool for MoreTools {
     type Args = Args;
 
     fn description() -> &'static str {
-        "Ask for tools you lack, for your next step: tricks (trickipedia, the user's tricklists, create one, \
-         mark landed, share cards), spots (find or add), reminders (set or cancel), flows (guided plans), \
-         in_flow (a running flow)."
+        "Get tools you were not given: tricks (trickipedia, the user's tricklists, cards), lists (make a \
+         tricklist, check off a landed trick), spots (find, add), reminders (set, cancel), flows (guided \
+         plans), in_flow (a running flow)."
     }
 
     fn new(_: &ToolStores) -> Self {

@@ -118,6 +118,26 @@ const TRICKS: &[&str] = &[
     "練習",
     "ステップ",
 ];
+/// Changing the user's lists: making one, checking a trick off.
+const LISTS: &[&str] = &[
+    "list",
+    "landed",
+    "nailed",
+    "stomped",
+    "finally",
+    "my first",
+    "check off",
+    "tick off",
+    "lista",
+    "liste",
+    "logré",
+    "consegui",
+    "réussi",
+    "geschafft",
+    "リスト",
+    "できた",
+    "決めた",
+];
 const SPOTS: &[&str] = &[
     "spot",
     "park",
@@ -235,6 +255,9 @@ pub(crate) fn for_turn(signals: &Signals<'_>) -> Offer {
     if any(&texts, TRICKS) {
         offer = offer.with(Group::Tricks);
     }
+    if any(&texts, LISTS) {
+        offer = offer.with(Group::Lists);
+    }
     if any(&texts, SPOTS) || texts.iter().any(|t| t.contains("http")) {
         offer = offer.with(Group::Spots);
     }
@@ -282,6 +305,12 @@ mod tests {
     fn small_talk_is_offered_nothing_and_asks_are_offered_their_group() {
         assert_eq!(offer("hey whats up"), Offer::none());
         assert!(offer("how do i land a kickflip").has(Group::Tricks));
+        assert!(
+            !offer("how do i land a kickflip").has(Group::Lists),
+            "a how-to changes no list"
+        );
+        assert!(offer("i finally landed it!!").has(Group::Lists));
+        assert!(offer("make me a list for the park").has(Group::Lists));
         assert!(offer("any good skateparks near me?").has(Group::Spots));
         assert!(offer("remind me to wax my board tomorrow").has(Group::Reminders));
         assert!(offer("help me plan my season").has(Group::Flows));
