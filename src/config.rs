@@ -624,12 +624,13 @@ pub struct TurnConfig {
         default_value_t = 4000
     )]
     pub max_content_chars: usize,
-    /// History messages (this user with this bot) sent to the model.
+    /// History messages (this user with this bot) sent to the model at most; memory's summary covers
+    /// what has left them.
     #[arg(
         id = "history-limit",
         long = "history-limit",
         env = "COMPANION_HISTORY_LIMIT",
-        default_value_t = 20
+        default_value_t = 18
     )]
     pub history_limit: i64,
     /// Rounds of tool calls one turn may make before the model must answer in text.

@@ -115,15 +115,17 @@ async fn an_event_becomes_one_reply_two_history_rows_and_one_completion() {
 }
 
 #[tokio::test]
-async fn the_model_gets_the_character_the_tricklists_and_the_last_20_messages_in_order() {
+async fn the_model_gets_the_character_the_tricklists_and_the_last_messages_in_order() {
     // A window that slides a message a turn (the anchored one, the default, begins at an anchor
-    // among these 20: `prompt_budget::a_conversations_turns_share_their_history…`).
+    // among these: `prompt_budget::a_conversations_turns_share_their_history…`).
     let mut env = TestEnv::with(
         always(StubReply::text("ok wait what level are you at rn??")),
         |c| c.prompt.history_step = 1,
     )
     .await;
-    // 25 earlier messages; only the last 20 may be sent, oldest first.
+    // 25 earlier messages; only the last `COMPANION_HISTORY_LIMIT` may be sent, oldest first.
+    let limit = env.config.turn.history_limit as usize;
+    assert!(limit < 25, "the default window leaves some out");
     env.earlier_messages(25, |i| format!("history message {i}"))
         .await;
     env.start_worker().await;
@@ -137,8 +139,8 @@ async fn the_model_gets_the_character_the_tricklists_and_the_last_20_messages_in
     let messages = requests[0]["messages"].as_array().unwrap();
     assert_eq!(
         messages.len(),
-        23,
-        "system + 20 history + this turn's context + the new message"
+        limit + 3,
+        "system + {limit} history + this turn's context + the new message"
     );
     let system = messages[0]["content"].as_str().unwrap();
     assert_eq!(messages[0]["role"], "system");
@@ -165,18 +167,21 @@ async fn the_model_gets_the_character_the_tricklists_and_the_last_20_messages_in
         !system.contains("Sam's Secret List"),
         "never another user's lists"
     );
-    for (i, m) in messages[1..21].iter().enumerate() {
-        let n = i + 5;
+    for (i, m) in messages[1..=limit].iter().enumerate() {
+        let n = i + 25 - limit;
         assert_eq!(m["content"], format!("history message {n}"));
         assert_eq!(m["role"], if n % 2 == 0 { "user" } else { "assistant" });
     }
-    assert_eq!(messages[21]["role"], "system");
+    assert_eq!(messages[limit + 1]["role"], "system");
     assert!(
-        messages[21]["content"].as_str().unwrap().contains("Now: "),
+        messages[limit + 1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Now: "),
         "the time goes after the history, where it does not break a cached prefix"
     );
-    assert_eq!(messages[22]["role"], "user");
-    assert_eq!(messages[22]["content"], "what should i learn next?");
+    assert_eq!(messages[limit + 2]["role"], "user");
+    assert_eq!(messages[limit + 2]["content"], "what should i learn next?");
     assert_eq!(requests[0]["model"], env.config.llm.model);
     env.finish().await;
 }
