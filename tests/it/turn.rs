@@ -170,7 +170,14 @@ async fn the_model_gets_the_character_the_tricklists_and_the_last_messages_in_or
     for (i, m) in messages[1..=limit].iter().enumerate() {
         let n = i + 25 - limit;
         assert_eq!(m["content"], format!("history message {n}"));
-        assert_eq!(m["role"], if n % 2 == 0 { "user" } else { "assistant" });
+        assert_eq!(
+            m["role"],
+            if n.is_multiple_of(2) {
+                "user"
+            } else {
+                "assistant"
+            }
+        );
     }
     assert_eq!(messages[limit + 1]["role"], "system");
     assert!(
