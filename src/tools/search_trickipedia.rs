@@ -105,9 +105,9 @@ impl Tool for SearchTrickipedia {
             .count();
         // The best match in full (an exact name sorts first); the others by name, for the model to
         // search one of them by.
-        let first = docs.first().and_then(|d| trick_summary(d, DESCRIPTION));
+        let first = docs.first().and_then(trick_summary);
         let card = match (docs.len(), exact) {
-            (1, _) | (_, 1) => first.as_ref().map(trick_card),
+            (1, _) | (_, 1) => docs.first().and_then(trick_card),
             _ => None,
         };
         let sport = first
@@ -125,18 +125,18 @@ impl Tool for SearchTrickipedia {
 }
 
 /// Characters of a trick's description the model is given: what it answers a how-to from.
-pub(crate) const DESCRIPTION: usize = 300;
+const DESCRIPTION: usize = 300;
 
-/// A trick for the model, its description cut to `description` characters. No deep link: the model
-/// refers to a trick by its `_id` (`share_content`), and the card carries the link.
-pub(crate) fn trick_summary(d: &Document, description: usize) -> Option<Value> {
+/// The best match for the model. No deep link: the model refers to a trick by its `_id`
+/// (`share_content`), and the card carries the link.
+fn trick_summary(d: &Document) -> Option<Value> {
     let id = d.get_object_id("_id").ok()?;
     Some(json!({
         "_id": id.to_hex(),
         "name": str_field(d, "name"),
         "category": str_field(d, "category"),
         "difficulty": str_field(d, "difficulty"),
-        "description": str_field(d, "description").map(|s| clip(&s, description)),
+        "description": str_field(d, "description").map(|s| clip(&s, DESCRIPTION)),
     }))
 }
 
@@ -150,14 +150,11 @@ fn glimpse(d: &Document, sport: Option<&str>) -> Value {
     t
 }
 
-/// The `trick_card` of a trick summary.
-pub(crate) fn trick_card(t: &Value) -> Value {
-    let link = t["_id"]
-        .as_str()
-        .and_then(|id| bson::oid::ObjectId::parse_str(id).ok())
-        .map(|id| deep_link("trick", id));
-    json!({ "type": "trick_card", "data": {
-        "_id": t["_id"], "name": t["name"], "category": t["category"],
-        "difficulty": t["difficulty"], "deepLink": link,
-    } })
+/// The `trick_card` of a trick.
+pub(crate) fn trick_card(d: &Document) -> Option<Value> {
+    let id = d.get_object_id("_id").ok()?;
+    Some(json!({ "type": "trick_card", "data": {
+        "_id": id.to_hex(), "name": str_field(d, "name"), "category": str_field(d, "category"),
+        "difficulty": str_field(d, "difficulty"), "deepLink": deep_link("trick", id),
+    } }))
 }

@@ -10,9 +10,8 @@ use serde_json::{Value, json};
 
 use super::{
     Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores,
-    create_tricklist::tricklist_card_data,
-    search_spots::spot_summary,
-    search_trickipedia::{DESCRIPTION, trick_card, trick_summary},
+    create_tricklist::tricklist_card_data, search_spots::spot_summary,
+    search_trickipedia::trick_card,
 };
 use crate::store::mongo::{SPOTS, TRICKLISTS, TRICKS};
 
@@ -80,8 +79,7 @@ impl Tool for ShareContent {
                     .find_one(doc! { "_id": id })
                     .await?
                     .ok_or_else(|| missing("trick"))?;
-                let t = trick_summary(&d, DESCRIPTION).ok_or_else(|| missing("trick"))?;
-                trick_card(&t)
+                trick_card(&d).ok_or_else(|| missing("trick"))?
             }
             ContentType::Tricklist => {
                 let d = self
