@@ -88,7 +88,7 @@ impl Tool for SearchTrickipedia {
             .await?;
         // Best first: exact name, then name contains the query, then description only.
         let lower = q.to_lowercase();
-        docs.sort_by_key(|d| {
+        let rank = |d: &Document| {
             let name = d.get_str("name").unwrap_or("").to_lowercase();
             if name == lower {
                 0
@@ -97,23 +97,20 @@ impl Tool for SearchTrickipedia {
             } else {
                 2
             }
-        });
+        };
+        docs.sort_by_key(rank);
         docs.truncate(LIMIT as usize);
-        let exact = docs
-            .iter()
-            .filter(|d| d.get_str("name").unwrap_or("").to_lowercase() == lower)
-            .count();
+        let exact = docs.iter().take_while(|d| rank(d) == 0).count();
         // The best match in full (an exact name sorts first); the others by name, for the model to
         // search one of them by.
-        let first = docs.first().and_then(trick_summary);
         let card = match (docs.len(), exact) {
             (1, _) | (_, 1) => docs.first().and_then(trick_card),
             _ => None,
         };
-        let sport = first
-            .as_ref()
-            .and_then(|t| t["category"].as_str().map(str::to_owned));
-        let tricks: Vec<Value> = first
+        let sport = docs.first().and_then(|d| str_field(d, "category"));
+        let tricks: Vec<Value> = docs
+            .first()
+            .and_then(trick_summary)
             .into_iter()
             .chain(docs.iter().skip(1).map(|d| glimpse(d, sport.as_deref())))
             .collect();
