@@ -336,10 +336,8 @@ impl Classify for LlmError {
 }
 
 /// A request's JSON body.
-fn encode(request: &ChatRequest) -> Result<bytes::Bytes, LlmError> {
-    serde_json::to_vec(request)
-        .map(bytes::Bytes::from)
-        .map_err(|e| LlmError::Encode(e.to_string()))
+fn encode(request: &ChatRequest) -> Result<String, LlmError> {
+    serde_json::to_string(request).map_err(|e| LlmError::Encode(e.to_string()))
 }
 
 /// Counter of 402 answers (no credits left), for the `CompanionOutOfCredits` alert.
@@ -530,16 +528,15 @@ impl LlmClient {
                 r.model = model.clone();
                 Cow::Owned(r)
             };
-            // Encoded once per model: every retry sends the same bytes.
-            let body = encode(&req)?;
-            let tokens = (body.len() as u64).div_ceil(4);
             let mut retry = 0;
             let err = loop {
+                // Encoded for each attempt and handed over: nothing keeps a copy while the model thinks.
+                let body = encode(&req)?;
                 if let Some(b) = budget {
-                    b.take(tokens)?;
+                    b.take((body.len() as u64).div_ceil(4))?;
                 }
                 self.limiter.until_ready().await;
-                let result = self.send(model, body.clone()).await;
+                let result = self.send(model, body).await;
                 self.count(model, &result);
                 match result {
                     Ok(mut r) => {
@@ -576,15 +573,17 @@ impl LlmClient {
         Err(last.unwrap_or(LlmError::NoChoice))
     }
 
-    /// One encoded request for `model`, no retries.
-    async fn send(&self, model: &str, body: bytes::Bytes) -> Result<ChatResponse, LlmError> {
+    /// One encoded request for `model`, no retries. The body goes as a one-shot stream (its length
+    /// known, so no chunked encoding): reqwest keeps a copy of a reusable body for redirects and its own
+    /// retries until the answer comes, and hundreds of requests may be waiting on a slow model.
+    async fn send(&self, model: &str, body: String) -> Result<ChatResponse, LlmError> {
         let mut builder = self
             .http
             .post(&self.url)
             .header("HTTP-Referer", "https://trickbook.app")
             .header("X-Title", "TrickBook companions")
             .header(header::CONTENT_TYPE, "application/json")
-            .body(body);
+            .body(reqwest::Body::wrap(body));
         if !self.key.is_empty() {
             builder = builder.bearer_auth(self.key.expose());
         }
