@@ -950,12 +950,14 @@ pub struct EmbedSettings {
         default_value_t = 1
     )]
     pub threads: usize,
-    /// Most texts in one model run; concurrent turns' texts are batched up to this.
+    /// Most texts in one model run; concurrent turns' texts are batched up to this. Batches past a few
+    /// texts embed no faster, and a run's buffers grow with the batch: after a burst of 32 the worker held
+    /// ~10 MB more (docs/benchmark.md).
     #[arg(
         id = "embed-max-batch",
         long = "embed-max-batch",
         env = "COMPANION_EMBED_MAX_BATCH",
-        default_value_t = 32
+        default_value_t = 8
     )]
     pub max_batch: usize,
     /// Milliseconds the embedder waits for more texts after the first before running the model; 0 runs at
@@ -967,6 +969,17 @@ pub struct EmbedSettings {
         default_value_t = 0
     )]
     pub window_ms: u64,
+    /// Bytes from which glibc's malloc maps a block of its own, returned to the system when freed (0 =
+    /// glibc's moving threshold, which a model run's buffers of a few MB raise, so that such blocks stay in
+    /// the heap after use). 1048576 held 6–8 MB less after a burst of finished turns but cost ~2–7 % more
+    /// worker CPU (each run's buffers mapped afresh), so it is off by default (docs/benchmark.md).
+    #[arg(
+        id = "malloc-mmap-threshold",
+        long = "malloc-mmap-threshold",
+        env = "COMPANION_MALLOC_MMAP_THRESHOLD",
+        default_value_t = 0
+    )]
+    pub malloc_mmap_threshold: usize,
 }
 
 /// Knowledge retrieval and chunking.
