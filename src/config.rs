@@ -969,17 +969,6 @@ pub struct EmbedSettings {
         default_value_t = 0
     )]
     pub window_ms: u64,
-    /// Bytes from which glibc's malloc maps a block of its own, returned to the system when freed (0 =
-    /// glibc's moving threshold, which a model run's buffers of a few MB raise, so that such blocks stay in
-    /// the heap after use). 1048576 held 6–8 MB less after a burst of finished turns but cost ~2–7 % more
-    /// worker CPU (each run's buffers mapped afresh), so it is off by default (docs/benchmark.md).
-    #[arg(
-        id = "malloc-mmap-threshold",
-        long = "malloc-mmap-threshold",
-        env = "COMPANION_MALLOC_MMAP_THRESHOLD",
-        default_value_t = 0
-    )]
-    pub malloc_mmap_threshold: usize,
 }
 
 /// Knowledge retrieval and chunking.

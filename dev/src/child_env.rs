@@ -383,10 +383,6 @@ fn retrieval(c: &Config) -> Env {
         ("COMPANION_EMBED_THREADS", c.embed.threads.to_string()),
         ("COMPANION_EMBED_MAX_BATCH", c.embed.max_batch.to_string()),
         ("COMPANION_EMBED_WINDOW_MS", c.embed.window_ms.to_string()),
-        (
-            "COMPANION_MALLOC_MMAP_THRESHOLD",
-            c.embed.malloc_mmap_threshold.to_string(),
-        ),
         ("COMPANION_RAG_THRESHOLD", c.rag.threshold.to_string()),
         ("COMPANION_RAG_TOP_K", c.rag.top_k.to_string()),
         ("COMPANION_RAG_QUERY_CACHE", c.rag.query_cache.to_string()),

@@ -572,7 +572,6 @@ pub async fn measure(args: &ParityArgs) -> anyhow::Result<()> {
             threads: 1,
             max_batch: 32,
             window: std::time::Duration::ZERO,
-            malloc_mmap_threshold: 0,
         };
         Embedder::load(&cfg).with_context(|| format!("loading {}", cfg.model_path().display()))
     };

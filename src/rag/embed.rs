@@ -81,8 +81,6 @@ pub struct EmbedConfig {
     pub max_batch: usize,
     /// How long the first request of a batch waits for company.
     pub window: Duration,
-    /// glibc's mmap threshold, fixed before the model's first run (0: left to glibc).
-    pub malloc_mmap_threshold: usize,
 }
 
 impl EmbedConfig {
@@ -94,7 +92,6 @@ impl EmbedConfig {
             threads: c.threads,
             max_batch: c.max_batch.max(1),
             window: Duration::from_millis(c.window_ms),
-            malloc_mmap_threshold: c.malloc_mmap_threshold,
         }
     }
 
@@ -188,28 +185,6 @@ fn environment(dylib: &Path) -> Result<&'static Environment, EmbedError> {
         })
 }
 
-/// Fixes glibc's mmap threshold at `bytes` (0 leaves it alone). By default glibc raises the threshold to
-/// the size of each mapped block freed; the model's run buffers (MBs) would lift it so that later blocks of
-/// that size are carved from the heap, whose freed pages stay resident. Other C libraries: nothing to do.
-fn pin_mmap_threshold(bytes: usize) {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if let Ok(bytes) = std::ffi::c_int::try_from(bytes)
-        && bytes > 0
-    {
-        /// `M_MMAP_THRESHOLD` of glibc's `<malloc.h>`.
-        const M_MMAP_THRESHOLD: std::ffi::c_int = -3;
-        unsafe extern "C" {
-            fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
-        }
-        // SAFETY: mallopt only sets an allocator parameter; glibc refuses (returns 0) a value over 32 MB.
-        if unsafe { mallopt(M_MMAP_THRESHOLD, bytes) } == 0 {
-            tracing::warn!(bytes, "glibc refused the mmap threshold");
-        }
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    let _ = bytes;
-}
-
 /// Loads the tokenizer as sentence-transformers uses it: truncation at 256, no padding (done per batch).
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, EmbedError> {
     if !path.is_file() {
@@ -233,7 +208,6 @@ impl Embedder {
         if let Some(missing) = cfg.missing_file() {
             return Err(EmbedError::Missing(missing));
         }
-        pin_mmap_threshold(cfg.malloc_mmap_threshold);
         let env = environment(&cfg.ort_dylib_path)?;
         let tokenizer = Arc::new(load_tokenizer(&cfg.tokenizer_path())?);
         let mut builder = Session::builder(env)?

@@ -939,7 +939,6 @@ pub fn embed_config() -> EmbedConfig {
         threads: 1,
         max_batch: 32,
         window: Duration::from_millis(5),
-        malloc_mmap_threshold: 0,
     }
 }
 
