@@ -4,9 +4,13 @@
 //! ideation or self-harm, intent to hurt someone, abuse at home, or an adult grooming them. It runs on
 //! every message, so it is rules only (no network, no model, a few microseconds): the text is
 //! normalized, the sport's own slang and everyday hyperbole ("kill this line", "suicide no-hander",
-//! "me muero de risa", "死ぬほど疲れた") are masked out, and then one [`RegexSet`] of patterns in English,
-//! Spanish, Portuguese, French, German and Japanese is matched. Weaker patterns give a flag that is not
-//! `sure`, for a second stage to confirm.
+//! "me muero de risa", "死ぬほど疲れた") are masked out, and then a set of patterns per language
+//! (English, Spanish, Portuguese, French, German, Japanese) is matched. Weaker patterns give a flag
+//! that is not `sure`, for a second stage to confirm.
+//!
+//! Every pattern is searched through one cache, shared by the threads under a lock (a screen takes
+//! microseconds). The `regex` crate would keep a cache per thread searching at once, and a cache grows
+//! with the text it has seen: the labelled set grows the screen's caches by ~19 MB, on every thread.
 //!
 //! [`check_output`] is the same idea for what a companion is about to say: no sexual content, no
 //! encouragement of or instructions for self-harm.
@@ -14,9 +18,13 @@
 //! The patterns are measured against the labelled set in `tests/fixtures/safety/` (see its README and
 //! `companion-dev safety-eval`).
 
-use std::sync::LazyLock;
+use std::borrow::Cow;
+use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use regex::{Regex, RegexSet, RegexSetBuilder};
+use regex_automata::nfa::thompson::WhichCaptures;
+use regex_automata::util::iter::Searcher;
+use regex_automata::util::syntax;
+use regex_automata::{Input, MatchKind, PatternSet, meta};
 use serde::{Deserialize, Serialize};
 
 /// What a user message was flagged for.
@@ -944,13 +952,133 @@ const LAUGH: &str = r"\b(?:lol|lmao|lmfao|ha(?:ha)+h?|ja(?:ja)+|je(?:je)+|k{3,}|
 /// Talk about a song, film or the news: a match there is less sure (still flagged).
 const MEDIA: &str = r"\b(?:song|movie|film|lyrics|episode|cancion|peli|pelicula|serie|letra|musica|filme|chanson|lied|news|noticia|noticias)\b|歌詞|映画|ドラマ|アニメ|漫画";
 
+/// A compiled pattern, or a set of them, searched through a cache its owner keeps.
+struct Pattern(meta::Regex);
+
+impl Pattern {
+    /// One pattern as `regex::Regex` compiles it (leftmost-first, UTF-8, a 2 MB lazy DFA), without
+    /// capture groups: only where it matches is read.
+    fn one(pattern: &str) -> Pattern {
+        let config = meta::Config::new()
+            .match_kind(MatchKind::LeftmostFirst)
+            .utf8_empty(true)
+            .which_captures(WhichCaptures::Implicit)
+            .nfa_size_limit(Some(10 << 20))
+            .hybrid_cache_capacity(2 << 20);
+        Pattern::build(&[pattern], config)
+    }
+
+    /// A set reporting every pattern that matches (as `regex::RegexSet`), with a lazy DFA of `dfa`
+    /// bytes.
+    fn set<P: AsRef<str>>(patterns: &[P], dfa: usize) -> Pattern {
+        let config = meta::Config::new()
+            .match_kind(MatchKind::All)
+            .utf8_empty(true)
+            .which_captures(WhichCaptures::None)
+            .nfa_size_limit(Some(10 << 20))
+            .hybrid_cache_capacity(dfa);
+        Pattern::build(patterns, config)
+    }
+
+    fn build<P: AsRef<str>>(patterns: &[P], config: meta::Config) -> Pattern {
+        let re = meta::Builder::new()
+            .configure(config)
+            .syntax(syntax::Config::new().utf8(true))
+            .build_many(patterns)
+            .expect("screen patterns compile");
+        Pattern(re)
+    }
+
+    fn cache(&self) -> meta::Cache {
+        self.0.create_cache()
+    }
+
+    fn is_match(&self, cache: &mut meta::Cache, text: &str) -> bool {
+        self.0
+            .search_half_with(cache, &Input::new(text).earliest(true))
+            .is_some()
+    }
+
+    /// The indexes of the set's patterns that match, ascending.
+    fn matches(&self, cache: &mut meta::Cache, text: &str) -> PatternSet {
+        let mut found = PatternSet::new(self.0.pattern_len());
+        self.0
+            .which_overlapping_matches_with(cache, &Input::new(text), &mut found);
+        found
+    }
+
+    /// `text` with every match replaced by `with`.
+    fn replace_all<'t>(&self, cache: &mut meta::Cache, text: &'t str, with: &str) -> Cow<'t, str> {
+        let mut searcher = Searcher::new(Input::new(text));
+        let mut next = || searcher.advance(|input| Ok(self.0.search_with(cache, input)));
+        let Some(first) = next() else {
+            return Cow::Borrowed(text);
+        };
+        let mut out = String::with_capacity(text.len());
+        let mut last = 0;
+        let mut found = Some(first);
+        while let Some(m) = found {
+            out.push_str(&text[last..m.start()]);
+            out.push_str(with);
+            last = m.end();
+            found = next();
+        }
+        out.push_str(&text[last..]);
+        Cow::Owned(out)
+    }
+}
+
+/// The caches of a group of patterns, one per pattern, behind one lock.
+struct Caches<C> {
+    caches: Mutex<C>,
+    /// Makes them afresh if a search ever panicked holding them.
+    fresh: fn() -> C,
+}
+
+impl<C> Caches<C> {
+    fn new(fresh: fn() -> C) -> Caches<C> {
+        Caches {
+            caches: Mutex::new(fresh()),
+            fresh,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, C> {
+        self.caches.lock().unwrap_or_else(|poisoned| {
+            self.caches.clear_poison();
+            let mut caches = poisoned.into_inner();
+            *caches = (self.fresh)();
+            caches
+        })
+    }
+}
+
 /// The compiled screen: one set of every language's patterns, and what each one means.
 struct Screen {
     /// One set per language (small sets keep the lazy DFA's states few), with that language.
-    sets: Vec<(RegexSet, &'static Lang)>,
-    mask: Regex,
-    laugh: Regex,
-    media: Regex,
+    sets: Vec<(Pattern, &'static Lang)>,
+    mask: Pattern,
+    laugh: Pattern,
+    media: Pattern,
+}
+
+/// The screen's caches, one per pattern.
+struct ScreenCaches {
+    sets: Vec<meta::Cache>,
+    mask: meta::Cache,
+    laugh: meta::Cache,
+    media: meta::Cache,
+}
+
+impl ScreenCaches {
+    fn of(s: &Screen) -> ScreenCaches {
+        ScreenCaches {
+            sets: s.sets.iter().map(|(set, _)| set.cache()).collect(),
+            mask: s.mask.cache(),
+            laugh: s.laugh.cache(),
+            media: s.media.cache(),
+        }
+    }
 }
 
 /// Makes `\b` ASCII-only, so the patterns stay in the fast DFA (text is mostly ASCII once normalized).
@@ -963,15 +1091,12 @@ static SCREEN: LazyLock<Screen> = LazyLock::new(|| {
         .iter()
         .map(|lang| {
             let family = format!("(?:{})", lang.fam);
-            let patterns = lang
+            let patterns: Vec<String> = lang
                 .rules
                 .iter()
-                .map(|(_, p)| ascii_bounds(&p.replace("{fam}", &family)));
-            let set = RegexSetBuilder::new(patterns)
-                .dfa_size_limit(4 << 20)
-                .build()
-                .expect("crisis patterns compile");
-            (set, lang)
+                .map(|(_, p)| ascii_bounds(&p.replace("{fam}", &family)))
+                .collect();
+            (Pattern::set(&patterns, 4 << 20), lang)
         })
         .collect();
     let mask = MASK
@@ -981,11 +1106,14 @@ static SCREEN: LazyLock<Screen> = LazyLock::new(|| {
         .join("|");
     Screen {
         sets,
-        mask: Regex::new(&ascii_bounds(&mask)).expect("mask patterns compile"),
-        laugh: Regex::new(&ascii_bounds(LAUGH)).expect("laugh pattern compiles"),
-        media: Regex::new(&ascii_bounds(MEDIA)).expect("media pattern compiles"),
+        mask: Pattern::one(&ascii_bounds(&mask)),
+        laugh: Pattern::one(&ascii_bounds(LAUGH)),
+        media: Pattern::one(&ascii_bounds(MEDIA)),
     }
 });
+
+static SCREEN_CACHES: LazyLock<Caches<ScreenCaches>> =
+    LazyLock::new(|| Caches::new(|| ScreenCaches::of(&SCREEN)));
 
 /// The ASCII spelling of a Latin letter with a diacritic (and of ß, œ, æ), None for any other char.
 fn fold(c: char) -> Option<&'static str> {
@@ -1055,12 +1183,14 @@ type Langs = u8;
 pub fn screen(text: &str) -> Option<Flag> {
     let s = &*SCREEN;
     let normalized = normalize(text);
-    let masked = s.mask.replace_all(&normalized, " | ");
+    let mut caches = SCREEN_CACHES.lock();
+    let c = &mut *caches;
+    let masked = s.mask.replace_all(&mut c.mask, &normalized, " | ");
     let mut found = [[0 as Langs; 2]; 4];
     let mut cues = [0 as Langs; 4];
-    for (bit, (set, lang)) in s.sets.iter().enumerate() {
-        for i in set.matches(&masked).iter() {
-            match lang.rules[i].0 {
+    for (bit, ((set, lang), cache)) in s.sets.iter().zip(&mut c.sets).enumerate() {
+        for i in set.matches(cache, &masked).iter() {
+            match lang.rules[i.as_usize()].0 {
                 Sig::Crisis(c, sure) => found[c as usize][usize::from(sure)] |= 1 << bit,
                 Sig::Groom(cue) => cues[cue as usize] |= 1 << bit,
             }
@@ -1074,7 +1204,9 @@ pub fn screen(text: &str) -> Option<Flag> {
             let langs = found[c as usize][usize::from(sure)];
             (langs != 0).then_some((c, langs, sure))
         })?;
-    let joking = s.laugh.is_match(&normalized) || s.media.is_match(&normalized);
+    let joking =
+        s.laugh.is_match(&mut c.laugh, &normalized) || s.media.is_match(&mut c.media, &normalized);
+    drop(caches);
     Some(Flag {
         category,
         lang: pick_lang(langs, text).to_string(),
@@ -1283,15 +1415,39 @@ pub(crate) fn language(text: &str) -> Option<&'static str> {
 
 /// The output check: its masks (supportive negations, slang) and its two kinds of blocked content.
 struct Output {
-    mask: Regex,
-    sexual: Regex,
-    self_harm: Regex,
-    encourage: Regex,
-    crisis_context: Regex,
+    mask: Pattern,
+    sexual: Pattern,
+    self_harm: Pattern,
+    encourage: Pattern,
+    crisis_context: Pattern,
 }
 
+/// The output check's caches, one per pattern.
+struct OutputCaches {
+    mask: meta::Cache,
+    sexual: meta::Cache,
+    self_harm: meta::Cache,
+    encourage: meta::Cache,
+    crisis_context: meta::Cache,
+}
+
+impl OutputCaches {
+    fn of(o: &Output) -> OutputCaches {
+        OutputCaches {
+            mask: o.mask.cache(),
+            sexual: o.sexual.cache(),
+            self_harm: o.self_harm.cache(),
+            encourage: o.encourage.cache(),
+            crisis_context: o.crisis_context.cache(),
+        }
+    }
+}
+
+static OUTPUT_CACHES: LazyLock<Caches<OutputCaches>> =
+    LazyLock::new(|| Caches::new(|| OutputCaches::of(&OUTPUT)));
+
 static OUTPUT: LazyLock<Output> = LazyLock::new(|| {
-    let compile = |p: &str| Regex::new(&ascii_bounds(p)).expect("output patterns compile");
+    let compile = |p: &str| Pattern::one(&ascii_bounds(p));
     Output {
         mask: compile(
             r"\b(?:dont|do not|never|please dont|please do not|not|no need to|wont|shouldnt|should not|stop) (?:[a-z]+ ){0,2}?(?:kill|hurt|cut|harm|unalive|end) (?:yourself|your life|urself|it)\b|\bhang yourself out\b|\bhook(?:ing|ed)? up with (?:the|your|our|a) (?:crew|squad|team|homies|group|friends|local|shop|sponsor|coach)\b|\bstrip of\b|\bkeep in touch\b|\bno te (?:mates|hagas dano)\b|\bnao se (?:mate|machuque)\b|\bne te (?:tue|fais pas de mal)\b|\btu dir nichts an\b",
@@ -1317,13 +1473,18 @@ static OUTPUT: LazyLock<Output> = LazyLock::new(|| {
 pub(crate) fn check_output(text: &str) -> Option<Blocked> {
     let o = &*OUTPUT;
     let normalized = normalize(text);
-    let masked = o.mask.replace_all(&normalized, " | ");
-    if o.self_harm.is_match(&masked)
-        || (o.encourage.is_match(&masked) && o.crisis_context.is_match(&masked))
+    let mut caches = OUTPUT_CACHES.lock();
+    let c = &mut *caches;
+    let masked = o.mask.replace_all(&mut c.mask, &normalized, " | ");
+    if o.self_harm.is_match(&mut c.self_harm, &masked)
+        || (o.encourage.is_match(&mut c.encourage, &masked)
+            && o.crisis_context.is_match(&mut c.crisis_context, &masked))
     {
         return Some(Blocked::SelfHarm);
     }
-    o.sexual.is_match(&masked).then_some(Blocked::Sexual)
+    o.sexual
+        .is_match(&mut c.sexual, &masked)
+        .then_some(Blocked::Sexual)
 }
 
 #[cfg(test)]
@@ -1653,5 +1814,34 @@ mod tests {
         ] {
             assert_eq!(check_output(text), Some(blocked), "{text}");
         }
+    }
+
+    /// Threads screening at once take turns with the one set of caches and all get what one thread
+    /// alone gets.
+    #[test]
+    fn threads_share_the_caches_and_agree() {
+        let texts: Vec<&str> = SLANG
+            .iter()
+            .copied()
+            .chain(TUNE.iter().map(|t| t.1))
+            .collect();
+        let alone: Vec<_> = texts.iter().map(|t| (screen(t), check_output(t))).collect();
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..20)
+                            .flat_map(|_| texts.iter().map(|t| (screen(t), check_output(t))))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            for thread in threads {
+                let got = thread.join().expect("no panic");
+                for (i, r) in got.into_iter().enumerate() {
+                    assert_eq!(r, alone[i % texts.len()], "{}", texts[i % texts.len()]);
+                }
+            }
+        });
     }
 }
