@@ -950,14 +950,15 @@ pub struct EmbedSettings {
         default_value_t = 1
     )]
     pub threads: usize,
-    /// Most texts in one model run; concurrent turns' texts are batched up to this. Batches past a few
-    /// texts embed no faster, and a run's buffers grow with the batch: after a burst of 32 the worker held
-    /// ~10 MB more (docs/benchmark.md).
+    /// Most texts in one model run; concurrent turns' texts are batched up to this. A run's buffers grow
+    /// with the batch and the allocator keeps them: after a burst the worker held ~4 MB more with 8 than
+    /// with 4, ~10 more with 32 than with 8; long texts embed no faster in larger batches
+    /// (docs/benchmark.md).
     #[arg(
         id = "embed-max-batch",
         long = "embed-max-batch",
         env = "COMPANION_EMBED_MAX_BATCH",
-        default_value_t = 8
+        default_value_t = 4
     )]
     pub max_batch: usize,
     /// Milliseconds the embedder waits for more texts after the first before running the model; 0 runs at
