@@ -8,7 +8,7 @@
 //! (English, Spanish, Portuguese, French, German, Japanese) is matched. Weaker patterns give a flag
 //! that is not `sure`, for a second stage to confirm.
 //!
-//! Every pattern is searched through one cache, shared by the threads under a lock (a screen takes
+//! Each pattern is searched through one cache, which the threads take in turn (a search takes
 //! microseconds). The `regex` crate would keep a cache per thread searching at once, and a cache grows
 //! with the text it has seen: the labelled set grows the screen's caches by ~19 MB, on every thread.
 //!
@@ -952,8 +952,11 @@ const LAUGH: &str = r"\b(?:lol|lmao|lmfao|ha(?:ha)+h?|ja(?:ja)+|je(?:je)+|k{3,}|
 /// Talk about a song, film or the news: a match there is less sure (still flagged).
 const MEDIA: &str = r"\b(?:song|movie|film|lyrics|episode|cancion|peli|pelicula|serie|letra|musica|filme|chanson|lied|news|noticia|noticias)\b|歌詞|映画|ドラマ|アニメ|漫画";
 
-/// A compiled pattern, or a set of them, searched through a cache its owner keeps.
-struct Pattern(meta::Regex);
+/// A compiled pattern, or a set of them, with the one search cache every thread uses in turn.
+struct Pattern {
+    re: meta::Regex,
+    cache: Mutex<meta::Cache>,
+}
 
 impl Pattern {
     /// One pattern as `regex::Regex` compiles it (leftmost-first, UTF-8, a 2 MB lazy DFA), without
@@ -986,31 +989,39 @@ impl Pattern {
             .syntax(syntax::Config::new().utf8(true))
             .build_many(patterns)
             .expect("screen patterns compile");
-        Pattern(re)
+        let cache = Mutex::new(re.create_cache());
+        Pattern { re, cache }
     }
 
-    fn cache(&self) -> meta::Cache {
-        self.0.create_cache()
+    /// The cache, held for one search; made afresh if a search ever panicked holding it.
+    fn cache(&self) -> MutexGuard<'_, meta::Cache> {
+        self.cache.lock().unwrap_or_else(|poisoned| {
+            self.cache.clear_poison();
+            let mut cache = poisoned.into_inner();
+            cache.reset(&self.re);
+            cache
+        })
     }
 
-    fn is_match(&self, cache: &mut meta::Cache, text: &str) -> bool {
-        self.0
-            .search_half_with(cache, &Input::new(text).earliest(true))
+    fn is_match(&self, text: &str) -> bool {
+        self.re
+            .search_half_with(&mut self.cache(), &Input::new(text).earliest(true))
             .is_some()
     }
 
     /// The indexes of the set's patterns that match, ascending.
-    fn matches(&self, cache: &mut meta::Cache, text: &str) -> PatternSet {
-        let mut found = PatternSet::new(self.0.pattern_len());
-        self.0
-            .which_overlapping_matches_with(cache, &Input::new(text), &mut found);
+    fn matches(&self, text: &str) -> PatternSet {
+        let mut found = PatternSet::new(self.re.pattern_len());
+        self.re
+            .which_overlapping_matches_with(&mut self.cache(), &Input::new(text), &mut found);
         found
     }
 
     /// `text` with every match replaced by `with`.
-    fn replace_all<'t>(&self, cache: &mut meta::Cache, text: &'t str, with: &str) -> Cow<'t, str> {
+    fn replace_all<'t>(&self, text: &'t str, with: &str) -> Cow<'t, str> {
+        let mut cache = self.cache();
         let mut searcher = Searcher::new(Input::new(text));
-        let mut next = || searcher.advance(|input| Ok(self.0.search_with(cache, input)));
+        let mut next = || searcher.advance(|input| Ok(self.re.search_with(&mut cache, input)));
         let Some(first) = next() else {
             return Cow::Borrowed(text);
         };
@@ -1028,31 +1039,6 @@ impl Pattern {
     }
 }
 
-/// The caches of a group of patterns, one per pattern, behind one lock.
-struct Caches<C> {
-    caches: Mutex<C>,
-    /// Makes them afresh if a search ever panicked holding them.
-    fresh: fn() -> C,
-}
-
-impl<C> Caches<C> {
-    fn new(fresh: fn() -> C) -> Caches<C> {
-        Caches {
-            caches: Mutex::new(fresh()),
-            fresh,
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, C> {
-        self.caches.lock().unwrap_or_else(|poisoned| {
-            self.caches.clear_poison();
-            let mut caches = poisoned.into_inner();
-            *caches = (self.fresh)();
-            caches
-        })
-    }
-}
-
 /// The compiled screen: one set of every language's patterns, and what each one means.
 struct Screen {
     /// One set per language (small sets keep the lazy DFA's states few), with that language.
@@ -1060,25 +1046,6 @@ struct Screen {
     mask: Pattern,
     laugh: Pattern,
     media: Pattern,
-}
-
-/// The screen's caches, one per pattern.
-struct ScreenCaches {
-    sets: Vec<meta::Cache>,
-    mask: meta::Cache,
-    laugh: meta::Cache,
-    media: meta::Cache,
-}
-
-impl ScreenCaches {
-    fn of(s: &Screen) -> ScreenCaches {
-        ScreenCaches {
-            sets: s.sets.iter().map(|(set, _)| set.cache()).collect(),
-            mask: s.mask.cache(),
-            laugh: s.laugh.cache(),
-            media: s.media.cache(),
-        }
-    }
 }
 
 /// Makes `\b` ASCII-only, so the patterns stay in the fast DFA (text is mostly ASCII once normalized).
@@ -1111,9 +1078,6 @@ static SCREEN: LazyLock<Screen> = LazyLock::new(|| {
         media: Pattern::one(&ascii_bounds(MEDIA)),
     }
 });
-
-static SCREEN_CACHES: LazyLock<Caches<ScreenCaches>> =
-    LazyLock::new(|| Caches::new(|| ScreenCaches::of(&SCREEN)));
 
 /// The ASCII spelling of a Latin letter with a diacritic (and of ß, œ, æ), None for any other char.
 fn fold(c: char) -> Option<&'static str> {
@@ -1183,13 +1147,11 @@ type Langs = u8;
 pub fn screen(text: &str) -> Option<Flag> {
     let s = &*SCREEN;
     let normalized = normalize(text);
-    let mut caches = SCREEN_CACHES.lock();
-    let c = &mut *caches;
-    let masked = s.mask.replace_all(&mut c.mask, &normalized, " | ");
+    let masked = s.mask.replace_all(&normalized, " | ");
     let mut found = [[0 as Langs; 2]; 4];
     let mut cues = [0 as Langs; 4];
-    for (bit, ((set, lang), cache)) in s.sets.iter().zip(&mut c.sets).enumerate() {
-        for i in set.matches(cache, &masked).iter() {
+    for (bit, (set, lang)) in s.sets.iter().enumerate() {
+        for i in set.matches(&masked).iter() {
             match lang.rules[i.as_usize()].0 {
                 Sig::Crisis(c, sure) => found[c as usize][usize::from(sure)] |= 1 << bit,
                 Sig::Groom(cue) => cues[cue as usize] |= 1 << bit,
@@ -1204,9 +1166,7 @@ pub fn screen(text: &str) -> Option<Flag> {
             let langs = found[c as usize][usize::from(sure)];
             (langs != 0).then_some((c, langs, sure))
         })?;
-    let joking =
-        s.laugh.is_match(&mut c.laugh, &normalized) || s.media.is_match(&mut c.media, &normalized);
-    drop(caches);
+    let joking = s.laugh.is_match(&normalized) || s.media.is_match(&normalized);
     Some(Flag {
         category,
         lang: pick_lang(langs, text).to_string(),
@@ -1422,30 +1382,6 @@ struct Output {
     crisis_context: Pattern,
 }
 
-/// The output check's caches, one per pattern.
-struct OutputCaches {
-    mask: meta::Cache,
-    sexual: meta::Cache,
-    self_harm: meta::Cache,
-    encourage: meta::Cache,
-    crisis_context: meta::Cache,
-}
-
-impl OutputCaches {
-    fn of(o: &Output) -> OutputCaches {
-        OutputCaches {
-            mask: o.mask.cache(),
-            sexual: o.sexual.cache(),
-            self_harm: o.self_harm.cache(),
-            encourage: o.encourage.cache(),
-            crisis_context: o.crisis_context.cache(),
-        }
-    }
-}
-
-static OUTPUT_CACHES: LazyLock<Caches<OutputCaches>> =
-    LazyLock::new(|| Caches::new(|| OutputCaches::of(&OUTPUT)));
-
 static OUTPUT: LazyLock<Output> = LazyLock::new(|| {
     let compile = |p: &str| Pattern::one(&ascii_bounds(p));
     Output {
@@ -1473,18 +1409,13 @@ static OUTPUT: LazyLock<Output> = LazyLock::new(|| {
 pub(crate) fn check_output(text: &str) -> Option<Blocked> {
     let o = &*OUTPUT;
     let normalized = normalize(text);
-    let mut caches = OUTPUT_CACHES.lock();
-    let c = &mut *caches;
-    let masked = o.mask.replace_all(&mut c.mask, &normalized, " | ");
-    if o.self_harm.is_match(&mut c.self_harm, &masked)
-        || (o.encourage.is_match(&mut c.encourage, &masked)
-            && o.crisis_context.is_match(&mut c.crisis_context, &masked))
+    let masked = o.mask.replace_all(&normalized, " | ");
+    if o.self_harm.is_match(&masked)
+        || (o.encourage.is_match(&masked) && o.crisis_context.is_match(&masked))
     {
         return Some(Blocked::SelfHarm);
     }
-    o.sexual
-        .is_match(&mut c.sexual, &masked)
-        .then_some(Blocked::Sexual)
+    o.sexual.is_match(&masked).then_some(Blocked::Sexual)
 }
 
 #[cfg(test)]
@@ -1816,10 +1747,10 @@ mod tests {
         }
     }
 
-    /// Threads screening at once take turns with the one set of caches and all get what one thread
-    /// alone gets.
+    /// Threads screening at once take turns with each pattern's cache and get what one thread alone
+    /// gets.
     #[test]
-    fn threads_share_the_caches_and_agree() {
+    fn threads_screening_at_once_get_what_one_thread_gets() {
         let texts: Vec<&str> = SLANG
             .iter()
             .copied()
