@@ -952,8 +952,8 @@ pub struct EmbedSettings {
     pub threads: usize,
     /// Most texts in one model run; concurrent turns' texts are batched up to this. A run's buffers grow
     /// with the batch and the allocator keeps them: after a burst the worker held ~4 MB more with 8 than
-    /// with 4, ~10 more with 32 than with 8. In a burst, 8 embeds short texts for ~5–10 % less CPU and
-    /// long ones for ~15 % more (docs/benchmark.md).
+    /// with 4, ~10 more with 32 than with 8. Per CPU-second, 8 embeds 5–17 % more short texts than 4
+    /// and 14–15 % fewer long ones (docs/benchmark.md).
     #[arg(
         id = "embed-max-batch",
         long = "embed-max-batch",
