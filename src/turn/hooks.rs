@@ -27,7 +27,6 @@ use crate::{
     },
     safety::{
         disclosure::{self, Due},
-        lines::Line,
         screen::{self, Blocked, Category},
     },
     store::{
@@ -141,22 +140,26 @@ impl Turns {
             .step(step::REFERRAL_MESSAGE, &key)
             .run(async {
                 let profile = a.user.profile.as_ref();
-                let (country, lines) = self.safety.lines.for_user(
+                let referral = self.safety.lines.referral(
+                    Some(&f.lang),
                     profile.and_then(|p| p.country.as_deref()),
                     profile.and_then(|p| p.time_zone.as_deref()),
+                    f.category,
                 );
-                let (lang, text) = self.safety.lines.referral(Some(&f.lang));
-                let card = json!({
-                    "type": "crisis_resources",
-                    "data": { "lines": lines, "lang": lang },
-                });
-                let mut r = Reply::new(referral_text(text, lines), Some(card), None);
+                let lines: Vec<_> = referral.lines.iter().map(|l| l.card()).collect();
+                let mut data = json!({ "lines": lines, "lang": referral.lang });
+                if let Some(country) = referral.country {
+                    data["country"] = country.into();
+                }
+                let card = json!({ "type": "crisis_resources", "data": data });
+                let mut r = Reply::new(referral.text, Some(card), None);
                 r.marks.safety = Some("crisis".into());
                 r.marks.visible_to = group.then(|| vec![m.sender.to_hex()]);
                 info!(
-                    country = country.as_deref().unwrap_or("fallback"),
-                    lang,
-                    lines = lines.len(),
+                    country = referral.country.unwrap_or("unknown"),
+                    lang = referral.lang,
+                    category = f.category.as_str(),
+                    lines = referral.lines.len(),
                     "crisis referral fixed"
                 );
                 self.metrics.inc(CRISIS_REFERRALS, &labels(f));
@@ -301,21 +304,4 @@ impl Turns {
 /// A flag's metric labels.
 fn labels(f: &Flagged) -> String {
     format!("category=\"{}\",lang=\"{}\"", f.category.as_str(), f.lang)
-}
-
-/// The referral's text: the fixed message, then each line (for clients that do not draw the card).
-fn referral_text(text: &str, lines: &[Line]) -> String {
-    let mut out = text.trim().to_owned();
-    for l in lines {
-        let ways: Vec<String> = [
-            l.phone.as_ref().map(|p| format!("📞 {p}")),
-            l.text.as_ref().map(|t| format!("💬 {t}")),
-            l.url.as_ref().map(|u| format!("🌐 {u}")),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        out.push_str(&format!("\n• {}: {}", l.name, ways.join(" · ")));
-    }
-    out
 }
