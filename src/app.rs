@@ -107,6 +107,8 @@ impl Components {
             model = %s.llm.model,
             "connecting"
         );
+        // The crisis lines first: a worker that could not refer a user in crisis does not start.
+        let safety = crate::safety::Safety::load(s.safety)?;
         let (bus, mongo, pg) = tokio::try_join!(
             async { Bus::connect(s.nats).await.map_err(SetupError::from) },
             async { Mongo::connect(s.mongo).await.map_err(SetupError::from) },
@@ -124,6 +126,7 @@ impl Components {
                 .map(|(_, c)| (c.id.as_str(), c.flows.as_slice())),
         )?;
         let metrics = Arc::new(Metrics::default());
+        safety.review_lines(chrono::Utc::now().date_naive(), &metrics);
         let llm = LlmClient::new(s.llm, metrics.clone())?;
         let embedder = rag::load_embedder(s.embed);
         let turns = Arc::new(Turns {
@@ -155,7 +158,7 @@ impl Components {
             group: s.group.clone(),
             flow: s.flow.clone(),
             follow_ups: s.follow_ups.clone(),
-            safety: crate::safety::Safety::load(s.safety)?,
+            safety,
             prompt: s.prompt.clone(),
             memory: crate::memory::Memory::new(pg.pool.clone(), embedder.clone(), s.memory.clone()),
             memory_model: [&s.memory.model, &s.spend.budget_model, &s.llm.model]

@@ -521,6 +521,15 @@ pub struct SafetyConfig {
         default_value_t = 3600
     )]
     pub crisis_referral_window_secs: u64,
+    /// A crisis line whose `checked` date is older than this many days is due for review: the worker
+    /// warns at start-up and reports it in `companion_crisis_lines_stale` (docs/safety.md).
+    #[arg(
+        id = "crisis-lines-review-days",
+        long = "crisis-lines-review-days",
+        env = "COMPANION_CRISIS_LINES_REVIEW_DAYS",
+        default_value_t = 365
+    )]
+    pub crisis_lines_review_days: u32,
     /// Companions say they are an AI on the first message of the user's day and every few hours of a
     /// continuing interaction (New York GBL Art. 47, California SB 243). Off only for tests of other
     /// features, or where the app itself shows an equivalent notice on every such message.

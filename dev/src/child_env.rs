@@ -130,6 +130,10 @@ fn safety(c: &Config) -> Env {
             c.safety.crisis_referral_window_secs.to_string(),
         ),
         (
+            "COMPANION_CRISIS_LINES_REVIEW_DAYS",
+            c.safety.crisis_lines_review_days.to_string(),
+        ),
+        (
             "COMPANION_DISCLOSURE_EVERY_SECS",
             c.safety.disclosure_every_secs.to_string(),
         ),

@@ -10,6 +10,12 @@ pub(crate) mod screen;
 
 use serde::{Deserialize, Serialize};
 
+use crate::metrics::Metrics;
+
+/// Crisis lines (with the directory) not checked within `COMPANION_CRISIS_LINES_REVIEW_DAYS`, as of the
+/// worker's start.
+pub(crate) const LINES_STALE: &str = "companion_crisis_lines_stale";
+
 /// What a companion message is, for the app and its moderators: written on its `dm_messages` document
 /// and its completion event as they are named here.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +70,25 @@ impl Safety {
         })
     }
 
+    /// Warns of every crisis line not checked within the review interval as of `today`, and reports
+    /// how many there are in [`LINES_STALE`]; returns that number. Run at start-up.
+    pub(crate) fn review_lines(&self, today: chrono::NaiveDate, metrics: &Metrics) -> usize {
+        let days = self.config.crisis_lines_review_days;
+        let stale = self.lines.stale(today, days);
+        for s in &stale {
+            tracing::warn!(
+                country = s.whose,
+                line = s.name,
+                checked = %s.checked,
+                days_ago = s.days,
+                review_days = days,
+                "a crisis line is due for review: call it, then update its source and checked date"
+            );
+        }
+        metrics.set_gauge(LINES_STALE, "", stale.len() as f64);
+        stale.len()
+    }
+
     /// What the user document says of its user's age (unknown: as configured).
     pub(crate) fn age(
         &self,
@@ -96,5 +121,100 @@ impl Safety {
             self.config.minor_quiet_start,
             self.config.minor_quiet_end,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// What is logged while `f` runs, as text.
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
+    fn date(s: &str) -> chrono::NaiveDate {
+        chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap()
+    }
+
+    /// The protocol with the crisis lines of `file` (the built-in ones when None).
+    fn safety(file: Option<&str>) -> (Safety, Option<std::path::PathBuf>) {
+        let mut config = crate::config::from_env::<crate::config::SafetyConfig>().unwrap();
+        config.crisis_lines_review_days = 365;
+        let path = file.map(|contents| {
+            let path = std::env::temp_dir().join(format!(
+                "crisis-stale-{}-{}.json",
+                std::process::id(),
+                fastrand::u64(..)
+            ));
+            std::fs::write(&path, contents).unwrap();
+            path
+        });
+        config.crisis_lines_file = path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        (Safety::load(&config).unwrap(), path)
+    }
+
+    #[test]
+    fn a_line_not_checked_within_the_interval_warns_and_is_counted_on_a_fixed_clock() {
+        // The clock is fixed: the shipped lines were checked on 2026-11-26.
+        let today = date("2026-12-01");
+        let (fresh, _) = safety(None);
+        let metrics = Metrics::default();
+        let log = logged(|| assert_eq!(fresh.review_lines(today, &metrics), 0));
+        assert!(!log.contains("due for review"), "{log}");
+        assert!(
+            metrics.render().contains(&format!("\n{LINES_STALE} 0\n")),
+            "{}",
+            metrics.render()
+        );
+
+        let mut v: serde_json::Value = serde_json::from_str(include_str!("crisis.json")).unwrap();
+        v["countries"]["GB"][1]["checked"] = "2025-11-30".into();
+        let (old, path) = safety(Some(&v.to_string()));
+        std::fs::remove_file(path.unwrap()).unwrap();
+        let metrics = Metrics::default();
+        let log = logged(|| assert_eq!(old.review_lines(today, &metrics), 1));
+        let warning = log
+            .lines()
+            .find(|l| l.contains("due for review"))
+            .unwrap_or_else(|| panic!("a warning: {log}"));
+        assert!(warning.contains("WARN"), "{warning}");
+        for what in [
+            "country=\"GB\"",
+            "Childline",
+            "checked=2025-11-30",
+            "days_ago=366",
+        ] {
+            assert!(warning.contains(what), "{what}: {warning}");
+        }
+        assert_eq!(log.matches("due for review").count(), 1, "{log}");
+        assert!(metrics.render().contains(&format!("\n{LINES_STALE} 1\n")));
+        // A year to the day is still within the interval.
+        let metrics = Metrics::default();
+        let log = logged(|| assert_eq!(old.review_lines(date("2026-11-30"), &metrics), 0));
+        assert!(!log.contains("due for review"), "{log}");
     }
 }

@@ -1,7 +1,7 @@
 //! The operators' files, against a real Prometheus (Debian's, `deploy/local/prometheus.sh`) scraping a
 //! real worker: the alert rules load, the dead-letter alert fires after a poison event while the worker
-//! and readiness alerts stay quiet, the out-of-credits and service-budget alerts fire when they should,
-//! and every query of the Grafana dashboard runs.
+//! and readiness alerts stay quiet, the out-of-credits, service-budget and stale-crisis-lines alerts fire
+//! when they should, and every query of the Grafana dashboard runs.
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
@@ -60,6 +60,17 @@ async fn alerts(base: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Whether alert `name` is firing within a minute.
+async fn fires(base: &str, name: &str) -> bool {
+    eventually(Duration::from_secs(60), || async {
+        alerts(base)
+            .await
+            .iter()
+            .any(|(n, state)| n == name && state == "firing")
+    })
+    .await
+}
+
 #[tokio::test]
 async fn the_dead_letter_alert_fires_after_a_poison_event() {
     let bin = prometheus_bin();
@@ -78,10 +89,18 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
             StubReply::text("ok")
         }
     });
+    // Crisis lines of which one was last checked in 2000: whatever today is, it is due for review.
+    let lines_dir = TempDir::new("companion-crisis-lines");
+    let lines_file = lines_dir.0.join("crisis.json");
+    let mut lines: Value =
+        serde_json::from_str(include_str!("../../src/safety/crisis.json")).unwrap();
+    lines["countries"]["US"][0]["checked"] = "2000-01-01".into();
+    std::fs::write(&lines_file, lines.to_string()).unwrap();
     // A small service budget, read at every call, so a few priced answers cross 80% of it.
     let env = TestEnv::with(responder, |c| {
         c.spend.service_daily_usd = 0.05;
         c.spend.service_spend_refresh_secs = 0;
+        c.safety.crisis_lines_file = lines_file.display().to_string();
     })
     .await;
     let worker = InProcessWorker::start(&env).await;
@@ -154,13 +173,7 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
         .await,
         "the poison event is dead-lettered"
     );
-    let fired = eventually(Duration::from_secs(60), || async {
-        alerts(&base)
-            .await
-            .iter()
-            .any(|(name, state)| name == "CompanionDeadLetters" && state == "firing")
-    })
-    .await;
+    let fired = fires(&base, "CompanionDeadLetters").await;
     let now = alerts(&base).await;
     assert!(fired, "CompanionDeadLetters fires: {now:?}");
     for quiet in [
@@ -181,13 +194,7 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
         .await;
     let reply = env.turn(&broke).await;
     assert_eq!(reply.content, failure_line("kaori"));
-    let paged = eventually(Duration::from_secs(60), || async {
-        alerts(&base)
-            .await
-            .iter()
-            .any(|(name, state)| name == "CompanionOutOfCredits" && state == "firing")
-    })
-    .await;
+    let paged = fires(&base, "CompanionOutOfCredits").await;
     assert!(
         paged,
         "CompanionOutOfCredits fires: {:?}",
@@ -200,18 +207,22 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
         let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
         assert_eq!(env.turn(&e).await.content, "ok");
     }
-    let warned = eventually(Duration::from_secs(60), || async {
-        alerts(&base)
-            .await
-            .iter()
-            .any(|(name, state)| name == "CompanionServiceBudget80" && state == "firing")
-    })
-    .await;
+    let warned = fires(&base, "CompanionServiceBudget80").await;
     assert!(
         warned,
         "CompanionServiceBudget80 fires: {:?}",
         alerts(&base).await
     );
+
+    // The worker started with a crisis line due for review: the trust-and-safety lead is told.
+    let stale = fires(&base, "CompanionCrisisLinesStale").await;
+    assert!(
+        stale,
+        "CompanionCrisisLinesStale fires: {:?}",
+        alerts(&base).await
+    );
+    let v = query(&base, "max(companion_crisis_lines_stale)").await;
+    assert_eq!(v["data"]["result"][0]["value"][1], "1", "{v}");
 
     // Every query of the dashboard is valid PromQL that Prometheus runs against these metrics.
     let dashboard: Value = serde_json::from_str(
