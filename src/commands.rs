@@ -12,6 +12,7 @@ pub use crate::usage::{Query as UsageQuery, report as usage};
 pub use crate::memory::MemoryError;
 pub use crate::rag::{commands::RagCommandError, ingest::Report as IngestReport};
 pub use crate::replay::{ReplayArgs, ReplayError, Summary as ReplaySummary};
+pub use crate::safety::lines::LinesError;
 use crate::{
     app::{Components, SetupError, TurnSections},
     bus::{Bus, BusError},
@@ -48,6 +49,22 @@ pub async fn replay(
 ) -> Result<ReplaySummary, ReplayCommandError> {
     let components = Components::connect(sections).await?;
     Ok(crate::replay::replay_events(components.replayer().into(), args).await?)
+}
+
+/// `companion report crisis-lines`: the crisis lines configured (built in, or the file) with their
+/// evidence, those due for review as of `today` first.
+pub fn crisis_lines_report(
+    safety: &crate::config::SafetyConfig,
+    today: chrono::NaiveDate,
+    json: bool,
+) -> Result<String, LinesError> {
+    let loaded = crate::safety::Safety::load(safety)?;
+    Ok(crate::report::crisis_lines(
+        &loaded.lines,
+        today,
+        safety.crisis_lines_review_days,
+        json,
+    ))
 }
 
 /// `companion report crisis`: the year's crisis log (text, or JSON), for the annual report.

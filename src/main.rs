@@ -150,6 +150,15 @@ enum Report {
         #[command(flatten)]
         pg: PgConfig,
     },
+    /// The crisis lines with their evidence (kind, hours, cost, source, the date checked), those due
+    /// for review first: the sheet the trust-and-safety lead works through (docs/safety.md).
+    CrisisLines {
+        /// One JSON object instead of the text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        safety: SafetyConfig,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -220,6 +229,13 @@ async fn run() -> anyhow::Result<()> {
         } => ingest(&path, collection.as_deref(), &pg, &embed, &rag).await?,
         Command::Report(Report::Crisis { year, json, pg }) => {
             crisis_report(year, json, &pg).await?
+        }
+        Command::Report(Report::CrisisLines { json, safety }) => {
+            let today = chrono::Utc::now().date_naive();
+            print!(
+                "{}",
+                commands::crisis_lines_report(&safety, today, json).context("crisis lines")?
+            );
         }
         Command::Embed(embed) => {
             let n = commands::embed(&embed).await.context("embedding")?;

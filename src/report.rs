@@ -1,9 +1,15 @@
 //! `companion report crisis --year`: the year's crisis flags and referrals by month and category, as a
 //! company publishes them. Read from `crisis_log`, which holds no user, conversation or message id, so
 //! the counts survive a user's erasure.
+//!
+//! `companion report crisis-lines`: the review sheet of the crisis lines (docs/safety.md, section 6),
+//! every line with its evidence, those due for review first.
 
 use std::{collections::BTreeMap, fmt::Write};
 
+use chrono::NaiveDate;
+
+use crate::safety::lines::{CrisisLines, Line};
 use crate::store::safety::CrisisMonth;
 
 const MONTHS: [&str; 12] = [
@@ -63,6 +69,75 @@ pub(crate) fn crisis(year: i32, rows: &[CrisisMonth], json: bool) -> String {
     out
 }
 
+/// The crisis lines as a reviewer checks them: due ones (checked more than `review_days` before
+/// `today`) first, then by country; each with how to reach it, what it is, when it is open, what it costs,
+/// where and when that was checked, and what no source showed. `json`: one JSON object.
+pub(crate) fn crisis_lines(
+    lines: &CrisisLines,
+    today: NaiveDate,
+    review_days: u32,
+    json: bool,
+) -> String {
+    let age = |l: &Line| (today - l.checked).num_days();
+    let due = |l: &Line| age(l) > i64::from(review_days);
+    let mut entries: Vec<(&str, &Line)> = lines.entries().collect();
+    entries.sort_by_key(|(whose, l)| (!due(l), *whose));
+    let n_due = entries.iter().filter(|(_, l)| due(l)).count();
+    if json {
+        let rows: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|(whose, l)| {
+                serde_json::json!({
+                    "country": whose, "name": l.name, "phone": l.phone, "text": l.text, "url": l.url,
+                    "kind": l.kind, "serves": l.serves, "hours": l.hours, "cost": l.cost,
+                    "source": l.source, "checked": l.checked, "daysSinceChecked": age(l), "due": due(l),
+                    "evidence": l.evidence, "unconfirmed": l.unconfirmed,
+                })
+            })
+            .collect();
+        let value = serde_json::json!({
+            "today": today, "reviewDays": review_days, "due": n_due, "lines": rows,
+            "reviewed": lines.reviewed,
+        });
+        return format!("{value}\n");
+    }
+    let mut out = format!(
+        "crisis lines: {} entries in {} countries and the directory; {n_due} due for review (checked more than {review_days} days before {today})\n{}\n",
+        entries.len(),
+        lines.countries.len(),
+        lines.reviewed.trim(),
+    );
+    for (whose, l) in entries {
+        let serves: Vec<&str> = l.serves.iter().map(|c| c.as_str()).collect();
+        let kind = serde_json::to_value(l.kind).unwrap_or_default();
+        let ways: Vec<String> = [("phone", &l.phone), ("text", &l.text), ("url", &l.url)]
+            .into_iter()
+            .filter_map(|(what, v)| v.as_ref().map(|v| format!("{what} {v}")))
+            .collect();
+        let _ = writeln!(
+            out,
+            "\n{}{whose}  {}  [{} for {}]",
+            if due(l) { "DUE " } else { "" },
+            l.name,
+            kind.as_str().unwrap_or_default(),
+            serves.join(", ")
+        );
+        let _ = writeln!(out, "    {}", ways.join(" · "));
+        let _ = writeln!(out, "    hours: {} · cost: {}", l.hours, l.cost);
+        let _ = writeln!(
+            out,
+            "    checked {} ({} days ago) at {}",
+            l.checked,
+            age(l),
+            l.source
+        );
+        if let Some(u) = &l.unconfirmed {
+            let _ = writeln!(out, "    unconfirmed: {u}");
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +164,33 @@ mod tests {
         assert!(
             table.ends_with("year: 3 referrals, 5 flagged messages\n"),
             "{table}"
+        );
+    }
+
+    #[test]
+    fn the_review_sheet_puts_due_lines_first() {
+        let lines = CrisisLines::builtin();
+        let today = NaiveDate::from_ymd_opt(2026, 12, 1).unwrap();
+        let sheet = crisis_lines(&lines, today, 365, false);
+        assert!(sheet.contains(" 0 due for review"), "{sheet}");
+        assert!(!sheet.contains("\nDUE "), "{sheet}");
+        assert!(
+            sheet.contains("\nJP  いのちの電話（ナビダイヤル）"),
+            "{sheet}"
+        );
+        let later = NaiveDate::from_ymd_opt(2027, 12, 1).unwrap();
+        let sheet = crisis_lines(&lines, later, 365, false);
+        let first = sheet
+            .lines()
+            .find(|l| l.starts_with("DUE ") || l.starts_with("directory"));
+        assert!(first.is_some_and(|l| l.starts_with("DUE ")), "{sheet}");
+        let json: serde_json::Value =
+            serde_json::from_str(&crisis_lines(&lines, later, 365, true)).unwrap();
+        let rows = json["lines"].as_array().unwrap();
+        assert_eq!(json["due"].as_u64(), Some(rows.len() as u64));
+        assert!(
+            rows.iter()
+                .all(|r| r["source"].as_str().is_some_and(|s| s.starts_with("http")))
         );
     }
 }

@@ -231,9 +231,16 @@ async fn a_japanese_crisis_message_is_referred_in_japanese_to_japanese_lines_onc
         referrals[0].content
     );
     assert!(
-        !referrals[0].content.contains("988"),
+        !referrals[0].content.contains("📞 988"),
         "Japan's lines, not the US fallback: {}",
         referrals[0].content
+    );
+    let lines = card["data"]["lines"].as_array().unwrap();
+    assert_eq!(card["data"]["country"], "JP", "{card}");
+    assert_eq!(
+        (&lines[0]["kind"], &lines[0]["hours"], &lines[0]["cost"]),
+        (&"counselling".into(), &"24/7".into(), &"free".into()),
+        "a free line that answers at any hour first: {card}"
     );
     let series = "companion_crisis_referrals_total{category=\"self_harm\",lang=\"ja\"}";
     assert_eq!(worker.metric(series).await, Some(1.0));
@@ -268,6 +275,117 @@ async fn a_japanese_crisis_message_is_referred_in_japanese_to_japanese_lines_onc
         !out.contains(&user) && !out.contains(&conversation),
         "{out}"
     );
+    worker.stop().await;
+    env.finish().await;
+}
+
+const GROOMING_EN: &str = "an adult on snap told me to delete our messages so my mom wont see";
+
+/// The referral's card lines, after `text` from a new user with `fields` (and the card's country).
+async fn card_for(
+    env: &TestEnv,
+    fields: Document,
+    text: &str,
+) -> (Vec<Value>, Option<String>, String) {
+    let (user, conversation) = user_with(env, KAORI, fields).await;
+    let mut replies = env.completions(&conversation).await;
+    let event = env.dm(&user, KAORI, &conversation, text).await;
+    env.publish(&event).await;
+    let referral = next_referral(&mut replies, Duration::from_secs(30))
+        .await
+        .expect("a referral");
+    let card = referral.rich_content.expect("a card");
+    assert_eq!(card["type"], "crisis_resources");
+    let lines = card["data"]["lines"].as_array().unwrap().clone();
+    for l in &lines {
+        for field in ["name", "kind", "hours", "cost"] {
+            assert!(l[field].is_string(), "{field}: {l}");
+        }
+        for never in ["source", "checked", "evidence", "serves"] {
+            assert!(
+                l.get(never).is_none(),
+                "the evidence stays in the file: {l}"
+            );
+        }
+    }
+    let country = card["data"]["country"].as_str().map(str::to_owned);
+    (lines, country, referral.content)
+}
+
+fn phones(lines: &[Value]) -> Vec<&str> {
+    lines.iter().filter_map(|l| l["phone"].as_str()).collect()
+}
+
+#[tokio::test]
+async fn the_referral_fits_the_user_s_country_and_what_they_said() {
+    let env = TestEnv::new(always(StubReply::text(SAFE_REPLY))).await;
+    let worker = InProcessWorker::start(&env).await;
+
+    // A suicidal rider in the US: 988 first, no child-abuse or exploitation line.
+    let (us, country, text) = card_for(&env, doc! { "country": "US" }, CRISIS_EN).await;
+    assert_eq!(country.as_deref(), Some("US"));
+    assert_eq!(phones(&us)[0], "988", "{us:?}");
+    for not in ["1-800-422-4453", "1-800-843-5678"] {
+        assert!(!phones(&us).contains(&not), "{us:?}");
+        assert!(!text.contains(not), "{text}");
+    }
+    assert!(us.iter().all(|l| l["kind"] != "reporting"), "{us:?}");
+
+    // Groomed: the child-abuse line, then the exploitation tip line, labelled as reporting.
+    let (groomed, _, text) = card_for(&env, doc! { "country": "US" }, GROOMING_EN).await;
+    let kinds: Vec<&str> = groomed
+        .iter()
+        .map(|l| l["kind"].as_str().unwrap())
+        .collect();
+    let tip = groomed
+        .iter()
+        .position(|l| l["phone"] == "1-800-843-5678")
+        .expect("the CyberTipline");
+    assert_eq!(groomed[tip]["kind"], "reporting", "{groomed:?}");
+    assert!(
+        kinds[..tip].iter().all(|k| *k == "counselling") && tip > 0,
+        "counselling lines before it: {kinds:?}"
+    );
+    assert!(phones(&groomed).contains(&"1-800-422-4453"), "{groomed:?}");
+    let shown = text.lines().find(|l| l.contains("1-800-843-5678")).unwrap();
+    assert!(shown.contains("for reporting"), "{shown}");
+
+    // Only a US time zone on the profile: 988 still.
+    let (chicago, country, _) =
+        card_for(&env, doc! { "timezone": "America/Chicago" }, CRISIS_EN).await;
+    assert_eq!(country.as_deref(), Some("US"));
+    assert_eq!(phones(&chicago)[0], "988", "{chicago:?}");
+
+    // Nothing known of where the user is: the emergency-number sentence and the directory, and no
+    // number that works in one country only.
+    let (nowhere, country, text) = card_for(&env, doc! {}, CRISIS_EN).await;
+    assert_eq!(country, None);
+    assert_eq!(nowhere.len(), 1, "{nowhere:?}");
+    assert_eq!(nowhere[0]["kind"], "directory");
+    assert!(nowhere[0].get("phone").is_none(), "{nowhere:?}");
+    assert!(text.contains("call your local emergency number"), "{text}");
+    assert!(text.contains("findahelpline.com"), "{text}");
+    assert!(!text.contains("📞 988"), "{text}");
+
+    let series = "companion_crisis_referrals_total{category=\"self_harm\",lang=\"en\"}";
+    assert_eq!(worker.metric(series).await, Some(3.0));
+    assert_eq!(alerts(&env).await.len(), 4, "every flagged message alerted");
+
+    // The reviewer's sheet of the same lines: every one with its source and the date it was checked.
+    let (ok, out, err) = env
+        .run_companion(&["report", "crisis-lines", "--json"])
+        .await;
+    assert!(ok, "{err}");
+    let sheet: Value = serde_json::from_str(&out).unwrap();
+    let rows = sheet["lines"].as_array().unwrap();
+    assert!(
+        rows.iter()
+            .any(|r| r["phone"] == "988" && r["country"] == "US")
+    );
+    for r in rows {
+        assert!(r["source"].as_str().unwrap().starts_with("http"), "{r}");
+        assert!(r["checked"].is_string() && r["kind"].is_string(), "{r}");
+    }
     worker.stop().await;
     env.finish().await;
 }
