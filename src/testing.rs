@@ -69,7 +69,7 @@ pub mod rag {
 }
 pub mod safety {
     pub mod screen {
-        pub use crate::safety::screen::screen;
+        pub use crate::safety::screen::{Blocked, check_output, screen};
     }
 }
 pub mod store {

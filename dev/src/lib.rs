@@ -1,7 +1,8 @@
 //! companion-dev: the tooling around the worker that is not the worker. The scripted OpenAI-compatible
 //! model ([`stub`]) of the tests and the offline demo, TB-Backend's side of the contract ([`backend`]),
 //! the demo data ([`seed`]), the terminal chat ([`chat`]), the benchmark ([`bench`]) and the embedding
-//! graphs' parity on held-out text ([`parity`]), and the environment a worker the bench or a test
+//! graphs' parity on held-out text ([`parity`]), the safety evaluations ([`safety_eval`], and
+//! [`frozen_eval`] on the sets nobody tunes on), and the environment a worker the bench or a test
 //! starts is given ([`child_env`]).
 //!
 //! The production library (`companion`) never imports this crate.
@@ -10,6 +11,7 @@ pub mod backend;
 pub mod bench;
 pub mod chat;
 pub mod child_env;
+pub mod frozen_eval;
 pub mod memory_rules;
 pub mod parity;
 pub mod safety_eval;

@@ -128,11 +128,18 @@ enum Command {
         embed: EmbedSettings,
     },
     /// Measure the crisis screen against the labelled set: per language recall, false positives, time.
+    /// With `--frozen`: the screen and the output check on the frozen sets (per language, category and
+    /// kind, and the targets of issue 42).
     SafetyEval {
         #[arg(long, default_value = "tests/fixtures/safety/labelled.jsonl")]
         file: PathBuf,
         #[arg(long, value_enum, default_value = "tune")]
         split: companion_dev::safety_eval::Split,
+        /// Measure on the frozen sets instead (`input.jsonl` and `output.jsonl` of `--frozen-dir`).
+        #[arg(long)]
+        frozen: bool,
+        #[arg(long, default_value = "tests/fixtures/safety/frozen")]
+        frozen_dir: PathBuf,
     },
     /// Compare an embedding graph with another on held-out text: cosines (one at a time and batched) and
     /// retrieval agreement on the demo knowledge (see docs/benchmark.md, issue 29).
@@ -255,7 +262,14 @@ async fn run() -> anyhow::Result<()> {
             seed_dir,
             embed,
         } => stub_llm(addr, &seed_dir, &embed).await?,
-        Command::SafetyEval { file, split } => companion_dev::safety_eval::report(&file, split)?,
+        Command::SafetyEval {
+            frozen: true,
+            frozen_dir,
+            ..
+        } => companion_dev::frozen_eval::report(&frozen_dir)?,
+        Command::SafetyEval { file, split, .. } => {
+            companion_dev::safety_eval::report(&file, split)?
+        }
         Command::Parity { args } => companion_dev::parity::measure(&args).await?,
         Command::Bench { args, mut config } => {
             config.log = cli.log;

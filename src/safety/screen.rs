@@ -75,7 +75,7 @@ pub struct Flag {
 /// What a companion message was blocked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum Blocked {
+pub enum Blocked {
     /// Sexual content: never sent, whoever the user is.
     Sexual,
     /// Encouragement of self-harm, or its methods.
@@ -1406,7 +1406,7 @@ static OUTPUT: LazyLock<Output> = LazyLock::new(|| {
 /// The output check of a companion message: sexual content (blocked for everyone: these are sports
 /// companions) or self-harm encouragement/instructions (methods, doses, "you should do it", "nobody
 /// would care"), None when it may go out.
-pub(crate) fn check_output(text: &str) -> Option<Blocked> {
+pub fn check_output(text: &str) -> Option<Blocked> {
     let o = &*OUTPUT;
     let normalized = normalize(text);
     let masked = o.mask.replace_all(&normalized, " | ");
