@@ -109,7 +109,6 @@ pub(crate) fn crisis_lines(
     );
     for (whose, l) in entries {
         let serves: Vec<&str> = l.serves.iter().map(|c| c.as_str()).collect();
-        let kind = serde_json::to_value(l.kind).unwrap_or_default();
         let ways: Vec<String> = [("phone", &l.phone), ("text", &l.text), ("url", &l.url)]
             .into_iter()
             .filter_map(|(what, v)| v.as_ref().map(|v| format!("{what} {v}")))
@@ -119,7 +118,7 @@ pub(crate) fn crisis_lines(
             "\n{}{whose}  {}  [{} for {}]",
             if due(l) { "DUE " } else { "" },
             l.name,
-            kind.as_str().unwrap_or_default(),
+            l.kind.as_str(),
             serves.join(", ")
         );
         let _ = writeln!(out, "    {}", ways.join(" · "));

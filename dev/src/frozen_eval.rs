@@ -6,7 +6,6 @@
 
 use std::{collections::BTreeMap, fmt::Write, path::Path};
 
-use anyhow::Context;
 use companion::testing::safety::screen::{Blocked, check_output, screen};
 use serde::Deserialize;
 
@@ -23,19 +22,6 @@ pub struct Line {
     pub label: String,
     pub kind: String,
     pub text: String,
-}
-
-/// Reads a frozen set, one JSON object a line.
-pub fn load(path: &Path) -> anyhow::Result<Vec<Line>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(i, line)| {
-            serde_json::from_str(line).with_context(|| format!("{}:{}", path.display(), i + 1))
-        })
-        .collect()
 }
 
 /// Counts of one group of lines: positives found (and with their own category), negatives flagged.
@@ -166,6 +152,13 @@ fn target(out: &mut String, what: &str, figure: f64, bound: f64, at_least: bool)
     );
 }
 
+/// The group with the lowest recall, and that recall.
+fn lowest_recall<'a>(groups: impl Iterator<Item = (&'a String, &'a Tally)>) -> (f64, &'a str) {
+    groups
+        .map(|(name, t)| (t.recall(), name.as_str()))
+        .fold((f64::INFINITY, ""), |a, b| if b.0 < a.0 { b } else { a })
+}
+
 /// The report of both sets, as text.
 pub fn report_text(input: &[Line], output: &[Line]) -> String {
     let f = evaluate_input(input);
@@ -241,12 +234,11 @@ pub fn report_text(input: &[Line], output: &[Line]) -> String {
         0.95,
         true,
     );
-    let worst_lang = f
-        .by_lang
-        .iter()
-        .filter(|(l, _)| COVERED.contains(&l.as_str()))
-        .map(|(l, t)| (t.recall(), l.as_str()))
-        .fold((f64::INFINITY, ""), |a, b| if b.0 < a.0 { b } else { a });
+    let worst_lang = lowest_recall(
+        f.by_lang
+            .iter()
+            .filter(|(l, _)| COVERED.contains(&l.as_str())),
+    );
     target(
         &mut out,
         &format!("input recall, worst language ({})", worst_lang.1),
@@ -254,11 +246,7 @@ pub fn report_text(input: &[Line], output: &[Line]) -> String {
         0.9,
         true,
     );
-    let worst_cat = f
-        .by_category
-        .iter()
-        .map(|(c, t)| (t.recall(), c.as_str()))
-        .fold((f64::INFINITY, ""), |a, b| if b.0 < a.0 { b } else { a });
+    let worst_cat = lowest_recall(f.by_category.iter());
     target(
         &mut out,
         &format!("input recall, worst category ({})", worst_cat.1),
@@ -306,8 +294,8 @@ pub fn report_text(input: &[Line], output: &[Line]) -> String {
 
 /// Reads both sets from `dir` and prints the report.
 pub fn report(dir: &Path) -> anyhow::Result<()> {
-    let input = load(&dir.join("input.jsonl"))?;
-    let output = load(&dir.join("output.jsonl"))?;
+    let input: Vec<Line> = crate::jsonl::read(&dir.join("input.jsonl"))?;
+    let output: Vec<Line> = crate::jsonl::read(&dir.join("output.jsonl"))?;
     print!("{}", report_text(&input, &output));
     Ok(())
 }
@@ -353,8 +341,8 @@ mod tests {
 
     #[test]
     fn the_frozen_sets_have_their_shape_and_counts() {
-        let input = load(&dir().join("input.jsonl")).unwrap();
-        let output = load(&dir().join("output.jsonl")).unwrap();
+        let input: Vec<Line> = crate::jsonl::read(&dir().join("input.jsonl")).unwrap();
+        let output: Vec<Line> = crate::jsonl::read(&dir().join("output.jsonl")).unwrap();
         assert!(input.iter().all(|l| l.set == "input"));
         assert!(output.iter().all(|l| l.set == "output"));
         let mut counts: BTreeMap<(&str, &str), usize> = BTreeMap::new();

@@ -12,6 +12,7 @@ pub mod bench;
 pub mod chat;
 pub mod child_env;
 pub mod frozen_eval;
+pub mod jsonl;
 pub mod memory_rules;
 pub mod parity;
 pub mod safety_eval;

@@ -88,15 +88,7 @@ pub struct HeldOut {
 
 /// Reads the held-out texts.
 pub fn read_heldout(path: &Path) -> anyhow::Result<Vec<HeldOut>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(n, l)| {
-            serde_json::from_str(l).with_context(|| format!("{} line {}", path.display(), n + 1))
-        })
-        .collect()
+    crate::jsonl::read(path)
 }
 
 /// Reads the queries (one per non-empty line).

@@ -9,7 +9,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Context;
 use companion::testing::safety::screen;
 use serde::Deserialize;
 
@@ -75,15 +74,7 @@ impl Figures {
 
 /// Reads the labelled set, one JSON object a line.
 pub fn load(path: &Path) -> anyhow::Result<Vec<Example>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(i, line)| {
-            serde_json::from_str(line).with_context(|| format!("{}:{}", path.display(), i + 1))
-        })
-        .collect()
+    crate::jsonl::read(path)
 }
 
 /// Screens the examples of `split` and returns the figures per language, with the mean time per

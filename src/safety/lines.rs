@@ -21,9 +21,9 @@ use super::screen::Category;
 const BUILTIN: &str = include_str!("crisis.json");
 
 /// `hours` of a line that answers at any time.
-pub(crate) const ALWAYS_OPEN: &str = "24/7";
+const ALWAYS_OPEN: &str = "24/7";
 /// `cost` of a line that costs its caller nothing.
-pub(crate) const FREE: &str = "free";
+const FREE: &str = "free";
 
 /// What a line is, for the user who reaches it; the card lists the kinds in this order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -37,6 +37,18 @@ pub(crate) enum Kind {
     Emergency,
     /// A directory of helplines by country, for a user whose country is unknown.
     Directory,
+}
+
+impl Kind {
+    /// The snake_case name, as serialized.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counselling => "counselling",
+            Kind::Reporting => "reporting",
+            Kind::Emergency => "emergency",
+            Kind::Directory => "directory",
+        }
+    }
 }
 
 /// One entry as written in the file. The evidence fields are optional here only so that validation
@@ -366,8 +378,7 @@ impl CrisisLines {
     }
 
     /// The referral for a user flagged for `category`: in `lang` (English when the file lacks it), with
-    /// the lines of the user's country that serve the category (a country without one: its counselling
-    /// lines), in the card's order. A user without a known country gets the emergency-number sentence
+    /// the lines of the user's country that fit the category ([`Self::fitting`]), in the card's order. A user without a known country gets the emergency-number sentence
     /// and the directory.
     pub(crate) fn referral(
         &self,
