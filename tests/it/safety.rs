@@ -369,7 +369,16 @@ async fn the_referral_fits_the_user_s_country_and_what_they_said() {
 
     let series = "companion_crisis_referrals_total{category=\"self_harm\",lang=\"en\"}";
     assert_eq!(worker.metric(series).await, Some(3.0));
-    assert_eq!(alerts(&env).await.len(), 4, "every flagged message alerted");
+    // The alert follows the referral: wait for the fourth rather than read once.
+    let all_alerted = eventually(Duration::from_secs(30), || async {
+        alerts(&env).await.len() == 4
+    })
+    .await;
+    assert!(
+        all_alerted,
+        "every flagged message alerted: {:?}",
+        alerts(&env).await
+    );
 
     // The reviewer's sheet of the same lines: every one with its source and the date it was checked.
     let (ok, out, err) = env
