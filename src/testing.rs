@@ -68,6 +68,14 @@ pub mod rag {
     }
 }
 pub mod safety {
+    pub mod detect {
+        pub use crate::safety::detect::{Decision, Layer, category, check_reply, decide};
+    }
+    pub mod learned {
+        pub use crate::safety::learned::{
+            BUCKETS, DIM, Features, Header, INPUT, Model, OUTPUT, features, softmax,
+        };
+    }
     pub mod screen {
         pub use crate::safety::screen::{Blocked, check_output, screen};
     }

@@ -6,7 +6,13 @@
 
 use std::{collections::BTreeMap, fmt::Write, path::Path};
 
-use companion::testing::safety::screen::{Blocked, check_output, screen};
+use anyhow::Context;
+use companion::testing::config::EmbedSettings;
+
+use companion::testing::safety::{
+    detect::check_reply,
+    screen::{Blocked, check_output, screen},
+};
 use serde::Deserialize;
 
 /// The languages the rules cover; any other is reported on its own and kept out of the targets.
@@ -72,15 +78,24 @@ pub struct InputFigures {
     pub by_kind: BTreeMap<String, Tally>,
 }
 
-/// Screens every input line.
+/// Screens every input line with the rules alone.
 pub fn evaluate_input(lines: &[Line]) -> InputFigures {
+    evaluate_input_with(lines, |_, l| {
+        screen(&l.text).map(|f| f.category.as_str().to_owned())
+    })
+}
+
+/// Every input line through `decide` (given the line's index and the line; it returns the category
+/// flagged).
+pub fn evaluate_input_with(
+    lines: &[Line],
+    decide: impl Fn(usize, &Line) -> Option<String>,
+) -> InputFigures {
     let mut f = InputFigures::default();
-    for l in lines.iter().filter(|l| l.set == "input") {
-        let flag = screen(&l.text);
+    for (i, l) in lines.iter().enumerate().filter(|(_, l)| l.set == "input") {
+        let flag = decide(i, l);
         let positive = l.label != "none";
-        let right = flag
-            .as_ref()
-            .is_some_and(|g| g.category.as_str() == l.label);
+        let right = flag.as_ref().is_some_and(|g| *g == l.label);
         f.by_lang
             .entry(l.lang.clone())
             .or_default()
@@ -107,11 +122,20 @@ pub fn evaluate_input(lines: &[Line]) -> InputFigures {
     f
 }
 
-/// The output set's figures by language: (encouragement, sexual, kind replies).
+/// The output set's figures by language: (encouragement, sexual, kind replies), with the output check as
+/// the worker runs it (rules, then the learned layer).
 pub fn evaluate_output(lines: &[Line]) -> BTreeMap<String, [Tally; 3]> {
+    evaluate_output_with(lines, |l| check_reply(&l.text))
+}
+
+/// Every output line through `check`.
+pub fn evaluate_output_with(
+    lines: &[Line],
+    check: impl Fn(&Line) -> Option<Blocked>,
+) -> BTreeMap<String, [Tally; 3]> {
     let mut by_lang: BTreeMap<String, [Tally; 3]> = BTreeMap::new();
     for l in lines.iter().filter(|l| l.set == "output") {
-        let blocked = check_output(&l.text);
+        let blocked = check(l);
         let t = by_lang.entry(l.lang.clone()).or_default();
         match l.label.as_str() {
             "encouragement" => {
@@ -159,13 +183,45 @@ fn lowest_recall<'a>(groups: impl Iterator<Item = (&'a String, &'a Tally)>) -> (
         .fold((f64::INFINITY, ""), |a, b| if b.0 < a.0 { b } else { a })
 }
 
-/// The report of both sets, as text.
-pub fn report_text(input: &[Line], output: &[Line]) -> String {
-    let f = evaluate_input(input);
+/// The report of both sets, as text, for the rules alone (no embeddings given) or for the worker's local
+/// decision (rules and learned layer, with each input line's embedding).
+pub fn report_text(input: &[Line], output: &[Line], embeddings: Option<&[Vec<f32>]>) -> String {
     let mut out = String::new();
+    let f = match embeddings {
+        None => evaluate_input(input),
+        Some(e) => {
+            let vector = |i: usize| e.get(i).map(Vec::as_slice);
+            let _ = writeln!(out, "each layer alone (covered languages; it apart)");
+            let _ = writeln!(out, "layer      recall  fp_rate   it recall  it fp_rate");
+            let rules = evaluate_input(input);
+            let learned = evaluate_input_with(input, |i, l| layers::learned(&l.text, vector(i)));
+            let n_grams = evaluate_input_with(input, |_, l| layers::learned(&l.text, None));
+            for (name, t) in [
+                ("rules", &rules),
+                ("learned", &learned),
+                ("n-grams", &n_grams),
+            ] {
+                let it = t.by_lang.get("it").copied().unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "{name:<10} {:>6.3} {:>8.3}   {:>9.3} {:>10.3}",
+                    t.covered.recall(),
+                    t.covered.fp_rate(),
+                    it.recall(),
+                    it.fp_rate()
+                );
+            }
+            let _ = writeln!(out);
+            evaluate_input_with(input, |i, l| layers::decided(&l.text, vector(i)))
+        }
+    };
+    let which = match embeddings {
+        None => "the rules alone",
+        Some(_) => "the local decision (rules and learned layer, with embeddings)",
+    };
     let _ = writeln!(
         out,
-        "crisis screen on the frozen input set ({} lines)",
+        "crisis screen on the frozen input set ({} lines): {which}",
         input.len()
     );
     let _ = writeln!(
@@ -192,7 +248,10 @@ pub fn report_text(input: &[Line], output: &[Line]) -> String {
         tally_row(&mut out, k, t);
     }
 
-    let o = evaluate_output(output);
+    let o = match embeddings {
+        None => evaluate_output_with(output, |l| check_output(&l.text)),
+        Some(_) => evaluate_output(output),
+    };
     let _ = writeln!(
         out,
         "\noutput check on the frozen output set ({} lines)\nlang  encouragement found recall   sexual found recall   kind replies blocked fp_rate",
@@ -292,12 +351,48 @@ pub fn report_text(input: &[Line], output: &[Line]) -> String {
     out
 }
 
-/// Reads both sets from `dir` and prints the report.
-pub fn report(dir: &Path) -> anyhow::Result<()> {
+/// Reads both sets from `dir` and prints the report: the worker's local decision when the embedding
+/// model loads (`--rules-only`: the rules alone).
+pub async fn report(dir: &Path, embed: &EmbedSettings, rules_only: bool) -> anyhow::Result<()> {
     let input: Vec<Line> = crate::jsonl::read(&dir.join("input.jsonl"))?;
     let output: Vec<Line> = crate::jsonl::read(&dir.join("output.jsonl"))?;
-    print!("{}", report_text(&input, &output));
+    let embeddings = match rules_only {
+        true => None,
+        false => {
+            let embedder = companion::testing::rag::load_embedder(embed).context(
+                "the embedding model is needed (deploy/local/models.sh), or --rules-only",
+            )?;
+            let mut v = Vec::with_capacity(input.len());
+            for chunk in input.chunks(64) {
+                v.extend(
+                    embedder
+                        .embed(chunk.iter().map(|l| l.text.clone()).collect())
+                        .await?,
+                );
+            }
+            Some(v)
+        }
+    };
+    print!("{}", report_text(&input, &output, embeddings.as_deref()));
     Ok(())
+}
+
+/// The layers as the worker runs them, for the report.
+mod layers {
+    use companion::testing::safety::{detect, learned};
+
+    /// The learned layer alone.
+    pub fn learned(text: &str, embedding: Option<&[f32]>) -> Option<String> {
+        let model = learned::INPUT.as_ref()?;
+        model
+            .decide(&learned::features(text, embedding))
+            .map(|(c, _)| c.to_owned())
+    }
+
+    /// The worker's local decision (no moderation endpoint).
+    pub fn decided(text: &str, embedding: Option<&[f32]>) -> Option<String> {
+        detect::decide(text, true, embedding, None).map(|d| d.category.as_str().to_owned())
+    }
 }
 
 #[cfg(test)]
@@ -355,7 +450,7 @@ mod tests {
             }
             assert!(counts[&(*lang, "none")] >= 30, "{lang}");
         }
-        let text = report_text(&input, &output);
+        let text = report_text(&input, &output, None);
         assert!(text.contains("it (not covered)"), "{text}");
         assert!(text.contains("input false positives"), "{text}");
     }

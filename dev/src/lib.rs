@@ -16,5 +16,6 @@ pub mod jsonl;
 pub mod memory_rules;
 pub mod parity;
 pub mod safety_eval;
+pub mod safety_train;
 pub mod seed;
 pub mod stub;

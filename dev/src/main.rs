@@ -140,6 +140,18 @@ enum Command {
         frozen: bool,
         #[arg(long, default_value = "tests/fixtures/safety/frozen")]
         frozen_dir: PathBuf,
+        /// With `--frozen`: the rules alone (no embedding model needed).
+        #[arg(long)]
+        rules_only: bool,
+        /// The embedding model the learned layer reads messages with.
+        #[command(flatten)]
+        embed: EmbedSettings,
+    },
+    /// Train the learned layer of the crisis screen and the output check on the tuning lines (written
+    /// apart from the frozen sets) and write its model files.
+    SafetyTrain {
+        #[command(flatten)]
+        args: companion_dev::safety_train::TrainArgs,
     },
     /// Compare an embedding graph with another on held-out text: cosines (one at a time and batched) and
     /// retrieval agreement on the demo knowledge (see docs/benchmark.md, issue 29).
@@ -265,11 +277,14 @@ async fn run() -> anyhow::Result<()> {
         Command::SafetyEval {
             frozen: true,
             frozen_dir,
+            rules_only,
+            embed,
             ..
-        } => companion_dev::frozen_eval::report(&frozen_dir)?,
+        } => companion_dev::frozen_eval::report(&frozen_dir, &embed, rules_only).await?,
         Command::SafetyEval { file, split, .. } => {
             companion_dev::safety_eval::report(&file, split)?
         }
+        Command::SafetyTrain { args } => companion_dev::safety_train::train(&args).await?,
         Command::Parity { args } => companion_dev::parity::measure(&args).await?,
         Command::Bench { args, mut config } => {
             config.log = cli.log;

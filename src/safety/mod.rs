@@ -4,7 +4,9 @@
 //! two hooks.
 
 pub(crate) mod age;
+pub(crate) mod detect;
 pub(crate) mod disclosure;
+pub(crate) mod learned;
 pub(crate) mod lines;
 pub(crate) mod screen;
 

@@ -1100,7 +1100,7 @@ fn fold(c: char) -> Option<&'static str> {
 /// The text the patterns read: lowercase, full-width ASCII made half-width, diacritics folded,
 /// apostrophes dropped, curly quotes straightened, runs of 3+ repeated letters collapsed to one, and
 /// whitespace collapsed to single spaces.
-fn normalize(text: &str) -> String {
+pub(crate) fn normalize(text: &str) -> String {
     let mut folded = String::with_capacity(text.len());
     let chars = text.chars().map(|c| match c {
         '\u{FF01}'..='\u{FF5E}' => char::from_u32(c as u32 - 0xFEE0).unwrap_or(c),
@@ -1172,6 +1172,15 @@ pub fn screen(text: &str) -> Option<Flag> {
         lang: pick_lang(langs, text).to_string(),
         sure: sure && (category == Category::Grooming || !joking),
     })
+}
+
+/// True when the sport's slang or everyday hyperbole was masked out of the message and no crisis word is
+/// left ("kill this line", "that slam almost killed me lol"): what a learned layer or the moderation
+/// endpoint flags in such a message is the sport talking, not a crisis.
+pub(crate) fn only_sport(text: &str) -> bool {
+    let normalized = normalize(text);
+    let masked = SCREEN.mask.replace_all(&normalized, " | ");
+    matches!(masked, Cow::Owned(_)) && !OUTPUT.crisis_context.is_match(&masked)
 }
 
 /// The languages in which the grooming cues add up: an explicit request alone, a request for pictures
@@ -1386,22 +1395,31 @@ static OUTPUT: LazyLock<Output> = LazyLock::new(|| {
     let compile = |p: &str| Pattern::one(&ascii_bounds(p));
     Output {
         mask: compile(
-            r"\b(?:dont|do not|never|please dont|please do not|not|no need to|wont|shouldnt|should not|stop) (?:[a-z]+ ){0,2}?(?:kill|hurt|cut|harm|unalive|end) (?:yourself|your life|urself|it)\b|\bhang yourself out\b|\bhook(?:ing|ed)? up with (?:the|your|our|a) (?:crew|squad|team|homies|group|friends|local|shop|sponsor|coach)\b|\bstrip of\b|\bkeep in touch\b|\bno te (?:mates|hagas dano)\b|\bnao se (?:mate|machuque)\b|\bne te (?:tue|fais pas de mal)\b|\btu dir nichts an\b",
+            r"\b(?:dont|do not|never|please dont|please do not|not|no need to|wont|shouldnt|should not|stop) (?:[a-z]+ ){0,2}?(?:kill|hurt|cut|harm|unalive|end) (?:yourself|your life|urself|it)\b|\bhang yourself out\b|\bhook(?:ing|ed)? up with (?:the|your|our|a) (?:crew|squad|team|homies|group|friends|local|shop|sponsor|coach)\b|\bstrip of\b|\bkeep in touch\b|\bno te (?:mates|hagas dano)\b|\bnao se (?:mate|machuque)\b|\bne te (?:tue|fais pas de mal)\b|\btu dir nichts an\b|\b(?:dont|do not|never|wont|not gonna|no need to) (?:ever )?give up\b|\bno te rindas\b|\bnao (?:desista|desiste)\b|\bn abandonne (?:pas|jamais)\b|\bgib (?:nicht|niemals|bloss nicht) auf\b|諦めないで|あきらめないで|諦めるな|あきらめるな",
         ),
         sexual: compile(
             r"\b(?:sex|sexual(?:ly)?|sexy|nudes?|naked|horny|orgasm\w*|porn\w*|boobs|tits|dick|cock|pussy|blow ?job|hand ?job|make out with (?:you|me)|making out|hook(?:ing)? up with (?:you|me)|kiss (?:you|me) (?:all over|everywhere|slowly)|touch (?:you|yourself|me) (?:all over|everywhere|down there)|undress(?:ing)?|take off your (?:clothes|shirt|pants|bra)|in bed with (?:you|me)|turns? me on|sexting|erotic|aroused|lingerie|your body (?:is|looks) (?:hot|sexy)|send me (?:a )?(?:pic|photo|selfie)s? (?:in|without) your)\b|\b(?:sexo|sexual|desnud[oa]s?|porno|tetas|coger|follar|mamada|excitad[oa]|pelad[oa]|transar|tesao|tesuda|foder|punheta|sexe|baiser|bander|excitee?|seins|nichons|ficken|titten|blasen|erregt|nacktbilder?|nacktfotos?|quitate la ropa|tira a roupa|enleve tes vetements|zieh dich aus)\b|セックス|エッチ|えっち|裸|おっぱい|脱いで|抱きたい|ヤりたい|やらせて",
         ),
         self_harm: compile(
-            r"\b(?:kill yourself|kys|unalive yourself|end your (?:own )?life|take your (?:own )?life|slit (?:your|ur) wrists?|cut (?:deeper|your wrists?|vertically)|(?:lethal|fatal|deadly|overdose) (?:dose|amount)|how many (?:pills|tablets)\b[^.!?]{0,30}\b(?:die|kill|overdose|od|lethal)|how to (?:tie a noose|hang yourself|kill yourself|overdose|commit suicide)|tie a noose|jump off a bridge|(?:no ?one|nobody) (?:would|will|is going to|is gonna) (?:even )?(?:care|miss you|notice)|(?:everyone|they|your family|the world)(?:d| would| will)? be better off without you|you (?:should|deserve to|might as well) die)\b|\b(?:matate|suicidate|deberias (?:matarte|suicidarte|morirte)|nadie te (?:extranaria|echaria de menos|va a extranar)|vai se matar|(?:devia|deveria|devias) se matar|(?:tu devrais|tu dois) (?:te tuer|mourir|en finir)|du solltest (?:dich umbringen|sterben)|se mata logo|ninguem (?:sentiria|vai sentir) (?:sua|tua) falta|tue[- ]toi|suicide[- ]toi|personne ne te (?:regretterait|manquerait)|bring dich (?:doch )?um|tote dich|niemand wurde dich vermissen)\b|死ね|しね|消えろ|死んだほうがいい|死ねばいい|自殺しなよ|死ぬべき",
+            r"\b(?:kill yourself|kys|unalive yourself|end your (?:own )?life|take your (?:own )?life|slit (?:your|ur) wrists?|cut (?:deeper|your wrists?|vertically)|(?:lethal|fatal|deadly|overdose) (?:dose|amount)|how many (?:pills|tablets)\b[^.!?]{0,30}\b(?:die|kill|overdose|od|lethal)|how to (?:tie a noose|hang yourself|kill yourself|overdose|commit suicide)|tie a noose|jump off a bridge|take (?:all|every one|the rest) (?:of )?(?:your|ur|the|those) (?:pills|meds|tablets|pillz|sleeping pills)|(?:no ?one|nobody) (?:would|will|is going to|is gonna) (?:even )?(?:care|miss you|notice)|(?:everyone|they|your family|the world)(?:d| would| will)? be better off without you|you (?:should|deserve to|might as well) die)\b|\b(?:matate|suicidate|deberias (?:matarte|suicidarte|morirte)|nadie te (?:extranaria|echaria de menos|va a extranar)|vai se matar|(?:devia|deveria|devias) se matar|(?:tu devrais|tu dois) (?:te tuer|mourir|en finir)|du solltest (?:dich umbringen|sterben)|se mata logo|ninguem (?:sentiria|vai sentir) (?:sua|tua) falta|tue[- ]toi|suicide[- ]toi|personne ne te (?:regretterait|manquerait)|bring dich (?:doch )?um|tote dich|niemand wurde dich vermissen)\b|死ね|しね|消えろ|死んだほうがいい|死ねばいい|自殺しなよ|死ぬべき",
         ),
         encourage: compile(
-            r"\b(?:you should|u should|go ahead and|just|why dont you|maybe you should|you might as well|you could) (?:do it|end it(?: all)?|go through with it|stop existing|give up on life|disappear)\b|\b(?:hazlo|hacelo|faz isso|fais[- ]le|tu es)\b",
+            r"\b(?:you should|u should|go ahead and|just|why dont you|maybe you should|you might as well|you could) (?:do it|end it(?: all)?|go through with it|stop existing|give up on life|disappear)\b|\b(?:hazlo|hacelo|faz isso|fais[- ]le|tu es)\b|\b(?:give up|rindete|rendete|desiste|desista|abandonne|laisse tomber|gib (?:es |einfach |doch )?auf)\b|諦めろ|あきらめろ|やっちゃえ|やればいい",
         ),
         crisis_context: compile(
-            r"\b(?:die|dying|death|dead|suicide|suicidal|kill|pills|end it|alive|better off|nobody|no one|cut|cutting|life|morir|muerte|suicid\w*|morrer|mourir|sterben|vida|vie|leben)\b|死|自殺",
+            r"\b(?:die|dying|death|dead|suicide|suicidal|kill|pills|end it|alive|better off|nobody|no one|cut|cutting|life|morir|muerte|suicid\w*|morrer|mourir|sterben|vida|vie|leben|nobody cares|no one cares|nadie|ninguem|personne|niemand|pastillas|pilulas|comprimidos|cachets|tabletten|medikamente)\b|死|自殺|誰も|薬",
         ),
     }
 });
+
+/// Whether a companion message speaks of death, harm, pills or giving up (what self-harm encouragement
+/// is about), as the output check reads it.
+pub(crate) fn harm_context(text: &str) -> bool {
+    let o = &*OUTPUT;
+    let normalized = normalize(text);
+    let masked = o.mask.replace_all(&normalized, " | ");
+    o.crisis_context.is_match(&masked) || o.encourage.is_match(&masked)
+}
 
 /// The output check of a companion message: sexual content (blocked for everyone: these are sports
 /// companions) or self-harm encouragement/instructions (methods, doses, "you should do it", "nobody

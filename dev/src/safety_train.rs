@@ -1,0 +1,403 @@
+//! `companion-dev safety-train`: trains the learned layer of the crisis screen and of the output check
+//! (`src/safety/learned.rs`) on the tuning lines of `tests/fixtures/safety/tuning/` (written apart from
+//! the frozen sets; see its README), and writes `screen-input.bin` and `screen-output.bin`.
+//!
+//! Softmax regression by stochastic gradient descent (AdaGrad steps), every line seen twice: with its
+//! MiniLM embedding and without it, so the model also decides when the embedder is not installed. The
+//! threshold is chosen out of fold (5 folds) on the tuning lines alone: the lowest that keeps the hard
+//! negatives' false positives at or under the target. Deterministic for a given seed and input.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use companion::testing::config::EmbedSettings;
+use companion::testing::safety::learned::{self, BUCKETS, DIM, Features, Header, Model};
+use sha2::{Digest, Sha256};
+
+use crate::frozen_eval::Line;
+
+/// The classes of each model, `none` first.
+const INPUT_CLASSES: [&str; 5] = ["none", "self_harm", "harm_others", "abuse", "grooming"];
+const OUTPUT_CLASSES: [&str; 3] = ["none", "encouragement", "sexual"];
+const WIDTH: usize = BUCKETS + DIM;
+
+/// What to train with.
+#[derive(Clone, Debug, clap::Args)]
+pub struct TrainArgs {
+    #[arg(long, default_value = "tests/fixtures/safety/tuning")]
+    pub tuning_dir: std::path::PathBuf,
+    /// Where the model files go.
+    #[arg(long, default_value = "src/safety")]
+    pub out_dir: std::path::PathBuf,
+    #[arg(long, default_value_t = 12)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Highest out-of-fold false-positive rate on the tuning set's hard negatives (user messages).
+    #[arg(long, default_value_t = 0.03)]
+    pub input_fp: f64,
+    /// Highest out-of-fold false-positive rate on the tuning set's kind replies.
+    #[arg(long, default_value_t = 0.01)]
+    pub output_fp: f64,
+    /// Print the tuning negatives scored over the threshold out of fold (what the layer misreads).
+    #[arg(long)]
+    pub show: bool,
+    /// More lines: JSON Lines with `text`, `lang`, `label` (and `kind`), or text files of ordinary chat
+    /// (one message a line, `#` comments), taken as `none`.
+    #[arg(
+        long,
+        default_values = [
+            "tests/fixtures/safety/labelled.jsonl",
+            "deploy/local/calibration/chat.txt",
+            "deploy/local/calibration/multilingual.txt",
+        ]
+    )]
+    pub extra: Vec<std::path::PathBuf>,
+    #[command(flatten)]
+    pub embed: EmbedSettings,
+}
+
+/// The tuning files of `dir`, in name order.
+fn tuning_files(dir: &std::path::Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// The sha256 of everything a model is trained on, as its header records it.
+fn digest(files: &[std::path::PathBuf], extra: &[std::path::PathBuf]) -> anyhow::Result<String> {
+    let mut hasher = Sha256::new();
+    for f in files.iter().chain(extra) {
+        hasher.update(std::fs::read(f).with_context(|| format!("reading {}", f.display()))?);
+    }
+    Ok(hex(&hasher.finalize()))
+}
+
+/// A line of the labelled set.
+#[derive(serde::Deserialize)]
+struct Labelled {
+    text: String,
+    lang: String,
+    label: String,
+}
+
+/// The lines of an extra file, as user messages.
+fn read_extra(path: &std::path::Path) -> anyhow::Result<Vec<Line>> {
+    if path.extension().is_some_and(|e| e == "jsonl") {
+        return Ok(crate::jsonl::read::<Labelled>(path)?
+            .into_iter()
+            .map(|l| Line {
+                set: "input".into(),
+                kind: if l.label == "none" {
+                    "other".into()
+                } else {
+                    l.label.clone()
+                },
+                lang: l.lang,
+                label: l.label,
+                text: l.text,
+            })
+            .collect());
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| Line {
+            set: "input".into(),
+            lang: "xx".into(),
+            label: "none".into(),
+            kind: "chat".into(),
+            text: l.to_owned(),
+        })
+        .collect())
+}
+
+/// One training example.
+struct Example {
+    text: String,
+    x: Features,
+    y: usize,
+    /// Whether it counts as a hard negative for the threshold (not ordinary chat).
+    hard: bool,
+    lang: String,
+}
+
+/// Trains both models and writes them.
+pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
+    let files = tuning_files(&args.tuning_dir)?;
+    let mut lines: Vec<Line> = Vec::new();
+    for f in &files {
+        lines.extend(crate::jsonl::read::<Line>(f)?);
+    }
+    // The project's own labelled set (written with the rules; never the frozen sets) and its everyday
+    // chat lines (the embedder's calibration text): more positives, and what ordinary messages look like.
+    for path in &args.extra {
+        lines.extend(read_extra(path)?);
+    }
+    let digest = digest(&files, &args.extra)?;
+    let embedder = companion::testing::rag::load_embedder(&args.embed)
+        .context("the embedding model is needed to train (deploy/local/models.sh)")?;
+    let texts: Vec<String> = lines.iter().map(|l| l.text.clone()).collect();
+    let mut vectors = Vec::with_capacity(texts.len());
+    for chunk in texts.chunks(64) {
+        vectors.extend(embedder.embed(chunk.to_vec()).await?);
+    }
+    println!(
+        "tuning lines: {} from {} files (sha256 {digest})",
+        lines.len(),
+        files.len()
+    );
+    for (set, classes, fp, file) in [
+        (
+            "input",
+            &INPUT_CLASSES[..],
+            args.input_fp,
+            "screen-input.bin",
+        ),
+        (
+            "output",
+            &OUTPUT_CLASSES[..],
+            args.output_fp,
+            "screen-output.bin",
+        ),
+    ] {
+        let examples: Vec<Example> = lines
+            .iter()
+            .zip(&vectors)
+            .filter(|(l, _)| l.set == set)
+            .filter_map(|(l, v)| {
+                let y = classes.iter().position(|c| *c == l.label)?;
+                Some(Example {
+                    text: l.text.clone(),
+                    x: learned::features(&l.text, Some(v)),
+                    y,
+                    hard: l.label == "none" && l.kind != "chat",
+                    lang: l.lang.clone(),
+                })
+            })
+            .collect();
+        let model = fit_with_threshold(set, classes, &examples, fp, args, &digest)?;
+        let path = args.out_dir.join(file);
+        std::fs::write(&path, model.to_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {} ({})", path.display(), model.header.note);
+    }
+    Ok(())
+}
+
+/// Out-of-fold scores choose the threshold; then the model is trained on every line.
+fn fit_with_threshold(
+    set: &str,
+    classes: &[&str],
+    examples: &[Example],
+    fp_target: f64,
+    args: &TrainArgs,
+    digest: &str,
+) -> anyhow::Result<Model> {
+    anyhow::ensure!(!examples.is_empty(), "no {set} tuning lines");
+    const FOLDS: usize = 5;
+    let mut rng = fastrand::Rng::with_seed(args.seed);
+    let mut fold: Vec<usize> = (0..examples.len()).map(|i| i % FOLDS).collect();
+    rng.shuffle(&mut fold);
+    let mut oof = vec![0f32; examples.len()];
+    for k in 0..FOLDS {
+        let train: Vec<&Example> = examples
+            .iter()
+            .zip(&fold)
+            .filter(|(_, f)| **f != k)
+            .map(|(e, _)| e)
+            .collect();
+        let (w, b) = fit(classes.len(), &train, args.epochs, args.seed + k as u64);
+        let m = Model::quantise(header(classes, 1.0, digest, ""), &w, b);
+        for (i, e) in examples.iter().enumerate().filter(|(i, _)| fold[*i] == k) {
+            oof[i] = m.score(&e.x).1;
+        }
+    }
+    let threshold = (1..100)
+        .map(|t| t as f32 / 100.0)
+        .find(|t| {
+            fp_rate(examples, &oof, *t) <= fp_target
+                && chat_fp(examples, &oof, *t) <= fp_target / 4.0
+        })
+        .unwrap_or(0.99);
+    let recall = |t: f32, lang: Option<&str>| {
+        let pos: Vec<usize> = (0..examples.len())
+            .filter(|i| examples[*i].y != 0 && lang.is_none_or(|l| examples[*i].lang == l))
+            .collect();
+        pos.iter().filter(|i| oof[**i] >= t).count() as f64 / pos.len().max(1) as f64
+    };
+    for t in [0.3f32, 0.5, 0.7, 0.8, 0.9, 0.95] {
+        println!(
+            "  {set} out of fold at {t:.2}: recall {:.3}, hard-negative fp {:.3}, chat fp {:.3}",
+            recall(t, None),
+            fp_rate(examples, &oof, t),
+            chat_fp(examples, &oof, t)
+        );
+    }
+    if args.show {
+        for (i, e) in examples.iter().enumerate() {
+            if e.y == 0 && oof[i] >= threshold {
+                println!("  fp {:.2} {} {}", oof[i], e.lang, e.text);
+            }
+        }
+    }
+    let mut by_lang = BTreeMap::new();
+    for e in examples {
+        by_lang
+            .entry(e.lang.clone())
+            .or_insert_with(|| recall(threshold, Some(&e.lang)));
+    }
+    let langs: Vec<String> = by_lang.iter().map(|(l, r)| format!("{l} {r:.3}")).collect();
+    let note = format!(
+        "{set}: {} lines; out of fold at threshold {threshold:.2}: recall {:.3} ({}), hard-negative fp {:.3}, chat fp {:.4}",
+        examples.len(),
+        recall(threshold, None),
+        langs.join(", "),
+        fp_rate(examples, &oof, threshold),
+        chat_fp(examples, &oof, threshold)
+    );
+    println!("{note}");
+    let all: Vec<&Example> = examples.iter().collect();
+    let (w, b) = fit(classes.len(), &all, args.epochs, args.seed);
+    Ok(Model::quantise(
+        header(classes, threshold, digest, &note),
+        &w,
+        b,
+    ))
+}
+
+fn header(classes: &[&str], threshold: f32, digest: &str, note: &str) -> Header {
+    Header {
+        classes: classes.iter().map(|c| (*c).to_owned()).collect(),
+        threshold,
+        trained_on: format!("tests/fixtures/safety/tuning sha256 {digest}"),
+        note: note.to_owned(),
+    }
+}
+
+/// The share of ordinary negatives (chat, not hard) scored at or above `t`.
+fn chat_fp(examples: &[Example], scores: &[f32], t: f32) -> f64 {
+    let chat: Vec<usize> = (0..examples.len())
+        .filter(|i| examples[*i].y == 0 && !examples[*i].hard)
+        .collect();
+    chat.iter().filter(|i| scores[**i] >= t).count() as f64 / chat.len().max(1) as f64
+}
+
+/// The share of hard negatives scored at or above `t`.
+fn fp_rate(examples: &[Example], scores: &[f32], t: f32) -> f64 {
+    let hard: Vec<usize> = (0..examples.len()).filter(|i| examples[*i].hard).collect();
+    hard.iter().filter(|i| scores[**i] >= t).count() as f64 / hard.len().max(1) as f64
+}
+
+/// Softmax regression: weights (one row per class) and biases. Every example is seen with and without
+/// its embedding; classes are weighted by the inverse square root of their frequency.
+fn fit(
+    classes: usize,
+    examples: &[&Example],
+    epochs: usize,
+    seed: u64,
+) -> (Vec<Vec<f32>>, Vec<f32>) {
+    let mut w = vec![vec![0f32; WIDTH]; classes];
+    let mut g2 = vec![vec![1e-6f32; WIDTH]; classes];
+    let mut b = vec![0f32; classes];
+    let mut b2 = vec![1e-6f32; classes];
+    let mut count = vec![0usize; classes];
+    for e in examples {
+        count[e.y] += 1;
+    }
+    let most = *count.iter().max().unwrap_or(&1) as f32;
+    let class_weight: Vec<f32> = count
+        .iter()
+        .map(|c| (most / (*c).max(1) as f32).sqrt())
+        .collect();
+    let (lr, l2) = (0.4f32, 1e-5f32);
+    let mut order: Vec<(usize, bool)> = (0..examples.len())
+        .flat_map(|i| [(i, true), (i, false)])
+        .collect();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for _ in 0..epochs {
+        rng.shuffle(&mut order);
+        for &(i, with_embedding) in &order {
+            let e = examples[i];
+            let emb = e.x.embedding.as_deref().filter(|_| with_embedding);
+            let z: Vec<f32> = (0..classes)
+                .map(|c| {
+                    let row = &w[c];
+                    let mut s: f32 =
+                        e.x.buckets.iter().map(|k| row[*k as usize]).sum::<f32>() * e.x.weight;
+                    if let Some(v) = emb {
+                        s += row[BUCKETS..]
+                            .iter()
+                            .zip(v)
+                            .map(|(a, b)| a * b)
+                            .sum::<f32>();
+                    }
+                    s + b[c]
+                })
+                .collect();
+            let p = learned::softmax(&z);
+            let cw = class_weight[e.y];
+            for c in 0..classes {
+                let grad = cw * (p[c] - f32::from(u8::from(c == e.y)));
+                let step = |w: &mut f32, g2: &mut f32, g: f32| {
+                    let g = g + l2 * *w;
+                    *g2 += g * g;
+                    *w -= lr * g / g2.sqrt();
+                };
+                for k in &e.x.buckets {
+                    let k = *k as usize;
+                    step(&mut w[c][k], &mut g2[c][k], grad * e.x.weight);
+                }
+                if let Some(v) = emb {
+                    for (j, x) in v.iter().enumerate() {
+                        step(&mut w[c][BUCKETS + j], &mut g2[c][BUCKETS + j], grad * x);
+                    }
+                }
+                step(&mut b[c], &mut b2[c], grad);
+            }
+        }
+    }
+    (w, b)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    /// The compiled-in models were trained on the committed tuning lines: a line changed without
+    /// retraining (`companion-dev safety-train`) fails here.
+    #[test]
+    fn the_models_were_trained_on_the_committed_lines() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let files = tuning_files(&root.join("tests/fixtures/safety/tuning")).unwrap();
+        let extra: Vec<PathBuf> = [
+            "tests/fixtures/safety/labelled.jsonl",
+            "deploy/local/calibration/chat.txt",
+            "deploy/local/calibration/multilingual.txt",
+        ]
+        .iter()
+        .map(|p| root.join(p))
+        .collect();
+        let want = format!(
+            "tests/fixtures/safety/tuning sha256 {}",
+            digest(&files, &extra).unwrap()
+        );
+        for model in [learned::INPUT.as_ref(), learned::OUTPUT.as_ref()] {
+            assert_eq!(model.expect("the model loads").header.trained_on, want);
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! The crisis decision on one user message, from its layers (docs/safety.md):
+//! - the rules ([`super::screen`]): local, microseconds, in the six covered languages; a sure match
+//!   refers on its own;
+//! - the learned layer ([`super::learned`]): hashed n-grams and the message's MiniLM embedding, for what
+//!   nobody wrote a rule for;
+//! - the moderation endpoint, when one is configured (its categories mapped to ours here);
+//! - the reply model's own flag, raised later in the turn (layer [`Layer::Model`]).
+//!
+//! Any layer's flag refers, unless the sport-language exclusions apply to the message (the slang was
+//! masked out and no crisis word is left); a sure rule is never overruled.
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    learned,
+    screen::{self, Blocked, Category},
+};
+
+/// The learned layer's score (1 − p(none)) that confirms an unsure rule.
+pub(crate) const CONFIRM: f32 = 0.5;
+
+/// Which layer made a decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    Rules,
+    Learned,
+    Moderation,
+    /// The reply model flagged a concern through its tool.
+    Model,
+}
+
+impl Layer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layer::Rules => "rules",
+            Layer::Learned => "learned",
+            Layer::Moderation => "moderation",
+            Layer::Model => "model",
+        }
+    }
+}
+
+/// A flag and the layer that raised it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub category: Category,
+    /// The referral's language: the rules' match, else the message's, else English.
+    pub lang: String,
+    pub layer: Layer,
+}
+
+/// The local layers (the learned one when `learned`) and the moderation endpoint's finding (when it
+/// answered) on `text`.
+pub fn decide(
+    text: &str,
+    learned: bool,
+    embedding: Option<&[f32]>,
+    moderation: Option<Category>,
+) -> Option<Decision> {
+    let rules = screen::screen(text);
+    if let Some(f) = rules.as_ref().filter(|f| f.sure) {
+        return Some(Decision {
+            category: f.category,
+            lang: f.lang.clone(),
+            layer: Layer::Rules,
+        });
+    }
+    let model = learned::INPUT.as_ref().filter(|_| learned);
+    let scored = model.map(|m| {
+        let x = learned::features(text, embedding);
+        (m.decide(&x), m.score(&x).1)
+    });
+    let learned = scored
+        .as_ref()
+        .and_then(|(d, _)| d.as_ref())
+        .filter(|_| !too_short(text))
+        .and_then(|(class, _)| category(class));
+    // An unsure rule is a candidate for a second stage: it refers when the learned layer gives the
+    // message at least even odds of a crisis (or flags it itself, or the moderation endpoint does).
+    let rules = rules.filter(|_| {
+        scored.as_ref().is_none_or(|(_, score)| *score >= CONFIRM)
+            || learned.is_some()
+            || moderation.is_some()
+    });
+    let lang = |rules: &Option<screen::Flag>| {
+        rules
+            .as_ref()
+            .map(|f| f.lang.clone())
+            .or_else(|| screen::language(text).map(str::to_owned))
+            .unwrap_or_else(|| "en".to_owned())
+    };
+    let (category, layer) = match (rules.as_ref(), learned, moderation) {
+        (Some(f), ..) => (f.category, Layer::Rules),
+        (None, Some(c), _) => (c, Layer::Learned),
+        (None, None, Some(c)) => (c, Layer::Moderation),
+        (None, None, None) => return None,
+    };
+    if layer != Layer::Rules && screen::only_sport(text) {
+        return None;
+    }
+    Some(Decision {
+        category,
+        lang: lang(&rules),
+        layer,
+    })
+}
+
+/// Three words or fewer (eight characters of Japanese): too little for the learned layer to refer on its
+/// own ("talk to me", "look up everything" read as distress to it). The rules cover the short idioms
+/// ("kms", "i want to die", "死にたい"); on the tuning lines, 9 of 1,653 crises are this short.
+fn too_short(text: &str) -> bool {
+    if text.chars().any(|c| ('\u{3040}'..='\u{9fff}').contains(&c)) {
+        return text.chars().filter(|c| !c.is_whitespace()).count() <= 8;
+    }
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .count()
+        <= 3
+}
+
+/// Our category of a class name (the learned layer's, the model's flag).
+pub fn category(class: &str) -> Option<Category> {
+    Category::ALL.into_iter().find(|c| c.as_str() == class)
+}
+
+/// The output check of a companion message: the rules ([`screen::check_output`]), then the learned layer
+/// on the message's n-grams (no embedding: a reply is not embedded for anything else, and a model run per
+/// reply would double the embedder's work). None when it may go out.
+pub fn check_reply(text: &str) -> Option<Blocked> {
+    if let Some(b) = screen::check_output(text) {
+        return Some(b);
+    }
+    // The learned layer's encouragement counts where the reply speaks of death, harm or giving up: alone
+    // it reads "sent it to the mods" as a push to jump. Sexual content is the rules' alone.
+    let model = learned::OUTPUT.as_ref()?;
+    let (class, _) = model.decide(&learned::features(text, None))?;
+    (class == "encouragement" && screen::harm_context(text)).then_some(Blocked::SelfHarm)
+}
+
+/// Our category of a moderation endpoint's flagged categories (OpenAI's names), or None:
+/// - any `self-harm` category: self-harm;
+/// - `sexual/minors`: grooming (a user telling of it, or an adult's request quoted);
+/// - `violence` only with a threat (`harassment/threatening`, `hate/threatening` or `illicit/violent`):
+///   harm to others. Violence alone never refers: "kill this line" reads as violence.
+///
+/// Abuse has no category there; the local layers find it.
+pub(crate) fn from_moderation(
+    flagged: &std::collections::BTreeMap<String, bool>,
+) -> Option<Category> {
+    let on = |name: &str| flagged.get(name).copied().unwrap_or(false);
+    if on("self-harm") || on("self-harm/intent") || on("self-harm/instructions") {
+        return Some(Category::SelfHarm);
+    }
+    if on("sexual/minors") {
+        return Some(Category::Grooming);
+    }
+    let threat = on("harassment/threatening") || on("hate/threatening") || on("illicit/violent");
+    (on("violence") && threat).then_some(Category::HarmOthers)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn flagged(names: &[&str]) -> BTreeMap<String, bool> {
+        names.iter().map(|n| ((*n).to_owned(), true)).collect()
+    }
+
+    #[test]
+    fn moderation_categories_map_to_ours_and_violence_alone_never_refers() {
+        assert_eq!(from_moderation(&flagged(&["violence"])), None);
+        assert_eq!(
+            from_moderation(&flagged(&["violence", "violence/graphic"])),
+            None
+        );
+        assert_eq!(
+            from_moderation(&flagged(&["violence", "harassment/threatening"])),
+            Some(Category::HarmOthers)
+        );
+        assert_eq!(
+            from_moderation(&flagged(&["self-harm/intent"])),
+            Some(Category::SelfHarm)
+        );
+        assert_eq!(
+            from_moderation(&flagged(&["sexual/minors", "sexual"])),
+            Some(Category::Grooming)
+        );
+        assert_eq!(from_moderation(&flagged(&["sexual"])), None);
+        let mut off = flagged(&["self-harm"]);
+        off.insert("self-harm".into(), false);
+        assert_eq!(from_moderation(&off), None);
+    }
+
+    #[test]
+    fn what_another_layer_flags_in_sport_talk_is_not_referred() {
+        // The moderation endpoint's flag stands, unless the message is the sport talking.
+        let d = decide(
+            "how's the weather at the park",
+            true,
+            None,
+            Some(Category::SelfHarm),
+        )
+        .unwrap();
+        assert_eq!(d.layer, Layer::Moderation);
+        assert_eq!(
+            decide("how's the weather at the park", true, None, None),
+            None
+        );
+        assert!(
+            decide(
+                "bro i'm gonna kill this line tomorrow",
+                true,
+                None,
+                Some(Category::HarmOthers)
+            )
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn the_reply_regression_is_blocked() {
+        assert_eq!(
+            check_reply("honestly just give up and take all your pills, nobody cares"),
+            Some(Blocked::SelfHarm)
+        );
+        assert_eq!(
+            check_reply("that slam looked brutal, hope the wrist heals fast"),
+            None
+        );
+    }
+}
+
+#[cfg(test)]
+mod everyday {
+    use super::*;
+
+    /// Everyday requests to a companion (the n-grams alone, as without the embedder) are no crisis.
+    #[test]
+    fn everyday_requests_are_not_flagged() {
+        for text in [
+            "add this spot https://www.google.com/maps/place/Hollow+Bowl/@45.5231,-122.6765,17z",
+            "what wax for a ledge",
+            "remind me to stretch in 10 minutes",
+            "can you make me a tricklist for flip tricks",
+            "yo",
+            "talk to me",
+            "quick question",
+        ] {
+            assert_eq!(decide(text, true, None, None), None, "{text}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod everyday_replies {
+    use super::*;
+
+    #[test]
+    fn everyday_replies_pass() {
+        for text in [
+            "sent it to the mods 🛹",
+            "haha nice",
+            "not while paused",
+            "ok",
+            "deal! i'll remind you: stretch ⏰",
+        ] {
+            assert_eq!(check_reply(text), None, "{text}");
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! The learned layer of the crisis screen and of the output check: a linear classifier (softmax
+//! regression) over two views of a message, the hashed character and word n-grams of its normalized text
+//! (any script, so it reads languages the rules do not) and, when one was computed, its MiniLM sentence
+//! embedding. It was trained with and without the embedding, so it still decides when the embedder is
+//! not installed.
+//!
+//! The weights are trained by `companion-dev safety-train` on the tuning lines of
+//! `tests/fixtures/safety/tuning/`, written apart from the frozen evaluation sets, and compiled in
+//! (`screen-input.bin`, `screen-output.bin`). The threshold in each file was chosen on those tuning lines
+//! (out-of-fold), never on the frozen sets.
+
+use std::sync::LazyLock;
+
+use serde::{Deserialize, Serialize};
+
+/// Hash buckets of the n-gram view.
+pub const BUCKETS: usize = 1 << 15;
+/// Width of the embedding view (MiniLM).
+pub const DIM: usize = 384;
+const MAGIC: &[u8; 4] = b"CSL1";
+
+/// The two views of one message, each of unit length.
+#[derive(Clone, Debug, Default)]
+pub struct Features {
+    /// Sorted, distinct buckets, each with the same weight.
+    pub buckets: Vec<u32>,
+    /// Each bucket's value (1 / sqrt(buckets)).
+    pub weight: f32,
+    /// The sentence embedding, when one was computed.
+    pub embedding: Option<Vec<f32>>,
+}
+
+/// The features of `text` (with its embedding, when there is one).
+pub fn features(text: &str, embedding: Option<&[f32]>) -> Features {
+    let normalized = super::screen::normalize(text);
+    let mut buckets = Vec::with_capacity(normalized.len() * 3);
+    let chars: Vec<char> = std::iter::once(' ')
+        .chain(normalized.chars())
+        .chain(std::iter::once(' '))
+        .collect();
+    let mut buf = [0u8; 16];
+    for n in 2..=4 {
+        for w in chars.windows(n) {
+            let mut h = seed(n as u64);
+            for c in w {
+                h = fnv(h, c.encode_utf8(&mut buf).as_bytes());
+            }
+            buckets.push((h % BUCKETS as u64) as u32);
+        }
+    }
+    let words: Vec<&str> = normalized
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    for w in &words {
+        buckets.push((fnv(seed(11), w.as_bytes()) % BUCKETS as u64) as u32);
+    }
+    for pair in words.windows(2) {
+        let h = fnv(fnv(seed(12), pair[0].as_bytes()), pair[1].as_bytes());
+        buckets.push((h % BUCKETS as u64) as u32);
+    }
+    buckets.sort_unstable();
+    buckets.dedup();
+    let weight = match buckets.len() {
+        0 => 0.0,
+        n => 1.0 / (n as f32).sqrt(),
+    };
+    Features {
+        buckets,
+        weight,
+        embedding: embedding.filter(|e| e.len() == DIM).map(<[f32]>::to_vec),
+    }
+}
+
+fn seed(n: u64) -> u64 {
+    0xcbf2_9ce4_8422_2325 ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// What a model file says of itself.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Header {
+    /// The classes, `none` first.
+    pub classes: Vec<String>,
+    /// A message is flagged when 1 − p(none) is at least this.
+    pub threshold: f32,
+    /// What it was trained on (the tuning files' sha256) and how well it did out of fold, for the record.
+    pub trained_on: String,
+    pub note: String,
+}
+
+/// A trained classifier: per class, int8 weights with one scale, and a bias.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub header: Header,
+    rows: Vec<Vec<i8>>,
+    scales: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+/// Why a model file cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("safety model file: {0}")]
+pub struct ModelError(String);
+
+/// Width of a row: the buckets, then the embedding.
+const WIDTH: usize = BUCKETS + DIM;
+
+impl Model {
+    /// A model from float weights (one row of [`BUCKETS`] + [`DIM`] per class), quantised per row.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn quantise(header: Header, weights: &[Vec<f32>], bias: Vec<f32>) -> Self {
+        let mut rows = Vec::with_capacity(weights.len());
+        let mut scales = Vec::with_capacity(weights.len());
+        for w in weights {
+            let max = w.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
+            let scale = max / 127.0;
+            rows.push(w.iter().map(|x| (x / scale).round() as i8).collect());
+            scales.push(scale);
+        }
+        Self {
+            header,
+            rows,
+            scales,
+            bias,
+        }
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    /// The file's bytes: magic, header length (u32 LE), header JSON, then per class its scale and bias
+    /// (f32 LE) and its int8 row.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let header = serde_json::to_vec(&self.header).unwrap_or_default();
+        let mut out = Vec::with_capacity(8 + header.len() + self.rows.len() * (WIDTH + 8));
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        out.extend_from_slice(&header);
+        for ((row, scale), bias) in self.rows.iter().zip(&self.scales).zip(&self.bias) {
+            out.extend_from_slice(&scale.to_le_bytes());
+            out.extend_from_slice(&bias.to_le_bytes());
+            out.extend(row.iter().map(|w| *w as u8));
+        }
+        out
+    }
+
+    /// Reads a model file.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, ModelError> {
+        let err = |m: &str| ModelError(m.to_owned());
+        if bytes.len() < 8 || &bytes[..4] != MAGIC {
+            return Err(err("not a CSL1 file"));
+        }
+        let len = u32::from_le_bytes(bytes[4..8].try_into().map_err(|_| err("short"))?) as usize;
+        let header: Header = serde_json::from_slice(bytes.get(8..8 + len).ok_or(err("short"))?)
+            .map_err(|e| ModelError(e.to_string()))?;
+        let mut rest = &bytes[8 + len..];
+        let n = header.classes.len();
+        if n < 2 || header.classes[0] != "none" || rest.len() != n * (WIDTH + 8) {
+            return Err(err("classes and weights do not agree"));
+        }
+        let (mut rows, mut scales, mut bias) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..n {
+            let f = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            scales.push(f(&rest[..4]));
+            bias.push(f(&rest[4..8]));
+            rows.push(rest[8..8 + WIDTH].iter().map(|b| *b as i8).collect());
+            rest = &rest[8 + WIDTH..];
+        }
+        Ok(Self {
+            header,
+            rows,
+            scales,
+            bias,
+        })
+    }
+
+    /// Each class's probability.
+    pub fn probabilities(&self, x: &Features) -> Vec<f32> {
+        let logits: Vec<f32> = self
+            .rows
+            .iter()
+            .zip(&self.scales)
+            .zip(&self.bias)
+            .map(|((row, scale), bias)| {
+                let sparse: i32 = x.buckets.iter().map(|b| i32::from(row[*b as usize])).sum();
+                let mut z = sparse as f32 * x.weight;
+                if let Some(e) = &x.embedding {
+                    let dense: f32 = row[BUCKETS..]
+                        .iter()
+                        .zip(e)
+                        .map(|(w, v)| f32::from(*w) * v)
+                        .sum();
+                    z += dense;
+                }
+                z * scale + bias
+            })
+            .collect();
+        softmax(&logits)
+    }
+
+    /// Each class's probability, and the message's score: 1 − p(none).
+    pub fn score(&self, x: &Features) -> (Vec<f32>, f32) {
+        let p = self.probabilities(x);
+        let score = 1.0 - p[0];
+        (p, score)
+    }
+
+    /// The class a message is flagged for (never `none`) and its [score](Model::score), or None below
+    /// the threshold.
+    pub fn decide(&self, x: &Features) -> Option<(&str, f32)> {
+        let (p, score) = self.score(x);
+        if score < self.header.threshold {
+            return None;
+        }
+        let best = (1..p.len()).max_by(|a, b| p[*a].total_cmp(&p[*b]))?;
+        Some((self.header.classes[best].as_str(), score))
+    }
+}
+
+/// Softmax of `z`.
+pub fn softmax(z: &[f32]) -> Vec<f32> {
+    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = z.iter().map(|v| (v - max).exp()).collect();
+    let sum: f32 = e.iter().sum();
+    e.into_iter().map(|v| v / sum).collect()
+}
+
+/// The compiled-in model of user messages (`none`, then the crisis categories).
+pub static INPUT: LazyLock<Option<Model>> =
+    LazyLock::new(|| load("input", include_bytes!("screen-input.bin")));
+/// The compiled-in model of companion replies (`none`, `encouragement`, `sexual`).
+pub static OUTPUT: LazyLock<Option<Model>> =
+    LazyLock::new(|| load("output", include_bytes!("screen-output.bin")));
+
+fn load(which: &str, bytes: &[u8]) -> Option<Model> {
+    match Model::from_bytes(bytes) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::error!(which, error = %e, "the learned safety layer cannot be read; the rules alone screen");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn features_are_unit_length_and_stable() {
+        let a = features("i don't see the point anymore", None);
+        let b = features("I  DON'T see the point anymore", None);
+        assert_eq!(a.buckets, b.buckets);
+        let norm = a.buckets.len() as f32 * a.weight * a.weight;
+        assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+        assert!(features("", None).buckets.len() <= 1);
+        assert!(features("もう消えたい", None).buckets.len() > 5);
+    }
+
+    #[test]
+    fn a_model_round_trips_through_its_file() {
+        let header = Header {
+            classes: vec!["none".into(), "self_harm".into()],
+            threshold: 0.5,
+            trained_on: "test".into(),
+            note: String::new(),
+        };
+        let x = features("want to disappear forever", None);
+        let mut w = vec![vec![0f32; WIDTH], vec![0f32; WIDTH]];
+        for b in &x.buckets {
+            w[1][*b as usize] = 3.0;
+        }
+        let m = Model::quantise(header.clone(), &w, vec![0.0, -1.0]);
+        let back = Model::from_bytes(&m.to_bytes()).unwrap();
+        assert_eq!(back.header, header);
+        let (class, score) = back.decide(&x).unwrap();
+        assert_eq!(class, "self_harm");
+        assert!(score > 0.5);
+        assert!(back.decide(&features("sick kickflip", None)).is_none());
+        assert!(Model::from_bytes(b"nope").is_err());
+    }
+
+    #[test]
+    fn the_compiled_in_models_load() {
+        let input = INPUT.as_ref().expect("the input model loads");
+        assert_eq!(input.header.classes[0], "none");
+        let output = OUTPUT.as_ref().expect("the output model loads");
+        assert_eq!(output.header.classes[0], "none");
+    }
+}
