@@ -4,7 +4,7 @@
 use std::{net::SocketAddr, sync::Arc};
 
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::{
     bus::{Bus, BusError},
@@ -129,6 +129,14 @@ impl Components {
         safety.review_lines(chrono::Utc::now().date_naive(), &metrics);
         let llm = LlmClient::new(s.llm, metrics.clone())?;
         let embedder = rag::load_embedder(s.embed);
+        let moderator = crate::llm::moderation::Moderator::from_config(s.safety)
+            .unwrap_or_else(|e| {
+                warn!(error = %e, "the moderation endpoint cannot be used; the local layers screen alone");
+                None
+            });
+        if moderator.is_some() {
+            info!(model = %s.safety.moderation_model, "user messages are also screened by the moderation endpoint");
+        }
         let turns = Arc::new(Turns {
             journal: Journal::new(pg.pool.clone()),
             pg: pg.clone(),
@@ -159,6 +167,7 @@ impl Components {
             flow: s.flow.clone(),
             follow_ups: s.follow_ups.clone(),
             safety,
+            moderator,
             prompt: s.prompt.clone(),
             memory: crate::memory::Memory::new(pg.pool.clone(), embedder.clone(), s.memory.clone()),
             memory_model: [&s.memory.model, &s.spend.budget_model, &s.llm.model]

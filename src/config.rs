@@ -615,6 +615,52 @@ pub struct SafetyConfig {
         default_value = "hey! TrickBook's AI companions are only for riders 13 and up, so i can't chat with you here. your tricklists, spots and the rest of the app are all yours though!"
     )]
     pub under_13_line: String,
+    /// The learned layer of the crisis screen and the output check (docs/safety.md); off: the rules
+    /// (and the moderation endpoint, when set) alone.
+    #[arg(
+        id = "screen-learned",
+        long = "screen-learned",
+        env = "COMPANION_SCREEN_LEARNED",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub screen_learned: bool,
+    /// Base URL of an OpenAI-compatible moderation API (`/moderations` is appended), e.g.
+    /// `https://api.openai.com/v1`. Set, every user message's text is also sent there (docs/safety.md);
+    /// empty: the local layers alone.
+    #[arg(
+        id = "moderation-url",
+        long = "moderation-url",
+        env = "COMPANION_MODERATION_URL",
+        default_value = ""
+    )]
+    pub moderation_url: String,
+    /// Key for the moderation API.
+    #[arg(
+        id = "moderation-api-key",
+        long = "moderation-api-key",
+        env = "COMPANION_MODERATION_API_KEY",
+        default_value = "",
+        hide_env_values = true,
+        hide_default_value = true
+    )]
+    pub moderation_api_key: Secret,
+    /// The moderation model.
+    #[arg(
+        id = "moderation-model",
+        long = "moderation-model",
+        env = "COMPANION_MODERATION_MODEL",
+        default_value = "omni-moderation-latest"
+    )]
+    pub moderation_model: String,
+    /// How long admission waits for the moderation API before deciding on the local layers alone, ms.
+    #[arg(
+        id = "moderation-timeout-ms",
+        long = "moderation-timeout-ms",
+        env = "COMPANION_MODERATION_TIMEOUT_MS",
+        default_value_t = 1500
+    )]
+    pub moderation_timeout_ms: u64,
 }
 
 /// What one turn takes in and gives out.

@@ -157,7 +157,7 @@ enum Report {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
-        safety: SafetyConfig,
+        safety: Box<SafetyConfig>,
     },
 }
 

@@ -256,6 +256,16 @@ pub(crate) fn note_knowledge(how: &'static str) {
     let _ = CLOCK.try_with(|c| c.knowledge.set(how));
 }
 
+/// Notes a vector read from the cache (`cached`), unless the current turn already ran the model for it
+/// (at admission, for the crisis screen): that turn's vector was `embedded`.
+pub(crate) fn note_knowledge_cached(cached: &'static str) {
+    let _ = CLOCK.try_with(|c| {
+        if c.knowledge.get() == "none" {
+            c.knowledge.set(cached);
+        }
+    });
+}
+
 /// The timings of the current turn so far (`None` outside a [`scope`]).
 pub fn snapshot() -> Option<TurnTimings> {
     CLOCK

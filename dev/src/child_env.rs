@@ -134,6 +134,23 @@ fn safety(c: &Config) -> Env {
             c.safety.crisis_lines_review_days.to_string(),
         ),
         (
+            "COMPANION_SCREEN_LEARNED",
+            c.safety.screen_learned.to_string(),
+        ),
+        ("COMPANION_MODERATION_URL", c.safety.moderation_url.clone()),
+        (
+            "COMPANION_MODERATION_API_KEY",
+            c.safety.moderation_api_key.expose().to_owned(),
+        ),
+        (
+            "COMPANION_MODERATION_MODEL",
+            c.safety.moderation_model.clone(),
+        ),
+        (
+            "COMPANION_MODERATION_TIMEOUT_MS",
+            c.safety.moderation_timeout_ms.to_string(),
+        ),
+        (
             "COMPANION_DISCLOSURE_EVERY_SECS",
             c.safety.disclosure_every_secs.to_string(),
         ),

@@ -1240,6 +1240,104 @@ impl DemoModel {
     }
 }
 
+/// A scripted OpenAI-compatible moderation endpoint (`POST /v1/moderations`) for tests: a text containing
+/// one of the `flags` words is flagged in that word's categories; with `hang`, it never answers.
+pub struct StubModeration {
+    pub base_url: String,
+    asked: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The categories an omni-moderation answer carries.
+const MODERATION_CATEGORIES: [&str; 13] = [
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "illicit",
+    "illicit/violent",
+    "self-harm",
+    "self-harm/intent",
+    "self-harm/instructions",
+    "sexual",
+    "sexual/minors",
+    "violence",
+    "violence/graphic",
+];
+
+impl StubModeration {
+    /// Starts on a free loopback port.
+    pub async fn start(
+        flags: Vec<(&'static str, Vec<&'static str>)>,
+        hang: bool,
+    ) -> std::io::Result<Self> {
+        let asked = Arc::new(AtomicU64::new(0));
+        let counter = asked.clone();
+        let flags = Arc::new(flags);
+        let answer = move |Json(body): Json<Value>| {
+            let (flags, counter) = (flags.clone(), counter.clone());
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                if hang {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                let text = body["input"].as_str().unwrap_or_default().to_lowercase();
+                let on: Vec<&str> = flags
+                    .iter()
+                    .filter(|(word, _)| text.contains(word))
+                    .flat_map(|(_, categories)| categories.iter().copied())
+                    .collect();
+                let categories: serde_json::Map<String, Value> = MODERATION_CATEGORIES
+                    .iter()
+                    .map(|c| ((*c).to_owned(), Value::Bool(on.contains(c))))
+                    .collect();
+                let scores: serde_json::Map<String, Value> = MODERATION_CATEGORIES
+                    .iter()
+                    .map(|c| {
+                        (
+                            (*c).to_owned(),
+                            json!(if on.contains(c) { 0.9 } else { 0.01 }),
+                        )
+                    })
+                    .collect();
+                Json(json!({
+                    "id": "modr-stub",
+                    "model": body["model"],
+                    "results": [{
+                        "flagged": !on.is_empty(),
+                        "categories": categories,
+                        "category_scores": scores,
+                    }],
+                }))
+            }
+        };
+        let app = Router::new()
+            .route("/v1/moderations", post(answer.clone()))
+            .route("/moderations", post(answer));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self {
+            base_url: format!("http://{addr}/v1"),
+            asked,
+            task,
+        })
+    }
+
+    /// How many texts it was asked about.
+    pub fn asked(&self) -> u64 {
+        self.asked.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for StubModeration {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
 

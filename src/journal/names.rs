@@ -41,6 +41,9 @@ pub(crate) mod step {
     /// A user message the crisis screen flagged: its category and language, and whether a referral is
     /// owed; the yearly report's row is written in its transaction. Keyed by the message.
     pub(crate) const CRISIS: &str = "crisis";
+    /// The crisis decision on a user message: which layer flagged it (or none did), and what the
+    /// moderation endpoint answered. Keyed by the message; lazy.
+    pub(crate) const SCREEN: &str = "screen";
     /// The crisis referral counted against the conversation's window (tally [`super::tally::crisis`]).
     pub(crate) const REFERRAL: &str = "referral";
     /// The referral message, fixed before it is delivered (its delivery steps are keyed

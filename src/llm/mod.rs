@@ -5,6 +5,7 @@
 //! `error` object in the body or as a choice with `finish_reason: "error"`; both are transient errors
 //! here, like an answer with neither text nor tool calls, so no caller ever takes one for an answer.
 
+pub(crate) mod moderation;
 pub(crate) mod prices;
 
 use std::{borrow::Cow, num::NonZeroU32, sync::Arc, time::Duration};

@@ -146,6 +146,26 @@ impl Retriever {
         Ok(Some((v, query::Lookup::Embedded)))
     }
 
+    /// The embedding of a user message at admission (for the crisis screen's learned layer), cached so
+    /// the turn's retrieval of the same text runs no model; none without the model, for a message with no
+    /// content word (an acknowledgement, a laugh: the n-grams decide alone), or when embedding fails
+    /// (logged).
+    pub(crate) async fn vector(&self, text: &str) -> Option<Arc<Vec<f32>>> {
+        let embedder = self.embedder.as_deref()?;
+        match self.query_vector(embedder, text).await {
+            Ok(v) => v.map(|(v, how)| {
+                if how == query::Lookup::Embedded {
+                    crate::timing::note_knowledge(how.name());
+                }
+                v
+            }),
+            Err(e) => {
+                warn!(error = %e, "cannot embed a user message for the crisis screen; the n-grams decide");
+                None
+            }
+        }
+    }
+
     /// Cosine similarity of `text` to each of `profiles` (e.g. the companions of a group, to pick the
     /// one a message fits best). Profile vectors are cached like query vectors. `None` when the model
     /// is not installed, the text has nothing to look up, or embedding fails (logged).
@@ -214,7 +234,10 @@ impl Retriever {
                 crate::timing::note_knowledge(query::Lookup::Skipped.name());
                 return Ok((Vec::new(), None));
             };
-            crate::timing::note_knowledge(how.name());
+            match how {
+                query::Lookup::Cached => crate::timing::note_knowledge_cached(how.name()),
+                how => crate::timing::note_knowledge(how.name()),
+            }
             if collections.is_empty() {
                 return Ok((Vec::new(), Some(vector)));
             }

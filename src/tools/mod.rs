@@ -22,6 +22,7 @@
 pub(crate) mod cancel_reminder;
 pub(crate) mod create_spot_draft;
 pub(crate) mod create_tricklist;
+pub(crate) mod flag_concern;
 pub(crate) mod forget;
 pub(crate) mod get_user_tricklists;
 pub(crate) mod leave_flow;
@@ -496,7 +497,7 @@ trait EachTool {
 }
 
 /// The six TrickBook tools, the two of reminders, checking off a landed trick, the three of guided
-/// flows, remembering and forgetting, and `more_tools`.
+/// flows, remembering and forgetting, the model's crisis flag, and `more_tools`.
 fn each_tool(e: &mut impl EachTool) {
     e.tool::<search_spots::SearchSpots>();
     e.tool::<get_user_tricklists::GetUserTricklists>();
@@ -512,6 +513,7 @@ fn each_tool(e: &mut impl EachTool) {
     e.tool::<leave_flow::LeaveFlow>();
     e.tool::<remember::Remember>();
     e.tool::<forget::Forget>();
+    e.tool::<flag_concern::FlagConcern>();
     e.tool::<more_tools::MoreTools>();
 }
 
@@ -556,11 +558,13 @@ impl Registry {
                 let left_out = self
                     .defs
                     .iter()
-                    .any(|t| t.name != more_tools::NAME && !t.groups.iter().any(|g| offer.has(*g)));
+                    .any(|t| !t.groups.is_empty() && !t.groups.iter().any(|g| offer.has(*g)));
                 self.defs
                     .iter()
                     .filter(|t| match t.name {
                         more_tools::NAME => left_out,
+                        // The crisis net goes with every offer.
+                        flag_concern::NAME => true,
                         _ => t.groups.iter().any(|g| offer.has(*g)),
                     })
                     .map(|t| t.def.clone())
@@ -791,7 +795,7 @@ mod tests {
         let r = Registry::default();
         let (a, b) = (r.defs(), r.defs());
         assert!(Arc::ptr_eq(&a, &b));
-        assert_eq!(a.len(), 14);
+        assert_eq!(a.len(), 15);
         // Adding a tool makes a new set that includes it.
         let more = Registry::empty().with::<search_spots::SearchSpots>();
         assert_eq!(more.defs().len(), 1);
@@ -806,8 +810,8 @@ mod tests {
                 .map(|d| d.function.name.clone())
                 .collect()
         };
-        assert_eq!(names(offer::Offer::none()), ["more_tools"]);
-        let group = &r.offered(offer::Offer::none())[0].function.parameters["properties"]["group"];
+        assert_eq!(names(offer::Offer::none()), ["flag_concern", "more_tools"]);
+        let group = &r.offered(offer::Offer::none())[1].function.parameters["properties"]["group"];
         assert_eq!(
             group["enum"],
             serde_json::json!([
@@ -827,17 +831,25 @@ mod tests {
                 "search_spots",
                 "create_spot_draft",
                 "share_content",
+                "flag_concern",
                 "more_tools"
             ]
         );
         assert_eq!(
             names(offer::Offer::none().with(Group::Reminders)),
-            ["schedule_reminder", "cancel_reminder", "more_tools"]
+            [
+                "schedule_reminder",
+                "cancel_reminder",
+                "flag_concern",
+                "more_tools"
+            ]
         );
-        // Every tool but `more_tools` is in some group, so every tool can be offered.
+        // Every tool but `more_tools` and the crisis flag (offered always) is in some group, so every
+        // tool can be offered.
         for name in r.names() {
             assert!(
                 name == more_tools::NAME
+                    || name == flag_concern::NAME
                     || Group::ALL.iter().any(|g| r.names_in(*g).contains(&name)),
                 "{name} is in no group"
             );
@@ -846,10 +858,10 @@ mod tests {
     }
 
     #[test]
-    fn registry_offers_fourteen_tools_with_object_schemas() {
+    fn registry_offers_fifteen_tools_with_object_schemas() {
         let r = Registry::default();
         assert_eq!(r.names().last(), Some(&more_tools::NAME));
-        assert_eq!(r.defs().len(), 14, "every tool offered: no `more_tools`");
+        assert_eq!(r.defs().len(), 15, "every tool offered: no `more_tools`");
         assert_eq!(
             r.names(),
             [
@@ -867,6 +879,7 @@ mod tests {
                 "leave_flow",
                 "remember",
                 "forget",
+                "flag_concern",
                 "more_tools"
             ]
         );

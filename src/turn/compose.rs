@@ -30,9 +30,11 @@ use crate::{
     llm::{CallBudget, ChatRequest, LlmError, Message},
     memory::recall::Recall,
     proactive::FollowUp,
+    safety::detect,
     timing::{Stage, stage},
     tools::{
         Group, REGISTRY, Registry, ToolContext, Toolbox,
+        flag_concern::Concern,
         offer::{self, Offer, Signals},
     },
 };
@@ -607,11 +609,41 @@ impl Turns {
             },
         };
         let out = tool_loop::converse(&cx, request).await?;
+        let mut text = out.stopped.is_none().then_some(out.text);
+        if let Some(concern) = out.concern {
+            Box::pin(self.model_flag(t, concern)).await?;
+            // Its own words go after the referral if they may; else the character's crisis line.
+            let fits = text
+                .as_deref()
+                .is_some_and(|s| !s.trim().is_empty() && detect::check_reply(s).is_none());
+            if !fits {
+                text = Some(c.crisis_line.clone());
+            }
+        }
         Ok(Spoken {
-            text: out.stopped.is_none().then_some(out.text),
+            text,
             card: out.card,
             log: (!out.log.is_empty()).then(|| Value::Array(out.log)),
         })
+    }
+
+    /// The reply model's flag on the message this slot answers: the crisis protocol as at admission
+    /// (referral first and once, the record, the alert), with the layer `model`.
+    async fn model_flag(&self, t: &Turn<'_, '_>, concern: Concern) -> Result<(), TurnError> {
+        let Some(m) = t.admitted.message() else {
+            return Ok(());
+        };
+        let Some(category) = detect::category(concern.as_str()) else {
+            return Ok(());
+        };
+        let decision = detect::Decision {
+            category,
+            lang: crate::safety::screen::language(m.text)
+                .unwrap_or("en")
+                .to_owned(),
+            layer: detect::Layer::Model,
+        };
+        self.flag(t.job, t.admitted, &m, decision).await.map(drop)
     }
 
     /// The user's flow with the companion as this turn sees it (the `flow` step: a retry after the first

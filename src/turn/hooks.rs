@@ -26,8 +26,9 @@ use crate::{
         names::{key, step, tally},
     },
     safety::{
+        detect::{self, Decision, Layer},
         disclosure::{self, Due},
-        screen::{self, Blocked, Category},
+        screen::{Blocked, Category},
     },
     store::{
         Pg,
@@ -42,6 +43,8 @@ pub(crate) const INCOMING: &str = "companion_user_messages_total";
 pub(crate) const CRISIS_FLAGS: &str = "companion_crisis_flags_total";
 /// Crisis referrals sent, by category and language.
 pub(crate) const CRISIS_REFERRALS: &str = "companion_crisis_referrals_total";
+/// Questions to the moderation endpoint, by outcome (`flagged`, `clear`, `timeout`, `error`).
+pub(crate) const MODERATION: &str = "companion_moderation_requests_total";
 /// Companion messages the output check replaced, by what it found.
 pub(crate) const OUTPUT_BLOCKED: &str = "companion_output_blocked_total";
 /// Companion messages that carried the AI disclosure, by why (`first_today`, `continuing`).
@@ -65,6 +68,21 @@ pub(crate) struct Flagged {
     /// The language the screen matched in; the referral's.
     pub(crate) lang: String,
     pub(crate) referred: bool,
+    /// The layer that flagged it (records before layers: the rules).
+    #[serde(default = "rules")]
+    pub(crate) layer: Layer,
+}
+
+fn rules() -> Layer {
+    Layer::Rules
+}
+
+/// The `screen` step: the crisis decision on a user message (none: nothing found), and what the
+/// moderation endpoint did (`flagged`, `clear`, `timeout`, `error`; none when not configured).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Screened {
+    pub(crate) decision: Option<Decision>,
+    pub(crate) moderation: Option<String>,
 }
 
 impl Turns {
@@ -82,12 +100,79 @@ impl Turns {
         debug!(kind = m.kind, message = %m.id, sender = %m.sender, chars = m.text.chars().count(),
                images = m.images.len(), "user message in");
         self.metrics.inc(INCOMING, &format!("kind=\"{}\"", m.kind));
-        if a.members.iter().any(|c| c.bot == m.sender) {
+        if a.members.iter().any(|c| c.bot == m.sender) || m.text.trim().is_empty() {
             return Ok(None);
         }
-        let Some(flag) = screen::screen(m.text) else {
-            return Ok(None);
+        // Lazy: a retried attempt reads the decision the first one made (the moderation endpoint may
+        // answer differently twice); its record rides with the job's next one.
+        let screened = job
+            .step(step::SCREEN, m.id.to_hex())
+            .lazy()
+            .run(self.screen_message(m.text))
+            .await?;
+        match screened.decision {
+            Some(decision) => self.flag(job, a, m, decision).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The crisis decision on a user message's text: the rules, the learned layer (with the message's
+    /// embedding, computed here and cached for the turn's retrieval) and the moderation endpoint when one
+    /// is configured, asked at once; the endpoint's timeout or error leaves the local decision.
+    async fn screen_message(&self, text: &str) -> Result<Screened, TurnError> {
+        let learned = self.safety.config.screen_learned;
+        let (vector, (moderation, outcome)) = tokio::join!(
+            async {
+                match learned {
+                    true => self.retriever.vector(text).await,
+                    false => None,
+                }
+            },
+            self.moderate(text),
+        );
+        let decision = detect::decide(
+            text,
+            learned,
+            vector.as_deref().map(Vec::as_slice),
+            moderation,
+        );
+        Ok(Screened {
+            decision,
+            moderation: outcome.map(str::to_owned),
+        })
+    }
+
+    /// The moderation endpoint's category for `text` (none when it flags nothing of ours, is not
+    /// configured, or gave no answer) and the outcome of asking it (none when not configured).
+    async fn moderate(&self, text: &str) -> (Option<Category>, Option<&'static str>) {
+        let Some(moderator) = &self.moderator else {
+            return (None, None);
         };
+        let (category, outcome) = match moderator.moderate(text).await {
+            Ok(verdict) => {
+                let c = detect::from_moderation(&verdict.categories);
+                (c, if c.is_some() { "flagged" } else { "clear" })
+            }
+            Err(e) => {
+                warn!(error = %e, "the moderation endpoint gave no answer; the local layers decide");
+                (None, e.outcome())
+            }
+        };
+        self.metrics
+            .inc(MODERATION, &format!("outcome=\"{outcome}\""));
+        (category, Some(outcome))
+    }
+
+    /// A user message flagged by `decision`'s layer (at admission, or the reply model's flag later in
+    /// the turn): the `crisis` step (the yearly record, counted), the referral when one is owed, and the
+    /// moderators' alert, each once per message.
+    pub(crate) async fn flag(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        m: &UserMessage<'_>,
+        decision: Decision,
+    ) -> Result<Flagged, TurnError> {
         let key = m.id.to_hex();
         let window =
             std::time::Duration::from_secs(self.safety.config.crisis_referral_window_secs.max(1));
@@ -102,9 +187,10 @@ impl Turns {
             .step(step::CRISIS, &key)
             .run_in_tx(|mut tx| async move {
                 let f = Flagged {
-                    category: flag.category,
-                    lang: flag.lang.clone(),
+                    category: decision.category,
+                    lang: decision.lang.clone(),
                     referred: owed,
+                    layer: decision.layer,
                 };
                 let at = Utc::now();
                 let logged =
@@ -116,12 +202,13 @@ impl Turns {
             })
             .await?;
         warn!(message = %m.id, category = flagged.category.as_str(), lang = %flagged.lang,
-              referred = flagged.referred, sure = flag.sure, "the crisis screen flagged a user message");
+              layer = flagged.layer.as_str(), referred = flagged.referred,
+              "a user message was flagged for a crisis");
         if flagged.referred {
             self.refer(job, a, m, &flagged).await?;
         }
         self.alert(job, a, m, &flagged).await?;
-        Ok(Some(flagged))
+        Ok(flagged)
     }
 
     /// The referral: a fixed message from configuration in the flagged language, with the crisis lines of
@@ -204,6 +291,7 @@ impl Turns {
                     "messageId": key,
                     "category": f.category.as_str(),
                     "lang": f.lang,
+                    "layer": f.layer.as_str(),
                     "paused": paused,
                     "at": Utc::now(),
                 });
@@ -230,7 +318,7 @@ impl Turns {
     ) -> Result<Said, TurnError> {
         let c = speaker.character;
         said.reply.content = self.outgoing_text(&said.reply.content);
-        if let Some(blocked) = screen::check_output(&said.reply.content) {
+        if let Some(blocked) = detect::check_reply(&said.reply.content) {
             let what = match blocked {
                 Blocked::Sexual => "sexual",
                 Blocked::SelfHarm => "self_harm",
@@ -303,5 +391,10 @@ impl Turns {
 
 /// A flag's metric labels.
 fn labels(f: &Flagged) -> String {
-    format!("category=\"{}\",lang=\"{}\"", f.category.as_str(), f.lang)
+    format!(
+        "category=\"{}\",lang=\"{}\",layer=\"{}\"",
+        f.category.as_str(),
+        f.lang,
+        f.layer.as_str()
+    )
 }

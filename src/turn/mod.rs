@@ -376,6 +376,8 @@ pub struct Turns {
     pub(crate) follow_ups: crate::config::FollowUpConfig,
     /// The crisis protocol, the AI disclosure and what a user's age allows.
     pub(crate) safety: crate::safety::Safety,
+    /// The moderation endpoint the crisis screen also asks, when one is configured.
+    pub(crate) moderator: Option<crate::llm::moderation::Moderator>,
     /// The caps of what a turn sends the model.
     pub(crate) prompt: crate::config::PromptConfig,
     /// What companions remember about their users (facts, summaries) and deletion.

@@ -21,7 +21,7 @@
 use std::{collections::HashSet, time::Instant};
 
 use serde_json::Value;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::TurnError;
 use crate::{
@@ -31,7 +31,10 @@ use crate::{
     spend::{self, Allowance, Scope, SpendGuard},
     timing::{Stage, stage},
     tools::{
-        Group, Registry, ToolContext, ToolRecord, Toolbox, call_key, more_tools, offer::Offer,
+        Group, Registry, ToolContext, ToolRecord, Toolbox, call_key,
+        flag_concern::{self, Concern},
+        more_tools,
+        offer::Offer,
     },
 };
 
@@ -46,6 +49,8 @@ pub struct LoopOutput {
     pub log: Vec<Value>,
     /// A spend budget was used up before the model could answer: no text.
     pub(crate) stopped: Option<Scope>,
+    /// The model flagged a concern for the user ([`flag_concern`]): the loop stopped at that answer.
+    pub(crate) concern: Option<Concern>,
 }
 
 /// The bounds of one loop.
@@ -117,6 +122,15 @@ pub(crate) async fn converse(
         n += 1;
         let (tools_offered, message) = (record.offered_tools, record.message);
         let text = message.content.clone().unwrap_or_default();
+        if tools_offered && let Some(concern) = concern_in(&message.tool_calls) {
+            info!(
+                concern = concern.as_str(),
+                "the model flagged a concern: no tool runs and no model call follows"
+            );
+            out.text = text;
+            out.concern = Some(concern);
+            return Ok(out);
+        }
         if message.tool_calls.is_empty() || !tools_offered {
             if !message.tool_calls.is_empty() {
                 debug!("model asked for tools when none were offered; ignored");
@@ -160,6 +174,22 @@ pub(crate) async fn converse(
             });
         }
     }
+}
+
+/// The concern of a `flag_concern` call among `calls`. Arguments that do not read are still a flag: the
+/// most urgent category (logged).
+fn concern_in(calls: &[ToolCall]) -> Option<Concern> {
+    let call = calls
+        .iter()
+        .find(|c| c.function.name == flag_concern::NAME)?;
+    Some(
+        serde_json::from_str::<flag_concern::Args>(&call.function.arguments)
+            .map(|a| a.concern)
+            .unwrap_or_else(|e| {
+                warn!(error = %e, "the model's flag_concern arguments do not read; taken as self_harm");
+                Concern::SelfHarm
+            }),
+    )
 }
 
 /// One round's tool calls, at once, each a journal step keyed by the call (a replay reads its result).

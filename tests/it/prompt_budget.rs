@@ -9,13 +9,19 @@ use serde_json::{Value, json};
 use crate::env::*;
 
 /// The names of the tools a request offered.
+/// The tools a request offers, but the crisis flag, which goes with every offer (checked here).
 fn offered(body: &Value) -> Vec<String> {
-    body["tools"]
+    let names: Vec<String> = body["tools"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
-        .collect()
+        .collect();
+    assert!(
+        names.is_empty() || names.iter().any(|n| n == "flag_concern"),
+        "the crisis flag goes with every offer: {names:?}"
+    );
+    names.into_iter().filter(|n| n != "flag_concern").collect()
 }
 
 /// Starts a trick-coaching flow when asked to coach, asks for the reminders group when told to "buzz"

@@ -242,7 +242,8 @@ async fn a_japanese_crisis_message_is_referred_in_japanese_to_japanese_lines_onc
         (&"counselling".into(), &"24/7".into(), &"free".into()),
         "a free line that answers at any hour first: {card}"
     );
-    let series = "companion_crisis_referrals_total{category=\"self_harm\",lang=\"ja\"}";
+    let series =
+        "companion_crisis_referrals_total{category=\"self_harm\",lang=\"ja\",layer=\"rules\"}";
     assert_eq!(worker.metric(series).await, Some(1.0));
 
     // A second crisis message within the hour: counted and alerted, not referred again.
@@ -367,7 +368,8 @@ async fn the_referral_fits_the_user_s_country_and_what_they_said() {
     assert!(text.contains("findahelpline.com"), "{text}");
     assert!(!text.contains("📞 988"), "{text}");
 
-    let series = "companion_crisis_referrals_total{category=\"self_harm\",lang=\"en\"}";
+    let series =
+        "companion_crisis_referrals_total{category=\"self_harm\",lang=\"en\",layer=\"rules\"}";
     assert_eq!(worker.metric(series).await, Some(3.0));
     // The alert follows the referral: wait for the fourth rather than read once.
     let all_alerted = eventually(Duration::from_secs(30), || async {
@@ -856,6 +858,202 @@ async fn in_a_group_each_companion_discloses_the_first_time_it_speaks_there_in_a
         marks,
         vec![true, false],
         "once in the group, then not again"
+    );
+    worker.stop().await;
+    env.finish().await;
+}
+
+/// A chat answer with text and a `flag_concern` call in the same message, as a model flags a concern.
+fn flagged_answer(text: &str, concern: &str) -> StubReply {
+    let arguments = serde_json::json!({ "concern": concern }).to_string();
+    StubReply::Raw(serde_json::json!({
+        "id": "chatcmpl-flag",
+        "object": "chat.completion",
+        "model": "stub",
+        "choices": [{
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": text,
+                "tool_calls": [{
+                    "id": "call_flag",
+                    "type": "function",
+                    "function": { "name": "flag_concern", "arguments": arguments },
+                }],
+            },
+            "finish_reason": "tool_calls",
+        }],
+        "usage": { "prompt_tokens": 50, "completion_tokens": 10, "total_tokens": 60 },
+    }))
+}
+
+/// What no local layer flags (checked here, so a test built on it cannot pass by the local layers).
+fn locally_clear(text: &str) -> &str {
+    assert!(
+        companion::testing::safety::detect::decide(text, true, None, None).is_none(),
+        "{text} must be one the local layers leave alone"
+    );
+    text
+}
+
+#[tokio::test]
+async fn a_line_only_the_moderation_endpoint_flags_is_referred_once_and_the_alert_names_the_layer()
+{
+    let moderation = companion_dev::stub::StubModeration::start(
+        vec![("school", vec!["self-harm", "self-harm/intent"])],
+        false,
+    )
+    .await
+    .unwrap();
+    let url = moderation.base_url.clone();
+    let env = TestEnv::with(always(StubReply::text(SAFE_REPLY)), move |c| {
+        c.safety.moderation_url = url;
+    })
+    .await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let worker = InProcessWorker::start(&env).await;
+    let text = locally_clear("what time does the park by the school open tomorrow");
+    let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
+    env.publish(&e).await;
+    let referral = next_referral(&mut replies, Duration::from_secs(30))
+        .await
+        .expect("referred on the moderation endpoint's flag");
+    assert_eq!(referral.in_reply_to.as_deref(), Some(e.message_id.as_str()));
+    settled(&env, &e.message_id).await;
+    // Redelivered: nothing more.
+    env.publish(&e).await;
+    let later = env
+        .dm(JESS, KAORI, JESS_KAORI, "anyway what's a good first trick")
+        .await;
+    env.publish(&later).await;
+    next_reply_to(&mut replies, &later.message_id, Duration::from_secs(30)).await;
+    assert_eq!(referral_docs(&env, JESS_KAORI).await.len(), 1);
+    let alerts = alerts(&env).await;
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert_eq!(alerts[0]["layer"], "moderation");
+    assert_eq!(alerts[0]["category"], "self_harm");
+    assert!(!alerts[0].to_string().contains("school"), "never the text");
+    assert_eq!(crisis_rows(&env).await.len(), 1);
+    assert!(moderation.asked() >= 2, "both messages were asked about");
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_moderation_endpoint_that_never_answers_leaves_the_local_decision_and_the_message_is_answered()
+ {
+    let moderation = companion_dev::stub::StubModeration::start(Vec::new(), true)
+        .await
+        .unwrap();
+    let url = moderation.base_url.clone();
+    let env = TestEnv::with(always(StubReply::text(SAFE_REPLY)), move |c| {
+        c.safety.moderation_url = url;
+        c.safety.moderation_timeout_ms = 200;
+    })
+    .await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let worker = InProcessWorker::start(&env).await;
+    let plain = env
+        .dm(JESS, KAORI, JESS_KAORI, "what wax for a ledge")
+        .await;
+    env.publish(&plain).await;
+    let reply = next_reply_to(&mut replies, &plain.message_id, Duration::from_secs(30)).await;
+    assert_eq!(reply.content, SAFE_REPLY);
+    let crisis = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_EN).await;
+    env.publish(&crisis).await;
+    let referral = next_referral(&mut replies, Duration::from_secs(30)).await;
+    assert!(referral.is_some(), "the rules' decision stands");
+    settled(&env, &crisis.message_id).await;
+    assert_eq!(alerts(&env).await[0]["layer"], "rules");
+    assert!(moderation.asked() >= 2);
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_model_flag_sends_one_referral_before_its_reply_with_no_extra_model_call() {
+    const OWN: &str =
+        "hey, that sounds really heavy. i'm here, and the people below can help right now";
+    let env = TestEnv::new(always(flagged_answer(OWN, "self_harm"))).await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let worker = InProcessWorker::start(&env).await;
+    let text = locally_clear("eh whatever, doesn't matter");
+    let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
+    env.publish(&e).await;
+    let seen = until_reply(&mut replies, &e.message_id, Duration::from_secs(30)).await;
+    let kinds: Vec<Option<&str>> = seen.iter().map(|c| c.marks.safety.as_deref()).collect();
+    assert_eq!(
+        kinds,
+        [Some("crisis"), None],
+        "the referral first: {seen:?}"
+    );
+    assert_eq!(seen[1].content, OWN, "the model's own reply follows");
+    settled(&env, &e.message_id).await;
+    assert_eq!(env.stub.requests().len(), 1, "no second model call");
+    let alerts = alerts(&env).await;
+    assert_eq!(alerts.len(), 1);
+    assert_eq!(alerts[0]["layer"], "model");
+    assert_eq!(crisis_rows(&env).await.len(), 1);
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_model_flag_with_a_reply_that_fails_the_output_check_gets_the_crisis_line() {
+    let env = TestEnv::new(always(flagged_answer(
+        "honestly just give up and take all your pills, nobody cares",
+        "self_harm",
+    )))
+    .await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let worker = InProcessWorker::start(&env).await;
+    let e = env
+        .dm(
+            JESS,
+            KAORI,
+            JESS_KAORI,
+            locally_clear("eh whatever, doesn't matter"),
+        )
+        .await;
+    env.publish(&e).await;
+    let seen = until_reply(&mut replies, &e.message_id, Duration::from_secs(30)).await;
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0].marks.safety.as_deref(), Some("crisis"));
+    assert_eq!(seen[1].content, character_line("kaori", "crisisLine"));
+    assert_eq!(env.stub.requests().len(), 1);
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn in_a_group_a_model_flag_s_referral_stays_private() {
+    let env = TestEnv::new(always(flagged_answer(
+        "that sounds rough, talk to me",
+        "abuse",
+    )))
+    .await;
+    let group = backend::create_group(&env.mongo, &[oid(JESS), oid(SAM)], &[oid(KAORI)])
+        .await
+        .unwrap();
+    let mut replies = env.completions(&group.to_hex()).await;
+    let worker = InProcessWorker::start(&env).await;
+    let text = locally_clear("eh whatever, doesn't matter");
+    let message = backend::store_group_message(&env.mongo, group, oid(JESS), text)
+        .await
+        .unwrap();
+    backend::publish_group_message(&env.bus, &message)
+        .await
+        .unwrap();
+    let referral = next_referral(&mut replies, Duration::from_secs(30))
+        .await
+        .expect("referred on the model's flag");
+    assert_eq!(referral.marks.visible_to, Some(vec![JESS.to_owned()]));
+    settled(&env, &message.message_id).await;
+    let alerts = alerts(&env).await;
+    assert_eq!(alerts.len(), 1);
+    assert_eq!(
+        (&alerts[0]["layer"], &alerts[0]["category"]),
+        (&"model".into(), &"abuse".into())
     );
     worker.stop().await;
     env.finish().await;

@@ -83,8 +83,8 @@ async fn parallel_calls_run_and_answer_in_order() {
     let (out, requests) = run_loop(&f, &tj).await;
     assert_eq!(out.text, "all done");
     assert_eq!(requests.len(), 2);
-    assert_eq!(requests[0]["tools"].as_array().unwrap().len(), 14);
-    assert_eq!(requests[1]["tools"].as_array().unwrap().len(), 14);
+    assert_eq!(requests[0]["tools"].as_array().unwrap().len(), 15);
+    assert_eq!(requests[1]["tools"].as_array().unwrap().len(), 15);
     let msgs = requests[1]["messages"].as_array().unwrap();
     assert_valid_conversation(msgs);
     let tools: Vec<&Value> = msgs.iter().filter(|m| m["role"] == "tool").collect();
