@@ -16,6 +16,13 @@ use sha2::{Digest, Sha256};
 
 use crate::frozen_eval::Line;
 
+/// The lines read besides the tuning files, by default.
+const EXTRA: [&str; 3] = [
+    "tests/fixtures/safety/labelled.jsonl",
+    "deploy/local/calibration/chat.txt",
+    "deploy/local/calibration/multilingual.txt",
+];
+
 /// The classes of each model, `none` first.
 const INPUT_CLASSES: [&str; 5] = ["none", "self_harm", "harm_others", "abuse", "grooming"];
 const OUTPUT_CLASSES: [&str; 3] = ["none", "encouragement", "sexual"];
@@ -44,14 +51,7 @@ pub struct TrainArgs {
     pub show: bool,
     /// More lines: JSON Lines with `text`, `lang`, `label` (and `kind`), or text files of ordinary chat
     /// (one message a line, `#` comments), taken as `none`.
-    #[arg(
-        long,
-        default_values = [
-            "tests/fixtures/safety/labelled.jsonl",
-            "deploy/local/calibration/chat.txt",
-            "deploy/local/calibration/multilingual.txt",
-        ]
-    )]
+    #[arg(long, default_values = EXTRA)]
     pub extra: Vec<std::path::PathBuf>,
     #[command(flatten)]
     pub embed: EmbedSettings,
@@ -218,7 +218,7 @@ fn fit_with_threshold(
         let (w, b) = fit(classes.len(), &train, args.epochs, args.seed + k as u64);
         let m = Model::quantise(header(classes, 1.0, digest, ""), &w, b);
         for (i, e) in examples.iter().enumerate().filter(|(i, _)| fold[*i] == k) {
-            oof[i] = m.score(&e.x).1;
+            oof[i] = m.verdict(&e.x).1;
         }
     }
     let threshold = (1..100)
@@ -384,14 +384,7 @@ mod tests {
     fn the_models_were_trained_on_the_committed_lines() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let files = tuning_files(&root.join("tests/fixtures/safety/tuning")).unwrap();
-        let extra: Vec<PathBuf> = [
-            "tests/fixtures/safety/labelled.jsonl",
-            "deploy/local/calibration/chat.txt",
-            "deploy/local/calibration/multilingual.txt",
-        ]
-        .iter()
-        .map(|p| root.join(p))
-        .collect();
+        let extra: Vec<PathBuf> = EXTRA.iter().map(|p| root.join(p)).collect();
         let want = format!(
             "tests/fixtures/safety/tuning sha256 {}",
             digest(&files, &extra).unwrap()

@@ -67,15 +67,11 @@ pub fn decide(
         });
     }
     let model = learned::INPUT.as_ref().filter(|_| learned);
-    let scored = model.map(|m| {
-        let x = learned::features(text, embedding);
-        (m.decide(&x), m.score(&x).1)
-    });
+    let scored = model.map(|m| m.verdict(&learned::features(text, embedding)));
     let learned = scored
-        .as_ref()
-        .and_then(|(d, _)| d.as_ref())
+        .and_then(|(class, _)| class)
         .filter(|_| !too_short(text))
-        .and_then(|(class, _)| category(class));
+        .and_then(category);
     // An unsure rule is a candidate for a second stage: it refers when the learned layer gives the
     // message at least even odds of a crisis (or flags it itself, or the moderation endpoint does).
     let rules = rules.filter(|_| {

@@ -204,22 +204,22 @@ impl Model {
         softmax(&logits)
     }
 
-    /// Each class's probability, and the message's score: 1 − p(none).
-    pub fn score(&self, x: &Features) -> (Vec<f32>, f32) {
+    /// The class a message is flagged for (never `none`; none below the threshold) and its score,
+    /// 1 − p(none).
+    pub fn verdict(&self, x: &Features) -> (Option<&str>, f32) {
         let p = self.probabilities(x);
         let score = 1.0 - p[0];
-        (p, score)
+        let class = (score >= self.header.threshold)
+            .then(|| (1..p.len()).max_by(|a, b| p[*a].total_cmp(&p[*b])))
+            .flatten()
+            .map(|i| self.header.classes[i].as_str());
+        (class, score)
     }
 
-    /// The class a message is flagged for (never `none`) and its [score](Model::score), or None below
-    /// the threshold.
+    /// The class a message is flagged for and its score, or None below the threshold.
     pub fn decide(&self, x: &Features) -> Option<(&str, f32)> {
-        let (p, score) = self.score(x);
-        if score < self.header.threshold {
-            return None;
-        }
-        let best = (1..p.len()).max_by(|a, b| p[*a].total_cmp(&p[*b]))?;
-        Some((self.header.classes[best].as_str(), score))
+        let (class, score) = self.verdict(x);
+        class.map(|c| (c, score))
     }
 }
 
