@@ -340,6 +340,32 @@ impl Journal {
         .await?)
     }
 
+    /// The output of step `name` (every key) in the job of the same kind, user and conversation that
+    /// came just before `job` and was created at or after `since`; for a burst's covered message, in the
+    /// job that covered it. Empty when there is no such job or it has no such step.
+    pub(crate) async fn previous_steps(
+        &self,
+        job: &str,
+        name: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<Value>, JournalError> {
+        Ok(sqlx::query_scalar(
+            "WITH this AS (SELECT kind, user_id, conversation_id, created_at FROM jobs WHERE id = $1),
+                  before AS (
+                      SELECT coalesce(j.covered_by, j.id) AS id FROM jobs j, this
+                      WHERE j.conversation_id = this.conversation_id AND j.user_id = this.user_id
+                        AND j.kind = this.kind AND j.id <> $1 AND j.created_at < this.created_at
+                        AND j.created_at >= $3
+                      ORDER BY j.created_at DESC LIMIT 1)
+             SELECT s.output FROM job_steps s JOIN before b ON s.job = b.id WHERE s.name = $2",
+        )
+        .bind(job)
+        .bind(name)
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// The latest job of `conversation` held by a moderator's pause, created at or after `since` (when
     /// the pause began): its id, kind and inbound stream sequence, for the resume to answer it.
     pub(crate) async fn latest_held(

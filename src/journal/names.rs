@@ -44,6 +44,9 @@ pub(crate) mod step {
     /// The crisis decision on a user message: which layer flagged it (or none did), and what the
     /// moderation endpoint answered. Keyed by the message; lazy.
     pub(crate) const SCREEN: &str = "screen";
+    /// Whether the reply model flagged the user's message just before this one (within the referral
+    /// window): then this turn, too, is answered with the safety brief. Keyed once; lazy.
+    pub(crate) const AFTER_FLAG: &str = "after_flag";
     /// The crisis referral counted against the conversation's window (tally [`super::tally::crisis`]).
     pub(crate) const REFERRAL: &str = "referral";
     /// The referral message, fixed before it is delivered (its delivery steps are keyed

@@ -116,6 +116,26 @@ impl Turns {
         }
     }
 
+    /// Whether the reply model flagged a concern in the user's message just before this job's (and
+    /// within the referral window). Its turn had the referral and the model's own reply, written
+    /// before the brief could shape it; the next turn is answered with the safety brief.
+    pub(crate) async fn after_model_flag(&self, job: &Job) -> Result<bool, TurnError> {
+        let window =
+            chrono::Duration::seconds(self.safety.config.crisis_referral_window_secs.max(1) as i64);
+        job.step(step::AFTER_FLAG, key::ONCE)
+            .lazy()
+            .run(async {
+                let before = self
+                    .journal
+                    .previous_steps(job.id(), step::CRISIS, Utc::now() - window)
+                    .await?;
+                Ok::<_, TurnError>(before.into_iter().any(|v| {
+                    serde_json::from_value::<Flagged>(v).is_ok_and(|f| f.layer == Layer::Model)
+                }))
+            })
+            .await
+    }
+
     /// The crisis decision on a user message's text: the rules, the learned layer (with the message's
     /// embedding, computed here and cached for the turn's retrieval) and the moderation endpoint when one
     /// is configured, asked at once; the endpoint's timeout or error leaves the local decision.

@@ -524,6 +524,9 @@ impl Turns {
         if let Some(f) = Box::pin(self.incoming_burst(job, a, &burst)).await? {
             crisis.get_or_insert(f);
         }
+        // The turn after one the reply model flagged is answered with the safety brief too.
+        let briefed = crisis.is_some()
+            || (a.message().is_some() && Box::pin(self.after_model_flag(job)).await?);
         let flow_note = Box::pin(self.move_flow(job, a)).await?;
         let mut said: Vec<Said> = Vec::new();
         let mut fresh = 0;
@@ -544,7 +547,7 @@ impl Turns {
                 said: &said,
                 busy: plan.busy,
                 fixed: plan.fixed,
-                crisis: crisis.is_some(),
+                crisis: briefed,
                 group: plan.group.as_ref(),
                 flow_note: flow_note.as_deref(),
             };

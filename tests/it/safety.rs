@@ -999,6 +999,47 @@ async fn a_model_flag_sends_one_referral_before_its_reply_with_no_extra_model_ca
 }
 
 #[tokio::test]
+async fn the_turn_after_a_model_flag_is_answered_with_the_safety_brief_and_the_one_after_without() {
+    const OWN: &str = "that sounds heavy. i'm here";
+    let env = TestEnv::new(scripted(
+        vec![flagged_answer(OWN, "self_harm")],
+        StubReply::text(SAFE_REPLY),
+    ))
+    .await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let worker = InProcessWorker::start(&env).await;
+    let mut ids = Vec::new();
+    for text in [
+        "eh whatever, doesn't matter",
+        "idk. what wax for a ledge",
+        "ok and a good first trick?",
+    ] {
+        let e = env.dm(JESS, KAORI, JESS_KAORI, locally_clear(text)).await;
+        env.publish(&e).await;
+        until_reply(&mut replies, &e.message_id, Duration::from_secs(30)).await;
+        settled(&env, &e.message_id).await;
+        ids.push(e.message_id);
+    }
+    let requests = env.stub.requests();
+    assert_eq!(requests.len(), 3, "one model call a turn");
+    assert!(
+        !is_safe_request(&requests[0]),
+        "the flagged turn had its tools"
+    );
+    assert!(
+        is_safe_request(&requests[1]),
+        "the next turn has the brief and no tools"
+    );
+    assert!(
+        !is_safe_request(&requests[2]),
+        "and the one after it is as usual"
+    );
+    assert_eq!(referral_docs(&env, JESS_KAORI).await.len(), 1);
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
 async fn a_model_flag_with_a_reply_that_fails_the_output_check_gets_the_crisis_line() {
     let env = TestEnv::new(always(flagged_answer(
         "honestly just give up and take all your pills, nobody cares",
