@@ -23,6 +23,8 @@ mod app;
 mod bus;
 mod character;
 mod failure;
+#[cfg(feature = "testing")]
+mod fault;
 mod flood;
 mod flow;
 mod group;
@@ -60,7 +62,7 @@ pub use telemetry::{Telemetry, init as init_telemetry, run_main};
 /// layer here; an import that goes sideways or up fails `layers_have_no_cycles`.
 #[cfg(test)]
 const LAYERS: &[&[&str]] = &[
-    &["config", "failure", "metrics"],
+    &["config", "failure", "fault", "metrics"],
     &["timing", "telemetry", "safety"],
     &["store", "bus", "llm"],
     &["journal", "character", "rag"],

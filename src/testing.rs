@@ -23,6 +23,9 @@ pub mod character {
 pub mod failure {
     pub use crate::failure::{Class, Classify};
 }
+pub mod fault {
+    pub use crate::fault::panic_at;
+}
 pub mod flow {
     pub use crate::flow::Flows;
 }

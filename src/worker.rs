@@ -9,10 +9,10 @@
 //! Events whose deliveries ran out while no worker held them (every worker that took them died) are
 //! settled from the server's advisory, the same way.
 
-use std::{sync::Arc, time::Duration};
+use std::{future::Future, panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
 use async_nats::jetstream::{self, AckKind};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
     task::JoinSet,
@@ -33,6 +33,8 @@ use crate::{
 
 /// Counter of turns by outcome.
 const TURNS: &str = "companion_turns_total";
+/// Jobs that panicked, caught at the delivery's boundary, by kind (`turn`, `signal`).
+const PANICS: &str = "companion_panics_total";
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -224,7 +226,7 @@ impl Shared {
             async {
                 let progress = keep_alive(&msg, self.progress_every);
                 let (ending, event, outcome) = self.run_turn(&msg, seq, slot).await;
-                progress.abort();
+                drop(progress);
                 let verdict = settle::decide(&ending, delivered, &self.limits);
                 self.count(&ending, &verdict, outcome);
                 if let (Ending::Failed(f), Verdict::Nak { delay }, Some(event)) =
@@ -305,10 +307,14 @@ impl Shared {
         // The turn is boxed: a delivery waiting for its conversation stays a small task, and a turn's
         // large state is allocated only while it runs.
         let input = Input::from(&event);
-        let turn = Box::pin(turns.handle(&input, Some(&delivery)));
+        let turn = self.guarded("turn", Box::pin(turns.handle(&input, Some(&delivery))));
         let result = tokio::select! {
             r = turn => r,
             _ = slot.hard_stop.cancelled() => return (Ending::Returned, Some(event), None),
+        };
+        let result = match result {
+            Ok(r) => r,
+            Err(panicked) => return (Ending::Failed(panicked), Some(event), None),
         };
         match result {
             Ok(settled) => {
@@ -363,6 +369,31 @@ impl Shared {
             _ = slot.shutdown.cancelled() => return Some(Ending::Returned),
         }
         None
+    }
+
+    /// `work`, with a panic inside it caught here, at the delivery's boundary: logged with the step its
+    /// job last started, counted in `companion_panics_total{kind}`, and settled as a transient failure
+    /// (NAK with delay, then the dead letter and, for a user's message, the failure line).
+    async fn guarded<T>(
+        &self,
+        kind: &'static str,
+        work: impl Future<Output = T>,
+    ) -> Result<T, Failure> {
+        let caught = AssertUnwindSafe(work).catch_unwind();
+        let (out, step) = crate::journal::tracing_steps(caught).await;
+        out.map_err(|payload| {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            let step = step.as_deref().unwrap_or("none");
+            error!(kind, step, panic = %what, "the job panicked; it settles as a transient failure");
+            self.worker
+                .metrics
+                .inc(PANICS, &format!("kind=\"{kind}\""));
+            Failure::new(Class::Transient, format!("panicked at step {step}: {what}"))
+        })
     }
 
     /// `companion_turns_total{outcome}` (a failure line is counted by the settlement).
@@ -528,7 +559,8 @@ impl Shared {
             };
             let turns = &self.worker.turns;
             // A moderator's takeover changes the conversation's state; every other signal is a follow-up.
-            let result = match self.worker.bus.names.signal_parts(msg.subject.as_str()) {
+            let work = async {
+                match self.worker.bus.names.signal_parts(msg.subject.as_str()) {
                 Some((crate::turn::takeover::KIND, _)) => {
                     Box::pin(turns.takeover(msg.subject.as_str(), &msg.payload)).await
                 }
@@ -539,20 +571,22 @@ impl Shared {
                     | crate::memory::erase::USER_ERASED),
                     id,
                 )) => Box::pin(turns.memory_signal(kind, id, &msg.payload)).await,
-                _ => Box::pin(turns.handle(&input, Some(&delivery))).await.map(drop),
-            };
-            progress.abort();
-            let ending = match &result {
-                Ok(_) => Ending::Settled { through: None },
-                Err(e) => Ending::Failed(Failure::of(e)),
-            };
-            let verdict = settle::decide(&ending, delivered, &limits);
-            match (&result, &verdict) {
-                (Err(e), Verdict::Nak { delay }) => {
-                    warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "signal failed; will retry")
+                    _ => Box::pin(turns.handle(&input, Some(&delivery))).await.map(drop),
                 }
-                (Err(e), Verdict::Term { .. }) => {
-                    error!(error = %e, "signal cannot be acted on; dead-lettering");
+            };
+            let ending = match self.guarded("signal", work).await {
+                Ok(Ok(())) => Ending::Settled { through: None },
+                Ok(Err(e)) => Ending::Failed(Failure::of(&e)),
+                Err(panicked) => Ending::Failed(panicked),
+            };
+            drop(progress);
+            let verdict = settle::decide(&ending, delivered, &limits);
+            match (&ending, &verdict) {
+                (Ending::Failed(f), Verdict::Nak { delay }) => {
+                    warn!(error = %f.reason, retry_in_ms = delay.as_millis() as u64, "signal failed; will retry")
+                }
+                (Ending::Failed(f), Verdict::Term { .. }) => {
+                    error!(error = %f.reason, "signal cannot be acted on; dead-lettering");
                     self.worker
                         .metrics
                         .inc("companion_proactive_total", "kind=\"signal\",outcome=\"failed\"");
@@ -568,10 +602,19 @@ impl Shared {
     }
 }
 
-/// Sends progress acks so a long turn keeps its message.
-fn keep_alive(msg: &jetstream::Message, every: Duration) -> tokio::task::JoinHandle<()> {
+/// The task sending a delivery's progress acks; dropped (settled, failed or unwound), they stop.
+struct KeepAlive(tokio::task::JoinHandle<()>);
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Sends progress acks so a long turn keeps its message, until the guard is dropped.
+fn keep_alive(msg: &jetstream::Message, every: Duration) -> KeepAlive {
     let msg = msg.clone();
-    tokio::spawn(async move {
+    KeepAlive(tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.tick().await;
         loop {
@@ -581,7 +624,7 @@ fn keep_alive(msg: &jetstream::Message, every: Duration) -> tokio::task::JoinHan
                 debug!(error = %e, "progress ack not sent");
             }
         }
-    })
+    }))
 }
 
 /// Events whose deliveries ran out without a worker settling them (crashed or killed mid-turn) would

@@ -44,6 +44,34 @@ use crate::{
     store::StoreError,
 };
 
+tokio::task_local! {
+    /// The step the task's job last started, for the log of a panic caught at the delivery's boundary.
+    static RUNNING: std::sync::Arc<Mutex<Option<String>>>;
+}
+
+/// Runs `work`, noting each step its jobs start; with its output, the last step started (`name:key`),
+/// which names where a panic caught around `work` struck.
+pub(crate) async fn tracing_steps<F: Future>(work: F) -> (F::Output, Option<String>) {
+    let running = std::sync::Arc::new(Mutex::new(None));
+    let out = RUNNING.scope(running.clone(), work).await;
+    let last = running.lock().map(|r| r.clone()).unwrap_or_default();
+    (out, last)
+}
+
+/// A step's body is about to run: noted for [`tracing_steps`], and a fault injected there, if a test
+/// armed one.
+fn starting(job: &str, name: &str, key: &str) {
+    let _ = RUNNING.try_with(|r| {
+        if let Ok(mut r) = r.lock() {
+            *r = Some(format!("{name}:{key}"));
+        }
+    });
+    #[cfg(feature = "testing")]
+    crate::fault::at(job, name);
+    #[cfg(not(feature = "testing"))]
+    let _ = job;
+}
+
 /// Where a job stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum State {
@@ -821,6 +849,7 @@ impl Step<'_> {
             debug!(step = name, key = %self.key, "step replayed from the journal");
             return Ok(done);
         }
+        starting(job.id(), name, &self.key);
         let out = body.await?;
         let value = encode(name, &self.key, &out)?;
         let pending = self.pending(value.clone());
@@ -866,6 +895,7 @@ impl Step<'_> {
         if let Some(done) = job.recorded::<T>(name, &self.key) {
             return Ok((done, false));
         }
+        starting(job.id(), name, &self.key);
         let pending = job.take_pending();
         let result = async {
             let mut tx = job.pool.begin().await.map_err(JournalError::from)?;

@@ -28,6 +28,7 @@ mod order;
 #[cfg(feature = "otel")]
 mod otel;
 mod outages;
+mod panics;
 mod proactive;
 mod prompt_budget;
 mod provision;
