@@ -138,7 +138,7 @@ impl Components {
             info!(model = %s.safety.moderation_model, "user messages are also screened by the moderation endpoint");
         }
         let turns = Arc::new(Turns {
-            journal: Journal::new(pg.pool.clone()),
+            journal: Journal::new(pg.pool.clone()).counting(metrics.clone()),
             pg: pg.clone(),
             mongo: mongo.clone(),
             bus: bus.clone(),

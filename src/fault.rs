@@ -1,5 +1,7 @@
 //! Faults the integration tests inject (feature `testing` only, never in the production binary): a panic
-//! when a chosen job starts a chosen journal step, to show that the delivery's boundary settles it.
+//! when a chosen job starts a chosen journal step (`llm`), or is about to commit a transactional step's
+//! record (`commit:crisis`), to show that the delivery's boundary settles it and that nothing is counted
+//! or written twice.
 
 use std::sync::Mutex;
 

@@ -31,7 +31,12 @@
 pub(crate) mod names;
 pub(crate) mod usage;
 
-use std::{collections::HashMap, future::Future, sync::Mutex, time::Duration};
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use chrono::{DateTime, Utc};
 use serde::{Serialize, de::DeserializeOwned};
@@ -41,18 +46,19 @@ use tracing::{debug, warn};
 
 use crate::{
     failure::{Class, Classify},
+    metrics::Metrics,
     store::StoreError,
 };
 
 tokio::task_local! {
     /// The step the task's job last started, for the log of a panic caught at the delivery's boundary.
-    static RUNNING: std::sync::Arc<Mutex<Option<String>>>;
+    static RUNNING: Arc<Mutex<Option<String>>>;
 }
 
 /// Runs `work`, noting each step its jobs start; with its output, the last step started (`name:key`),
 /// which names where a panic caught around `work` struck.
 pub(crate) async fn tracing_steps<F: Future>(work: F) -> (F::Output, Option<String>) {
-    let running = std::sync::Arc::new(Mutex::new(None));
+    let running = Arc::new(Mutex::new(None));
     let out = RUNNING.scope(running.clone(), work).await;
     let last = running.lock().map(|r| r.clone()).unwrap_or_default();
     (out, last)
@@ -224,6 +230,7 @@ pub(crate) type Tx = Transaction<'static, Postgres>;
 #[derive(Clone)]
 pub struct Journal {
     pool: PgPool,
+    metrics: Option<Arc<Metrics>>,
 }
 
 const JOB_COLUMNS: &str =
@@ -231,7 +238,18 @@ const JOB_COLUMNS: &str =
 
 impl Journal {
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            metrics: None,
+        }
+    }
+
+    /// The journal whose steps' counters ([`Step::counts`]) move in `metrics`.
+    pub(crate) fn counting(self, metrics: Arc<Metrics>) -> Self {
+        Self {
+            metrics: Some(metrics),
+            ..self
+        }
     }
 
     /// Opens an attempt of a job: creates it `Running`, or counts another attempt of an existing one;
@@ -269,6 +287,7 @@ impl Journal {
         }
         Ok(Job {
             pool: self.pool.clone(),
+            metrics: self.metrics.clone(),
             record,
             recorded: Mutex::new(recorded),
             pending: Mutex::new(Vec::new()),
@@ -446,11 +465,22 @@ struct Pending {
     tally: Option<String>,
     /// When it counts from (a counted step's clock); none: the database's.
     at: Option<DateTime<Utc>>,
+    /// The counter the record moves once it is committed by this attempt ([`Step::counts`]).
+    counter: Option<Counter>,
+}
+
+/// A counter and its labels (`a="x",b="y"`), moved when a step's record commits.
+#[derive(Clone, Debug)]
+struct Counter {
+    name: &'static str,
+    labels: String,
 }
 
 /// One attempt of a job: its row as opened, the steps recorded so far, and the records not yet written.
 pub struct Job {
     pool: PgPool,
+    /// Where the steps' counters move ([`Step::counts`]); none: they do not.
+    metrics: Option<Arc<Metrics>>,
     pub(crate) record: JobRecord,
     recorded: Mutex<HashMap<(String, String), Value>>,
     pending: Mutex<Vec<Pending>>,
@@ -471,6 +501,7 @@ impl Job {
             tally: None,
             at: None,
             lock: None,
+            counter: None,
         }
     }
 
@@ -595,16 +626,22 @@ impl Job {
         if pending.is_empty() {
             return Ok(());
         }
-        let result = sqlx::query(sqlx::AssertSqlSafe(INSERT_RECORDS))
+        let sql = format!("{INSERT_RECORDS} RETURNING name, key");
+        let result: Result<Vec<(String, String)>, _> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(self.id())
             .bind(records(&pending))
-            .execute(&self.pool)
+            .fetch_all(&self.pool)
             .await;
-        if let Err(e) = result {
-            self.requeue(pending);
-            return Err(e.into());
+        match result {
+            Ok(inserted) => {
+                self.count_committed(&pending, &inserted);
+                Ok(())
+            }
+            Err(e) => {
+                self.requeue(pending);
+                Err(e.into())
+            }
         }
-        Ok(())
     }
 
     /// Passes an attempt's result on; when it failed, first writes the records still pending, best
@@ -623,11 +660,16 @@ impl Job {
     /// running (a replay or another worker ended it first).
     pub(crate) async fn finish(&self, to: State, ending: Finish<'_>) -> Result<bool, JournalError> {
         let pending = self.take_pending();
-        let moved = transition(&self.pool, self.id(), to, ending, None, &pending).await;
-        if moved.is_err() {
-            self.requeue(pending);
+        match transition(&self.pool, self.id(), to, ending, None, &pending).await {
+            Ok((moved, inserted)) => {
+                self.count_committed(&pending, &inserted);
+                Ok(moved)
+            }
+            Err(e) => {
+                self.requeue(pending);
+                Err(e)
+            }
         }
-        moved
     }
 
     fn remember(&self, name: &str, key: &str, output: Value) {
@@ -635,6 +677,21 @@ impl Job {
             .lock()
             .expect("journal lock")
             .insert((name.to_owned(), key.to_owned()), output);
+    }
+
+    /// Moves the counters of `rows` whose records this attempt inserted (`inserted`: name and key, as
+    /// `INSERT … RETURNING` gave them); a record another attempt wrote first moved its counter then.
+    fn count_committed(&self, rows: &[Pending], inserted: &[(String, String)]) {
+        let Some(metrics) = &self.metrics else {
+            return;
+        };
+        for r in rows {
+            if let Some(c) = &r.counter
+                && inserted.iter().any(|(n, k)| *n == r.name && *k == r.key)
+            {
+                metrics.inc(c.name, &c.labels);
+            }
+        }
     }
 
     fn take_pending(&self) -> Vec<Pending> {
@@ -651,20 +708,33 @@ impl Job {
         let (name, key) = (step.name.clone(), step.key.clone());
         let mut rows = self.take_pending();
         rows.push(step);
+        // Every record this statement inserted, and the step's own as stored before it, if it was.
         let sql = format!(
             "WITH ins AS ({INSERT_RECORDS} RETURNING name, key, output)
-             SELECT output FROM ins WHERE name = $3 AND key = $4
-             UNION ALL SELECT output FROM job_steps WHERE job = $1 AND name = $3 AND key = $4
-             LIMIT 1"
+             SELECT name, key, output, true AS ours FROM ins
+             UNION ALL SELECT name, key, output, false FROM job_steps
+                       WHERE job = $1 AND name = $3 AND key = $4"
         );
-        let stored: Result<Option<Value>, sqlx::Error> =
-            sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        let stored: Result<Vec<(String, String, Value, bool)>, sqlx::Error> =
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
                 .bind(self.id())
                 .bind(records(&rows))
                 .bind(&name)
                 .bind(&key)
-                .fetch_optional(&self.pool)
+                .fetch_all(&self.pool)
                 .await;
+        let stored = stored.map(|found| {
+            let inserted: Vec<(String, String)> = found
+                .iter()
+                .filter(|f| f.3)
+                .map(|f| (f.0.clone(), f.1.clone()))
+                .collect();
+            self.count_committed(&rows, &inserted);
+            found
+                .into_iter()
+                .find(|f| f.0 == name && f.1 == key)
+                .map(|f| f.2)
+        });
         let own = rows.pop().expect("the step itself").output;
         match stored {
             Ok(Some(stored)) => Ok(stored),
@@ -737,16 +807,19 @@ async fn transition(
     ending: Finish<'_>,
     error: Option<&str>,
     rows: &[Pending],
-) -> Result<bool, JournalError> {
+) -> Result<(bool, Vec<(String, String)>), JournalError> {
     let sql = format!(
-        "WITH ins AS ({INSERT_RECORDS})
-         UPDATE jobs SET state = $3, covered_by = COALESCE($4, covered_by),
-                last_error = COALESCE($5, last_error), reason = COALESCE($7, reason),
-                updated_at = now()
-         WHERE id = $1 AND state = ANY($6)
-         RETURNING state"
+        "WITH ins AS ({INSERT_RECORDS} RETURNING name, key),
+              moved AS (
+                UPDATE jobs SET state = $3, covered_by = COALESCE($4, covered_by),
+                       last_error = COALESCE($5, last_error), reason = COALESCE($7, reason),
+                       updated_at = now()
+                WHERE id = $1 AND state = ANY($6)
+                RETURNING state)
+         SELECT EXISTS (SELECT 1 FROM moved) AS moved,
+                (SELECT coalesce(jsonb_agg(jsonb_build_array(name, key)), '[]') FROM ins) AS inserted"
     );
-    let moved: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(id)
         .bind(records(rows))
         .bind(to.as_str())
@@ -754,9 +827,16 @@ async fn transition(
         .bind(error)
         .bind(State::sources(to))
         .bind(ending.reason)
-        .fetch_optional(pool)
+        .fetch_one(pool)
         .await?;
-    Ok(moved.is_some())
+    let inserted = match row.get::<Value, _>("inserted") {
+        Value::Array(rows) => rows
+            .iter()
+            .filter_map(|r| Some((r[0].as_str()?.to_owned(), r[1].as_str()?.to_owned())))
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok((row.get("moved"), inserted))
 }
 
 /// Inserts the step records `$2` (a JSON array of [`records`]) of job `$1`; a record already there (an
@@ -811,6 +891,7 @@ pub struct Step<'a> {
     at: Option<DateTime<Utc>>,
     /// What [`Step::run_in_tx`] serialises on, when not the step itself (a tally, for a counted step).
     lock: Option<String>,
+    counter: Option<Counter>,
 }
 
 impl Step<'_> {
@@ -827,6 +908,17 @@ impl Step<'_> {
         self
     }
 
+    /// Moves counter `name{labels}` once, when this step's record commits: not when the body runs (an
+    /// attempt that fails before its record is written does not count), and not again on a retry that
+    /// replays the record.
+    pub(crate) fn counts(mut self, name: &'static str, labels: impl Into<String>) -> Self {
+        self.counter = Some(Counter {
+            name,
+            labels: labels.into(),
+        });
+        self
+    }
+
     fn pending(&self, output: Value) -> Pending {
         Pending {
             name: self.name.to_owned(),
@@ -834,6 +926,7 @@ impl Step<'_> {
             output,
             tally: self.tally.clone(),
             at: self.at,
+            counter: self.counter.clone(),
         }
     }
 
@@ -924,13 +1017,17 @@ impl Step<'_> {
             if own.is_some() {
                 rows.push(self.pending(value.clone()));
             }
-            sqlx::query(sqlx::AssertSqlSafe(INSERT_RECORDS))
+            let sql = format!("{INSERT_RECORDS} RETURNING name, key");
+            let inserted: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
                 .bind(job.id())
                 .bind(records(&rows))
-                .execute(&mut *tx)
+                .fetch_all(&mut *tx)
                 .await
                 .map_err(JournalError::from)?;
+            #[cfg(feature = "testing")]
+            crate::fault::at(job.id(), &format!("commit:{name}"));
             tx.commit().await.map_err(JournalError::from)?;
+            job.count_committed(&rows, &inserted);
             Ok::<_, E>((value, own))
         }
         .await;

@@ -54,6 +54,7 @@ use serde_json::{Value, json};
 
 use crate::{
     bus::{Bus, BusError},
+    failure::{Class, Classify},
     journal::{Admission, Job, JournalError, names},
     llm::{FunctionDef, ToolDef},
     store::{Mongo, Pg, StoreError},
@@ -178,6 +179,26 @@ pub enum ToolError {
     /// The broker did not take a write (a reminder's schedule): like a database error, not a result.
     #[error(transparent)]
     Bus(#[from] BusError),
+}
+
+impl Classify for ToolError {
+    /// A database's or the broker's failure is theirs (a server down is retried). Every other tool error
+    /// is a result the model reads; one that reaches the turn instead is a bug, and trying the turn again
+    /// would meet it again: permanent.
+    fn class(&self) -> Class {
+        match self {
+            Self::Store(e) => e.class(),
+            Self::Journal(e) => e.class(),
+            Self::Bus(e) => e.class(),
+            Self::UnknownTool(_)
+            | Self::NotJson(_)
+            | Self::InvalidArgs { .. }
+            | Self::NotFound(_)
+            | Self::Forbidden(_)
+            | Self::QuotaExceeded { .. }
+            | Self::Crashed => Class::Permanent,
+        }
+    }
 }
 
 impl ToolError {
@@ -422,6 +443,7 @@ impl ToolResult {
     ) -> Result<ToolRecord, ToolError> {
         let (ok, content, card) = match self.outcome {
             Ok(o) => (true, o.data, o.card),
+            // A server's failure is the turn's (retried); every other error the model reads.
             Err(e @ (ToolError::Store(_) | ToolError::Journal(_) | ToolError::Bus(_))) => {
                 return Err(e);
             }

@@ -99,16 +99,25 @@ impl Turns {
     ) -> Result<Option<Flagged>, TurnError> {
         debug!(kind = m.kind, message = %m.id, sender = %m.sender, chars = m.text.chars().count(),
                images = m.images.len(), "user message in");
-        self.metrics.inc(INCOMING, &format!("kind=\"{}\"", m.kind));
-        if a.members.iter().any(|c| c.bot == m.sender) || m.text.trim().is_empty() {
+        if a.members.iter().any(|c| c.bot == m.sender) {
             return Ok(None);
         }
         // Lazy: a retried attempt reads the decision the first one made (the moderation endpoint may
-        // answer differently twice); its record rides with the job's next one.
+        // answer differently twice); its record rides with the job's next one, and counts the message
+        // once it is committed.
         let screened = job
             .step(step::SCREEN, m.id.to_hex())
             .lazy()
-            .run(self.screen_message(m.text))
+            .counts(INCOMING, format!("kind=\"{}\"", m.kind))
+            .run(async {
+                match m.text.trim().is_empty() {
+                    true => Ok(Screened {
+                        decision: None,
+                        moderation: None,
+                    }),
+                    false => self.screen_message(m.text).await,
+                }
+            })
             .await?;
         match screened.decision {
             Some(decision) => self.flag(job, a, m, decision).await.map(Some),
@@ -202,22 +211,20 @@ impl Turns {
             .await?;
         let owed = !matches!(counted, Admission::Exceeded { .. });
         let kind = m.kind;
-        let metrics = &self.metrics;
+        let f = Flagged {
+            category: decision.category,
+            lang: decision.lang.clone(),
+            referred: owed,
+            layer: decision.layer,
+        };
+        // Counted when the record (and the yearly row with it) commits, once per message.
         let flagged = job
             .step(step::CRISIS, &key)
+            .counts(CRISIS_FLAGS, labels(&f))
             .run_in_tx(|mut tx| async move {
-                let f = Flagged {
-                    category: decision.category,
-                    lang: decision.lang.clone(),
-                    referred: owed,
-                    layer: decision.layer,
-                };
                 let at = Utc::now();
                 let logged =
                     Pg::log_crisis(&mut tx, at, f.category.as_str(), &f.lang, owed, kind).await;
-                if logged.is_ok() {
-                    metrics.inc(CRISIS_FLAGS, &labels(&f));
-                }
                 (tx, logged.map(|()| f).map_err(TurnError::from))
             })
             .await?;

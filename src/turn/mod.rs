@@ -152,6 +152,12 @@ pub enum TurnError {
     TimedOut(u64),
     #[error(transparent)]
     Memory(#[from] crate::memory::MemoryError),
+    /// A tool call left without a result the model could read (see [`ToolResult::record`]); its class is
+    /// the tool error's own.
+    ///
+    /// [`ToolResult::record`]: crate::tools::ToolResult::record
+    #[error(transparent)]
+    Tool(#[from] ToolError),
 }
 
 impl Classify for TurnError {
@@ -171,6 +177,7 @@ impl Classify for TurnError {
             Self::BadReplyId(_) => Class::Permanent,
             Self::TimedOut(_) => Class::Transient,
             Self::Memory(e) => e.class(),
+            Self::Tool(e) => e.class(),
         }
     }
 
@@ -178,20 +185,6 @@ impl Classify for TurnError {
         match self {
             Self::Llm(e) => e.retry_after(),
             _ => None,
-        }
-    }
-}
-
-impl From<ToolError> for TurnError {
-    /// Only a database failure leaves a tool call without a result (see [`ToolResult::record`]).
-    ///
-    /// [`ToolResult::record`]: crate::tools::ToolResult::record
-    fn from(e: ToolError) -> Self {
-        match e {
-            ToolError::Journal(e) => Self::Journal(e),
-            ToolError::Store(e) => Self::Store(e),
-            ToolError::Bus(e) => Self::Bus(e),
-            other => Self::Store(StoreError::Pg(sqlx::Error::Protocol(other.to_string()))),
         }
     }
 }
@@ -1103,4 +1096,31 @@ fn already_settled(job: &Job) -> Option<Settled> {
             state: job.record.state,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_error_keeps_its_class_in_the_turn() {
+        let retried = |e: ToolError| TurnError::from(e).class() == Class::Transient;
+        for e in [
+            ToolError::Forbidden("not yours".into()),
+            ToolError::NotFound("no such list".into()),
+            ToolError::invalid("name", "too long"),
+            ToolError::Crashed,
+        ] {
+            let text = e.to_string();
+            let turn = TurnError::from(e);
+            assert_eq!(turn.class(), Class::Permanent, "{text}");
+            assert!(
+                !matches!(turn, TurnError::Store(_)),
+                "never a database error: {turn:?}"
+            );
+        }
+        assert!(retried(ToolError::Store(StoreError::Pg(
+            sqlx::Error::PoolTimedOut
+        ))));
+    }
 }

@@ -128,3 +128,50 @@ async fn a_signal_that_panics_every_time_is_dead_lettered_without_a_failure_line
     worker.stop().await;
     env.finish().await;
 }
+
+#[tokio::test]
+async fn the_message_and_crisis_counters_move_once_after_the_commit_when_an_attempt_is_retried() {
+    const CRISIS: &str = "honestly i just want to die, i don't see the point anymore";
+    let env = TestEnv::new(always(StubReply::text(ANSWER))).await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let worker = InProcessWorker::start(&env).await;
+    let e = env.dm(JESS, KAORI, JESS_KAORI, CRISIS).await;
+    // The first attempt screens the message and runs the crisis step's body, then dies before its
+    // transaction commits: nothing of it counts.
+    fault::panic_at(&e.message_id, "commit:crisis", 1);
+    env.publish(&e).await;
+    let reply = next_reply_to(&mut replies, &e.message_id, Duration::from_secs(60)).await;
+    let record = env.settled(&e.message_id).await;
+    assert_eq!(record.attempts, 2, "one attempt retried: {record:?}");
+    assert!(!reply.content.is_empty());
+    assert_eq!(
+        worker.metric("companion_panics_total{kind=\"turn\"}").await,
+        Some(1.0)
+    );
+    let flags = worker
+        .metric("companion_crisis_flags_total{category=\"self_harm\",lang=\"en\",layer=\"rules\"}")
+        .await;
+    assert_eq!(flags, Some(1.0), "the flag once, after its commit");
+    assert_eq!(
+        worker
+            .metric("companion_user_messages_total{kind=\"dm\"}")
+            .await,
+        Some(1.0),
+        "the message once, not per attempt"
+    );
+    // A later message moves it once more.
+    let later = env
+        .dm(JESS, KAORI, JESS_KAORI, "thanks for being here")
+        .await;
+    env.publish(&later).await;
+    next_reply_to(&mut replies, &later.message_id, Duration::from_secs(60)).await;
+    env.settled(&later.message_id).await;
+    assert_eq!(
+        worker
+            .metric("companion_user_messages_total{kind=\"dm\"}")
+            .await,
+        Some(2.0)
+    );
+    worker.stop().await;
+    env.finish().await;
+}
