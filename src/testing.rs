@@ -10,7 +10,7 @@ pub mod app {
 }
 pub mod bus {
     pub use crate::bus::event::{Completion, DmEvent, GroupMessageEvent, InboundEvent};
-    pub use crate::bus::{Bus, BusError, DLQ_REASON};
+    pub use crate::bus::{Bus, BusError, DLQ_REASON, signal_consumer_name};
     pub mod event {
         pub use crate::bus::event::{
             Attachment, EventLimits, InvalidEvent, parse_inbound, parse_object_id,

@@ -685,7 +685,7 @@ impl Bus {
 }
 
 /// The durable consumer of signals that goes with the DM consumer `name`.
-pub(crate) fn signal_consumer_name(name: &str) -> String {
+pub fn signal_consumer_name(name: &str) -> String {
     format!("{name}_signals")
 }
 

@@ -171,6 +171,73 @@ impl TestEnv {
         consumer.info().await.ok().cloned()
     }
 
+    /// Waits until the workers' consumer of `which` holds nothing undelivered or unacknowledged: every
+    /// message published to its stream before this call has been settled (acked, terminated, or its
+    /// last delivery dead-lettered). The positive event a test waits for before it asserts that
+    /// something did *not* happen (docs/development.md, "How tests wait").
+    pub async fn drained(&self, which: Drained) {
+        let (consumer, stream) = match which {
+            Drained::Inbound => (
+                self.config.consumer.name.clone(),
+                self.bus.names.stream_in.clone(),
+            ),
+            Drained::Signals => (
+                companion::testing::bus::signal_consumer_name(&self.config.consumer.name),
+                self.bus.names.stream_signal.clone(),
+            ),
+        };
+        let done = eventually(Duration::from_secs(60), || async {
+            let Ok(mut c) = self
+                .bus
+                .js
+                .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                    consumer.clone(),
+                    stream.clone(),
+                )
+                .await
+            else {
+                return false;
+            };
+            c.info()
+                .await
+                .is_ok_and(|i| i.num_pending == 0 && i.num_ack_pending == 0)
+        })
+        .await;
+        assert!(
+            done,
+            "the {which:?} consumer did not settle everything within 60 s"
+        );
+    }
+
+    /// The last sequence of the stream `which`'s consumer reads (0: empty).
+    pub async fn stream_last(&self, which: Drained) -> u64 {
+        let name = match which {
+            Drained::Inbound => &self.bus.names.stream_in,
+            Drained::Signals => &self.bus.names.stream_signal,
+        };
+        let mut stream = self.bus.js.get_stream(name).await.expect("stream");
+        stream
+            .info()
+            .await
+            .expect("stream info")
+            .state
+            .last_sequence
+    }
+
+    /// Waits until the stream `which` holds a message after sequence `after` (one a worker publishes
+    /// on its own, e.g. a memory signal after a turn), then until it is [`TestEnv::drained`].
+    pub async fn drained_after(&self, which: Drained, after: u64) {
+        let published = eventually(Duration::from_secs(30), || async {
+            self.stream_last(which).await > after
+        })
+        .await;
+        assert!(
+            published,
+            "nothing was published to {which:?} after {after}"
+        );
+        self.drained(which).await;
+    }
+
     /// Waits until a worker pulls from the consumer (it has connected to every server and started).
     pub async fn wait_worker_pulling(&self, within: Duration) -> bool {
         eventually(within, || async {
@@ -728,6 +795,15 @@ pub async fn wait_exit(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A consumer [`TestEnv::drained`] waits on.
+#[derive(Clone, Copy, Debug)]
+pub enum Drained {
+    /// DMs and group messages.
+    Inbound,
+    /// Follow-ups, memory and moderation signals.
+    Signals,
 }
 
 /// The honest failure line of a shipped character (`characters/<slug>.json`).

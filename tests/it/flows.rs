@@ -116,7 +116,7 @@ async fn deliver_again(env: &TestEnv, text: &str) {
         serde_json::to_vec(&e).unwrap(),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.drained(Drained::Inbound).await;
     assert_eq!(
         (flow_of(env).await, env.stub.requests().len()),
         after_first,

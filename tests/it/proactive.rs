@@ -417,7 +417,8 @@ async fn a_worker_killed_between_the_model_call_and_the_write_still_sends_one_me
     let c = next_proactive(&mut replies, Duration::from_secs(30)).await;
     assert_eq!(c.content, "your spot is live!!");
     let trigger_id = format!("{}:approved", draft.to_hex());
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The signal (every delivery of it) is settled: a second message would have come before.
+    env.drained(Drained::Signals).await;
     assert_eq!(follow_ups(&env, &trigger_id).await.len(), 1, "one message");
     assert_eq!(
         env.stub.requests().len(),

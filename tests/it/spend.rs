@@ -80,8 +80,8 @@ async fn three_worker_processes_admit_exactly_the_limit_for_one_user() {
     })
     .await;
     assert!(settled, "every message settled");
-    // Let any stray extra reply arrive before counting.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Every delivery settled (a stray extra reply would have been published before its ack).
+    env.drained(Drained::Inbound).await;
     let mut got = Vec::new();
     while let Ok(Some(c)) = tokio::time::timeout(
         Duration::from_millis(300),

@@ -94,12 +94,15 @@ async fn held_dm(env: &TestEnv, text: &str) -> String {
     e.message_id
 }
 
-/// No completion within `wait`.
+/// No completion more, once every message and signal published so far is settled (a completion is
+/// published before its message is acknowledged).
 async fn nothing_more(
+    env: &TestEnv,
     replies: &mut (impl futures::Stream<Item = Completion> + Unpin),
-    wait: Duration,
 ) {
-    if let Ok(Some(c)) = tokio::time::timeout(wait, replies.next()).await {
+    env.drained(Drained::Inbound).await;
+    env.drained(Drained::Signals).await;
+    if let Ok(Some(c)) = tokio::time::timeout(Duration::from_millis(200), replies.next()).await {
         panic!("unexpected completion {c:?}");
     }
 }
@@ -135,7 +138,7 @@ async fn a_paused_dm_is_held_and_the_resume_answers_the_latest_once() {
         .await,
         "the second copy reached the worker"
     );
-    nothing_more(&mut replies, Duration::from_secs(2)).await;
+    nothing_more(&env, &mut replies).await;
     assert_eq!(env.replies_to(&second).await.len(), 1, "one reply");
     assert!(
         env.replies_to(&first).await.is_empty(),
@@ -167,7 +170,7 @@ async fn a_resume_older_than_the_pause_changes_nothing() {
     assert!(env.pg.paused(JESS_KAORI).await.unwrap(), "still paused");
 
     held_dm(&env, "still there?").await;
-    nothing_more(&mut replies, Duration::from_secs(2)).await;
+    nothing_more(&env, &mut replies).await;
     assert!(env.stub.requests().is_empty());
     worker.stop().await;
     env.finish().await;
@@ -188,7 +191,7 @@ async fn a_resume_without_catch_up_answers_nothing() {
     let id = job(JESS_KAORI, Action::Resume, &when);
     assert_eq!(settled(&env, &id).await, State::Done);
     assert!(!env.pg.paused(JESS_KAORI).await.unwrap(), "resumed");
-    nothing_more(&mut replies, Duration::from_secs(2)).await;
+    nothing_more(&env, &mut replies).await;
     assert_eq!(
         env.journal().get(&held).await.unwrap().unwrap().state,
         State::Held
