@@ -18,7 +18,7 @@ use sqlx::PgConnection;
 use tracing::info;
 
 use super::{Memory, MemoryError};
-use crate::bus::Bus;
+use crate::{bus::Bus, store::pg::history_locks};
 
 /// The signal kinds handled here.
 pub(crate) const MESSAGE_DELETED: &str = "message_deleted";
@@ -162,6 +162,9 @@ impl Memory {
         message: &str,
     ) -> Result<Removed, MemoryError> {
         let mut tx = self.pool.begin().await?;
+        // After a history write of this message that holds the lock has committed (its rows are deleted
+        // below), or before one (it sees the tombstone and writes nothing of it).
+        history_lock(&mut tx, &[], &[message]).await?;
         tombstone(&mut tx, "message", message).await?;
         let (answering, replies) = answered_by(&mut tx, message).await?;
         let mut doomed = replies.clone();
@@ -267,6 +270,7 @@ impl Memory {
     /// of the first part finds nothing more.
     pub(crate) async fn erase_user(&self, bus: &Bus, user: &str) -> Result<Removed, MemoryError> {
         let mut tx = self.pool.begin().await?;
+        history_lock(&mut tx, &[user], &[]).await?;
         tombstone(&mut tx, "user", user).await?;
         // Where the user's messages are in the inbound stream: their DM conversations' subjects, and the
         // sequence of each group message they sent.
@@ -387,6 +391,21 @@ async fn scrub(tx: &mut PgConnection, filter: &str, arg: &[String]) -> Result<u6
         .execute(&mut *tx)
         .await?
         .rows_affected())
+}
+
+/// Takes the locks a history write of `users`' rows and `messages` takes ([`history_locks`]).
+async fn history_lock(
+    tx: &mut PgConnection,
+    users: &[&str],
+    messages: &[&str],
+) -> Result<(), MemoryError> {
+    for key in history_locks(users, messages) {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(&key)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(())
 }
 
 async fn tombstone(tx: &mut PgConnection, kind: &str, id: &str) -> Result<(), MemoryError> {

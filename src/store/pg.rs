@@ -204,13 +204,34 @@ impl Pg {
             .collect())
     }
 
-    /// Appends messages in one statement; a message already recorded is left as it is.
+    /// Appends messages; a message already recorded is left as it is. Nothing of a deleted message or
+    /// an erased user is written: under the locks a deletion takes ([`history_locks`]), a user row whose
+    /// message has a tombstone is left out, and so are the companion's rows answering it, and every row
+    /// of a user with one. Whichever commits first, the deletion or this write, nothing of it remains.
     pub(crate) async fn append_history(&self, rows: &[NewHistory<'_>]) -> Result<(), StoreError> {
         fn col<'a>(
             rows: &'a [NewHistory<'_>],
             f: fn(&'a NewHistory<'_>) -> &'a str,
         ) -> Vec<&'a str> {
             rows.iter().map(f).collect()
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let said: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.role == "user")
+            .map(|r| r.message_id)
+            .collect();
+        let mut tx = self.pool.begin().await?;
+        let mut users: Vec<&str> = rows.iter().map(|r| r.user_id).collect();
+        users.sort_unstable();
+        users.dedup();
+        for key in history_locks(&users, &said) {
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(&key)
+                .execute(&mut *tx)
+                .await?;
         }
         sqlx::query(
             "INSERT INTO bot_conversations
@@ -219,6 +240,12 @@ impl Pg {
              SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
                                   $6::text[], $7::jsonb[], $8::timestamptz[], $9::boolean[],
                                   $10::boolean[])
+                      AS r(user_id, bot_id, conversation_id, role, content, message_id, tool_calls,
+                           created_at, group_chat, ai_disclosure)
+             WHERE NOT EXISTS (SELECT 1 FROM tombstones t WHERE t.kind = 'user' AND t.id = r.user_id)
+               AND NOT EXISTS (SELECT 1 FROM tombstones t WHERE t.kind = 'message'
+                               AND t.id = ANY(CASE WHEN r.role = 'user' THEN ARRAY[r.message_id]
+                                                   ELSE $11::text[] END))
              ON CONFLICT (message_id) DO NOTHING",
         )
         .bind(col(rows, |r| r.user_id))
@@ -231,8 +258,27 @@ impl Pg {
         .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.group_chat).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.ai_disclosure).collect::<Vec<_>>())
-        .execute(&self.pool)
+        .bind(&said)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(())
     }
+}
+
+/// The advisory locks that serialise a history write with the deletions of what it writes: one per user
+/// (a `user_erased` takes it) and one per user message (a `message_deleted` takes it), users first, each
+/// in order, so two writers never wait on each other crosswise.
+pub(crate) fn history_locks(users: &[&str], messages: &[&str]) -> Vec<String> {
+    let mut users: Vec<String> = users.iter().map(|u| format!("history:user:{u}")).collect();
+    users.sort();
+    users.dedup();
+    let mut messages: Vec<String> = messages
+        .iter()
+        .map(|m| format!("history:message:{m}"))
+        .collect();
+    messages.sort();
+    messages.dedup();
+    users.extend(messages);
+    users
 }

@@ -6,7 +6,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use companion_dev::stub::{self, Responder, StubReply};
+use companion_dev::stub::{self, Responder, StubReply, last_user_text};
 use serde_json::{Value, json};
 
 use crate::env::*;
@@ -453,9 +453,75 @@ async fn kill_9_during_extraction_and_a_replay_of_its_job_leave_no_duplicate() {
     })
     .await;
     assert!(rerun, "the reopened job ran again");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Every signal settled, the second extraction signal too: nothing is still running.
+    env.drained(Drained::Signals).await;
     let again = facts(&env, JESS).await;
     assert_eq!(again.len(), 2, "{again:?}");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_and_no_later_prompt()
+{
+    // The turn of the locker code waits 4 s on the model; memory's own requests do not.
+    let base = model();
+    let slow: Responder = Arc::new(move |body: &Value| {
+        let reply = base(body);
+        let chat = companion_dev::memory_rules::answer(body).is_none();
+        match chat && last_user_text(body).contains("4471") {
+            true => StubReply::Delayed(Duration::from_secs(4), Box::new(reply)),
+            false => reply,
+        }
+    });
+    let mut env = TestEnv::with(slow, |c| {
+        c.memory.extract_after = 1;
+        c.memory.quiet_secs = 3600;
+        c.turn.user_turns_per_minute = 0;
+    })
+    .await;
+    env.start_worker().await;
+    let e = env
+        .dm(JESS, KAORI, JESS_KAORI, "my locker code is 4471")
+        .await;
+    env.publish(&e).await;
+    let waiting = eventually(Duration::from_secs(30), || async {
+        env.stub
+            .requests()
+            .iter()
+            .any(|b| last_user_text(b).contains("4471"))
+    })
+    .await;
+    assert!(waiting, "the turn asked the model");
+    // Deleted while its turn waits on the model; the deletion settles first.
+    env.signal(
+        "message_deleted",
+        &e.message_id,
+        &format!("del-{}", e.message_id),
+        "",
+    )
+    .await;
+    env.drained(Drained::Signals).await;
+    env.settled(&e.message_id).await;
+    env.drained(Drained::Signals).await;
+    let history: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM bot_conversations WHERE content ILIKE '%4471%' OR message_id = $1",
+    )
+    .bind(&e.message_id)
+    .fetch_one(&env.pg.pool)
+    .await
+    .unwrap();
+    assert_eq!(history, 0, "the deleted message came back into the history");
+    assert!(
+        facts(&env, JESS)
+            .await
+            .iter()
+            .all(|(_, f)| !f.contains("4471")),
+        "nor into memory"
+    );
+    say(&env, "what's a good first trick").await;
+    let prompt = prompt_for(&env, "what's a good first trick");
+    assert!(!prompt.is_empty());
+    assert!(!prompt.contains("4471"), "in a later prompt: {prompt}");
     env.finish().await;
 }
 
@@ -497,7 +563,9 @@ async fn a_deleted_message_leaves_no_trace_within_60_s_and_a_replay_brings_nothi
         .await;
     assert!(ok, "{out}{err}");
     assert!(out.contains("deleted"), "{out}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The redelivery and whatever the replay published have been settled.
+    env.drained(Drained::Inbound).await;
+    env.drained(Drained::Signals).await;
     assert!(
         traces(&env, "burnside").await.is_empty(),
         "{:?}",
@@ -527,8 +595,10 @@ async fn clearing_memory_keeps_the_account_and_does_not_relearn_old_messages() {
     })
     .await;
     assert!(cleared);
+    let before = env.stream_last(Drained::Signals).await;
     say(&env, "ok cool").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The extraction signal this turn publishes has been handled.
+    env.drained_after(Drained::Signals, before).await;
     assert!(
         facts(&env, JESS).await.is_empty(),
         "old messages are not read again"
@@ -637,7 +707,8 @@ async fn user_erasure_leaves_nothing_including_the_streams_and_a_replay_brings_n
         .run_companion(&["replay", "--conversation", JESS_KAORI, "--force"])
         .await;
     assert!(ok, "{out}{err}");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.drained(Drained::Inbound).await;
+    env.drained(Drained::Signals).await;
     assert!(traces(&env, "burnside").await.is_empty());
     let (ok, out, _) = env.run_companion(&["memory", "--user", JESS]).await;
     assert!(ok && out.contains("erased"), "{out}");
