@@ -68,9 +68,12 @@ pub fn decide(
     }
     let model = learned::INPUT.as_ref().filter(|_| learned);
     let scored = model.map(|m| m.verdict(&learned::features(text, embedding)));
+    // Alone, it refers only on both views of the message: the n-grams alone (a message with no content
+    // word, which the worker does not embed, or no embedding model) read "got it, makes sense" as a
+    // threat. They still confirm an unsure rule.
     let learned = scored
         .and_then(|(class, _)| class)
-        .filter(|_| !too_short(text))
+        .filter(|_| !too_short(text) && embedding.is_some())
         .and_then(category);
     // An unsure rule is a candidate for a second stage: it refers when the learned layer gives the
     // message at least even odds of a crisis (or flags it itself, or the moderation endpoint does).

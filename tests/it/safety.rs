@@ -1099,3 +1099,41 @@ async fn in_a_group_a_model_flag_s_referral_stays_private() {
     worker.stop().await;
     env.finish().await;
 }
+
+/// The bench's everyday sport questions (2,400 different ones from its templates), decided as the
+/// worker decides them: with the message's embedding when it has a content word. None is a crisis.
+#[tokio::test]
+async fn everyday_sport_questions_are_never_flagged() {
+    use companion::testing::rag::query::{needs_no_knowledge, normalize};
+    use companion::testing::safety::detect::decide;
+    let embedder = embedder();
+    let mut texts: Vec<String> = (0..2400)
+        .map(companion_dev::bench::data::chat_message)
+        .chain(
+            companion_dev::bench::data::CHAT_MESSAGES
+                .iter()
+                .map(|s| (*s).to_owned()),
+        )
+        .collect();
+    texts.sort();
+    texts.dedup();
+    let mut flagged = Vec::new();
+    for chunk in texts.chunks(32) {
+        let vectors = embedder.embed(chunk.to_vec()).await.expect("embedded");
+        for (text, vector) in chunk.iter().zip(&vectors) {
+            let key = normalize(text);
+            let vector =
+                (!key.is_empty() && !needs_no_knowledge(&key)).then_some(vector.as_slice());
+            if let Some(d) = decide(text, true, vector, None) {
+                flagged.push(format!("{text} → {d:?}"));
+            }
+        }
+    }
+    assert!(
+        flagged.is_empty(),
+        "{} of {} flagged:\n{}",
+        flagged.len(),
+        texts.len(),
+        flagged.join("\n")
+    );
+}
