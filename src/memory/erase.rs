@@ -221,13 +221,50 @@ impl Memory {
     }
 
     /// `memory_cleared`: facts and summaries of the user (with one companion, or all), and the extraction
-    /// answers that named them. The cursors stay, so the old messages are not read again.
+    /// answers that named them. Under memory's lock of each (user, companion), both cursors move to the
+    /// newest history row: nothing said before the clear is learned or summarised after it, and an
+    /// extraction already waiting on the model finds its cursor moved and writes nothing.
     pub(crate) async fn clear(
         &self,
         user: &str,
         bot: Option<&str>,
     ) -> Result<Removed, MemoryError> {
         let mut tx = self.pool.begin().await?;
+        let mut bots: Vec<String> = match bot {
+            Some(b) => vec![b.to_owned()],
+            None => {
+                sqlx::query_scalar(
+                    "SELECT bot_id FROM bot_conversations WHERE user_id = $1 AND NOT group_chat
+                     UNION SELECT bot_id FROM memory_state WHERE user_id = $1
+                     UNION SELECT bot_id FROM memory_facts WHERE user_id = $1",
+                )
+                .bind(user)
+                .fetch_all(&mut *tx)
+                .await?
+            }
+        };
+        bots.sort();
+        bots.dedup();
+        for b in &bots {
+            super::store::one_writer(&mut tx, user, b).await?;
+        }
+        sqlx::query(
+            "INSERT INTO memory_state (user_id, bot_id, extracted_through, summarized_through)
+             SELECT $1, b.bot, n.newest, n.newest
+             FROM unnest($2::text[]) AS b(bot),
+                  LATERAL (SELECT coalesce(max(id), 0) AS newest FROM bot_conversations
+                           WHERE user_id = $1 AND bot_id = b.bot AND NOT group_chat) n
+             ON CONFLICT (user_id, bot_id) DO UPDATE
+                SET extracted_through = greatest(memory_state.extracted_through,
+                                                 EXCLUDED.extracted_through),
+                    summarized_through = greatest(memory_state.summarized_through,
+                                                  EXCLUDED.summarized_through),
+                    updated_at = now()",
+        )
+        .bind(user)
+        .bind(&bots)
+        .execute(&mut *tx)
+        .await?;
         let facts = sqlx::query(
             "DELETE FROM memory_facts WHERE user_id = $1 AND ($2::text IS NULL OR bot_id = $2)",
         )

@@ -579,6 +579,48 @@ async fn a_deleted_message_leaves_no_trace_within_60_s_and_a_replay_brings_nothi
 }
 
 #[tokio::test]
+async fn memory_cleared_while_an_extraction_waits_on_the_model_leaves_no_fact_and_nothing_is_relearned()
+ {
+    let mut env = TestEnv::with(slow_memory(model(), Duration::from_secs(4)), |c| {
+        c.memory.extract_after = 1;
+        c.memory.quiet_secs = 3600;
+        c.turn.user_turns_per_minute = 0;
+    })
+    .await;
+    env.start_worker().await;
+    say(&env, "i ride goofy and my home park is glenhaven").await;
+    // The extraction of that message is waiting on the model.
+    let extracting = eventually(Duration::from_secs(30), || async {
+        env.stub
+            .requests()
+            .iter()
+            .any(|b| companion_dev::memory_rules::answer(b).is_some())
+    })
+    .await;
+    assert!(extracting, "an extraction asked the model");
+    env.signal(
+        "memory_cleared",
+        JESS,
+        "clear-during",
+        json!({"userId": JESS, "botId": KAORI}).to_string(),
+    )
+    .await;
+    // The clear and the extraction (a signal too) have both settled.
+    env.drained(Drained::Signals).await;
+    assert_eq!(facts(&env, JESS).await, [], "a fact survived the clear");
+    // Said after the clear: a new extraction runs and reads only what came after it.
+    let before = env.stream_last(Drained::Signals).await;
+    say(&env, "ok cool").await;
+    env.drained_after(Drained::Signals, before).await;
+    assert_eq!(
+        facts(&env, JESS).await,
+        [],
+        "what was said before the clear is learned later"
+    );
+    env.finish().await;
+}
+
+#[tokio::test]
 async fn clearing_memory_keeps_the_account_and_does_not_relearn_old_messages() {
     let env = memory_env(1).await;
     say(&env, "my home park is burnside").await;
