@@ -430,6 +430,24 @@ async fn scrub(tx: &mut PgConnection, filter: &str, arg: &[String]) -> Result<u6
         .rows_affected())
 }
 
+impl Memory {
+    /// Scrubs the recorded outputs of job `job` that may hold a user's words (the model's answers, tool
+    /// calls, the reply, flow steps) to their usage: for a turn that found its message deleted after the
+    /// deletion's own scrub had run.
+    pub(crate) async fn scrub_job(&self, job: &str) -> Result<u64, MemoryError> {
+        let mut tx = self.pool.begin().await?;
+        let n = scrub(
+            &mut tx,
+            "job = ANY($1) AND name IN ('llm', 'tool', 'reply', 'flow', 'flow_change', 'screen')
+             AND NOT output ? 'erased'",
+            &[job.to_owned()],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(n)
+    }
+}
+
 /// Takes the locks a history write of `users`' rows and `messages` takes ([`history_locks`]).
 async fn history_lock(
     tx: &mut PgConnection,

@@ -71,6 +71,27 @@ impl Pg {
         }))
     }
 
+    /// Read when a message is about to be delivered, in one statement: whether a moderator has paused
+    /// the conversation, and whether a tombstone now stops it (one of `messages` deleted, or `user`
+    /// erased, while the turn waited on the model).
+    pub(crate) async fn before_delivery(
+        &self,
+        conversation: &str,
+        user: &str,
+        messages: &[String],
+    ) -> Result<(bool, bool), StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT coalesce((SELECT paused FROM takeovers WHERE conversation_id = $1), false),
+                    EXISTS (SELECT 1 FROM tombstones
+                            WHERE (kind = 'user' AND id = $2) OR (kind = 'message' AND id = ANY($3)))",
+        )
+        .bind(conversation)
+        .bind(user)
+        .bind(messages)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// Whether a moderator has paused the conversation now.
     pub async fn paused(&self, conversation: &str) -> Result<bool, StoreError> {
         Ok(self.takeover(conversation).await?.is_some_and(|t| t.paused))

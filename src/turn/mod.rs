@@ -553,10 +553,19 @@ impl Turns {
                     self.outgoing(a, speaker, said).await
                 }))
                 .await?;
-            // Read when the message is about to be written: a pause holds on every worker at once.
-            if plan.fixed != Some(Fixed::Crisis)
-                && Box::pin(self.pg.paused(&a.ids.conversation)).await?
-            {
+            // Read when the message is about to be written: a pause holds on every worker at once, and
+            // a deletion that came while the model answered stops it.
+            let answered: Vec<String> = a.answered(&burst).into_iter().map(|m| m.message).collect();
+            let (paused, gone) = Box::pin(self.pg.before_delivery(
+                &a.ids.conversation,
+                &a.ids.user,
+                &answered,
+            ))
+            .await?;
+            if gone && plan.fixed != Some(Fixed::Crisis) {
+                return Box::pin(self.deleted_meanwhile(job, a)).await;
+            }
+            if plan.fixed != Some(Fixed::Crisis) && paused {
                 return match a.kind {
                     // News is not held for later: a follow-up is simply not sent.
                     Kind::FollowUp { .. } => Box::pin(self.drop(job, a, HELD, false)).await,
@@ -908,6 +917,20 @@ impl Turns {
 
     /// No message, on purpose: the job ends `dropped` with the reason (the user's message kept in
     /// history when `keep`).
+    /// The job's message was deleted (or its user erased) while the model answered: nothing more is
+    /// written or published, the job ends dropped, and then what its steps recorded of the message is
+    /// scrubbed (after the job's last records are written: a deletion that committed before this read
+    /// scrubbed what was recorded then, and this scrubs the rest).
+    async fn deleted_meanwhile(&self, job: &Job, a: &Admitted<'_>) -> Result<Settled, TurnError> {
+        let settled = self.drop(job, a, DELETED, false).await?;
+        let scrubbed = self.memory.scrub_job(job.id()).await?;
+        info!(
+            scrubbed,
+            "deleted while the model answered: nothing written"
+        );
+        Ok(settled)
+    }
+
     async fn drop(
         &self,
         job: &Job,

@@ -6,6 +6,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use companion::testing::journal::State;
 use companion_dev::stub::{self, Responder, StubReply, last_user_text};
 use serde_json::{Value, json};
 
@@ -469,7 +470,11 @@ async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_an
         let reply = base(body);
         let chat = companion_dev::memory_rules::answer(body).is_none();
         match chat && last_user_text(body).contains("4471") {
-            true => StubReply::Delayed(Duration::from_secs(4), Box::new(reply)),
+            // The answer repeats the code, as a model would: its record must not keep it either.
+            true => StubReply::Delayed(
+                Duration::from_secs(4),
+                Box::new(StubReply::text("got it, 4471 is safe with me")),
+            ),
             false => reply,
         }
     });
@@ -501,8 +506,22 @@ async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_an
     )
     .await;
     env.drained(Drained::Signals).await;
-    env.settled(&e.message_id).await;
+    let record = env.settled(&e.message_id).await;
+    assert_eq!(
+        (record.state, record.reason.as_deref()),
+        (State::Dropped, Some("deleted")),
+        "{record:?}"
+    );
     env.drained(Drained::Signals).await;
+    assert!(
+        env.replies_to(&e.message_id).await.is_empty(),
+        "no reply is written to a deleted message"
+    );
+    assert!(
+        traces(&env, "4471").await.is_empty(),
+        "{:?}",
+        traces(&env, "4471").await
+    );
     let history: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM bot_conversations WHERE content ILIKE '%4471%' OR message_id = $1",
     )
@@ -522,6 +541,75 @@ async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_an
     let prompt = prompt_for(&env, "what's a good first trick");
     assert!(!prompt.is_empty());
     assert!(!prompt.contains("4471"), "in a later prompt: {prompt}");
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_user_erased_while_their_turn_waits_on_the_model_leaves_nothing_in_the_rows_or_the_streams()
+ {
+    let base = model();
+    let slow: Responder = Arc::new(move |body: &Value| {
+        let reply = base(body);
+        let chat = companion_dev::memory_rules::answer(body).is_none();
+        match chat && last_user_text(body).contains("4471") {
+            true => StubReply::Delayed(
+                Duration::from_secs(4),
+                Box::new(StubReply::text("got it, 4471 is safe with me")),
+            ),
+            false => reply,
+        }
+    });
+    let mut env = TestEnv::with(slow, |c| {
+        c.memory.extract_after = 1;
+        c.memory.quiet_secs = 3600;
+    })
+    .await;
+    env.start_worker().await;
+    let e = env
+        .dm(JESS, KAORI, JESS_KAORI, "my locker code is 4471")
+        .await;
+    env.publish(&e).await;
+    let waiting = eventually(Duration::from_secs(30), || async {
+        env.stub
+            .requests()
+            .iter()
+            .any(|b| last_user_text(b).contains("4471"))
+    })
+    .await;
+    assert!(waiting, "the turn asked the model");
+    env.signal("user_erased", JESS, "erase-during", "").await;
+    env.drained(Drained::Signals).await;
+    let record = env.settled(&e.message_id).await;
+    assert_eq!(
+        (record.state, record.reason.as_deref()),
+        (State::Dropped, Some("deleted")),
+        "{record:?}"
+    );
+    env.drained(Drained::Inbound).await;
+    assert!(
+        traces(&env, "4471").await.is_empty(),
+        "{:?}",
+        traces(&env, "4471").await
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM bot_conversations WHERE user_id = $1")
+        .bind(JESS)
+        .fetch_one(&env.pg.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "history rows of the erased user");
+    let out = env
+        .bus
+        .js
+        .get_stream(&env.bus.names.stream_out)
+        .await
+        .unwrap();
+    let completion = out
+        .get_last_raw_message_by_subject(&env.bus.names.outbound(JESS_KAORI))
+        .await;
+    assert!(
+        completion.is_err(),
+        "a completion reached the outbound stream after the erasure"
+    );
     env.finish().await;
 }
 
