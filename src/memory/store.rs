@@ -12,7 +12,10 @@ use pgvector::Vector;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, Row};
 
-use super::{Memory, MemoryError, Topic};
+use super::{
+    Memory, MemoryError, Topic,
+    topic::{self, Named},
+};
 
 /// Cosine similarity from which two facts of a topic say the same thing.
 pub(crate) const DUPLICATE_SIMILARITY: f32 = 0.85;
@@ -207,9 +210,11 @@ impl Memory {
         Ok(rows.iter().map(fact_of).collect())
     }
 
-    /// The facts of (user, bot) that `about` names: the same words in them, or an embedding at least
-    /// `similarity` close (the closest one from `floor` when none is that close). Removes them in `tx` and
-    /// returns them.
+    /// Removes the facts of (user, bot) that `about` names and returns them: a topic named alone ("my
+    /// stance", "my goals") removes every fact of that topic; otherwise the facts that hold every
+    /// content word of it ("that I ride goofy" → "rides goofy"); failing those, the facts at least
+    /// `similarity` close to its embedding, or the closest one if at least `floor` close. None may
+    /// match: the caller says so.
     pub(crate) async fn forget(
         tx: &mut PgConnection,
         user: &str,
@@ -219,28 +224,36 @@ impl Memory {
         similarity: f32,
         floor: f32,
     ) -> Result<Vec<Fact>, MemoryError> {
+        one_writer(tx, user, bot).await?;
         let vector = embedding.map(|e| Vector::from(e.to_vec()));
         let sql = format!(
-            "WITH scored AS (
-                SELECT id, (char_length($3) >= 3 AND lower(fact) LIKE '%' || lower($3) || '%') AS says,
-                       CASE WHEN $4::vector IS NULL OR embedding IS NULL THEN 0
-                            ELSE 1 - (embedding <=> $4::vector) END AS score
-                FROM memory_facts WHERE user_id = $1 AND bot_id = $2),
-             best AS (SELECT id FROM scored WHERE score >= $6 ORDER BY score DESC LIMIT 1),
-             doomed AS (
-                SELECT id FROM scored WHERE says OR score >= $5
-                UNION SELECT id FROM best
-                WHERE NOT EXISTS (SELECT 1 FROM scored WHERE says OR score >= $5))
-             DELETE FROM memory_facts WHERE id IN (SELECT id FROM doomed)
+            "SELECT {FACT_COLUMNS},
+                    CASE WHEN $3::vector IS NULL OR embedding IS NULL THEN 0
+                         ELSE 1 - (embedding <=> $3::vector) END AS score
+             FROM memory_facts WHERE user_id = $1 AND bot_id = $2"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(user)
+            .bind(bot)
+            .bind(&vector)
+            .fetch_all(&mut *tx)
+            .await?;
+        let scored: Vec<(Fact, f64)> = rows
+            .iter()
+            .map(|r| (fact_of(r), r.get::<f64, _>("score")))
+            .collect();
+        let doomed = chosen(about, &scored, f64::from(similarity), f64::from(floor));
+        if doomed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "DELETE FROM memory_facts WHERE user_id = $1 AND bot_id = $2 AND id = ANY($3)
              RETURNING {FACT_COLUMNS}"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(user)
             .bind(bot)
-            .bind(like_literal(about.trim()))
-            .bind(&vector)
-            .bind(f64::from(similarity))
-            .bind(f64::from(floor))
+            .bind(&doomed)
             .fetch_all(&mut *tx)
             .await?;
         Ok(rows.iter().map(fact_of).collect())
@@ -290,9 +303,36 @@ async fn trim(
     Ok(())
 }
 
-/// `text` with LIKE's wildcards taken literally.
-fn like_literal(text: &str) -> String {
-    text.replace('\\', "\\\\")
-        .replace('%', "\\%")
-        .replace('_', "\\_")
+/// The ids of the facts `about` names among `scored` (each with its similarity to `about`); see
+/// [`Memory::forget`].
+fn chosen(about: &str, scored: &[(Fact, f64)], similarity: f64, floor: f64) -> Vec<String> {
+    let ids = |keep: &dyn Fn(&(Fact, f64)) -> bool| -> Vec<String> {
+        scored
+            .iter()
+            .filter(|f| keep(f))
+            .map(|(f, _)| f.id.clone())
+            .collect()
+    };
+    match topic::named(about) {
+        Named::Topic(t) => ids(&|(f, _)| f.topic == t),
+        Named::Words(words) => {
+            let said = ids(&|(f, _)| {
+                let has = topic::content_words(&f.fact);
+                !words.is_empty() && words.iter().all(|w| has.contains(w))
+            });
+            if !said.is_empty() {
+                return said;
+            }
+            let close = ids(&|(_, score)| *score >= similarity);
+            if !close.is_empty() {
+                return close;
+            }
+            scored
+                .iter()
+                .filter(|(_, score)| *score >= floor)
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|(f, _)| vec![f.id.clone()])
+                .unwrap_or_default()
+        }
+    }
 }

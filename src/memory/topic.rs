@@ -231,3 +231,154 @@ mod tests {
         assert_eq!(Topic::parse("weather"), None);
     }
 }
+
+/// What a request to forget names: a topic alone ("my stance", "what I told you about my goals"), or the
+/// words of a fact ("that I ride goofy"), as stemmed content words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Named {
+    Topic(Topic),
+    Words(Vec<String>),
+}
+
+/// Words that carry nothing of what is to be forgotten ("forget what I told you about my …").
+const FILLER: &[&str] = &[
+    "a",
+    "about",
+    "all",
+    "an",
+    "and",
+    "any",
+    "anything",
+    "are",
+    "bout",
+    "could",
+    "do",
+    "ever",
+    "everything",
+    "for",
+    "forget",
+    "from",
+    "had",
+    "has",
+    "have",
+    "her",
+    "his",
+    "i",
+    "i'd",
+    "i'm",
+    "i've",
+    "info",
+    "information",
+    "is",
+    "it",
+    "just",
+    "know",
+    "me",
+    "mentioned",
+    "my",
+    "of",
+    "on",
+    "please",
+    "pls",
+    "remember",
+    "said",
+    "say",
+    "stuff",
+    "tell",
+    "that",
+    "the",
+    "their",
+    "them",
+    "they",
+    "thing",
+    "things",
+    "to",
+    "told",
+    "user",
+    "user's",
+    "users",
+    "was",
+    "were",
+    "what",
+    "you",
+    "your",
+];
+
+/// The words that name each topic on their own.
+fn named_topic(word: &str) -> Option<Topic> {
+    Some(match word {
+        "name" | "called" => Topic::Name,
+        "level" | "skill" => Topic::Level,
+        "stance" | "footed" => Topic::Stance,
+        "home" | "park" | "spot" | "local" => Topic::HomeSpot,
+        "sport" => Topic::Sport,
+        "goal" | "aim" | "plan" | "target" => Topic::Goal,
+        "injury" | "injured" | "hurt" => Topic::Injury,
+        "gear" | "setup" | "equipment" => Topic::Gear,
+        "like" | "favorite" | "favourite" => Topic::Like,
+        "fear" | "scared" | "afraid" => Topic::Fear,
+        _ => return None,
+    })
+}
+
+/// A word, lower case, without a plural or third-person `s` ("rides" → "ride", "injuries" →
+/// "injury"), so "I ride goofy" meets "rides goofy".
+pub(crate) fn stem(word: &str) -> String {
+    let w = word.to_lowercase();
+    if let Some(base) = w.strip_suffix("ies").filter(|b| b.len() >= 2) {
+        return format!("{base}y");
+    }
+    match w.strip_suffix('s') {
+        Some(base) if base.len() >= 3 && !base.ends_with('s') => base.to_owned(),
+        _ => w,
+    }
+}
+
+/// The stemmed content words of `text`.
+pub(crate) fn content_words(text: &str) -> Vec<String> {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '\''))
+        .map(|w| w.trim_matches('\'').to_lowercase())
+        .filter(|w| !w.is_empty() && !FILLER.contains(&w.as_str()))
+        .map(|w| stem(&w))
+        .collect()
+}
+
+/// What `about` names: a topic when every content word names the same one, else its content words.
+pub(crate) fn named(about: &str) -> Named {
+    let words = content_words(about);
+    let topics: Vec<Option<Topic>> = words.iter().map(|w| named_topic(w)).collect();
+    match topics.first() {
+        Some(Some(t)) if topics.iter().all(|x| *x == Some(*t)) => Named::Topic(*t),
+        _ => Named::Words(words),
+    }
+}
+
+#[cfg(test)]
+mod forget_tests {
+    use super::*;
+
+    #[test]
+    fn a_topic_named_alone_is_the_topic_and_a_fact_is_its_words() {
+        for about in [
+            "my stance",
+            "what I told you about my stance",
+            "the user's stance",
+            "stance",
+        ] {
+            assert_eq!(named(about), Named::Topic(Topic::Stance), "{about}");
+        }
+        assert_eq!(named("my goals"), Named::Topic(Topic::Goal));
+        assert_eq!(named("my home park"), Named::Topic(Topic::HomeSpot));
+        assert_eq!(named("my injuries"), Named::Topic(Topic::Injury));
+        assert_eq!(
+            named("that I ride goofy"),
+            Named::Words(vec!["ride".into(), "goofy".into()])
+        );
+        assert_eq!(
+            named("that I want to learn a kickflip"),
+            Named::Words(vec!["want".into(), "learn".into(), "kickflip".into()])
+        );
+        assert_eq!(stem("rides"), "ride");
+        assert_eq!(stem("glass"), "glass");
+    }
+}

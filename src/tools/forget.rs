@@ -1,6 +1,7 @@
 //! `forget`: the user asks the companion to forget something. Removes the facts (of this user with this
-//! companion) that match what the user names, by meaning (embedding similarity) and by words, and says
-//! which it removed. A journal step keyed by the call (`forget`) does it in its transaction, so a retried
+//! companion) that match what the user names: a topic named alone ("my stance") by topic, a fact by its
+//! words, else by meaning (embedding similarity); and says which it removed, or, when none matched, that
+//! nothing was forgotten and what is remembered. A journal step keyed by the call (`forget`) does it in its transaction, so a retried
 //! turn removes nothing more and answers the same.
 
 use schemars::JsonSchema;
@@ -72,9 +73,27 @@ impl Tool for Forget {
                 (tx, r)
             })
             .await?;
+        if !removed.is_empty() {
+            return Ok(ToolOutput::data(json!({
+                "forgotten": removed,
+                "count": removed.len(),
+            })));
+        }
+        // Nothing matched: say so, with what is remembered, so the model asks which one the user means
+        // instead of answering as if it had forgotten.
+        let remembered: Vec<_> = memory
+            .facts(&ctx.user.to_hex(), Some(&ctx.bot.to_hex()))
+            .await
+            .map_err(memory_error)?
+            .into_iter()
+            .map(|f| json!({ "topic": f.topic.as_str(), "fact": f.fact }))
+            .collect();
         Ok(ToolOutput::data(json!({
-            "forgotten": removed,
-            "count": removed.len(),
+            "forgotten": [],
+            "count": 0,
+            "note": "Nothing remembered matches that, so nothing was forgotten. Tell the user so; if one of \
+                     the remembered facts may be what they mean, ask which.",
+            "remembered": remembered,
         })))
     }
 }

@@ -226,6 +226,122 @@ async fn remember_is_in_the_next_prompt_and_forget_removes_it() {
     env.finish().await;
 }
 
+/// Jess's facts with Kaori, sorted.
+async fn kept(env: &TestEnv) -> Vec<String> {
+    let mut f: Vec<String> = facts(env, JESS).await.into_iter().map(|(_, f)| f).collect();
+    f.sort();
+    f
+}
+
+/// Jess's facts with Kaori, replaced by: the stance, the home spot, two goals and a fear.
+async fn seed_facts(env: &TestEnv) {
+    use companion::testing::memory::{How, Memory, NewFact, Topic};
+    sqlx::query("DELETE FROM memory_facts WHERE user_id = $1")
+        .bind(JESS)
+        .execute(&env.pg.pool)
+        .await
+        .unwrap();
+    let now = chrono::Utc::now();
+    let mut tx = env.pg.pool.begin().await.unwrap();
+    for (n, (topic, fact)) in [
+        (Topic::Stance, "rides goofy"),
+        (Topic::HomeSpot, "home park is glenhaven"),
+        (Topic::Goal, "wants to learn a kickflip"),
+        (Topic::Goal, "wants to land a tre flip this summer"),
+        (Topic::Fear, "scared of dropping in"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let new = NewFact {
+            id: format!("seed-{n}"),
+            topic,
+            fact: fact.into(),
+            sources: vec![],
+            how: How::Remembered,
+            said_at: now,
+        };
+        Memory::keep(&mut tx, JESS, KAORI, &new, None, 50)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn forget_finds_a_topic_named_alone_or_a_fact_by_its_words_and_says_when_nothing_matches() {
+    let env = memory_env(100).await;
+    let without = |gone: &[&str]| -> Vec<String> {
+        [
+            "rides goofy",
+            "home park is glenhaven",
+            "wants to learn a kickflip",
+            "wants to land a tre flip this summer",
+            "scared of dropping in",
+        ]
+        .into_iter()
+        .filter(|f| !gone.contains(f))
+        .map(str::to_owned)
+        .collect()
+    };
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    for asked in [
+        "forget my stance",
+        "forget what i told you about my stance",
+        "forget that i ride goofy",
+    ] {
+        seed_facts(&env).await;
+        say(&env, asked).await;
+        let result = last_tool_result(&env.stub);
+        assert_eq!(
+            result["forgotten"],
+            json!(["rides goofy"]),
+            "{asked}: {result}"
+        );
+        assert_eq!(
+            kept(&env).await,
+            sorted(without(&["rides goofy"])),
+            "{asked}"
+        );
+    }
+
+    seed_facts(&env).await;
+    say(&env, "forget my goals").await;
+    let result = last_tool_result(&env.stub);
+    assert_eq!(result["count"], 2, "{result}");
+    assert_eq!(
+        kept(&env).await,
+        sorted(without(&[
+            "wants to learn a kickflip",
+            "wants to land a tre flip this summer"
+        ]))
+    );
+
+    seed_facts(&env).await;
+    say(&env, "forget my cat").await;
+    let result = last_tool_result(&env.stub);
+    assert_eq!(result["count"], 0, "{result}");
+    assert!(
+        result["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("nothing was forgotten")),
+        "{result}"
+    );
+    let listed: Vec<&str> = result["remembered"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["fact"].as_str())
+        .collect();
+    assert_eq!(listed.len(), 5, "what is remembered is listed: {result}");
+    assert!(listed.contains(&"rides goofy"));
+    assert_eq!(kept(&env).await.len(), 5, "nothing was removed");
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn a_superseding_fact_replaces_the_old_one_whether_remembered_or_learned() {
     let env = memory_env(1).await;
