@@ -1,4 +1,5 @@
-//! Removing a user's messages from the streams when the user is erased (see `memory::erase`): a DM
+//! Removing a deleted message's event from the streams by its sequence, and a user's messages when the
+//! user is erased (see `memory::erase`): a DM
 //! conversation's subjects hold only that user's messages and the companion's answers, so they are
 //! purged; a group message is deleted by its sequence; a dead letter of a group message is found by its
 //! sender. The worker's NATS user needs `$JS.API.STREAM.PURGE` and `$JS.API.STREAM.MSG.DELETE` on the
@@ -61,6 +62,31 @@ impl Bus {
     /// Deletes every dead letter whose event was sent by `user` (`senderId` of the original JSON), and its
     /// original in the inbound stream.
     pub(crate) async fn delete_dead_letters_of(&self, user: &str) -> Result<u64, BusError> {
+        self.delete_dead_letters_with(&format!("\"senderId\":\"{user}\""))
+            .await
+    }
+
+    /// Deletes one event, a deleted message: message `seq` of the inbound stream when known, and its dead
+    /// letter (`messageId` of the original JSON) with the original, if it has one. Returns the messages
+    /// removed.
+    pub(crate) async fn delete_event(
+        &self,
+        message: &str,
+        seq: Option<u64>,
+    ) -> Result<u64, BusError> {
+        let mut n = match seq {
+            Some(seq) if seq > 0 => self.delete_inbound(seq).await?,
+            _ => 0,
+        };
+        n += self
+            .delete_dead_letters_with(&format!("\"messageId\":\"{message}\""))
+            .await?;
+        Ok(n)
+    }
+
+    /// Deletes every dead letter whose original JSON (whitespace aside) contains `needle`, and its
+    /// original in the inbound stream.
+    async fn delete_dead_letters_with(&self, needle: &str) -> Result<u64, BusError> {
         use async_nats::jetstream::stream::DirectGetErrorKind;
         let name = self.names.stream_dlq.clone();
         let mut stream = self.stream(&name).await?;
@@ -72,7 +98,6 @@ impl Bus {
         if info.state.messages == 0 {
             return Ok(0);
         }
-        let needle = format!("\"senderId\":\"{user}\"");
         let mut n = 0;
         let mut seq = first;
         let mut read = 0;
@@ -91,7 +116,7 @@ impl Bus {
                 .chars()
                 .filter(|c| !c.is_whitespace())
                 .collect();
-            if compact.contains(&needle) {
+            if compact.contains(needle) {
                 // The original too, when it is still in the inbound stream (an event dead-lettered before
                 // any job was opened for it, e.g. a malformed one, is found only this way).
                 let original = (

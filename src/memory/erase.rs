@@ -1,7 +1,7 @@
 //! Deletion that really deletes, on signals from TB-Backend (docs/memory.md, docs/tb-backend.md):
 //!
 //! - `<prefix>.signal.message_deleted.<messageId>`: the message and the companion's reply to it leave
-//!   the history; facts whose only source it was go; the answering turn's recorded outputs (the model's
+//!   the history, and its event the inbound and dead-letter streams (by its sequence); facts whose only source it was go; the answering turn's recorded outputs (the model's
 //!   answers, tool calls, the reply) are scrubbed; a summary written from it is rebuilt.
 //! - `<prefix>.signal.memory_cleared.<userId>` (body `{"userId", "botId"?}`): facts and summaries go, the
 //!   account and the history stay (extraction does not read the old messages again).
@@ -206,7 +206,16 @@ impl Memory {
         )
         .await?;
         let extraction_scrubbed = scrub_extractions(&mut tx, &owners, message).await?;
+        // Where its event is in the inbound stream (its own job's sequence; a burst's later message has
+        // a covered job of its own).
+        let seq: Option<i64> = sqlx::query_scalar("SELECT stream_seq FROM jobs WHERE id = $1")
+            .bind(message)
+            .fetch_optional(&mut *tx)
+            .await?
+            .flatten();
         tx.commit().await?;
+        // After the commit: a redelivery the stream makes meanwhile finds the tombstone.
+        let events = bus.delete_event(message, seq.map(|s| s as u64)).await?;
         for (user, bot) in &rebuilt {
             self.signal_now(bus, user, bot, &format!("rebuild:{message}"))
                 .await?;
@@ -216,6 +225,7 @@ impl Memory {
             facts,
             summaries: rebuilt.len() as u64,
             scrubbed_steps: scrubbed + extraction_scrubbed,
+            stream_messages: events,
             ..Removed::default()
         })
     }

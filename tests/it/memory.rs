@@ -748,6 +748,28 @@ async fn a_deleted_message_leaves_no_trace_within_60_s_and_a_replay_brings_nothi
         facts(&env, JESS).await,
         [("fear".into(), "is scared of dropping in".into())]
     );
+    // Its event is gone from the inbound stream too (by its sequence).
+    let seq = env
+        .journal()
+        .get(&deleted)
+        .await
+        .unwrap()
+        .and_then(|j| j.stream_seq)
+        .expect("the job knows its event's sequence");
+    let inbound = env
+        .bus
+        .js
+        .get_stream(&env.bus.names.stream_in)
+        .await
+        .unwrap();
+    let deleted_at = eventually(Duration::from_secs(30), || async {
+        inbound.get_raw_message(seq).await.is_err()
+    })
+    .await;
+    assert!(
+        deleted_at,
+        "the deleted message's event is still in the inbound stream"
+    );
     say(&env, "where should i skate today?").await;
     assert!(!prompt_for(&env, "where should i skate today?").contains("burnside"));
 
