@@ -205,6 +205,7 @@ impl Memory {
             &answering,
         )
         .await?;
+        let blanked = blank_burst(&mut tx, &answering, Some(message)).await?;
         let extraction_scrubbed = scrub_extractions(&mut tx, &owners, message).await?;
         // Where its event is in the inbound stream (its own job's sequence; a burst's later message has
         // a covered job of its own).
@@ -224,7 +225,7 @@ impl Memory {
             history_rows: history,
             facts,
             summaries: rebuilt.len() as u64,
-            scrubbed_steps: scrubbed + extraction_scrubbed,
+            scrubbed_steps: scrubbed + blanked + extraction_scrubbed,
             stream_messages: events,
             ..Removed::default()
         })
@@ -453,9 +454,34 @@ impl Memory {
             &[job.to_owned()],
         )
         .await?;
+        let blanked = blank_burst(&mut tx, &[job.to_owned()], None).await?;
         tx.commit().await?;
-        Ok(n)
+        Ok(n + blanked)
     }
+}
+
+/// Blanks the words of `message` (every message, with none) in the `burst` steps of `jobs`: the later
+/// messages a turn answered together, each with its text. The rest of the record stays, so a replay of
+/// the turn still reads it.
+async fn blank_burst(
+    tx: &mut PgConnection,
+    jobs: &[String],
+    message: Option<&str>,
+) -> Result<u64, MemoryError> {
+    Ok(sqlx::query(
+        r#"UPDATE job_steps SET output = jsonb_set(output, '{covers}', (
+               SELECT coalesce(jsonb_agg(CASE WHEN $2::text IS NULL OR c ->> 'messageId' = $2
+                                              THEN c || '{"content": "", "images": []}'::jsonb
+                                              ELSE c END ORDER BY n), '[]'::jsonb)
+               FROM jsonb_array_elements(output -> 'covers') WITH ORDINALITY AS e(c, n)))
+           WHERE job = ANY($1) AND name = 'burst' AND jsonb_typeof(output -> 'covers') = 'array'
+             AND jsonb_array_length(output -> 'covers') > 0"#,
+    )
+    .bind(jobs)
+    .bind(message)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected())
 }
 
 /// Takes the locks a history write of `users`' rows and `messages` takes ([`history_locks`]).

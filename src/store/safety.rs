@@ -92,6 +92,19 @@ impl Pg {
         .await?)
     }
 
+    /// The position in `messages` of the first one deleted (a tombstone), if any.
+    pub(crate) async fn first_deleted(
+        &self,
+        messages: &[String],
+    ) -> Result<Option<usize>, StoreError> {
+        let gone: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM tombstones WHERE kind = 'message' AND id = ANY($1)")
+                .bind(messages)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(messages.iter().position(|m| gone.contains(m)))
+    }
+
     /// Whether a moderator has paused the conversation now.
     pub async fn paused(&self, conversation: &str) -> Result<bool, StoreError> {
         Ok(self.takeover(conversation).await?.is_some_and(|t| t.paused))

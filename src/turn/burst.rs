@@ -101,6 +101,13 @@ impl Turns {
                 candidates.push((covered.message_id.clone(), covered));
             }
         }
+        // A later message already deleted ends the burst before it: its own delivery finds the tombstone.
+        if !candidates.is_empty() {
+            let ids: Vec<String> = candidates.iter().map(|(id, _)| id.clone()).collect();
+            if let Some(at) = self.pg.first_deleted(&ids).await? {
+                candidates.truncate(at);
+            }
+        }
         let jobs: Vec<NewJob<'_>> = candidates
             .iter()
             .map(|(id, c)| NewJob {

@@ -917,12 +917,14 @@ impl Turns {
 
     /// No message, on purpose: the job ends `dropped` with the reason (the user's message kept in
     /// history when `keep`).
-    /// The job's message was deleted (or its user erased) while the model answered: nothing more is
-    /// written or published, the job ends dropped, and then what its steps recorded of the message is
-    /// scrubbed (after the job's last records are written: a deletion that committed before this read
-    /// scrubbed what was recorded then, and this scrubs the rest).
+    /// The job's message, or one of its burst, was deleted (or its user erased) while the model
+    /// answered: no reply is written or published (it was built on the deleted words), the job ends
+    /// dropped, and then what its steps recorded is scrubbed (after the job's last records are written:
+    /// a deletion that committed before this read scrubbed what was recorded then, and this scrubs the
+    /// rest). The message itself stays in the history when it was not the one deleted (the history write
+    /// leaves out what was).
     async fn deleted_meanwhile(&self, job: &Job, a: &Admitted<'_>) -> Result<Settled, TurnError> {
-        let settled = self.drop(job, a, DELETED, false).await?;
+        let settled = self.drop(job, a, DELETED, true).await?;
         let scrubbed = self.memory.scrub_job(job.id()).await?;
         info!(
             scrubbed,

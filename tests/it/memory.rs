@@ -661,6 +661,81 @@ async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_an
 }
 
 #[tokio::test]
+async fn a_burst_follower_deleted_while_the_turn_waits_on_the_model_is_in_no_history_and_no_later_prompt()
+ {
+    let base = model();
+    let slow: Responder = Arc::new(move |body: &Value| {
+        let reply = base(body);
+        let chat = companion_dev::memory_rules::answer(body).is_none();
+        let asked = body["messages"].to_string();
+        match chat && asked.contains("4471") {
+            true => StubReply::Delayed(
+                Duration::from_secs(4),
+                Box::new(StubReply::text("got it, 4471 is safe with me")),
+            ),
+            false => reply,
+        }
+    });
+    let mut env = TestEnv::with(slow, |c| {
+        c.memory.extract_after = 100;
+        c.memory.quiet_secs = 3600;
+    })
+    .await;
+    // Both in the stream before a worker runs: one turn answers them together.
+    let head = env.dm(JESS, KAORI, JESS_KAORI, "hey quick thing").await;
+    let follower = env
+        .dm(JESS, KAORI, JESS_KAORI, "my locker code is 4471")
+        .await;
+    env.publish(&head).await;
+    env.publish(&follower).await;
+    env.start_worker().await;
+    let waiting = eventually(Duration::from_secs(30), || async {
+        env.stub
+            .requests()
+            .iter()
+            .any(|b| b["messages"].to_string().contains("4471"))
+    })
+    .await;
+    assert!(waiting, "the burst's turn asked the model");
+    env.signal(
+        "message_deleted",
+        &follower.message_id,
+        &format!("del-{}", follower.message_id),
+        "",
+    )
+    .await;
+    env.drained(Drained::Signals).await;
+    let record = env.settled(&head.message_id).await;
+    assert_eq!(
+        (record.state, record.reason.as_deref()),
+        (State::Dropped, Some("deleted")),
+        "{record:?}"
+    );
+    env.drained(Drained::Inbound).await;
+    assert!(
+        traces(&env, "4471").await.is_empty(),
+        "{:?}",
+        traces(&env, "4471").await
+    );
+    assert!(
+        env.replies_to(&head.message_id).await.is_empty(),
+        "no reply built on the deleted words"
+    );
+    let kept: Vec<String> =
+        sqlx::query_scalar("SELECT content FROM bot_conversations WHERE user_id = $1 ORDER BY id")
+            .bind(JESS)
+            .fetch_all(&env.pg.pool)
+            .await
+            .unwrap();
+    assert_eq!(kept, ["hey quick thing"], "the head stays in the history");
+    say(&env, "what's a good first trick").await;
+    let prompt = prompt_for(&env, "what's a good first trick");
+    assert!(!prompt.is_empty());
+    assert!(!prompt.contains("4471"), "in a later prompt: {prompt}");
+    env.finish().await;
+}
+
+#[tokio::test]
 async fn a_user_erased_while_their_turn_waits_on_the_model_leaves_nothing_in_the_rows_or_the_streams()
  {
     let base = model();
