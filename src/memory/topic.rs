@@ -232,6 +232,39 @@ mod tests {
     }
 }
 
+/// A remembered statement as facts of one topic each: "rides goofy and home park is Glenhaven" is two,
+/// so forgetting one leaves the other. Split at ";", "," and " and " only when two parts name different
+/// topics; a part of no topic stays with the one before it ("home park is Glenhaven and Burnside").
+pub(crate) fn one_topic_each(statement: &str) -> Vec<(Topic, String)> {
+    let parts: Vec<&str> = statement
+        .split(';')
+        .flat_map(|p| p.split(','))
+        .flat_map(|p| p.split(" and "))
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    let mut facts: Vec<(Topic, String)> = Vec::new();
+    for part in parts {
+        let topic = topic_of(part);
+        match facts.last_mut() {
+            Some((t, text)) if topic == Topic::Other || topic == *t => {
+                text.push_str(" and ");
+                text.push_str(part);
+            }
+            _ => facts.push((topic, part.to_owned())),
+        }
+    }
+    let topics: std::collections::HashSet<Topic> = facts
+        .iter()
+        .map(|(t, _)| *t)
+        .filter(|t| *t != Topic::Other)
+        .collect();
+    match topics.len() >= 2 {
+        true => facts,
+        false => vec![(topic_of(statement), statement.trim().to_owned())],
+    }
+}
+
 /// What a request to forget names: a topic alone ("my stance", "what I told you about my goals"), or the
 /// words of a fact ("that I ride goofy"), as stemmed content words.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -377,6 +410,27 @@ mod forget_tests {
         assert_eq!(
             named("that I want to learn a kickflip"),
             Named::Words(vec!["want".into(), "learn".into(), "kickflip".into()])
+        );
+        assert_eq!(
+            one_topic_each("rides goofy and home park is Glenhaven"),
+            [
+                (Topic::Stance, "rides goofy".to_owned()),
+                (Topic::HomeSpot, "home park is Glenhaven".to_owned())
+            ]
+        );
+        assert_eq!(
+            one_topic_each("home park is Glenhaven and Burnside"),
+            [(
+                Topic::HomeSpot,
+                "home park is Glenhaven and Burnside".to_owned()
+            )]
+        );
+        assert_eq!(
+            one_topic_each("wants to learn kickflips, heelflips and shuvits"),
+            [(
+                Topic::Goal,
+                "wants to learn kickflips, heelflips and shuvits".to_owned()
+            )]
         );
         assert_eq!(stem("rides"), "ride");
         assert_eq!(stem("glass"), "glass");

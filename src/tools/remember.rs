@@ -68,44 +68,64 @@ impl Tool for Remember {
                 (retry_after_secs + 3599) / 3600
             )));
         }
-        let new = NewFact {
-            id: memory::extract::fact_id(&ctx.call_key, 0),
-            topic: memory::topic::topic_of(&fact),
-            fact: fact.clone(),
-            sources: vec![ctx.message_id.to_hex()],
-            how: How::Remembered,
-            said_at: ctx.now,
-        };
-        let recorded = ctx
-            .job
-            .recorded::<Kept>(names::step::REMEMBER, &ctx.call_key)
-            .is_some();
-        let embedding = match recorded {
-            true => None,
-            false => memory.embed(&fact).await.map_err(memory_error)?,
-        };
+        // One fact per topic ("rides goofy and home park is …" is two), each its own step.
+        let parts = memory::topic::one_topic_each(&fact);
         let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
         let max = memory.config.max_facts;
-        let kept: Kept = ctx
-            .job
-            .step(names::step::REMEMBER, &ctx.call_key)
-            .run_in_tx(|mut tx| async move {
-                let r = Memory::keep(&mut tx, &user, &bot, &new, embedding.as_deref(), max)
-                    .await
-                    .map_err(memory_error);
-                (tx, r)
-            })
-            .await?;
-        if kept.stale {
+        let mut remembered = Vec::with_capacity(parts.len());
+        for (n, (topic, text)) in parts.into_iter().enumerate() {
+            // The first part keeps the call's own key, as a single fact always had.
+            let key = match n {
+                0 => ctx.call_key.clone(),
+                n => format!("{}.{n}", ctx.call_key),
+            };
+            let new = NewFact {
+                id: memory::extract::fact_id(&ctx.call_key, n),
+                topic,
+                fact: text.clone(),
+                sources: vec![ctx.message_id.to_hex()],
+                how: How::Remembered,
+                said_at: ctx.now,
+            };
+            let recorded = ctx
+                .job
+                .recorded::<Kept>(names::step::REMEMBER, &key)
+                .is_some();
+            let embedding = match recorded {
+                true => None,
+                false => memory.embed(&text).await.map_err(memory_error)?,
+            };
+            let (user, bot) = (&user, &bot);
+            let kept: Kept = ctx
+                .job
+                .step(names::step::REMEMBER, &key)
+                .run_in_tx(|mut tx| async move {
+                    let r = Memory::keep(&mut tx, user, bot, &new, embedding.as_deref(), max)
+                        .await
+                        .map_err(memory_error);
+                    (tx, r)
+                })
+                .await?;
+            remembered.push((topic, text, kept));
+        }
+        if remembered.iter().all(|(_, _, k)| k.stale) {
             return Err(ToolError::Forbidden(
                 "the user said something newer about this that is kept instead".into(),
             ));
         }
-        Ok(ToolOutput::data(json!({
-            "remembered": fact,
-            "topic": memory::topic::topic_of(&fact).as_str(),
-            "replaced": kept.replaced.len(),
-        })))
+        if let [(topic, text, kept)] = remembered.as_slice() {
+            return Ok(ToolOutput::data(json!({
+                "remembered": text,
+                "topic": topic.as_str(),
+                "replaced": kept.replaced.len(),
+            })));
+        }
+        let facts: Vec<_> = remembered
+            .iter()
+            .filter(|(_, _, k)| !k.stale)
+            .map(|(t, text, k)| json!({ "fact": text, "topic": t.as_str(), "replaced": k.replaced.len() }))
+            .collect();
+        Ok(ToolOutput::data(json!({ "remembered": facts })))
     }
 }
 

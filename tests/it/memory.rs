@@ -343,6 +343,46 @@ async fn forget_finds_a_topic_named_alone_or_a_fact_by_its_words_and_says_when_n
 }
 
 #[tokio::test]
+async fn a_remembered_statement_with_two_topics_is_two_facts_and_forgetting_one_keeps_the_other() {
+    let base = model();
+    let two: Responder = Arc::new(move |body: &Value| {
+        let last = last_message(body);
+        if last["role"] == "user" && last_user_text(body).contains("remember that i ride goofy") {
+            return StubReply::tool(
+                "remember",
+                json!({ "fact": "rides goofy and home park is glenhaven" }),
+            );
+        }
+        base(body)
+    });
+    let mut env = TestEnv::with(two, |c| {
+        c.memory.extract_after = 100;
+        c.memory.quiet_secs = 3600;
+    })
+    .await;
+    env.start_worker().await;
+    say(
+        &env,
+        "remember that i ride goofy and my home park is glenhaven",
+    )
+    .await;
+    let result = last_tool_result(&env.stub);
+    assert_eq!(
+        result["remembered"].as_array().map(Vec::len),
+        Some(2),
+        "{result}"
+    );
+    assert_eq!(
+        kept(&env).await,
+        ["home park is glenhaven", "rides goofy"],
+        "one fact per topic"
+    );
+    say(&env, "forget my stance").await;
+    assert_eq!(kept(&env).await, ["home park is glenhaven"]);
+    env.finish().await;
+}
+
+#[tokio::test]
 async fn a_superseding_fact_replaces_the_old_one_whether_remembered_or_learned() {
     let env = memory_env(1).await;
     say(&env, "remember i ride goofy").await;
