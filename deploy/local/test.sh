@@ -117,9 +117,22 @@ cargo clippy --workspace --all-targets "${quiet[@]}" -- -D warnings
 phase "cargo clippy -D warnings, feature otel"
 cargo clippy --features otel --lib --bins --test it "${quiet[@]}" -- -D warnings
 status=0
+# What the tests write to the temp folder (worker logs, throwaway stacks, certificates, bench runs) goes
+# into one folder of it, removed after a passing run with the per-test databases; a failing run keeps both
+# for a look and says where. (A short path: the throwaway stacks' PostgreSQL sockets live under it.)
+SYSTEM_TMP="${TMPDIR:-/tmp}"
+TEST_TMP="$(mktemp -d "$SYSTEM_TMP/companion-test.XXXXXX")"
+export TMPDIR="$TEST_TMP"
 phase "cargo test (unit tests and the integration tests against the stack)"
 cargo_test cargo test --workspace --all-targets --no-fail-fast || status=$?
 phase "cargo test, feature otel"
 cargo_test cargo test --features otel --test it otel:: || status=$?
+export TMPDIR="$SYSTEM_TMP"
+if [[ "$status" -eq 0 ]]; then
+  rm -rf -- "$TEST_TMP"
+  deploy/local/stack.sh sweep || true
+else
+  printf '[test] kept for a look: the tests'"'"' temporary files in %s, and their databases (deploy/local/stack.sh sweep drops them)\n' "$TEST_TMP"
+fi
 phase "done, exit $status"
 exit "$status"

@@ -417,6 +417,30 @@ pub fn card_lines(card: &serde_json::Value, raw: bool) -> Vec<String> {
                 link(data)
             )]
         }
+        "crisis_resources" => {
+            // Each line as the app's card lists it: whom to reach, how, when, and what it costs.
+            let lines = data.get("lines").and_then(Value::as_array);
+            let reach = |v: &Value| {
+                let mut how: Vec<String> = Vec::new();
+                if let Some(p) = text(v, "phone") {
+                    how.push(format!("call {p}"));
+                }
+                if let Some(t) = text(v, "text") {
+                    how.push(format!("text {t}"));
+                }
+                if let Some(u) = text(v, "url") {
+                    how.push(u);
+                }
+                let mut parts = vec![name(v)];
+                parts.extend(how);
+                parts.extend(["hours", "cost"].iter().filter_map(|k| text(v, k)));
+                format!("🆘 {}", parts.join(" · "))
+            };
+            match lines {
+                Some(lines) if !lines.is_empty() => lines.iter().map(reach).collect(),
+                _ => vec!["🆘 (no lines)".into()],
+            }
+        }
         "spot_draft_confirmation" => {
             let status = match text(data, "status").as_deref() {
                 Some("pending_approval") => "waiting for a moderator".to_owned(),
@@ -691,6 +715,16 @@ mod tests {
             card_lines(&draft, false),
             ["📝 New Spot · waiting for a moderator"]
         );
+        let crisis = json!({"type": "crisis_resources", "data": {"lang": "en", "country": "US",
+            "lines": [{"name": "988 Suicide & Crisis Lifeline", "phone": "988", "text": "988",
+                       "url": "https://988lifeline.org", "kind": "crisis", "hours": "24/7", "cost": "free"}]}});
+        assert_eq!(
+            card_lines(&crisis, false),
+            [
+                "🆘 988 Suicide & Crisis Lifeline · call 988 · text 988 · https://988lifeline.org · 24/7 · free"
+            ]
+        );
+        assert!(card_lines(&crisis, true)[0].starts_with("[crisis_resources] {"));
         assert!(card_lines(&list, true)[0].starts_with("[tricklist_card] {"));
         let odd = json!({"type": "poll", "data": {"q": 1}});
         assert_eq!(card_lines(&odd, false), [r#"[poll] {"q":1}"#]);
