@@ -564,13 +564,15 @@ impl Shared {
                 Some((crate::turn::takeover::KIND, _)) => {
                     Box::pin(turns.takeover(msg.subject.as_str(), &msg.payload)).await
                 }
+                Some((kind @ crate::memory::KIND, id)) => {
+                    Box::pin(turns.memory_signal(kind, id, &msg.payload)).await
+                }
                 Some((
-                    kind @ (crate::memory::KIND
-                    | crate::memory::erase::MESSAGE_DELETED
+                    kind @ (crate::memory::erase::MESSAGE_DELETED
                     | crate::memory::erase::MEMORY_CLEARED
                     | crate::memory::erase::USER_ERASED),
                     id,
-                )) => Box::pin(turns.memory_signal(kind, id, &msg.payload)).await,
+                )) => Box::pin(turns.deletion_signal(kind, id, &msg.payload, seq)).await,
                     _ => Box::pin(turns.handle(&input, Some(&delivery))).await.map(drop),
                 }
             };

@@ -77,6 +77,13 @@ pub(crate) mod step {
     pub(crate) const MEMORY_FACTS: &str = "memory_facts";
     /// The rolling summary, written in its transaction with its cursor.
     pub(crate) const MEMORY_SUMMARY: &str = "memory_summary";
+    /// A deletion's transaction (`message_deleted`, `memory_cleared`, `user_erased`): the tombstone and
+    /// every row it removes or scrubs, with this record (counts, never text). Keyed once.
+    pub(crate) const ERASE: &str = "erase";
+    /// A deletion's removal of messages from the streams, after its transaction. Keyed once.
+    pub(crate) const ERASE_STREAMS: &str = "erase_streams";
+    /// A `message_deleted`'s signals to rebuild the summaries it was in. Keyed once.
+    pub(crate) const REBUILD: &str = "rebuild";
 }
 
 /// Tallies: limits every worker counts against together (`job_steps.tally`).

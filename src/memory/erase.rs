@@ -13,12 +13,38 @@
 //! a redelivery or a replay cannot bring anything back. Each handler is idempotent: a repeat finds
 //! nothing more to remove. The crisis counts (`crisis_log`) hold no ids and stay.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use tracing::info;
 
 use super::{Memory, MemoryError};
-use crate::{bus::Bus, store::pg::history_locks};
+use crate::{
+    bus::Bus,
+    journal::{
+        Finish, Journal, NewJob, State,
+        names::{key, step},
+    },
+    store::pg::history_locks,
+};
+
+/// The `erase` step of a `message_deleted` job, recorded in the transaction that deleted: what it
+/// removed, and what the later steps act on.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct MessageErased {
+    removed: Removed,
+    /// Where its event is in the inbound stream.
+    seq: Option<u64>,
+    /// (user, companion) pairs whose summary it was in: rebuilt.
+    rebuilt: Vec<(String, String)>,
+}
+
+/// The `erase` step of a `user_erased` job: what its transaction removed, and where the user's messages
+/// are in the streams (kind, `conversation|bot`, group message sequence).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct UserErased {
+    removed: Removed,
+    subjects: Vec<(String, String, Option<i64>)>,
+}
 
 /// The signal kinds handled here.
 pub(crate) const MESSAGE_DELETED: &str = "message_deleted";
@@ -40,8 +66,8 @@ pub(crate) struct Probe {
     pub(crate) waiting: i64,
 }
 
-/// What a deletion removed, for the log and the tests.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a deletion removed (counts, never text): the log, and the record of its job's steps.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Removed {
     pub(crate) history_rows: u64,
     pub(crate) facts: u64,
@@ -108,278 +134,349 @@ impl Memory {
         })
     }
 
-    /// Acts on a deletion signal of `kind` about `id`.
+    /// Acts on a deletion signal of `kind` about `id`, the stream's message `seq`: a job of the journal
+    /// (`<kind>:<id>:<seq>`) whose steps each run once, whatever is redelivered or killed between them;
+    /// its row, `done`, with the counts its steps recorded, is the record of the deletion.
     pub(crate) async fn on_signal(
         &self,
+        journal: &Journal,
         bus: &Bus,
         kind: &str,
         id: &str,
         payload: &[u8],
+        seq: u64,
     ) -> Result<Removed, MemoryError> {
         if !hex24(id) {
             return Err(MemoryError::Invalid(format!("`{id}` is not a 24-hex id")));
         }
-        let removed = match kind {
-            MESSAGE_DELETED => self.delete_message(bus, id).await?,
-            MEMORY_CLEARED => {
-                let bot = match payload.iter().all(u8::is_ascii_whitespace) {
-                    true => None,
-                    false => {
-                        let c: Cleared = serde_json::from_slice(payload).map_err(|e| {
-                            MemoryError::Invalid(format!("not a memory_cleared body: {e}"))
-                        })?;
-                        if c.user_id != id {
-                            return Err(MemoryError::Invalid(format!(
-                                "userId {} does not match the subject's {id}",
-                                c.user_id
-                            )));
-                        }
-                        if let Some(b) = c.bot_id.as_deref().filter(|b| !hex24(b)) {
-                            return Err(MemoryError::Invalid(format!(
-                                "botId `{b}` is not a 24-hex id"
-                            )));
-                        }
-                        c.bot_id
-                    }
-                };
-                self.clear(id, bot.as_deref()).await?
-            }
-            USER_ERASED => self.erase_user(bus, id).await?,
+        let bot = match kind {
+            MEMORY_CLEARED => cleared_bot(id, payload)?,
+            MESSAGE_DELETED | USER_ERASED => None,
             other => {
                 return Err(MemoryError::Invalid(format!(
                     "unknown signal kind `{other}`"
                 )));
             }
         };
-        info!(kind, id, ?removed, "deletion carried out");
+        let job_id = format!("{kind}:{id}:{seq}");
+        let user = match kind {
+            MESSAGE_DELETED => "",
+            _ => id,
+        };
+        let job = journal
+            .open(&NewJob {
+                id: &job_id,
+                kind,
+                user,
+                bot: bot.as_deref().unwrap_or_default(),
+                conversation: "",
+                stream_seq: Some(seq),
+            })
+            .await?;
+        if job.record.state.is_settled() {
+            info!(kind, id, job = %job_id, "deletion already carried out");
+            return Ok(Removed::default());
+        }
+        let removed = match kind {
+            MESSAGE_DELETED => {
+                let erased: MessageErased = job
+                    .step(step::ERASE, key::ONCE)
+                    .run_in_tx(|mut tx| async move {
+                        let r = delete_message_in(&mut tx, id).await;
+                        (tx, r)
+                    })
+                    .await?;
+                // After the commit: a redelivery the stream makes meanwhile finds the tombstone.
+                let events: u64 = job
+                    .step(step::ERASE_STREAMS, key::ONCE)
+                    .run(async { Ok::<_, MemoryError>(bus.delete_event(id, erased.seq).await?) })
+                    .await?;
+                job.step(step::REBUILD, key::ONCE)
+                    .run(async {
+                        for (user, bot) in &erased.rebuilt {
+                            self.signal_now(bus, user, bot, &format!("rebuild:{id}"))
+                                .await?;
+                        }
+                        Ok::<_, MemoryError>(())
+                    })
+                    .await?;
+                Removed {
+                    stream_messages: events,
+                    ..erased.removed
+                }
+            }
+            MEMORY_CLEARED => {
+                let bot = bot.as_deref();
+                job.step(step::ERASE, key::ONCE)
+                    .run_in_tx(|mut tx| async move {
+                        let r = clear_in(&mut tx, id, bot).await;
+                        (tx, r)
+                    })
+                    .await?
+            }
+            _ => {
+                let erased: UserErased = job
+                    .step(step::ERASE, key::ONCE)
+                    .run_in_tx(|mut tx| async move {
+                        let r = erase_user_in(&mut tx, id).await;
+                        (tx, r)
+                    })
+                    .await?;
+                let events: u64 = job
+                    .step(step::ERASE_STREAMS, key::ONCE)
+                    .run(async { erase_from_streams(bus, id, &erased.subjects).await })
+                    .await?;
+                Removed {
+                    stream_messages: events,
+                    ..erased.removed
+                }
+            }
+        };
+        job.finish(State::Done, Finish::default()).await?;
+        info!(kind, id, job = %job_id, ?removed, "deletion carried out");
         Ok(removed)
     }
+}
 
-    /// `message_deleted`: see the module documentation.
-    pub(crate) async fn delete_message(
-        &self,
-        bus: &Bus,
-        message: &str,
-    ) -> Result<Removed, MemoryError> {
-        let mut tx = self.pool.begin().await?;
-        // After a history write of this message that holds the lock has committed (its rows are deleted
-        // below), or before one (it sees the tombstone and writes nothing of it).
-        history_lock(&mut tx, &[], &[message]).await?;
-        tombstone(&mut tx, "message", message).await?;
-        let (answering, replies) = answered_by(&mut tx, message).await?;
-        let mut doomed = replies.clone();
-        doomed.push(message.to_owned());
-        let owners: Vec<(String, String)> = sqlx::query_as(
-            "SELECT DISTINCT user_id, bot_id FROM bot_conversations WHERE message_id = $1",
-        )
-        .bind(message)
-        .fetch_all(&mut *tx)
-        .await?;
-        let history = sqlx::query("DELETE FROM bot_conversations WHERE message_id = ANY($1)")
-            .bind(&doomed)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        sqlx::query(
-            "UPDATE memory_facts SET sources = array_remove(sources, $1) WHERE sources @> ARRAY[$1]",
-        )
-        .bind(message)
+/// `message_deleted`'s transaction (see the module documentation): the tombstone first, under the
+/// history lock of the message.
+async fn delete_message_in(
+    tx: &mut PgConnection,
+    message: &str,
+) -> Result<MessageErased, MemoryError> {
+    // After a history write of this message that holds the lock has committed (its rows are deleted
+    // below), or before one (it sees the tombstone and writes nothing of it).
+    history_lock(tx, &[], &[message]).await?;
+    tombstone(tx, "message", message).await?;
+    let (answering, replies) = answered_by(tx, message).await?;
+    let mut doomed = replies.clone();
+    doomed.push(message.to_owned());
+    let owners: Vec<(String, String)> = sqlx::query_as(
+        "SELECT DISTINCT user_id, bot_id FROM bot_conversations WHERE message_id = $1",
+    )
+    .bind(message)
+    .fetch_all(&mut *tx)
+    .await?;
+    let history = sqlx::query("DELETE FROM bot_conversations WHERE message_id = ANY($1)")
+        .bind(&doomed)
         .execute(&mut *tx)
-        .await?;
-        let facts = sqlx::query("DELETE FROM memory_facts WHERE sources = '{}'")
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        // A summary written from it is rebuilt from what is left.
-        let rebuilt: Vec<(String, String)> = sqlx::query_as(
-            "UPDATE memory_state SET summary = '', summarized_through = 0, summary_sources = '{}',
-                    updated_at = now()
-             WHERE summary_sources @> ARRAY[$1] RETURNING user_id, bot_id",
-        )
+        .await?
+        .rows_affected();
+    sqlx::query(
+        "UPDATE memory_facts SET sources = array_remove(sources, $1) WHERE sources @> ARRAY[$1]",
+    )
+    .bind(message)
+    .execute(&mut *tx)
+    .await?;
+    let facts = sqlx::query("DELETE FROM memory_facts WHERE sources = '{}'")
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    // A summary written from it is rebuilt from what is left.
+    let rebuilt: Vec<(String, String)> = sqlx::query_as(
+        "UPDATE memory_state SET summary = '', summarized_through = 0, summary_sources = '{}',
+                updated_at = now()
+         WHERE summary_sources @> ARRAY[$1] RETURNING user_id, bot_id",
+    )
+    .bind(message)
+    .fetch_all(&mut *tx)
+    .await?;
+    let scrubbed = scrub(
+        tx,
+        "job = ANY($1) AND name IN ('llm', 'tool', 'reply', 'flow', 'flow_change')",
+        &answering,
+    )
+    .await?;
+    let blanked = blank_burst(tx, &answering, Some(message)).await?;
+    let extraction_scrubbed = scrub_extractions(tx, &owners, message).await?;
+    // Where its event is in the inbound stream (its own job's sequence; a burst's later message has a
+    // covered job of its own).
+    let seq: Option<i64> = sqlx::query_scalar("SELECT stream_seq FROM jobs WHERE id = $1")
         .bind(message)
-        .fetch_all(&mut *tx)
-        .await?;
-        let scrubbed = scrub(
-            &mut tx,
-            "job = ANY($1) AND name IN ('llm', 'tool', 'reply', 'flow', 'flow_change')",
-            &answering,
-        )
-        .await?;
-        let blanked = blank_burst(&mut tx, &answering, Some(message)).await?;
-        let extraction_scrubbed = scrub_extractions(&mut tx, &owners, message).await?;
-        // Where its event is in the inbound stream (its own job's sequence; a burst's later message has
-        // a covered job of its own).
-        let seq: Option<i64> = sqlx::query_scalar("SELECT stream_seq FROM jobs WHERE id = $1")
-            .bind(message)
-            .fetch_optional(&mut *tx)
-            .await?
-            .flatten();
-        tx.commit().await?;
-        // After the commit: a redelivery the stream makes meanwhile finds the tombstone.
-        let events = bus.delete_event(message, seq.map(|s| s as u64)).await?;
-        for (user, bot) in &rebuilt {
-            self.signal_now(bus, user, bot, &format!("rebuild:{message}"))
-                .await?;
-        }
-        Ok(Removed {
+        .fetch_optional(&mut *tx)
+        .await?
+        .flatten();
+    Ok(MessageErased {
+        removed: Removed {
             history_rows: history,
             facts,
             summaries: rebuilt.len() as u64,
             scrubbed_steps: scrubbed + blanked + extraction_scrubbed,
-            stream_messages: events,
             ..Removed::default()
-        })
-    }
+        },
+        seq: seq.map(|s| s as u64),
+        rebuilt,
+    })
+}
 
-    /// `memory_cleared`: facts and summaries of the user (with one companion, or all), and the extraction
-    /// answers that named them. Under memory's lock of each (user, companion), both cursors move to the
-    /// newest history row: nothing said before the clear is learned or summarised after it, and an
-    /// extraction already waiting on the model finds its cursor moved and writes nothing.
-    pub(crate) async fn clear(
-        &self,
-        user: &str,
-        bot: Option<&str>,
-    ) -> Result<Removed, MemoryError> {
-        let mut tx = self.pool.begin().await?;
-        let mut bots: Vec<String> = match bot {
-            Some(b) => vec![b.to_owned()],
-            None => {
-                sqlx::query_scalar(
-                    "SELECT bot_id FROM bot_conversations WHERE user_id = $1 AND NOT group_chat
-                     UNION SELECT bot_id FROM memory_state WHERE user_id = $1
-                     UNION SELECT bot_id FROM memory_facts WHERE user_id = $1",
-                )
-                .bind(user)
-                .fetch_all(&mut *tx)
-                .await?
-            }
-        };
-        bots.sort();
-        bots.dedup();
-        for b in &bots {
-            super::store::one_writer(&mut tx, user, b).await?;
+/// `memory_cleared`: facts and summaries of the user (with one companion, or all), and the extraction
+/// answers that named them. Under memory's lock of each (user, companion), both cursors move to the
+/// newest history row: nothing said before the clear is learned or summarised after it, and an
+/// extraction already waiting on the model finds its cursor moved and writes nothing.
+async fn clear_in(
+    tx: &mut PgConnection,
+    user: &str,
+    bot: Option<&str>,
+) -> Result<Removed, MemoryError> {
+    let mut bots: Vec<String> = match bot {
+        Some(b) => vec![b.to_owned()],
+        None => {
+            sqlx::query_scalar(
+                "SELECT bot_id FROM bot_conversations WHERE user_id = $1 AND NOT group_chat
+                 UNION SELECT bot_id FROM memory_state WHERE user_id = $1
+                 UNION SELECT bot_id FROM memory_facts WHERE user_id = $1",
+            )
+            .bind(user)
+            .fetch_all(&mut *tx)
+            .await?
         }
-        sqlx::query(
-            "INSERT INTO memory_state (user_id, bot_id, extracted_through, summarized_through)
-             SELECT $1, b.bot, n.newest, n.newest
-             FROM unnest($2::text[]) AS b(bot),
-                  LATERAL (SELECT coalesce(max(id), 0) AS newest FROM bot_conversations
-                           WHERE user_id = $1 AND bot_id = b.bot AND NOT group_chat) n
-             ON CONFLICT (user_id, bot_id) DO UPDATE
-                SET extracted_through = greatest(memory_state.extracted_through,
-                                                 EXCLUDED.extracted_through),
-                    summarized_through = greatest(memory_state.summarized_through,
-                                                  EXCLUDED.summarized_through),
-                    updated_at = now()",
-        )
-        .bind(user)
-        .bind(&bots)
-        .execute(&mut *tx)
-        .await?;
-        let facts = sqlx::query(
-            "DELETE FROM memory_facts WHERE user_id = $1 AND ($2::text IS NULL OR bot_id = $2)",
-        )
-        .bind(user)
-        .bind(bot)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        let summaries = sqlx::query(
-            "UPDATE memory_state SET summary = '', summary_sources = '{}', updated_at = now()
-             WHERE user_id = $1 AND ($2::text IS NULL OR bot_id = $2) AND summary <> ''",
-        )
-        .bind(user)
-        .bind(bot)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        let scrubbed = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE job_steps SET output = {SCRUB}
-             WHERE job IN (SELECT id FROM jobs WHERE kind = 'memory' AND user_id = $1
-                           AND ($2::text IS NULL OR bot_id = $2))
-               AND name IN ('llm', 'memory_facts') AND NOT output ? 'erased'"
-        )))
-        .bind(user)
-        .bind(bot)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        tx.commit().await?;
-        Ok(Removed {
-            facts,
-            summaries,
-            scrubbed_steps: scrubbed,
-            ..Removed::default()
-        })
+    };
+    bots.sort();
+    bots.dedup();
+    for b in &bots {
+        super::store::one_writer(tx, user, b).await?;
     }
+    sqlx::query(
+        "INSERT INTO memory_state (user_id, bot_id, extracted_through, summarized_through)
+         SELECT $1, b.bot, n.newest, n.newest
+         FROM unnest($2::text[]) AS b(bot),
+              LATERAL (SELECT coalesce(max(id), 0) AS newest FROM bot_conversations
+                       WHERE user_id = $1 AND bot_id = b.bot AND NOT group_chat) n
+         ON CONFLICT (user_id, bot_id) DO UPDATE
+            SET extracted_through = greatest(memory_state.extracted_through,
+                                             EXCLUDED.extracted_through),
+                summarized_through = greatest(memory_state.summarized_through,
+                                              EXCLUDED.summarized_through),
+                updated_at = now()",
+    )
+    .bind(user)
+    .bind(&bots)
+    .execute(&mut *tx)
+    .await?;
+    let facts = sqlx::query(
+        "DELETE FROM memory_facts WHERE user_id = $1 AND ($2::text IS NULL OR bot_id = $2)",
+    )
+    .bind(user)
+    .bind(bot)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    let summaries = sqlx::query(
+        "UPDATE memory_state SET summary = '', summary_sources = '{}', updated_at = now()
+         WHERE user_id = $1 AND ($2::text IS NULL OR bot_id = $2) AND summary <> ''",
+    )
+    .bind(user)
+    .bind(bot)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    let scrubbed = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE job_steps SET output = {SCRUB}
+         WHERE job IN (SELECT id FROM jobs WHERE kind = 'memory' AND user_id = $1
+                       AND ($2::text IS NULL OR bot_id = $2))
+           AND name IN ('llm', 'memory_facts') AND NOT output ? 'erased'"
+    )))
+    .bind(user)
+    .bind(bot)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    Ok(Removed {
+        facts,
+        summaries,
+        scrubbed_steps: scrubbed,
+        ..Removed::default()
+    })
+}
 
-    /// `user_erased`: see the module documentation. The PostgreSQL part commits first (with the
-    /// tombstone), then the streams: a failure there is retried by the signal's redelivery, and a repeat
-    /// of the first part finds nothing more.
-    pub(crate) async fn erase_user(&self, bus: &Bus, user: &str) -> Result<Removed, MemoryError> {
-        let mut tx = self.pool.begin().await?;
-        history_lock(&mut tx, &[user], &[]).await?;
-        tombstone(&mut tx, "user", user).await?;
-        // Where the user's messages are in the inbound stream: their DM conversations' subjects, and the
-        // sequence of each group message they sent.
-        let subjects: Vec<(String, String, Option<i64>)> = sqlx::query_as(
-            "SELECT DISTINCT kind, conversation_id || '|' || coalesce(bot_id, ''), stream_seq FROM jobs
-             WHERE user_id = $1 AND kind IN ('turn', 'group')",
-        )
-        .bind(user)
-        .fetch_all(&mut *tx)
-        .await?;
-        let facts = sqlx::query("DELETE FROM memory_facts WHERE user_id = $1")
-            .bind(user)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        let summaries = sqlx::query("DELETE FROM memory_state WHERE user_id = $1")
-            .bind(user)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        let history_rows = sqlx::query("DELETE FROM bot_conversations WHERE user_id = $1")
-            .bind(user)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        let reminders = sqlx::query(
-            "UPDATE reminders SET text = '', state = CASE WHEN state = 'pending' THEN 'cancelled' ELSE state END,
-                    updated_at = now()
-             WHERE user_id = $1 AND text <> ''",
-        )
+/// `user_erased`: see the module documentation. The PostgreSQL part commits first (with the
+/// tombstone), then the streams: a failure there is retried by the signal's redelivery, and a repeat
+/// of the first part finds nothing more.
+async fn erase_user_in(tx: &mut PgConnection, user: &str) -> Result<UserErased, MemoryError> {
+    history_lock(tx, &[user], &[]).await?;
+    tombstone(tx, "user", user).await?;
+    // Where the user's messages are in the inbound stream: their DM conversations' subjects, and the
+    // sequence of each group message they sent.
+    let subjects: Vec<(String, String, Option<i64>)> = sqlx::query_as(
+        "SELECT DISTINCT kind, conversation_id || '|' || coalesce(bot_id, ''), stream_seq FROM jobs
+         WHERE user_id = $1 AND kind IN ('turn', 'group')",
+    )
+    .bind(user)
+    .fetch_all(&mut *tx)
+    .await?;
+    let facts = sqlx::query("DELETE FROM memory_facts WHERE user_id = $1")
         .bind(user)
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        let flows = sqlx::query("DELETE FROM flow_states WHERE user_id = $1")
-            .bind(user)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        let scrubbed_steps = scrub(
-            &mut tx,
-            "job IN (SELECT id FROM jobs WHERE user_id = ANY($1)) AND NOT output ? 'erased'",
-            &[user.to_owned()],
-        )
+    let summaries = sqlx::query("DELETE FROM memory_state WHERE user_id = $1")
+        .bind(user)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    let history_rows = sqlx::query("DELETE FROM bot_conversations WHERE user_id = $1")
+        .bind(user)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    let reminders = sqlx::query(
+        "UPDATE reminders SET text = '', state = CASE WHEN state = 'pending' THEN 'cancelled' ELSE state END,
+                updated_at = now()
+         WHERE user_id = $1 AND text <> ''",
+    )
+    .bind(user)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    let flows = sqlx::query("DELETE FROM flow_states WHERE user_id = $1")
+        .bind(user)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    let scrubbed_steps = scrub(
+        tx,
+        "job IN (SELECT id FROM jobs WHERE user_id = ANY($1)) AND NOT output ? 'erased'",
+        &[user.to_owned()],
+    )
+    .await?;
+    sqlx::query("UPDATE jobs SET last_error = NULL, reason = NULL WHERE user_id = $1")
+        .bind(user)
+        .execute(&mut *tx)
         .await?;
-        sqlx::query("UPDATE jobs SET last_error = NULL, reason = NULL WHERE user_id = $1")
-            .bind(user)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        let stream_messages = erase_from_streams(bus, user, &subjects).await?;
-        Ok(Removed {
+    Ok(UserErased {
+        removed: Removed {
             history_rows,
             facts,
             summaries,
             scrubbed_steps,
             reminders,
             flows,
-            stream_messages,
-        })
+            stream_messages: 0,
+        },
+        subjects,
+    })
+}
+
+/// The companion a `memory_cleared` body names (none: every companion), checked against the subject's
+/// user.
+fn cleared_bot(user: &str, payload: &[u8]) -> Result<Option<String>, MemoryError> {
+    if payload.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
     }
+    let c: Cleared = serde_json::from_slice(payload)
+        .map_err(|e| MemoryError::Invalid(format!("not a memory_cleared body: {e}")))?;
+    if c.user_id != user {
+        return Err(MemoryError::Invalid(format!(
+            "userId {} does not match the subject's {user}",
+            c.user_id
+        )));
+    }
+    if let Some(b) = c.bot_id.as_deref().filter(|b| !hex24(b)) {
+        return Err(MemoryError::Invalid(format!(
+            "botId `{b}` is not a 24-hex id"
+        )));
+    }
+    Ok(c.bot_id)
 }
 
 /// The jobs that answered `message` (its own, or the burst's that covered it) and the ids of their

@@ -440,17 +440,34 @@ impl Turns {
         Ok(self.memory.probe(&a.ids.user, bot, &messages).await?)
     }
 
-    /// A signal of long-term memory: a user's extraction is due (`memory`), or a deletion
-    /// (`message_deleted`, `memory_cleared`, `user_erased`).
-    pub async fn memory_signal(
+    /// A deletion signal (`message_deleted`, `memory_cleared`, `user_erased`) about `id`, the signal
+    /// stream's message `seq`: a journaled job of its own ([`crate::memory::Memory::on_signal`]).
+    pub(crate) async fn deletion_signal(
         &self,
         kind: &str,
         id: &str,
         payload: &[u8],
+        seq: u64,
+    ) -> Result<(), TurnError> {
+        self.memory
+            .on_signal(&self.journal, &self.bus, kind, id, payload, seq)
+            .await?;
+        Ok(())
+    }
+
+    /// A memory signal (`<prefix>.signal.memory.<userId>.<botId>`, its body unused): the extraction
+    /// of what the user said since the last one.
+    pub async fn memory_signal(
+        &self,
+        kind: &str,
+        id: &str,
+        _payload: &[u8],
     ) -> Result<(), TurnError> {
         if kind != crate::memory::KIND {
-            self.memory.on_signal(&self.bus, kind, id, payload).await?;
-            return Ok(());
+            return Err(crate::memory::MemoryError::Invalid(format!(
+                "`{kind}` is a deletion signal: Turns::deletion_signal"
+            ))
+            .into());
         }
         let (user, bot) = id
             .split_once('.')

@@ -962,6 +962,53 @@ async fn memory_cleared_while_an_extraction_waits_on_the_model_leaves_no_fact_an
 }
 
 #[tokio::test]
+async fn a_deletion_is_a_journaled_job_that_finishes_once_when_it_dies_between_two_steps() {
+    let env = TestEnv::with(model(), |c| {
+        c.memory.extract_after = 100;
+        c.memory.quiet_secs = 3600;
+    })
+    .await;
+    let worker = InProcessWorker::start(&env).await;
+    let deleted = say(&env, "my home park is burnside").await;
+    say(&env, "i'm scared of dropping in").await;
+    // The first attempt dies after its transaction committed, before the streams step.
+    companion::testing::fault::panic_at(&format!("message_deleted:{deleted}"), "erase_streams", 1);
+    env.signal("message_deleted", &deleted, &format!("del-{deleted}"), "")
+        .await;
+    env.drained(Drained::Signals).await;
+    let jobs: Vec<(String, String, i32)> = sqlx::query_as(
+        "SELECT id, state, attempts FROM jobs WHERE kind = 'message_deleted' AND id LIKE $1",
+    )
+    .bind(format!("message_deleted:{deleted}:%"))
+    .fetch_all(&env.pg.pool)
+    .await
+    .unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    let (job, state, attempts) = &jobs[0];
+    assert_eq!((state.as_str(), *attempts), ("done", 2), "{jobs:?}");
+    assert_eq!(
+        worker
+            .metric("companion_panics_total{kind=\"signal\"}")
+            .await,
+        Some(1.0)
+    );
+    // Each step once; the transaction's record holds counts, never text.
+    let steps: Vec<(String, Value)> =
+        sqlx::query_as("SELECT name, output FROM job_steps WHERE job = $1 ORDER BY created_at")
+            .bind(job)
+            .fetch_all(&env.pg.pool)
+            .await
+            .unwrap();
+    let names: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["erase", "erase_streams", "rebuild"], "{steps:?}");
+    assert_eq!(steps[0].1["removed"]["history_rows"], 2, "{steps:?}");
+    assert!(!steps[0].1.to_string().contains("burnside"));
+    assert!(traces(&env, "burnside").await.is_empty());
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
 async fn clearing_memory_keeps_the_account_and_does_not_relearn_old_messages() {
     let env = memory_env(1).await;
     say(&env, "my home park is burnside").await;
