@@ -52,24 +52,28 @@ use crate::{
 
 tokio::task_local! {
     /// The step the task's job last started, for the log of a panic caught at the delivery's boundary.
-    static RUNNING: Arc<Mutex<Option<String>>>;
+    static RUNNING: Arc<Mutex<String>>;
 }
 
 /// Runs `work`, noting each step its jobs start; with its output, the last step started (`name:key`),
 /// which names where a panic caught around `work` struck.
 pub(crate) async fn tracing_steps<F: Future>(work: F) -> (F::Output, Option<String>) {
-    let running = Arc::new(Mutex::new(None));
+    let running = Arc::new(Mutex::new(String::new()));
     let out = RUNNING.scope(running.clone(), work).await;
     let last = running.lock().map(|r| r.clone()).unwrap_or_default();
-    (out, last)
+    (out, (!last.is_empty()).then_some(last))
 }
 
 /// A step's body is about to run: noted for [`tracing_steps`], and a fault injected there, if a test
 /// armed one.
 fn starting(job: &str, name: &str, key: &str) {
+    // One buffer per task, rewritten in place: no allocation per step once it is large enough.
     let _ = RUNNING.try_with(|r| {
         if let Ok(mut r) = r.lock() {
-            *r = Some(format!("{name}:{key}"));
+            r.clear();
+            r.push_str(name);
+            r.push(':');
+            r.push_str(key);
         }
     });
     #[cfg(feature = "testing")]

@@ -24,7 +24,7 @@ use crate::{
         Finish, Journal, NewJob, State,
         names::{key, step},
     },
-    store::pg::history_locks,
+    store::pg::lock_history,
 };
 
 /// The `erase` step of a `message_deleted` job, recorded in the transaction that deleted: what it
@@ -246,7 +246,7 @@ async fn delete_message_in(
 ) -> Result<MessageErased, MemoryError> {
     // After a history write of this message that holds the lock has committed (its rows are deleted
     // below), or before one (it sees the tombstone and writes nothing of it).
-    history_lock(tx, &[], &[message]).await?;
+    lock_history(tx, &[], &[message]).await?;
     tombstone(tx, "message", message).await?;
     let (answering, replies) = answered_by(tx, message).await?;
     let mut doomed = replies.clone();
@@ -393,7 +393,7 @@ async fn clear_in(
 /// tombstone), then the streams: a failure there is retried by the signal's redelivery, and a repeat
 /// of the first part finds nothing more.
 async fn erase_user_in(tx: &mut PgConnection, user: &str) -> Result<UserErased, MemoryError> {
-    history_lock(tx, &[user], &[]).await?;
+    lock_history(tx, &[user], &[]).await?;
     tombstone(tx, "user", user).await?;
     // Where the user's messages are in the inbound stream: their DM conversations' subjects, and the
     // sequence of each group message they sent.
@@ -579,21 +579,6 @@ async fn blank_burst(
     .execute(&mut *tx)
     .await?
     .rows_affected())
-}
-
-/// Takes the locks a history write of `users`' rows and `messages` takes ([`history_locks`]).
-async fn history_lock(
-    tx: &mut PgConnection,
-    users: &[&str],
-    messages: &[&str],
-) -> Result<(), MemoryError> {
-    for key in history_locks(users, messages) {
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(&key)
-            .execute(&mut *tx)
-            .await?;
-    }
-    Ok(())
 }
 
 async fn tombstone(tx: &mut PgConnection, kind: &str, id: &str) -> Result<(), MemoryError> {

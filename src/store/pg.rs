@@ -205,7 +205,7 @@ impl Pg {
     }
 
     /// Appends messages; a message already recorded is left as it is. Nothing of a deleted message or
-    /// an erased user is written: under the locks a deletion takes ([`history_locks`]), a user row whose
+    /// an erased user is written: under the locks a deletion takes ([`lock_history`]), a user row whose
     /// message has a tombstone is left out, and so are the companion's rows answering it, and every row
     /// of a user with one. Whichever commits first, the deletion or this write, nothing of it remains.
     pub(crate) async fn append_history(&self, rows: &[NewHistory<'_>]) -> Result<(), StoreError> {
@@ -224,15 +224,8 @@ impl Pg {
             .map(|r| r.message_id)
             .collect();
         let mut tx = self.pool.begin().await?;
-        let mut users: Vec<&str> = rows.iter().map(|r| r.user_id).collect();
-        users.sort_unstable();
-        users.dedup();
-        for key in history_locks(&users, &said) {
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-                .bind(&key)
-                .execute(&mut *tx)
-                .await?;
-        }
+        let users: Vec<&str> = rows.iter().map(|r| r.user_id).collect();
+        lock_history(&mut tx, &users, &said).await?;
         sqlx::query(
             "INSERT INTO bot_conversations
                 (user_id, bot_id, conversation_id, role, content, message_id, tool_calls, created_at,
@@ -266,10 +259,26 @@ impl Pg {
     }
 }
 
-/// The advisory locks that serialise a history write with the deletions of what it writes: one per user
-/// (a `user_erased` takes it) and one per user message (a `message_deleted` takes it), users first, each
-/// in order, so two writers never wait on each other crosswise.
-pub(crate) fn history_locks(users: &[&str], messages: &[&str]) -> Vec<String> {
+/// Takes, in `conn`'s transaction, the advisory locks that serialise a history write with the deletions
+/// of what it writes: one per user (a `user_erased` takes it) and one per user message (a
+/// `message_deleted` takes it).
+pub(crate) async fn lock_history(
+    conn: &mut sqlx::PgConnection,
+    users: &[&str],
+    messages: &[&str],
+) -> Result<(), sqlx::Error> {
+    for key in history_locks(users, messages) {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(&key)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The keys of [`lock_history`]: users first, each in order, so two writers never wait on each other
+/// crosswise.
+fn history_locks(users: &[&str], messages: &[&str]) -> Vec<String> {
     let mut users: Vec<String> = users.iter().map(|u| format!("history:user:{u}")).collect();
     users.sort();
     users.dedup();

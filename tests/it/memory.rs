@@ -617,23 +617,28 @@ async fn kill_9_during_extraction_and_a_replay_of_its_job_leave_no_duplicate() {
     env.finish().await;
 }
 
-#[tokio::test]
-async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_and_no_later_prompt()
-{
-    // The turn of the locker code waits 4 s on the model; memory's own requests do not.
+/// [`model`], with the chat requests `asked` picks (one about the locker code 4471) answered after 4 s
+/// with an answer that repeats the code, as a model would: its record must not keep it either. Memory's
+/// own requests are not slowed.
+fn slow_on_the_code(asked: fn(&Value) -> bool) -> Responder {
     let base = model();
-    let slow: Responder = Arc::new(move |body: &Value| {
-        let reply = base(body);
+    Arc::new(move |body: &Value| {
         let chat = companion_dev::memory_rules::answer(body).is_none();
-        match chat && last_user_text(body).contains("4471") {
-            // The answer repeats the code, as a model would: its record must not keep it either.
+        match chat && asked(body) {
             true => StubReply::Delayed(
                 Duration::from_secs(4),
                 Box::new(StubReply::text("got it, 4471 is safe with me")),
             ),
-            false => reply,
+            false => base(body),
         }
-    });
+    })
+}
+
+#[tokio::test]
+async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_and_no_later_prompt()
+{
+    // The turn of the locker code waits 4 s on the model; memory's own requests do not.
+    let slow = slow_on_the_code(|body| last_user_text(body).contains("4471"));
     let mut env = TestEnv::with(slow, |c| {
         c.memory.extract_after = 1;
         c.memory.quiet_secs = 3600;
@@ -703,19 +708,7 @@ async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_an
 #[tokio::test]
 async fn a_burst_follower_deleted_while_the_turn_waits_on_the_model_is_in_no_history_and_no_later_prompt()
  {
-    let base = model();
-    let slow: Responder = Arc::new(move |body: &Value| {
-        let reply = base(body);
-        let chat = companion_dev::memory_rules::answer(body).is_none();
-        let asked = body["messages"].to_string();
-        match chat && asked.contains("4471") {
-            true => StubReply::Delayed(
-                Duration::from_secs(4),
-                Box::new(StubReply::text("got it, 4471 is safe with me")),
-            ),
-            false => reply,
-        }
-    });
+    let slow = slow_on_the_code(|body| body["messages"].to_string().contains("4471"));
     let mut env = TestEnv::with(slow, |c| {
         c.memory.extract_after = 100;
         c.memory.quiet_secs = 3600;
@@ -778,18 +771,7 @@ async fn a_burst_follower_deleted_while_the_turn_waits_on_the_model_is_in_no_his
 #[tokio::test]
 async fn a_user_erased_while_their_turn_waits_on_the_model_leaves_nothing_in_the_rows_or_the_streams()
  {
-    let base = model();
-    let slow: Responder = Arc::new(move |body: &Value| {
-        let reply = base(body);
-        let chat = companion_dev::memory_rules::answer(body).is_none();
-        match chat && last_user_text(body).contains("4471") {
-            true => StubReply::Delayed(
-                Duration::from_secs(4),
-                Box::new(StubReply::text("got it, 4471 is safe with me")),
-            ),
-            false => reply,
-        }
-    });
+    let slow = slow_on_the_code(|body| last_user_text(body).contains("4471"));
     let mut env = TestEnv::with(slow, |c| {
         c.memory.extract_after = 1;
         c.memory.quiet_secs = 3600;
