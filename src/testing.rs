@@ -24,7 +24,7 @@ pub mod failure {
     pub use crate::failure::{Class, Classify};
 }
 pub mod fault {
-    pub use crate::fault::panic_at;
+    pub use crate::fault::{Pause, panic_at, pause_at};
 }
 pub mod flow {
     pub use crate::flow::Flows;

@@ -2,7 +2,7 @@
 //! user is erased (see `memory::erase`): a DM
 //! conversation's subjects hold only that user's messages and the companion's answers, so they are
 //! purged; a group message is deleted by its sequence; a dead letter of a group message is found by its
-//! sender. The worker's NATS user needs `$JS.API.STREAM.PURGE` and `$JS.API.STREAM.MSG.DELETE` on the
+//! sender; a completion a deletion overtook (see `turn::deliver`) is deleted by its sequence. The worker's NATS user needs `$JS.API.STREAM.PURGE` and `$JS.API.STREAM.MSG.DELETE` on the
 //! inbound, outbound and dead-letter streams, and `$JS.API.DIRECT.GET` on the dead-letter stream
 //! (deploy/nats/auth.conf).
 
@@ -14,14 +14,23 @@ const DLQ_SCAN_MAX: u64 = 100_000;
 impl Bus {
     /// Deletes message `seq` of the inbound stream: 1, or 0 when it is gone already.
     pub(crate) async fn delete_inbound(&self, seq: u64) -> Result<u64, BusError> {
-        let stream = self.stream(&self.names.stream_in).await?;
+        self.delete_seq(&self.names.stream_in, seq).await
+    }
+
+    /// Deletes message `seq` of the outbound stream (a completion a deletion overtook): 1, or 0 when it
+    /// is gone already.
+    pub(crate) async fn delete_outbound(&self, seq: u64) -> Result<u64, BusError> {
+        self.delete_seq(&self.names.stream_out, seq).await
+    }
+
+    async fn delete_seq(&self, name: &str, seq: u64) -> Result<u64, BusError> {
+        let stream = self.stream(name).await?;
         match stream.delete_message(seq).await {
             Ok(true) => Ok(1),
             Ok(false) => Ok(0),
             Err(e) if e.to_string().contains("no message found") => Ok(0),
             Err(e) => Err(BusError::Other(format!(
-                "cannot delete message {seq} of {}: {e}",
-                self.names.stream_in
+                "cannot delete message {seq} of {name}: {e}"
             ))),
         }
     }

@@ -619,12 +619,18 @@ impl Bus {
         Ok(())
     }
 
-    pub(crate) async fn publish_completion(&self, completion: &Completion) -> Result<(), BusError> {
+    /// Publishes a reply's completion; its sequence in the outbound stream (a repeat within the
+    /// duplicate window gets the first one's).
+    pub(crate) async fn publish_completion(
+        &self,
+        completion: &Completion,
+    ) -> Result<u64, BusError> {
         let payload = Bytes::from(serde_json::to_vec(completion)?);
         let subject = self.names.outbound(&completion.conversation_id);
-        self.publish_durable(subject, &completion.message_id, HeaderMap::new(), payload)
+        let ack = self
+            .publish_durable(subject, &completion.message_id, HeaderMap::new(), payload)
             .await?;
-        Ok(())
+        Ok(ack.sequence)
     }
 
     /// Best-effort typing indicator (core NATS, not stored).

@@ -947,6 +947,8 @@ impl Step<'_> {
             return Ok(done);
         }
         starting(job.id(), name, &self.key);
+        #[cfg(feature = "testing")]
+        crate::fault::reached(job.id(), name).await;
         let out = body.await?;
         let value = encode(name, &self.key, &out)?;
         let pending = self.pending(value.clone());

@@ -38,6 +38,9 @@ pub(crate) mod step {
     pub(crate) const HISTORY: &str = "history";
     pub(crate) const TOUCH: &str = "touch";
     pub(crate) const PUBLISH: &str = "publish";
+    /// A message withdrawn after it went out: a deletion committed between the turn's last check and
+    /// the completion (see `turn::deliver`).
+    pub(crate) const WITHDRAW: &str = "withdraw";
     /// A user message the crisis screen flagged: its category and language, and whether a referral is
     /// owed; the yearly report's row is written in its transaction. Keyed by the message.
     pub(crate) const CRISIS: &str = "crisis";

@@ -423,6 +423,19 @@ impl Mongo {
         Ok(names)
     }
 
+    /// Removes a reply this worker wrote (`_id` and sender both its own) that a deletion overtook: it
+    /// answered a message deleted, or a user erased, after the turn's last check. `Ok(false)` when it is
+    /// not there (removed already, or by TB-Backend).
+    pub(crate) async fn withdraw_reply(
+        &self,
+        id: ObjectId,
+        sender: ObjectId,
+    ) -> Result<bool, StoreError> {
+        let filter = doc! { "_id": id, "senderId": sender.to_hex() };
+        let r = self.collection(DM_MESSAGES).delete_one(filter).await?;
+        Ok(r.deleted_count > 0)
+    }
+
     /// Writes the reply; `Ok(false)` when this reply (or another for the same message) is already there.
     pub(crate) async fn insert_reply(&self, reply: &ReplyDoc) -> Result<bool, StoreError> {
         let rich = match &reply.rich_content {

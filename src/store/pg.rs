@@ -254,6 +254,8 @@ impl Pg {
         .bind(&said)
         .execute(&mut *tx)
         .await?;
+        #[cfg(feature = "testing")]
+        crate::fault::reached(&said.join(","), "history:locked").await;
         tx.commit().await?;
         Ok(())
     }

@@ -92,6 +92,26 @@ impl Pg {
         .await?)
     }
 
+    /// Whether `user` is erased or one of `messages` deleted: read again once a message is out (document
+    /// and completion written). A deletion that committed after [`Pg::before_delivery`] is seen here; one
+    /// that commits after this read came after the message was out, like any deletion of a message
+    /// already answered (and an erasure's purge of the streams, which follows its commit, finds the
+    /// completion).
+    pub(crate) async fn tombstoned(
+        &self,
+        user: &str,
+        messages: &[String],
+    ) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM tombstones
+                            WHERE (kind = 'user' AND id = $1) OR (kind = 'message' AND id = ANY($2)))",
+        )
+        .bind(user)
+        .bind(messages)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// The position in `messages` of the first one deleted (a tombstone), if any.
     pub(crate) async fn first_deleted(
         &self,

@@ -2,11 +2,13 @@
 //! the history rows (the user messages it answers, then its own), the conversation's last message, the
 //! completion event (a message private to one user, a referral in a group, skips the shared history
 //! and the preview). Every step is keyed by the message's slot in its reply generation and safe to
-//! repeat (lazy: recorded with the job's next record or its end).
+//! repeat (lazy: recorded with the job's next record or its end). Once it is out, the tombstones are read
+//! again: a deletion that committed after the turn's last check withdraws the document and the completion
+//! (docs/memory.md, "While a turn runs").
 
 use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::{
     Burst, Reply, Said, TurnError, Turns,
@@ -54,7 +56,7 @@ impl Turns {
         slot: Slot,
         burst: &Burst,
         said: &Said,
-    ) -> Result<(), TurnError> {
+    ) -> Result<Delivered, TurnError> {
         let bot = match &said.bot {
             Some(b) => ObjectId::parse_str(b).map_err(|_| TurnError::BadReplyId(b.clone()))?,
             None => a.members[0].bot,
@@ -78,9 +80,9 @@ impl Turns {
             group,
             key: slot.reply(job.record.generation),
         };
-        self.write_reply(job, &out, &said.reply).await?;
-        debug!(reply_id = %said.reply.id, bot = %bot, key = %out.key, "message delivered");
-        Ok(())
+        let delivered = self.write_reply(job, &out, &said.reply).await?;
+        debug!(reply_id = %said.reply.id, bot = %bot, key = %out.key, ?delivered, "message delivered");
+        Ok(delivered)
     }
 
     /// The user's message (and its burst) kept in history without an answer of its own (over the flood
@@ -108,7 +110,7 @@ impl Turns {
         job: &Job,
         out: &Outgoing<'_>,
         reply: &Reply,
-    ) -> Result<(), TurnError> {
+    ) -> Result<Delivered, TurnError> {
         let generation = out.key.as_str();
         let reply_id =
             ObjectId::parse_str(&reply.id).map_err(|_| TurnError::BadReplyId(reply.id.clone()))?;
@@ -168,15 +170,76 @@ impl Turns {
         };
         stage(Stage::Writes, writes).await?;
         let completion = completion_of(out, reply);
-        stage(
+        // `None` when recorded before the sequence was kept.
+        let seq: Option<u64> = stage(
             Stage::Publish,
             job.step(step::PUBLISH, generation).lazy().run(async {
-                self.bus.publish_completion(&completion).await?;
-                Ok::<_, TurnError>(())
+                Ok::<_, TurnError>(Some(self.bus.publish_completion(&completion).await?))
             }),
         )
         .await?;
-        Ok(())
+        if reply.marks.safety.is_some() {
+            // A referral is never withdrawn: it is owed whatever is deleted.
+            return Ok(Delivered::Out);
+        }
+        let (user, answered) = (out.user.to_hex(), out.answers());
+        if !self.pg.tombstoned(&user, &answered).await? {
+            return Ok(Delivered::Out);
+        }
+        let (document, completion) = job
+            .step(step::WITHDRAW, generation)
+            .run(async {
+                let document = self.mongo.withdraw_reply(reply_id, out.bot).await?;
+                let completion = match seq {
+                    Some(seq) => self.bus.delete_outbound(seq).await? > 0,
+                    None => false,
+                };
+                Ok::<_, TurnError>((document, completion))
+            })
+            .await?;
+        self.metrics.inc(WITHDRAWN, "");
+        warn!(
+            reply_id = %reply.id,
+            document,
+            completion,
+            "a deletion came while the message went out: its document and completion are withdrawn"
+        );
+        Ok(Delivered::Withdrawn)
+    }
+}
+
+/// Counts messages withdrawn after they went out, because a deletion committed meanwhile.
+pub(crate) const WITHDRAWN: &str = "companion_replies_withdrawn_total";
+
+/// What became of a message [`Turns::write_reply`] sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Delivered {
+    /// It is out.
+    Out,
+    /// A message it answers was deleted, or its user erased, after the turn's last check: its document
+    /// and completion were removed again, and the turn ends as if the deletion had come first.
+    Withdrawn,
+}
+
+impl Outgoing<'_> {
+    /// The user messages this message answers.
+    fn answers(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .user_rows
+            .iter()
+            .map(|r| r.message_id.to_owned())
+            .chain(self.covers.iter().cloned())
+            .chain(
+                self.in_reply_to
+                    .iter()
+                    .chain(&self.responds_to)
+                    .map(|id| id.to_hex()),
+            )
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 }
 

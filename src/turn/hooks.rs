@@ -292,7 +292,8 @@ impl Turns {
             group,
             key: key::crisis(&key),
         };
-        self.write_reply(job, &out, &reply).await?;
+        // A referral is never withdrawn.
+        let _ = self.write_reply(job, &out, &reply).await?;
         // Fixed before the reply goes on: a crash from here on never sends the referral again.
         job.flush().await?;
         Ok(())

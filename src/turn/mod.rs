@@ -67,6 +67,7 @@ use crate::{
     timing::{Stage, stage},
     tools::ToolError,
 };
+use deliver::Delivered;
 use input::{Admitted, Kind};
 
 /// The kind of a DM turn's job.
@@ -589,7 +590,9 @@ impl Turns {
                     _ => Box::pin(self.hold(job, a, &burst)).await,
                 };
             }
-            Box::pin(self.deliver(job, a, slot, &burst, &line)).await?;
+            if Box::pin(self.deliver(job, a, slot, &burst, &line)).await? == Delivered::Withdrawn {
+                return Box::pin(self.deleted_meanwhile(job, a)).await;
+            }
             said.push(line);
         }
         let state = if plan.busy {
@@ -1093,7 +1096,8 @@ impl Turns {
             said.push(s);
         }
         for (n, s) in said.iter().enumerate() {
-            self.deliver(job, a, plan.slot(n), &burst, s).await?;
+            // A failure line withdrawn (its user erased meanwhile) ends the job failed all the same.
+            let _ = self.deliver(job, a, plan.slot(n), &burst, s).await?;
         }
         let state = match (failed.into_inner(), busy) {
             (true, _) => State::Failed,

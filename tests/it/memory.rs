@@ -826,6 +826,160 @@ async fn a_user_erased_while_their_turn_waits_on_the_model_leaves_nothing_in_the
     env.finish().await;
 }
 
+/// What a turn whose deletion overtook it left: its reply documents, its completions in the outbound
+/// stream, and the history rows of the conversation.
+async fn left_by_turn(env: &TestEnv, message: &str) -> (usize, bool, i64) {
+    let replies = env.replies_to(message).await.len();
+    let out = env
+        .bus
+        .js
+        .get_stream(&env.bus.names.stream_out)
+        .await
+        .unwrap();
+    let completion = out
+        .get_last_raw_message_by_subject(&env.bus.names.outbound(JESS_KAORI))
+        .await
+        .is_ok();
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM bot_conversations WHERE conversation_id = $1")
+            .bind(JESS_KAORI)
+            .fetch_one(&env.pg.pool)
+            .await
+            .unwrap();
+    (replies, completion, rows)
+}
+
+/// A turn held after its last check (`before_delivery`), at the start of its reply's writes, while
+/// `delete` (a `message_deleted` or `user_erased` signal) settles; then let go: it writes the document,
+/// the history (which leaves the deleted rows out) and the completion, reads the tombstone again, and
+/// withdraws the document and the completion.
+async fn overtaken_after_the_last_check(kind: &str) {
+    let env = TestEnv::with(model(), |c| {
+        c.memory.extract_after = 100;
+        c.memory.quiet_secs = 3600;
+    })
+    .await;
+    let worker = InProcessWorker::start(&env).await;
+    let e = env
+        .dm(JESS, KAORI, JESS_KAORI, "my locker code is 4471")
+        .await;
+    let held = companion::testing::fault::pause_at(&e.message_id, "store_reply");
+    env.publish(&e).await;
+    tokio::time::timeout(Duration::from_secs(30), held.reached())
+        .await
+        .expect("the turn reached its reply's writes");
+    let id = match kind {
+        "message_deleted" => e.message_id.clone(),
+        _ => JESS.to_owned(),
+    };
+    env.signal(kind, &id, &format!("del-{id}"), "").await;
+    env.drained(Drained::Signals).await;
+    held.release();
+    let record = env.settled(&e.message_id).await;
+    assert_eq!(
+        (record.state, record.reason.as_deref()),
+        (State::Dropped, Some("deleted")),
+        "{record:?}"
+    );
+    assert_eq!(
+        left_by_turn(&env, &e.message_id).await,
+        (0, false, 0),
+        "(reply documents, a completion, history rows) left after the {kind}"
+    );
+    assert!(
+        traces(&env, "4471").await.is_empty(),
+        "{:?}",
+        traces(&env, "4471").await
+    );
+    let steps: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM job_steps WHERE job = $1 AND name = 'withdraw'")
+            .bind(&e.message_id)
+            .fetch_all(&env.pg.pool)
+            .await
+            .unwrap();
+    assert_eq!(steps, ["withdraw"]);
+    assert_eq!(
+        worker.metric("companion_replies_withdrawn_total").await,
+        Some(1.0)
+    );
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_message_deleted_between_the_turns_last_check_and_its_completion_is_withdrawn() {
+    overtaken_after_the_last_check("message_deleted").await;
+}
+
+#[tokio::test]
+async fn a_user_erased_between_the_turns_last_check_and_its_completion_leaves_nothing() {
+    overtaken_after_the_last_check("user_erased").await;
+}
+
+#[tokio::test]
+async fn a_history_write_paused_between_its_check_and_its_commit_does_not_outlast_the_deletion() {
+    let env = TestEnv::with(model(), |c| {
+        c.memory.extract_after = 100;
+        c.memory.quiet_secs = 3600;
+    })
+    .await;
+    let worker = InProcessWorker::start(&env).await;
+    let e = env
+        .dm(JESS, KAORI, JESS_KAORI, "my locker code is 4471")
+        .await;
+    // Held with its rows inserted and its locks taken, before its commit; and then again before the
+    // completion, so that the deletion (which waits on the lock) commits before the turn's last read.
+    let held = companion::testing::fault::pause_at(&e.message_id, "history:locked");
+    let then = companion::testing::fault::pause_at(&e.message_id, "touch");
+    env.publish(&e).await;
+    tokio::time::timeout(Duration::from_secs(30), held.reached())
+        .await
+        .expect("the history write reached its commit");
+    env.signal(
+        "message_deleted",
+        &e.message_id,
+        &format!("del-{}", e.message_id),
+        "",
+    )
+    .await;
+    // The deletion's transaction waits on the write's lock (not on a timer).
+    let waits = eventually(Duration::from_secs(30), || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+                             AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
+        )
+        .fetch_one(&env.pg.pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    assert!(waits, "the deletion waits on the history write's lock");
+    held.release();
+    tokio::time::timeout(Duration::from_secs(30), then.reached())
+        .await
+        .expect("the turn went on to its completion");
+    env.drained(Drained::Signals).await;
+    then.release();
+    let record = env.settled(&e.message_id).await;
+    assert_eq!(
+        (record.state, record.reason.as_deref()),
+        (State::Dropped, Some("deleted")),
+        "{record:?}"
+    );
+    assert_eq!(
+        left_by_turn(&env, &e.message_id).await,
+        (0, false, 0),
+        "(reply documents, a completion, history rows) left after the deletion"
+    );
+    assert!(
+        traces(&env, "4471").await.is_empty(),
+        "{:?}",
+        traces(&env, "4471").await
+    );
+    worker.stop().await;
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn a_deleted_message_leaves_no_trace_within_60_s_and_a_replay_brings_nothing_back() {
     let env = memory_env(1).await;
@@ -987,6 +1141,79 @@ async fn a_deletion_is_a_journaled_job_that_finishes_once_when_it_dies_between_t
     assert!(!steps[0].1.to_string().contains("burnside"));
     assert!(traces(&env, "burnside").await.is_empty());
     worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn a_deletion_job_killed_9_between_two_steps_finishes_once_after_a_restart() {
+    let env = TestEnv::with(model(), |c| {
+        c.memory.extract_after = 100;
+        c.memory.quiet_secs = 3600;
+        c.consumer.ack_wait_secs = 3;
+    })
+    .await;
+    let first = env.spawn_worker_process(&[]);
+    let deleted = say(&env, "my home park is burnside").await;
+    say(&env, "i'm scared of dropping in").await;
+    drop(first);
+    // This process holds the deletion once its transaction is recorded, before its streams step.
+    let hold = format!("message_deleted:{deleted}@erase_streams");
+    let mut held = env.spawn_worker_process(&[("COMPANION_TEST_HOLD", hold.as_str())]);
+    env.signal("message_deleted", &deleted, &format!("del-{deleted}"), "")
+        .await;
+    let steps_of = |job: String| {
+        let pool = env.pg.pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, Value)>(
+                "SELECT name, output FROM job_steps WHERE job = $1 ORDER BY created_at",
+            )
+            .bind(job)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let job_id = || async {
+        sqlx::query_scalar::<_, String>("SELECT id FROM jobs WHERE id LIKE $1")
+            .bind(format!("message_deleted:{deleted}:%"))
+            .fetch_optional(&env.pg.pool)
+            .await
+            .unwrap()
+    };
+    let erased = eventually(Duration::from_secs(30), || async {
+        match job_id().await {
+            Some(job) => !steps_of(job).await.is_empty(),
+            None => false,
+        }
+    })
+    .await;
+    assert!(erased, "the deletion's transaction was recorded");
+    let at_the_hold = eventually(Duration::from_secs(10), || async {
+        held.log().contains("held for good")
+    })
+    .await;
+    assert!(at_the_hold, "the process is held before its streams step");
+    held.kill().expect("kill -9");
+    let _ = held.wait();
+    let job = job_id().await.expect("the deletion's job");
+    let before: Vec<String> = steps_of(job.clone())
+        .await
+        .into_iter()
+        .map(|s| s.0)
+        .collect();
+    assert_eq!(before, ["erase"], "killed between two steps");
+    let _restarted = env.spawn_worker_process(&[]);
+    let record = env.settled(&job).await;
+    assert_eq!(
+        (record.state, record.attempts),
+        (State::Done, 2),
+        "{record:?}"
+    );
+    let steps = steps_of(job).await;
+    let names: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["erase", "erase_streams", "rebuild"], "{steps:?}");
+    assert_eq!(steps[0].1["removed"]["history_rows"], 2, "{steps:?}");
+    assert!(traces(&env, "burnside").await.is_empty());
     env.finish().await;
 }
 
