@@ -334,7 +334,8 @@ async fn clear_in(
     bots.sort();
     bots.dedup();
     for b in &bots {
-        super::store::one_writer(tx, user, b).await?;
+        // Clearing the memory of a user erased meanwhile finds nothing to clear: the same either way.
+        let _ = super::store::one_writer(tx, user, b).await?;
     }
     sqlx::query(
         "INSERT INTO memory_state (user_id, bot_id, extracted_through, summarized_through)
@@ -542,6 +543,20 @@ impl Memory {
     /// Scrubs the recorded outputs of job `job` that may hold a user's words (the model's answers, tool
     /// calls, the reply, flow steps) to their usage: for a turn that found its message deleted after the
     /// deletion's own scrub had run.
+    /// Scrubs every step of the job `job`, an extraction that ran while its user was erased: what it
+    /// recorded after the erasure's own scrub (the model's answer) goes too.
+    pub(crate) async fn scrub_erased_job(&self, job: &str) -> Result<u64, MemoryError> {
+        let mut tx = self.pool.begin().await?;
+        let n = scrub(
+            &mut tx,
+            "job = ANY($1) AND NOT output ? 'erased'",
+            &[job.to_owned()],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(n)
+    }
+
     pub(crate) async fn scrub_job(&self, job: &str) -> Result<u64, MemoryError> {
         let mut tx = self.pool.begin().await?;
         let n = scrub(

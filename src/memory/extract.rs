@@ -161,6 +161,12 @@ impl Extractor<'_> {
             let (kept, first, summarized) = job.keep_successes(result).await?;
             let reason = (!first).then_some("another run read these messages first");
             job.finish(State::Done, Finish { by: None, reason }).await?;
+            if self.memory.is_erased(user).await? {
+                // After the job's last records: the erasure scrubbed what was recorded before it.
+                let scrubbed = self.memory.scrub_erased_job(&id).await?;
+                info!(job = %id, scrubbed, "the user was erased while this ran: nothing kept");
+                return Ok(Extracted::Erased);
+            }
             info!(job = %id, kept, summarized, first, "memory extraction ran");
             total = match total {
                 Extracted::Ran { facts, summary } => Extracted::Ran {
@@ -286,7 +292,7 @@ impl Extractor<'_> {
             .run_in_tx(|mut tx| async move {
                 let r = async {
                     let mut w = FactsWritten::default();
-                    if cursor(&mut tx, user, bot, "extracted_through").await? != from {
+                    if cursor(&mut tx, user, bot, "extracted_through").await? != Some(from) {
                         w.skipped = true;
                         return Ok(w);
                     }
@@ -345,7 +351,7 @@ impl Extractor<'_> {
             .step(STEP_SUMMARY, "summary")
             .run_in_tx(|mut tx| async move {
                 let r = async {
-                    if cursor(&mut tx, user, bot, "summarized_through").await? != from {
+                    if cursor(&mut tx, user, bot, "summarized_through").await? != Some(from) {
                         return Ok(false);
                     }
                     sqlx::query(
@@ -541,22 +547,28 @@ fn batch_of(rows: &[sqlx::postgres::PgRow], from: i64) -> Batch {
     }
 }
 
-/// A cursor of (user, bot), read under a lock per (user, bot) held to the end of the transaction.
+/// A cursor of (user, bot), read under a lock per (user, bot) held to the end of the transaction; `None`
+/// when the user was erased meanwhile (an erasure removes the cursors too: without this, a first
+/// extraction's cursor, 0, would still match).
 async fn cursor(
     tx: &mut sqlx::PgConnection,
     user: &str,
     bot: &str,
     column: &str,
-) -> Result<i64, MemoryError> {
-    super::store::one_writer(tx, user, bot).await?;
+) -> Result<Option<i64>, MemoryError> {
+    if super::store::one_writer(tx, user, bot).await? == super::store::Writer::Erased {
+        return Ok(None);
+    }
     let sql = format!(
         "SELECT coalesce(max({column}), 0) FROM memory_state WHERE user_id = $1 AND bot_id = $2"
     );
-    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .bind(user)
-        .bind(bot)
-        .fetch_one(&mut *tx)
-        .await?)
+    Ok(Some(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(user)
+            .bind(bot)
+            .fetch_one(&mut *tx)
+            .await?,
+    ))
 }
 
 /// Moves a cursor of (user, bot) forward to `through`.

@@ -61,6 +61,9 @@ pub enum MemoryError {
     /// The service's spend budget is used up: extraction waits (the signal is tried again later).
     #[error("the service's spend budget is used up; memory extraction waits")]
     Budget,
+    /// The user was erased while this ran: nothing of theirs is written.
+    #[error("the user is erased")]
+    Erased,
 }
 
 impl From<sqlx::Error> for MemoryError {
@@ -80,6 +83,7 @@ impl Classify for MemoryError {
             Self::Embed(_) => Class::Transient,
             Self::Bus(e) => e.class(),
             Self::Budget => Class::Transient,
+            Self::Erased => Class::Reject,
         }
     }
 }

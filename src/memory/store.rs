@@ -16,6 +16,7 @@ use super::{
     Memory, MemoryError, Topic,
     topic::{self, Named},
 };
+use crate::store::pg::lock_history;
 
 /// Cosine similarity from which two facts of a topic say the same thing.
 pub(crate) const DUPLICATE_SIMILARITY: f32 = 0.85;
@@ -95,18 +96,40 @@ const FACT_COLUMNS: &str = "id, topic, fact, sources, learned_by, how, learned_a
 
 /// Waits until no other transaction writes the memory of (user, companion), and holds that until this
 /// one ends: its facts (a `remember` and an extraction keeping one topic at once would otherwise each
-/// find nothing to replace and both insert) and its cursors. Taking it again in one transaction is
-/// harmless.
+/// find nothing to replace and both insert) and its cursors. The user's own lock comes first, the one a
+/// `user_erased` takes ([`lock_history`]): an erasure then either committed before (and the answer is
+/// [`Writer::Erased`]) or waits until this transaction ends (and deletes what it wrote). Taking them
+/// again in one transaction is harmless.
 pub(crate) async fn one_writer(
     tx: &mut PgConnection,
     user: &str,
     bot: &str,
-) -> Result<(), MemoryError> {
+) -> Result<Writer, MemoryError> {
+    lock_history(tx, &[user], &[]).await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
         .bind(format!("memory:{user}:{bot}"))
         .execute(&mut *tx)
         .await?;
-    Ok(())
+    let erased: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM tombstones WHERE kind = 'user' AND id = $1)",
+    )
+    .bind(user)
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(match erased {
+        true => Writer::Erased,
+        false => Writer::Open,
+    })
+}
+
+/// What [`one_writer`] found once it held the locks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Writer {
+    /// Memory of the user may be written.
+    Open,
+    /// The user is erased: nothing of theirs is written again.
+    Erased,
 }
 
 impl Memory {
@@ -120,7 +143,9 @@ impl Memory {
         embedding: Option<&[f32]>,
         max_facts: i64,
     ) -> Result<Kept, MemoryError> {
-        one_writer(tx, user, bot).await?;
+        if one_writer(tx, user, bot).await? == Writer::Erased {
+            return Err(MemoryError::Erased);
+        }
         let vector = embedding.map(|e| Vector::from(e.to_vec()));
         // $1 user, $2 bot, $3 topic, $4 one-value topic, $5 fact, $6 its vector, $7 the duplicate
         // similarity, $8 its id, $9 when it was said.
@@ -224,7 +249,9 @@ impl Memory {
         similarity: f32,
         floor: f32,
     ) -> Result<Vec<Fact>, MemoryError> {
-        one_writer(tx, user, bot).await?;
+        if one_writer(tx, user, bot).await? == Writer::Erased {
+            return Ok(Vec::new());
+        }
         let vector = embedding.map(|e| Vector::from(e.to_vec()));
         let sql = format!(
             "SELECT {FACT_COLUMNS},

@@ -149,6 +149,9 @@ pub(super) fn memory_error(e: memory::MemoryError) -> ToolError {
         memory::MemoryError::Store(s) => ToolError::Store(s),
         memory::MemoryError::Journal(j) => ToolError::Journal(j),
         memory::MemoryError::Bus(b) => ToolError::Bus(b),
+        memory::MemoryError::Erased => {
+            ToolError::Forbidden("the user's data was erased; nothing is kept".into())
+        }
         other => {
             tracing::error!(error = %other, "memory failed inside a tool");
             ToolError::Crashed

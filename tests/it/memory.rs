@@ -1098,6 +1098,44 @@ async fn memory_cleared_while_an_extraction_waits_on_the_model_leaves_no_fact_an
 }
 
 #[tokio::test]
+async fn user_erased_while_an_extraction_waits_on_the_model_leaves_no_fact_summary_or_record() {
+    let mut env = TestEnv::with(slow_memory(model(), Duration::from_secs(4)), |c| {
+        c.memory.extract_after = 1;
+        c.memory.quiet_secs = 3600;
+        c.turn.user_turns_per_minute = 0;
+    })
+    .await;
+    env.start_worker().await;
+    say(&env, "i ride goofy and my home park is glenhaven").await;
+    let extracting = eventually(Duration::from_secs(30), || async {
+        env.stub
+            .requests()
+            .iter()
+            .any(|b| companion_dev::memory_rules::answer(b).is_some())
+    })
+    .await;
+    assert!(extracting, "an extraction asked the model");
+    env.signal("user_erased", JESS, "erase-extracting", "")
+        .await;
+    // The erasure and the extraction (a signal too) have both settled.
+    env.drained(Drained::Signals).await;
+    assert_eq!(facts(&env, JESS).await, [], "a fact survived the erasure");
+    assert!(
+        traces(&env, "glenhaven").await.is_empty(),
+        "{:?}",
+        traces(&env, "glenhaven").await
+    );
+    let erasure: Vec<String> =
+        sqlx::query_scalar("SELECT state FROM jobs WHERE kind = 'user_erased' AND id LIKE $1")
+            .bind(format!("user_erased:{JESS}:%"))
+            .fetch_all(&env.pg.pool)
+            .await
+            .unwrap();
+    assert_eq!(erasure, ["done"], "the erasure's record");
+    env.finish().await;
+}
+
+#[tokio::test]
 async fn a_deletion_is_a_journaled_job_that_finishes_once_when_it_dies_between_two_steps() {
     let env = TestEnv::with(model(), |c| {
         c.memory.extract_after = 100;
