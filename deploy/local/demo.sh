@@ -151,7 +151,7 @@ if [[ -n "$WIZARD" ]]; then
   say "the spot wizard: a guided flow from the maps link to the moderator's review"
   "$DEV" chat --user "$DEMO_USER" --bot "$BOT" --script spot-wizard --wait 60
   say "a moderator approves the draft; the companion follows up and the flow ends"
-  "$DEV" review --user "$DEMO_USER" --bot "$BOT" --wait 60
+  "$DEV" review --user "$DEMO_USER" --bot "$BOT" --wait 60 --expect-flow spot_wizard
 elif [[ -n "$GROUP" ]]; then
   if [[ -n "$CHAT" || ( -t 0 && -t 1 ) ]]; then
     "$DEV" chat --user "$DEMO_USER" --group "$GROUP"

@@ -81,6 +81,8 @@ pub struct Session {
     pub mongo: Mongo,
     /// What became of a message that got no reply.
     pub journal: Journal,
+    /// The service's database, for what the demo checks (a guided flow's state).
+    pub pool: sqlx::PgPool,
     pub user: ObjectId,
     pub bot: ObjectId,
     pub bot_name: String,
@@ -122,6 +124,7 @@ impl Session {
         Ok(Self {
             bus,
             mongo,
+            pool: pg.pool.clone(),
             journal: Journal::new(pg.pool),
             user: user_id,
             bot: bot_id,
@@ -130,6 +133,18 @@ impl Session {
             conversation,
             raw_cards: config.raw_cards,
         })
+    }
+
+    /// The user's guided flow `flow` with this companion: (step, status), if there is one.
+    pub async fn flow_state(&self, flow: &str) -> Result<Option<(String, String)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT step, status FROM flow_states WHERE user_id = $1 AND bot_id = $2 AND flow = $3",
+        )
+        .bind(self.user.to_hex())
+        .bind(self.bot.to_hex())
+        .bind(flow)
+        .fetch_optional(&self.pool)
+        .await
     }
 
     /// Prints a reply the way the terminal chat shows it, saying when it is the busy line.

@@ -97,6 +97,10 @@ enum Command {
         /// Seconds to wait for the follow-up; 0 publishes and exits.
         #[arg(long, default_value_t = 120)]
         wait: u64,
+        /// The guided flow the draft belongs to (`spot_wizard`): then no follow-up, or the flow not done
+        /// after it, is an error (exit 1).
+        #[arg(long)]
+        expect_flow: Option<String>,
         #[command(flatten)]
         config: chat::ChatConfig,
     },
@@ -225,8 +229,21 @@ async fn run() -> anyhow::Result<()> {
             reject,
             note,
             wait,
+            expect_flow,
             config,
-        } => review(&config, &user, &bot, reject, note.as_deref(), wait).await?,
+        } => {
+            let expect_flow = expect_flow.as_deref();
+            review(
+                &config,
+                &user,
+                &bot,
+                reject,
+                note.as_deref(),
+                wait,
+                expect_flow,
+            )
+            .await?
+        }
         Command::FollowUp {
             user,
             bot,
@@ -304,6 +321,7 @@ async fn review(
     reject: bool,
     note: Option<&str>,
     wait: u64,
+    expect_flow: Option<&str>,
 ) -> anyhow::Result<()> {
     let session = chat::Session::open(config, user, bot).await?;
     let wait = (wait > 0).then(|| Duration::from_secs(wait));
@@ -312,11 +330,30 @@ async fn review(
         "(a moderator {status} the newest spot draft {} made for {user})",
         session.bot_name
     );
-    match session.review_latest_draft(!reject, note, wait).await? {
-        Some(follow_up) => session.print(&follow_up),
+    let follow_up = session.review_latest_draft(!reject, note, wait).await?;
+    match &follow_up {
+        Some(follow_up) => session.print(follow_up),
         None => println!("review published"),
     }
-    Ok(())
+    let Some(flow) = expect_flow else {
+        return Ok(());
+    };
+    if follow_up.is_none() {
+        anyhow::bail!(
+            "no follow-up from {} within the wait: see worker.log",
+            session.bot_name
+        );
+    }
+    match session.flow_state(flow).await? {
+        Some((step, status)) if status == "done" => {
+            println!("(the guided flow {flow} is done, at its step {step})");
+            Ok(())
+        }
+        Some((step, status)) => {
+            anyhow::bail!("the guided flow {flow} is {status} at its step {step}, not done")
+        }
+        None => anyhow::bail!("the guided flow {flow} never started"),
+    }
 }
 
 /// `stub-llm`: the scripted offline model, reading messages with the embedding model when it loads.

@@ -436,10 +436,20 @@ fn compose(
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    let system = messages
-        .first()
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or("");
+    // The system prompt is sent in parts: a stable one first (for a provider's prompt cache), the part
+    // of this turn (a flow in progress, the flows on offer…) after the history, before the user's
+    // message. A system message after the last user message is a note (a follow-up's, the safety brief).
+    let last_user = messages
+        .iter()
+        .rposition(|m| m["role"] == "user")
+        .unwrap_or(messages.len());
+    let system_text: String = messages[..last_user]
+        .iter()
+        .filter(|m| m["role"] == "system")
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let system = system_text.as_str();
     let name = system
         .strip_prefix("You are ")
         .and_then(|s| s.split([' ', ',']).next())
@@ -521,9 +531,12 @@ fn compose(
 /// The offline model leading the spot wizard (`flows/spot_wizard.json`): it starts the flow when asked to
 /// add a spot, records the link and the details the user gives, submits the draft and records its id,
 /// and says each step's goal, as a real model would with the flow in its prompt.
+///
+/// Before the flow starts a turn is offered `start_flow` (the flows group) but not `set_flow_slots` (the
+/// in-flow group): each move asks only for the tool it calls.
 fn spot_wizard_move(messages: &[Value], system: &str, offered: &[&str]) -> Option<StubReply> {
     let has = |t: &str| offered.contains(&t);
-    if !has("set_flow_slots") {
+    if !has("set_flow_slots") && !has("start_flow") {
         return None;
     }
     let last = messages.last()?;
@@ -536,7 +549,7 @@ fn spot_wizard_move(messages: &[Value], system: &str, offered: &[&str]) -> Optio
             .and_then(|m| m["tool_calls"][0]["function"]["name"].as_str())
             .unwrap_or("");
         let in_wizard = system.contains("Guided flow in progress: Add a spot");
-        if called == "create_spot_draft" && in_wizard {
+        if called == "create_spot_draft" && in_wizard && has("set_flow_slots") {
             let id = result["_id"].as_str()?;
             return Some(StubReply::tool(
                 "set_flow_slots",
@@ -547,7 +560,8 @@ fn spot_wizard_move(messages: &[Value], system: &str, offered: &[&str]) -> Optio
             return None;
         }
         let filled = &result["filled"];
-        if result["step"] == "draft" && filled.get("draft_id").is_none() {
+        if result["step"] == "draft" && filled.get("draft_id").is_none() && has("create_spot_draft")
+        {
             return Some(StubReply::tool(
                 "create_spot_draft",
                 json!({"name": filled["name"], "type": filled["spot_type"], "mapsUrl": filled["maps_url"],
@@ -581,6 +595,9 @@ fn spot_wizard_move(messages: &[Value], system: &str, offered: &[&str]) -> Optio
         let wants = lower.contains("add a spot") || lower.contains("add a new spot");
         return (wants && has("start_flow"))
             .then(|| StubReply::tool("start_flow", json!({"flow": "spot_wizard"})));
+    }
+    if !has("set_flow_slots") {
+        return None;
     }
     let step = |s: &str| system.contains(&format!("\"step\":\"{s}\""));
     if step("location")

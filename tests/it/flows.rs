@@ -240,6 +240,68 @@ async fn the_spot_wizard_runs_from_link_to_review_across_a_restart() {
     env.finish().await;
 }
 
+/// The demo's `--spot-wizard` (issue 45): the offline model plays the chat's own script through a real
+/// worker, and the flow runs from the first line to the moderator's approval. The model is offered
+/// only what the turn's words call for (no `set_flow_slots` before the flow starts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offline_model_runs_the_demos_spot_wizard_from_the_first_line_to_the_approval() {
+    let model = companion_dev::stub::DemoModel::load(embedder(), &root().join("deploy/local/seed"))
+        .await
+        .expect("the demo data loads");
+    let env = TestEnv::with_model(Arc::new(model).responder()).await;
+    let worker = InProcessWorker::start(&env).await;
+    let mut said = Vec::new();
+    for line in companion_dev::chat::SPOT_WIZARD_SCRIPT {
+        let reply = say(&env, line).await.content;
+        eprintln!("> {line}\n< {reply}");
+        said.push(reply);
+    }
+    assert!(said[0].contains("maps link"), "{said:?}");
+    assert!(said[1].contains("what's the spot called"), "{said:?}");
+    assert!(
+        said[2].contains("sent \"Hollow Bowl\" to the moderators"),
+        "{said:?}"
+    );
+    let (flow, step, status, slots) = flow_of(&env).await.expect("the flow started");
+    assert_eq!(
+        (flow.as_str(), step.as_str(), status.as_str()),
+        ("spot_wizard", "review", "waiting")
+    );
+    let draft = ObjectId::parse_str(slots["draft_id"].as_str().unwrap()).unwrap();
+    let stored = env
+        .mongo
+        .collection("spot_drafts")
+        .find_one(doc! {"_id": draft})
+        .await
+        .unwrap()
+        .expect("the draft is real");
+    assert_eq!(stored.get_str("name").unwrap(), "Hollow Bowl");
+    // The moderator approves, as TB-Backend's admin tool would.
+    let mut replies = env.completions(JESS_KAORI).await;
+    env.mongo
+        .collection("spot_drafts")
+        .update_one(doc! {"_id": draft}, doc! {"$set": {"status": "approved"}})
+        .await
+        .unwrap();
+    companion_dev::backend::publish_spot_review(
+        &env.bus,
+        draft,
+        &json!({"draftId": draft.to_hex(), "status": "approved", "reviewedAt": "2026-11-24T10:00:00Z"}),
+    )
+    .await
+    .unwrap();
+    let follow_up = next_proactive(&mut replies, Duration::from_secs(30)).await;
+    eprintln!("< {}", follow_up.content);
+    assert!(
+        follow_up.content.contains("Hollow Bowl"),
+        "{}",
+        follow_up.content
+    );
+    assert_eq!(step_status(&env).await, ("outcome".into(), "done".into()));
+    worker.stop().await;
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn the_season_plan_branches_on_the_level_and_builds_a_real_tricklist() {
     let model = script(vec![
