@@ -34,7 +34,7 @@ pub struct Character {
     #[serde(default)]
     pub(crate) message_examples: Vec<Example>,
     /// Said, honestly and in character, when a turn cannot be answered.
-    pub(crate) failure_line: String,
+    pub failure_line: String,
     /// Said once when a user sends faster than the companion answers.
     #[serde(default = "default_busy_line")]
     pub busy_line: String,

@@ -128,14 +128,22 @@ else
 fi
 say "$LIMITS (production: 10, 5 and 5)"
 
+# The log is kept from run to run: only what this worker writes (after LOG_FROM bytes) is read here.
+LOG_FROM=$(stat -c %s "$LOGS/worker.log" 2>/dev/null || echo 0)
+this_run() { tail -c +"$((LOG_FROM + 1))" "$LOGS/worker.log" 2>/dev/null; }
 COMPANION_REMINDER_MIN_LEAD_SECS="${COMPANION_REMINDER_MIN_LEAD_SECS:-5}" "$BIN" worker >>"$LOGS/worker.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do
-  grep -q "worker ready" "$LOGS/worker.log" 2>/dev/null && break
-  kill -0 "${pids[-1]}" 2>/dev/null || { tail -20 "$LOGS/worker.log"; exit 1; }
+  this_run | grep -q "worker ready" && break
+  kill -0 "${pids[-1]}" 2>/dev/null || { this_run | tail -20; exit 1; }
   sleep 0.2
 done
 say "worker running (log: $LOGS/worker.log)"
+if this_run | grep -q "cannot serve the health endpoint"; then
+  say "note: the worker's health and metrics endpoint (${COMPANION_HTTP_ADDR:-127.0.0.1:9090}) could not bind, the port is taken; the chat works without it (COMPANION_HTTP_ADDR=127.0.0.1:<port> moves it)"
+fi
+# The chat names it when a reply is late or is the failure line.
+export COMPANION_WORKER_LOG="$LOGS/worker.log"
 
 # On a terminal you are the demo user jess (the companions remember you from run to run); a scripted run
 # talks as a new user like jess, so nothing of an earlier run (history, flows, limits) carries over.

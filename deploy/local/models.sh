@@ -189,4 +189,4 @@ else
   log "built $INT8 and model-int8.onnx.data"
 fi
 
-log "ready in $MODELS ($(du -sh --exclude=cache --exclude=build-venv "$MODELS" | cut -f1))"
+log "ready in $MODELS: $(du -sh --exclude=cache --exclude=build-venv "$MODELS" | cut -f1) the worker loads; $(du -sh "$MODELS" | cut -f1) in all with the download cache and the build venv (cache/, build-venv/: safe to delete, refilled when needed)"

@@ -88,6 +88,8 @@ pub struct Session {
     pub bot_name: String,
     /// The companion's busy line: a reply that is it says so.
     pub busy_line: String,
+    /// The companion's failure line: a reply that is it is followed by why, from the journal.
+    pub failure_line: String,
     pub conversation: ObjectId,
     /// Cards as raw JSON.
     pub raw_cards: bool,
@@ -130,6 +132,7 @@ impl Session {
             bot: bot_id,
             bot_name: character.name.clone(),
             busy_line: character.busy_line.clone(),
+            failure_line: character.failure_line.clone(),
             conversation,
             raw_cards: config.raw_cards,
         })
@@ -155,6 +158,64 @@ impl Session {
         } else {
             print_reply(&self.bot_name, c, self.raw_cards);
         }
+    }
+
+    /// One line on what became of `message` so far, as the journal tells it: printed when its reply is
+    /// late, or is the failure line. `None` when there is nothing to say (answered).
+    pub async fn status_line(&self, message: &str) -> Option<String> {
+        let log = worker_log();
+        let job = match self.journal.get(message).await {
+            Ok(j) => j,
+            Err(e) => {
+                return Some(format!(
+                    "the journal cannot be read either, PostgreSQL may be down ({}); see {log}",
+                    clip(&e.to_string())
+                ));
+            }
+        };
+        let Some(j) = job else {
+            return Some(format!(
+                "no worker has taken the message yet: is one running? see {log}"
+            ));
+        };
+        let error = j.last_error.as_deref().map(clip);
+        Some(match (j.state, error) {
+            (State::Failed, Some(e)) => format!("it failed: {e}; see {log}"),
+            (State::Failed, None) => format!("it failed; see {log}"),
+            (State::Running, Some(e)) => format!(
+                "attempt {} failed ({e}); the worker tries again; see {log}",
+                (j.attempts - 1).max(1)
+            ),
+            (State::Running, None) => format!(
+                "a worker is on it (attempt {}): the model or a server is slow; see {log}",
+                j.attempts
+            ),
+            (State::Limited, _) => "over the flood limit: the next real answer covers it".into(),
+            (State::Held, _) => "a moderator paused the conversation".into(),
+            (State::Dropped, _) => format!(
+                "no message, on purpose: {}",
+                j.reason.as_deref().unwrap_or("dropped")
+            ),
+            _ => return None,
+        })
+    }
+
+    /// The reply `c` was the failure line: why, once the journal has settled the job (it settles just
+    /// after the line is sent).
+    pub async fn why_failed(&self, c: &Completion) -> Option<String> {
+        if c.content != self.failure_line {
+            return None;
+        }
+        let message = c.in_reply_to.as_deref()?;
+        for _ in 0..20 {
+            if let Ok(Some(j)) = self.journal.get(message).await
+                && j.state != State::Running
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.status_line(message).await
     }
 
     /// Why `message` got no reply within `wait`, as the journal tells it.
@@ -194,7 +255,15 @@ impl Session {
             c.in_reply_to.as_deref() == Some(event.message_id.as_str())
                 || c.covers.contains(&event.message_id)
         )));
-        match tokio::time::timeout(wait, replies.next()).await {
+        // Late: say once what the journal knows, and go on waiting.
+        let late = LATE.min(wait);
+        if let Ok(found) = tokio::time::timeout(late, replies.next()).await {
+            return found.map(Some).ok_or(CommandError::NoReply(wait));
+        }
+        if let Some(line) = self.status_line(&event.message_id).await {
+            println!("  (no reply after {} s: {line})", late.as_secs());
+        }
+        match tokio::time::timeout(wait - late, replies.next()).await {
             Ok(Some(c)) => Ok(Some(c)),
             _ => Err(self.no_reply(&event.message_id, wait).await),
         }
@@ -320,6 +389,23 @@ impl Session {
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
+    }
+}
+
+/// How long a reply may take before the chat says what the journal knows.
+const LATE: Duration = Duration::from_secs(10);
+
+/// Where the worker's log is, as the demo scripts say (`COMPANION_WORKER_LOG`).
+fn worker_log() -> String {
+    std::env::var("COMPANION_WORKER_LOG").unwrap_or_else(|_| "the worker's log".into())
+}
+
+/// An error, on one line and short.
+fn clip(e: &str) -> String {
+    let line = e.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &line[..i]),
+        None => line,
     }
 }
 
@@ -497,15 +583,118 @@ async fn script_lines(
     }))
 }
 
-/// The interactive chat, or the scripted one when `script` is given or stdin is not a terminal.
+/// Prints the companion's follow-ups (a reminder come due, a spot's review) as they arrive, labelled, for
+/// as long as the returned listener lives; each one printed is also sent on its channel.
+pub struct FollowUps {
+    task: tokio::task::JoinHandle<()>,
+    printed: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl FollowUps {
+    /// Listens on the session's conversation; `prompt`: print the `you> ` prompt again after each one
+    /// (the interactive chat waits at it).
+    pub async fn listen(session: &Session, prompt: bool) -> Result<Self, CommandError> {
+        let mut completions =
+            Box::pin(backend::completions(&session.bus, session.conversation).await?);
+        let (name, raw) = (session.bot_name.clone(), session.raw_cards);
+        let (tx, printed) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            while let Some(c) = completions.next().await {
+                if !c.proactive {
+                    continue;
+                }
+                let kind = c.trigger.as_ref().map_or("follow-up", |t| t.kind.as_str());
+                let label = format!("{name} (follow-up: {})", follow_up_label(kind));
+                if prompt {
+                    println!();
+                }
+                print_reply(&label, &c, raw);
+                if prompt {
+                    print!("you> ");
+                    let _ = std::io::Write::flush(&mut std::io::stdout());
+                }
+                let _ = tx.send(kind.to_owned());
+            }
+        });
+        Ok(Self { task, printed })
+    }
+
+    /// After piped lines: waits (up to `max`) for the reminders due by then, saying so first; how many
+    /// came.
+    pub async fn linger(
+        &mut self,
+        session: &Session,
+        max: Duration,
+    ) -> Result<usize, CommandError> {
+        let horizon = chrono::Utc::now() + chrono::Duration::from_std(max).unwrap_or_default();
+        let due: Vec<(chrono::DateTime<chrono::Utc>,)> = sqlx::query_as(
+            "SELECT fire_at FROM reminders WHERE user_id = $1 AND bot_id = $2 AND state = 'pending'
+               AND fire_at <= $3 ORDER BY fire_at",
+        )
+        .bind(session.user.to_hex())
+        .bind(session.bot.to_hex())
+        .bind(horizon)
+        .fetch_all(&session.pool)
+        .await
+        .map_err(|e| CommandError::Store(e.into()))?;
+        let Some((last,)) = due.last().copied() else {
+            return Ok(0);
+        };
+        println!(
+            "({} reminder{} due by {} UTC: waiting for {})",
+            due.len(),
+            if due.len() == 1 { "" } else { "s" },
+            last.format("%H:%M:%S"),
+            if due.len() == 1 { "it" } else { "them" }
+        );
+        let deadline = tokio::time::Instant::now() + max;
+        let mut seen = 0;
+        while seen < due.len() {
+            match tokio::time::timeout_at(deadline, self.printed.recv()).await {
+                Ok(Some(kind)) if kind == "reminder" => seen += 1,
+                Ok(Some(_)) => {}
+                _ => {
+                    println!("(no reminder came by then: see worker.log)");
+                    break;
+                }
+            }
+        }
+        Ok(seen)
+    }
+}
+
+impl Drop for FollowUps {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a follow-up's trigger is, in the chat's words.
+fn follow_up_label(kind: &str) -> &str {
+    match kind {
+        "reminder" => "reminder",
+        "spot_review" => "spot review",
+        other => other,
+    }
+}
+
+/// The interactive chat, or the scripted one when `script` is given or stdin is not a terminal. The
+/// interactive and piped chats print the companion's follow-ups as they arrive; piped, the chat then
+/// waits for the reminders due within `wait`. A `--script` run does not (the demo shows them itself).
 pub async fn chat(
     session: &Session,
     script: Option<&Path>,
     wait: Duration,
 ) -> Result<(), CommandError> {
+    let terminal = script.is_none() && std::io::stdin().is_terminal();
+    let mut follow_ups = match script {
+        None => Some(FollowUps::listen(session, terminal).await?),
+        Some(_) => None,
+    };
     let Some(lines) = script_lines(script, DEMO_SCRIPT).await? else {
         println!(
-            "chatting with {} as user {} in conversation {} (empty line or Ctrl-D to quit)",
+            "chatting with {} as user {} in conversation {} (an empty line or Ctrl-D quits; \
+             follow-ups print as they come)",
             session.bot_name, session.user, session.conversation
         );
         return interactive(session, wait).await;
@@ -514,12 +703,21 @@ pub async fn chat(
         let line = line.replace("{bot}", &session.bot_name.to_lowercase());
         println!("you> {line}");
         match session.say(&line, &[], Some(wait)).await {
-            Ok(reply) => session.print(&reply.expect("waited for a reply")),
+            Ok(reply) => {
+                let reply = reply.expect("waited for a reply");
+                session.print(&reply);
+                if let Some(why) = session.why_failed(&reply).await {
+                    println!("  ({why})");
+                }
+            }
             // Limited on purpose: said, and the script goes on.
             Err(e @ CommandError::Limited) => println!("  ({e})"),
             Err(e) => return Err(e),
         }
         println!();
+    }
+    if let Some(f) = &mut follow_ups {
+        f.linger(session, wait).await?;
     }
     Ok(())
 }
@@ -527,7 +725,12 @@ pub async fn chat(
 async fn interactive(session: &Session, wait: Duration) -> Result<(), CommandError> {
     read_lines(
         async |line| match session.say(line, &[], Some(wait)).await {
-            Ok(Some(reply)) => session.print(&reply),
+            Ok(Some(reply)) => {
+                session.print(&reply);
+                if let Some(why) = session.why_failed(&reply).await {
+                    println!("  ({why})");
+                }
+            }
             Ok(None) => {}
             Err(e) => println!("  ({e})"),
         },

@@ -395,19 +395,21 @@ fn user_words(body: &Value) -> String {
     if !group {
         return last_user_text(body);
     }
-    // In a group, other companions' lines come as user messages too (`Tony: …`): the person's words
-    // are the newest line that is not a companion's (the scripted ones say they are).
+    // In a group, other companions' lines of this round come as user messages too (`Tony: …`), after
+    // the person's message, which follows the turn's system message: the person's words are the user
+    // message right after the last system message that one follows.
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
-    messages
-        .iter()
-        .rev()
-        .filter(|m| m["role"] == "user")
-        .filter_map(|m| {
-            let text = text_of(m)?;
-            let words = text.split_once(": ").map_or(text.as_str(), |(_, w)| w);
-            (!words.starts_with("[scripted")).then(|| words.to_owned())
+    let after_system = messages
+        .windows(2)
+        .rposition(|w| w[0]["role"] == "system" && w[1]["role"] == "user")
+        .map(|i| i + 1);
+    after_system
+        .and_then(|i| text_of(&messages[i]))
+        .map(|text| {
+            text.split_once(": ")
+                .map_or(text.as_str(), |(_, w)| w)
+                .to_owned()
         })
-        .next()
         .unwrap_or_default()
 }
 

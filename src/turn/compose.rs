@@ -386,7 +386,7 @@ impl Turns {
             let bot = s.bot.as_deref().unwrap_or_default();
             match bot == mine {
                 true => Message::assistant(s.reply.content.clone()),
-                false => line(bot, &s.reply.content),
+                false => line(bot, &for_the_others(s, &a.members)),
             }
         }));
         if t.crisis {
@@ -742,4 +742,30 @@ fn group_note(
         me.character.name,
         name_of(sender),
     )
+}
+
+/// Another companion's message of this round as the next speaker reads it: without the AI disclosure and
+/// the break reminder it carries for the user, which the next companion would otherwise answer as if the
+/// user had said them.
+fn for_the_others(s: &Said, members: &[Member<'_>]) -> String {
+    let content = s.reply.content.as_str();
+    let Some(m) = members
+        .iter()
+        .find(|m| s.bot.as_deref() == Some(m.bot.to_hex().as_str()))
+    else {
+        return content.to_owned();
+    };
+    let mut text = content;
+    if s.reply.marks.ai_disclosure {
+        text = text
+            .strip_prefix(m.character.disclosure_line.trim())
+            .unwrap_or(text);
+    }
+    if s.reply.marks.break_reminder {
+        text = text
+            .trim_end()
+            .strip_suffix(m.character.break_line.trim())
+            .unwrap_or(text);
+    }
+    text.trim().to_owned()
 }

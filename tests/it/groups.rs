@@ -196,6 +196,32 @@ async fn named_companions_answer_in_the_order_named_each_seeing_the_one_before()
     env.finish().await;
 }
 
+/// The AI disclosure a companion's message carries is for the user: the next companion of the round
+/// reads that message without it (else it answers the disclosure as if the user had said it).
+#[tokio::test]
+async fn the_next_companion_reads_the_one_before_without_its_ai_disclosure() {
+    let env = TestEnv::with(introduce(), |c| c.safety.ai_disclosure = true).await;
+    let worker = InProcessWorker::start(&env).await;
+    let conv = group(&env, &[KAORI, TONY]).await;
+    let mut out = env.completions(&conv).await;
+    let one = say(&env, &conv, "Tony and kaori: what's a good first trick?").await;
+    let got = answers(&mut out, &one.message_id, 2).await;
+    assert_eq!(got[0].sender_id, TONY);
+    assert!(got[0].marks.ai_disclosure, "{:?}", got[0]);
+    assert!(got[0].content.ends_with("tony here"), "{}", got[0].content);
+    assert_ne!(got[0].content, "tony here", "the disclosure comes first");
+    let kaori = env.stub.requests().last().cloned().unwrap();
+    assert_eq!(speaker(&kaori), "Kaori");
+    let seen = texts(&kaori);
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("Tony: tony here"),
+        "{seen:?}"
+    );
+    worker.stop().await;
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn the_best_fit_answers_and_an_acknowledgement_gets_no_answer() {
     let env = TestEnv::new(introduce()).await;

@@ -328,3 +328,48 @@ async fn bad_times_and_too_many_reminders_are_error_results() {
     assert!(e["error"].as_str().unwrap().contains("10 pending"), "{e}");
     env.finish().await;
 }
+
+/// The terminal chat (piped) shows a follow-up that comes after its last line: it waits for the
+/// reminders due within its wait, and prints each as it arrives (issue 45).
+#[tokio::test]
+async fn the_piped_chat_waits_for_a_reminder_due_soon_and_shows_it() {
+    let (env, _) = env_with(Duration::from_secs(3)).await;
+    let worker = InProcessWorker::start(&env).await;
+    let config = companion_dev::chat::ChatConfig {
+        nats: env.config.nats.clone(),
+        mongo: env.config.mongo.clone(),
+        pg: env.config.pg.clone(),
+        characters: env.config.characters.clone(),
+        raw_cards: false,
+    };
+    let session = companion_dev::chat::Session::open(&config, "jess", "kaori")
+        .await
+        .expect("a chat session");
+    let mut follow_ups = companion_dev::chat::FollowUps::listen(&session, false)
+        .await
+        .expect("listening");
+    let reply = session
+        .say(
+            "remind me to wax my board",
+            &[],
+            Some(Duration::from_secs(30)),
+        )
+        .await
+        .expect("a reply");
+    assert_eq!(reply.map(|r| r.content).as_deref(), Some("got it"));
+    let came = follow_ups
+        .linger(&session, Duration::from_secs(30))
+        .await
+        .expect("lingered");
+    assert_eq!(came, 1, "the reminder came while the chat waited");
+    // Nothing is due any more: the next wait returns at once.
+    assert_eq!(
+        follow_ups
+            .linger(&session, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        0
+    );
+    worker.stop().await;
+    env.finish().await;
+}
