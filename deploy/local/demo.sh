@@ -9,6 +9,8 @@
 #                                   the guided spot wizard, from the maps link to the moderator's review
 #   deploy/local/chat.sh            chat as jess after the demo (starts whatever is not running; reads
 #                                   lines from stdin when piped)
+#   --user sam|mia|ren              chat as another seeded user (Philadelphia US, London GB, Sapporo JP:
+#                                   each country's crisis lines); an empty line or Ctrl-D quits
 #
 # With OPENROUTER_API_KEY set the companion talks through the real model; without it the project's
 # scripted offline model answers (and says so). Not on a terminal, it plays a short scripted
@@ -23,13 +25,16 @@ BOT="${BOT:-kaori}"
 GROUP=""
 WIZARD=""
 CHAT=""
+AS_USER=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
+    --user) AS_USER="${2:?--user needs a seeded username: jess, sam, mia or ren}"; shift 2 ;;
     --group) GROUP="${2:?--group needs companions, e.g. kaori,tony}"; shift 2 ;;
     --spot-wizard) WIZARD=1; shift ;;
     # Chat as jess whether or not on a terminal (lines from stdin when piped): deploy/local/chat.sh.
     --chat) CHAT=1; shift ;;
-    *) echo "usage: $0 [--group kaori,tony | --spot-wizard | --chat]" >&2; exit 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "usage: $0 [--group kaori,tony | --spot-wizard | --chat] [--user jess|sam|mia|ren]" >&2; exit 2 ;;
   esac
 done
 started=$SECONDS
@@ -147,7 +152,9 @@ export COMPANION_WORKER_LOG="$LOGS/worker.log"
 
 # On a terminal you are the demo user jess (the companions remember you from run to run); a scripted run
 # talks as a new user like jess, so nothing of an earlier run (history, flows, limits) carries over.
-if [[ -n "$CHAT" || ( -t 0 && -t 1 && -z "$WIZARD" ) ]]; then
+if [[ -n "$AS_USER" ]]; then
+  DEMO_USER="$AS_USER"
+elif [[ -n "$CHAT" || ( -t 0 && -t 1 && -z "$WIZARD" ) ]]; then
   DEMO_USER=jess
 else
   DEMO_USER="$("$DEV" demo-user --like jess)"
