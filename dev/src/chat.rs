@@ -588,6 +588,10 @@ async fn script_lines(
 pub struct FollowUps {
     task: tokio::task::JoinHandle<()>,
     printed: tokio::sync::mpsc::UnboundedReceiver<String>,
+    /// When the session began: the reminders waited for are those set since.
+    since: chrono::DateTime<chrono::Utc>,
+    /// Reminders printed in the session so far.
+    reminders: usize,
 }
 
 impl FollowUps {
@@ -616,50 +620,63 @@ impl FollowUps {
                 let _ = tx.send(kind.to_owned());
             }
         });
-        Ok(Self { task, printed })
+        Ok(Self {
+            task,
+            printed,
+            since: chrono::Utc::now(),
+            reminders: 0,
+        })
     }
 
-    /// After piped lines: waits (up to `max`) for the reminders due by then, saying so first; how many
-    /// came.
+    /// After piped lines: waits (up to `max`) for the reminders set in this session and due by then,
+    /// saying so first; how many reminders the session printed.
     pub async fn linger(
         &mut self,
         session: &Session,
         max: Duration,
     ) -> Result<usize, CommandError> {
+        while let Ok(kind) = self.printed.try_recv() {
+            self.count(&kind);
+        }
         let horizon = chrono::Utc::now() + chrono::Duration::from_std(max).unwrap_or_default();
         let due: Vec<(chrono::DateTime<chrono::Utc>,)> = sqlx::query_as(
             "SELECT fire_at FROM reminders WHERE user_id = $1 AND bot_id = $2 AND state = 'pending'
-               AND fire_at <= $3 ORDER BY fire_at",
+               AND created_at >= $3 AND fire_at <= $4 ORDER BY fire_at",
         )
         .bind(session.user.to_hex())
         .bind(session.bot.to_hex())
+        .bind(self.since)
         .bind(horizon)
         .fetch_all(&session.pool)
         .await
         .map_err(|e| CommandError::Store(e.into()))?;
-        let Some((last,)) = due.last().copied() else {
-            return Ok(0);
+        let waiting = due.len().saturating_sub(self.reminders);
+        let Some((last,)) = due.last().copied().filter(|_| waiting > 0) else {
+            return Ok(self.reminders);
         };
         println!(
-            "({} reminder{} due by {} UTC: waiting for {})",
-            due.len(),
-            if due.len() == 1 { "" } else { "s" },
+            "({waiting} reminder{} due by {} UTC: waiting for {})",
+            if waiting == 1 { "" } else { "s" },
             last.format("%H:%M:%S"),
-            if due.len() == 1 { "it" } else { "them" }
+            if waiting == 1 { "it" } else { "them" }
         );
         let deadline = tokio::time::Instant::now() + max;
-        let mut seen = 0;
-        while seen < due.len() {
+        while self.reminders < due.len() {
             match tokio::time::timeout_at(deadline, self.printed.recv()).await {
-                Ok(Some(kind)) if kind == "reminder" => seen += 1,
-                Ok(Some(_)) => {}
+                Ok(Some(kind)) => self.count(&kind),
                 _ => {
                     println!("(no reminder came by then: see worker.log)");
                     break;
                 }
             }
         }
-        Ok(seen)
+        Ok(self.reminders)
+    }
+
+    fn count(&mut self, kind: &str) {
+        if kind == "reminder" {
+            self.reminders += 1;
+        }
     }
 }
 
