@@ -188,6 +188,7 @@ impl Turns {
         }
         let (document, completion) = job
             .step(step::WITHDRAW, generation)
+            .counts(WITHDRAWN, "")
             .run(async {
                 let document = self.mongo.withdraw_reply(reply_id, out.bot).await?;
                 let completion = match seq {
@@ -197,7 +198,6 @@ impl Turns {
                 Ok::<_, TurnError>((document, completion))
             })
             .await?;
-        self.metrics.inc(WITHDRAWN, "");
         warn!(
             reply_id = %reply.id,
             document,
