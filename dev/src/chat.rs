@@ -56,6 +56,10 @@ pub enum CommandError {
     #[error("no reply within {0:?}: a worker took the message and is still on it (see its log)")]
     StillRunning(Duration),
     #[error(
+        "no reply within {0:?}, and the journal cannot be read ({1}): PostgreSQL may be down (see the worker's log)"
+    )]
+    JournalUnreadable(Duration, String),
+    #[error(
         "limited: over the flood limit (COMPANION_USER_TURNS_PER_MINUTE); the busy line already answered this minute"
     )]
     Limited,
@@ -227,7 +231,8 @@ impl Session {
                 State::Running => CommandError::StillRunning(wait),
                 _ => CommandError::NoReply(wait),
             },
-            _ => CommandError::NoReply(wait),
+            Ok(None) => CommandError::NoReply(wait),
+            Err(e) => CommandError::JournalUnreadable(wait, clip(&e.to_string())),
         }
     }
 
