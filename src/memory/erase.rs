@@ -106,12 +106,13 @@ impl Memory {
         bot: &str,
         messages: &[String],
     ) -> Result<Probe, MemoryError> {
-        let (gone, remembers, waiting): (bool, bool, i64) = sqlx::query_as(
+        let (gone, remembers, waiting): (bool, bool, i64) = sqlx::query_as(concat!(
             "WITH s AS (SELECT extracted_through AS e, summary <> '' AS summarized FROM memory_state
                         WHERE user_id = $1 AND bot_id = $2)
              SELECT
-               EXISTS (SELECT 1 FROM tombstones
-                       WHERE (kind = 'user' AND id = $1) OR (kind = 'message' AND id = ANY($3))),
+               ",
+            crate::store::tombstoned!("$1", "$3"),
+            ",
                $2 <> '' AND (EXISTS (SELECT 1 FROM memory_facts WHERE user_id = $1 AND bot_id = $2)
                              OR coalesce((SELECT summarized FROM s), false)),
                CASE WHEN $2 = '' THEN 0 ELSE
@@ -120,8 +121,8 @@ impl Memory {
                     AND b.id > coalesce((SELECT e FROM s), 0)
                     AND b.created_at >= coalesce((SELECT created_at FROM bot_conversations
                                                   WHERE id = (SELECT e FROM s)), '-infinity'))
-               END",
-        )
+               END"
+        ))
         .bind(user)
         .bind(bot)
         .bind(messages)

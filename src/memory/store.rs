@@ -110,12 +110,12 @@ pub(crate) async fn one_writer(
         .bind(format!("memory:{user}:{bot}"))
         .execute(&mut *tx)
         .await?;
-    let erased: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM tombstones WHERE kind = 'user' AND id = $1)",
-    )
-    .bind(user)
-    .fetch_one(&mut *tx)
-    .await?;
+    let erased: bool =
+        sqlx::query_scalar(concat!("SELECT ", crate::store::tombstoned!("$1", "$2")))
+            .bind(user)
+            .bind(&[] as &[String])
+            .fetch_one(&mut *tx)
+            .await?;
     Ok(match erased {
         true => Writer::Erased,
         false => Writer::Open,

@@ -1,6 +1,22 @@
 //! The two databases: MongoDB holds the app's data (users, DMs, tricklists, spots, tricks),
 //! PostgreSQL the companion's own (history, the journal, the knowledge base).
 
+/// The SQL condition "a tombstone stops this": the user (parameter `$u`) erased, or one of the messages
+/// (text array parameter `$m`) deleted. One text for every reader of the tombstones (admission's probe,
+/// the reads before and after delivery, memory's writers), so that they can never disagree.
+macro_rules! tombstoned {
+    ($u:literal, $m:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM tombstones WHERE (kind = 'user' AND id = ",
+            $u,
+            ") OR (kind = 'message' AND id = ANY(",
+            $m,
+            ")))"
+        )
+    };
+}
+pub(crate) use tombstoned;
+
 pub(crate) mod mongo;
 pub(crate) mod pg;
 pub(crate) mod reminders;

@@ -80,11 +80,10 @@ impl Pg {
         user: &str,
         messages: &[String],
     ) -> Result<(bool, bool), StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT coalesce((SELECT paused FROM takeovers WHERE conversation_id = $1), false),
-                    EXISTS (SELECT 1 FROM tombstones
-                            WHERE (kind = 'user' AND id = $2) OR (kind = 'message' AND id = ANY($3)))",
-        )
+        Ok(sqlx::query_as(concat!(
+            "SELECT coalesce((SELECT paused FROM takeovers WHERE conversation_id = $1), false), ",
+            super::tombstoned!("$2", "$3")
+        ))
         .bind(conversation)
         .bind(user)
         .bind(messages)
@@ -102,14 +101,13 @@ impl Pg {
         user: &str,
         messages: &[String],
     ) -> Result<bool, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM tombstones
-                            WHERE (kind = 'user' AND id = $1) OR (kind = 'message' AND id = ANY($2)))",
+        Ok(
+            sqlx::query_scalar(concat!("SELECT ", super::tombstoned!("$1", "$2")))
+                .bind(user)
+                .bind(messages)
+                .fetch_one(&self.pool)
+                .await?,
         )
-        .bind(user)
-        .bind(messages)
-        .fetch_one(&self.pool)
-        .await?)
     }
 
     /// The position in `messages` of the first one deleted (a tombstone), if any.

@@ -97,6 +97,34 @@ async fn step_status(env: &TestEnv) -> (String, String) {
     (step, status)
 }
 
+/// The draft in the flow's `slots` is real and named Hollow Bowl; a moderator approves it as TB-Backend's
+/// admin tool would (stored, then published); returns the companion's follow-up.
+async fn approve_hollow_bowl(env: &TestEnv, slots: &Value) -> companion::testing::bus::Completion {
+    let draft = ObjectId::parse_str(slots["draft_id"].as_str().unwrap()).unwrap();
+    let stored = env
+        .mongo
+        .collection("spot_drafts")
+        .find_one(doc! {"_id": draft})
+        .await
+        .unwrap()
+        .expect("the draft is real");
+    assert_eq!(stored.get_str("name").unwrap(), "Hollow Bowl");
+    let mut replies = env.completions(JESS_KAORI).await;
+    env.mongo
+        .collection("spot_drafts")
+        .update_one(doc! {"_id": draft}, doc! {"$set": {"status": "approved"}})
+        .await
+        .unwrap();
+    companion_dev::backend::publish_spot_review(
+        &env.bus,
+        draft,
+        &json!({"draftId": draft.to_hex(), "status": "approved", "reviewedAt": "2026-11-24T10:00:00Z"}),
+    )
+    .await
+    .unwrap();
+    next_proactive(&mut replies, Duration::from_secs(30)).await
+}
+
 /// Jess says `text` to Kaori and gets the reply.
 async fn say(env: &TestEnv, text: &str) -> companion::testing::bus::Completion {
     let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
@@ -204,31 +232,8 @@ async fn the_spot_wizard_runs_from_link_to_review_across_a_restart() {
     deliver_again(&env, "it's called Hollow Bowl, a diy with a deep bowl").await;
     let (_, step, status, slots) = flow_of(&env).await.unwrap();
     assert_eq!((step.as_str(), status.as_str()), ("review", "waiting"));
-    let draft = ObjectId::parse_str(slots["draft_id"].as_str().unwrap()).unwrap();
-    let stored = env
-        .mongo
-        .collection("spot_drafts")
-        .find_one(doc! {"_id": draft})
-        .await
-        .unwrap()
-        .expect("the draft is real");
-    assert_eq!(stored.get_str("name").unwrap(), "Hollow Bowl");
-
     // The moderator approves: the follow-up comes, and the flow ends.
-    let mut replies = env.completions(JESS_KAORI).await;
-    env.mongo
-        .collection("spot_drafts")
-        .update_one(doc! {"_id": draft}, doc! {"$set": {"status": "approved"}})
-        .await
-        .unwrap();
-    companion_dev::backend::publish_spot_review(
-        &env.bus,
-        draft,
-        &json!({"draftId": draft.to_hex(), "status": "approved", "reviewedAt": "2026-11-24T10:00:00Z"}),
-    )
-    .await
-    .unwrap();
-    let follow_up = next_proactive(&mut replies, Duration::from_secs(30)).await;
+    let follow_up = approve_hollow_bowl(&env, &slots).await;
     assert!(follow_up.trigger.is_some());
     assert_eq!(step_status(&env).await, ("outcome".into(), "done".into()));
     let brief = env.stub.requests().last().map(|b| b.to_string()).unwrap();
@@ -267,30 +272,7 @@ async fn the_offline_model_runs_the_demos_spot_wizard_from_the_first_line_to_the
         (flow.as_str(), step.as_str(), status.as_str()),
         ("spot_wizard", "review", "waiting")
     );
-    let draft = ObjectId::parse_str(slots["draft_id"].as_str().unwrap()).unwrap();
-    let stored = env
-        .mongo
-        .collection("spot_drafts")
-        .find_one(doc! {"_id": draft})
-        .await
-        .unwrap()
-        .expect("the draft is real");
-    assert_eq!(stored.get_str("name").unwrap(), "Hollow Bowl");
-    // The moderator approves, as TB-Backend's admin tool would.
-    let mut replies = env.completions(JESS_KAORI).await;
-    env.mongo
-        .collection("spot_drafts")
-        .update_one(doc! {"_id": draft}, doc! {"$set": {"status": "approved"}})
-        .await
-        .unwrap();
-    companion_dev::backend::publish_spot_review(
-        &env.bus,
-        draft,
-        &json!({"draftId": draft.to_hex(), "status": "approved", "reviewedAt": "2026-11-24T10:00:00Z"}),
-    )
-    .await
-    .unwrap();
-    let follow_up = next_proactive(&mut replies, Duration::from_secs(30)).await;
+    let follow_up = approve_hollow_bowl(&env, &slots).await;
     eprintln!("< {}", follow_up.content);
     assert!(
         follow_up.content.contains("Hollow Bowl"),

@@ -6,7 +6,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use companion::testing::journal::State;
+use companion::testing::{bus::InboundEvent, journal::State};
 use companion_dev::stub::{self, Responder, StubReply, last_user_text};
 use serde_json::{Value, json};
 
@@ -634,18 +634,9 @@ fn slow_on_the_code(asked: fn(&Value) -> bool) -> Responder {
     })
 }
 
-#[tokio::test]
-async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_and_no_later_prompt()
-{
-    // The turn of the locker code waits 4 s on the model; memory's own requests do not.
-    let slow = slow_on_the_code(|body| last_user_text(body).contains("4471"));
-    let mut env = TestEnv::with(slow, |c| {
-        c.memory.extract_after = 1;
-        c.memory.quiet_secs = 3600;
-        c.turn.user_turns_per_minute = 0;
-    })
-    .await;
-    env.start_worker().await;
+/// Jess tells Kaori her locker code; returns once the turn has asked the model (which, with
+/// [`slow_on_the_code`], then waits).
+async fn locker_code_asked(env: &TestEnv) -> InboundEvent {
     let e = env
         .dm(JESS, KAORI, JESS_KAORI, "my locker code is 4471")
         .await;
@@ -658,6 +649,34 @@ async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_an
     })
     .await;
     assert!(waiting, "the turn asked the model");
+    e
+}
+
+/// Returns once an extraction has asked the model.
+async fn extraction_asked(env: &TestEnv) {
+    let extracting = eventually(Duration::from_secs(30), || async {
+        env.stub
+            .requests()
+            .iter()
+            .any(|b| companion_dev::memory_rules::answer(b).is_some())
+    })
+    .await;
+    assert!(extracting, "an extraction asked the model");
+}
+
+#[tokio::test]
+async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_and_no_later_prompt()
+{
+    // The turn of the locker code waits 4 s on the model; memory's own requests do not.
+    let slow = slow_on_the_code(|body| last_user_text(body).contains("4471"));
+    let mut env = TestEnv::with(slow, |c| {
+        c.memory.extract_after = 1;
+        c.memory.quiet_secs = 3600;
+        c.turn.user_turns_per_minute = 0;
+    })
+    .await;
+    env.start_worker().await;
+    let e = locker_code_asked(&env).await;
     // Deleted while its turn waits on the model; the deletion settles first.
     env.signal(
         "message_deleted",
@@ -778,18 +797,7 @@ async fn a_user_erased_while_their_turn_waits_on_the_model_leaves_nothing_in_the
     })
     .await;
     env.start_worker().await;
-    let e = env
-        .dm(JESS, KAORI, JESS_KAORI, "my locker code is 4471")
-        .await;
-    env.publish(&e).await;
-    let waiting = eventually(Duration::from_secs(30), || async {
-        env.stub
-            .requests()
-            .iter()
-            .any(|b| last_user_text(b).contains("4471"))
-    })
-    .await;
-    assert!(waiting, "the turn asked the model");
+    let e = locker_code_asked(&env).await;
     env.signal("user_erased", JESS, "erase-during", "").await;
     env.drained(Drained::Signals).await;
     let record = env.settled(&e.message_id).await;
@@ -810,36 +818,31 @@ async fn a_user_erased_while_their_turn_waits_on_the_model_leaves_nothing_in_the
         .await
         .unwrap();
     assert_eq!(rows, 0, "history rows of the erased user");
+    assert!(
+        !completion_stored(&env).await,
+        "a completion reached the outbound stream after the erasure"
+    );
+    env.finish().await;
+}
+
+/// Whether the outbound stream holds a completion of Jess's conversation with Kaori.
+async fn completion_stored(env: &TestEnv) -> bool {
     let out = env
         .bus
         .js
         .get_stream(&env.bus.names.stream_out)
         .await
         .unwrap();
-    let completion = out
-        .get_last_raw_message_by_subject(&env.bus.names.outbound(JESS_KAORI))
-        .await;
-    assert!(
-        completion.is_err(),
-        "a completion reached the outbound stream after the erasure"
-    );
-    env.finish().await;
+    out.get_last_raw_message_by_subject(&env.bus.names.outbound(JESS_KAORI))
+        .await
+        .is_ok()
 }
 
 /// What a turn whose deletion overtook it left: its reply documents, its completions in the outbound
 /// stream, and the history rows of the conversation.
 async fn left_by_turn(env: &TestEnv, message: &str) -> (usize, bool, i64) {
     let replies = env.replies_to(message).await.len();
-    let out = env
-        .bus
-        .js
-        .get_stream(&env.bus.names.stream_out)
-        .await
-        .unwrap();
-    let completion = out
-        .get_last_raw_message_by_subject(&env.bus.names.outbound(JESS_KAORI))
-        .await
-        .is_ok();
+    let completion = completion_stored(env).await;
     let rows: i64 =
         sqlx::query_scalar("SELECT count(*) FROM bot_conversations WHERE conversation_id = $1")
             .bind(JESS_KAORI)
@@ -1067,14 +1070,7 @@ async fn memory_cleared_while_an_extraction_waits_on_the_model_leaves_no_fact_an
     env.start_worker().await;
     say(&env, "i ride goofy and my home park is glenhaven").await;
     // The extraction of that message is waiting on the model.
-    let extracting = eventually(Duration::from_secs(30), || async {
-        env.stub
-            .requests()
-            .iter()
-            .any(|b| companion_dev::memory_rules::answer(b).is_some())
-    })
-    .await;
-    assert!(extracting, "an extraction asked the model");
+    extraction_asked(&env).await;
     env.signal(
         "memory_cleared",
         JESS,
@@ -1107,14 +1103,7 @@ async fn user_erased_while_an_extraction_waits_on_the_model_leaves_no_fact_summa
     .await;
     env.start_worker().await;
     say(&env, "i ride goofy and my home park is glenhaven").await;
-    let extracting = eventually(Duration::from_secs(30), || async {
-        env.stub
-            .requests()
-            .iter()
-            .any(|b| companion_dev::memory_rules::answer(b).is_some())
-    })
-    .await;
-    assert!(extracting, "an extraction asked the model");
+    extraction_asked(&env).await;
     env.signal("user_erased", JESS, "erase-extracting", "")
         .await;
     // The erasure and the extraction (a signal too) have both settled.
