@@ -72,7 +72,9 @@ pub mod rag {
 }
 pub mod safety {
     pub mod detect {
-        pub use crate::safety::detect::{Decision, Layer, category, check_reply, decide};
+        pub use crate::safety::detect::{
+            Decision, Layer, category, check_reply, check_reply_with, decide, decide_with,
+        };
     }
     pub mod learned {
         pub use crate::safety::learned::{

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Context;
 use companion::testing::config::EmbedSettings;
+use companion::testing::safety::detect::{check_reply_with, decide_with};
 use companion::testing::safety::learned::{self, BUCKETS, DIM, Features, Header, Model};
 use sha2::{Digest, Sha256};
 
@@ -208,6 +209,7 @@ fn fit_with_threshold(
     let mut fold: Vec<usize> = (0..examples.len()).map(|i| i % FOLDS).collect();
     rng.shuffle(&mut fold);
     let mut oof = vec![0f32; examples.len()];
+    let mut folds = Vec::with_capacity(FOLDS);
     for k in 0..FOLDS {
         let train: Vec<&Example> = examples
             .iter()
@@ -220,6 +222,7 @@ fn fit_with_threshold(
         for (i, e) in examples.iter().enumerate().filter(|(i, _)| fold[*i] == k) {
             oof[i] = m.verdict(&e.x).1;
         }
+        folds.push(m);
     }
     let threshold = (1..100)
         .map(|t| t as f32 / 100.0)
@@ -265,13 +268,142 @@ fn fit_with_threshold(
         chat_fp(examples, &oof, threshold)
     );
     println!("{note}");
+    for m in &mut folds {
+        m.header.threshold = threshold;
+    }
+    let policy = Oof {
+        examples,
+        fold: &fold,
+        models: folds,
+    }
+    .choose(set, fp_target);
     let all: Vec<&Example> = examples.iter().collect();
     let (w, b) = fit(classes.len(), &all, args.epochs, args.seed);
-    Ok(Model::quantise(
-        header(classes, threshold, digest, &note),
-        &w,
-        b,
-    ))
+    let mut header = header(
+        classes,
+        threshold,
+        digest,
+        &format!("{note}; {}", policy.note),
+    );
+    header.threshold = policy.threshold.unwrap_or(threshold);
+    header.veto = policy.veto;
+    header.context_free = policy.context_free;
+    Ok(Model::quantise(header, &w, b))
+}
+
+/// The layers' combined decision, out of fold: each tuning line decided by the rules and the model that
+/// did not see it.
+struct Oof<'a> {
+    examples: &'a [Example],
+    fold: &'a [usize],
+    models: Vec<Model>,
+}
+
+/// What the trainer chose for the combined decision, and why.
+struct Policy {
+    threshold: Option<f32>,
+    veto: Option<f32>,
+    context_free: bool,
+    note: String,
+}
+
+/// A combined decision's figures on the tuning lines: recall, hard-negative and chat false positives.
+#[derive(Clone, Copy)]
+struct Figures {
+    recall: f64,
+    hard_fp: f64,
+    chat_fp: f64,
+}
+
+impl Oof<'_> {
+    /// The figures of `flagged` (given the line and the model that did not see it).
+    fn figures(&self, flagged: impl Fn(&Example, &Model) -> bool) -> Figures {
+        let (mut pos, mut hit, mut hard, mut hard_fp, mut chat, mut chat_fp) = (0, 0, 0, 0, 0, 0);
+        for (e, k) in self.examples.iter().zip(self.fold) {
+            let f = flagged(e, &self.models[*k]);
+            match (e.y != 0, e.hard) {
+                (true, _) => (pos, hit) = (pos + 1, hit + usize::from(f)),
+                (false, true) => (hard, hard_fp) = (hard + 1, hard_fp + usize::from(f)),
+                (false, false) => (chat, chat_fp) = (chat + 1, chat_fp + usize::from(f)),
+            }
+        }
+        let share = |a: usize, b: usize| a as f64 / b.max(1) as f64;
+        Figures {
+            recall: share(hit, pos),
+            hard_fp: share(hard_fp, hard),
+            chat_fp: share(chat_fp, chat),
+        }
+    }
+
+    /// The threshold, and the veto of a sure rule (input) or whether the layer blocks on its own
+    /// (output), under which the combined decision has the most recall while its false positives stay
+    /// within `fp_target` on the hard negatives and a quarter of that on chat; fewer false positives on a
+    /// tie.
+    fn choose(mut self, set: &str, fp_target: f64) -> Policy {
+        let vetoes: &[Option<f32>] = if set == "input" {
+            &[
+                None,
+                Some(0.02),
+                Some(0.05),
+                Some(0.1),
+                Some(0.2),
+                Some(0.3),
+                Some(0.5),
+            ]
+        } else {
+            &[None]
+        };
+        let context_free: &[bool] = if set == "input" {
+            &[false]
+        } else {
+            &[false, true]
+        };
+        let mut best: Option<(Figures, f32, Option<f32>, bool)> = None;
+        for t in (50..98).map(|t| t as f32 / 100.0) {
+            for veto in vetoes {
+                for free in context_free {
+                    for m in &mut self.models {
+                        (m.header.threshold, m.header.veto, m.header.context_free) =
+                            (t, *veto, *free);
+                    }
+                    let f = self.figures(|e, m| match set {
+                        "input" => {
+                            decide_with(Some(m), &e.text, e.x.embedding.as_deref(), None).is_some()
+                        }
+                        _ => check_reply_with(Some(m), &e.text).is_some(),
+                    });
+                    let within = f.hard_fp <= fp_target && f.chat_fp <= fp_target / 4.0;
+                    let better = best.as_ref().is_none_or(|(b, ..)| {
+                        f.recall > b.recall
+                            || (f.recall == b.recall
+                                && f.hard_fp + f.chat_fp < b.hard_fp + b.chat_fp)
+                    });
+                    if within && better {
+                        best = Some((f, t, *veto, *free));
+                    }
+                }
+            }
+        }
+        let Some((f, threshold, veto, context_free)) = best else {
+            return Policy {
+                threshold: None,
+                veto: None,
+                context_free: false,
+                note: "no combined setting within the false-positive target".into(),
+            };
+        };
+        let note = format!(
+            "{set} decision (rules and this layer) out of fold at threshold {threshold:.2}, veto {veto:?}, context_free {context_free}: recall {:.3}, hard-negative fp {:.3}, chat fp {:.4}",
+            f.recall, f.hard_fp, f.chat_fp
+        );
+        println!("  {note}");
+        Policy {
+            threshold: Some(threshold),
+            veto,
+            context_free,
+            note,
+        }
+    }
 }
 
 fn header(classes: &[&str], threshold: f32, digest: &str, note: &str) -> Header {
@@ -280,6 +412,8 @@ fn header(classes: &[&str], threshold: f32, digest: &str, note: &str) -> Header 
         threshold,
         trained_on: format!("tests/fixtures/safety/tuning sha256 {digest}"),
         note: note.to_owned(),
+        veto: None,
+        context_free: false,
     }
 }
 
@@ -392,5 +526,35 @@ mod tests {
         for model in [learned::INPUT.as_ref(), learned::OUTPUT.as_ref()] {
             assert_eq!(model.expect("the model loads").header.trained_on, want);
         }
+    }
+
+    /// Training on a line of the frozen sets would make their figures a measure of memory: no tuning
+    /// line (or extra line) is, word for word, a frozen one.
+    #[test]
+    fn no_tuning_line_is_in_a_frozen_set() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let key = |t: &str| t.trim().to_lowercase();
+        let frozen: std::collections::HashSet<String> = ["input.jsonl", "output.jsonl"]
+            .iter()
+            .flat_map(|f| {
+                crate::jsonl::read::<Line>(&root.join("tests/fixtures/safety/frozen").join(f))
+                    .unwrap()
+            })
+            .map(|l| key(&l.text))
+            .collect();
+        let mut tuning = Vec::new();
+        for f in tuning_files(&root.join("tests/fixtures/safety/tuning")).unwrap() {
+            tuning.extend(crate::jsonl::read::<Line>(&f).unwrap());
+        }
+        for p in EXTRA {
+            tuning.extend(read_extra(&root.join(p)).unwrap());
+        }
+        let shared: Vec<&str> = tuning
+            .iter()
+            .filter(|l| frozen.contains(&key(&l.text)))
+            .map(|l| l.text.as_str())
+            .collect();
+        assert!(tuning.len() > 6000, "{}", tuning.len());
+        assert_eq!(shared, Vec::<&str>::new());
     }
 }

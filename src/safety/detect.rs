@@ -7,7 +7,8 @@
 //! - the reply model's own flag, raised later in the turn (layer [`Layer::Model`]).
 //!
 //! Any layer's flag refers, unless the sport-language exclusions apply to the message (the slang was
-//! masked out and no crisis word is left); a sure rule is never overruled.
+//! masked out and no crisis word is left). A sure rule refers unless the learned layer is confident the
+//! whole message is no crisis (its model's `veto`, chosen on the tuning lines).
 
 use serde::{Deserialize, Serialize};
 
@@ -58,22 +59,46 @@ pub fn decide(
     embedding: Option<&[f32]>,
     moderation: Option<Category>,
 ) -> Option<Decision> {
+    let model = learned::INPUT.as_ref().filter(|_| learned);
+    decide_with(model, text, embedding, moderation)
+}
+
+/// [`decide`] with a given learned model (the trainer's out-of-fold models; the compiled-in one).
+pub fn decide_with(
+    model: Option<&learned::Model>,
+    text: &str,
+    embedding: Option<&[f32]>,
+    moderation: Option<Category>,
+) -> Option<Decision> {
     let rules = screen::screen(text);
-    if let Some(f) = rules.as_ref().filter(|f| f.sure) {
+    let scored = model.map(|m| m.verdict(&learned::features(text, embedding)));
+    // Both views of a message of some length: what the learned layer may decide alone on. The n-grams
+    // alone (a message with no content word, which the worker does not embed, or no embedding model)
+    // read "got it, makes sense" as a threat; they still confirm an unsure rule.
+    let whole = !too_short(text) && embedding.is_some();
+    // A sure rule refers, unless the learned layer, on the whole message, is confident it is no crisis
+    // (its model's `veto`, chosen on the tuning lines): idioms of embarrassment, a gap called
+    // "suicidal", a quoted song.
+    let vetoed = |score: f32| {
+        whole
+            && model
+                .and_then(|m| m.header.veto)
+                .is_some_and(|veto| score < veto)
+    };
+    if let Some(f) = rules.as_ref().filter(|f| f.sure)
+        && !scored.as_ref().is_some_and(|(_, score)| vetoed(*score))
+    {
         return Some(Decision {
             category: f.category,
             lang: f.lang.clone(),
             layer: Layer::Rules,
         });
     }
-    let model = learned::INPUT.as_ref().filter(|_| learned);
-    let scored = model.map(|m| m.verdict(&learned::features(text, embedding)));
-    // Alone, it refers only on both views of the message: the n-grams alone (a message with no content
-    // word, which the worker does not embed, or no embedding model) read "got it, makes sense" as a
-    // threat. They still confirm an unsure rule.
+    let rules = rules.filter(|f| !f.sure);
     let learned = scored
-        .and_then(|(class, _)| class)
-        .filter(|_| !too_short(text) && embedding.is_some())
+        .as_ref()
+        .and_then(|(class, _)| *class)
+        .filter(|_| whole)
         .and_then(category);
     // An unsure rule is a candidate for a second stage: it refers when the learned layer gives the
     // message at least even odds of a crisis (or flags it itself, or the moderation endpoint does).
@@ -127,14 +152,27 @@ pub fn category(class: &str) -> Option<Category> {
 /// on the message's n-grams (no embedding: a reply is not embedded for anything else, and a model run per
 /// reply would double the embedder's work). None when it may go out.
 pub fn check_reply(text: &str) -> Option<Blocked> {
+    check_reply_with(learned::OUTPUT.as_ref(), text)
+}
+
+/// [`check_reply`] with a given learned model.
+pub fn check_reply_with(model: Option<&learned::Model>, text: &str) -> Option<Blocked> {
     if let Some(b) = screen::check_output(text) {
         return Some(b);
     }
-    // The learned layer's encouragement counts where the reply speaks of death, harm or giving up: alone
-    // it reads "sent it to the mods" as a push to jump. Sexual content is the rules' alone.
-    let model = learned::OUTPUT.as_ref()?;
+    let model = model?;
     let (class, _) = model.decide(&learned::features(text, None))?;
-    (class == "encouragement" && screen::harm_context(text)).then_some(Blocked::SelfHarm)
+    // A model trained without enough replies that share the words (`context_free` false) reads "sent it
+    // to the mods" as a push to jump: its encouragement then counts only where the reply speaks of death,
+    // harm or giving up, and sexual content is the rules' alone.
+    // Nor does it block a reply of three words or fewer on its own ("haha nice" read as encouragement):
+    // the rules cover the short forms.
+    let alone = model.header.context_free && !too_short(text);
+    match class {
+        "encouragement" if alone || screen::harm_context(text) => Some(Blocked::SelfHarm),
+        "sexual" if alone => Some(Blocked::Sexual),
+        _ => None,
+    }
 }
 
 /// Our category of a moderation endpoint's flagged categories (OpenAI's names), or None:
@@ -219,6 +257,54 @@ mod tests {
         );
     }
 
+    /// A model that is sure every message is no crisis, with the given veto.
+    fn calm(veto: Option<f32>) -> learned::Model {
+        let header = learned::Header {
+            classes: vec!["none".into(), "self_harm".into()],
+            threshold: 0.9,
+            trained_on: "test".into(),
+            note: String::new(),
+            veto,
+            context_free: false,
+        };
+        let width = learned::BUCKETS + learned::DIM;
+        learned::Model::quantise(
+            header,
+            &[vec![0.0; width], vec![0.0; width]],
+            vec![6.0, 0.0],
+        )
+    }
+
+    #[test]
+    fn a_sure_rule_is_vetoed_only_by_a_confident_model_on_the_whole_message() {
+        let text = "i want to kill myself tonight, i can't do this anymore";
+        let sure = screen::screen(text).expect("the rules flag it");
+        assert!(sure.sure);
+        let embedding = vec![0.05f32; learned::DIM];
+        let decide = |model: &learned::Model, text: &str, e: Option<&[f32]>| {
+            decide_with(Some(model), text, e, None).map(|d| d.layer)
+        };
+        assert_eq!(
+            decide(&calm(None), text, Some(&embedding)),
+            Some(Layer::Rules)
+        );
+        assert_eq!(decide(&calm(Some(0.05)), text, Some(&embedding)), None);
+        // Without the embedding, or on a short message, the model is not given the whole message.
+        assert_eq!(decide(&calm(Some(0.05)), text, None), Some(Layer::Rules));
+        assert_eq!(
+            decide(&calm(Some(0.05)), "kms", Some(&embedding)),
+            Some(Layer::Rules)
+        );
+        // Another layer's flag still refers.
+        let d = decide_with(
+            Some(&calm(Some(0.05))),
+            text,
+            Some(&embedding),
+            Some(Category::SelfHarm),
+        );
+        assert_eq!(d.map(|d| d.layer), Some(Layer::Moderation));
+    }
+
     #[test]
     fn the_reply_regression_is_blocked() {
         assert_eq!(
@@ -262,6 +348,11 @@ mod everyday_replies {
         for text in [
             "sent it to the mods 🛹",
             "haha nice",
+            "lol same",
+            "ok bet, see you at the park",
+            "nice one! that's going on your tricklist",
+            "haha yeah that bail looked rough, ice it tonight",
+            "got it, reminder set for saturday at 10",
             "not while paused",
             "ok",
             "deal! i'll remind you: stretch ⏰",

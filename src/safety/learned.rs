@@ -94,6 +94,13 @@ pub struct Header {
     /// What it was trained on (the tuning files' sha256) and how well it did out of fold, for the record.
     pub trained_on: String,
     pub note: String,
+    /// Input model: a sure rule is overruled when the whole message scores under this (chosen out of
+    /// fold on the tuning lines; absent in older files: never).
+    #[serde(default)]
+    pub veto: Option<f32>,
+    /// Output model: its verdict blocks a reply on its own, without the harm-context condition.
+    #[serde(default)]
+    pub context_free: bool,
 }
 
 /// A trained classifier: per class, int8 weights with one scale, and a bias.
@@ -270,6 +277,8 @@ mod tests {
             threshold: 0.5,
             trained_on: "test".into(),
             note: String::new(),
+            veto: None,
+            context_free: false,
         };
         let x = features("want to disappear forever", None);
         let mut w = vec![vec![0f32; WIDTH], vec![0f32; WIDTH]];
