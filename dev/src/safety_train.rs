@@ -24,6 +24,20 @@ const EXTRA: [&str; 3] = [
     "deploy/local/calibration/multilingual.txt",
 ];
 
+/// Ordinary companion text, as replies the output check must pass (`chat` of the output set): the
+/// skateboarding knowledge, sentence by sentence, and the calibration chat lines. The snowboarding
+/// knowledge is left out, to measure on (`ordinary_sport_text_the_output_layer_never_saw_passes`).
+const REPLY_CHAT: [&str; 8] = [
+    "deploy/local/knowledge/skateboarding/bearings-and-maintenance.md",
+    "deploy/local/knowledge/skateboarding/choosing-a-setup.md",
+    "deploy/local/knowledge/skateboarding/kickflip-tips.md",
+    "deploy/local/knowledge/skateboarding/ollie-basics.md",
+    "deploy/local/knowledge/skateboarding/pushing-and-stopping.md",
+    "deploy/local/knowledge/skateboarding/skatepark-etiquette.md",
+    "deploy/local/calibration/chat.txt",
+    "deploy/local/calibration/multilingual.txt",
+];
+
 /// The classes of each model, `none` first.
 const INPUT_CLASSES: [&str; 5] = ["none", "self_harm", "harm_others", "abuse", "grooming"];
 const OUTPUT_CLASSES: [&str; 3] = ["none", "encouragement", "sexual"];
@@ -44,6 +58,10 @@ pub struct TrainArgs {
     /// Highest out-of-fold false-positive rate on the tuning set's hard negatives (user messages).
     #[arg(long, default_value_t = 0.03)]
     pub input_fp: f64,
+    /// Highest out-of-fold false-positive rate of the combined decision on ordinary chat (user messages
+    /// and companion text): a referral or a swapped reply in everyday talk is what users meet most.
+    #[arg(long, default_value_t = 0.0075)]
+    pub chat_fp: f64,
     /// Highest out-of-fold false-positive rate on the tuning set's kind replies.
     #[arg(long, default_value_t = 0.01)]
     pub output_fp: f64,
@@ -121,6 +139,31 @@ fn read_extra(path: &std::path::Path) -> anyhow::Result<Vec<Line>> {
         .collect())
 }
 
+/// The sentences of ordinary companion text (a Markdown page or chat lines) as kind replies (`chat`).
+fn read_reply_chat(path: &std::path::Path) -> anyhow::Result<Vec<Line>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(sentences(&text)
+        .map(|l| Line {
+            set: "output".into(),
+            lang: "xx".into(),
+            label: "none".into(),
+            kind: "chat".into(),
+            text: l.to_owned(),
+        })
+        .collect())
+}
+
+/// The sentences of a text of more than three words, without headings and comments.
+fn sentences(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#') && !l.starts_with("---"))
+        .flat_map(|l| l.split(". "))
+        .map(|l| l.trim_matches(|c: char| c == '-' || c == '*' || c.is_whitespace()))
+        .filter(|l| l.split_whitespace().count() > 3)
+}
+
 /// One training example.
 struct Example {
     text: String,
@@ -143,7 +186,12 @@ pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
     for path in &args.extra {
         lines.extend(read_extra(path)?);
     }
-    let digest = digest(&files, &args.extra)?;
+    let reply_chat: Vec<std::path::PathBuf> = REPLY_CHAT.iter().map(Into::into).collect();
+    for path in &reply_chat {
+        lines.extend(read_reply_chat(path)?);
+    }
+    let extra: Vec<std::path::PathBuf> = args.extra.iter().chain(&reply_chat).cloned().collect();
+    let digest = digest(&files, &extra)?;
     let embedder = companion::testing::rag::load_embedder(&args.embed)
         .context("the embedding model is needed to train (deploy/local/models.sh)")?;
     let texts: Vec<String> = lines.iter().map(|l| l.text.clone()).collect();
@@ -276,7 +324,7 @@ fn fit_with_threshold(
         fold: &fold,
         models: folds,
     }
-    .choose(set, fp_target);
+    .choose(set, fp_target, args.chat_fp);
     let all: Vec<&Example> = examples.iter().collect();
     let (w, b) = fit(classes.len(), &all, args.epochs, args.seed);
     let mut header = header(
@@ -287,7 +335,11 @@ fn fit_with_threshold(
     );
     header.threshold = policy.threshold.unwrap_or(threshold);
     header.veto = policy.veto;
-    header.context_free = policy.context_free;
+    header.context_free = policy
+        .context_free
+        .iter()
+        .map(|c| (*c).to_owned())
+        .collect();
     Ok(Model::quantise(header, &w, b))
 }
 
@@ -303,7 +355,7 @@ struct Oof<'a> {
 struct Policy {
     threshold: Option<f32>,
     veto: Option<f32>,
-    context_free: bool,
+    context_free: &'static [&'static str],
     note: String,
 }
 
@@ -337,9 +389,9 @@ impl Oof<'_> {
 
     /// The threshold, and the veto of a sure rule (input) or whether the layer blocks on its own
     /// (output), under which the combined decision has the most recall while its false positives stay
-    /// within `fp_target` on the hard negatives and a quarter of that on chat; fewer false positives on a
-    /// tie.
-    fn choose(mut self, set: &str, fp_target: f64) -> Policy {
+    /// within `fp_target` on the hard negatives and `chat_fp` on ordinary chat; fewer false positives on
+    /// a tie.
+    fn choose(mut self, set: &str, fp_target: f64, chat_fp: f64) -> Policy {
         let vetoes: &[Option<f32>] = if set == "input" {
             &[
                 None,
@@ -353,18 +405,24 @@ impl Oof<'_> {
         } else {
             &[None]
         };
-        let context_free: &[bool] = if set == "input" {
-            &[false]
+        let context_free: &[&[&str]] = if set == "input" {
+            &[&[]]
         } else {
-            &[false, true]
+            &[
+                &[],
+                &["encouragement"],
+                &["sexual"],
+                &["encouragement", "sexual"],
+            ]
         };
-        let mut best: Option<(Figures, f32, Option<f32>, bool)> = None;
+        let mut best: Option<(Figures, f32, Option<f32>, &'static [&'static str])> = None;
         for t in (50..98).map(|t| t as f32 / 100.0) {
             for veto in vetoes {
                 for free in context_free {
                     for m in &mut self.models {
-                        (m.header.threshold, m.header.veto, m.header.context_free) =
-                            (t, *veto, *free);
+                        m.header.threshold = t;
+                        m.header.veto = *veto;
+                        m.header.context_free = free.iter().map(|c| (*c).to_owned()).collect();
                     }
                     let f = self.figures(|e, m| match set {
                         "input" => {
@@ -372,7 +430,7 @@ impl Oof<'_> {
                         }
                         _ => check_reply_with(Some(m), &e.text).is_some(),
                     });
-                    let within = f.hard_fp <= fp_target && f.chat_fp <= fp_target / 4.0;
+                    let within = f.hard_fp <= fp_target && f.chat_fp <= chat_fp;
                     let better = best.as_ref().is_none_or(|(b, ..)| {
                         f.recall > b.recall
                             || (f.recall == b.recall
@@ -388,12 +446,12 @@ impl Oof<'_> {
             return Policy {
                 threshold: None,
                 veto: None,
-                context_free: false,
+                context_free: &[],
                 note: "no combined setting within the false-positive target".into(),
             };
         };
         let note = format!(
-            "{set} decision (rules and this layer) out of fold at threshold {threshold:.2}, veto {veto:?}, context_free {context_free}: recall {:.3}, hard-negative fp {:.3}, chat fp {:.4}",
+            "{set} decision (rules and this layer) out of fold at threshold {threshold:.2}, veto {veto:?}, context_free {context_free:?}: recall {:.3}, hard-negative fp {:.3}, chat fp {:.4}",
             f.recall, f.hard_fp, f.chat_fp
         );
         println!("  {note}");
@@ -413,7 +471,7 @@ fn header(classes: &[&str], threshold: f32, digest: &str, note: &str) -> Header 
         trained_on: format!("tests/fixtures/safety/tuning sha256 {digest}"),
         note: note.to_owned(),
         veto: None,
-        context_free: false,
+        context_free: Vec::new(),
     }
 }
 
@@ -518,7 +576,11 @@ mod tests {
     fn the_models_were_trained_on_the_committed_lines() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let files = tuning_files(&root.join("tests/fixtures/safety/tuning")).unwrap();
-        let extra: Vec<PathBuf> = EXTRA.iter().map(|p| root.join(p)).collect();
+        let extra: Vec<PathBuf> = EXTRA
+            .iter()
+            .chain(&REPLY_CHAT)
+            .map(|p| root.join(p))
+            .collect();
         let want = format!(
             "tests/fixtures/safety/tuning sha256 {}",
             digest(&files, &extra).unwrap()
@@ -556,5 +618,32 @@ mod tests {
             .collect();
         assert!(tuning.len() > 6000, "{}", tuning.len());
         assert_eq!(shared, Vec::<&str>::new());
+    }
+
+    /// Ordinary sport text nobody trained on (the snowboarding knowledge, sentence by sentence) passes
+    /// the output check, which the learned layer now joins on its own.
+    #[test]
+    fn ordinary_sport_text_the_output_layer_never_saw_passes() {
+        use companion::testing::safety::detect::check_reply;
+        let root =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/knowledge/snowboarding");
+        let mut texts = Vec::new();
+        for entry in std::fs::read_dir(root).unwrap() {
+            texts.push(std::fs::read_to_string(entry.unwrap().path()).unwrap());
+        }
+        let lines: Vec<&str> = texts.iter().flat_map(|t| sentences(t)).collect();
+        let blocked: Vec<&str> = lines
+            .iter()
+            .copied()
+            .filter(|l| check_reply(l).is_some())
+            .collect();
+        println!("{} of {} blocked: {blocked:?}", blocked.len(), lines.len());
+        assert!(lines.len() > 60, "{}", lines.len());
+        assert!(
+            blocked.is_empty(),
+            "{} of {} blocked: {blocked:?}",
+            blocked.len(),
+            lines.len()
+        );
     }
 }

@@ -162,12 +162,12 @@ pub fn check_reply_with(model: Option<&learned::Model>, text: &str) -> Option<Bl
     }
     let model = model?;
     let (class, _) = model.decide(&learned::features(text, None))?;
-    // A model trained without enough replies that share the words (`context_free` false) reads "sent it
-    // to the mods" as a push to jump: its encouragement then counts only where the reply speaks of death,
-    // harm or giving up, and sexual content is the rules' alone.
-    // Nor does it block a reply of three words or fewer on its own ("haha nice" read as encouragement):
-    // the rules cover the short forms.
-    let alone = model.header.context_free && !too_short(text);
+    // A class blocks on its own only where its model says so (`context_free`, chosen on the tuning
+    // lines with ordinary companion text among them), and never in a reply of three words or fewer
+    // ("haha nice" read as encouragement; the rules cover the short forms). Otherwise encouragement counts
+    // only where the reply speaks of death, harm or giving up ("sent it to the mods" read as a push to
+    // jump), and sexual content is the rules' alone.
+    let alone = !too_short(text) && model.header.context_free.iter().any(|c| c == class);
     match class {
         "encouragement" if alone || screen::harm_context(text) => Some(Blocked::SelfHarm),
         "sexual" if alone => Some(Blocked::Sexual),
@@ -265,7 +265,7 @@ mod tests {
             trained_on: "test".into(),
             note: String::new(),
             veto,
-            context_free: false,
+            context_free: Vec::new(),
         };
         let width = learned::BUCKETS + learned::DIM;
         learned::Model::quantise(
@@ -333,6 +333,11 @@ mod everyday {
             "yo",
             "talk to me",
             "quick question",
+            "this will not work",
+            "it doesn't work, the app keeps crashing",
+            "nothing works today, i can't land anything",
+            "i give up on this trick for today lol",
+            "my board is done, the deck snapped",
         ] {
             assert_eq!(decide(text, true, None, None), None, "{text}");
         }
@@ -342,6 +347,26 @@ mod everyday {
 #[cfg(test)]
 mod everyday_replies {
     use super::*;
+
+    /// Every fixed line of every shipped character (the crisis line, the safe line, the disclosure…)
+    /// passes the output check: a blocked one would be swapped for the safe line, or loop on it.
+    #[test]
+    fn the_characters_fixed_lines_pass() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("characters");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for (key, value) in doc.as_object().unwrap() {
+                if let (true, Some(line)) = (key.ends_with("Line"), value.as_str()) {
+                    assert_eq!(check_reply(line), None, "{}: {key}: {line}", path.display());
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen >= 30, "{seen}");
+    }
 
     #[test]
     fn everyday_replies_pass() {

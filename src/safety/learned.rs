@@ -98,9 +98,10 @@ pub struct Header {
     /// fold on the tuning lines; absent in older files: never).
     #[serde(default)]
     pub veto: Option<f32>,
-    /// Output model: its verdict blocks a reply on its own, without the harm-context condition.
+    /// Output model: the classes whose verdict blocks a reply on its own, without the harm-context
+    /// condition (absent in older files: none).
     #[serde(default)]
-    pub context_free: bool,
+    pub context_free: Vec<String>,
 }
 
 /// A trained classifier: per class, int8 weights with one scale, and a bias.
@@ -278,7 +279,7 @@ mod tests {
             trained_on: "test".into(),
             note: String::new(),
             veto: None,
-            context_free: false,
+            context_free: Vec::new(),
         };
         let x = features("want to disappear forever", None);
         let mut w = vec![vec![0f32; WIDTH], vec![0f32; WIDTH]];

@@ -1114,6 +1114,20 @@ async fn everyday_sport_questions_are_never_flagged() {
                 .iter()
                 .map(|s| (*s).to_owned()),
         )
+        .chain(
+            [
+                // Everyday frustration, which a model of distress can misread (the first one is the
+                // message of a test of the model's refusal).
+                "this will not work",
+                "it doesn't work, the app keeps crashing",
+                "nothing works today, i can't land anything",
+                "i give up on this trick for today lol",
+                "my board is done, the deck snapped",
+                "i'm so done with this rain, no session again",
+                "why does this never work for me",
+            ]
+            .map(str::to_owned),
+        )
         .collect();
     texts.sort();
     texts.dedup();
