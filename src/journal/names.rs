@@ -74,6 +74,10 @@ pub(crate) mod step {
     /// Facts the user asked to be forgotten, removed in the transaction that records it (keyed by the
     /// call).
     pub(crate) const FORGET: &str = "forget";
+    /// After a DM's reply: memory's extraction signal (when enough messages wait) and its quiet-period
+    /// schedule, published. Keyed by the reply generation; lazy (recorded when the job settles, so a
+    /// crash before that publishes them again, which the stream's duplicate window absorbs).
+    pub(crate) const MEMORY_TRIGGER: &str = "memory_trigger";
     /// A memory extraction's history rows read (ids only), keyed `facts` or `summary`.
     pub(crate) const MEMORY_BATCH: &str = "memory_batch";
     /// The facts an extraction kept and what they replaced, written in its transaction with the cursor.

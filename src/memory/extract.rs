@@ -699,8 +699,9 @@ fn clip(s: &str, max: usize) -> String {
 impl Memory {
     /// After a DM turn: the extraction signal now when `extract_after` user messages wait (`waiting`,
     /// this turn's included: the turn's probe counted them), and (every turn) the quiet-period schedule,
-    /// which replaces the one before (a schedule's subject is its identity). A failure is logged: the
-    /// next turn schedules again, and nothing is lost meanwhile.
+    /// which replaces the one before (a schedule's subject is its identity). Both are safe to repeat (the
+    /// stream drops a duplicate id within its window): the turn runs this as a journal step before it
+    /// settles, so a crash after the reply repeats it rather than losing it.
     pub(crate) async fn after_turn(
         &self,
         bus: &Bus,
@@ -708,32 +709,26 @@ impl Memory {
         bot: &str,
         turn: &str,
         waiting: i64,
-    ) {
+    ) -> Result<(), MemoryError> {
         if !self.config.enabled {
-            return;
+            return Ok(());
         }
-        let result = async {
-            let every = self.config.extract_after.max(1);
-            if waiting >= every {
-                let tag = format!("{turn}:n{}", waiting / every);
-                self.signal_now(bus, user, bot, &tag).await?;
-            }
-            let names = &bus.names;
-            let at = Utc::now() + chrono::Duration::seconds(self.config.quiet_secs as i64);
-            bus.schedule_at(
-                names.memory_schedule(user, bot),
-                &names.memory(user, bot),
-                at,
-                &format!("memory-quiet:{turn}"),
-                Default::default(),
-            )
-            .await?;
-            Ok::<_, MemoryError>(())
+        let every = self.config.extract_after.max(1);
+        if waiting >= every {
+            let tag = format!("{turn}:n{}", waiting / every);
+            self.signal_now(bus, user, bot, &tag).await?;
         }
-        .await;
-        if let Err(e) = result {
-            warn!(error = %e, user, bot, "cannot schedule memory extraction; the next turn will");
-        }
+        let names = &bus.names;
+        let at = Utc::now() + chrono::Duration::seconds(self.config.quiet_secs as i64);
+        bus.schedule_at(
+            names.memory_schedule(user, bot),
+            &names.memory(user, bot),
+            at,
+            &format!("memory-quiet:{turn}"),
+            Default::default(),
+        )
+        .await?;
+        Ok(())
     }
 
     /// Publishes the extraction signal of (user, bot) now; `tag` tells repeats apart (the stream drops a

@@ -12,7 +12,7 @@
 //! | 6 | plan | one reply | the routed companions, then their hand-overs, bounded | one message | |
 //! | 7 | each slot: compose → converse → outgoing hook → fix ([`compose`]) | the model, with tools | the model, with tools, as that companion | the model without tools, or the plain line | `flow`, `llm`, `tool`, `quota`, `reply` |
 //! | 8 | each slot: deliver ([`deliver`]) | dm_messages, history, the conversation, the completion | the same | the same | `store_reply`, `history`, `touch`, `publish` |
-//! | 9 | finish | done, limited (the busy line) or held (paused) | done, limited, held, or dropped with the reason | done, or dropped with the reason | the job's state |
+//! | 9 | finish | memory hears of the turn; done, limited (the busy line) or held (paused) | done, limited, held, or dropped with the reason | done, or dropped with the reason | `memory_trigger`; the job's state |
 //!
 //! Over the flood limit the first speaker says the busy line instead (once per window), or the message
 //! is kept in history unanswered. A job whose attempts fail ends through [`Turns::fail`]: the messages
@@ -600,7 +600,7 @@ impl Turns {
         } else {
             State::Done
         };
-        Box::pin(self.finish(job, a, &plan, said, &burst, state, fresh > 0)).await
+        Box::pin(self.finish(job, a, &plan, said, &burst, state, fresh > 0, true)).await
     }
 
     /// The burst's other messages through the incoming hook, each screened; the first crisis among them.
@@ -882,7 +882,8 @@ impl Turns {
         Ok(Some(flow::resumed_note(def, &s)))
     }
 
-    /// Stage 9: the job ends in `state`, answered.
+    /// Stage 9: the job ends in `state`, answered; `fresh` when this attempt composed a message (the
+    /// group's counters), `remember` when memory hears of the turn (not for a failure line).
     #[allow(clippy::too_many_arguments)]
     async fn finish(
         &self,
@@ -893,10 +894,27 @@ impl Turns {
         burst: &Burst,
         state: State,
         fresh: bool,
+        remember: bool,
     ) -> Result<Settled, TurnError> {
         let Some(last) = said.last() else {
             return self.drop(job, a, "no companion left to speak", false).await;
         };
+        if let Kind::Dm(_) = a.kind
+            && remember
+            && self.memory.config.enabled
+        {
+            // Before the job settles, as a step: a crash after the reply publishes it on the retry.
+            let waiting = a.memory.waiting + 1 + burst.covers.len() as i64;
+            job.step(step::MEMORY_TRIGGER, job.record.generation.to_string())
+                .lazy()
+                .run(async {
+                    let (user, bot) = (&a.ids.user, &a.ids.bot);
+                    self.memory
+                        .after_turn(&self.bus, user, bot, job.id(), waiting)
+                        .await
+                })
+                .await?;
+        }
         let by = (state == State::Limited).then(|| job.id());
         let ending = Finish { by, reason: None };
         if !stage(Stage::Writes, job.finish(state, ending)).await? {
@@ -904,15 +922,6 @@ impl Turns {
         }
         let reply_id = last.reply.id.clone();
         info!(%reply_id, state = state.as_str(), messages = said.len(), generation = job.record.generation, "delivered");
-        if let Kind::Dm(_) = a.kind
-            && fresh
-        {
-            // Off the reply path: memory extraction is due now, or after the quiet period.
-            let (memory, bus) = (self.memory.clone(), self.bus.clone());
-            let (user, bot, turn) = (a.ids.user.clone(), a.ids.bot.clone(), job.id().to_owned());
-            let waiting = a.memory.waiting + 1 + burst.covers.len() as i64;
-            tokio::spawn(async move { memory.after_turn(&bus, &user, &bot, &turn, waiting).await });
-        }
         let outcome = match state {
             State::Limited => Outcome::Limited {
                 reply_id: Some(reply_id),
@@ -1104,7 +1113,8 @@ impl Turns {
             (false, true) => State::Limited,
             (false, false) => State::Done,
         };
-        self.finish(job, a, &plan, said, &burst, state, false).await
+        self.finish(job, a, &plan, said, &burst, state, false, false)
+            .await
     }
 
     /// Opens a settled job again for `companion replay`: a failed one resumes from its journal (the model's

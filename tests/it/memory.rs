@@ -201,6 +201,28 @@ async fn a_fact_told_in_turn_one_is_recalled_150_turns_later_and_an_unrelated_qu
     env.finish().await;
 }
 
+/// Memory hears of a turn through a step of the turn's journal: a crash after the reply went out and
+/// before the job settled publishes the extraction signal on the retry, so the fact is still learned,
+/// and the reply is not sent twice.
+#[tokio::test]
+async fn a_crash_after_the_reply_went_out_still_triggers_the_extraction() {
+    let env = memory_env(1).await;
+    let event = env
+        .dm(JESS, KAORI, JESS_KAORI, "i broke my wrist last month")
+        .await;
+    companion::testing::fault::panic_at(&event.message_id, "memory_trigger", 1);
+    env.turn(&event).await;
+    let record = env.settled(&event.message_id).await;
+    assert_eq!(
+        record.attempts, 2,
+        "the attempt that crashed, then the retry: {record:?}"
+    );
+    let kept = facts_eventually(&env, JESS, 1).await;
+    assert!(kept.iter().any(|(_, f)| f.contains("wrist")), "{kept:?}");
+    assert_eq!(env.replies_to(&event.message_id).await.len(), 1);
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn remember_is_in_the_next_prompt_and_forget_removes_it() {
     let env = memory_env(100).await;
