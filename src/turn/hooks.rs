@@ -7,7 +7,6 @@
 //!   bounded, the output check, and the AI disclosure (with a minor's break reminder) when one is due.
 
 use async_nats::HeaderMap;
-use bson::oid::ObjectId;
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -16,7 +15,7 @@ use tracing::{debug, info, warn};
 use super::{
     Reply, Said, TurnError, Turns,
     deliver::Outgoing,
-    input::{Admitted, Kind},
+    input::{Admitted, Kind, UserMessage},
 };
 use crate::{
     bus::event::clean_text,
@@ -49,16 +48,6 @@ pub(crate) const MODERATION: &str = "companion_moderation_requests_total";
 pub(crate) const OUTPUT_BLOCKED: &str = "companion_output_blocked_total";
 /// Companion messages that carried the AI disclosure, by why (`first_today`, `continuing`).
 pub(crate) const DISCLOSURES: &str = "companion_ai_disclosures_total";
-
-/// A user's message as the incoming hook sees it.
-pub(crate) struct UserMessage<'a> {
-    /// `dm` or `group`.
-    pub(crate) kind: &'static str,
-    pub(crate) id: ObjectId,
-    pub(crate) sender: ObjectId,
-    pub(crate) text: &'a str,
-    pub(crate) images: &'a [String],
-}
 
 /// The `crisis` step: what the screen found in a user message, and whether a referral is owed (at most
 /// one per conversation per window).

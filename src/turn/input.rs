@@ -9,7 +9,7 @@
 use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
 
-use super::{TurnError, Turns, hooks::UserMessage, prompt};
+use super::{TurnError, Turns, prompt};
 use crate::{
     bus::{DmEvent, GroupEvent, Inbound},
     group::Member,
@@ -18,6 +18,16 @@ use crate::{
     safety::age::Age,
     store::mongo::{Membership, UserData},
 };
+
+/// A user's message as the incoming hook sees it.
+pub(crate) struct UserMessage<'a> {
+    /// `dm` or `group`.
+    pub(crate) kind: &'static str,
+    pub(crate) id: ObjectId,
+    pub(crate) sender: ObjectId,
+    pub(crate) text: &'a str,
+    pub(crate) images: &'a [String],
+}
 
 /// An input of the pipeline.
 pub(crate) enum Input<'a> {

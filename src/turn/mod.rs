@@ -615,7 +615,7 @@ impl Turns {
         };
         let mut crisis = None;
         for e in burst.events(head) {
-            let m = hooks::UserMessage {
+            let m = input::UserMessage {
                 kind: "dm",
                 id: e.message_id,
                 sender: e.sender_id,
