@@ -1,5 +1,5 @@
-//! Wiring, at the top of the layers: builds each component from its own configuration section, hands the
-//! turn its narrow dependencies, and runs a worker with its operations endpoint.
+//! Wiring, at the top of the layers: [`App::build`] builds each part from its own configuration section,
+//! hands the pipeline its narrow dependencies, and runs a worker with its operations endpoint.
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -9,10 +9,7 @@ use tracing::{error, info, warn};
 use crate::{
     bus::{Bus, BusError},
     character::{CharacterError, Characters},
-    config::{
-        CharactersConfig, Config, EmbedSettings, LlmConfig, MongoConfig, NatsConfig, PgConfig,
-        RagConfig, TurnConfig, redact_url,
-    },
+    config::{Config, ConsumerConfig, WorkerConfig, redact_url},
     flood::FloodLimit,
     journal::Journal,
     llm::{LlmClient, LlmError},
@@ -44,80 +41,46 @@ pub enum SetupError {
     CrisisLines(#[from] crate::safety::lines::LinesError),
 }
 
-/// The sections a turn is built from.
-#[derive(Clone, Copy)]
-pub struct TurnSections<'a> {
-    pub nats: &'a NatsConfig,
-    pub mongo: &'a MongoConfig,
-    pub pg: &'a PgConfig,
-    pub llm: &'a LlmConfig,
-    pub characters: &'a CharactersConfig,
-    pub turn: &'a TurnConfig,
-    pub spend: &'a crate::config::SpendConfig,
-    pub group: &'a crate::config::GroupConfig,
-    pub flow: &'a crate::config::FlowConfig,
-    pub follow_ups: &'a crate::config::FollowUpConfig,
-    pub safety: &'a crate::config::SafetyConfig,
-    pub prompt: &'a crate::config::PromptConfig,
-    pub embed: &'a EmbedSettings,
-    pub rag: &'a RagConfig,
-    pub memory: &'a crate::config::MemoryConfig,
-}
-
-impl<'a> From<&'a Config> for TurnSections<'a> {
-    fn from(c: &'a Config) -> Self {
-        Self {
-            nats: &c.nats,
-            mongo: &c.mongo,
-            pg: &c.pg,
-            llm: &c.llm,
-            characters: &c.characters,
-            turn: &c.turn,
-            spend: &c.spend,
-            group: &c.group,
-            flow: &c.flow,
-            follow_ups: &c.follow_ups,
-            safety: &c.safety,
-            prompt: &c.prompt,
-            embed: &c.embed,
-            rag: &c.rag,
-            memory: &c.memory,
-        }
-    }
-}
-
-/// The connected components.
-pub struct Components {
+/// A worker's connected parts, built from the whole configuration by [`App::build`]: the one way a worker
+/// is wired, by `companion worker`, `companion replay`, the integration tests and (through the binary) the
+/// bench.
+pub struct App {
     pub bus: Bus,
     pub mongo: Mongo,
     pub pg: Pg,
     pub embedder: Option<Arc<Embedder>>,
     pub metrics: Arc<Metrics>,
     pub turns: Arc<Turns>,
+    /// The worker's own sections: its bounds and its durable consumer.
+    worker: WorkerConfig,
+    consumer: ConsumerConfig,
+    /// Where the operations endpoint listens (empty: none).
+    http_addr: String,
 }
 
-impl Components {
-    /// Connects to NATS, MongoDB and PostgreSQL, loads the characters and the embedding model.
-    pub async fn connect(s: TurnSections<'_>) -> Result<Self, SetupError> {
+impl App {
+    /// Connects to NATS, MongoDB and PostgreSQL, loads the crisis lines, the characters, the flows and
+    /// the embedding model, and builds the conversation pipeline.
+    pub async fn build(c: &Config) -> Result<Self, SetupError> {
         info!(
-            nats = %redact_url(&s.nats.url),
-            mongo = %redact_url(&s.mongo.uri),
-            postgres = %redact_url(&s.pg.url),
-            llm = %s.llm.base_url,
-            model = %s.llm.model,
+            nats = %redact_url(&c.nats.url),
+            mongo = %redact_url(&c.mongo.uri),
+            postgres = %redact_url(&c.pg.url),
+            llm = %c.llm.base_url,
+            model = %c.llm.model,
             "connecting"
         );
         // The crisis lines first: a worker that could not refer a user in crisis does not start.
-        let safety = crate::safety::Safety::load(s.safety)?;
+        let safety = crate::safety::Safety::load(&c.safety)?;
         let (bus, mongo, pg) = tokio::try_join!(
-            async { Bus::connect(s.nats).await.map_err(SetupError::from) },
-            async { Mongo::connect(s.mongo).await.map_err(SetupError::from) },
-            async { Pg::connect(s.pg).await.map_err(SetupError::from) },
+            async { Bus::connect(&c.nats).await.map_err(SetupError::from) },
+            async { Mongo::connect(&c.mongo).await.map_err(SetupError::from) },
+            async { Pg::connect(&c.pg).await.map_err(SetupError::from) },
         )?;
-        let mut characters = Characters::load(&s.characters.dir)?;
+        let mut characters = Characters::load(&c.characters.dir)?;
         characters.resolve(&mongo).await?;
         let flows = Arc::new(crate::flow::Flows::load(
-            &s.characters.flows_dir,
+            &c.characters.flows_dir,
             &crate::tools::REGISTRY.names(),
         )?);
         flows.check_offers(
@@ -127,15 +90,15 @@ impl Components {
         )?;
         let metrics = Arc::new(Metrics::default());
         safety.review_lines(chrono::Utc::now().date_naive(), &metrics);
-        let llm = LlmClient::new(s.llm, metrics.clone())?;
-        let embedder = rag::load_embedder(s.embed);
-        let moderator = crate::llm::moderation::Moderator::from_config(s.safety)
+        let llm = LlmClient::new(&c.llm, metrics.clone())?;
+        let embedder = rag::load_embedder(&c.embed);
+        let moderator = crate::llm::moderation::Moderator::from_config(&c.safety)
             .unwrap_or_else(|e| {
                 warn!(error = %e, "the moderation endpoint cannot be used; the local layers screen alone");
                 None
             });
         if moderator.is_some() {
-            info!(model = %s.safety.moderation_model, "user messages are also screened by the moderation endpoint");
+            info!(model = %c.safety.moderation_model, "user messages are also screened by the moderation endpoint");
         }
         let turns = Arc::new(Turns {
             journal: Journal::new(pg.pool.clone()).counting(metrics.clone()),
@@ -150,27 +113,27 @@ impl Components {
                 bus: bus.clone(),
                 flows: flows.clone(),
                 reminders: crate::tools::ReminderBounds {
-                    min_lead: std::time::Duration::from_secs(s.turn.reminder_min_lead_secs),
+                    min_lead: std::time::Duration::from_secs(c.turn.reminder_min_lead_secs),
                 },
-                writes_per_hour: s.turn.writes_per_hour,
+                writes_per_hour: c.turn.writes_per_hour,
             })),
             flows,
-            retriever: Retriever::new(pg.pool.clone(), embedder.clone(), s.rag),
-            flood: FloodLimit::new(s.turn.user_turns_per_minute),
+            retriever: Retriever::new(pg.pool.clone(), embedder.clone(), &c.rag),
+            flood: FloodLimit::new(c.turn.user_turns_per_minute),
             spend: SpendGuard::new(
                 pg.pool.clone(),
-                spend::SpendLimits::of(s.spend),
+                spend::SpendLimits::of(&c.spend),
                 metrics.clone(),
             ),
-            config: s.turn.clone(),
-            group: s.group.clone(),
-            flow: s.flow.clone(),
-            follow_ups: s.follow_ups.clone(),
+            config: c.turn.clone(),
+            group: c.group.clone(),
+            flow: c.flow.clone(),
+            follow_ups: c.follow_ups.clone(),
             safety,
             moderator,
-            prompt: s.prompt.clone(),
-            memory: crate::memory::Memory::new(pg.pool.clone(), embedder.clone(), s.memory.clone()),
-            memory_model: [&s.memory.model, &s.spend.budget_model, &s.llm.model]
+            prompt: c.prompt.clone(),
+            memory: crate::memory::Memory::new(pg.pool.clone(), embedder.clone(), c.memory.clone()),
+            memory_model: [&c.memory.model, &c.spend.budget_model, &c.llm.model]
                 .into_iter()
                 .map(|m| m.trim())
                 .find(|m| !m.is_empty())
@@ -185,29 +148,32 @@ impl Components {
             embedder,
             metrics,
             turns,
+            worker: c.worker.clone(),
+            consumer: c.consumer.clone(),
+            http_addr: c.worker.http_addr.clone(),
         })
     }
 
-    /// A worker over these components.
-    pub fn worker(&self, config: &Config) -> Worker {
+    /// A worker over these parts.
+    pub fn worker(&self) -> Worker {
         Worker {
             bus: self.bus.clone(),
             turns: self.turns.clone(),
             metrics: self.metrics.clone(),
-            config: config.worker.clone(),
-            consumer: config.consumer.clone(),
+            config: self.worker.clone(),
+            consumer: self.consumer.clone(),
         }
     }
 
     /// What the operations endpoint looks at.
-    pub fn probe(&self, consumer: &str) -> Probe {
+    pub fn probe(&self) -> Probe {
         Probe::new(
             self.bus.clone(),
             self.mongo.clone(),
             self.pg.clone(),
             self.embedder.clone(),
             self.metrics.clone(),
-            consumer.to_owned(),
+            self.consumer.name.clone(),
         )
     }
 
@@ -218,26 +184,25 @@ impl Components {
             turns: self.turns.clone(),
         }
     }
+
+    /// Serves the operations endpoint when configured and runs the worker until `shutdown` fires.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), SetupError> {
+        let ops = serve_ops(&self.http_addr, &self).await;
+        let result = self.worker().serve(shutdown).await;
+        if let Some(task) = ops {
+            task.abort();
+        }
+        Ok(result?)
+    }
 }
 
-/// `companion worker`: connects, serves the operations endpoint when configured, and runs until
-/// `shutdown` fires.
+/// `companion worker`: builds the app and runs it until `shutdown` fires.
 pub async fn run_worker(config: Config, shutdown: CancellationToken) -> Result<(), SetupError> {
-    let components = Components::connect((&config).into()).await?;
-    let ops = serve_ops(&config.worker.http_addr, &components, &config).await;
-    let result = components.worker(&config).serve(shutdown).await;
-    if let Some(task) = ops {
-        task.abort();
-    }
-    Ok(result?)
+    App::build(&config).await?.run(shutdown).await
 }
 
 /// Serves the operations endpoint when configured; a failure to bind is logged, not fatal.
-async fn serve_ops(
-    addr: &str,
-    components: &Components,
-    config: &Config,
-) -> Option<tokio::task::JoinHandle<()>> {
+async fn serve_ops(addr: &str, app: &App) -> Option<tokio::task::JoinHandle<()>> {
     let addr = addr.trim();
     if addr.is_empty() {
         return None;
@@ -249,7 +214,7 @@ async fn serve_ops(
             return None;
         }
     };
-    let probe = Arc::new(components.probe(&config.consumer.name));
+    let probe = Arc::new(app.probe());
     match ops::serve(parsed, probe).await {
         Ok((bound, task)) => {
             info!(addr = %bound, "health and metrics endpoint listening");

@@ -14,9 +14,9 @@ pub use crate::rag::{commands::RagCommandError, ingest::Report as IngestReport};
 pub use crate::replay::{ReplayArgs, ReplayError, Summary as ReplaySummary};
 pub use crate::safety::lines::LinesError;
 use crate::{
-    app::{Components, SetupError, TurnSections},
+    app::{App, SetupError},
     bus::{Bus, BusError},
-    config::{ConsumerConfig, NatsConfig, PgConfig},
+    config::{Config, ConsumerConfig, NatsConfig, PgConfig},
     store::{Pg, StoreError},
 };
 
@@ -44,11 +44,11 @@ pub enum ReplayCommandError {
 
 /// `companion replay`: the worker's parts, then the selected events again.
 pub async fn replay(
-    sections: TurnSections<'_>,
+    config: &Config,
     args: &ReplayArgs,
 ) -> Result<ReplaySummary, ReplayCommandError> {
-    let components = Components::connect(sections).await?;
-    Ok(crate::replay::replay_events(components.replayer().into(), args).await?)
+    let app = App::build(config).await?;
+    Ok(crate::replay::replay_events(app.replayer().into(), args).await?)
 }
 
 /// `companion report crisis-lines`: the crisis lines configured (built in, or the file) with their

@@ -54,7 +54,7 @@ pub mod config;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use app::{TurnSections, run_worker};
+pub use app::run_worker;
 pub use config::Config;
 pub use telemetry::{Telemetry, init as init_telemetry, run_main};
 

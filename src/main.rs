@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use companion::{
-    TurnSections, commands,
+    commands,
     config::{
-        CharactersConfig, Config, ConsumerConfig, EmbedSettings, FlowConfig, FollowUpConfig,
+        self, CharactersConfig, Config, ConsumerConfig, EmbedSettings, FlowConfig, FollowUpConfig,
         GroupConfig, LlmConfig, LogConfig, MemoryConfig, MongoConfig, NatsConfig, PgConfig,
         PromptConfig, RagConfig, SafetyConfig, SpendConfig, TurnConfig,
     },
@@ -103,6 +103,8 @@ enum Command {
 struct ReplayCommand {
     #[command(flatten)]
     args: commands::ReplayArgs,
+    // The pipeline's sections, as the worker has them; not the worker's own (its `--concurrency` is
+    // not replay's).
     #[command(flatten)]
     nats: NatsConfig,
     #[command(flatten)]
@@ -247,26 +249,28 @@ async fn run() -> anyhow::Result<()> {
 
 /// `companion replay`: the worker's parts, then the events again.
 async fn replay_command(r: ReplayCommand) -> anyhow::Result<()> {
-    let sections = TurnSections {
-        nats: &r.nats,
-        mongo: &r.mongo,
-        pg: &r.pg,
-        llm: &r.llm,
-        characters: &r.characters,
-        turn: &r.turn,
-        spend: &r.spend,
-        group: &r.group,
-        flow: &r.flow,
-        follow_ups: &r.follow_ups,
-        safety: &r.safety,
-        prompt: &r.prompt,
-        embed: &r.embed,
-        rag: &r.rag,
-        memory: &r.memory,
+    let config = Config {
+        nats: r.nats,
+        mongo: r.mongo,
+        pg: r.pg,
+        llm: r.llm,
+        characters: r.characters,
+        turn: r.turn,
+        spend: r.spend,
+        group: r.group,
+        flow: r.flow,
+        follow_ups: r.follow_ups,
+        safety: r.safety,
+        prompt: r.prompt,
+        embed: r.embed,
+        rag: r.rag,
+        memory: r.memory,
+        // Unused by replay (no consumer, no worker loop), read from the environment as a worker would.
+        consumer: config::from_env().context("consumer settings")?,
+        worker: config::from_env().context("worker settings")?,
+        log: Default::default(),
     };
-    let summary = commands::replay(sections, &r.args)
-        .await
-        .context("replay")?;
+    let summary = commands::replay(&config, &r.args).await.context("replay")?;
     if summary.failed > 0 {
         anyhow::bail!("{} event(s) could not be replayed", summary.failed);
     }

@@ -6,7 +6,7 @@
 pub use crate::config::{self, Config};
 
 pub mod app {
-    pub use crate::app::Components;
+    pub use crate::app::App;
 }
 pub mod bus {
     pub use crate::bus::event::{Completion, DmEvent, GroupMessageEvent, InboundEvent};

@@ -18,7 +18,7 @@ async fn a_turn_retried_after_a_write_creates_one_tricklist_and_pays_each_step_o
         StubReply::text("your Retry Park list is ready!"),
     );
     let env = TestEnv::with(responder, |c| c.llm.max_retries = 0).await;
-    let svc = env.components().await;
+    let svc = env.app().await;
     let raw = env
         .dm(
             JESS,
@@ -79,7 +79,7 @@ async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() 
         StubReply::text("found some spots"),
     );
     let env = TestEnv::with(responder, |c| c.llm.max_retries = 0).await;
-    let svc = env.components().await;
+    let svc = env.app().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "spots in portland?").await;
     let event = dm_event(&raw);
     assert!(

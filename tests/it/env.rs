@@ -12,7 +12,7 @@ use bson::{Document, doc, oid::ObjectId};
 use bytes::Bytes;
 use companion::testing::{
     Config,
-    app::Components,
+    app::App,
     bus::{Bus, Completion, InboundEvent},
     journal::{Job, Journal, NewJob},
     store::{Mongo, Pg},
@@ -150,7 +150,7 @@ impl TestEnv {
 
     /// Starts one in-process worker with its own connections.
     pub async fn start_worker(&mut self) {
-        let worker = self.components().await.worker(&self.config);
+        let worker = self.app().await.worker();
         let shutdown = self.shutdown.clone();
         self.workers.push(tokio::spawn(async move {
             worker.serve(shutdown).await.expect("worker runs");
@@ -289,11 +289,10 @@ impl TestEnv {
         )
     }
 
-    /// The components of a worker (own connections), for calling library functions directly.
-    pub async fn components(&self) -> Components {
-        Components::connect((&self.config).into())
-            .await
-            .expect("components connect")
+    /// A worker's parts (own connections), built as the worker builds them, for calling library
+    /// functions directly.
+    pub async fn app(&self) -> App {
+        App::build(&self.config).await.expect("the app builds")
     }
 
     /// The name of this environment's PostgreSQL database.
@@ -605,13 +604,13 @@ pub struct InProcessWorker {
 
 impl InProcessWorker {
     pub async fn start(env: &TestEnv) -> Self {
-        let components = env.components().await;
-        let probe = Arc::new(components.probe(&env.config.consumer.name));
+        let app = env.app().await;
+        let probe = Arc::new(app.probe());
         let (addr, server) = companion::testing::ops::serve("127.0.0.1:0".parse().unwrap(), probe)
             .await
             .expect("ops endpoint");
         let stop = CancellationToken::new();
-        let running = tokio::spawn(components.worker(&env.config).serve(stop.clone()));
+        let running = tokio::spawn(app.worker().serve(stop.clone()));
         Self {
             base: format!("http://{addr}"),
             stop,

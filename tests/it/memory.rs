@@ -1422,7 +1422,7 @@ async fn extractions_at_once_read_each_message_once_and_a_late_message_is_not_le
     for text in ["my home park is burnside", "i'm scared of dropping in"] {
         say(&env, text).await;
     }
-    let components = env.components().await;
+    let components = env.app().await;
     let turns = &components.turns;
     let id = format!("{JESS}.{KAORI}");
     // Runs at once (the quiet timer, the count, a redelivery), and a message that comes while the first

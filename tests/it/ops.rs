@@ -61,14 +61,14 @@ async fn health_readiness_and_metrics_reflect_a_real_turn() {
 async fn metrics_show_the_consumers_pending_and_unacked_events() {
     use futures::StreamExt;
     let env = TestEnv::new(always(StubReply::text("unused"))).await;
-    let svc = env.components().await;
+    let svc = env.app().await;
     let consumer = svc
         .bus
         .consumer(&env.config.consumer)
         .await
         .unwrap()
         .consumer;
-    let probe = std::sync::Arc::new(svc.probe(&env.config.consumer.name));
+    let probe = std::sync::Arc::new(svc.probe());
     let (addr, server) = ops::serve("127.0.0.1:0".parse().unwrap(), probe)
         .await
         .unwrap();

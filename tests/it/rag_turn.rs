@@ -54,7 +54,7 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
         },
     )
     .await;
-    let svc = env.components().await;
+    let svc = env.app().await;
     let embedder = svc.embedder.clone().expect("embedder loaded");
 
     let article = ingest::Article {

@@ -295,7 +295,7 @@ async fn a_duplicate_publish_is_answered_once() {
 #[tokio::test]
 async fn running_a_turn_again_writes_nothing_twice() {
     let env = TestEnv::new(always(StubReply::text("first answer"))).await;
-    let svc = env.components().await;
+    let svc = env.app().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "once only").await;
     let event = dm_event(&raw);
     let first = svc.turns.process_dm(&event).await.unwrap();
@@ -315,7 +315,7 @@ async fn running_a_turn_again_writes_nothing_twice() {
 #[tokio::test]
 async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
     let env = TestEnv::new(always(StubReply::text("a different answer"))).await;
-    let svc = env.components().await;
+    let svc = env.app().await;
     let raw = env
         .dm(JESS, KAORI, JESS_KAORI, "crash after the model answered")
         .await;

@@ -94,7 +94,7 @@ async fn a_tool_turn_sends_four_mongodb_commands_once_trick_names_are_cached() {
         }
     }))
     .await;
-    let c = env.components().await;
+    let c = env.app().await;
     let mut commands = Vec::new();
     for text in ["how do I kickflip?", "and a heelflip?"] {
         let event = dm_event(&env.dm(JESS, KAORI, JESS_KAORI, text).await);

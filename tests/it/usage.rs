@@ -106,9 +106,9 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
         c.llm.retry_base_ms = 10;
     })
     .await;
-    let svc = env.components().await;
+    let svc = env.app().await;
     let stop = CancellationToken::new();
-    let running = tokio::spawn(svc.worker(&env.config).serve(stop.clone()));
+    let running = tokio::spawn(svc.worker().serve(stop.clone()));
 
     // A: two paid calls (tool call, then text), cost reported by the server.
     env.stub.report_cost(Some(0.00042));
@@ -241,7 +241,7 @@ async fn a_step_replayed_from_the_journal_is_not_recorded_again() {
     );
     let env = TestEnv::with(responder, |c| c.llm.max_retries = 0).await;
     env.stub.report_cost(Some(0.001));
-    let svc = env.components().await;
+    let svc = env.app().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "my lists?").await;
     let event = dm_event(&raw);
     assert!(svc.turns.process_dm(&event).await.is_err());
