@@ -648,9 +648,24 @@ impl Job {
         }
     }
 
+    /// The attempt [`Journal::open`] began: unless the job is already settled (an earlier attempt,
+    /// another worker or a replay ended it), runs `body` on it. When the body fails, the records of the
+    /// steps that succeeded are written first (best effort), so the next attempt replays rather than
+    /// redoes them.
+    pub(crate) async fn attempt<T, E>(
+        &self,
+        body: impl AsyncFnOnce(&Job) -> Result<T, E>,
+    ) -> Result<Attempt<T>, E> {
+        if self.record.state.is_settled() {
+            return Ok(Attempt::Settled);
+        }
+        let result = body(self).await;
+        self.keep_successes(result).await.map(Attempt::Ran)
+    }
+
     /// Passes an attempt's result on; when it failed, first writes the records still pending, best
     /// effort, so that what succeeded is not redone by the next attempt.
-    pub(crate) async fn keep_successes<T, E>(&self, result: Result<T, E>) -> Result<T, E> {
+    async fn keep_successes<T, E>(&self, result: Result<T, E>) -> Result<T, E> {
         if result.is_err()
             && let Err(e) = self.flush().await
         {
@@ -877,6 +892,14 @@ fn decode<T: DeserializeOwned>(name: &str, key: &str, value: &Value) -> Option<T
 }
 
 /// How a job ended, besides its state.
+/// What [`Job::attempt`] did.
+pub(crate) enum Attempt<T> {
+    /// The job was settled already; the body did not run.
+    Settled,
+    /// The body ran, and succeeded.
+    Ran(T),
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Finish<'a> {
     /// The job whose message answered this one (a burst's reply, a busy line).

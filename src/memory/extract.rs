@@ -28,7 +28,7 @@ use tracing::{info, warn};
 use super::{FACT_MAX, Memory, MemoryError, Topic, store::How, store::NewFact};
 use crate::{
     bus::Bus,
-    journal::{Finish, Job, Journal, NewJob, State, usage::LlmRecord},
+    journal::{Attempt, Finish, Job, Journal, NewJob, State, usage::LlmRecord},
     llm::{ChatRequest, LlmClient, Message},
 };
 
@@ -136,31 +136,27 @@ impl Extractor<'_> {
                 "memory:{user}:{bot}:{e}-{}:{s}-{}",
                 facts.through, summary.through
             );
-            let job = self
-                .journal
-                .open(&NewJob {
-                    id: &id,
-                    kind: "memory",
-                    user,
-                    bot,
-                    conversation: "",
-                    stream_seq: None,
-                })
-                .await?;
-            if job.record.state.is_settled() {
+            let full = facts.rows.len() as i64 >= self.memory.config.batch_max.max(1) * 2;
+            let new = NewJob {
+                id: &id,
+                kind: "memory",
+                user,
+                bot,
+                conversation: "",
+                stream_seq: None,
+            };
+            let job = self.journal.open(&new).await?;
+            let attempt = job.attempt(async |job| {
+                let (kept, first) = self.facts(job, user, bot, e, facts).await?;
+                let summarized = self.summary(job, user, bot, s, summary).await?;
+                let reason = (!first).then_some("another run read these messages first");
+                job.finish(State::Done, Finish { by: None, reason }).await?;
+                Ok::<_, MemoryError>((kept, first, summarized))
+            });
+            let Attempt::Ran((kept, first, summarized)) = attempt.await? else {
                 total = total.max(Extracted::AlreadyDone);
                 break;
-            }
-            let full = facts.rows.len() as i64 >= self.memory.config.batch_max.max(1) * 2;
-            let result = async {
-                let (kept, first) = self.facts(&job, user, bot, e, facts).await?;
-                let summarized = self.summary(&job, user, bot, s, summary).await?;
-                Ok::<_, MemoryError>((kept, first, summarized))
-            }
-            .await;
-            let (kept, first, summarized) = job.keep_successes(result).await?;
-            let reason = (!first).then_some("another run read these messages first");
-            job.finish(State::Done, Finish { by: None, reason }).await?;
+            };
             if self.memory.is_erased(user).await? {
                 // After the job's last records: the erasure scrubbed what was recorded before it.
                 let scrubbed = self.memory.scrub_erased_job(&id).await?;

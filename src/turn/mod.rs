@@ -50,7 +50,7 @@ use crate::{
     flow::{self, Flows, state::Applied},
     group::{self, Bounds, Member, Route},
     journal::{
-        Finish, Job, Journal, JournalError, State,
+        Attempt, Finish, Job, Journal, JournalError, State,
         names::{
             key::{self, Slot},
             step,
@@ -419,13 +419,17 @@ impl Turns {
             }
             let new_job = admitted.new_job(delivery.map(|d| d.seq));
             let job = stage(Stage::Journal, self.journal.open(&new_job)).await?;
-            if let Some(settled) = already_settled(&job) {
-                info!(state = ?job.record.state, attempts = job.record.attempts, "already settled; acknowledging");
-                self.count(&admitted, &settled.outcome, false);
-                return Ok(settled);
+            let attempt =
+                job.attempt(async |job| Box::pin(self.conduct(job, &admitted, delivery)).await);
+            match Box::pin(attempt).await? {
+                Attempt::Ran(settled) => Ok::<_, TurnError>(settled),
+                Attempt::Settled => {
+                    info!(state = ?job.record.state, attempts = job.record.attempts, "already settled; acknowledging");
+                    let settled = already_settled(&job);
+                    self.count(&admitted, &settled.outcome, false);
+                    Ok(settled)
+                }
             }
-            let result = self.conduct(&job, &admitted, delivery).await;
-            Box::pin(job.keep_successes(result)).await
         };
         within(deadline, secs, Box::pin(work)).await
     }
@@ -1043,13 +1047,17 @@ impl Turns {
     pub(crate) async fn fail(&self, input: &Input<'_>, reason: &str) -> Result<Settled, TurnError> {
         let a = self.admit(input).await?;
         let job = self.journal.open(&a.new_job(None)).await?;
-        if let Some(settled) = already_settled(&job) {
-            info!(state = ?job.record.state, "settled after all; no failure line");
-            return Ok(settled);
+        let attempt = job.attempt(async |job| {
+            self.journal.note_error(job.id(), reason).await?;
+            self.fail_slots(job, &a).await
+        });
+        match attempt.await? {
+            Attempt::Ran(settled) => Ok(settled),
+            Attempt::Settled => {
+                info!(state = ?job.record.state, "settled after all; no failure line");
+                Ok(already_settled(&job))
+            }
         }
-        self.journal.note_error(job.id(), reason).await?;
-        let result = self.fail_slots(&job, &a).await;
-        job.keep_successes(result).await
     }
 
     async fn fail_slots(&self, job: &Job, a: &Admitted<'_>) -> Result<Settled, TurnError> {
@@ -1143,15 +1151,15 @@ async fn within<T, E: Into<TurnError>>(
 }
 
 /// A job the journal says is settled is acknowledged again, with what its reply covered.
-fn already_settled(job: &Job) -> Option<Settled> {
-    job.record.state.is_settled().then(|| Settled {
+fn already_settled(job: &Job) -> Settled {
+    Settled {
         through_seq: job
             .recorded::<Burst>(step::BURST, key::ONCE)
             .and_then(|b| b.last_seq()),
         outcome: Outcome::AlreadySettled {
             state: job.record.state,
         },
-    })
+    }
 }
 
 #[cfg(test)]

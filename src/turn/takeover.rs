@@ -26,7 +26,7 @@ use crate::{
         event::{InvalidEvent, clean_text, parse_event, parse_object_id},
     },
     journal::{
-        Finish, Job, NewJob, State,
+        Attempt, Finish, Job, NewJob, State,
         names::{key, step},
     },
     proactive::ProactiveError,
@@ -232,26 +232,23 @@ impl Turns {
     /// Opens the signal's job and runs it, unless an earlier delivery settled it.
     async fn run_takeover(&self, id: &str, s: &Signal) -> Result<(), TurnError> {
         let t = &s.takeover;
-        let job = self
-            .journal
-            .open(&NewJob {
-                id,
-                kind: KIND,
-                user: &t.by,
-                bot: "",
-                conversation: &t.conversation_id,
-                stream_seq: None,
-            })
-            .await?;
-        if job.record.state.is_settled() {
+        let new = NewJob {
+            id,
+            kind: KIND,
+            user: &t.by,
+            bot: "",
+            conversation: &t.conversation_id,
+            stream_seq: None,
+        };
+        let job = self.journal.open(&new).await?;
+        let attempt = job.attempt(async |job| self.conduct_takeover(job, s).await);
+        if let Attempt::Settled = attempt.await? {
             info!(
                 state = job.record.state.as_str(),
                 "already settled; acknowledging"
             );
-            return Ok(());
         }
-        let result = self.conduct_takeover(&job, s).await;
-        job.keep_successes(result).await
+        Ok(())
     }
 
     /// The job's steps, then `done`.
