@@ -13,12 +13,14 @@ use crate::{
     flood::FloodLimit,
     journal::Journal,
     llm::{LlmClient, LlmError},
+    memory::signals::MemorySignals,
     metrics::Metrics,
     ops::{self, Probe},
     rag::{self, Embedder, Retriever},
     replay::Replayer,
     spend::{self, SpendGuard},
     store::{Mongo, Pg, StoreError},
+    takeover::Takeovers,
     turn::Turns,
     worker::{Worker, WorkerError},
 };
@@ -51,6 +53,9 @@ pub struct App {
     pub embedder: Option<Arc<Embedder>>,
     pub metrics: Arc<Metrics>,
     pub turns: Arc<Turns>,
+    takeovers: Arc<Takeovers>,
+    /// Memory's extraction and deletion signals.
+    pub memory_signals: Arc<MemorySignals>,
     /// The worker's own sections: its bounds and its durable consumer.
     worker: WorkerConfig,
     consumer: ConsumerConfig,
@@ -100,6 +105,29 @@ impl App {
         if moderator.is_some() {
             info!(model = %c.safety.moderation_model, "user messages are also screened by the moderation endpoint");
         }
+        let memory =
+            crate::memory::Memory::new(pg.pool.clone(), embedder.clone(), c.memory.clone());
+        let spend = Arc::new(SpendGuard::new(
+            pg.pool.clone(),
+            spend::SpendLimits::of(&c.spend),
+            metrics.clone(),
+        ));
+        let memory_signals = Arc::new(MemorySignals {
+            memory: memory.clone(),
+            journal: Journal::new(pg.pool.clone()).counting(metrics.clone()),
+            llm: llm.clone(),
+            bus: bus.clone(),
+            characters: characters.clone(),
+            // The cheaper model when one is set.
+            model: [&c.memory.model, &c.spend.budget_model, &c.llm.model]
+                .into_iter()
+                .map(|m| m.trim())
+                .find(|m| !m.is_empty())
+                .unwrap_or_default()
+                .to_owned(),
+            history_limit: c.turn.history_limit,
+            spend: spend.clone(),
+        });
         let turns = Arc::new(Turns {
             journal: Journal::new(pg.pool.clone()).counting(metrics.clone()),
             pg: pg.clone(),
@@ -120,11 +148,7 @@ impl App {
             flows,
             retriever: Retriever::new(pg.pool.clone(), embedder.clone(), &c.rag),
             flood: FloodLimit::new(c.turn.user_turns_per_minute),
-            spend: SpendGuard::new(
-                pg.pool.clone(),
-                spend::SpendLimits::of(&c.spend),
-                metrics.clone(),
-            ),
+            spend: spend.clone(),
             config: c.turn.clone(),
             group: c.group.clone(),
             flow: c.flow.clone(),
@@ -132,15 +156,17 @@ impl App {
             safety,
             moderator,
             prompt: c.prompt.clone(),
-            memory: crate::memory::Memory::new(pg.pool.clone(), embedder.clone(), c.memory.clone()),
-            memory_model: [&c.memory.model, &c.spend.budget_model, &c.llm.model]
-                .into_iter()
-                .map(|m| m.trim())
-                .find(|m| !m.is_empty())
-                .unwrap_or_default()
-                .to_owned(),
+            memory: memory.clone(),
             metrics: metrics.clone(),
         });
+        let takeovers = Arc::new(Takeovers::new(
+            turns.journal.clone(),
+            pg.clone(),
+            mongo.clone(),
+            bus.clone(),
+            c.turn.max_event_bytes,
+            turns.clone(),
+        ));
         Ok(Self {
             bus,
             mongo,
@@ -148,6 +174,8 @@ impl App {
             embedder,
             metrics,
             turns,
+            takeovers,
+            memory_signals,
             worker: c.worker.clone(),
             consumer: c.consumer.clone(),
             http_addr: c.worker.http_addr.clone(),
@@ -159,6 +187,8 @@ impl App {
         Worker {
             bus: self.bus.clone(),
             turns: self.turns.clone(),
+            takeovers: self.takeovers.clone(),
+            memory_signals: self.memory_signals.clone(),
             metrics: self.metrics.clone(),
             config: self.worker.clone(),
             consumer: self.consumer.clone(),

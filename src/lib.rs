@@ -42,6 +42,7 @@ mod safety;
 mod settle;
 mod spend;
 mod store;
+mod takeover;
 mod telemetry;
 mod timing;
 mod tools;
@@ -71,7 +72,7 @@ const LAYERS: &[&[&str]] = &[
     &["tools", "order", "flood"],
     &["group", "proactive"],
     &["turn"],
-    &["settle"],
+    &["takeover", "settle"],
     &["worker", "replay", "usage", "report"],
     &["ops"],
     &["app"],

@@ -37,6 +37,7 @@ pub mod llm {
     pub use crate::llm::prices::CallUsage;
 }
 pub mod memory {
+    pub use crate::memory::signals::MemorySignals;
     pub use crate::memory::store::{How, NewFact};
     pub use crate::memory::topic::Topic;
     pub use crate::memory::{Access, Memory};
@@ -115,11 +116,11 @@ pub mod tools {
         call_key,
     };
 }
+pub mod takeover {
+    pub use crate::takeover::{Action, job_id};
+}
 pub mod turn {
     pub use crate::turn::{Burst, FloodDecision, Outcome, Reply, TurnError};
-    pub mod takeover {
-        pub use crate::turn::takeover::{Action, job_id};
-    }
     pub mod tool_loop {
         pub use crate::turn::tool_loop::{LlmRecord, LoopOutput};
         use crate::{

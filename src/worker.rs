@@ -4,8 +4,9 @@
 //! Every delivery first passes the conversation's order gate ([`crate::order`]); one waiting behind an
 //! earlier message holds no turn slot. Then its job runs, and the settlement ([`crate::settle`]) decides
 //! and carries out what becomes of it. Beside it, a second bounded loop takes the signal stream's
-//! deliveries (spot reviews, due reminders) into the same pipeline as follow-ups, and a moderator's
-//! takeover to [`Turns::takeover`], settled the same way.
+//! deliveries, by the signal's kind: a moderator's takeover to [`crate::takeover::Takeovers`], memory's
+//! extraction and deletions to [`crate::memory::signals::MemorySignals`], anything else (spot reviews,
+//! due reminders) into the same pipeline as a follow-up; each settled the same way.
 //! Events whose deliveries ran out while no worker held them (every worker that took them died) are
 //! settled from the server's advisory, the same way.
 
@@ -48,6 +49,10 @@ pub enum WorkerError {
 pub struct Worker {
     pub(crate) bus: Bus,
     pub(crate) turns: Arc<Turns>,
+    /// A moderator's pause and resume.
+    pub(crate) takeovers: Arc<crate::takeover::Takeovers>,
+    /// Memory's extraction and deletion signals.
+    pub(crate) memory_signals: Arc<crate::memory::signals::MemorySignals>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) config: WorkerConfig,
     pub(crate) consumer: ConsumerConfig,
@@ -561,18 +566,24 @@ impl Shared {
             // A moderator's takeover changes the conversation's state; every other signal is a follow-up.
             let work = async {
                 match self.worker.bus.names.signal_parts(msg.subject.as_str()) {
-                Some((crate::turn::takeover::KIND, _)) => {
-                    Box::pin(turns.takeover(msg.subject.as_str(), &msg.payload)).await
+                Some((crate::takeover::KIND, _)) => {
+                    let takeovers = &self.worker.takeovers;
+                    Box::pin(takeovers.takeover(msg.subject.as_str(), &msg.payload)).await
                 }
                 Some((kind @ crate::memory::KIND, id)) => {
-                    Box::pin(turns.memory_signal(kind, id, &msg.payload)).await
+                    let memory = &self.worker.memory_signals;
+                    Box::pin(memory.extraction(kind, id)).await.map_err(crate::turn::TurnError::from)
                 }
                 Some((
                     kind @ (crate::memory::erase::MESSAGE_DELETED
                     | crate::memory::erase::MEMORY_CLEARED
                     | crate::memory::erase::USER_ERASED),
                     id,
-                )) => Box::pin(turns.deletion_signal(kind, id, &msg.payload, seq)).await,
+                )) => {
+                    let memory = &self.worker.memory_signals;
+                    let deletion = memory.deletion(kind, id, &msg.payload, seq);
+                    Box::pin(deletion).await.map_err(crate::turn::TurnError::from)
+                }
                     _ => Box::pin(turns.handle(&input, Some(&delivery))).await.map(drop),
                 }
             };

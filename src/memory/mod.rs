@@ -17,6 +17,7 @@ pub(crate) mod erase;
 pub(crate) mod extract;
 pub(crate) mod recall;
 pub(crate) mod show;
+pub(crate) mod signals;
 pub(crate) mod store;
 pub(crate) mod topic;
 

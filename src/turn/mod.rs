@@ -27,7 +27,6 @@ pub(crate) mod deliver;
 pub(crate) mod hooks;
 pub(crate) mod input;
 pub(crate) mod prompt;
-pub(crate) mod takeover;
 pub(crate) mod tool_loop;
 
 use std::sync::Arc;
@@ -360,7 +359,7 @@ pub struct Turns {
     pub(crate) retriever: Retriever,
     pub(crate) flood: FloodLimit,
     /// The spend budgets, checked before each paid call.
-    pub(crate) spend: SpendGuard,
+    pub(crate) spend: Arc<SpendGuard>,
     pub(crate) config: TurnConfig,
     /// Who answers in a group chat and how far companions talk among themselves.
     pub(crate) group: crate::config::GroupConfig,
@@ -376,12 +375,15 @@ pub struct Turns {
     pub(crate) prompt: crate::config::PromptConfig,
     /// What companions remember about their users (facts, summaries) and deletion.
     pub(crate) memory: crate::memory::Memory,
-    /// The model memory's extraction and summaries use (the cheaper one).
-    pub(crate) memory_model: String,
     pub(crate) metrics: Arc<Metrics>,
 }
 
 impl Turns {
+    /// Whether `id` is one of the companions' users.
+    pub(crate) fn is_companion(&self, id: &ObjectId) -> bool {
+        self.characters.by_bot(id).is_some()
+    }
+
     /// The limits inbound events are parsed with.
     pub(crate) fn limits(&self) -> crate::bus::event::EventLimits {
         crate::bus::event::EventLimits::of(&self.config)
@@ -431,7 +433,10 @@ impl Turns {
                 }
             }
         };
-        within(deadline, secs, Box::pin(work)).await
+        // Type-erased: every caller (the worker, replay, a takeover's catch-up) awaits this one future.
+        let work: std::pin::Pin<Box<dyn Future<Output = Result<Settled, TurnError>> + Send + '_>> =
+            Box::pin(work);
+        within(deadline, secs, work).await
     }
 
     /// Whether a tombstone stops this input (its message was deleted or its user erased, so a redelivery
@@ -443,68 +448,6 @@ impl Turns {
             _ => "",
         };
         Ok(self.memory.probe(&a.ids.user, bot, &messages).await?)
-    }
-
-    /// A deletion signal (`message_deleted`, `memory_cleared`, `user_erased`) about `id`, the signal
-    /// stream's message `seq`: a journaled job of its own ([`crate::memory::Memory::on_signal`]).
-    pub(crate) async fn deletion_signal(
-        &self,
-        kind: &str,
-        id: &str,
-        payload: &[u8],
-        seq: u64,
-    ) -> Result<(), TurnError> {
-        self.memory
-            .on_signal(&self.journal, &self.bus, kind, id, payload, seq)
-            .await?;
-        Ok(())
-    }
-
-    /// A memory signal (`<prefix>.signal.memory.<userId>.<botId>`, its body unused): the extraction
-    /// of what the user said since the last one.
-    pub async fn memory_signal(
-        &self,
-        kind: &str,
-        id: &str,
-        _payload: &[u8],
-    ) -> Result<(), TurnError> {
-        if kind != crate::memory::KIND {
-            return Err(crate::memory::MemoryError::Invalid(format!(
-                "`{kind}` is a deletion signal: Turns::deletion_signal"
-            ))
-            .into());
-        }
-        let (user, bot) = id
-            .split_once('.')
-            .filter(|(u, b)| {
-                [u, b]
-                    .iter()
-                    .all(|i| crate::bus::event::parse_object_id(i).is_some())
-            })
-            .ok_or_else(|| {
-                crate::memory::MemoryError::Invalid(format!("`{id}` is not <userId>.<botId>"))
-            })?;
-        let Some(character) = ObjectId::parse_str(bot)
-            .ok()
-            .and_then(|b| self.characters.by_bot(&b))
-        else {
-            return Err(TurnError::UnknownBot(bot.to_owned()));
-        };
-        if !self.memory.config.enabled {
-            return Ok(());
-        }
-        let extractor = crate::memory::extract::Extractor {
-            memory: &self.memory,
-            journal: &self.journal,
-            llm: &self.llm,
-            bus: &self.bus,
-            model: &self.memory_model,
-            history_limit: self.config.history_limit,
-            companion: &character.name,
-            spend: Some(&self.spend),
-        };
-        extractor.extract(user, bot).await?;
-        Ok(())
     }
 
     /// Stages 4 to 9 for an open job.

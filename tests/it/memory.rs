@@ -1422,20 +1422,19 @@ async fn extractions_at_once_read_each_message_once_and_a_late_message_is_not_le
     for text in ["my home park is burnside", "i'm scared of dropping in"] {
         say(&env, text).await;
     }
-    let components = env.app().await;
-    let turns = &components.turns;
+    let app = env.app().await;
+    let signals = &app.memory_signals;
     let id = format!("{JESS}.{KAORI}");
     // Runs at once (the quiet timer, the count, a redelivery), and a message that comes while the first
     // waits on the model: each message is read by one run, and the late one is not left behind.
     let first = async {
-        let r = futures::future::join_all((0..3).map(|_| turns.memory_signal("memory", &id, b"")))
-            .await;
+        let r = futures::future::join_all((0..3).map(|_| signals.extraction("memory", &id))).await;
         assert!(r.iter().all(Result::is_ok), "{r:?}");
     };
     let late = async {
         tokio::time::sleep(Duration::from_millis(500)).await;
         say(&env, "i want to learn kickflips").await;
-        turns.memory_signal("memory", &id, b"").await
+        signals.extraction("memory", &id).await
     };
     let ((), late) = tokio::join!(first, late);
     assert!(late.is_ok(), "{late:?}");

@@ -11,7 +11,7 @@ use chrono::{SecondsFormat, Utc};
 use companion::testing::{
     bus::Completion,
     journal::State,
-    turn::takeover::{self, Action},
+    takeover::{self, Action},
 };
 use companion_dev::stub::{StubReply, always};
 use futures::StreamExt;

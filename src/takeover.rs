@@ -1,4 +1,5 @@
-//! A moderator's takeover of a conversation. TB-Backend's admin tool publishes
+//! A moderator's takeover of a conversation, handled apart from the pipeline it pauses ([`Takeovers`]).
+//! TB-Backend's admin tool publishes
 //! `<prefix>.signal.takeover.<conversationId>` to pause the conversation (while paused the pipeline sends
 //! no companion message and holds the users' messages, see its gate) or to resume it. Each signal is one
 //! job of the journal, kind `takeover`, id `takeover:<conversationId>:<action>:<at>` (however often it is
@@ -19,18 +20,21 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use tracing::{Instrument, info, info_span, warn};
 
-use super::{Input, TurnError, Turns, prompt};
+use std::sync::Arc;
+
 use crate::{
     bus::{
-        BusError, Inbound,
+        Bus, BusError, Inbound,
         event::{InvalidEvent, clean_text, parse_event, parse_object_id},
     },
+    journal::Journal,
     journal::{
         Attempt, Finish, Job, NewJob, State,
         names::{key, step},
     },
     proactive::ProactiveError,
-    store::{Pg, pg::NewHistory, safety::Takeover},
+    store::{Mongo, Pg, pg::NewHistory, safety::Takeover},
+    turn::{Input, TurnError, Turns, prompt},
 };
 
 /// The kind of a takeover signal (`<prefix>.signal.takeover.<conversationId>`) and of its job.
@@ -205,7 +209,38 @@ impl Line {
     }
 }
 
-impl Turns {
+/// The takeover signals' handler: the state it sets is the pipeline's gate's to read; on a resume it
+/// hands the latest held message back to the pipeline.
+pub(crate) struct Takeovers {
+    journal: Journal,
+    pg: Pg,
+    mongo: Mongo,
+    bus: Bus,
+    /// Bounds a signal's body like any inbound event's.
+    max_event_bytes: usize,
+    /// The pipeline a held message goes back through.
+    pipeline: Arc<Turns>,
+}
+
+impl Takeovers {
+    pub(crate) fn new(
+        journal: Journal,
+        pg: Pg,
+        mongo: Mongo,
+        bus: Bus,
+        max_event_bytes: usize,
+        pipeline: Arc<Turns>,
+    ) -> Self {
+        Self {
+            journal,
+            pg,
+            mongo,
+            bus,
+            max_event_bytes,
+            pipeline,
+        }
+    }
+
     /// Acts on a takeover signal received on `subject` (see the module documentation). A body that can
     /// never be acted on is an [`InvalidEvent`] (dead-lettered); a store or bus failure is transient.
     pub(crate) async fn takeover(&self, subject: &str, payload: &[u8]) -> Result<(), TurnError> {
@@ -218,7 +253,7 @@ impl Turns {
             .ok_or_else(|| InvalidEvent::SubjectMismatch {
                 subject: subject.chars().take(200).collect(),
             })?;
-        let signal = parse(conversation, payload, self.config.max_event_bytes)?;
+        let signal = parse(conversation, payload, self.max_event_bytes)?;
         let id = signal.job_id();
         let t = &signal.takeover;
         let current = tracing::Span::current();
@@ -301,7 +336,7 @@ impl Turns {
                 return Ok(0);
             };
             let lines: Vec<Line> = messages.iter().filter_map(Line::of).collect();
-            let is_bot = |p: &&ObjectId| self.characters.by_bot(p).is_some();
+            let is_bot = |p: &&ObjectId| self.pipeline.is_companion(p);
             let bot = participants.iter().find(is_bot).map(|p| p.to_hex());
             let user = participants.iter().find(|p| !is_bot(p)).map(|p| p.to_hex());
             let (user, bot) = match (group, user, bot) {
@@ -366,7 +401,7 @@ impl Turns {
         // with it) or answered (and leaves it).
         let state = self.journal.get(&held.id).await?.map(|j| j.state);
         if state == Some(State::Held) {
-            self.reopen(&held.id, false).await?;
+            self.pipeline.reopen(&held.id, false).await?;
             info!(held = %held.id, "the latest held message is opened again to be answered");
         }
         self.answer_held(&held).await
@@ -380,7 +415,7 @@ impl Turns {
                 .await?;
             return Ok(());
         };
-        let settled = Box::pin(self.handle(&Input::from(&inbound), None)).await?;
+        let settled = Box::pin(self.pipeline.handle(&Input::from(&inbound), None)).await?;
         info!(held = %held.id, kind = %held.kind, outcome = settled.outcome.name(), "held message caught up");
         Ok(())
     }
@@ -412,7 +447,12 @@ impl Turns {
             }
         };
         let prefix = &self.bus.names.prefix;
-        let inbound = parse_event(&msg.payload, msg.subject.as_str(), prefix, self.limits())?;
+        let inbound = parse_event(
+            &msg.payload,
+            msg.subject.as_str(),
+            prefix,
+            self.pipeline.limits(),
+        )?;
         if inbound.message_id().to_hex() != held.id {
             warn!(held = %held.id, seq, found = %inbound.message_id(), "{GONE} (another event has its sequence); it stays held");
             return Ok(None);
