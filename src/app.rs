@@ -159,14 +159,14 @@ impl App {
             memory: memory.clone(),
             metrics: metrics.clone(),
         });
-        let takeovers = Arc::new(Takeovers::new(
-            turns.journal.clone(),
-            pg.clone(),
-            mongo.clone(),
-            bus.clone(),
-            c.turn.max_event_bytes,
-            turns.clone(),
-        ));
+        let takeovers = Arc::new(Takeovers {
+            journal: turns.journal.clone(),
+            pg: pg.clone(),
+            mongo: mongo.clone(),
+            bus: bus.clone(),
+            max_event_bytes: c.turn.max_event_bytes,
+            pipeline: turns.clone(),
+        });
         Ok(Self {
             bus,
             mongo,

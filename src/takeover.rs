@@ -212,35 +212,17 @@ impl Line {
 /// The takeover signals' handler: the state it sets is the pipeline's gate's to read; on a resume it
 /// hands the latest held message back to the pipeline.
 pub(crate) struct Takeovers {
-    journal: Journal,
-    pg: Pg,
-    mongo: Mongo,
-    bus: Bus,
+    pub(crate) journal: Journal,
+    pub(crate) pg: Pg,
+    pub(crate) mongo: Mongo,
+    pub(crate) bus: Bus,
     /// Bounds a signal's body like any inbound event's.
-    max_event_bytes: usize,
+    pub(crate) max_event_bytes: usize,
     /// The pipeline a held message goes back through.
-    pipeline: Arc<Turns>,
+    pub(crate) pipeline: Arc<Turns>,
 }
 
 impl Takeovers {
-    pub(crate) fn new(
-        journal: Journal,
-        pg: Pg,
-        mongo: Mongo,
-        bus: Bus,
-        max_event_bytes: usize,
-        pipeline: Arc<Turns>,
-    ) -> Self {
-        Self {
-            journal,
-            pg,
-            mongo,
-            bus,
-            max_event_bytes,
-            pipeline,
-        }
-    }
-
     /// Acts on a takeover signal received on `subject` (see the module documentation). A body that can
     /// never be acted on is an [`InvalidEvent`] (dead-lettered); a store or bus failure is transient.
     pub(crate) async fn takeover(&self, subject: &str, payload: &[u8]) -> Result<(), TurnError> {
