@@ -56,11 +56,9 @@ pub struct App {
     takeovers: Arc<Takeovers>,
     /// Memory's extraction and deletion signals.
     pub memory_signals: Arc<MemorySignals>,
-    /// The worker's own sections: its bounds and its durable consumer.
+    /// The worker's own sections: its bounds, where its operations endpoint listens, its durable consumer.
     worker: WorkerConfig,
     consumer: ConsumerConfig,
-    /// Where the operations endpoint listens (empty: none).
-    http_addr: String,
 }
 
 impl App {
@@ -105,6 +103,7 @@ impl App {
         if moderator.is_some() {
             info!(model = %c.safety.moderation_model, "user messages are also screened by the moderation endpoint");
         }
+        let journal = Journal::new(pg.pool.clone()).counting(metrics.clone());
         let memory =
             crate::memory::Memory::new(pg.pool.clone(), embedder.clone(), c.memory.clone());
         let spend = Arc::new(SpendGuard::new(
@@ -114,7 +113,7 @@ impl App {
         ));
         let memory_signals = Arc::new(MemorySignals {
             memory: memory.clone(),
-            journal: Journal::new(pg.pool.clone()).counting(metrics.clone()),
+            journal: journal.clone(),
             llm: llm.clone(),
             bus: bus.clone(),
             characters: characters.clone(),
@@ -129,7 +128,7 @@ impl App {
             spend: spend.clone(),
         });
         let turns = Arc::new(Turns {
-            journal: Journal::new(pg.pool.clone()).counting(metrics.clone()),
+            journal: journal.clone(),
             pg: pg.clone(),
             mongo: mongo.clone(),
             bus: bus.clone(),
@@ -160,7 +159,7 @@ impl App {
             metrics: metrics.clone(),
         });
         let takeovers = Arc::new(Takeovers {
-            journal: turns.journal.clone(),
+            journal,
             pg: pg.clone(),
             mongo: mongo.clone(),
             bus: bus.clone(),
@@ -178,7 +177,6 @@ impl App {
             memory_signals,
             worker: c.worker.clone(),
             consumer: c.consumer.clone(),
-            http_addr: c.worker.http_addr.clone(),
         })
     }
 
@@ -217,7 +215,7 @@ impl App {
 
     /// Serves the operations endpoint when configured and runs the worker until `shutdown` fires.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), SetupError> {
-        let ops = serve_ops(&self.http_addr, &self).await;
+        let ops = serve_ops(&self.worker.http_addr, &self).await;
         let result = self.worker().serve(shutdown).await;
         if let Some(task) = ops {
             task.abort();

@@ -15,21 +15,20 @@
 //! more; a retry finds `catch_up` recorded and the job running (a crash after it was opened) or answered,
 //! which the held job's own journal makes harmless. The job ends `done`.
 
+use std::sync::Arc;
+
 use bson::{Bson, Document, oid::ObjectId};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use tracing::{Instrument, info, info_span, warn};
-
-use std::sync::Arc;
 
 use crate::{
     bus::{
         Bus, BusError, Inbound,
         event::{InvalidEvent, clean_text, parse_event, parse_object_id},
     },
-    journal::Journal,
     journal::{
-        Attempt, Finish, Job, NewJob, State,
+        Attempt, Finish, Job, Journal, NewJob, State,
         names::{key, step},
     },
     proactive::ProactiveError,

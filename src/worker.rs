@@ -563,15 +563,14 @@ impl Shared {
                 seq,
             };
             let turns = &self.worker.turns;
-            // A moderator's takeover changes the conversation's state; every other signal is a follow-up.
+            // By the signal's kind: its own handler, or the pipeline as a follow-up.
+            let (takeovers, memory) = (&self.worker.takeovers, &self.worker.memory_signals);
             let work = async {
                 match self.worker.bus.names.signal_parts(msg.subject.as_str()) {
                 Some((crate::takeover::KIND, _)) => {
-                    let takeovers = &self.worker.takeovers;
                     Box::pin(takeovers.takeover(msg.subject.as_str(), &msg.payload)).await
                 }
                 Some((kind @ crate::memory::KIND, id)) => {
-                    let memory = &self.worker.memory_signals;
                     Box::pin(memory.extraction(kind, id)).await.map_err(crate::turn::TurnError::from)
                 }
                 Some((
@@ -580,7 +579,6 @@ impl Shared {
                     | crate::memory::erase::USER_ERASED),
                     id,
                 )) => {
-                    let memory = &self.worker.memory_signals;
                     let deletion = memory.deletion(kind, id, &msg.payload, seq);
                     Box::pin(deletion).await.map_err(crate::turn::TurnError::from)
                 }

@@ -891,7 +891,6 @@ fn decode<T: DeserializeOwned>(name: &str, key: &str, value: &Value) -> Option<T
     }
 }
 
-/// How a job ended, besides its state.
 /// What [`Job::attempt`] did.
 pub(crate) enum Attempt<T> {
     /// The job was settled already; the body did not run.
@@ -900,6 +899,7 @@ pub(crate) enum Attempt<T> {
     Ran(T),
 }
 
+/// How a job ended, besides its state.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Finish<'a> {
     /// The job whose message answered this one (a burst's reply, a busy line).

@@ -697,7 +697,8 @@ impl Memory {
     /// this turn's included: the turn's probe counted them), and (every turn) the quiet-period schedule,
     /// which replaces the one before (a schedule's subject is its identity). Both are safe to repeat (the
     /// stream drops a duplicate id within its window): the turn runs this as a journal step before it
-    /// settles, so a crash after the reply repeats it rather than losing it.
+    /// settles, so a crash after the reply repeats it rather than losing it; only when memory is enabled,
+    /// which it checks (no step is recorded otherwise).
     pub(crate) async fn after_turn(
         &self,
         bus: &Bus,
@@ -706,9 +707,6 @@ impl Memory {
         turn: &str,
         waiting: i64,
     ) -> Result<(), MemoryError> {
-        if !self.config.enabled {
-            return Ok(());
-        }
         let every = self.config.extract_after.max(1);
         if waiting >= every {
             let tag = format!("{turn}:n{}", waiting / every);
