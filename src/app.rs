@@ -21,7 +21,18 @@ use crate::{
     spend::{self, SpendGuard},
     store::{Mongo, Pg, StoreError},
     takeover::Takeovers,
-    turn::Turns,
+    turn::{
+        Turns,
+        burst::TakeIn,
+        compose::{ComposeSettings, Composer, Talk},
+        deliver::Delivery,
+        end::Endings,
+        gate::Gate,
+        incoming::Incoming,
+        input::Admission,
+        outgoing::{Clean, Outgoing},
+        tool_loop::LoopLimits,
+    },
     worker::{Worker, WorkerError},
 };
 
@@ -127,36 +138,107 @@ impl App {
             history_limit: c.turn.history_limit,
             spend: spend.clone(),
         });
+        let safety = Arc::new(safety);
+        let retriever = Retriever::new(pg.pool.clone(), embedder.clone(), &c.rag);
+        let limits = crate::bus::event::EventLimits::of(&c.turn);
+        let clean = Clean {
+            max_chars: c.turn.max_reply_chars,
+        };
+        let tools = Arc::new(crate::tools::Toolbox::new(&crate::tools::ToolStores {
+            mongo: mongo.clone(),
+            pg: pg.clone(),
+            bus: bus.clone(),
+            flows: flows.clone(),
+            reminders: crate::tools::ReminderBounds {
+                min_lead: std::time::Duration::from_secs(c.turn.reminder_min_lead_secs),
+            },
+            writes_per_hour: c.turn.writes_per_hour,
+        }));
         let turns = Arc::new(Turns {
             journal: journal.clone(),
-            pg: pg.clone(),
-            mongo: mongo.clone(),
-            bus: bus.clone(),
-            llm,
-            characters,
-            tools: Arc::new(crate::tools::Toolbox::new(&crate::tools::ToolStores {
+            admission: Admission {
+                characters: characters.clone(),
+                mongo: mongo.clone(),
+                pg: pg.clone(),
+                names: bus.names.clone(),
+                safety: safety.clone(),
+                limits,
+                memory: memory.clone(),
+            },
+            incoming: Incoming {
+                journal: journal.clone(),
+                retriever: retriever.clone(),
+                moderator: moderator.clone(),
+                safety: safety.clone(),
+                pg: pg.clone(),
+                bus: bus.clone(),
+                metrics: metrics.clone(),
+            },
+            gate: Gate {
+                pg: pg.clone(),
+                journal: journal.clone(),
+                flood: FloodLimit::new(c.turn.user_turns_per_minute),
+                retriever: retriever.clone(),
+                group: c.group.clone(),
+                safety: safety.clone(),
+                follow_ups: c.follow_ups.clone(),
+                history_limit: c.turn.history_limit,
+            },
+            take_in: TakeIn {
+                pg: pg.clone(),
+                names: bus.names.clone(),
+                limits,
+                burst_max: c.turn.burst_max,
+                flows: flows.clone(),
+            },
+            composer: Composer {
+                pg: pg.clone(),
+                mongo: mongo.clone(),
+                retriever: retriever.clone(),
+                memory: memory.clone(),
+                flows: flows.clone(),
+                bus: bus.clone(),
+                talk: Talk {
+                    llm: llm.clone(),
+                    tools,
+                    spend: spend.clone(),
+                    limits: LoopLimits {
+                        max_rounds: c.turn.max_tool_rounds,
+                        max_result_bytes: c.turn.max_tool_result_bytes,
+                    },
+                    max_calls: c.turn.max_llm_calls_per_turn,
+                    model: c.llm.model.clone(),
+                    max_tokens: c.llm.max_tokens,
+                    temperature: c.llm.temperature,
+                },
+                settings: ComposeSettings {
+                    history_limit: c.turn.history_limit,
+                    prompt: c.prompt.clone(),
+                    flow_idle_days: c.flow.idle_days,
+                    under_13_line: c.safety.under_13_line.clone(),
+                    minor_quiet: (c.safety.minor_quiet_start, c.safety.minor_quiet_end),
+                    clean,
+                },
+                metrics: metrics.clone(),
+            },
+            outgoing: Outgoing {
+                clean,
+                safety: safety.clone(),
+                pg: pg.clone(),
+                metrics: metrics.clone(),
+            },
+            delivery: Delivery {
                 mongo: mongo.clone(),
                 pg: pg.clone(),
                 bus: bus.clone(),
-                flows: flows.clone(),
-                reminders: crate::tools::ReminderBounds {
-                    min_lead: std::time::Duration::from_secs(c.turn.reminder_min_lead_secs),
-                },
-                writes_per_hour: c.turn.writes_per_hour,
-            })),
-            flows,
-            retriever: Retriever::new(pg.pool.clone(), embedder.clone(), &c.rag),
-            flood: FloodLimit::new(c.turn.user_turns_per_minute),
-            spend: spend.clone(),
-            config: c.turn.clone(),
-            group: c.group.clone(),
-            flow: c.flow.clone(),
-            follow_ups: c.follow_ups.clone(),
-            safety,
-            moderator,
-            prompt: c.prompt.clone(),
-            memory: memory.clone(),
-            metrics: metrics.clone(),
+            },
+            end: Endings {
+                memory: memory.clone(),
+                bus: bus.clone(),
+                metrics: metrics.clone(),
+                clean,
+            },
+            timeout_secs: c.turn.turn_timeout_secs,
         });
         let takeovers = Arc::new(Takeovers {
             journal,
@@ -184,6 +266,8 @@ impl App {
     pub fn worker(&self) -> Worker {
         Worker {
             bus: self.bus.clone(),
+            mongo: self.mongo.clone(),
+            pg: self.pg.clone(),
             turns: self.turns.clone(),
             takeovers: self.takeovers.clone(),
             memory_signals: self.memory_signals.clone(),
@@ -209,6 +293,7 @@ impl App {
     pub(crate) fn replayer(&self) -> Replayer {
         Replayer {
             bus: self.bus.clone(),
+            memory: self.memory_signals.memory.clone(),
             turns: self.turns.clone(),
         }
     }

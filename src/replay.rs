@@ -82,6 +82,8 @@ pub enum ReplayError {
 pub(crate) struct Replayer {
     pub(crate) bus: Bus,
     pub(crate) turns: Arc<Turns>,
+    /// The tombstones an event is checked against before it is replayed.
+    pub(crate) memory: crate::memory::Memory,
 }
 
 /// What happened to each selected event.
@@ -332,7 +334,6 @@ async fn plan(
     force: bool,
 ) -> Result<(Option<State>, Result<String, String>), ReplayError> {
     let gone = svc
-        .turns
         .memory
         .probe(
             &event.sender_id().to_hex(),

@@ -112,8 +112,8 @@ pub mod timing {
 }
 pub mod tools {
     pub use crate::tools::{
-        ReminderBounds, ToolContext, ToolError, ToolRecord, ToolResult, ToolStores, Toolbox,
-        call_key,
+        Call, Clock, ReminderBounds, ToolContext, ToolError, ToolRecord, ToolResult, ToolStores,
+        Toolbox, call_key,
     };
 }
 pub mod takeover {

@@ -29,7 +29,7 @@ use crate::{
     order::{Order, OrderError, Position, Waited},
     settle::{self, Ending, Handle, Settler, Verdict},
     timing::{self, Stage},
-    turn::{Delivery, Input, Turns},
+    turn::{Arrival, Input, Turns},
 };
 
 /// Counter of turns by outcome.
@@ -48,6 +48,10 @@ pub enum WorkerError {
 /// A worker: the turns it runs and how it settles them.
 pub struct Worker {
     pub(crate) bus: Bus,
+    /// Its indexes, ensured at start.
+    pub(crate) mongo: crate::store::Mongo,
+    /// The conversations' order.
+    pub(crate) pg: crate::store::Pg,
     pub(crate) turns: Arc<Turns>,
     /// A moderator's pause and resume.
     pub(crate) takeovers: Arc<crate::takeover::Takeovers>,
@@ -73,7 +77,7 @@ impl Worker {
     pub async fn serve(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
         self.bus.check_server()?;
         self.bus.ensure_streams().await?;
-        if let Err(e) = self.turns.mongo.ensure_indexes().await {
+        if let Err(e) = self.mongo.ensure_indexes().await {
             warn!(error = %e, "could not ensure MongoDB indexes; continuing");
         }
         let consumer = self.bus.consumer(&self.consumer).await?;
@@ -88,12 +92,12 @@ impl Worker {
         let exhausted = tokio::spawn(watch_exhausted(
             shared.clone(),
             w.bus.names.stream_in.clone(),
-            w.bus.max_deliveries_advisory(&w.consumer.name),
+            crate::bus::max_deliveries_advisory(&w.bus.names, &w.consumer.name),
         ));
         let exhausted_signals = tokio::spawn(watch_exhausted(
             shared.clone(),
             w.bus.names.stream_signal.clone(),
-            w.bus.signal_max_deliveries_advisory(&w.consumer.name),
+            crate::bus::signal_max_deliveries_advisory(&w.bus.names, &w.consumer.name),
         ));
         let signals = tokio::spawn(run_signals(
             shared.clone(),
@@ -109,7 +113,7 @@ impl Worker {
             stream = %w.bus.names.stream_in,
             concurrency,
             max_deliver = shared.limits.max_deliver,
-            characters = w.turns.characters.len(),
+            characters = w.turns.companions(),
             "worker ready"
         );
 
@@ -158,7 +162,7 @@ impl Worker {
                 self.bus.client.clone(),
                 &self.bus.names.stream_in,
                 &self.bus.names.prefix,
-                self.turns.pg.pool.clone(),
+                self.pg.pool.clone(),
                 self.config.order_max_wait(),
             )
             .await?,
@@ -304,7 +308,7 @@ impl Shared {
         }
 
         let started = std::time::Instant::now();
-        let delivery = Delivery {
+        let delivery = Arrival {
             order: Some(&self.order),
             subject,
             seq,
@@ -557,7 +561,7 @@ impl Shared {
                 subject: msg.subject.as_str(),
                 payload: &msg.payload,
             };
-            let delivery = Delivery {
+            let delivery = Arrival {
                 order: None,
                 subject: msg.subject.as_str(),
                 seq,

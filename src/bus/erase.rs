@@ -11,20 +11,32 @@ use super::{Bus, BusError};
 /// Dead letters read at most when looking for one user's (the stream is small; this bounds a scan).
 const DLQ_SCAN_MAX: u64 = 100_000;
 
+/// The stream operations of a deletion and an erasure ([`Bus::erase`]).
+pub(crate) struct Eraser<'a> {
+    bus: &'a Bus,
+}
+
 impl Bus {
+    /// What removes a deleted message's (or an erased user's) events from the streams.
+    pub(crate) fn erase(&self) -> Eraser<'_> {
+        Eraser { bus: self }
+    }
+}
+
+impl Eraser<'_> {
     /// Deletes message `seq` of the inbound stream: 1, or 0 when it is gone already.
     pub(crate) async fn delete_inbound(&self, seq: u64) -> Result<u64, BusError> {
-        self.delete_seq(&self.names.stream_in, seq).await
+        self.delete_seq(&self.bus.names.stream_in, seq).await
     }
 
     /// Deletes message `seq` of the outbound stream (a completion a deletion overtook): 1, or 0 when it
     /// is gone already.
     pub(crate) async fn delete_outbound(&self, seq: u64) -> Result<u64, BusError> {
-        self.delete_seq(&self.names.stream_out, seq).await
+        self.delete_seq(&self.bus.names.stream_out, seq).await
     }
 
     async fn delete_seq(&self, name: &str, seq: u64) -> Result<u64, BusError> {
-        let stream = self.stream(name).await?;
+        let stream = self.bus.stream(name).await?;
         match stream.delete_message(seq).await {
             Ok(true) => Ok(1),
             Ok(false) => Ok(0),
@@ -42,21 +54,22 @@ impl Bus {
         bot: &str,
         conversation: &str,
     ) -> Result<u64, BusError> {
-        let inbound = self.names.inbound(bot, conversation);
+        let inbound = self.bus.names.inbound(bot, conversation);
         let purges = [
-            (self.names.stream_in.clone(), inbound.clone()),
+            (self.bus.names.stream_in.clone(), inbound.clone()),
             (
-                self.names.stream_dlq.clone(),
-                self.names.dead_letter(&inbound),
+                self.bus.names.stream_dlq.clone(),
+                self.bus.names.dead_letter(&inbound),
             ),
             (
-                self.names.stream_out.clone(),
-                self.names.outbound(conversation),
+                self.bus.names.stream_out.clone(),
+                self.bus.names.outbound(conversation),
             ),
         ];
         let mut n = 0;
         for (stream, subject) in purges {
             let purged = self
+                .bus
                 .stream(&stream)
                 .await?
                 .purge()
@@ -97,8 +110,8 @@ impl Bus {
     /// original in the inbound stream.
     async fn delete_dead_letters_with(&self, needle: &str) -> Result<u64, BusError> {
         use async_nats::jetstream::stream::DirectGetErrorKind;
-        let name = self.names.stream_dlq.clone();
-        let mut stream = self.stream(&name).await?;
+        let name = self.bus.names.stream_dlq.clone();
+        let mut stream = self.bus.stream(&name).await?;
         let info = stream
             .info()
             .await
@@ -112,7 +125,7 @@ impl Bus {
         let mut read = 0;
         while seq <= last && read < DLQ_SCAN_MAX {
             let msg = match stream
-                .direct_get_next_for_subject(format!("{}.dlq.>", self.names.prefix), Some(seq))
+                .direct_get_next_for_subject(format!("{}.dlq.>", self.bus.names.prefix), Some(seq))
                 .await
             {
                 Ok(m) => m,
@@ -138,7 +151,7 @@ impl Bus {
                 );
                 if let (Some(subject), Some(original_seq)) = original
                     && original_seq > 0
-                    && !self.names.is_signal(&subject)
+                    && !self.bus.names.is_signal(&subject)
                 {
                     n += self.delete_inbound(original_seq).await?;
                 }

@@ -671,23 +671,23 @@ impl Bus {
             .await?;
         Ok(())
     }
+}
 
-    /// The server's notice that an event used up its deliveries without being settled (workers crashed).
-    pub(crate) fn max_deliveries_advisory(&self, consumer: &str) -> String {
-        format!(
-            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{consumer}",
-            self.names.stream_in
-        )
-    }
+/// The server's notice that an event used up its deliveries without being settled (workers crashed).
+pub(crate) fn max_deliveries_advisory(names: &Names, consumer: &str) -> String {
+    format!(
+        "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{consumer}",
+        names.stream_in
+    )
+}
 
-    /// The same notice for a signal (the DM consumer `consumer`'s signal consumer).
-    pub(crate) fn signal_max_deliveries_advisory(&self, consumer: &str) -> String {
-        format!(
-            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
-            self.names.stream_signal,
-            signal_consumer_name(consumer)
-        )
-    }
+/// The same notice for a signal (the DM consumer `consumer`'s signal consumer).
+pub(crate) fn signal_max_deliveries_advisory(names: &Names, consumer: &str) -> String {
+    format!(
+        "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
+        names.stream_signal,
+        signal_consumer_name(consumer)
+    )
 }
 
 /// The durable consumer of signals that goes with the DM consumer `name`.

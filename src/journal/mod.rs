@@ -625,7 +625,7 @@ impl Job {
     }
 
     /// Writes the records of lazy steps now.
-    pub(crate) async fn flush(&self) -> Result<(), JournalError> {
+    async fn flush(&self) -> Result<(), JournalError> {
         let pending = self.take_pending();
         if pending.is_empty() {
             return Ok(());
@@ -926,6 +926,13 @@ impl Step<'_> {
     /// are safe to repeat.
     pub(crate) fn lazy(mut self) -> Self {
         self.lazy = true;
+        self
+    }
+
+    /// [`Step::lazy`] unless `now`: then recorded at once, with the records still pending before it (what
+    /// a job does next must never make it run again).
+    pub(crate) fn lazy_unless(mut self, now: bool) -> Self {
+        self.lazy = !now;
         self
     }
 

@@ -371,11 +371,8 @@ pub(crate) struct LlmClient {
     http: reqwest::Client,
     url: String,
     key: Secret,
-    pub(crate) default_model: String,
     /// Tried in order after the request's own model.
     pub(crate) fallback_models: Vec<String>,
-    pub(crate) max_tokens: u32,
-    pub(crate) temperature: f32,
     pub(crate) retry: RetryPolicy,
     /// Process-wide cap on outbound requests.
     limiter: Arc<DefaultDirectRateLimiter>,
@@ -404,15 +401,12 @@ impl LlmClient {
             http,
             url: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
             key: config.api_key.clone(),
-            default_model: config.model.clone(),
             fallback_models: config
                 .fallback_models
                 .iter()
                 .map(|m| m.trim().to_owned())
                 .filter(|m| !m.is_empty())
                 .collect(),
-            max_tokens: config.max_tokens,
-            temperature: config.temperature,
             retry: RetryPolicy {
                 max_retries: config.max_retries,
                 base: Duration::from_millis(config.retry_base_ms.max(1)),

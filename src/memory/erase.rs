@@ -190,7 +190,9 @@ impl Memory {
                 // After the commit: a redelivery the stream makes meanwhile finds the tombstone.
                 let events: u64 = job
                     .step(step::ERASE_STREAMS, key::ONCE)
-                    .run(async { Ok::<_, MemoryError>(bus.delete_event(id, erased.seq).await?) })
+                    .run(async {
+                        Ok::<_, MemoryError>(bus.erase().delete_event(id, erased.seq).await?)
+                    })
                     .await?;
                 job.step(step::REBUILD, key::ONCE)
                     .run(async {
@@ -618,14 +620,14 @@ async fn erase_from_streams(
     for (kind, where_, seq) in jobs {
         let (conversation, bot) = where_.split_once('|').unwrap_or((where_, ""));
         match (kind.as_str(), seq) {
-            ("group", Some(seq)) => n += bus.delete_inbound(*seq as u64).await?,
+            ("group", Some(seq)) => n += bus.erase().delete_inbound(*seq as u64).await?,
             ("group", None) => {}
             _ if !bot.is_empty() && hex24(conversation) => {
-                n += bus.purge_conversation(bot, conversation).await?;
+                n += bus.erase().purge_conversation(bot, conversation).await?;
             }
             _ => {}
         }
     }
-    n += bus.delete_dead_letters_of(user).await?;
+    n += bus.erase().delete_dead_letters_of(user).await?;
     Ok(n)
 }

@@ -76,7 +76,7 @@ impl Tool for CreateSpotDraft {
 
     async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let (coords, source, short_unresolved) = coordinates(&args)?;
-        let id = derived_id(ctx.message_id, Self::NAME, &ctx.tool_call_id);
+        let id = derived_id(ctx.message_id, Self::NAME, &ctx.call.id);
         let coll = self.mongo.collection(SPOT_DRAFTS);
         let existing = coll.find_one(doc! { "_id": id }).await?;
         let name = args.name.trim().to_owned();
@@ -109,9 +109,9 @@ impl Tool for CreateSpotDraft {
                 "botId": ctx.bot.to_hex(),
                 "conversationId": ctx.conversation.to_hex(),
                 "status": "pending_approval",
-                "createdAt": bson::DateTime::from_chrono(ctx.now),
+                "createdAt": bson::DateTime::from_chrono(ctx.clock.now),
                 "sourceMessageId": ctx.message_id,
-                "toolCallId": &ctx.tool_call_id,
+                "toolCallId": &ctx.call.id,
             };
             match coll.insert_one(draft).await {
                 Ok(_) => true,

@@ -88,7 +88,7 @@ impl Tool for CreateTricklist {
                 unmatched.join(", ")
             )));
         }
-        let id = derived_id(ctx.message_id, Self::NAME, &ctx.tool_call_id);
+        let id = derived_id(ctx.message_id, Self::NAME, &ctx.call.id);
         let coll = self.mongo.collection(TRICKLISTS);
         let existing = coll.find_one(doc! { "_id": id }).await?;
         let created = if existing.is_some() {
@@ -106,10 +106,10 @@ impl Tool for CreateTricklist {
                 "tricks": tricks,
                 "category": category,
                 "isPublic": false,
-                "createdAt": bson::DateTime::from_chrono(ctx.now),
+                "createdAt": bson::DateTime::from_chrono(ctx.clock.now),
                 "createdBy": ctx.character,
                 "sourceMessageId": ctx.message_id,
-                "toolCallId": &ctx.tool_call_id,
+                "toolCallId": &ctx.call.id,
             };
             match coll.insert_one(list).await {
                 Ok(_) => true,

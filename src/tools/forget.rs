@@ -47,7 +47,7 @@ impl Tool for Forget {
         let about = args.about.trim().to_owned();
         let recorded = ctx
             .job
-            .recorded::<Vec<String>>(names::step::FORGET, &ctx.call_key)
+            .recorded::<Vec<String>>(names::step::FORGET, &ctx.call.key)
             .is_some();
         let embedding = match recorded {
             true => None,
@@ -56,7 +56,7 @@ impl Tool for Forget {
         let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
         let removed: Vec<String> = ctx
             .job
-            .step(names::step::FORGET, &ctx.call_key)
+            .step(names::step::FORGET, &ctx.call.key)
             .run_in_tx(|mut tx| async move {
                 let r = Memory::forget(
                     &mut tx,

@@ -35,7 +35,7 @@ impl Tool for LeaveFlow {
     async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let applied = state::change(
             ctx.job,
-            &ctx.call_key,
+            &ctx.call.key,
             &ctx.user.to_hex(),
             &ctx.bot.to_hex(),
             |current| match current.filter(|c| status::is_open(&c.status)) {

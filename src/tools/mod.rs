@@ -79,25 +79,39 @@ pub struct ToolContext<'a> {
     pub conversation: ObjectId,
     /// The character's display name, stamped on created content (`createdBy`, `submittedVia`).
     pub character: &'a str,
-    /// The inbound event's dm_messages id: with `tool_call_id`, the identity of a write.
+    /// The inbound event's dm_messages id: with the call's id, the identity of a write.
     pub message_id: ObjectId,
-    /// The model's id for this call (unique within the turn).
-    pub tool_call_id: String,
-    /// The journal key of this call (see [`call_key`]): the write quota counts a call once, and a flow
-    /// change is made once.
-    pub call_key: String,
-    /// The user's IANA time zone (`users.timezone`), for quiet hours.
-    pub time_zone: Option<&'a str>,
-    /// A minor's quiet hours (start, end; local time): no reminder fires in them, whatever `exact` says.
-    pub minor_quiet: Option<(chrono::NaiveTime, chrono::NaiveTime)>,
+    /// The model's call being run (set per call).
+    pub call: Call,
+    /// When the call runs, as the user lives it.
+    pub clock: Clock<'a>,
     /// The turn's journal: a write is counted against the quota as one of its steps.
     pub job: &'a Job,
-    /// The clock of this turn (`createdAt`, the quota window).
-    pub now: DateTime<Utc>,
     /// The flows this companion offers (`start_flow` starts only these).
     pub offered_flows: &'a [String],
     /// Long-term memory: the user's DM with this companion keeps it; a group chat does not.
     pub memory: crate::memory::Access<'a>,
+}
+
+/// The model's call a tool runs for.
+#[derive(Clone, Debug, Default)]
+pub struct Call {
+    /// The model's id for it (unique within the turn).
+    pub id: String,
+    /// Its journal key (see [`call_key`]): the write quota counts a call once, and a flow change is
+    /// made once.
+    pub key: String,
+}
+
+/// The time of a call as its user lives it.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock<'a> {
+    /// The turn's clock (`createdAt`, the quota window).
+    pub now: DateTime<Utc>,
+    /// The user's IANA time zone (`users.timezone`), for quiet hours.
+    pub time_zone: Option<&'a str>,
+    /// A minor's quiet hours (start, end; local time): no reminder fires in them, whatever `exact` says.
+    pub minor_quiet: Option<(chrono::NaiveTime, chrono::NaiveTime)>,
 }
 
 /// What the tools are built with, once per process: each tool keeps the parts it needs.
@@ -732,11 +746,11 @@ pub(crate) async fn guard_write(
         .job
         .counted(
             names::step::QUOTA,
-            &ctx.call_key,
+            &ctx.call.key,
             &tally,
             writes_per_hour,
             std::time::Duration::from_secs(3600),
-            ctx.now,
+            ctx.clock.now,
         )
         .await?;
     tracing::debug!(tool, ?admission, "write quota");

@@ -55,11 +55,11 @@ impl Tool for Remember {
             .job
             .counted(
                 names::step::REMEMBER_QUOTA,
-                &ctx.call_key,
+                &ctx.call.key,
                 &names::tally::remember(&ctx.user.to_hex()),
                 limit,
                 std::time::Duration::from_secs(24 * 3600),
-                ctx.now,
+                ctx.clock.now,
             )
             .await?;
         if let Admission::Exceeded { retry_after_secs } = counted {
@@ -76,16 +76,16 @@ impl Tool for Remember {
         for (n, (topic, text)) in parts.into_iter().enumerate() {
             // The first part keeps the call's own key, as a single fact always had.
             let key = match n {
-                0 => ctx.call_key.clone(),
-                n => format!("{}.{n}", ctx.call_key),
+                0 => ctx.call.key.clone(),
+                n => format!("{}.{n}", ctx.call.key),
             };
             let new = NewFact {
-                id: memory::extract::fact_id(&ctx.call_key, n),
+                id: memory::extract::fact_id(&ctx.call.key, n),
                 topic,
                 fact: text.clone(),
                 sources: vec![ctx.message_id.to_hex()],
                 how: How::Remembered,
-                said_at: ctx.now,
+                said_at: ctx.clock.now,
             };
             let recorded = ctx
                 .job

@@ -71,8 +71,8 @@ impl Tool for ScheduleReminder {
     async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let text = args.text.trim().to_owned();
         let min_lead = Duration::from_std(self.reminders.min_lead).unwrap_or(Duration::minutes(1));
-        let due = due_time(&args.at, ctx.now, min_lead)?;
-        let id = derived_id(ctx.message_id, Self::NAME, &ctx.tool_call_id).to_hex();
+        let due = due_time(&args.at, ctx.clock.now, min_lead)?;
+        let id = derived_id(ctx.message_id, Self::NAME, &ctx.call.id).to_hex();
         let user = ctx.user.to_hex();
         let existing = self.pg.reminder(&id).await?;
         let stored = match existing {
@@ -87,11 +87,15 @@ impl Tool for ScheduleReminder {
                 let mut fire_at = if args.exact {
                     due
                 } else {
-                    out_of_quiet_hours(due, ctx.time_zone)
+                    out_of_quiet_hours(due, ctx.clock.time_zone)
                 };
-                if let Some((start, end)) = ctx.minor_quiet {
-                    fire_at =
-                        crate::safety::age::after_quiet_hours(fire_at, ctx.time_zone, start, end);
+                if let Some((start, end)) = ctx.clock.minor_quiet {
+                    fire_at = crate::safety::age::after_quiet_hours(
+                        fire_at,
+                        ctx.clock.time_zone,
+                        start,
+                        end,
+                    );
                 }
                 self.pg
                     .insert_reminder(&Reminder {

@@ -50,7 +50,7 @@ impl Tool for SetFlowSlots {
 
     async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
-        let applied = state::change(ctx.job, &ctx.call_key, &user, &bot, |current| {
+        let applied = state::change(ctx.job, &ctx.call.key, &user, &bot, |current| {
             let Some(c) = current.filter(|c| status::is_open(&c.status)) else {
                 return Err(Refusal::NoFlow);
             };

@@ -55,7 +55,7 @@ impl Tool for StartFlow {
         };
         let applied = state::change(
             ctx.job,
-            &ctx.call_key,
+            &ctx.call.key,
             &ctx.user.to_hex(),
             &ctx.bot.to_hex(),
             |current| match current {
@@ -79,7 +79,7 @@ impl Tool for StartFlow {
                         slots: Default::default(),
                         status: status::ACTIVE.into(),
                         waiting_for: None,
-                        updated_at: ctx.now,
+                        updated_at: ctx.clock.now,
                     },
                 ))),
             },

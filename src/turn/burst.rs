@@ -1,20 +1,31 @@
-//! Stage 5 of a DM: its burst. Messages the user sent after this one that are already in the stream
+//! Stage 5, taking in: a DM's burst, a follow-up's flow. A DM's burst: Messages the user sent after this one that are already in the stream
 //! when the turn starts (up to `COMPANION_BURST_MAX`) are answered by the same reply, as a person would
 //! answer five quick lines once. They become `covered` jobs of their own, atomically with the `burst`
-//! step's record ([`crate::journal::Job::covering`]), and are listed in the completion's `covers`.
+//! step's record ([`crate::journal::Job::covering`]), and are listed in the completion's `covers`. A
+//! follow-up's news moves the user's flow on when a waiting step waited for it.
 
 use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::{Delivery, TurnError, Turns};
+use std::sync::Arc;
+
+use super::{
+    Arrival, TurnError,
+    input::{Admitted, Kind},
+};
 use crate::{
-    bus::{DmEvent, event::parse_inbound},
+    bus::{
+        DmEvent, Names,
+        event::{EventLimits, parse_inbound},
+    },
+    flow::{self, Flows, state::Applied},
     journal::{
         Job, NewJob,
         names::{key, step},
     },
+    store::Pg,
 };
 
 /// A later message of a burst, as the `burst` step fixes it.
@@ -57,7 +68,21 @@ impl Burst {
     }
 }
 
-impl Turns {
+/// Stage 5, with what it reads.
+pub(crate) struct TakeIn {
+    /// Whether a later message of the burst was deleted already.
+    pub(crate) pg: Pg,
+    /// The subjects' prefix the stream's later messages are parsed under.
+    pub(crate) names: Names,
+    /// The bounds a later message is parsed with; a burst's text stays within `max_content_chars`.
+    pub(crate) limits: EventLimits,
+    /// Later messages answered by one reply, at most (`COMPANION_BURST_MAX`; 0: none).
+    pub(crate) burst_max: usize,
+    /// The guided flows a follow-up's news moves on.
+    pub(crate) flows: Arc<Flows>,
+}
+
+impl TakeIn {
     /// The `burst` step of the DM `event`: the later messages of the same sender that follow in the
     /// stream now (contiguous, valid, within the bounds), each made a job `covered` by this one (the
     /// incoming hook sees them once the step is fixed) (like `own`, the job's own row); the first that already has a job ends the
@@ -66,28 +91,25 @@ impl Turns {
         &self,
         (job, own): (&Job, NewJob<'_>),
         event: &DmEvent,
-        delivery: Option<&Delivery<'_>>,
+        arrival: Option<&Arrival<'_>>,
     ) -> Result<Burst, TurnError> {
         let mut candidates: Vec<(String, Covered)> = Vec::new();
         // A retry reads the stream again and finds the step recorded: the covered jobs are its record's.
-        let from_stream = delivery
+        let from_stream = arrival
             .and_then(|d| Some((d.order?, d)))
-            .filter(|_| self.config.burst_max > 0);
+            .filter(|_| self.burst_max > 0);
         if let Some((order, d)) = from_stream {
-            let limits = self.limits();
+            let limits = self.limits;
             let mut chars = event.content.chars().count();
-            for m in order
-                .followers(d.subject, d.seq, self.config.burst_max)
-                .await?
-            {
-                let prefix = &self.bus.names.prefix;
+            for m in order.followers(d.subject, d.seq, self.burst_max).await? {
+                let prefix = &self.names.prefix;
                 let Ok(f) = parse_inbound(&m.payload, m.subject.as_str(), prefix, limits) else {
                     break;
                 };
                 chars += f.content.chars().count();
                 if f.sender_id != event.sender_id
                     || f.message_id == event.message_id
-                    || chars > self.config.max_content_chars
+                    || chars > self.limits.max_content_chars
                 {
                     break;
                 }
@@ -128,5 +150,37 @@ impl Turns {
             );
         }
         Ok(burst)
+    }
+
+    /// Stage 5 of a follow-up: the user's flow with its companion moves on when a waiting step waited
+    /// for this news (step `flow_change`/`event`); the note for the brief when it did.
+    pub(crate) async fn move_flow(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+    ) -> Result<Option<String>, TurnError> {
+        let Kind::FollowUp { follow_up, .. } = &a.kind else {
+            return Ok(None);
+        };
+        let Some(awaited) = follow_up.awaited() else {
+            return Ok(None);
+        };
+        let applied = flow::state::change(job, key::EVENT, &a.ids.user, &a.ids.bot, |current| {
+            Ok::<_, ()>(
+                current
+                    .filter(|c| c.waiting_for.as_deref() == Some(awaited.as_str()))
+                    .filter(|c| c.status == flow::state::status::WAITING)
+                    .and_then(|c| Some(flow::resume(self.flows.get(&c.flow)?, c.clone()))),
+            )
+        })
+        .await?;
+        let Applied::Changed(Some(s)) = applied else {
+            return Ok(None);
+        };
+        let Some(def) = self.flows.get(&s.flow) else {
+            return Ok(None);
+        };
+        info!(flow = %s.flow, step = %s.step, status = %s.status, "the news moved the user's flow on");
+        Ok(Some(flow::resumed_note(def, &s)))
     }
 }

@@ -1,11 +1,15 @@
 //! Stage 7: what a companion says in one slot. The prompt differs by input (a DM with its history and
 //! burst; a group's shared history and the answers before; a follow-up's brief), then every slot asks the
-//! model the same way ([`Turns::converse`]: the tool loop, the per-slot ceiling, the spend budgets) and
-//! passes the outgoing hook before its `reply` step fixes it. Over the flood limit the character's busy
-//! line stands in, at a spend budget its budget line, and for a follow-up whose model fails its plain
-//! line; those pass the hook too.
+//! model the same way ([`Composer::converse`]: the tool loop, the per-slot ceiling, the spend budgets).
+//! Over the flood limit the character's busy line stands in, at a spend budget its budget line, and for
+//! a follow-up whose model fails its plain line. The conductor passes what is composed through the
+//! outgoing hook before its `reply` step fixes it, and a concern the model flagged through the crisis
+//! protocol first.
 
-use std::{collections::HashMap, sync::LazyLock};
+use std::{
+    collections::HashMap,
+    sync::{Arc, LazyLock},
+};
 
 use bson::oid::ObjectId;
 use chrono::Utc;
@@ -13,31 +17,105 @@ use serde_json::Value;
 use tracing::{debug, info, warn};
 
 use super::{
-    Burst, Reply, Said, TurnError, Turns,
+    Burst, Fixed, Reply, Said, TurnError,
+    gate::Plan,
     input::{Admitted, Kind},
+    outgoing::Clean,
     prompt::{self, PromptContext},
-    tool_loop,
+    tool_loop::{self, LoopLimits},
 };
 use crate::{
-    bus::{DmEvent, Typing},
+    bus::{Bus, DmEvent, Typing},
     character::Character,
-    flow::TurnFlow,
+    config::PromptConfig,
+    flow::{Flows, TurnFlow},
     group::{self, Member},
     journal::{
         Job,
         names::{key, key::Slot, step},
     },
-    llm::{CallBudget, ChatRequest, LlmError, Message},
-    memory::recall::Recall,
+    llm::{CallBudget, ChatRequest, LlmClient, LlmError, Message},
+    memory::{Memory, recall::Recall},
+    metrics::Metrics,
     proactive::FollowUp,
+    rag::Retriever,
     safety::detect,
+    spend::SpendGuard,
+    store::{Mongo, Pg},
     timing::{Stage, stage},
     tools::{
-        Group, REGISTRY, Registry, ToolContext, Toolbox,
+        Clock, Group, REGISTRY, Registry, ToolContext, Toolbox,
         flag_concern::Concern,
         offer::{self, Offer, Signals},
     },
 };
+
+/// Stage 7, with what a slot's message is composed from.
+pub(crate) struct Composer {
+    /// History and the user's flow with the companion.
+    pub(crate) pg: Pg,
+    /// Tricklists and the group's display names.
+    pub(crate) mongo: Mongo,
+    /// The knowledge the messages call up.
+    pub(crate) retriever: Retriever,
+    /// What the companion remembers of the user.
+    pub(crate) memory: Memory,
+    /// The guided flows the characters offer.
+    pub(crate) flows: Arc<Flows>,
+    /// The typing indicator.
+    pub(crate) bus: Bus,
+    pub(crate) talk: Talk,
+    pub(crate) settings: ComposeSettings,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+/// The model and the tools a slot converses with, and how far.
+pub(crate) struct Talk {
+    pub(crate) llm: LlmClient,
+    /// The tools, built once with the stores they use.
+    pub(crate) tools: Arc<Toolbox>,
+    /// The spend budgets, checked before each paid call.
+    pub(crate) spend: Arc<SpendGuard>,
+    pub(crate) limits: LoopLimits,
+    /// Model calls one slot may make (`COMPANION_MAX_LLM_CALLS_PER_TURN`).
+    pub(crate) max_calls: u32,
+    /// The model a character without its own is answered by.
+    pub(crate) model: String,
+    /// Longest answer asked for, in tokens.
+    pub(crate) max_tokens: u32,
+    pub(crate) temperature: f32,
+}
+
+/// The settings a slot is composed with.
+pub(crate) struct ComposeSettings {
+    /// History rows read for the prompt.
+    pub(crate) history_limit: i64,
+    /// The caps of what a slot sends the model.
+    pub(crate) prompt: PromptConfig,
+    /// Days a user's place in a guided flow is kept.
+    pub(crate) flow_idle_days: u32,
+    /// The one line a user under 13 gets a day.
+    pub(crate) under_13_line: String,
+    /// A minor's quiet hours (start, end; local time), for the reminders a tool sets.
+    pub(crate) minor_quiet: (chrono::NaiveTime, chrono::NaiveTime),
+    pub(crate) clean: Clean,
+}
+
+/// A slot's message as composed, and a concern the model flagged for its user (the conductor runs the
+/// crisis protocol on it before the message is fixed).
+pub(crate) struct Composed {
+    pub(crate) said: Said,
+    pub(crate) concern: Option<Concern>,
+}
+
+impl From<Said> for Composed {
+    fn from(said: Said) -> Self {
+        Self {
+            said,
+            concern: None,
+        }
+    }
+}
 
 /// The companion's last message before the new ones: a "yes please" answers what it offered.
 fn last_said(history: &[crate::store::pg::HistoryMessage]) -> Option<&str> {
@@ -114,7 +192,7 @@ static NO_TOOLS: LazyLock<Registry> = LazyLock::new(Registry::empty);
 static NO_TOOLBOX: LazyLock<Toolbox> = LazyLock::new(Toolbox::empty);
 
 /// One slot about to be composed, with what it sees.
-pub(crate) struct Turn<'a, 't> {
+pub(crate) struct SlotView<'a, 't> {
     pub(crate) job: &'a Job,
     pub(crate) admitted: &'a Admitted<'t>,
     pub(crate) speaker: Member<'t>,
@@ -126,15 +204,11 @@ pub(crate) struct Turn<'a, 't> {
     pub(crate) burst: &'a Burst,
     /// The messages already fixed for this job.
     pub(crate) said: &'a [Said],
-    /// Over the flood limit: the busy line.
-    pub(crate) busy: bool,
-    /// A fixed line instead of the model's answer.
-    pub(crate) fixed: Option<super::Fixed>,
+    /// Who speaks, and whether a busy or fixed line stands in for the model.
+    pub(crate) plan: &'a Plan<'t>,
     /// A message this slot answers was flagged by the crisis screen: the model answers with the safety
     /// brief and no tools, and the character's crisis line stands in when it cannot.
     pub(crate) crisis: bool,
-    /// What a group message's answers share (its history, its people's names).
-    pub(crate) group: Option<&'a super::GroupPlan>,
     /// For a follow-up: how its news moved the user's flow on.
     pub(crate) flow_note: Option<&'a str>,
 }
@@ -144,25 +218,27 @@ pub(crate) struct Spoken {
     pub(crate) text: Option<String>,
     pub(crate) card: Option<Value>,
     pub(crate) log: Option<Value>,
+    /// The model flagged a concern for the user.
+    pub(crate) concern: Option<Concern>,
 }
 
-impl Turns {
-    /// The slot's message, through the outgoing hook.
-    pub(crate) async fn compose(&self, t: &Turn<'_, '_>) -> Result<Said, TurnError> {
+impl Composer {
+    /// The slot's message.
+    pub(crate) async fn compose(&self, t: &SlotView<'_, '_>) -> Result<Composed, TurnError> {
         let c = t.speaker.character;
-        let fixed = match (t.fixed, t.busy, t.crisis) {
-            (Some(super::Fixed::Under13), ..) => Some(&self.safety.config.under_13_line),
-            (Some(super::Fixed::Crisis), ..) | (None, true, true) => Some(&c.crisis_line),
+        let fixed = match (t.plan.fixed, t.plan.busy, t.crisis) {
+            (Some(Fixed::Under13), ..) => Some(&self.settings.under_13_line),
+            (Some(Fixed::Crisis), ..) | (None, true, true) => Some(&c.crisis_line),
             (None, true, false) => Some(&c.busy_line),
             (None, false, _) => None,
         };
         if let Some(line) = fixed {
-            return Ok(self.line(t.admitted, t.speaker, line.clone()));
+            return Ok(self.line(t.admitted, t.speaker, line.clone()).into());
         }
         match &t.admitted.kind {
             Kind::Dm(event) => self.answer_dm(t, event).await,
             Kind::Group { .. } => self.answer_in_group(t).await,
-            Kind::FollowUp { follow_up, .. } => self.follow_up(t, follow_up).await,
+            Kind::FollowUp { follow_up, .. } => self.follow_up(t, follow_up).await.map(Into::into),
         }
     }
 
@@ -178,7 +254,7 @@ impl Turns {
     /// it.
     pub(crate) fn line(&self, a: &Admitted<'_>, speaker: Member<'_>, text: String) -> Said {
         Said {
-            reply: Reply::new(self.outgoing_text(&text), None, None),
+            reply: Reply::new(self.settings.clean.text(&text), None, None),
             bot: speaker_id(a, speaker),
             tags: None,
             last: true,
@@ -187,7 +263,11 @@ impl Turns {
 
     /// The model's answer to a DM and the rest of its burst, with the history, the user's data, the
     /// knowledge the messages call up and the user's flow with the companion.
-    async fn answer_dm(&self, t: &Turn<'_, '_>, event: &DmEvent) -> Result<Said, TurnError> {
+    async fn answer_dm(
+        &self,
+        t: &SlotView<'_, '_>,
+        event: &DmEvent,
+    ) -> Result<Composed, TurnError> {
         let (a, c) = (t.admitted, t.speaker.character);
         self.typing(event.conversation_id, event.bot_id).await;
         let followers = t.burst.events(event);
@@ -205,7 +285,7 @@ impl Turns {
                 stage(Stage::Context, async {
                     tokio::try_join!(
                         self.pg
-                            .history(&a.ids.user, &a.ids.bot, self.config.history_limit),
+                            .history(&a.ids.user, &a.ids.bot, self.settings.history_limit),
                         self.mongo.resolve_tricklists(&a.user.tricklists),
                     )
                 }),
@@ -222,9 +302,9 @@ impl Turns {
             .messages
             .retain(|m| !answering.contains(&m.message_id));
         let turn_flow = flow?;
-        let offer = match turn_flow.open() || !self.prompt.tools_by_turn {
+        let offer = match turn_flow.open() || !self.settings.prompt.tools_by_turn {
             true => Offer::all(),
-            false => dm_offer(&events, &history, c, &self.prompt),
+            false => dm_offer(&events, &history, c, &self.settings.prompt),
         };
         let offered_flows: &[String] = match offer.has(Group::Flows) {
             true => &c.flows,
@@ -243,12 +323,17 @@ impl Turns {
             tools_enabled: true,
             flow: &flow,
             memory: &memory,
-            budget: &self.prompt,
+            budget: &self.settings.prompt,
         });
         let tools = self.tools_for(t.crisis);
         let tools_tokens = tools.offered_tokens(offer);
-        let mut messages =
-            prompt::conversation(system, &history, &events, &self.prompt, tools_tokens);
+        let mut messages = prompt::conversation(
+            system,
+            &history,
+            &events,
+            &self.settings.prompt,
+            tools_tokens,
+        );
         crate::timing::add(Stage::Prompt, prompt_started);
         // A turn waits on the model holding its request and nothing it was built from.
         drop((
@@ -258,16 +343,18 @@ impl Turns {
             messages.push(Message::system(prompt::SAFETY_BRIEF.to_owned()));
         }
         let Some(spoken) = self.converse_safely(t, event, messages, offer).await? else {
-            return Ok(self.line(a, t.speaker, c.crisis_line.clone()));
+            return Ok(self.line(a, t.speaker, c.crisis_line.clone()).into());
         };
-        self.model_said(t, spoken, |text| text)
+        let concern = spoken.concern;
+        let said = self.model_said(t, spoken, |text| text)?;
+        Ok(Composed { said, concern })
     }
 
-    /// [`Turns::converse`] with every tool, or for a user in crisis without tools; none when the model
+    /// [`Composer::converse`] with every tool, or for a user in crisis without tools; none when the model
     /// failed a user in crisis (the crisis line stands in, never a failure).
     async fn converse_safely(
         &self,
-        t: &Turn<'_, '_>,
+        t: &SlotView<'_, '_>,
         event: &DmEvent,
         messages: Vec<Message>,
         offer: Offer,
@@ -321,7 +408,7 @@ impl Turns {
 
     /// The model's answer as one companion of a group, seeing the group's history, the message and the
     /// answers before it.
-    async fn answer_in_group(&self, t: &Turn<'_, '_>) -> Result<Said, TurnError> {
+    async fn answer_in_group(&self, t: &SlotView<'_, '_>) -> Result<Composed, TurnError> {
         let (a, c, me) = (t.admitted, t.speaker.character, t.speaker.bot);
         let Kind::Group {
             event: group_event,
@@ -336,7 +423,11 @@ impl Turns {
         }
         self.typing(group_event.conversation_id, me).await;
         let event = group_event.to_bot(me);
-        let g = t.group.expect("a group message has its group plan");
+        let g = t
+            .plan
+            .group
+            .as_ref()
+            .expect("a group message has its group plan");
         let (tricklists, knowledge, names) = Box::pin(async {
             tokio::join!(
                 stage(
@@ -360,7 +451,7 @@ impl Turns {
             content: format!("{}: {}", name_of(&a.ids.user), event.content),
             ..event.clone()
         };
-        let offer = match self.prompt.tools_by_turn {
+        let offer = match self.settings.prompt.tools_by_turn {
             false => Offer::all(),
             true => group_offer(&event.content, t.said),
         };
@@ -371,7 +462,7 @@ impl Turns {
             .map(|s| prompt::tokens(&s.reply.content))
             .sum();
         let fixed = tools.offered_tokens(offer) + prompt::tokens(&named.content) + said_tokens;
-        let (knowledge, history_cap) = prompt.room(&self.prompt, fixed);
+        let (knowledge, history_cap) = prompt.room(&self.settings.prompt, fixed);
         let earlier: Vec<_> = g
             .history
             .iter()
@@ -394,19 +485,20 @@ impl Turns {
         }
         drop((prompt, knowledge, named));
         let spoken = self.converse(t, &event, messages, tools, offer).await?;
+        let concern = spoken.concern;
         let mut said = self.model_said(t, spoken, |text| group::strip_own_name(text, &c.name))?;
         if !said.last {
             said.tags =
                 group::route::handover(&said.reply.content, me, &a.members).map(|b| b.to_hex());
         }
-        Ok(said)
+        Ok(Composed { said, concern })
     }
 
     /// The system prompt of a companion's slot in a group: who it is, the sender's tricklists, the
     /// knowledge, and who is in the group; no memory (a group never reads a DM's) and no flows.
     fn group_prompt(
         &self,
-        t: &Turn<'_, '_>,
+        t: &SlotView<'_, '_>,
         tricklists: &[crate::store::mongo::Tricklist],
         knowledge: &[crate::rag::KnowledgeSnippet],
         participants: &[ObjectId],
@@ -423,7 +515,7 @@ impl Turns {
             tools_enabled: true,
             flow: "",
             memory: &Recall::default(),
-            budget: &self.prompt,
+            budget: &self.settings.prompt,
         });
         let note = group_note(t.speaker, &a.members, participants, name_of, &a.ids.user);
         prompt.system.push_str(&note);
@@ -433,12 +525,12 @@ impl Turns {
     /// The follow-up the model writes with the news in its context (the brief after the conversation so
     /// far, without tools); the character's plain line when the model fails after all its retries and
     /// fallbacks or a budget stops it (the news is never held back for it).
-    async fn follow_up(&self, t: &Turn<'_, '_>, f: &FollowUp<'_>) -> Result<Said, TurnError> {
+    async fn follow_up(&self, t: &SlotView<'_, '_>, f: &FollowUp<'_>) -> Result<Said, TurnError> {
         let a = t.admitted;
         let (history, tricklists) = Box::pin(async {
             tokio::try_join!(
                 async {
-                    let limit = self.config.history_limit;
+                    let limit = self.settings.history_limit;
                     Ok::<_, TurnError>(self.pg.history(&a.ids.user, &a.ids.bot, limit).await?)
                 },
                 async { Ok(self.mongo.resolve_tricklists(&a.user.tricklists).await?) },
@@ -455,9 +547,9 @@ impl Turns {
             tools_enabled: false,
             flow: "",
             memory: &Recall::default(),
-            budget: &self.prompt,
+            budget: &self.settings.prompt,
         });
-        let mut messages = prompt::conversation(system, &history, &[], &self.prompt, 0);
+        let mut messages = prompt::conversation(system, &history, &[], &self.settings.prompt, 0);
         let brief = format!("{}{}", f.brief, t.flow_note.unwrap_or_default());
         messages.push(Message::system(brief));
         drop((history, tricklists));
@@ -478,7 +570,7 @@ impl Turns {
         {
             Ok(Spoken {
                 text: Some(text), ..
-            }) => self.outgoing_text(&text),
+            }) => self.settings.clean.text(&text),
             Ok(Spoken { text: None, .. }) => {
                 info!("the spend budget is used up; sending the plain line");
                 String::new()
@@ -490,7 +582,7 @@ impl Turns {
             Err(e) => return Err(e),
         };
         let content = match written.is_empty() {
-            true => self.outgoing_text(&f.plain),
+            true => self.settings.clean.text(&f.plain),
             false => written,
         };
         Ok(Said {
@@ -505,7 +597,7 @@ impl Turns {
     /// through the outgoing hook; the budget line when a spend budget stopped the model.
     fn model_said(
         &self,
-        t: &Turn<'_, '_>,
+        t: &SlotView<'_, '_>,
         spoken: Spoken,
         shape: impl for<'s> Fn(&'s str) -> &'s str,
     ) -> Result<Said, TurnError> {
@@ -522,7 +614,7 @@ impl Turns {
             return Ok(said);
         };
         let reply = Reply::new(
-            self.outgoing_text(shape(text.trim())),
+            self.settings.clean.text(shape(text.trim())),
             spoken.card,
             spoken.log,
         );
@@ -542,7 +634,7 @@ impl Turns {
     /// keyed under the slot, and the per-turn ceiling counts those of the slot.
     async fn converse(
         &self,
-        t: &Turn<'_, '_>,
+        t: &SlotView<'_, '_>,
         event: &DmEvent,
         messages: Vec<Message>,
         tools: &Registry,
@@ -551,55 +643,51 @@ impl Turns {
         let (c, job, user) = (t.speaker.character, t.job, &t.admitted.user);
         let slot = t.slot.calls();
         let request = ChatRequest {
-            model: c
-                .model
-                .clone()
-                .unwrap_or_else(|| self.llm.default_model.clone()),
+            model: c.model.clone().unwrap_or_else(|| self.talk.model.clone()),
             messages,
             tools: Default::default(),
             tool_choice: None,
-            max_tokens: Some(self.llm.max_tokens),
-            temperature: Some(self.llm.temperature),
+            max_tokens: Some(self.talk.max_tokens),
+            temperature: Some(self.talk.temperature),
         };
         // Answers recorded by earlier attempts were paid once and are replayed for free.
         let budget = CallBudget::new(
-            self.config
-                .max_llm_calls_per_turn
+            self.talk
+                .max_calls
                 .saturating_sub(job.recorded_count_under(step::LLM, &slot) as u32),
-            self.spend.limits.per_turn_prompt_tokens,
+            self.talk.spend.limits.per_turn_prompt_tokens,
         );
         let cx = tool_loop::LoopContext {
             slot: &slot,
             budget: &budget,
-            spend: Some(&self.spend),
-            llm: &self.llm,
+            spend: Some(&self.talk.spend),
+            llm: &self.talk.llm,
             registry: tools,
             // Offered nothing, the model can run nothing.
             toolbox: match tools.is_empty() {
                 true => &NO_TOOLBOX,
-                false => &self.tools,
+                false => &self.talk.tools,
             },
             offer,
-            limits: tool_loop::LoopLimits {
-                max_rounds: self.config.max_tool_rounds,
-                max_result_bytes: self.config.max_tool_result_bytes,
-            },
+            limits: self.talk.limits,
             metrics: &self.metrics,
             tools: ToolContext {
                 user: event.sender_id,
                 bot: event.bot_id,
                 conversation: event.conversation_id,
                 character: &c.name,
-                time_zone: user.profile.as_ref().and_then(|p| p.time_zone.as_deref()),
-                minor_quiet: t.admitted.age.is_minor().then_some((
-                    self.safety.config.minor_quiet_start,
-                    self.safety.config.minor_quiet_end,
-                )),
                 message_id: event.message_id,
-                tool_call_id: String::new(),
-                call_key: String::new(),
+                call: Default::default(),
+                clock: Clock {
+                    now: Utc::now(),
+                    time_zone: user.profile.as_ref().and_then(|p| p.time_zone.as_deref()),
+                    minor_quiet: t
+                        .admitted
+                        .age
+                        .is_minor()
+                        .then_some(self.settings.minor_quiet),
+                },
                 job,
-                now: Utc::now(),
                 offered_flows: &c.flows,
                 memory: match (&t.admitted.kind, self.memory.config.enabled) {
                     (Kind::Dm(_), true) => crate::memory::Access::Dm(&self.memory),
@@ -610,8 +698,7 @@ impl Turns {
         };
         let out = tool_loop::converse(&cx, request).await?;
         let mut text = out.stopped.is_none().then_some(out.text);
-        if let Some(concern) = out.concern {
-            Box::pin(self.model_flag(t, concern)).await?;
+        if out.concern.is_some() {
             // Its own words go after the referral if they may; else the character's crisis line.
             let fits = text
                 .as_deref()
@@ -624,26 +711,8 @@ impl Turns {
             text,
             card: out.card,
             log: (!out.log.is_empty()).then(|| Value::Array(out.log)),
+            concern: out.concern,
         })
-    }
-
-    /// The reply model's flag on the message this slot answers: the crisis protocol as at admission
-    /// (referral first and once, the record, the alert), with the layer `model`.
-    async fn model_flag(&self, t: &Turn<'_, '_>, concern: Concern) -> Result<(), TurnError> {
-        let Some(m) = t.admitted.message() else {
-            return Ok(());
-        };
-        let Some(category) = detect::category(concern.as_str()) else {
-            return Ok(());
-        };
-        let decision = detect::Decision {
-            category,
-            lang: crate::safety::screen::language(m.text)
-                .unwrap_or("en")
-                .to_owned(),
-            layer: detect::Layer::Model,
-        };
-        self.flag(t.job, t.admitted, &m, decision).await.map(drop)
     }
 
     /// The user's flow with the companion as this turn sees it (the `flow` step: a retry after the first
@@ -657,7 +726,7 @@ impl Turns {
         if c.flows.is_empty() {
             return Ok(Default::default());
         }
-        let idle = chrono::Duration::days(i64::from(self.flow.idle_days.max(1)));
+        let idle = chrono::Duration::days(i64::from(self.settings.flow_idle_days.max(1)));
         // Lazy: reading it again is harmless, and its record rides with the turn's first model answer.
         job.step(step::FLOW, key::ONCE)
             .lazy()

@@ -11,44 +11,100 @@ use chrono::{DateTime, Utc};
 use tracing::{debug, warn};
 
 use super::{
-    Burst, Reply, Said, TurnError, Turns,
-    input::{Admitted, Answered, Kind},
+    Burst, Reply, Said, TurnError,
+    input::{Admitted, Answered, Kind, UserMessage},
 };
 use crate::{
-    bus::{Completion, Trigger},
+    bus::{Bus, Completion, Trigger},
     journal::{
         Job,
-        names::{key::Slot, step},
+        names::{
+            key::{self, Slot},
+            step,
+        },
     },
-    store::{mongo::ReplyDoc, pg::NewHistory},
+    store::{Mongo, Pg, mongo::ReplyDoc, pg::NewHistory},
     timing::{Stage, stage},
 };
 
+/// The writer of stage 8: what a message is written to and announced on.
+#[derive(Clone)]
+pub(crate) struct Delivery {
+    /// The message's document and its conversation's last message.
+    pub(crate) mongo: Mongo,
+    /// History rows, and the tombstones read after a message is out.
+    pub(crate) pg: Pg,
+    /// The completion event (and its removal when a message is withdrawn).
+    pub(crate) bus: Bus,
+}
+
 /// Where a fixed message goes and what it answers.
-pub(crate) struct Outgoing<'a> {
+pub(crate) struct Address<'a> {
     pub(crate) conversation: ObjectId,
     /// The companion speaking.
     pub(crate) bot: ObjectId,
     /// The user it speaks to.
     pub(crate) user: ObjectId,
-    /// The DM answered; none for a group's or a proactive message.
-    pub(crate) in_reply_to: Option<ObjectId>,
+    pub(crate) answers: Answers,
     /// History rows of the user messages answered, stored before the message's own.
     pub(crate) user_rows: Vec<NewHistory<'a>>,
     /// Later messages of a burst the message answers too.
     pub(crate) covers: Vec<String>,
-    /// What a proactive message follows up on (`proactive: true` in the completion).
-    pub(crate) trigger: Option<Trigger>,
-    /// In a group: the user message this is one of the answers to.
-    pub(crate) responds_to: Option<ObjectId>,
-    /// A group conversation's message: its history rows go to the group's window.
-    pub(crate) group: bool,
     /// The key of its delivery steps (`g<generation>`, or `g<generation>.<n>` in a group).
     pub(crate) key: String,
+    /// More follows within the job (a referral, a group's message before the next companion's): its
+    /// steps are recorded as soon as it is out, not with the job's next record, so that a crash from
+    /// there on never sends it again.
+    pub(crate) more: bool,
 }
 
-impl Turns {
-    /// Delivers the message `said` of `slot`.
+/// What a message answers.
+pub(crate) enum Answers {
+    /// A DM (`inReplyTo`).
+    Dm(ObjectId),
+    /// A group message: it is one of its answers (`respondsTo`); its history rows go to the group's
+    /// window.
+    Group(ObjectId),
+    /// A follow-up's news (`proactive: true` and the trigger in the completion).
+    News(Trigger),
+    /// The user message a crisis referral is for; `group` when it was a group's.
+    Referral { message: ObjectId, group: bool },
+}
+
+impl Answers {
+    fn in_reply_to(&self) -> Option<ObjectId> {
+        match self {
+            Self::Dm(id) => Some(*id),
+            _ => None,
+        }
+    }
+
+    fn responds_to(&self) -> Option<ObjectId> {
+        match self {
+            Self::Group(id) | Self::Referral { message: id, .. } => Some(*id),
+            _ => None,
+        }
+    }
+
+    fn trigger(&self) -> Option<&Trigger> {
+        match self {
+            Self::News(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// A group conversation's message.
+    fn group(&self) -> bool {
+        match self {
+            Self::Group(_) => true,
+            Self::Referral { group, .. } => *group,
+            _ => false,
+        }
+    }
+}
+
+impl Delivery {
+    /// Delivers the message `said` of `slot`; `more` when another message of the job follows it.
     pub(crate) async fn deliver(
         &self,
         job: &Job,
@@ -56,33 +112,57 @@ impl Turns {
         slot: Slot,
         burst: &Burst,
         said: &Said,
+        more: bool,
     ) -> Result<Delivered, TurnError> {
         let bot = match &said.bot {
             Some(b) => ObjectId::parse_str(b).map_err(|_| TurnError::BadReplyId(b.clone()))?,
             None => a.members[0].bot,
         };
         let answered = a.answered(burst);
-        let group = matches!(a.kind, Kind::Group { .. });
-        let (in_reply_to, responds_to, trigger) = match &a.kind {
-            Kind::Dm(e) => (Some(e.message_id), None, None),
-            Kind::Group { event, .. } => (None, Some(event.message_id), None),
-            Kind::FollowUp { follow_up, .. } => (None, None, Some(follow_up.trigger.clone())),
+        let answers = match &a.kind {
+            Kind::Dm(e) => Answers::Dm(e.message_id),
+            Kind::Group { event, .. } => Answers::Group(event.message_id),
+            Kind::FollowUp { follow_up, .. } => Answers::News(follow_up.trigger.clone()),
         };
-        let out = Outgoing {
+        let out = Address {
             conversation: a.ids.conversation_id,
             bot,
             user: a.ids.user_id,
-            in_reply_to,
+            answers,
             user_rows: user_rows(a, &answered, said.reply.at),
             covers: burst.covers.iter().map(|c| c.message_id.clone()).collect(),
-            trigger,
-            responds_to,
-            group,
             key: slot.reply(job.record.generation),
+            more,
         };
         let delivered = self.write_reply(job, &out, &said.reply).await?;
         debug!(reply_id = %said.reply.id, bot = %bot, key = %out.key, ?delivered, "message delivered");
         Ok(delivered)
+    }
+
+    /// Delivers the crisis referral fixed for the user message `m`, said by the conversation's (first)
+    /// companion; a referral is never withdrawn.
+    pub(crate) async fn deliver_referral(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        m: &UserMessage<'_>,
+        reply: &Reply,
+    ) -> Result<(), TurnError> {
+        let out = Address {
+            conversation: a.ids.conversation_id,
+            bot: a.members[0].bot,
+            user: m.sender,
+            answers: Answers::Referral {
+                message: m.id,
+                group: matches!(a.kind, Kind::Group { .. }),
+            },
+            user_rows: Vec::new(),
+            covers: Vec::new(),
+            key: key::crisis(&m.id.to_hex()),
+            more: true,
+        };
+        let _ = self.write_reply(job, &out, reply).await?;
+        Ok(())
     }
 
     /// The user's message (and its burst) kept in history without an answer of its own (over the flood
@@ -108,7 +188,7 @@ impl Turns {
     pub(crate) async fn write_reply(
         &self,
         job: &Job,
-        out: &Outgoing<'_>,
+        out: &Address<'_>,
         reply: &Reply,
     ) -> Result<Delivered, TurnError> {
         let generation = out.key.as_str();
@@ -150,7 +230,7 @@ impl Turns {
                         message_id: &reply.id,
                         tool_calls: reply.tool_log.as_ref(),
                         created_at: reply.at,
-                        group_chat: out.group,
+                        group_chat: out.answers.group(),
                         ai_disclosure: reply.marks.ai_disclosure,
                     });
                     self.pg.append_history(&rows).await?;
@@ -173,16 +253,18 @@ impl Turns {
         // `None` when recorded before the sequence was kept.
         let seq: Option<u64> = stage(
             Stage::Publish,
-            job.step(step::PUBLISH, generation).lazy().run(async {
-                Ok::<_, TurnError>(Some(self.bus.publish_completion(&completion).await?))
-            }),
+            job.step(step::PUBLISH, generation)
+                .lazy_unless(out.more)
+                .run(async {
+                    Ok::<_, TurnError>(Some(self.bus.publish_completion(&completion).await?))
+                }),
         )
         .await?;
         if reply.marks.safety.is_some() {
             // A referral is never withdrawn: it is owed whatever is deleted.
             return Ok(Delivered::Out);
         }
-        let (user, answered) = (out.user.to_hex(), out.answers());
+        let (user, answered) = (out.user.to_hex(), out.answered_ids());
         if !self.pg.tombstoned(&user, &answered).await? {
             return Ok(Delivered::Out);
         }
@@ -192,7 +274,7 @@ impl Turns {
             .run(async {
                 let document = self.mongo.withdraw_reply(reply_id, out.bot).await?;
                 let completion = match seq {
-                    Some(seq) => self.bus.delete_outbound(seq).await? > 0,
+                    Some(seq) => self.bus.erase().delete_outbound(seq).await? > 0,
                     None => false,
                 };
                 Ok::<_, TurnError>((document, completion))
@@ -211,7 +293,7 @@ impl Turns {
 /// Counts messages withdrawn after they went out, because a deletion committed meanwhile.
 pub(crate) const WITHDRAWN: &str = "companion_replies_withdrawn_total";
 
-/// What became of a message [`Turns::write_reply`] sent.
+/// What became of a message [`Delivery::write_reply`] sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
 pub(crate) enum Delivered {
@@ -222,18 +304,19 @@ pub(crate) enum Delivered {
     Withdrawn,
 }
 
-impl Outgoing<'_> {
+impl Address<'_> {
     /// The user messages this message answers.
-    fn answers(&self) -> Vec<String> {
+    fn answered_ids(&self) -> Vec<String> {
         let mut ids: Vec<String> = self
             .user_rows
             .iter()
             .map(|r| r.message_id.to_owned())
             .chain(self.covers.iter().cloned())
             .chain(
-                self.in_reply_to
+                self.answers
+                    .in_reply_to()
                     .iter()
-                    .chain(&self.responds_to)
+                    .chain(&self.answers.responds_to())
                     .map(|id| id.to_hex()),
             )
             .collect();
@@ -244,14 +327,17 @@ impl Outgoing<'_> {
 }
 
 /// The reply's document in `dm_messages`.
-fn reply_doc(job: &Job, out: &Outgoing<'_>, reply: &Reply, reply_id: ObjectId) -> ReplyDoc {
+fn reply_doc(job: &Job, out: &Address<'_>, reply: &Reply, reply_id: ObjectId) -> ReplyDoc {
     ReplyDoc {
         id: reply_id,
         conversation_id: out.conversation,
         sender_id: out.bot,
-        in_reply_to: out.in_reply_to,
-        responds_to: out.responds_to,
-        trigger: out.trigger.as_ref().map(|t| (t.kind.clone(), t.id.clone())),
+        in_reply_to: out.answers.in_reply_to(),
+        responds_to: out.answers.responds_to(),
+        trigger: out
+            .answers
+            .trigger()
+            .map(|t| (t.kind.clone(), t.id.clone())),
         content: reply.content.clone(),
         rich_content: reply.rich_content.clone(),
         timestamp: reply.at,
@@ -261,19 +347,21 @@ fn reply_doc(job: &Job, out: &Outgoing<'_>, reply: &Reply, reply_id: ObjectId) -
 }
 
 /// The completion event TB-Backend fans out for the reply.
-fn completion_of(out: &Outgoing<'_>, reply: &Reply) -> Completion {
+fn completion_of(out: &Address<'_>, reply: &Reply) -> Completion {
     Completion {
         message_id: reply.id.clone(),
-        in_reply_to: out.in_reply_to.or(out.responds_to).map(|id| id.to_hex()),
-        responds_to: out.responds_to.map(|id| id.to_hex()),
+        in_reply_to: (out.answers.in_reply_to())
+            .or(out.answers.responds_to())
+            .map(|id| id.to_hex()),
+        responds_to: out.answers.responds_to().map(|id| id.to_hex()),
         conversation_id: out.conversation.to_hex(),
         sender_id: out.bot.to_hex(),
         content: reply.content.clone(),
         rich_content: reply.rich_content.clone(),
         created_at: reply.at,
         covers: out.covers.clone(),
-        proactive: out.trigger.is_some(),
-        trigger: out.trigger.clone(),
+        proactive: out.answers.trigger().is_some(),
+        trigger: out.answers.trigger().cloned(),
         marks: reply.marks.clone(),
     }
 }

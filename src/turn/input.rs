@@ -9,14 +9,21 @@
 use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
 
-use super::{TurnError, Turns, prompt};
+use std::sync::Arc;
+
+use super::{TurnError, prompt};
 use crate::{
-    bus::{DmEvent, GroupEvent, Inbound},
+    bus::{DmEvent, GroupEvent, Inbound, Names, event::EventLimits},
+    character::Characters,
     group::Member,
     journal::NewJob,
+    memory::Memory,
     proactive::{self, FollowUp, ProactiveError},
-    safety::age::Age,
-    store::mongo::{Membership, UserData},
+    safety::{Safety, age::Age},
+    store::{
+        Mongo, Pg,
+        mongo::{Membership, UserData},
+    },
 };
 
 /// A user's message as the incoming hook sees it.
@@ -27,6 +34,19 @@ pub(crate) struct UserMessage<'a> {
     pub(crate) sender: ObjectId,
     pub(crate) text: &'a str,
     pub(crate) images: &'a [String],
+}
+
+impl<'a> UserMessage<'a> {
+    /// A DM (a later message of a burst).
+    pub(crate) fn of(e: &'a DmEvent) -> Self {
+        Self {
+            kind: "dm",
+            id: e.message_id,
+            sender: e.sender_id,
+            text: &e.content,
+            images: &e.images,
+        }
+    }
 }
 
 /// An input of the pipeline.
@@ -174,7 +194,40 @@ impl Answered {
     }
 }
 
-impl Turns {
+/// Stage 1, with what admission reads.
+pub(crate) struct Admission {
+    pub(crate) characters: Characters,
+    /// The conversation and the user's data, in one round trip.
+    pub(crate) mongo: Mongo,
+    /// What a signal's news is read against (reminders, flows).
+    pub(crate) pg: Pg,
+    /// The subjects a signal's kind and id are read from.
+    pub(crate) names: Names,
+    /// How a user's age is read from their document.
+    pub(crate) safety: Arc<Safety>,
+    /// The bounds an inbound event is parsed with.
+    pub(crate) limits: EventLimits,
+    /// The tombstones and what the companion remembers, read before the job opens.
+    pub(crate) memory: Memory,
+}
+
+impl Admission {
+    /// Whether `id` is one of the companions' users.
+    pub(crate) fn is_companion(&self, id: &ObjectId) -> bool {
+        self.characters.by_bot(id).is_some()
+    }
+
+    /// Whether a tombstone stops this input (its message was deleted or its user erased, so a redelivery
+    /// or a replay cannot bring it back; docs/memory.md), and what memory the turn has: one statement.
+    pub(crate) async fn probe(&self, a: &Admitted<'_>) -> Result<crate::memory::Probe, TurnError> {
+        let messages: Vec<String> = a.message().map(|m| m.id.to_hex()).into_iter().collect();
+        let bot = match a.kind {
+            Kind::Dm(_) => a.ids.bot.as_str(),
+            _ => "",
+        };
+        Ok(self.memory.probe(&a.ids.user, bot, &messages).await?)
+    }
+
     /// Admits `input` (see the module documentation).
     pub(crate) async fn admit<'t>(&'t self, input: &Input<'_>) -> Result<Admitted<'t>, TurnError> {
         match input {
@@ -273,7 +326,6 @@ impl Turns {
     ) -> Result<Admitted<'t>, TurnError> {
         let tricklists = prompt::PROMPT_TRICKLISTS;
         let (kind, id) = self
-            .bus
             .names
             .signal_parts(subject)
             .ok_or_else(|| ProactiveError::Invalid(format!("unexpected subject {subject}")))?;
@@ -282,7 +334,7 @@ impl Turns {
             pg: &self.pg,
             characters: &self.characters,
         };
-        let max = self.config.max_event_bytes;
+        let max = self.limits.max_event_bytes;
         let f = proactive::read(sources, kind, id, payload, max).await?;
         let span = tracing::Span::current();
         span.record("job", f.job_id());
@@ -312,9 +364,7 @@ impl Turns {
             memory: Default::default(),
         })
     }
-}
 
-impl Turns {
     /// The user's age; the users document is let go once read (a waiting turn does not hold it).
     fn age_of(&self, user: &mut UserData) -> Age {
         self.safety.age(user.document.take().as_ref(), Utc::now())

@@ -202,10 +202,10 @@ async fn run_calls(
     futures::future::join_all(calls.iter().map(|call| {
         let (name, args) = (&call.function.name, &call.function.arguments);
         let mut ctx = cx.tools.clone();
-        ctx.tool_call_id = call.id.clone();
-        ctx.call_key = format!("{}{}", cx.slot, call_key(&call.id, name, args));
+        ctx.call.id = call.id.clone();
+        ctx.call.key = format!("{}{}", cx.slot, call_key(&call.id, name, args));
         async move {
-            let key = ctx.call_key.clone();
+            let key = ctx.call.key.clone();
             job.step(step::TOOL, key)
                 .lazy()
                 .run(async {

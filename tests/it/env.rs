@@ -16,7 +16,7 @@ use companion::testing::{
     bus::{Bus, Completion, InboundEvent},
     journal::{Job, Journal, NewJob},
     store::{Mongo, Pg},
-    tools::ToolContext,
+    tools::{Call, Clock, ToolContext},
     worker,
 };
 use companion_dev::{
@@ -695,12 +695,16 @@ impl ToolJob {
             conversation: oid(JESS_KAORI),
             character: "Kaori",
             message_id: self.message_id,
-            call_key: format!("{call}:test"),
-            tool_call_id: call,
-            time_zone: None,
-            minor_quiet: None,
+            call: Call {
+                key: format!("{call}:test"),
+                id: call,
+            },
+            clock: Clock {
+                now: chrono::Utc::now(),
+                time_zone: None,
+                minor_quiet: None,
+            },
             job: &self.job,
-            now: chrono::Utc::now(),
             offered_flows: &[],
             memory: companion::testing::memory::Access::Off,
         }

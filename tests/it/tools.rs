@@ -707,7 +707,7 @@ async fn write_quota_holds_across_workers() {
                         ToolJob::open(journal, c.mongo.clone(), c.pg.clone(), c.bus.clone(), JESS)
                             .await;
                     let mut ctx = tj.ctx();
-                    ctx.tool_call_id = format!("call_w{w}_{i}");
+                    ctx.call.id = format!("call_w{w}_{i}");
                     tj.tools
                         .dispatch(
                             "create_tricklist",

@@ -1,10 +1,11 @@
-//! The two places every message passes, whatever its path, and where the safety protocol stands
-//! (docs/safety.md):
-//! - every incoming user message ([`Turns::incoming`]), before any limit, coverage, routing or model call
-//!   can skip it: the crisis screen, and when it fires the referral, the yearly record and the
-//!   moderators' alert, each a step keyed by the message;
-//! - every outgoing companion message ([`Turns::outgoing`]), before its `reply` step fixes it: cleaned and
-//!   bounded, the output check, and the AI disclosure (with a minor's break reminder) when one is due.
+//! The incoming hook: every user message a job takes in passes it, a DM or a group message once its job
+//! is open, each later message of a burst once the burst is fixed, before any limit, coverage, routing
+//! or model call can skip it (docs/safety.md). It screens the message for a crisis; a flagged message
+//! gets its yearly record, the referral that is owed (at most one per conversation per window) and the
+//! moderators' alert, each a step keyed by the message. The conductor sends the referral through the
+//! outgoing hook and delivery like any companion message, before anything else is said.
+
+use std::sync::Arc;
 
 use async_nats::HeaderMap;
 use chrono::Utc;
@@ -13,27 +14,25 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::{
-    Reply, Said, TurnError, Turns,
-    deliver::Outgoing,
+    Reply, Said, TurnError,
     input::{Admitted, Kind, UserMessage},
 };
 use crate::{
-    bus::event::clean_text,
-    group::Member,
+    bus::Bus,
     journal::{
-        Admission, Job,
+        Admission, Job, Journal,
         names::{key, step, tally},
     },
+    llm::moderation::Moderator,
+    metrics::Metrics,
+    rag::Retriever,
     safety::{
+        Safety,
         detect::{self, Decision, Layer},
-        disclosure::{self, Due},
-        screen::{Blocked, Category},
+        screen::Category,
     },
-    store::{
-        Pg,
-        safety::{Between, Seen},
-    },
-    tools::clip,
+    store::Pg,
+    tools::flag_concern::Concern,
 };
 
 /// User messages seen by the incoming hook, by kind (`dm`, `group`).
@@ -44,10 +43,6 @@ pub(crate) const CRISIS_FLAGS: &str = "companion_crisis_flags_total";
 pub(crate) const CRISIS_REFERRALS: &str = "companion_crisis_referrals_total";
 /// Questions to the moderation endpoint, by outcome (`flagged`, `clear`, `timeout`, `error`).
 pub(crate) const MODERATION: &str = "companion_moderation_requests_total";
-/// Companion messages the output check replaced, by what it found.
-pub(crate) const OUTPUT_BLOCKED: &str = "companion_output_blocked_total";
-/// Companion messages that carried the AI disclosure, by why (`first_today`, `continuing`).
-pub(crate) const DISCLOSURES: &str = "companion_ai_disclosures_total";
 
 /// The `crisis` step: what the screen found in a user message, and whether a referral is owed (at most
 /// one per conversation per window).
@@ -74,18 +69,32 @@ pub(crate) struct Screened {
     pub(crate) moderation: Option<String>,
 }
 
-impl Turns {
-    /// Sees every user message a job takes in: a DM or a group message once its job is open, each later
-    /// message of a burst once the burst is fixed. This runs before the flood limit, the spend budget or
-    /// a group's routing can skip the message, so a limited or unanswered message is screened all the
-    /// same (and a retried attempt replays what the first recorded). A crisis gets its referral here,
-    /// before anything else is said.
-    pub(crate) async fn incoming(
+/// The incoming hook, with what the screen and the protocol use.
+pub(crate) struct Incoming {
+    /// Earlier jobs' crisis records (the reply model's flag on the message before).
+    pub(crate) journal: Journal,
+    /// The message's embedding for the learned layer (cached for the turn's retrieval).
+    pub(crate) retriever: Retriever,
+    /// The moderation endpoint the screen also asks, when one is configured.
+    pub(crate) moderator: Option<Moderator>,
+    /// The protocol's settings and the crisis lines.
+    pub(crate) safety: Arc<Safety>,
+    /// The yearly crisis record, and whether a moderator holds the conversation.
+    pub(crate) pg: Pg,
+    /// The moderators' alert.
+    pub(crate) bus: Bus,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl Incoming {
+    /// The crisis decision on a user message (none: nothing found, or a companion's own message). A
+    /// retried attempt replays what the first recorded.
+    pub(crate) async fn screen(
         &self,
         job: &Job,
         a: &Admitted<'_>,
         m: &UserMessage<'_>,
-    ) -> Result<Option<Flagged>, TurnError> {
+    ) -> Result<Option<Decision>, TurnError> {
         debug!(kind = m.kind, message = %m.id, sender = %m.sender, chars = m.text.chars().count(),
                images = m.images.len(), "user message in");
         if a.members.iter().any(|c| c.bot == m.sender) {
@@ -108,10 +117,7 @@ impl Turns {
                 }
             })
             .await?;
-        match screened.decision {
-            Some(decision) => self.flag(job, a, m, decision).await.map(Some),
-            None => Ok(None),
-        }
+        Ok(screened.decision)
     }
 
     /// Whether the reply model flagged a concern in the user's message just before this job's (and
@@ -182,8 +188,8 @@ impl Turns {
     }
 
     /// A user message flagged by `decision`'s layer (at admission, or the reply model's flag later in
-    /// the turn): the `crisis` step (the yearly record, counted), the referral when one is owed, and the
-    /// moderators' alert, each once per message.
+    /// the turn): whether a referral is owed (the `referral` tally), and the `crisis` step (the yearly
+    /// record, counted), once per message.
     pub(crate) async fn flag(
         &self,
         job: &Job,
@@ -220,77 +226,49 @@ impl Turns {
         warn!(message = %m.id, category = flagged.category.as_str(), lang = %flagged.lang,
               layer = flagged.layer.as_str(), referred = flagged.referred,
               "a user message was flagged for a crisis");
-        if flagged.referred {
-            self.refer(job, a, m, &flagged).await?;
-        }
-        self.alert(job, a, m, &flagged).await?;
         Ok(flagged)
     }
 
     /// The referral: a fixed message from configuration in the flagged language, with the crisis lines of
-    /// the user's country, sent by the conversation's (first) companion; in a group, visible to its user
+    /// the user's country, said by the conversation's (first) companion; in a group, visible to its user
     /// only.
-    async fn refer(
-        &self,
-        job: &Job,
-        a: &Admitted<'_>,
-        m: &UserMessage<'_>,
-        f: &Flagged,
-    ) -> Result<(), TurnError> {
-        let key = m.id.to_hex();
+    pub(crate) fn referral(&self, a: &Admitted<'_>, m: &UserMessage<'_>, f: &Flagged) -> Said {
         let group = matches!(a.kind, Kind::Group { .. });
-        let reply = job
-            .step(step::REFERRAL_MESSAGE, &key)
-            .run(async {
-                let profile = a.user.profile.as_ref();
-                let referral = self.safety.lines.referral(
-                    Some(&f.lang),
-                    profile.and_then(|p| p.country.as_deref()),
-                    profile.and_then(|p| p.time_zone.as_deref()),
-                    f.category,
-                );
-                let lines: Vec<_> = referral.lines.iter().map(|l| l.card()).collect();
-                let mut data = json!({ "lines": lines, "lang": referral.lang });
-                if let Some(country) = referral.country {
-                    data["country"] = country.into();
-                }
-                let card = json!({ "type": "crisis_resources", "data": data });
-                let mut r = Reply::new(referral.text, Some(card), None);
-                r.marks.safety = Some("crisis".into());
-                r.marks.visible_to = group.then(|| vec![m.sender.to_hex()]);
-                info!(
-                    country = referral.country.unwrap_or("unknown"),
-                    lang = referral.lang,
-                    category = f.category.as_str(),
-                    lines = referral.lines.len(),
-                    "crisis referral fixed"
-                );
-                self.metrics.inc(CRISIS_REFERRALS, &labels(f));
-                Ok::<_, TurnError>(r)
-            })
-            .await?;
-        let out = Outgoing {
-            conversation: a.ids.conversation_id,
-            bot: a.members[0].bot,
-            user: m.sender,
-            in_reply_to: None,
-            user_rows: Vec::new(),
-            covers: Vec::new(),
-            trigger: None,
-            responds_to: Some(m.id),
-            group,
-            key: key::crisis(&key),
-        };
-        // A referral is never withdrawn.
-        let _ = self.write_reply(job, &out, &reply).await?;
-        // Fixed before the reply goes on: a crash from here on never sends the referral again.
-        job.flush().await?;
-        Ok(())
+        let profile = a.user.profile.as_ref();
+        let referral = self.safety.lines.referral(
+            Some(&f.lang),
+            profile.and_then(|p| p.country.as_deref()),
+            profile.and_then(|p| p.time_zone.as_deref()),
+            f.category,
+        );
+        let lines: Vec<_> = referral.lines.iter().map(|l| l.card()).collect();
+        let mut data = json!({ "lines": lines, "lang": referral.lang });
+        if let Some(country) = referral.country {
+            data["country"] = country.into();
+        }
+        let card = json!({ "type": "crisis_resources", "data": data });
+        let mut reply = Reply::new(referral.text, Some(card), None);
+        reply.marks.safety = Some("crisis".into());
+        reply.marks.visible_to = group.then(|| vec![m.sender.to_hex()]);
+        info!(
+            country = referral.country.unwrap_or("unknown"),
+            lang = referral.lang,
+            category = f.category.as_str(),
+            lines = referral.lines.len(),
+            "crisis referral fixed"
+        );
+        self.metrics.inc(CRISIS_REFERRALS, &labels(f));
+        Said {
+            reply,
+            bot: None,
+            tags: None,
+            last: false,
+        }
     }
 
     /// The moderators' alert on `<prefix>.alert.crisis.<conversationId>`: ids, category and language,
     /// never the text; `paused` when a moderator holds the conversation.
-    async fn alert(
+    pub(crate) async fn alert(
         &self,
         job: &Job,
         a: &Admitted<'_>,
@@ -322,88 +300,18 @@ impl Turns {
             })
             .await
     }
+}
 
-    /// Sees every companion message before it is fixed and written, whoever wrote it (the model, or a
-    /// fixed line): without control characters, trimmed and bounded; replaced by the character's safe
-    /// line when the output check blocks it; with the disclosure (and a minor's break reminder) when one
-    /// is due.
-    pub(crate) async fn outgoing(
-        &self,
-        a: &Admitted<'_>,
-        speaker: Member<'_>,
-        mut said: Said,
-    ) -> Result<Said, TurnError> {
-        let c = speaker.character;
-        said.reply.content = self.outgoing_text(&said.reply.content);
-        if let Some(blocked) = detect::check_reply(&said.reply.content) {
-            let what = match blocked {
-                Blocked::Sexual => "sexual",
-                Blocked::SelfHarm => "self_harm",
-            };
-            warn!(
-                found = what,
-                "the output check blocked a companion message; the safe line goes instead"
-            );
-            self.metrics
-                .inc(OUTPUT_BLOCKED, &format!("found=\"{what}\""));
-            said.reply.content = self.outgoing_text(&c.safe_line);
-            said.reply.rich_content = None;
-        }
-        let due = self.disclosure_due(a, speaker).await?;
-        if due == Due::No {
-            return Ok(said);
-        }
-        let why = match due {
-            Due::Continuing => "continuing",
-            _ => "first_today",
-        };
-        self.metrics.inc(DISCLOSURES, &format!("why=\"{why}\""));
-        let mut content = format!("{}\n\n{}", c.disclosure_line.trim(), said.reply.content);
-        said.reply.marks.ai_disclosure = true;
-        if due == Due::Continuing && a.age.is_minor() {
-            content = format!("{content}\n\n{}", c.break_line.trim());
-            said.reply.marks.break_reminder = true;
-        }
-        said.reply.content = content;
-        Ok(said)
-    }
-
-    /// Whether the speaker's message now must carry the disclosure: DMs per user and companion, a group
-    /// per conversation and companion.
-    async fn disclosure_due(
-        &self,
-        a: &Admitted<'_>,
-        speaker: Member<'_>,
-    ) -> Result<Due, TurnError> {
-        if !self.safety.config.ai_disclosure {
-            return Ok(Due::No);
-        }
-        let now = Utc::now();
-        let rhythm = self.safety.rhythm();
-        let bot = speaker.bot.to_hex();
-        let between = match a.kind {
-            Kind::Group { .. } => Between::Group {
-                conversation: &a.ids.conversation,
-                bot: &bot,
-            },
-            _ => Between::Dm {
-                user: &a.ids.user,
-                bot: &bot,
-            },
-        };
-        let since = now - rhythm.every - rhythm.every - rhythm.gap;
-        let Seen {
-            last_disclosure,
-            activity,
-        } = self.pg.disclosures(between, since).await?;
-        let tz = a.user.profile.as_ref().and_then(|p| p.time_zone.as_deref());
-        Ok(disclosure::due(rhythm, last_disclosure, &activity, now, tz))
-    }
-
-    /// The text of a companion message as the outgoing hook lets it out.
-    pub(crate) fn outgoing_text(&self, text: &str) -> String {
-        clip(clean_text(text).trim(), self.config.max_reply_chars.max(1))
-    }
+/// The decision of the reply model's flag on the message `m` (layer `model`); none for a concern that
+/// is not one of the protocol's categories.
+pub(crate) fn model_decision(m: &UserMessage<'_>, concern: Concern) -> Option<Decision> {
+    Some(Decision {
+        category: detect::category(concern.as_str())?,
+        lang: crate::safety::screen::language(m.text)
+            .unwrap_or("en")
+            .to_owned(),
+        layer: Layer::Model,
+    })
 }
 
 /// A flag's metric labels.

@@ -1,0 +1,185 @@
+//! Stage 9: how a job ends. Answered (done, or limited with the busy line), memory told of the turn by a
+//! recorded step; or without a message of its own: dropped with the reason, limited (the busy line was
+//! said this minute), held (a moderator paused the conversation). The job's state is written with its
+//! last records, and the group's and the follow-ups' counters are kept here.
+
+use std::sync::Arc;
+
+use tracing::{debug, info};
+
+use super::{
+    Burst, Outcome, Said, Settled, TurnError,
+    gate::Plan,
+    input::{Admitted, Kind},
+    outgoing::Clean,
+};
+use crate::{
+    bus::Bus,
+    group,
+    journal::{Finish, Job, State, names::step},
+    memory::Memory,
+    metrics::Metrics,
+    proactive,
+    timing::{Stage, stage},
+};
+
+/// Stage 9, with what an ending tells.
+pub(crate) struct Endings {
+    /// Told of an answered DM (its extraction signal), and scrubs a job deleted meanwhile.
+    pub(crate) memory: Memory,
+    /// Where memory's extraction signal goes.
+    pub(crate) bus: Bus,
+    pub(crate) metrics: Arc<Metrics>,
+    /// How a follow-up's plain line reads once sent (the `sent_plain` outcome).
+    pub(crate) clean: Clean,
+}
+
+/// How an answered job ends.
+pub(crate) struct Ending<'p, 'a> {
+    pub(crate) plan: &'p Plan<'a>,
+    pub(crate) said: Vec<Said>,
+    pub(crate) burst: &'p Burst,
+    /// `done`, `limited` (the busy line) or `failed` (a failure line).
+    pub(crate) state: State,
+    /// This attempt composed a message (the group's counters count it once).
+    pub(crate) fresh: bool,
+    /// Memory hears of the turn (not of a failure line).
+    pub(crate) remember: bool,
+}
+
+impl Endings {
+    /// The job ends in `end.state`, answered.
+    pub(crate) async fn answered(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        end: Ending<'_, '_>,
+    ) -> Result<Settled, TurnError> {
+        let Some(last) = end.said.last() else {
+            return self.dropped(job, a, "no companion left to speak").await;
+        };
+        if let Kind::Dm(_) = a.kind
+            && end.remember
+            && self.memory.config.enabled
+        {
+            // Before the job settles, as a step: a crash after the reply publishes it on the retry.
+            let waiting = a.memory.waiting + 1 + end.burst.covers.len() as i64;
+            job.step(step::MEMORY_TRIGGER, job.record.generation.to_string())
+                .lazy()
+                .run(async {
+                    let (user, bot) = (&a.ids.user, &a.ids.bot);
+                    self.memory
+                        .after_turn(&self.bus, user, bot, job.id(), waiting)
+                        .await
+                })
+                .await?;
+        }
+        let by = (end.state == State::Limited).then(|| job.id());
+        let ending = Finish { by, reason: None };
+        if !stage(Stage::Writes, job.finish(end.state, ending)).await? {
+            debug!("the job was settled elsewhere meanwhile");
+        }
+        let reply_id = last.reply.id.clone();
+        info!(%reply_id, state = end.state.as_str(), messages = end.said.len(), generation = job.record.generation, "delivered");
+        let outcome = match end.state {
+            State::Limited => Outcome::Limited {
+                reply_id: Some(reply_id),
+            },
+            _ => Outcome::Answered { reply_id },
+        };
+        if let Some(g) = &end.plan.group
+            && end.fresh
+        {
+            let route = format!("route=\"{}\"", g.route.why);
+            self.metrics.inc(group::MESSAGES, &route);
+            self.metrics.add(group::ANSWERS, "", end.said.len() as u64);
+        }
+        let plain = matches!(&a.kind, Kind::FollowUp { follow_up, .. }
+            if last.reply.content.ends_with(&self.clean.text(&follow_up.plain)));
+        self.count(a, &outcome, plain);
+        Ok(Settled {
+            outcome,
+            through_seq: end.burst.last_seq(),
+        })
+    }
+
+    /// No message, on purpose: the job ends `dropped` with the reason.
+    pub(crate) async fn dropped(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        reason: &str,
+    ) -> Result<Settled, TurnError> {
+        let ending = Finish {
+            by: None,
+            reason: Some(reason),
+        };
+        job.finish(State::Dropped, ending).await?;
+        info!(reason, "no message for this job");
+        if let Kind::Group { .. } = a.kind {
+            let label = format!("reason=\"{}\"", crate::metrics::label(reason));
+            self.metrics.inc(group::SILENCES, &label);
+        }
+        let outcome = Outcome::Dropped {
+            reason: reason.to_owned(),
+        };
+        self.count(a, &outcome, false);
+        Ok(Settled {
+            outcome,
+            through_seq: None,
+        })
+    }
+
+    /// What the steps of a job dropped because of a deletion recorded is scrubbed, after its last records
+    /// are written (a deletion that committed before this read scrubbed what was recorded then).
+    pub(crate) async fn scrub(&self, job: &Job) -> Result<(), TurnError> {
+        let scrubbed = self.memory.scrub_job(job.id()).await?;
+        info!(
+            scrubbed,
+            "deleted while the model answered: nothing written"
+        );
+        Ok(())
+    }
+
+    /// Over the flood limit with the busy line already said this minute by job `by`.
+    pub(crate) async fn limited(&self, job: &Job, by: &str) -> Result<Settled, TurnError> {
+        let ending = Finish {
+            by: Some(by),
+            reason: None,
+        };
+        job.finish(State::Limited, ending).await?;
+        info!(answered_by = %by, "over the flood limit; the busy line already answered this minute");
+        Ok(Settled {
+            outcome: Outcome::Limited { reply_id: None },
+            through_seq: None,
+        })
+    }
+
+    /// A moderator paused the conversation: the job ends `held` for the resume to answer.
+    pub(crate) async fn held(&self, job: &Job, burst: &Burst) -> Result<Settled, TurnError> {
+        let ending = Finish {
+            by: None,
+            reason: Some(super::HELD),
+        };
+        job.finish(State::Held, ending).await?;
+        info!("a moderator paused the conversation; the message is held");
+        Ok(Settled {
+            outcome: Outcome::Held,
+            through_seq: burst.last_seq(),
+        })
+    }
+
+    /// The follow-ups' counter (`companion_proactive_total{kind,outcome}`); answers to users are
+    /// counted by the worker.
+    pub(crate) fn count(&self, a: &Admitted<'_>, outcome: &Outcome, plain: bool) {
+        if let Kind::FollowUp { follow_up, .. } = &a.kind {
+            let name = match outcome {
+                Outcome::Answered { .. } if plain => "sent_plain",
+                Outcome::Answered { .. } | Outcome::Limited { .. } => "sent",
+                other => other.name(),
+            };
+            let labels = format!("kind=\"{}\",outcome=\"{name}\"", follow_up.trigger.kind);
+            self.metrics.inc(proactive::PROACTIVE, &labels);
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! Stage 4: the checks inside the job, each decision a step of it, and who speaks (stage 6's plan).
+//! A DM is held while a moderator pauses its conversation, answered once a day by a fixed line under
+//! 13, and limited by the flood limit; a group message is routed to its companions first; a follow-up
+//! is dropped when its news is stale, its user cannot be written to, a minor's quiet hours or the daily
+//! cap stand in the way.
+
+use bson::oid::ObjectId;
+use chrono::Utc;
+use tracing::info;
+
+use super::{
+    Fixed, FloodDecision, HELD, Said, TurnError, UNDER_13,
+    input::{self, Admitted, Kind},
+};
+use crate::{
+    config::{FollowUpConfig, GroupConfig},
+    flood::FloodLimit,
+    group::{self, Bounds, Member, Route},
+    journal::{
+        Job, Journal,
+        names::{
+            key::{self, Slot},
+            step,
+        },
+    },
+    proactive,
+    rag::Retriever,
+    safety::{Safety, age::Age},
+    store::{Pg, pg::GroupLine},
+    timing::{Stage, stage},
+};
+use std::sync::Arc;
+
+/// What a job does after its gate: the gate's verdict.
+pub(crate) enum Verdict<'a> {
+    /// Its messages are planned: the gate let it through (or over the flood limit, with the busy line).
+    Go(Plan<'a>),
+    /// Over the flood limit with the busy line already said this minute by job `by`: kept in history,
+    /// no message.
+    Limited { by: String },
+    /// No message, on purpose; `keep`: the user's message is kept in history all the same.
+    Drop { reason: String, keep: bool },
+    /// A moderator paused the conversation: kept in history, held for the resume.
+    Hold,
+}
+
+/// Who speaks, in order (stage 6).
+pub(crate) struct Plan<'a> {
+    /// The companions that speak first: the DM's or the follow-up's one, a group's routed ones.
+    pub(crate) speakers: Vec<Member<'a>>,
+    /// Over the flood limit: the first speaker says the busy line, and nobody after.
+    pub(crate) busy: bool,
+    /// The first speaker says this fixed line, and nobody after.
+    pub(crate) fixed: Option<Fixed>,
+    /// A group message's route and what its companions see; none for one message.
+    pub(crate) group: Option<GroupPlan>,
+}
+
+/// What a group message's answers share.
+pub(crate) struct GroupPlan {
+    pub(crate) route: Route,
+    pub(crate) bounds: Bounds,
+    /// The group's history before the message.
+    pub(crate) history: Vec<GroupLine>,
+    /// Names of the group's people and companions by id (hex): read once, by the first companion who
+    /// speaks now (none when every message was fixed by an earlier attempt).
+    pub(crate) names: tokio::sync::OnceCell<std::collections::HashMap<String, String>>,
+}
+
+impl<'a> Plan<'a> {
+    pub(crate) fn one(speaker: Member<'a>, busy: bool) -> Self {
+        Self {
+            speakers: vec![speaker],
+            busy,
+            fixed: None,
+            group: None,
+        }
+    }
+
+    pub(crate) fn fixed(speaker: Member<'a>, line: Fixed) -> Self {
+        Self {
+            fixed: Some(line),
+            ..Self::one(speaker, false)
+        }
+    }
+
+    /// The plan of a job whose attempts failed: its first speaker (the route's, when one was recorded)
+    /// says one message.
+    pub(crate) fn after_failure(a: &Admitted<'a>, route: Option<Route>, busy: bool) -> Self {
+        let first = route
+            .as_ref()
+            .and_then(|r| r.speakers_among(&a.members).first().copied())
+            .and_then(|b| a.members.iter().find(|m| m.bot == b).copied())
+            .unwrap_or(a.members[0]);
+        let group = matches!(a.kind, Kind::Group { .. }).then(|| GroupPlan {
+            route: route.unwrap_or_default(),
+            bounds: Bounds {
+                max_handovers: 0,
+                max_messages: 1,
+            },
+            history: Vec::new(),
+            names: Default::default(),
+        });
+        Self {
+            group,
+            ..Self::one(first, busy)
+        }
+    }
+
+    pub(crate) fn slot(&self, n: usize) -> Slot {
+        match self.group {
+            Some(_) => Slot::Nth(n),
+            None => Slot::Only,
+        }
+    }
+
+    /// Who speaks after `said`, and whether another companion's message handed over to them; none when
+    /// the plan is done.
+    pub(crate) fn next(&self, said: &[Said], members: &[Member<'a>]) -> Option<(Member<'a>, bool)> {
+        if said.last().is_some_and(|s| s.last) {
+            return None;
+        }
+        let Some(g) = &self.group else {
+            return said.is_empty().then(|| (self.speakers[0], false));
+        };
+        let hex = |s: Option<&str>| s.and_then(|b| ObjectId::parse_str(b).ok());
+        let so_far: Vec<(ObjectId, Option<ObjectId>)> = said
+            .iter()
+            .filter_map(|s| Some((hex(s.bot.as_deref())?, hex(s.tags.as_deref()))))
+            .collect();
+        let route: Vec<ObjectId> = self.speakers.iter().map(|m| m.bot).collect();
+        let next = group::route::next_speaker(&route, &so_far, g.bounds)?;
+        let member = members.iter().find(|m| m.bot == next.bot).copied()?;
+        Some((member, next.handed_over))
+    }
+}
+
+/// Stage 4, with what its checks read.
+pub(crate) struct Gate {
+    /// Whether a moderator paused the conversation, and a group's history for its route.
+    pub(crate) pg: Pg,
+    /// The flood limit's tally.
+    pub(crate) journal: Journal,
+    pub(crate) flood: FloodLimit,
+    /// A group message's route compares it with each companion's profile.
+    pub(crate) retriever: Retriever,
+    /// Who answers in a group chat and how far companions talk among themselves.
+    pub(crate) group: GroupConfig,
+    /// A minor's quiet hours.
+    pub(crate) safety: Arc<Safety>,
+    /// The daily cap of follow-ups no user message triggered.
+    pub(crate) follow_ups: FollowUpConfig,
+    /// Rows of a group's history read for its route.
+    pub(crate) history_limit: i64,
+}
+
+impl Gate {
+    /// Stage 4: the checks inside the job, each decision a step of it.
+    pub(crate) async fn pass<'t>(
+        &'t self,
+        job: &Job,
+        a: &Admitted<'t>,
+        crisis: bool,
+    ) -> Result<Verdict<'t>, TurnError> {
+        let paused = self.pg.paused(&a.ids.conversation).await?;
+        match &a.kind {
+            Kind::Dm(_) => {
+                let first = a.members[0];
+                if paused {
+                    return Ok(match crisis {
+                        true => Verdict::Go(Plan::fixed(first, Fixed::Crisis)),
+                        false => Verdict::Hold,
+                    });
+                }
+                if a.age == Age::Under13 {
+                    return self.under_13_gate(job, a, crisis).await;
+                }
+                self.flood_gate(job, a, Plan::one(first, false)).await
+            }
+            Kind::Group { event, .. } => self.group_gate(job, a, event, paused).await,
+            Kind::FollowUp { follow_up, access } => {
+                // The `gate` step: why the follow-up is dropped, or nothing (it is sent).
+                let dropped = job
+                    .step(step::GATE, key::ONCE)
+                    .lazy()
+                    .run(self.follow_up_gate(job, a, follow_up, *access, paused))
+                    .await?;
+                Ok(match dropped {
+                    Some(reason) => Verdict::Drop {
+                        reason,
+                        keep: false,
+                    },
+                    None => Verdict::Go(Plan::one(a.members[0], false)),
+                })
+            }
+        }
+    }
+
+    /// A group message: dropped when a companion sent it, held while paused, else the companions the
+    /// route picks (a journal step, so a replay picks the same), within the flood limit.
+    async fn group_gate<'t>(
+        &'t self,
+        job: &Job,
+        a: &Admitted<'t>,
+        event: &crate::bus::GroupEvent,
+        paused: bool,
+    ) -> Result<Verdict<'t>, TurnError> {
+        if a.members.iter().any(|m| m.bot == event.sender_id) {
+            return Ok(Verdict::Drop {
+                reason: group::COMPANION_SENDER.into(),
+                keep: false,
+            });
+        }
+        // In a group, a user in crisis has the private referral; the group sees nothing of it.
+        if paused {
+            return Ok(Verdict::Hold);
+        }
+        if a.age == Age::Under13 {
+            return self.under_13_gate(job, a, false).await;
+        }
+        let history = self
+            .pg
+            .group_history(&a.ids.conversation, self.history_limit)
+            .await?;
+        let route = job
+            .step(step::ROUTE, key::ONCE)
+            .run(async {
+                let members = &a.members;
+                let margin = self.group.fit_margin;
+                let route = group::decide(&self.retriever, event, members, &history, margin).await;
+                Ok::<_, TurnError>(route)
+            })
+            .await?;
+        let speakers: Vec<Member<'t>> = route
+            .speakers_among(&a.members)
+            .into_iter()
+            .filter_map(|b| a.members.iter().find(|m| m.bot == b).copied())
+            .collect();
+        if speakers.is_empty() {
+            return Ok(Verdict::Drop {
+                reason: route.why,
+                keep: true,
+            });
+        }
+        let plan = Plan {
+            speakers,
+            busy: false,
+            fixed: None,
+            group: Some(GroupPlan {
+                route,
+                bounds: Bounds {
+                    max_handovers: self.group.max_handovers,
+                    max_messages: self.group.max_messages.max(1),
+                },
+                history,
+                names: Default::default(),
+            }),
+        };
+        self.flood_gate(job, a, plan).await
+    }
+
+    /// A user under 13: the one fixed line a day (a counted step, tally `under_13:<user>`), else no
+    /// answer; a user in crisis gets the character's crisis line after the referral. No model call.
+    async fn under_13_gate<'t>(
+        &self,
+        job: &Job,
+        a: &Admitted<'t>,
+        crisis: bool,
+    ) -> Result<Verdict<'t>, TurnError> {
+        let first = a.members[0];
+        if crisis {
+            return Ok(Verdict::Go(Plan::fixed(first, Fixed::Crisis)));
+        }
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let tally = crate::journal::names::tally::under_13(&a.ids.user);
+        let counted = job
+            .counted(step::UNDER_13, key::ONCE, &tally, 1, day, Utc::now())
+            .await?;
+        Ok(match counted {
+            crate::journal::Admission::Exceeded { .. } => Verdict::Drop {
+                reason: UNDER_13.into(),
+                keep: true,
+            },
+            _ => Verdict::Go(Plan::fixed(first, Fixed::Under13)),
+        })
+    }
+
+    /// The flood decision (the `flood` step) for a plan whose first speaker would say the busy line.
+    async fn flood_gate<'t>(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        mut plan: Plan<'t>,
+    ) -> Result<Verdict<'t>, TurnError> {
+        let busy_by = plan.speakers[0].bot.to_hex();
+        let flood = job
+            .step(step::FLOOD, key::ONCE)
+            .lazy()
+            .run(self.decide_flood(job, &a.ids.user, &busy_by))
+            .await?;
+        Ok(match flood.by {
+            None => Verdict::Go(plan),
+            Some(by) if by == job.id() => {
+                info!("over the flood limit; answering with the busy line");
+                plan.busy = true;
+                Verdict::Go(plan)
+            }
+            Some(by) => Verdict::Limited { by },
+        })
+    }
+
+    /// The flood decision of a job that has none recorded (`bot` is the companion that would say the
+    /// busy line). Only a first attempt takes from the allowance: a retried or replayed job was admitted
+    /// already.
+    async fn decide_flood(
+        &self,
+        job: &Job,
+        sender: &str,
+        bot: &str,
+    ) -> Result<FloodDecision, TurnError> {
+        if job.record.attempts > 1 {
+            return Ok(FloodDecision::default());
+        }
+        let by = stage(
+            Stage::Limits,
+            self.flood.decide(&self.journal, job, sender, bot),
+        )
+        .await?;
+        Ok(FloodDecision { by })
+    }
+
+    /// A follow-up's checks: the news is still news, the user can still be written to, and the daily cap
+    /// has room (a counted step, tally `proactive:<user>`). Why it is dropped, or nothing.
+    async fn follow_up_gate(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        f: &proactive::FollowUp<'_>,
+        access: input::Access,
+        paused: bool,
+    ) -> Result<Option<String>, TurnError> {
+        let drop = |why: &str| Ok(Some(why.to_owned()));
+        if let Some(stale) = &f.stale {
+            return drop(stale);
+        }
+        if let Some(why) = access.refusal() {
+            return drop(why);
+        }
+        if paused {
+            return drop(HELD);
+        }
+        if a.age == Age::Under13 {
+            return drop(UNDER_13);
+        }
+        let tz = a.user.profile.as_ref().and_then(|p| p.time_zone.as_deref());
+        let local = crate::safety::age::local(Utc::now(), tz);
+        if a.age.is_minor() && self.safety.quiet(local.time()) {
+            let c = &self.safety.config;
+            return drop(&format!(
+                "quiet hours for a minor ({}–{} local; it is {})",
+                c.minor_quiet_start.format("%H:%M"),
+                c.minor_quiet_end.format("%H:%M"),
+                local.format("%H:%M")
+            ));
+        }
+        let cap = self.follow_ups.daily_cap;
+        let counted = job
+            .counted(
+                step::CAP,
+                key::ONCE,
+                &crate::journal::names::tally::proactive(&a.ids.user),
+                cap,
+                std::time::Duration::from_secs(24 * 3600),
+                Utc::now(),
+            )
+            .await?;
+        if let crate::journal::Admission::Exceeded { .. } = counted {
+            return drop(&format!("the user's daily cap of {cap} proactive messages"));
+        }
+        Ok(None)
+    }
+}
