@@ -139,6 +139,21 @@ impl Delivery {
         Ok(delivered)
     }
 
+    /// Whether a moderator paused the conversation, and whether a message the job answers was deleted
+    /// (or its user erased): read when a message is about to be written.
+    pub(crate) async fn before(
+        &self,
+        a: &Admitted<'_>,
+        burst: &Burst,
+    ) -> Result<(bool, bool), TurnError> {
+        let answered: Vec<String> = a.answered(burst).into_iter().map(|m| m.message).collect();
+        let (conversation, user) = (&a.ids.conversation, &a.ids.user);
+        Ok(self
+            .pg
+            .before_delivery(conversation, user, &answered)
+            .await?)
+    }
+
     /// Delivers the crisis referral fixed for the user message `m`, said by the conversation's (first)
     /// companion; a referral is never withdrawn.
     pub(crate) async fn deliver_referral(

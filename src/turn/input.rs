@@ -212,6 +212,11 @@ pub(crate) struct Admission {
 }
 
 impl Admission {
+    /// How many companions there are.
+    pub(crate) fn companions(&self) -> usize {
+        self.characters.len()
+    }
+
     /// Whether `id` is one of the companions' users.
     pub(crate) fn is_companion(&self, id: &ObjectId) -> bool {
         self.characters.by_bot(id).is_some()

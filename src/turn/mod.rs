@@ -284,7 +284,7 @@ impl Turns {
 
     /// How many companions there are.
     pub(crate) fn companions(&self) -> usize {
-        self.admission.characters.len()
+        self.admission.companions()
     }
 
     /// The limits inbound events are parsed with.
@@ -464,10 +464,7 @@ impl Turns {
         if plan.fixed == Some(Fixed::Crisis) {
             return Ok(None);
         }
-        let answered: Vec<String> = a.answered(burst).into_iter().map(|m| m.message).collect();
-        let pg = &self.delivery.pg;
-        let (paused, gone) =
-            Box::pin(pg.before_delivery(&a.ids.conversation, &a.ids.user, &answered)).await?;
+        let (paused, gone) = Box::pin(self.delivery.before(a, burst)).await?;
         let settled = match (gone, paused, &a.kind) {
             (true, ..) => Box::pin(self.deleted_meanwhile(job, a)).await?,
             (_, true, Kind::FollowUp { .. }) => {
