@@ -22,7 +22,7 @@ use crate::{
     store::{Mongo, Pg, StoreError},
     takeover::Takeovers,
     turn::{
-        Turns,
+        Pipeline,
         burst::TakeIn,
         compose::{ComposeSettings, Composer, Talk},
         deliver::Delivery,
@@ -63,7 +63,7 @@ pub struct App {
     pub pg: Pg,
     pub embedder: Option<Arc<Embedder>>,
     pub metrics: Arc<Metrics>,
-    pub turns: Arc<Turns>,
+    pub pipeline: Arc<Pipeline>,
     takeovers: Arc<Takeovers>,
     /// Memory's extraction and deletion signals.
     pub memory_signals: Arc<MemorySignals>,
@@ -154,7 +154,7 @@ impl App {
             },
             writes_per_hour: c.turn.writes_per_hour,
         }));
-        let turns = Arc::new(Turns {
+        let pipeline = Arc::new(Pipeline {
             journal: journal.clone(),
             admission: Admission {
                 characters: characters.clone(),
@@ -246,7 +246,7 @@ impl App {
             mongo: mongo.clone(),
             bus: bus.clone(),
             max_event_bytes: c.turn.max_event_bytes,
-            pipeline: turns.clone(),
+            pipeline: pipeline.clone(),
         });
         Ok(Self {
             bus,
@@ -254,7 +254,7 @@ impl App {
             pg,
             embedder,
             metrics,
-            turns,
+            pipeline,
             takeovers,
             memory_signals,
             worker: c.worker.clone(),
@@ -268,7 +268,7 @@ impl App {
             bus: self.bus.clone(),
             mongo: self.mongo.clone(),
             pg: self.pg.clone(),
-            turns: self.turns.clone(),
+            pipeline: self.pipeline.clone(),
             takeovers: self.takeovers.clone(),
             memory_signals: self.memory_signals.clone(),
             metrics: self.metrics.clone(),
@@ -294,7 +294,7 @@ impl App {
         Replayer {
             bus: self.bus.clone(),
             memory: self.memory_signals.memory.clone(),
-            turns: self.turns.clone(),
+            pipeline: self.pipeline.clone(),
         }
     }
 

@@ -164,7 +164,7 @@ impl Order {
     }
 
     /// Waits until the message may be handled, or the worker stops.
-    pub(crate) async fn wait_turn(
+    pub(crate) async fn wait_for_earlier(
         &self,
         subject: &str,
         seq: u64,

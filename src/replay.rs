@@ -22,7 +22,7 @@ use tracing::{Instrument, info_span, warn};
 use crate::{
     bus::{Bus, DLQ_REASON, DLQ_SEQUENCE, DLQ_SUBJECT, Inbound, event::parse_event},
     journal::{JournalError, State},
-    turn::{Outcome, Turns},
+    turn::{Outcome, Pipeline},
 };
 
 /// A turn updated this recently is taken to be in a worker's hands.
@@ -81,7 +81,7 @@ pub enum ReplayError {
 /// What a replay runs on: the bus it reads the streams from, and the turns it runs.
 pub(crate) struct Replayer {
     pub(crate) bus: Bus,
-    pub(crate) turns: Arc<Turns>,
+    pub(crate) pipeline: Arc<Pipeline>,
     /// The tombstones an event is checked against before it is replayed.
     pub(crate) memory: crate::memory::Memory,
 }
@@ -308,7 +308,7 @@ async fn read(
         } else {
             (m.subject.to_string(), None)
         };
-        let parsed = parse_event(&m.payload, &subject, &names.prefix, svc.turns.limits())
+        let parsed = parse_event(&m.payload, &subject, &names.prefix, svc.pipeline.limits())
             .map_err(|e| format!("invalid event: {e}"));
         if let Ok(e) = &parsed
             && !seen.insert(e.message_id())
@@ -346,7 +346,11 @@ async fn plan(
             stream: "tombstones".into(),
             reason: e.to_string(),
         })?;
-    let job = svc.turns.journal.get(&event.message_id().to_hex()).await?;
+    let job = svc
+        .pipeline
+        .journal
+        .get(&event.message_id().to_hex())
+        .await?;
     if gone {
         let state = job.as_ref().map(|j| j.state);
         return Ok((
@@ -381,7 +385,7 @@ async fn replay_one(svc: &Replayer, item: &Item, force: bool) -> Verdict {
     };
     let id = event.message_id().to_hex();
     let span = info_span!("replay", event_id = %id, seq = item.seq);
-    let journal = &svc.turns.journal;
+    let journal = &svc.pipeline.journal;
     async {
         let state = match plan(svc, event, force).await {
             Err(e) => return Verdict::Failed(e.to_string()),
@@ -393,11 +397,11 @@ async fn replay_one(svc: &Replayer, item: &Item, force: bool) -> Verdict {
         {
             // A failed job resumes from its journal; a forced one asks the model again.
             let fresh = force && state != State::Failed;
-            if let Err(e) = svc.turns.reopen(&id, fresh).await {
+            if let Err(e) = svc.pipeline.reopen(&id, fresh).await {
                 return Verdict::Failed(e.to_string());
             }
         }
-        let ran = Box::pin(svc.turns.handle(&event.into(), None)).await;
+        let ran = Box::pin(svc.pipeline.handle(&event.into(), None)).await;
         match ran.map(|s| s.outcome) {
             Ok(Outcome::Dropped { reason }) => Verdict::Done(format!("no answer ({reason})")),
             Ok(Outcome::Held) => Verdict::Done("held: a moderator paused the conversation".into()),

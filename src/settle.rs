@@ -27,7 +27,7 @@ use crate::{
     metrics::Metrics,
     order::Order,
     timing::{self, Stage},
-    turn::{Outcome, Turns},
+    turn::{Outcome, Pipeline},
 };
 
 /// How a delivery's turn ended.
@@ -173,7 +173,7 @@ impl Handle<'_> {
 pub(crate) struct Settler {
     pub(crate) bus: Bus,
     pub(crate) order: Arc<Order>,
-    pub(crate) turns: Arc<Turns>,
+    pub(crate) pipeline: Arc<Pipeline>,
     pub(crate) metrics: Arc<Metrics>,
 }
 
@@ -205,7 +205,7 @@ impl Settler {
                     error!(error = %reason, "turn cannot be answered; sending the failure line and dead-lettering");
                     self.metrics
                         .inc("companion_turns_total", "outcome=\"failed\"");
-                    let answered = self.turns.fail(&event.into(), &reason).await;
+                    let answered = self.pipeline.fail(&event.into(), &reason).await;
                     match answered {
                         Ok(settled) => {
                             through = settled.through_seq;

@@ -33,7 +33,7 @@ use crate::{
     },
     proactive::ProactiveError,
     store::{Mongo, Pg, pg::NewHistory, safety::Takeover},
-    turn::{Input, TurnError, Turns, prompt},
+    turn::{Input, Pipeline, TurnError, prompt},
 };
 
 /// The kind of a takeover signal (`<prefix>.signal.takeover.<conversationId>`) and of its job.
@@ -218,7 +218,7 @@ pub(crate) struct Takeovers {
     /// Bounds a signal's body like any inbound event's.
     pub(crate) max_event_bytes: usize,
     /// The pipeline a held message goes back through.
-    pub(crate) pipeline: Arc<Turns>,
+    pub(crate) pipeline: Arc<Pipeline>,
 }
 
 impl Takeovers {

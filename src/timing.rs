@@ -15,7 +15,7 @@
 //! delivery's writes) is subtracted from the outer one, so nested stages never count twice. Stages can
 //! still overlap in time (the context loads run beside embedding and retrieval; the calls of one tool
 //! round run together and are timed as one), so their sum may exceed the overhead. Outside a [`scope`]
-//! (tests calling `Turns::process_dm` directly, commands) nothing is recorded.
+//! (tests calling `Pipeline::process_dm` directly, commands) nothing is recorded.
 
 use std::{
     cell::{Cell, RefCell},

@@ -29,7 +29,7 @@ use crate::{
     order::{Order, OrderError, Position, Waited},
     settle::{self, Ending, Handle, Settler, Verdict},
     timing::{self, Stage},
-    turn::{Arrival, Input, Turns},
+    turn::{Arrival, Input, Pipeline},
 };
 
 /// Counter of turns by outcome.
@@ -52,7 +52,7 @@ pub struct Worker {
     pub(crate) mongo: crate::store::Mongo,
     /// The conversations' order.
     pub(crate) pg: crate::store::Pg,
-    pub(crate) turns: Arc<Turns>,
+    pub(crate) pipeline: Arc<Pipeline>,
     /// A moderator's pause and resume.
     pub(crate) takeovers: Arc<crate::takeover::Takeovers>,
     /// Memory's extraction and deletion signals.
@@ -113,7 +113,7 @@ impl Worker {
             stream = %w.bus.names.stream_in,
             concurrency,
             max_deliver = shared.limits.max_deliver,
-            characters = w.turns.companions(),
+            characters = w.pipeline.companions(),
             "worker ready"
         );
 
@@ -171,7 +171,7 @@ impl Worker {
             settler: Settler {
                 bus: self.bus.clone(),
                 order: order.clone(),
-                turns: self.turns.clone(),
+                pipeline: self.pipeline.clone(),
                 metrics: self.metrics.clone(),
             },
             limits: settle::RetryLimits {
@@ -242,7 +242,7 @@ impl Shared {
                     (&ending, &verdict, &event)
                 {
                     warn!(error = %f.reason, retry_in_ms = delay.as_millis() as u64, "turn failed; will retry");
-                    let journal = &self.worker.turns.journal;
+                    let journal = &self.worker.pipeline.journal;
                     let id = event.message_id().to_hex();
                     let note = journal.note_error(&id, &f.reason);
                     if let Err(e) = Box::pin(note).await {
@@ -280,18 +280,18 @@ impl Shared {
                 Err(e) => return (transient(&e), None, None),
             };
         if let Position::Behind(first) = position
-            && let Some(ending) = self.wait_turn(subject, seq, first, &mut slot).await
+            && let Some(ending) = self.wait_for_earlier(subject, seq, first, &mut slot).await
         {
             return (ending, None, None);
         }
 
         let parse_started = std::time::Instant::now();
-        let turns = &self.worker.turns;
+        let pipeline = &self.worker.pipeline;
         let event = match parse_event(
             &msg.payload,
             subject,
             &self.worker.bus.names.prefix,
-            turns.limits(),
+            pipeline.limits(),
         ) {
             Ok(e) => e,
             Err(e) => {
@@ -316,7 +316,7 @@ impl Shared {
         // The turn is boxed: a delivery waiting for its conversation stays a small task, and a turn's
         // large state is allocated only while it runs.
         let input = Input::from(&event);
-        let turn = self.guarded("turn", Box::pin(turns.handle(&input, Some(&delivery))));
+        let turn = self.guarded("turn", Box::pin(pipeline.handle(&input, Some(&delivery))));
         let result = tokio::select! {
             r = turn => r,
             _ = slot.hard_stop.cancelled() => return (Ending::Returned, Some(event), None),
@@ -343,7 +343,7 @@ impl Shared {
 
     /// Waits for the conversation's turn holding no turn slot (the slots stay free for the messages
     /// that can run), then takes one; the ending when the wait does not end in the turn.
-    async fn wait_turn(
+    async fn wait_for_earlier(
         &self,
         subject: &str,
         seq: u64,
@@ -352,7 +352,7 @@ impl Shared {
     ) -> Option<Ending> {
         drop(slot.permit.take());
         self.worker.metrics.inc("companion_order_waits_total", "");
-        let wait = Box::pin(self.order.wait_turn(subject, seq, &slot.shutdown));
+        let wait = Box::pin(self.order.wait_for_earlier(subject, seq, &slot.shutdown));
         match timing::stage(Stage::Wait, wait).await {
             Ok(Waited::Go { waited }) => {
                 self.worker.metrics.add(
@@ -566,7 +566,7 @@ impl Shared {
                 subject: msg.subject.as_str(),
                 seq,
             };
-            let turns = &self.worker.turns;
+            let pipeline = &self.worker.pipeline;
             // By the signal's kind: its own handler, or the pipeline as a follow-up.
             let (takeovers, memory) = (&self.worker.takeovers, &self.worker.memory_signals);
             let work = async {
@@ -586,7 +586,7 @@ impl Shared {
                     let deletion = memory.deletion(kind, id, &msg.payload, seq);
                     Box::pin(deletion).await.map_err(crate::turn::TurnError::from)
                 }
-                    _ => Box::pin(turns.handle(&input, Some(&delivery))).await.map(drop),
+                    _ => Box::pin(pipeline.handle(&input, Some(&delivery))).await.map(drop),
                 }
             };
             let ending = match self.guarded("signal", work).await {
@@ -719,7 +719,7 @@ impl Shared {
                 &msg.payload,
                 msg.subject.as_str(),
                 &w.bus.names.prefix,
-                w.turns.limits(),
+                w.pipeline.limits(),
             ) {
                 Ok(event) => (transient(reason), Some(event)),
                 Err(e) => (

@@ -31,8 +31,8 @@ use crate::{
 };
 use std::sync::Arc;
 
-/// What a job does after its gate: the gate's verdict.
-pub(crate) enum Verdict<'a> {
+/// What the gate lets through, and what it stops.
+pub(crate) enum Passage<'a> {
     /// Its messages are planned: the gate let it through (or over the flood limit, with the busy line).
     Go(Plan<'a>),
     /// Over the flood limit with the busy line already said this minute by job `by`: kept in history,
@@ -161,15 +161,15 @@ impl Gate {
         job: &Job,
         a: &Admitted<'t>,
         crisis: bool,
-    ) -> Result<Verdict<'t>, TurnError> {
+    ) -> Result<Passage<'t>, TurnError> {
         let paused = self.pg.paused(&a.ids.conversation).await?;
         match &a.kind {
             Kind::Dm(_) => {
                 let first = a.members[0];
                 if paused {
                     return Ok(match crisis {
-                        true => Verdict::Go(Plan::fixed(first, Fixed::Crisis)),
-                        false => Verdict::Hold,
+                        true => Passage::Go(Plan::fixed(first, Fixed::Crisis)),
+                        false => Passage::Hold,
                     });
                 }
                 if a.age == Age::Under13 {
@@ -186,11 +186,11 @@ impl Gate {
                     .run(self.follow_up_gate(job, a, follow_up, *access, paused))
                     .await?;
                 Ok(match dropped {
-                    Some(reason) => Verdict::Drop {
+                    Some(reason) => Passage::Drop {
                         reason,
                         keep: false,
                     },
-                    None => Verdict::Go(Plan::one(a.members[0], false)),
+                    None => Passage::Go(Plan::one(a.members[0], false)),
                 })
             }
         }
@@ -204,16 +204,16 @@ impl Gate {
         a: &Admitted<'t>,
         event: &crate::bus::GroupEvent,
         paused: bool,
-    ) -> Result<Verdict<'t>, TurnError> {
+    ) -> Result<Passage<'t>, TurnError> {
         if a.members.iter().any(|m| m.bot == event.sender_id) {
-            return Ok(Verdict::Drop {
+            return Ok(Passage::Drop {
                 reason: group::COMPANION_SENDER.into(),
                 keep: false,
             });
         }
         // In a group, a user in crisis has the private referral; the group sees nothing of it.
         if paused {
-            return Ok(Verdict::Hold);
+            return Ok(Passage::Hold);
         }
         if a.age == Age::Under13 {
             return self.under_13_gate(job, a, false).await;
@@ -237,7 +237,7 @@ impl Gate {
             .filter_map(|b| a.members.iter().find(|m| m.bot == b).copied())
             .collect();
         if speakers.is_empty() {
-            return Ok(Verdict::Drop {
+            return Ok(Passage::Drop {
                 reason: route.why,
                 keep: true,
             });
@@ -266,10 +266,10 @@ impl Gate {
         job: &Job,
         a: &Admitted<'t>,
         crisis: bool,
-    ) -> Result<Verdict<'t>, TurnError> {
+    ) -> Result<Passage<'t>, TurnError> {
         let first = a.members[0];
         if crisis {
-            return Ok(Verdict::Go(Plan::fixed(first, Fixed::Crisis)));
+            return Ok(Passage::Go(Plan::fixed(first, Fixed::Crisis)));
         }
         let day = std::time::Duration::from_secs(24 * 3600);
         let tally = crate::journal::names::tally::under_13(&a.ids.user);
@@ -277,11 +277,11 @@ impl Gate {
             .counted(step::UNDER_13, key::ONCE, &tally, 1, day, Utc::now())
             .await?;
         Ok(match counted {
-            crate::journal::Admission::Exceeded { .. } => Verdict::Drop {
+            crate::journal::Admission::Exceeded { .. } => Passage::Drop {
                 reason: UNDER_13.into(),
                 keep: true,
             },
-            _ => Verdict::Go(Plan::fixed(first, Fixed::Under13)),
+            _ => Passage::Go(Plan::fixed(first, Fixed::Under13)),
         })
     }
 
@@ -291,7 +291,7 @@ impl Gate {
         job: &Job,
         a: &Admitted<'_>,
         mut plan: Plan<'t>,
-    ) -> Result<Verdict<'t>, TurnError> {
+    ) -> Result<Passage<'t>, TurnError> {
         let busy_by = plan.speakers[0].bot.to_hex();
         let flood = job
             .step(step::FLOOD, key::ONCE)
@@ -299,13 +299,13 @@ impl Gate {
             .run(self.decide_flood(job, &a.ids.user, &busy_by))
             .await?;
         Ok(match flood.by {
-            None => Verdict::Go(plan),
+            None => Passage::Go(plan),
             Some(by) if by == job.id() => {
                 info!("over the flood limit; answering with the busy line");
                 plan.busy = true;
-                Verdict::Go(plan)
+                Passage::Go(plan)
             }
-            Some(by) => Verdict::Limited { by },
+            Some(by) => Passage::Limited { by },
         })
     }
 

@@ -15,11 +15,11 @@
 //! | 9 | finish ([`end`]) | memory hears of the turn; done, limited (the busy line) or held (paused) | done, limited, held, or dropped with the reason | done, or dropped with the reason | `memory_trigger`; the job's state |
 //!
 //! Over the flood limit the first speaker says the busy line instead (once per window), or the message
-//! is kept in history unanswered. A job whose attempts fail ends through [`Turns::fail`]: the messages
+//! is kept in history unanswered. A job whose attempts fail ends through [`Pipeline::fail`]: the messages
 //! fixed before are delivered, else the first speaker's failure line. Step names and keys are in
 //! [`crate::journal::names`]; every step is keyed so that doing it twice is harmless.
 //!
-//! Each stage is a type that holds what it uses; [`Turns`], the conductor, holds only the stages and
+//! Each stage is a type that holds what it uses; [`Pipeline`], the conductor, holds only the stages and
 //! runs them in this order. Errors carry their class ([`Classify`]); the worker's settlement decides
 //! what to do about them.
 
@@ -63,7 +63,7 @@ use burst::TakeIn;
 use compose::{Composer, SlotView};
 use deliver::{Delivered, Delivery};
 use end::{Ending, Endings};
-use gate::{Gate, Plan, Verdict};
+use gate::{Gate, Passage, Plan};
 use incoming::{Flagged, Incoming};
 use input::{Admission, Admitted, Kind, UserMessage};
 use outgoing::Outgoing;
@@ -262,7 +262,7 @@ pub(crate) const UNDER_13: &str = "the user is under 13: companions do not chat 
 
 /// The conductor: the pipeline's stages, and the order it runs them in. Built once per process by
 /// [`crate::app::App::build`].
-pub struct Turns {
+pub struct Pipeline {
     pub journal: Journal,
     pub(crate) admission: Admission,
     pub(crate) incoming: Incoming,
@@ -276,7 +276,7 @@ pub struct Turns {
     pub(crate) timeout_secs: u64,
 }
 
-impl Turns {
+impl Pipeline {
     /// Whether `id` is one of the companions' users.
     pub(crate) fn is_companion(&self, id: &ObjectId) -> bool {
         self.admission.is_companion(id)
@@ -300,7 +300,7 @@ impl Turns {
             .map(|s| s.outcome)
     }
 
-    /// Runs one input to completion: stages 1 and 2, then the job's ([`Turns::conduct`]).
+    /// Runs one input to completion: stages 1 and 2, then the job's ([`Pipeline::conduct`]).
     pub(crate) async fn handle(
         &self,
         input: &Input<'_>,
@@ -364,12 +364,12 @@ impl Turns {
         };
         // 4: the gate, and 6: who speaks.
         let plan = match Box::pin(self.gate.pass(job, a, crisis.is_some())).await? {
-            Verdict::Go(plan) => plan,
-            Verdict::Limited { by } => return Box::pin(self.limited(job, a, &by)).await,
-            Verdict::Drop { reason, keep } => {
+            Passage::Go(plan) => plan,
+            Passage::Limited { by } => return Box::pin(self.limited(job, a, &by)).await,
+            Passage::Drop { reason, keep } => {
                 return Box::pin(self.drop(job, a, &reason, keep)).await;
             }
-            Verdict::Hold => return Box::pin(self.hold(job, a, &Burst::default())).await,
+            Passage::Hold => return Box::pin(self.hold(job, a, &Burst::default())).await,
         };
         // 5: take in the burst (each of its messages through the incoming hook) or the news's flow.
         let burst = match (&a.kind, plan.busy || plan.fixed.is_some()) {

@@ -28,13 +28,13 @@ async fn a_turn_retried_after_a_write_creates_one_tricklist_and_pays_each_step_o
         )
         .await;
     let event = dm_event(&raw);
-    let first = svc.turns.process_dm(&event).await;
+    let first = svc.pipeline.process_dm(&event).await;
     assert!(
         first.is_err(),
         "the first attempt fails after the write: {first:?}"
     );
     let second = svc
-        .turns
+        .pipeline
         .process_dm(&event)
         .await
         .expect("the retry completes");
@@ -83,7 +83,7 @@ async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() 
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "spots in portland?").await;
     let event = dm_event(&raw);
     assert!(
-        svc.turns.process_dm(&event).await.is_err(),
+        svc.pipeline.process_dm(&event).await.is_err(),
         "the first attempt fails after the search"
     );
     // A spot appears between the attempts: a search run again would find it.
@@ -93,7 +93,7 @@ async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() 
         .await
         .unwrap();
     let second = svc
-        .turns
+        .pipeline
         .process_dm(&event)
         .await
         .expect("the retry completes");

@@ -86,7 +86,7 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
     };
 
     let outcome = svc
-        .turns
+        .pipeline
         .process_dm(&event("how often should I wax my snowboard?"))
         .await
         .unwrap();
@@ -101,7 +101,7 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
     );
     assert!(prompt.contains(&article.text), "{prompt}");
 
-    svc.turns
+    svc.pipeline
         .process_dm(&event("what's the best lasagna recipe?"))
         .await
         .unwrap();

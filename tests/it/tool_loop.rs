@@ -225,7 +225,7 @@ async fn park_list_scenario_end_to_end() {
         images: Vec::new(),
         sent_at: Utc::now(),
     };
-    let outcome = svc.turns.process_dm(&event).await.expect("turn");
+    let outcome = svc.pipeline.process_dm(&event).await.expect("turn");
     let Outcome::Answered { reply_id } = outcome else {
         panic!("not answered: {outcome:?}")
     };
@@ -273,7 +273,7 @@ async fn park_list_scenario_end_to_end() {
     assert!(offered.contains(&"create_tricklist"), "{offered:?}");
     // Delivering again (a redelivered event) creates nothing new.
     assert_eq!(
-        svc.turns.process_dm(&event).await.unwrap(),
+        svc.pipeline.process_dm(&event).await.unwrap(),
         Outcome::AlreadySettled { state: State::Done }
     );
     let n = f

@@ -700,7 +700,7 @@ async fn write_quota_holds_across_workers() {
         let components = f.app().await;
         workers.push(tokio::spawn(async move {
             let calls = (0..6).map(|i| {
-                let (journal, c) = (&components.turns.journal, &components);
+                let (journal, c) = (&components.pipeline.journal, &components);
                 async move {
                     // Each call is another event's turn.
                     let tj =
@@ -765,7 +765,7 @@ async fn database_errors_fail_the_turn_instead_of_answering() {
     let f = TestEnv::new(always(StubReply::text("unused"))).await;
     let components = f.app().await;
     let tj = ToolJob::open(
-        &components.turns.journal,
+        &components.pipeline.journal,
         f.mongo.clone(),
         components.pg.clone(),
         components.bus.clone(),

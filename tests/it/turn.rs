@@ -298,8 +298,8 @@ async fn running_a_turn_again_writes_nothing_twice() {
     let svc = env.app().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "once only").await;
     let event = dm_event(&raw);
-    let first = svc.turns.process_dm(&event).await.unwrap();
-    let second = svc.turns.process_dm(&event).await.unwrap();
+    let first = svc.pipeline.process_dm(&event).await.unwrap();
+    let second = svc.pipeline.process_dm(&event).await.unwrap();
     assert!(matches!(first, turn::Outcome::Answered { .. }));
     assert_eq!(second, turn::Outcome::AlreadySettled { state: State::Done });
     assert_eq!(env.replies_to(&raw.message_id).await.len(), 1);
@@ -346,7 +346,7 @@ async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
         .await
         .unwrap();
     let event = dm_event(&raw);
-    let outcome = svc.turns.process_dm(&event).await.unwrap();
+    let outcome = svc.pipeline.process_dm(&event).await.unwrap();
     assert_eq!(
         outcome,
         turn::Outcome::Answered {

@@ -99,7 +99,7 @@ async fn a_tool_turn_sends_four_mongodb_commands_once_trick_names_are_cached() {
     for text in ["how do I kickflip?", "and a heelflip?"] {
         let event = dm_event(&env.dm(JESS, KAORI, JESS_KAORI, text).await);
         let t = timing::scope(async {
-            c.turns.process_dm(&event).await.expect("the turn");
+            c.pipeline.process_dm(&event).await.expect("the turn");
             timing::snapshot().unwrap()
         })
         .await;

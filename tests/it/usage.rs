@@ -244,7 +244,7 @@ async fn a_step_replayed_from_the_journal_is_not_recorded_again() {
     let svc = env.app().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "my lists?").await;
     let event = dm_event(&raw);
-    assert!(svc.turns.process_dm(&event).await.is_err());
+    assert!(svc.pipeline.process_dm(&event).await.is_err());
     let rows = usage_of(&env, &raw.message_id).await;
     assert_eq!(
         rows.iter().map(|r| r.step).collect::<Vec<_>>(),
@@ -252,7 +252,7 @@ async fn a_step_replayed_from_the_journal_is_not_recorded_again() {
         "{rows:?}"
     );
     let done = svc
-        .turns
+        .pipeline
         .process_dm(&event)
         .await
         .expect("the retry answers");
