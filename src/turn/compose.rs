@@ -17,7 +17,7 @@ use serde_json::Value;
 use tracing::{debug, info, warn};
 
 use super::{
-    Burst, Fixed, Reply, Said, TurnError,
+    Burst, Fixed, Reply, TurnError,
     gate::Plan,
     input::{Admitted, Kind},
     outgoing::Clean,
@@ -104,12 +104,12 @@ pub(crate) struct ComposeSettings {
 /// A slot's message as composed, and a concern the model flagged for its user (the conductor runs the
 /// crisis protocol on it before the message is fixed).
 pub(crate) struct Composed {
-    pub(crate) said: Said,
+    pub(crate) said: Reply,
     pub(crate) concern: Option<Concern>,
 }
 
-impl From<Said> for Composed {
-    fn from(said: Said) -> Self {
+impl From<Reply> for Composed {
+    fn from(said: Reply) -> Self {
         Self {
             said,
             concern: None,
@@ -160,10 +160,10 @@ fn dm_offer(
 
 /// The tools a companion's slot in a group is offered: what the message and the lines said to it
 /// so far call for.
-fn group_offer(text: &str, said: &[Said]) -> Offer {
+fn group_offer(text: &str, said: &[Reply]) -> Offer {
     offer::for_turn(&Signals {
         texts: std::iter::once(text)
-            .chain(said.iter().map(|s| s.reply.content.as_str()))
+            .chain(said.iter().map(|s| s.content.as_str()))
             .collect(),
         ..Default::default()
     })
@@ -203,7 +203,7 @@ pub(crate) struct SlotView<'a, 't> {
     /// The later messages of a DM's burst, answered too.
     pub(crate) burst: &'a Burst,
     /// The messages already fixed for this job.
-    pub(crate) said: &'a [Said],
+    pub(crate) said: &'a [Reply],
     /// Who speaks, and whether a busy or fixed line stands in for the model.
     pub(crate) plan: &'a Plan<'t>,
     /// A message this slot answers was flagged by the crisis screen: the model answers with the safety
@@ -214,7 +214,7 @@ pub(crate) struct SlotView<'a, 't> {
 }
 
 /// What the model said in one slot: its text, or none when a spend budget stopped it.
-pub(crate) struct Spoken {
+pub(crate) struct ModelAnswer {
     pub(crate) text: Option<String>,
     pub(crate) card: Option<Value>,
     pub(crate) log: Option<Value>,
@@ -252,12 +252,11 @@ impl Composer {
 
     /// A line of the character's own (busy, budget, failure, crisis), as `speaker`; nobody speaks after
     /// it.
-    pub(crate) fn line(&self, a: &Admitted<'_>, speaker: Member<'_>, text: String) -> Said {
-        Said {
-            reply: Reply::new(self.settings.clean.text(&text), None, None),
+    pub(crate) fn line(&self, a: &Admitted<'_>, speaker: Member<'_>, text: String) -> Reply {
+        Reply {
             bot: speaker_id(a, speaker),
-            tags: None,
             last: true,
+            ..Reply::new(self.settings.clean.text(&text), None, None)
         }
     }
 
@@ -358,7 +357,7 @@ impl Composer {
         event: &DmEvent,
         messages: Vec<Message>,
         offer: Offer,
-    ) -> Result<Option<Spoken>, TurnError> {
+    ) -> Result<Option<ModelAnswer>, TurnError> {
         let tools = self.tools_for(t.crisis);
         if !t.crisis {
             return self
@@ -445,7 +444,7 @@ impl Composer {
         let mut prompt = self.group_prompt(t, &tricklists?, &knowledge, participants, &name_of);
         drop(knowledge);
         let mine = me.to_hex();
-        let this_message: Vec<&str> = t.said.iter().map(|s| s.reply.id.as_str()).collect();
+        let this_message: Vec<&str> = t.said.iter().map(|s| s.id.as_str()).collect();
         let head = event.message_id.to_hex();
         let named = DmEvent {
             content: format!("{}: {}", name_of(&a.ids.user), event.content),
@@ -456,11 +455,7 @@ impl Composer {
             true => group_offer(&event.content, t.said),
         };
         let tools = self.tools_for(t.crisis);
-        let said_tokens: usize = t
-            .said
-            .iter()
-            .map(|s| prompt::tokens(&s.reply.content))
-            .sum();
+        let said_tokens: usize = t.said.iter().map(|s| prompt::tokens(&s.content)).sum();
         let fixed = tools.offered_tokens(offer) + prompt::tokens(&named.content) + said_tokens;
         let (knowledge, history_cap) = prompt.room(&self.settings.prompt, fixed);
         let earlier: Vec<_> = g
@@ -476,7 +471,7 @@ impl Composer {
         messages.extend(t.said.iter().map(|s| {
             let bot = s.bot.as_deref().unwrap_or_default();
             match bot == mine {
-                true => Message::assistant(s.reply.content.clone()),
+                true => Message::assistant(s.content.clone()),
                 false => line(bot, &for_the_others(s, &a.members)),
             }
         }));
@@ -488,8 +483,7 @@ impl Composer {
         let concern = spoken.concern;
         let mut said = self.model_said(t, spoken, |text| group::strip_own_name(text, &c.name))?;
         if !said.last {
-            said.tags =
-                group::route::handover(&said.reply.content, me, &a.members).map(|b| b.to_hex());
+            said.tags = group::route::handover(&said.content, me, &a.members).map(|b| b.to_hex());
         }
         Ok(Composed { said, concern })
     }
@@ -525,7 +519,7 @@ impl Composer {
     /// The follow-up the model writes with the news in its context (the brief after the conversation so
     /// far, without tools); the character's plain line when the model fails after all its retries and
     /// fallbacks or a budget stops it (the news is never held back for it).
-    async fn follow_up(&self, t: &SlotView<'_, '_>, f: &FollowUp<'_>) -> Result<Said, TurnError> {
+    async fn follow_up(&self, t: &SlotView<'_, '_>, f: &FollowUp<'_>) -> Result<Reply, TurnError> {
         let a = t.admitted;
         let (history, tricklists) = Box::pin(async {
             tokio::try_join!(
@@ -568,10 +562,10 @@ impl Composer {
             .converse(t, &as_if, messages, &NO_TOOLS, Offer::none())
             .await
         {
-            Ok(Spoken {
+            Ok(ModelAnswer {
                 text: Some(text), ..
             }) => self.settings.clean.text(&text),
-            Ok(Spoken { text: None, .. }) => {
+            Ok(ModelAnswer { text: None, .. }) => {
                 info!("the spend budget is used up; sending the plain line");
                 String::new()
             }
@@ -585,12 +579,7 @@ impl Composer {
             true => self.settings.clean.text(&f.plain),
             false => written,
         };
-        Ok(Said {
-            reply: Reply::new(content, f.card.clone(), None),
-            bot: None,
-            tags: None,
-            last: false,
-        })
+        Ok(Reply::new(content, f.card.clone(), None))
     }
 
     /// The model's text as the slot's message (`shape` first: a group strips the speaker's own name),
@@ -598,9 +587,9 @@ impl Composer {
     fn model_said(
         &self,
         t: &SlotView<'_, '_>,
-        spoken: Spoken,
+        spoken: ModelAnswer,
         shape: impl for<'s> Fn(&'s str) -> &'s str,
-    ) -> Result<Said, TurnError> {
+    ) -> Result<Reply, TurnError> {
         let Some(text) = spoken.text else {
             info!("the spend budget is used up; answering with the budget line");
             let c = t.speaker.character;
@@ -609,8 +598,8 @@ impl Composer {
                 false => c.budget_line.clone(),
             };
             let mut said = self.line(t.admitted, t.speaker, line);
-            said.reply.rich_content = spoken.card;
-            said.reply.tool_log = spoken.log;
+            said.rich_content = spoken.card;
+            said.tool_log = spoken.log;
             return Ok(said);
         };
         let reply = Reply::new(
@@ -621,11 +610,9 @@ impl Composer {
         if reply.content.is_empty() {
             return Err(LlmError::EmptyAnswer.into());
         }
-        Ok(Said {
-            reply,
+        Ok(Reply {
             bot: speaker_id(t.admitted, t.speaker),
-            tags: None,
-            last: false,
+            ..reply
         })
     }
 
@@ -639,7 +626,7 @@ impl Composer {
         messages: Vec<Message>,
         tools: &Registry,
         offer: Offer,
-    ) -> Result<Spoken, TurnError> {
+    ) -> Result<ModelAnswer, TurnError> {
         let (c, job, user) = (t.speaker.character, t.job, &t.admitted.user);
         let slot = t.slot.calls();
         let request = ChatRequest {
@@ -707,7 +694,7 @@ impl Composer {
                 text = Some(c.crisis_line.clone());
             }
         }
-        Ok(Spoken {
+        Ok(ModelAnswer {
             text,
             card: out.card,
             log: (!out.log.is_empty()).then(|| Value::Array(out.log)),
@@ -816,8 +803,8 @@ fn group_note(
 /// Another companion's message of this round as the next speaker reads it: without the AI disclosure and
 /// the break reminder it carries for the user, which the next companion would otherwise answer as if the
 /// user had said them.
-fn for_the_others(s: &Said, members: &[Member<'_>]) -> String {
-    let content = s.reply.content.as_str();
+fn for_the_others(s: &Reply, members: &[Member<'_>]) -> String {
+    let content = s.content.as_str();
     let Some(m) = members
         .iter()
         .find(|m| s.bot.as_deref() == Some(m.bot.to_hex().as_str()))
@@ -825,12 +812,12 @@ fn for_the_others(s: &Said, members: &[Member<'_>]) -> String {
         return content.to_owned();
     };
     let mut text = content;
-    if s.reply.marks.ai_disclosure {
+    if s.marks.ai_disclosure {
         text = text
             .strip_prefix(m.character.disclosure_line.trim())
             .unwrap_or(text);
     }
-    if s.reply.marks.break_reminder {
+    if s.marks.break_reminder {
         text = text
             .trim_end()
             .strip_suffix(m.character.break_line.trim())

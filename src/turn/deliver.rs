@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use tracing::{debug, warn};
 
 use super::{
-    Burst, Reply, Said, TurnError,
+    Burst, Reply, TurnError,
     input::{Admitted, Answered, Kind, UserMessage},
 };
 use crate::{
@@ -111,7 +111,7 @@ impl Delivery {
         a: &Admitted<'_>,
         slot: Slot,
         burst: &Burst,
-        said: &Said,
+        said: &Reply,
         more: bool,
     ) -> Result<Delivered, TurnError> {
         let bot = match &said.bot {
@@ -129,13 +129,13 @@ impl Delivery {
             bot,
             user: a.ids.user_id,
             answers,
-            user_rows: user_rows(a, &answered, said.reply.at),
+            user_rows: user_rows(a, &answered, said.at),
             covers: burst.covers.iter().map(|c| c.message_id.clone()).collect(),
             key: slot.reply(job.record.generation),
             more,
         };
-        let delivered = self.write_reply(job, &out, &said.reply).await?;
-        debug!(reply_id = %said.reply.id, bot = %bot, key = %out.key, ?delivered, "message delivered");
+        let delivered = self.write_reply(job, &out, said).await?;
+        debug!(reply_id = %said.id, bot = %bot, key = %out.key, ?delivered, "message delivered");
         Ok(delivered)
     }
 

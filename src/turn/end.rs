@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tracing::{debug, info};
 
 use super::{
-    Burst, Outcome, Said, Settled, TurnError,
+    Burst, Outcome, Reply, Settled, TurnError,
     gate::Plan,
     input::{Admitted, Kind},
     outgoing::Clean,
@@ -37,7 +37,7 @@ pub(crate) struct Endings {
 /// How an answered job ends.
 pub(crate) struct Ending<'p, 'a> {
     pub(crate) plan: &'p Plan<'a>,
-    pub(crate) said: Vec<Said>,
+    pub(crate) said: Vec<Reply>,
     pub(crate) burst: &'p Burst,
     /// `done`, `limited` (the busy line) or `failed` (a failure line).
     pub(crate) state: State,
@@ -79,7 +79,7 @@ impl Endings {
         if !stage(Stage::Writes, job.finish(end.state, ending)).await? {
             debug!("the job was settled elsewhere meanwhile");
         }
-        let reply_id = last.reply.id.clone();
+        let reply_id = last.id.clone();
         info!(%reply_id, state = end.state.as_str(), messages = end.said.len(), generation = job.record.generation, "delivered");
         let outcome = match end.state {
             State::Limited => Outcome::Limited {
@@ -95,7 +95,7 @@ impl Endings {
             self.metrics.add(group::ANSWERS, "", end.said.len() as u64);
         }
         let plain = matches!(&a.kind, Kind::FollowUp { follow_up, .. }
-            if last.reply.content.ends_with(&self.clean.text(&follow_up.plain)));
+            if last.content.ends_with(&self.clean.text(&follow_up.plain)));
         self.count(a, &outcome, plain);
         Ok(Settled {
             outcome,

@@ -9,7 +9,7 @@ use chrono::Utc;
 use tracing::info;
 
 use super::{
-    Fixed, FloodDecision, HELD, Said, TurnError, UNDER_13,
+    Fixed, FloodDecision, HELD, Reply, TurnError, UNDER_13,
     input::{self, Admitted, Kind},
 };
 use crate::{
@@ -116,7 +116,11 @@ impl<'a> Plan<'a> {
 
     /// Who speaks after `said`, and whether another companion's message handed over to them; none when
     /// the plan is done.
-    pub(crate) fn next(&self, said: &[Said], members: &[Member<'a>]) -> Option<(Member<'a>, bool)> {
+    pub(crate) fn next(
+        &self,
+        said: &[Reply],
+        members: &[Member<'a>],
+    ) -> Option<(Member<'a>, bool)> {
         if said.last().is_some_and(|s| s.last) {
             return None;
         }

@@ -14,7 +14,7 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::{
-    Reply, Said, TurnError,
+    Reply, TurnError,
     input::{Admitted, Kind, UserMessage},
 };
 use crate::{
@@ -232,7 +232,7 @@ impl Incoming {
     /// The referral: a fixed message from configuration in the flagged language, with the crisis lines of
     /// the user's country, said by the conversation's (first) companion; in a group, visible to its user
     /// only.
-    pub(crate) fn referral(&self, a: &Admitted<'_>, m: &UserMessage<'_>, f: &Flagged) -> Said {
+    pub(crate) fn referral(&self, a: &Admitted<'_>, m: &UserMessage<'_>, f: &Flagged) -> Reply {
         let group = matches!(a.kind, Kind::Group { .. });
         let profile = a.user.profile.as_ref();
         let referral = self.safety.lines.referral(
@@ -258,12 +258,7 @@ impl Incoming {
             "crisis referral fixed"
         );
         self.metrics.inc(CRISIS_REFERRALS, &labels(f));
-        Said {
-            reply,
-            bot: None,
-            tags: None,
-            last: false,
-        }
+        reply
     }
 
     /// The moderators' alert on `<prefix>.alert.crisis.<conversationId>`: ids, category and language,

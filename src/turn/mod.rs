@@ -196,7 +196,9 @@ pub struct FloodDecision {
     pub by: Option<String>,
 }
 
-/// A companion message, as its model or its character wrote it.
+/// A companion message, as its model or its character wrote it, and what the pipeline carries it as: the
+/// outgoing hook shapes it, its `reply` step fixes it before it is delivered (so that every retry
+/// delivers the same), and delivery writes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Reply {
@@ -210,6 +212,15 @@ pub struct Reply {
     /// What it is for the app (a referral, a disclosure, a break reminder, private to one user).
     #[serde(default, flatten)]
     pub marks: crate::safety::Marks,
+    /// The companion speaking (bot user id, hex) where the job has several (a group); else the job's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bot: Option<String>,
+    /// The companion its text names, which it hands over to (bounds permitting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<String>,
+    /// A busy, budget or failure line: nobody speaks after it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub last: bool,
 }
 
 impl Reply {
@@ -225,25 +236,11 @@ impl Reply {
             at: Utc::now(),
             tool_log,
             marks: Default::default(),
+            bot: None,
+            tags: None,
+            last: false,
         }
     }
-}
-
-/// The `reply` step: one companion message of a job, fixed before it is delivered, so that every retry
-/// delivers the same. A DM's or a follow-up's reads as a plain [`Reply`].
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Said {
-    #[serde(flatten)]
-    pub(crate) reply: Reply,
-    /// The companion speaking (bot user id, hex) where the job has several (a group); else the job's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) bot: Option<String>,
-    /// The companion its text names, which it hands over to (bounds permitting).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) tags: Option<String>,
-    /// A busy, budget or failure line: nobody speaks after it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub(crate) last: bool,
 }
 
 /// A fixed line that stands in for the model's answer.
@@ -385,7 +382,7 @@ impl Pipeline {
         let briefed = crisis.is_some() || flagged_before;
         let flow_note = Box::pin(self.take_in.move_flow(job, a)).await?;
         // 7 and 8: each slot's message, fixed, then delivered.
-        let mut said: Vec<Said> = Vec::new();
+        let mut said: Vec<Reply> = Vec::new();
         let mut fresh = 0;
         while let Some((speaker, handed_over)) = plan.next(&said, &a.members) {
             let view = SlotView {
@@ -440,7 +437,7 @@ impl Pipeline {
 
     /// Stage 7 of a slot: its message composed (after the crisis protocol when the model flagged a
     /// concern: the referral goes first), through the outgoing hook; what its `reply` step fixes.
-    async fn fix(&self, view: &SlotView<'_, '_>) -> Result<Said, TurnError> {
+    async fn fix(&self, view: &SlotView<'_, '_>) -> Result<Reply, TurnError> {
         let composed = self.composer.compose(view).await?;
         if let Some(concern) = composed.concern
             && let Some(m) = view.admitted.message()
@@ -507,7 +504,7 @@ impl Pipeline {
                 .run(async {
                     let said = self.incoming.referral(a, m, &flagged);
                     let said = self.outgoing.pass(a, a.members[0], said).await?;
-                    Ok::<_, TurnError>(said.reply)
+                    Ok::<_, TurnError>(said)
                 })
                 .await?;
             self.delivery.deliver_referral(job, a, m, &reply).await?;
@@ -629,7 +626,7 @@ impl Pipeline {
         let mut said = vec![first_line];
         while plan.group.is_some()
             && let Some(s) =
-                job.recorded::<Said>(step::REPLY, &plan.slot(said.len()).reply(generation))
+                job.recorded::<Reply>(step::REPLY, &plan.slot(said.len()).reply(generation))
         {
             said.push(s);
         }

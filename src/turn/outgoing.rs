@@ -13,7 +13,7 @@ use std::sync::Arc;
 use chrono::Utc;
 use tracing::warn;
 
-use super::{Said, TurnError, input::Admitted, input::Kind};
+use super::{Reply, TurnError, input::Admitted, input::Kind};
 use crate::{
     bus::event::clean_text,
     group::Member,
@@ -65,15 +65,15 @@ impl Outgoing {
         &self,
         a: &Admitted<'_>,
         speaker: Member<'_>,
-        mut said: Said,
-    ) -> Result<Said, TurnError> {
+        mut said: Reply,
+    ) -> Result<Reply, TurnError> {
         let c = speaker.character;
-        let referral = said.reply.marks.safety.is_some();
-        said.reply.content = match referral {
-            true => clean_text(&said.reply.content).trim().to_owned(),
-            false => self.clean.text(&said.reply.content),
+        let referral = said.marks.safety.is_some();
+        said.content = match referral {
+            true => clean_text(&said.content).trim().to_owned(),
+            false => self.clean.text(&said.content),
         };
-        if let Some(blocked) = detect::check_reply(&said.reply.content).filter(|_| !referral) {
+        if let Some(blocked) = detect::check_reply(&said.content).filter(|_| !referral) {
             let what = match blocked {
                 Blocked::Sexual => "sexual",
                 Blocked::SelfHarm => "self_harm",
@@ -84,10 +84,10 @@ impl Outgoing {
             );
             self.metrics
                 .inc(OUTPUT_BLOCKED, &format!("found=\"{what}\""));
-            said.reply.content = self.clean.text(&c.safe_line);
-            said.reply.rich_content = None;
+            said.content = self.clean.text(&c.safe_line);
+            said.rich_content = None;
         }
-        if said.reply.marks.is_private() {
+        if said.marks.is_private() {
             return Ok(said);
         }
         let due = self.disclosure_due(a, speaker).await?;
@@ -99,13 +99,13 @@ impl Outgoing {
             _ => "first_today",
         };
         self.metrics.inc(DISCLOSURES, &format!("why=\"{why}\""));
-        let mut content = format!("{}\n\n{}", c.disclosure_line.trim(), said.reply.content);
-        said.reply.marks.ai_disclosure = true;
+        let mut content = format!("{}\n\n{}", c.disclosure_line.trim(), said.content);
+        said.marks.ai_disclosure = true;
         if due == Due::Continuing && a.age.is_minor() {
             content = format!("{content}\n\n{}", c.break_line.trim());
-            said.reply.marks.break_reminder = true;
+            said.marks.break_reminder = true;
         }
-        said.reply.content = content;
+        said.content = content;
         Ok(said)
     }
 

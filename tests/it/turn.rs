@@ -340,6 +340,9 @@ async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
         at: chrono::Utc::now(),
         tool_log: None,
         marks: Default::default(),
+        bot: None,
+        tags: None,
+        last: false,
     };
     job.step("reply", "g0")
         .run(async { Ok::<_, companion::testing::journal::JournalError>(fixed) })
