@@ -10,13 +10,13 @@ pub use crate::rag::commands::{embed_stdin as embed, ingest_path as ingest};
 pub use crate::usage::{Query as UsageQuery, report as usage};
 
 pub use crate::memory::MemoryError;
-pub use crate::rag::{commands::RagCommandError, ingest::Report as IngestReport};
+pub use crate::rag::{commands::RagCommandError, ingest::IngestTotals as IngestReport};
 pub use crate::replay::{ReplayArgs, ReplayError, Summary as ReplaySummary};
 pub use crate::safety::lines::LinesError;
 use crate::{
-    app::{App, SetupError},
     bus::{Bus, BusError},
     config::{Config, ConsumerConfig, NatsConfig, PgConfig},
+    startup::{App, SetupError},
     store::{Pg, StoreError},
 };
 
@@ -59,7 +59,7 @@ pub fn crisis_lines_report(
     json: bool,
 ) -> Result<String, LinesError> {
     let loaded = crate::safety::Safety::load(safety)?;
-    Ok(crate::report::crisis_lines(
+    Ok(crate::crisis_report::crisis_lines(
         &loaded.lines,
         today,
         safety.crisis_lines_review_days,
@@ -70,5 +70,5 @@ pub fn crisis_lines_report(
 /// `companion report crisis`: the year's crisis log (text, or JSON), for the annual report.
 pub async fn crisis_report(pg: &PgConfig, year: i32, json: bool) -> Result<String, StoreError> {
     let rows = Pg::connect(pg).await?.crisis_year(year).await?;
-    Ok(crate::report::crisis(year, &rows, json))
+    Ok(crate::crisis_report::crisis(year, &rows, json))
 }

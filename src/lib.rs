@@ -1,6 +1,6 @@
 //! companion: the worker that gives TrickBook's AI companions their brain.
 //!
-//! A bot-bound DM arrives on NATS JetStream (`bus`); the one conversation pipeline (`turn`) loads
+//! A bot-bound DM arrives on NATS JetStream (`bus`); the one conversation pipeline (`pipeline`) loads
 //! history (`store::pg`) and the user's data (`store::mongo`), asks the chat model (`llm`) in the
 //! voice of a `character`, writes the reply into `dm_messages` and publishes the completion. A group
 //! message (who answers: `group`) and a follow-up (what to say: `proactive`) take the same path.
@@ -19,9 +19,10 @@
 // What is `pub` is reachable from the API or from `testing`; anything else is `pub(crate)` at most.
 #![cfg_attr(feature = "testing", warn(unreachable_pub))]
 
-mod app;
 mod bus;
 mod character;
+mod conversation_order;
+mod crisis_report;
 mod failure;
 #[cfg(feature = "testing")]
 mod fault;
@@ -32,23 +33,22 @@ mod journal;
 mod llm;
 mod memory;
 mod metrics;
-mod ops;
-mod order;
+mod ops_http;
+mod pipeline;
 mod proactive;
 mod rag;
 mod replay;
-mod report;
 mod safety;
 mod settle;
 #[cfg(test)]
 mod sizes;
 mod spend;
+mod startup;
 mod store;
 mod takeover;
 mod telemetry;
 mod timing;
 mod tools;
-mod turn;
 mod usage;
 mod worker;
 
@@ -57,8 +57,8 @@ pub mod config;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use app::run_worker;
 pub use config::Config;
+pub use startup::run_worker;
 pub use telemetry::{Telemetry, init as init_telemetry, run_main};
 
 /// The layers, lowest first: a module may import modules of lower layers only. A new module gets a
@@ -71,13 +71,13 @@ const LAYERS: &[&[&str]] = &[
     &["journal", "character", "rag"],
     &["spend", "flow"],
     &["memory"],
-    &["tools", "order", "flood"],
+    &["tools", "conversation_order", "flood"],
     &["group", "proactive"],
-    &["turn"],
+    &["pipeline"],
     &["takeover", "settle"],
-    &["worker", "replay", "usage", "report"],
-    &["ops"],
-    &["app"],
+    &["worker", "replay", "usage", "crisis_report"],
+    &["ops_http"],
+    &["startup"],
     &["commands"],
     &["testing", "sizes"],
 ];
@@ -202,7 +202,7 @@ mod layers {
         assert_eq!(got, ["bus", "config", "timing"]);
     }
 }
-/// Import cycles among the source files of `src/`: a file (`turn/gate.rs`, `turn/mod.rs` as `turn`) that
+/// Import cycles among the source files of `src/`: a file (`pipeline/gate.rs`, `pipeline/mod.rs` as `pipeline`) that
 /// names another's items (`crate::a::b::X`, `super::b::{X, c::Y}`) depends on it. A file's ancestors
 /// declare it and are not counted: a child may use its parent's items.
 #[cfg(test)]
@@ -393,9 +393,9 @@ mod files {
     fn source_files_have_no_import_cycles() {
         let g = graph();
         assert!(g.len() > 80, "every source file read: {}", g.len());
-        let end = vec!["turn".to_owned(), "end".to_owned()];
+        let end = vec!["pipeline".to_owned(), "end".to_owned()];
         assert!(
-            g[&end].contains(&vec!["turn".to_owned(), "outgoing".to_owned()]),
+            g[&end].contains(&vec!["pipeline".to_owned(), "outgoing".to_owned()]),
             "the graph sees `outgoing::Clean` in a nested `super::{{…}}`: {:?}",
             g[&end]
         );

@@ -95,7 +95,7 @@ enum Command {
     },
     /// Reports for the company (`report crisis --year 2026`).
     #[command(subcommand)]
-    Report(Report),
+    Report(ReportCommand),
 }
 
 /// `companion replay`: what to replay, and what a turn needs.
@@ -139,7 +139,7 @@ struct ReplayCommand {
 
 /// `companion report`: figures the company publishes.
 #[derive(Subcommand)]
-enum Report {
+enum ReportCommand {
     /// Crisis flags and referrals of a year by month and category (no user ids), for the yearly count
     /// the law asks for.
     Crisis {
@@ -229,10 +229,10 @@ async fn run() -> anyhow::Result<()> {
             embed,
             rag,
         } => ingest(&path, collection.as_deref(), &pg, &embed, &rag).await?,
-        Command::Report(Report::Crisis { year, json, pg }) => {
+        Command::Report(ReportCommand::Crisis { year, json, pg }) => {
             crisis_report(year, json, &pg).await?
         }
-        Command::Report(Report::CrisisLines { json, safety }) => {
+        Command::Report(ReportCommand::CrisisLines { json, safety }) => {
             let today = chrono::Utc::now().date_naive();
             print!(
                 "{}",

@@ -1,5 +1,5 @@
 //! The process's metrics: counters and histograms that every component records into, rendered as
-//! Prometheus text by the operations endpoint (`crate::ops`). A leaf: it imports nothing of the crate.
+//! Prometheus text by the operations endpoint (`crate::ops_http`). A leaf: it imports nothing of the crate.
 
 use std::{
     collections::BTreeMap,

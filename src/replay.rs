@@ -22,7 +22,7 @@ use tracing::{Instrument, info_span, warn};
 use crate::{
     bus::{Bus, DLQ_REASON, DLQ_SEQUENCE, DLQ_SUBJECT, Inbound, event::parse_event},
     journal::{JournalError, State},
-    turn::{Outcome, Pipeline},
+    pipeline::{Outcome, Pipeline},
 };
 
 /// A turn updated this recently is taken to be in a worker's hands.

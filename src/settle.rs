@@ -22,12 +22,12 @@ use tracing::{error, info, warn};
 
 use crate::{
     bus::{Bus, Inbound},
+    conversation_order::Order,
     failure::{Class, Failure},
     journal::State,
     metrics::Metrics,
-    order::Order,
+    pipeline::{Outcome, Pipeline},
     timing::{self, Stage},
-    turn::{Outcome, Pipeline},
 };
 
 /// How a delivery's turn ended.

@@ -20,7 +20,7 @@ const WAIVED: &[(&str, &str)] = &[
         "one row of `companion usage`, column for column",
     ),
     (
-        "Line",
+        "CrisisLine",
         "a crisis line as crisis.json describes it, with its evidence (parsed from the serde `Entry`)",
     ),
 ];

@@ -31,9 +31,9 @@ use crate::{
         Attempt, Finish, Job, Journal, NewJob, State,
         names::{key, step},
     },
+    pipeline::{Input, Pipeline, PipelineError, prompt},
     proactive::ProactiveError,
     store::{Mongo, Pg, pg::NewHistory, safety::Takeover},
-    turn::{Input, Pipeline, TurnError, prompt},
 };
 
 /// The kind of a takeover signal (`<prefix>.signal.takeover.<conversationId>`) and of its job.
@@ -156,7 +156,7 @@ pub(crate) fn parse(
 /// The `takeover` step's record.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Applied {
+struct StateChange {
     /// This signal is the latest: it set the state (false: an equal or later one had).
     changed: bool,
     /// When the pause began: a resume's window for the held and the moderators' messages.
@@ -180,14 +180,14 @@ struct HeldJob {
 }
 
 /// A message a moderator wrote, as the history keeps it.
-struct Line {
+struct ModeratorLine {
     id: String,
     sender: String,
     content: String,
     at: DateTime<Utc>,
 }
 
-impl Line {
+impl ModeratorLine {
     /// A `dm_messages` document with an id, a sender, text and a time; none otherwise (an image alone).
     fn of(d: &Document) -> Option<Self> {
         let hex = |b: &Bson| match b {
@@ -224,7 +224,11 @@ pub(crate) struct Takeovers {
 impl Takeovers {
     /// Acts on a takeover signal received on `subject` (see the module documentation). A body that can
     /// never be acted on is an [`InvalidEvent`] (dead-lettered); a store or bus failure is transient.
-    pub(crate) async fn takeover(&self, subject: &str, payload: &[u8]) -> Result<(), TurnError> {
+    pub(crate) async fn takeover(
+        &self,
+        subject: &str,
+        payload: &[u8],
+    ) -> Result<(), PipelineError> {
         let conversation = self
             .bus
             .names
@@ -246,7 +250,7 @@ impl Takeovers {
     }
 
     /// Opens the signal's job and runs it, unless an earlier delivery settled it.
-    async fn run_takeover(&self, id: &str, s: &Signal) -> Result<(), TurnError> {
+    async fn run_takeover(&self, id: &str, s: &Signal) -> Result<(), PipelineError> {
         let t = &s.takeover;
         let new = NewJob {
             id,
@@ -268,17 +272,17 @@ impl Takeovers {
     }
 
     /// The job's steps, then `done`.
-    async fn conduct_takeover(&self, job: &Job, s: &Signal) -> Result<(), TurnError> {
+    async fn conduct_takeover(&self, job: &Job, s: &Signal) -> Result<(), PipelineError> {
         let t = s.takeover.clone();
         let applied = job
             .step(step::TAKEOVER, key::ONCE)
             .run_in_tx(|mut tx| async move {
                 let now = Pg::apply_takeover(&mut tx, &t).await;
-                let applied = now.map(|now| Applied {
+                let applied = now.map(|now| StateChange {
                     changed: now.is_some(),
                     paused_at: now.and_then(|n| n.paused_at),
                 });
-                (tx, applied.map_err(TurnError::from))
+                (tx, applied.map_err(PipelineError::from))
             })
             .await?;
         match applied.changed {
@@ -305,7 +309,7 @@ impl Takeovers {
         job: &Job,
         s: &Signal,
         since: DateTime<Utc>,
-    ) -> Result<usize, TurnError> {
+    ) -> Result<usize, PipelineError> {
         let conversation = &s.takeover.conversation_id;
         let add = async {
             let found = self
@@ -316,7 +320,7 @@ impl Takeovers {
                 warn!("the conversation no longer exists; no moderators' messages to add");
                 return Ok(0);
             };
-            let lines: Vec<Line> = messages.iter().filter_map(Line::of).collect();
+            let lines: Vec<ModeratorLine> = messages.iter().filter_map(ModeratorLine::of).collect();
             let is_bot = |p: &&ObjectId| self.pipeline.is_companion(p);
             let bot = participants.iter().find(is_bot).map(|p| p.to_hex());
             let user = participants.iter().find(|p| !is_bot(p)).map(|p| p.to_hex());
@@ -350,7 +354,7 @@ impl Takeovers {
                 messages = rows.len(),
                 "moderators' messages added to the history"
             );
-            Ok::<_, TurnError>(rows.len())
+            Ok::<_, PipelineError>(rows.len())
         };
         job.step(step::MODERATOR_HISTORY, key::ONCE)
             .lazy()
@@ -360,7 +364,12 @@ impl Takeovers {
 
     /// The `catch_up` step (the latest job held since `since`, opened again once), then that job's
     /// message through the pipeline.
-    async fn catch_up(&self, job: &Job, s: &Signal, since: DateTime<Utc>) -> Result<(), TurnError> {
+    async fn catch_up(
+        &self,
+        job: &Job,
+        s: &Signal,
+        since: DateTime<Utc>,
+    ) -> Result<(), PipelineError> {
         let conversation = &s.takeover.conversation_id;
         let caught = job
             .step(step::CATCH_UP, key::ONCE)
@@ -371,7 +380,7 @@ impl Takeovers {
                     kind,
                     stream_seq,
                 });
-                Ok::<_, TurnError>(CatchUp { job })
+                Ok::<_, PipelineError>(CatchUp { job })
             })
             .await?;
         let Some(held) = caught.job else {
@@ -389,7 +398,7 @@ impl Takeovers {
     }
 
     /// Runs the held job's event through the pipeline; a job whose event is gone goes back to `held`.
-    async fn answer_held(&self, held: &HeldJob) -> Result<(), TurnError> {
+    async fn answer_held(&self, held: &HeldJob) -> Result<(), PipelineError> {
         let Some(inbound) = self.held_event(held).await? else {
             self.journal
                 .force_state(&held.id, State::Held, Some(GONE))
@@ -403,7 +412,7 @@ impl Takeovers {
 
     /// The held job's event, read again from the inbound stream by its sequence; none when it is no
     /// longer there (aged out, or the stream was recreated).
-    async fn held_event(&self, held: &HeldJob) -> Result<Option<Inbound>, TurnError> {
+    async fn held_event(&self, held: &HeldJob) -> Result<Option<Inbound>, PipelineError> {
         use async_nats::jetstream::stream::RawMessageErrorKind;
         let Some(seq) = held.stream_seq else {
             warn!(held = %held.id, "the held job has no stream sequence; it stays held");

@@ -5,8 +5,8 @@
 
 pub use crate::config::{self, Config};
 
-pub mod app {
-    pub use crate::app::App;
+pub mod startup {
+    pub use crate::startup::App;
 }
 pub mod bus {
     pub use crate::bus::event::{Completion, DmEvent, GroupMessageEvent, InboundEvent};
@@ -48,8 +48,8 @@ pub mod memory {
 pub mod metrics {
     pub use crate::metrics::Metrics;
 }
-pub mod ops {
-    pub use crate::ops::serve;
+pub mod ops_http {
+    pub use crate::ops_http::serve;
 }
 pub mod rag {
     pub use crate::rag::{EmbedConfig, EmbedError, Embedder, load_embedder, retrieve};
@@ -61,7 +61,7 @@ pub mod rag {
     }
     pub mod ingest {
         pub use crate::rag::ingest::{
-            Article, Outcome, Report, chunk_article, ingest, ingest_article, read_articles,
+            Article, IngestTotals, Ingested, chunk_article, ingest, ingest_article, read_articles,
         };
     }
     pub mod kb {
@@ -119,19 +119,19 @@ pub mod tools {
 pub mod takeover {
     pub use crate::takeover::{Action, job_id};
 }
-pub mod turn {
-    pub use crate::turn::{Burst, FloodDecision, Outcome, Reply, TurnError};
+pub mod pipeline {
+    pub use crate::pipeline::{Burst, FloodDecision, Outcome, PipelineError, Reply};
     pub mod tool_loop {
-        pub use crate::turn::tool_loop::{LlmRecord, LoopOutput};
+        pub use crate::pipeline::tool_loop::{LlmRecord, LoopOutput};
         use crate::{
             config::LlmConfig,
             llm::{CallBudget, ChatRequest, LlmClient, Message},
             metrics::Metrics,
-            tools::{REGISTRY, ToolContext, Toolbox, offer::Offer},
-            turn::{
-                TurnError,
+            pipeline::{
+                PipelineError,
                 tool_loop::{LoopContext, LoopLimits, converse},
             },
+            tools::{REGISTRY, ToolContext, Toolbox, offer::Offer},
         };
 
         /// What the tool-loop tests drive: the loop for `system` then `user` to `model` (100 tokens at
@@ -145,7 +145,7 @@ pub mod turn {
             model: &str,
             system: &str,
             user: &str,
-        ) -> Result<LoopOutput, TurnError> {
+        ) -> Result<LoopOutput, PipelineError> {
             let metrics = std::sync::Arc::new(Metrics::default());
             let llm = LlmClient::new(llm, metrics.clone())?;
             let cx = LoopContext {

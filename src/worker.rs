@@ -1,7 +1,7 @@
 //! The consumer loop: pulls events from the shared durable consumer and runs them through the
-//! conversation pipeline ([`crate::turn`]), boundedly.
+//! conversation pipeline ([`crate::pipeline`]), boundedly.
 //!
-//! Every delivery first passes the conversation's order gate ([`crate::order`]); one waiting behind an
+//! Every delivery first passes the conversation's order gate ([`crate::conversation_order`]); one waiting behind an
 //! earlier message holds no turn slot. Then its job runs, and the settlement ([`crate::settle`]) decides
 //! and carries out what becomes of it. Beside it, a second bounded loop takes the signal stream's
 //! deliveries, by the signal's kind: a moderator's takeover to [`crate::takeover::Takeovers`], memory's
@@ -24,12 +24,12 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::{
     bus::{Bus, BusError, Inbound, event::parse_event},
     config::{ConsumerConfig, WorkerConfig},
+    conversation_order::{Order, OrderError, Position, Waited},
     failure::{Class, Failure},
     metrics::Metrics,
-    order::{Order, OrderError, Position, Waited},
+    pipeline::{Arrival, Input, Pipeline},
     settle::{self, Ending, Handle, Settler, Verdict},
     timing::{self, Stage},
-    turn::{Arrival, Input, Pipeline},
 };
 
 /// Counter of turns by outcome.
@@ -63,7 +63,7 @@ pub struct Worker {
 }
 
 /// What every delivery of one running worker shares.
-struct Shared {
+struct Running {
     worker: Worker,
     order: Arc<Order>,
     settler: Settler,
@@ -126,7 +126,7 @@ impl Worker {
             &shutdown,
             recreate,
             |msg, permit| {
-                let slot = Slot {
+                let slot = Permit {
                     permit: Some(permit),
                     semaphore: semaphore.clone(),
                     shutdown: shutdown.clone(),
@@ -155,7 +155,7 @@ impl Worker {
 
     /// What every delivery's task shares: the worker, the conversations' order, the settlement and the
     /// bounds it applies.
-    async fn share(self, consumer: &crate::bus::Consumer) -> Result<Arc<Shared>, WorkerError> {
+    async fn share(self, consumer: &crate::bus::Consumer) -> Result<Arc<Running>, WorkerError> {
         let order = Arc::new(
             Order::open(
                 &self.bus.js,
@@ -167,7 +167,7 @@ impl Worker {
             )
             .await?,
         );
-        Ok(Arc::new(Shared {
+        Ok(Arc::new(Running {
             settler: Settler {
                 bus: self.bus.clone(),
                 order: order.clone(),
@@ -206,7 +206,7 @@ async fn drain(tasks: &mut JoinSet<()>, grace: Duration, hard_stop: &Cancellatio
 }
 
 /// A delivery's turn slot and the stop signals it obeys.
-struct Slot {
+struct Permit {
     /// Held while the delivery does work; released while it waits for its conversation.
     permit: Option<OwnedSemaphorePermit>,
     semaphore: Arc<Semaphore>,
@@ -216,9 +216,9 @@ struct Slot {
     hard_stop: CancellationToken,
 }
 
-impl Shared {
+impl Running {
     /// One delivery, from bytes to its settlement; never panics on input.
-    async fn handle(&self, msg: jetstream::Message, slot: Slot) {
+    async fn handle(&self, msg: jetstream::Message, slot: Permit) {
         let (delivered, seq) = msg
             .info()
             .map(|i| (i.delivered, i.stream_sequence))
@@ -270,7 +270,7 @@ impl Shared {
         &self,
         msg: &jetstream::Message,
         seq: u64,
-        mut slot: Slot,
+        mut slot: Permit,
     ) -> (Ending, Option<Inbound>, Option<&'static str>) {
         let subject = msg.subject.as_str();
         let transient = |e: &OrderError| Ending::Failed(Failure::of(e));
@@ -348,7 +348,7 @@ impl Shared {
         subject: &str,
         seq: u64,
         first: u64,
-        slot: &mut Slot,
+        slot: &mut Permit,
     ) -> Option<Ending> {
         drop(slot.permit.take());
         self.worker.metrics.inc("companion_order_waits_total", "");
@@ -502,7 +502,7 @@ async fn finished_within(tasks: &mut JoinSet<()>, grace: Duration) -> bool {
 /// one draft or reminder, not a step of a conversation). On shutdown it stops pulling and lets the
 /// signals in hand finish within the grace period; what is left is redelivered.
 async fn run_signals(
-    shared: Arc<Shared>,
+    shared: Arc<Running>,
     consumer: crate::bus::Consumer,
     shutdown: CancellationToken,
 ) {
@@ -540,7 +540,7 @@ async fn run_signals(
     }
 }
 
-impl Shared {
+impl Running {
     /// One signal, from bytes to its settlement; never panics on input.
     async fn handle_signal(&self, msg: jetstream::Message, limits: settle::RetryLimits) {
         let (delivered, seq) = msg
@@ -575,7 +575,7 @@ impl Shared {
                     Box::pin(takeovers.takeover(msg.subject.as_str(), &msg.payload)).await
                 }
                 Some((kind @ crate::memory::KIND, id)) => {
-                    Box::pin(memory.extraction(kind, id)).await.map_err(crate::turn::TurnError::from)
+                    Box::pin(memory.extraction(kind, id)).await.map_err(crate::pipeline::PipelineError::from)
                 }
                 Some((
                     kind @ (crate::memory::erase::MESSAGE_DELETED
@@ -584,7 +584,7 @@ impl Shared {
                     id,
                 )) => {
                     let deletion = memory.deletion(kind, id, &msg.payload, seq);
-                    Box::pin(deletion).await.map_err(crate::turn::TurnError::from)
+                    Box::pin(deletion).await.map_err(crate::pipeline::PipelineError::from)
                 }
                     _ => Box::pin(pipeline.handle(&input, Some(&delivery))).await.map(drop),
                 }
@@ -646,7 +646,7 @@ fn keep_alive(msg: &jetstream::Message, every: Duration) -> KeepAlive {
 /// otherwise just stop: each is settled from the server's advisory as a transient failure on its last
 /// delivery. One worker of the queue group handles each advisory; repeats are harmless (the dead letter
 /// and the reply are keyed by the event).
-async fn watch_exhausted(shared: Arc<Shared>, stream: String, subject: String) {
+async fn watch_exhausted(shared: Arc<Running>, stream: String, subject: String) {
     let Some(mut advisories) = max_deliveries(&shared.worker.bus, subject).await else {
         return;
     };
@@ -688,7 +688,7 @@ async fn max_deliveries(
     }))
 }
 
-impl Shared {
+impl Running {
     /// An event (a DM or a signal, by `stream`) whose deliveries ran out, settled as a transient failure on
     /// its last delivery: the failure line for a DM that parses, a dead letter for every one. A signal's
     /// job stays open, so republishing it runs it again from its recorded steps.

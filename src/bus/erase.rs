@@ -2,7 +2,7 @@
 //! user is erased (see `memory::erase`): a DM
 //! conversation's subjects hold only that user's messages and the companion's answers, so they are
 //! purged; a group message is deleted by its sequence; a dead letter of a group message is found by its
-//! sender; a completion a deletion overtook (see `turn::deliver`) is deleted by its sequence. The worker's NATS user needs `$JS.API.STREAM.PURGE` and `$JS.API.STREAM.MSG.DELETE` on the
+//! sender; a completion a deletion overtook (see `pipeline::deliver`) is deleted by its sequence. The worker's NATS user needs `$JS.API.STREAM.PURGE` and `$JS.API.STREAM.MSG.DELETE` on the
 //! inbound, outbound and dead-letter streams, and `$JS.API.DIRECT.GET` on the dead-letter stream
 //! (deploy/nats/auth.conf).
 

@@ -1,6 +1,6 @@
 //! Group chats' one difference from a DM: who answers. A user's message to a conversation with several
 //! companions is answered by the ones it is for ([`route`]); the conversation pipeline
-//! ([`crate::turn`]) records the decision (step `route`) and lets each chosen companion speak in turn,
+//! ([`crate::pipeline`]) records the decision (step `route`) and lets each chosen companion speak in turn,
 //! hand-overs included, like any companion message.
 
 pub(crate) mod route;

@@ -1,6 +1,6 @@
 //! The journal of durable jobs: every side effect of a job is a named step, recorded once it succeeded,
 //! so a retry replays what succeeded and redoes only what failed. Every message a companion sends is a
-//! job: the answer to a DM, to a group message, a follow-up ([`crate::turn`]).
+//! job: the answer to a DM, to a group message, a follow-up ([`crate::pipeline`]).
 //!
 //! - A job is a row of `jobs` (a turn's id is its event's message id) with a [`State`], whose transitions
 //!   are all in [`State::may_become`]; attempts, the reply generation and who answered it live there.

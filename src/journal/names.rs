@@ -1,6 +1,6 @@
 //! Every step and tally name the journal records, and the shape of their keys: the one list, so a reader
 //! (replay, the spend check, `companion usage`, an operator's query) and the writer cannot disagree. The
-//! conversation pipeline ([`crate::turn`]) says in which order they run.
+//! conversation pipeline ([`crate::pipeline`]) says in which order they run.
 
 /// Step names, by the stage that records them.
 pub(crate) mod step {
@@ -39,7 +39,7 @@ pub(crate) mod step {
     pub(crate) const TOUCH: &str = "touch";
     pub(crate) const PUBLISH: &str = "publish";
     /// A message withdrawn after it went out: a deletion committed between the turn's last check and
-    /// the completion (see `turn::deliver`).
+    /// the completion (see `pipeline::deliver`).
     pub(crate) const WITHDRAW: &str = "withdraw";
     /// A user message the crisis screen flagged: its category and language, and whether a referral is
     /// owed; the yearly report's row is written in its transaction. Keyed by the message.

@@ -57,7 +57,7 @@ const SCRUB: &str =
 
 /// What [`Memory::probe`] found for a turn.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Probe {
+pub(crate) struct MemoryCheck {
     /// Its message was deleted or its user erased: it is not answered.
     pub(crate) gone: bool,
     /// The companion remembers something of the user (facts or a summary): recall runs.
@@ -105,7 +105,7 @@ impl Memory {
         user: &str,
         bot: &str,
         messages: &[String],
-    ) -> Result<Probe, MemoryError> {
+    ) -> Result<MemoryCheck, MemoryError> {
         let (gone, remembers, waiting): (bool, bool, i64) = sqlx::query_as(concat!(
             "WITH s AS (SELECT extracted_through AS e, summary <> '' AS summarized FROM memory_state
                         WHERE user_id = $1 AND bot_id = $2)
@@ -128,7 +128,7 @@ impl Memory {
         .bind(messages)
         .fetch_one(&self.pool)
         .await?;
-        Ok(Probe {
+        Ok(MemoryCheck {
             gone,
             remembers: remembers && self.config.enabled,
             waiting,

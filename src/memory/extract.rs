@@ -106,7 +106,7 @@ struct FactsWritten {
 }
 
 /// A line of the conversation as the model sees it.
-struct Line {
+struct CitedLine {
     /// Its place in the batch (1 first): the number the model cites, the same on every attempt whatever
     /// was deleted or skipped since.
     n: usize,
@@ -261,7 +261,7 @@ impl Extractor<'_> {
             return Ok((0, true));
         }
         let lines = self.lines(&batch).await?;
-        let numbered: Vec<&Line> = lines.iter().filter(|l| l.role == "user").collect();
+        let numbered: Vec<&CitedLine> = lines.iter().filter(|l| l.role == "user").collect();
         let answer = match numbered.is_empty() {
             true => None,
             false => {
@@ -382,7 +382,7 @@ impl Extractor<'_> {
     }
 
     /// The batch's rows as the model may see them: not deleted, not flagged by the crisis screen.
-    async fn lines(&self, batch: &Batch) -> Result<Vec<Line>, MemoryError> {
+    async fn lines(&self, batch: &Batch) -> Result<Vec<CitedLine>, MemoryError> {
         let ids: Vec<i64> = batch.rows.iter().map(|r| r.id).collect();
         let rows = sqlx::query(
             "SELECT b.message_id, b.role, b.content, b.created_at FROM bot_conversations b
@@ -404,7 +404,7 @@ impl Extractor<'_> {
             .iter()
             .map(|r| {
                 let message_id: String = r.get("message_id");
-                Line {
+                CitedLine {
                     n: place(&message_id),
                     role: r.get("role"),
                     message_id,
@@ -455,7 +455,7 @@ impl Extractor<'_> {
         }
     }
 
-    fn extract_request(&self, lines: &[Line], known: &[super::Fact]) -> ChatRequest {
+    fn extract_request(&self, lines: &[CitedLine], known: &[super::Fact]) -> ChatRequest {
         let topics: Vec<&str> = Topic::ALL.iter().map(|t| t.as_str()).collect();
         let system = format!(
             "{EXTRACT_MARKER}\nYou keep notes for {name}, an AI companion in a skate/snow/BMX app, about the user {name} chats with. From the user's numbered messages, list facts about the user themselves worth remembering in later chats: name, level, stance, home spot, sports, goals, injuries, gear, likes, fears. Only what the user said about themselves: nothing about other people, nothing guessed, nothing from {name}'s lines (they are context), nothing about self-harm or a crisis. A newer statement replaces an older one (\"i switched to regular\" is stance: rides regular). Each fact in the third person, under {FACT_MAX} characters.\nAnswer with JSON only: {{\"facts\":[{{\"topic\":\"stance\",\"fact\":\"rides goofy\",\"sources\":[2]}}]}}, topic one of {}, sources the numbers of the messages it comes from. Nothing worth keeping: {{\"facts\":[]}}.",
@@ -485,7 +485,7 @@ impl Extractor<'_> {
         self.request(system, user)
     }
 
-    fn summary_request(&self, previous: &str, lines: &[Line]) -> ChatRequest {
+    fn summary_request(&self, previous: &str, lines: &[CitedLine]) -> ChatRequest {
         let system = format!(
             "{SUMMARY_MARKER}\nYou keep a running summary for {name}, an AI companion in a skate/snow/BMX app, of their DM with the user, so {name} remembers what was said before the recent messages. Rewrite the summary with the messages below: who the user is, what they work on, what was planned or promised, what matters to them. At most 120 words, third person, plain text. Nothing about other people's private matters, nothing about self-harm or a crisis.",
             name = self.companion,
@@ -592,7 +592,7 @@ async fn advance(
 /// The facts of the model's answer that hold up: JSON (found inside any text around it), a known topic
 /// (else `other`), 1–300 characters, not flagged by the crisis screen, from at least one numbered
 /// message. A fact's id is derived from the job and its place, so a retry keeps the same rows.
-fn parse_facts(answer: &str, numbered: &[&Line], job: &str) -> Vec<NewFact> {
+fn parse_facts(answer: &str, numbered: &[&CitedLine], job: &str) -> Vec<NewFact> {
     let json = match (answer.find('{'), answer.rfind('}')) {
         (Some(a), Some(b)) if a < b => &answer[a..=b],
         _ => {
@@ -613,7 +613,7 @@ fn parse_facts(answer: &str, numbered: &[&Line], job: &str) -> Vec<NewFact> {
         if fact.is_empty() || flagged(fact) {
             continue;
         }
-        let cited: Vec<&&Line> = f["sources"]
+        let cited: Vec<&&CitedLine> = f["sources"]
             .as_array()
             .into_iter()
             .flatten()
@@ -749,8 +749,8 @@ impl Memory {
 mod tests {
     use super::*;
 
-    fn line(n: usize, id: &str) -> Line {
-        Line {
+    fn line(n: usize, id: &str) -> CitedLine {
+        CitedLine {
             n,
             role: "user".into(),
             message_id: id.into(),

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
-pub(crate) use erase::Probe;
+pub(crate) use erase::MemoryCheck;
 pub(crate) use store::Fact;
 pub(crate) use topic::Topic;
 

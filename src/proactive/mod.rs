@@ -2,7 +2,7 @@
 //! `<prefix>.signal.<kind>.<id>` (a moderator reviewed a spot draft a companion made; a reminder it
 //! promised is due) is read here into a [`FollowUp`]: to whom, from which companion, in which thread, the
 //! brief for the model, the plain line that stands in when the model cannot write, and the card. The
-//! conversation pipeline ([`crate::turn`]) sends it once, as the job `<kind>:<id>`, or drops it with the
+//! conversation pipeline ([`crate::pipeline`]) sends it once, as the job `<kind>:<id>`, or drops it with the
 //! reason (the user left or blocked the companion, the daily cap, stale news).
 
 pub(crate) mod reminder;

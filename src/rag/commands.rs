@@ -8,7 +8,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use super::{
     EmbedConfig, EmbedError, Embedder,
     chunk::ChunkConfig,
-    ingest::{self, IngestError, Report},
+    ingest::{self, IngestError, IngestTotals},
 };
 use crate::{
     config::{EmbedSettings, PgConfig, RagConfig},
@@ -81,7 +81,7 @@ pub async fn ingest_path(
     rag: &RagConfig,
     path: &Path,
     collection: Option<&str>,
-) -> Result<Report, RagCommandError> {
+) -> Result<IngestTotals, RagCommandError> {
     let articles = ingest::read_articles(path, collection)?;
     let embedder = Embedder::load(&EmbedConfig::from_settings(embed))?;
     let pg = Pg::connect(pg).await?;

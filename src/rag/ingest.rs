@@ -64,7 +64,7 @@ pub struct Article {
 
 /// What happened to one article.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Ingested {
     Added,
     Replaced,
     Unchanged,
@@ -72,7 +72,7 @@ pub enum Outcome {
 
 /// Totals of one ingest run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Report {
+pub struct IngestTotals {
     pub added: usize,
     pub replaced: usize,
     pub unchanged: usize,
@@ -295,11 +295,11 @@ pub async fn ingest_article(
     embedder: &Embedder,
     a: &Article,
     cfg: ChunkConfig,
-) -> Result<(Outcome, usize), IngestError> {
+) -> Result<(Ingested, usize), IngestError> {
     let hash = content_hash(a, cfg);
     let existing = kb::content_hash(pool, &a.collection, &a.key).await?;
     if existing.as_deref() == Some(hash.as_str()) {
-        return Ok((Outcome::Unchanged, 0));
+        return Ok((Ingested::Unchanged, 0));
     }
     let (chunks, inputs) = chunk_article(embedder, a, cfg)?;
     let embeddings = embedder.embed(inputs).await?;
@@ -313,9 +313,9 @@ pub async fn ingest_article(
     };
     kb::replace_article(pool, &meta, &chunks, embeddings).await?;
     let outcome = if existing.is_some() {
-        Outcome::Replaced
+        Ingested::Replaced
     } else {
-        Outcome::Added
+        Ingested::Added
     };
     Ok((outcome, chunks.len()))
 }
@@ -331,7 +331,7 @@ pub async fn ingest(
     articles: &[Article],
     cfg: ChunkConfig,
     progress: bool,
-) -> Result<Report, IngestError> {
+) -> Result<IngestTotals, IngestError> {
     let mut seen = std::collections::HashSet::new();
     let mut unique: Vec<&Article> = articles
         .iter()
@@ -339,7 +339,7 @@ pub async fn ingest(
         .filter(|a| seen.insert((a.collection.as_str(), a.key.as_str())))
         .collect();
     unique.reverse();
-    let mut report = Report::default();
+    let mut report = IngestTotals::default();
     let tty = progress && std::io::stderr().is_terminal();
     let total = unique.len();
     let mut results = futures::stream::iter(
@@ -353,9 +353,9 @@ pub async fn ingest(
         let (a, (outcome, n)) = result?;
         done += 1;
         match outcome {
-            Outcome::Added => report.added += 1,
-            Outcome::Replaced => report.replaced += 1,
-            Outcome::Unchanged => report.unchanged += 1,
+            Ingested::Added => report.added += 1,
+            Ingested::Replaced => report.replaced += 1,
+            Ingested::Unchanged => report.unchanged += 1,
         }
         report.chunks += n;
         if tty {
@@ -363,9 +363,9 @@ pub async fn ingest(
             let _ = std::io::stderr().flush();
         } else if progress {
             let what = match outcome {
-                Outcome::Added => "added",
-                Outcome::Replaced => "replaced",
-                Outcome::Unchanged => "unchanged",
+                Ingested::Added => "added",
+                Ingested::Replaced => "replaced",
+                Ingested::Unchanged => "unchanged",
             };
             println!("{what} {}/{} ({n} chunks)", a.collection, a.key);
         }

@@ -52,7 +52,7 @@ impl Kind {
 }
 
 /// One entry as written in the file. The evidence fields are optional here only so that validation
-/// can say which entry lacks which; a [`Line`] has them all.
+/// can say which entry lacks which; a [`CrisisLine`] has them all.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Entry {
@@ -83,7 +83,7 @@ struct Entry {
 
 /// One service a user can reach, with its evidence: at least one of `phone`, `text` or `url` is set.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Line {
+pub(crate) struct CrisisLine {
     /// What the user will recognise, in the country's language where that helps.
     pub(crate) name: String,
     /// The number to call, as written locally.
@@ -109,7 +109,7 @@ pub(crate) struct Line {
     pub(crate) unconfirmed: Option<String>,
 }
 
-impl Line {
+impl CrisisLine {
     pub(crate) fn always_open(&self) -> bool {
         self.hours == ALWAYS_OPEN
     }
@@ -195,11 +195,11 @@ pub(crate) struct CrisisLines {
     no_country: BTreeMap<String, String>,
     labels: BTreeMap<String, Labels>,
     /// The international directory, the one line of a user without a known country.
-    directory: Line,
+    directory: CrisisLine,
     /// Codes that are served by another country's lines (US territories by the US, "UK" by GB).
     aliases: BTreeMap<String, String>,
     /// The lines by country (ISO 3166-1 alpha-2, upper case).
-    pub(crate) countries: BTreeMap<String, Vec<Line>>,
+    pub(crate) countries: BTreeMap<String, Vec<CrisisLine>>,
     /// Who checked the lines, when, and how: kept with the data.
     pub(crate) reviewed: String,
 }
@@ -213,7 +213,7 @@ pub(crate) struct Referral<'a> {
     pub(crate) country: Option<&'a str>,
     /// In the card's order: counselling (free and open at any hour first), reporting, emergency,
     /// directory.
-    pub(crate) lines: Vec<&'a Line>,
+    pub(crate) lines: Vec<&'a CrisisLine>,
     pub(crate) text: String,
 }
 
@@ -410,16 +410,16 @@ impl CrisisLines {
     /// counselling line that answers at any hour, the country's crisis lines (counselling lines for
     /// `self_harm`) that do are added, or all its crisis lines when none fits at all: whatever was
     /// found, someone to talk to now comes first.
-    fn fitting(&self, code: &str, category: Category) -> Vec<&Line> {
+    fn fitting(&self, code: &str, category: Category) -> Vec<&CrisisLine> {
         let all = &self.countries[code];
-        let mut lines: Vec<&Line> = all
+        let mut lines: Vec<&CrisisLine> = all
             .iter()
             .filter(|l| l.serves.contains(&category))
             .collect();
-        let talks = |l: &&Line| l.kind == Kind::Counselling;
+        let talks = |l: &&CrisisLine| l.kind == Kind::Counselling;
         let any_talks = lines.iter().any(talks);
         if !lines.iter().any(|l| talks(l) && l.always_open()) {
-            let crisis: Vec<&Line> = all
+            let crisis: Vec<&CrisisLine> = all
                 .iter()
                 .filter(|l| talks(l) && l.serves.contains(&Category::SelfHarm))
                 .filter(|l| !lines.iter().any(|m| std::ptr::eq(*m, *l)))
@@ -432,7 +432,7 @@ impl CrisisLines {
     }
 
     /// Every entry: the directory, then each country's lines, with whose they are.
-    pub(crate) fn entries(&self) -> impl Iterator<Item = (&str, &Line)> {
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&str, &CrisisLine)> {
         std::iter::once(("directory", &self.directory)).chain(
             self.countries
                 .iter()
@@ -462,7 +462,7 @@ fn is_code(code: &str) -> bool {
 
 /// A line of the referral text: how to reach it, and what the user should know before they do (it
 /// reports rather than listens, it has opening hours, it costs something).
-fn describe(l: &Line, labels: &Labels) -> String {
+fn describe(l: &CrisisLine, labels: &Labels) -> String {
     let ways: Vec<String> = [
         l.phone.as_ref().map(|p| format!("📞 {p}")),
         l.text.as_ref().map(|t| format!("💬 {t}")),
@@ -489,7 +489,7 @@ fn describe(l: &Line, labels: &Labels) -> String {
 }
 
 /// An entry of `whose` with its evidence checked.
-fn line(whose: &str, e: Entry) -> Result<Line, LinesError> {
+fn line(whose: &str, e: Entry) -> Result<CrisisLine, LinesError> {
     let name = e.name.trim().to_owned();
     if name.is_empty() {
         return Err(LinesError::Invalid(format!("{whose}: a line has no name")));
@@ -526,7 +526,7 @@ fn line(whose: &str, e: Entry) -> Result<Line, LinesError> {
             "{whose}: {name:?}: checked {checked:?} is not a date (YYYY-MM-DD)"
         ))
     })?;
-    Ok(Line {
+    Ok(CrisisLine {
         name,
         phone: filled(e.phone),
         text: filled(e.text),
@@ -925,7 +925,7 @@ mod tests {
         country: Option<&str>,
         tz: Option<&str>,
         category: Category,
-    ) -> (Option<String>, Vec<Line>, String) {
+    ) -> (Option<String>, Vec<CrisisLine>, String) {
         let lines = CrisisLines::builtin();
         let r = lines.referral(Some(lang), country, tz, category);
         (
@@ -1065,7 +1065,7 @@ mod tests {
         assert!(tip.contains(labels.reporting.trim()), "{tip}");
 
         // Nobody for the category who answers at any hour: the always-open crisis lines join them.
-        let phones = |lines: &[Line]| -> Vec<String> {
+        let phones = |lines: &[CrisisLine]| -> Vec<String> {
             lines.iter().filter_map(|l| l.phone.clone()).collect()
         };
         let br = phones(&referral("pt", Some("BR"), None, Category::Grooming).1);

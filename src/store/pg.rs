@@ -1,5 +1,5 @@
 //! PostgreSQL: the connection pool and the conversation history (`bot_conversations`). The journal
-//! ([`crate::journal`]), the order floors ([`crate::order`]) and the knowledge base ([`crate::rag`]) use
+//! ([`crate::journal`]), the order floors ([`crate::conversation_order`]) and the knowledge base ([`crate::rag`]) use
 //! the same pool.
 
 use std::str::FromStr;

@@ -3,7 +3,7 @@
 
 use crate::env::*;
 use bson::doc;
-use companion::testing::turn::Outcome;
+use companion::testing::pipeline::Outcome;
 use companion_dev::stub::StubReply;
 use serde_json::{Value, json};
 

@@ -12,9 +12,9 @@ use bson::{Document, doc, oid::ObjectId};
 use bytes::Bytes;
 use companion::testing::{
     Config,
-    app::App,
     bus::{Bus, Completion, InboundEvent},
     journal::{Job, Journal, NewJob},
+    startup::App,
     store::{Mongo, Pg},
     tools::{Call, Clock, ToolContext},
     worker,
@@ -560,7 +560,7 @@ pub async fn reply_within(
     .flatten()
 }
 
-/// The validated form of an event built by [`TestEnv::dm`], for calling `turn::run` directly.
+/// The validated form of an event built by [`TestEnv::dm`], for calling `pipeline::run` directly.
 pub fn dm_event(raw: &InboundEvent) -> companion::testing::bus::DmEvent {
     companion::testing::bus::DmEvent {
         message_id: oid(&raw.message_id),
@@ -606,9 +606,10 @@ impl InProcessWorker {
     pub async fn start(env: &TestEnv) -> Self {
         let app = env.app().await;
         let probe = Arc::new(app.probe());
-        let (addr, server) = companion::testing::ops::serve("127.0.0.1:0".parse().unwrap(), probe)
-            .await
-            .expect("ops endpoint");
+        let (addr, server) =
+            companion::testing::ops_http::serve("127.0.0.1:0".parse().unwrap(), probe)
+                .await
+                .expect("ops endpoint");
         let stop = CancellationToken::new();
         let running = tokio::spawn(app.worker().serve(stop.clone()));
         Self {

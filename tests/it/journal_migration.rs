@@ -5,9 +5,9 @@
 use companion::testing::{
     journal::{Journal, NewJob, State},
     llm::CallUsage,
+    pipeline::{Burst, FloodDecision, Reply, tool_loop::LlmRecord},
     store::pg::MIGRATOR,
     tools::{ToolRecord, call_key},
-    turn::{Burst, FloodDecision, Reply, tool_loop::LlmRecord},
 };
 use companion_dev::stub::{StubReply, always};
 use serde_json::json;

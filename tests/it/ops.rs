@@ -1,7 +1,7 @@
 //! The operations endpoint of a running worker: `/healthz`, `/readyz` and `/metrics` counting a real turn.
 
 use crate::env::*;
-use companion::testing::ops;
+use companion::testing::ops_http;
 use companion_dev::stub::{StubReply, always};
 
 #[tokio::test]
@@ -69,7 +69,7 @@ async fn metrics_show_the_consumers_pending_and_unacked_events() {
         .unwrap()
         .consumer;
     let probe = std::sync::Arc::new(svc.probe());
-    let (addr, server) = ops::serve("127.0.0.1:0".parse().unwrap(), probe)
+    let (addr, server) = ops_http::serve("127.0.0.1:0".parse().unwrap(), probe)
         .await
         .unwrap();
     let url = format!("http://{addr}/metrics");

@@ -10,7 +10,7 @@ use companion::testing::rag::{
     self,
     chunk::{self, ChunkConfig},
     embed::MAX_TOKENS,
-    ingest::{self, Article, Outcome},
+    ingest::{self, Article, Ingested},
     kb,
 };
 
@@ -23,7 +23,7 @@ async fn ingest_all(
     db: &TestEnv,
     embedder: &companion::testing::rag::Embedder,
     articles: &[Article],
-) -> ingest::Report {
+) -> ingest::IngestTotals {
     ingest::ingest(
         &db.pg.pool,
         embedder,
@@ -154,7 +154,7 @@ async fn a_changed_article_replaces_its_chunks() {
         let (o, _) = ingest::ingest_article(&db.pg.pool, &embedder, art, cfg)
             .await
             .unwrap();
-        assert_eq!(o, Outcome::Added);
+        assert_eq!(o, Ingested::Added);
     }
     a.text = "Heat-moldable liners shape themselves to your feet. Replace boots when the flex \
               gets soft and your heel lifts."
@@ -162,7 +162,7 @@ async fn a_changed_article_replaces_its_chunks() {
     let (o, n) = ingest::ingest_article(&db.pg.pool, &embedder, &a, cfg)
         .await
         .unwrap();
-    assert_eq!(o, Outcome::Replaced);
+    assert_eq!(o, Ingested::Replaced);
     assert_eq!(n, 1);
     let contents: Vec<String> = sqlx::query_scalar(
         "SELECT c.content FROM kb_chunks c JOIN kb_articles a ON a.id = c.article_id

@@ -7,8 +7,8 @@ use bson::oid::ObjectId;
 use chrono::Utc;
 use companion::testing::{
     bus::DmEvent,
+    pipeline::Outcome,
     rag::{chunk::ChunkConfig, ingest},
-    turn::Outcome,
 };
 use companion_dev::{
     backend,

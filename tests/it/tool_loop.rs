@@ -9,8 +9,8 @@ use companion::testing::{
     bus::DmEvent,
     journal::State,
     llm::CallBudget,
+    pipeline::{Outcome, tool_loop},
     store::mongo::{DM_MESSAGES, TRICKLISTS},
-    turn::{Outcome, tool_loop},
 };
 use companion_dev::stub::{StubReply, demo, scripted};
 use serde_json::{Value, json};
@@ -33,7 +33,7 @@ async fn run_within(
     env: &TestEnv,
     tj: &ToolJob,
     budget: &CallBudget,
-) -> Result<tool_loop::LoopOutput, companion::testing::turn::TurnError> {
+) -> Result<tool_loop::LoopOutput, companion::testing::pipeline::PipelineError> {
     tool_loop::converse_with_every_tool(
         &env.config.llm,
         &tj.tools,

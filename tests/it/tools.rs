@@ -4,9 +4,9 @@ use crate::env::*;
 use bson::{Bson, Document, doc};
 use companion::testing::{
     failure::{Class, Classify},
+    pipeline::PipelineError,
     store::mongo::{SPOT_DRAFTS, SPOTS, TRICKLISTS},
     tools::{ToolContext, ToolError, ToolResult, Toolbox},
-    turn::TurnError,
 };
 use companion_dev::stub::{StubReply, always};
 use futures::TryStreamExt;
@@ -783,7 +783,7 @@ async fn database_errors_fail_the_turn_instead_of_answering() {
     .await;
     let e = r.outcome.unwrap_err();
     assert!(matches!(e, ToolError::Journal(_)), "{e}");
-    let e = TurnError::from(e);
+    let e = PipelineError::from(e);
     assert_eq!(e.class(), Class::Transient, "{e}");
     let r = call(
         &tj.tools,

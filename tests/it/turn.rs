@@ -7,7 +7,7 @@ use crate::env::*;
 use bson::{Bson, doc};
 use companion::testing::{
     journal::{NewJob, State},
-    turn,
+    pipeline,
 };
 use companion_dev::stub::{StubReply, always, scripted};
 use futures::StreamExt;
@@ -300,8 +300,11 @@ async fn running_a_turn_again_writes_nothing_twice() {
     let event = dm_event(&raw);
     let first = svc.pipeline.process_dm(&event).await.unwrap();
     let second = svc.pipeline.process_dm(&event).await.unwrap();
-    assert!(matches!(first, turn::Outcome::Answered { .. }));
-    assert_eq!(second, turn::Outcome::AlreadySettled { state: State::Done });
+    assert!(matches!(first, pipeline::Outcome::Answered { .. }));
+    assert_eq!(
+        second,
+        pipeline::Outcome::AlreadySettled { state: State::Done }
+    );
     assert_eq!(env.replies_to(&raw.message_id).await.len(), 1);
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM bot_conversations")
         .fetch_one(&env.pg.pool)
@@ -333,7 +336,7 @@ async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
         .await
         .unwrap();
     let reply_id = bson::oid::ObjectId::new().to_hex();
-    let fixed = turn::Reply {
+    let fixed = pipeline::Reply {
         id: reply_id.clone(),
         content: "the recorded answer".into(),
         rich_content: None,
@@ -352,7 +355,7 @@ async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
     let outcome = svc.pipeline.process_dm(&event).await.unwrap();
     assert_eq!(
         outcome,
-        turn::Outcome::Answered {
+        pipeline::Outcome::Answered {
             reply_id: reply_id.clone()
         }
     );

@@ -8,7 +8,7 @@ use std::sync::{
 };
 
 use crate::env::*;
-use companion::testing::turn::Outcome;
+use companion::testing::pipeline::Outcome;
 use companion_dev::stub::{Responder, StubReply, last_user_text};
 use serde_json::Value;
 use sqlx::Row;

@@ -1,17 +1,19 @@
-//! Stage 8: a fixed companion message goes out, the one path of every message: the dm_messages document,
-//! the history rows (the user messages it answers, then its own), the conversation's last message, the
-//! completion event (a message private to one user, a referral in a group, skips the shared history
-//! and the preview). Every step is keyed by the message's slot in its reply generation and safe to
-//! repeat (lazy: recorded with the job's next record or its end). Once it is out, the tombstones are read
-//! again: a deletion that committed after the turn's last check withdraws the document and the completion
-//! (docs/memory.md, "While a turn runs").
+//! Stage 8: a fixed companion message goes out, the one path of every message. First, unless the message
+//! is owed whatever happens, whether a moderator paused the conversation or a message it answers was
+//! deleted meanwhile (then nothing is written). Then the dm_messages document, the history rows (the user
+//! messages it answers, then its own), the conversation's last message, the completion event (a message
+//! private to one user, a referral in a group, skips the shared history and the preview). Every step is
+//! keyed by the message's slot in its reply generation and safe to repeat; they are recorded with the
+//! job's next record or its end, or at once when another message of the job follows. Once it is out, the
+//! tombstones are read again: a deletion that committed after the turn's last check withdraws the
+//! document and the completion (docs/memory.md, "While a turn runs").
 
 use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
 use tracing::{debug, warn};
 
 use super::{
-    Burst, Reply, TurnError,
+    Burst, PipelineError, Reply,
     input::{Admitted, Answered, Kind, UserMessage},
 };
 use crate::{
@@ -104,7 +106,9 @@ impl Answers {
 }
 
 impl Delivery {
-    /// Delivers the message `said` of `slot`; `more` when another message of the job follows it.
+    /// Delivers the message `said` of `slot`, unless (`how.check`) a moderator paused the conversation or
+    /// a message it answers was deleted meanwhile: read when it is about to be written, so a pause holds
+    /// on every worker at once and a deletion that came while the model answered stops it.
     pub(crate) async fn deliver(
         &self,
         job: &Job,
@@ -112,10 +116,17 @@ impl Delivery {
         slot: Slot,
         burst: &Burst,
         said: &Reply,
-        more: bool,
-    ) -> Result<Delivered, TurnError> {
+        how: How,
+    ) -> Result<Delivered, PipelineError> {
+        if how.check {
+            match self.before(a, burst).await? {
+                (_, true) => return Ok(Delivered::Deleted),
+                (true, false) => return Ok(Delivered::Paused),
+                (false, false) => {}
+            }
+        }
         let bot = match &said.bot {
-            Some(b) => ObjectId::parse_str(b).map_err(|_| TurnError::BadReplyId(b.clone()))?,
+            Some(b) => ObjectId::parse_str(b).map_err(|_| PipelineError::BadReplyId(b.clone()))?,
             None => a.members[0].bot,
         };
         let answered = a.answered(burst);
@@ -132,7 +143,7 @@ impl Delivery {
             user_rows: user_rows(a, &answered, said.at),
             covers: burst.covers.iter().map(|c| c.message_id.clone()).collect(),
             key: slot.reply(job.record.generation),
-            more,
+            more: how.more,
         };
         let delivered = self.write_reply(job, &out, said).await?;
         debug!(reply_id = %said.id, bot = %bot, key = %out.key, ?delivered, "message delivered");
@@ -140,12 +151,8 @@ impl Delivery {
     }
 
     /// Whether a moderator paused the conversation, and whether a message the job answers was deleted
-    /// (or its user erased): read when a message is about to be written.
-    pub(crate) async fn before(
-        &self,
-        a: &Admitted<'_>,
-        burst: &Burst,
-    ) -> Result<(bool, bool), TurnError> {
+    /// (or its user erased).
+    async fn before(&self, a: &Admitted<'_>, burst: &Burst) -> Result<(bool, bool), PipelineError> {
         let answered: Vec<String> = a.answered(burst).into_iter().map(|m| m.message).collect();
         let (conversation, user) = (&a.ids.conversation, &a.ids.user);
         Ok(self
@@ -162,7 +169,7 @@ impl Delivery {
         a: &Admitted<'_>,
         m: &UserMessage<'_>,
         reply: &Reply,
-    ) -> Result<(), TurnError> {
+    ) -> Result<(), PipelineError> {
         let out = Address {
             conversation: a.ids.conversation_id,
             bot: a.members[0].bot,
@@ -187,14 +194,14 @@ impl Delivery {
         job: &Job,
         a: &Admitted<'_>,
         burst: &Burst,
-    ) -> Result<(), TurnError> {
+    ) -> Result<(), PipelineError> {
         let answered = a.answered(burst);
         let rows = user_rows(a, &answered, Utc::now());
         job.step(step::HISTORY, crate::journal::names::key::USER)
             .lazy()
             .run(async {
                 self.pg.append_history(&rows).await?;
-                Ok::<_, TurnError>(())
+                Ok::<_, PipelineError>(())
             })
             .await
     }
@@ -205,10 +212,10 @@ impl Delivery {
         job: &Job,
         out: &Address<'_>,
         reply: &Reply,
-    ) -> Result<Delivered, TurnError> {
+    ) -> Result<Delivered, PipelineError> {
         let generation = out.key.as_str();
-        let reply_id =
-            ObjectId::parse_str(&reply.id).map_err(|_| TurnError::BadReplyId(reply.id.clone()))?;
+        let reply_id = ObjectId::parse_str(&reply.id)
+            .map_err(|_| PipelineError::BadReplyId(reply.id.clone()))?;
         let (user, bot, conversation) = (
             out.user.to_hex(),
             out.bot.to_hex(),
@@ -225,7 +232,7 @@ impl Delivery {
                     if !inserted {
                         debug!("reply document already present");
                     }
-                    Ok::<_, TurnError>(inserted)
+                    Ok::<_, PipelineError>(inserted)
                 })
                 .await?;
             if reply.marks.is_private() {
@@ -249,7 +256,7 @@ impl Delivery {
                         ai_disclosure: reply.marks.ai_disclosure,
                     });
                     self.pg.append_history(&rows).await?;
-                    Ok::<_, TurnError>(())
+                    Ok::<_, PipelineError>(())
                 })
                 .await?;
             job.step(step::TOUCH, generation)
@@ -258,10 +265,10 @@ impl Delivery {
                     self.mongo
                         .touch_conversation(out.conversation, &reply.content, reply.at)
                         .await?;
-                    Ok::<_, TurnError>(())
+                    Ok::<_, PipelineError>(())
                 })
                 .await?;
-            Ok::<_, TurnError>(())
+            Ok::<_, PipelineError>(())
         };
         stage(Stage::Writes, writes).await?;
         let completion = completion_of(out, reply);
@@ -271,7 +278,7 @@ impl Delivery {
             job.step(step::PUBLISH, generation)
                 .lazy_unless(out.more)
                 .run(async {
-                    Ok::<_, TurnError>(Some(self.bus.publish_completion(&completion).await?))
+                    Ok::<_, PipelineError>(Some(self.bus.publish_completion(&completion).await?))
                 }),
         )
         .await?;
@@ -292,7 +299,7 @@ impl Delivery {
                     Some(seq) => self.bus.erase().delete_outbound(seq).await? > 0,
                     None => false,
                 };
-                Ok::<_, TurnError>((document, completion))
+                Ok::<_, PipelineError>((document, completion))
             })
             .await?;
         warn!(
@@ -308,12 +315,25 @@ impl Delivery {
 /// Counts messages withdrawn after they went out, because a deletion committed meanwhile.
 pub(crate) const WITHDRAWN: &str = "companion_replies_withdrawn_total";
 
-/// What became of a message [`Delivery::write_reply`] sent.
+/// How a slot's message goes out.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct How {
+    /// Read first whether a moderator paused the conversation or a message it answers was deleted.
+    pub(crate) check: bool,
+    /// Another message of the job follows it (see [`Address::more`]).
+    pub(crate) more: bool,
+}
+
+/// What became of a message [`Delivery::deliver`] was given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
 pub(crate) enum Delivered {
     /// It is out.
     Out,
+    /// Not written: a moderator paused the conversation.
+    Paused,
+    /// Not written: a message it answers was deleted (or its user erased) meanwhile.
+    Deleted,
     /// A message it answers was deleted, or its user erased, after the turn's last check: its document
     /// and completion were removed again, and the turn ends as if the deletion had come first.
     Withdrawn,

@@ -14,7 +14,7 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::{
-    Reply, TurnError,
+    PipelineError, Reply,
     input::{Admitted, Kind, UserMessage},
 };
 use crate::{
@@ -94,7 +94,7 @@ impl Incoming {
         job: &Job,
         a: &Admitted<'_>,
         m: &UserMessage<'_>,
-    ) -> Result<Option<Decision>, TurnError> {
+    ) -> Result<Option<Decision>, PipelineError> {
         debug!(kind = m.kind, message = %m.id, sender = %m.sender, chars = m.text.chars().count(),
                images = m.images.len(), "user message in");
         if a.members.iter().any(|c| c.bot == m.sender) {
@@ -123,7 +123,7 @@ impl Incoming {
     /// Whether the reply model flagged a concern in the user's message just before this job's (and
     /// within the referral window). Its turn had the referral and the model's own reply, written
     /// before the brief could shape it; the next turn is answered with the safety brief.
-    pub(crate) async fn after_model_flag(&self, job: &Job) -> Result<bool, TurnError> {
+    pub(crate) async fn after_model_flag(&self, job: &Job) -> Result<bool, PipelineError> {
         let window =
             chrono::Duration::seconds(self.safety.config.crisis_referral_window_secs.max(1) as i64);
         job.step(step::AFTER_FLAG, key::ONCE)
@@ -133,7 +133,7 @@ impl Incoming {
                     .journal
                     .previous_steps(job.id(), step::CRISIS, Utc::now() - window)
                     .await?;
-                Ok::<_, TurnError>(before.into_iter().any(|v| {
+                Ok::<_, PipelineError>(before.into_iter().any(|v| {
                     serde_json::from_value::<Flagged>(v).is_ok_and(|f| f.layer == Layer::Model)
                 }))
             })
@@ -143,7 +143,7 @@ impl Incoming {
     /// The crisis decision on a user message's text: the rules, the learned layer (with the message's
     /// embedding, computed here and cached for the turn's retrieval) and the moderation endpoint when one
     /// is configured, asked at once; the endpoint's timeout or error leaves the local decision.
-    async fn screen_message(&self, text: &str) -> Result<Screened, TurnError> {
+    async fn screen_message(&self, text: &str) -> Result<Screened, PipelineError> {
         let learned = self.safety.config.screen_learned;
         let (vector, (moderation, outcome)) = tokio::join!(
             async {
@@ -196,7 +196,7 @@ impl Incoming {
         a: &Admitted<'_>,
         m: &UserMessage<'_>,
         decision: Decision,
-    ) -> Result<Flagged, TurnError> {
+    ) -> Result<Flagged, PipelineError> {
         let key = m.id.to_hex();
         let window =
             std::time::Duration::from_secs(self.safety.config.crisis_referral_window_secs.max(1));
@@ -220,7 +220,7 @@ impl Incoming {
                 let at = Utc::now();
                 let logged =
                     Pg::log_crisis(&mut tx, at, f.category.as_str(), &f.lang, owed, kind).await;
-                (tx, logged.map(|()| f).map_err(TurnError::from))
+                (tx, logged.map(|()| f).map_err(PipelineError::from))
             })
             .await?;
         warn!(message = %m.id, category = flagged.category.as_str(), lang = %flagged.lang,
@@ -269,7 +269,7 @@ impl Incoming {
         a: &Admitted<'_>,
         m: &UserMessage<'_>,
         f: &Flagged,
-    ) -> Result<(), TurnError> {
+    ) -> Result<(), PipelineError> {
         let key = m.id.to_hex();
         job.step(step::ALERT, &key)
             .lazy()
@@ -291,7 +291,7 @@ impl Incoming {
                 self.bus
                     .publish_durable(subject, &id, HeaderMap::new(), payload)
                     .await?;
-                Ok::<_, TurnError>(())
+                Ok::<_, PipelineError>(())
             })
             .await
     }

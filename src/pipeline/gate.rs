@@ -9,7 +9,7 @@ use chrono::Utc;
 use tracing::info;
 
 use super::{
-    Fixed, FloodDecision, HELD, Reply, TurnError, UNDER_13,
+    Fixed, FloodDecision, HELD, PipelineError, Reply, UNDER_13,
     input::{self, Admitted, Kind},
 };
 use crate::{
@@ -165,7 +165,7 @@ impl Gate {
         job: &Job,
         a: &Admitted<'t>,
         crisis: bool,
-    ) -> Result<Passage<'t>, TurnError> {
+    ) -> Result<Passage<'t>, PipelineError> {
         let paused = self.pg.paused(&a.ids.conversation).await?;
         match &a.kind {
             Kind::Dm(_) => {
@@ -208,7 +208,7 @@ impl Gate {
         a: &Admitted<'t>,
         event: &crate::bus::GroupEvent,
         paused: bool,
-    ) -> Result<Passage<'t>, TurnError> {
+    ) -> Result<Passage<'t>, PipelineError> {
         if a.members.iter().any(|m| m.bot == event.sender_id) {
             return Ok(Passage::Drop {
                 reason: group::COMPANION_SENDER.into(),
@@ -232,7 +232,7 @@ impl Gate {
                 let members = &a.members;
                 let margin = self.group.fit_margin;
                 let route = group::decide(&self.retriever, event, members, &history, margin).await;
-                Ok::<_, TurnError>(route)
+                Ok::<_, PipelineError>(route)
             })
             .await?;
         let speakers: Vec<Member<'t>> = route
@@ -270,7 +270,7 @@ impl Gate {
         job: &Job,
         a: &Admitted<'t>,
         crisis: bool,
-    ) -> Result<Passage<'t>, TurnError> {
+    ) -> Result<Passage<'t>, PipelineError> {
         let first = a.members[0];
         if crisis {
             return Ok(Passage::Go(Plan::fixed(first, Fixed::Crisis)));
@@ -295,7 +295,7 @@ impl Gate {
         job: &Job,
         a: &Admitted<'_>,
         mut plan: Plan<'t>,
-    ) -> Result<Passage<'t>, TurnError> {
+    ) -> Result<Passage<'t>, PipelineError> {
         let busy_by = plan.speakers[0].bot.to_hex();
         let flood = job
             .step(step::FLOOD, key::ONCE)
@@ -321,7 +321,7 @@ impl Gate {
         job: &Job,
         sender: &str,
         bot: &str,
-    ) -> Result<FloodDecision, TurnError> {
+    ) -> Result<FloodDecision, PipelineError> {
         if job.record.attempts > 1 {
             return Ok(FloodDecision::default());
         }
@@ -340,9 +340,9 @@ impl Gate {
         job: &Job,
         a: &Admitted<'_>,
         f: &proactive::FollowUp<'_>,
-        access: input::Access,
+        access: input::Reach,
         paused: bool,
-    ) -> Result<Option<String>, TurnError> {
+    ) -> Result<Option<String>, PipelineError> {
         let drop = |why: &str| Ok(Some(why.to_owned()));
         if let Some(stale) = &f.stale {
             return drop(stale);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tracing::{debug, info};
 
 use super::{
-    Burst, Outcome, Reply, Settled, TurnError,
+    Burst, Outcome, PipelineError, Reply, Settled,
     gate::Plan,
     input::{Admitted, Kind},
     outgoing::Clean,
@@ -54,7 +54,7 @@ impl Endings {
         job: &Job,
         a: &Admitted<'_>,
         end: Ending<'_, '_>,
-    ) -> Result<Settled, TurnError> {
+    ) -> Result<Settled, PipelineError> {
         let Some(last) = end.said.last() else {
             return self.dropped(job, a, "no companion left to speak").await;
         };
@@ -109,7 +109,7 @@ impl Endings {
         job: &Job,
         a: &Admitted<'_>,
         reason: &str,
-    ) -> Result<Settled, TurnError> {
+    ) -> Result<Settled, PipelineError> {
         let ending = Finish {
             by: None,
             reason: Some(reason),
@@ -132,7 +132,7 @@ impl Endings {
 
     /// What the steps of a job dropped because of a deletion recorded is scrubbed, after its last records
     /// are written (a deletion that committed before this read scrubbed what was recorded then).
-    pub(crate) async fn scrub(&self, job: &Job) -> Result<(), TurnError> {
+    pub(crate) async fn scrub(&self, job: &Job) -> Result<(), PipelineError> {
         let scrubbed = self.memory.scrub_job(job.id()).await?;
         info!(
             scrubbed,
@@ -142,7 +142,7 @@ impl Endings {
     }
 
     /// Over the flood limit with the busy line already said this minute by job `by`.
-    pub(crate) async fn limited(&self, job: &Job, by: &str) -> Result<Settled, TurnError> {
+    pub(crate) async fn limited(&self, job: &Job, by: &str) -> Result<Settled, PipelineError> {
         let ending = Finish {
             by: Some(by),
             reason: None,
@@ -156,7 +156,7 @@ impl Endings {
     }
 
     /// A moderator paused the conversation: the job ends `held` for the resume to answer.
-    pub(crate) async fn held(&self, job: &Job, burst: &Burst) -> Result<Settled, TurnError> {
+    pub(crate) async fn held(&self, job: &Job, burst: &Burst) -> Result<Settled, PipelineError> {
         let ending = Finish {
             by: None,
             reason: Some(super::HELD),

@@ -45,6 +45,7 @@ pub(crate) use input::Input;
 
 use crate::{
     bus::{BusError, event::EventLimits, event::InvalidEvent},
+    conversation_order::{Order, OrderError},
     failure::{Class, Classify},
     group::Route,
     journal::{
@@ -52,7 +53,6 @@ use crate::{
         names::{key, step},
     },
     llm::LlmError,
-    order::{Order, OrderError},
     proactive::ProactiveError,
     safety::detect::Decision,
     store::StoreError,
@@ -61,7 +61,7 @@ use crate::{
 };
 use burst::TakeIn;
 use compose::{Composer, SlotView};
-use deliver::{Delivered, Delivery};
+use deliver::{Delivered, Delivery, How};
 use end::{Ending, Endings};
 use gate::{Gate, Passage, Plan};
 use incoming::{Flagged, Incoming};
@@ -122,7 +122,7 @@ pub(crate) struct Arrival<'a> {
 
 /// Why a job did not end well; its [`Class`] says what to do about it.
 #[derive(Debug, thiserror::Error)]
-pub enum TurnError {
+pub enum PipelineError {
     #[error("invalid event: {0}")]
     Invalid(#[from] InvalidEvent),
     #[error(transparent)]
@@ -159,7 +159,7 @@ pub enum TurnError {
     Tool(#[from] ToolError),
 }
 
-impl Classify for TurnError {
+impl Classify for PipelineError {
     fn class(&self) -> Class {
         match self {
             Self::Invalid(_)
@@ -258,7 +258,7 @@ pub(crate) const HELD: &str = "a moderator paused the conversation";
 pub(crate) const UNDER_13: &str = "the user is under 13: companions do not chat with them";
 
 /// The conductor: the pipeline's stages, and the order it runs them in. Built once per process by
-/// [`crate::app::App::build`].
+/// [`crate::startup::App::build`].
 pub struct Pipeline {
     pub journal: Journal,
     pub(crate) admission: Admission,
@@ -291,7 +291,7 @@ impl Pipeline {
 
     /// Runs one validated DM to completion (no burst: for callers without a stream delivery).
     #[cfg(any(test, feature = "testing"))]
-    pub async fn process_dm(&self, event: &crate::bus::DmEvent) -> Result<Outcome, TurnError> {
+    pub async fn process_dm(&self, event: &crate::bus::DmEvent) -> Result<Outcome, PipelineError> {
         Box::pin(self.handle(&Input::Dm(event), None))
             .await
             .map(|s| s.outcome)
@@ -302,7 +302,7 @@ impl Pipeline {
         &self,
         input: &Input<'_>,
         arrival: Option<&Arrival<'_>>,
-    ) -> Result<Settled, TurnError> {
+    ) -> Result<Settled, PipelineError> {
         // One deadline for the whole attempt: a request a server accepted and never answers must not
         // hold the message (and its conversation behind it) for good.
         let secs = self.timeout_secs.max(1);
@@ -324,7 +324,7 @@ impl Pipeline {
             let attempt =
                 job.attempt(async |job| Box::pin(self.conduct(job, &admitted, arrival)).await);
             match Box::pin(attempt).await? {
-                Attempt::Ran(settled) => Ok::<_, TurnError>(settled),
+                Attempt::Ran(settled) => Ok::<_, PipelineError>(settled),
                 Attempt::Settled => {
                     info!(state = ?job.record.state, attempts = job.record.attempts, "already settled; acknowledging");
                     let settled = already_settled(&job);
@@ -334,8 +334,9 @@ impl Pipeline {
             }
         };
         // Type-erased: every caller (the worker, replay, a takeover's catch-up) awaits this one future.
-        let work: std::pin::Pin<Box<dyn Future<Output = Result<Settled, TurnError>> + Send + '_>> =
-            Box::pin(work);
+        let work: std::pin::Pin<
+            Box<dyn Future<Output = Result<Settled, PipelineError>> + Send + '_>,
+        > = Box::pin(work);
         within(deadline, secs, work).await
     }
 
@@ -349,7 +350,7 @@ impl Pipeline {
         job: &Job,
         a: &Admitted<'_>,
         arrival: Option<&Arrival<'_>>,
-    ) -> Result<Settled, TurnError> {
+    ) -> Result<Settled, PipelineError> {
         // 3: the incoming hook; a crisis gets its referral before anything else. The turn after one the
         // reply model flagged is answered with the safety brief too.
         let (mut crisis, flagged_before) = match a.message() {
@@ -406,18 +407,27 @@ impl Pipeline {
                     self.fix(&view).await
                 }))
                 .await?;
-            if let Some(stopped) = Box::pin(self.stopped(job, a, &plan, &burst)).await? {
-                return Ok(stopped);
-            }
             said.push(line);
             // The messages before are recorded as delivered before another companion starts: a crash
-            // from there on never sends them (or their completions) again.
-            let more = plan.next(&said, &a.members).is_some();
+            // from there on never sends them (or their completions) again. The crisis line is owed
+            // whatever a moderator or a deletion did meanwhile.
+            let how = How {
+                check: plan.fixed != Some(Fixed::Crisis),
+                more: plan.next(&said, &a.members).is_some(),
+            };
             let out = self
                 .delivery
-                .deliver(job, a, slot, &burst, &said[said.len() - 1], more);
-            if Box::pin(out).await? == Delivered::Withdrawn {
-                return Box::pin(self.deleted_meanwhile(job, a)).await;
+                .deliver(job, a, slot, &burst, &said[said.len() - 1], how);
+            match Box::pin(out).await? {
+                Delivered::Out => {}
+                Delivered::Deleted | Delivered::Withdrawn => {
+                    return Box::pin(self.deleted_meanwhile(job, a)).await;
+                }
+                // News is not held for later: a follow-up is simply not sent.
+                Delivered::Paused if matches!(a.kind, Kind::FollowUp { .. }) => {
+                    return Box::pin(self.drop(job, a, HELD, false)).await;
+                }
+                Delivered::Paused => return Box::pin(self.hold(job, a, &burst)).await,
             }
         }
         let ending = Ending {
@@ -437,7 +447,7 @@ impl Pipeline {
 
     /// Stage 7 of a slot: its message composed (after the crisis protocol when the model flagged a
     /// concern: the referral goes first), through the outgoing hook; what its `reply` step fixes.
-    async fn fix(&self, view: &SlotView<'_, '_>) -> Result<Reply, TurnError> {
+    async fn fix(&self, view: &SlotView<'_, '_>) -> Result<Reply, PipelineError> {
         let composed = self.composer.compose(view).await?;
         if let Some(concern) = composed.concern
             && let Some(m) = view.admitted.message()
@@ -449,38 +459,13 @@ impl Pipeline {
         self.outgoing.pass(a, speaker, composed.said).await
     }
 
-    /// Read when a slot's message is about to be written: a pause holds on every worker at once, and a
-    /// deletion that came while the model answered stops it; how the job ended then.
-    async fn stopped(
-        &self,
-        job: &Job,
-        a: &Admitted<'_>,
-        plan: &Plan<'_>,
-        burst: &Burst,
-    ) -> Result<Option<Settled>, TurnError> {
-        if plan.fixed == Some(Fixed::Crisis) {
-            return Ok(None);
-        }
-        let (paused, gone) = Box::pin(self.delivery.before(a, burst)).await?;
-        let settled = match (gone, paused, &a.kind) {
-            (true, ..) => Box::pin(self.deleted_meanwhile(job, a)).await?,
-            (_, true, Kind::FollowUp { .. }) => {
-                // News is not held for later: a follow-up is simply not sent.
-                Box::pin(self.drop(job, a, HELD, false)).await?
-            }
-            (_, true, _) => Box::pin(self.hold(job, a, burst)).await?,
-            (false, false, _) => return Ok(None),
-        };
-        Ok(Some(settled))
-    }
-
     /// The incoming hook on a user message: its screen, and the protocol when it flags a crisis.
     async fn screen(
         &self,
         job: &Job,
         a: &Admitted<'_>,
         m: &UserMessage<'_>,
-    ) -> Result<Option<Flagged>, TurnError> {
+    ) -> Result<Option<Flagged>, PipelineError> {
         match self.incoming.screen(job, a, m).await? {
             Some(decision) => self.protocol(job, a, m, decision).await.map(Some),
             None => Ok(None),
@@ -496,7 +481,7 @@ impl Pipeline {
         a: &Admitted<'_>,
         m: &UserMessage<'_>,
         decision: Decision,
-    ) -> Result<Flagged, TurnError> {
+    ) -> Result<Flagged, PipelineError> {
         let flagged = self.incoming.flag(job, a, m, decision).await?;
         if flagged.referred {
             let reply = job
@@ -504,7 +489,7 @@ impl Pipeline {
                 .run(async {
                     let said = self.incoming.referral(a, m, &flagged);
                     let said = self.outgoing.pass(a, a.members[0], said).await?;
-                    Ok::<_, TurnError>(said)
+                    Ok::<_, PipelineError>(said)
                 })
                 .await?;
             self.delivery.deliver_referral(job, a, m, &reply).await?;
@@ -519,7 +504,7 @@ impl Pipeline {
         job: &Job,
         a: &Admitted<'_>,
         burst: &Burst,
-    ) -> Result<Option<Flagged>, TurnError> {
+    ) -> Result<Option<Flagged>, PipelineError> {
         let Kind::Dm(head) = &a.kind else {
             return Ok(None);
         };
@@ -541,7 +526,7 @@ impl Pipeline {
         a: &Admitted<'_>,
         reason: &str,
         keep: bool,
-    ) -> Result<Settled, TurnError> {
+    ) -> Result<Settled, PipelineError> {
         if keep {
             self.delivery
                 .keep_unanswered(job, a, &Burst::default())
@@ -554,7 +539,11 @@ impl Pipeline {
     /// answered: no reply is written or published (it was built on the deleted words), the job ends
     /// dropped, and what its steps recorded is scrubbed. The message itself stays in the history when it
     /// was not the one deleted (the history write leaves out what was).
-    async fn deleted_meanwhile(&self, job: &Job, a: &Admitted<'_>) -> Result<Settled, TurnError> {
+    async fn deleted_meanwhile(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+    ) -> Result<Settled, PipelineError> {
         let settled = self.drop(job, a, DELETED, true).await?;
         self.end.scrub(job).await?;
         Ok(settled)
@@ -562,7 +551,12 @@ impl Pipeline {
 
     /// Over the flood limit with the busy line already said this minute: the message is kept in history
     /// for the next real answer and settled without a reply of its own.
-    async fn limited(&self, job: &Job, a: &Admitted<'_>, by: &str) -> Result<Settled, TurnError> {
+    async fn limited(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        by: &str,
+    ) -> Result<Settled, PipelineError> {
         self.delivery
             .keep_unanswered(job, a, &Burst::default())
             .await?;
@@ -571,14 +565,23 @@ impl Pipeline {
 
     /// A moderator paused the conversation: the message (and its burst) is kept in history, and its job
     /// ends `held` for the resume to answer.
-    async fn hold(&self, job: &Job, a: &Admitted<'_>, burst: &Burst) -> Result<Settled, TurnError> {
+    async fn hold(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        burst: &Burst,
+    ) -> Result<Settled, PipelineError> {
         self.delivery.keep_unanswered(job, a, burst).await?;
         self.end.held(job, burst).await
     }
 
     /// The end of a job whose attempts failed: the messages fixed before the failure are delivered, else
     /// the first speaker's failure line, once like any message; never over a settled job.
-    pub(crate) async fn fail(&self, input: &Input<'_>, reason: &str) -> Result<Settled, TurnError> {
+    pub(crate) async fn fail(
+        &self,
+        input: &Input<'_>,
+        reason: &str,
+    ) -> Result<Settled, PipelineError> {
         let a = self.admission.admit(input).await?;
         let job = self.journal.open(&a.new_job(None)).await?;
         let attempt = job.attempt(async |job| {
@@ -594,7 +597,7 @@ impl Pipeline {
         }
     }
 
-    async fn fail_slots(&self, job: &Job, a: &Admitted<'_>) -> Result<Settled, TurnError> {
+    async fn fail_slots(&self, job: &Job, a: &Admitted<'_>) -> Result<Settled, PipelineError> {
         let burst = job
             .recorded::<Burst>(step::BURST, key::ONCE)
             .unwrap_or_default();
@@ -632,9 +635,13 @@ impl Pipeline {
         }
         for (n, s) in said.iter().enumerate() {
             // A failure line withdrawn (its user erased meanwhile) ends the job failed all the same.
+            let how = How {
+                check: false,
+                more: false,
+            };
             let _ = self
                 .delivery
-                .deliver(job, a, plan.slot(n), &burst, s, false)
+                .deliver(job, a, plan.slot(n), &burst, s, how)
                 .await?;
         }
         let state = match (failed.into_inner(), busy) {
@@ -667,14 +674,14 @@ impl Pipeline {
 }
 
 /// `fut`, unless the attempt's deadline passes first.
-async fn within<T, E: Into<TurnError>>(
+async fn within<T, E: Into<PipelineError>>(
     deadline: tokio::time::Instant,
     secs: u64,
     fut: impl Future<Output = Result<T, E>>,
-) -> Result<T, TurnError> {
+) -> Result<T, PipelineError> {
     match tokio::time::timeout_at(deadline, fut).await {
         Ok(r) => r.map_err(Into::into),
-        Err(_) => Err(TurnError::TimedOut(secs)),
+        Err(_) => Err(PipelineError::TimedOut(secs)),
     }
 }
 
@@ -696,7 +703,7 @@ mod tests {
 
     #[test]
     fn a_tool_error_keeps_its_class_in_the_turn() {
-        let retried = |e: ToolError| TurnError::from(e).class() == Class::Transient;
+        let retried = |e: ToolError| PipelineError::from(e).class() == Class::Transient;
         for e in [
             ToolError::Forbidden("not yours".into()),
             ToolError::NotFound("no such list".into()),
@@ -704,10 +711,10 @@ mod tests {
             ToolError::Crashed,
         ] {
             let text = e.to_string();
-            let turn = TurnError::from(e);
+            let turn = PipelineError::from(e);
             assert_eq!(turn.class(), Class::Permanent, "{text}");
             assert!(
-                !matches!(turn, TurnError::Store(_)),
+                !matches!(turn, PipelineError::Store(_)),
                 "never a database error: {turn:?}"
             );
         }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use chrono::Utc;
 use tracing::warn;
 
-use super::{Reply, TurnError, input::Admitted, input::Kind};
+use super::{PipelineError, Reply, input::Admitted, input::Kind};
 use crate::{
     bus::event::clean_text,
     group::Member,
@@ -66,7 +66,7 @@ impl Outgoing {
         a: &Admitted<'_>,
         speaker: Member<'_>,
         mut said: Reply,
-    ) -> Result<Reply, TurnError> {
+    ) -> Result<Reply, PipelineError> {
         let c = speaker.character;
         let referral = said.marks.safety.is_some();
         said.content = match referral {
@@ -115,7 +115,7 @@ impl Outgoing {
         &self,
         a: &Admitted<'_>,
         speaker: Member<'_>,
-    ) -> Result<Due, TurnError> {
+    ) -> Result<Due, PipelineError> {
         if !self.safety.config.ai_disclosure {
             return Ok(Due::No);
         }

@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, fmt::Write};
 
 use chrono::NaiveDate;
 
-use crate::safety::lines::{CrisisLines, Line};
+use crate::safety::lines::{CrisisLine, CrisisLines};
 use crate::store::safety::CrisisMonth;
 
 const MONTHS: [&str; 12] = [
@@ -78,9 +78,9 @@ pub(crate) fn crisis_lines(
     review_days: u32,
     json: bool,
 ) -> String {
-    let age = |l: &Line| (today - l.checked).num_days();
-    let due = |l: &Line| age(l) > i64::from(review_days);
-    let mut entries: Vec<(&str, &Line)> = lines.entries().collect();
+    let age = |l: &CrisisLine| (today - l.checked).num_days();
+    let due = |l: &CrisisLine| age(l) > i64::from(review_days);
+    let mut entries: Vec<(&str, &CrisisLine)> = lines.entries().collect();
     entries.sort_by_key(|(whose, l)| (!due(l), *whose));
     let n_due = entries.iter().filter(|(_, l)| due(l)).count();
     if json {

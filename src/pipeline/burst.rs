@@ -12,7 +12,7 @@ use tracing::info;
 use std::sync::Arc;
 
 use super::{
-    Arrival, TurnError,
+    Arrival, PipelineError,
     input::{Admitted, Kind},
 };
 use crate::{
@@ -92,7 +92,7 @@ impl TakeIn {
         (job, own): (&Job, NewJob<'_>),
         event: &DmEvent,
         arrival: Option<&Arrival<'_>>,
-    ) -> Result<Burst, TurnError> {
+    ) -> Result<Burst, PipelineError> {
         let mut candidates: Vec<(String, Covered)> = Vec::new();
         // A retry reads the stream again and finds the step recorded: the covered jobs are its record's.
         let from_stream = arrival
@@ -158,7 +158,7 @@ impl TakeIn {
         &self,
         job: &Job,
         a: &Admitted<'_>,
-    ) -> Result<Option<String>, TurnError> {
+    ) -> Result<Option<String>, PipelineError> {
         let Kind::FollowUp { follow_up, .. } = &a.kind else {
             return Ok(None);
         };

@@ -17,7 +17,7 @@ use serde_json::Value;
 use tracing::{debug, info, warn};
 
 use super::{
-    Burst, Fixed, Reply, TurnError,
+    Burst, Fixed, PipelineError, Reply,
     gate::Plan,
     input::{Admitted, Kind},
     outgoing::Clean,
@@ -224,7 +224,7 @@ pub(crate) struct ModelAnswer {
 
 impl Composer {
     /// The slot's message.
-    pub(crate) async fn compose(&self, t: &SlotView<'_, '_>) -> Result<Composed, TurnError> {
+    pub(crate) async fn compose(&self, t: &SlotView<'_, '_>) -> Result<Composed, PipelineError> {
         let c = t.speaker.character;
         let fixed = match (t.plan.fixed, t.plan.busy, t.crisis) {
             (Some(Fixed::Under13), ..) => Some(&self.settings.under_13_line),
@@ -266,7 +266,7 @@ impl Composer {
         &self,
         t: &SlotView<'_, '_>,
         event: &DmEvent,
-    ) -> Result<Composed, TurnError> {
+    ) -> Result<Composed, PipelineError> {
         let (a, c) = (t.admitted, t.speaker.character);
         self.typing(event.conversation_id, event.bot_id).await;
         let followers = t.burst.events(event);
@@ -357,7 +357,7 @@ impl Composer {
         event: &DmEvent,
         messages: Vec<Message>,
         offer: Offer,
-    ) -> Result<Option<ModelAnswer>, TurnError> {
+    ) -> Result<Option<ModelAnswer>, PipelineError> {
         let tools = self.tools_for(t.crisis);
         if !t.crisis {
             return self
@@ -366,7 +366,7 @@ impl Composer {
                 .map(Some);
         }
         match self.converse(t, event, messages, tools, offer).await {
-            Err(TurnError::Llm(e)) => {
+            Err(PipelineError::Llm(e)) => {
                 warn!(error = %e, "the model could not answer a user in crisis; the crisis line goes");
                 Ok(None)
             }
@@ -407,7 +407,7 @@ impl Composer {
 
     /// The model's answer as one companion of a group, seeing the group's history, the message and the
     /// answers before it.
-    async fn answer_in_group(&self, t: &SlotView<'_, '_>) -> Result<Composed, TurnError> {
+    async fn answer_in_group(&self, t: &SlotView<'_, '_>) -> Result<Composed, PipelineError> {
         let (a, c, me) = (t.admitted, t.speaker.character, t.speaker.bot);
         let Kind::Group {
             event: group_event,
@@ -519,13 +519,17 @@ impl Composer {
     /// The follow-up the model writes with the news in its context (the brief after the conversation so
     /// far, without tools); the character's plain line when the model fails after all its retries and
     /// fallbacks or a budget stops it (the news is never held back for it).
-    async fn follow_up(&self, t: &SlotView<'_, '_>, f: &FollowUp<'_>) -> Result<Reply, TurnError> {
+    async fn follow_up(
+        &self,
+        t: &SlotView<'_, '_>,
+        f: &FollowUp<'_>,
+    ) -> Result<Reply, PipelineError> {
         let a = t.admitted;
         let (history, tricklists) = Box::pin(async {
             tokio::try_join!(
                 async {
                     let limit = self.settings.history_limit;
-                    Ok::<_, TurnError>(self.pg.history(&a.ids.user, &a.ids.bot, limit).await?)
+                    Ok::<_, PipelineError>(self.pg.history(&a.ids.user, &a.ids.bot, limit).await?)
                 },
                 async { Ok(self.mongo.resolve_tricklists(&a.user.tricklists).await?) },
             )
@@ -569,7 +573,7 @@ impl Composer {
                 info!("the spend budget is used up; sending the plain line");
                 String::new()
             }
-            Err(TurnError::Llm(e)) => {
+            Err(PipelineError::Llm(e)) => {
                 warn!(error = %e, "the model could not write the follow-up; sending the plain line");
                 String::new()
             }
@@ -589,7 +593,7 @@ impl Composer {
         t: &SlotView<'_, '_>,
         spoken: ModelAnswer,
         shape: impl for<'s> Fn(&'s str) -> &'s str,
-    ) -> Result<Reply, TurnError> {
+    ) -> Result<Reply, PipelineError> {
         let Some(text) = spoken.text else {
             info!("the spend budget is used up; answering with the budget line");
             let c = t.speaker.character;
@@ -626,7 +630,7 @@ impl Composer {
         messages: Vec<Message>,
         tools: &Registry,
         offer: Offer,
-    ) -> Result<ModelAnswer, TurnError> {
+    ) -> Result<ModelAnswer, PipelineError> {
         let (c, job, user) = (t.speaker.character, t.job, &t.admitted.user);
         let slot = t.slot.calls();
         let request = ChatRequest {
@@ -709,7 +713,7 @@ impl Composer {
         job: &Job,
         a: &Admitted<'_>,
         c: &Character,
-    ) -> Result<TurnFlow, TurnError> {
+    ) -> Result<TurnFlow, PipelineError> {
         if c.flows.is_empty() {
             return Ok(Default::default());
         }
@@ -720,7 +724,7 @@ impl Composer {
             .run(async {
                 TurnFlow::load(&self.pg.pool, &a.ids.user, &a.ids.bot, Utc::now() - idle)
                     .await
-                    .map_err(TurnError::from)
+                    .map_err(PipelineError::from)
             })
             .await
     }

@@ -15,13 +15,8 @@ use crate::{
     llm::{LlmClient, LlmError},
     memory::signals::MemorySignals,
     metrics::Metrics,
-    ops::{self, Probe},
-    rag::{self, Embedder, Retriever},
-    replay::Replayer,
-    spend::{self, SpendGuard},
-    store::{Mongo, Pg, StoreError},
-    takeover::Takeovers,
-    turn::{
+    ops_http::{self, Probe},
+    pipeline::{
         Pipeline,
         burst::TakeIn,
         compose::{ComposeSettings, Composer, Talk},
@@ -33,6 +28,11 @@ use crate::{
         outgoing::{Clean, Outgoing},
         tool_loop::LoopLimits,
     },
+    rag::{self, Embedder, Retriever},
+    replay::Replayer,
+    spend::{self, SpendGuard},
+    store::{Mongo, Pg, StoreError},
+    takeover::Takeovers,
     worker::{Worker, WorkerError},
 };
 
@@ -328,7 +328,7 @@ async fn serve_ops(addr: &str, app: &App) -> Option<tokio::task::JoinHandle<()>>
         }
     };
     let probe = Arc::new(app.probe());
-    match ops::serve(parsed, probe).await {
+    match ops_http::serve(parsed, probe).await {
         Ok((bound, task)) => {
             info!(addr = %bound, "health and metrics endpoint listening");
             Some(task)

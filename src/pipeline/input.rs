@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 
 use std::sync::Arc;
 
-use super::{TurnError, prompt};
+use super::{PipelineError, prompt};
 use crate::{
     bus::{DmEvent, GroupEvent, Inbound, Names, event::EventLimits},
     character::Characters,
@@ -78,13 +78,13 @@ pub(crate) enum Kind<'t> {
     },
     FollowUp {
         follow_up: FollowUp<'t>,
-        access: Access,
+        access: Reach,
     },
 }
 
 /// Whether a follow-up's user can still be written to in its thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Access {
+pub(crate) enum Reach {
     Open,
     /// The conversation no longer exists.
     Missing,
@@ -94,14 +94,14 @@ pub(crate) enum Access {
     Blocked,
 }
 
-impl Access {
+impl Reach {
     /// Why nothing may be sent, if so.
     pub(crate) fn refusal(self) -> Option<&'static str> {
         match self {
-            Access::Open => None,
-            Access::Missing => Some("the conversation no longer exists"),
-            Access::Left => Some("the user or the companion left the conversation"),
-            Access::Blocked => Some("the user blocked the companion"),
+            Reach::Open => None,
+            Reach::Missing => Some("the conversation no longer exists"),
+            Reach::Left => Some("the user or the companion left the conversation"),
+            Reach::Blocked => Some("the user blocked the companion"),
         }
     }
 }
@@ -118,7 +118,7 @@ pub(crate) struct Admitted<'t> {
     /// What the user's age allows, from the users document (unknown: as configured).
     pub(crate) age: Age,
     /// Tombstones and memory, read before the job opens ([`crate::memory::Memory::probe`]).
-    pub(crate) memory: crate::memory::Probe,
+    pub(crate) memory: crate::memory::MemoryCheck,
 }
 
 /// The job's ids; hex forms as the stores key them.
@@ -224,7 +224,10 @@ impl Admission {
 
     /// Whether a tombstone stops this input (its message was deleted or its user erased, so a redelivery
     /// or a replay cannot bring it back; docs/memory.md), and what memory the turn has: one statement.
-    pub(crate) async fn probe(&self, a: &Admitted<'_>) -> Result<crate::memory::Probe, TurnError> {
+    pub(crate) async fn probe(
+        &self,
+        a: &Admitted<'_>,
+    ) -> Result<crate::memory::MemoryCheck, PipelineError> {
         let messages: Vec<String> = a.message().map(|m| m.id.to_hex()).into_iter().collect();
         let bot = match a.kind {
             Kind::Dm(_) => a.ids.bot.as_str(),
@@ -234,7 +237,10 @@ impl Admission {
     }
 
     /// Admits `input` (see the module documentation).
-    pub(crate) async fn admit<'t>(&'t self, input: &Input<'_>) -> Result<Admitted<'t>, TurnError> {
+    pub(crate) async fn admit<'t>(
+        &'t self,
+        input: &Input<'_>,
+    ) -> Result<Admitted<'t>, PipelineError> {
         match input {
             Input::Dm(e) => self.admit_dm(e).await,
             Input::Group(e) => self.admit_group(e).await,
@@ -243,20 +249,21 @@ impl Admission {
     }
 
     /// A DM: its companion, the conversation with both in it, the user's data.
-    async fn admit_dm<'t>(&'t self, e: &DmEvent) -> Result<Admitted<'t>, TurnError> {
+    async fn admit_dm<'t>(&'t self, e: &DmEvent) -> Result<Admitted<'t>, PipelineError> {
         let tricklists = prompt::PROMPT_TRICKLISTS;
         let character = self
             .characters
             .by_bot(&e.bot_id)
-            .ok_or_else(|| TurnError::UnknownBot(e.bot_id.to_hex()))?;
+            .ok_or_else(|| PipelineError::UnknownBot(e.bot_id.to_hex()))?;
         let found = self
             .mongo
             .admit(e.conversation_id, e.sender_id, tricklists)
             .await?;
         let conversation = e.conversation_id.to_hex();
-        let mut admission = found.ok_or(TurnError::MissingConversation(conversation.clone()))?;
+        let mut admission =
+            found.ok_or(PipelineError::MissingConversation(conversation.clone()))?;
         if !(admission.joins(e.sender_id) && admission.joins(e.bot_id)) {
-            return Err(TurnError::NotParticipant(conversation));
+            return Err(PipelineError::NotParticipant(conversation));
         }
         Ok(Admitted {
             ids: Ids {
@@ -280,16 +287,16 @@ impl Admission {
     }
 
     /// A group message: the conversation with its sender in it and at least one companion.
-    async fn admit_group<'t>(&'t self, e: &GroupEvent) -> Result<Admitted<'t>, TurnError> {
+    async fn admit_group<'t>(&'t self, e: &GroupEvent) -> Result<Admitted<'t>, PipelineError> {
         let tricklists = prompt::PROMPT_TRICKLISTS;
         let conversation = e.conversation_id.to_hex();
         let mut admission = self
             .mongo
             .admit(e.conversation_id, e.sender_id, tricklists)
             .await?
-            .ok_or(TurnError::MissingConversation(conversation.clone()))?;
+            .ok_or(PipelineError::MissingConversation(conversation.clone()))?;
         if !admission.joins(e.sender_id) {
-            return Err(TurnError::NotParticipant(conversation));
+            return Err(PipelineError::NotParticipant(conversation));
         }
         let members: Vec<Member<'t>> = admission
             .participants
@@ -300,7 +307,7 @@ impl Admission {
             })
             .collect();
         if members.is_empty() {
-            return Err(TurnError::NoCompanion(conversation));
+            return Err(PipelineError::NoCompanion(conversation));
         }
         Ok(Admitted {
             ids: Ids {
@@ -328,7 +335,7 @@ impl Admission {
         &'t self,
         subject: &str,
         payload: &[u8],
-    ) -> Result<Admitted<'t>, TurnError> {
+    ) -> Result<Admitted<'t>, PipelineError> {
         let tricklists = prompt::PROMPT_TRICKLISTS;
         let (kind, id) = self
             .names
@@ -377,11 +384,11 @@ impl Admission {
 }
 
 /// Whether the follow-up may reach its user, and the user's data when it may.
-fn follow_up_access(found: Option<Membership>, f: &FollowUp<'_>) -> (Access, UserData) {
+fn follow_up_access(found: Option<Membership>, f: &FollowUp<'_>) -> (Reach, UserData) {
     match found {
-        None => (Access::Missing, UserData::default()),
-        Some(a) if !(a.joins(f.user) && a.joins(f.bot)) => (Access::Left, a.user),
-        Some(a) if a.user.blocks(f.bot) => (Access::Blocked, a.user),
-        Some(a) => (Access::Open, a.user),
+        None => (Reach::Missing, UserData::default()),
+        Some(a) if !(a.joins(f.user) && a.joins(f.bot)) => (Reach::Left, a.user),
+        Some(a) if a.user.blocks(f.bot) => (Reach::Blocked, a.user),
+        Some(a) => (Reach::Open, a.user),
     }
 }

@@ -23,7 +23,7 @@ use std::{collections::HashSet, time::Instant};
 use serde_json::Value;
 use tracing::{debug, info, warn};
 
-use super::TurnError;
+use super::PipelineError;
 use crate::{
     journal::{JournalError, names::step},
     llm::{CallBudget, ChatRequest, LlmClient, Message, ToolCall},
@@ -89,7 +89,7 @@ pub use crate::journal::usage::LlmRecord;
 pub(crate) async fn converse(
     cx: &LoopContext<'_>,
     mut request: ChatRequest,
-) -> Result<LoopOutput, TurnError> {
+) -> Result<LoopOutput, PipelineError> {
     let mut offer = cx.offer;
     request.tools = cx.registry.offered(offer);
     request.tool_choice = None;
@@ -197,7 +197,7 @@ async fn run_calls(
     cx: &LoopContext<'_>,
     calls: &[ToolCall],
     round: u32,
-) -> Vec<Result<ToolRecord, TurnError>> {
+) -> Vec<Result<ToolRecord, PipelineError>> {
     let job = cx.tools.job;
     futures::future::join_all(calls.iter().map(|call| {
         let (name, args) = (&call.function.name, &call.function.arguments);
@@ -219,7 +219,7 @@ async fn run_calls(
                         "companion_tool_calls_total",
                         &format!("tool=\"{}\",outcome=\"{outcome}\"", label(&record.tool)),
                     );
-                    Ok::<_, TurnError>(record)
+                    Ok::<_, PipelineError>(record)
                 })
                 .await
         }
@@ -239,7 +239,7 @@ fn asked_for(record: &ToolRecord) -> Option<Group> {
 enum Unpaid {
     /// A spend budget is used up: no call was made.
     Stopped(Scope),
-    Failed(TurnError),
+    Failed(PipelineError),
 }
 
 impl From<JournalError> for Unpaid {
@@ -284,7 +284,7 @@ async fn ask(
     request: &ChatRequest,
     budget: &CallBudget,
     bot: Option<String>,
-) -> Result<LlmRecord, TurnError> {
+) -> Result<LlmRecord, PipelineError> {
     let response = stage(Stage::Llm, llm.complete_within(request, Some(budget))).await?;
     Ok(LlmRecord::answer(llm, request, response, bot)?)
 }
