@@ -496,6 +496,99 @@ async fn in_a_group_the_referral_is_visible_to_its_user_only_and_the_group_never
     env.finish().await;
 }
 
+/// The referral passes the outgoing hook like any companion message, by its own rules: cleaned but never
+/// cut (its crisis lines reach the user whole) and never replaced; in a DM with the AI disclosure when one
+/// is due, in a group (where it is private to its user) without it, the group's disclosure going with the
+/// next message the group sees.
+#[tokio::test]
+async fn a_referral_passes_the_outgoing_hook_whole_with_the_disclosure_in_a_dm_and_not_in_a_group()
+{
+    let env = TestEnv::with(always(StubReply::text(SAFE_REPLY)), |c| {
+        c.safety.ai_disclosure = true;
+        c.turn.max_reply_chars = 40;
+    })
+    .await;
+    let disclosure = character_line("kaori", "disclosureLine");
+    let mut replies = env.completions(JESS_KAORI).await;
+    let worker = InProcessWorker::start(&env).await;
+    let crisis = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_EN).await;
+    env.publish(&crisis).await;
+    let seen = until_reply(&mut replies, &crisis.message_id, Duration::from_secs(30)).await;
+    let referral = seen
+        .iter()
+        .find(|c| c.marks.safety.as_deref() == Some("crisis"))
+        .expect("referred");
+    assert!(referral.marks.ai_disclosure, "{referral:?}");
+    assert!(
+        referral.content.starts_with(disclosure.trim()),
+        "{}",
+        referral.content
+    );
+    let after = referral.content[disclosure.trim().len()..].trim();
+    assert!(
+        after.chars().count() > 40,
+        "the referral is not cut to the message bound: {after}"
+    );
+    let card = referral.rich_content.as_ref().expect("its card");
+    assert_eq!(card["type"], "crisis_resources");
+    assert!(!card["data"]["lines"].as_array().unwrap().is_empty());
+    let reply = seen.last().unwrap();
+    assert_eq!(
+        reply.in_reply_to.as_deref(),
+        Some(crisis.message_id.as_str())
+    );
+    assert!(reply.marks.safety.is_none(), "{reply:?}");
+    let bounded: String = SAFE_REPLY.chars().take(40).collect();
+    assert_eq!(
+        reply.content,
+        format!("{bounded}…"),
+        "the model's reply is cut to the bound"
+    );
+    assert!(
+        !reply.marks.ai_disclosure,
+        "the referral carried today's disclosure: {reply:?}"
+    );
+
+    let group = backend::create_group(&env.mongo, &[oid(JESS), oid(SAM)], &[oid(KAORI)])
+        .await
+        .unwrap();
+    let mut in_group = env.completions(&group.to_hex()).await;
+    let message = backend::store_group_message(&env.mongo, group, oid(JESS), CRISIS_EN)
+        .await
+        .unwrap();
+    backend::publish_group_message(&env.bus, &message)
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(c) = in_group.next().await {
+            let shared = c.marks.safety.is_none();
+            seen.push(c);
+            if shared {
+                break;
+            }
+        }
+    })
+    .await;
+    let referral = seen
+        .iter()
+        .find(|c| c.marks.safety.as_deref() == Some("crisis"))
+        .expect("referred in the group");
+    assert_eq!(referral.marks.visible_to, Some(vec![JESS.to_owned()]));
+    assert!(!referral.marks.ai_disclosure, "{referral:?}");
+    let shared = seen.last().unwrap();
+    assert!(
+        shared.marks.safety.is_none(),
+        "the group's answer: {seen:?}"
+    );
+    assert!(
+        shared.marks.ai_disclosure,
+        "the group hears the disclosure with its first message: {shared:?}"
+    );
+    worker.stop().await;
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn the_sport_s_own_language_gets_none_of_it() {
     let env = TestEnv::new(always(StubReply::text("haha nice"))).await;
