@@ -351,14 +351,10 @@ impl Pipeline {
         a: &Admitted<'_>,
         arrival: Option<&Arrival<'_>>,
     ) -> Result<Settled, PipelineError> {
-        // 3: the incoming hook; a crisis gets its referral before anything else. The turn after one the
-        // reply model flagged is answered with the safety brief too.
-        let (mut crisis, flagged_before) = match a.message() {
-            Some(m) => (
-                Box::pin(self.screen(job, a, &m)).await?,
-                Box::pin(self.incoming.after_model_flag(job)).await?,
-            ),
-            None => (None, false),
+        // 3: the incoming hook; a crisis gets its referral before anything else.
+        let mut crisis = match a.message() {
+            Some(m) => Box::pin(self.screen(job, a, &m)).await?,
+            None => None,
         };
         // 4: the gate, and 6: who speaks.
         let plan = match Box::pin(self.gate.pass(job, a, crisis.is_some())).await? {
@@ -380,7 +376,10 @@ impl Pipeline {
         if let Some(f) = Box::pin(self.screen_burst(job, a, &burst)).await? {
             crisis.get_or_insert(f);
         }
-        let briefed = crisis.is_some() || flagged_before;
+        // The turn after one the reply model flagged is answered with the safety brief too (read only for
+        // a message that goes ahead: none the gate stopped pays for it).
+        let briefed = crisis.is_some()
+            || (a.message().is_some() && Box::pin(self.incoming.after_model_flag(job)).await?);
         let flow_note = Box::pin(self.take_in.move_flow(job, a)).await?;
         // 7 and 8: each slot's message, fixed, then delivered.
         let mut said: Vec<Reply> = Vec::new();

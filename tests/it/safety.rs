@@ -559,17 +559,8 @@ async fn a_referral_passes_the_outgoing_hook_whole_with_the_disclosure_in_a_dm_a
     backend::publish_group_message(&env.bus, &message)
         .await
         .unwrap();
-    let mut seen = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(c) = in_group.next().await {
-            let shared = c.marks.safety.is_none();
-            seen.push(c);
-            if shared {
-                break;
-            }
-        }
-    })
-    .await;
+    // A group's answers name the group message as the one they reply to, like the referral does.
+    let seen = until_reply(&mut in_group, &message.message_id, Duration::from_secs(30)).await;
     let referral = seen
         .iter()
         .find(|c| c.marks.safety.as_deref() == Some("crisis"))
