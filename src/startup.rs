@@ -166,7 +166,6 @@ impl App {
                 memory: memory.clone(),
             },
             incoming: Incoming {
-                journal: journal.clone(),
                 retriever: retriever.clone(),
                 moderator: moderator.clone(),
                 safety: safety.clone(),

@@ -1,6 +1,8 @@
-//! Stage 5, taking in: a DM's burst, a follow-up's flow. A DM's burst: Messages the user sent after this one that are already in the stream
-//! when the turn starts (up to `COMPANION_BURST_MAX`) are answered by the same reply, as a person would
-//! answer five quick lines once. They become `covered` jobs of their own, atomically with the `burst`
+//! Stage 5, taking in what a job answers besides its own input: a DM's burst, a follow-up's flow.
+//!
+//! A DM's burst: messages the user sent after this one that are already in the stream when the turn
+//! starts (up to `COMPANION_BURST_MAX`) are answered by the same reply, as a person would answer five
+//! quick lines once. They become `covered` jobs of their own, atomically with the `burst`
 //! step's record ([`crate::journal::Job::covering`]), and are listed in the completion's `covers`. A
 //! follow-up's news moves the user's flow on when a waiting step waited for it.
 
@@ -13,6 +15,7 @@ use std::sync::Arc;
 
 use super::{
     Arrival, PipelineError,
+    gate::Plan,
     input::{Admitted, Kind},
 };
 use crate::{
@@ -25,7 +28,9 @@ use crate::{
         Job, NewJob,
         names::{key, step},
     },
+    proactive::FollowUp,
     store::Pg,
+    timing::{Stage, stage},
 };
 
 /// A later message of a burst, as the `burst` step fixes it.
@@ -68,6 +73,15 @@ impl Burst {
     }
 }
 
+/// What take-in brought.
+#[derive(Debug, Default)]
+pub(crate) struct Taken {
+    /// A DM's later messages its reply answers too.
+    pub(crate) burst: Burst,
+    /// A follow-up's news moved the user's flow on: the note for the brief.
+    pub(crate) flow_note: Option<String>,
+}
+
 /// Stage 5, with what it reads.
 pub(crate) struct TakeIn {
     /// Whether a later message of the burst was deleted already.
@@ -83,11 +97,36 @@ pub(crate) struct TakeIn {
 }
 
 impl TakeIn {
+    /// Stage 5 for a job the gate let through with `plan`: a DM's burst (none when a busy or fixed line
+    /// answers), a follow-up's flow; nothing for a group message.
+    pub(crate) async fn take_in(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        plan: &Plan<'_>,
+        arrival: Option<&Arrival<'_>>,
+    ) -> Result<Taken, PipelineError> {
+        Ok(match &a.kind {
+            Kind::Dm(event) if !plan.busy && plan.fixed.is_none() => {
+                let burst = self.burst((job, a.new_job(None)), event, arrival);
+                Taken {
+                    burst: stage(Stage::Order, Box::pin(burst)).await?,
+                    flow_note: None,
+                }
+            }
+            Kind::FollowUp { follow_up, .. } => Taken {
+                burst: Burst::default(),
+                flow_note: self.move_flow(job, a, follow_up).await?,
+            },
+            _ => Taken::default(),
+        })
+    }
+
     /// The `burst` step of the DM `event`: the later messages of the same sender that follow in the
     /// stream now (contiguous, valid, within the bounds), each made a job `covered` by this one (the
     /// incoming hook sees them once the step is fixed) (like `own`, the job's own row); the first that already has a job ends the
     /// burst.
-    pub(crate) async fn take_in(
+    async fn burst(
         &self,
         (job, own): (&Job, NewJob<'_>),
         event: &DmEvent,
@@ -152,16 +191,14 @@ impl TakeIn {
         Ok(burst)
     }
 
-    /// Stage 5 of a follow-up: the user's flow with its companion moves on when a waiting step waited
-    /// for this news (step `flow_change`/`event`); the note for the brief when it did.
-    pub(crate) async fn move_flow(
+    /// A follow-up's take-in: the user's flow with its companion moves on when a waiting step waited for
+    /// this news (step `flow_change`/`event`); the note for the brief when it did.
+    async fn move_flow(
         &self,
         job: &Job,
         a: &Admitted<'_>,
+        follow_up: &FollowUp<'_>,
     ) -> Result<Option<String>, PipelineError> {
-        let Kind::FollowUp { follow_up, .. } = &a.kind else {
-            return Ok(None);
-        };
         let Some(awaited) = follow_up.awaited() else {
             return Ok(None);
         };

@@ -10,6 +10,7 @@ use tracing::info;
 
 use super::{
     Fixed, FloodDecision, HELD, PipelineError, Reply, UNDER_13,
+    incoming::Flagged,
     input::{self, Admitted, Kind},
 };
 use crate::{
@@ -25,7 +26,7 @@ use crate::{
     },
     proactive,
     rag::Retriever,
-    safety::{Safety, age::Age},
+    safety::{Safety, age::Age, detect::Layer},
     store::{Pg, pg::GroupLine},
     timing::{Stage, stage},
 };
@@ -54,6 +55,9 @@ pub(crate) struct Plan<'a> {
     pub(crate) fixed: Option<Fixed>,
     /// A group message's route and what its companions see; none for one message.
     pub(crate) group: Option<GroupPlan>,
+    /// The reply model flagged a concern in the user's message just before this one: this one is
+    /// answered with the safety brief.
+    pub(crate) after_flag: bool,
 }
 
 /// What a group message's answers share.
@@ -74,6 +78,7 @@ impl<'a> Plan<'a> {
             busy,
             fixed: None,
             group: None,
+            after_flag: false,
         }
     }
 
@@ -143,7 +148,8 @@ impl<'a> Plan<'a> {
 pub(crate) struct Gate {
     /// Whether a moderator paused the conversation, and a group's history for its route.
     pub(crate) pg: Pg,
-    /// The flood limit's tally.
+    /// The flood limit's tally, and earlier jobs' crisis records (the reply model's flag on the message
+    /// before).
     pub(crate) journal: Journal,
     pub(crate) flood: FloodLimit,
     /// A group message's route compares it with each companion's profile.
@@ -159,8 +165,45 @@ pub(crate) struct Gate {
 }
 
 impl Gate {
-    /// Stage 4: the checks inside the job, each decision a step of it.
+    /// Stage 4: the checks inside the job, each decision a step of it. A user message that goes ahead
+    /// (not itself in crisis) learns whether the reply model flagged the one before.
     pub(crate) async fn pass<'t>(
+        &'t self,
+        job: &Job,
+        a: &Admitted<'t>,
+        crisis: bool,
+    ) -> Result<Passage<'t>, PipelineError> {
+        match self.check(job, a, crisis).await? {
+            Passage::Go(mut plan) if !crisis && a.message().is_some() => {
+                plan.after_flag = self.after_model_flag(job).await?;
+                Ok(Passage::Go(plan))
+            }
+            passage => Ok(passage),
+        }
+    }
+
+    /// Whether the reply model flagged a concern in the user's message just before this job's (and
+    /// within the referral window). Its turn had the referral and the model's own reply, written
+    /// before the brief could shape it; the next turn is answered with the safety brief.
+    async fn after_model_flag(&self, job: &Job) -> Result<bool, PipelineError> {
+        let window =
+            chrono::Duration::seconds(self.safety.config.crisis_referral_window_secs.max(1) as i64);
+        job.step(step::AFTER_FLAG, key::ONCE)
+            .lazy()
+            .run(async {
+                let before = self
+                    .journal
+                    .previous_steps(job.id(), step::CRISIS, Utc::now() - window)
+                    .await?;
+                Ok::<_, PipelineError>(before.into_iter().any(|v| {
+                    serde_json::from_value::<Flagged>(v).is_ok_and(|f| f.layer == Layer::Model)
+                }))
+            })
+            .await
+    }
+
+    /// The checks, each decision a step of the job, and who speaks.
+    async fn check<'t>(
         &'t self,
         job: &Job,
         a: &Admitted<'t>,
@@ -259,6 +302,7 @@ impl Gate {
                 history,
                 names: Default::default(),
             }),
+            after_flag: false,
         };
         self.flood_gate(job, a, plan).await
     }

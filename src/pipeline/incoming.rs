@@ -20,8 +20,8 @@ use super::{
 use crate::{
     bus::Bus,
     journal::{
-        Admission, Job, Journal,
-        names::{key, step, tally},
+        Admission, Job,
+        names::{step, tally},
     },
     llm::moderation::Moderator,
     metrics::Metrics,
@@ -71,8 +71,6 @@ pub(crate) struct Screened {
 
 /// The incoming hook, with what the screen and the protocol use.
 pub(crate) struct Incoming {
-    /// Earlier jobs' crisis records (the reply model's flag on the message before).
-    pub(crate) journal: Journal,
     /// The message's embedding for the learned layer (cached for the turn's retrieval).
     pub(crate) retriever: Retriever,
     /// The moderation endpoint the screen also asks, when one is configured.
@@ -118,26 +116,6 @@ impl Incoming {
             })
             .await?;
         Ok(screened.decision)
-    }
-
-    /// Whether the reply model flagged a concern in the user's message just before this job's (and
-    /// within the referral window). Its turn had the referral and the model's own reply, written
-    /// before the brief could shape it; the next turn is answered with the safety brief.
-    pub(crate) async fn after_model_flag(&self, job: &Job) -> Result<bool, PipelineError> {
-        let window =
-            chrono::Duration::seconds(self.safety.config.crisis_referral_window_secs.max(1) as i64);
-        job.step(step::AFTER_FLAG, key::ONCE)
-            .lazy()
-            .run(async {
-                let before = self
-                    .journal
-                    .previous_steps(job.id(), step::CRISIS, Utc::now() - window)
-                    .await?;
-                Ok::<_, PipelineError>(before.into_iter().any(|v| {
-                    serde_json::from_value::<Flagged>(v).is_ok_and(|f| f.layer == Layer::Model)
-                }))
-            })
-            .await
     }
 
     /// The crisis decision on a user message's text: the rules, the learned layer (with the message's

@@ -7,7 +7,7 @@
 //! | 1 | admit ([`input`]) | a known companion; the conversation joins the sender and it | the conversation has the sender; its companions | the signal's news ([`crate::proactive`]) and its thread | |
 //! | 2 | open the job (a settled one is acknowledged again) | message id | message id | `<kind>:<id>` | |
 //! | 3 | incoming hook ([`incoming`]): the crisis screen, and its record, referral and alert | the message | the message | | `referral`, `crisis`, `referral_message`, `alert` |
-//! | 4 | gate ([`gate`]) | a pause (held), under 13, the flood limit | who answers ([`crate::group`]), a pause, under 13, the flood limit | stale news, a companion blocked or gone, a pause, under 13, a minor's quiet hours, the daily cap | `under_13`, `flood`; `route`, `flood`; `gate`, `cap` |
+//! | 4 | gate ([`gate`]) | a pause (held), under 13, the flood limit; once through, the reply model's flag on the message before | who answers ([`crate::group`]), a pause, under 13, the flood limit; the same flag | stale news, a companion blocked or gone, a pause, under 13, a minor's quiet hours, the daily cap | `under_13`, `flood`, `after_flag`; `route`, `flood`, `after_flag`; `gate`, `cap` |
 //! | 5 | take in ([`burst`]) | the burst, each message through the incoming hook | | the flow the news moves on | `burst`; `flow_change` |
 //! | 6 | plan ([`gate::Plan`]) | one reply | the routed companions, then their hand-overs, bounded | one message | |
 //! | 7 | each slot: compose → converse → outgoing hook ([`outgoing`]) → fix ([`compose`]) | the model, with tools | the model, with tools, as that companion | the model without tools, or the plain line | `flow`, `llm`, `tool`, `quota`, `reply` |
@@ -59,7 +59,7 @@ use crate::{
     timing::{Stage, stage},
     tools::ToolError,
 };
-use burst::TakeIn;
+use burst::{TakeIn, Taken};
 use compose::{Composer, SlotView};
 use deliver::{Delivered, Delivery, How};
 use end::{Ending, Endings};
@@ -365,22 +365,15 @@ impl Pipeline {
             }
             Passage::Hold => return Box::pin(self.hold(job, a, &Burst::default())).await,
         };
-        // 5: take in the burst (each of its messages through the incoming hook) or the news's flow.
-        let burst = match (&a.kind, plan.busy || plan.fixed.is_some()) {
-            (Kind::Dm(event), false) => {
-                let take = self.take_in.take_in((job, a.new_job(None)), event, arrival);
-                stage(Stage::Order, Box::pin(take)).await?
-            }
-            _ => Burst::default(),
-        };
+        // 5: take in the burst (each of its messages then through the incoming hook) or the news's flow.
+        let Taken { burst, flow_note } =
+            Box::pin(self.take_in.take_in(job, a, &plan, arrival)).await?;
         if let Some(f) = Box::pin(self.screen_burst(job, a, &burst)).await? {
             crisis.get_or_insert(f);
         }
-        // The turn after one the reply model flagged is answered with the safety brief too (read only for
-        // a message that goes ahead: none the gate stopped pays for it).
-        let briefed = crisis.is_some()
-            || (a.message().is_some() && Box::pin(self.incoming.after_model_flag(job)).await?);
-        let flow_note = Box::pin(self.take_in.move_flow(job, a)).await?;
+        // A message after one the reply model flagged (the gate read it) is answered with the safety
+        // brief too.
+        let briefed = crisis.is_some() || plan.after_flag;
         // 7 and 8: each slot's message, fixed, then delivered.
         let mut said: Vec<Reply> = Vec::new();
         let mut fresh = 0;
