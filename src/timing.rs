@@ -62,6 +62,8 @@ pub enum Stage {
     Steps,
     /// Running the tools of each round (together) and auditing them.
     Tools,
+    /// Checking a tool call's arguments against its JSON Schema (inside `Tools`).
+    Validate,
     /// Writing the reply: journal, `dm_messages`, history, conversation, final state.
     Writes,
     /// Publishing the typing event and the completion (JetStream ack included).
@@ -72,7 +74,7 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in the order of a turn.
-    pub const ALL: [Stage; 16] = [
+    pub const ALL: [Stage; 17] = [
         Stage::Order,
         Stage::Wait,
         Stage::Parse,
@@ -86,6 +88,7 @@ impl Stage {
         Stage::Llm,
         Stage::Steps,
         Stage::Tools,
+        Stage::Validate,
         Stage::Writes,
         Stage::Publish,
         Stage::Ack,
@@ -107,6 +110,7 @@ impl Stage {
             Stage::Llm => "llm",
             Stage::Steps => "steps",
             Stage::Tools => "tools",
+            Stage::Validate => "validate",
             Stage::Writes => "writes",
             Stage::Publish => "publish",
             Stage::Ack => "ack",
@@ -316,6 +320,7 @@ pub(crate) fn report(metrics: &Metrics, outcome: &'static str) -> Option<TurnTim
         llm_ms = ms(Stage::Llm),
         steps_ms = ms(Stage::Steps),
         tools_ms = ms(Stage::Tools),
+        validate_ms = ms(Stage::Validate),
         writes_ms = ms(Stage::Writes),
         publish_ms = ms(Stage::Publish),
         ack_ms = ms(Stage::Ack),

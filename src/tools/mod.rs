@@ -1,7 +1,7 @@
 //! The companion's tools: typed, validated actions on the app's data that the model may call.
 //!
 //! A tool is a type implementing [`Tool`]: a name, a description written for the model, an `Args` type
-//! whose JSON Schema is generated ([`schema::parameters_for`]) and enforced ([`schema::validate`]) before
+//! whose JSON Schema is generated ([`schema::parameters_for`]) and enforced ([`schema::ArgsSchema`]) before
 //! the arguments are deserialized, and an async `call`. A tool holds what it works with (a store, a
 //! bound), taken from [`ToolStores`] when the [`Registry`] is built once per process; the per-call
 //! [`ToolContext`] holds only the call's identity, the user it acts for and its job. [`Registry`] erases
@@ -58,7 +58,9 @@ use crate::{
     journal::{Admission, Job, JournalError, names},
     llm::{FunctionDef, ToolDef},
     store::{Mongo, Pg, StoreError},
+    timing::{self, Stage},
 };
+use schema::ArgsSchema;
 
 /// Longest search text accepted from the model (bounds regex scans).
 pub(crate) const QUERY_MAX: usize = 100;
@@ -317,8 +319,9 @@ trait DynTool: Send + Sync {
 }
 
 struct Erased<T> {
-    /// The JSON Schema of `T::Args`: the value its definition shows the model ([`Registry::parameters`]).
-    parameters: Arc<Value>,
+    /// The JSON Schema of `T::Args`, compiled from the value its definition shows the model
+    /// ([`Registry::schema`]).
+    schema: Arc<ArgsSchema>,
     tool: T,
 }
 
@@ -332,7 +335,7 @@ impl<T: Tool> DynTool for Erased<T> {
         raw: &'a str,
     ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
         Box::pin(async move {
-            let args = parse_args::<T::Args>(&self.parameters, raw)?;
+            let args = parse_args::<T::Args>(&self.schema, raw)?;
             self.tool.call(ctx, args).await
         })
     }
@@ -343,10 +346,13 @@ struct Def {
     name: &'static str,
     groups: &'static [Group],
     def: ToolDef,
+    /// The arguments' schema, whose value `def` shows.
+    schema: Arc<ArgsSchema>,
 }
 
 impl Def {
     fn of<T: Tool>() -> Self {
+        let schema = Arc::new(ArgsSchema::of::<T::Args>());
         Self {
             name: T::NAME,
             groups: T::GROUPS,
@@ -355,16 +361,17 @@ impl Def {
                 function: FunctionDef {
                     name: T::NAME.into(),
                     description: T::description().into(),
-                    parameters: Arc::new(schema::parameters_for::<T::Args>()),
+                    parameters: schema.value().clone(),
                 },
             },
+            schema,
         }
     }
 }
 
 /// Raw argument text → validated `A`. Empty text means `{}` (OpenRouter sends that for no-arg tools).
 pub(crate) fn parse_args<A: DeserializeOwned>(
-    parameters: &Value,
+    schema: &ArgsSchema,
     raw: &str,
 ) -> Result<A, ToolError> {
     if raw.len() > MAX_ARGS_BYTES {
@@ -385,9 +392,12 @@ pub(crate) fn parse_args<A: DeserializeOwned>(
     if !value.is_object() {
         return Err(ToolError::invalid("(arguments)", "must be a JSON object"));
     }
-    schema::normalize(parameters, &mut value);
-    if let Err(v) = schema::validate(parameters, &value) {
-        if is_user_field(&v.field) {
+    schema::normalize(schema.value(), &mut value);
+    let started = std::time::Instant::now();
+    let checked = schema.validate(&value);
+    timing::add(Stage::Validate, started);
+    if let Err(v) = checked {
+        if v.unexpected && is_user_field(&v.field) {
             return Err(ToolError::Forbidden(format!(
                 "`{}` is not accepted: tools always act for the user you are talking to, never for anyone else",
                 v.field
@@ -617,14 +627,12 @@ impl Registry {
         self.defs.is_empty()
     }
 
-    /// The JSON Schema of `tool`'s arguments, the one its definition shows the model: a call is
-    /// validated against this very value.
-    fn parameters(&self, tool: &str) -> Arc<Value> {
+    /// The JSON Schema of `tool`'s arguments, compiled from the value its definition shows the model:
+    /// a call is validated against that very value.
+    fn schema(&self, tool: &str) -> Arc<ArgsSchema> {
         let def = self.defs.iter().find(|d| d.name == tool);
         def.expect("every tool has a definition: both are built from `each_tool`")
-            .def
-            .function
-            .parameters
+            .schema
             .clone()
     }
 
@@ -661,7 +669,7 @@ impl Toolbox {
         impl EachTool for Build<'_> {
             fn tool<T: Tool>(&mut self) {
                 self.1.push(Box::new(Erased {
-                    parameters: REGISTRY.parameters(T::NAME),
+                    schema: REGISTRY.schema(T::NAME),
                     tool: T::new(self.0),
                 }));
             }

@@ -1,37 +1,77 @@
-//! JSON Schemas of tool arguments, generated from the `Args` types, and the validator that checks
-//! arguments against exactly that schema before they are deserialized.
+//! JSON Schemas of tool arguments, generated from the `Args` types, and their validation.
 //!
-//! One schema serves both ends: what the model is shown in `tools` is what [`validate`] enforces, so the
-//! limits written once in `#[schemars(length(..), range(..), regex(..))]` can never drift apart.
+//! One schema serves both ends: an [`ArgsSchema`] holds the value the model is shown in `tools` and the
+//! `jsonschema` validator compiled from that very value, so the limits written once in
+//! `#[schemars(length(..), range(..), regex(..))]` can never drift apart. What fails is said in the
+//! model's terms ([`Violation`]): the field's path and what it must be.
 
-use std::{
-    collections::HashMap,
-    sync::{LazyLock, Mutex},
-};
+use std::sync::Arc;
 
+use jsonschema::{PatternOptions, ValidationError, Validator, error::ValidationErrorKind as Kind};
 use schemars::{JsonSchema, generate::SchemaSettings};
 use serde_json::{Map, Value};
 
-/// Compiled `pattern`s of the tools' schemas (a handful, fixed at compile time): compiling one costs more
-/// than the rest of a tool call's validation, so each is compiled once.
-static PATTERNS: LazyLock<Mutex<HashMap<String, Option<regex::Regex>>>> =
-    LazyLock::new(Default::default);
-/// Bound on [`PATTERNS`], should schemas ever carry patterns from elsewhere.
-const MAX_PATTERNS: usize = 64;
-
-/// Whether `text` matches `pattern`; `None` when the pattern does not compile.
-fn pattern_matches(pattern: &str, text: &str) -> Option<bool> {
-    let mut cache = PATTERNS.lock().expect("pattern cache lock");
-    if let Some(re) = cache.get(pattern) {
-        return re.as_ref().map(|re| re.is_match(text));
-    }
-    let re = regex::Regex::new(pattern).ok();
-    let matched = re.as_ref().map(|re| re.is_match(text));
-    if cache.len() < MAX_PATTERNS {
-        cache.insert(pattern.to_owned(), re);
-    }
-    matched
+/// A tool's argument schema: the value its definition shows the model, and the validator compiled from it.
+pub(crate) struct ArgsSchema {
+    value: Arc<Value>,
+    validator: Validator,
 }
+
+impl ArgsSchema {
+    /// The schema of arguments of type `T` ([`parameters_for`]).
+    pub(crate) fn of<T: JsonSchema>() -> Self {
+        Self::compile(parameters_for::<T>()).expect(
+            "a schema generated from an Args type compiles: the registry's test builds each",
+        )
+    }
+
+    /// The schema `value`, compiled (draft 7; patterns by the `regex` crate, linear in the text).
+    pub(crate) fn compile(value: Value) -> Result<Self, String> {
+        let validator = jsonschema::draft7::options()
+            .with_pattern_options(PatternOptions::regex())
+            .build(&value)
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            value: Arc::new(value),
+            validator,
+        })
+    }
+
+    /// The schema as the model is shown it.
+    pub(crate) fn value(&self) -> &Arc<Value> {
+        &self.value
+    }
+
+    /// Checks `args` against the schema. The violation reported is the first one, unless another names
+    /// an argument no tool accepts; up to three more are named in its message, so the model can mend
+    /// them all in one try.
+    pub(crate) fn validate(&self, args: &Value) -> Result<(), Violation> {
+        let mut found: Vec<Violation> = self
+            .validator
+            .iter_errors(args)
+            .take(MAX_REPORTED)
+            .map(|e| violation_of(&e))
+            .collect();
+        if found.is_empty() {
+            return Ok(());
+        }
+        if let Some(i) = found.iter().position(|v| v.unexpected) {
+            found.swap(0, i);
+        }
+        let mut first = found.remove(0);
+        if !found.is_empty() {
+            let also: Vec<String> = found
+                .iter()
+                .map(|v| format!("`{}` {}", v.field, v.message))
+                .collect();
+            first.message = format!("{} (also: {})", first.message, also.join("; "));
+        }
+        Err(first)
+    }
+}
+
+/// Violations read from one validation, at most.
+const MAX_REPORTED: usize = 4;
 
 /// The `parameters` schema of a tool whose arguments are `T`: inline (no `$ref`), without the
 /// meta-schema, titles or integer formats some providers reject, and with optional fields as plain
@@ -101,6 +141,8 @@ fn tidy(v: &mut Value) {
 pub(crate) struct Violation {
     pub(crate) field: String,
     pub(crate) message: String,
+    /// The field is one the schema does not accept at all.
+    pub(crate) unexpected: bool,
 }
 
 /// Drops top-level `null` values of optional fields: models often send `"type": null` for "not given".
@@ -115,172 +157,72 @@ pub(crate) fn normalize(schema: &Value, args: &mut Value) {
     }
 }
 
-/// Checks `value` against the subset of JSON Schema the generated schemas use.
-pub(crate) fn validate(schema: &Value, value: &Value) -> Result<(), Violation> {
-    check(schema, value, "")
-}
-
-fn violation(path: &str, message: impl Into<String>) -> Violation {
-    Violation {
-        field: if path.is_empty() {
+/// One validation error in the model's terms: the field's path (`tags[1]`, `slots.when`) and what it
+/// must be.
+fn violation_of(e: &ValidationError<'_>) -> Violation {
+    let path = field_path(e);
+    let at = |field: String, message: String, unexpected: bool| Violation {
+        field: if field.is_empty() {
             "(arguments)".into()
         } else {
-            path.to_owned()
+            field
         },
-        message: message.into(),
-    }
-}
-
-fn type_matches(t: &str, v: &Value) -> bool {
-    match t {
-        "object" => v.is_object(),
-        "array" => v.is_array(),
-        "string" => v.is_string(),
-        "boolean" => v.is_boolean(),
-        "null" => v.is_null(),
-        "number" => v.is_number(),
-        "integer" => v.is_i64() || v.is_u64(),
-        _ => true,
-    }
-}
-
-fn check(schema: &Value, v: &Value, path: &str) -> Result<(), Violation> {
-    let Value::Object(s) = schema else {
-        return Ok(());
+        message,
+        unexpected,
     };
-    if let Some(t) = s.get("type") {
-        let ok = match t {
-            Value::String(t) => type_matches(t, v),
-            Value::Array(ts) => ts
-                .iter()
-                .filter_map(Value::as_str)
-                .any(|t| type_matches(t, v)),
-            _ => true,
-        };
-        if !ok {
-            return Err(violation(path, format!("must be of type {t}")));
+    let message = match e.kind() {
+        Kind::Required { property } => {
+            let name = property.as_str().unwrap_or_default();
+            return at(join(&path, name), "is required".into(), false);
         }
-    }
-    if let Some(Value::Array(allowed)) = s.get("enum")
-        && !allowed.contains(v)
-    {
-        let names: Vec<String> = allowed.iter().map(Value::to_string).collect();
-        return Err(violation(
-            path,
-            format!("must be one of {}", names.join(", ")),
-        ));
-    }
-    if let Some(c) = s.get("const")
-        && c != v
-    {
-        return Err(violation(path, format!("must be {c}")));
-    }
-    for key in ["anyOf", "oneOf"] {
-        if let Some(Value::Array(alts)) = s.get(key) {
-            let mut first_err = None;
-            if !alts.iter().any(|a| match check(a, v, path) {
-                Ok(()) => true,
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                    false
-                }
-            }) {
-                return Err(first_err.unwrap_or_else(|| violation(path, "is not allowed")));
+        Kind::AdditionalProperties { unexpected } => {
+            let name = unexpected.first().map(String::as_str).unwrap_or_default();
+            return at(
+                join(&path, name),
+                "is not an accepted argument".into(),
+                true,
+            );
+        }
+        Kind::AnyOf { context } | Kind::OneOfNotValid { context } => {
+            match context.iter().flatten().next() {
+                Some(inner) => return violation_of(inner),
+                None => "is not allowed".into(),
             }
         }
-    }
-    match v {
-        Value::String(text) => check_string(s, text, path),
-        Value::Number(n) => n.as_f64().map_or(Ok(()), |x| check_number(s, x, path)),
-        Value::Array(items) => check_array(s, items, path),
-        Value::Object(fields) => check_object(s, fields, path),
-        _ => Ok(()),
-    }
-}
-
-type Schema = serde_json::Map<String, Value>;
-
-/// A string's length and pattern.
-fn check_string(s: &Schema, text: &str, path: &str) -> Result<(), Violation> {
-    let n = text.chars().count() as u64;
-    if let Some(min) = s.get("minLength").and_then(Value::as_u64)
-        && n < min
-    {
-        return Err(violation(
-            path,
-            format!("must be at least {min} characters"),
-        ));
-    }
-    if let Some(max) = s.get("maxLength").and_then(Value::as_u64)
-        && n > max
-    {
-        return Err(violation(path, format!("must be at most {max} characters")));
-    }
-    if let Some(p) = s.get("pattern").and_then(Value::as_str) {
-        match pattern_matches(p, text) {
-            Some(true) => {}
-            Some(false) => return Err(violation(path, format!("must match the pattern {p}"))),
-            None => return Err(violation(path, "has an unusable pattern")),
-        }
-    }
-    Ok(())
-}
-
-/// A number's bounds.
-fn check_number(s: &Schema, x: f64, path: &str) -> Result<(), Violation> {
-    if let Some(min) = s.get("minimum").and_then(Value::as_f64)
-        && x < min
-    {
-        return Err(violation(path, format!("must be at least {min}")));
-    }
-    if let Some(max) = s.get("maximum").and_then(Value::as_f64)
-        && x > max
-    {
-        return Err(violation(path, format!("must be at most {max}")));
-    }
-    Ok(())
-}
-
-/// An array's length and items.
-fn check_array(s: &Schema, items: &[Value], path: &str) -> Result<(), Violation> {
-    if let Some(min) = s.get("minItems").and_then(Value::as_u64)
-        && (items.len() as u64) < min
-    {
-        return Err(violation(path, format!("must have at least {min} items")));
-    }
-    if let Some(max) = s.get("maxItems").and_then(Value::as_u64)
-        && items.len() as u64 > max
-    {
-        return Err(violation(path, format!("must have at most {max} items")));
-    }
-    if let Some(item_schema) = s.get("items") {
-        for (i, item) in items.iter().enumerate() {
-            check(item_schema, item, &format!("{path}[{i}]"))?;
-        }
-    }
-    Ok(())
-}
-
-/// An object's required and accepted fields.
-fn check_object(s: &Schema, fields: &Schema, path: &str) -> Result<(), Violation> {
-    let props = s.get("properties").and_then(Value::as_object);
-    if let Some(Value::Array(required)) = s.get("required") {
-        for r in required.iter().filter_map(Value::as_str) {
-            if !fields.contains_key(r) {
-                return Err(violation(&join(path, r), "is required"));
+        Kind::Type { kind } => match kind {
+            jsonschema::error::TypeKind::Single(t) => format!("must be of type {t}"),
+            jsonschema::error::TypeKind::Multiple(_) => e.to_string(),
+        },
+        Kind::Enum { options } => match options.as_array() {
+            Some(values) => {
+                let names: Vec<String> = values.iter().map(Value::to_string).collect();
+                format!("must be one of {}", names.join(", "))
             }
+            None => e.to_string(),
+        },
+        Kind::Constant { expected_value } => format!("must be {expected_value}"),
+        Kind::MinLength { limit } => format!("must be at least {limit} characters"),
+        Kind::MaxLength { limit } => format!("must be at most {limit} characters"),
+        Kind::Pattern { pattern } => format!("must match the pattern {pattern}"),
+        Kind::Minimum { limit } => format!("must be at least {limit}"),
+        Kind::Maximum { limit } => format!("must be at most {limit}"),
+        Kind::MinItems { limit } => format!("must have at least {limit} items"),
+        Kind::MaxItems { limit } => format!("must have at most {limit} items"),
+        _ => e.to_string(),
+    };
+    at(path, message, false)
+}
+
+/// The error's instance location as a field path: `tags[1]`, `slots.when`; empty at the root.
+fn field_path(e: &ValidationError<'_>) -> String {
+    let mut path = String::new();
+    for segment in e.instance_path().segments() {
+        match segment {
+            jsonschema::paths::LocationSegment::Index(i) => path.push_str(&format!("[{i}]")),
+            jsonschema::paths::LocationSegment::Property(name) => path = join(&path, &name),
         }
     }
-    for (k, fv) in fields {
-        match props.and_then(|p| p.get(k)) {
-            Some(ps) => check(ps, fv, &join(path, k))?,
-            None if s.get("additionalProperties") == Some(&Value::Bool(false)) => {
-                return Err(violation(&join(path, k), "is not an accepted argument"));
-            }
-            None => {}
-        }
-    }
-    Ok(())
+    path
 }
 
 fn join(path: &str, key: &str) -> String {
@@ -311,35 +253,90 @@ mod tests {
     }
 
     #[test]
-    fn patterns_are_compiled_once_and_still_checked() {
-        for _ in 0..3 {
-            assert_eq!(pattern_matches(r"\S", "kickflip"), Some(true));
-            assert_eq!(pattern_matches(r"\S", "   "), Some(false));
-            assert_eq!(pattern_matches("(unclosed", "x"), None);
-        }
-        let cache = PATTERNS.lock().unwrap();
-        assert!(cache.contains_key(r"\S") && cache.contains_key("(unclosed"));
-    }
-
-    #[test]
     fn schema_and_validation_agree() {
-        let s = parameters_for::<Demo>();
+        let schema = ArgsSchema::of::<Demo>();
+        let s = schema.value();
         assert_eq!(s["properties"]["limit"]["type"], "integer");
         assert_eq!(s["properties"]["limit"]["maximum"], 20);
         assert_eq!(s["additionalProperties"], false);
-        assert!(validate(&s, &json!({"name": "abc", "limit": 3})).is_ok());
-        let e = validate(&s, &json!({"name": "", "limit": 3})).unwrap_err();
-        assert_eq!(e.field, "name");
-        let e = validate(&s, &json!({"name": "a", "limit": 21})).unwrap_err();
-        assert_eq!(e.field, "limit");
-        let e = validate(&s, &json!({"name": "a", "tags": ["x", ""]})).unwrap_err();
+        let check = |v: Value| schema.validate(&v);
+        assert!(check(json!({"name": "abc", "limit": 3})).is_ok());
+        let e = check(json!({"name": "", "limit": 3})).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("name", "must be at least 1 characters")
+        );
+        let e = check(json!({"name": "a", "limit": 21})).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("limit", "must be at most 20")
+        );
+        let e = check(json!({"name": "a", "tags": ["x", ""]})).unwrap_err();
         assert_eq!(e.field, "tags[1]");
-        let e = validate(&s, &json!({"name": "a", "userId": "x"})).unwrap_err();
-        assert_eq!(e.field, "userId");
-        let e = validate(&s, &json!({})).unwrap_err();
-        assert_eq!(e.field, "name");
+        let e = check(json!({"name": "a", "tags": ["x", "y", "z"]})).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("tags", "must have at most 2 items")
+        );
+        let e = check(json!({"name": "a", "userId": "x"})).unwrap_err();
+        assert_eq!((e.field.as_str(), e.unexpected), ("userId", true));
+        let e = check(json!({})).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("name", "is required")
+        );
+        let e = check(json!({"name": 7})).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("name", "must be of type string")
+        );
         let mut v = json!({"name": "a", "limit": null});
-        normalize(&s, &mut v);
-        assert!(validate(&s, &v).is_ok());
+        normalize(s, &mut v);
+        assert!(check(v).is_ok());
+    }
+
+    #[test]
+    fn an_unaccepted_argument_is_reported_first_and_the_others_are_named_too() {
+        let schema = ArgsSchema::of::<Demo>();
+        let e = schema
+            .validate(&json!({"name": "", "limit": 99, "ownerId": "x"}))
+            .unwrap_err();
+        assert_eq!(e.field, "ownerId");
+        assert!(
+            e.message.starts_with("is not an accepted argument (also: "),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains("`name` must be at least 1 characters"),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.contains("`limit` must be at most 20"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn patterns_and_enums_say_what_is_allowed() {
+        let schema = ArgsSchema::compile(json!({
+            "type": "object",
+            "properties": {
+                "id": {"type": "string", "pattern": "^[0-9a-f]{24}$"},
+                "kind": {"type": "string", "enum": ["park", "street"]},
+            },
+            "additionalProperties": false,
+        }))
+        .unwrap();
+        let e = schema.validate(&json!({"id": "nope"})).unwrap_err();
+        assert_eq!(e.message, "must match the pattern ^[0-9a-f]{24}$");
+        let e = schema.validate(&json!({"kind": "mall"})).unwrap_err();
+        assert_eq!(
+            (e.field.as_str(), e.message.as_str()),
+            ("kind", r#"must be one of "park", "street""#)
+        );
+        assert!(ArgsSchema::compile(json!({"type": "string", "pattern": "(unclosed"})).is_err());
     }
 }

@@ -6,7 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores, schema};
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores, schema::ArgsSchema};
 use crate::flow::{
     self,
     state::{self, Applied, status},
@@ -62,7 +62,11 @@ impl Tool for SetFlowSlots {
             }
             let step = def.step(&c.step).ok_or(Refusal::NoFlow)?;
             let value = Value::Object(args.slots.clone());
-            if let Err(v) = schema::validate(&step.schema(), &value) {
+            let slots = ArgsSchema::compile(step.schema()).map_err(|why| Refusal::Invalid {
+                field: "slots".into(),
+                message: format!("this step's slots cannot be checked ({why})"),
+            })?;
+            if let Err(v) = slots.validate(&value) {
                 return Err(Refusal::Invalid {
                     field: format!("slots.{}", v.field),
                     message: v.message,

@@ -237,6 +237,17 @@ fn rows(c: &CompareReport) -> Vec<Row> {
                     .map(|s| s.ms.mean)
             })
         }),
+        (
+            "tool argument validation mean µs (turns with a tool call)",
+            |rs| {
+                mean_of(rs, |r| {
+                    r.stages
+                        .iter()
+                        .find(|s| s.stage == "validate")
+                        .map(|s| s.ms.mean * 1e3)
+                })
+            },
+        ),
         ("MongoDB commands per turn", |rs| {
             mean_of(rs, |r| Some(r.mongo_commands_per_turn))
         }),
