@@ -5,42 +5,13 @@
 //! Names used by the existing deployment (`ATLAS_URI`, `POSTGRES_URL`, `OPENROUTER_API_KEY`,
 //! `OPENROUTER_MODEL`) are accepted as they are.
 
-use std::{fmt, path::PathBuf, str::FromStr, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use clap::Args;
 
-/// A value that must never reach a log: `Debug` and `Display` print a placeholder.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_empty() {
-            "\"\""
-        } else {
-            "\"[redacted]\""
-        })
-    }
-}
-
-impl FromStr for Secret {
-    type Err = std::convert::Infallible;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Self(s.to_owned()))
-    }
-}
+/// A value that must never reach a log (a key, a password): `secrecy`'s string, whose `Debug` prints a
+/// placeholder and whose memory is zeroed when dropped. Read it with [`ExposeSecret::expose_secret`].
+pub use secrecy::{ExposeSecret, SecretString as Secret};
 
 /// Redacts the passwords of a connection URL (or a comma-separated list of them), for logs.
 pub fn redact_url(url: &str) -> String {
@@ -1306,9 +1277,19 @@ mod tests {
     #[test]
     fn secrets_and_passwords_are_redacted() {
         assert_eq!(
-            format!("{:?}", Secret::new("sk-or-v1-abc")),
-            "\"[redacted]\""
+            format!("{:?}", Secret::from("sk-or-v1-abc")),
+            "SecretBox<str>([REDACTED])"
         );
+        // A key given as a flag reaches the client whole and never the section's Debug.
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            llm: LlmConfig,
+        }
+        let args = ["companion", "--openrouter-api-key", "sk-or-v1-abc"];
+        let llm = <Flags as clap::Parser>::try_parse_from(args).unwrap().llm;
+        assert_eq!(llm.api_key.expose_secret(), "sk-or-v1-abc");
+        assert!(!format!("{llm:?}").contains("sk-or-v1-abc"));
         assert_eq!(
             redact_url("postgres://elizaos:hunter2@localhost:5432/elizaos"),
             "postgres://elizaos:***@localhost:5432/elizaos"

@@ -1,15 +1,15 @@
 //! The operations endpoint: `/healthz` (process alive), `/readyz` (NATS, MongoDB, PostgreSQL reachable,
-//! model loaded when configured) and `/metrics` (the process's [`Metrics`] as Prometheus text, the
-//! embedder's batch sizes, and the shared consumer's pending / ack-pending gauges read from NATS when
-//! scraped). It sits on top: it reads the components, none of them knows it.
+//! model loaded when configured) and `/metrics` (the process's [`Metrics`] as Prometheus text, with
+//! the readiness and the shared consumer's pending / ack-pending gauges read from NATS when scraped). It sits on top: it reads the components, none of them knows it.
 
 use std::{fmt::Write, net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use prometheus_client::encoding::prometheus_text;
 
 use crate::{
     bus::Bus,
-    metrics::{Metrics, label, render_embed_batches},
+    metrics::{Metric, Metrics},
     rag::Embedder,
     store::{Mongo, Pg},
 };
@@ -24,8 +24,8 @@ pub struct Probe {
     pub(crate) metrics: Arc<Metrics>,
     /// The shared consumer whose gauges are reported.
     pub(crate) consumer_name: String,
-    /// The last scrape-time gauges and when they were read, so scrapes cost at most one read a second.
-    scraped: tokio::sync::Mutex<Option<(std::time::Instant, String)>>,
+    /// When the scrape-time gauges were last read, so scrapes cost at most one read a second.
+    scraped: tokio::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Probe {
@@ -127,45 +127,56 @@ async fn readyz(State(svc): State<Arc<Probe>>) -> impl IntoResponse {
 
 async fn metrics(State(svc): State<Arc<Probe>>) -> impl IntoResponse {
     // First, so a failed read is already in this scrape's counters.
-    let gauges = scrape_gauges(&svc).await;
-    let mut text = svc.metrics.render();
-    if let Some(e) = &svc.embedder {
-        let h = e.batch_sizes();
-        render_embed_batches(&mut text, &h.cumulative, h.count, h.sum);
-    }
-    text.push_str(&gauges);
+    scrape_gauges(&svc).await;
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
+            prometheus_text::CONTENT_TYPE,
         )],
-        text,
+        svc.metrics.render(),
     )
 }
+
+/// Whether the worker reaches each dependency, what `/readyz` checks.
+const READY: Metric = Metric::new(
+    "companion_ready",
+    "Whether the worker reaches the dependency (1) or not (0)",
+);
+/// Reads of the shared consumer's state that failed at a scrape.
+const CONSUMER_INFO_ERRORS: Metric = Metric::new(
+    "companion_consumer_info_errors_total",
+    "Scrapes at which the shared consumer's state could not be read",
+);
+/// The shared consumer's gauges, read from NATS when scraped.
+const CONSUMER: [Metric; 3] = [
+    Metric::new(
+        "companion_consumer_pending",
+        "Events in the stream not yet delivered to any worker",
+    ),
+    Metric::new(
+        "companion_consumer_ack_pending",
+        "Events delivered and not yet acknowledged",
+    ),
+    Metric::new(
+        "companion_consumer_redelivered",
+        "Events delivered more than once and not yet acknowledged",
+    ),
+];
 
 /// The gauges read when scraped, at most once a second whatever the scrape rate: the readiness of
 /// each dependency (`companion_ready{dependency}`, 1 or 0, what `/readyz` checks) and those of the shared
 /// durable consumer (`CONSUMER.INFO`, 2 s timeout): events waiting, delivered but not yet acked,
 /// redelivered. When the consumer cannot be read its gauges are left out and
 /// `companion_consumer_info_errors_total` counts it.
-async fn scrape_gauges(svc: &Probe) -> String {
-    let mut cached = svc.scraped.lock().await;
-    if let Some((at, text)) = cached.as_ref()
-        && at.elapsed() < Duration::from_secs(1)
-    {
-        return text.clone();
+async fn scrape_gauges(svc: &Probe) {
+    let mut last = svc.scraped.lock().await;
+    if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+        return;
     }
+    let m = &svc.metrics;
     let readiness = Readiness::check(svc).await;
-    let mut text = String::from(
-        "# HELP companion_ready whether the worker reaches the dependency (1) or not (0)\n\
-         # TYPE companion_ready gauge\n",
-    );
     for (name, up) in readiness.each() {
-        let _ = writeln!(
-            text,
-            "companion_ready{{dependency=\"{name}\"}} {}",
-            u8::from(up)
-        );
+        m.set_level(&READY, &[("dependency", name)], i64::from(up));
     }
     let names = &svc.bus.names;
     let info = tokio::time::timeout(Duration::from_secs(2), async {
@@ -176,37 +187,22 @@ async fn scrape_gauges(svc: &Probe) -> String {
     .ok()
     .flatten();
     let Some(info) = info else {
-        svc.metrics.inc("companion_consumer_info_errors_total", "");
-        *cached = None;
-        return text;
+        m.inc(&CONSUMER_INFO_ERRORS, &[]);
+        CONSUMER.iter().for_each(|g| m.clear_level(g));
+        *last = None;
+        return;
     };
-    let labels = format!(
-        "stream=\"{}\",consumer=\"{}\"",
-        label(&names.stream_in),
-        label(&svc.consumer_name)
-    );
-    for (name, help, v) in [
-        (
-            "companion_consumer_pending",
-            "events in the stream not yet delivered to any worker",
-            info.num_pending,
-        ),
-        (
-            "companion_consumer_ack_pending",
-            "events delivered and not yet acknowledged",
-            info.num_ack_pending as u64,
-        ),
-        (
-            "companion_consumer_redelivered",
-            "events delivered more than once and not yet acknowledged",
-            info.num_redelivered as u64,
-        ),
-    ] {
-        let _ = writeln!(
-            text,
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}"
-        );
+    let labels = [
+        ("stream", names.stream_in.as_str()),
+        ("consumer", svc.consumer_name.as_str()),
+    ];
+    let values = [
+        i64::try_from(info.num_pending).unwrap_or(i64::MAX),
+        info.num_ack_pending as i64,
+        info.num_redelivered as i64,
+    ];
+    for (gauge, v) in CONSUMER.iter().zip(values) {
+        m.set_level(gauge, &labels, v);
     }
-    *cached = Some((std::time::Instant::now(), text.clone()));
-    text
+    *last = Some(std::time::Instant::now());
 }

@@ -25,10 +25,21 @@ use crate::{
     conversation_order::Order,
     failure::{Class, Failure},
     journal::State,
-    metrics::Metrics,
+    metrics::{Metric, Metrics},
     pipeline::{Outcome, Pipeline},
     timing::{self, Stage},
 };
+
+/// Turns by outcome (answered, limited, failed, retried, ...).
+pub(crate) const TURNS: Metric = Metric::new(
+    "companion_turns_total",
+    "Turns by outcome (answered, limited, held, dropped, failed, retried, returned, already_done)",
+);
+/// Events recorded in the dead-letter stream.
+pub(crate) const DEAD_LETTERS: Metric = Metric::new(
+    "companion_dead_letters_total",
+    "Events recorded in the dead-letter stream",
+);
 
 /// How a delivery's turn ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -203,8 +214,7 @@ impl Settler {
                 let mut dead = true;
                 if let (true, Some(event)) = (answer_with_failure_line, event) {
                     error!(error = %reason, "turn cannot be answered; sending the failure line and dead-lettering");
-                    self.metrics
-                        .inc("companion_turns_total", "outcome=\"failed\"");
+                    self.metrics.inc(&TURNS, &[("outcome", "failed")]);
                     let answered = self.pipeline.fail(&event.into(), &reason).await;
                     match answered {
                         Ok(settled) => {
@@ -245,7 +255,7 @@ impl Settler {
             )
         };
         if self.retrying(handle, Write::DeadLetter, write).await {
-            self.metrics.inc("companion_dead_letters_total", "");
+            self.metrics.inc(&DEAD_LETTERS, &[]);
             warn!(reason, "event dead-lettered");
             true
         } else {

@@ -25,9 +25,25 @@ pub(crate) use crate::journal::usage::Spent;
 use crate::{
     config::SpendConfig,
     journal::{names, usage},
-    metrics::Metrics,
+    metrics::{Metric, Metrics},
     store::StoreError,
 };
+
+/// Chat calls the budget changed, by scope and stage.
+const BUDGET_CALLS: Metric = Metric::new(
+    "companion_budget_calls_total",
+    "Chat calls the spend budget changed, by scope (user, service) and stage (cheaper, stopped)",
+);
+/// The share of the service's budget spent in its window.
+const SERVICE_BUDGET_RATIO: Metric = Metric::new(
+    "companion_service_budget_ratio",
+    "Share of the service's spend budget used in its window",
+);
+/// The service's spending in the budget's window.
+const SERVICE_SPEND_USD: Metric = Metric::new(
+    "companion_service_spend_usd",
+    "The service's spending in USD in the budget's window",
+);
 
 /// The tally every model answer on behalf of `user` is recorded under.
 pub(crate) fn tally(user: &str) -> String {
@@ -194,10 +210,8 @@ impl SpendGuard {
             Allowance::Cheaper { model, scope } => {
                 info!(scope = scope.label(), model = %model, spent_tokens = user_spent.tokens,
                       spent_usd = user_spent.usd, "near the budget: the cheaper model answers");
-                self.metrics.inc(
-                    "companion_budget_calls_total",
-                    &format!("scope=\"{}\",stage=\"cheaper\"", scope.label()),
-                );
+                let labels = [("scope", scope.label()), ("stage", "cheaper")];
+                self.metrics.inc(&BUDGET_CALLS, &labels);
             }
             Allowance::Stopped { scope } => {
                 warn!(
@@ -206,10 +220,8 @@ impl SpendGuard {
                     spent_usd = user_spent.usd,
                     "at the budget: no call to the chat model"
                 );
-                self.metrics.inc(
-                    "companion_budget_calls_total",
-                    &format!("scope=\"{}\",stage=\"stopped\"", scope.label()),
-                );
+                let labels = [("scope", scope.label()), ("stage", "stopped")];
+                self.metrics.inc(&BUDGET_CALLS, &labels);
             }
         }
         Ok(allowance)
@@ -239,13 +251,9 @@ impl SpendGuard {
         }
         let spent = self.spent(None).await?;
         *cached = Some((Instant::now(), spent));
-        self.metrics.set_gauge(
-            "companion_service_budget_ratio",
-            "",
-            self.limits.service.share(spent),
-        );
-        self.metrics
-            .set_gauge("companion_service_spend_usd", "", spent.usd);
+        let share = self.limits.service.share(spent);
+        self.metrics.set_gauge(&SERVICE_BUDGET_RATIO, &[], share);
+        self.metrics.set_gauge(&SERVICE_SPEND_USD, &[], spent.usd);
         Ok(spent)
     }
 

@@ -106,6 +106,9 @@ impl App {
         safety.review_lines(chrono::Utc::now().date_naive(), &metrics);
         let llm = LlmClient::new(&c.llm, metrics.clone())?;
         let embedder = rag::load_embedder(&c.embed);
+        if let Some(e) = &embedder {
+            metrics.register_histogram(&rag::EMBED_BATCH, e.batch_sizes());
+        }
         let moderator = crate::llm::moderation::Moderator::from_config(&c.safety)
             .unwrap_or_else(|e| {
                 warn!(error = %e, "the moderation endpoint cannot be used; the local layers screen alone");

@@ -26,16 +26,28 @@ use crate::{
     config::{ConsumerConfig, WorkerConfig},
     conversation_order::{Order, OrderError, Position, Waited},
     failure::{Class, Failure},
-    metrics::Metrics,
+    metrics::{Metric, Metrics},
     pipeline::{Arrival, Input, Pipeline},
-    settle::{self, Ending, Handle, Settler, Verdict},
+    proactive::PROACTIVE,
+    settle::{self, DEAD_LETTERS, Ending, Handle, Settler, TURNS, Verdict},
     timing::{self, Stage},
 };
 
-/// Counter of turns by outcome.
-const TURNS: &str = "companion_turns_total";
 /// Jobs that panicked, caught at the delivery's boundary, by kind (`turn`, `signal`).
-const PANICS: &str = "companion_panics_total";
+const PANICS: Metric = Metric::new(
+    "companion_panics_total",
+    "Jobs that panicked, caught at the delivery's boundary, by kind (`turn`, `signal`)",
+);
+/// Deliveries that waited for an earlier message of their conversation.
+const ORDER_WAITS: Metric = Metric::new(
+    "companion_order_waits_total",
+    "Deliveries that waited for an earlier message of their conversation to settle",
+);
+/// How long those waits took.
+const ORDER_WAIT_MS: Metric = Metric::new(
+    "companion_order_wait_milliseconds_total",
+    "Milliseconds deliveries waited for an earlier message of their conversation",
+);
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -87,7 +99,7 @@ impl Worker {
         let order = shared.order.clone();
         let w = &shared.worker;
         // Alerts look at increases: the dead-letter counter exists (at 0) before the first one.
-        w.metrics.add("companion_dead_letters_total", "", 0);
+        w.metrics.add(&DEAD_LETTERS, &[], 0);
         let notices = tokio::spawn(order.clone().listen());
         let exhausted = tokio::spawn(watch_exhausted(
             shared.clone(),
@@ -351,15 +363,12 @@ impl Running {
         slot: &mut Permit,
     ) -> Option<Ending> {
         drop(slot.permit.take());
-        self.worker.metrics.inc("companion_order_waits_total", "");
+        self.worker.metrics.inc(&ORDER_WAITS, &[]);
         let wait = Box::pin(self.order.wait_for_earlier(subject, seq, &slot.shutdown));
         match timing::stage(Stage::Wait, wait).await {
             Ok(Waited::Go { waited }) => {
-                self.worker.metrics.add(
-                    "companion_order_wait_milliseconds_total",
-                    "",
-                    waited.as_millis() as u64,
-                );
+                let ms = waited.as_millis() as u64;
+                self.worker.metrics.add(&ORDER_WAIT_MS, &[], ms);
                 debug!(
                     after = first,
                     waited_ms = waited.as_millis() as u64,
@@ -400,7 +409,7 @@ impl Running {
             error!(kind, step, panic = %what, "the job panicked; it settles as a transient failure");
             self.worker
                 .metrics
-                .inc(PANICS, &format!("kind=\"{kind}\""));
+                .inc(&PANICS, &[("kind", kind)]);
             Failure::new(Class::Transient, format!("panicked at step {step}: {what}"))
         })
     }
@@ -413,9 +422,7 @@ impl Running {
             (Ending::Failed(_), Verdict::Nak { .. }) => "retried",
             _ => return,
         };
-        self.worker
-            .metrics
-            .inc(TURNS, &format!("outcome=\"{name}\""));
+        self.worker.metrics.inc(&TURNS, &[("outcome", name)]);
     }
 }
 
@@ -604,7 +611,7 @@ impl Running {
                     error!(error = %f.reason, "signal cannot be acted on; dead-lettering");
                     self.worker
                         .metrics
-                        .inc("companion_proactive_total", "kind=\"signal\",outcome=\"failed\"");
+                        .inc(&PROACTIVE, &[("kind", "signal"), ("outcome", "failed")]);
                 }
                 _ => {}
             }
@@ -709,10 +716,8 @@ impl Running {
         );
         let transient = |reason| Ending::Failed(Failure::new(Class::Transient, reason));
         let (ending, event) = if signal {
-            w.metrics.inc(
-                "companion_proactive_total",
-                "kind=\"signal\",outcome=\"failed\"",
-            );
+            w.metrics
+                .inc(&PROACTIVE, &[("kind", "signal"), ("outcome", "failed")]);
             (transient(reason), None)
         } else {
             match parse_event(

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use companion::testing::config::{Config, LogFormat};
+use companion::testing::config::{Config, ExposeSecret, LogFormat};
 
 /// `key=value` pairs for a child process's environment.
 pub type Env = Vec<(&'static str, String)>;
@@ -44,7 +44,7 @@ fn servers(c: &Config) -> Env {
     let n = &c.nats;
     let mut env = vec![
         ("NATS_URL", c.nats.url.clone()),
-        ("NATS_PASSWORD", c.nats.password.expose().to_owned()),
+        ("NATS_PASSWORD", c.nats.password.expose_secret().to_owned()),
         ("NATS_TLS_REQUIRED", c.nats.tls_required.to_string()),
         ("NATS_TLS_FIRST", c.nats.tls_first.to_string()),
         ("COMPANION_SUBJECT_PREFIX", c.nats.subject_prefix.clone()),
@@ -84,7 +84,10 @@ fn servers(c: &Config) -> Env {
 /// The model API.
 fn model(c: &Config) -> Env {
     vec![
-        ("OPENROUTER_API_KEY", c.llm.api_key.expose().to_owned()),
+        (
+            "OPENROUTER_API_KEY",
+            c.llm.api_key.expose_secret().to_owned(),
+        ),
         ("OPENROUTER_MODEL", c.llm.model.clone()),
         ("LLM_BASE_URL", c.llm.base_url.clone()),
         ("LLM_TIMEOUT_SECS", c.llm.timeout_secs.to_string()),
@@ -140,7 +143,7 @@ fn safety(c: &Config) -> Env {
         ("COMPANION_MODERATION_URL", c.safety.moderation_url.clone()),
         (
             "COMPANION_MODERATION_API_KEY",
-            c.safety.moderation_api_key.expose().to_owned(),
+            c.safety.moderation_api_key.expose_secret().to_owned(),
         ),
         (
             "COMPANION_MODERATION_MODEL",
@@ -478,6 +481,9 @@ mod tests {
             ..back.config
         };
         assert_eq!(format!("{back:?}"), format!("{config:?}"));
-        assert_eq!(back.nats.password.expose(), config.nats.password.expose());
+        assert_eq!(
+            back.nats.password.expose_secret(),
+            config.nats.password.expose_secret()
+        );
     }
 }

@@ -28,7 +28,7 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use crate::{
-    config::{ConsumerConfig, NatsConfig},
+    config::{ConsumerConfig, ExposeSecret, NatsConfig},
     failure::{Class, Classify},
 };
 
@@ -306,8 +306,8 @@ impl Bus {
                 .name("companion")
                 .connection_timeout(Duration::from_secs(5));
             if let Some(user) = &config.user {
-                options =
-                    options.user_and_password(user.clone(), config.password.expose().to_owned());
+                options = options
+                    .user_and_password(user.clone(), config.password.expose_secret().to_owned());
             }
             options = tls_options(options, config);
             let e = match options.connect(servers.clone()).await {

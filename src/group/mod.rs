@@ -13,6 +13,7 @@ pub(crate) use route::{Bounds, Member, why};
 
 use crate::{
     bus::GroupEvent,
+    metrics::Metric,
     rag::Retriever,
     store::pg::GroupLine,
     timing::{Stage, stage},
@@ -22,13 +23,25 @@ use crate::{
 pub(crate) const JOB_KIND: &str = "group";
 
 /// Group messages handled, by route.
-pub(crate) const MESSAGES: &str = "companion_group_messages_total";
+pub(crate) const MESSAGES: Metric = Metric::new(
+    "companion_group_messages_total",
+    "Group messages handled, by route",
+);
 /// Companion messages sent in groups.
-pub(crate) const ANSWERS: &str = "companion_group_answers_total";
+pub(crate) const ANSWERS: Metric = Metric::new(
+    "companion_group_answers_total",
+    "Companion messages sent in groups",
+);
 /// Hand-overs from one companion to another.
-pub(crate) const HANDOVERS: &str = "companion_group_handovers_total";
+pub(crate) const HANDOVERS: Metric = Metric::new(
+    "companion_group_handovers_total",
+    "Hand-overs from one companion to another",
+);
 /// Group messages no companion answered, by reason.
-pub(crate) const SILENCES: &str = "companion_group_silences_total";
+pub(crate) const SILENCES: Metric = Metric::new(
+    "companion_group_silences_total",
+    "Group messages no companion answered, by reason",
+);
 
 /// Why a group message gets no answer at all: a companion sent it (companions never answer each other
 /// unprompted).

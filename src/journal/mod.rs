@@ -46,7 +46,7 @@ use tracing::{debug, warn};
 
 use crate::{
     failure::{Class, Classify},
-    metrics::Metrics,
+    metrics::{Labels, Metric, Metrics},
     store::StoreError,
 };
 
@@ -473,11 +473,11 @@ struct Pending {
     counter: Option<Counter>,
 }
 
-/// A counter and its labels (`a="x",b="y"`), moved when a step's record commits.
+/// A counter and its labels, moved when a step's record commits.
 #[derive(Clone, Debug)]
 struct Counter {
-    name: &'static str,
-    labels: String,
+    metric: &'static Metric,
+    labels: Vec<(&'static str, String)>,
 }
 
 /// One attempt of a job: its row as opened, the steps recorded so far, and the records not yet written.
@@ -708,7 +708,9 @@ impl Job {
             if let Some(c) = &r.counter
                 && inserted.iter().any(|(n, k)| *n == r.name && *k == r.key)
             {
-                metrics.inc(c.name, &c.labels);
+                let labels: Vec<(&'static str, &str)> =
+                    c.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                metrics.inc(c.metric, &labels);
             }
         }
     }
@@ -942,13 +944,13 @@ impl Step<'_> {
         self
     }
 
-    /// Moves counter `name{labels}` once, when this step's record commits: not when the body runs (an
-    /// attempt that fails before its record is written does not count), and not again on a retry that
-    /// replays the record.
-    pub(crate) fn counts(mut self, name: &'static str, labels: impl Into<String>) -> Self {
+    /// Moves counter `metric{labels}` once, when this step's record commits: not when the body runs
+    /// (an attempt that fails before its record is written does not count), and not again on a retry
+    /// that replays the record.
+    pub(crate) fn counts(mut self, metric: &'static Metric, labels: Labels<'_>) -> Self {
         self.counter = Some(Counter {
-            name,
-            labels: labels.into(),
+            metric,
+            labels: labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
         });
         self
     }

@@ -16,9 +16,9 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use crate::{
-    config::{LlmConfig, Secret},
+    config::{ExposeSecret, LlmConfig, Secret},
     failure::{Class, Classify},
-    metrics::{Metrics, label},
+    metrics::{Metric, Metrics},
 };
 pub(crate) use prices::{CallUsage, PriceError, Prices};
 
@@ -342,7 +342,35 @@ fn encode(request: &ChatRequest) -> Result<String, LlmError> {
 }
 
 /// Counter of 402 answers (no credits left), for the `CompanionOutOfCredits` alert.
-const OUT_OF_CREDITS: &str = "companion_llm_out_of_credits_total";
+/// Chat requests sent, by model and status.
+const REQUESTS: Metric = Metric::new(
+    "companion_llm_requests_total",
+    "Chat requests sent, by model and status (ok, 429, 5xx, timeout, unreachable, ...)",
+);
+/// What the answered requests cost, by the model asked.
+const COST_USD: Metric = Metric::new(
+    "companion_llm_cost_usd_total",
+    "What the answered chat requests cost in USD, by the model asked",
+);
+/// Answers the price table has no price for.
+const UNPRICED: Metric = Metric::new(
+    "companion_llm_unpriced_responses_total",
+    "Chat answers whose model the price table has no price for, by the model asked",
+);
+/// Tokens of the answered requests.
+const TOKENS: Metric = Metric::new(
+    "companion_llm_tokens_total",
+    "Tokens of the answered chat requests, by model and kind (prompt, completion)",
+);
+/// Requests sent again after a transient failure.
+const RETRIES: Metric = Metric::new(
+    "companion_llm_retries_total",
+    "Chat requests sent again after a transient failure, by model",
+);
+const OUT_OF_CREDITS: Metric = Metric::new(
+    "companion_llm_out_of_credits_total",
+    "Counter of 402 answers (no credits left), for the `CompanionOutOfCredits` alert",
+);
 
 /// How a chat request is retried within a turn.
 #[derive(Clone, Debug)]
@@ -396,7 +424,7 @@ impl LlmClient {
             .build()
             .map_err(|e| LlmError::Connect(e.to_string()))?;
         // Alerts look at increases: the counter exists (at 0) before the first 402.
-        metrics.add(OUT_OF_CREDITS, "", 0);
+        metrics.add(&OUT_OF_CREDITS, &[], 0);
         Ok(Self {
             http,
             url: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
@@ -425,7 +453,6 @@ impl LlmClient {
     /// Counts requests, outcomes, tokens and cost into the metrics.
     fn count(&self, model: &str, result: &Result<ChatResponse, LlmError>) {
         let m = &self.metrics;
-        let model = label(model);
         let status = match result {
             Ok(_) => "ok".to_owned(),
             Err(LlmError::Timeout) => "timeout".to_owned(),
@@ -444,13 +471,10 @@ impl LlmClient {
             Err(LlmError::TooLarge { .. }) => "too_large".to_owned(),
             Err(LlmError::OverBudget { .. }) => "over_budget".to_owned(),
         };
-        m.inc(
-            "companion_llm_requests_total",
-            &format!("model=\"{model}\",status=\"{status}\""),
-        );
+        m.inc(&REQUESTS, &[("model", model), ("status", &status)]);
         match result {
             Err(LlmError::Rejected { status: 402, body }) => {
-                m.inc(OUT_OF_CREDITS, "");
+                m.inc(&OUT_OF_CREDITS, &[]);
                 tracing::error!(
                     model = %model, %body,
                     "the chat API has no credits left (402): every turn fails until credits are added"
@@ -464,32 +488,26 @@ impl LlmClient {
         }
         if let Ok(r) = result {
             let usage = r.usage.clone().unwrap_or_default();
-            let answered = r.model.as_deref().unwrap_or(&model);
+            let answered = r.model.as_deref().unwrap_or(model);
             let cost = self.prices.cost(answered, &usage);
             match cost.usd {
-                Some(usd) => m.add_f64(
-                    "companion_llm_cost_usd_total",
-                    &format!("model=\"{model}\""),
-                    usd,
-                ),
-                None => m.inc(
-                    "companion_llm_unpriced_responses_total",
-                    &format!("model=\"{model}\""),
-                ),
+                Some(usd) => m.add_f64(&COST_USD, &[("model", model)], usd),
+                None => m.inc(&UNPRICED, &[("model", model)]),
             }
         }
         if let Ok(r) = result
             && let Some(u) = &r.usage
         {
             m.add(
-                "companion_llm_tokens_total",
-                &format!("model=\"{model}\",kind=\"prompt\""),
+                &TOKENS,
+                &[("model", model), ("kind", "prompt")],
                 u.prompt_tokens,
             );
+            let completion = u.completion_tokens;
             m.add(
-                "companion_llm_tokens_total",
-                &format!("model=\"{model}\",kind=\"completion\""),
-                u.completion_tokens,
+                &TOKENS,
+                &[("model", model), ("kind", "completion")],
+                completion,
             );
         }
     }
@@ -543,10 +561,7 @@ impl LlmClient {
                     Err(e) if e.is_transient() && retry < self.retry.max_retries => {
                         match self.retry.wait(retry, &e) {
                             Some(wait) => {
-                                self.metrics.inc(
-                                    "companion_llm_retries_total",
-                                    &format!("model=\"{}\"", label(model)),
-                                );
+                                self.metrics.inc(&RETRIES, &[("model", model)]);
                                 tracing::warn!(model = %model, error = %e, retry_in_ms = wait.as_millis() as u64, "chat request failed; retrying");
                                 tokio::time::sleep(wait).await;
                                 retry += 1;
@@ -579,8 +594,8 @@ impl LlmClient {
             .header("X-Title", "TrickBook companions")
             .header(header::CONTENT_TYPE, "application/json")
             .body(reqwest::Body::wrap(body));
-        if !self.key.is_empty() {
-            builder = builder.bearer_auth(self.key.expose());
+        if !self.key.expose_secret().is_empty() {
+            builder = builder.bearer_auth(self.key.expose_secret());
         }
         let response = builder.send().await.map_err(|e| {
             if e.is_timeout() {

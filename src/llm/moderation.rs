@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, time::Duration};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::config::{SafetyConfig, Secret};
+use crate::config::{ExposeSecret, SafetyConfig, Secret};
 
 /// Why the endpoint gave no answer; admission decides on the local layers then.
 #[derive(Debug, thiserror::Error)]
@@ -83,8 +83,8 @@ impl Moderator {
             .http
             .post(&self.url)
             .json(&json!({ "model": self.model, "input": text }));
-        if !self.key.is_empty() {
-            request = request.bearer_auth(self.key.expose());
+        if !self.key.expose_secret().is_empty() {
+            request = request.bearer_auth(self.key.expose_secret());
         }
         let call = async {
             let response = request

@@ -417,7 +417,7 @@ impl Composer {
             unreachable!("a group slot of a group message");
         };
         if t.handed_over {
-            self.metrics.inc(group::HANDOVERS, "");
+            self.metrics.inc(&group::HANDOVERS, &[]);
             info!(to = %c.id, "handed over by the companion before");
         }
         self.typing(group_event.conversation_id, me).await;

@@ -25,6 +25,7 @@ use crate::{
             step,
         },
     },
+    metrics::Metric,
     store::{Mongo, Pg, mongo::ReplyDoc, pg::NewHistory},
     timing::{Stage, stage},
 };
@@ -292,7 +293,7 @@ impl Delivery {
         }
         let (document, completion) = job
             .step(step::WITHDRAW, generation)
-            .counts(WITHDRAWN, "")
+            .counts(&WITHDRAWN, &[])
             .run(async {
                 let document = self.mongo.withdraw_reply(reply_id, out.bot).await?;
                 let completion = match seq {
@@ -313,7 +314,10 @@ impl Delivery {
 }
 
 /// Counts messages withdrawn after they went out, because a deletion committed meanwhile.
-pub(crate) const WITHDRAWN: &str = "companion_replies_withdrawn_total";
+pub(crate) const WITHDRAWN: Metric = Metric::new(
+    "companion_replies_withdrawn_total",
+    "Counts messages withdrawn after they went out, because a deletion committed meanwhile",
+);
 
 /// How a slot's message goes out.
 #[derive(Clone, Copy, Debug)]

@@ -90,9 +90,10 @@ impl Endings {
         if let Some(g) = &end.plan.group
             && end.fresh
         {
-            let route = format!("route=\"{}\"", g.route.why);
-            self.metrics.inc(group::MESSAGES, &route);
-            self.metrics.add(group::ANSWERS, "", end.said.len() as u64);
+            self.metrics
+                .inc(&group::MESSAGES, &[("route", &g.route.why)]);
+            self.metrics
+                .add(&group::ANSWERS, &[], end.said.len() as u64);
         }
         let plain = matches!(&a.kind, Kind::FollowUp { follow_up, .. }
             if last.content.ends_with(&self.clean.text(&follow_up.plain)));
@@ -117,8 +118,7 @@ impl Endings {
         job.finish(State::Dropped, ending).await?;
         info!(reason, "no message for this job");
         if let Kind::Group { .. } = a.kind {
-            let label = format!("reason=\"{}\"", crate::metrics::label(reason));
-            self.metrics.inc(group::SILENCES, &label);
+            self.metrics.inc(&group::SILENCES, &[("reason", reason)]);
         }
         let outcome = Outcome::Dropped {
             reason: reason.to_owned(),
@@ -178,8 +178,8 @@ impl Endings {
                 Outcome::Answered { .. } | Outcome::Limited { .. } => "sent",
                 other => other.name(),
             };
-            let labels = format!("kind=\"{}\",outcome=\"{name}\"", follow_up.trigger.kind);
-            self.metrics.inc(proactive::PROACTIVE, &labels);
+            let labels = [("kind", follow_up.trigger.kind.as_str()), ("outcome", name)];
+            self.metrics.inc(&proactive::PROACTIVE, &labels);
         }
     }
 }

@@ -24,7 +24,7 @@ use crate::{
         names::{step, tally},
     },
     llm::moderation::Moderator,
-    metrics::Metrics,
+    metrics::{Metric, Metrics},
     rag::Retriever,
     safety::{
         Safety,
@@ -36,13 +36,25 @@ use crate::{
 };
 
 /// User messages seen by the incoming hook, by kind (`dm`, `group`).
-pub(crate) const INCOMING: &str = "companion_user_messages_total";
+pub(crate) const INCOMING: Metric = Metric::new(
+    "companion_user_messages_total",
+    "User messages seen by the incoming hook, by kind (`dm`, `group`)",
+);
 /// User messages the crisis screen flagged, by category and language.
-pub(crate) const CRISIS_FLAGS: &str = "companion_crisis_flags_total";
+pub(crate) const CRISIS_FLAGS: Metric = Metric::new(
+    "companion_crisis_flags_total",
+    "User messages the crisis screen flagged, by category and language",
+);
 /// Crisis referrals sent, by category and language.
-pub(crate) const CRISIS_REFERRALS: &str = "companion_crisis_referrals_total";
+pub(crate) const CRISIS_REFERRALS: Metric = Metric::new(
+    "companion_crisis_referrals_total",
+    "Crisis referrals sent, by category and language",
+);
 /// Questions to the moderation endpoint, by outcome (`flagged`, `clear`, `timeout`, `error`).
-pub(crate) const MODERATION: &str = "companion_moderation_requests_total";
+pub(crate) const MODERATION: Metric = Metric::new(
+    "companion_moderation_requests_total",
+    "Questions to the moderation endpoint, by outcome (`flagged`, `clear`, `timeout`, `error`)",
+);
 
 /// The `crisis` step: what the screen found in a user message, and whether a referral is owed (at most
 /// one per conversation per window).
@@ -104,7 +116,7 @@ impl Incoming {
         let screened = job
             .step(step::SCREEN, m.id.to_hex())
             .lazy()
-            .counts(INCOMING, format!("kind=\"{}\"", m.kind))
+            .counts(&INCOMING, &[("kind", m.kind)])
             .run(async {
                 match m.text.trim().is_empty() {
                     true => Ok(Screened {
@@ -160,8 +172,7 @@ impl Incoming {
                 (None, e.outcome())
             }
         };
-        self.metrics
-            .inc(MODERATION, &format!("outcome=\"{outcome}\""));
+        self.metrics.inc(&MODERATION, &[("outcome", outcome)]);
         (category, Some(outcome))
     }
 
@@ -193,7 +204,7 @@ impl Incoming {
         // Counted when the record (and the yearly row with it) commits, once per message.
         let flagged = job
             .step(step::CRISIS, &key)
-            .counts(CRISIS_FLAGS, labels(&f))
+            .counts(&CRISIS_FLAGS, &labels(&f))
             .run_in_tx(|mut tx| async move {
                 let at = Utc::now();
                 let logged =
@@ -235,7 +246,7 @@ impl Incoming {
             lines = referral.lines.len(),
             "crisis referral fixed"
         );
-        self.metrics.inc(CRISIS_REFERRALS, &labels(f));
+        self.metrics.inc(&CRISIS_REFERRALS, &labels(f));
         reply
     }
 
@@ -288,11 +299,10 @@ pub(crate) fn model_decision(m: &UserMessage<'_>, concern: Concern) -> Option<De
 }
 
 /// A flag's metric labels.
-fn labels(f: &Flagged) -> String {
-    format!(
-        "category=\"{}\",lang=\"{}\",layer=\"{}\"",
-        f.category.as_str(),
-        f.lang,
-        f.layer.as_str()
-    )
+fn labels(f: &Flagged) -> [(&'static str, &str); 3] {
+    [
+        ("category", f.category.as_str()),
+        ("lang", &f.lang),
+        ("layer", f.layer.as_str()),
+    ]
 }

@@ -17,7 +17,7 @@ use super::{PipelineError, Reply, input::Admitted, input::Kind};
 use crate::{
     bus::event::clean_text,
     group::Member,
-    metrics::Metrics,
+    metrics::{Metric, Metrics},
     safety::{
         Safety, detect,
         disclosure::{self, Due},
@@ -31,9 +31,15 @@ use crate::{
 };
 
 /// Companion messages the output check replaced, by what it found.
-pub(crate) const OUTPUT_BLOCKED: &str = "companion_output_blocked_total";
+pub(crate) const OUTPUT_BLOCKED: Metric = Metric::new(
+    "companion_output_blocked_total",
+    "Companion messages the output check replaced, by what it found",
+);
 /// Companion messages that carried the AI disclosure, by why (`first_today`, `continuing`).
-pub(crate) const DISCLOSURES: &str = "companion_ai_disclosures_total";
+pub(crate) const DISCLOSURES: Metric = Metric::new(
+    "companion_ai_disclosures_total",
+    "Companion messages that carried the AI disclosure, by why (`first_today`, `continuing`)",
+);
 
 /// The bound of a companion message's text: what every writer of one shapes it with.
 #[derive(Clone, Copy, Debug)]
@@ -82,8 +88,7 @@ impl Outgoing {
                 found = what,
                 "the output check blocked a companion message; the safe line goes instead"
             );
-            self.metrics
-                .inc(OUTPUT_BLOCKED, &format!("found=\"{what}\""));
+            self.metrics.inc(&OUTPUT_BLOCKED, &[("found", what)]);
             said.content = self.clean.text(&c.safe_line);
             said.rich_content = None;
         }
@@ -98,7 +103,7 @@ impl Outgoing {
             Due::Continuing => "continuing",
             _ => "first_today",
         };
-        self.metrics.inc(DISCLOSURES, &format!("why=\"{why}\""));
+        self.metrics.inc(&DISCLOSURES, &[("why", why)]);
         let mut content = format!("{}\n\n{}", c.disclosure_line.trim(), said.content);
         said.marks.ai_disclosure = true;
         if due == Due::Continuing && a.age.is_minor() {

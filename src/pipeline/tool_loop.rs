@@ -27,7 +27,7 @@ use super::PipelineError;
 use crate::{
     journal::{JournalError, names::step},
     llm::{CallBudget, ChatRequest, LlmClient, Message, ToolCall},
-    metrics::{Metrics, label},
+    metrics::{Metric, Metrics},
     spend::{self, Allowance, Scope, SpendGuard},
     timing::{Stage, stage},
     tools::{
@@ -37,6 +37,12 @@ use crate::{
         offer::Offer,
     },
 };
+
+/// Tool calls run, by tool and outcome.
+pub(crate) const TOOL_CALLS: Metric = Metric::new(
+    "companion_tool_calls_total",
+    "Tool calls the model made, by tool and outcome (ok, error)",
+);
 
 /// What the loop produced.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -215,10 +221,8 @@ async fn run_calls(
                     let record = result.record(args, round, ms)?;
                     info!(tool = %record.tool, ok = record.ok, ms, round, "tool call");
                     let outcome = if record.ok { "ok" } else { "error" };
-                    cx.metrics.inc(
-                        "companion_tool_calls_total",
-                        &format!("tool=\"{}\",outcome=\"{outcome}\"", label(&record.tool)),
-                    );
+                    let labels = [("tool", record.tool.as_str()), ("outcome", outcome)];
+                    cx.metrics.inc(&TOOL_CALLS, &labels);
                     Ok::<_, PipelineError>(record)
                 })
                 .await

@@ -16,11 +16,15 @@ use crate::{
     character::{Character, Characters},
     failure::{Class, Classify},
     flow::WaitKind,
+    metrics::Metric,
     store::{Mongo, Pg, StoreError},
 };
 
 /// Counter of follow-ups by kind and outcome.
-pub(crate) const PROACTIVE: &str = "companion_proactive_total";
+pub(crate) const PROACTIVE: Metric = Metric::new(
+    "companion_proactive_total",
+    "Counter of follow-ups by kind and outcome",
+);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProactiveError {

@@ -31,7 +31,9 @@ use ort::{
 use tokenizers::{Encoding, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 use tokio::sync::oneshot;
 
-use crate::{config::EmbedSettings, metrics::EMBED_BATCH_BUCKETS};
+use prometheus_client::metrics::histogram::Histogram;
+
+use crate::{config::EmbedSettings, metrics::Metric};
 
 /// Width of a MiniLM embedding.
 pub const DIM: usize = 384;
@@ -116,7 +118,7 @@ impl EmbedConfig {
 }
 
 /// Counters of the batcher, for tests and operators.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct EmbedStats {
     /// Requests (calls of [`Embedder::embed`]) served.
     pub(crate) requests: AtomicU64,
@@ -126,21 +128,29 @@ pub(crate) struct EmbedStats {
     pub(crate) model_runs: AtomicU64,
     /// Batches collected by the window (each gives one or more model runs).
     pub(crate) batches: AtomicU64,
-    /// Model runs by texts per run: index `i` counts runs of at most `EMBED_BATCH_BUCKETS[i]` texts
-    /// (and more than the bound before it); the last slot counts larger runs.
-    pub(crate) run_sizes: [AtomicU64; EMBED_BATCH_BUCKETS.len() + 1],
+    /// Texts per model run ([`EMBED_BATCH`]).
+    pub(crate) run_sizes: Histogram,
 }
 
-/// The batch-size histogram of the model runs so far (for `companion_embed_batch_size`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct BatchSizes {
-    /// Cumulative counts per bound of [`EMBED_BATCH_BUCKETS`].
-    pub(crate) cumulative: Vec<u64>,
-    /// Model runs.
-    pub(crate) count: u64,
-    /// Texts over all runs.
-    pub(crate) sum: u64,
+impl Default for EmbedStats {
+    fn default() -> Self {
+        Self {
+            requests: Default::default(),
+            texts: Default::default(),
+            model_runs: Default::default(),
+            batches: Default::default(),
+            run_sizes: Histogram::new(EMBED_BATCH_BUCKETS.iter().copied()),
+        }
+    }
 }
+
+/// Texts per model run of the embedder.
+pub(crate) const EMBED_BATCH: Metric = Metric::new(
+    "companion_embed_batch_size",
+    "Texts per model run of the embedder (concurrent requests batched together)",
+);
+/// Upper bounds of [`EMBED_BATCH`].
+const EMBED_BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
 /// A snapshot of [`EmbedStats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -279,19 +289,9 @@ impl Embedder {
         }
     }
 
-    /// Texts per model run so far, as a cumulative histogram.
-    pub(crate) fn batch_sizes(&self) -> BatchSizes {
-        let mut cumulative = Vec::with_capacity(EMBED_BATCH_BUCKETS.len());
-        let mut running = 0;
-        for slot in &self.stats.run_sizes[..EMBED_BATCH_BUCKETS.len()] {
-            running += slot.load(Ordering::Relaxed);
-            cumulative.push(running);
-        }
-        BatchSizes {
-            cumulative,
-            count: self.stats.model_runs.load(Ordering::Relaxed),
-            sum: self.stats.texts.load(Ordering::Relaxed),
-        }
+    /// Texts per model run, the histogram [`EMBED_BATCH`] exports.
+    pub(crate) fn batch_sizes(&self) -> Histogram {
+        self.stats.run_sizes.clone()
     }
 }
 
@@ -389,11 +389,7 @@ impl Worker {
     fn run_model(&mut self, batch: &[&Encoding]) -> Result<Vec<Vec<f32>>, EmbedError> {
         self.stats.model_runs.fetch_add(1, Ordering::Relaxed);
         let rows = batch.len();
-        let slot = EMBED_BATCH_BUCKETS
-            .iter()
-            .position(|&b| rows as u64 <= b)
-            .unwrap_or(EMBED_BATCH_BUCKETS.len());
-        self.stats.run_sizes[slot].fetch_add(1, Ordering::Relaxed);
+        self.stats.run_sizes.observe(rows as f64);
         let seq = batch
             .iter()
             .map(|e| e.get_ids().len())

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use tracing::{Instrument, info_span, warn};
 
+pub(crate) use embed::EMBED_BATCH;
 pub use embed::{EmbedConfig, EmbedError, Embedder};
 
 use crate::{

@@ -12,11 +12,14 @@ pub(crate) mod screen;
 
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metric, Metrics};
 
 /// Crisis lines (with the directory) not checked within `COMPANION_CRISIS_LINES_REVIEW_DAYS`, as of the
 /// worker's start.
-pub(crate) const LINES_STALE: &str = "companion_crisis_lines_stale";
+pub(crate) const LINES_STALE: Metric = Metric::new(
+    "companion_crisis_lines_stale",
+    "Crisis lines (with the directory) not checked within `COMPANION_CRISIS_LINES_REVIEW_DAYS`, as of the worker's start",
+);
 
 /// What a companion message is, for the app and its moderators: written on its `dm_messages` document
 /// and its completion event as they are named here.
@@ -87,7 +90,7 @@ impl Safety {
                 "a crisis line is due for review: call it, then update its source and checked date"
             );
         }
-        metrics.set_gauge(LINES_STALE, "", stale.len() as f64);
+        metrics.set_level(&LINES_STALE, &[], stale.len() as i64);
         stale.len()
     }
 
@@ -187,11 +190,12 @@ mod tests {
         let metrics = Metrics::default();
         let log = logged(|| assert_eq!(fresh.review_lines(today, &metrics), 0));
         assert!(!log.contains("due for review"), "{log}");
-        assert!(
-            metrics.render().contains(&format!("\n{LINES_STALE} 0\n")),
-            "{}",
-            metrics.render()
-        );
+        let stale = |m: &Metrics| {
+            let text = m.render();
+            let line = text.lines().find_map(|l| l.strip_prefix(LINES_STALE.name));
+            line.and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        assert_eq!(stale(&metrics), Some(0.0), "{}", metrics.render());
 
         let mut v: serde_json::Value = serde_json::from_str(include_str!("crisis.json")).unwrap();
         v["countries"]["GB"][1]["checked"] = "2025-11-30".into();
@@ -213,7 +217,7 @@ mod tests {
             assert!(warning.contains(what), "{what}: {warning}");
         }
         assert_eq!(log.matches("due for review").count(), 1, "{log}");
-        assert!(metrics.render().contains(&format!("\n{LINES_STALE} 1\n")));
+        assert_eq!(stale(&metrics), Some(1.0), "{}", metrics.render());
         // A year to the day is still within the interval.
         let metrics = Metrics::default();
         let log = logged(|| assert_eq!(old.review_lines(date("2026-11-30"), &metrics), 0));

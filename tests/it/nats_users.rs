@@ -77,7 +77,7 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
         |c| {
             c.nats.url = nats_url.clone();
             c.nats.user = Some("admin".into());
-            c.nats.password = Secret::new(admin);
+            c.nats.password = Secret::from(admin);
             c.nats.subject_prefix = "dm.bot".into();
             c.nats.stream_prefix = "DM_BOT".into();
             c.consumer.name = "companion-worker".into();

@@ -173,24 +173,23 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
     let estimated_d = rows[0].cost.unwrap();
 
     // /metrics: cost and unpriced responses by model, and the retry.
-    let m = &svc.metrics;
+    let text = svc.metrics.render();
     let primary = format!("model=\"{PRIMARY}\"");
-    let cost = m.get_f64("companion_llm_cost_usd_total", &primary);
+    let series = |name: &str, labels: &str| -> f64 {
+        let head = format!("{name}{{{labels}}} ");
+        let line = text.lines().find(|l| l.starts_with(&head));
+        let value = line.and_then(|l| l[head.len()..].parse().ok());
+        value.unwrap_or_else(|| panic!("no series {head}in\n{text}"))
+    };
+    let cost = series("companion_llm_cost_usd_total", &primary);
     let want = 2.0 * 0.00042 + estimated_b + estimated_d;
     assert!((cost - want).abs() < 1e-12, "{cost} != {want}");
+    let fallback = format!("model=\"{FALLBACK}\"");
     assert_eq!(
-        m.get(
-            "companion_llm_unpriced_responses_total",
-            &format!("model=\"{FALLBACK}\"")
-        ),
-        1
+        series("companion_llm_unpriced_responses_total", &fallback),
+        1.0
     );
-    assert_eq!(m.get("companion_llm_retries_total", &primary), 1);
-    let text = m.render();
-    assert!(
-        text.contains(&format!("companion_llm_cost_usd_total{{{primary}}} ")),
-        "{text}"
-    );
+    assert_eq!(series("companion_llm_retries_total", &primary), 1.0);
 
     stop.cancel();
     running.await.unwrap().unwrap();
