@@ -30,6 +30,8 @@ mod flood;
 mod flow;
 mod group;
 mod journal;
+#[cfg(test)]
+mod layout;
 mod llm;
 mod memory;
 mod metrics;
@@ -79,7 +81,7 @@ const LAYERS: &[&[&str]] = &[
     &["ops_http"],
     &["startup"],
     &["commands"],
-    &["testing", "sizes"],
+    &["testing", "sizes", "layout"],
 ];
 
 #[cfg(test)]
