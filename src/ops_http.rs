@@ -1,6 +1,7 @@
 //! The operations endpoint: `/healthz` (process alive), `/readyz` (NATS, MongoDB, PostgreSQL reachable,
 //! model loaded when configured) and `/metrics` (the process's [`Metrics`] as Prometheus text, with
-//! the readiness and the shared consumer's pending / ack-pending gauges read from NATS when scraped). It sits on top: it reads the components, none of them knows it.
+//! the readiness and the shared consumer's pending / ack-pending gauges read from NATS when scraped).
+//! It sits on top: it reads the components, none of them knows it.
 
 use std::{fmt::Write, net::SocketAddr, sync::Arc, time::Duration};
 
