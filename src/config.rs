@@ -979,7 +979,7 @@ pub struct EmbedSettings {
     /// Most texts in one model run; concurrent turns' texts are batched up to this. A run's buffers grow
     /// with the batch and the allocator keeps them: after a burst the worker held ~4 MB more with 8 than
     /// with 4, ~10 more with 32 than with 8. Per CPU-second, 8 embeds 5–17 % more short texts than 4
-    /// and 14–15 % fewer long ones (docs/benchmark.md).
+    /// and 14–15 % fewer long ones (docs/bench/history.md).
     #[arg(
         id = "embed-max-batch",
         long = "embed-max-batch",

@@ -297,14 +297,14 @@ pub fn snapshot() -> Option<TurnTimings> {
 /// carries the event id) and the stage histograms. Returns what was reported.
 pub(crate) fn report(metrics: &Metrics, outcome: &'static str) -> Option<TurnTimings> {
     let t = snapshot()?;
-    let ms = |s: Stage| round2(t.stage_ms(s));
+    let ms = |s: Stage| round_us(t.stage_ms(s));
     info!(
         target: "companion::timing",
         outcome,
-        total_ms = round2(t.total_ms),
-        overhead_ms = round2(t.overhead_ms()),
+        total_ms = round_us(t.total_ms),
+        overhead_ms = round_us(t.overhead_ms()),
         llm_calls = t.llm_calls,
-        mongo_ms = round2(t.mongo_ms),
+        mongo_ms = round_us(t.mongo_ms),
         mongo_commands = t.mongo_commands,
         knowledge = t.knowledge,
         order_ms = ms(Stage::Order),
@@ -395,8 +395,9 @@ fn union(intervals: &[(Instant, Instant)]) -> Duration {
     total
 }
 
-fn round2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
+/// Milliseconds to the microsecond: the shortest stages (a tool call's validation) take a few.
+fn round_us(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]

@@ -344,7 +344,7 @@ impl Pipeline {
     ///
     /// Each stage's future is boxed where it is awaited: an `async fn`'s state is as large as its largest
     /// await, so a turn waiting on the model would otherwise hold room for the gate's and the writes'
-    /// database futures (docs/benchmark.md).
+    /// database futures (docs/bench/history.md).
     async fn conduct(
         &self,
         job: &Job,

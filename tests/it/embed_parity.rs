@@ -127,7 +127,7 @@ async fn concurrent_requests_share_model_runs() {
 /// The int8 graph on every held-out text, one at a time and batched: the 0.995. The graph keeps
 /// every FFN output projection and layer 0's FFN input in fp32 for it (structure chosen on the
 /// calibration texts and the public fixture, not on these texts); it reached 0.99668 single and 0.99621
-/// batched, both on "wait what" (docs/benchmark.md, "Parity on held-out text").
+/// batched, both on "wait what" (docs/bench/history.md, "Parity on held-out text").
 const HELDOUT_INT8_MIN_COSINE: f32 = 0.995;
 /// The mean over the held-out texts (0.99907 single, 0.99901 batched), floored.
 const HELDOUT_INT8_MEAN_COSINE: f64 = 0.998;
@@ -135,7 +135,7 @@ const HELDOUT_INT8_MEAN_COSINE: f64 = 0.998;
 /// same top-3 set, 515/540 same first chunk, 533/540 the same chunks above the threshold), floored. The
 /// issue's 0.99 on the top-3 set is out of reach for any 8-bit graph on this knowledge: a twentieth of the
 /// queries have their 3rd and 4th chunks within 0.0013 of each other, and a noise model puts 99 % at a
-/// cosine of ~0.99997 to fp32 (docs/benchmark.md).
+/// cosine of ~0.99997 to fp32 (docs/bench/history.md).
 const INT8_TOP3_AGREEMENT: f64 = 0.89;
 const INT8_TOP1_AGREEMENT: f64 = 0.94;
 const INT8_PROMPT_AGREEMENT: f64 = 0.98;
