@@ -627,11 +627,7 @@ impl InProcessWorker {
 
     /// The value of one series of `/metrics` (`name{labels}` exactly as rendered), if present.
     pub async fn metric(&self, series: &str) -> Option<f64> {
-        self.metrics().await.lines().find_map(|l| {
-            l.strip_prefix(series)
-                .and_then(|v| v.strip_prefix(' '))
-                .and_then(|v| v.trim().parse().ok())
-        })
+        series_value(&self.metrics().await, series)
     }
 
     pub async fn stop(self) {
@@ -642,6 +638,15 @@ impl InProcessWorker {
             .expect("worker exits cleanly");
         self.server.abort();
     }
+}
+
+/// The value of one series (`name{labels}` exactly as rendered) in the Prometheus text `metrics`.
+pub fn series_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|v| v.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
 }
 
 /// A turn's job for calling tools directly: a new event message of one user to Kaori, and the tools

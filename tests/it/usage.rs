@@ -176,10 +176,8 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
     let text = svc.metrics.render();
     let primary = format!("model=\"{PRIMARY}\"");
     let series = |name: &str, labels: &str| -> f64 {
-        let head = format!("{name}{{{labels}}} ");
-        let line = text.lines().find(|l| l.starts_with(&head));
-        let value = line.and_then(|l| l[head.len()..].parse().ok());
-        value.unwrap_or_else(|| panic!("no series {head}in\n{text}"))
+        let series = format!("{name}{{{labels}}}");
+        series_value(&text, &series).unwrap_or_else(|| panic!("no series {series} in\n{text}"))
     };
     let cost = series("companion_llm_cost_usd_total", &primary);
     let want = 2.0 * 0.00042 + estimated_b + estimated_d;
