@@ -378,6 +378,11 @@ impl Flows {
         self.by_id.get(id)
     }
 
+    /// Every flow, in no particular order.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &FlowDef> {
+        self.by_id.values()
+    }
+
     /// Fails when a character offers a flow no file defines.
     pub(crate) fn check_offers<'a>(
         &self,

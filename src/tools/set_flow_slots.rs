@@ -5,6 +5,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use std::collections::HashMap;
 
 use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores, schema::ArgsSchema};
 use crate::flow::{
@@ -23,6 +24,8 @@ pub(crate) struct Args {
 pub(crate) struct SetFlowSlots {
     /// Every guided flow there is.
     flows: std::sync::Arc<crate::flow::Flows>,
+    /// Each step's slot schema by flow and step, compiled once (why, when it does not compile).
+    slots: HashMap<String, HashMap<String, Result<ArgsSchema, String>>>,
 }
 
 /// Why a slot update is refused.
@@ -43,8 +46,19 @@ impl Tool for SetFlowSlots {
     }
 
     fn new(s: &ToolStores) -> Self {
+        let slots = s
+            .flows
+            .all()
+            .map(|f| {
+                let steps = f.steps.iter();
+                let compiled =
+                    steps.map(|(id, step)| (id.clone(), ArgsSchema::compile(step.schema())));
+                (f.id.clone(), compiled.collect())
+            })
+            .collect();
         Self {
             flows: s.flows.clone(),
+            slots,
         }
     }
 
@@ -60,12 +74,16 @@ impl Tool for SetFlowSlots {
             if c.status == status::WAITING {
                 return Err(Refusal::Waiting(c.waiting_for.clone().unwrap_or_default()));
             }
-            let step = def.step(&c.step).ok_or(Refusal::NoFlow)?;
+            let compiled = self.slots.get(&c.flow).and_then(|s| s.get(&c.step));
+            let slots =
+                compiled
+                    .ok_or(Refusal::NoFlow)?
+                    .as_ref()
+                    .map_err(|why| Refusal::Invalid {
+                        field: "slots".into(),
+                        message: format!("this step's slots cannot be checked ({why})"),
+                    })?;
             let value = Value::Object(args.slots.clone());
-            let slots = ArgsSchema::compile(step.schema()).map_err(|why| Refusal::Invalid {
-                field: "slots".into(),
-                message: format!("this step's slots cannot be checked ({why})"),
-            })?;
             if let Err(v) = slots.validate(&value) {
                 return Err(Refusal::Invalid {
                     field: format!("slots.{}", v.field),
