@@ -1,5 +1,5 @@
 //! Guided flows on the real stack: the three shipped flows end to end with a scripted model (a worker
-//! restart and a repeated delivery in the middle), leaving a flow, a flow expiring, and invalid flow
+//! restart and a repeated delivery in the middle), a slot value the step refuses, leaving a flow, a flow expiring, and invalid flow
 //! files refused at start-up.
 
 use std::{sync::Arc, time::Duration};
@@ -711,4 +711,69 @@ async fn a_reminder_dropped_over_the_cap_or_for_a_block_leaves_the_flow_waiting_
     );
     worker.stop().await;
     env.finish().await;
+}
+
+/// A slot value the step's schema refuses comes back to the model as an error result naming the slot
+/// (`slots.spot_type`) and what it must be; nothing is recorded, and the next call with a valid value
+/// moves the flow on.
+#[tokio::test]
+async fn a_slot_value_the_step_refuses_is_an_error_the_model_reads_and_the_flow_stays() {
+    let model = script(vec![
+        (
+            "help me add a spot",
+            vec![
+                Move::Tool("start_flow", |_| json!({"flow": "spot_wizard"})),
+                Move::Tool(
+                    "set_flow_slots",
+                    |_| json!({"slots": {"maps_url": "45.5231,-122.6765"}}),
+                ),
+                Move::Text("what's it called?"),
+            ],
+        ),
+        (
+            "Hollow Bowl",
+            vec![
+                Move::Tool(
+                    "set_flow_slots",
+                    |_| json!({"slots": {"name": "Hollow Bowl", "spot_type": "mall"}}),
+                ),
+                Move::Tool(
+                    "set_flow_slots",
+                    |_| json!({"slots": {"name": "Hollow Bowl", "spot_type": "diy"}}),
+                ),
+                Move::Text("ok!"),
+            ],
+        ),
+    ]);
+    let env = TestEnv::new(model).await;
+    let worker = InProcessWorker::start(&env).await;
+    say(&env, "help me add a spot").await;
+    assert_eq!(step_status(&env).await, ("details".into(), "active".into()));
+    say(&env, "Hollow Bowl, a diy").await;
+
+    let requests = env.stub.requests();
+    let results: Vec<Value> = requests
+        .last()
+        .and_then(|b| b["messages"].as_array().cloned())
+        .unwrap_or_default()
+        .into_iter()
+        .rev()
+        .take_while(|m| m["role"] != "user")
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            serde_json::from_str(m["content"].as_str().unwrap_or("null")).unwrap_or(Value::Null)
+        })
+        .collect();
+    // Newest first: the valid call's result, then the refusal.
+    assert_eq!(results.len(), 2, "{results:?}");
+    let refused = &results[1];
+    assert_eq!(refused["field"], "slots.spot_type", "{refused}");
+    let error = refused["error"].as_str().unwrap_or_default();
+    assert!(error.contains("must be one of"), "{error}");
+    assert!(error.contains("\"diy\""), "{error}");
+    assert!(results[0].get("error").is_none(), "{:?}", results[0]);
+    let (_, step, _, slots) = flow_of(&env).await.unwrap();
+    assert_eq!(slots["spot_type"], "diy", "{slots}");
+    assert_eq!(step, "draft");
+    worker.stop().await;
 }
