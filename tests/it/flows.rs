@@ -1,6 +1,6 @@
 //! Guided flows on the real stack: the three shipped flows end to end with a scripted model (a worker
-//! restart and a repeated delivery in the middle), a slot value the step refuses, leaving a flow, a flow expiring, and invalid flow
-//! files refused at start-up.
+//! restart and a repeated delivery in the middle), a slot value the step refuses, leaving a flow, a flow
+//! expiring, and invalid flow files refused at start-up.
 
 use std::{sync::Arc, time::Duration};
 
