@@ -1,6 +1,6 @@
-//! `docs/development.md`'s layout against the tree: every file and folder of `src/` is named there, and
-//! every name there (and every top-level path) exists. A module added, renamed or removed without its
-//! line fails here.
+//! `docs/development.md`'s layout against the workspace: every file and folder of `src/` and of each
+//! crate's `crates/<crate>/src/` is named there, every crate of `crates/` too, and every name there (and
+//! every top-level path) exists. A module or crate added, renamed or removed without its line fails here.
 #![cfg(test)]
 
 use std::{collections::BTreeSet, path::Path};
@@ -36,10 +36,10 @@ fn names(line: &str, indent: usize) -> Vec<&str> {
         .collect()
 }
 
-/// The entries of `src/` as the layout names them: `x.rs` for a file, `x/` for a folder.
-fn src_entries(root: &Path) -> BTreeSet<String> {
-    std::fs::read_dir(root.join("src"))
-        .expect("src/ is readable")
+/// The entries of `dir` as the layout names them: `x.rs` for a file, `x/` for a folder.
+fn entries(dir: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{} is readable: {e}", dir.display()))
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
@@ -49,24 +49,74 @@ fn src_entries(root: &Path) -> BTreeSet<String> {
         .collect()
 }
 
+/// The block's lines under the top-level line `top` (up to the next top-level line).
+fn section<'a>(block: &[&'a str], top: &str) -> Vec<&'a str> {
+    block
+        .iter()
+        .skip_while(|l| names(l, 0) != [top])
+        .skip(1)
+        .take_while(|l| names(l, 0).is_empty())
+        .copied()
+        .collect()
+}
+
+/// What the docs list and what the tree has, for one folder; a line per difference.
+fn compare(what: &str, listed: BTreeSet<String>, actual: BTreeSet<String>, out: &mut Vec<String>) {
+    for m in actual.difference(&listed) {
+        out.push(format!("{what}{m} is not in the docs"));
+    }
+    for s in listed.difference(&actual) {
+        out.push(format!("the docs name {what}{s}, which does not exist"));
+    }
+}
+
 #[test]
 fn the_layout_in_the_docs_names_every_source_file_and_only_files_that_exist() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let block = layout_block();
-    let listed: BTreeSet<String> = block
-        .iter()
-        .flat_map(|l| names(l, 2))
-        .map(str::to_owned)
-        .collect();
-    let actual = src_entries(root);
-    let missing: Vec<&String> = actual.difference(&listed).collect();
-    let stale: Vec<&String> = listed.difference(&actual).collect();
+    let mut wrong = Vec::new();
+    let listed = |lines: &[&str], indent| -> BTreeSet<String> {
+        lines
+            .iter()
+            .flat_map(|l| names(l, indent))
+            .map(str::to_owned)
+            .collect()
+    };
+    compare(
+        "src/",
+        listed(&section(&block, "src/"), 2),
+        entries(&root.join("src")),
+        &mut wrong,
+    );
+    let crates = section(&block, "crates/");
+    compare(
+        "crates/",
+        listed(&crates, 2),
+        entries(&root.join("crates")),
+        &mut wrong,
+    );
+    for krate in entries(&root.join("crates")) {
+        let lines: Vec<&str> = crates
+            .iter()
+            .skip_while(|l| names(l, 2) != [krate.as_str()])
+            .skip(1)
+            .take_while(|l| names(l, 2).is_empty())
+            .copied()
+            .collect();
+        compare(
+            &format!("crates/{krate}src/"),
+            listed(&lines, 4),
+            entries(&root.join("crates").join(&krate).join("src")),
+            &mut wrong,
+        );
+    }
     assert!(
-        missing.is_empty() && stale.is_empty(),
-        "docs/development.md's layout and src/ disagree: not in the docs {missing:?}; not in src/ {stale:?}"
+        wrong.is_empty(),
+        "docs/development.md's layout and the workspace disagree:\n{}",
+        wrong.join("\n")
     );
     let top: Vec<&str> = block.iter().flat_map(|l| names(l, 0)).collect();
-    assert!(top.contains(&"src/"), "{top:?}");
+    assert!(top.contains(&"src/") && top.contains(&"crates/"), "{top:?}");
     for path in top.iter().filter(|p| !p.contains('…')) {
         assert!(
             root.join(path).exists(),

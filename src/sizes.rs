@@ -160,9 +160,10 @@ fn rust_files(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
 }
 
 fn sizes() -> Sizes {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    rust_files(&src, &src, &mut files);
+    rust_files(&root.join("src"), root, &mut files);
+    rust_files(&root.join("crates"), root, &mut files);
     let mut sizes = Sizes::default();
     for (file, text) in &files {
         read(file, text, &mut sizes);

@@ -315,7 +315,7 @@ async def main():
           f"{len(got_out)} message(s); the forged one was dropped")
     check(len(got_typing) == 1, "backend receives the typing event on dm.bot.typing.x")
 
-    # --- the worker's memory signals, and erasing a user (src/memory, src/bus/erase.rs) ---------
+    # --- the worker's memory signals, and erasing a user (crates/tools/src/memory, crates/store/src/bus/erase.rs) ---------
     for subject in ("dm.bot.signal.memory.x.y", "dm.bot.schedule.memory.x.y"):
         try:
             ack = await wjs.publish(subject, b"", timeout=3, headers={"Nats-Msg-Id": f"{subject}:1"})

@@ -7,8 +7,11 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 
-use companion::testing::{
-    bus::{Bus, BusError, Completion, GroupMessageEvent, InboundEvent, event::Attachment},
+use companion_store::{
+    bus::{
+        Bus, BusError,
+        event::{Attachment, Completion, GroupMessageEvent, InboundEvent},
+    },
     store::{
         Mongo, StoreError,
         mongo::{DM_CONVERSATIONS, DM_MESSAGES},
@@ -195,7 +198,7 @@ pub async fn publish_spot_review(
             &format!("{}:{status}", draft.to_hex()),
             async_nats::HeaderMap::new(),
             serde_json::to_vec(review)
-                .map_err(companion::testing::bus::BusError::from)?
+                .map_err(companion_store::bus::BusError::from)?
                 .into(),
         )
         .await?;

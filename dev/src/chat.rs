@@ -7,11 +7,14 @@ use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::backend;
-use companion::testing::{
-    bus::{Bus, Completion, event::parse_object_id},
-    character::Characters,
-    config::{CharactersConfig, MongoConfig, NatsConfig, PgConfig},
-    journal::{Journal, State},
+use companion_core::config::{CharactersConfig, MongoConfig, NatsConfig, PgConfig};
+use companion_journal::{Journal, State};
+use companion_knowledge::character::Characters;
+use companion_store::{
+    bus::{
+        Bus,
+        event::{Completion, parse_object_id},
+    },
     store::{Mongo, Pg, mongo::USERS},
 };
 
@@ -70,11 +73,11 @@ pub enum CommandError {
     #[error(transparent)]
     Backend(#[from] backend::BackendError),
     #[error(transparent)]
-    Store(#[from] companion::testing::store::StoreError),
+    Store(#[from] companion_store::store::StoreError),
     #[error(transparent)]
-    Characters(#[from] companion::testing::character::CharacterError),
+    Characters(#[from] companion_knowledge::character::CharacterError),
     #[error(transparent)]
-    Bus(#[from] companion::testing::bus::BusError),
+    Bus(#[from] companion_store::bus::BusError),
     #[error("terminal: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -437,7 +440,7 @@ pub async fn resolve_user(mongo: &Mongo, user: &str) -> Result<ObjectId, Command
         .collection(USERS)
         .find_one(doc! { "username": user })
         .await
-        .map_err(companion::testing::store::StoreError::from)?;
+        .map_err(companion_store::store::StoreError::from)?;
     found
         .and_then(|d| d.get_object_id("_id").ok())
         .ok_or_else(|| CommandError::UnknownUser(user.to_owned()))
@@ -810,13 +813,13 @@ impl GroupSession {
         let mut participants = vec![user];
         participants.extend(&ids);
         let existing = mongo
-            .collection(companion::testing::store::mongo::DM_CONVERSATIONS)
+            .collection(companion_store::store::mongo::DM_CONVERSATIONS)
             .find_one(doc! {
                 "isGroup": true,
                 "participants": { "$all": participants.clone(), "$size": participants.len() as i32 },
             })
             .await
-            .map_err(companion::testing::store::StoreError::from)?
+            .map_err(companion_store::store::StoreError::from)?
             .and_then(|d| d.get_object_id("_id").ok());
         let conversation = match existing {
             Some(id) => id,

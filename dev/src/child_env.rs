@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use companion::testing::config::{Config, ExposeSecret, LogFormat};
+use companion_core::config::{Config, ExposeSecret, LogFormat};
 
 /// `key=value` pairs for a child process's environment.
 pub type Env = Vec<(&'static str, String)>;
@@ -431,7 +431,7 @@ fn telemetry(c: &Config) -> Env {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use companion::testing::config::LogConfig;
+    use companion_core::config::LogConfig;
 
     /// `of` lists every setting, and what it lists reads back as the same configuration.
     #[test]

@@ -7,12 +7,12 @@
 use std::{collections::BTreeMap, fmt::Write, path::Path};
 
 use anyhow::Context;
-use companion::testing::config::EmbedSettings;
-
-use companion::testing::safety::{
+use companion_core::config::EmbedSettings;
+use companion_safety::{
     detect::check_reply,
     screen::{Blocked, check_output, screen},
 };
+
 use serde::Deserialize;
 
 /// The languages the rules cover; any other is reported on its own and kept out of the targets.
@@ -359,7 +359,7 @@ pub async fn report(dir: &Path, embed: &EmbedSettings, rules_only: bool) -> anyh
     let embeddings = match rules_only {
         true => None,
         false => {
-            let embedder = companion::testing::rag::load_embedder(embed).context(
+            let embedder = companion_knowledge::rag::load_embedder(embed).context(
                 "the embedding model is needed (deploy/local/models.sh), or --rules-only",
             )?;
             let mut v = Vec::with_capacity(input.len());
@@ -399,7 +399,7 @@ pub async fn report(dir: &Path, embed: &EmbedSettings, rules_only: bool) -> anyh
 
 /// The layers as the worker runs them, for the report.
 mod layers {
-    use companion::testing::safety::{detect, learned};
+    use companion_safety::{detect, learned};
 
     /// The learned layer alone.
     pub fn learned(text: &str, embedding: Option<&[f32]>) -> Option<String> {
@@ -412,7 +412,7 @@ mod layers {
     /// The worker's local decision (no moderation endpoint): as the worker, with no embedding for a
     /// message with no content word.
     pub fn decided(text: &str, embedding: Option<&[f32]>) -> Option<String> {
-        use companion::testing::rag::query::{needs_no_knowledge, normalize};
+        use companion_knowledge::{rag::query::needs_no_knowledge, rag::query::normalize};
         let key = normalize(text);
         let embedding = embedding.filter(|_| !key.is_empty() && !needs_no_knowledge(&key));
         detect::decide(text, true, embedding, None).map(|d| d.category.as_str().to_owned())

@@ -5,12 +5,10 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use companion::testing::{
-    Config,
-    config::{EmbedSettings, LogConfig, MongoConfig},
-    store,
-};
+use companion::Config;
+use companion_core::config::{EmbedSettings, LogConfig, MongoConfig};
 use companion_dev::{chat, seed, stub};
+use companion_store::store;
 
 /// TrickBook's AI companions: dev tooling (demo data, chat, offline model, bench).
 #[derive(Parser)]
@@ -362,7 +360,7 @@ async fn stub_llm(
     seed_dir: &std::path::Path,
     embed: &EmbedSettings,
 ) -> anyhow::Result<()> {
-    let model = match companion::testing::rag::load_embedder(embed) {
+    let model = match companion_knowledge::rag::load_embedder(embed) {
         Some(embedder) => match stub::DemoModel::load(embedder, seed_dir).await {
             Ok(m) => Some(std::sync::Arc::new(m)),
             Err(e) => {

@@ -22,7 +22,7 @@ use std::{
 };
 
 use anyhow::Context;
-use companion::testing::rag::{
+use companion_knowledge::rag::{
     EmbedConfig, EmbedError, Embedder,
     chunk::ChunkConfig,
     embed::{MAX_TOKENS, cosine},
@@ -264,10 +264,10 @@ pub async fn text_parity(
         single.push(model.embed_one(t).await?);
     }
     let batched = model.embed(texts.clone()).await?;
-    let plain = companion::testing::rag::chunk::untruncated(reference.tokenizer())?;
+    let plain = companion_knowledge::rag::chunk::untruncated(reference.tokenizer())?;
     let mut truncated = 0;
     for t in &texts {
-        if companion::testing::rag::chunk::count_tokens(&plain, t)? + 2 > MAX_TOKENS {
+        if companion_knowledge::rag::chunk::count_tokens(&plain, t)? + 2 > MAX_TOKENS {
             truncated += 1;
         }
     }

@@ -1,4 +1,4 @@
-//! `companion-dev safety-eval`: measures the crisis screen ([`companion::testing::safety::screen`]) against the
+//! `companion-dev safety-eval`: measures the crisis screen ([`companion_safety::screen`]) against the
 //! labelled set (`tests/fixtures/safety/labelled.jsonl`, see its README) and prints, per language, its
 //! recall, category accuracy, false-positive rate and time per message. It is a report: whatever the
 //! figures, it succeeds.
@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use companion::testing::safety::screen;
+use companion_safety::screen;
 use serde::Deserialize;
 
 /// Which half of the labelled set to measure.

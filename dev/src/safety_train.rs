@@ -1,5 +1,5 @@
 //! `companion-dev safety-train`: trains the learned layer of the crisis screen and of the output check
-//! (`src/safety/learned.rs`) on the tuning lines of `tests/fixtures/safety/tuning/` (written apart from
+//! (`crates/safety/src/learned.rs`) on the tuning lines of `tests/fixtures/safety/tuning/` (written apart from
 //! the frozen sets; see its README), and writes `screen-input.bin` and `screen-output.bin`.
 //!
 //! Softmax regression by stochastic gradient descent (AdaGrad steps), every line seen twice: with its
@@ -10,9 +10,11 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context;
-use companion::testing::config::EmbedSettings;
-use companion::testing::safety::detect::{check_reply_with, decide_with};
-use companion::testing::safety::learned::{self, BUCKETS, DIM, Features, Header, Model};
+use companion_core::config::EmbedSettings;
+use companion_safety::{
+    detect::{check_reply_with, decide_with},
+    learned::{self, BUCKETS, DIM, Features, Header, Model},
+};
 use sha2::{Digest, Sha256};
 
 use crate::frozen_eval::Line;
@@ -49,7 +51,7 @@ pub struct TrainArgs {
     #[arg(long, default_value = "tests/fixtures/safety/tuning")]
     pub tuning_dir: std::path::PathBuf,
     /// Where the model files go.
-    #[arg(long, default_value = "src/safety")]
+    #[arg(long, default_value = "crates/safety/src")]
     pub out_dir: std::path::PathBuf,
     #[arg(long, default_value_t = 12)]
     pub epochs: usize,
@@ -192,7 +194,7 @@ pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
     }
     let extra: Vec<std::path::PathBuf> = args.extra.iter().chain(&reply_chat).cloned().collect();
     let digest = digest(&files, &extra)?;
-    let embedder = companion::testing::rag::load_embedder(&args.embed)
+    let embedder = companion_knowledge::rag::load_embedder(&args.embed)
         .context("the embedding model is needed to train (deploy/local/models.sh)")?;
     let texts: Vec<String> = lines.iter().map(|l| l.text.clone()).collect();
     let mut vectors = Vec::with_capacity(texts.len());
@@ -624,7 +626,7 @@ mod tests {
     /// the output check, which the learned layer now joins on its own.
     #[test]
     fn ordinary_sport_text_the_output_layer_never_saw_passes() {
-        use companion::testing::safety::detect::check_reply;
+        use companion_safety::detect::check_reply;
         let root =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/knowledge/snowboarding");
         let mut texts = Vec::new();

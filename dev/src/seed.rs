@@ -8,7 +8,7 @@ use mongodb::options::ReplaceOptions;
 use bson::oid::ObjectId;
 use futures::TryStreamExt;
 
-use companion::testing::store::{
+use companion_store::store::{
     Mongo, StoreError,
     mongo::{TRICKLISTS, USERS, user_ref, user_ref_filter},
 };

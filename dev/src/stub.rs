@@ -1057,7 +1057,7 @@ struct KnownTrick {
 /// I ollie?", "what's a good first trick on a skateboard?") by the closest example message, and picks
 /// the trick or city a tool call names from the demo data. Still scripted, and says so.
 pub struct DemoModel {
-    embedder: Arc<companion::testing::rag::Embedder>,
+    embedder: Arc<companion_knowledge::rag::Embedder>,
     intents: Vec<(Intent, Vec<f32>)>,
     tricks: Vec<KnownTrick>,
     cities: Vec<String>,
@@ -1066,7 +1066,7 @@ pub struct DemoModel {
 impl DemoModel {
     /// Embeds the example messages and the trickipedia of the seed data (`tricks.json`, `ck_spots.json`).
     pub async fn load(
-        embedder: Arc<companion::testing::rag::Embedder>,
+        embedder: Arc<companion_knowledge::rag::Embedder>,
         seed_dir: &std::path::Path,
     ) -> Result<Self, String> {
         let read = |file: &str| -> Result<Vec<bson::Document>, String> {
@@ -1124,7 +1124,7 @@ impl DemoModel {
     pub fn intent_of(&self, v: &[f32]) -> (Intent, f32) {
         self.intents
             .iter()
-            .map(|(i, e)| (*i, companion::testing::rag::embed::cosine(v, e)))
+            .map(|(i, e)| (*i, companion_knowledge::rag::embed::cosine(v, e)))
             .fold((Intent::Chat, f32::MIN), |best, x| {
                 if x.1 > best.1 { x } else { best }
             })
@@ -1156,7 +1156,7 @@ impl DemoModel {
         self.tricks
             .iter()
             .filter(|t| sport.is_none_or(|s| t.category == s) && (!easy || t.beginner))
-            .map(|t| (t, companion::testing::rag::embed::cosine(v, &t.embedding)))
+            .map(|t| (t, companion_knowledge::rag::embed::cosine(v, &t.embedding)))
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(t, _)| (t.name.clone(), sport))
     }

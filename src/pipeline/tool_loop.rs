@@ -61,7 +61,7 @@ pub struct LoopOutput {
 
 /// The bounds of one loop.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct LoopLimits {
+pub struct LoopLimits {
     /// Rounds of tool calls before the model must answer in text.
     pub max_rounds: u32,
     /// Longest tool result sent back to the model, bytes.
@@ -69,7 +69,7 @@ pub(crate) struct LoopLimits {
 }
 
 /// What one loop uses: the model, the tools (with the turn's journal in their context) and its bounds.
-pub(crate) struct LoopContext<'a> {
+pub struct LoopContext<'a> {
     pub llm: &'a LlmClient,
     pub registry: &'a Registry,
     /// What runs the calls: the tools, or none when none were offered.
@@ -92,7 +92,7 @@ pub(crate) struct LoopContext<'a> {
 pub use crate::journal::usage::LlmRecord;
 
 /// Runs the loop for `request` (with the registry's tools) on behalf of the event's sender.
-pub(crate) async fn converse(
+pub async fn converse(
     cx: &LoopContext<'_>,
     mut request: ChatRequest,
 ) -> Result<LoopOutput, PipelineError> {

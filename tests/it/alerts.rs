@@ -93,7 +93,7 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
     let lines_dir = TempDir::new("companion-crisis-lines");
     let lines_file = lines_dir.0.join("crisis.json");
     let mut lines: Value =
-        serde_json::from_str(include_str!("../../src/safety/crisis.json")).unwrap();
+        serde_json::from_str(include_str!("../../crates/safety/src/crisis.json")).unwrap();
     lines["countries"]["US"][0]["checked"] = "2000-01-01".into();
     std::fs::write(&lines_file, lines.to_string()).unwrap();
     // A small service budget, read at every call, so a few priced answers cross 80% of it.

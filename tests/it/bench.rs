@@ -3,7 +3,7 @@
 //! picture is written beside the JSON.
 
 use clap::Parser;
-use companion::testing::Config;
+use companion::Config;
 use companion_dev::bench::{self, BenchArgs};
 
 use crate::env::*;

@@ -5,11 +5,11 @@
 
 use std::{path::PathBuf, sync::Arc};
 
-use companion::testing::rag::{
+use companion_dev::parity;
+use companion_knowledge::rag::{
     Embedder, chunk,
     embed::{DIM, cosine},
 };
-use companion_dev::parity;
 use serde::Deserialize;
 
 #[derive(Deserialize)]

@@ -5,20 +5,24 @@ use crate::servers;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use companion::testing::rag::{EmbedConfig, Embedder};
+use companion::{
+    Config,
+    testing::{startup::App, worker},
+};
+use companion_journal::{Job, Journal, NewJob};
+use companion_knowledge::rag::{EmbedConfig, Embedder};
+use companion_store::{
+    bus::{
+        Bus,
+        event::{Completion, InboundEvent},
+    },
+    store::{Mongo, Pg},
+};
+use companion_tools::tools::{Call, Clock, ToolContext};
 
 use async_nats::HeaderMap;
 use bson::{Document, doc, oid::ObjectId};
 use bytes::Bytes;
-use companion::testing::{
-    Config,
-    bus::{Bus, Completion, InboundEvent},
-    journal::{Job, Journal, NewJob},
-    startup::App,
-    store::{Mongo, Pg},
-    tools::{Call, Clock, ToolContext},
-    worker,
-};
 use companion_dev::{
     backend, seed,
     stub::{self, AsyncResponder, Responder, StubLlm, StubReply},
@@ -182,7 +186,7 @@ impl TestEnv {
                 self.bus.names.stream_in.clone(),
             ),
             Drained::Signals => (
-                companion::testing::bus::signal_consumer_name(&self.config.consumer.name),
+                companion_store::bus::signal_consumer_name(&self.config.consumer.name),
                 self.bus.names.stream_signal.clone(),
             ),
         };
@@ -425,7 +429,7 @@ impl TestEnv {
     }
 
     /// Waits (up to 30 s) until job `id` is settled; its record.
-    pub async fn settled(&self, id: &str) -> companion::testing::journal::JobRecord {
+    pub async fn settled(&self, id: &str) -> companion_journal::JobRecord {
         let journal = self.journal();
         let done = eventually(Duration::from_secs(30), || async {
             journal
@@ -441,7 +445,7 @@ impl TestEnv {
 
     /// A pending reminder of Jess's with Kaori, due now (as if `schedule_reminder` had stored it); its id.
     pub async fn due_reminder(&self, text: &str) -> String {
-        use companion::testing::store::reminders::{Reminder, ReminderState};
+        use companion_store::{store::reminders::Reminder, store::reminders::ReminderState};
         let (id, now) = (ObjectId::new().to_hex(), chrono::Utc::now());
         self.pg
             .insert_reminder(&Reminder {
@@ -461,7 +465,7 @@ impl TestEnv {
 
     /// Fires reminder `id` as its schedule would (`<prefix>.signal.reminder.<id>`, message id
     /// `due-<id>`) and waits until its job is settled; the job's record.
-    pub async fn fire_reminder(&self, id: &str) -> companion::testing::journal::JobRecord {
+    pub async fn fire_reminder(&self, id: &str) -> companion_journal::JobRecord {
         let body = serde_json::json!({"reminderId": id, "fireAt": chrono::Utc::now()});
         self.publish_raw(
             self.bus.names.reminder_due(id),
@@ -496,7 +500,7 @@ impl TestEnv {
         while let Ok(msg) = stream.get_raw_message(seq).await {
             let reason = msg
                 .headers
-                .get(companion::testing::bus::DLQ_REASON)
+                .get(companion_store::bus::DLQ_REASON)
                 .map(|v| v.to_string())
                 .unwrap_or_default();
             out.push((reason, msg.payload));
@@ -561,8 +565,8 @@ pub async fn reply_within(
 }
 
 /// The validated form of an event built by [`TestEnv::dm`], for calling `pipeline::run` directly.
-pub fn dm_event(raw: &InboundEvent) -> companion::testing::bus::DmEvent {
-    companion::testing::bus::DmEvent {
+pub fn dm_event(raw: &InboundEvent) -> companion_store::bus::event::DmEvent {
+    companion_store::bus::event::DmEvent {
         message_id: oid(&raw.message_id),
         conversation_id: oid(&raw.conversation_id),
         sender_id: oid(&raw.sender_id),
@@ -653,7 +657,7 @@ pub fn series_value(metrics: &str, series: &str) -> Option<f64> {
 /// built with this job's stores.
 pub struct ToolJob {
     pub job: Job,
-    pub tools: companion::testing::tools::Toolbox,
+    pub tools: companion_tools::tools::Toolbox,
     pub user: ObjectId,
     pub message_id: ObjectId,
 }
@@ -673,17 +677,16 @@ impl ToolJob {
             })
             .await
             .expect("job opens");
-        let tools =
-            companion::testing::tools::Toolbox::new(&companion::testing::tools::ToolStores {
-                mongo,
-                pg,
-                bus,
-                flows: NO_FLOWS.clone(),
-                reminders: companion::testing::tools::ReminderBounds {
-                    min_lead: Duration::from_secs(60),
-                },
-                writes_per_hour: 5,
-            });
+        let tools = companion_tools::tools::Toolbox::new(&companion_tools::tools::ToolStores {
+            mongo,
+            pg,
+            bus,
+            flows: NO_FLOWS.clone(),
+            reminders: companion_tools::tools::ReminderBounds {
+                min_lead: Duration::from_secs(60),
+            },
+            writes_per_hour: 5,
+        });
         Self {
             job,
             tools,
@@ -712,13 +715,13 @@ impl ToolJob {
             },
             job: &self.job,
             offered_flows: &[],
-            memory: companion::testing::memory::Access::Off,
+            memory: companion_tools::memory::Access::Off,
         }
     }
 }
 
 /// Tool tests outside a flow.
-static NO_FLOWS: std::sync::LazyLock<std::sync::Arc<companion::testing::flow::Flows>> =
+static NO_FLOWS: std::sync::LazyLock<std::sync::Arc<companion_tools::flow::Flows>> =
     std::sync::LazyLock::new(Default::default);
 
 /// The body of a GET.

@@ -118,7 +118,7 @@ async fn every_user_message_passes_the_incoming_hook_whatever_becomes_of_it() {
                     .get(&e.message_id)
                     .await
                     .unwrap()
-                    .is_some_and(|j| j.state == companion::testing::journal::State::Limited)
+                    .is_some_and(|j| j.state == companion_journal::State::Limited)
             })
             .await;
             assert!(limited, "limited without a reply");
@@ -142,7 +142,7 @@ async fn every_user_message_passes_the_incoming_hook_whatever_becomes_of_it() {
             .get(&ack.message_id)
             .await
             .unwrap()
-            .is_some_and(|j| j.state == companion::testing::journal::State::Dropped)
+            .is_some_and(|j| j.state == companion_journal::State::Dropped)
     })
     .await;
     assert!(dropped, "nobody answers an acknowledgement");

@@ -99,7 +99,10 @@ async fn step_status(env: &TestEnv) -> (String, String) {
 
 /// The draft in the flow's `slots` is real and named Hollow Bowl; a moderator approves it as TB-Backend's
 /// admin tool would (stored, then published); returns the companion's follow-up.
-async fn approve_hollow_bowl(env: &TestEnv, slots: &Value) -> companion::testing::bus::Completion {
+async fn approve_hollow_bowl(
+    env: &TestEnv,
+    slots: &Value,
+) -> companion_store::bus::event::Completion {
     let draft = ObjectId::parse_str(slots["draft_id"].as_str().unwrap()).unwrap();
     let stored = env
         .mongo
@@ -126,7 +129,7 @@ async fn approve_hollow_bowl(env: &TestEnv, slots: &Value) -> companion::testing
 }
 
 /// Jess says `text` to Kaori and gets the reply.
-async fn say(env: &TestEnv, text: &str) -> companion::testing::bus::Completion {
+async fn say(env: &TestEnv, text: &str) -> companion_store::bus::event::Completion {
     let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
     env.turn(&e).await
 }

@@ -11,11 +11,11 @@ use std::{
 };
 
 use bson::doc;
-use companion::testing::bus::{Completion, GroupMessageEvent};
 use companion_dev::{
     backend,
     stub::{Responder, StubReply},
 };
+use companion_store::bus::event::{Completion, GroupMessageEvent};
 use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
 

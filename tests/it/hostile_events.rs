@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use crate::env::*;
-use companion::testing::bus::event::{EventLimits, InvalidEvent, parse_inbound};
 use companion_dev::stub::{StubReply, always};
+use companion_store::bus::event::{EventLimits, InvalidEvent, parse_inbound};
 use serde_json::{Value, json};
 
 const LIMITS: EventLimits = EventLimits {

@@ -5,8 +5,8 @@
 //! answered them (CI's "6 of 195 events never answered" in the MongoDB outage test).
 
 use bson::oid::ObjectId;
-use companion::testing::journal::NewJob;
 use companion_dev::stub::{StubReply, always};
+use companion_journal::NewJob;
 
 use crate::env::*;
 

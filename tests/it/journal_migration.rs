@@ -2,14 +2,12 @@
 //! `llm_usage`, `tool_writes`): the rows move into `jobs` and `job_steps`, read back as the new core reads
 //! them, and the old tables are gone.
 
-use companion::testing::{
-    journal::{Journal, NewJob, State},
-    llm::CallUsage,
-    pipeline::{Burst, FloodDecision, Reply, tool_loop::LlmRecord},
-    store::pg::MIGRATOR,
-    tools::{ToolRecord, call_key},
-};
+use companion::testing::pipeline::{Burst, FloodDecision, Reply, tool_loop::LlmRecord};
 use companion_dev::stub::{StubReply, always};
+use companion_journal::{Journal, NewJob, State};
+use companion_llm::prices::CallUsage;
+use companion_store::store::pg::MIGRATOR;
+use companion_tools::tools::{ToolRecord, call_key};
 use serde_json::json;
 use sqlx::Row;
 
@@ -178,7 +176,7 @@ async fn the_earlier_journal_moves_into_jobs_and_steps() {
     assert_eq!(tool.content, json!({"_id": "l1"}));
     assert_eq!(tool.card, Some(json!({"type": "tricklist_card"})));
     // Both paid calls count, the write quota's ledger too.
-    let rows = companion::testing::usage::summary(pool, 1, None)
+    let rows = companion_journal::usage::summary(pool, 1, None)
         .await
         .unwrap();
     assert_eq!(rows.iter().map(|r| r.calls).sum::<i64>(), 2, "{rows:?}");

@@ -6,8 +6,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use companion::testing::{bus::InboundEvent, journal::State};
 use companion_dev::stub::{self, Responder, StubReply, last_user_text};
+use companion_journal::State;
+use companion_store::bus::event::InboundEvent;
 use serde_json::{Value, json};
 
 use crate::env::*;
@@ -210,7 +211,7 @@ async fn a_crash_after_the_reply_went_out_still_triggers_the_extraction() {
     let event = env
         .dm(JESS, KAORI, JESS_KAORI, "i broke my wrist last month")
         .await;
-    companion::testing::fault::panic_at(&event.message_id, "memory_trigger", 1);
+    companion_core::fault::panic_at(&event.message_id, "memory_trigger", 1);
     env.turn(&event).await;
     let record = env.settled(&event.message_id).await;
     assert_eq!(
@@ -257,7 +258,9 @@ async fn kept(env: &TestEnv) -> Vec<String> {
 
 /// Jess's facts with Kaori, replaced by: the stance, the home spot, two goals and a fear.
 async fn seed_facts(env: &TestEnv) {
-    use companion::testing::memory::{How, Memory, NewFact, Topic};
+    use companion_tools::{
+        memory::Memory, memory::store::How, memory::store::NewFact, memory::topic::Topic,
+    };
     sqlx::query("DELETE FROM memory_facts WHERE user_id = $1")
         .bind(JESS)
         .execute(&env.pg.pool)
@@ -446,7 +449,9 @@ async fn a_superseding_fact_replaces_the_old_one_whether_remembered_or_learned()
 /// to replace and both were inserted (seen once in a loaded CI run of the test above).
 #[tokio::test]
 async fn two_writers_of_one_topic_at_once_keep_one_value() {
-    use companion::testing::memory::{How, Memory, NewFact, Topic};
+    use companion_tools::{
+        memory::Memory, memory::store::How, memory::store::NewFact, memory::topic::Topic,
+    };
     let env = TestEnv::new(stub::always(StubReply::text("ok"))).await;
     let now = chrono::Utc::now();
     let write = |id: &'static str, fact: &'static str, how: How, said_secs: i64| {
@@ -888,7 +893,7 @@ async fn overtaken_after_the_last_check(kind: &str) {
     let e = env
         .dm(JESS, KAORI, JESS_KAORI, "my locker code is 4471")
         .await;
-    let held = companion::testing::fault::pause_at(&e.message_id, "store_reply");
+    let held = companion_core::fault::pause_at(&e.message_id, "store_reply");
     env.publish(&e).await;
     tokio::time::timeout(Duration::from_secs(30), held.reached())
         .await
@@ -954,8 +959,8 @@ async fn a_history_write_paused_between_its_check_and_its_commit_does_not_outlas
         .await;
     // Held with its rows inserted and its locks taken, before its commit; and then again before the
     // completion, so that the deletion (which waits on the lock) commits before the turn's last read.
-    let held = companion::testing::fault::pause_at(&e.message_id, "history:locked");
-    let then = companion::testing::fault::pause_at(&e.message_id, "touch");
+    let held = companion_core::fault::pause_at(&e.message_id, "history:locked");
+    let then = companion_core::fault::pause_at(&e.message_id, "touch");
     env.publish(&e).await;
     tokio::time::timeout(Duration::from_secs(30), held.reached())
         .await
@@ -1157,7 +1162,7 @@ async fn a_deletion_is_a_journaled_job_that_finishes_once_when_it_dies_between_t
     let deleted = say(&env, "my home park is burnside").await;
     say(&env, "i'm scared of dropping in").await;
     // The first attempt dies after its transaction committed, before the streams step.
-    companion::testing::fault::panic_at(&format!("message_deleted:{deleted}"), "erase_streams", 1);
+    companion_core::fault::panic_at(&format!("message_deleted:{deleted}"), "erase_streams", 1);
     env.signal("message_deleted", &deleted, &format!("del-{deleted}"), "")
         .await;
     env.drained(Drained::Signals).await;

@@ -13,11 +13,12 @@ use std::{
 };
 
 use crate::{env::*, servers::*};
-use companion::testing::{bus::Bus, config::Secret};
+use companion_core::config::Secret;
 use companion_dev::{
     backend,
     stub::{StubReply, always},
 };
+use companion_store::bus::Bus;
 
 /// Messages of `stream` whose payload names `user` as its sender (read as `admin`).
 async fn sent_by(bus: &Bus, stream: &str, user: &str) -> Vec<u64> {

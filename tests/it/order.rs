@@ -10,8 +10,8 @@ use std::{
 
 use crate::env::*;
 use bson::doc;
-use companion::testing::bus::Completion;
 use companion_dev::stub::{Responder, StubReply};
+use companion_store::bus::event::Completion;
 use futures::StreamExt;
 use serde_json::Value;
 

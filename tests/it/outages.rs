@@ -12,11 +12,11 @@ use std::{
 use crate::env::*;
 use bson::{doc, oid::ObjectId};
 use chrono::Utc;
-use companion::testing::bus::{Completion, InboundEvent};
 use companion_dev::{
     backend,
     stub::{Responder, StubReply, last_user_text},
 };
+use companion_store::bus::event::{Completion, InboundEvent};
 use serde_json::Value;
 
 const CONVERSATIONS: usize = 10;

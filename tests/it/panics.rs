@@ -1,11 +1,11 @@
 //! A panic inside a job is caught at its delivery's boundary and settles like a failure: NAK with delay,
 //! redelivery, then the dead letter (and for a user's message the character's failure line, once); the
 //! progress acks stop and the conversation's next message is not held behind it. Faults are injected
-//! with `companion::testing::fault`, which exists only in test builds.
+//! with `companion_core::fault`, which exists only in test builds.
 
 use std::time::Duration;
 
-use companion::testing::fault;
+use companion_core::fault;
 use companion_dev::stub::{StubReply, always};
 
 use crate::env::*;

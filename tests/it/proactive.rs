@@ -5,8 +5,8 @@
 use std::{sync::Arc, time::Duration};
 
 use bson::{Document, doc, oid::ObjectId};
-use companion::testing::bus::Completion;
 use companion_dev::stub::{Responder, StubReply};
+use companion_store::bus::event::Completion;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use sqlx::Connection;
@@ -45,7 +45,7 @@ pub(crate) async fn submit_draft(env: &TestEnv) -> ObjectId {
                 .get(&event.message_id)
                 .await
                 .unwrap()
-                .is_some_and(|j| j.state == companion::testing::journal::State::Done)
+                .is_some_and(|j| j.state == companion_journal::State::Done)
         })
         .await,
         "the turn settled"
@@ -467,7 +467,7 @@ async fn follow_ups_to_a_user_who_blocked_the_companion_or_is_over_the_daily_cap
             (job.as_ref().map(|j| j.state), job.and_then(|j| j.reason))
         }
     };
-    use companion::testing::journal::State;
+    use companion_journal::State;
 
     // The first is sent; the second is over the cap of one a day.
     publish_review(&env, drafts_made[0], review(drafts_made[0]), None).await;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::env::*;
 use companion_dev::stub::{StubReply, always};
 
-use companion::testing::rag::{
+use companion_knowledge::rag::{
     self,
     chunk::{self, ChunkConfig},
     embed::MAX_TOKENS,
@@ -21,7 +21,7 @@ fn knowledge_dir() -> PathBuf {
 /// Ingests `articles` with the default chunking into the test's database.
 async fn ingest_all(
     db: &TestEnv,
-    embedder: &companion::testing::rag::Embedder,
+    embedder: &companion_knowledge::rag::Embedder,
     articles: &[Article],
 ) -> ingest::IngestTotals {
     ingest::ingest(
@@ -402,7 +402,7 @@ async fn a_small_collection_is_found_behind_a_large_one() {
 /// messages it does embed include ones that find their article.
 #[tokio::test]
 async fn a_skipped_message_would_have_retrieved_nothing() {
-    use companion::testing::rag::query::{needs_no_knowledge, normalize};
+    use companion_knowledge::{rag::query::needs_no_knowledge, rag::query::normalize};
     let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
     let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();

@@ -5,15 +5,13 @@
 use crate::env::*;
 use bson::oid::ObjectId;
 use chrono::Utc;
-use companion::testing::{
-    bus::DmEvent,
-    pipeline::Outcome,
-    rag::{chunk::ChunkConfig, ingest},
-};
+use companion::testing::pipeline::Outcome;
 use companion_dev::{
     backend,
     stub::{self, StubReply},
 };
+use companion_knowledge::rag::{chunk::ChunkConfig, ingest};
+use companion_store::bus::event::DmEvent;
 
 fn system_prompt(body: &serde_json::Value) -> String {
     system_text(body)

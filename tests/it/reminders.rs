@@ -9,8 +9,8 @@ use std::{
 
 use bson::doc;
 use chrono::{DateTime, Utc};
-use companion::testing::bus::Completion;
 use companion_dev::stub::{Responder, StubReply};
+use companion_store::bus::event::Completion;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -214,7 +214,7 @@ async fn a_cancelled_reminder_never_arrives() {
                 .get(&format!("reminder:{id}"))
                 .await
                 .unwrap()
-                .is_some_and(|j| j.state == companion::testing::journal::State::Dropped)
+                .is_some_and(|j| j.state == companion_journal::State::Dropped)
         })
         .await
     );

@@ -170,7 +170,7 @@ async fn a_poison_event_is_dead_lettered_and_replay_answers_it_once_fixed() {
     let count = env
         .mongo
         .collection("dm_messages")
-        .count_documents(doc! { "inReplyTo": companion::testing::bus::event::parse_object_id(&after.message_id).unwrap() })
+        .count_documents(doc! { "inReplyTo": companion_store::bus::event::parse_object_id(&after.message_id).unwrap() })
         .await
         .unwrap();
     assert_eq!(count, 2, "a forced replay answers again, once");

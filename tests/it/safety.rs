@@ -6,11 +6,11 @@
 use std::{sync::Arc, time::Duration};
 
 use bson::{Document, doc};
-use companion::testing::bus::Completion;
 use companion_dev::{
     backend,
     stub::{Responder, StubReply, always, last_user_text, scripted},
 };
+use companion_store::bus::event::Completion;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
 use sqlx::Row;
@@ -121,7 +121,7 @@ async fn user_with(env: &TestEnv, bot: &str, fields: Document) -> (String, Strin
 }
 
 /// Waits until the job of `id` is settled; its state and reason.
-async fn settled(env: &TestEnv, id: &str) -> (companion::testing::journal::State, Option<String>) {
+async fn settled(env: &TestEnv, id: &str) -> (companion_journal::State, Option<String>) {
     let j = env.settled(id).await;
     (j.state, j.reason)
 }
@@ -427,7 +427,7 @@ async fn a_crisis_message_past_the_flood_limit_still_gets_its_referral() {
         Some(crisis.message_id.as_str())
     );
     let (state, _) = settled(&env, &crisis.message_id).await;
-    assert_eq!(state, companion::testing::journal::State::Limited);
+    assert_eq!(state, companion_journal::State::Limited);
     assert_eq!(alerts(&env).await.len(), 1);
     assert_eq!(env.stub.requests().len(), 1, "no model call past the limit");
     worker.stop().await;
@@ -634,7 +634,7 @@ async fn a_model_that_writes_sexual_content_or_self_harm_encouragement_is_replac
 }
 
 /// The disclosure rhythm shortened for a test: again after 4 s of continuing interaction (gaps ≤ 3 s).
-fn short_rhythm(c: &mut companion::testing::Config) {
+fn short_rhythm(c: &mut companion::Config) {
     c.safety.ai_disclosure = true;
     c.safety.disclosure_every_secs = 4;
     c.safety.disclosure_gap_secs = 3;
@@ -728,7 +728,7 @@ async fn under_13_gets_the_fixed_line_once_a_day_without_a_model_call() {
     let second = env.dm(&user, KAORI, &conversation, "hello??").await;
     env.publish(&second).await;
     let (state, reason) = settled(&env, &second.message_id).await;
-    assert_eq!(state, companion::testing::journal::State::Dropped);
+    assert_eq!(state, companion_journal::State::Dropped);
     assert!(reason.unwrap().contains("under 13"));
     assert!(env.stub.requests().is_empty(), "no model call");
     // Still screened: a crisis gets the referral and the character's fixed crisis line.
@@ -807,7 +807,7 @@ async fn an_unknown_age_is_a_minor_whose_reminders_wait_out_the_quiet_hours() {
     // Had it fired at night anyway (say the user moved), the follow-up is not sent.
     let fired = env.fire_reminder(&id).await;
     let (state, reason) = (fired.state, fired.reason);
-    assert_eq!(state, companion::testing::journal::State::Dropped);
+    assert_eq!(state, companion_journal::State::Dropped);
     assert!(
         reason
             .as_deref()
@@ -851,14 +851,14 @@ async fn a_paused_conversation_gets_nothing_but_a_crisis_referral_its_line_and_t
     });
     crate::proactive::publish_review(&env, draft, review, None).await;
     let (state, reason) = settled(&env, &format!("spot_review:{}:rejected", draft.to_hex())).await;
-    assert_eq!(state, companion::testing::journal::State::Dropped);
+    assert_eq!(state, companion_journal::State::Dropped);
     assert!(reason.unwrap().contains("moderator"));
 
     // A DM: held, its text kept in history.
     let dm = env.dm(JESS, KAORI, JESS_KAORI, "anyone there?").await;
     env.publish(&dm).await;
     let (state, reason) = settled(&env, &dm.message_id).await;
-    assert_eq!(state, companion::testing::journal::State::Held);
+    assert_eq!(state, companion_journal::State::Held);
     assert!(reason.unwrap().contains("moderator"));
     let kept: Vec<String> =
         sqlx::query_scalar("SELECT content FROM bot_conversations WHERE message_id = $1")
@@ -880,12 +880,12 @@ async fn a_paused_conversation_gets_nothing_but_a_crisis_referral_its_line_and_t
         .await
         .unwrap();
     let (state, _) = settled(&env, &message.message_id).await;
-    assert_eq!(state, companion::testing::journal::State::Held);
+    assert_eq!(state, companion_journal::State::Held);
 
     // A due reminder: not sent.
     let id = env.due_reminder("wax the board").await;
     let fired = env.fire_reminder(&id).await;
-    assert_eq!(fired.state, companion::testing::journal::State::Dropped);
+    assert_eq!(fired.state, companion_journal::State::Dropped);
     assert!(fired.reason.unwrap().contains("moderator"));
 
     // A crisis: the referral, the character's fixed crisis line, and the alert marked paused.
@@ -974,7 +974,7 @@ fn flagged_answer(text: &str, concern: &str) -> StubReply {
 /// What no local layer flags (checked here, so a test built on it cannot pass by the local layers).
 fn locally_clear(text: &str) -> &str {
     assert!(
-        companion::testing::safety::detect::decide(text, true, None, None).is_none(),
+        companion_safety::detect::decide(text, true, None, None).is_none(),
         "{text} must be one the local layers leave alone"
     );
     text
@@ -1188,8 +1188,8 @@ async fn in_a_group_a_model_flag_s_referral_stays_private() {
 /// worker decides them: with the message's embedding when it has a content word. None is a crisis.
 #[tokio::test]
 async fn everyday_sport_questions_are_never_flagged() {
-    use companion::testing::rag::query::{needs_no_knowledge, normalize};
-    use companion::testing::safety::detect::decide;
+    use companion_knowledge::{rag::query::needs_no_knowledge, rag::query::normalize};
+    use companion_safety::detect::decide;
     let embedder = embedder();
     let mut texts: Vec<String> = (0..2400)
         .map(companion_dev::bench::data::chat_message)

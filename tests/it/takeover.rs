@@ -8,12 +8,10 @@ use std::time::Duration;
 
 use bson::{doc, oid::ObjectId};
 use chrono::{SecondsFormat, Utc};
-use companion::testing::{
-    bus::Completion,
-    journal::State,
-    takeover::{self, Action},
-};
+use companion::testing::takeover::{self, Action};
 use companion_dev::stub::{StubReply, always};
+use companion_journal::State;
+use companion_store::bus::event::Completion;
 use futures::StreamExt;
 use serde_json::{Value, json};
 

@@ -258,7 +258,7 @@ async fn a_whole_turn_runs_over_tls_to_nats_mongodb_and_postgresql() {
     let pki = make_pki();
     let (nats, nats_port, nats_monitor) = start_nats(&pki, "verify: true").await;
     let (secantus, mongo_port) = start_secantus(&pki).await;
-    let base = companion::testing::Config::from_env().unwrap();
+    let base = companion::Config::from_env().unwrap();
     let (pg_proxy, pg_sessions) = start_pg_tls_proxy(&pki, authority(&base.pg.url)).await;
 
     let nats_url = format!("nats://localhost:{nats_port}");
@@ -355,13 +355,13 @@ async fn nats_tls_first_reaches_a_server_with_handshake_first() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let pki = make_pki();
     let (_nats, port, _) = start_nats(&pki, "handshake_first: true").await;
-    let mut config = companion::testing::Config::from_env().unwrap();
+    let mut config = companion::Config::from_env().unwrap();
     config.nats.url = format!("nats://localhost:{port}");
     config.nats.tls_ca_file = Some(pki.ca.clone());
     config.nats.tls_first = true;
     config.nats.stream_prefix = format!("T{:016x}", fastrand::u64(..));
     config.nats.subject_prefix = format!("t{}.dm.bot", config.nats.stream_prefix);
-    let bus = companion::testing::bus::Bus::connect(&config.nats)
+    let bus = companion_store::bus::Bus::connect(&config.nats)
         .await
         .unwrap();
     tokio::time::timeout(Duration::from_secs(20), bus.ensure_streams())

@@ -5,14 +5,16 @@ use std::sync::Arc;
 use crate::env::*;
 use bson::doc;
 use chrono::Utc;
-use companion::testing::{
-    bus::DmEvent,
-    journal::State,
-    llm::CallBudget,
-    pipeline::{Outcome, tool_loop},
+use companion::testing::pipeline::{Outcome, tool_loop};
+use companion_core::metrics::Metrics;
+use companion_dev::stub::{StubReply, demo, scripted};
+use companion_journal::State;
+use companion_llm::{CallBudget, ChatRequest, LlmClient, Message};
+use companion_store::{
+    bus::event::DmEvent,
     store::mongo::{DM_MESSAGES, TRICKLISTS},
 };
-use companion_dev::stub::{StubReply, demo, scripted};
+use companion_tools::tools::{REGISTRY, offer::Offer};
 use serde_json::{Value, json};
 
 /// An environment whose model answers with `replies`, then "all done".
@@ -28,22 +30,43 @@ async fn run_loop(env: &TestEnv, tj: &ToolJob) -> (tool_loop::LoopOutput, Vec<Va
     (out, env.stub.requests())
 }
 
-/// The loop with a budget of requests and prompt tokens.
+/// The loop for "You are Kaori, a test." then "hi" to the model `stub` (100 tokens at most, temperature
+/// 0), with a budget of requests and prompt tokens: every tool offered, no spend check, at most 3 tool
+/// rounds of 16 KB results each.
 async fn run_within(
     env: &TestEnv,
     tj: &ToolJob,
     budget: &CallBudget,
 ) -> Result<tool_loop::LoopOutput, companion::testing::pipeline::PipelineError> {
-    tool_loop::converse_with_every_tool(
-        &env.config.llm,
-        &tj.tools,
-        tj.ctx(),
+    let metrics = std::sync::Arc::new(Metrics::default());
+    let llm = LlmClient::new(&env.config.llm, metrics.clone())?;
+    let cx = tool_loop::LoopContext {
+        slot: "",
         budget,
-        "stub",
-        "You are Kaori, a test.",
-        "hi",
-    )
-    .await
+        spend: None,
+        llm: &llm,
+        registry: &REGISTRY,
+        toolbox: &tj.tools,
+        offer: Offer::all(),
+        limits: tool_loop::LoopLimits {
+            max_rounds: 3,
+            max_result_bytes: 16 * 1024,
+        },
+        metrics: &metrics,
+        tools: tj.ctx(),
+    };
+    let request = ChatRequest {
+        model: "stub".into(),
+        messages: vec![
+            Message::system("You are Kaori, a test."),
+            Message::user("hi"),
+        ],
+        tools: REGISTRY.offered(Offer::all()),
+        tool_choice: None,
+        max_tokens: Some(100),
+        temperature: Some(0.0),
+    };
+    tool_loop::converse(&cx, request).await
 }
 
 /// Every assistant message with tool calls is followed by exactly its tool messages, in order.

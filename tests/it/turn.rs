@@ -5,11 +5,9 @@ use std::time::Duration;
 
 use crate::env::*;
 use bson::{Bson, doc};
-use companion::testing::{
-    journal::{NewJob, State},
-    pipeline,
-};
+use companion::testing::pipeline;
 use companion_dev::stub::{StubReply, always, scripted};
+use companion_journal::{NewJob, State};
 use futures::StreamExt;
 use serde_json::Value;
 use sqlx::Row;
@@ -348,7 +346,7 @@ async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
         last: false,
     };
     job.step("reply", "g0")
-        .run(async { Ok::<_, companion::testing::journal::JournalError>(fixed) })
+        .run(async { Ok::<_, companion_journal::JournalError>(fixed) })
         .await
         .unwrap();
     let event = dm_event(&raw);

@@ -3,7 +3,7 @@
 //! MongoDB commands are attributed to the turn that sent them.
 
 use crate::env::*;
-use companion::testing::timing::{self, Stage};
+use companion_core::timing::{self, Stage};
 use companion_dev::stub::{StubReply, scripted};
 use serde_json::json;
 

@@ -12,7 +12,8 @@ use super::{
     report::{Report, Resources},
     workers,
 };
-use companion::testing::{Config, rag::EmbedConfig};
+use companion::Config;
+use companion_knowledge::rag::EmbedConfig;
 
 /// One figure of both binaries.
 #[derive(Clone, Debug, Serialize)]

@@ -10,10 +10,12 @@ use futures::TryStreamExt;
 
 use super::{BenchError, env::RunEnv};
 use crate::seed;
-use companion::testing::{
-    bus::InboundEvent,
+use companion_knowledge::{
     character::Characters,
     rag::{Embedder, chunk::ChunkConfig, ingest},
+};
+use companion_store::{
+    bus::event::InboundEvent,
     store::{
         StoreError,
         mongo::{DM_CONVERSATIONS, DM_MESSAGES, TRICKLISTS, TRICKS, USERS, user_ref},

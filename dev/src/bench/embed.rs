@@ -14,7 +14,7 @@ use std::{
 use serde::Serialize;
 
 use super::BenchError;
-use companion::testing::rag::{EmbedConfig, Embedder};
+use companion_knowledge::rag::{EmbedConfig, Embedder};
 
 /// Texts per batched call and per burst of concurrent calls.
 const BATCH_TEXTS: usize = 256;
@@ -114,7 +114,7 @@ async fn measure_set(
                 .unwrap_or(0)
         })
         .collect();
-    let err = |e: companion::testing::rag::EmbedError| BenchError::Setup(e.to_string());
+    let err = |e: companion_knowledge::rag::EmbedError| BenchError::Setup(e.to_string());
     let many: Vec<String> = texts.iter().cycle().take(BATCH_TEXTS).cloned().collect();
 
     let started = Instant::now();

@@ -6,8 +6,8 @@ use std::time::Duration;
 use sqlx::Connection;
 
 use super::BenchError;
-use companion::testing::{
-    Config,
+use companion::Config;
+use companion_store::{
     bus::Bus,
     store::{Mongo, Pg},
 };
@@ -47,7 +47,7 @@ impl RunEnv {
         let mut admin = sqlx::PgConnection::connect(&admin_url).await.map_err(|e| {
             BenchError::Setup(format!(
                 "PostgreSQL admin connection to {}: {e}",
-                companion::testing::config::redact_url(&admin_url)
+                companion_core::config::redact_url(&admin_url)
             ))
         })?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -69,7 +69,7 @@ impl RunEnv {
                 .db
                 .create_collection(*name)
                 .await
-                .map_err(companion::testing::store::StoreError::from)?;
+                .map_err(companion_store::store::StoreError::from)?;
         }
         mongo.ensure_indexes().await?;
         let bus = Bus::connect(&config.nats).await?;

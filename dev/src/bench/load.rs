@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 
 use super::BenchError;
 use crate::backend;
-use companion::testing::bus::{Bus, InboundEvent};
+use companion_store::bus::{Bus, event::InboundEvent};
 
 /// Publishes waiting for their JetStream ack at once (bounds the publisher's memory when open-loop).
 const MAX_PENDING_PUBLISHES: usize = 512;

@@ -29,13 +29,10 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use clap::Args;
 
 use crate::stub::StubLlm;
-use companion::testing::{
-    Config,
-    bus::InboundEvent,
-    rag::{EmbedConfig, Embedder},
-    store::StoreError,
-    timing::Stage,
-};
+use companion::Config;
+use companion_core::timing::Stage;
+use companion_knowledge::rag::{EmbedConfig, Embedder};
+use companion_store::{bus::event::InboundEvent, store::StoreError};
 use dist::Dist;
 use report::{Report, Resources, RunSettings, StageDist, TurnCounts};
 
@@ -48,7 +45,7 @@ pub enum BenchError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
-    Bus(#[from] companion::testing::bus::BusError),
+    Bus(#[from] companion_store::bus::BusError),
     #[error("writing {0}: {1}")]
     Write(PathBuf, std::io::Error),
 }
@@ -436,7 +433,7 @@ impl Held {
             .collect();
         let replies_stored = env
             .mongo
-            .collection(companion::testing::store::mongo::DM_MESSAGES)
+            .collection(companion_store::store::mongo::DM_MESSAGES)
             .count_documents(bson::doc! { "inReplyTo": { "$in": ids } })
             .await
             .map_err(StoreError::from)?;

@@ -11,7 +11,7 @@ use super::{
     workers::WorkerProc,
 };
 use crate::stub::StubLlm;
-use companion::testing::bus::InboundEvent;
+use companion_store::bus::event::InboundEvent;
 
 /// kB to MB.
 pub fn mb(kb: u64) -> f64 {

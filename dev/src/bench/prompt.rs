@@ -133,7 +133,7 @@ pub fn analyse(bodies: &[Value], tokenizer: &Path) -> Option<PromptFigures> {
     if bodies.is_empty() {
         return None;
     }
-    let mut t = companion::testing::rag::embed::load_tokenizer(tokenizer).ok()?;
+    let mut t = companion_knowledge::rag::embed::load_tokenizer(tokenizer).ok()?;
     t.with_truncation(None).ok()?;
     let count = |s: &str| t.encode(s, false).map(|e| e.len()).unwrap_or(0) as f64;
     let texts: Vec<(String, String)> = bodies.iter().map(|b| (linear(b), user_of(b))).collect();
@@ -192,7 +192,7 @@ mod tests {
             json!({"role": "tool", "tool_call_id": "past_0_0", "content": "{}"}),
         );
         s.offer(&with_past_round);
-        let memory = format!("{}\n", companion::testing::memory::extract::EXTRACT_MARKER);
+        let memory = format!("{}\n", companion_tools::memory::extract::EXTRACT_MARKER);
         s.offer(&json!({"messages": [
             {"role": "system", "content": memory},
             {"role": "user", "content": "1. i ride goofy"},

@@ -12,7 +12,8 @@ use std::{
 use serde_json::Value;
 
 use super::BenchError;
-use companion::testing::{Config, timing::Stage};
+use companion::Config;
+use companion_core::timing::Stage;
 
 /// The log filter workers run with: the production default (turn timings are `info`).
 pub const WORKER_RUST_LOG: &str =
@@ -87,7 +88,7 @@ pub fn spawn(
     config.llm.api_key = Default::default();
     config.llm.requests_per_second = settings.llm_requests_per_second;
     config.worker.http_addr = http_addr.clone();
-    config.log.format = companion::testing::config::LogFormat::Json;
+    config.log.format = companion_core::config::LogFormat::Json;
     let mut cmd = Command::new(exe);
     cmd.arg("worker")
         .envs(crate::child_env::of(&config))
@@ -300,7 +301,7 @@ mod tests {
         std::fs::write(
             &log,
             concat!(
-                r#"{"timestamp":"2026-11-22T10:00:01.000000Z","level":"INFO","fields":{"message":"turn timings","outcome":"answered","total_ms":12.5,"overhead_ms":2.5,"llm_calls":1,"mongo_ms":1.25,"mongo_commands":7,"llm_ms":10.0,"writes_ms":1.5},"target":"companion::testing::timing","span":{"event_id":"abc","name":"turn"}}"#,
+                r#"{"timestamp":"2026-11-22T10:00:01.000000Z","level":"INFO","fields":{"message":"turn timings","outcome":"answered","total_ms":12.5,"overhead_ms":2.5,"llm_calls":1,"mongo_ms":1.25,"mongo_commands":7,"llm_ms":10.0,"writes_ms":1.5},"target":"companion_core::timing","span":{"event_id":"abc","name":"turn"}}"#,
                 "\n",
                 r#"{"timestamp":"2026-11-22T10:00:01.005000Z","level":"WARN","fields":{"message":"turn failed; will retry","error":"boom"},"target":"companion::testing::worker"}"#,
                 "\nnot json\n",

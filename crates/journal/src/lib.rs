@@ -1,0 +1,1169 @@
+//! The journal of durable jobs: every side effect of a job is a named step, recorded once it succeeded,
+//! so a retry replays what succeeded and redoes only what failed. Every message a companion sends is a
+//! job: the answer to a DM, to a group message, a follow-up (the worker's `pipeline`).
+//!
+//! - A job is a row of `jobs` (a turn's id is its event's message id) with a [`State`], whose transitions
+//!   are all in [`State::may_become`]; attempts, the reply generation and who answered it live there.
+//! - `job.step(name, key).run(async { … })` returns the output recorded for (job, name, key) if an earlier
+//!   attempt recorded one; otherwise it runs the body and records the success. The first writer wins: when
+//!   two attempts race, both go on with the first one's output. A failure is returned and recorded
+//!   nowhere, so the next attempt runs the step again.
+//! - A [`Step::lazy`] step is an effect that is safe to repeat (a keyed write, a publish with a message id):
+//!   its record rides along with the job's next recorded step or its settlement, one statement instead of
+//!   one each. A crash in between means the effect runs once more, harmlessly.
+//! - [`Job::counted`] is a step that counts against a limit every worker shares (a tally such as
+//!   `writes:<user>`): under a lock per tally, it is granted only while fewer than `limit` steps of the
+//!   tally were recorded in the window.
+//!
+//! - [`Step::run_in_tx`] is a step whose effect is a write to this database: the body runs in the
+//!   transaction that records the step, so the effect and its record commit together or not at all
+//!   (a covered burst, a counted turn, a flow change). [`Job::counted`] and [`Job::covering`] are built
+//!   on it.
+//! - [`Job::recorded`] is the one way to ask whether a step ran (and what it gave).
+//! - A job ends with [`Job::finish`]: its state, who answered it when another job did, and, when it ends
+//!   without a message on purpose, the reason.
+//!
+//! Every step and tally name is in [`names`]; what the model's answers cost is read in [`usage`].
+//!
+//! Outputs are JSON (`job_steps.output`); text is kept as it is but for U+0000, which PostgreSQL cannot
+//! store and which becomes U+FFFD.
+
+pub mod names;
+pub mod usage;
+
+#[cfg(feature = "testing")]
+use companion_core::fault;
+use companion_core::{failure, metrics};
+use companion_llm as llm;
+use companion_store::store;
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use chrono::{DateTime, Utc};
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::Value;
+use sqlx::{PgPool, Postgres, Row, Transaction, postgres::PgRow};
+use tracing::{debug, warn};
+
+use crate::{
+    failure::{Class, Classify},
+    metrics::{Labels, Metric, Metrics},
+    store::StoreError,
+};
+
+tokio::task_local! {
+    /// The step the task's job last started, for the log of a panic caught at the delivery's boundary.
+    static RUNNING: Arc<Mutex<String>>;
+}
+
+/// Runs `work`, noting each step its jobs start; with its output, the last step started (`name:key`),
+/// which names where a panic caught around `work` struck.
+pub async fn tracing_steps<F: Future>(work: F) -> (F::Output, Option<String>) {
+    let running = Arc::new(Mutex::new(String::new()));
+    let out = RUNNING.scope(running.clone(), work).await;
+    let last = running.lock().map(|r| r.clone()).unwrap_or_default();
+    (out, (!last.is_empty()).then_some(last))
+}
+
+/// A step's body is about to run: noted for [`tracing_steps`], and a fault injected there, if a test
+/// armed one.
+fn starting(job: &str, name: &str, key: &str) {
+    // One buffer per task, rewritten in place: no allocation per step once it is large enough.
+    let _ = RUNNING.try_with(|r| {
+        if let Ok(mut r) = r.lock() {
+            r.clear();
+            r.push_str(name);
+            r.push(':');
+            r.push_str(key);
+        }
+    });
+    #[cfg(feature = "testing")]
+    crate::fault::at(job, name);
+    #[cfg(not(feature = "testing"))]
+    let _ = job;
+}
+
+/// Where a job stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Opened by a delivery, not settled yet.
+    Running,
+    /// Answered.
+    Done,
+    /// Answered with the character's failure line and dead-lettered.
+    Failed,
+    /// Answered by the reply of an earlier message of the same burst (`covered_by`).
+    Covered,
+    /// Over the user's flood limit: answered by the busy line, its own or an earlier one (`covered_by`).
+    Limited,
+    /// Not answered, on purpose: a follow-up over the daily cap, to a user who left or blocked the bot, or
+    /// with stale news; a group message no companion answers. `reason` says why.
+    Dropped,
+    /// Kept in history, not answered: a moderator had paused the conversation. A resume may open the
+    /// latest held job again to answer it.
+    Held,
+}
+
+impl State {
+    pub const ALL: [State; 7] = [
+        State::Running,
+        State::Done,
+        State::Failed,
+        State::Covered,
+        State::Limited,
+        State::Dropped,
+        State::Held,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Done => "done",
+            State::Failed => "failed",
+            State::Covered => "covered",
+            State::Limited => "limited",
+            State::Dropped => "dropped",
+            State::Held => "held",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<State> {
+        State::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// Settled: nothing more will be done unless a replay opens it again.
+    pub fn is_settled(self) -> bool {
+        self != State::Running
+    }
+
+    /// Every transition there is. A job is created `Running` by its own delivery, or `Covered` by the
+    /// turn whose reply answers it; a running job settles once; a replay reopens a settled one.
+    pub fn may_become(self, to: State) -> bool {
+        use State::*;
+        matches!(
+            (self, to),
+            (Running, Done | Failed | Limited | Dropped | Held)
+                | (Done | Failed | Covered | Limited | Dropped | Held, Running)
+        )
+    }
+
+    /// The states that may become `to`, as SQL text values.
+    fn sources(to: State) -> Vec<&'static str> {
+        State::ALL
+            .into_iter()
+            .filter(|from| from.may_become(to))
+            .map(State::as_str)
+            .collect()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("journal: {0}")]
+    Store(#[from] StoreError),
+    #[error("journal: step {name}/{key} output cannot be encoded: {source}")]
+    Encode {
+        name: String,
+        key: String,
+        source: serde_json::Error,
+    },
+    #[error("journal: job {0} has an unknown state `{1}`")]
+    BadState(String, String),
+    #[error("journal: the recorded step {name}/{key} does not read back")]
+    Decode { name: String, key: String },
+}
+
+impl From<sqlx::Error> for JournalError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(StoreError::Pg(e))
+    }
+}
+
+impl Classify for JournalError {
+    fn class(&self) -> Class {
+        match self {
+            Self::Store(e) => e.class(),
+            Self::Encode { .. } | Self::BadState(..) | Self::Decode { .. } => Class::Permanent,
+        }
+    }
+}
+
+/// A job's row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobRecord {
+    pub id: String,
+    pub state: State,
+    pub attempts: i32,
+    /// Reply generation: 0 first; each replay that answers again takes the next.
+    pub generation: i32,
+    /// For a covered or limited job: the job whose reply answered it.
+    pub covered_by: Option<String>,
+    pub stream_seq: Option<u64>,
+    pub last_error: Option<String>,
+    /// Why a job ended without a message (`dropped`).
+    pub reason: Option<String>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Who a job acts for and where it came from, for its row.
+#[derive(Clone, Copy, Debug)]
+pub struct NewJob<'a> {
+    pub id: &'a str,
+    pub kind: &'a str,
+    pub user: &'a str,
+    /// The companion acting; empty for a job several companions act in (a group message).
+    pub bot: &'a str,
+    pub conversation: &'a str,
+    pub stream_seq: Option<u64>,
+}
+
+/// The answer of [`Job::counted`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Counted now.
+    Granted,
+    /// Counted by an earlier attempt of this step; nothing new is counted.
+    AlreadyCounted,
+    /// The limit is used up; the oldest step of the window leaves it in this many seconds.
+    Exceeded { retry_after_secs: i64 },
+}
+
+/// A transaction a [`Step::run_in_tx`] body does its writes in.
+pub type Tx = Transaction<'static, Postgres>;
+
+/// The journal, in the service's PostgreSQL database.
+#[derive(Clone)]
+pub struct Journal {
+    pool: PgPool,
+    metrics: Option<Arc<Metrics>>,
+}
+
+const JOB_COLUMNS: &str =
+    "id, state, attempts, generation, covered_by, stream_seq, last_error, reason, updated_at";
+
+impl Journal {
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            metrics: None,
+        }
+    }
+
+    /// The journal whose steps' counters ([`Step::counts`]) move in `metrics`.
+    pub fn counting(self, metrics: Arc<Metrics>) -> Self {
+        Self {
+            metrics: Some(metrics),
+            ..self
+        }
+    }
+
+    /// Opens an attempt of a job: creates it `Running`, or counts another attempt of an existing one;
+    /// with every step recorded so far. One round trip.
+    pub async fn open(&self, new: &NewJob<'_>) -> Result<Job, JournalError> {
+        let sql = format!(
+            "WITH j AS (
+                INSERT INTO jobs (id, kind, user_id, bot_id, conversation_id, stream_seq)
+                VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6)
+                ON CONFLICT (id) DO UPDATE
+                   SET attempts = jobs.attempts + 1, updated_at = now(),
+                       stream_seq = COALESCE(jobs.stream_seq, EXCLUDED.stream_seq)
+                RETURNING {JOB_COLUMNS})
+             SELECT j.*, (SELECT coalesce(jsonb_agg(jsonb_build_array(s.name, s.key, s.output)), '[]')
+                          FROM job_steps s WHERE s.job = j.id) AS steps
+             FROM j"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(new.id)
+            .bind(new.kind)
+            .bind(new.user)
+            .bind(new.bot)
+            .bind(new.conversation)
+            .bind(new.stream_seq.map(|s| s as i64))
+            .fetch_one(&self.pool)
+            .await?;
+        let record = job_record(&row)?;
+        let mut recorded = HashMap::new();
+        if let Value::Array(steps) = row.get::<Value, _>("steps") {
+            for s in steps {
+                if let (Some(name), Some(key)) = (s[0].as_str(), s[1].as_str()) {
+                    recorded.insert((name.to_owned(), key.to_owned()), s[2].clone());
+                }
+            }
+        }
+        Ok(Job {
+            pool: self.pool.clone(),
+            metrics: self.metrics.clone(),
+            record,
+            recorded: Mutex::new(recorded),
+            pending: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The job as it stands, without opening an attempt.
+    pub async fn get(&self, id: &str) -> Result<Option<JobRecord>, JournalError> {
+        let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(job_record).transpose()
+    }
+
+    /// Opens a settled job again for a replay (`Running`, nobody's cover any more, no reason): in the
+    /// next reply generation when the current one has a companion message, so that the replay answers
+    /// anew; the records of the steps named in `forget` are dropped, so they run again (the model's
+    /// answers, say). A running job is left as it is.
+    pub async fn reopen(&self, id: &str, forget: &[&str]) -> Result<(), JournalError> {
+        let mut tx = self.pool.begin().await?;
+        let generation: Option<i32> =
+            sqlx::query_scalar("SELECT generation FROM jobs WHERE id = $1 FOR UPDATE")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some(generation) = generation else {
+            return Ok(());
+        };
+        let replies: Vec<String> =
+            sqlx::query_scalar("SELECT key FROM job_steps WHERE job = $1 AND name = $2")
+                .bind(id)
+                .bind(names::step::REPLY)
+                .fetch_all(&mut *tx)
+                .await?;
+        let answered = replies
+            .iter()
+            .any(|k| names::key::is_reply_of(k, generation));
+        sqlx::query(
+            "UPDATE jobs SET state = 'running', covered_by = NULL, reason = NULL, updated_at = now(),
+                generation = generation + CASE WHEN $2 THEN 1 ELSE 0 END
+             WHERE id = $1 AND state = ANY($3)",
+        )
+        .bind(id)
+        .bind(answered)
+        .bind(State::sources(State::Running))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM job_steps WHERE job = $1 AND name = ANY($2)")
+            .bind(id)
+            .bind(forget)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Records why an attempt failed, for operators.
+    pub async fn note_error(&self, id: &str, reason: &str) -> Result<(), JournalError> {
+        sqlx::query("UPDATE jobs SET last_error = $2, updated_at = now() WHERE id = $1")
+            .bind(id)
+            .bind(reason)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Settles a job that has no open attempt here (a replay that failed): only from a state that may
+    /// become `to`.
+    pub async fn force_state(
+        &self,
+        id: &str,
+        to: State,
+        error: Option<&str>,
+    ) -> Result<(), JournalError> {
+        transition(&self.pool, id, to, Finish::default(), error, &[]).await?;
+        Ok(())
+    }
+
+    /// The job whose step `name` was last recorded under `tally`, if that was at or after `since` (e.g.
+    /// the turn that said the busy line to this user this minute).
+    pub async fn last_tallied(
+        &self,
+        tally: &str,
+        name: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<String>, JournalError> {
+        Ok(sqlx::query_scalar(
+            "SELECT job FROM job_steps WHERE tally = $1 AND name = $2 AND created_at >= $3
+             ORDER BY created_at DESC LIMIT 1",
+        )
+        .bind(tally)
+        .bind(name)
+        .bind(since)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// The output of step `name` (every key) in the job of the same kind, user and conversation that
+    /// came just before `job` and was created at or after `since`; for a burst's covered message, in the
+    /// job that covered it. Empty when there is no such job or it has no such step.
+    pub async fn previous_steps(
+        &self,
+        job: &str,
+        name: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<Value>, JournalError> {
+        Ok(sqlx::query_scalar(
+            "WITH this AS (SELECT kind, user_id, conversation_id, created_at FROM jobs WHERE id = $1),
+                  before AS (
+                      SELECT coalesce(j.covered_by, j.id) AS id FROM jobs j, this
+                      WHERE j.conversation_id = this.conversation_id AND j.user_id = this.user_id
+                        AND j.kind = this.kind AND j.id <> $1 AND j.created_at < this.created_at
+                        AND j.created_at >= $3
+                      ORDER BY j.created_at DESC LIMIT 1)
+             SELECT s.output FROM job_steps s JOIN before b ON s.job = b.id WHERE s.name = $2",
+        )
+        .bind(job)
+        .bind(name)
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The latest job of `conversation` held by a moderator's pause, created at or after `since` (when
+    /// the pause began): its id, kind and inbound stream sequence, for the resume to answer it.
+    pub async fn latest_held(
+        &self,
+        conversation: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<(String, String, Option<u64>)>, JournalError> {
+        let row = sqlx::query(
+            "SELECT id, kind, stream_seq FROM jobs
+             WHERE conversation_id = $1 AND state = $2 AND created_at >= $3
+             ORDER BY stream_seq DESC NULLS LAST, created_at DESC LIMIT 1",
+        )
+        .bind(conversation)
+        .bind(State::Held.as_str())
+        .bind(since)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| {
+            let seq = r.get::<Option<i64>, _>("stream_seq").map(|s| s as u64);
+            (r.get("id"), r.get("kind"), seq)
+        }))
+    }
+}
+
+fn job_record(row: &PgRow) -> Result<JobRecord, JournalError> {
+    let id: String = row.get("id");
+    let state: String = row.get("state");
+    let Some(state) = State::parse(&state) else {
+        return Err(JournalError::BadState(id, state));
+    };
+    Ok(JobRecord {
+        id,
+        state,
+        attempts: row.get("attempts"),
+        generation: row.get("generation"),
+        covered_by: row.get("covered_by"),
+        stream_seq: row.get::<Option<i64>, _>("stream_seq").map(|s| s as u64),
+        last_error: row.get("last_error"),
+        reason: row.get("reason"),
+        updated_at: row.get("updated_at"),
+    })
+}
+
+/// A step record not yet written.
+#[derive(Clone, Debug)]
+struct Pending {
+    name: String,
+    key: String,
+    output: Value,
+    tally: Option<String>,
+    /// When it counts from (a counted step's clock); none: the database's.
+    at: Option<DateTime<Utc>>,
+    /// The counter the record moves once it is committed by this attempt ([`Step::counts`]).
+    counter: Option<Counter>,
+}
+
+/// A counter and its labels, moved when a step's record commits.
+#[derive(Clone, Debug)]
+struct Counter {
+    metric: &'static Metric,
+    labels: Vec<(&'static str, String)>,
+}
+
+/// One attempt of a job: its row as opened, the steps recorded so far, and the records not yet written.
+pub struct Job {
+    pool: PgPool,
+    /// Where the steps' counters move ([`Step::counts`]); none: they do not.
+    metrics: Option<Arc<Metrics>>,
+    pub record: JobRecord,
+    recorded: Mutex<HashMap<(String, String), Value>>,
+    pending: Mutex<Vec<Pending>>,
+}
+
+impl Job {
+    pub fn id(&self) -> &str {
+        &self.record.id
+    }
+
+    /// Step `name` with `key` of this job; run it with [`Step::run`].
+    pub fn step<'a>(&'a self, name: &'a str, key: impl Into<String>) -> Step<'a> {
+        Step {
+            job: self,
+            name,
+            key: key.into(),
+            lazy: false,
+            tally: None,
+            at: None,
+            lock: None,
+            counter: None,
+        }
+    }
+
+    /// How many steps named `name` are recorded with a key starting with `prefix`.
+    pub fn recorded_count_under(&self, name: &str, prefix: &str) -> usize {
+        let recorded = self.recorded.lock().expect("journal lock");
+        recorded
+            .keys()
+            .filter(|(n, k)| n == name && k.starts_with(prefix))
+            .count()
+    }
+
+    /// The output recorded for (name, key), if any and if it reads as `T`.
+    pub fn recorded<T: DeserializeOwned>(&self, name: &str, key: &str) -> Option<T> {
+        let recorded = self.recorded.lock().expect("journal lock");
+        let value = recorded.get(&(name.to_owned(), key.to_owned()))?;
+        decode(name, key, value)
+    }
+
+    /// A step that counts against `limit` steps of `tally` per `window`, across every worker: under a lock
+    /// per tally, granted (and recorded, with the tally) only while fewer than `limit` steps of the tally
+    /// were recorded in the window that ends at `now`.
+    pub async fn counted(
+        &self,
+        name: &str,
+        key: &str,
+        tally: &str,
+        limit: u32,
+        window: Duration,
+        now: DateTime<Utc>,
+    ) -> Result<Admission, JournalError> {
+        /// The window is full: nothing is recorded.
+        enum NotCounted {
+            Full(i64),
+            Journal(JournalError),
+        }
+        impl From<JournalError> for NotCounted {
+            fn from(e: JournalError) -> Self {
+                Self::Journal(e)
+            }
+        }
+        let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::hours(1));
+        let mut step = self.step(name, key).tally(tally);
+        step.at = Some(now);
+        // Serialised on the tally: every step counting against it, of any job.
+        step.lock = Some(format!("tally:{tally}"));
+        let counted = step
+            .run_tx_fresh(|mut tx| async move {
+                let result = sqlx::query(
+                    "SELECT count(*) AS n, min(created_at) AS oldest FROM job_steps
+                     WHERE tally = $1 AND created_at > $2",
+                )
+                .bind(tally)
+                .bind(now - window)
+                .fetch_one(&mut *tx)
+                .await;
+                let counted = match result {
+                    Err(e) => Err(NotCounted::Journal(e.into())),
+                    Ok(row) if row.get::<i64, _>("n") >= i64::from(limit) => {
+                        let oldest: Option<DateTime<Utc>> = row.get("oldest");
+                        Err(NotCounted::Full(
+                            oldest
+                                .map(|o| (o + window - now).num_seconds().max(1))
+                                .unwrap_or(window.num_seconds()),
+                        ))
+                    }
+                    Ok(_) => Ok(serde_json::json!({ "counted": tally })),
+                };
+                (tx, counted)
+            })
+            .await;
+        match counted {
+            Ok((_, true)) => Ok(Admission::Granted),
+            Ok((_, false)) => Ok(Admission::AlreadyCounted),
+            Err(NotCounted::Full(retry_after_secs)) => Ok(Admission::Exceeded { retry_after_secs }),
+            Err(NotCounted::Journal(e)) => Err(e),
+        }
+    }
+
+    /// A step whose effect is covering other jobs (a burst's later messages, answered by this job's
+    /// reply): covers the longest prefix of `candidates` that can still be covered and records
+    /// `output(n)` for the `n` covered, in one transaction ([`Step::run_in_tx`]). Two attempts of this job
+    /// running at once (a redelivery while the first delivery still runs) therefore agree: the second
+    /// reads the first's record and covers nothing, so no job is covered that the recorded step (and the
+    /// reply built from it) does not answer.
+    pub async fn covering<T, F>(
+        &self,
+        name: &str,
+        key: &str,
+        candidates: &[NewJob<'_>],
+        output: F,
+    ) -> Result<T, JournalError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(usize) -> T,
+    {
+        if candidates.is_empty() {
+            // Nothing to cover: an ordinary step (its record resolves a race like any other).
+            return self
+                .step(name, key)
+                .run(async { Ok::<_, JournalError>(output(0)) })
+                .await;
+        }
+        self.step(name, key)
+            .run_in_tx(|mut tx| async move {
+                let mut n = 0;
+                for c in candidates {
+                    match cover_with(&mut *tx, c, self.id()).await {
+                        Ok(true) => n += 1,
+                        Ok(false) => break,
+                        Err(e) => return (tx, Err(e)),
+                    }
+                }
+                (tx, Ok(output(n)))
+            })
+            .await
+    }
+
+    /// Writes the records of lazy steps now.
+    async fn flush(&self) -> Result<(), JournalError> {
+        let pending = self.take_pending();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let sql = format!("{INSERT_RECORDS} RETURNING name, key");
+        let result: Result<Vec<(String, String)>, _> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(self.id())
+            .bind(records(&pending))
+            .fetch_all(&self.pool)
+            .await;
+        match result {
+            Ok(inserted) => {
+                self.count_committed(&pending, &inserted);
+                Ok(())
+            }
+            Err(e) => {
+                self.requeue(pending);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The attempt [`Journal::open`] began: unless the job is already settled (an earlier attempt,
+    /// another worker or a replay ended it), runs `body` on it. When the body fails, the records of the
+    /// steps that succeeded are written first (best effort), so the next attempt replays rather than
+    /// redoes them.
+    pub async fn attempt<T, E>(
+        &self,
+        body: impl AsyncFnOnce(&Job) -> Result<T, E>,
+    ) -> Result<Attempt<T>, E> {
+        if self.record.state.is_settled() {
+            return Ok(Attempt::Settled);
+        }
+        let result = body(self).await;
+        self.keep_successes(result).await.map(Attempt::Ran)
+    }
+
+    /// Passes an attempt's result on; when it failed, first writes the records still pending, best
+    /// effort, so that what succeeded is not redone by the next attempt.
+    async fn keep_successes<T, E>(&self, result: Result<T, E>) -> Result<T, E> {
+        if result.is_err()
+            && let Err(e) = self.flush().await
+        {
+            debug!(error = %e, "step records not written; the next attempt redoes those steps");
+        }
+        result
+    }
+
+    /// Ends the running job in state `to`, with who answered it and why it ended without a message
+    /// ([`Finish`]), writing the pending records in the same statement. False when the job was no longer
+    /// running (a replay or another worker ended it first).
+    pub async fn finish(&self, to: State, ending: Finish<'_>) -> Result<bool, JournalError> {
+        let pending = self.take_pending();
+        match transition(&self.pool, self.id(), to, ending, None, &pending).await {
+            Ok((moved, inserted)) => {
+                self.count_committed(&pending, &inserted);
+                Ok(moved)
+            }
+            Err(e) => {
+                self.requeue(pending);
+                Err(e)
+            }
+        }
+    }
+
+    fn remember(&self, name: &str, key: &str, output: Value) {
+        self.recorded
+            .lock()
+            .expect("journal lock")
+            .insert((name.to_owned(), key.to_owned()), output);
+    }
+
+    /// Moves the counters of `rows` whose records this attempt inserted (`inserted`: name and key, as
+    /// `INSERT … RETURNING` gave them); a record another attempt wrote first moved its counter then.
+    fn count_committed(&self, rows: &[Pending], inserted: &[(String, String)]) {
+        let Some(metrics) = &self.metrics else {
+            return;
+        };
+        for r in rows {
+            if let Some(c) = &r.counter
+                && inserted.iter().any(|(n, k)| *n == r.name && *k == r.key)
+            {
+                let labels: Vec<(&'static str, &str)> =
+                    c.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                metrics.inc(c.metric, &labels);
+            }
+        }
+    }
+
+    fn take_pending(&self) -> Vec<Pending> {
+        std::mem::take(&mut *self.pending.lock().expect("journal lock"))
+    }
+
+    /// Puts records whose write failed back, for the next write.
+    fn requeue(&self, rows: Vec<Pending>) {
+        self.pending.lock().expect("journal lock").extend(rows);
+    }
+
+    /// Records one step, with the pending ones; returns the output that won.
+    async fn record(&self, step: Pending) -> Result<Value, JournalError> {
+        let (name, key) = (step.name.clone(), step.key.clone());
+        let mut rows = self.take_pending();
+        rows.push(step);
+        // Every record this statement inserted, and the step's own as stored before it, if it was.
+        let sql = format!(
+            "WITH ins AS ({INSERT_RECORDS} RETURNING name, key, output)
+             SELECT name, key, output, true AS ours FROM ins
+             UNION ALL SELECT name, key, output, false FROM job_steps
+                       WHERE job = $1 AND name = $3 AND key = $4"
+        );
+        let stored: Result<Vec<(String, String, Value, bool)>, sqlx::Error> =
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(self.id())
+                .bind(records(&rows))
+                .bind(&name)
+                .bind(&key)
+                .fetch_all(&self.pool)
+                .await;
+        let stored = stored.map(|found| {
+            let inserted: Vec<(String, String)> = found
+                .iter()
+                .filter(|f| f.3)
+                .map(|f| (f.0.clone(), f.1.clone()))
+                .collect();
+            self.count_committed(&rows, &inserted);
+            found
+                .into_iter()
+                .find(|f| f.0 == name && f.1 == key)
+                .map(|f| f.2)
+        });
+        let own = rows.pop().expect("the step itself").output;
+        match stored {
+            Ok(Some(stored)) => Ok(stored),
+            // Our insert waited for another attempt's and found it, but the statement's snapshot is
+            // older than that commit: read it now.
+            Ok(None) => Ok(step_output(&self.pool, self.id(), &name, &key)
+                .await?
+                .unwrap_or(own)),
+            Err(e) => {
+                self.requeue(rows);
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// The recorded output of step (name, key) of job `job`, on any connection.
+async fn step_output<'e>(
+    e: impl sqlx::PgExecutor<'e>,
+    job: &str,
+    name: &str,
+    key: &str,
+) -> Result<Option<Value>, JournalError> {
+    Ok(
+        sqlx::query_scalar(
+            "SELECT output FROM job_steps WHERE job = $1 AND name = $2 AND key = $3",
+        )
+        .bind(job)
+        .bind(name)
+        .bind(key)
+        .fetch_optional(e)
+        .await?,
+    )
+}
+
+/// Creates `job` settled as `Covered` by job `by`. True when it is covered by `by` now (created, or by an
+/// earlier attempt of the same cover); false when the job already existed otherwise.
+async fn cover_with<'e>(
+    e: impl sqlx::PgExecutor<'e>,
+    job: &NewJob<'_>,
+    by: &str,
+) -> Result<bool, JournalError> {
+    let covered: Option<String> = sqlx::query_scalar(
+        "WITH ins AS (
+            INSERT INTO jobs (id, kind, user_id, bot_id, conversation_id, stream_seq, state, covered_by)
+            VALUES ($1, $2, $3, $4, $5, $6, 'covered', $7)
+            ON CONFLICT (id) DO NOTHING RETURNING covered_by)
+         SELECT covered_by FROM ins
+         UNION ALL SELECT covered_by FROM jobs WHERE id = $1 AND state = 'covered'
+         LIMIT 1",
+    )
+    .bind(job.id)
+    .bind(job.kind)
+    .bind(job.user)
+    .bind(job.bot)
+    .bind(job.conversation)
+    .bind(job.stream_seq.map(|s| s as i64))
+    .bind(by)
+    .fetch_optional(e)
+    .await?
+    .flatten();
+    Ok(covered.as_deref() == Some(by))
+}
+
+/// Moves a job to `to` from any state that may become it, writing `records` in the same statement.
+async fn transition(
+    pool: &PgPool,
+    id: &str,
+    to: State,
+    ending: Finish<'_>,
+    error: Option<&str>,
+    rows: &[Pending],
+) -> Result<(bool, Vec<(String, String)>), JournalError> {
+    let sql = format!(
+        "WITH ins AS ({INSERT_RECORDS} RETURNING name, key),
+              moved AS (
+                UPDATE jobs SET state = $3, covered_by = COALESCE($4, covered_by),
+                       last_error = COALESCE($5, last_error), reason = COALESCE($7, reason),
+                       updated_at = now()
+                WHERE id = $1 AND state = ANY($6)
+                RETURNING state)
+         SELECT EXISTS (SELECT 1 FROM moved) AS moved,
+                (SELECT coalesce(jsonb_agg(jsonb_build_array(name, key)), '[]') FROM ins) AS inserted"
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .bind(records(rows))
+        .bind(to.as_str())
+        .bind(ending.by)
+        .bind(error)
+        .bind(State::sources(to))
+        .bind(ending.reason)
+        .fetch_one(pool)
+        .await?;
+    let inserted = match row.get::<Value, _>("inserted") {
+        Value::Array(rows) => rows
+            .iter()
+            .filter_map(|r| Some((r[0].as_str()?.to_owned(), r[1].as_str()?.to_owned())))
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok((row.get("moved"), inserted))
+}
+
+/// Inserts the step records `$2` (a JSON array of [`records`]) of job `$1`; a record already there (an
+/// earlier attempt's) stays.
+const INSERT_RECORDS: &str = "INSERT INTO job_steps (job, name, key, output, tally, created_at)
+    SELECT $1, r.name, r.key, coalesce(r.output, 'null'::jsonb), r.tally, coalesce(r.at, now())
+    FROM jsonb_to_recordset($2::jsonb) AS r(name text, key text, output jsonb, tally text, at timestamptz)
+    ON CONFLICT (job, name, key) DO NOTHING";
+
+/// Step records as the JSON array [`INSERT_RECORDS`] reads.
+fn records(rows: &[Pending]) -> Value {
+    Value::Array(
+        rows.iter()
+            .map(|r| {
+                let mut v = serde_json::json!({"name": r.name, "key": r.key, "output": r.output,
+                                               "tally": r.tally});
+                if let Some(at) = r.at {
+                    v["at"] = serde_json::json!(at);
+                }
+                v
+            })
+            .collect(),
+    )
+}
+
+fn decode<T: DeserializeOwned>(name: &str, key: &str, value: &Value) -> Option<T> {
+    match T::deserialize(value) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            warn!(step = name, key, error = %e, "a recorded step does not read back; it runs again");
+            None
+        }
+    }
+}
+
+/// What [`Job::attempt`] did.
+pub enum Attempt<T> {
+    /// The job was settled already; the body did not run.
+    Settled,
+    /// The body ran, and succeeded.
+    Ran(T),
+}
+
+/// How a job ended, besides its state.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Finish<'a> {
+    /// The job whose message answered this one (a burst's reply, a busy line).
+    pub by: Option<&'a str>,
+    /// Why it ended without a message of its own, on purpose.
+    pub reason: Option<&'a str>,
+}
+
+/// A step about to run; see the module documentation.
+pub struct Step<'a> {
+    job: &'a Job,
+    name: &'a str,
+    key: String,
+    lazy: bool,
+    tally: Option<String>,
+    at: Option<DateTime<Utc>>,
+    /// What [`Step::run_in_tx`] serialises on, when not the step itself (a tally, for a counted step).
+    lock: Option<String>,
+    counter: Option<Counter>,
+}
+
+impl Step<'_> {
+    /// Recorded with the job's next recorded step or its settlement, not on its own: for effects that
+    /// are safe to repeat.
+    pub fn lazy(mut self) -> Self {
+        self.lazy = true;
+        self
+    }
+
+    /// [`Step::lazy`] unless `now`: then recorded at once, with the records still pending before it (what
+    /// a job does next must never make it run again).
+    pub fn lazy_unless(mut self, now: bool) -> Self {
+        self.lazy = !now;
+        self
+    }
+
+    /// Counted under `tally` (see [`Journal::last_tallied`], [`Job::counted`]).
+    pub fn tally(mut self, tally: impl Into<String>) -> Self {
+        self.tally = Some(tally.into());
+        self
+    }
+
+    /// Moves counter `metric{labels}` once, when this step's record commits: not when the body runs
+    /// (an attempt that fails before its record is written does not count), and not again on a retry
+    /// that replays the record.
+    pub fn counts(mut self, metric: &'static Metric, labels: Labels<'_>) -> Self {
+        self.counter = Some(Counter {
+            metric,
+            labels: labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
+        });
+        self
+    }
+
+    fn pending(&self, output: Value) -> Pending {
+        Pending {
+            name: self.name.to_owned(),
+            key: self.key.clone(),
+            output,
+            tally: self.tally.clone(),
+            at: self.at,
+            counter: self.counter.clone(),
+        }
+    }
+
+    /// The recorded output, or the body's, recorded now (or with the next record, when lazy).
+    pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<JournalError>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let (job, name) = (self.job, self.name);
+        if let Some(done) = job.recorded::<T>(name, &self.key) {
+            debug!(step = name, key = %self.key, "step replayed from the journal");
+            return Ok(done);
+        }
+        starting(job.id(), name, &self.key);
+        #[cfg(feature = "testing")]
+        crate::fault::reached(job.id(), name).await;
+        let out = body.await?;
+        let value = encode(name, &self.key, &out)?;
+        let pending = self.pending(value.clone());
+        if self.lazy {
+            job.remember(name, &self.key, value);
+            job.pending.lock().expect("journal lock").push(pending);
+            return Ok(out);
+        }
+        let stored = job.record(pending).await?;
+        job.remember(name, &self.key, stored.clone());
+        if stored == value {
+            return Ok(out);
+        }
+        // Another attempt recorded this step first: go on with its output.
+        debug!(step = name, key = %self.key, "another attempt recorded this step first; using its output");
+        Ok(decode(name, &self.key, &stored).unwrap_or(out))
+    }
+
+    /// The recorded output, or the body's: the body does its writes in the transaction that records the
+    /// step (with the job's pending records), so they commit together or not at all. Attempts of the same
+    /// step are serialised; one that finds the step recorded meanwhile returns that record and runs
+    /// nothing. A body's error rolls its writes back and records nothing. The body gets the transaction
+    /// and hands it back with its result.
+    pub async fn run_in_tx<T, E, F, Fut>(self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<JournalError>,
+        F: FnOnce(Tx) -> Fut,
+        Fut: Future<Output = (Tx, Result<T, E>)>,
+    {
+        self.run_tx_fresh(body).await.map(|(out, _)| out)
+    }
+
+    /// [`Step::run_in_tx`], and whether the body ran now (false: an earlier attempt's record).
+    async fn run_tx_fresh<T, E, F, Fut>(self, body: F) -> Result<(T, bool), E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<JournalError>,
+        F: FnOnce(Tx) -> Fut,
+        Fut: Future<Output = (Tx, Result<T, E>)>,
+    {
+        let (job, name) = (self.job, self.name);
+        if let Some(done) = job.recorded::<T>(name, &self.key) {
+            return Ok((done, false));
+        }
+        starting(job.id(), name, &self.key);
+        let pending = job.take_pending();
+        let result = async {
+            let mut tx = job.pool.begin().await.map_err(JournalError::from)?;
+            // Serialised per step (or on the lock asked for); then, in a statement of its own so that
+            // it sees what another attempt committed while this one waited, the step's record.
+            let lock = self
+                .lock
+                .clone()
+                .unwrap_or_else(|| format!("step:{}:{name}:{}", job.id(), self.key));
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(&lock)
+                .execute(&mut *tx)
+                .await
+                .map_err(JournalError::from)?;
+            let earlier = step_output(&mut *tx, job.id(), name, &self.key).await?;
+            let (tx, value, own) = match earlier {
+                Some(v) => (tx, v, None),
+                None => {
+                    let (tx, out) = body(tx).await;
+                    let out = out?;
+                    (tx, encode(name, &self.key, &out)?, Some(out))
+                }
+            };
+            let mut tx = tx;
+            let mut rows = pending.clone();
+            if own.is_some() {
+                rows.push(self.pending(value.clone()));
+            }
+            let sql = format!("{INSERT_RECORDS} RETURNING name, key");
+            let inserted: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(job.id())
+                .bind(records(&rows))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(JournalError::from)?;
+            #[cfg(feature = "testing")]
+            crate::fault::at(job.id(), &format!("commit:{name}"));
+            tx.commit().await.map_err(JournalError::from)?;
+            job.count_committed(&rows, &inserted);
+            Ok::<_, E>((value, own))
+        }
+        .await;
+        match result {
+            Ok((value, own)) => {
+                job.remember(name, &self.key, value.clone());
+                match own {
+                    Some(out) => Ok((out, true)),
+                    None => {
+                        debug!(step = name, key = %self.key, "another attempt recorded this step first; using its output");
+                        decode(name, &self.key, &value)
+                            .map(|out| (out, false))
+                            .ok_or_else(|| {
+                                E::from(JournalError::Decode {
+                                    name: name.to_owned(),
+                                    key: self.key.clone(),
+                                })
+                            })
+                    }
+                }
+            }
+            Err(e) => {
+                job.requeue(pending);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// A step's output as recorded.
+fn encode<T: Serialize>(name: &str, key: &str, out: &T) -> Result<Value, JournalError> {
+    let mut value = serde_json::to_value(out).map_err(|source| JournalError::Encode {
+        name: name.to_owned(),
+        key: key.to_owned(),
+        source,
+    })?;
+    strip_nul(&mut value);
+    Ok(value)
+}
+
+/// PostgreSQL's `jsonb` cannot hold U+0000.
+fn strip_nul(v: &mut Value) {
+    match v {
+        Value::String(s) if s.contains('\0') => *s = s.replace('\0', "\u{FFFD}"),
+        Value::Array(a) => a.iter_mut().for_each(strip_nul),
+        Value::Object(o) => o.values_mut().for_each(strip_nul),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_transition_is_listed_once() {
+        use State::*;
+        let allowed: Vec<(State, State)> = State::ALL
+            .into_iter()
+            .flat_map(|a| State::ALL.into_iter().map(move |b| (a, b)))
+            .filter(|(a, b)| a.may_become(*b))
+            .collect();
+        assert_eq!(
+            allowed,
+            [
+                (Running, Done),
+                (Running, Failed),
+                (Running, Limited),
+                (Running, Dropped),
+                (Running, Held),
+                (Done, Running),
+                (Failed, Running),
+                (Covered, Running),
+                (Limited, Running),
+                (Dropped, Running),
+                (Held, Running),
+            ]
+        );
+        assert_eq!(
+            State::sources(Running),
+            ["done", "failed", "covered", "limited", "dropped", "held"]
+        );
+        assert_eq!(State::sources(Done), ["running"]);
+        for s in State::ALL {
+            assert_eq!(State::parse(s.as_str()), Some(s));
+        }
+    }
+
+    #[test]
+    fn nul_characters_never_reach_postgres() {
+        let mut v = serde_json::json!({"a": ["x\u{0}y", 1], "b": "ok"});
+        strip_nul(&mut v);
+        assert_eq!(v, serde_json::json!({"a": ["x\u{FFFD}y", 1], "b": "ok"}));
+    }
+}

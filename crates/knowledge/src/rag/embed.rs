@@ -1,0 +1,462 @@
+//! Sentence embeddings with all-MiniLM-L6-v2 through ONNX Runtime, computed as sentence-transformers
+//! does: truncation at 256 tokens ([CLS] and [SEP] included), mean pooling under the attention mask, L2
+//! normalisation. Two graphs are installed by `deploy/local/models.sh`: `model.onnx`, the fused fp32 graph
+//! (`build_model.py`, equal to the reference), and `model-int8.onnx`, its smoothed int8 quantisation
+//! (`quantize_model.py`, cosine >= 0.995 to the reference on every fixture line), the default. Any export
+//! with `input_ids`, `attention_mask` (and optionally `token_type_ids`) in and `last_hidden_state` out works.
+//!
+//! The model runs on one dedicated OS thread, never on the async runtime. Callers from any task send
+//! their texts to it; the thread waits for the first request (blocking, no spinning), takes every request
+//! already queued (and, with a window above 0, waits that long for more, or until the batch is full),
+//! sorts everything by token length and runs the model in length buckets padded to their longest text.
+//! Requests that arrive while the model runs are queued for the next run, so a burst of turns costs a
+//! few model runs, not one each, and a lone request never waits (the default window is 0).
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
+    time::{Duration, Instant},
+};
+
+use ndarray::Array2;
+use ort::{
+    environment::Environment,
+    session::{Session, builder::GraphOptimizationLevel},
+    value::Tensor,
+};
+use tokenizers::{Encoding, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+use tokio::sync::oneshot;
+
+use prometheus_client::metrics::histogram::Histogram;
+
+use crate::{config::EmbedSettings, metrics::Metric};
+
+/// Width of a MiniLM embedding.
+pub const DIM: usize = 384;
+/// The model's max sequence length (sentence-transformers' `max_seq_length`), special tokens included.
+pub const MAX_TOKENS: usize = 256;
+/// Upper bound on padded tokens in one model run: bounds the activations ORT allocates for a batch.
+const MAX_BATCH_TOKENS: usize = 16 * MAX_TOKENS;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EmbedError {
+    #[error("embedding model file {0} is missing (run deploy/local/models.sh)")]
+    Missing(PathBuf),
+    #[error("cannot load ONNX Runtime from {path}: {message}")]
+    Runtime { path: PathBuf, message: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("onnx runtime: {0}")]
+    Ort(String),
+    #[error("the embedder thread has stopped")]
+    Stopped,
+}
+
+impl From<ort::Error> for EmbedError {
+    fn from(e: ort::Error) -> Self {
+        Self::Ort(e.to_string())
+    }
+}
+
+impl From<ort::Error<ort::session::builder::SessionBuilder>> for EmbedError {
+    fn from(e: ort::Error<ort::session::builder::SessionBuilder>) -> Self {
+        Self::Ort(e.to_string())
+    }
+}
+
+/// How to load and run the model.
+#[derive(Clone, Debug)]
+pub struct EmbedConfig {
+    /// Folder with the graphs and `tokenizer.json`.
+    pub model_dir: PathBuf,
+    /// The graph's file name in that folder.
+    pub model_file: String,
+    /// ONNX Runtime 1.31 shared library.
+    pub ort_dylib_path: PathBuf,
+    /// Intra-op threads (0 = ORT's default, one per core).
+    pub threads: usize,
+    /// Most texts per model run.
+    pub max_batch: usize,
+    /// How long the first request of a batch waits for company.
+    pub window: Duration,
+}
+
+impl EmbedConfig {
+    pub fn from_settings(c: &EmbedSettings) -> Self {
+        Self {
+            model_dir: c.model_dir.clone(),
+            model_file: c.model_file.clone(),
+            ort_dylib_path: c.ort_dylib_path.clone(),
+            threads: c.threads,
+            max_batch: c.max_batch.max(1),
+            window: Duration::from_millis(c.window_ms),
+        }
+    }
+
+    pub fn model_path(&self) -> PathBuf {
+        self.model_dir.join(&self.model_file)
+    }
+
+    pub fn tokenizer_path(&self) -> PathBuf {
+        self.model_dir.join("tokenizer.json")
+    }
+
+    /// The first of the three files that is not there, if any.
+    pub fn missing_file(&self) -> Option<PathBuf> {
+        [
+            self.ort_dylib_path.clone(),
+            self.model_path(),
+            self.tokenizer_path(),
+        ]
+        .into_iter()
+        .find(|p| !p.is_file())
+    }
+}
+
+/// Counters of the batcher, for tests and operators.
+#[derive(Debug)]
+pub struct EmbedStats {
+    /// Requests (calls of [`Embedder::embed`]) served.
+    pub requests: AtomicU64,
+    /// Texts embedded.
+    pub texts: AtomicU64,
+    /// Model runs; fewer than `requests` when concurrent requests were batched.
+    pub model_runs: AtomicU64,
+    /// Batches collected by the window (each gives one or more model runs).
+    pub batches: AtomicU64,
+    /// Texts per model run ([`EMBED_BATCH`]).
+    pub run_sizes: Histogram,
+}
+
+impl Default for EmbedStats {
+    fn default() -> Self {
+        Self {
+            requests: Default::default(),
+            texts: Default::default(),
+            model_runs: Default::default(),
+            batches: Default::default(),
+            run_sizes: Histogram::new(EMBED_BATCH_BUCKETS.iter().copied()),
+        }
+    }
+}
+
+/// Texts per model run of the embedder.
+pub const EMBED_BATCH: Metric = Metric::new(
+    "companion_embed_batch_size",
+    "Texts per model run of the embedder (concurrent requests batched together)",
+);
+/// Upper bounds of [`EMBED_BATCH`].
+const EMBED_BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+/// A snapshot of [`EmbedStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg(any(test, feature = "testing"))]
+pub struct EmbedCounts {
+    pub requests: u64,
+    pub texts: u64,
+    pub model_runs: u64,
+    pub batches: u64,
+}
+
+struct Request {
+    texts: Vec<String>,
+    reply: oneshot::Sender<Result<Vec<Vec<f32>>, EmbedError>>,
+}
+
+/// Handle to the embedding thread; cheap to share (`Arc`).
+pub struct Embedder {
+    tx: mpsc::Sender<Request>,
+    tokenizer: Arc<Tokenizer>,
+    stats: Arc<EmbedStats>,
+}
+
+/// ONNX Runtime allows one environment per process; every embedder shares it.
+static ENVIRONMENT: OnceLock<Result<Environment, String>> = OnceLock::new();
+
+fn environment(dylib: &Path) -> Result<&'static Environment, EmbedError> {
+    let path = std::path::absolute(dylib).unwrap_or_else(|_| dylib.to_path_buf());
+    ENVIRONMENT
+        .get_or_init(|| {
+            let builder = ort::init_from(&path).map_err(|e| e.to_string())?;
+            builder
+                .with_name("companion")
+                .with_telemetry(false)
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|message| EmbedError::Runtime {
+            path,
+            message: message.clone(),
+        })
+}
+
+/// Loads the tokenizer as sentence-transformers uses it: truncation at 256, no padding (done per batch).
+pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, EmbedError> {
+    if !path.is_file() {
+        return Err(EmbedError::Missing(path.to_path_buf()));
+    }
+    let mut t = Tokenizer::from_file(path).map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+    t.with_truncation(Some(TruncationParams {
+        max_length: MAX_TOKENS,
+        strategy: TruncationStrategy::LongestFirst,
+        stride: 0,
+        direction: TruncationDirection::Right,
+    }))
+    .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+    t.with_padding(None);
+    Ok(t)
+}
+
+impl Embedder {
+    /// Loads the runtime, tokenizer and model and starts the embedding thread.
+    pub fn load(cfg: &EmbedConfig) -> Result<Arc<Self>, EmbedError> {
+        if let Some(missing) = cfg.missing_file() {
+            return Err(EmbedError::Missing(missing));
+        }
+        let env = environment(&cfg.ort_dylib_path)?;
+        let tokenizer = Arc::new(load_tokenizer(&cfg.tokenizer_path())?);
+        let mut builder = Session::builder(env)?
+            .with_optimization_level(GraphOptimizationLevel::Level3)?
+            .with_intra_threads(cfg.threads)?
+            .with_inter_threads(1)?
+            .with_intra_op_spinning(false)?
+            .with_inter_op_spinning(false)?
+            .with_memory_pattern(false)?
+            .with_execution_providers([ort::ep::CPU::default()
+                .with_arena_allocator(false)
+                .build()])?;
+        let session = builder.commit_from_file(cfg.model_path())?;
+        let has_token_types = session
+            .inputs()
+            .iter()
+            .any(|i| i.name() == "token_type_ids");
+        let stats = Arc::new(EmbedStats::default());
+        let (tx, rx) = mpsc::channel::<Request>();
+        let worker = Worker {
+            session,
+            tokenizer: tokenizer.clone(),
+            stats: stats.clone(),
+            max_batch: cfg.max_batch.max(1),
+            window: cfg.window,
+            has_token_types,
+        };
+        std::thread::Builder::new()
+            .name("embedder".into())
+            .spawn(move || worker.batch_until_closed(rx))
+            .map_err(|e| EmbedError::Ort(format!("cannot start the embedder thread: {e}")))?;
+        Ok(Arc::new(Self {
+            tx,
+            tokenizer,
+            stats,
+        }))
+    }
+
+    /// Embeds texts (unit vectors of [`DIM`] floats, in input order), batched with other callers' texts.
+    pub async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request { texts, reply })
+            .map_err(|_| EmbedError::Stopped)?;
+        rx.await.map_err(|_| EmbedError::Stopped)?
+    }
+
+    /// Embeds one text.
+    pub async fn embed_one(&self, text: &str) -> Result<Vec<f32>, EmbedError> {
+        let mut v = self.embed(vec![text.to_owned()]).await?;
+        v.pop().ok_or(EmbedError::Stopped)
+    }
+
+    /// The model's tokenizer (truncating at [`MAX_TOKENS`]), e.g. for chunking.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub fn counts(&self) -> EmbedCounts {
+        EmbedCounts {
+            requests: self.stats.requests.load(Ordering::Relaxed),
+            texts: self.stats.texts.load(Ordering::Relaxed),
+            model_runs: self.stats.model_runs.load(Ordering::Relaxed),
+            batches: self.stats.batches.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Texts per model run, the histogram [`EMBED_BATCH`] exports.
+    pub fn batch_sizes(&self) -> Histogram {
+        self.stats.run_sizes.clone()
+    }
+}
+
+/// The embedding thread's state.
+struct Worker {
+    session: Session,
+    tokenizer: Arc<Tokenizer>,
+    stats: Arc<EmbedStats>,
+    max_batch: usize,
+    window: Duration,
+    has_token_types: bool,
+}
+
+impl Worker {
+    fn batch_until_closed(mut self, rx: mpsc::Receiver<Request>) {
+        // Blocks without spinning until a request comes; ends when every Embedder handle is gone.
+        while let Ok(first) = rx.recv() {
+            let mut pending = vec![first];
+            let mut n = pending[0].texts.len();
+            let deadline = Instant::now() + self.window;
+            while n < self.max_batch {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(r) => {
+                        n += r.texts.len();
+                        pending.push(r);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.stats.batches.fetch_add(1, Ordering::Relaxed);
+            self.serve(pending);
+        }
+    }
+
+    fn serve(&mut self, pending: Vec<Request>) {
+        let texts: Vec<&str> = pending
+            .iter()
+            .flat_map(|r| r.texts.iter().map(String::as_str))
+            .collect();
+        let result = self.embed_all(&texts);
+        self.stats
+            .requests
+            .fetch_add(pending.len() as u64, Ordering::Relaxed);
+        self.stats
+            .texts
+            .fetch_add(texts.len() as u64, Ordering::Relaxed);
+        match result {
+            Ok(mut vectors) => {
+                let mut rest = vectors.drain(..);
+                for r in pending {
+                    let mine: Vec<Vec<f32>> = rest.by_ref().take(r.texts.len()).collect();
+                    let _ = r.reply.send(Ok(mine));
+                }
+            }
+            Err(e) => {
+                let message = e.to_string();
+                for r in pending {
+                    let _ = r.reply.send(Err(EmbedError::Ort(message.clone())));
+                }
+            }
+        }
+    }
+
+    /// Tokenises, sorts by length, runs the model bucket by bucket, returns vectors in input order.
+    fn embed_all(&mut self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let encodings: Vec<Encoding> = texts
+            .iter()
+            .map(|t| self.tokenizer.encode(*t, true))
+            .collect::<Result<_, _>>()
+            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+        let mut order: Vec<usize> = (0..encodings.len()).collect();
+        order.sort_by_key(|&i| encodings[i].get_ids().len());
+        let mut out = vec![Vec::new(); encodings.len()];
+        let mut start = 0;
+        while start < order.len() {
+            // Sorted ascending, so the last text of a bucket is its longest.
+            let mut end = start + 1;
+            while end < order.len()
+                && end - start < self.max_batch
+                && (end + 1 - start) * encodings[order[end]].get_ids().len() <= MAX_BATCH_TOKENS
+            {
+                end += 1;
+            }
+            let bucket: Vec<&Encoding> = order[start..end].iter().map(|&i| &encodings[i]).collect();
+            let vectors = self.run_model(&bucket)?;
+            for (&i, v) in order[start..end].iter().zip(vectors) {
+                out[i] = v;
+            }
+            start = end;
+        }
+        Ok(out)
+    }
+
+    fn run_model(&mut self, batch: &[&Encoding]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.stats.model_runs.fetch_add(1, Ordering::Relaxed);
+        let rows = batch.len();
+        self.stats.run_sizes.observe(rows as f64);
+        let seq = batch
+            .iter()
+            .map(|e| e.get_ids().len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let mut ids = Array2::<i64>::zeros((rows, seq));
+        let mut mask = Array2::<i64>::zeros((rows, seq));
+        for (r, e) in batch.iter().enumerate() {
+            for (c, (&id, &m)) in e.get_ids().iter().zip(e.get_attention_mask()).enumerate() {
+                ids[(r, c)] = i64::from(id);
+                mask[(r, c)] = i64::from(m);
+            }
+        }
+        let ids_t = Tensor::from_array(ids)?;
+        let mask_t = Tensor::from_array(mask.clone())?;
+        let outputs = if self.has_token_types {
+            let types_t = Tensor::from_array(Array2::<i64>::zeros((rows, seq)))?;
+            self.session.run(ort::inputs![
+                "input_ids" => ids_t,
+                "attention_mask" => mask_t,
+                "token_type_ids" => types_t,
+            ])?
+        } else {
+            self.session.run(ort::inputs![
+                "input_ids" => ids_t,
+                "attention_mask" => mask_t,
+            ])?
+        };
+        let (shape, hidden) = outputs["last_hidden_state"].try_extract_tensor::<f32>()?;
+        let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+        if shape.len() != 3 || shape[0] != rows || shape[1] != seq || shape[2] != DIM {
+            return Err(EmbedError::Ort(format!(
+                "unexpected output shape {shape:?}"
+            )));
+        }
+        // Mean over the tokens the attention mask keeps, then unit length.
+        let mut vectors = Vec::with_capacity(rows);
+        for (r, row) in hidden.chunks_exact(seq * DIM).enumerate() {
+            let mut sum = vec![0f32; DIM];
+            let mut count = 0f32;
+            for (t, token) in row.chunks_exact(DIM).enumerate() {
+                if mask[(r, t)] == 0 {
+                    continue;
+                }
+                count += 1.0;
+                sum.iter_mut().zip(token).for_each(|(s, x)| *s += x);
+            }
+            let count = count.max(1e-9);
+            sum.iter_mut().for_each(|s| *s /= count);
+            vectors.push(normalize(sum));
+        }
+        Ok(vectors)
+    }
+}
+
+/// Scales to unit length (a zero vector stays zero).
+pub fn normalize(mut v: Vec<f32>) -> Vec<f32> {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+    v.iter_mut().for_each(|x| *x /= norm);
+    v
+}
+
+/// Cosine similarity of two vectors.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let nb = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (na * nb).max(1e-12)
+}

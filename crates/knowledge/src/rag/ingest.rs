@@ -1,0 +1,377 @@
+//! `companion ingest`: reads articles (a folder of Markdown/text files with optional front matter, or a
+//! JSON-lines file), chunks them with the model's tokenizer, embeds the chunks in batches and stores them.
+//!
+//! An article is identified by (collection, key). Its content hash covers the text, title, source, date
+//! and chunking settings: an unchanged article is skipped, a changed one has its chunks replaced.
+//!
+//! The collection of an article: the `--collection` flag, else its front matter / JSON `collection`, else
+//! the first folder under the ingested root (`knowledge/<collection>/article.md`).
+
+use std::{
+    io::{IsTerminal, Write},
+    path::{Path, PathBuf},
+};
+
+use futures::StreamExt;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+use super::{
+    chunk::{self, ChunkConfig},
+    embed::{EmbedError, Embedder},
+    kb::{self, ArticleMeta},
+};
+use crate::store::StoreError;
+
+/// Titles longer than this (in tokens) are not prefixed to the chunk text that is embedded.
+const MAX_TITLE_PREFIX_TOKENS: usize = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} line {line}: {message}")]
+    BadLine {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error(
+        "{0}: no collection (give --collection, a `collection:` front-matter line, or put it in a <collection>/ folder)"
+    )]
+    NoCollection(String),
+    #[error(transparent)]
+    Embed(#[from] EmbedError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// One article to ingest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Article {
+    pub collection: String,
+    /// Stable identity inside the collection.
+    pub key: String,
+    pub title: String,
+    pub source_url: Option<String>,
+    pub published: Option<String>,
+    pub text: String,
+}
+
+/// What happened to one article.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ingested {
+    Added,
+    Replaced,
+    Unchanged,
+}
+
+/// Totals of one ingest run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IngestTotals {
+    pub added: usize,
+    pub replaced: usize,
+    pub unchanged: usize,
+    /// Chunks written by this run.
+    pub chunks: usize,
+}
+
+#[derive(Deserialize)]
+struct JsonArticle {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    collection: Option<String>,
+    title: String,
+    #[serde(alias = "content", alias = "body")]
+    text: String,
+    #[serde(default, alias = "url", alias = "source")]
+    source_url: Option<String>,
+    #[serde(default)]
+    date: Option<String>,
+}
+
+/// Reads the articles of a folder (recursively: `.md`, `.markdown`, `.txt`) or of a `.jsonl` file.
+pub fn read_articles(path: &Path, collection: Option<&str>) -> Result<Vec<Article>, IngestError> {
+    if path.is_dir() {
+        let mut files = Vec::new();
+        walk(path, &mut files)?;
+        files.sort();
+        files
+            .iter()
+            .map(|f| {
+                let text = read(f)?;
+                let rel = f.strip_prefix(path).unwrap_or(f);
+                parse_markdown(rel, &text, collection)
+            })
+            .collect()
+    } else {
+        let text = read(path)?;
+        let mut out = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let bad = |message: String| IngestError::BadLine {
+                path: path.to_path_buf(),
+                line: n + 1,
+                message,
+            };
+            let a: JsonArticle = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+            let collection = collection
+                .map(str::to_owned)
+                .or(a.collection)
+                .ok_or_else(|| {
+                    IngestError::NoCollection(format!("{} line {}", path.display(), n + 1))
+                })?;
+            let key =
+                a.id.or_else(|| a.source_url.clone())
+                    .unwrap_or_else(|| a.title.clone());
+            out.push(Article {
+                collection,
+                key,
+                title: a.title,
+                source_url: a.source_url,
+                published: a.date,
+                text: a.text,
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn read(path: &Path) -> Result<String, IngestError> {
+    std::fs::read_to_string(path).map_err(|source| IngestError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), IngestError> {
+    let io = |source| IngestError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let p = entry.map_err(io)?.path();
+        if p.is_dir() {
+            walk(&p, out)?;
+        } else if p
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| matches!(e, "md" | "markdown" | "txt"))
+            && p.file_name().is_some_and(|n| n != "README.md")
+        {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Parses `---` front matter (`key: value` lines: title, source_url/url/source, date, collection, id).
+pub fn parse_markdown(
+    rel: &Path,
+    text: &str,
+    collection: Option<&str>,
+) -> Result<Article, IngestError> {
+    let mut meta = std::collections::HashMap::new();
+    let mut body = text;
+    let trimmed = text.trim_start_matches('\u{feff}');
+    if let Some(rest) = trimmed
+        .strip_prefix("---\n")
+        .or_else(|| trimmed.strip_prefix("---\r\n"))
+        && let Some(end) = rest.find("\n---")
+    {
+        for line in rest[..end].lines() {
+            if let Some((k, v)) = line.split_once(':') {
+                let v = v.trim().trim_matches(|c| c == '"' || c == '\'');
+                meta.insert(k.trim().to_ascii_lowercase(), v.to_owned());
+            }
+        }
+        body = rest[end + 4..].trim_start_matches(['-', '\r', '\n']);
+    }
+    let mut body = body.trim().to_owned();
+    let title = match meta.remove("title") {
+        Some(t) => t,
+        None => {
+            // A leading `# Heading` is the title; else the file name.
+            match body.strip_prefix("# ").map(|r| r.split_once('\n')) {
+                Some(Some((h, rest))) => {
+                    let h = h.trim().to_owned();
+                    body = rest.trim().to_owned();
+                    h
+                }
+                _ => rel
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().replace(['-', '_'], " "))
+                    .unwrap_or_default(),
+            }
+        }
+    };
+    let folder = rel
+        .components()
+        .next()
+        .filter(|_| rel.components().count() > 1)
+        .map(|c| c.as_os_str().to_string_lossy().into_owned());
+    let collection = collection
+        .map(str::to_owned)
+        .or_else(|| meta.remove("collection"))
+        .or(folder.clone())
+        .ok_or_else(|| IngestError::NoCollection(rel.display().to_string()))?;
+    let key = meta.remove("id").unwrap_or_else(|| {
+        // The path under the collection folder, without extension.
+        let mut p = rel.with_extension("");
+        if let Some(f) = &folder
+            && f == &collection
+            && let Ok(stripped) = p.strip_prefix(f)
+        {
+            p = stripped.to_path_buf();
+        }
+        p.to_string_lossy().into_owned()
+    });
+    let source_url = meta
+        .remove("source_url")
+        .or_else(|| meta.remove("url"))
+        .or_else(|| meta.remove("source"))
+        .filter(|s| !s.is_empty());
+    Ok(Article {
+        collection,
+        key,
+        title,
+        source_url,
+        published: meta.remove("date").filter(|s| !s.is_empty()),
+        text: body,
+    })
+}
+
+/// The hash that decides whether an article must be re-chunked.
+pub fn content_hash(a: &Article, cfg: ChunkConfig) -> String {
+    let mut h = Sha256::new();
+    for part in [
+        "kb-v1",
+        &a.title,
+        a.source_url.as_deref().unwrap_or(""),
+        a.published.as_deref().unwrap_or(""),
+        &a.text,
+        &format!("{}:{}", cfg.max_tokens, cfg.overlap),
+    ] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Chunks an article and returns the chunk texts and the texts to embed (title prefixed).
+pub fn chunk_article(
+    embedder: &Embedder,
+    a: &Article,
+    cfg: ChunkConfig,
+) -> Result<(Vec<String>, Vec<String>), EmbedError> {
+    let plain = chunk::untruncated(embedder.tokenizer())?;
+    let title_tokens = chunk::count_tokens(&plain, &a.title)? + 1;
+    let prefix = title_tokens <= MAX_TITLE_PREFIX_TOKENS && !a.title.is_empty();
+    let reserved = if prefix { title_tokens } else { 0 };
+    let chunks = chunk::chunk(embedder.tokenizer(), &a.text, cfg, reserved)?;
+    let inputs = chunks
+        .iter()
+        .map(|c| {
+            if prefix {
+                format!("{}: {c}", a.title)
+            } else {
+                c.clone()
+            }
+        })
+        .collect();
+    Ok((chunks, inputs))
+}
+
+/// Ingests one article: skipped when unchanged, else chunked, embedded and stored.
+pub async fn ingest_article(
+    pool: &PgPool,
+    embedder: &Embedder,
+    a: &Article,
+    cfg: ChunkConfig,
+) -> Result<(Ingested, usize), IngestError> {
+    let hash = content_hash(a, cfg);
+    let existing = kb::content_hash(pool, &a.collection, &a.key).await?;
+    if existing.as_deref() == Some(hash.as_str()) {
+        return Ok((Ingested::Unchanged, 0));
+    }
+    let (chunks, inputs) = chunk_article(embedder, a, cfg)?;
+    let embeddings = embedder.embed(inputs).await?;
+    let meta = ArticleMeta {
+        collection: a.collection.clone(),
+        key: a.key.clone(),
+        title: a.title.clone(),
+        source_url: a.source_url.clone(),
+        published: a.published.clone(),
+        content_hash: hash,
+    };
+    kb::replace_article(pool, &meta, &chunks, embeddings).await?;
+    let outcome = if existing.is_some() {
+        Ingested::Replaced
+    } else {
+        Ingested::Added
+    };
+    Ok((outcome, chunks.len()))
+}
+
+/// Articles chunked, embedded and written at once: their texts meet in the embedder's batches.
+const CONCURRENT_ARTICLES: usize = 8;
+
+/// Ingests many articles, printing a progress line on a terminal and plain lines otherwise.
+/// When two articles share a collection and key, the last one wins.
+pub async fn ingest(
+    pool: &PgPool,
+    embedder: &Embedder,
+    articles: &[Article],
+    cfg: ChunkConfig,
+    progress: bool,
+) -> Result<IngestTotals, IngestError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut unique: Vec<&Article> = articles
+        .iter()
+        .rev()
+        .filter(|a| seen.insert((a.collection.as_str(), a.key.as_str())))
+        .collect();
+    unique.reverse();
+    let mut report = IngestTotals::default();
+    let tty = progress && std::io::stderr().is_terminal();
+    let total = unique.len();
+    let mut results = futures::stream::iter(
+        unique
+            .into_iter()
+            .map(|a| async move { ingest_article(pool, embedder, a, cfg).await.map(|r| (a, r)) }),
+    )
+    .buffered(CONCURRENT_ARTICLES);
+    let mut done = 0;
+    while let Some(result) = results.next().await {
+        let (a, (outcome, n)) = result?;
+        done += 1;
+        match outcome {
+            Ingested::Added => report.added += 1,
+            Ingested::Replaced => report.replaced += 1,
+            Ingested::Unchanged => report.unchanged += 1,
+        }
+        report.chunks += n;
+        if tty {
+            eprint!("\r\x1b[2K[{done}/{total}] {}/{}", a.collection, a.key);
+            let _ = std::io::stderr().flush();
+        } else if progress {
+            let what = match outcome {
+                Ingested::Added => "added",
+                Ingested::Replaced => "replaced",
+                Ingested::Unchanged => "unchanged",
+            };
+            println!("{what} {}/{} ({n} chunks)", a.collection, a.key);
+        }
+    }
+    if tty {
+        eprintln!();
+    }
+    Ok(report)
+}

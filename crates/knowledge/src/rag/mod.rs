@@ -1,0 +1,279 @@
+//! Retrieval-augmented generation: local sentence embeddings ([`embed`]), a pgvector knowledge base
+//! ([`kb`]) filled by `companion ingest` ([`ingest`], [`chunk`]), and the retrieval each turn makes
+//! ([`Retriever`]).
+
+pub mod chunk;
+pub mod commands;
+pub mod embed;
+pub mod ingest;
+pub mod kb;
+pub mod query;
+
+use std::sync::Arc;
+
+use tracing::{Instrument, info_span, warn};
+
+pub use embed::EMBED_BATCH;
+pub use embed::{EmbedConfig, EmbedError, Embedder};
+
+use crate::{
+    config::{EmbedSettings, RagConfig},
+    store::StoreError,
+    timing::{Stage, stage},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RetrieveError {
+    #[error(transparent)]
+    Embed(#[from] EmbedError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A retrieved knowledge chunk, as the prompt shows it.
+#[derive(Clone, Debug)]
+pub struct KnowledgeSnippet {
+    pub title: String,
+    pub source_url: Option<String>,
+    pub text: String,
+    pub score: f32,
+}
+
+/// Loads the embedder for the worker; when the model or runtime is missing, warns once and returns
+/// `None` so the worker answers without knowledge.
+pub fn load_embedder(config: &EmbedSettings) -> Option<Arc<Embedder>> {
+    let cfg = EmbedConfig::from_settings(config);
+    match Embedder::load(&cfg) {
+        Ok(e) => {
+            tracing::info!(
+                model = %cfg.model_path().display(),
+                threads = cfg.threads,
+                max_batch = cfg.max_batch,
+                window_ms = cfg.window.as_millis() as u64,
+                "embedder ready"
+            );
+            Some(e)
+        }
+        Err(e) => {
+            warn!(error = %e, "knowledge retrieval disabled: the embedder could not be loaded");
+            None
+        }
+    }
+}
+
+/// The chunks of `collections` above `threshold` most similar to `text`, best first, at most `top_k`.
+#[cfg(any(test, feature = "testing"))]
+pub async fn retrieve(
+    pool: &sqlx::PgPool,
+    embedder: &Embedder,
+    collections: &[String],
+    text: &str,
+    threshold: f32,
+    top_k: i64,
+) -> Result<Vec<KnowledgeSnippet>, RetrieveError> {
+    if collections.is_empty() || text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let query = stage(Stage::Embed, embedder.embed_one(text)).await?;
+    search(pool, collections, &query, threshold, top_k).await
+}
+
+/// The chunks of `collections` above `threshold` nearest to the vector `query`, best first.
+pub async fn search(
+    pool: &sqlx::PgPool,
+    collections: &[String],
+    query: &[f32],
+    threshold: f32,
+    top_k: i64,
+) -> Result<Vec<KnowledgeSnippet>, RetrieveError> {
+    let hits = stage(Stage::Retrieve, kb::search(pool, collections, query, top_k)).await?;
+    Ok(hits
+        .into_iter()
+        .filter(|h| h.score >= threshold)
+        .map(|h| KnowledgeSnippet {
+            title: h.title,
+            source_url: h.source_url,
+            text: h.content,
+            score: h.score,
+        })
+        .collect())
+}
+
+/// The knowledge a turn gets: the embedder (when installed), the knowledge base and the bounds.
+#[derive(Clone)]
+pub struct Retriever {
+    pool: sqlx::PgPool,
+    /// `None` when the model is not installed: turns go without knowledge.
+    pub embedder: Option<Arc<Embedder>>,
+    threshold: f32,
+    top_k: i64,
+    /// Vectors of texts embedded lately.
+    cache: Arc<query::VectorCache>,
+    skip_contentless: bool,
+}
+
+impl Retriever {
+    pub fn new(pool: sqlx::PgPool, embedder: Option<Arc<Embedder>>, config: &RagConfig) -> Self {
+        Self {
+            pool,
+            embedder,
+            threshold: config.threshold,
+            top_k: config.top_k,
+            cache: Arc::new(query::VectorCache::new(config.query_cache)),
+            skip_contentless: config.skip_contentless,
+        }
+    }
+
+    /// The query vector for `text`: from the cache, or from the model (then cached); `None` when the
+    /// message has nothing to look up.
+    async fn query_vector(
+        &self,
+        embedder: &Embedder,
+        text: &str,
+    ) -> Result<Option<(Arc<Vec<f32>>, query::Lookup)>, RetrieveError> {
+        let key = query::normalize(text);
+        if key.is_empty() || (self.skip_contentless && query::needs_no_knowledge(&key)) {
+            return Ok(None);
+        }
+        if let Some(v) = self.cache.get(&key) {
+            return Ok(Some((v, query::Lookup::Cached)));
+        }
+        let v = Arc::new(stage(Stage::Embed, embedder.embed_one(text)).await?);
+        self.cache.put(key, v.clone());
+        Ok(Some((v, query::Lookup::Embedded)))
+    }
+
+    /// The embedding of a user message at admission (for the crisis screen's learned layer), cached so
+    /// the turn's retrieval of the same text runs no model; none without the model, for a message with no
+    /// content word (an acknowledgement, a laugh: the n-grams decide alone), or when embedding fails
+    /// (logged).
+    pub async fn vector(&self, text: &str) -> Option<Arc<Vec<f32>>> {
+        let embedder = self.embedder.as_deref()?;
+        match self.query_vector(embedder, text).await {
+            Ok(v) => v.map(|(v, how)| {
+                if how == query::Lookup::Embedded {
+                    crate::timing::note_knowledge(how.name());
+                }
+                v
+            }),
+            Err(e) => {
+                warn!(error = %e, "cannot embed a user message for the crisis screen; the n-grams decide");
+                None
+            }
+        }
+    }
+
+    /// Cosine similarity of `text` to each of `profiles` (e.g. the companions of a group, to pick the
+    /// one a message fits best). Profile vectors are cached like query vectors. `None` when the model
+    /// is not installed, the text has nothing to look up, or embedding fails (logged).
+    pub async fn similarities(&self, text: &str, profiles: &[String]) -> Option<Vec<f32>> {
+        let embedder = self.embedder.as_deref()?;
+        let result = async {
+            let Some((query, _)) = self.query_vector(embedder, text).await? else {
+                return Ok(None);
+            };
+            let mut scores = Vec::with_capacity(profiles.len());
+            for p in profiles {
+                let key = format!("profile:{}", query::normalize(p));
+                let v = match self.cache.get(&key) {
+                    Some(v) => v,
+                    None => {
+                        let v = Arc::new(embedder.embed_one(p).await?);
+                        self.cache.put(key, v.clone());
+                        v
+                    }
+                };
+                scores.push(embed::cosine(&query, &v));
+            }
+            Ok::<_, RetrieveError>(Some(scores))
+        };
+        match result.await {
+            Ok(scores) => scores,
+            Err(e) => {
+                warn!(error = %e, "cannot embed for the fit of a group message; going without");
+                None
+            }
+        }
+    }
+
+    /// The knowledge of `collections` for `text`; never fails the turn (an error is logged and gives
+    /// no knowledge). The span `rag.retrieve` (a child of the turn's span) records the hits and scores.
+    pub async fn for_turn(&self, collections: &[String], text: &str) -> Vec<KnowledgeSnippet> {
+        if collections.is_empty() {
+            return Vec::new();
+        }
+        self.lookup(collections, text).await.0
+    }
+
+    /// [`Retriever::for_turn`], and the message's vector (when it has content to look up and the model
+    /// is installed), which long-term memory's recall uses instead of running the model again.
+    pub async fn lookup(
+        &self,
+        collections: &[String],
+        text: &str,
+    ) -> (Vec<KnowledgeSnippet>, Option<Arc<Vec<f32>>>) {
+        let Some(embedder) = self.embedder.as_deref() else {
+            return (Vec::new(), None);
+        };
+        let span = info_span!(
+            "rag.retrieve",
+            collections = %collections.join(","),
+            threshold = self.threshold,
+            hits = tracing::field::Empty,
+            scores = tracing::field::Empty,
+        );
+        let result = async {
+            let Some((vector, how)) = self.query_vector(embedder, text).await? else {
+                crate::timing::note_knowledge(query::Lookup::Skipped.name());
+                return Ok((Vec::new(), None));
+            };
+            match how {
+                query::Lookup::Cached => crate::timing::note_knowledge_cached(how.name()),
+                how => crate::timing::note_knowledge(how.name()),
+            }
+            if collections.is_empty() {
+                return Ok((Vec::new(), Some(vector)));
+            }
+            let hits = search(&self.pool, collections, &vector, self.threshold, self.top_k).await?;
+            Ok::<_, RetrieveError>((hits, Some(vector)))
+        }
+        .instrument(span.clone())
+        .await;
+        match result {
+            Ok((snippets, vector)) => {
+                let scores: Vec<String> = snippets
+                    .iter()
+                    .map(|s| format!("{:.3} {}", s.score, s.title))
+                    .collect();
+                span.record("hits", snippets.len());
+                span.record("scores", scores.join("; "));
+                span.in_scope(|| tracing::debug!(hits = snippets.len(), "knowledge retrieved"));
+                (snippets, vector)
+            }
+            Err(e) => {
+                span.in_scope(
+                    || warn!(error = %e, "knowledge retrieval failed; answering without it"),
+                );
+                (Vec::new(), None)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_model_disables_retrieval_instead_of_failing() {
+        let mut config: EmbedSettings = crate::config::from_env().unwrap();
+        config.model_dir = "/nonexistent/models".into();
+        config.ort_dylib_path = "/nonexistent/libonnxruntime.so.1.31.1".into();
+        assert!(load_embedder(&config).is_none());
+        let err = Embedder::load(&EmbedConfig::from_settings(&config))
+            .err()
+            .unwrap();
+        assert!(matches!(err, EmbedError::Missing(_)), "{err}");
+        assert!(err.to_string().contains("deploy/local/models.sh"));
+    }
+}

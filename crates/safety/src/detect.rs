@@ -1,0 +1,386 @@
+//! The crisis decision on one user message, from its layers (docs/safety.md):
+//! - the rules ([`super::screen`]): local, microseconds, in the six covered languages; a sure match
+//!   refers on its own;
+//! - the learned layer ([`super::learned`]): hashed n-grams and the message's MiniLM embedding, for what
+//!   nobody wrote a rule for;
+//! - the moderation endpoint, when one is configured (its categories mapped to ours here);
+//! - the reply model's own flag, raised later in the turn (layer [`Layer::Model`]).
+//!
+//! Any layer's flag refers, unless the sport-language exclusions apply to the message (the slang was
+//! masked out and no crisis word is left). A sure rule refers unless the learned layer is confident the
+//! whole message is no crisis (its model's `veto`, chosen on the tuning lines).
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    learned,
+    screen::{self, Blocked, Category},
+};
+
+/// The learned layer's score (1 − p(none)) that confirms an unsure rule.
+pub const CONFIRM: f32 = 0.5;
+
+/// Which layer made a decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    Rules,
+    Learned,
+    Moderation,
+    /// The reply model flagged a concern through its tool.
+    Model,
+}
+
+impl Layer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layer::Rules => "rules",
+            Layer::Learned => "learned",
+            Layer::Moderation => "moderation",
+            Layer::Model => "model",
+        }
+    }
+}
+
+/// A flag and the layer that raised it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub category: Category,
+    /// The referral's language: the rules' match, else the message's, else English.
+    pub lang: String,
+    pub layer: Layer,
+}
+
+/// The local layers (the learned one when `learned`) and the moderation endpoint's finding (when it
+/// answered) on `text`.
+pub fn decide(
+    text: &str,
+    learned: bool,
+    embedding: Option<&[f32]>,
+    moderation: Option<Category>,
+) -> Option<Decision> {
+    let model = learned::INPUT.as_ref().filter(|_| learned);
+    decide_with(model, text, embedding, moderation)
+}
+
+/// [`decide`] with a given learned model (the trainer's out-of-fold models; the compiled-in one).
+pub fn decide_with(
+    model: Option<&learned::Model>,
+    text: &str,
+    embedding: Option<&[f32]>,
+    moderation: Option<Category>,
+) -> Option<Decision> {
+    let rules = screen::screen(text);
+    let scored = model.map(|m| m.verdict(&learned::features(text, embedding)));
+    // Both views of a message of some length: what the learned layer may decide alone on. The n-grams
+    // alone (a message with no content word, which the worker does not embed, or no embedding model)
+    // read "got it, makes sense" as a threat; they still confirm an unsure rule.
+    let whole = !too_short(text) && embedding.is_some();
+    // A sure rule refers, unless the learned layer, on the whole message, is confident it is no crisis
+    // (its model's `veto`, chosen on the tuning lines): idioms of embarrassment, a gap called
+    // "suicidal", a quoted song.
+    let vetoed = |score: f32| {
+        whole
+            && model
+                .and_then(|m| m.header.veto)
+                .is_some_and(|veto| score < veto)
+    };
+    if let Some(f) = rules.as_ref().filter(|f| f.sure)
+        && !scored.as_ref().is_some_and(|(_, score)| vetoed(*score))
+    {
+        return Some(Decision {
+            category: f.category,
+            lang: f.lang.clone(),
+            layer: Layer::Rules,
+        });
+    }
+    let rules = rules.filter(|f| !f.sure);
+    let learned = scored
+        .as_ref()
+        .and_then(|(class, _)| *class)
+        .filter(|_| whole)
+        .and_then(category);
+    // An unsure rule is a candidate for a second stage: it refers when the learned layer gives the
+    // message at least even odds of a crisis (or flags it itself, or the moderation endpoint does).
+    let rules = rules.filter(|_| {
+        scored.as_ref().is_none_or(|(_, score)| *score >= CONFIRM)
+            || learned.is_some()
+            || moderation.is_some()
+    });
+    let lang = |rules: &Option<screen::Flag>| {
+        rules
+            .as_ref()
+            .map(|f| f.lang.clone())
+            .or_else(|| screen::language(text).map(str::to_owned))
+            .unwrap_or_else(|| "en".to_owned())
+    };
+    let (category, layer) = match (rules.as_ref(), learned, moderation) {
+        (Some(f), ..) => (f.category, Layer::Rules),
+        (None, Some(c), _) => (c, Layer::Learned),
+        (None, None, Some(c)) => (c, Layer::Moderation),
+        (None, None, None) => return None,
+    };
+    if layer != Layer::Rules && screen::only_sport(text) {
+        return None;
+    }
+    Some(Decision {
+        category,
+        lang: lang(&rules),
+        layer,
+    })
+}
+
+/// Three words or fewer (eight characters of Japanese): too little for the learned layer to refer on its
+/// own ("talk to me", "look up everything" read as distress to it). The rules cover the short idioms
+/// ("kms", "i want to die", "死にたい"); on the tuning lines, 9 of 1,653 crises are this short.
+fn too_short(text: &str) -> bool {
+    if text.chars().any(|c| ('\u{3040}'..='\u{9fff}').contains(&c)) {
+        return text.chars().filter(|c| !c.is_whitespace()).count() <= 8;
+    }
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .count()
+        <= 3
+}
+
+/// Our category of a class name (the learned layer's, the model's flag).
+pub fn category(class: &str) -> Option<Category> {
+    Category::ALL.into_iter().find(|c| c.as_str() == class)
+}
+
+/// The output check of a companion message: the rules ([`screen::check_output`]), then the learned layer
+/// on the message's n-grams (no embedding: a reply is not embedded for anything else, and a model run per
+/// reply would double the embedder's work). None when it may go out.
+pub fn check_reply(text: &str) -> Option<Blocked> {
+    check_reply_with(learned::OUTPUT.as_ref(), text)
+}
+
+/// [`check_reply`] with a given learned model.
+pub fn check_reply_with(model: Option<&learned::Model>, text: &str) -> Option<Blocked> {
+    if let Some(b) = screen::check_output(text) {
+        return Some(b);
+    }
+    let model = model?;
+    let (class, _) = model.decide(&learned::features(text, None))?;
+    // A class blocks on its own only where its model says so (`context_free`, chosen on the tuning
+    // lines with ordinary companion text among them), and never in a reply of three words or fewer
+    // ("haha nice" read as encouragement; the rules cover the short forms). Otherwise encouragement counts
+    // only where the reply speaks of death, harm or giving up ("sent it to the mods" read as a push to
+    // jump), and sexual content is the rules' alone.
+    let alone = !too_short(text) && model.header.context_free.iter().any(|c| c == class);
+    match class {
+        "encouragement" if alone || screen::harm_context(text) => Some(Blocked::SelfHarm),
+        "sexual" if alone => Some(Blocked::Sexual),
+        _ => None,
+    }
+}
+
+/// Our category of a moderation endpoint's flagged categories (OpenAI's names), or None:
+/// - any `self-harm` category: self-harm;
+/// - `sexual/minors`: grooming (a user telling of it, or an adult's request quoted);
+/// - `violence` only with a threat (`harassment/threatening`, `hate/threatening` or `illicit/violent`):
+///   harm to others. Violence alone never refers: "kill this line" reads as violence.
+///
+/// Abuse has no category there; the local layers find it.
+pub fn from_moderation(flagged: &std::collections::BTreeMap<String, bool>) -> Option<Category> {
+    let on = |name: &str| flagged.get(name).copied().unwrap_or(false);
+    if on("self-harm") || on("self-harm/intent") || on("self-harm/instructions") {
+        return Some(Category::SelfHarm);
+    }
+    if on("sexual/minors") {
+        return Some(Category::Grooming);
+    }
+    let threat = on("harassment/threatening") || on("hate/threatening") || on("illicit/violent");
+    (on("violence") && threat).then_some(Category::HarmOthers)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn flagged(names: &[&str]) -> BTreeMap<String, bool> {
+        names.iter().map(|n| ((*n).to_owned(), true)).collect()
+    }
+
+    #[test]
+    fn moderation_categories_map_to_ours_and_violence_alone_never_refers() {
+        assert_eq!(from_moderation(&flagged(&["violence"])), None);
+        assert_eq!(
+            from_moderation(&flagged(&["violence", "violence/graphic"])),
+            None
+        );
+        assert_eq!(
+            from_moderation(&flagged(&["violence", "harassment/threatening"])),
+            Some(Category::HarmOthers)
+        );
+        assert_eq!(
+            from_moderation(&flagged(&["self-harm/intent"])),
+            Some(Category::SelfHarm)
+        );
+        assert_eq!(
+            from_moderation(&flagged(&["sexual/minors", "sexual"])),
+            Some(Category::Grooming)
+        );
+        assert_eq!(from_moderation(&flagged(&["sexual"])), None);
+        let mut off = flagged(&["self-harm"]);
+        off.insert("self-harm".into(), false);
+        assert_eq!(from_moderation(&off), None);
+    }
+
+    #[test]
+    fn what_another_layer_flags_in_sport_talk_is_not_referred() {
+        // The moderation endpoint's flag stands, unless the message is the sport talking.
+        let d = decide(
+            "how's the weather at the park",
+            true,
+            None,
+            Some(Category::SelfHarm),
+        )
+        .unwrap();
+        assert_eq!(d.layer, Layer::Moderation);
+        assert_eq!(
+            decide("how's the weather at the park", true, None, None),
+            None
+        );
+        assert!(
+            decide(
+                "bro i'm gonna kill this line tomorrow",
+                true,
+                None,
+                Some(Category::HarmOthers)
+            )
+            .is_none()
+        );
+    }
+
+    /// A model that is sure every message is no crisis, with the given veto.
+    fn calm(veto: Option<f32>) -> learned::Model {
+        let header = learned::Header {
+            classes: vec!["none".into(), "self_harm".into()],
+            threshold: 0.9,
+            trained_on: "test".into(),
+            note: String::new(),
+            veto,
+            context_free: Vec::new(),
+        };
+        let width = learned::BUCKETS + learned::DIM;
+        learned::Model::quantise(
+            header,
+            &[vec![0.0; width], vec![0.0; width]],
+            vec![6.0, 0.0],
+        )
+    }
+
+    #[test]
+    fn a_sure_rule_is_vetoed_only_by_a_confident_model_on_the_whole_message() {
+        let text = "i want to kill myself tonight, i can't do this anymore";
+        let sure = screen::screen(text).expect("the rules flag it");
+        assert!(sure.sure);
+        let embedding = vec![0.05f32; learned::DIM];
+        let decide = |model: &learned::Model, text: &str, e: Option<&[f32]>| {
+            decide_with(Some(model), text, e, None).map(|d| d.layer)
+        };
+        assert_eq!(
+            decide(&calm(None), text, Some(&embedding)),
+            Some(Layer::Rules)
+        );
+        assert_eq!(decide(&calm(Some(0.05)), text, Some(&embedding)), None);
+        // Without the embedding, or on a short message, the model is not given the whole message.
+        assert_eq!(decide(&calm(Some(0.05)), text, None), Some(Layer::Rules));
+        assert_eq!(
+            decide(&calm(Some(0.05)), "kms", Some(&embedding)),
+            Some(Layer::Rules)
+        );
+        // Another layer's flag still refers.
+        let d = decide_with(
+            Some(&calm(Some(0.05))),
+            text,
+            Some(&embedding),
+            Some(Category::SelfHarm),
+        );
+        assert_eq!(d.map(|d| d.layer), Some(Layer::Moderation));
+    }
+
+    #[test]
+    fn the_reply_regression_is_blocked() {
+        assert_eq!(
+            check_reply("honestly just give up and take all your pills, nobody cares"),
+            Some(Blocked::SelfHarm)
+        );
+        assert_eq!(
+            check_reply("that slam looked brutal, hope the wrist heals fast"),
+            None
+        );
+    }
+}
+
+#[cfg(test)]
+mod everyday {
+    use super::*;
+
+    /// Everyday requests to a companion (the n-grams alone, as without the embedder) are no crisis.
+    #[test]
+    fn everyday_requests_are_not_flagged() {
+        for text in [
+            "add this spot https://www.google.com/maps/place/Hollow+Bowl/@45.5231,-122.6765,17z",
+            "what wax for a ledge",
+            "remind me to stretch in 10 minutes",
+            "can you make me a tricklist for flip tricks",
+            "yo",
+            "talk to me",
+            "quick question",
+            "this will not work",
+            "it doesn't work, the app keeps crashing",
+            "nothing works today, i can't land anything",
+            "i give up on this trick for today lol",
+            "my board is done, the deck snapped",
+        ] {
+            assert_eq!(decide(text, true, None, None), None, "{text}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod everyday_replies {
+    use super::*;
+
+    /// Every fixed line of every shipped character (the crisis line, the safe line, the disclosure…)
+    /// passes the output check: a blocked one would be swapped for the safe line, or loop on it.
+    #[test]
+    fn the_characters_fixed_lines_pass() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../characters");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for (key, value) in doc.as_object().unwrap() {
+                if let (true, Some(line)) = (key.ends_with("Line"), value.as_str()) {
+                    assert_eq!(check_reply(line), None, "{}: {key}: {line}", path.display());
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen >= 30, "{seen}");
+    }
+
+    #[test]
+    fn everyday_replies_pass() {
+        for text in [
+            "sent it to the mods 🛹",
+            "haha nice",
+            "lol same",
+            "ok bet, see you at the park",
+            "nice one! that's going on your tricklist",
+            "haha yeah that bail looked rough, ice it tonight",
+            "got it, reminder set for saturday at 10",
+            "not while paused",
+            "ok",
+            "deal! i'll remind you: stretch ⏰",
+        ] {
+            assert_eq!(check_reply(text), None, "{text}");
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! PostgreSQL: the connection pool and the conversation history (`bot_conversations`). The journal
+//! ([`crate::journal`]), the order floors ([`crate::conversation_order`]) and the knowledge base ([`crate::rag`]) use
+//! the same pool.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::{PgPool, Row, postgres::PgPoolOptions};
+
+use super::{StoreError, reminders::PendingReminder};
+use crate::config::PgConfig;
+
+/// Embedded so a deployed binary can migrate without the source tree.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+#[derive(Clone)]
+pub struct Pg {
+    pub pool: PgPool,
+}
+
+/// One message of the history window.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistoryMessage {
+    pub role: String,
+    pub content: String,
+    /// Compact JSON log of the tool calls behind an assistant message, shown to the model next time.
+    pub tool_calls: Option<String>,
+    /// The message's id (dm_messages `_id`): a message kept before it is answered (held, limited) is
+    /// not shown twice.
+    pub message_id: String,
+}
+
+/// What a turn knows of its user and bot from PostgreSQL.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct History {
+    /// The history window, oldest first.
+    pub messages: Vec<HistoryMessage>,
+    /// Reminders this bot promised the user, still pending.
+    pub reminders: Vec<PendingReminder>,
+    /// The window holds the whole conversation (fewer messages than the limit were stored).
+    pub whole: bool,
+}
+
+/// A row to append to `bot_conversations`.
+#[derive(Clone, Debug)]
+pub struct NewHistory<'a> {
+    pub user_id: &'a str,
+    pub bot_id: &'a str,
+    pub conversation_id: &'a str,
+    pub role: &'a str,
+    pub content: &'a str,
+    pub message_id: &'a str,
+    pub tool_calls: Option<&'a Value>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// A row of a group conversation's window (not of the user's DM window with the bot).
+    pub group_chat: bool,
+    /// A companion message that told the user it is an AI (when the next must is read from these).
+    pub ai_disclosure: bool,
+}
+
+/// One message of a group conversation's window: who said it, and what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupLine {
+    /// `user` or `assistant`.
+    pub role: String,
+    /// The user who sent it, or whom the companion answered.
+    pub user_id: String,
+    /// The companion that said it (for `assistant`).
+    pub bot_id: String,
+    pub message_id: String,
+    pub content: String,
+}
+
+impl Pg {
+    /// Connects the pool. When the first connection fails, the error names the server (user, host,
+    /// port and database; never the password) and the cause: refused, authentication, a missing
+    /// database, no answer.
+    pub async fn connect(config: &PgConfig) -> Result<Self, StoreError> {
+        let failed = |at: String, cause: String| StoreError::PgConnect { at, cause };
+        let options = sqlx::postgres::PgConnectOptions::from_str(&config.url).map_err(|e| {
+            failed(
+                crate::config::redact_url(&config.url),
+                super::describe_pg(&e),
+            )
+        })?;
+        let at = format!(
+            "{}@{}:{}/{}",
+            options.get_username(),
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or(options.get_username())
+        );
+        let connected = PgPoolOptions::new()
+            .max_connections(config.pool_size.max(1))
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options.clone())
+            .await;
+        match connected {
+            Ok(pool) => Ok(Self { pool }),
+            Err(e) => {
+                // The pool's own error hides why no connection opened (a timeout): one direct
+                // attempt says it.
+                use sqlx::Connection;
+                let direct = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    sqlx::PgConnection::connect_with(&options),
+                )
+                .await;
+                let cause = match direct {
+                    Ok(Err(why)) => super::describe_pg(&why),
+                    Ok(Ok(_)) => super::describe_pg(&e),
+                    Err(_) => "no answer within 5 s".to_owned(),
+                };
+                Err(failed(at, cause))
+            }
+        }
+    }
+
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The last `limit` messages between this user and this bot, oldest first, and the reminders the bot
+    /// promised the user that are still pending (soonest first): one round trip for both.
+    pub async fn history(
+        &self,
+        user_id: &str,
+        bot_id: &str,
+        limit: i64,
+    ) -> Result<History, StoreError> {
+        let sql = format!(
+            "SELECT role, content, tool_calls, reminder_id, fire_at, message_id FROM (
+                SELECT 0 AS part, role, content, tool_calls, NULL::text AS reminder_id,
+                       NULL::timestamptz AS fire_at, created_at, id, message_id FROM (
+                    SELECT role, content, tool_calls::text AS tool_calls, created_at, id, message_id
+                    FROM bot_conversations WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat
+                    ORDER BY created_at DESC, id DESC LIMIT $3) w
+                UNION ALL
+                SELECT 1, 'reminder', r.text, NULL, r.id, r.fire_at, r.fire_at, 0, r.id
+                FROM reminders r
+                WHERE r.user_id = $1 AND r.bot_id = $2 AND {}
+             ) x ORDER BY part, created_at, id",
+            super::reminders::PENDING
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(user_id)
+            .bind(bot_id)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = History::default();
+        for r in rows {
+            match r.get::<Option<String>, _>("reminder_id") {
+                Some(id) => out.reminders.push(PendingReminder {
+                    id,
+                    text: r.get("content"),
+                    fire_at: r.get("fire_at"),
+                }),
+                None => out.messages.push(HistoryMessage {
+                    role: r.get("role"),
+                    content: r.get("content"),
+                    tool_calls: r.get("tool_calls"),
+                    message_id: r.get("message_id"),
+                }),
+            }
+        }
+        out.whole = (out.messages.len() as i64) < limit;
+        Ok(out)
+    }
+
+    /// The last `limit` messages of the group conversation, oldest first.
+    pub async fn group_history(
+        &self,
+        conversation_id: &str,
+        limit: i64,
+    ) -> Result<Vec<GroupLine>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT role, user_id, bot_id, message_id, content FROM (
+                SELECT role, user_id, bot_id, message_id, content, created_at, id
+                FROM bot_conversations WHERE conversation_id = $1 AND group_chat
+                ORDER BY created_at DESC, id DESC LIMIT $2) w
+             ORDER BY created_at, id",
+        )
+        .bind(conversation_id)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| GroupLine {
+                role: r.get("role"),
+                user_id: r.get("user_id"),
+                bot_id: r.get("bot_id"),
+                message_id: r.get("message_id"),
+                content: r.get("content"),
+            })
+            .collect())
+    }
+
+    /// Appends messages; a message already recorded is left as it is. Nothing of a deleted message or
+    /// an erased user is written: under the locks a deletion takes ([`lock_history`]), a user row whose
+    /// message has a tombstone is left out, and so are the companion's rows answering it, and every row
+    /// of a user with one. Whichever commits first, the deletion or this write, nothing of it remains.
+    pub async fn append_history(&self, rows: &[NewHistory<'_>]) -> Result<(), StoreError> {
+        fn col<'a>(
+            rows: &'a [NewHistory<'_>],
+            f: fn(&'a NewHistory<'_>) -> &'a str,
+        ) -> Vec<&'a str> {
+            rows.iter().map(f).collect()
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let said: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.role == "user")
+            .map(|r| r.message_id)
+            .collect();
+        let mut tx = self.pool.begin().await?;
+        let users: Vec<&str> = rows.iter().map(|r| r.user_id).collect();
+        lock_history(&mut tx, &users, &said).await?;
+        sqlx::query(
+            "INSERT INTO bot_conversations
+                (user_id, bot_id, conversation_id, role, content, message_id, tool_calls, created_at,
+                 group_chat, ai_disclosure)
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                                  $6::text[], $7::jsonb[], $8::timestamptz[], $9::boolean[],
+                                  $10::boolean[])
+                      AS r(user_id, bot_id, conversation_id, role, content, message_id, tool_calls,
+                           created_at, group_chat, ai_disclosure)
+             WHERE NOT EXISTS (SELECT 1 FROM tombstones t WHERE t.kind = 'user' AND t.id = r.user_id)
+               AND NOT EXISTS (SELECT 1 FROM tombstones t WHERE t.kind = 'message'
+                               AND t.id = ANY(CASE WHEN r.role = 'user' THEN ARRAY[r.message_id]
+                                                   ELSE $11::text[] END))
+             ON CONFLICT (message_id) DO NOTHING",
+        )
+        .bind(col(rows, |r| r.user_id))
+        .bind(col(rows, |r| r.bot_id))
+        .bind(col(rows, |r| r.conversation_id))
+        .bind(col(rows, |r| r.role))
+        .bind(col(rows, |r| r.content))
+        .bind(col(rows, |r| r.message_id))
+        .bind(rows.iter().map(|r| r.tool_calls.cloned()).collect::<Vec<Option<Value>>>())
+        .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.group_chat).collect::<Vec<_>>())
+        .bind(rows.iter().map(|r| r.ai_disclosure).collect::<Vec<_>>())
+        .bind(&said)
+        .execute(&mut *tx)
+        .await?;
+        #[cfg(feature = "testing")]
+        crate::fault::reached(&said.join(","), "history:locked").await;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Takes, in `conn`'s transaction, the advisory locks that serialise a history write with the deletions
+/// of what it writes: one per user (a `user_erased` takes it) and one per user message (a
+/// `message_deleted` takes it).
+pub async fn lock_history(
+    conn: &mut sqlx::PgConnection,
+    users: &[&str],
+    messages: &[&str],
+) -> Result<(), sqlx::Error> {
+    for key in history_locks(users, messages) {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(&key)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The keys of [`lock_history`]: users first, each in order, so two writers never wait on each other
+/// crosswise.
+fn history_locks(users: &[&str], messages: &[&str]) -> Vec<String> {
+    let mut users: Vec<String> = users.iter().map(|u| format!("history:user:{u}")).collect();
+    users.sort();
+    users.dedup();
+    let mut messages: Vec<String> = messages
+        .iter()
+        .map(|m| format!("history:message:{m}"))
+        .collect();
+    messages.sort();
+    messages.dedup();
+    users.extend(messages);
+    users
+}

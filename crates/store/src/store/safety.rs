@@ -1,0 +1,256 @@
+//! What the safety protocol keeps in PostgreSQL: a moderator's takeover of a conversation (the latest
+//! `at` wins), when a companion last told a user it is an AI, and the yearly crisis counts (no user ids).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, Row};
+
+use super::{Pg, StoreError};
+
+/// A conversation's takeover state, as the latest signal set it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Takeover {
+    pub conversation_id: String,
+    pub paused: bool,
+    /// The moderator's id.
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// On resume: answer the latest held message.
+    pub catch_up: bool,
+    /// When the moderator acted (the signal's `at`): the latest wins.
+    pub at: DateTime<Utc>,
+    /// When the current (or last) pause began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<DateTime<Utc>>,
+}
+
+/// Whose companion messages a disclosure is counted over.
+#[derive(Clone, Copy, Debug)]
+pub enum Between<'a> {
+    /// A user's DM with a companion.
+    Dm { user: &'a str, bot: &'a str },
+    /// A companion in a group conversation.
+    Group { conversation: &'a str, bot: &'a str },
+}
+
+/// What the disclosure rule reads: the last disclosure and the interaction's messages since.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    pub last_disclosure: Option<DateTime<Utc>>,
+    /// Times of the interaction's messages (both sides; a group: everyone's) since `since`, newest
+    /// first.
+    pub activity: Vec<DateTime<Utc>>,
+}
+
+/// Most message times read to find where a continuing interaction began.
+const ACTIVITY_ROWS: i64 = 400;
+
+impl Pg {
+    /// The conversation's takeover state; none when no moderator ever took it over.
+    pub async fn takeover(&self, conversation: &str) -> Result<Option<Takeover>, StoreError> {
+        let row = sqlx::query(
+            "SELECT conversation_id, paused, by_whom, reason, catch_up, at, paused_at
+             FROM takeovers WHERE conversation_id = $1",
+        )
+        .bind(conversation)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| Takeover {
+            conversation_id: r.get("conversation_id"),
+            paused: r.get("paused"),
+            by: r.get("by_whom"),
+            reason: r.get("reason"),
+            catch_up: r.get("catch_up"),
+            at: r.get("at"),
+            paused_at: r.get("paused_at"),
+        }))
+    }
+
+    /// Read when a message is about to be delivered, in one statement: whether a moderator has paused
+    /// the conversation, and whether a tombstone now stops it (one of `messages` deleted, or `user`
+    /// erased, while the turn waited on the model).
+    pub async fn before_delivery(
+        &self,
+        conversation: &str,
+        user: &str,
+        messages: &[String],
+    ) -> Result<(bool, bool), StoreError> {
+        Ok(sqlx::query_as(concat!(
+            "SELECT coalesce((SELECT paused FROM takeovers WHERE conversation_id = $1), false), ",
+            super::tombstoned!("$2", "$3")
+        ))
+        .bind(conversation)
+        .bind(user)
+        .bind(messages)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// Whether `user` is erased or one of `messages` deleted: read again once a message is out (document
+    /// and completion written). A deletion that committed after [`Pg::before_delivery`] is seen here; one
+    /// that commits after this read came after the message was out, like any deletion of a message
+    /// already answered (and an erasure's purge of the streams, which follows its commit, finds the
+    /// completion).
+    pub async fn tombstoned(&self, user: &str, messages: &[String]) -> Result<bool, StoreError> {
+        Ok(
+            sqlx::query_scalar(concat!("SELECT ", super::tombstoned!("$1", "$2")))
+                .bind(user)
+                .bind(messages)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// The position in `messages` of the first one deleted (a tombstone), if any.
+    pub async fn first_deleted(&self, messages: &[String]) -> Result<Option<usize>, StoreError> {
+        let gone: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM tombstones WHERE kind = 'message' AND id = ANY($1)")
+                .bind(messages)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(messages.iter().position(|m| gone.contains(m)))
+    }
+
+    /// Whether a moderator has paused the conversation now.
+    pub async fn paused(&self, conversation: &str) -> Result<bool, StoreError> {
+        Ok(self.takeover(conversation).await?.is_some_and(|t| t.paused))
+    }
+
+    /// Sets the takeover state unless a later signal set it already; the state now when it changed.
+    pub async fn apply_takeover(
+        tx: &mut PgConnection,
+        t: &Takeover,
+    ) -> Result<Option<Takeover>, StoreError> {
+        let row = sqlx::query(
+            "INSERT INTO takeovers (conversation_id, paused, by_whom, reason, catch_up, at, paused_at)
+             VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $2 THEN $6 END)
+             ON CONFLICT (conversation_id) DO UPDATE SET
+                 paused = excluded.paused, by_whom = excluded.by_whom, reason = excluded.reason,
+                 catch_up = excluded.catch_up, at = excluded.at, updated_at = now(),
+                 paused_at = CASE WHEN excluded.paused AND NOT takeovers.paused THEN excluded.at
+                                  ELSE takeovers.paused_at END
+             WHERE takeovers.at < excluded.at
+             RETURNING paused_at",
+        )
+        .bind(&t.conversation_id)
+        .bind(t.paused)
+        .bind(&t.by)
+        .bind(&t.reason)
+        .bind(t.catch_up)
+        .bind(t.at)
+        .fetch_optional(&mut *tx)
+        .await?;
+        Ok(row.map(|r| Takeover {
+            paused_at: r.get("paused_at"),
+            ..t.clone()
+        }))
+    }
+
+    /// The last disclosure of `between` and the interaction's message times since `since`.
+    pub async fn disclosures(
+        &self,
+        between: Between<'_>,
+        since: DateTime<Utc>,
+    ) -> Result<Seen, StoreError> {
+        let (last, activity) = match between {
+            Between::Dm { user, bot } => (
+                sqlx::query_scalar(
+                    "SELECT max(created_at) FROM bot_conversations
+                     WHERE user_id = $1 AND bot_id = $2 AND ai_disclosure AND NOT group_chat",
+                )
+                .bind(user)
+                .bind(bot)
+                .fetch_one(&self.pool),
+                sqlx::query_scalar(
+                    "SELECT created_at FROM bot_conversations
+                     WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat AND created_at > $3
+                     ORDER BY created_at DESC, id DESC LIMIT $4",
+                )
+                .bind(user)
+                .bind(bot)
+                .bind(since)
+                .bind(ACTIVITY_ROWS)
+                .fetch_all(&self.pool),
+            ),
+            Between::Group { conversation, bot } => (
+                sqlx::query_scalar(
+                    "SELECT max(created_at) FROM bot_conversations
+                     WHERE conversation_id = $1 AND bot_id = $2 AND ai_disclosure AND group_chat",
+                )
+                .bind(conversation)
+                .bind(bot)
+                .fetch_one(&self.pool),
+                sqlx::query_scalar(
+                    "SELECT created_at FROM bot_conversations
+                     WHERE conversation_id = $1 AND group_chat AND created_at > $2
+                     ORDER BY created_at DESC, id DESC LIMIT $3",
+                )
+                .bind(conversation)
+                .bind(since)
+                .bind(ACTIVITY_ROWS)
+                .fetch_all(&self.pool),
+            ),
+        };
+        let (last_disclosure, activity) = tokio::try_join!(last, activity)?;
+        Ok(Seen {
+            last_disclosure,
+            activity,
+        })
+    }
+
+    /// Records one flagged message for the yearly report, in the transaction of the step that flagged
+    /// it.
+    pub async fn log_crisis(
+        tx: &mut PgConnection,
+        at: DateTime<Utc>,
+        category: &str,
+        lang: &str,
+        referred: bool,
+        kind: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO crisis_log (at, category, lang, referred, kind) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(at)
+        .bind(category)
+        .bind(lang)
+        .bind(referred)
+        .bind(kind)
+        .execute(&mut *tx)
+        .await?;
+        Ok(())
+    }
+
+    /// The year's flagged messages and referrals by month (1–12) and category.
+    pub async fn crisis_year(&self, year: i32) -> Result<Vec<CrisisMonth>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT extract(month FROM at AT TIME ZONE 'UTC')::int AS month, category,
+                    count(*) AS flagged, count(*) FILTER (WHERE referred) AS referred
+             FROM crisis_log WHERE extract(year FROM at AT TIME ZONE 'UTC')::int = $1
+             GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .bind(year)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| CrisisMonth {
+                month: r.get::<i32, _>("month") as u32,
+                category: r.get("category"),
+                flagged: r.get("flagged"),
+                referred: r.get("referred"),
+            })
+            .collect())
+    }
+}
+
+/// One row of the yearly crisis report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CrisisMonth {
+    pub month: u32,
+    pub category: String,
+    pub flagged: i64,
+    pub referred: i64,
+}

@@ -1,0 +1,176 @@
+//! Where a user stands in a flow (`flow_states`, one row per user and companion). Every change is a step
+//! of the journal ([`change`]: step `flow_change`, keyed by the tool call that made it or by the event a
+//! waiting step waited for), written in the transaction that records the step: a retried turn or a
+//! redelivered event gets the recorded result and never moves a flow twice.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde_json::{Map, Value};
+use sqlx::{PgConnection, PgPool, Row, postgres::PgRow};
+
+use crate::{
+    journal::{Job, JournalError, names::step},
+    store::StoreError,
+};
+
+/// A flow's status.
+pub mod status {
+    /// The companion is working through a step with the user.
+    pub const ACTIVE: &str = "active";
+    /// A step waits for an event (`waiting_for`).
+    pub const WAITING: &str = "waiting";
+    /// The user paused it; `start_flow` with the same flow resumes it.
+    pub const PAUSED: &str = "paused";
+    pub const DONE: &str = "done";
+    /// The user left it.
+    pub const LEFT: &str = "left";
+    /// Idle too long; the companion may mention it once.
+    pub const EXPIRED: &str = "expired";
+
+    /// Still counts as the user's flow with this companion.
+    pub fn is_open(s: &str) -> bool {
+        matches!(s, ACTIVE | WAITING | PAUSED)
+    }
+}
+
+/// A user's flow with a companion.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlowState {
+    pub flow: String,
+    pub step: String,
+    pub slots: Map<String, Value>,
+    pub status: String,
+    /// `<kind>:<id>` of the event a waiting step waits for.
+    pub waiting_for: Option<String>,
+    pub updated_at: DateTime<Utc>,
+}
+
+fn state_of(r: &PgRow) -> FlowState {
+    let slots = match r.get::<Value, _>("slots") {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    FlowState {
+        flow: r.get("flow"),
+        step: r.get("step"),
+        slots,
+        status: r.get("status"),
+        waiting_for: r.get("waiting_for"),
+        updated_at: r.get("updated_at"),
+    }
+}
+
+/// What a change did (the `flow_change` step's record).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Applied<E> {
+    /// Changed now (or by an earlier attempt of the same step): the flow as it stands.
+    Changed(Option<FlowState>),
+    /// Nothing to change: the flow as it stands.
+    Unchanged(Option<FlowState>),
+    /// The change was refused, with why (for the model); nothing changed.
+    Refused(E),
+}
+
+/// The user's flow with the companion, if any.
+pub async fn load(pool: &PgPool, user: &str, bot: &str) -> Result<Option<FlowState>, StoreError> {
+    let row = sqlx::query(
+        "SELECT flow, step, slots, status, waiting_for, updated_at FROM flow_states
+         WHERE user_id = $1 AND bot_id = $2",
+    )
+    .bind(user)
+    .bind(bot)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.as_ref().map(state_of))
+}
+
+/// Applies `change` to the user's flow with the companion as step `flow_change`/`key` of `job`: under the
+/// row's lock, `change` gets the flow as it stands and returns the new one (`None` leaves the row as it
+/// is), or a refusal. The row and the step's record commit together; a step already recorded returns its
+/// record and changes nothing.
+pub async fn change<E>(
+    job: &Job,
+    key: &str,
+    user: &str,
+    bot: &str,
+    change: impl FnOnce(Option<&FlowState>) -> Result<Option<FlowState>, E>,
+) -> Result<Applied<E>, JournalError>
+where
+    E: Serialize + DeserializeOwned,
+{
+    job.step(step::FLOW_CHANGE, key)
+        .run_in_tx(|mut tx| async move {
+            let applied = apply(&mut tx, user, bot, change).await;
+            (tx, applied.map_err(JournalError::from))
+        })
+        .await
+}
+
+async fn apply<E>(
+    tx: &mut PgConnection,
+    user: &str,
+    bot: &str,
+    change: impl FnOnce(Option<&FlowState>) -> Result<Option<FlowState>, E>,
+) -> Result<Applied<E>, StoreError> {
+    // The row may not exist yet: serialize on the pair all the same.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || $2, 7))")
+        .bind(user)
+        .bind(bot)
+        .execute(&mut *tx)
+        .await?;
+    let row = sqlx::query(
+        "SELECT flow, step, slots, status, waiting_for, updated_at
+         FROM flow_states WHERE user_id = $1 AND bot_id = $2",
+    )
+    .bind(user)
+    .bind(bot)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let current = row.as_ref().map(state_of);
+    let next = match change(current.as_ref()) {
+        Ok(n) => n,
+        Err(e) => return Ok(Applied::Refused(e)),
+    };
+    let Some(next) = next else {
+        return Ok(Applied::Unchanged(current));
+    };
+    let row = sqlx::query(
+        "INSERT INTO flow_states (user_id, bot_id, flow, step, slots, status, waiting_for)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (user_id, bot_id) DO UPDATE SET
+            flow = EXCLUDED.flow, step = EXCLUDED.step, slots = EXCLUDED.slots,
+            status = EXCLUDED.status, waiting_for = EXCLUDED.waiting_for, updated_at = now()
+         RETURNING flow, step, slots, status, waiting_for, updated_at",
+    )
+    .bind(user)
+    .bind(bot)
+    .bind(&next.flow)
+    .bind(&next.step)
+    .bind(Value::Object(next.slots.clone()))
+    .bind(&next.status)
+    .bind(&next.waiting_for)
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok(Applied::Changed(Some(state_of(&row))))
+}
+
+/// Ends the user's open flow with the companion when it was last changed before `idle_since`; whether
+/// this call ended it.
+pub async fn expire_idle(
+    pool: &PgPool,
+    user: &str,
+    bot: &str,
+    idle_since: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "UPDATE flow_states SET status = 'expired', waiting_for = NULL, updated_at = now()
+         WHERE user_id = $1 AND bot_id = $2 AND status IN ('active', 'waiting', 'paused')
+           AND updated_at < $3",
+    )
+    .bind(user)
+    .bind(bot)
+    .bind(idle_since)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -1,0 +1,67 @@
+//! `flag_concern`: the reply model's own flag that the user may be in danger, the crisis screen's last
+//! net (docs/safety.md). Offered with every set of tools. The tool loop never runs it and never asks the
+//! model again after it: the turn sends the crisis referral first, then the model's own reply from the
+//! same answer (when it passes the output check; otherwise the character's crisis line).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores};
+
+pub const NAME: &str = "flag_concern";
+
+// The names are the crisis screen's categories.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Concern {
+    SelfHarm,
+    HarmOthers,
+    Abuse,
+    Grooming,
+}
+
+impl Concern {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Concern::SelfHarm => "self_harm",
+            Concern::HarmOthers => "harm_others",
+            Concern::Abuse => "abuse",
+            Concern::Grooming => "grooming",
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Args {
+    /// self_harm: thoughts of suicide or hurting themselves; harm_others: about to hurt someone;
+    /// abuse: hurt or threatened at home or by a carer; grooming: an adult pressuring them (pictures,
+    /// meeting alone, secrets, gifts).
+    pub concern: Concern,
+}
+
+pub struct FlagConcern;
+
+impl Tool for FlagConcern {
+    const NAME: &'static str = NAME;
+    const GROUPS: &'static [Group] = &[];
+    type Args = Args;
+
+    fn description() -> &'static str {
+        "Call this, together with your caring reply, when the user may be in danger (suicide or \
+         self-harm, about to hurt someone, abused, or an adult pressuring them): the app then shows them \
+         people who can help, right away. Never for sport slang, games or jokes."
+    }
+
+    fn new(_: &ToolStores) -> Self {
+        Self
+    }
+
+    async fn call(&self, _ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
+        // The loop answers this call itself; run on its own it only acknowledges.
+        Ok(ToolOutput::data(
+            json!({ "flagged": args.concern.as_str() }),
+        ))
+    }
+}
