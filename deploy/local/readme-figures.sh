@@ -35,7 +35,8 @@ if [[ -z "$begin_at" || -z "$end_at" || "$begin_at" == *' '* || "$end_at" == *' 
 fi
 
 # The record: `[test] <phase> (<N>s)` lines (N: seconds since the start), cargo's `test result:` lines after
-# the phase that ran them, then `key: value` lines (exit, seconds, date, commit, worktree, user, root,
+# the phase that ran them (each after the `Running` line naming its binary, when the run was not on a
+# terminal), then `key: value` lines (exit, seconds, date, commit, worktree, user, root,
 # disk-local, disk-target).
 block="$(awk '
   function count(line, word,   s) {
@@ -57,10 +58,17 @@ block="$(awk '
     at[phases] = substr(line, RSTART + 2, RLENGTH - 4) + 0
     next
   }
+  /^ +Running / {
+    # The binary of the next result: the integration tests, the dev tooling, or a crate'"'"'s unit tests.
+    running = ($0 ~ /tests\/it\//) ? "integration" : ($0 ~ /companion_dev-/) ? "dev" : ($0 ~ /unittests src\/lib\.rs/) ? "unit" : "other"
+    next
+  }
   /test result:/ {
     line = $0
     gsub(/\033\[[0-9;]*m/, "", line)
     results++
+    kind[results] = running
+    running = ""
     otel[results] = (phases > 0 && name[phases] ~ /otel/)
     passed[results] = count(line, "passed")
     failed[results] = count(line, "failed")
@@ -93,15 +101,34 @@ block="$(awk '
       }
       printf "\n"
     }
-    # cargo test --workspace prints one line per test binary: unit (src/lib.rs), the companion binary,
-    # the integration tests (tests/it), companion-dev, its binary. Binaries without tests are left out.
-    kept = 0
+    # cargo test --workspace prints one line per test binary: the unit tests of each crate (src/lib.rs),
+    # the worker binary, the integration tests (tests/it), companion-dev, its binary. Binaries without tests
+    # are left out. With the `Running` lines, the unit tests of all crates are summed; without them (a run
+    # on a terminal), the lines are numbered.
+    kept = 0; named = 1
     for (i = 1; i <= results; i++)
-      if (!otel[i] && passed[i] + failed[i] + ignored[i] > 0) keep[++kept] = i
+      if (!otel[i] && passed[i] + failed[i] + ignored[i] > 0) {
+        keep[++kept] = i
+        if (kind[i] == "") named = 0
+      }
     line = ""
-    for (k = 1; k <= kept; k++) {
-      label = (kept == 3) ? ((k == 1) ? "unit" : (k == 2) ? "integration" : "dev") : "binary " k ":"
-      line = line (line == "" ? "" : "; ") tests(label, keep[k])
+    if (named) {
+      split("unit integration dev other", kinds, " ")
+      for (k = 1; k <= 4; k++) {
+        n = 0
+        for (j = 1; j <= kept; j++) {
+          i = keep[j]
+          if (kind[i] != kinds[k]) continue
+          if (n++ == 0) { passed[0] = 0; failed[0] = 0; ignored[0] = 0 }
+          passed[0] += passed[i]; failed[0] += failed[i]; ignored[0] += ignored[i]
+        }
+        if (n > 0) line = line (line == "" ? "" : "; ") tests(kinds[k] (n > 1 ? " (" n " crates)" : ""), 0)
+      }
+    } else {
+      for (k = 1; k <= kept; k++) {
+        label = (kept == 3) ? ((k == 1) ? "unit" : (k == 2) ? "integration" : "dev") : "binary " k ":"
+        line = line (line == "" ? "" : "; ") tests(label, keep[k])
+      }
     }
     for (i = 1; i <= results; i++)
       if (otel[i]) line = line (line == "" ? "" : "; ") tests("otel", i)

@@ -60,7 +60,8 @@ phase() {
     ticker=$!
   fi
 }
-# cargo test with the output it always had; its `test result:` lines also go to the record. Not on a
+# cargo test with the output it always had; its `test result:` lines, and the `Running` line naming each
+# test binary where cargo's stderr is copied, also go to the record. Not on a
 # terminal, stdout and stderr go through one pipe as before; on a terminal only the tests' own output
 # (stdout) is copied, so cargo's progress bar (stderr) stays on the terminal.
 cargo_test() {
@@ -75,7 +76,7 @@ cargo_test() {
     "$@" 2>&1 | tee -a -- "$out" 2>/dev/null
     rc=${PIPESTATUS[0]}
   fi
-  { grep -a 'test result:' -- "$out" >>"$record"; } 2>/dev/null || true
+  { grep -aE '^ +Running |test result:' -- "$out" >>"$record"; } 2>/dev/null || true
   rm -f -- "$out" 2>/dev/null || true
   return "$rc"
 }
