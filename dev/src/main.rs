@@ -156,7 +156,7 @@ enum Command {
         args: companion_dev::safety_train::TrainArgs,
     },
     /// Compare an embedding graph with another on held-out text: cosines (one at a time and batched) and
-    /// retrieval agreement on the demo knowledge (see docs/bench/history.md, issue 29).
+    /// retrieval agreement on the demo knowledge (docs/bench/history.md).
     Parity {
         #[command(flatten)]
         args: companion_dev::parity::ParityArgs,

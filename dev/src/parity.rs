@@ -1,5 +1,5 @@
 //! `companion-dev parity`: how closely one embedding graph follows another on text the int8 graph's
-//! calibration never saw (issue 29). Two figures, both against the reference graph's own vectors:
+//! calibration never saw. Two figures, both against the reference graph's own vectors:
 //!
 //! - **Cosine** of each held-out text's vector (`tests/fixtures/heldout/parity.jsonl`: chat messages,
 //!   questions, other topics, Japanese, Spanish, Portuguese, French and German lines, paragraphs of 200

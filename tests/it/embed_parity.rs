@@ -120,7 +120,7 @@ async fn concurrent_requests_share_model_runs() {
     assert!(cosine(&alone, &batch[3]) > FP32_MIN_COSINE);
 }
 
-// Parity on text the int8 graph's calibration never saw (issue 29): the held-out texts and queries of
+// Parity on text the int8 graph's calibration never saw: the held-out texts and queries of
 // tests/fixtures/heldout/ against the fp32 graph's vectors computed here (the fp32 graph matches the
 // reference to 0.9999 above). `companion-dev parity` prints the same figures for any pair of graphs.
 

@@ -248,7 +248,7 @@ async fn the_spot_wizard_runs_from_link_to_review_across_a_restart() {
     env.finish().await;
 }
 
-/// The demo's `--spot-wizard` (issue 45): the offline model plays the chat's own script through a real
+/// The demo's `--spot-wizard`: the offline model plays the chat's own script through a real
 /// worker, and the flow runs from the first line to the moderator's approval. The model is offered
 /// only what the turn's words call for (no `set_flow_slots` before the flow starts).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

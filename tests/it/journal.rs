@@ -1,8 +1,8 @@
 //! The journal's covering step under two attempts of one job at once (a redelivery that arrives while
 //! the first delivery still runs): both attempts end with the same record, and exactly the jobs that
-//! record names are covered. Before `Job::covering`, each attempt covered the followers it saw and then
-//! raced to record its own list: the loser's extra followers were left covered by a reply that never
-//! answered them (CI's "6 of 195 events never answered" in the MongoDB outage test).
+//! record names are covered. If each attempt covered the followers it saw and then raced to record its
+//! own list, the loser's extra followers would be left covered by a reply that never answered them (a
+//! few events of the MongoDB outage test never answered).
 
 use bson::oid::ObjectId;
 use companion_dev::stub::{StubReply, always};

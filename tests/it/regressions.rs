@@ -1,4 +1,5 @@
-//! Regressions of issue 12 (written against the old core, where they failed).
+//! A model answer that must not be recorded (an error inside a 200, an empty answer) is asked for again,
+//! and a NUL character in a user's text is cleaned at validation and answered at once.
 
 use std::time::Duration;
 

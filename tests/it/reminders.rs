@@ -330,7 +330,7 @@ async fn bad_times_and_too_many_reminders_are_error_results() {
 }
 
 /// The terminal chat (piped) shows a follow-up that comes after its last line: it waits for the
-/// reminders due within its wait, and prints each as it arrives (issue 45).
+/// reminders due within its wait, and prints each as it arrives.
 #[tokio::test]
 async fn the_piped_chat_waits_for_a_reminder_due_soon_and_shows_it() {
     let (env, _) = env_with(Duration::from_secs(3)).await;

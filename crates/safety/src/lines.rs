@@ -1155,7 +1155,7 @@ mod tests {
     #[test]
     fn the_referral_texts_promise_nothing_some_line_cannot_keep() {
         let all = CrisisLines::builtin();
-        // What the old texts promised of every line: free, confidential, reachable right now.
+        // Promises some shown line does not keep (free, confidential, reachable right now): no text makes them.
         let promises: [(&str, &[&str]); 6] = [
             ("en", &["free", "confidential", "right now, any"]),
             ("es", &["gratuit", "confidencial"]),
