@@ -19,7 +19,7 @@ use prometheus_client::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Metric {
     pub name: &'static str,
-    pub help: &'static str,
+    pub(crate) help: &'static str,
 }
 
 impl Metric {
@@ -177,7 +177,7 @@ impl Metrics {
     }
 
     /// One observation of the histogram of turn stage `stage` (`companion_turn_stage_seconds`).
-    pub fn observe_stage(&self, stage: &'static str, seconds: f64) {
+    pub(crate) fn observe_stage(&self, stage: &'static str, seconds: f64) {
         self.stage_seconds
             .get_or_create(&vec![("stage", stage.to_owned())])
             .observe(seconds);
@@ -213,7 +213,7 @@ impl Metrics {
 }
 
 /// A label value of bounded length (the encoder escapes what needs escaping).
-pub fn label(v: &str) -> String {
+pub(crate) fn label(v: &str) -> String {
     v.chars().take(100).collect()
 }
 

@@ -154,16 +154,16 @@ pub struct TurnTimings {
     /// Wall time of the whole delivery, from the message in hand to the ack.
     pub total_ms: f64,
     /// Milliseconds per stage, in [`Stage::ALL`] order.
-    pub stages_ms: [f64; Stage::ALL.len()],
+    pub(crate) stages_ms: [f64; Stage::ALL.len()],
     /// Chat calls made.
-    pub llm_calls: u32,
+    pub(crate) llm_calls: u32,
     /// Wall time during which the turn waited on MongoDB: a command running, or a connection being
     /// checked out of the pool for one.
     pub mongo_ms: f64,
     /// MongoDB commands sent.
     pub mongo_commands: u32,
     /// How the knowledge lookup got its query vector, or `none`.
-    pub knowledge: &'static str,
+    pub(crate) knowledge: &'static str,
 }
 
 impl TurnTimings {
@@ -173,7 +173,7 @@ impl TurnTimings {
 
     /// The worker's own cost: wall time minus the time spent waiting on the model and on earlier
     /// messages of the conversation.
-    pub fn overhead_ms(&self) -> f64 {
+    pub(crate) fn overhead_ms(&self) -> f64 {
         (self.total_ms - self.stage_ms(Stage::Llm) - self.stage_ms(Stage::Wait)).max(0.0)
     }
 }
@@ -206,7 +206,7 @@ pub fn stage<F: Future>(stage: Stage, fut: F) -> impl Future<Output = F::Output>
 
 pin_project_lite::pin_project! {
     /// The future of [`stage`].
-    pub struct Staged<F> {
+    pub(crate) struct Staged<F> {
         stage: Stage,
         // The stage polled around this one at its first poll (its parent), and when that was.
         first_poll: Option<(Option<Stage>, Instant)>,

@@ -110,7 +110,7 @@ pub enum State {
 }
 
 impl State {
-    pub const ALL: [State; 7] = [
+    pub(crate) const ALL: [State; 7] = [
         State::Running,
         State::Done,
         State::Failed,
@@ -132,7 +132,7 @@ impl State {
         }
     }
 
-    pub fn parse(s: &str) -> Option<State> {
+    pub(crate) fn parse(s: &str) -> Option<State> {
         State::ALL.into_iter().find(|x| x.as_str() == s)
     }
 
@@ -143,7 +143,7 @@ impl State {
 
     /// Every transition there is. A job is created `Running` by its own delivery, or `Covered` by the
     /// turn whose reply answers it; a running job settles once; a replay reopens a settled one.
-    pub fn may_become(self, to: State) -> bool {
+    pub(crate) fn may_become(self, to: State) -> bool {
         use State::*;
         matches!(
             (self, to),
@@ -196,7 +196,7 @@ impl Classify for JournalError {
 /// A job's row.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobRecord {
-    pub id: String,
+    pub(crate) id: String,
     pub state: State,
     pub attempts: i32,
     /// Reply generation: 0 first; each replay that answers again takes the next.
@@ -234,7 +234,7 @@ pub enum Admission {
 }
 
 /// A transaction a [`Step::run_in_tx`] body does its writes in.
-pub type Tx = Transaction<'static, Postgres>;
+pub(crate) type Tx = Transaction<'static, Postgres>;
 
 /// The journal, in the service's PostgreSQL database.
 #[derive(Clone)]

@@ -179,7 +179,7 @@ pub mod key {
     }
 
     /// Whether `key` is a `reply` key of `generation`, of any slot.
-    pub fn is_reply_of(key: &str, generation: i32) -> bool {
+    pub(crate) fn is_reply_of(key: &str, generation: i32) -> bool {
         let g = format!("g{generation}");
         key == g || key.strip_prefix(&g).is_some_and(|r| r.starts_with('.'))
     }

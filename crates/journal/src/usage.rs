@@ -17,7 +17,7 @@ pub struct LlmRecord {
     pub usage: Option<CallUsage>,
     /// The companion the call spoke as, when its job has several (a group message); else the job's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bot: Option<String>,
+    pub(crate) bot: Option<String>,
     /// Whether the call offered tools (a request without them must end in text, and a tool call in its
     /// answer is not run).
     #[serde(default = "offered", rename = "tools")]

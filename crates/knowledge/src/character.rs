@@ -18,7 +18,7 @@ pub struct Character {
     pub emoji: String,
     /// The bot's user `_id` in MongoDB; when absent it is looked up by `username` at start-up.
     #[serde(default)]
-    pub bot_user_id: Option<String>,
+    pub(crate) bot_user_id: Option<String>,
     pub username: String,
     /// The companion's sport, e.g. `snowboard`.
     pub sport: String,
@@ -71,7 +71,7 @@ pub struct Character {
 }
 
 /// The plain sentence every character may say in its own voice instead.
-pub const DISCLOSURE: &str = "Just so you know: I'm an AI, a computer program, not a human, and I can't feel human emotions.";
+pub(crate) const DISCLOSURE: &str = "Just so you know: I'm an AI, a computer program, not a human, and I can't feel human emotions.";
 
 fn default_disclosure_line() -> String {
     DISCLOSURE.into()

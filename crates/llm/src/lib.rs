@@ -204,10 +204,10 @@ pub struct Choice {
     #[serde(default)]
     pub message: AssistantMessage,
     #[serde(default)]
-    pub finish_reason: Option<String>,
+    pub(crate) finish_reason: Option<String>,
     /// OpenRouter's error of a choice that ended in `finish_reason: "error"`.
     #[serde(default)]
-    pub error: Option<Value>,
+    pub(crate) error: Option<Value>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -221,24 +221,24 @@ pub struct AssistantMessage {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 pub struct Usage {
     #[serde(default)]
-    pub prompt_tokens: u64,
+    pub(crate) prompt_tokens: u64,
     #[serde(default)]
-    pub completion_tokens: u64,
+    pub(crate) completion_tokens: u64,
     #[serde(default)]
-    pub total_tokens: u64,
+    pub(crate) total_tokens: u64,
     /// OpenRouter reports the charge in credits (USD) when asked.
     #[serde(default)]
-    pub cost: Option<f64>,
+    pub(crate) cost: Option<f64>,
     /// How much of the prompt the provider served from its prompt cache (billed at a fraction).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt_tokens_details: Option<PromptTokensDetails>,
+    pub(crate) prompt_tokens_details: Option<PromptTokensDetails>,
 }
 
 /// `usage.prompt_tokens_details` of an OpenAI-compatible answer.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-pub struct PromptTokensDetails {
+pub(crate) struct PromptTokensDetails {
     #[serde(default)]
-    pub cached_tokens: u64,
+    pub(crate) cached_tokens: u64,
 }
 
 fn function_kind() -> String {
@@ -296,7 +296,7 @@ pub enum LlmError {
 
 impl LlmError {
     /// Worth trying again later (same request).
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         matches!(
             self,
             Self::Timeout
@@ -376,11 +376,11 @@ const OUT_OF_CREDITS: Metric = Metric::new(
 
 /// How a chat request is retried within a turn.
 #[derive(Clone, Debug)]
-pub struct RetryPolicy {
-    pub max_retries: u32,
-    pub base: Duration,
+pub(crate) struct RetryPolicy {
+    pub(crate) max_retries: u32,
+    pub(crate) base: Duration,
     /// Longest wait; a longer `Retry-After` ends the attempt so the turn goes back to the stream.
-    pub max_wait: Duration,
+    pub(crate) max_wait: Duration,
 }
 
 impl RetryPolicy {
@@ -402,8 +402,8 @@ pub struct LlmClient {
     url: String,
     key: Secret,
     /// Tried in order after the request's own model.
-    pub fallback_models: Vec<String>,
-    pub retry: RetryPolicy,
+    pub(crate) fallback_models: Vec<String>,
+    pub(crate) retry: RetryPolicy,
     /// Process-wide cap on outbound requests.
     limiter: Arc<DefaultDirectRateLimiter>,
     /// Requests and tokens by model, for `/metrics`.
@@ -411,7 +411,7 @@ pub struct LlmClient {
     /// Prices a response whose server reported no cost.
     pub prices: Prices,
     /// Largest response body read; a larger one is a bad response.
-    pub max_response_bytes: usize,
+    pub(crate) max_response_bytes: usize,
 }
 
 impl LlmClient {

@@ -37,7 +37,7 @@ impl ModerationError {
 pub struct Verdict {
     pub categories: BTreeMap<String, bool>,
     #[serde(default)]
-    pub category_scores: BTreeMap<String, f64>,
+    pub(crate) category_scores: BTreeMap<String, f64>,
 }
 
 /// The client: one HTTP client, bounded by the timeout.

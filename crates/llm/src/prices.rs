@@ -14,9 +14,9 @@ use super::Usage;
 
 /// USD per million tokens of one model.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Price {
-    pub prompt: f64,
-    pub completion: f64,
+pub(crate) struct Price {
+    pub(crate) prompt: f64,
+    pub(crate) completion: f64,
 }
 
 /// Prices by model, from `LLM_PRICES` (`model=prompt:completion,…`, USD per million tokens).
@@ -75,7 +75,7 @@ impl FromStr for Prices {
 /// Where a call's cost comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum CostSource {
+pub(crate) enum CostSource {
     /// The server's `usage.cost`.
     Reported,
     /// Tokens × the price table.
@@ -85,9 +85,9 @@ pub enum CostSource {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Cost {
-    pub usd: Option<f64>,
-    pub source: CostSource,
+pub(crate) struct Cost {
+    pub(crate) usd: Option<f64>,
+    pub(crate) source: CostSource,
 }
 
 /// What one paid call used and cost, as the journal keeps it with the model's answer.
@@ -95,19 +95,19 @@ pub struct Cost {
 #[serde(rename_all = "camelCase")]
 pub struct CallUsage {
     /// The model that answered (the server's `model`, else the one asked).
-    pub model: String,
+    pub(crate) model: String,
     pub prompt_tokens: u64,
-    pub completion_tokens: u64,
+    pub(crate) completion_tokens: u64,
     /// Prompt tokens served from the provider's prompt cache, when it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_tokens: Option<u64>,
+    pub(crate) cached_tokens: Option<u64>,
     /// Estimated tokens of the request's prefix that stays the same across users and turns (the tool
     /// definitions and the system prompt): what a provider can cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_tokens: Option<u64>,
     /// USD; `None` when unpriced.
     pub cost_usd: Option<f64>,
-    pub cost_source: CostSource,
+    pub(crate) cost_source: CostSource,
 }
 
 impl Prices {
@@ -129,7 +129,7 @@ impl Prices {
     }
 
     /// The cost of one response with `usage`, answered by `model`.
-    pub fn cost(&self, model: &str, usage: &Usage) -> Cost {
+    pub(crate) fn cost(&self, model: &str, usage: &Usage) -> Cost {
         if let Some(c) = usage.cost.filter(|c| c.is_finite() && *c >= 0.0) {
             return Cost {
                 usd: Some(c),

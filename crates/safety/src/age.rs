@@ -29,7 +29,7 @@ impl Age {
 
 /// Where the age came from, so the logs show which profile field decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AgeSource {
+pub(crate) enum AgeSource {
     IsMinor,
     AgeBracket,
     Birthdate,
@@ -39,13 +39,13 @@ pub enum AgeSource {
 
 /// The users-document fields the age is read from (configurable by the worker).
 #[derive(Clone, Debug)]
-pub struct AgeFields {
+pub(crate) struct AgeFields {
     /// A boolean set by the app.
-    pub is_minor: String,
+    pub(crate) is_minor: String,
     /// One of "under_13", "13_15", "16_17", "adult".
-    pub age_bracket: String,
+    pub(crate) age_bracket: String,
     /// A BSON date, or a string "YYYY-MM-DD" or RFC 3339.
-    pub birthdate: String,
+    pub(crate) birthdate: String,
 }
 
 impl Default for AgeFields {
@@ -65,7 +65,7 @@ impl Default for AgeFields {
 /// "adult" → Adult; anything else is ignored), `birthdate` (age in whole years on `today`: < 13
 /// Under13, < 18 Minor, else Adult; a birthdate in the future or more than 120 years ago is ignored).
 /// None of them usable → Unknown, and Minor when `unknown_is_minor`, else Adult.
-pub fn age_of(
+pub(crate) fn age_of(
     user: Option<&Document>,
     fields: &AgeFields,
     unknown_is_minor: bool,
@@ -139,7 +139,7 @@ fn birthdate_age(value: &Bson, today: NaiveDate) -> Option<Age> {
 
 /// Whether `local` (a user's local time of day) is in the quiet hours from `start` (inclusive) to `end`
 /// (exclusive), which may wrap midnight (22:00–07:00). Equal `start` and `end` mean no quiet hours.
-pub fn in_quiet_hours(local: NaiveTime, start: NaiveTime, end: NaiveTime) -> bool {
+pub(crate) fn in_quiet_hours(local: NaiveTime, start: NaiveTime, end: NaiveTime) -> bool {
     if start <= end {
         start <= local && local < end
     } else {

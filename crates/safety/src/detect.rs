@@ -18,7 +18,7 @@ use super::{
 };
 
 /// The learned layer's score (1 − p(none)) that confirms an unsure rule.
-pub const CONFIRM: f32 = 0.5;
+pub(crate) const CONFIRM: f32 = 0.5;
 
 /// Which layer made a decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -18,7 +18,7 @@ use crate::metrics::{Metric, Metrics};
 
 /// Crisis lines (with the directory) not checked within `COMPANION_CRISIS_LINES_REVIEW_DAYS`, as of the
 /// worker's start.
-pub const LINES_STALE: Metric = Metric::new(
+pub(crate) const LINES_STALE: Metric = Metric::new(
     "companion_crisis_lines_stale",
     "Crisis lines (with the directory) not checked within `COMPANION_CRISIS_LINES_REVIEW_DAYS`, as of the worker's start",
 );
@@ -56,7 +56,7 @@ pub struct Safety {
     pub config: crate::config::SafetyConfig,
     /// Crisis lines and referral texts.
     pub lines: lines::CrisisLines,
-    pub age_fields: age::AgeFields,
+    pub(crate) age_fields: age::AgeFields,
 }
 
 impl Safety {

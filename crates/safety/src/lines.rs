@@ -110,11 +110,11 @@ pub struct CrisisLine {
 }
 
 impl CrisisLine {
-    pub fn always_open(&self) -> bool {
+    pub(crate) fn always_open(&self) -> bool {
         self.hours == ALWAYS_OPEN
     }
 
-    pub fn free(&self) -> bool {
+    pub(crate) fn free(&self) -> bool {
         self.cost == FREE
     }
 
@@ -146,16 +146,16 @@ impl CrisisLine {
 /// A line as the app renders it (`richContent.data.lines[]`, docs/tb-backend.md).
 #[derive(Clone, Debug, Serialize)]
 pub struct CardLine<'a> {
-    pub name: &'a str,
+    pub(crate) name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub phone: Option<&'a str>,
+    pub(crate) phone: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub text: Option<&'a str>,
+    pub(crate) text: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub url: Option<&'a str>,
-    pub kind: Kind,
-    pub hours: &'a str,
-    pub cost: &'a str,
+    pub(crate) url: Option<&'a str>,
+    pub(crate) kind: Kind,
+    pub(crate) hours: &'a str,
+    pub(crate) cost: &'a str,
 }
 
 /// The words the referral text puts beside a line, in one language.
@@ -219,13 +219,13 @@ pub struct Referral<'a> {
 
 /// A line not checked within the review interval.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Stale<'a> {
+pub(crate) struct Stale<'a> {
     /// The country code, or "directory".
-    pub whose: &'a str,
-    pub name: &'a str,
-    pub checked: NaiveDate,
+    pub(crate) whose: &'a str,
+    pub(crate) name: &'a str,
+    pub(crate) checked: NaiveDate,
     /// Days since it was checked.
-    pub days: i64,
+    pub(crate) days: i64,
 }
 
 /// Why a crisis-lines file cannot be used.
@@ -253,7 +253,7 @@ impl CrisisLines {
     }
 
     /// A configuration file of the same shape as the built-in one, validated.
-    pub fn load(path: &Path) -> Result<Self, LinesError> {
+    pub(crate) fn load(path: &Path) -> Result<Self, LinesError> {
         let text = std::fs::read_to_string(path).map_err(|source| LinesError::Io {
             path: path.to_owned(),
             source,
@@ -437,7 +437,7 @@ impl CrisisLines {
     }
 
     /// Every entry checked more than `review_days` days before `today`.
-    pub fn stale(&self, today: NaiveDate, review_days: u32) -> Vec<Stale<'_>> {
+    pub(crate) fn stale(&self, today: NaiveDate, review_days: u32) -> Vec<Stale<'_>> {
         self.entries()
             .filter_map(|(whose, l)| {
                 let days = (today - l.checked).num_days();
@@ -693,7 +693,7 @@ const ZONES: &[(&str, &str)] = &[
 
 /// The country (ISO alpha-2, upper case) of an IANA time zone, for the common zones; None for zones
 /// such as UTC or Etc/* that name no country, and for zones not in the table.
-pub fn country_of_time_zone(tz: &str) -> Option<&'static str> {
+pub(crate) fn country_of_time_zone(tz: &str) -> Option<&'static str> {
     let tz = tz.trim();
     ZONES
         .iter()

@@ -43,7 +43,7 @@ pub enum Category {
 
 impl Category {
     /// Every category, most urgent first (the order a message matching several is reported in).
-    pub const ALL: [Category; 4] = [
+    pub(crate) const ALL: [Category; 4] = [
         Category::SelfHarm,
         Category::HarmOthers,
         Category::Abuse,
@@ -67,9 +67,9 @@ pub struct Flag {
     /// What was found.
     pub category: Category,
     /// ISO 639-1 code of the language the match was in: "en", "es", "pt", "fr", "de", "ja".
-    pub lang: String,
+    pub(crate) lang: String,
     /// false when the rules are unsure (a weaker pattern); a second stage may be asked then.
-    pub sure: bool,
+    pub(crate) sure: bool,
 }
 
 /// What a companion message was blocked for.
@@ -1100,7 +1100,7 @@ fn fold(c: char) -> Option<&'static str> {
 /// The text the patterns read: lowercase, full-width ASCII made half-width, diacritics folded,
 /// apostrophes dropped, curly quotes straightened, runs of 3+ repeated letters collapsed to one, and
 /// whitespace collapsed to single spaces.
-pub fn normalize(text: &str) -> String {
+pub(crate) fn normalize(text: &str) -> String {
     let mut folded = String::with_capacity(text.len());
     let chars = text.chars().map(|c| match c {
         '\u{FF01}'..='\u{FF5E}' => char::from_u32(c as u32 - 0xFEE0).unwrap_or(c),
@@ -1177,7 +1177,7 @@ pub fn screen(text: &str) -> Option<Flag> {
 /// True when the sport's slang or everyday hyperbole was masked out of the message and no crisis word is
 /// left ("kill this line", "that slam almost killed me lol"): what a learned layer or the moderation
 /// endpoint flags in such a message is the sport talking, not a crisis.
-pub fn only_sport(text: &str) -> bool {
+pub(crate) fn only_sport(text: &str) -> bool {
     let normalized = normalize(text);
     let masked = SCREEN.mask.replace_all(&normalized, " | ");
     matches!(masked, Cow::Owned(_)) && !OUTPUT.crisis_context.is_match(&masked)
@@ -1414,7 +1414,7 @@ static OUTPUT: LazyLock<Output> = LazyLock::new(|| {
 
 /// Whether a companion message speaks of death, harm, pills or giving up (what self-harm encouragement
 /// is about), as the output check reads it.
-pub fn harm_context(text: &str) -> bool {
+pub(crate) fn harm_context(text: &str) -> bool {
     let o = &*OUTPUT;
     let normalized = normalize(text);
     let masked = o.mask.replace_all(&normalized, " | ");

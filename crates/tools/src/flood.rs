@@ -18,11 +18,11 @@ use crate::journal::{
 };
 
 /// How long one busy line answers for, and the window turns are counted over.
-pub const WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 
 pub struct FloodLimit {
     /// Turns per user per rolling minute; 0: no limit.
-    pub per_minute: u32,
+    pub(crate) per_minute: u32,
 }
 
 impl FloodLimit {

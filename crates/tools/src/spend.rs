@@ -21,7 +21,7 @@ use std::{
 use sqlx::PgPool;
 use tracing::{info, warn};
 
-pub use crate::journal::usage::Spent;
+pub(crate) use crate::journal::usage::Spent;
 use crate::{
     config::SpendConfig,
     journal::{names, usage},
@@ -52,9 +52,9 @@ pub fn tally(user: &str) -> String {
 
 /// A budget: either bound 0 means none of that kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Budget {
-    pub tokens: u64,
-    pub usd: f64,
+pub(crate) struct Budget {
+    pub(crate) tokens: u64,
+    pub(crate) usd: f64,
 }
 
 impl Budget {
@@ -63,7 +63,7 @@ impl Budget {
     }
 
     /// The larger share of the budget `spent` uses (0 when there is no budget).
-    pub fn share(&self, spent: Spent) -> f64 {
+    pub(crate) fn share(&self, spent: Spent) -> f64 {
         let tokens = if self.tokens > 0 {
             spent.tokens as f64 / self.tokens as f64
         } else {
@@ -86,7 +86,7 @@ pub enum Scope {
 }
 
 impl Scope {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Scope::User => "user",
             Scope::Service => "service",
@@ -108,13 +108,13 @@ pub enum Allowance {
 /// The budgets, the window and the stages, from the configuration.
 #[derive(Clone, Debug)]
 pub struct SpendLimits {
-    pub user: Budget,
-    pub service: Budget,
-    pub window: Duration,
-    pub cheaper_at: f64,
+    pub(crate) user: Budget,
+    pub(crate) service: Budget,
+    pub(crate) window: Duration,
+    pub(crate) cheaper_at: f64,
     /// Empty: no cheaper stage.
-    pub cheaper_model: String,
-    pub refresh: Duration,
+    pub(crate) cheaper_model: String,
+    pub(crate) refresh: Duration,
     /// Prompt tokens one turn may send over all its model calls (0: no cap).
     pub per_turn_prompt_tokens: u64,
 }
@@ -153,7 +153,7 @@ impl SpendLimits {
     }
 
     /// The stricter of the user's and the service's stage.
-    pub fn decide(&self, user: Spent, service: Spent) -> Allowance {
+    pub(crate) fn decide(&self, user: Spent, service: Spent) -> Allowance {
         let by_user = self.stage(self.user.share(user), Scope::User);
         let by_service = self.stage(self.service.share(service), Scope::Service);
         let rank = |a: &Allowance| match a {
@@ -229,7 +229,7 @@ impl SpendGuard {
 
     /// Whether the service's budget still allows a call made for no user (memory's extraction), which
     /// counts against the service budget only.
-    pub async fn service_allows(&self) -> Result<bool, StoreError> {
+    pub(crate) async fn service_allows(&self) -> Result<bool, StoreError> {
         let service = self.service_spent().await?;
         Ok(!matches!(
             self.limits.decide(Spent::default(), service),

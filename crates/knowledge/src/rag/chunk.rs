@@ -47,7 +47,7 @@ struct Piece {
 }
 
 /// Byte ranges of sentences (and paragraphs) in `text`, whitespace trimmed.
-pub fn sentences(text: &str) -> Vec<(usize, usize)> {
+pub(crate) fn sentences(text: &str) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let bytes = text.as_bytes();
     let mut start = 0;

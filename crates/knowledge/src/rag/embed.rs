@@ -101,7 +101,7 @@ impl EmbedConfig {
         self.model_dir.join(&self.model_file)
     }
 
-    pub fn tokenizer_path(&self) -> PathBuf {
+    pub(crate) fn tokenizer_path(&self) -> PathBuf {
         self.model_dir.join("tokenizer.json")
     }
 
@@ -119,17 +119,17 @@ impl EmbedConfig {
 
 /// Counters of the batcher, for tests and operators.
 #[derive(Debug)]
-pub struct EmbedStats {
+pub(crate) struct EmbedStats {
     /// Requests (calls of [`Embedder::embed`]) served.
-    pub requests: AtomicU64,
+    pub(crate) requests: AtomicU64,
     /// Texts embedded.
-    pub texts: AtomicU64,
+    pub(crate) texts: AtomicU64,
     /// Model runs; fewer than `requests` when concurrent requests were batched.
-    pub model_runs: AtomicU64,
+    pub(crate) model_runs: AtomicU64,
     /// Batches collected by the window (each gives one or more model runs).
-    pub batches: AtomicU64,
+    pub(crate) batches: AtomicU64,
     /// Texts per model run ([`EMBED_BATCH`]).
-    pub run_sizes: Histogram,
+    pub(crate) run_sizes: Histogram,
 }
 
 impl Default for EmbedStats {
@@ -159,7 +159,7 @@ pub struct EmbedCounts {
     pub requests: u64,
     pub texts: u64,
     pub model_runs: u64,
-    pub batches: u64,
+    pub(crate) batches: u64,
 }
 
 struct Request {

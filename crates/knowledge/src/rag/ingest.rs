@@ -173,7 +173,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), IngestError> {
 }
 
 /// Parses `---` front matter (`key: value` lines: title, source_url/url/source, date, collection, id).
-pub fn parse_markdown(
+pub(crate) fn parse_markdown(
     rel: &Path,
     text: &str,
     collection: Option<&str>,
@@ -249,7 +249,7 @@ pub fn parse_markdown(
 }
 
 /// The hash that decides whether an article must be re-chunked.
-pub fn content_hash(a: &Article, cfg: ChunkConfig) -> String {
+pub(crate) fn content_hash(a: &Article, cfg: ChunkConfig) -> String {
     let mut h = Sha256::new();
     for part in [
         "kb-v1",

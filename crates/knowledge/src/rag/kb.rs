@@ -21,15 +21,15 @@ pub struct ArticleMeta {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hit {
     pub collection: String,
-    pub title: String,
-    pub source_url: Option<String>,
-    pub content: String,
+    pub(crate) title: String,
+    pub(crate) source_url: Option<String>,
+    pub(crate) content: String,
     /// Cosine similarity to the query (1 = same direction).
-    pub score: f32,
+    pub(crate) score: f32,
 }
 
 /// The stored content hash of an article, if it exists.
-pub async fn content_hash(
+pub(crate) async fn content_hash(
     pool: &PgPool,
     collection: &str,
     key: &str,

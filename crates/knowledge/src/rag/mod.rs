@@ -79,7 +79,7 @@ pub async fn retrieve(
 }
 
 /// The chunks of `collections` above `threshold` nearest to the vector `query`, best first.
-pub async fn search(
+pub(crate) async fn search(
     pool: &sqlx::PgPool,
     collections: &[String],
     query: &[f32],
@@ -104,7 +104,7 @@ pub async fn search(
 pub struct Retriever {
     pool: sqlx::PgPool,
     /// `None` when the model is not installed: turns go without knowledge.
-    pub embedder: Option<Arc<Embedder>>,
+    pub(crate) embedder: Option<Arc<Embedder>>,
     threshold: f32,
     top_k: i64,
     /// Vectors of texts embedded lately.

@@ -17,7 +17,7 @@ use std::{
 
 /// Words that carry nothing to retrieve (acknowledgements, laughter, greetings, fillers, pronouns),
 /// lower-case. A message made only of these (and emoji, punctuation, digits) is not embedded.
-pub const NO_CONTENT: &[&str] = &[
+pub(crate) const NO_CONTENT: &[&str] = &[
     "ok", "okay", "okey", "k", "kk", "yes", "yeah", "yea", "yep", "yup", "ya", "no", "nope", "nah",
     "sure", "cool", "nice", "great", "awesome", "sweet", "dope", "sick", "rad", "lit", "fire",
     "thanks", "thank", "thx", "ty", "tysm", "cheers", "you", "u", "so", "much", "a", "lot", "lol",
@@ -49,7 +49,7 @@ pub fn needs_no_knowledge(normalized: &str) -> bool {
 
 /// How a turn got its query vector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     /// No content word: no embedding, no search.
     Skipped,
     /// The same text's vector was in the cache.
@@ -59,7 +59,7 @@ pub enum Lookup {
 }
 
 impl Lookup {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Skipped => "skipped",
             Self::Cached => "cached",
@@ -69,7 +69,7 @@ impl Lookup {
 }
 
 /// A bounded least-recently-used map from normalised text to its vector, shared by all turns.
-pub struct VectorCache {
+pub(crate) struct VectorCache {
     inner: Mutex<Lru>,
     capacity: usize,
 }
@@ -84,14 +84,14 @@ struct Lru {
 
 impl VectorCache {
     /// A cache of at most `capacity` vectors (0 turns it off).
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             inner: Mutex::new(Lru::default()),
             capacity,
         }
     }
 
-    pub fn get(&self, key: &str) -> Option<Arc<Vec<f32>>> {
+    pub(crate) fn get(&self, key: &str) -> Option<Arc<Vec<f32>>> {
         if self.capacity == 0 {
             return None;
         }
@@ -105,7 +105,7 @@ impl VectorCache {
         Some(vector)
     }
 
-    pub fn put(&self, key: String, vector: Arc<Vec<f32>>) {
+    pub(crate) fn put(&self, key: String, vector: Arc<Vec<f32>>) {
         if self.capacity == 0 {
             return;
         }

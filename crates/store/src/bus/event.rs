@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Most attachments accepted on one message (the app sends one image per DM).
-pub const MAX_ATTACHMENTS: usize = 4;
+pub(crate) const MAX_ATTACHMENTS: usize = 4;
 /// Longest accepted attachment URL.
-pub const MAX_URL_LEN: usize = 2048;
+pub(crate) const MAX_URL_LEN: usize = 2048;
 
 /// A bot-bound DM, as TB-Backend publishes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -57,7 +57,7 @@ pub struct GroupEvent {
     pub sender_id: ObjectId,
     pub content: String,
     pub images: Vec<String>,
-    pub sent_at: DateTime<Utc>,
+    pub(crate) sent_at: DateTime<Utc>,
 }
 
 impl GroupEvent {
@@ -134,7 +134,7 @@ pub fn parse_event(
 }
 
 /// Parses and validates one group message received on `subject` (`<prefix>.group.<conversationId>`).
-pub fn parse_group(
+pub(crate) fn parse_group(
     payload: &[u8],
     subject: &str,
     prefix: &str,

@@ -41,7 +41,7 @@ pub const DLQ_SUBJECT: &str = "Companion-Original-Subject";
 /// Header carrying the stream sequence of the dead-lettered event.
 pub const DLQ_SEQUENCE: &str = "Companion-Original-Sequence";
 /// Header carrying how many times the event was delivered.
-pub const DLQ_DELIVERIES: &str = "Companion-Deliveries";
+pub(crate) const DLQ_DELIVERIES: &str = "Companion-Deliveries";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -111,7 +111,7 @@ pub struct Names {
 }
 
 impl Names {
-    pub fn new(config: &NatsConfig) -> Self {
+    pub(crate) fn new(config: &NatsConfig) -> Self {
         let s = &config.stream_prefix;
         Self {
             prefix: config.subject_prefix.clone(),
@@ -123,7 +123,7 @@ impl Names {
         }
     }
     /// Every signal a companion acts on by itself.
-    pub fn signal_all(&self) -> String {
+    pub(crate) fn signal_all(&self) -> String {
         format!("{}.signal.>", self.prefix)
     }
     /// The review of a spot draft, published by TB-Backend.
@@ -170,7 +170,7 @@ impl Names {
             .is_some_and(|t| t.starts_with(".signal."))
     }
     /// The stream an inbound subject belongs to.
-    pub fn stream_of(&self, subject: &str) -> &str {
+    pub(crate) fn stream_of(&self, subject: &str) -> &str {
         if self.is_signal(subject) {
             &self.stream_signal
         } else {
@@ -180,7 +180,7 @@ impl Names {
     pub fn inbound(&self, bot_id: &str, conversation_id: &str) -> String {
         format!("{}.in.{bot_id}.{conversation_id}", self.prefix)
     }
-    pub fn inbound_all(&self) -> String {
+    pub(crate) fn inbound_all(&self) -> String {
         format!("{}.in.>", self.prefix)
     }
     /// A user's message to a group conversation (published once, whoever answers it).
@@ -188,13 +188,13 @@ impl Names {
         format!("{}.group.{conversation_id}", self.prefix)
     }
     /// Whether `subject` is a group conversation's.
-    pub fn is_group(&self, subject: &str) -> bool {
+    pub(crate) fn is_group(&self, subject: &str) -> bool {
         subject
             .strip_prefix(&self.prefix)
             .is_some_and(|t| t.starts_with(".group."))
     }
     /// The subjects of the inbound stream and its consumer: DMs and group messages.
-    pub fn inbound_subjects(&self) -> Vec<String> {
+    pub(crate) fn inbound_subjects(&self) -> Vec<String> {
         vec![self.inbound_all(), format!("{}.group.>", self.prefix)]
     }
     pub fn outbound(&self, conversation_id: &str) -> String {
@@ -205,7 +205,7 @@ impl Names {
     }
     /// Dead letters keep the tail of the original subject: `<botId>.<conversationId>` for a DM,
     /// `group.<conversationId>` for a group message, `signal.<kind>.<id>` for a signal.
-    pub fn dead_letter(&self, original_subject: &str) -> String {
+    pub(crate) fn dead_letter(&self, original_subject: &str) -> String {
         let tail = if self.is_signal(original_subject) || self.is_group(original_subject) {
             original_subject.strip_prefix(&format!("{}.", self.prefix))
         } else {
@@ -224,7 +224,7 @@ pub struct Bus {
     pub js: jetstream::Context,
     pub names: Names,
     /// Replicas requested for every stream.
-    pub replicas: usize,
+    pub(crate) replicas: usize,
 }
 
 /// The shared consumer with the settings the server has for it.
@@ -630,7 +630,7 @@ impl Bus {
         self.publish_json(subject, typing).await
     }
 
-    pub async fn publish_json<T: Serialize>(
+    pub(crate) async fn publish_json<T: Serialize>(
         &self,
         subject: String,
         value: &T,

@@ -77,7 +77,7 @@ impl Classify for StoreError {
 
 /// A PostgreSQL error as people read it: the server's message and SQLSTATE (not the line of the server's
 /// source file it came from), an I/O error's cause, the rest as the driver says it.
-pub fn describe_pg(e: &sqlx::Error) -> String {
+pub(crate) fn describe_pg(e: &sqlx::Error) -> String {
     use sqlx::Error as E;
     match e {
         E::Database(db) => match db.code() {

@@ -64,7 +64,7 @@ pub struct UserData {
     /// that answers, not by every delivery admitted.
     pub tricklists: Vec<Tricklist>,
     /// Whom the user blocked (`users.blockedUsers`): a companion among them may answer, never start a DM.
-    pub blocked: Vec<ObjectId>,
+    pub(crate) blocked: Vec<ObjectId>,
     /// The user document as stored, for what the safety protocol reads of it (the age signal, whose
     /// field names are configured); the admission takes it once it has read the age.
     pub document: Option<Document>,
@@ -93,7 +93,7 @@ impl Membership {
 /// What the companion knows about the user it talks to.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct UserProfile {
-    pub id: ObjectId,
+    pub(crate) id: ObjectId,
     pub name: Option<String>,
     pub username: Option<String>,
     pub bio: Option<String>,

@@ -14,7 +14,7 @@ use super::{Pg, StoreError};
 pub const KIND: &str = "reminder";
 
 /// SQL: the row `r` is still pending (not cancelled, its follow-up's job not ended).
-pub const PENDING: &str = "r.state = 'pending' AND NOT EXISTS (SELECT 1 FROM jobs j
+pub(crate) const PENDING: &str = "r.state = 'pending' AND NOT EXISTS (SELECT 1 FROM jobs j
     WHERE j.id = 'reminder:' || r.id AND j.state IN ('done', 'dropped'))";
 
 /// A reminder's row.

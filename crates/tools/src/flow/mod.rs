@@ -21,51 +21,51 @@ use serde_json::{Value, json};
 #[serde(deny_unknown_fields)]
 pub struct FlowDef {
     /// Stable id, the file's name without `.json` (`season_plan`).
-    pub id: String,
+    pub(crate) id: String,
     /// What the user sees it called.
-    pub title: String,
+    pub(crate) title: String,
     /// For the model: when to offer it.
-    pub offer: String,
+    pub(crate) offer: String,
     /// The first step.
-    pub start: String,
-    pub steps: BTreeMap<String, StepDef>,
+    pub(crate) start: String,
+    pub(crate) steps: BTreeMap<String, StepDef>,
 }
 
 /// One step of a flow.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StepDef {
+pub(crate) struct StepDef {
     /// What the companion should get done in this step, for the model.
-    pub goal: String,
+    pub(crate) goal: String,
     /// Values the step must fill (by `set_flow_slots`), by name.
     #[serde(default)]
-    pub slots: BTreeMap<String, SlotDef>,
+    pub(crate) slots: BTreeMap<String, SlotDef>,
     /// Tools the step uses (named to the model; they must exist).
     #[serde(default)]
-    pub tools: Vec<String>,
+    pub(crate) tools: Vec<String>,
     /// Entered with its slots filled, the flow waits here for an event before going on.
     #[serde(default)]
-    pub wait: Option<Wait>,
+    pub(crate) wait: Option<Wait>,
     /// Where the flow goes once the step's required slots are filled (or its wait is over); the first
     /// rule whose condition holds wins. None: the flow ends after this step.
     #[serde(default)]
-    pub next: Option<Next>,
+    pub(crate) next: Option<Next>,
 }
 
 /// A slot's type and whether the step needs it.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SlotDef {
+pub(crate) struct SlotDef {
     #[serde(rename = "type")]
-    pub kind: SlotType,
+    pub(crate) kind: SlotType,
     /// For the model: what to put there.
     #[serde(default)]
-    pub description: Option<String>,
+    pub(crate) description: Option<String>,
     /// For `enum`: the allowed values.
     #[serde(default)]
-    pub values: Vec<String>,
+    pub(crate) values: Vec<String>,
     #[serde(default = "yes")]
-    pub required: bool,
+    pub(crate) required: bool,
 }
 
 fn yes() -> bool {
@@ -75,7 +75,7 @@ fn yes() -> bool {
 /// What a slot holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum SlotType {
+pub(crate) enum SlotType {
     /// Up to 300 characters.
     Text,
     Integer,
@@ -94,13 +94,13 @@ pub enum SlotType {
 /// An event a step waits for.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Wait {
+pub(crate) struct Wait {
     /// `spot_review` (the review of the draft whose id is in `slot`) or `reminder` (the reminder whose id
     /// is in `slot` comes due).
     #[serde(rename = "for")]
-    pub kind: WaitKind,
+    pub(crate) kind: WaitKind,
     /// The slot (of this step or an earlier one) holding the id waited on.
-    pub slot: String,
+    pub(crate) slot: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -122,7 +122,7 @@ impl WaitKind {
 
 /// Where a finished step leads.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Go {
+pub(crate) enum Go {
     To(String),
     /// Rules of which none holds yet: the step goes on.
     Stay,
@@ -133,7 +133,7 @@ pub enum Go {
 /// The next step: one name, or rules tried in order (none holding: the step goes on).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
-pub enum Next {
+pub(crate) enum Next {
     To(String),
     Rules(Vec<Rule>),
 }
@@ -141,22 +141,22 @@ pub enum Next {
 /// `{"if": {"slot": "level", "equals": "beginner"}, "to": "basics"}`; a rule without `if` always holds.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Rule {
+pub(crate) struct Rule {
     #[serde(default, rename = "if")]
-    pub condition: Option<Condition>,
-    pub to: String,
+    pub(crate) condition: Option<Condition>,
+    pub(crate) to: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Condition {
-    pub slot: String,
+pub(crate) struct Condition {
+    pub(crate) slot: String,
     /// Holds when the slot equals this value.
     #[serde(default)]
-    pub equals: Option<Value>,
+    pub(crate) equals: Option<Value>,
     /// Holds when the slot is one of these values.
     #[serde(default, rename = "in")]
-    pub one_of: Option<Vec<Value>>,
+    pub(crate) one_of: Option<Vec<Value>>,
 }
 
 impl Condition {
@@ -189,12 +189,12 @@ pub enum FlowError {
 }
 
 impl FlowDef {
-    pub fn step(&self, id: &str) -> Option<&StepDef> {
+    pub(crate) fn step(&self, id: &str) -> Option<&StepDef> {
         self.steps.get(id)
     }
 
     /// Where the flow goes after `step` with these slots.
-    pub fn next_after(&self, step: &str, slots: &serde_json::Map<String, Value>) -> Go {
+    pub(crate) fn next_after(&self, step: &str, slots: &serde_json::Map<String, Value>) -> Go {
         let Some(next) = self.step(step).and_then(|s| s.next.as_ref()) else {
             return Go::End;
         };
@@ -209,7 +209,7 @@ impl FlowDef {
 
     /// Every problem of the definition: unknown steps and tools, steps no path reaches, slots without a
     /// usable type, waits on slots that do not exist.
-    pub fn problems(&self, known_tools: &[&str]) -> Vec<String> {
+    pub(crate) fn problems(&self, known_tools: &[&str]) -> Vec<String> {
         let mut out = Vec::new();
         if !self.steps.contains_key(&self.start) {
             out.push(format!("start step `{}` is not a step", self.start));
@@ -283,7 +283,7 @@ impl StepDef {
     }
 
     /// The JSON Schema of the step's slots: what `set_flow_slots` accepts here, shown to the model.
-    pub fn schema(&self) -> Value {
+    pub(crate) fn schema(&self) -> Value {
         let mut properties = serde_json::Map::new();
         for (name, slot) in &self.slots {
             let mut s = match slot.kind {
@@ -310,7 +310,7 @@ impl StepDef {
     }
 
     /// Required slots not yet filled.
-    pub fn missing(&self, slots: &serde_json::Map<String, Value>) -> Vec<String> {
+    pub(crate) fn missing(&self, slots: &serde_json::Map<String, Value>) -> Vec<String> {
         self.slots
             .iter()
             .filter(|(n, s)| s.required && !slots.contains_key(*n))
@@ -379,7 +379,7 @@ impl Flows {
     }
 
     /// Every flow, in no particular order.
-    pub fn all(&self) -> impl Iterator<Item = &FlowDef> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &FlowDef> {
         self.by_id.values()
     }
 
@@ -405,7 +405,7 @@ impl Flows {
 /// Moves a flow as far as its slots allow from its current step: a step with required slots missing
 /// stays active; a step that waits starts waiting (for the id in its wait slot); a finished step goes on
 /// to the next one; no next step ends the flow.
-pub fn advance(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
+pub(crate) fn advance(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
     for _ in 0..=def.steps.len() {
         let Some(step) = def.step(&s.step) else { break };
         if !step.missing(&s.slots).is_empty() {
@@ -467,7 +467,7 @@ pub fn resumed_note(def: &FlowDef, s: &state::FlowState) -> String {
 }
 
 /// What the model is told about the flow: where it stands, what the step needs, what is filled.
-pub fn view(def: &FlowDef, s: &state::FlowState) -> Value {
+pub(crate) fn view(def: &FlowDef, s: &state::FlowState) -> Value {
     let step = def.step(&s.step);
     let mut v = json!({
         "flow": def.id,
@@ -496,8 +496,8 @@ pub fn view(def: &FlowDef, s: &state::FlowState) -> Value {
 /// step): the flow as it stands, and the one that expired at this turn (mentioned once).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, Deserialize)]
 pub struct TurnFlow {
-    pub current: Option<state::FlowState>,
-    pub expired: Option<state::FlowState>,
+    pub(crate) current: Option<state::FlowState>,
+    pub(crate) expired: Option<state::FlowState>,
 }
 
 impl TurnFlow {

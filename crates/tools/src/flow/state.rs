@@ -16,19 +16,19 @@ use crate::{
 /// A flow's status.
 pub mod status {
     /// The companion is working through a step with the user.
-    pub const ACTIVE: &str = "active";
+    pub(crate) const ACTIVE: &str = "active";
     /// A step waits for an event (`waiting_for`).
     pub const WAITING: &str = "waiting";
     /// The user paused it; `start_flow` with the same flow resumes it.
-    pub const PAUSED: &str = "paused";
-    pub const DONE: &str = "done";
+    pub(crate) const PAUSED: &str = "paused";
+    pub(crate) const DONE: &str = "done";
     /// The user left it.
-    pub const LEFT: &str = "left";
+    pub(crate) const LEFT: &str = "left";
     /// Idle too long; the companion may mention it once.
-    pub const EXPIRED: &str = "expired";
+    pub(crate) const EXPIRED: &str = "expired";
 
     /// Still counts as the user's flow with this companion.
-    pub fn is_open(s: &str) -> bool {
+    pub(crate) fn is_open(s: &str) -> bool {
         matches!(s, ACTIVE | WAITING | PAUSED)
     }
 }
@@ -38,11 +38,11 @@ pub mod status {
 pub struct FlowState {
     pub flow: String,
     pub step: String,
-    pub slots: Map<String, Value>,
+    pub(crate) slots: Map<String, Value>,
     pub status: String,
     /// `<kind>:<id>` of the event a waiting step waits for.
     pub waiting_for: Option<String>,
-    pub updated_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
 }
 
 fn state_of(r: &PgRow) -> FlowState {
@@ -156,7 +156,7 @@ async fn apply<E>(
 
 /// Ends the user's open flow with the companion when it was last changed before `idle_since`; whether
 /// this call ended it.
-pub async fn expire_idle(
+pub(crate) async fn expire_idle(
     pool: &PgPool,
     user: &str,
     bot: &str,

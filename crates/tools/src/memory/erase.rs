@@ -68,14 +68,14 @@ pub struct MemoryCheck {
 
 /// What a deletion removed (counts, never text): the log, and the record of its job's steps.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Removed {
-    pub history_rows: u64,
-    pub facts: u64,
-    pub summaries: u64,
-    pub scrubbed_steps: u64,
-    pub reminders: u64,
-    pub flows: u64,
-    pub stream_messages: u64,
+pub(crate) struct Removed {
+    pub(crate) history_rows: u64,
+    pub(crate) facts: u64,
+    pub(crate) summaries: u64,
+    pub(crate) scrubbed_steps: u64,
+    pub(crate) reminders: u64,
+    pub(crate) flows: u64,
+    pub(crate) stream_messages: u64,
 }
 
 #[derive(Deserialize)]
@@ -92,7 +92,7 @@ fn hex24(s: &str) -> bool {
 
 impl Memory {
     /// Whether the user was erased.
-    pub async fn is_erased(&self, user: &str) -> Result<bool, MemoryError> {
+    pub(crate) async fn is_erased(&self, user: &str) -> Result<bool, MemoryError> {
         Ok(self.probe(user, "", &[]).await?.gone)
     }
 
@@ -138,7 +138,7 @@ impl Memory {
     /// Acts on a deletion signal of `kind` about `id`, the stream's message `seq`: a job of the journal
     /// (`<kind>:<id>:<seq>`) whose steps each run once, whatever is redelivered or killed between them;
     /// its row, `done`, with the counts its steps recorded, is the record of the deletion.
-    pub async fn on_signal(
+    pub(crate) async fn on_signal(
         &self,
         journal: &Journal,
         bus: &Bus,
@@ -548,7 +548,7 @@ impl Memory {
     /// deletion's own scrub had run.
     /// Scrubs every step of the job `job`, an extraction that ran while its user was erased: what it
     /// recorded after the erasure's own scrub (the model's answer) goes too.
-    pub async fn scrub_erased_job(&self, job: &str) -> Result<u64, MemoryError> {
+    pub(crate) async fn scrub_erased_job(&self, job: &str) -> Result<u64, MemoryError> {
         let mut tx = self.pool.begin().await?;
         let n = scrub(
             &mut tx,

@@ -53,24 +53,24 @@ use crate::journal::names::step::{
 };
 
 /// What the extraction job needs besides memory's store.
-pub struct Extractor<'a> {
-    pub memory: &'a Memory,
-    pub journal: &'a Journal,
-    pub llm: &'a LlmClient,
-    pub bus: &'a Bus,
+pub(crate) struct Extractor<'a> {
+    pub(crate) memory: &'a Memory,
+    pub(crate) journal: &'a Journal,
+    pub(crate) llm: &'a LlmClient,
+    pub(crate) bus: &'a Bus,
     /// The model used (the cheaper one).
-    pub model: &'a str,
+    pub(crate) model: &'a str,
     /// `COMPANION_HISTORY_LIMIT`: what has left it goes into the summary.
-    pub history_limit: i64,
+    pub(crate) history_limit: i64,
     /// The companion's name, for the prompts.
-    pub companion: &'a str,
+    pub(crate) companion: &'a str,
     /// The spend budgets: extraction is paid by the service and waits while its budget is used up.
-    pub spend: Option<&'a crate::spend::SpendGuard>,
+    pub(crate) spend: Option<&'a crate::spend::SpendGuard>,
 }
 
 /// How a run ended.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Extracted {
+pub(crate) enum Extracted {
     /// No message to read.
     NothingNew,
     /// An earlier run with the same cursors and batch settled it.
@@ -120,7 +120,7 @@ struct CitedLine {
 impl Extractor<'_> {
     /// Runs the extraction of (user, bot) from where the cursors stand, again from the new cursors when a
     /// concurrent run read the same messages first or a full batch leaves more (at most a few passes).
-    pub async fn extract(&self, user: &str, bot: &str) -> Result<Extracted, MemoryError> {
+    pub(crate) async fn extract(&self, user: &str, bot: &str) -> Result<Extracted, MemoryError> {
         if self.memory.is_erased(user).await? {
             return Ok(Extracted::Erased);
         }
@@ -648,7 +648,7 @@ fn parse_facts(answer: &str, numbered: &[&CitedLine], job: &str) -> Vec<NewFact>
 
 /// Whether the crisis screen flags a fact, read as written (third person) and as the user would have
 /// said it ("wants to die" → "i want to die"): the screen is tuned on what users write.
-pub fn flagged(fact: &str) -> bool {
+pub(crate) fn flagged(fact: &str) -> bool {
     use crate::safety::screen::screen;
     if screen(fact).is_some() {
         return true;
@@ -678,7 +678,7 @@ pub fn flagged(fact: &str) -> bool {
 }
 
 /// The id of the `n`-th fact of `origin` (a job, or a turn's tool call).
-pub fn fact_id(origin: &str, n: usize) -> String {
+pub(crate) fn fact_id(origin: &str, n: usize) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(format!("{origin}\n{n}").as_bytes());
     digest[..12].iter().map(|b| format!("{b:02x}")).collect()
@@ -727,7 +727,7 @@ impl Memory {
 
     /// Publishes the extraction signal of (user, bot) now; `tag` tells repeats apart (the stream drops a
     /// duplicate id within its window).
-    pub async fn signal_now(
+    pub(crate) async fn signal_now(
         &self,
         bus: &Bus,
         user: &str,

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use sqlx::PgPool;
 
 pub use erase::MemoryCheck;
-pub use store::Fact;
-pub use topic::Topic;
+pub(crate) use store::Fact;
+pub(crate) use topic::Topic;
 
 use crate::{
     config::MemoryConfig,
@@ -39,7 +39,7 @@ use crate::{
 };
 
 /// Longest fact, in characters.
-pub const FACT_MAX: usize = 300;
+pub(crate) const FACT_MAX: usize = 300;
 
 /// The signal kind that runs a user's extraction with one companion: `<prefix>.signal.memory.<user>.<bot>`.
 pub const KIND: &str = "memory";
@@ -92,10 +92,10 @@ impl Classify for MemoryError {
 /// Memory's store and settings, shared by the turns, the tools and the extraction job.
 #[derive(Clone)]
 pub struct Memory {
-    pub pool: PgPool,
+    pub(crate) pool: PgPool,
     /// Embeds facts (and `forget`'s words); `None` when the model is not installed: facts are kept and
     /// pinned ones recalled, without similarity.
-    pub embedder: Option<Arc<Embedder>>,
+    pub(crate) embedder: Option<Arc<Embedder>>,
     pub config: MemoryConfig,
 }
 
@@ -109,7 +109,7 @@ impl Memory {
     }
 
     /// The embedding of `text`, or `None` without a model.
-    pub async fn embed(&self, text: &str) -> Result<Option<Vec<f32>>, MemoryError> {
+    pub(crate) async fn embed(&self, text: &str) -> Result<Option<Vec<f32>>, MemoryError> {
         match &self.embedder {
             Some(e) => Ok(Some(e.embed_one(text).await?)),
             None => Ok(None),

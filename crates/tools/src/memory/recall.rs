@@ -12,20 +12,20 @@ use super::{Memory, MemoryError, Topic};
 
 /// One recalled fact.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Recalled {
-    pub topic: Topic,
-    pub fact: String,
+pub(crate) struct Recalled {
+    pub(crate) topic: Topic,
+    pub(crate) fact: String,
     /// Cosine similarity to the message (related facts only).
-    pub score: Option<f32>,
+    pub(crate) score: Option<f32>,
 }
 
 /// What a turn recalls.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Recall {
-    pub pinned: Vec<Recalled>,
+    pub(crate) pinned: Vec<Recalled>,
     /// Best first, each at least the threshold close to the message.
-    pub related: Vec<Recalled>,
-    pub summary: String,
+    pub(crate) related: Vec<Recalled>,
+    pub(crate) summary: String,
 }
 
 impl Recall {

@@ -19,7 +19,7 @@ use super::{
 use crate::store::pg::lock_history;
 
 /// Cosine similarity from which two facts of a topic say the same thing.
-pub const DUPLICATE_SIMILARITY: f32 = 0.85;
+pub(crate) const DUPLICATE_SIMILARITY: f32 = 0.85;
 
 /// How a fact was learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,7 +32,7 @@ pub enum How {
 }
 
 impl How {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             How::Extracted => "extracted",
             How::Remembered => "remembered",
@@ -43,15 +43,15 @@ impl How {
 /// One fact as kept.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Fact {
-    pub id: String,
-    pub topic: Topic,
-    pub fact: String,
+    pub(crate) id: String,
+    pub(crate) topic: Topic,
+    pub(crate) fact: String,
     /// The user messages (dm_messages ids) it was learned from.
-    pub sources: Vec<String>,
+    pub(crate) sources: Vec<String>,
     /// The companion that learned it (its bot id).
-    pub learned_by: String,
-    pub how: How,
-    pub learned_at: DateTime<Utc>,
+    pub(crate) learned_by: String,
+    pub(crate) how: How,
+    pub(crate) learned_at: DateTime<Utc>,
 }
 
 /// A fact to keep.
@@ -100,7 +100,7 @@ const FACT_COLUMNS: &str = "id, topic, fact, sources, learned_by, how, learned_a
 /// `user_erased` takes ([`lock_history`]): an erasure then either committed before (and the answer is
 /// [`Writer::Erased`]) or waits until this transaction ends (and deletes what it wrote). Taking them
 /// again in one transaction is harmless.
-pub async fn one_writer(
+pub(crate) async fn one_writer(
     tx: &mut PgConnection,
     user: &str,
     bot: &str,
@@ -125,7 +125,7 @@ pub async fn one_writer(
 /// What [`one_writer`] found once it held the locks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
-pub enum Writer {
+pub(crate) enum Writer {
     /// Memory of the user may be written.
     Open,
     /// The user is erased: nothing of theirs is written again.
@@ -236,7 +236,7 @@ impl Memory {
     /// content word of it ("that I ride goofy" → "rides goofy"); failing those, the facts at least
     /// `similarity` close to its embedding, or the closest one if at least `floor` close. None may
     /// match: the caller says so.
-    pub async fn forget(
+    pub(crate) async fn forget(
         tx: &mut PgConnection,
         user: &str,
         bot: &str,

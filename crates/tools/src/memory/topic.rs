@@ -20,7 +20,7 @@ pub enum Topic {
 }
 
 impl Topic {
-    pub const ALL: [Topic; 11] = [
+    pub(crate) const ALL: [Topic; 11] = [
         Topic::Name,
         Topic::Level,
         Topic::Stance,
@@ -34,7 +34,7 @@ impl Topic {
         Topic::Other,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Topic::Name => "name",
             Topic::Level => "level",
@@ -50,13 +50,13 @@ impl Topic {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Topic> {
+    pub(crate) fn parse(s: &str) -> Option<Topic> {
         let s = s.trim().to_ascii_lowercase().replace([' ', '-'], "_");
         Topic::ALL.into_iter().find(|t| t.as_str() == s)
     }
 
     /// One value at a time: a newer fact replaces the older.
-    pub fn single(self) -> bool {
+    pub(crate) fn single(self) -> bool {
         matches!(
             self,
             Topic::Name | Topic::Level | Topic::Stance | Topic::HomeSpot
@@ -64,12 +64,12 @@ impl Topic {
     }
 
     /// In every prompt of the user's DM with the companion, whatever the message.
-    pub fn pinned(self) -> bool {
+    pub(crate) fn pinned(self) -> bool {
         self.single()
     }
 
     /// How the prompt labels it.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Topic::Name => "name",
             Topic::Level => "level",
@@ -197,7 +197,7 @@ const RULES: &[(Topic, &[&str])] = &[
 ];
 
 /// The topic a fact's words suggest; [`Topic::Other`] when none does.
-pub fn topic_of(fact: &str) -> Topic {
+pub(crate) fn topic_of(fact: &str) -> Topic {
     let f = fact.to_lowercase();
     RULES
         .iter()
@@ -235,7 +235,7 @@ mod tests {
 /// A remembered statement as facts of one topic each: "rides goofy and home park is Glenhaven" is two,
 /// so forgetting one leaves the other. Split at ";", "," and " and " only when two parts name different
 /// topics; a part of no topic stays with the one before it ("home park is Glenhaven and Burnside").
-pub fn one_topic_each(statement: &str) -> Vec<(Topic, String)> {
+pub(crate) fn one_topic_each(statement: &str) -> Vec<(Topic, String)> {
     let parts: Vec<&str> = statement
         .split(';')
         .flat_map(|p| p.split(','))
@@ -268,7 +268,7 @@ pub fn one_topic_each(statement: &str) -> Vec<(Topic, String)> {
 /// What a request to forget names: a topic alone ("my stance", "what I told you about my goals"), or the
 /// words of a fact ("that I ride goofy"), as stemmed content words.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Named {
+pub(crate) enum Named {
     Topic(Topic),
     Words(Vec<String>),
 }
@@ -356,7 +356,7 @@ fn named_topic(word: &str) -> Option<Topic> {
 
 /// A word, lower case, without a plural or third-person `s` ("rides" → "ride", "injuries" →
 /// "injury"), so "I ride goofy" meets "rides goofy".
-pub fn stem(word: &str) -> String {
+pub(crate) fn stem(word: &str) -> String {
     let w = word.to_lowercase();
     if let Some(base) = w.strip_suffix("ies").filter(|b| b.len() >= 2) {
         return format!("{base}y");
@@ -368,7 +368,7 @@ pub fn stem(word: &str) -> String {
 }
 
 /// The stemmed content words of `text`.
-pub fn content_words(text: &str) -> Vec<String> {
+pub(crate) fn content_words(text: &str) -> Vec<String> {
     text.split(|c: char| !(c.is_alphanumeric() || c == '\''))
         .map(|w| w.trim_matches('\'').to_lowercase())
         .filter(|w| !w.is_empty() && !FILLER.contains(&w.as_str()))
@@ -377,7 +377,7 @@ pub fn content_words(text: &str) -> Vec<String> {
 }
 
 /// What `about` names: a topic when every content word names the same one, else its content words.
-pub fn named(about: &str) -> Named {
+pub(crate) fn named(about: &str) -> Named {
     let words = content_words(about);
     let topics: Vec<Option<Topic>> = words.iter().map(|w| named_topic(w)).collect();
     match topics.first() {

@@ -11,14 +11,14 @@ use crate::store::reminders::ReminderState;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     /// From schedule_reminder or your context's pending reminders.
     #[serde(rename = "reminderId")]
     #[schemars(length(min = 1, max = 64))]
-    pub reminder_id: String,
+    pub(crate) reminder_id: String,
 }
 
-pub struct CancelReminder {
+pub(crate) struct CancelReminder {
     /// The service's database.
     pg: crate::store::Pg,
 }

@@ -14,45 +14,45 @@ use super::{
 use crate::store::mongo::{SPOT_DRAFTS, is_duplicate_key};
 
 /// Longest maps link accepted.
-pub const URL_MAX: usize = 2048;
+pub(crate) const URL_MAX: usize = 2048;
 /// Longest place field (city, state, country).
-pub const PLACE_MAX: usize = 100;
+pub(crate) const PLACE_MAX: usize = 100;
 /// Longest description.
-pub const DESCRIPTION_MAX: usize = 1000;
+pub(crate) const DESCRIPTION_MAX: usize = 1000;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     #[schemars(length(min = 1, max = NAME_MAX), regex(pattern = r"\S"))]
-    pub name: String,
+    pub(crate) name: String,
     #[serde(rename = "type")]
-    pub kind: SpotType,
+    pub(crate) kind: SpotType,
     // Coordinates are read from it ([`maps::parse`]) unless latitude and longitude are given.
     /// Google or Apple Maps link, as shared.
     #[serde(default, rename = "mapsUrl")]
     #[schemars(length(min = 1, max = URL_MAX))]
-    pub maps_url: Option<String>,
+    pub(crate) maps_url: Option<String>,
     #[serde(default)]
     #[schemars(range(min = -90.0, max = 90.0))]
-    pub latitude: Option<f64>,
+    pub(crate) latitude: Option<f64>,
     #[serde(default)]
     #[schemars(range(min = -180.0, max = 180.0))]
-    pub longitude: Option<f64>,
+    pub(crate) longitude: Option<f64>,
     #[serde(default)]
     #[schemars(length(min = 1, max = PLACE_MAX))]
-    pub city: Option<String>,
+    pub(crate) city: Option<String>,
     #[serde(default)]
     #[schemars(length(min = 1, max = PLACE_MAX))]
-    pub state: Option<String>,
+    pub(crate) state: Option<String>,
     #[serde(default)]
     #[schemars(length(min = 1, max = PLACE_MAX))]
-    pub country: Option<String>,
+    pub(crate) country: Option<String>,
     #[serde(default)]
     #[schemars(length(min = 1, max = DESCRIPTION_MAX))]
-    pub description: Option<String>,
+    pub(crate) description: Option<String>,
 }
 
-pub struct CreateSpotDraft {
+pub(crate) struct CreateSpotDraft {
     mongo: crate::store::Mongo,
     /// Things a user may create per rolling hour (the write quota).
     writes_per_hour: u32,

@@ -17,27 +17,27 @@ use super::{
 use crate::store::mongo::{TRICKLISTS, TRICKS, is_duplicate_key, user_ref};
 
 /// Most tricks requested in one list.
-pub const TRICKS_MAX: usize = 30;
+pub(crate) const TRICKS_MAX: usize = 30;
 /// Longest requested trick name.
-pub const TRICK_NAME_MAX: usize = 60;
+pub(crate) const TRICK_NAME_MAX: usize = 60;
 /// Upper bound on trickipedia entries loaded for matching.
 const TRICKIPEDIA_MAX: i64 = 5000;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     #[schemars(length(min = 1, max = NAME_MAX), regex(pattern = r"\S"))]
-    pub name: String,
+    pub(crate) name: String,
     // Each is matched against the trickipedia ([`resolve_trick`]).
     #[schemars(length(min = 1, max = TRICKS_MAX), inner(length(min = 1, max = TRICK_NAME_MAX)))]
-    pub tricks: Vec<String>,
+    pub(crate) tricks: Vec<String>,
     // Tricks of this sport are preferred when names repeat.
     /// Default skateboard.
     #[serde(default)]
-    pub category: Option<Category>,
+    pub(crate) category: Option<Category>,
 }
 
-pub struct CreateTricklist {
+pub(crate) struct CreateTricklist {
     mongo: crate::store::Mongo,
     /// Things a user may create per rolling hour (the write quota).
     writes_per_hour: u32,
@@ -45,10 +45,10 @@ pub struct CreateTricklist {
 
 /// One trickipedia entry, for matching.
 #[derive(Clone, Debug)]
-pub struct TrickRef {
-    pub id: ObjectId,
-    pub name: String,
-    pub category: Option<String>,
+pub(crate) struct TrickRef {
+    pub(crate) id: ObjectId,
+    pub(crate) name: String,
+    pub(crate) category: Option<String>,
 }
 
 impl Tool for CreateTricklist {
@@ -145,7 +145,7 @@ impl Tool for CreateTricklist {
 }
 
 /// The `data` of a `tricklist_card`.
-pub fn tricklist_card_data(
+pub(crate) fn tricklist_card_data(
     id: ObjectId,
     name: &Value,
     trick_count: usize,
@@ -192,7 +192,7 @@ fn squash(s: &str) -> String {
 /// Finds the trick a requested name means: case-insensitive exact name first, then the same letters and
 /// digits ("kick flip"), then a name starting with them ("50-50" → "50-50 Grind", shortest wins), then a
 /// plural. Entries of `category` win over others at every step.
-pub fn resolve_trick<'a>(
+pub(crate) fn resolve_trick<'a>(
     requested: &str,
     pedia: &'a [TrickRef],
     category: &str,

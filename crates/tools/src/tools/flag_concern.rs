@@ -41,7 +41,7 @@ pub struct Args {
     pub concern: Concern,
 }
 
-pub struct FlagConcern;
+pub(crate) struct FlagConcern;
 
 impl Tool for FlagConcern {
     const NAME: &'static str = NAME;

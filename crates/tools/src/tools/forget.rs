@@ -21,13 +21,13 @@ const CLOSEST: f32 = 0.4;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     /// What to forget, in your words ("that they ride goofy"); resolve "that" from the chat.
     #[schemars(length(min = 1, max = 200), regex(pattern = r"\S"))]
-    pub about: String,
+    pub(crate) about: String,
 }
 
-pub struct Forget;
+pub(crate) struct Forget;
 
 impl Tool for Forget {
     const NAME: &'static str = "forget";

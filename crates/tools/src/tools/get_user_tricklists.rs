@@ -10,18 +10,18 @@ use super::{Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStore
 use crate::store::mongo::{TRICKLISTS, Tricklist, tricklist_of, user_ref_filter};
 
 /// Most lists returned.
-pub const LISTS_MAX: i64 = 20;
+pub(crate) const LISTS_MAX: i64 = 20;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     /// Filter: text in the list's name.
     #[serde(default, rename = "listName")]
     #[schemars(length(min = 1, max = NAME_MAX))]
-    pub list_name: Option<String>,
+    pub(crate) list_name: Option<String>,
 }
 
-pub struct GetUserTricklists {
+pub(crate) struct GetUserTricklists {
     mongo: crate::store::Mongo,
 }
 
@@ -69,7 +69,7 @@ impl Tool for GetUserTricklists {
 }
 
 /// A resolved tricklist for the model.
-pub fn list_json(l: &Tricklist) -> Value {
+pub(crate) fn list_json(l: &Tricklist) -> Value {
     let landed = l.tricks.iter().filter(|t| t.checked).count();
     json!({
         "_id": l.id.to_hex(),

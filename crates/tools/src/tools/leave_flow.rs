@@ -10,14 +10,14 @@ use crate::flow::state::{self, Applied, status};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     // False drops the flow.
     /// Keep progress to resume later.
     #[serde(default)]
-    pub pause: bool,
+    pub(crate) pause: bool,
 }
 
-pub struct LeaveFlow;
+pub(crate) struct LeaveFlow;
 
 impl Tool for LeaveFlow {
     const NAME: &'static str = "leave_flow";

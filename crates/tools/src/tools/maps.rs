@@ -9,17 +9,17 @@ use url::Url;
 
 /// What a maps link says.
 #[derive(Clone, Debug, PartialEq)]
-pub struct MapsLink {
+pub(crate) struct MapsLink {
     /// Latitude and longitude, range-checked.
-    pub coords: Option<(f64, f64)>,
+    pub(crate) coords: Option<(f64, f64)>,
     /// A short link whose target is unknown offline.
-    pub short: bool,
-    pub provider: &'static str,
+    pub(crate) short: bool,
+    pub(crate) provider: &'static str,
 }
 
 /// Why a link was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum MapsError {
+pub(crate) enum MapsError {
     #[error("is not a URL")]
     NotUrl,
     #[error("is not a Google Maps or Apple Maps link")]
@@ -28,7 +28,7 @@ pub enum MapsError {
     OutOfRange,
 }
 
-pub fn parse(text: &str) -> Result<MapsLink, MapsError> {
+pub(crate) fn parse(text: &str) -> Result<MapsLink, MapsError> {
     let url = Url::parse(text.trim()).map_err(|_| MapsError::NotUrl)?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(MapsError::NotUrl);

@@ -12,17 +12,17 @@ use crate::store::mongo::{TRICKLISTS, user_ref_filter};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     // The name as on the list; case, spaces and dashes do not matter ([`key`]).
     #[schemars(length(min = 1, max = NAME_MAX))]
-    pub trick: String,
+    pub(crate) trick: String,
     /// Only when the trick is on several lists.
     #[serde(default, rename = "tricklistId")]
     #[schemars(regex(pattern = r"^[0-9a-fA-F]{24}$"))]
-    pub tricklist_id: Option<String>,
+    pub(crate) tricklist_id: Option<String>,
 }
 
-pub struct MarkTrickLanded {
+pub(crate) struct MarkTrickLanded {
     mongo: crate::store::Mongo,
 }
 

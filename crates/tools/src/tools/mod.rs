@@ -19,25 +19,25 @@
 //!
 //! What a call gave the model is kept as a [`ToolRecord`], the journal's record of the call.
 
-pub mod cancel_reminder;
-pub mod create_spot_draft;
-pub mod create_tricklist;
+pub(crate) mod cancel_reminder;
+pub(crate) mod create_spot_draft;
+pub(crate) mod create_tricklist;
 pub mod flag_concern;
-pub mod forget;
-pub mod get_user_tricklists;
-pub mod leave_flow;
-pub mod maps;
-pub mod mark_trick_landed;
+pub(crate) mod forget;
+pub(crate) mod get_user_tricklists;
+pub(crate) mod leave_flow;
+pub(crate) mod maps;
+pub(crate) mod mark_trick_landed;
 pub mod more_tools;
 pub mod offer;
-pub mod remember;
-pub mod schedule_reminder;
-pub mod schema;
-pub mod search_spots;
-pub mod search_trickipedia;
-pub mod set_flow_slots;
-pub mod share_content;
-pub mod start_flow;
+pub(crate) mod remember;
+pub(crate) mod schedule_reminder;
+pub(crate) mod schema;
+pub(crate) mod search_spots;
+pub(crate) mod search_trickipedia;
+pub(crate) mod set_flow_slots;
+pub(crate) mod share_content;
+pub(crate) mod start_flow;
 
 use std::{
     future::Future,
@@ -63,11 +63,11 @@ use crate::{
 use schema::ArgsSchema;
 
 /// Longest search text accepted from the model (bounds regex scans).
-pub const QUERY_MAX: usize = 100;
+pub(crate) const QUERY_MAX: usize = 100;
 /// Longest name (tricklist, spot) accepted.
-pub const NAME_MAX: usize = 100;
+pub(crate) const NAME_MAX: usize = 100;
 /// Raw argument text longer than this is refused before parsing.
-pub const MAX_ARGS_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_ARGS_BYTES: usize = 16 * 1024;
 
 /// One call: who it acts for (the event's sender and nothing else), where, its identity and its job. What
 /// a tool works with (stores, bounds) it holds itself ([`ToolStores`]).
@@ -157,14 +157,14 @@ pub fn call_key(tool_call_id: &str, tool: &str, raw_args: &str) -> String {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolOutput {
     pub data: Value,
-    pub card: Option<Value>,
+    pub(crate) card: Option<Value>,
 }
 
 impl ToolOutput {
-    pub fn data(data: Value) -> Self {
+    pub(crate) fn data(data: Value) -> Self {
         Self { data, card: None }
     }
-    pub fn with_card(data: Value, card: Option<Value>) -> Self {
+    pub(crate) fn with_card(data: Value, card: Option<Value>) -> Self {
         Self { data, card }
     }
 }
@@ -273,7 +273,7 @@ pub enum Group {
 }
 
 impl Group {
-    pub const ALL: [Group; 7] = [
+    pub(crate) const ALL: [Group; 7] = [
         Group::Tricks,
         Group::Lists,
         Group::Spots,
@@ -284,13 +284,13 @@ impl Group {
     ];
 
     /// The group's bit in an [`offer::Offer`].
-    pub const fn bit(self) -> u8 {
+    pub(crate) const fn bit(self) -> u8 {
         1 << self as u8
     }
 }
 
 /// A typed tool.
-pub trait Tool: Send + Sync + 'static {
+pub(crate) trait Tool: Send + Sync + 'static {
     const NAME: &'static str;
     /// The groups whose turns are offered this tool.
     const GROUPS: &'static [Group];
@@ -485,16 +485,16 @@ const MAX_RECORDED_ARGS: usize = 4000;
 pub struct ToolRecord {
     pub tool: String,
     /// The arguments as the model wrote them (at most 4000 characters).
-    pub args: String,
+    pub(crate) args: String,
     pub ok: bool,
     /// What the model reads: the data, or `{"error": …}`.
     pub content: Value,
     /// The card for the app, when the call made one.
     pub card: Option<Value>,
     /// Tool round of the turn (1 first).
-    pub round: u32,
+    pub(crate) round: u32,
     /// How long the call took, milliseconds.
-    pub ms: u64,
+    pub(crate) ms: u64,
 }
 
 impl ToolRecord {
@@ -629,7 +629,7 @@ impl Registry {
     }
 
     /// The names of the tools of `group`.
-    pub fn names_in(&self, group: Group) -> Vec<&'static str> {
+    pub(crate) fn names_in(&self, group: Group) -> Vec<&'static str> {
         self.defs
             .iter()
             .filter(|t| t.groups.contains(&group))
@@ -697,7 +697,7 @@ impl Toolbox {
 
 /// A regex source matching `text` literally: every ASCII punctuation character is escaped, which is
 /// literal in PCRE (MongoDB) and Python `re` (SecantusDB) alike, so `.*` or `(a+)+$` are just characters.
-pub fn literal_regex(text: &str) -> String {
+pub(crate) fn literal_regex(text: &str) -> String {
     let mut out = String::with_capacity(text.len() * 2);
     for c in text.chars() {
         if c.is_ascii_punctuation() && !matches!(c, '<' | '>') {
@@ -709,13 +709,13 @@ pub fn literal_regex(text: &str) -> String {
 }
 
 /// `{ $regex: <literal text>, $options: "i" }`: a case-insensitive substring match.
-pub fn contains_ci(text: &str) -> bson::Document {
+pub(crate) fn contains_ci(text: &str) -> bson::Document {
     bson::doc! { "$regex": literal_regex(text), "$options": "i" }
 }
 
 /// The identity of a document created by a call: the event message's timestamp followed by a stable
 /// hash of (message, tool, call id). A retried call computes the same `_id` and cannot insert twice.
-pub fn derived_id(message_id: ObjectId, tool: &str, tool_call_id: &str) -> ObjectId {
+pub(crate) fn derived_id(message_id: ObjectId, tool: &str, tool_call_id: &str) -> ObjectId {
     let m = message_id.bytes();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in m
@@ -736,7 +736,7 @@ pub fn derived_id(message_id: ObjectId, tool: &str, tool_call_id: &str) -> Objec
 /// Passes the write quota for this call or explains why not: a counted step of the turn's journal
 /// (tally `writes:<user>`, one hour), so every worker counts against the same limit and a retried call is
 /// not counted twice.
-pub async fn guard_write(
+pub(crate) async fn guard_write(
     ctx: &ToolContext<'_>,
     writes_per_hour: u32,
     tool: &str,
@@ -764,12 +764,12 @@ pub async fn guard_write(
 }
 
 /// Deep links the app opens.
-pub fn deep_link(kind: &str, id: ObjectId) -> String {
+pub(crate) fn deep_link(kind: &str, id: ObjectId) -> String {
     format!("trickbook://{kind}/{}", id.to_hex())
 }
 
 /// A string field of a document, if present and not blank.
-pub fn str_field(d: &bson::Document, key: &str) -> Option<String> {
+pub(crate) fn str_field(d: &bson::Document, key: &str) -> Option<String> {
     d.get_str(key)
         .ok()
         .filter(|s| !s.trim().is_empty())
@@ -777,7 +777,7 @@ pub fn str_field(d: &bson::Document, key: &str) -> Option<String> {
 }
 
 /// A numeric field as f64 (doubles and integers alike).
-pub fn num_field(d: &bson::Document, key: &str) -> Option<f64> {
+pub(crate) fn num_field(d: &bson::Document, key: &str) -> Option<f64> {
     match d.get(key)? {
         bson::Bson::Double(x) => Some(*x),
         bson::Bson::Int32(x) => Some(f64::from(*x)),

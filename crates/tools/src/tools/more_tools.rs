@@ -12,11 +12,11 @@ pub const NAME: &str = "more_tools";
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
-    pub group: Group,
+pub(crate) struct Args {
+    pub(crate) group: Group,
 }
 
-pub struct MoreTools;
+pub(crate) struct MoreTools;
 
 impl Tool for MoreTools {
     const NAME: &'static str = NAME;

@@ -11,7 +11,7 @@
 use super::Group;
 
 /// How many offers there are (one per set of groups).
-pub const OFFERS: usize = 1 << Group::ALL.len();
+pub(crate) const OFFERS: usize = 1 << Group::ALL.len();
 
 /// The groups offered to one turn.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -46,7 +46,7 @@ impl Offer {
         self.0 & g.bit() != 0
     }
 
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         usize::from(self.0)
     }
 }

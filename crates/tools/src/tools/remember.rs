@@ -20,13 +20,13 @@ use crate::{
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     /// About the user, third person ("rides goofy").
     #[schemars(length(min = 1, max = memory::FACT_MAX), regex(pattern = r"\S"))]
-    pub fact: String,
+    pub(crate) fact: String,
 }
 
-pub struct Remember;
+pub(crate) struct Remember;
 
 impl Tool for Remember {
     const NAME: &'static str = "remember";

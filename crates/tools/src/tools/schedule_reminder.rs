@@ -18,29 +18,29 @@ use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores, derived
 use crate::store::reminders::{Reminder, ReminderState};
 
 /// Longest reminder text.
-pub const TEXT_MAX: usize = 200;
+pub(crate) const TEXT_MAX: usize = 200;
 /// Furthest ahead a reminder may be.
-pub const MAX_AHEAD_DAYS: i64 = 30;
+pub(crate) const MAX_AHEAD_DAYS: i64 = 30;
 /// Pending reminders one user may have.
-pub const MAX_PENDING: i64 = 10;
+pub(crate) const MAX_PENDING: i64 = 10;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     // What to remind the user of, in a few words ("wax the board before saturday").
     #[schemars(length(min = 1, max = TEXT_MAX), regex(pattern = r"\S"))]
-    pub text: String,
+    pub(crate) text: String,
     // E.g. `2026-11-28T09:00:00-08:00`; at least the minimum lead and at most 30 days ahead.
     /// RFC 3339 with the user's UTC offset, 1 min to 30 days ahead.
     #[schemars(length(min = 1, max = 64))]
-    pub at: String,
+    pub(crate) at: String,
     // False: a reminder due in the user's quiet hours (23:00–07:00) is held to 07:00.
     /// The user wants this time even in night quiet hours.
     #[serde(default)]
-    pub exact: bool,
+    pub(crate) exact: bool,
 }
 
-pub struct ScheduleReminder {
+pub(crate) struct ScheduleReminder {
     /// The service's database.
     pg: crate::store::Pg,
     /// Where reminders are scheduled.
@@ -169,7 +169,7 @@ fn due_time(at: &str, now: DateTime<Utc>, min_lead: Duration) -> Result<DateTime
 
 /// `due`, or 07:00 local when it falls in the quiet hours (23:00–07:00) of the time zone `tz` (IANA name;
 /// none or unknown: no quiet hours).
-pub fn out_of_quiet_hours(due: DateTime<Utc>, tz: Option<&str>) -> DateTime<Utc> {
+pub(crate) fn out_of_quiet_hours(due: DateTime<Utc>, tz: Option<&str>) -> DateTime<Utc> {
     let Some(tz) = tz.and_then(|t| t.parse::<chrono_tz::Tz>().ok()) else {
         return due;
     };

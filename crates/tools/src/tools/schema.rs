@@ -19,14 +19,14 @@ pub struct ArgsSchema {
 
 impl ArgsSchema {
     /// The schema of arguments of type `T` ([`parameters_for`]).
-    pub fn of<T: JsonSchema>() -> Self {
+    pub(crate) fn of<T: JsonSchema>() -> Self {
         Self::compile(parameters_for::<T>()).expect(
             "a schema generated from an Args type compiles: the registry's test builds each",
         )
     }
 
     /// The schema `value`, compiled (draft 7; patterns by the `regex` crate, linear in the text).
-    pub fn compile(value: Value) -> Result<Self, String> {
+    pub(crate) fn compile(value: Value) -> Result<Self, String> {
         let validator = jsonschema::draft7::options()
             .with_pattern_options(PatternOptions::regex())
             .build(&value)
@@ -38,14 +38,14 @@ impl ArgsSchema {
     }
 
     /// The schema as the model is shown it.
-    pub fn value(&self) -> &Arc<Value> {
+    pub(crate) fn value(&self) -> &Arc<Value> {
         &self.value
     }
 
     /// Checks `args` against the schema. The violation reported is the first one, unless another names
     /// an argument no tool accepts; up to three more are named in its message, so the model can mend
     /// them all in one try.
-    pub fn validate(&self, args: &Value) -> Result<(), Violation> {
+    pub(crate) fn validate(&self, args: &Value) -> Result<(), Violation> {
         let mut found: Vec<Violation> = self
             .validator
             .iter_errors(args)
@@ -76,7 +76,7 @@ const MAX_REPORTED: usize = 4;
 /// The `parameters` schema of a tool whose arguments are `T`: inline (no `$ref`), without the
 /// meta-schema, titles or integer formats some providers reject, and with optional fields as plain
 /// (non-nullable) types. A `null` sent for an optional field is treated as absent (see [`normalize`]).
-pub fn parameters_for<T: JsonSchema>() -> Value {
+pub(crate) fn parameters_for<T: JsonSchema>() -> Value {
     let generator = SchemaSettings::draft07()
         .with(|s| {
             s.inline_subschemas = true;
@@ -138,15 +138,15 @@ fn tidy(v: &mut Value) {
 
 /// An argument that does not satisfy the schema: which field and why, for the model.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Violation {
-    pub field: String,
-    pub message: String,
+pub(crate) struct Violation {
+    pub(crate) field: String,
+    pub(crate) message: String,
     /// The field is one the schema does not accept at all.
-    pub unexpected: bool,
+    pub(crate) unexpected: bool,
 }
 
 /// Drops top-level `null` values of optional fields: models often send `"type": null` for "not given".
-pub fn normalize(schema: &Value, args: &mut Value) {
+pub(crate) fn normalize(schema: &Value, args: &mut Value) {
     let required: Vec<&str> = schema
         .get("required")
         .and_then(Value::as_array)

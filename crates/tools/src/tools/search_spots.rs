@@ -13,15 +13,15 @@ use super::{
 use crate::store::mongo::SPOTS;
 
 /// Most spots returned by one search.
-pub const LIMIT_MAX: u32 = 20;
+pub(crate) const LIMIT_MAX: u32 = 20;
 /// Spots returned when the model names no limit.
-pub const LIMIT_DEFAULT: u32 = 5;
+pub(crate) const LIMIT_DEFAULT: u32 = 5;
 
 // Kinds of spot in `ck_spots`. A plain comment: a doc comment here would become the `type` field's
 // description in the tools' schemas.
 #[derive(Clone, Copy, Debug, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum SpotType {
+pub(crate) enum SpotType {
     Skatepark,
     Street,
     Diy,
@@ -31,7 +31,7 @@ pub enum SpotType {
 }
 
 impl SpotType {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Skatepark => "skatepark",
             Self::Street => "street",
@@ -45,20 +45,20 @@ impl SpotType {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     // Looked for in the name, city, state, country and description, case-insensitively.
     /// Matched literally.
     #[schemars(length(min = 1, max = QUERY_MAX), regex(pattern = r"\S"))]
-    pub query: String,
+    pub(crate) query: String,
     #[serde(default, rename = "type")]
-    pub kind: Option<SpotType>,
+    pub(crate) kind: Option<SpotType>,
     /// Default 5.
     #[serde(default)]
     #[schemars(range(min = 1, max = LIMIT_MAX))]
-    pub limit: Option<u32>,
+    pub(crate) limit: Option<u32>,
 }
 
-pub struct SearchSpots {
+pub(crate) struct SearchSpots {
     mongo: crate::store::Mongo,
 }
 
@@ -110,7 +110,7 @@ impl Tool for SearchSpots {
 }
 
 /// A spot as the model and the app's cards see it.
-pub fn spot_summary(d: &Document) -> Option<Value> {
+pub(crate) fn spot_summary(d: &Document) -> Option<Value> {
     let id = d.get_object_id("_id").ok()?;
     Some(json!({
         "_id": id.to_hex(),

@@ -13,13 +13,13 @@ use super::{
 use crate::store::mongo::TRICKS;
 
 /// Most tricks returned.
-pub const LIMIT: i64 = 10;
+pub(crate) const LIMIT: i64 = 10;
 
 // Sports of the trickipedia. A plain comment: a doc comment here would become the `category` field's
 // description in the tools' schemas.
 #[derive(Clone, Copy, Debug, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum Category {
+pub(crate) enum Category {
     Skateboard,
     Snowboard,
     Bmx,
@@ -28,7 +28,7 @@ pub enum Category {
 }
 
 impl Category {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Skateboard => "skateboard",
             Self::Snowboard => "snowboard",
@@ -41,16 +41,16 @@ impl Category {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     // Looked for in trick names and descriptions, case-insensitively.
     /// Matched literally.
     #[schemars(length(min = 1, max = QUERY_MAX), regex(pattern = r"\S"))]
-    pub query: String,
+    pub(crate) query: String,
     #[serde(default)]
-    pub category: Option<Category>,
+    pub(crate) category: Option<Category>,
 }
 
-pub struct SearchTrickipedia {
+pub(crate) struct SearchTrickipedia {
     mongo: crate::store::Mongo,
 }
 
@@ -148,7 +148,7 @@ fn glimpse(d: &Document, sport: Option<&str>) -> Value {
 }
 
 /// The `trick_card` of a trick.
-pub fn trick_card(d: &Document) -> Option<Value> {
+pub(crate) fn trick_card(d: &Document) -> Option<Value> {
     let id = d.get_object_id("_id").ok()?;
     Some(json!({ "type": "trick_card", "data": {
         "_id": id.to_hex(), "name": str_field(d, "name"), "category": str_field(d, "category"),

@@ -15,13 +15,13 @@ use crate::flow::{
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     // As the step's `slots` describe them; validated against the step's schema.
     /// Values by slot name.
-    pub slots: Map<String, Value>,
+    pub(crate) slots: Map<String, Value>,
 }
 
-pub struct SetFlowSlots {
+pub(crate) struct SetFlowSlots {
     /// Every guided flow there is.
     flows: std::sync::Arc<crate::flow::Flows>,
     /// Each step's slot schema by flow and step, compiled once (why, when it does not compile).

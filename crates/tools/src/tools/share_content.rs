@@ -17,7 +17,7 @@ use crate::store::mongo::{SPOTS, TRICKLISTS, TRICKS};
 
 #[derive(Clone, Copy, Debug, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum ContentType {
+pub(crate) enum ContentType {
     Spot,
     Tricklist,
     Trick,
@@ -25,15 +25,15 @@ pub enum ContentType {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     #[serde(rename = "type")]
-    pub kind: ContentType,
+    pub(crate) kind: ContentType,
     /// From an earlier tool result.
     #[schemars(regex(pattern = r"^[0-9a-fA-F]{24}$"))]
-    pub id: String,
+    pub(crate) id: String,
 }
 
-pub struct ShareContent {
+pub(crate) struct ShareContent {
     mongo: crate::store::Mongo,
 }
 
@@ -103,7 +103,7 @@ impl Tool for ShareContent {
 }
 
 /// The user a tricklist's `user` field refers to: a DBRef, a plain ObjectId or its hex string.
-pub fn owner_of(user: Option<&Bson>) -> Option<ObjectId> {
+pub(crate) fn owner_of(user: Option<&Bson>) -> Option<ObjectId> {
     match user? {
         Bson::Document(d) => d.get_object_id("$id").ok(),
         Bson::ObjectId(o) => Some(*o),

@@ -13,13 +13,13 @@ use crate::flow::{
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Args {
+pub(crate) struct Args {
     /// An id offered in your context.
     #[schemars(length(min = 1, max = 64))]
-    pub flow: String,
+    pub(crate) flow: String,
 }
 
-pub struct StartFlow {
+pub(crate) struct StartFlow {
     /// Every guided flow there is.
     flows: std::sync::Arc<crate::flow::Flows>,
 }
