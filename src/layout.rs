@@ -49,13 +49,13 @@ fn entries(dir: &Path) -> BTreeSet<String> {
         .collect()
 }
 
-/// The block's lines under the top-level line `top` (up to the next top-level line).
-fn section<'a>(block: &[&'a str], top: &str) -> Vec<&'a str> {
-    block
+/// The lines under the line that names `name` at `indent`, up to the next line naming anything there.
+fn section<'a>(lines: &[&'a str], name: &str, indent: usize) -> Vec<&'a str> {
+    lines
         .iter()
-        .skip_while(|l| names(l, 0) != [top])
+        .skip_while(|l| names(l, indent) != [name])
         .skip(1)
-        .take_while(|l| names(l, 0).is_empty())
+        .take_while(|l| names(l, indent).is_empty())
         .copied()
         .collect()
 }
@@ -84,11 +84,11 @@ fn the_layout_in_the_docs_names_every_source_file_and_only_files_that_exist() {
     };
     compare(
         "src/",
-        listed(&section(&block, "src/"), 2),
+        listed(&section(&block, "src/", 0), 2),
         entries(&root.join("src")),
         &mut wrong,
     );
-    let crates = section(&block, "crates/");
+    let crates = section(&block, "crates/", 0);
     compare(
         "crates/",
         listed(&crates, 2),
@@ -96,16 +96,9 @@ fn the_layout_in_the_docs_names_every_source_file_and_only_files_that_exist() {
         &mut wrong,
     );
     for krate in entries(&root.join("crates")) {
-        let lines: Vec<&str> = crates
-            .iter()
-            .skip_while(|l| names(l, 2) != [krate.as_str()])
-            .skip(1)
-            .take_while(|l| names(l, 2).is_empty())
-            .copied()
-            .collect();
         compare(
             &format!("crates/{krate}src/"),
-            listed(&lines, 4),
+            listed(&section(&crates, &krate, 2), 4),
             entries(&root.join("crates").join(&krate).join("src")),
             &mut wrong,
         );
