@@ -214,7 +214,7 @@ pub(crate) struct Admission {
 impl Admission {
     /// How many companions there are.
     pub(crate) fn companions(&self) -> usize {
-        self.characters.len()
+        self.characters.count()
     }
 
     /// Whether `id` is one of the companions' users.

@@ -264,12 +264,8 @@ impl Characters {
     }
 
     /// The characters loaded, with a bot id or not yet resolved to one.
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.by_bot.len() + self.unresolved.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -302,7 +298,7 @@ mod tests {
     fn shipped_characters_load_and_are_complete() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../characters");
         let chars = Characters::load(&dir).unwrap();
-        assert_eq!(chars.len(), 5);
+        assert_eq!(chars.count(), 5);
         for (_, c) in chars.iter() {
             assert!(!c.failure_line.is_empty(), "{} has a failure line", c.id);
             assert!(c.message_examples.len() >= 3, "{} has examples", c.id);
