@@ -115,11 +115,12 @@ block="$(awk '
     if (named) {
       split("unit integration dev other", kinds, " ")
       for (k = 1; k <= 4; k++) {
-        n = 0
+        # Index 0 holds the sum of one kind.
+        n = 0; passed[0] = 0; failed[0] = 0; ignored[0] = 0
         for (j = 1; j <= kept; j++) {
           i = keep[j]
           if (kind[i] != kinds[k]) continue
-          if (n++ == 0) { passed[0] = 0; failed[0] = 0; ignored[0] = 0 }
+          n++
           passed[0] += passed[i]; failed[0] += failed[i]; ignored[0] += ignored[i]
         }
         if (n > 0) line = line (line == "" ? "" : "; ") tests(kinds[k] (n > 1 ? " (" n " crates)" : ""), 0)
