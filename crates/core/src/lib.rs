@@ -8,5 +8,3 @@ pub mod failure;
 pub mod fault;
 pub mod metrics;
 pub mod timing;
-
-pub use config::Config;
