@@ -46,7 +46,7 @@ pub mod testing;
 pub use companion_core::config::{self, Config};
 
 // The lower layers (`crates/`), under the names the modules here use.
-use companion_core::{failure, metrics, timing};
+use companion_core::{failure, genai, metrics, timing};
 use companion_journal as journal;
 use companion_knowledge::{character, rag};
 use companion_llm as llm;

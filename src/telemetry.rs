@@ -66,11 +66,20 @@ pub fn init(config: &LogConfig) -> Telemetry {
     let endpoint = config.otel_endpoint.trim();
     #[cfg(feature = "otel")]
     match (&provider, otel_error) {
-        (Some(_), _) => tracing::info!(
-            endpoint,
-            service = %config.otel_service_name,
-            "exporting spans over OTLP/HTTP"
-        ),
+        (Some(_), _) => {
+            crate::genai::set_capture(config.trace_content);
+            tracing::info!(
+                endpoint,
+                service = %config.otel_service_name,
+                content = config.trace_content,
+                "exporting spans over OTLP/HTTP"
+            );
+            if config.trace_content {
+                tracing::warn!(
+                    "COMPANION_TRACE_CONTENT is on: message text goes on the exported spans, beyond the reach of a later deletion (staging only)"
+                );
+            }
+        }
         (None, Some(e)) => tracing::error!(error = %e, "span export not started"),
         (None, None) => {}
     }
@@ -145,8 +154,13 @@ pub(crate) mod otel {
         pub service: Option<String>,
         pub name: String,
         pub trace_id: String,
+        pub span_id: String,
+        /// Empty for a trace's root.
+        pub parent_id: String,
         /// String forms of the attribute values.
         pub attributes: std::collections::BTreeMap<String, String>,
+        /// The span's events: name and attributes.
+        pub events: Vec<(String, std::collections::BTreeMap<String, String>)>,
     }
 
     /// The spans in the body of an OTLP/HTTP protobuf trace export (what a collector receives at
@@ -168,6 +182,12 @@ pub(crate) mod otel {
             Some(other) => format!("{other:?}"),
             None => String::new(),
         };
+        let hex = |b: &[u8]| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let attributes = |kvs: &[opentelemetry_proto::tonic::common::v1::KeyValue]| {
+            kvs.iter()
+                .map(|kv| (kv.key.clone(), text(&kv.value)))
+                .collect()
+        };
         let request = ExportTraceServiceRequest::decode(body)?;
         let mut out = Vec::new();
         for rs in request.resource_spans {
@@ -180,13 +200,16 @@ pub(crate) mod otel {
             for span in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
                 out.push(ExportedSpan {
                     service: service.clone(),
-                    name: span.name,
-                    trace_id: span.trace_id.iter().map(|b| format!("{b:02x}")).collect(),
-                    attributes: span
-                        .attributes
+                    trace_id: hex(&span.trace_id),
+                    span_id: hex(&span.span_id),
+                    parent_id: hex(&span.parent_span_id),
+                    attributes: attributes(&span.attributes),
+                    events: span
+                        .events
                         .iter()
-                        .map(|kv| (kv.key.clone(), text(&kv.value)))
+                        .map(|e| (e.name.clone(), attributes(&e.attributes)))
                         .collect(),
+                    name: span.name,
                 });
             }
         }

@@ -19,6 +19,7 @@ use super::{
 };
 use crate::{
     bus::Bus,
+    genai,
     journal::{
         Admission, Job,
         names::{step, tally},
@@ -127,6 +128,11 @@ impl Incoming {
                 }
             })
             .await?;
+        let layer = screened
+            .decision
+            .as_ref()
+            .map_or("none", |d| d.layer.as_str());
+        genai::Safety::Screened { layer }.record();
         Ok(screened.decision)
     }
 
@@ -215,6 +221,11 @@ impl Incoming {
         warn!(message = %m.id, category = flagged.category.as_str(), lang = %flagged.lang,
               layer = flagged.layer.as_str(), referred = flagged.referred,
               "a user message was flagged for a crisis");
+        genai::Safety::Flagged {
+            category: flagged.category.as_str(),
+            layer: flagged.layer.as_str(),
+        }
+        .record();
         Ok(flagged)
     }
 
@@ -247,6 +258,10 @@ impl Incoming {
             "crisis referral fixed"
         );
         self.metrics.inc(&CRISIS_REFERRALS, &labels(f));
+        genai::Safety::Referral {
+            category: f.category.as_str(),
+        }
+        .record();
         reply
     }
 

@@ -135,6 +135,21 @@ pub(crate) struct Ids {
 }
 
 impl Admitted<'_> {
+    /// The GenAI agent span of companion `m` doing this job.
+    pub(crate) fn agent_span(&self, m: Member<'_>) -> tracing::Span {
+        let kind = match self.kind {
+            Kind::Dm(_) => "dm",
+            Kind::Group { .. } => "group",
+            Kind::FollowUp { .. } => "follow_up",
+        };
+        crate::genai::agent(
+            &m.character.name,
+            &m.bot.to_hex(),
+            &self.ids.conversation,
+            kind,
+        )
+    }
+
     pub(crate) fn new_job(&self, stream_seq: Option<u64>) -> NewJob<'_> {
         NewJob {
             id: &self.ids.job,

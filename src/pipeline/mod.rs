@@ -38,7 +38,7 @@ use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tracing::info;
+use tracing::{Instrument as _, info};
 
 pub use burst::Burst;
 pub(crate) use input::Input;
@@ -47,6 +47,7 @@ use crate::{
     bus::{BusError, event::EventLimits, event::InvalidEvent},
     conversation_order::{Order, OrderError},
     failure::{Class, Classify},
+    genai,
     group::Route,
     journal::{
         Attempt, Job, Journal, JournalError, State,
@@ -320,18 +321,28 @@ impl Pipeline {
                 });
             }
             let new_job = admitted.new_job(arrival.map(|d| d.seq));
-            let job = stage(Stage::Journal, self.journal.open(&new_job)).await?;
-            let attempt =
-                job.attempt(async |job| Box::pin(self.conduct(job, &admitted, arrival)).await);
-            match Box::pin(attempt).await? {
-                Attempt::Ran(settled) => Ok::<_, PipelineError>(settled),
-                Attempt::Settled => {
-                    info!(state = ?job.record.state, attempts = job.record.attempts, "already settled; acknowledging");
-                    let settled = already_settled(&job);
-                    self.end.count(&admitted, &settled.outcome, false);
-                    Ok(settled)
+            let run = async {
+                let job = stage(Stage::Journal, self.journal.open(&new_job)).await?;
+                let attempt =
+                    job.attempt(async |job| Box::pin(self.conduct(job, &admitted, arrival)).await);
+                match Box::pin(attempt).await? {
+                    Attempt::Ran(settled) => Ok::<_, PipelineError>(settled),
+                    Attempt::Settled => {
+                        info!(state = ?job.record.state, attempts = job.record.attempts, "already settled; acknowledging");
+                        let settled = already_settled(&job);
+                        self.end.count(&admitted, &settled.outcome, false);
+                        Ok(settled)
+                    }
                 }
+            };
+            // A group's companions each get their agent span, around their slot ([`Pipeline::conduct`]).
+            if matches!(admitted.kind, Kind::Group { .. }) {
+                return run.await;
             }
+            let span = admitted.agent_span(admitted.members[0]);
+            let result = run.instrument(span.clone()).await;
+            settled_on(&span, &result);
+            result
         };
         // Type-erased: every caller (the worker, replay, a takeover's catch-up) awaits this one future.
         let work: std::pin::Pin<
@@ -374,10 +385,16 @@ impl Pipeline {
         // A message after one the reply model flagged (the gate read it) is answered with the safety
         // brief too.
         let briefed = crisis.is_some() || plan.after_flag;
+        let content = Box::pin(self.content_on_spans(a, briefed)).await?;
         // 7 and 8: each slot's message, fixed, then delivered.
         let mut said: Vec<Reply> = Vec::new();
         let mut fresh = 0;
         while let Some((speaker, handed_over)) = plan.next(&said, &a.members) {
+            // A group's companion is an agent of its own; a DM's slot is inside the job's agent span.
+            let agent = match plan.group {
+                Some(_) => a.agent_span(speaker),
+                None => tracing::Span::none(),
+            };
             let view = SlotView {
                 job,
                 admitted: a,
@@ -396,8 +413,9 @@ impl Pipeline {
                 .step(step::REPLY, slot.reply(job.record.generation))
                 .run(Box::pin(async {
                     fresh += 1;
-                    self.fix(&view).await
+                    genai::with_content(content, self.fix(&view)).await
                 }))
+                .instrument(agent.clone())
                 .await?;
             said.push(line);
             // The messages before are recorded as delivered before another companion starts: a crash
@@ -410,7 +428,14 @@ impl Pipeline {
             let out = self
                 .delivery
                 .deliver(job, a, slot, &burst, &said[said.len() - 1], how);
-            match Box::pin(out).await? {
+            let delivered = Box::pin(out).instrument(agent.clone()).await?;
+            let (outcome, reason) = match delivered {
+                Delivered::Out => ("answered", None),
+                Delivered::Deleted | Delivered::Withdrawn => ("dropped", Some(DELETED)),
+                Delivered::Paused => ("held", None),
+            };
+            genai::outcome(&agent, outcome, reason);
+            match delivered {
                 Delivered::Out => {}
                 Delivered::Deleted | Delivered::Withdrawn => {
                     return Box::pin(self.deleted_meanwhile(job, a)).await;
@@ -435,6 +460,20 @@ impl Pipeline {
             remember: true,
         };
         Box::pin(self.end.answered(job, a, ending)).await
+    }
+
+    /// Whether the job's model calls may carry message text on their spans: only when the process
+    /// captures content, and never for a minor, a message answered with the safety brief, or a
+    /// conversation where a message was ever flagged (its words come back as history).
+    async fn content_on_spans(
+        &self,
+        a: &Admitted<'_>,
+        briefed: bool,
+    ) -> Result<bool, PipelineError> {
+        if !genai::capturing() || briefed || a.age.is_minor() {
+            return Ok(false);
+        }
+        Ok(!self.journal.crisis_in(&a.ids.conversation).await?)
     }
 
     /// Stage 7 of a slot: its message composed (after the crisis protocol when the model flagged a
@@ -563,6 +602,7 @@ impl Pipeline {
         a: &Admitted<'_>,
         burst: &Burst,
     ) -> Result<Settled, PipelineError> {
+        genai::Safety::Held.record();
         self.delivery.keep_unanswered(job, a, burst).await?;
         self.end.held(job, burst).await
     }
@@ -666,6 +706,27 @@ impl Pipeline {
 }
 
 /// `fut`, unless the attempt's deadline passes first.
+/// Records how the job ended on its agent span.
+fn settled_on(span: &tracing::Span, result: &Result<Settled, PipelineError>) {
+    match result {
+        Ok(s) => {
+            let reason = match &s.outcome {
+                Outcome::Dropped { reason } => Some(reason.as_str()),
+                _ => None,
+            };
+            genai::outcome(span, s.outcome.name(), reason);
+        }
+        Err(e) => {
+            let class = match e.class() {
+                Class::Transient => "transient",
+                Class::Permanent => "permanent",
+                Class::Reject => "reject",
+            };
+            genai::outcome(span, "failed", Some(class));
+        }
+    }
+}
+
 async fn within<T, E: Into<PipelineError>>(
     deadline: tokio::time::Instant,
     secs: u64,

@@ -16,6 +16,7 @@ use tracing::warn;
 use super::{PipelineError, Reply, input::Admitted, input::Kind};
 use crate::{
     bus::event::clean_text,
+    genai,
     group::Member,
     metrics::{Metric, Metrics},
     safety::{
@@ -89,6 +90,7 @@ impl Outgoing {
                 "the output check blocked a companion message; the safe line goes instead"
             );
             self.metrics.inc(&OUTPUT_BLOCKED, &[("found", what)]);
+            genai::Safety::OutputReplaced { category: what }.record();
             said.content = self.clean.text(&c.safe_line);
             said.rich_content = None;
         }

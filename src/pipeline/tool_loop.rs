@@ -21,10 +21,11 @@
 use std::{collections::HashSet, time::Instant};
 
 use serde_json::Value;
-use tracing::{debug, info, warn};
+use tracing::{Instrument as _, debug, info, warn};
 
 use super::PipelineError;
 use crate::{
+    genai,
     journal::{JournalError, names::step},
     llm::{CallBudget, ChatRequest, LlmClient, Message, ToolCall},
     metrics::{Metric, Metrics},
@@ -215,12 +216,25 @@ async fn run_calls(
             job.step(step::TOOL, key)
                 .lazy()
                 .run(async {
+                    let span = genai::tool(name, &call.id);
                     let started = Instant::now();
-                    let result = cx.toolbox.dispatch(name, args, &ctx).await;
+                    let result = cx
+                        .toolbox
+                        .dispatch(name, args, &ctx)
+                        .instrument(span.clone())
+                        .await;
                     let ms = started.elapsed().as_millis() as u64;
-                    let record = result.record(args, round, ms)?;
+                    let record = result.record(args, round, ms);
+                    let outcome = match &record {
+                        Ok(r) if r.ok => "ok",
+                        _ => "error",
+                    };
+                    span.record("companion.tool.outcome", outcome);
+                    if outcome != "ok" {
+                        genai::failed(&span, "tool_error");
+                    }
+                    let record = record?;
                     info!(tool = %record.tool, ok = record.ok, ms, round, "tool call");
-                    let outcome = if record.ok { "ok" } else { "error" };
                     let labels = [("tool", record.tool.as_str()), ("outcome", outcome)];
                     cx.metrics.inc(&TOOL_CALLS, &labels);
                     Ok::<_, PipelineError>(record)

@@ -1,4 +1,5 @@
-//! The operations endpoint of a running worker: `/healthz`, `/readyz` and `/metrics` counting a real turn.
+//! The operations endpoint of a running worker: `/healthz`, `/readyz` and `/metrics` counting a real turn
+//! (the GenAI client histograms among them).
 
 use crate::env::*;
 use companion::testing::ops_http;
@@ -48,6 +49,17 @@ async fn health_readiness_and_metrics_reflect_a_real_turn() {
         "{metrics}"
     );
     assert!(metrics.contains("companion_llm_tokens_total{"), "{metrics}");
+    // The GenAI client histograms, in Prometheus form, for the one model call.
+    let call = format!(
+        "gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"openai\",gen_ai_request_model=\"{model}\",gen_ai_response_model=\"{model}\""
+    );
+    for series in [
+        format!("gen_ai_client_operation_duration_seconds_count{{{call}}} 1"),
+        format!("gen_ai_client_token_usage_count{{{call},gen_ai_token_type=\"input\"}} 1"),
+        format!("gen_ai_client_token_usage_count{{{call},gen_ai_token_type=\"output\"}} 1"),
+    ] {
+        assert!(metrics.contains(&series), "{series} in\n{metrics}");
+    }
     assert!(
         metrics.contains("companion_turn_seconds_count 1"),
         "{metrics}"

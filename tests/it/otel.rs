@@ -1,15 +1,20 @@
 //! OpenTelemetry export (feature `otel`): a real worker process, with `OTEL_EXPORTER_OTLP_ENDPOINT`
-//! pointing at a collector in this test, answers a DM; after it stops, the collector holds the `turn`
-//! span with the event's ids, under the configured service name.
+//! pointing at a collector in this test, answers DMs; after it stops, the collector holds each job's
+//! trace in the GenAI semantic conventions' shape (`invoke_agent`, `chat`, `execute_tool`, the safety
+//! events), with message text only where content capture is on and allowed.
 //!
-//! `cargo test --features otel --test otel` (without the feature this file compiles to nothing).
+//! `cargo test --features otel --test it otel::` (without the feature this file compiles to nothing).
 
-use std::sync::{Arc, Mutex};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+};
 
 use crate::env::*;
 use axum::{Router, body::Bytes, extract::State, routing::post};
 use companion::testing::telemetry::otel::{ExportedSpan, decode_export};
-use companion_dev::stub::{StubReply, always};
+use companion_dev::stub::{StubReply, scripted};
+use serde_json::json;
 
 /// An OTLP/HTTP collector that keeps every trace export request body.
 async fn collector() -> (String, Arc<Mutex<Vec<Bytes>>>) {
@@ -35,50 +40,222 @@ async fn collector() -> (String, Arc<Mutex<Vec<Bytes>>>) {
     (format!("http://{addr}"), bodies)
 }
 
-#[tokio::test]
-async fn a_real_turn_is_exported_as_a_turn_span_with_its_event_id() {
-    let (endpoint, bodies) = collector().await;
-    let env = TestEnv::new(always(StubReply::text("traced!"))).await;
-    let mut worker = env.spawn_worker_process(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-        ("OTEL_SERVICE_NAME", "companion-test"),
-    ]);
-    let event = env.dm(JESS, KAORI, JESS_KAORI, "are you traced?").await;
-    let reply = env.turn(&event).await;
-    assert_eq!(reply.content, "traced!");
-    sigterm(&worker);
-    let status = wait_exit(&mut worker, std::time::Duration::from_secs(30)).await;
-    assert!(status.success(), "{status}");
-
-    let spans: Vec<ExportedSpan> = bodies
+/// Every span the collector received.
+fn exported(bodies: &Mutex<Vec<Bytes>>) -> Vec<ExportedSpan> {
+    bodies
         .lock()
         .unwrap()
         .iter()
         .flat_map(|b| decode_export(b).expect("an OTLP protobuf trace export"))
-        .collect();
+        .collect()
+}
+
+/// The agent span of the job of message `id` (the child of the `turn` span with its `event_id`), and
+/// every span under it.
+fn job<'a>(spans: &'a [ExportedSpan], id: &str) -> (&'a ExportedSpan, Vec<&'a ExportedSpan>) {
+    let names = || spans.iter().map(|s| s.name.as_str()).collect::<Vec<_>>();
     let turn = spans
         .iter()
-        .find(|s| s.name == "turn" && s.attributes.get("event_id") == Some(&event.message_id))
-        .unwrap_or_else(|| {
-            panic!(
-                "no `turn` span for {} among {:?}",
-                event.message_id,
-                spans.iter().map(|s| &s.name).collect::<Vec<_>>()
-            )
-        });
-    assert_eq!(turn.service.as_deref(), Some("companion-test"));
-    assert_eq!(turn.attributes["conversation_id"], JESS_KAORI);
-    assert_eq!(turn.attributes["bot_id"], KAORI);
-    assert_eq!(turn.attributes["delivery"], "1");
-    // The spans inside the turn belong to its trace.
-    let inside = spans
+        .find(|s| s.name == "turn" && s.attributes.get("event_id").map(String::as_str) == Some(id))
+        .unwrap_or_else(|| panic!("no `turn` span for {id} among {:?}", names()));
+    let agent = spans
         .iter()
-        .filter(|s| s.trace_id == turn.trace_id && s.name != "turn")
-        .count();
-    eprintln!(
-        "{} spans exported; {inside} inside the turn's trace",
-        spans.len()
+        .find(|s| s.parent_id == turn.span_id && s.name.starts_with("invoke_agent "))
+        .unwrap_or_else(|| panic!("no agent span under the turn among {:?}", names()));
+    let mut under = vec![];
+    let mut frontier = vec![agent.span_id.as_str()];
+    while let Some(parent) = frontier.pop() {
+        for s in spans.iter().filter(|s| s.parent_id == parent) {
+            under.push(s);
+            frontier.push(&s.span_id);
+        }
+    }
+    (agent, under)
+}
+
+/// Whether any attribute or event of `spans` holds `text`, or any message attribute at all.
+fn holds_text(spans: &[&ExportedSpan], text: &str) -> Option<String> {
+    const MESSAGES: [&str; 3] = [
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.system_instructions",
+    ];
+    let values = |a: &BTreeMap<String, String>| {
+        a.iter()
+            .find(|(k, v)| MESSAGES.contains(&k.as_str()) || v.contains(text))
+            .map(|(k, _)| k.clone())
+    };
+    spans.iter().find_map(|s| {
+        values(&s.attributes)
+            .or_else(|| s.events.iter().find_map(|(_, a)| values(a)))
+            .map(|k| format!("{}: {k}", s.name))
+    })
+}
+
+fn tool_then_text() -> companion_dev::stub::Responder {
+    scripted(
+        vec![
+            StubReply::tool("search_spots", json!({"query": "Portland"})),
+            StubReply::text("found a couple of spots for you!"),
+        ],
+        StubReply::text("more?"),
+    )
+}
+
+#[tokio::test]
+async fn a_dm_with_a_tool_call_is_an_agent_span_with_two_chat_spans_and_a_tool_span() {
+    let (endpoint, bodies) = collector().await;
+    let env = TestEnv::new(tool_then_text()).await;
+    let mut worker = env.spawn_worker_process(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ("OTEL_SERVICE_NAME", "companion-test"),
+    ]);
+    let said = "any spots in portland? my secret plan is 7391";
+    let event = env.dm(JESS, KAORI, JESS_KAORI, said).await;
+    let reply = env.turn(&event).await;
+    assert_eq!(reply.content, "found a couple of spots for you!");
+    sigterm(&worker);
+    let status = wait_exit(&mut worker, std::time::Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}");
+
+    let spans = exported(&bodies);
+    let (agent, under) = job(&spans, &event.message_id);
+    assert_eq!(agent.service.as_deref(), Some("companion-test"));
+    assert_eq!(agent.name, "invoke_agent Kaori");
+    let a = &agent.attributes;
+    assert_eq!(a["gen_ai.operation.name"], "invoke_agent");
+    assert_eq!(a["gen_ai.agent.name"], "Kaori");
+    assert_eq!(a["gen_ai.agent.id"], KAORI);
+    assert_eq!(a["gen_ai.conversation.id"], JESS_KAORI);
+    assert_eq!(a["companion.job.kind"], "dm");
+    assert_eq!(a["companion.job.outcome"], "answered");
+
+    let model = &env.config.llm.model;
+    let chats: Vec<_> = under
+        .iter()
+        .filter(|s| s.name.starts_with("chat "))
+        .collect();
+    assert_eq!(
+        chats.len(),
+        2,
+        "{:?}",
+        under.iter().map(|s| &s.name).collect::<Vec<_>>()
     );
-    assert!(inside > 0, "no span inside the turn's trace");
+    for (chat, finish) in chats.iter().zip(["[\"tool_calls\"]", "[\"stop\"]"]) {
+        let c = &chat.attributes;
+        assert_eq!(chat.name, format!("chat {model}"));
+        assert_eq!(c["gen_ai.operation.name"], "chat");
+        assert_eq!(c["gen_ai.provider.name"], "openai");
+        assert_eq!(&c["gen_ai.request.model"], model);
+        assert_eq!(&c["gen_ai.response.model"], model);
+        assert_eq!(c["gen_ai.response.finish_reasons"], finish);
+        for tokens in ["gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"] {
+            let n: u64 = c[tokens].parse().unwrap();
+            assert!(n > 0, "{tokens} = {n}");
+        }
+    }
+    assert!(chats[0].attributes["companion.tools_offered"].contains("search_spots"));
+    let tools: Vec<_> = under
+        .iter()
+        .filter(|s| s.name.starts_with("execute_tool "))
+        .collect();
+    assert_eq!(tools.len(), 1);
+    let t = &tools[0].attributes;
+    assert_eq!(tools[0].name, "execute_tool search_spots");
+    assert_eq!(t["gen_ai.operation.name"], "execute_tool");
+    assert_eq!(t["gen_ai.tool.name"], "search_spots");
+    assert!(!t["gen_ai.tool.call.id"].is_empty());
+    assert_eq!(t["companion.tool.outcome"], "ok");
+    // The safety screen's decision is an event: its layer, no text.
+    let screened: Vec<_> = std::iter::once(agent)
+        .chain(under.iter().copied())
+        .flat_map(|s| &s.events)
+        .filter(|(name, _)| name == "companion.safety.screened")
+        .collect();
+    assert_eq!(screened.len(), 1, "{screened:?}");
+    assert_eq!(screened[0].1["companion.safety.layer"], "none");
+    // Content capture is off: no message text anywhere.
+    let all: Vec<&ExportedSpan> = spans.iter().collect();
+    assert_eq!(holds_text(&all, "7391"), None);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn with_content_capture_the_messages_are_on_the_spans_except_in_a_crisis_conversation() {
+    let (endpoint, bodies) = collector().await;
+    let env = TestEnv::new(tool_then_text()).await;
+    let mut worker = env.spawn_worker_process(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ("COMPANION_TRACE_CONTENT", "true"),
+    ]);
+    let plain = env
+        .dm(JESS, KAORI, JESS_KAORI, "spots near 4471 main st?")
+        .await;
+    env.turn(&plain).await;
+    let sam = env.conversation(SAM, KAORI).await;
+    let crisis = env
+        .dm(
+            SAM,
+            KAORI,
+            &sam,
+            "honestly i just want to die, i don't see the point anymore",
+        )
+        .await;
+    // The referral's completion comes first; the job settles after the companion's own answer.
+    env.turn(&crisis).await;
+    env.settled(&crisis.message_id).await;
+    // A later message of the flagged conversation brings the flagged one back as history.
+    let later = env
+        .dm(SAM, KAORI, &sam, "anyway, spots near 5582 oak ave?")
+        .await;
+    env.turn(&later).await;
+    sigterm(&worker);
+    let status = wait_exit(&mut worker, std::time::Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}");
+
+    let spans = exported(&bodies);
+    let (_, under) = job(&spans, &plain.message_id);
+    let chats: Vec<_> = under
+        .iter()
+        .filter(|s| s.name.starts_with("chat "))
+        .collect();
+    assert_eq!(chats.len(), 2);
+    let input = &chats[0].attributes["gen_ai.input.messages"];
+    let input: serde_json::Value = serde_json::from_str(input).unwrap();
+    assert!(
+        input.to_string().contains("spots near 4471 main st?"),
+        "{input}"
+    );
+    let output: serde_json::Value =
+        serde_json::from_str(&chats[1].attributes["gen_ai.output.messages"]).unwrap();
+    assert_eq!(
+        output[0]["parts"][0],
+        json!({"type": "text", "content": "found a couple of spots for you!"})
+    );
+    assert!(
+        chats[0]
+            .attributes
+            .contains_key("gen_ai.system_instructions")
+    );
+
+    // The crisis message's job: flagged (by the rules, no text), and no message on any span.
+    let (agent, under) = job(&spans, &crisis.message_id);
+    let flagged: Vec<_> = std::iter::once(agent)
+        .chain(under.iter().copied())
+        .flat_map(|s| &s.events)
+        .filter(|(name, _)| name == "companion.safety.flagged")
+        .collect();
+    assert_eq!(flagged.len(), 1, "{flagged:?}");
+    assert_eq!(flagged[0].1["companion.safety.layer"], "rules");
+    assert_eq!(flagged[0].1["companion.safety.category"], "self_harm");
+    let mut crisis_spans = under.clone();
+    crisis_spans.push(agent);
+    assert_eq!(holds_text(&crisis_spans, "want to die"), None);
+    let (agent, under) = job(&spans, &later.message_id);
+    let mut later_spans = under.clone();
+    later_spans.push(agent);
+    assert!(under.iter().any(|s| s.name.starts_with("chat ")));
+    assert_eq!(holds_text(&later_spans, "want to die"), None);
+    assert_eq!(holds_text(&later_spans, "5582 oak"), None);
     env.finish().await;
 }

@@ -1168,6 +1168,19 @@ pub struct LogConfig {
         global = true
     )]
     pub otel_service_name: String,
+    /// Put the model calls' messages on the exported spans (`gen_ai.input.messages`,
+    /// `gen_ai.output.messages`). For staging only: what was exported is beyond a later deletion's
+    /// reach. Never for a minor, a crisis-flagged conversation or a message answered with the safety
+    /// brief (docs/operations.md, "Traces").
+    #[arg(
+        id = "trace-content",
+        long = "trace-content",
+        env = "COMPANION_TRACE_CONTENT",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        global = true
+    )]
+    pub trace_content: bool,
 }
 
 /// Every section: what a worker uses (and what the bench and the tests hand to worker processes).
@@ -1218,6 +1231,7 @@ impl Default for LogConfig {
             format: LogFormat::Text,
             otel_endpoint: String::new(),
             otel_service_name: "companion".into(),
+            trace_content: false,
         }
     }
 }

@@ -42,6 +42,17 @@ type Amounts = Family<LabelSet, Counter<f64, AtomicU64>>;
 type Gauges = Family<LabelSet, Gauge<f64, AtomicU64>>;
 type Levels = Family<LabelSet, Gauge>;
 type Histograms = Family<LabelSet, Histogram, fn() -> Histogram>;
+type Bucketed = Family<LabelSet, Histogram, Buckets>;
+
+/// Makes a histogram series with the upper bounds its metric was declared with.
+#[derive(Clone, Copy)]
+struct Buckets(&'static [f64]);
+
+impl prometheus_client::metrics::family::MetricConstructor<Histogram> for Buckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(self.0.iter().copied())
+    }
+}
 
 /// Answers of the turns, by the time they took (`companion_turn_seconds`).
 const TURN_SECONDS: Metric = Metric::new(
@@ -75,6 +86,9 @@ pub struct Metrics {
     gauges: RwLock<HashMap<&'static str, Gauges>>,
     /// Whole values that go up and down: events waiting, a dependency up (1) or down (0).
     levels: RwLock<HashMap<&'static str, Levels>>,
+    /// Labelled histograms declared by their owners with their buckets (the model calls' tokens and
+    /// durations).
+    histograms: RwLock<HashMap<&'static str, Bucketed>>,
     turn_seconds: Histogram,
     stage_seconds: Histograms,
 }
@@ -96,6 +110,7 @@ impl Default for Metrics {
             amounts: Default::default(),
             gauges: Default::default(),
             levels: Default::default(),
+            histograms: Default::default(),
             turn_seconds,
             stage_seconds,
         }
@@ -170,6 +185,32 @@ impl Metrics {
         self.family(&self.levels, metric, metric.name).clear();
     }
 
+    /// One observation of histogram `metric`'s series `labels`; the series' upper bounds are `buckets`
+    /// (the first observation's, for the life of the process).
+    pub fn observe(&self, metric: &Metric, buckets: &'static [f64], labels: Labels<'_>, v: f64) {
+        if !v.is_finite() {
+            return;
+        }
+        let existing = self
+            .histograms
+            .read()
+            .expect("metrics lock")
+            .get(metric.name)
+            .cloned();
+        let family = existing.unwrap_or_else(|| {
+            let mut all = self.histograms.write().expect("metrics lock");
+            all.entry(metric.name)
+                .or_insert_with(|| {
+                    let f = Bucketed::new_with_constructor(Buckets(buckets));
+                    let mut registry = self.registry.lock().expect("metrics lock");
+                    registry.register(metric.name, metric.help, f.clone());
+                    f
+                })
+                .clone()
+        });
+        family.get_or_create(&owned(labels)).observe(v);
+    }
+
     /// Exports `histogram`, which its owner observes into (the embedder's batch sizes).
     pub fn register_histogram(&self, metric: &Metric, histogram: Histogram) {
         let mut registry = self.registry.lock().expect("metrics lock");
@@ -225,6 +266,7 @@ mod tests {
     const COST: Metric = Metric::new("companion_test_cost_usd_total", "Money spent");
     const RATIO: Metric = Metric::new("companion_test_ratio", "A share");
     const WAITING: Metric = Metric::new("companion_test_waiting", "Things waiting");
+    const TOKENS: Metric = Metric::new("companion_test_tokens", "Tokens used");
 
     #[test]
     fn series_render_under_their_names_with_help_and_type() {
@@ -237,6 +279,12 @@ mod tests {
         m.set_level(&WAITING, &[("stream", "IN")], 3);
         m.observe_turn(Duration::from_millis(70));
         m.observe_stage("llm", 0.002);
+        m.observe(
+            &TOKENS,
+            &[1.0, 16.0],
+            &[("gen_ai_token_type", "input")],
+            12.0,
+        );
         let text = m.render();
         for line in [
             "# HELP companion_test_served_total Things served, by kind.",
@@ -251,6 +299,10 @@ mod tests {
             "companion_turn_seconds_bucket{le=\"0.1\"} 1",
             "companion_turn_seconds_count 1",
             "companion_turn_stage_seconds_bucket{stage=\"llm\",le=\"0.0025\"} 1",
+            "# TYPE companion_test_tokens histogram",
+            "companion_test_tokens_bucket{gen_ai_token_type=\"input\",le=\"1\"} 0",
+            "companion_test_tokens_bucket{gen_ai_token_type=\"input\",le=\"16\"} 1",
+            "companion_test_tokens_sum{gen_ai_token_type=\"input\"} 12.0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }

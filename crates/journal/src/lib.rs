@@ -423,6 +423,19 @@ impl Journal {
         .await?)
     }
 
+    /// Whether a message of `conversation` was ever flagged as a crisis (a [`names::step::CRISIS`] step in
+    /// one of its jobs): its words may come back in any later prompt of the conversation.
+    pub async fn crisis_in(&self, conversation: &str) -> Result<bool, JournalError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM jobs j JOIN job_steps s ON s.job = j.id
+                            WHERE j.conversation_id = $1 AND s.name = $2)",
+        )
+        .bind(conversation)
+        .bind(names::step::CRISIS)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// The latest job of `conversation` held by a moderator's pause, created at or after `since` (when
     /// the pause began): its id, kind and inbound stream sequence, for the resume to answer it.
     pub async fn latest_held(

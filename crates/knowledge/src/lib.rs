@@ -4,5 +4,5 @@
 pub mod character;
 pub mod rag;
 
-use companion_core::{config, metrics, timing};
+use companion_core::{config, genai, metrics, timing};
 use companion_store::{bus, store};

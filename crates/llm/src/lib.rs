@@ -7,15 +7,22 @@
 
 pub mod moderation;
 pub mod prices;
+mod trace;
 
-use companion_core::{config, failure, metrics};
+use companion_core::{config, failure, genai, metrics};
 
-use std::{borrow::Cow, num::NonZeroU32, sync::Arc, time::Duration};
+use std::{
+    borrow::Cow,
+    num::NonZeroU32,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use reqwest::{StatusCode, header};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
+use tracing::Instrument as _;
 
 use crate::{
     config::{ExposeSecret, LlmConfig, Secret},
@@ -192,6 +199,9 @@ impl CallBudget {
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct ChatResponse {
+    /// The server's id of the answer.
+    #[serde(default)]
+    pub id: Option<String>,
     #[serde(default)]
     pub model: Option<String>,
     pub choices: Vec<Choice>,
@@ -400,6 +410,8 @@ impl RetryPolicy {
 pub struct LlmClient {
     http: reqwest::Client,
     url: String,
+    /// `gen_ai.provider.name` of the chat spans and histograms.
+    provider: &'static str,
     key: Secret,
     /// Tried in order after the request's own model.
     pub(crate) fallback_models: Vec<String>,
@@ -430,6 +442,7 @@ impl LlmClient {
         Ok(Self {
             http,
             url: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
+            provider: trace::provider(&config.base_url),
             key: config.api_key.clone(),
             fallback_models: config
                 .fallback_models
@@ -452,8 +465,15 @@ impl LlmClient {
         })
     }
 
-    /// Counts requests, outcomes, tokens and cost into the metrics.
-    fn count(&self, model: &str, result: &Result<ChatResponse, LlmError>) {
+    /// Counts requests, outcomes, tokens and cost into the metrics, and records the answer (or the
+    /// error) on the request's span.
+    fn count(
+        &self,
+        model: &str,
+        result: &Result<ChatResponse, LlmError>,
+        span: &tracing::Span,
+        took: Duration,
+    ) {
         let m = &self.metrics;
         let status = match result {
             Ok(_) => "ok".to_owned(),
@@ -474,6 +494,26 @@ impl LlmClient {
             Err(LlmError::OverBudget { .. }) => "over_budget".to_owned(),
         };
         m.inc(&REQUESTS, &[("model", model), ("status", &status)]);
+        let answered = result
+            .as_ref()
+            .ok()
+            .map(|r| r.model.as_deref().unwrap_or(model));
+        let op = genai::Operation {
+            name: "chat",
+            provider: self.provider,
+            request_model: model,
+            response_model: answered,
+            error: result.is_err().then_some(status.as_str()),
+        };
+        let tokens = result
+            .as_ref()
+            .ok()
+            .and_then(|r| r.usage.as_ref())
+            .map(|u| (u.prompt_tokens, u.completion_tokens));
+        op.observe(m, took.as_secs_f64(), tokens);
+        if result.is_err() {
+            genai::failed(span, &status);
+        }
         match result {
             Err(LlmError::Rejected { status: 402, body }) => {
                 m.inc(&OUT_OF_CREDITS, &[]);
@@ -492,6 +532,7 @@ impl LlmClient {
             let usage = r.usage.clone().unwrap_or_default();
             let answered = r.model.as_deref().unwrap_or(model);
             let cost = self.prices.cost(answered, &usage);
+            trace::answered(span, r, cost.usd);
             match cost.usd {
                 Some(usd) => m.add_f64(&COST_USD, &[("model", model)], usd),
                 None => m.inc(&UNPRICED, &[("model", model)]),
@@ -551,8 +592,10 @@ impl LlmClient {
                     b.take((body.len() as u64).div_ceil(4))?;
                 }
                 self.limiter.until_ready().await;
-                let result = self.send(model, body).await;
-                self.count(model, &result);
+                let span = trace::chat_span(self.provider, model, &req);
+                let started = Instant::now();
+                let result = self.send(model, body).instrument(span.clone()).await;
+                self.count(model, &result, &span, started.elapsed());
                 match result {
                     Ok(mut r) => {
                         // Usage is recorded under the model that answered; a server that does not say is

@@ -30,6 +30,7 @@ use ort::{
 };
 use tokenizers::{Encoding, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 use tokio::sync::oneshot;
+use tracing::Instrument as _;
 
 use prometheus_client::metrics::histogram::Histogram;
 
@@ -37,6 +38,8 @@ use crate::{config::EmbedSettings, metrics::Metric};
 
 /// Width of a MiniLM embedding.
 pub const DIM: usize = 384;
+/// The model's name on the `embeddings` spans.
+const MODEL_NAME: &str = "all-MiniLM-L6-v2";
 /// The model's max sequence length (sentence-transformers' `max_seq_length`), special tokens included.
 pub const MAX_TOKENS: usize = 256;
 /// Upper bound on padded tokens in one model run: bounds the activations ORT allocates for a batch.
@@ -261,11 +264,20 @@ impl Embedder {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
+        let span = crate::genai::embeddings(MODEL_NAME, texts.len());
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Request { texts, reply })
             .map_err(|_| EmbedError::Stopped)?;
-        rx.await.map_err(|_| EmbedError::Stopped)?
+        let result = rx
+            .instrument(span.clone())
+            .await
+            .map_err(|_| EmbedError::Stopped)
+            .and_then(|r| r);
+        if result.is_err() {
+            crate::genai::failed(&span, "embed_error");
+        }
+        result
     }
 
     /// Embeds one text.

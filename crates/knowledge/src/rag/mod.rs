@@ -217,6 +217,7 @@ impl Retriever {
         };
         let span = info_span!(
             "rag.retrieve",
+            otel.name = "retrieval",
             collections = %collections.join(","),
             threshold = self.threshold,
             hits = tracing::field::Empty,
