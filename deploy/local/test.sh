@@ -96,6 +96,9 @@ deploy/local/models.sh
 phase "Prometheus and promtool (deploy/local/prometheus.sh)"
 PROMETHEUS_BIN="$(deploy/local/prometheus.sh | tail -n 1)"
 export PROMETHEUS_BIN
+phase "Arize Phoenix, the LLM-observability server the trace test exports to (deploy/local/phoenix.sh)"
+PHOENIX_BIN="$(deploy/local/phoenix.sh | tail -n 1)"
+export PHOENIX_BIN
 eval "$(deploy/local/stack.sh env)"
 
 phase "the TB-Backend bridge's nats.js (npm ci)"
@@ -126,8 +129,8 @@ TEST_TMP="$(mktemp -d "$SYSTEM_TMP/companion-test.XXXXXX")"
 export TMPDIR="$TEST_TMP"
 phase "cargo test (unit tests and the integration tests against the stack)"
 cargo_test cargo test --workspace --all-targets --no-fail-fast || status=$?
-phase "cargo test, feature otel"
-cargo_test cargo test --features otel --test it otel:: || status=$?
+phase "cargo test, feature otel (the spans, in a collector and in Phoenix)"
+cargo_test cargo test --features otel --test it -- otel:: phoenix:: || status=$?
 export TMPDIR="$SYSTEM_TMP"
 if [[ "$status" -eq 0 ]]; then
   rm -rf -- "$TEST_TMP"

@@ -27,6 +27,8 @@ mod ops;
 mod order;
 #[cfg(feature = "otel")]
 mod otel;
+#[cfg(feature = "otel")]
+mod phoenix;
 mod outages;
 mod panics;
 mod proactive;

@@ -41,7 +41,7 @@ async fn collector() -> (String, Arc<Mutex<Vec<Bytes>>>) {
 }
 
 /// Every span the collector received.
-fn exported(bodies: &Mutex<Vec<Bytes>>) -> Vec<ExportedSpan> {
+pub(crate) fn exported(bodies: &Mutex<Vec<Bytes>>) -> Vec<ExportedSpan> {
     bodies
         .lock()
         .unwrap()
@@ -52,7 +52,7 @@ fn exported(bodies: &Mutex<Vec<Bytes>>) -> Vec<ExportedSpan> {
 
 /// The agent span of the job of message `id` (the child of the `turn` span with its `event_id`), and
 /// every span under it.
-fn job<'a>(spans: &'a [ExportedSpan], id: &str) -> (&'a ExportedSpan, Vec<&'a ExportedSpan>) {
+pub(crate) fn job<'a>(spans: &'a [ExportedSpan], id: &str) -> (&'a ExportedSpan, Vec<&'a ExportedSpan>) {
     let names = || spans.iter().map(|s| s.name.as_str()).collect::<Vec<_>>();
     let turn = spans
         .iter()
@@ -74,7 +74,7 @@ fn job<'a>(spans: &'a [ExportedSpan], id: &str) -> (&'a ExportedSpan, Vec<&'a Ex
 }
 
 /// Whether any attribute or event of `spans` holds `text`, or any message attribute at all.
-fn holds_text(spans: &[&ExportedSpan], text: &str) -> Option<String> {
+pub(crate) fn holds_text(spans: &[&ExportedSpan], text: &str) -> Option<String> {
     const MESSAGES: [&str; 3] = [
         "gen_ai.input.messages",
         "gen_ai.output.messages",
@@ -92,7 +92,7 @@ fn holds_text(spans: &[&ExportedSpan], text: &str) -> Option<String> {
     })
 }
 
-fn tool_then_text() -> companion_dev::stub::Responder {
+pub(crate) fn tool_then_text() -> companion_dev::stub::Responder {
     scripted(
         vec![
             StubReply::tool("search_spots", json!({"query": "Portland"})),
