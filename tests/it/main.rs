@@ -27,10 +27,10 @@ mod ops;
 mod order;
 #[cfg(feature = "otel")]
 mod otel;
-#[cfg(feature = "otel")]
-mod phoenix;
 mod outages;
 mod panics;
+#[cfg(feature = "otel")]
+mod phoenix;
 mod proactive;
 mod prompt_budget;
 mod provision;

@@ -1,7 +1,8 @@
 //! OpenTelemetry export (feature `otel`): a real worker process, with `OTEL_EXPORTER_OTLP_ENDPOINT`
 //! pointing at a collector in this test, answers DMs; after it stops, the collector holds each job's
 //! trace in the GenAI semantic conventions' shape (`invoke_agent`, `chat`, `execute_tool`, the safety
-//! events), with message text only where content capture is on and allowed.
+//! events), with message text only where content capture is on and allowed; `OTEL_TRACES_SAMPLER` decides
+//! which traces go out.
 //!
 //! `cargo test --features otel --test it otel::` (without the feature this file compiles to nothing).
 
@@ -52,7 +53,10 @@ pub(crate) fn exported(bodies: &Mutex<Vec<Bytes>>) -> Vec<ExportedSpan> {
 
 /// The agent span of the job of message `id` (the child of the `turn` span with its `event_id`), and
 /// every span under it.
-pub(crate) fn job<'a>(spans: &'a [ExportedSpan], id: &str) -> (&'a ExportedSpan, Vec<&'a ExportedSpan>) {
+pub(crate) fn job<'a>(
+    spans: &'a [ExportedSpan],
+    id: &str,
+) -> (&'a ExportedSpan, Vec<&'a ExportedSpan>) {
     let names = || spans.iter().map(|s| s.name.as_str()).collect::<Vec<_>>();
     let turn = spans
         .iter()
@@ -257,5 +261,27 @@ async fn with_content_capture_the_messages_are_on_the_spans_except_in_a_crisis_c
     assert!(under.iter().any(|s| s.name.starts_with("chat ")));
     assert_eq!(holds_text(&later_spans, "want to die"), None);
     assert_eq!(holds_text(&later_spans, "5582 oak"), None);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn the_standard_sampler_setting_is_respected() {
+    let (endpoint, bodies) = collector().await;
+    let env = TestEnv::new(tool_then_text()).await;
+    let mut worker = env.spawn_worker_process(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ("OTEL_TRACES_SAMPLER", "always_off"),
+    ]);
+    let event = env.dm(JESS, KAORI, JESS_KAORI, "spots in portland?").await;
+    env.turn(&event).await;
+    sigterm(&worker);
+    let status = wait_exit(&mut worker, std::time::Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}");
+    let spans = exported(&bodies);
+    assert!(
+        spans.is_empty(),
+        "{:?}",
+        spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
     env.finish().await;
 }

@@ -134,7 +134,10 @@ fn span(v: &Value) -> ExportedSpan {
 async fn exporting(env: &TestEnv, phoenix: &Phoenix, content: bool, turns: impl AsyncFnOnce()) {
     let mut worker = env.spawn_worker_process(&[
         ("OTEL_EXPORTER_OTLP_ENDPOINT", &phoenix.base),
-        ("COMPANION_TRACE_CONTENT", if content { "true" } else { "false" }),
+        (
+            "COMPANION_TRACE_CONTENT",
+            if content { "true" } else { "false" },
+        ),
     ]);
     turns().await;
     sigterm(&worker);
@@ -149,16 +152,28 @@ async fn phoenix_shows_the_agent_its_model_calls_and_its_tool_call_and_text_only
     let env = TestEnv::new(tool_then_text()).await;
 
     let secret = env
-        .dm(JESS, KAORI, JESS_KAORI, "spots in portland? my locker code is 7391")
+        .dm(
+            JESS,
+            KAORI,
+            JESS_KAORI,
+            "spots in portland? my locker code is 7391",
+        )
         .await;
     exporting(&env, &phoenix, false, async || {
         env.turn(&secret).await;
     })
     .await;
     let sam = env.conversation(SAM, KAORI).await;
-    let plain = env.dm(JESS, KAORI, JESS_KAORI, "and near 4471 main st?").await;
+    let plain = env
+        .dm(JESS, KAORI, JESS_KAORI, "and near 4471 main st?")
+        .await;
     let crisis = env
-        .dm(SAM, KAORI, &sam, "honestly i just want to die, i don't see the point anymore")
+        .dm(
+            SAM,
+            KAORI,
+            &sam,
+            "honestly i just want to die, i don't see the point anymore",
+        )
         .await;
     exporting(&env, &phoenix, true, async || {
         env.turn(&plain).await;
@@ -181,7 +196,11 @@ async fn phoenix_shows_the_agent_its_model_calls_and_its_tool_call_and_text_only
             break spans;
         }
         let late = tokio::time::Instant::now() > deadline;
-        assert!(!late, "not every turn reached Phoenix: {} spans", spans.len());
+        assert!(
+            !late,
+            "not every turn reached Phoenix: {} spans",
+            spans.len()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
 
@@ -194,7 +213,10 @@ async fn phoenix_shows_the_agent_its_model_calls_and_its_tool_call_and_text_only
     // Phoenix groups a conversation's traces as a session.
     assert_eq!(agent.attributes["session.id"], JESS_KAORI);
     let model = &env.config.llm.model;
-    let chats: Vec<_> = under.iter().filter(|s| s.name.starts_with("chat ")).collect();
+    let chats: Vec<_> = under
+        .iter()
+        .filter(|s| s.name.starts_with("chat "))
+        .collect();
     assert_eq!(chats.len(), 2);
     for chat in &chats {
         let a = &chat.attributes;
@@ -210,7 +232,10 @@ async fn phoenix_shows_the_agent_its_model_calls_and_its_tool_call_and_text_only
             assert_eq!(a[ours], a[theirs], "Phoenix's count is ours");
         }
     }
-    let tools: Vec<_> = under.iter().filter(|s| s.name.starts_with("execute_tool ")).collect();
+    let tools: Vec<_> = under
+        .iter()
+        .filter(|s| s.name.starts_with("execute_tool "))
+        .collect();
     assert_eq!(tools.len(), 1);
     assert_eq!(tools[0].name, "execute_tool search_spots");
     assert_eq!(tools[0].attributes["phoenix.span_kind"], "TOOL");
