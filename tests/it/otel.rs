@@ -285,3 +285,50 @@ async fn the_standard_sampler_setting_is_respected() {
     );
     env.finish().await;
 }
+
+#[tokio::test]
+async fn a_group_message_is_one_agent_span_per_companion_that_speaks_under_its_turn() {
+    use companion_dev::backend;
+    let (endpoint, bodies) = collector().await;
+    let env = TestEnv::new(companion_dev::stub::always(StubReply::text("here!"))).await;
+    let mut worker = env.spawn_worker_process(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)]);
+    let group = backend::create_group(&env.mongo, &[oid(JESS)], &[oid(KAORI), oid(TONY), oid(ZOE)])
+        .await
+        .unwrap();
+    let e =
+        backend::store_group_message(&env.mongo, group, oid(JESS), "Tony and kaori: first trick?")
+            .await
+            .unwrap();
+    backend::publish_group_message(&env.bus, &e).await.unwrap();
+    env.settled(&e.message_id).await;
+    sigterm(&worker);
+    let status = wait_exit(&mut worker, std::time::Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}");
+
+    let spans = exported(&bodies);
+    let turn = spans
+        .iter()
+        .find(|s| s.name == "turn" && s.attributes.get("event_id") == Some(&e.message_id))
+        .expect("the group message's turn span");
+    let agents: Vec<_> = spans
+        .iter()
+        .filter(|s| s.parent_id == turn.span_id && s.name.starts_with("invoke_agent "))
+        .collect();
+    let names: Vec<_> = agents.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["invoke_agent Tony", "invoke_agent Kaori"],
+        "in the order they spoke"
+    );
+    for agent in agents {
+        assert_eq!(agent.attributes["companion.job.kind"], "group");
+        assert_eq!(agent.attributes["companion.job.outcome"], "answered");
+        assert_eq!(agent.attributes["gen_ai.conversation.id"], group.to_hex());
+        let chats = spans
+            .iter()
+            .filter(|s| s.parent_id == agent.span_id && s.name.starts_with("chat "))
+            .count();
+        assert_eq!(chats, 1, "{}: its own model call", agent.name);
+    }
+    env.finish().await;
+}
