@@ -129,6 +129,12 @@ enum Command {
         #[command(flatten)]
         embed: EmbedSettings,
     },
+    /// Accept OTLP/HTTP trace exports and drop them (the collector the tracing benchmark exports to);
+    /// says how many requests and bytes it took when stopped.
+    OtlpSink {
+        #[arg(long, default_value = "127.0.0.1:4318")]
+        addr: SocketAddr,
+    },
     /// Measure the crisis screen against the labelled set: per language recall, false positives, time.
     /// With `--frozen`: the screen and the output check on the frozen sets (per language, category and
     /// kind, and the targets of issue 42).
@@ -289,6 +295,7 @@ async fn run() -> anyhow::Result<()> {
             seed_dir,
             embed,
         } => stub_llm(addr, &seed_dir, &embed).await?,
+        Command::OtlpSink { addr } => otlp_sink(addr).await?,
         Command::SafetyEval {
             frozen: true,
             frozen_dir,
@@ -352,6 +359,41 @@ async fn review(
         }
         None => anyhow::bail!("the guided flow {flow} never started"),
     }
+}
+
+/// `otlp-sink`: answers every trace export with an empty success, keeping nothing.
+async fn otlp_sink(addr: SocketAddr) -> anyhow::Result<()> {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    };
+    let taken = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+    let counts = taken.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let counts = counts.clone();
+            async move {
+                counts.0.fetch_add(1, Ordering::Relaxed);
+                counts.1.fetch_add(body.len() as u64, Ordering::Relaxed);
+                ([("content-type", "application/x-protobuf")], Vec::<u8>::new())
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(addr).await.context("binding")?;
+    tracing::info!(%addr, "dropping OTLP/HTTP trace exports");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        })
+        .await?;
+    let (requests, bytes) = (taken.0.load(Ordering::Relaxed), taken.1.load(Ordering::Relaxed));
+    tracing::info!(requests, bytes, "trace exports taken and dropped");
+    Ok(())
 }
 
 /// `stub-llm`: the scripted offline model, reading messages with the embedding model when it loads.
