@@ -11,6 +11,21 @@
 #                                   lines from stdin when piped)
 #   --user sam|mia|ren              chat as another seeded user (Philadelphia US, London GB, Sapporo JP:
 #                                   each country's crisis lines); an empty line or Ctrl-D quits
+#   --traces                        (with any of the above) trace the turns into a local Arize Phoenix at
+#                                   http://127.0.0.1:6006/projects (project `default`): per turn the
+#                                   `invoke_agent` span with its `chat` (tokens, cost) and `execute_tool`
+#                                   spans. The worker is built with the `otel` feature; Phoenix is installed
+#                                   on first use (deploy/local/phoenix.sh: about a minute, 850 MB) and keeps
+#                                   its data in .local/phoenix/data from run to run. On a terminal Phoenix
+#                                   stays up after the chat until you press Enter; not on a terminal it is
+#                                   stopped at the end. PHOENIX_KEEP=1 leaves it running (the demo prints
+#                                   how to stop it), and a Phoenix already answering on PHOENIX_PORT is
+#                                   used and left running. PHOENIX_PORT (default 6006) and
+#                                   PHOENIX_GRPC_PORT (default 4317, else a free one: Phoenix always binds
+#                                   it, on all interfaces) move it. Log: .local/logs/phoenix.log
+#   --trace-content                 with --traces: the message text on the spans too
+#                                   (COMPANION_TRACE_CONTENT=true). Staging only: exported text is beyond
+#                                   the reach of a later deletion. Off by default
 #
 # With OPENROUTER_API_KEY set the companion talks through the real model; without it the project's
 # scripted offline model answers (and says so). Not on a terminal, it plays a short scripted
@@ -26,6 +41,8 @@ GROUP=""
 WIZARD=""
 CHAT=""
 AS_USER=""
+TRACES=""
+TRACE_CONTENT=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --user) AS_USER="${2:?--user needs a seeded username: jess, sam, mia or ren}"; shift 2 ;;
@@ -33,10 +50,15 @@ while [[ $# -gt 0 ]]; do
     --spot-wizard) WIZARD=1; shift ;;
     # Chat as jess whether or not on a terminal (lines from stdin when piped): deploy/local/chat.sh.
     --chat) CHAT=1; shift ;;
+    --traces) TRACES=1; shift ;;
+    --trace-content) TRACE_CONTENT=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: $0 [--group kaori,tony | --spot-wizard | --chat] [--user jess|sam|mia|ren]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--group kaori,tony | --spot-wizard | --chat] [--user jess|sam|mia|ren] [--traces [--trace-content]]" >&2; exit 2 ;;
   esac
 done
+if [[ -n "$TRACE_CONTENT" && -z "$TRACES" ]]; then
+  echo "--trace-content goes with --traces" >&2; exit 2
+fi
 started=$SECONDS
 # Bold only on a terminal: a log or a pipe gets plain text.
 if [[ -t 1 ]]; then
@@ -45,6 +67,27 @@ else
   say() { printf '[demo] %s (%ds)\n' "$*" "$((SECONDS - started))"; }
 fi
 
+# Background processes, stopped (SIGTERM, then waited for) when the demo ends, however it ends: the worker
+# flushes its spans on SIGTERM, so it goes before Phoenix.
+pids=()
+PHOENIX_PID=""
+stop_pids() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+stop_phoenix() {
+  [[ -n "$PHOENIX_PID" ]] || return 0
+  kill "$PHOENIX_PID" 2>/dev/null || true
+  for _ in $(seq 1 100); do kill -0 "$PHOENIX_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$PHOENIX_PID" 2>/dev/null || true
+  wait "$PHOENIX_PID" 2>/dev/null || true
+  rm -f -- "$LOCAL_DIR/phoenix/phoenix.pid"
+  PHOENIX_PID=""
+}
+cleanup() { stop_pids; stop_phoenix; }
+trap cleanup EXIT
+
 deploy/local/prereqs.sh demo
 # The demo runs on its own local stack: servers named in the environment are not used, and it says so.
 for var in NATS_URL POSTGRES_URL ATLAS_URI; do
@@ -52,6 +95,53 @@ for var in NATS_URL POSTGRES_URL ATLAS_URI; do
     say "$var is set, but the demo runs its own local stack and does not use it; to run a worker against other servers: cargo run --bin companion -- worker (docs/operations.md)"
   fi
 done
+if [[ -n "$TRACES" ]]; then
+  PHOENIX_PORT="${PHOENIX_PORT:-6006}"
+  PHOENIX_URL="http://127.0.0.1:$PHOENIX_PORT"
+  if "$ROOT/deploy/local/phoenix.sh" --check; then
+    say "Arize Phoenix for the traces"
+  else
+    say "Arize Phoenix for the traces (first time: installed from PyPI, about a minute and 850 MB)"
+  fi
+  PHOENIX_BIN="$(deploy/local/phoenix.sh | tail -n 1)"
+  mkdir -p -- "$LOGS" "$LOCAL_DIR/phoenix/data"
+  # A port is free when it can be bound: the HTTP port on loopback, the gRPC one on all interfaces.
+  port_free() {
+    "$PHOENIX_BIN/python" - "$1" "$2" <<'PY' 2>/dev/null
+import socket, sys
+port, host = int(sys.argv[1]), sys.argv[2]
+family = socket.AF_INET6 if ":" in host else socket.AF_INET
+try:
+    s = socket.socket(family)
+except OSError:
+    s, host = socket.socket(socket.AF_INET), "0.0.0.0"
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, port))
+PY
+  }
+  if version="$(curl -fsS -m 2 "$PHOENIX_URL/arize_phoenix_version" 2>/dev/null)"; then
+    say "Phoenix $version already runs at $PHOENIX_URL: the demo uses it and leaves it running"
+  elif ! port_free "$PHOENIX_PORT" 127.0.0.1; then
+    say "port $PHOENIX_PORT is taken (not by a Phoenix); PHOENIX_PORT=<port> moves Phoenix"
+    exit 1
+  else
+    if [[ -n "${PHOENIX_GRPC_PORT:-}" ]]; then
+      port_free "$PHOENIX_GRPC_PORT" :: || { say "PHOENIX_GRPC_PORT $PHOENIX_GRPC_PORT is taken"; exit 1; }
+    else
+      # OTLP/gRPC, which the worker does not use but Phoenix always serves: 4317, or the first free port after 14317.
+      for PHOENIX_GRPC_PORT in 4317 $(seq 14317 14416); do port_free "$PHOENIX_GRPC_PORT" :: && break; done
+    fi
+    # Its own session: Ctrl-C in the chat does not reach it, and with PHOENIX_KEEP=1 it outlives the terminal.
+    PHOENIX_WORKING_DIR="$LOCAL_DIR/phoenix/data" PHOENIX_HOST=127.0.0.1 PHOENIX_PORT="$PHOENIX_PORT" \
+      PHOENIX_GRPC_PORT="$PHOENIX_GRPC_PORT" PHOENIX_ALLOW_EXTERNAL_RESOURCES=false \
+      PHOENIX_TELEMETRY_ENABLED=false PHOENIX_LOG_MIGRATIONS=false \
+      setsid "$PHOENIX_BIN/phoenix" serve >>"$LOGS/phoenix.log" 2>&1 </dev/null &
+    PHOENIX_PID=$!
+    printf '%s\n' "$PHOENIX_PID" >"$LOCAL_DIR/phoenix/phoenix.pid"
+    say "Phoenix starting (pid $PHOENIX_PID, OTLP/gRPC on $PHOENIX_GRPC_PORT, data in $LOCAL_DIR/phoenix/data, log: $LOGS/phoenix.log)"
+  fi
+  say "the traces will be at $PHOENIX_URL/projects (message text on the spans: $([[ -n "$TRACE_CONTENT" ]] && echo "yes, --trace-content: staging only" || echo no))"
+fi
 if [[ -x "$LOCAL_DIR/venv/bin/python" ]]; then
   say "local stack: NATS, PostgreSQL, the MongoDB-wire server"
 else
@@ -63,12 +153,15 @@ deploy/local/models.sh
 eval "$(deploy/local/stack.sh env)"
 mkdir -p -- "$LOGS"
 
-say "building companion and companion-dev (first build: about 4-5 minutes on 2 cores; then seconds)"
+BUILD=(cargo build --workspace --bins)
+# The OpenTelemetry export is compiled in only with the feature (a build without it ignores the endpoint).
+[[ -n "$TRACES" ]] && BUILD+=(--features companion/otel)
+say "building companion${TRACES:+ (feature otel)} and companion-dev (first build: about 4-5 minutes on 2 cores; then seconds)"
 if [[ -t 2 ]]; then
-  cargo build --workspace --bins
+  "${BUILD[@]}"
 else
   # Not on a terminal: cargo's output goes to a log and a line every 30 s says how far it got.
-  cargo build --workspace --bins >"$LOGS/build.log" 2>&1 &
+  "${BUILD[@]}" >"$LOGS/build.log" 2>&1 &
   build=$!
   # About how many crates a first build compiles: the packages of Cargo.lock.
   total="$(grep -c '^\[\[package\]\]' Cargo.lock || true)"
@@ -103,10 +196,6 @@ export COMPANION_PROACTIVE_DAILY_CAP="${COMPANION_PROACTIVE_DAILY_CAP:-100}"
 export COMPANION_MEMORY_QUIET_SECS="${COMPANION_MEMORY_QUIET_SECS:-5}"
 LIMITS="demo limits per user: $COMPANION_USER_TURNS_PER_MINUTE turns a minute, $COMPANION_WRITES_PER_HOUR writes an hour, $COMPANION_PROACTIVE_DAILY_CAP follow-ups a day"
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-
 if [[ -z "${OPENROUTER_API_KEY:-}" ]]; then
   export LLM_BASE_URL="http://127.0.0.1:$STUB_PORT/v1"
   "$DEV" stub-llm --addr "127.0.0.1:$STUB_PORT" >>"$LOGS/stub-llm.log" 2>&1 &
@@ -136,7 +225,25 @@ say "$LIMITS (production: 10, 5 and 5)"
 # The log is kept from run to run: only what this worker writes (after LOG_FROM bytes) is read here.
 LOG_FROM=$(stat -c %s "$LOGS/worker.log" 2>/dev/null || echo 0)
 this_run() { tail -c +"$((LOG_FROM + 1))" "$LOGS/worker.log" 2>/dev/null; }
-COMPANION_REMINDER_MIN_LEAD_SECS="${COMPANION_REMINDER_MIN_LEAD_SECS:-5}" "$BIN" worker >>"$LOGS/worker.log" 2>&1 &
+WORKER_ENV=(COMPANION_REMINDER_MIN_LEAD_SECS="${COMPANION_REMINDER_MIN_LEAD_SECS:-5}")
+if [[ -n "$TRACES" ]]; then
+  for _ in $(seq 1 600); do
+    curl -fsS -m 2 -o /dev/null "$PHOENIX_URL/readyz" 2>/dev/null && break
+    if [[ -n "$PHOENIX_PID" ]] && ! kill -0 "$PHOENIX_PID" 2>/dev/null; then
+      PHOENIX_PID=""
+      tail -n 20 -- "$LOGS/phoenix.log"
+      say "Phoenix did not start (log: $LOGS/phoenix.log)"
+      exit 1
+    fi
+    sleep 0.2
+  done
+  curl -fsS -m 2 -o /dev/null "$PHOENIX_URL/readyz" || { say "Phoenix is not ready after 2 minutes (log: $LOGS/phoenix.log)"; exit 1; }
+  say "Phoenix ready at $PHOENIX_URL/projects"
+  WORKER_ENV+=(OTEL_EXPORTER_OTLP_ENDPOINT="$PHOENIX_URL" OTEL_SERVICE_NAME=companion)
+  [[ -n "$TRACE_CONTENT" ]] && WORKER_ENV+=(COMPANION_TRACE_CONTENT=true)
+  TRACES_FROM="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+fi
+env "${WORKER_ENV[@]}" "$BIN" worker >>"$LOGS/worker.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do
   this_run | grep -q "worker ready" && break

@@ -705,7 +705,6 @@ impl Pipeline {
     }
 }
 
-/// `fut`, unless the attempt's deadline passes first.
 /// Records how the job ended on its agent span.
 fn settled_on(span: &tracing::Span, result: &Result<Settled, PipelineError>) {
     match result {
@@ -727,6 +726,7 @@ fn settled_on(span: &tracing::Span, result: &Result<Settled, PipelineError>) {
     }
 }
 
+/// `fut`, unless the attempt's deadline passes first.
 async fn within<T, E: Into<PipelineError>>(
     deadline: tokio::time::Instant,
     secs: u64,
