@@ -2,7 +2,8 @@
 //! ([`LlmRecord`]) carries its usage and cost ([`CallUsage`]), under the tally of the user it was made
 //! for (step `llm`, [`super::names::step::LLM`], which the SQL here names literally, as the partial
 //! index on those steps does). This module writes that record's shape and is the only one that reads it back: the spend
-//! budgets (`companion_tools::spend`) and `companion usage` (the worker's `usage`) ask here.
+//! budgets (`companion_tools::spend`) and `companion usage` (the worker's `usage`) ask here, and
+//! `companion explain` decodes it (with the latency, finish reason and tools offered it keeps).
 
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
@@ -17,11 +18,21 @@ pub struct LlmRecord {
     pub usage: Option<CallUsage>,
     /// The companion the call spoke as, when its job has several (a group message); else the job's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) bot: Option<String>,
+    pub bot: Option<String>,
     /// Whether the call offered tools (a request without them must end in text, and a tool call in its
     /// answer is not run).
     #[serde(default = "offered", rename = "tools")]
     pub offered_tools: bool,
+    /// The tools offered, by name (none: recorded before they were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offered: Option<Vec<String>>,
+    /// Why the model stopped, as the provider said (`stop`, `tool_calls`, `length`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish: Option<String>,
+    /// How long the call took, retries and fallbacks included, in milliseconds (set by the caller
+    /// that timed it; none: not timed, or recorded before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ms: Option<u64>,
 }
 
 fn offered() -> bool {
@@ -47,11 +58,11 @@ impl LlmRecord {
             .prices
             .call_usage(&model, &response.usage.clone().unwrap_or_default());
         usage.prefix_tokens = Some(request.prefix_tokens());
-        let message = response
+        let (message, finish) = response
             .choices
             .into_iter()
             .next()
-            .map(|c| c.message)
+            .map(|c| (c.message, c.finish_reason))
             .ok_or(LlmError::NoChoice)?;
         if !offered_tools
             && message
@@ -66,6 +77,15 @@ impl LlmRecord {
             usage: Some(usage),
             bot,
             offered_tools,
+            offered: Some(
+                request
+                    .tools
+                    .iter()
+                    .map(|t| t.function.name.clone())
+                    .collect(),
+            ),
+            finish,
+            ms: None,
         })
     }
 }

@@ -214,7 +214,7 @@ pub struct Choice {
     #[serde(default)]
     pub message: AssistantMessage,
     #[serde(default)]
-    pub(crate) finish_reason: Option<String>,
+    pub finish_reason: Option<String>,
     /// OpenRouter's error of a choice that ended in `finish_reason: "error"`.
     #[serde(default)]
     pub(crate) error: Option<Value>,

@@ -75,7 +75,7 @@ impl FromStr for Prices {
 /// Where a call's cost comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum CostSource {
+pub enum CostSource {
     /// The server's `usage.cost`.
     Reported,
     /// Tokens × the price table.
@@ -95,19 +95,19 @@ pub(crate) struct Cost {
 #[serde(rename_all = "camelCase")]
 pub struct CallUsage {
     /// The model that answered (the server's `model`, else the one asked).
-    pub(crate) model: String,
+    pub model: String,
     pub prompt_tokens: u64,
-    pub(crate) completion_tokens: u64,
+    pub completion_tokens: u64,
     /// Prompt tokens served from the provider's prompt cache, when it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) cached_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
     /// Estimated tokens of the request's prefix that stays the same across users and turns (the tool
     /// definitions and the system prompt): what a provider can cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_tokens: Option<u64>,
     /// USD; `None` when unpriced.
     pub cost_usd: Option<f64>,
-    pub(crate) cost_source: CostSource,
+    pub cost_source: CostSource,
 }
 
 impl Prices {
