@@ -20,6 +20,8 @@ pub struct ArticleMeta {
 /// One search hit.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hit {
+    /// The chunk's `kb_chunks.id`.
+    pub(crate) id: i64,
     pub collection: String,
     pub(crate) title: String,
     pub(crate) source_url: Option<String>,
@@ -105,7 +107,7 @@ pub async fn search(
         .begin_with("BEGIN; SET LOCAL hnsw.iterative_scan = relaxed_order")
         .await?;
     let rows = sqlx::query(
-        "SELECT c.collection, a.title, a.source_url, c.content,
+        "SELECT c.id, c.collection, a.title, a.source_url, c.content,
                 (1 - (c.embedding <=> $1))::real AS score
          FROM (SELECT id, article_id, collection, content, embedding FROM kb_chunks
                WHERE collection = ANY($2) ORDER BY embedding <=> $1 LIMIT $3) c
@@ -120,6 +122,7 @@ pub async fn search(
     let mut hits: Vec<Hit> = rows
         .into_iter()
         .map(|r| Hit {
+            id: r.get("id"),
             collection: r.get("collection"),
             title: r.get("title"),
             source_url: r.get("source_url"),

@@ -33,6 +33,8 @@ pub enum RetrieveError {
 /// A retrieved knowledge chunk, as the prompt shows it.
 #[derive(Clone, Debug)]
 pub struct KnowledgeSnippet {
+    /// The chunk's `kb_chunks.id`.
+    pub id: i64,
     pub title: String,
     pub source_url: Option<String>,
     pub text: String,
@@ -91,6 +93,7 @@ pub(crate) async fn search(
         .into_iter()
         .filter(|h| h.score >= threshold)
         .map(|h| KnowledgeSnippet {
+            id: h.id,
             title: h.title,
             source_url: h.source_url,
             text: h.content,

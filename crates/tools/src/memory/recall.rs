@@ -13,6 +13,8 @@ use super::{Memory, MemoryError, Topic};
 /// One recalled fact.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Recalled {
+    /// Its `memory_facts.id`.
+    pub(crate) id: String,
     pub(crate) topic: Topic,
     pub(crate) fact: String,
     /// Cosine similarity to the message (related facts only).
@@ -29,6 +31,14 @@ pub struct Recall {
 }
 
 impl Recall {
+    /// The facts recalled, by id, with their similarity to the message (none for a pinned fact).
+    pub fn ids(&self) -> impl Iterator<Item = (&str, Option<f32>)> {
+        self.pinned
+            .iter()
+            .chain(&self.related)
+            .map(|f| (f.id.as_str(), f.score))
+    }
+
     /// The pinned facts, for the stable part of the prompt; empty when there are none.
     pub fn pinned_block(&self) -> String {
         if self.pinned.is_empty() {
@@ -81,15 +91,15 @@ impl Memory {
             .map(Topic::as_str)
             .collect();
         let rows = sqlx::query(
-            "(SELECT 'p' AS part, topic, fact, NULL::real AS score, learned_at FROM memory_facts
+            "(SELECT 'p' AS part, id, topic, fact, NULL::real AS score, learned_at FROM memory_facts
               WHERE user_id = $1 AND bot_id = $2 AND topic = ANY($3))
              UNION ALL
-             (SELECT 'r', topic, fact, (1 - (embedding <=> $4::vector))::real, learned_at FROM memory_facts
+             (SELECT 'r', id, topic, fact, (1 - (embedding <=> $4::vector))::real, learned_at FROM memory_facts
               WHERE $4::vector IS NOT NULL AND user_id = $1 AND bot_id = $2
                 AND NOT (topic = ANY($3)) AND embedding IS NOT NULL
               ORDER BY embedding <=> $4::vector LIMIT $5)
              UNION ALL
-             (SELECT 's', '', summary, NULL, updated_at FROM memory_state
+             (SELECT 's', '', '', summary, NULL, updated_at FROM memory_state
               WHERE user_id = $1 AND bot_id = $2)",
         )
         .bind(user)
@@ -102,16 +112,22 @@ impl Memory {
         let mut recall = Recall::default();
         for r in rows {
             let topic = Topic::parse(r.get::<&str, _>("topic")).unwrap_or(Topic::Other);
-            let fact: String = r.get("fact");
+            let (id, fact): (String, String) = (r.get("id"), r.get("fact"));
             let score: Option<f32> = r.get("score");
             match r.get::<&str, _>("part") {
                 "p" => recall.pinned.push(Recalled {
+                    id,
                     topic,
                     fact,
                     score: None,
                 }),
                 "r" if score.is_some_and(|s| s >= self.config.threshold) => {
-                    recall.related.push(Recalled { topic, fact, score })
+                    recall.related.push(Recalled {
+                        id,
+                        topic,
+                        fact,
+                        score,
+                    })
                 }
                 "s" => recall.summary = fact,
                 _ => {}
