@@ -303,8 +303,13 @@ async fn ask(
     budget: &CallBudget,
     bot: Option<String>,
 ) -> Result<LlmRecord, PipelineError> {
+    let started = Instant::now();
     let response = stage(Stage::Llm, llm.complete_within(request, Some(budget))).await?;
-    Ok(LlmRecord::answer(llm, request, response, bot)?)
+    let ms = Some(started.elapsed().as_millis() as u64);
+    Ok(LlmRecord {
+        ms,
+        ..LlmRecord::answer(llm, request, response, bot)?
+    })
 }
 
 /// A tool result cut to `max` bytes (on a character boundary) with a note saying so.
