@@ -13,6 +13,7 @@ use std::{
 
 use bson::oid::ObjectId;
 use chrono::Utc;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{debug, info, warn};
 
@@ -113,6 +114,27 @@ impl From<Reply> for Composed {
         Self {
             said,
             concern: None,
+        }
+    }
+}
+
+/// What a slot's model was given, kept on its `reply` step: the knowledge chunks (`kb_chunks.id`) and
+/// the facts remembered (`memory_facts.id`), each with its similarity to the messages (none for a
+/// pinned fact).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Recalled {
+    pub(crate) knowledge: Vec<(String, Option<f32>)>,
+    pub(crate) memory: Vec<(String, Option<f32>)>,
+}
+
+impl Recalled {
+    fn of(knowledge: &[crate::rag::KnowledgeSnippet], memory: &Recall) -> Self {
+        Self {
+            knowledge: knowledge
+                .iter()
+                .map(|k| (k.id.to_string(), Some(k.score)))
+                .collect(),
+            memory: memory.ids().map(|(id, s)| (id.to_owned(), s)).collect(),
         }
     }
 }
@@ -294,6 +316,7 @@ impl Composer {
         })
         .await;
         let (knowledge, memory) = knowledge;
+        let recalled = Recalled::of(&knowledge, &memory);
         let (mut history, tricklists) = context?;
         // A message kept in history before this answer (held while paused) is the one answered now.
         let answering: Vec<String> = events.iter().map(|e| e.message_id.to_hex()).collect();
@@ -345,7 +368,8 @@ impl Composer {
             return Ok(self.line(a, t.speaker, c.crisis_line.clone()).into());
         };
         let concern = spoken.concern;
-        let said = self.model_said(t, spoken, |text| text)?;
+        let mut said = self.model_said(t, spoken, |text| text)?;
+        said.recalled = Some(recalled);
         Ok(Composed { said, concern })
     }
 
@@ -442,6 +466,7 @@ impl Composer {
         let name_of = |id: &str| names.get(id).cloned().unwrap_or_else(|| "someone".into());
         let line = |id: &str, text: &str| Message::user(format!("{}: {text}", name_of(id)));
         let mut prompt = self.group_prompt(t, &tricklists?, &knowledge, participants, &name_of);
+        let recalled = Recalled::of(&knowledge, &Recall::default());
         drop(knowledge);
         let mine = me.to_hex();
         let this_message: Vec<&str> = t.said.iter().map(|s| s.id.as_str()).collect();
@@ -485,6 +510,7 @@ impl Composer {
         if !said.last {
             said.tags = group::route::handover(&said.content, me, &a.members).map(|b| b.to_hex());
         }
+        said.recalled = Some(recalled);
         Ok(Composed { said, concern })
     }
 

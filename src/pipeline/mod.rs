@@ -222,6 +222,13 @@ pub struct Reply {
     /// A busy, budget or failure line: nobody speaks after it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub last: bool,
+    /// What the outgoing hook changed (none: recorded before the hook said).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) hooked: Option<outgoing::Hooked>,
+    /// The knowledge and memory its model was given (none: not composed by the model with them, or
+    /// recorded before they were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) recalled: Option<compose::Recalled>,
 }
 
 impl Reply {
@@ -240,6 +247,8 @@ impl Reply {
             bot: None,
             tags: None,
             last: false,
+            hooked: None,
+            recalled: None,
         }
     }
 }

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use chrono::Utc;
+use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::{PipelineError, Reply, input::Admitted, input::Kind};
@@ -56,6 +57,17 @@ impl Clean {
     }
 }
 
+/// What the outgoing hook changed in a message, kept on its `reply` step (the AI disclosure it added
+/// is the message's mark).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Hooked {
+    /// Cut to the longest message.
+    pub(crate) clipped: bool,
+    /// Replaced by the character's safe line: what the output check found (`sexual`, `self_harm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) replaced: Option<String>,
+}
+
 /// The outgoing hook, with what it reads.
 pub(crate) struct Outgoing {
     pub(crate) clean: Clean,
@@ -76,6 +88,11 @@ impl Outgoing {
     ) -> Result<Reply, PipelineError> {
         let c = speaker.character;
         let referral = said.marks.safety.is_some();
+        let mut hooked = Hooked {
+            clipped: !referral
+                && clean_text(&said.content).trim().chars().count() > self.clean.max_chars.max(1),
+            replaced: None,
+        };
         said.content = match referral {
             true => clean_text(&said.content).trim().to_owned(),
             false => self.clean.text(&said.content),
@@ -93,7 +110,9 @@ impl Outgoing {
             genai::Safety::OutputReplaced { category: what }.record();
             said.content = self.clean.text(&c.safe_line);
             said.rich_content = None;
+            hooked.replaced = Some(what.to_owned());
         }
+        said.hooked = Some(hooked);
         if said.marks.is_private() {
             return Ok(said);
         }
