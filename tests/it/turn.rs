@@ -334,17 +334,15 @@ async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
         .await
         .unwrap();
     let reply_id = bson::oid::ObjectId::new().to_hex();
-    let fixed = pipeline::Reply {
-        id: reply_id.clone(),
-        content: "the recorded answer".into(),
-        rich_content: None,
-        at: chrono::Utc::now(),
-        tool_log: None,
-        marks: Default::default(),
-        bot: None,
-        tags: None,
-        last: false,
-    };
+    // As the journal holds it (a record reads back whatever fields later versions added).
+    let fixed: pipeline::Reply = serde_json::from_value(serde_json::json!({
+        "id": reply_id.clone(),
+        "content": "the recorded answer",
+        "richContent": null,
+        "at": chrono::Utc::now(),
+        "toolLog": null,
+    }))
+    .unwrap();
     job.step("reply", "g0")
         .run(async { Ok::<_, companion_journal::JournalError>(fixed) })
         .await
