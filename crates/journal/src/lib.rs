@@ -23,12 +23,14 @@
 //! - A job ends with [`Job::finish`]: its state, who answered it when another job did, and, when it ends
 //!   without a message on purpose, the reason.
 //!
-//! Every step and tally name is in [`names`]; what the model's answers cost is read in [`usage`].
+//! Every step and tally name is in [`names`]; what the model's answers cost is read in [`usage`], and
+//! one job's whole record, for `companion explain`, in [`story`].
 //!
 //! Outputs are JSON (`job_steps.output`); text is kept as it is but for U+0000, which PostgreSQL cannot
 //! store and which becomes U+FFFD.
 
 pub mod names;
+pub mod story;
 pub mod usage;
 
 #[cfg(feature = "testing")]
@@ -208,6 +210,12 @@ pub struct JobRecord {
     /// Why a job ended without a message (`dropped`).
     pub reason: Option<String>,
     pub updated_at: DateTime<Utc>,
+}
+
+impl JobRecord {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
 }
 
 /// Who a job acts for and where it came from, for its row.

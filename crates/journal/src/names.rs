@@ -91,6 +91,10 @@ pub mod step {
     pub const ERASE_STREAMS: &str = "erase_streams";
     /// A `message_deleted`'s signals to rebuild the summaries it was in. Keyed once.
     pub const REBUILD: &str = "rebuild";
+    /// An operator asked `companion explain --show-text` for this job's messages: who, which message,
+    /// whether the text was shown (never for a deleted message or an erased user). Keyed
+    /// `<operator>@<time>`, so an erasure's scrub of its output leaves who and when.
+    pub const TEXT_SHOWN: &str = "text_shown";
 }
 
 /// Tallies: limits every worker counts against together (`job_steps.tally`).

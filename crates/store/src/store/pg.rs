@@ -175,6 +175,21 @@ impl Pg {
         Ok(out)
     }
 
+    /// The history's text of the messages `ids` (dm_messages ids), by id; a message not in the history
+    /// (never kept, or deleted) is left out.
+    pub async fn texts(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::HashMap<String, String>, StoreError> {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT message_id, content FROM bot_conversations WHERE message_id = ANY($1)",
+        )
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().collect())
+    }
+
     /// The last `limit` messages of the group conversation, oldest first.
     pub async fn group_history(
         &self,

@@ -485,16 +485,16 @@ const MAX_RECORDED_ARGS: usize = 4000;
 pub struct ToolRecord {
     pub tool: String,
     /// The arguments as the model wrote them (at most 4000 characters).
-    pub(crate) args: String,
+    pub args: String,
     pub ok: bool,
     /// What the model reads: the data, or `{"error": …}`.
     pub content: Value,
     /// The card for the app, when the call made one.
     pub card: Option<Value>,
     /// Tool round of the turn (1 first).
-    pub(crate) round: u32,
+    pub round: u32,
     /// How long the call took, milliseconds.
-    pub(crate) ms: u64,
+    pub ms: u64,
 }
 
 impl ToolRecord {
