@@ -1,6 +1,8 @@
 //! The operations commands of the `companion` binary: each takes the settings it needs, connects what
 //! it needs and returns what the command prints, so `main` only parses the command line and reports.
 
+/// `companion explain`: the story of one message's job, from the journal, as text or JSON.
+pub use crate::explain::{ExplainError, Request as ExplainRequest, explain};
 /// `companion memory`: what companions remember about a user, as text.
 pub use crate::memory::show::report as memory;
 /// `companion ingest` and `companion embed`: articles into the knowledge table; one vector per line of

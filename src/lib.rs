@@ -21,6 +21,7 @@
 #![cfg_attr(feature = "testing", warn(unreachable_pub))]
 
 mod crisis_report;
+mod explain;
 mod group;
 #[cfg(test)]
 mod import_cycles;

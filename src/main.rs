@@ -61,6 +61,26 @@ enum Command {
         #[command(flatten)]
         characters: CharactersConfig,
     },
+    /// The story of one message's job, from the journal: arrival, the crisis screen, the gate, the burst,
+    /// each model and tool call, the outgoing hook, the delivery and how it ended.
+    Explain {
+        /// The message id (a DM, a group message, a burst's later message), or a follow-up's job id.
+        message_id: String,
+        /// One JSON object instead of the text.
+        #[arg(long)]
+        json: bool,
+        /// Also the messages' text (never a deleted message's or an erased user's); the look is logged
+        /// and recorded in the job's journal.
+        #[arg(long)]
+        show_text: bool,
+        /// Who asks, for that record (default: $USER).
+        #[arg(long, env = "USER", default_value = "unknown")]
+        operator: String,
+        #[command(flatten)]
+        pg: PgConfig,
+        #[command(flatten)]
+        characters: CharactersConfig,
+    },
     /// Chunk, embed and store articles (a folder of Markdown/text files or a JSON-lines file).
     Ingest {
         /// Folder (`<collection>/*.md` below it) or `.jsonl` file.
@@ -221,6 +241,25 @@ async fn run() -> anyhow::Result<()> {
                 cached_price_ratio,
             };
             usage_report(query, &pg, &characters).await?
+        }
+        Command::Explain {
+            message_id,
+            json,
+            show_text,
+            operator,
+            pg,
+            characters,
+        } => {
+            let request = commands::ExplainRequest {
+                id: &message_id,
+                json,
+                show_text,
+                operator: &operator,
+            };
+            let story = commands::explain(&pg, &characters.dir, request)
+                .await
+                .context("explaining the message's job from the journal")?;
+            print!("{story}");
         }
         Command::Ingest {
             path,

@@ -150,6 +150,17 @@ pub struct Query<'a> {
     pub cached_price_ratio: f64,
 }
 
+/// The companions' names by bot id (hex), from the character files (none when they do not load).
+pub(crate) fn bot_names(characters_dir: &Path) -> HashMap<String, String> {
+    Characters::load(characters_dir)
+        .map(|c| {
+            c.iter()
+                .map(|(id, c)| (id.to_hex(), c.name.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// `companion usage`: the summary of the configured database, bots named from the character files.
 pub async fn report(
     pg: &PgConfig,
@@ -163,13 +174,7 @@ pub async fn report(
     }
     let days = query.days.unwrap_or(7);
     let rows = summary(&pg.pool, days, query.user).await?;
-    let names = Characters::load(characters_dir)
-        .map(|c| {
-            c.iter()
-                .map(|(id, c)| (id.to_hex(), c.name.clone()))
-                .collect()
-        })
-        .unwrap_or_default();
+    let names = bot_names(characters_dir);
     let mut text = render(&rows, &names, days, query.cached_price_ratio);
     if let Some(user) = query.user {
         text = format!("user {user}: {text}");

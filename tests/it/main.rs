@@ -12,6 +12,7 @@ mod demo_model;
 mod durable_turns;
 mod embed_bench;
 mod embed_parity;
+mod explain;
 mod flood;
 mod flows;
 mod groups;
