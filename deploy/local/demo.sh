@@ -103,7 +103,10 @@ if [[ -n "$TRACES" ]]; then
   else
     say "Arize Phoenix for the traces (first time: installed from PyPI, about a minute and 850 MB)"
   fi
-  PHOENIX_BIN="$(deploy/local/phoenix.sh | tail -n 1)"
+  # Its last line is the venv's bin folder; the lines before it say what it did.
+  phoenix_out="$(deploy/local/phoenix.sh)" || { printf '%s\n' "$phoenix_out"; say "Phoenix could not be installed"; exit 1; }
+  sed '$d' <<<"$phoenix_out"
+  PHOENIX_BIN="$(tail -n 1 <<<"$phoenix_out")"
   mkdir -p -- "$LOGS" "$LOCAL_DIR/phoenix/data"
   # A port is free when it can be bound: the HTTP port on loopback, the gRPC one on all interfaces.
   port_free() {
@@ -119,8 +122,13 @@ s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((host, port))
 PY
   }
+  kept="$(cat -- "$LOCAL_DIR/phoenix/phoenix.pid" 2>/dev/null || true)"
   if version="$(curl -fsS -m 2 "$PHOENIX_URL/arize_phoenix_version" 2>/dev/null)"; then
     say "Phoenix $version already runs at $PHOENIX_URL: the demo uses it and leaves it running"
+  elif [[ -n "$kept" ]] && ps -p "$kept" -o args= 2>/dev/null | grep -q 'phoenix serve'; then
+    # Two servers on one SQLite database: no.
+    say "the Phoenix an earlier demo left running (pid $kept) has the same data on another port: kill $kept first, or set PHOENIX_PORT to its port"
+    exit 1
   elif ! port_free "$PHOENIX_PORT" 127.0.0.1; then
     say "port $PHOENIX_PORT is taken (not by a Phoenix); PHOENIX_PORT=<port> moves Phoenix"
     exit 1
@@ -297,4 +305,45 @@ else
     sleep 1
   done
   "$BIN" memory --user "$DEMO_ID" --bot "$BOT"
+fi
+
+if [[ -n "$TRACES" ]]; then
+  say "stopping the worker: it sends its last spans to Phoenix as it exits"
+  stop_pids
+  # What this run put into Phoenix (project default), read back from its REST API.
+  counts="$("$PHOENIX_BIN/python" - "$PHOENIX_URL" "$TRACES_FROM" <<'PY' || true
+import collections, json, sys, time, urllib.parse, urllib.request
+base, since = sys.argv[1], sys.argv[2]
+def spans():
+    out, cursor = [], None
+    while True:
+        q = {"start_time": since, "limit": 1000, **({"cursor": cursor} if cursor else {})}
+        with urllib.request.urlopen(f"{base}/v1/projects/default/spans?{urllib.parse.urlencode(q)}", timeout=10) as r:
+            page = json.load(r)
+        out += page["data"]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return out
+# Phoenix writes what it received within a fraction of a second.
+time.sleep(1)
+data = spans()
+kinds = collections.Counter(s["name"].split(" ")[0] for s in data)
+print(f"{kinds['invoke_agent']} invoke_agent, {kinds['chat']} chat, {kinds['execute_tool']} execute_tool spans "
+      f"({len(data)} spans in all, traces: {len({s['context']['trace_id'] for s in data})})")
+PY
+)"
+  say "in Phoenix from this run: ${counts:-(could not read its REST API)}"
+  say "the traces: $PHOENIX_URL/projects (project default; a trace: $PHOENIX_URL/redirects/traces/<trace id>)"
+  if [[ -z "$PHOENIX_PID" ]]; then
+    say "Phoenix was already running before the demo and keeps running"
+  elif [[ "${PHOENIX_KEEP:-}" == 1 ]]; then
+    say "Phoenix keeps running (PHOENIX_KEEP=1); stop it with: kill $PHOENIX_PID (pid also in $LOCAL_DIR/phoenix/phoenix.pid)"
+    PHOENIX_PID=""
+  elif [[ -t 0 && -t 1 ]]; then
+    say "Phoenix stays up so you can look at the traces; press Enter to stop it (PHOENIX_KEEP=1 leaves it running)"
+    read -r _ || true
+    say "stopping Phoenix"
+  else
+    say "stopping Phoenix (not a terminal; PHOENIX_KEEP=1 leaves it running)"
+  fi
 fi
