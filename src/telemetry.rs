@@ -179,6 +179,17 @@ pub(crate) mod otel {
             Some(Value::IntValue(i)) => i.to_string(),
             Some(Value::BoolValue(b)) => b.to_string(),
             Some(Value::DoubleValue(d)) => d.to_string(),
+            // A string array as JSON.
+            Some(Value::ArrayValue(a)) => serde_json::Value::from(
+                a.values
+                    .iter()
+                    .map(|v| match &v.value {
+                        Some(Value::StringValue(s)) => s.clone(),
+                        other => format!("{other:?}"),
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .to_string(),
             Some(other) => format!("{other:?}"),
             None => String::new(),
         };

@@ -150,8 +150,8 @@ pub fn chat(
 pub struct ChatAnswer<'a> {
     pub response_model: Option<&'a str>,
     pub response_id: Option<&'a str>,
-    /// The choices' finish reasons, as a JSON array of strings.
-    pub finish_reasons: Option<String>,
+    /// The choices' finish reasons.
+    pub finish_reasons: Vec<&'a str>,
     pub input_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
     /// Prompt tokens the provider served from its cache, when it says.
@@ -167,8 +167,8 @@ pub fn answered(span: &Span, a: &ChatAnswer<'_>) {
     if let Some(id) = a.response_id {
         span.record("gen_ai.response.id", id);
     }
-    if let Some(f) = &a.finish_reasons {
-        span.record("gen_ai.response.finish_reasons", f.as_str());
+    if !a.finish_reasons.is_empty() {
+        string_array(span, "gen_ai.response.finish_reasons", &a.finish_reasons);
     }
     if let Some(n) = a.input_tokens {
         span.record("gen_ai.usage.input_tokens", n);
@@ -182,6 +182,22 @@ pub fn answered(span: &Span, a: &ChatAnswer<'_>) {
     if let Some(usd) = a.cost_usd {
         span.record("companion.cost_usd", usd);
     }
+}
+
+/// Sets attribute `key` of `span` to a string array: typed on the exported span (feature `otel`); in the
+/// logs, and in a build without the exporter, its JSON text.
+fn string_array(span: &Span, key: &'static str, values: &[&str]) {
+    #[cfg(feature = "otel")]
+    {
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        let values = values.iter().map(|v| v.to_string().into()).collect();
+        span.set_attribute(
+            key,
+            opentelemetry::Value::Array(opentelemetry::Array::String(values)),
+        );
+    }
+    #[cfg(not(feature = "otel"))]
+    span.record(key, serde_json::json!(values).to_string().as_str());
 }
 
 /// Records that the operation of `span` failed, with the error's class.

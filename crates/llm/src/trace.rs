@@ -56,7 +56,7 @@ pub(crate) fn answered(span: &Span, response: &ChatResponse, cost_usd: Option<f6
         &ChatAnswer {
             response_model: response.model.as_deref(),
             response_id: response.id.as_deref(),
-            finish_reasons: Some(json!(reasons).to_string()),
+            finish_reasons: reasons,
             input_tokens: usage.map(|u| u.prompt_tokens),
             output_tokens: usage.map(|u| u.completion_tokens),
             cached_tokens: usage
