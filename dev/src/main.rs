@@ -376,11 +376,16 @@ async fn otlp_sink(addr: SocketAddr) -> anyhow::Result<()> {
             async move {
                 counts.0.fetch_add(1, Ordering::Relaxed);
                 counts.1.fetch_add(body.len() as u64, Ordering::Relaxed);
-                ([("content-type", "application/x-protobuf")], Vec::<u8>::new())
+                (
+                    [("content-type", "application/x-protobuf")],
+                    Vec::<u8>::new(),
+                )
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind(addr).await.context("binding")?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .context("binding")?;
     tracing::info!(%addr, "dropping OTLP/HTTP trace exports");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     axum::serve(listener, app)
@@ -391,7 +396,10 @@ async fn otlp_sink(addr: SocketAddr) -> anyhow::Result<()> {
             }
         })
         .await?;
-    let (requests, bytes) = (taken.0.load(Ordering::Relaxed), taken.1.load(Ordering::Relaxed));
+    let (requests, bytes) = (
+        taken.0.load(Ordering::Relaxed),
+        taken.1.load(Ordering::Relaxed),
+    );
     tracing::info!(requests, bytes, "trace exports taken and dropped");
     Ok(())
 }
