@@ -137,14 +137,28 @@ pub(crate) mod otel {
         ))
     }
 
-    /// The `tracing` layer that turns spans into OpenTelemetry spans of `provider`.
-    pub(crate) fn layer<S>(
-        provider: &SdkTracerProvider,
-    ) -> tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>
+    /// The `tracing` layer that turns spans into OpenTelemetry spans of `provider`: every span the
+    /// filter lets through, and of the events inside them only the safety decisions
+    /// ([`crate::genai::Safety`]) and warnings and errors; the log lines stay in the logs. Per span, only
+    /// its own fields: no busy and idle time, thread, code location or target (each an attribute, and
+    /// busy time a clock read on every poll), and no OpenTelemetry context made current on entry (no
+    /// other OpenTelemetry instrumentation reads it).
+    pub(crate) fn layer<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<S>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     {
-        tracing_opentelemetry::layer().with_tracer(provider.tracer("companion"))
+        use tracing_subscriber::{Layer as _, filter::filter_fn};
+        let exported = filter_fn(|m| {
+            m.is_span() || *m.level() <= tracing::Level::WARN || m.target() == crate::genai::EVENTS
+        });
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("companion"))
+            .with_tracked_inactivity(false)
+            .with_threads(false)
+            .with_location(false)
+            .with_target(false)
+            .with_context_activation(false)
+            .with_filter(exported)
     }
 
     /// One span of an export request, as a collector sees it.

@@ -178,6 +178,13 @@ async fn a_dm_with_a_tool_call_is_an_agent_span_with_two_chat_spans_and_a_tool_s
         .collect();
     assert_eq!(screened.len(), 1, "{screened:?}");
     assert_eq!(screened[0].1["companion.safety.layer"], "none");
+    // The log lines stay in the logs: only the safety decisions (and warnings) are span events.
+    let logged: Vec<_> = spans
+        .iter()
+        .flat_map(|s| &s.events)
+        .filter(|(name, _)| !name.starts_with("companion.safety."))
+        .collect();
+    assert!(logged.is_empty(), "{logged:?}");
     // Content capture is off: no message text anywhere.
     let all: Vec<&ExportedSpan> = spans.iter().collect();
     assert_eq!(holds_text(&all, "7391"), None);

@@ -25,6 +25,9 @@ use tracing::{Span, field::Empty, info_span};
 
 use crate::metrics::{Labels, Metric, Metrics};
 
+/// The target of the safety events ([`Safety`]): the exporter keeps them among a span's log events.
+pub const EVENTS: &str = module_path!();
+
 /// The semantic-conventions release the names here follow.
 pub const SEMCONV_VERSION: &str = "1.37.0";
 
