@@ -5,7 +5,7 @@
 
 use std::io::IsTerminal;
 
-use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+use tracing_subscriber::{EnvFilter, filter::filter_fn, fmt, prelude::*};
 
 use crate::config::{LogConfig, LogFormat};
 
@@ -46,9 +46,16 @@ pub fn init(config: &LogConfig) -> Telemetry {
     let registry = tracing_subscriber::registry().with(filter).with(otel_layer);
     // Colour only on a terminal: a log file or a pipe gets plain text.
     let ansi = std::io::stderr().is_terminal();
+    // The GenAI spans and events are for the exporter; a log line keeps its `turn` span's ids.
+    let logged = || filter_fn(|m| m.target() != crate::genai::TARGET);
     let result = match config.format {
         LogFormat::Text => registry
-            .with(fmt::layer().with_ansi(ansi).with_writer(std::io::stderr))
+            .with(
+                fmt::layer()
+                    .with_ansi(ansi)
+                    .with_writer(std::io::stderr)
+                    .with_filter(logged()),
+            )
             .try_init(),
         LogFormat::Json => registry
             .with(
@@ -56,7 +63,8 @@ pub fn init(config: &LogConfig) -> Telemetry {
                     .json()
                     .with_current_span(true)
                     .with_span_list(false)
-                    .with_writer(std::io::stderr),
+                    .with_writer(std::io::stderr)
+                    .with_filter(logged()),
             )
             .try_init(),
     };
@@ -67,6 +75,7 @@ pub fn init(config: &LogConfig) -> Telemetry {
     #[cfg(feature = "otel")]
     match (&provider, otel_error) {
         (Some(_), _) => {
+            crate::genai::set_exporting(true);
             crate::genai::set_capture(config.trace_content);
             tracing::info!(
                 endpoint,
@@ -138,7 +147,8 @@ pub(crate) mod otel {
     }
 
     /// The `tracing` layer that turns spans into OpenTelemetry spans of `provider`: every span the
-    /// filter lets through, and of the events inside them only the safety decisions
+    /// filter lets through (the `turn`, the GenAI spans, the retrieval), and of the events inside them
+    /// only the safety decisions
     /// ([`crate::genai::Safety`]) and warnings and errors; the log lines stay in the logs. Per span, only
     /// its own fields: no busy and idle time, thread, code location or target (each an attribute, and
     /// busy time a clock read on every poll), and no OpenTelemetry context made current on entry (no
@@ -149,7 +159,7 @@ pub(crate) mod otel {
     {
         use tracing_subscriber::{Layer as _, filter::filter_fn};
         let exported = filter_fn(|m| {
-            m.is_span() || *m.level() <= tracing::Level::WARN || m.target() == crate::genai::EVENTS
+            m.is_span() || *m.level() <= tracing::Level::WARN || m.target() == crate::genai::TARGET
         });
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("companion"))

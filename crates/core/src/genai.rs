@@ -3,13 +3,15 @@
 //! that names their spans, attributes, span events and client histograms, and decides whether a span
 //! may carry message text.
 //!
-//! - The spans are ordinary `tracing` spans; the `otel` build's layer exports them (`otel.name` is the
-//!   exported name, `otel.kind` its kind). Without it they cost what any span costs.
+//! - The spans are `tracing` spans of target [`TARGET`]; the `otel` build's layer exports them
+//!   (`otel.name` is the exported name, `otel.kind` its kind) and the logs leave them out. Without an
+//!   exporter ([`exporting`]) they are not made at all: a worker that exports nothing pays an atomic load.
 //! - `invoke_agent {agent}`: one per job (a DM's turn, a follow-up), or one per companion that speaks in a
 //!   group message, with the job's outcome. `chat {model}`: one per request to the chat API (a retry or a
 //!   fallback model is a request of its own). `execute_tool {tool}`: one per tool call run.
-//!   `embeddings {model}`: one per batch the local embedder runs. `retrieval`: one knowledge lookup
-//!   (not a GenAI operation of the pinned version: named by this project).
+//!   `embeddings {model}`: one per request to the local embedder (which batches requests on its own
+//!   thread). The knowledge lookup's `retrieval` span is the retriever's own (not a GenAI operation of
+//!   the pinned version).
 //! - Safety decisions are span events named `companion.safety.*` ([`Safety`]) with their category and
 //!   layer, never any text.
 //! - Message text goes on a span only where [`content_allowed`]: the operator turned capture on
@@ -25,8 +27,9 @@ use tracing::{Span, field::Empty, info_span};
 
 use crate::metrics::{Labels, Metric, Metrics};
 
-/// The target of the safety events ([`Safety`]): the exporter keeps them among a span's log events.
-pub const EVENTS: &str = module_path!();
+/// The target of every span and event here: the exporter takes them, the logs leave them out (the log
+/// lines keep the `turn` span's ids, and say what the safety events say in their own words).
+pub const TARGET: &str = "companion::genai";
 
 /// The semantic-conventions release the names here follow.
 pub const SEMCONV_VERSION: &str = "1.37.0";
@@ -89,7 +92,11 @@ impl Operation<'_> {
 /// The span of one job of companion `agent` (its display name) in `conversation`; the job's kind
 /// (`dm`, `group`, `follow_up`) and, when it settles, its outcome ([`outcome`]).
 pub fn agent(agent: &str, agent_id: &str, conversation: &str, kind: &str) -> Span {
+    if !exporting() {
+        return Span::none();
+    }
     info_span!(
+        target: TARGET,
         "invoke_agent",
         otel.name = %format_args!("invoke_agent {agent}"),
         otel.kind = "internal",
@@ -123,7 +130,11 @@ pub fn chat(
     max_tokens: Option<u32>,
     temperature: Option<f32>,
 ) -> Span {
+    if !exporting() {
+        return Span::none();
+    }
     info_span!(
+        target: TARGET,
         "chat",
         otel.name = %format_args!("chat {model}"),
         otel.kind = "client",
@@ -211,7 +222,11 @@ pub fn failed(span: &Span, error_type: &str) {
 
 /// The span of one tool call (`outcome`: `ok`, `error`, recorded when it ends).
 pub fn tool(name: &str, call_id: &str) -> Span {
+    if !exporting() {
+        return Span::none();
+    }
     info_span!(
+        target: TARGET,
         "execute_tool",
         otel.name = %format_args!("execute_tool {name}"),
         otel.kind = "internal",
@@ -227,7 +242,11 @@ pub fn tool(name: &str, call_id: &str) -> Span {
 
 /// The span of one batch of the local embedder.
 pub fn embeddings(model: &str, inputs: usize) -> Span {
+    if !exporting() {
+        return Span::none();
+    }
     info_span!(
+        target: TARGET,
         "embeddings",
         otel.name = %format_args!("embeddings {model}"),
         otel.kind = "internal",
@@ -259,28 +278,52 @@ pub enum Safety<'a> {
 impl Safety<'_> {
     /// Adds the decision to the current span.
     pub fn record(self) {
+        if !exporting() {
+            return;
+        }
+        use tracing::{Level, event};
         match self {
-            Self::Screened { layer } => {
-                tracing::info!(companion.safety.layer = layer, "companion.safety.screened")
-            }
-            Self::Flagged { category, layer } => tracing::info!(
+            Self::Screened { layer } => event!(
+                target: TARGET,
+                Level::INFO,
+                companion.safety.layer = layer,
+                "companion.safety.screened"
+            ),
+            Self::Flagged { category, layer } => event!(
+                target: TARGET,
+                Level::INFO,
                 companion.safety.category = category,
                 companion.safety.layer = layer,
                 "companion.safety.flagged"
             ),
-            Self::Referral { category } => {
-                tracing::info!(
-                    companion.safety.category = category,
-                    "companion.safety.referral"
-                )
-            }
-            Self::OutputReplaced { category } => tracing::info!(
+            Self::Referral { category } => event!(
+                target: TARGET,
+                Level::INFO,
+                companion.safety.category = category,
+                "companion.safety.referral"
+            ),
+            Self::OutputReplaced { category } => event!(
+                target: TARGET,
+                Level::INFO,
                 companion.safety.category = category,
                 "companion.safety.output_replaced"
             ),
-            Self::Held => tracing::info!("companion.safety.held"),
+            Self::Held => event!(target: TARGET, Level::INFO, "companion.safety.held"),
         }
     }
+}
+
+/// Whether spans are exported: without an exporter the GenAI spans and events are not made at all.
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// Says that an exporter runs (telemetry's init, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set).
+pub fn set_exporting(on: bool) {
+    EXPORTING.store(on, Ordering::Relaxed);
+}
+
+/// Whether the GenAI spans are made (a disabled span costs nothing, and records into it are no-ops).
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
 }
 
 /// Whether message text may go on spans at all: the operator's setting, with an exporter running.

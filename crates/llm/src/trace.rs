@@ -22,6 +22,9 @@ pub(crate) fn provider(base_url: &str) -> &'static str {
 /// The span of one request of `request` sent to `model`.
 pub(crate) fn chat_span(provider: &str, model: &str, request: &ChatRequest) -> Span {
     let span = genai::chat(provider, model, request.max_tokens, request.temperature);
+    if span.is_disabled() {
+        return span;
+    }
     if !request.tools.is_empty() {
         let names: Vec<&str> = request
             .tools
@@ -45,6 +48,9 @@ pub(crate) fn chat_span(provider: &str, model: &str, request: &ChatRequest) -> S
 
 /// Records `response` (priced at `cost_usd`) on the span of its request.
 pub(crate) fn answered(span: &Span, response: &ChatResponse, cost_usd: Option<f64>) {
+    if span.is_disabled() {
+        return;
+    }
     let usage = response.usage.as_ref();
     let reasons: Vec<&str> = response
         .choices
