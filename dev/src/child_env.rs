@@ -425,6 +425,7 @@ fn telemetry(c: &Config) -> Env {
         ("LOG_FORMAT", log_format(c.log.format)),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", c.log.otel_endpoint.clone()),
         ("OTEL_SERVICE_NAME", c.log.otel_service_name.clone()),
+        ("COMPANION_TRACE_CONTENT", c.log.trace_content.to_string()),
     ]
 }
 
