@@ -129,13 +129,24 @@ impl Metrics {
         metric: &Metric,
         name: &'static str,
     ) -> F {
+        self.family_made(families, metric, name, F::default)
+    }
+
+    /// [`Metrics::family`], made by `make` on first use.
+    fn family_made<F: Clone + prometheus_client::registry::Metric>(
+        &self,
+        families: &RwLock<HashMap<&'static str, F>>,
+        metric: &Metric,
+        name: &'static str,
+        make: impl FnOnce() -> F,
+    ) -> F {
         if let Some(f) = families.read().expect("metrics lock").get(metric.name) {
             return f.clone();
         }
         let mut all = families.write().expect("metrics lock");
         all.entry(metric.name)
             .or_insert_with(|| {
-                let f = F::default();
+                let f = make();
                 let mut registry = self.registry.lock().expect("metrics lock");
                 registry.register(name, metric.help, f.clone());
                 f
@@ -191,24 +202,8 @@ impl Metrics {
         if !v.is_finite() {
             return;
         }
-        let existing = self
-            .histograms
-            .read()
-            .expect("metrics lock")
-            .get(metric.name)
-            .cloned();
-        let family = existing.unwrap_or_else(|| {
-            let mut all = self.histograms.write().expect("metrics lock");
-            all.entry(metric.name)
-                .or_insert_with(|| {
-                    let f = Bucketed::new_with_constructor(Buckets(buckets));
-                    let mut registry = self.registry.lock().expect("metrics lock");
-                    registry.register(metric.name, metric.help, f.clone());
-                    f
-                })
-                .clone()
-        });
-        family.get_or_create(&owned(labels)).observe(v);
+        let make = || Bucketed::new_with_constructor(Buckets(buckets));
+        self.family_made(&self.histograms, metric, metric.name, make).get_or_create(&owned(labels)).observe(v);
     }
 
     /// Exports `histogram`, which its owner observes into (the embedder's batch sizes).
