@@ -142,12 +142,7 @@ impl Admitted<'_> {
             Kind::Group { .. } => "group",
             Kind::FollowUp { .. } => "follow_up",
         };
-        crate::genai::agent(
-            &m.character.name,
-            &m.bot.to_hex(),
-            &self.ids.conversation,
-            kind,
-        )
+        crate::genai::agent(&m.character.name, &m.bot, &self.ids.conversation, kind)
     }
 
     pub(crate) fn new_job(&self, stream_seq: Option<u64>) -> NewJob<'_> {

@@ -91,7 +91,12 @@ impl Operation<'_> {
 
 /// The span of one job of companion `agent` (its display name) in `conversation`; the job's kind
 /// (`dm`, `group`, `follow_up`) and, when it settles, its outcome ([`outcome`]).
-pub fn agent(agent: &str, agent_id: &str, conversation: &str, kind: &str) -> Span {
+pub fn agent(
+    agent: &str,
+    agent_id: &dyn std::fmt::Display,
+    conversation: &str,
+    kind: &str,
+) -> Span {
     if !exporting() {
         return Span::none();
     }
@@ -102,7 +107,7 @@ pub fn agent(agent: &str, agent_id: &str, conversation: &str, kind: &str) -> Spa
         otel.kind = "internal",
         gen_ai.operation.name = "invoke_agent",
         gen_ai.agent.name = agent,
-        gen_ai.agent.id = agent_id,
+        gen_ai.agent.id = %agent_id,
         gen_ai.conversation.id = conversation,
         companion.job.kind = kind,
         companion.job.outcome = Empty,

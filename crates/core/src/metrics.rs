@@ -203,7 +203,9 @@ impl Metrics {
             return;
         }
         let make = || Bucketed::new_with_constructor(Buckets(buckets));
-        self.family_made(&self.histograms, metric, metric.name, make).get_or_create(&owned(labels)).observe(v);
+        self.family_made(&self.histograms, metric, metric.name, make)
+            .get_or_create(&owned(labels))
+            .observe(v);
     }
 
     /// Exports `histogram`, which its owner observes into (the embedder's batch sizes).
