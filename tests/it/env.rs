@@ -39,6 +39,8 @@ pub const RICO: &str = "69c15e55c7ebe2c6884f1269";
 pub const ZOE: &str = "69c15e55c7ebe2c6884f126b";
 /// Jess's conversation with Kaori in the seed data.
 pub const JESS_KAORI: &str = "6650f1a2b3c4d5e6f7a8c001";
+/// A message the crisis screen's rules flag (self-harm).
+pub const CRISIS_TEXT: &str = "honestly i just want to die, i don't see the point anymore";
 
 pub fn oid(s: &str) -> ObjectId {
     ObjectId::parse_str(s).expect("test ids are valid")
@@ -348,6 +350,25 @@ impl TestEnv {
         )
         .await
         .expect("user message stored")
+    }
+
+    /// Jess's `text` in a new group of hers with `bots`, stored and published as TB-Backend would.
+    pub async fn group_message(
+        &self,
+        bots: &[&str],
+        text: &str,
+    ) -> companion_store::bus::event::GroupMessageEvent {
+        let bots: Vec<ObjectId> = bots.iter().map(|b| oid(b)).collect();
+        let group = backend::create_group(&self.mongo, &[oid(JESS)], &bots)
+            .await
+            .expect("group created");
+        let e = backend::store_group_message(&self.mongo, group, oid(JESS), text)
+            .await
+            .expect("stored");
+        backend::publish_group_message(&self.bus, &e)
+            .await
+            .expect("published");
+        e
     }
 
     /// The DM conversation of `user` and `bot` (created as TB-Backend would when missing).

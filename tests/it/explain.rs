@@ -5,10 +5,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use companion_dev::{
-    backend,
-    stub::{Responder, StubReply, last_user_text},
-};
+use companion_dev::stub::{Responder, StubReply, last_user_text};
 use serde_json::{Value, json};
 
 use crate::env::*;
@@ -210,13 +207,12 @@ async fn a_burst_follower_leads_to_its_head_and_a_limited_message_names_the_busy
 
 #[tokio::test]
 async fn a_crisis_message_shows_the_screen_s_layer_never_its_text_and_none_once_deleted() {
-    const CRISIS: &str = "honestly i just want to die, i don't see the point anymore";
     let env = TestEnv::new(Arc::new(|_: &Value| {
         StubReply::text("i'm really glad you told me.")
     }))
     .await;
     let worker = InProcessWorker::start(&env).await;
-    let e = env.dm(JESS, KAORI, JESS_KAORI, CRISIS).await;
+    let e = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_TEXT).await;
     env.publish(&e).await;
     env.settled(&e.message_id).await;
     let id = e.message_id.as_str();
@@ -273,14 +269,9 @@ async fn a_group_message_is_told_slot_by_slot_with_each_companion_s_calls() {
     });
     let env = TestEnv::new(introduce).await;
     let worker = InProcessWorker::start(&env).await;
-    let group = backend::create_group(&env.mongo, &[oid(JESS)], &[oid(KAORI), oid(TONY)])
-        .await
-        .unwrap();
-    let m =
-        backend::store_group_message(&env.mongo, group, oid(JESS), "kaori and tony, which board?")
-            .await
-            .unwrap();
-    backend::publish_group_message(&env.bus, &m).await.unwrap();
+    let m = env
+        .group_message(&[KAORI, TONY], "kaori and tony, which board?")
+        .await;
     env.settled(&m.message_id).await;
 
     let text = explain(&env, &[&m.message_id]).await;

@@ -52,7 +52,7 @@ pub(crate) fn exported(bodies: &Mutex<Vec<Bytes>>) -> Vec<ExportedSpan> {
 }
 
 /// The agent span of the job of message `id` (the child of the `turn` span with its `event_id`), and
-/// every span under it.
+/// the job's spans: the agent span and every span under it.
 pub(crate) fn job<'a>(
     spans: &'a [ExportedSpan],
     id: &str,
@@ -66,7 +66,7 @@ pub(crate) fn job<'a>(
         .iter()
         .find(|s| s.parent_id == turn.span_id && s.name.starts_with("invoke_agent "))
         .unwrap_or_else(|| panic!("no agent span under the turn among {:?}", names()));
-    let mut under = vec![];
+    let mut under = vec![agent];
     let mut frontier = vec![agent.span_id.as_str()];
     while let Some(parent) = frontier.pop() {
         for s in spans.iter().filter(|s| s.parent_id == parent) {
@@ -96,6 +96,21 @@ pub(crate) fn holds_text(spans: &[&ExportedSpan], text: &str) -> Option<String> 
     })
 }
 
+/// Runs a worker process with `settings` until `turns` are done, then stops it: it flushes its spans as
+/// it exits.
+pub(crate) async fn worker_while<T>(
+    env: &TestEnv,
+    settings: &[(&str, &str)],
+    turns: impl AsyncFnOnce() -> T,
+) -> T {
+    let mut worker = env.spawn_worker_process(settings);
+    let done = turns().await;
+    sigterm(&worker);
+    let status = wait_exit(&mut worker, std::time::Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}");
+    done
+}
+
 pub(crate) fn tool_then_text() -> companion_dev::stub::Responder {
     scripted(
         vec![
@@ -110,17 +125,17 @@ pub(crate) fn tool_then_text() -> companion_dev::stub::Responder {
 async fn a_dm_with_a_tool_call_is_an_agent_span_with_two_chat_spans_and_a_tool_span() {
     let (endpoint, bodies) = collector().await;
     let env = TestEnv::new(tool_then_text()).await;
-    let mut worker = env.spawn_worker_process(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-        ("OTEL_SERVICE_NAME", "companion-test"),
-    ]);
     let said = "any spots in portland? my secret plan is 7391";
     let event = env.dm(JESS, KAORI, JESS_KAORI, said).await;
-    let reply = env.turn(&event).await;
-    assert_eq!(reply.content, "found a couple of spots for you!");
-    sigterm(&worker);
-    let status = wait_exit(&mut worker, std::time::Duration::from_secs(30)).await;
-    assert!(status.success(), "{status}");
+    let settings = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_SERVICE_NAME", "companion-test"),
+    ];
+    worker_while(&env, &settings, async || {
+        let reply = env.turn(&event).await;
+        assert_eq!(reply.content, "found a couple of spots for you!");
+    })
+    .await;
 
     let spans = exported(&bodies);
     let (agent, under) = job(&spans, &event.message_id);
@@ -171,8 +186,8 @@ async fn a_dm_with_a_tool_call_is_an_agent_span_with_two_chat_spans_and_a_tool_s
     assert!(!t["gen_ai.tool.call.id"].is_empty());
     assert_eq!(t["companion.tool.outcome"], "ok");
     // The safety screen's decision is an event: its layer, no text.
-    let screened: Vec<_> = std::iter::once(agent)
-        .chain(under.iter().copied())
+    let screened: Vec<_> = under
+        .iter()
         .flat_map(|s| &s.events)
         .filter(|(name, _)| name == "companion.safety.screened")
         .collect();
@@ -195,34 +210,28 @@ async fn a_dm_with_a_tool_call_is_an_agent_span_with_two_chat_spans_and_a_tool_s
 async fn with_content_capture_the_messages_are_on_the_spans_except_in_a_crisis_conversation() {
     let (endpoint, bodies) = collector().await;
     let env = TestEnv::new(tool_then_text()).await;
-    let mut worker = env.spawn_worker_process(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+    let settings = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
         ("COMPANION_TRACE_CONTENT", "true"),
-    ]);
-    let plain = env
-        .dm(JESS, KAORI, JESS_KAORI, "spots near 4471 main st?")
-        .await;
-    env.turn(&plain).await;
-    let sam = env.conversation(SAM, KAORI).await;
-    let crisis = env
-        .dm(
-            SAM,
-            KAORI,
-            &sam,
-            "honestly i just want to die, i don't see the point anymore",
-        )
-        .await;
-    // The referral's completion comes first; the job settles after the companion's own answer.
-    env.turn(&crisis).await;
-    env.settled(&crisis.message_id).await;
-    // A later message of the flagged conversation brings the flagged one back as history.
-    let later = env
-        .dm(SAM, KAORI, &sam, "anyway, spots near 5582 oak ave?")
-        .await;
-    env.turn(&later).await;
-    sigterm(&worker);
-    let status = wait_exit(&mut worker, std::time::Duration::from_secs(30)).await;
-    assert!(status.success(), "{status}");
+    ];
+    let (plain, crisis, later) = worker_while(&env, &settings, async || {
+        let plain = env
+            .dm(JESS, KAORI, JESS_KAORI, "spots near 4471 main st?")
+            .await;
+        env.turn(&plain).await;
+        let sam = env.conversation(SAM, KAORI).await;
+        let crisis = env.dm(SAM, KAORI, &sam, CRISIS_TEXT).await;
+        // The referral's completion comes first; the job settles after the companion's own answer.
+        env.turn(&crisis).await;
+        env.settled(&crisis.message_id).await;
+        // A later message of the flagged conversation brings the flagged one back as history.
+        let later = env
+            .dm(SAM, KAORI, &sam, "anyway, spots near 5582 oak ave?")
+            .await;
+        env.turn(&later).await;
+        (plain, crisis, later)
+    })
+    .await;
 
     let spans = exported(&bodies);
     let (_, under) = job(&spans, &plain.message_id);
@@ -250,24 +259,20 @@ async fn with_content_capture_the_messages_are_on_the_spans_except_in_a_crisis_c
     );
 
     // The crisis message's job: flagged (by the rules, no text), and no message on any span.
-    let (agent, under) = job(&spans, &crisis.message_id);
-    let flagged: Vec<_> = std::iter::once(agent)
-        .chain(under.iter().copied())
+    let (_, under) = job(&spans, &crisis.message_id);
+    let flagged: Vec<_> = under
+        .iter()
         .flat_map(|s| &s.events)
         .filter(|(name, _)| name == "companion.safety.flagged")
         .collect();
     assert_eq!(flagged.len(), 1, "{flagged:?}");
     assert_eq!(flagged[0].1["companion.safety.layer"], "rules");
     assert_eq!(flagged[0].1["companion.safety.category"], "self_harm");
-    let mut crisis_spans = under.clone();
-    crisis_spans.push(agent);
-    assert_eq!(holds_text(&crisis_spans, "want to die"), None);
-    let (agent, under) = job(&spans, &later.message_id);
-    let mut later_spans = under.clone();
-    later_spans.push(agent);
+    assert_eq!(holds_text(&under, "want to die"), None);
+    let (_, under) = job(&spans, &later.message_id);
     assert!(under.iter().any(|s| s.name.starts_with("chat ")));
-    assert_eq!(holds_text(&later_spans, "want to die"), None);
-    assert_eq!(holds_text(&later_spans, "5582 oak"), None);
+    assert_eq!(holds_text(&under, "want to die"), None);
+    assert_eq!(holds_text(&under, "5582 oak"), None);
     env.finish().await;
 }
 
@@ -275,15 +280,15 @@ async fn with_content_capture_the_messages_are_on_the_spans_except_in_a_crisis_c
 async fn the_standard_sampler_setting_is_respected() {
     let (endpoint, bodies) = collector().await;
     let env = TestEnv::new(tool_then_text()).await;
-    let mut worker = env.spawn_worker_process(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+    let settings = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
         ("OTEL_TRACES_SAMPLER", "always_off"),
-    ]);
+    ];
     let event = env.dm(JESS, KAORI, JESS_KAORI, "spots in portland?").await;
-    env.turn(&event).await;
-    sigterm(&worker);
-    let status = wait_exit(&mut worker, std::time::Duration::from_secs(30)).await;
-    assert!(status.success(), "{status}");
+    worker_while(&env, &settings, async || {
+        env.turn(&event).await;
+    })
+    .await;
     let spans = exported(&bodies);
     assert!(
         spans.is_empty(),
@@ -295,22 +300,17 @@ async fn the_standard_sampler_setting_is_respected() {
 
 #[tokio::test]
 async fn a_group_message_is_one_agent_span_per_companion_that_speaks_under_its_turn() {
-    use companion_dev::backend;
     let (endpoint, bodies) = collector().await;
     let env = TestEnv::new(companion_dev::stub::always(StubReply::text("here!"))).await;
-    let mut worker = env.spawn_worker_process(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)]);
-    let group = backend::create_group(&env.mongo, &[oid(JESS)], &[oid(KAORI), oid(TONY), oid(ZOE)])
-        .await
-        .unwrap();
-    let e =
-        backend::store_group_message(&env.mongo, group, oid(JESS), "Tony and kaori: first trick?")
-            .await
-            .unwrap();
-    backend::publish_group_message(&env.bus, &e).await.unwrap();
-    env.settled(&e.message_id).await;
-    sigterm(&worker);
-    let status = wait_exit(&mut worker, std::time::Duration::from_secs(30)).await;
-    assert!(status.success(), "{status}");
+    let settings = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    let e = worker_while(&env, &settings, async || {
+        let e = env
+            .group_message(&[KAORI, TONY, ZOE], "Tony and kaori: first trick?")
+            .await;
+        env.settled(&e.message_id).await;
+        e
+    })
+    .await;
 
     let spans = exported(&bodies);
     let turn = spans
@@ -330,7 +330,10 @@ async fn a_group_message_is_one_agent_span_per_companion_that_speaks_under_its_t
     for agent in agents {
         assert_eq!(agent.attributes["companion.job.kind"], "group");
         assert_eq!(agent.attributes["companion.job.outcome"], "answered");
-        assert_eq!(agent.attributes["gen_ai.conversation.id"], group.to_hex());
+        assert_eq!(
+            agent.attributes["gen_ai.conversation.id"],
+            e.conversation_id
+        );
         let chats = spans
             .iter()
             .filter(|s| s.parent_id == agent.span_id && s.name.starts_with("chat "))

@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use crate::{
     env::*,
-    otel::{holds_text, job, tool_then_text},
+    otel::{holds_text, job, tool_then_text, worker_while},
     servers::*,
 };
 use companion::testing::telemetry::otel::ExportedSpan;
@@ -130,21 +130,6 @@ fn span(v: &Value) -> ExportedSpan {
     }
 }
 
-/// Runs a worker process exporting to `phoenix` (content capture `content`) until `turns` are done.
-async fn exporting(env: &TestEnv, phoenix: &Phoenix, content: bool, turns: impl AsyncFnOnce()) {
-    let mut worker = env.spawn_worker_process(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", &phoenix.base),
-        (
-            "COMPANION_TRACE_CONTENT",
-            if content { "true" } else { "false" },
-        ),
-    ]);
-    turns().await;
-    sigterm(&worker);
-    let status = wait_exit(&mut worker, Duration::from_secs(30)).await;
-    assert!(status.success(), "{status}");
-}
-
 #[tokio::test]
 async fn phoenix_shows_the_agent_its_model_calls_and_its_tool_call_and_text_only_where_allowed() {
     let dir = TempDir::new("companion-phoenix");
@@ -159,7 +144,13 @@ async fn phoenix_shows_the_agent_its_model_calls_and_its_tool_call_and_text_only
             "spots in portland? my locker code is 7391",
         )
         .await;
-    exporting(&env, &phoenix, false, async || {
+    let settings = |content| {
+        [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", phoenix.base.as_str()),
+            ("COMPANION_TRACE_CONTENT", content),
+        ]
+    };
+    worker_while(&env, &settings("false"), async || {
         env.turn(&secret).await;
     })
     .await;
@@ -167,15 +158,8 @@ async fn phoenix_shows_the_agent_its_model_calls_and_its_tool_call_and_text_only
     let plain = env
         .dm(JESS, KAORI, JESS_KAORI, "and near 4471 main st?")
         .await;
-    let crisis = env
-        .dm(
-            SAM,
-            KAORI,
-            &sam,
-            "honestly i just want to die, i don't see the point anymore",
-        )
-        .await;
-    exporting(&env, &phoenix, true, async || {
+    let crisis = env.dm(SAM, KAORI, &sam, CRISIS_TEXT).await;
+    worker_while(&env, &settings("true"), async || {
         env.turn(&plain).await;
         env.turn(&crisis).await;
         env.settled(&crisis.message_id).await;
@@ -240,9 +224,7 @@ async fn phoenix_shows_the_agent_its_model_calls_and_its_tool_call_and_text_only
     assert_eq!(tools[0].name, "execute_tool search_spots");
     assert_eq!(tools[0].attributes["phoenix.span_kind"], "TOOL");
     assert_eq!(tools[0].attributes["tool.name"], "search_spots");
-    let mut job_spans = under.clone();
-    job_spans.push(agent);
-    assert_eq!(holds_text(&job_spans, "7391"), None, "content capture off");
+    assert_eq!(holds_text(&under, "7391"), None, "content capture off");
 
     // With content capture on: the text of a plain DM, as Phoenix reads it.
     let (_, under) = job(&spans, &plain.message_id);
@@ -258,11 +240,9 @@ async fn phoenix_shows_the_agent_its_model_calls_and_its_tool_call_and_text_only
         "{inputs:?}"
     );
     // …and none of the crisis-flagged message, whose screen's layer is shown.
-    let (agent, under) = job(&spans, &crisis.message_id);
-    let mut crisis_spans = under.clone();
-    crisis_spans.push(agent);
-    assert_eq!(holds_text(&crisis_spans, "want to die"), None);
-    let flagged = crisis_spans
+    let (_, under) = job(&spans, &crisis.message_id);
+    assert_eq!(holds_text(&under, "want to die"), None);
+    let flagged = under
         .iter()
         .flat_map(|s| &s.events)
         .find(|(name, _)| name == "companion.safety.flagged")
