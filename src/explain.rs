@@ -23,7 +23,7 @@ use crate::{
     group::Route,
     journal::{
         JournalError,
-        names::step,
+        names::{key::Slot, step},
         story::{self, JobRow, StepRow, Story},
         usage::LlmRecord,
     },
@@ -280,7 +280,7 @@ fn slot(s: &StepRow) -> Option<usize> {
         | step::WITHDRAW
             if k.starts_with('g') =>
         {
-            k.split_once('.').map_or(Some(0), |(_, n)| n.parse().ok())
+            Slot::of_reply(k).map(|(_, slot)| slot.index())
         }
         step::LLM
         | step::TOOL
@@ -291,11 +291,7 @@ fn slot(s: &StepRow) -> Option<usize> {
         | step::FLOW_CHANGE
             if k != crate::journal::names::key::EVENT =>
         {
-            Some(
-                k.split_once('.')
-                    .and_then(|(n, _)| n.parse().ok())
-                    .unwrap_or(0),
-            )
+            Some(Slot::of_call(k).index())
         }
         _ => None,
     }
@@ -306,13 +302,7 @@ fn slot(s: &StepRow) -> Option<usize> {
 fn order(s: &StepRow, job: &str, tools: &HashMap<&str, i64>) -> (u8, usize, i64) {
     let (name, key) = (s.name.as_str(), s.key.as_str());
     let within_slot = |n: i64| (3, slot(s).unwrap_or(0), n);
-    let generation = || {
-        key.trim_start_matches('g')
-            .split('.')
-            .next()
-            .and_then(|g| g.parse::<i64>().ok())
-            .unwrap_or(0)
-    };
+    let generation = || Slot::of_reply(key).map_or(0, |(g, _)| i64::from(g));
     // The incoming hook's steps, in the order the protocol takes them (the referral's delivery keyed
     // `crisis.<message>`).
     let incoming = [

@@ -180,12 +180,35 @@ pub mod key {
                 Slot::Nth(n) => format!("{n}."),
             }
         }
+
+        /// The generation and slot of a key [`Slot::reply`] made; none for another key.
+        pub fn of_reply(key: &str) -> Option<(i32, Slot)> {
+            let rest = key.strip_prefix('g')?;
+            match rest.split_once('.') {
+                Some((g, n)) => Some((g.parse().ok()?, Slot::Nth(n.parse().ok()?))),
+                None => Some((rest.parse().ok()?, Slot::Only)),
+            }
+        }
+
+        /// The slot of a key that starts with a prefix [`Slot::calls`] made.
+        pub fn of_call(key: &str) -> Slot {
+            key.split_once('.')
+                .and_then(|(n, _)| n.parse().ok())
+                .map_or(Slot::Only, Slot::Nth)
+        }
+
+        /// The slot's place among the job's messages (the only one is the first).
+        pub fn index(self) -> usize {
+            match self {
+                Slot::Only => 0,
+                Slot::Nth(n) => n,
+            }
+        }
     }
 
     /// Whether `key` is a `reply` key of `generation`, of any slot.
     pub(crate) fn is_reply_of(key: &str, generation: i32) -> bool {
-        let g = format!("g{generation}");
-        key == g || key.strip_prefix(&g).is_some_and(|r| r.starts_with('.'))
+        Slot::of_reply(key).is_some_and(|(g, _)| g == generation)
     }
 }
 
@@ -201,5 +224,11 @@ mod tests {
         assert_eq!(Slot::Nth(1).calls(), "1.");
         assert!(is_reply_of("g1", 1) && is_reply_of("g1.0", 1));
         assert!(!is_reply_of("g10", 1) && !is_reply_of("g0", 1));
+        for slot in [Slot::Only, Slot::Nth(0), Slot::Nth(3)] {
+            assert_eq!(Slot::of_reply(&slot.reply(7)), Some((7, slot)));
+            assert_eq!(Slot::of_call(&format!("{}2", slot.calls())), slot);
+        }
+        assert_eq!(Slot::of_reply("crisis.g1"), None);
+        assert_eq!(Slot::of_call("call_r1_0:ab12"), Slot::Only);
     }
 }
