@@ -227,6 +227,7 @@ impl App {
                 clean,
                 safety: safety.clone(),
                 pg: pg.clone(),
+                journal: journal.clone(),
                 metrics: metrics.clone(),
             },
             delivery: Delivery {

@@ -251,6 +251,26 @@ impl Reply {
             recalled: None,
         }
     }
+
+    /// Stamps the message as said after `earlier`: a later time (at least a millisecond later, the
+    /// precision of `dm_messages.timestamp`) and a later id, so that every reader that sorts by either
+    /// shows `earlier` first. For a message composed before `earlier` but owed after it: the model's own
+    /// reply when its flag raised the referral.
+    pub(crate) fn stamp_after(&mut self, earlier: &Reply) {
+        self.at = Utc::now().max(earlier.at + chrono::Duration::milliseconds(1));
+        let mut id = ObjectId::new();
+        if let Ok(before) = ObjectId::parse_str(&earlier.id)
+            && id <= before
+        {
+            // `earlier` came from another process within the same second: the next second's id, with
+            // this process's unique bytes and counter.
+            let mut bytes = id.bytes();
+            let second = u32::from_be_bytes(before.bytes()[..4].try_into().expect("4 bytes"));
+            bytes[..4].copy_from_slice(&second.saturating_add(1).to_be_bytes());
+            id = ObjectId::from_bytes(bytes);
+        }
+        self.id = id.to_hex();
+    }
 }
 
 /// A fixed line that stands in for the model's answer.
@@ -422,7 +442,8 @@ impl Pipeline {
                 .step(step::REPLY, slot.reply(job.record.generation))
                 .run(Box::pin(async {
                     fresh += 1;
-                    genai::with_content(content, self.fix(&view)).await
+                    let lang = crisis.as_ref().map(|f| f.lang.as_str());
+                    genai::with_content(content, self.fix(&view, lang)).await
                 }))
                 .instrument(agent.clone())
                 .await?;
@@ -485,18 +506,33 @@ impl Pipeline {
         Ok(!self.journal.crisis_in(&a.ids.conversation).await?)
     }
 
-    /// Stage 7 of a slot: its message composed (after the crisis protocol when the model flagged a
-    /// concern: the referral goes first), through the outgoing hook; what its `reply` step fixes.
-    async fn fix(&self, view: &SlotView<'_, '_>) -> Result<Reply, PipelineError> {
-        let composed = self.composer.compose(view).await?;
+    /// Stage 7 of a slot: its message composed, through the outgoing hook; what its `reply` step fixes.
+    /// `crisis` is the language of the job's crisis, when one of its messages was flagged. When the model
+    /// flagged a concern, the crisis protocol runs first and the referral goes first: the model's reply,
+    /// composed before it, is stamped after it.
+    async fn fix(
+        &self,
+        view: &SlotView<'_, '_>,
+        crisis: Option<&str>,
+    ) -> Result<Reply, PipelineError> {
+        let mut composed = self.composer.compose(view).await?;
+        let mut lang = crisis.map(str::to_owned);
         if let Some(concern) = composed.concern
             && let Some(m) = view.admitted.message()
             && let Some(decision) = incoming::model_decision(&m, concern)
         {
-            Box::pin(self.protocol(view.job, view.admitted, &m, decision)).await?;
+            let (flagged, referral) =
+                Box::pin(self.protocol(view.job, view.admitted, &m, decision)).await?;
+            if let Some(referral) = referral {
+                composed.said.stamp_after(&referral);
+            }
+            lang.get_or_insert(flagged.lang);
         }
         let (a, speaker) = (view.admitted, view.speaker);
-        self.outgoing.pass(a, speaker, composed.said).await
+        let said = self
+            .outgoing
+            .pass(a, speaker, composed.said, lang.as_deref());
+        Box::pin(said).await
     }
 
     /// The incoming hook on a user message: its screen, and the protocol when it flags a crisis.
@@ -507,35 +543,38 @@ impl Pipeline {
         m: &UserMessage<'_>,
     ) -> Result<Option<Flagged>, PipelineError> {
         match self.incoming.screen(job, a, m).await? {
-            Some(decision) => self.protocol(job, a, m, decision).await.map(Some),
+            Some(decision) => Ok(Some(self.protocol(job, a, m, decision).await?.0)),
             None => Ok(None),
         }
     }
 
     /// The crisis protocol on a flagged message, each part once per message: the record, the referral
     /// when one is owed (through the outgoing hook and delivered at once, before anything else is said)
-    /// and the moderators' alert.
+    /// and the moderators' alert. Returns the record and the referral delivered, if one was owed.
     async fn protocol(
         &self,
         job: &Job,
         a: &Admitted<'_>,
         m: &UserMessage<'_>,
         decision: Decision,
-    ) -> Result<Flagged, PipelineError> {
+    ) -> Result<(Flagged, Option<Reply>), PipelineError> {
         let flagged = self.incoming.flag(job, a, m, decision).await?;
+        let mut referral = None;
         if flagged.referred {
             let reply = job
                 .step(step::REFERRAL_MESSAGE, m.id.to_hex())
                 .run(async {
                     let said = self.incoming.referral(a, m, &flagged);
-                    let said = self.outgoing.pass(a, a.members[0], said).await?;
+                    let lang = Some(flagged.lang.as_str());
+                    let said = self.outgoing.pass(a, a.members[0], said, lang).await?;
                     Ok::<_, PipelineError>(said)
                 })
                 .await?;
             self.delivery.deliver_referral(job, a, m, &reply).await?;
+            referral = Some(reply);
         }
         self.incoming.alert(job, a, m, &flagged).await?;
-        Ok(flagged)
+        Ok((flagged, referral))
     }
 
     /// The burst's other messages through the incoming hook, each screened; the first crisis among them.
@@ -654,17 +693,17 @@ impl Pipeline {
             .run(async {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 // A user in crisis is owed the character's crisis line, not a failure.
-                let crisis = a.message().is_some_and(|m| {
-                    job.recorded::<Flagged>(step::CRISIS, &m.id.to_hex())
-                        .is_some()
-                });
+                let crisis = a
+                    .message()
+                    .and_then(|m| job.recorded::<Flagged>(step::CRISIS, &m.id.to_hex()));
                 let c = first.character;
                 let line = match crisis {
-                    true => c.crisis_line.clone(),
-                    false => c.failure_line.clone(),
+                    Some(_) => c.crisis_line.clone(),
+                    None => c.failure_line.clone(),
                 };
                 let said = self.composer.line(a, first, line);
-                self.outgoing.pass(a, first, said).await
+                let lang = crisis.as_ref().map(|f| f.lang.as_str());
+                self.outgoing.pass(a, first, said, lang).await
             })
             .await?;
         let mut said = vec![first_line];

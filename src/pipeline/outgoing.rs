@@ -1,12 +1,17 @@
 //! The outgoing hook: every companion message passes it before its step fixes it, whoever wrote it (the
 //! model, a character's fixed line, the crisis referral). It is cleaned of control characters, trimmed
 //! and bounded; the output check replaces it by the character's safe line when it blocks it; and it
-//! carries the AI disclosure (with a minor's break reminder) when one is due (docs/safety.md).
+//! carries the AI disclosure (with a minor's break reminder) when one is due (docs/safety.md, section 3).
 //!
 //! A crisis referral is the configured text with the user's crisis lines: it is cleaned but never cut
-//! (its lines reach the user whole) and never replaced (it speaks of self-harm by design). In a DM it
-//! carries the disclosure when one is due, like any message; in a group it is private to one user,
-//! and the group's disclosure is owed to everyone, so it goes with the next shared message instead.
+//! (its lines reach the user whole) and never replaced (it speaks of self-harm by design). Help comes
+//! first: a disclosure due with a referral is the reviewed plain sentence of `crisis.json` (`aiNotice`,
+//! "I'm an AI, a computer program, not a person."), in the referral's language, after the referral's
+//! first sentence; never the character's playful disclosure line. Any other message to a user in crisis
+//! (this job's message was flagged, or one of the conversation's within the referral window) carries
+//! that plain sentence after its text instead of the character's line. A group's referral is private
+//! to its user: it carries the notice for them, and the group's disclosure, owed to everyone, still
+//! goes with the next shared message (a private message is not in the history the rhythm reads).
 
 use std::sync::Arc;
 
@@ -14,11 +19,12 @@ use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::{PipelineError, Reply, input::Admitted, input::Kind};
+use super::{PipelineError, Reply, incoming::Flagged, input::Admitted, input::Kind};
 use crate::{
     bus::event::clean_text,
     genai,
     group::Member,
+    journal::{Journal, names::step},
     metrics::{Metric, Metrics},
     safety::{
         Safety, detect,
@@ -75,16 +81,55 @@ pub(crate) struct Outgoing {
     pub(crate) safety: Arc<Safety>,
     /// When the user last heard the disclosure, and their activity since.
     pub(crate) pg: Pg,
+    /// Whether a message of the conversation was flagged within the referral window, when a disclosure
+    /// is due and the job knows of no crisis of its own.
+    pub(crate) journal: Journal,
     pub(crate) metrics: Arc<Metrics>,
 }
 
+/// How a disclosure that is due is said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Notice<'a> {
+    /// The character's own line, before the message (with a minor's break reminder after it when the
+    /// interaction has gone on).
+    Character,
+    /// The plain sentence after a referral's first sentence (its language's).
+    InReferral { lang: &'a str },
+    /// The plain sentence after the message, for a user in crisis (the crisis's language).
+    AfterMessage { lang: String },
+}
+
+/// The message `content` carrying the disclosure as `notice` says it; whether a break reminder went
+/// with it.
+fn disclosed(
+    content: &str,
+    notice: &Notice<'_>,
+    lines: &crate::safety::lines::CrisisLines,
+    c: &crate::character::Character,
+    break_due: bool,
+) -> (String, bool) {
+    let mut text = match notice {
+        Notice::Character => format!("{}\n\n{content}", c.disclosure_line.trim()),
+        Notice::InReferral { lang } => return (lines.with_ai_notice(content, Some(lang)), false),
+        Notice::AfterMessage { lang } => {
+            format!("{content}\n\n{}", lines.ai_notice(Some(lang)))
+        }
+    };
+    if break_due {
+        text = format!("{text}\n\n{}", c.break_line.trim());
+    }
+    (text, break_due)
+}
+
 impl Outgoing {
-    /// `said`, as `speaker` may send it in answer to `a`.
+    /// `said`, as `speaker` may send it in answer to `a`. `crisis` is the language of this job's crisis
+    /// when the message answers a user message the crisis protocol flagged (a referral's own language).
     pub(crate) async fn pass(
         &self,
         a: &Admitted<'_>,
         speaker: Member<'_>,
         mut said: Reply,
+        crisis: Option<&str>,
     ) -> Result<Reply, PipelineError> {
         let c = speaker.character;
         let referral = said.marks.safety.is_some();
@@ -113,7 +158,8 @@ impl Outgoing {
             hooked.replaced = Some(what.to_owned());
         }
         said.hooked = Some(hooked);
-        if said.marks.is_private() {
+        // A private message other than a referral (none today) is no one's disclosure.
+        if said.marks.is_private() && !referral {
             return Ok(said);
         }
         let due = self.disclosure_due(a, speaker).await?;
@@ -125,14 +171,40 @@ impl Outgoing {
             _ => "first_today",
         };
         self.metrics.inc(&DISCLOSURES, &[("why", why)]);
-        let mut content = format!("{}\n\n{}", c.disclosure_line.trim(), said.content);
-        said.marks.ai_disclosure = true;
-        if due == Due::Continuing && a.age.is_minor() {
-            content = format!("{content}\n\n{}", c.break_line.trim());
-            said.marks.break_reminder = true;
-        }
+        let notice = match (referral, crisis) {
+            (true, lang) => Notice::InReferral {
+                lang: lang.unwrap_or("en"),
+            },
+            (false, Some(lang)) => Notice::AfterMessage {
+                lang: lang.to_owned(),
+            },
+            (false, None) => match self.recent_crisis(a).await? {
+                Some(lang) => Notice::AfterMessage { lang },
+                None => Notice::Character,
+            },
+        };
+        let break_due = due == Due::Continuing && a.age.is_minor();
+        let (content, with_break) =
+            disclosed(&said.content, &notice, &self.safety.lines, c, break_due);
         said.content = content;
+        said.marks.ai_disclosure = true;
+        said.marks.break_reminder = with_break;
         Ok(said)
+    }
+
+    /// The language of the latest crisis flagged in the conversation within the referral window (none:
+    /// no user in crisis there). Read only when a disclosure is due and the job has no crisis of its
+    /// own: a follow-up, or the turn after the reply model's flag.
+    async fn recent_crisis(&self, a: &Admitted<'_>) -> Result<Option<String>, PipelineError> {
+        let window =
+            chrono::Duration::seconds(self.safety.config.crisis_referral_window_secs.max(1) as i64);
+        let latest = self
+            .journal
+            .latest_in(&a.ids.conversation, step::CRISIS, Utc::now() - window)
+            .await?;
+        Ok(latest
+            .and_then(|v| serde_json::from_value::<Flagged>(v).ok())
+            .map(|f| f.lang))
     }
 
     /// Whether the speaker's message now must carry the disclosure: DMs per user and companion, a group
@@ -165,5 +237,60 @@ impl Outgoing {
         } = self.pg.disclosures(between, since).await?;
         let tz = a.user.profile.as_ref().and_then(|p| p.time_zone.as_deref());
         Ok(disclosure::due(rhythm, last_disclosure, &activity, now, tz))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kaori() -> crate::character::Character {
+        let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/characters"));
+        let all = crate::character::Characters::load(dir).expect("the shipped characters");
+        let (_, kaori) = all.by_name("kaori").expect("kaori");
+        kaori.clone()
+    }
+
+    /// The character's playful line only where no one is in crisis; a referral and any message to a user
+    /// in crisis carry the plain sentence in the crisis's language, help first.
+    #[test]
+    fn a_user_in_crisis_hears_the_plain_notice_never_the_character_s_line() {
+        let (lines, c) = (crate::safety::lines::CrisisLines::builtin(), kaori());
+        let playful = c.disclosure_line.trim();
+        let (plain, with_break) = disclosed("hey!", &Notice::Character, &lines, &c, true);
+        assert!(plain.starts_with(playful) && plain.ends_with(c.break_line.trim()));
+        assert!(with_break);
+
+        let referral = lines.referral(
+            Some("ja"),
+            Some("JP"),
+            None,
+            crate::safety::screen::Category::SelfHarm,
+        );
+        let (text, with_break) = disclosed(
+            &referral.text,
+            &Notice::InReferral { lang: "ja" },
+            &lines,
+            &c,
+            true,
+        );
+        assert!(!text.contains(playful) && !with_break, "{text}");
+        assert!(
+            text.starts_with("話してくれたこと、とても深刻なことだと感じました。私はAI"),
+            "{text}"
+        );
+
+        let reply = "i'm really glad you told me.";
+        let (text, _) = disclosed(
+            reply,
+            &Notice::AfterMessage { lang: "en".into() },
+            &lines,
+            &c,
+            false,
+        );
+        assert_eq!(
+            text,
+            format!("{reply}\n\nI'm an AI, a computer program, not a person.")
+        );
     }
 }

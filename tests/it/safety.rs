@@ -496,58 +496,119 @@ async fn in_a_group_the_referral_is_visible_to_its_user_only_and_the_group_never
     env.finish().await;
 }
 
+/// The first sentence of the English referral, and the plain notice (crisis.json) that follows it when
+/// the AI disclosure is due.
+const REFERRAL_EN_FIRST: &str =
+    "What you told me sounds really serious, and you deserve support from a real person.";
+const NOTICE_EN: &str = "I'm an AI, a computer program, not a person.";
+const REFERRAL_JA_FIRST: &str = "話してくれたこと、とても深刻なことだと感じました。";
+const NOTICE_JA: &str = "私はAIで、人ではなくコンピューターのプログラムです。";
+
+/// The dm_messages documents answering `message` (its referral and the companion's replies), each as
+/// (timestamp, _id, is the referral), in the order the app shows them: by timestamp, then _id.
+async fn stored_answers(
+    env: &TestEnv,
+    message: &str,
+) -> Vec<(bson::DateTime, bson::oid::ObjectId, bool)> {
+    let docs: Vec<Document> = env
+        .mongo
+        .collection("dm_messages")
+        .find(doc! { "$or": [{ "inReplyTo": oid(message) }, { "respondsTo": oid(message) }] })
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let mut out: Vec<_> = docs
+        .iter()
+        .map(|d| {
+            (
+                *d.get_datetime("timestamp").unwrap(),
+                d.get_object_id("_id").unwrap(),
+                d.get_str("safety").is_ok(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The referral before the companion's reply by every order a reader can use: the completions'
+/// order, and the stored documents' timestamps (distinct) and ids.
+async fn assert_referral_first(env: &TestEnv, message: &str, seen: &[Completion]) {
+    let kinds: Vec<bool> = seen
+        .iter()
+        .filter(|c| c.in_reply_to.as_deref() == Some(message))
+        .map(|c| c.marks.safety.is_some())
+        .collect();
+    assert_eq!(
+        kinds,
+        [true, false],
+        "published: the referral first: {seen:?}"
+    );
+    assert!(seen[0].created_at < seen[1].created_at, "{seen:?}");
+    let stored = stored_answers(env, message).await;
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert!(
+        stored[0].2,
+        "stored: the referral first by time: {stored:?}"
+    );
+    assert!(stored[0].0 < stored[1].0, "two distinct times: {stored:?}");
+    assert!(stored[0].1 < stored[1].1, "and by id: {stored:?}");
+}
+
 /// The referral passes the outgoing hook like any companion message, by its own rules: cleaned but never
-/// cut (its crisis lines reach the user whole) and never replaced; in a DM with the AI disclosure when one
-/// is due, in a group (where it is private to its user) without it, the group's disclosure going with the
-/// next message the group sees.
+/// cut (its crisis lines reach the user whole) and never replaced. Help comes first: when the day's
+/// disclosure is due, the referral opens with its own first sentence, then the plain notice that this is
+/// an AI, never the character's playful line. In a group the referral is private and carries the notice
+/// for its user; the group's shared answer, to a user in crisis, carries the plain notice after its text.
 #[tokio::test]
-async fn a_referral_passes_the_outgoing_hook_whole_with_the_disclosure_in_a_dm_and_not_in_a_group()
-{
+async fn a_referral_opens_with_help_and_carries_the_plain_ai_notice_in_a_dm_and_privately_in_a_group()
+ {
     let env = TestEnv::with(always(StubReply::text(SAFE_REPLY)), |c| {
         c.safety.ai_disclosure = true;
         c.turn.max_reply_chars = 40;
     })
     .await;
-    let disclosure = character_line("kaori", "disclosureLine");
+    let playful = character_line("kaori", "disclosureLine");
     let mut replies = env.completions(JESS_KAORI).await;
     let worker = InProcessWorker::start(&env).await;
     let crisis = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_EN).await;
     env.publish(&crisis).await;
     let seen = until_reply(&mut replies, &crisis.message_id, Duration::from_secs(30)).await;
-    let referral = seen
-        .iter()
-        .find(|c| c.marks.safety.as_deref() == Some("crisis"))
-        .expect("referred");
+    settled(&env, &crisis.message_id).await;
+    assert_referral_first(&env, &crisis.message_id, &seen).await;
+    let referral = &seen[0];
     assert!(referral.marks.ai_disclosure, "{referral:?}");
     assert!(
-        referral.content.starts_with(disclosure.trim()),
+        referral
+            .content
+            .starts_with(&format!("{REFERRAL_EN_FIRST} {NOTICE_EN} You can reach")),
+        "help first, then the plain notice: {}",
+        referral.content
+    );
+    assert!(
+        !referral.content.contains(playful.trim()),
         "{}",
         referral.content
     );
-    let after = referral.content[disclosure.trim().len()..].trim();
     assert!(
-        after.chars().count() > 40,
-        "the referral is not cut to the message bound: {after}"
+        referral.content.chars().count() > 200 && referral.content.contains("988"),
+        "the referral is not cut to the message bound: {}",
+        referral.content
     );
     let card = referral.rich_content.as_ref().expect("its card");
     assert_eq!(card["type"], "crisis_resources");
     assert!(!card["data"]["lines"].as_array().unwrap().is_empty());
     let reply = seen.last().unwrap();
-    assert_eq!(
-        reply.in_reply_to.as_deref(),
-        Some(crisis.message_id.as_str())
-    );
     assert!(reply.marks.safety.is_none(), "{reply:?}");
     let bounded: String = SAFE_REPLY.chars().take(40).collect();
     assert_eq!(
         reply.content,
         format!("{bounded}…"),
-        "the model's reply is cut to the bound"
+        "the model's reply is cut to the bound, and carries no disclosure: the referral did"
     );
-    assert!(
-        !reply.marks.ai_disclosure,
-        "the referral carried today's disclosure: {reply:?}"
-    );
+    assert!(!reply.marks.ai_disclosure, "{reply:?}");
 
     let group = backend::create_group(&env.mongo, &[oid(JESS), oid(SAM)], &[oid(KAORI)])
         .await
@@ -561,21 +622,113 @@ async fn a_referral_passes_the_outgoing_hook_whole_with_the_disclosure_in_a_dm_a
         .unwrap();
     // A group's answers name the group message as the one they reply to, like the referral does.
     let seen = until_reply(&mut in_group, &message.message_id, Duration::from_secs(30)).await;
-    let referral = seen
-        .iter()
-        .find(|c| c.marks.safety.as_deref() == Some("crisis"))
-        .expect("referred in the group");
+    settled(&env, &message.message_id).await;
+    assert_referral_first(&env, &message.message_id, &seen).await;
+    let referral = &seen[0];
     assert_eq!(referral.marks.visible_to, Some(vec![JESS.to_owned()]));
-    assert!(!referral.marks.ai_disclosure, "{referral:?}");
+    assert!(referral.marks.ai_disclosure, "{referral:?}");
+    assert!(
+        referral
+            .content
+            .starts_with(&format!("{REFERRAL_EN_FIRST} {NOTICE_EN}")),
+        "{}",
+        referral.content
+    );
     let shared = seen.last().unwrap();
     assert!(
-        shared.marks.safety.is_none(),
-        "the group's answer: {seen:?}"
+        shared.marks.safety.is_none() && shared.marks.visible_to.is_none(),
+        "{seen:?}"
     );
     assert!(
         shared.marks.ai_disclosure,
-        "the group hears the disclosure with its first message: {shared:?}"
+        "the group hears the disclosure with its first shared message: {shared:?}"
     );
+    assert!(
+        shared.content.ends_with(&format!("\n\n{NOTICE_EN}"))
+            && !shared.content.contains(playful.trim()),
+        "to a user in crisis, the plain notice after the answer: {}",
+        shared.content
+    );
+    worker.stop().await;
+    env.finish().await;
+}
+
+/// Ren in Sapporo, first message of the day, in Japanese: the message she reads opens with the Japanese
+/// referral's first sentence and the Japanese notice, with nothing of the character's playful line in
+/// any message of the turn.
+#[tokio::test]
+async fn a_japanese_first_of_the_day_crisis_message_opens_with_help_in_japanese() {
+    let env = TestEnv::with(
+        always(StubReply::text("話してくれてありがとう。")),
+        |c| {
+            c.safety.ai_disclosure = true;
+        },
+    )
+    .await;
+    let playful = character_line("kaori", "disclosureLine");
+    let (user, conversation) = user_with(&env, KAORI, doc! { "timezone": "Asia/Tokyo" }).await;
+    let mut replies = env.completions(&conversation).await;
+    let worker = InProcessWorker::start(&env).await;
+    let event = env.dm(&user, KAORI, &conversation, "死にたい").await;
+    env.publish(&event).await;
+    let seen = until_reply(&mut replies, &event.message_id, Duration::from_secs(30)).await;
+    settled(&env, &event.message_id).await;
+    assert_referral_first(&env, &event.message_id, &seen).await;
+    let referral = &seen[0];
+    assert_eq!(
+        referral.rich_content.as_ref().unwrap()["data"]["lang"],
+        "ja"
+    );
+    assert!(
+        referral
+            .content
+            .starts_with(&format!("{REFERRAL_JA_FIRST}{NOTICE_JA}あなたは")),
+        "{}",
+        referral.content
+    );
+    assert!(referral.marks.ai_disclosure);
+    for c in &seen {
+        assert!(!c.content.contains(playful.trim()), "{}", c.content);
+        assert!(!c.content.contains(NOTICE_EN), "{}", c.content);
+    }
+    assert!(!seen[1].marks.ai_disclosure, "disclosed once: {seen:?}");
+    worker.stop().await;
+    env.finish().await;
+}
+
+/// Once a user is in crisis, a disclosure due later in the conversation (here after a shortened stretch
+/// of continuing interaction) is the plain notice after the message, never the character's line.
+#[tokio::test]
+async fn after_a_crisis_the_next_disclosure_due_is_the_plain_notice() {
+    let env = TestEnv::with(always(StubReply::text("i'm here")), short_rhythm).await;
+    let playful = character_line("kaori", "disclosureLine");
+    let (user, conversation) = user_with(&env, KAORI, doc! { "isMinor": false }).await;
+    let mut replies = env.completions(&conversation).await;
+    let worker = InProcessWorker::start(&env).await;
+    let crisis = env.dm(&user, KAORI, &conversation, CRISIS_EN).await;
+    env.publish(&crisis).await;
+    let seen = until_reply(&mut replies, &crisis.message_id, Duration::from_secs(30)).await;
+    assert!(
+        seen[0].marks.ai_disclosure && seen[0].content.contains(NOTICE_EN),
+        "{seen:?}"
+    );
+    let mut later = Vec::new();
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(8) {
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let e = env.dm(&user, KAORI, &conversation, "ok. thanks").await;
+        env.publish(&e).await;
+        later.push(next_reply_to(&mut replies, &e.message_id, Duration::from_secs(30)).await);
+    }
+    let disclosed: Vec<&Completion> = later.iter().filter(|c| c.marks.ai_disclosure).collect();
+    assert!(
+        !disclosed.is_empty(),
+        "due again after 4 s of continuing interaction: {later:?}"
+    );
+    for c in disclosed {
+        assert_eq!(c.content, format!("i'm here\n\n{NOTICE_EN}"));
+        assert!(!c.content.contains(playful.trim()));
+    }
     worker.stop().await;
     env.finish().await;
 }
@@ -1080,6 +1233,59 @@ async fn a_model_flag_sends_one_referral_before_its_reply_with_no_extra_model_ca
     assert_eq!(crisis_rows(&env).await.len(), 1);
     worker.stop().await;
     env.finish().await;
+}
+
+/// The reply model's own flag raises the referral after the model wrote its reply: the referral is
+/// still stored and published first (by time, by id, by completion), carries the day's disclosure as the
+/// plain notice in the flagged language, and the model's own reply follows whole. In English and
+/// Japanese.
+#[tokio::test]
+async fn a_model_flag_s_referral_is_stored_and_published_before_the_model_s_reply() {
+    for (text, own, first, notice) in [
+        (
+            "eh whatever, doesn't matter",
+            "hey, that sounds really heavy. i'm here with you",
+            REFERRAL_EN_FIRST,
+            NOTICE_EN,
+        ),
+        (
+            "うーん、まあいいや",
+            "なんだか重そうだね。ここにいるよ",
+            REFERRAL_JA_FIRST,
+            NOTICE_JA,
+        ),
+    ] {
+        let env = TestEnv::with(always(flagged_answer(own, "self_harm")), |c| {
+            c.safety.ai_disclosure = true;
+        })
+        .await;
+        let (user, conversation) = user_with(&env, KAORI, doc! { "isMinor": false }).await;
+        let mut replies = env.completions(&conversation).await;
+        let worker = InProcessWorker::start(&env).await;
+        let e = env
+            .dm(&user, KAORI, &conversation, locally_clear(text))
+            .await;
+        env.publish(&e).await;
+        let seen = until_reply(&mut replies, &e.message_id, Duration::from_secs(30)).await;
+        settled(&env, &e.message_id).await;
+        assert_eq!(alerts(&env).await[0]["layer"], "model", "{text}");
+        assert_referral_first(&env, &e.message_id, &seen).await;
+        let sep = if notice.is_ascii() { " " } else { "" };
+        assert!(
+            seen[0]
+                .content
+                .starts_with(&format!("{first}{sep}{notice}")),
+            "{}",
+            seen[0].content
+        );
+        assert_eq!(
+            seen[1].content, own,
+            "the model's own reply, whole, after it"
+        );
+        assert!(!seen[1].marks.ai_disclosure);
+        worker.stop().await;
+        env.finish().await;
+    }
 }
 
 #[tokio::test]

@@ -431,6 +431,25 @@ impl Journal {
         .await?)
     }
 
+    /// What the latest `name` step recorded in a job of `conversation` since `since` (none: no such step).
+    pub async fn latest_in(
+        &self,
+        conversation: &str,
+        name: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Option<Value>, JournalError> {
+        Ok(sqlx::query_scalar(
+            "SELECT s.output FROM jobs j JOIN job_steps s ON s.job = j.id AND s.name = $2
+             WHERE j.conversation_id = $1 AND j.created_at >= $3 AND s.created_at >= $3
+             ORDER BY s.created_at DESC LIMIT 1",
+        )
+        .bind(conversation)
+        .bind(name)
+        .bind(since)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// Whether a message of `conversation` was ever flagged as a crisis (a [`names::step::CRISIS`] step in
     /// one of its jobs): its words may come back in any later prompt of the conversation.
     pub async fn crisis_in(&self, conversation: &str) -> Result<bool, JournalError> {

@@ -176,6 +176,7 @@ struct Labels {
 struct File {
     referral: BTreeMap<String, String>,
     no_country: BTreeMap<String, String>,
+    ai_notice: BTreeMap<String, String>,
     labels: BTreeMap<String, Labels>,
     directory: Entry,
     #[serde(default)]
@@ -193,6 +194,10 @@ pub struct CrisisLines {
     /// The message for a user whose country is unknown or has no lines: the local emergency number and
     /// the directory, never a line that works in one country only. Same languages as `referral`.
     no_country: BTreeMap<String, String>,
+    /// The plain sentence that the companion is an AI, not a person, which a referral carries (after its
+    /// first sentence) when the AI disclosure is due, and any message to a user in crisis instead of the
+    /// character's own disclosure line. Same languages as `referral`, under the same review.
+    ai_notice: BTreeMap<String, String>,
     labels: BTreeMap<String, Labels>,
     /// The international directory, the one line of a user without a known country.
     directory: CrisisLine,
@@ -287,6 +292,16 @@ impl CrisisLines {
             {
                 return invalid(format!("no noCountry text for {lang:?}"));
             }
+            if file.ai_notice.get(lang).is_none_or(|t| t.trim().is_empty()) {
+                return invalid(format!("no aiNotice for {lang:?}"));
+            }
+            for (which, intro) in [("referral", text), ("noCountry", &file.no_country[lang])] {
+                if first_sentence_end(intro).is_none() {
+                    return invalid(format!(
+                        "the {which} text for {lang:?} has no first sentence before its end: the AI notice goes after it"
+                    ));
+                }
+            }
             let Some(l) = file.labels.get(lang) else {
                 return invalid(format!("no labels for {lang:?}"));
             };
@@ -300,6 +315,7 @@ impl CrisisLines {
         if let Some(lang) = file
             .no_country
             .keys()
+            .chain(file.ai_notice.keys())
             .chain(file.labels.keys())
             .find(|l| !file.referral.contains_key(*l))
         {
@@ -341,6 +357,7 @@ impl CrisisLines {
         Ok(Self {
             referral: file.referral,
             no_country: file.no_country,
+            ai_notice: file.ai_notice,
             labels: file.labels,
             directory,
             aliases: file.aliases,
@@ -360,6 +377,34 @@ impl CrisisLines {
             .or_else(|| self.referral.get_key_value("en"))
             .map(|(lang, _)| lang.as_str())
             .expect("validated: an \"en\" referral exists")
+    }
+
+    /// The plain sentence that the companion is an AI, not a person, in the language used for `lang`
+    /// (as a referral's: English when the file lacks it).
+    pub fn ai_notice(&self, lang: Option<&str>) -> &str {
+        self.ai_notice[self.language(lang)].trim()
+    }
+
+    /// A referral's text (as [`Self::referral`] made it, in `lang`) carrying the AI notice after its
+    /// first sentence: the user in crisis reads that their words were heard, then that this is an AI,
+    /// then who can help. Every referral text has a first sentence (checked when the file is loaded); a
+    /// text without one gets the notice after it.
+    pub fn with_ai_notice(&self, text: &str, lang: Option<&str>) -> String {
+        let notice = self.ai_notice(lang);
+        let text = text.trim();
+        match first_sentence_end(text) {
+            Some(end) => {
+                let (first, rest) = text.split_at(end);
+                let rest = rest.trim_start();
+                // No space between sentences in a script written without them (Japanese).
+                let gap = |s: &str| match s.chars().last().is_some_and(is_wide_stop) {
+                    true => "",
+                    false => " ",
+                };
+                format!("{first}{}{notice}{}{rest}", gap(first), gap(notice))
+            }
+            None => format!("{text} {notice}"),
+        }
     }
 
     /// The country whose lines serve a user: `country` (ISO 3166-1 alpha-2, any case, or an alias) when
@@ -450,6 +495,29 @@ impl CrisisLines {
             })
             .collect()
     }
+}
+
+/// A full stop of a script written without spaces between sentences.
+fn is_wide_stop(c: char) -> bool {
+    matches!(c, '。' | '！' | '？')
+}
+
+/// Where a text's first sentence ends (the byte after its stop), when more follows it.
+fn first_sentence_end(text: &str) -> Option<usize> {
+    let text = text.trim_end();
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        let end = i + c.len_utf8();
+        let stop = match c {
+            c if is_wide_stop(c) => true,
+            '.' | '!' | '?' => chars.peek().is_some_and(|(_, n)| n.is_whitespace()),
+            _ => false,
+        };
+        if stop && end < text.len() {
+            return Some(end);
+        }
+    }
+    None
 }
 
 fn is_code(code: &str) -> bool {
@@ -771,6 +839,77 @@ mod tests {
             assert!(!text.to_lowercase().contains("suicid"), "{text}");
         }
         assert!(lines.countries.len() >= 25, "{}", lines.countries.len());
+    }
+
+    /// In every language, a referral carrying the AI notice opens with its own first sentence, then the
+    /// plain notice (never a character's playful line), then the rest of the referral, whole.
+    #[test]
+    fn the_ai_notice_follows_the_referral_s_first_sentence_in_its_language() {
+        let lines = CrisisLines::builtin();
+        for lang in LANGS {
+            for country in [Some("JP"), Some("US"), None] {
+                let r = lines.referral(Some(lang), country, None, Category::SelfHarm);
+                let notice = lines.ai_notice(Some(lang));
+                let with = lines.with_ai_notice(&r.text, Some(lang));
+                let at = with.find(notice).expect("the notice is in it");
+                let first = with[..at].trim_end();
+                assert!(
+                    r.text.starts_with(first) && first.chars().count() >= 10,
+                    "{lang}: the referral's first sentence first: {with}"
+                );
+                assert!(
+                    first.ends_with(['.', '。']),
+                    "{lang}: a whole sentence before the notice: {first}"
+                );
+                let rest = with[at + notice.len()..].trim_start();
+                assert_eq!(
+                    format!("{first}{rest}").replace(' ', ""),
+                    r.text.replace(' ', "")
+                );
+                assert_eq!(with.matches(notice).count(), 1);
+                assert!(!notice.to_lowercase().contains("suicid"), "{notice}");
+            }
+        }
+        let en = lines.referral(Some("en"), Some("US"), None, Category::SelfHarm);
+        assert!(
+            lines.with_ai_notice(&en.text, Some("en")).starts_with(
+                "What you told me sounds really serious, and you deserve support from a real person. \
+                 I'm an AI, a computer program, not a person. You can reach"
+            ),
+            "{}",
+            lines.with_ai_notice(&en.text, Some("en"))
+        );
+        let ja = lines.referral(Some("ja"), Some("JP"), None, Category::SelfHarm);
+        assert!(
+            lines
+                .with_ai_notice(&ja.text, Some("ja"))
+                .starts_with("話してくれたこと、とても深刻なことだと感じました。私はAIで、人ではなくコンピューターのプログラムです。あなたは"),
+            "{}",
+            lines.with_ai_notice(&ja.text, Some("ja"))
+        );
+        // A language without texts: the English referral carries the English notice.
+        assert_eq!(lines.ai_notice(Some("it")), lines.ai_notice(Some("en")));
+        assert_eq!(lines.ai_notice(Some("pt-BR")), lines.ai_notice(Some("pt")));
+    }
+
+    #[test]
+    fn a_file_without_the_ai_notice_or_a_first_sentence_is_refused() {
+        let mut v = builtin_json();
+        v["aiNotice"].as_object_mut().unwrap().remove("fr");
+        assert!(
+            matches!(parse(&v), Err(LinesError::Invalid(why)) if why.contains("aiNotice")),
+            "a language without its notice"
+        );
+        let mut v = builtin_json();
+        v["referral"]["de"] = "Ruf diese Stellen an:".into();
+        assert!(
+            matches!(parse(&v), Err(LinesError::Invalid(why)) if why.contains("first sentence")),
+            "a referral of one sentence"
+        );
+        assert_eq!(first_sentence_end("One. Two."), Some(4));
+        assert_eq!(first_sentence_end("Version 2.0 is out. Yes"), Some(19));
+        assert_eq!(first_sentence_end("只一句。"), None);
+        assert_eq!(first_sentence_end("一。二。"), Some("一。".len()));
     }
 
     #[test]
