@@ -386,24 +386,31 @@ fn text_of(m: &Value) -> Option<String> {
     }
 }
 
+/// Whether a request is a group chat's (the worker's group note is in the system prompt).
+fn is_group(body: &Value) -> bool {
+    body["messages"][0]["content"]
+        .as_str()
+        .is_some_and(|s| s.contains("## This is a group chat"))
+}
+
+/// In a group, where the person's newest message is: other companions' lines of this round come as user
+/// messages too (`Tony: …`), after the person's message, which follows the turn's system message: the
+/// person's message is the user message right after the last system message that one follows.
+fn person_at(messages: &[Value]) -> Option<usize> {
+    messages
+        .windows(2)
+        .rposition(|w| w[0]["role"] == "system" && w[1]["role"] == "user")
+        .map(|i| i + 1)
+}
+
 /// The user's own words of the newest user message: in a group chat, without the `Name: ` the worker
 /// puts before each person's line.
 fn user_words(body: &Value) -> String {
-    let group = body["messages"][0]["content"]
-        .as_str()
-        .is_some_and(|s| s.contains("## This is a group chat"));
-    if !group {
+    if !is_group(body) {
         return last_user_text(body);
     }
-    // In a group, other companions' lines of this round come as user messages too (`Tony: …`), after
-    // the person's message, which follows the turn's system message: the person's words are the user
-    // message right after the last system message that one follows.
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
-    let after_system = messages
-        .windows(2)
-        .rposition(|w| w[0]["role"] == "system" && w[1]["role"] == "user")
-        .map(|i| i + 1);
-    after_system
+    person_at(&messages)
         .and_then(|i| text_of(&messages[i]))
         .map(|text| {
             text.split_once(": ")
@@ -411,6 +418,120 @@ fn user_words(body: &Value) -> String {
                 .to_owned()
         })
         .unwrap_or_default()
+}
+
+/// In a group, what the other companions already said for this message (their lines of this round, as
+/// `Name: text`); empty in a DM.
+fn said_this_round(body: &Value) -> Vec<String> {
+    if !is_group(body) {
+        return Vec::new();
+    }
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let Some(person) = person_at(&messages) else {
+        return Vec::new();
+    };
+    messages[person + 1..]
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .filter_map(text_of)
+        .collect()
+}
+
+/// Who answers a request: the companion's own sport, as its prompt tells it, and whether it speaks in a
+/// group (where each companion speaks for its own sport).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Speaker {
+    sport: Option<&'static str>,
+    group: bool,
+}
+
+impl Speaker {
+    fn of(body: &Value) -> Self {
+        let system = body["messages"][0]["content"].as_str().unwrap_or("");
+        Self {
+            sport: sport_of_character(system),
+            group: is_group(body),
+        }
+    }
+}
+
+/// The sport of the companion a system prompt describes: the one its character part (what comes before
+/// the rules: who it is, its bio, what it knows a lot about) names most often; none on a tie. Words that
+/// list sports ("a skate/snow/BMX app") are the app's, not the companion's, and do not count.
+fn sport_of_character(system: &str) -> Option<&'static str> {
+    let character = system
+        .split_once("\nRules:")
+        .map_or(system, |(c, _)| c)
+        .split(' ')
+        .filter(|w| !w.contains('/'))
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase();
+    let mut counts: Vec<(usize, &'static str)> = SPORTS
+        .iter()
+        .map(|(stem, sport)| (mentions(&character, stem).count(), *sport))
+        .collect();
+    counts.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
+    match counts.as_slice() {
+        [(n, sport), (m, _), ..] if n > m => Some(*sport),
+        _ => None,
+    }
+}
+
+/// The place a maps link names, as Google and Apple put it in their links: the segment after
+/// `/maps/place/` or `/maps/search/`, else the `name`, `q` or `query` parameter; never coordinates.
+/// Short links (`maps.app.goo.gl/…`) name nothing until resolved, which needs the network.
+fn place_name(link: &str) -> Option<String> {
+    let url = url::Url::parse(link.trim()).ok()?;
+    // `+` is a space in these links' names ("Hollow+Bowl"), as in a form.
+    let decode = |s: &str| {
+        url::form_urlencoded::parse(format!("n={}", s.replace('&', "%26")).as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+    };
+    let segments: Vec<&str> = url
+        .path_segments()
+        .map(Iterator::collect)
+        .unwrap_or_default();
+    let in_path = segments
+        .windows(2)
+        .find(|w| w[0] == "place" || w[0] == "search")
+        .and_then(|w| decode(w[1]));
+    let in_query = || {
+        ["name", "q", "query"].iter().find_map(|key| {
+            url.query_pairs()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.into_owned())
+        })
+    };
+    let name = in_path.or_else(in_query)?;
+    let name = name.trim().trim_start_matches("loc:").trim();
+    let coordinates = name
+        .chars()
+        .all(|c| c.is_ascii_digit() || matches!(c, ',' | '.' | '-' | '+' | ' '));
+    (!coordinates && !name.starts_with('@')).then(|| name.chars().take(100).collect())
+}
+
+/// The first link in a message, without the punctuation after it.
+fn link_in(text: &str) -> Option<&str> {
+    text.split_whitespace()
+        .find(|w| w.starts_with("http"))
+        .map(|w| w.trim_end_matches([',', '.', '!', '?', ')', ';']))
+}
+
+/// The name the user gives a spot: the words after "called", up to the punctuation or a link.
+fn called(text: &str) -> Option<String> {
+    let (_, rest) = text.split_once("called ")?;
+    let rest = rest.split(" http").next().unwrap_or(rest);
+    let name = rest.split([',', '.', '!', '?', ';', ':']).next()?.trim();
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
+/// What kind of spot the user says it is.
+fn spot_kind(lower: &str) -> Option<&'static str> {
+    ["diy", "street", "skatepark"]
+        .into_iter()
+        .find(|k| lower.contains(k))
 }
 
 /// The offline demo model: recognisable scripted answers that show what the worker sent it.
@@ -427,12 +548,14 @@ pub fn with_memory(responder: Responder) -> Responder {
 }
 
 /// The demo's answer to `body`: a summary of tool results, the tool call `choose` picks for the user's
-/// message (from its lower-case text, its text and the tools offered), or a text reply that shows what
-/// the worker sent.
+/// message (from its lower-case text, its text, the tools offered and who answers), or a text reply
+/// that shows what the worker sent.
 fn compose(
     body: &Value,
-    choose: impl FnOnce(&str, &str, &[&str]) -> Option<StubReply>,
+    choose: impl FnOnce(&str, &str, &[&str], Speaker) -> Option<StubReply>,
 ) -> StubReply {
+    let speaker = Speaker::of(body);
+    let said = said_this_round(body);
     let messages = body
         .get("messages")
         .and_then(Value::as_array)
@@ -471,7 +594,10 @@ fn compose(
         return m;
     }
     if last["role"] == "tool" {
-        return StubReply::Text(summarise_tool_results(&messages));
+        // Searched by kind of spot (in a group): the sport the spots were searched for, as `spot_search`
+        // chose it.
+        let searched = sport_of(&user_words(body).to_lowercase()).or(speaker.sport);
+        return StubReply::Text(summarise_tool_results(&messages, searched, &said));
     }
     if last["role"] == "system"
         && last["content"]
@@ -493,7 +619,7 @@ fn compose(
     if let Some(handover) = hand_over(system, &lower) {
         return StubReply::Text(format!("[scripted {name}] {handover}"));
     }
-    if let Some(call) = choose(&lower, &text, &offered) {
+    if let Some(call) = choose(&lower, &text, &offered, speaker) {
         return call;
     }
     // Earlier messages of the conversation: the user's and the companion's own words, not the system
@@ -507,11 +633,18 @@ fn compose(
         })
         .count()
         .saturating_sub(1);
-    let lists = section_items(system, "## Their tricklists");
-    let lists = if lists.is_empty() {
-        "no tricklists yet".to_owned()
-    } else {
-        format!("your lists: {}", lists.join("; "))
+    let mut lists = section_items(system, "## Their tricklists");
+    // In a group each companion speaks for its own sport: the lists of that sport ("Winter Goals
+    // (snowboard, 1/4)").
+    let sport = speaker.sport.filter(|_| speaker.group);
+    if let Some(sport) = sport {
+        lists.retain(|l| l.contains(&format!("({sport},")));
+    }
+    let lists = match (lists.is_empty(), sport) {
+        (true, None) => "no tricklists yet".to_owned(),
+        (true, Some(sport)) => format!("no {sport} tricklists yet"),
+        (false, None) => format!("your lists: {}", lists.join("; ")),
+        (false, Some(sport)) => format!("your {sport} lists: {}", lists.join("; ")),
     };
     let knowledge = system
         .split_once("## Things you know")
@@ -521,13 +654,28 @@ fn compose(
                 .filter_map(|l| l.strip_prefix("### "))
                 .map(|t| t.split(" <").next().unwrap_or(t))
                 .collect();
-            format!(" i also read up on: {}.", titles.join("; "))
+            format!("i also read up on: {}.", titles.join("; "))
         })
         .unwrap_or_default();
-    StubReply::Text(format!(
-        "[scripted {name}] you said \"{}\". i remember {history} earlier messages and can see {lists}.{knowledge}",
-        text.chars().take(80).collect::<String>()
-    ))
+    let sentences = [
+        format!(
+            "you said \"{}\".",
+            text.chars().take(80).collect::<String>()
+        ),
+        format!("i remember {history} earlier messages and can see {lists}."),
+        knowledge,
+    ];
+    // In a group, what another companion already said for this message is not said again.
+    let own: Vec<String> = sentences
+        .into_iter()
+        .filter(|s| !s.is_empty() && !said.iter().any(|line| line.contains(s.as_str())))
+        .collect();
+    if own.is_empty() {
+        return StubReply::Text(format!(
+            "[scripted {name}] nothing to add, that's what i'd say too"
+        ));
+    }
+    StubReply::Text(format!("[scripted {name}] {}", own.join(" ")))
 }
 
 /// The offline model leading the spot wizard (`flows/spot_wizard.json`): it starts the flow when asked to
@@ -603,7 +751,7 @@ fn spot_wizard_move(messages: &[Value], system: &str, offered: &[&str]) -> Optio
     }
     let step = |s: &str| system.contains(&format!("\"step\":\"{s}\""));
     if step("location")
-        && let Some(url) = text.split_whitespace().find(|w| w.starts_with("http"))
+        && let Some(url) = link_in(text)
     {
         return Some(StubReply::tool(
             "set_flow_slots",
@@ -611,14 +759,11 @@ fn spot_wizard_move(messages: &[Value], system: &str, offered: &[&str]) -> Optio
         ));
     }
     if step("details") {
-        let name = text
-            .split_once("called ")
-            .map(|(_, n)| n.split([',', '.']).next().unwrap_or(n).trim().to_owned())
-            .unwrap_or_else(|| "New Spot".into());
-        let kind = ["diy", "street", "skatepark"]
-            .into_iter()
-            .find(|k| lower.contains(k))
-            .unwrap_or("skatepark");
+        // The name the user gives, else the one the link recorded at the first step names.
+        let link =
+            flow_state(system).and_then(|f| f["filled"]["maps_url"].as_str().and_then(place_name));
+        let name = called(text).or(link).unwrap_or_else(|| "New Spot".into());
+        let kind = spot_kind(&lower).unwrap_or("skatepark");
         return Some(StubReply::tool(
             "set_flow_slots",
             json!({"slots": {"name": name, "spot_type": kind, "features": text}}),
@@ -627,9 +772,17 @@ fn spot_wizard_move(messages: &[Value], system: &str, offered: &[&str]) -> Optio
     None
 }
 
-/// A `create_tricklist` call for a message like "make me a park list with kickflip, 50-50 and boardslide";
-/// `known` are trick names the message mentions, used when it lists none after "with".
-fn create_list_call(lower: &str, known: &[String]) -> StubReply {
+/// The guided flow in progress as the system prompt shows it (`{"flow": …, "step": …, "filled": …}`).
+fn flow_state(system: &str) -> Option<Value> {
+    let (_, rest) = system.split_once("## Guided flow in progress")?;
+    rest.lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+}
+
+/// A `create_tricklist` call of `category` for a message like "make me a park list with kickflip, 50-50
+/// and boardslide"; `known` are trick names the message mentions, used when it lists none after "with".
+fn create_list_call(lower: &str, known: &[String], category: &str) -> StubReply {
     let mut tricks: Vec<String> = lower
         .split_once(" with ")
         .map(|(_, rest)| rest)
@@ -648,7 +801,6 @@ fn create_list_call(lower: &str, known: &[String]) -> StubReply {
             .map(String::from)
             .to_vec();
     }
-    let category = sport_of(lower).unwrap_or("skateboard");
     let name = if lower.contains("park") {
         "Park List"
     } else if lower.contains("beginner") {
@@ -666,13 +818,19 @@ fn create_list_call(lower: &str, known: &[String]) -> StubReply {
 fn maps_link(lower: &str) -> bool {
     lower.contains("maps.app.goo.gl")
         || lower.contains("google.com/maps")
+        || lower.contains("maps.google.")
         || lower.contains("maps.apple.com")
 }
 
 /// How far ahead the offline model sets a reminder (the demo's worker accepts 5 s).
 const DEMO_REMINDER_SECS: i64 = 10;
 
-fn demo_tool_call(lower: &str, text: &str, offered: &[&str]) -> Option<StubReply> {
+fn demo_tool_call(
+    lower: &str,
+    text: &str,
+    offered: &[&str],
+    speaker: Speaker,
+) -> Option<StubReply> {
     let has = |t: &str| offered.contains(&t);
     if lower.starts_with("remember") && has("remember") {
         let fact = crate::memory_rules::facts_in(text)
@@ -711,28 +869,27 @@ fn demo_tool_call(lower: &str, text: &str, offered: &[&str]) -> Option<StubReply
         && lower.contains("list")
         && has("create_tricklist")
     {
-        return Some(create_list_call(lower, &[]));
+        let category = sport_of(lower).unwrap_or("skateboard");
+        return Some(create_list_call(lower, &[], category));
     }
     if lower.contains("my list") || lower.contains("tricklist") || lower.contains("progress") {
         return has("get_user_tricklists")
             .then(|| StubReply::ToolCalls(vec![("get_user_tricklists".into(), String::new())]));
     }
     if maps_link(lower) && has("create_spot_draft") {
-        let url = text
-            .split_whitespace()
-            .find(|w| w.starts_with("http"))
-            .unwrap_or("");
+        let url = link_in(text).unwrap_or("");
+        // The name the user gives, else the one the link names.
+        let name = called(text)
+            .or_else(|| place_name(url))
+            .unwrap_or_else(|| "New Spot".into());
+        let kind = spot_kind(lower).unwrap_or("street");
         return Some(StubReply::tool(
             "create_spot_draft",
-            json!({"name": "New Spot", "mapsUrl": url, "type": "street"}),
+            json!({"name": name, "mapsUrl": url, "type": kind}),
         ));
     }
     if (lower.contains("spot") || lower.contains("park")) && has("search_spots") {
-        let query = place_in(lower);
-        return Some(StubReply::tool(
-            "search_spots",
-            json!({"query": query.unwrap_or_else(|| "skatepark".into())}),
-        ));
+        return spot_search(place_in(lower), lower, speaker);
     }
     if (lower.contains("how do i") || lower.contains("trick")) && has("search_trickipedia") {
         let query = lower
@@ -816,19 +973,58 @@ const SPORTS: &[(&str, &str)] = &[
     ("surf", "surf"),
 ];
 
+/// Where a lower-case text names a sport by its stem.
+fn mentions<'a>(lower: &'a str, stem: &'a str) -> impl Iterator<Item = usize> + 'a {
+    lower
+        .match_indices(stem)
+        .map(|(i, _)| i)
+        // "ski" inside "skill" or "skin" is not skiing.
+        .filter(move |i| stem != "ski" || !lower[i + 3..].starts_with(['l', 'n']))
+}
+
 /// The sport a message is about: the one it names last ("a snowboarder getting into skating": skating).
 fn sport_of(lower: &str) -> Option<&'static str> {
     SPORTS
         .iter()
-        .filter_map(|(stem, sport)| {
-            // "ski" inside "skill" or "skating" is not skiing.
-            let at = lower
-                .match_indices(stem)
-                .filter(|(i, _)| *stem != "ski" || !lower[i + 3..].starts_with(['l', 'n']));
-            at.last().map(|(i, _)| (i, *sport))
-        })
+        .filter_map(|(stem, sport)| mentions(lower, stem).last().map(|i| (i, *sport)))
         .max_by_key(|(i, _)| *i)
         .map(|(_, sport)| sport)
+}
+
+/// The kinds of spot (`ck_spots.type`) where a sport is ridden; none for a sport the map has no spots
+/// of (surf).
+fn spot_kinds(sport: &str) -> &'static [&'static str] {
+    match sport {
+        "skateboard" | "bmx" => &["skatepark", "street", "diy"],
+        "snowboard" | "ski" => &["snow", "mountain", "resort"],
+        _ => &[],
+    }
+}
+
+/// The spot search for a question about places: where it asks (`place`, else a sport's kind of park).
+/// In a group each companion tells of its own sport's spots (the sport the message names, else its
+/// own): one search per kind of spot of that sport, and none when the map has no spots of it.
+fn spot_search(place: Option<String>, lower: &str, speaker: Speaker) -> Option<StubReply> {
+    let sport = sport_of(lower).or(speaker.sport);
+    let Some(sport) = sport.filter(|_| speaker.group) else {
+        let query = place.unwrap_or_else(|| "skatepark".into());
+        return Some(StubReply::tool("search_spots", json!({ "query": query })));
+    };
+    let query = place.unwrap_or_else(|| {
+        match sport {
+            "snowboard" | "ski" => "terrain park",
+            _ => "skatepark",
+        }
+        .into()
+    });
+    let calls: Vec<(String, String)> = spot_kinds(sport)
+        .iter()
+        .map(|kind| {
+            let args = json!({"query": query, "type": kind});
+            ("search_spots".to_owned(), args.to_string())
+        })
+        .collect();
+    (!calls.is_empty()).then_some(StubReply::ToolCalls(calls))
 }
 
 /// In a group chat, a question about another companion's sport is handed over to them by name (the
@@ -886,7 +1082,10 @@ fn follow_up_line(note: &str) -> String {
     line
 }
 
-fn summarise_tool_results(messages: &[Value]) -> String {
+/// What the tool results of this turn gave, told to the user. Spot searches (one per kind of spot, in a
+/// group) are told as one list: of `sport` when the searches were by kind, and without the spots another
+/// companion already named for this message (`said`).
+fn summarise_tool_results(messages: &[Value], sport: Option<&str>, said: &[String]) -> String {
     let results: Vec<Value> = messages
         .iter()
         .rev()
@@ -897,36 +1096,38 @@ fn summarise_tool_results(messages: &[Value]) -> String {
                 .and_then(|c| serde_json::from_str(c).ok())
         })
         .collect();
-    // Where the user asked for spots: the query of the last search.
-    let asked_where = messages
+    let searches: Vec<Value> = messages
         .iter()
         .rev()
         .filter_map(|m| m["tool_calls"].as_array())
         .flatten()
-        .find(|c| c["function"]["name"] == "search_spots")
-        .and_then(|c| serde_json::from_str::<Value>(c["function"]["arguments"].as_str()?).ok())
+        .filter(|c| c["function"]["name"] == "search_spots")
+        .filter_map(|c| serde_json::from_str::<Value>(c["function"]["arguments"].as_str()?).ok())
+        .collect();
+    // Where the user asked for spots: the query of the last search.
+    let asked_where = searches
+        .first()
         .and_then(|a| a["query"].as_str().map(str::to_lowercase))
-        .filter(|q| q != "skatepark");
+        .filter(|q| q != "skatepark" && q != "terrain park");
+    // Searched by kind of spot: that sport's spots.
+    let kind = match sport {
+        Some(sport) if searches.first().is_some_and(|a| a.get("type").is_some()) => {
+            format!("{sport} ")
+        }
+        _ => String::new(),
+    };
+    let mut spots: Vec<Value> = Vec::new();
+    let mut spots_at = None;
     let mut parts = Vec::new();
     for r in results.iter().rev() {
         if let Some(e) = r.get("error") {
             parts.push(format!("that didn't work ({e})"));
-        } else if let Some(names) = names_of(r, "spots") {
-            let there = |s: &Value| {
-                let city = s["city"].as_str().unwrap_or("").to_lowercase();
-                asked_where
-                    .as_ref()
-                    .is_some_and(|w| !city.is_empty() && w.contains(&city))
-            };
-            let spots = r["spots"].as_array().cloned().unwrap_or_default();
-            match &asked_where {
-                Some(w) if spots.is_empty() => parts.push(format!(
-                    "i don't know any spots in {w} yet, sorry! want me to look somewhere else?"
-                )),
-                Some(w) if !spots.iter().any(there) => parts.push(format!(
-                    "i don't know any spots in {w} yet, sorry! the closest i have: {names}"
-                )),
-                _ => parts.push(format!("found these spots: {names}")),
+        } else if let Some(found) = r.get("spots").and_then(Value::as_array) {
+            spots_at.get_or_insert(parts.len());
+            for s in found {
+                if !spots.iter().any(|k| k["name"] == s["name"]) {
+                    spots.push(s.clone());
+                }
             }
         } else if r["status"] == "pending_approval" {
             let name = r["name"].as_str().unwrap_or("your spot");
@@ -957,7 +1158,41 @@ fn summarise_tool_results(messages: &[Value]) -> String {
             parts.push("done".to_owned());
         }
     }
+    if let Some(at) = spots_at {
+        parts.insert(at, spots_line(&spots, asked_where.as_deref(), &kind, said));
+    }
     format!("[scripted] {}", parts.join("; "))
+}
+
+/// Spots found, told to the user: `kind` is "" or the sport searched ("snowboard "); spots another
+/// companion already named for this message (`said`) are not named again.
+fn spots_line(spots: &[Value], asked_where: Option<&str>, kind: &str, said: &[String]) -> String {
+    let named_by = |s: &Value| {
+        let name = s["name"].as_str().unwrap_or("").to_lowercase();
+        said.iter()
+            .find(|line| !name.is_empty() && line.to_lowercase().contains(&name))
+    };
+    let new: Vec<&Value> = spots.iter().filter(|s| named_by(s).is_none()).collect();
+    if new.is_empty()
+        && let Some(line) = spots.iter().find_map(named_by)
+    {
+        let who = line.split_once(": ").map_or("they", |(who, _)| who);
+        return format!("{who} already named the {kind}spots i know there 🙌");
+    }
+    let names = names_of(&json!({ "spots": new }), "spots").unwrap_or_default();
+    let there = |s: &&Value| {
+        let city = s["city"].as_str().unwrap_or("").to_lowercase();
+        asked_where.is_some_and(|w| !city.is_empty() && w.contains(&city))
+    };
+    match asked_where {
+        Some(w) if new.is_empty() => format!(
+            "i don't know any {kind}spots in {w} yet, sorry! want me to look somewhere else?"
+        ),
+        Some(w) if !new.iter().any(there) => {
+            format!("i don't know any {kind}spots in {w} yet, sorry! the closest i have: {names}")
+        }
+        _ => format!("found these {kind}spots: {names}"),
+    }
 }
 
 fn names_of(v: &Value, key: &str) -> Option<String> {
@@ -1143,13 +1378,39 @@ impl DemoModel {
         found.into_iter().map(|t| t.name.clone()).collect()
     }
 
-    /// The trick a question is about: one it names, else the closest of its sport (a beginner one when it
-    /// asks for a first or easy trick).
-    fn trick_for(&self, lower: &str, v: &[f32]) -> Option<(String, Option<&'static str>)> {
-        let sport = sport_of(lower);
+    /// The sport the named tricks are tricks of: the one most of them belong to, `own` on a tie ("Kickflip,
+    /// 50-50 and Boardslide": skateboard; "Boardslide" alone, asked of a snowboarder: snowboard).
+    fn sport_of_tricks(&self, names: &[String], own: Option<&'static str>) -> Option<&'static str> {
+        SPORTS
+            .iter()
+            .map(|(_, sport)| {
+                let n = self
+                    .tricks
+                    .iter()
+                    .filter(|t| t.category == *sport && names.contains(&t.name))
+                    .count();
+                (n, own == Some(*sport), *sport)
+            })
+            .filter(|(n, ..)| *n > 0)
+            .max_by_key(|(n, mine, _)| (*n, *mine))
+            .map(|(.., sport)| sport)
+    }
+
+    /// The trick a question is about and its sport: one it names (of the sport the message names, else
+    /// the sport of that trick, the speaker's `own` first), else the closest of the sport the message
+    /// names or else the speaker's own (a beginner one when it asks for a first or easy trick).
+    fn trick_for(
+        &self,
+        lower: &str,
+        v: &[f32],
+        own: Option<&'static str>,
+    ) -> Option<(String, Option<&'static str>)> {
+        let named = sport_of(lower);
         if let Some(name) = self.mentioned_tricks(lower).into_iter().next() {
+            let sport = named.or_else(|| self.sport_of_tricks(std::slice::from_ref(&name), own));
             return Some((name, sport));
         }
+        let sport = named.or(own);
         let easy = ["first", "begin", "easy", "start", "simple"]
             .iter()
             .any(|w| lower.contains(w));
@@ -1162,7 +1423,7 @@ impl DemoModel {
     }
 
     /// The tool call for a user's message, if it asks for one.
-    async fn choose(&self, text: &str, offered: &[String]) -> Option<StubReply> {
+    async fn choose(&self, text: &str, offered: &[String], speaker: Speaker) -> Option<StubReply> {
         let lower = text.to_lowercase();
         let offered: Vec<&str> = offered.iter().map(String::as_str).collect();
         let has = |t: &str| offered.contains(&t);
@@ -1171,16 +1432,21 @@ impl DemoModel {
             || lower.starts_with("remember")
             || lower.starts_with("forget")
         {
-            return demo_tool_call(&lower, text, &offered);
+            return demo_tool_call(&lower, text, &offered, speaker);
         }
         let v = self.embedder.embed_one(text).await.ok()?;
         let (intent, score) = self.intent_of(&v);
         if score < INTENT_FLOOR {
-            return demo_tool_call(&lower, text, &offered);
+            return demo_tool_call(&lower, text, &offered, speaker);
         }
         match intent {
             Intent::CreateList if has("create_tricklist") => {
                 let mut tricks = self.mentioned_tricks(&lower);
+                // The sport the message names, else that of the tricks it names, else the speaker's.
+                let sport = sport_of(&lower)
+                    .or_else(|| self.sport_of_tricks(&tricks, speaker.sport))
+                    .or(speaker.sport)
+                    .unwrap_or("skateboard");
                 if tricks.is_empty() {
                     // "a list of 3 beginner tricks": that many of the trickipedia's beginner tricks.
                     let n = lower
@@ -1188,7 +1454,6 @@ impl DemoModel {
                         .find_map(|w| w.parse::<usize>().ok())
                         .unwrap_or(3)
                         .clamp(1, 10);
-                    let sport = sport_of(&lower).unwrap_or("skateboard");
                     tricks = self
                         .tricks
                         .iter()
@@ -1197,7 +1462,7 @@ impl DemoModel {
                         .map(|t| t.name.clone())
                         .collect();
                 }
-                Some(create_list_call(&lower, &tricks))
+                Some(create_list_call(&lower, &tricks, sport))
             }
             Intent::MyLists if has("get_user_tricklists") => Some(StubReply::ToolCalls(vec![(
                 "get_user_tricklists".into(),
@@ -1210,13 +1475,10 @@ impl DemoModel {
                     .find(|c| lower.contains(&c.to_lowercase()))
                     .cloned()
                     .or_else(|| place_in(&lower));
-                Some(StubReply::tool(
-                    "search_spots",
-                    json!({"query": city.unwrap_or_else(|| "skatepark".into())}),
-                ))
+                spot_search(city, &lower, speaker)
             }
             Intent::TrickHelp if has("search_trickipedia") => {
-                let (name, sport) = self.trick_for(&lower, &v)?;
+                let (name, sport) = self.trick_for(&lower, &v, speaker.sport)?;
                 let mut args = json!({"query": name});
                 if let Some(sport) = sport {
                     args["category"] = json!(sport);
@@ -1251,9 +1513,11 @@ impl DemoModel {
                                 .collect()
                         })
                         .unwrap_or_default();
-                    model.choose(&user_words(&body), &offered).await
+                    model
+                        .choose(&user_words(&body), &offered, Speaker::of(&body))
+                        .await
                 };
-                compose(&body, |_, _, _| choice)
+                compose(&body, |_, _, _, _| choice)
             })
         })
     }
@@ -1423,6 +1687,202 @@ mod tests {
             None
         );
         assert_eq!(hand_over("You are Kaori (a DM)", q), None);
+    }
+
+    /// A request as the worker sends it: the companion's system prompt, the user's message, the tools.
+    fn request(system: &str, user: &str, tools: &[&str]) -> Value {
+        let tools: Vec<Value> = tools
+            .iter()
+            .map(|t| json!({"type": "function", "function": {"name": t}}))
+            .collect();
+        json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+               "tools": tools})
+    }
+
+    /// The one tool call of an answer: its name and arguments.
+    fn call_of(reply: StubReply) -> (String, Value) {
+        match reply {
+            StubReply::ToolCalls(calls) if calls.len() == 1 => {
+                let (name, args) = calls.into_iter().next().unwrap();
+                (name, serde_json::from_str(&args).unwrap())
+            }
+            other => panic!("one tool call: {other:?}"),
+        }
+    }
+
+    const KAORI: &str = "You are Kaori 🏔️, an AI companion in TrickBook, a skate/snow/BMX app, chatting with \
+        one user in its DMs. Japanese snowboarder from SSX Tricky.\nRules:\n- Stay in character.";
+
+    #[test]
+    fn a_spot_shared_by_its_link_is_named_by_the_link_or_the_user() {
+        let model = demo();
+        let name_of = |text: &str| {
+            let (tool, args) = call_of(model(&request(KAORI, text, &["create_spot_draft"])));
+            assert_eq!(tool, "create_spot_draft");
+            args["name"].as_str().unwrap().to_owned()
+        };
+        let link = "https://www.google.com/maps/place/Hollow+Bowl/@45.5,-122.6,17z";
+        assert_eq!(
+            name_of(&format!("can you add this spot? {link}")),
+            "Hollow Bowl"
+        );
+        assert_eq!(
+            name_of("add https://www.google.com/maps/search/Caf%C3%A9+Ledges/@51.5,-0.12,17z pls"),
+            "Café Ledges"
+        );
+        assert_eq!(
+            name_of("add this https://maps.apple.com/place?coordinate=34.0,-118.4&name=Venice+Pit"),
+            "Venice Pit"
+        );
+        assert_eq!(
+            name_of(&format!("add this spot, it's called The Pit {link}")),
+            "The Pit",
+            "the user's own name wins"
+        );
+        // A link that names no place (coordinates only, a short link): the placeholder.
+        assert_eq!(
+            name_of("add https://www.google.com/maps/@45.5,-122.6,17z"),
+            "New Spot"
+        );
+        assert_eq!(name_of("add https://maps.app.goo.gl/AbCdEf123"), "New Spot");
+        assert_eq!(
+            name_of("add https://maps.google.com/?q=39.9,-75.177"),
+            "New Spot"
+        );
+    }
+
+    #[test]
+    fn the_spot_wizard_names_the_spot_by_its_link_when_the_user_gives_no_name() {
+        let model = demo();
+        let flow = |filled: Value| {
+            format!(
+                "{KAORI}\n## Guided flow in progress: Add a spot to TrickBook\n{}\nWork towards the step's goal.",
+                json!({"flow": "spot_wizard", "status": "active", "step": "details", "filled": filled})
+            )
+        };
+        let link =
+            json!({"maps_url": "https://www.google.com/maps/place/Hollow+Bowl/@45.5,-122.6,17z"});
+        let (tool, args) = call_of(model(&request(
+            &flow(link.clone()),
+            "it's a diy spot with a deep bowl",
+            &["set_flow_slots"],
+        )));
+        assert_eq!(tool, "set_flow_slots");
+        assert_eq!(args["slots"]["name"], "Hollow Bowl");
+        assert_eq!(args["slots"]["spot_type"], "diy");
+        let (_, args) = call_of(model(&request(
+            &flow(link),
+            "it's called Deep End, a skatepark",
+            &["set_flow_slots"],
+        )));
+        assert_eq!(args["slots"]["name"], "Deep End");
+    }
+
+    /// A group's request as the worker sends it to `system`'s companion: the person's message, then what
+    /// the companions before it said for that message (`Name: text`), then `after`.
+    fn group_request(
+        system: &str,
+        others: &str,
+        person: &str,
+        said: &[&str],
+        after: &[Value],
+    ) -> Value {
+        let note = format!(
+            "\n## This is a group chat\nThis conversation is a group chat in TrickBook, not a DM. In it: \
+             Jess Rivera and the companions {others}. Messages from others start with the speaker's name \
+             and a colon.\n"
+        );
+        let lists = "\n## Their tricklists (✓ landed)\n- Winter Goals (snowboard, 1/4): Backside 180 ✓, Nose \
+                     Press\n- Park Essentials (skateboard, 3/5): Ollie ✓, Drop In\n";
+        let mut messages = vec![
+            json!({"role": "system", "content": format!("{system}{lists}{note}")}),
+            json!({"role": "system", "content": "Now: Saturday 28 November 2026, 17:05 UTC\n"}),
+            json!({"role": "user", "content": format!("Jess Rivera: {person}")}),
+        ];
+        messages.extend(said.iter().map(|l| json!({"role": "user", "content": l})));
+        messages.extend(after.iter().cloned());
+        json!({"messages": messages, "tools": [{"type": "function", "function": {"name": "search_spots"}}]})
+    }
+
+    fn text(reply: StubReply) -> String {
+        match reply {
+            StubReply::Text(t) => t,
+            other => panic!("a text answer: {other:?}"),
+        }
+    }
+
+    const MAX: &str = "You are Max 🚲, an AI companion in TrickBook, a skate/snow/BMX app, chatting with one \
+        user in its DMs. Freestyle BMX rider and part-time bike mechanic.\nYou know a lot about: BMX, park \
+        riding, skateparks.\nRules:\n- Stay in character.";
+
+    #[test]
+    fn in_a_group_a_companion_searches_the_spots_of_its_own_sport() {
+        let body = group_request(
+            KAORI,
+            "Tony (skateboard)",
+            "kaori and tony: any parks in portland?",
+            &[],
+            &[],
+        );
+        let StubReply::ToolCalls(calls) = demo()(&body) else {
+            panic!("spot searches")
+        };
+        let kinds: Vec<Value> = calls
+            .iter()
+            .map(|(name, args)| {
+                assert_eq!(name, "search_spots");
+                let args: Value = serde_json::from_str(args).unwrap();
+                assert_eq!(args["query"], "portland");
+                args["type"].clone()
+            })
+            .collect();
+        assert_eq!(kinds, [json!("snow"), json!("mountain"), json!("resort")]);
+        // In a DM, a search of everything, as before.
+        let dm = request(KAORI, "any parks in portland?", &["search_spots"]);
+        let (_, args) = call_of(demo()(&dm));
+        assert_eq!(args, json!({"query": "portland"}));
+    }
+
+    #[test]
+    fn in_a_group_a_companion_does_not_repeat_the_spots_named_before_it() {
+        let tony = "Tony: [scripted] found these skateboard spots: Burnside Skatepark";
+        let spot = |name: &str, city: &str| json!({"name": name, "type": "diy", "city": city});
+        let searched = |spots: Vec<Value>| {
+            vec![
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                       "function": {"name": "search_spots", "arguments": "{\"query\":\"Portland\",\"type\":\"diy\"}"}}]}),
+                json!({"role": "tool", "tool_call_id": "c1", "content": json!({"spots": spots}).to_string()}),
+            ]
+        };
+        let asked = "max and tony: any parks in portland?";
+        let only_burnside = searched(vec![spot("Burnside Skatepark", "Portland")]);
+        let body = group_request(MAX, "Tony (skateboard)", asked, &[tony], &only_burnside);
+        assert_eq!(
+            text(demo()(&body)),
+            "[scripted] Tony already named the bmx spots i know there 🙌"
+        );
+        let more = searched(vec![
+            spot("Burnside Skatepark", "Portland"),
+            spot("Gabriel Park DIY", "Portland"),
+        ]);
+        let body = group_request(MAX, "Tony (skateboard)", asked, &[tony], &more);
+        assert_eq!(
+            text(demo()(&body)),
+            "[scripted] found these bmx spots: Gabriel Park DIY"
+        );
+    }
+
+    #[test]
+    fn in_a_group_a_companion_speaks_of_its_own_sport_and_does_not_echo_the_one_before() {
+        let asked = "kaori and tony: how was your day?";
+        let tony = "Tony: [scripted Tony] you said \"kaori and tony: how was your day?\". i remember 0 earlier \
+                    messages and can see your skateboard lists: Park Essentials (skateboard, 3/5).";
+        let body = group_request(KAORI, "Tony (skateboard)", asked, &[tony], &[]);
+        assert_eq!(
+            text(demo()(&body)),
+            "[scripted Kaori] i remember 1 earlier messages and can see your snowboard lists: Winter Goals \
+             (snowboard, 1/4)."
+        );
     }
 
     #[test]
