@@ -181,13 +181,12 @@ BUILD=(cargo build --workspace --bins)
 # after a full build.
 FIRST_BUILD="$LOGS/first-build.txt"
 compiled="$(find target/debug/.fingerprint -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)"
-# The features of the last demo build (the otel feature switches a part of the build).
-FEATURES_NOW="${BUILD[*]}"
-FEATURES_FILE=target/debug/.demo-build
 if ((compiled >= 100)); then
   cold=""
-  if [[ -f "$FEATURES_FILE" && "$(cat -- "$FEATURES_FILE" 2>/dev/null)" != "$FEATURES_NOW" ]]; then
-    estimate="the features changed since the last demo build (--traces adds otel): a minute or more"
+  # The otel feature's exporter crates are compiled the first time --traces builds (cargo keeps both
+  # builds: switching back and forth afterwards is quick).
+  if [[ -n "$TRACES" ]] && ! compgen -G "target/debug/deps/libopentelemetry_otlp-*.rlib" >/dev/null; then
+    estimate="the first build with the otel feature compiles its exporter's crates too: a few minutes"
   else
     estimate="it compiles what changed since the last build"
   fi
@@ -224,7 +223,6 @@ fi
 if [[ -n "$cold" ]]; then
   printf '%s %s\n' "$((SECONDS - build_started))" "$(date -u '+%Y-%m-%d')" >"$FIRST_BUILD" 2>/dev/null || true
 fi
-printf '%s\n' "$FEATURES_NOW" >"$FEATURES_FILE" 2>/dev/null || true
 say "built in $((SECONDS - build_started)) s"
 BIN="$ROOT/target/debug/companion"
 DEV="$ROOT/target/debug/companion-dev"
