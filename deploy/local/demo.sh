@@ -11,16 +11,20 @@
 #                                   lines from stdin when piped)
 #   --user sam|mia|ren              chat as another seeded user (Philadelphia US, London GB, Sapporo JP:
 #                                   each country's crisis lines); an empty line or Ctrl-D quits
+#   --no-ids                        reply lines without the id `explain` takes (shown by default:
+#                                   `kaori> … [explain <id>]`); the demo's last line is the command that
+#                                   tells the last message's turn from the journal (deploy/local/explain.sh)
 #   --traces                        (with any of the above) trace the turns into a local Arize Phoenix at
 #                                   http://127.0.0.1:6006/projects (project `default`): per turn the
 #                                   `invoke_agent` span with its `chat` (tokens, cost) and `execute_tool`
 #                                   spans. The worker is built with the `otel` feature; Phoenix is installed
 #                                   on first use (deploy/local/phoenix.sh: about a minute, 850 MB) and keeps
 #                                   its data in .local/phoenix/data from run to run. On a terminal Phoenix
-#                                   stays up after the chat until you press Enter; not on a terminal it is
-#                                   stopped at the end. PHOENIX_KEEP=1 leaves it running (the demo prints
-#                                   how to stop it), and a Phoenix already answering on PHOENIX_PORT is
-#                                   used and left running. PHOENIX_PORT (default 6006) and
+#                                   stays up after the chat until you press Enter; not on a terminal it
+#                                   keeps running after the demo, which prints the last turn's trace and
+#                                   how to stop Phoenix. PHOENIX_KEEP=1 always leaves it running,
+#                                   PHOENIX_KEEP=0 always stops it at the end; a Phoenix already answering
+#                                   on PHOENIX_PORT is used and left running. PHOENIX_PORT (default 6006) and
 #                                   PHOENIX_GRPC_PORT (default 4317, else a free one: Phoenix always binds
 #                                   it, on all interfaces) move it. Log: .local/logs/phoenix.log
 #   --trace-content                 with --traces: the message text on the spans too
@@ -29,12 +33,16 @@
 #
 # With OPENROUTER_API_KEY set the companion talks through the real model; without it the project's
 # scripted offline model answers (and says so). Not on a terminal, it plays a short scripted
-# conversation through the real worker, prints each turn and exits 0.
+# conversation through the real worker, prints each turn whole and exits 0.
 set -euo pipefail
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd -P)"
+# The commands the demo prints are relative to the repository's root when it was run from there.
+if [[ "$(pwd -P)" == "$ROOT" ]]; then HERE=""; else HERE="$ROOT/"; fi
 cd "$ROOT"
 LOCAL_DIR="${COMPANION_LOCAL_DIR:-$ROOT/.local}"
 LOGS="$LOCAL_DIR/logs"
+# Tools' caches into .local/cache (deploy/local/caches.sh).
+source "$ROOT/deploy/local/caches.sh"
 STUB_PORT="${STUB_PORT:-8089}"
 BOT="${BOT:-kaori}"
 GROUP=""
@@ -43,6 +51,7 @@ CHAT=""
 AS_USER=""
 TRACES=""
 TRACE_CONTENT=""
+IDS=(--ids)
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --user) AS_USER="${2:?--user needs a seeded username: jess, sam, mia or ren}"; shift 2 ;;
@@ -52,8 +61,9 @@ while [[ $# -gt 0 ]]; do
     --chat) CHAT=1; shift ;;
     --traces) TRACES=1; shift ;;
     --trace-content) TRACE_CONTENT=1; shift ;;
+    --no-ids) IDS=(); shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: $0 [--group kaori,tony | --spot-wizard | --chat] [--user jess|sam|mia|ren] [--traces [--trace-content]]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--group kaori,tony | --spot-wizard | --chat] [--user jess|sam|mia|ren] [--no-ids] [--traces [--trace-content]]" >&2; exit 2 ;;
   esac
 done
 if [[ -n "$TRACE_CONTENT" && -z "$TRACES" ]]; then
@@ -107,7 +117,7 @@ if [[ -n "$TRACES" ]]; then
   phoenix_out="$(deploy/local/phoenix.sh)" || { printf '%s\n' "$phoenix_out"; say "Phoenix could not be installed"; exit 1; }
   sed '$d' <<<"$phoenix_out"
   PHOENIX_BIN="$(tail -n 1 <<<"$phoenix_out")"
-  mkdir -p -- "$LOGS" "$LOCAL_DIR/phoenix/data"
+  mkdir -p -- "$LOGS" "$LOCAL_DIR/phoenix/data" "$LOCAL_DIR/phoenix/tmp"
   # A port is free when it can be bound: the HTTP port on loopback, the gRPC one on all interfaces.
   port_free() {
     "$PHOENIX_BIN/python" - "$1" "$2" <<'PY' 2>/dev/null
@@ -139,7 +149,9 @@ PY
       # OTLP/gRPC, which the worker does not use but Phoenix always serves: 4317, or the first free port after 14317.
       for PHOENIX_GRPC_PORT in 4317 $(seq 14317 14416); do port_free "$PHOENIX_GRPC_PORT" :: && break; done
     fi
-    # Its own session: Ctrl-C in the chat does not reach it, and with PHOENIX_KEEP=1 it outlives the terminal.
+    # Its own session: Ctrl-C in the chat does not reach it, and kept it outlives the terminal. Its temp
+    # folder (where it keeps .arize-phoenix/pids) inside .local too.
+    TMPDIR="$LOCAL_DIR/phoenix/tmp" \
     PHOENIX_WORKING_DIR="$LOCAL_DIR/phoenix/data" PHOENIX_HOST=127.0.0.1 PHOENIX_PORT="$PHOENIX_PORT" \
       PHOENIX_GRPC_PORT="$PHOENIX_GRPC_PORT" PHOENIX_ALLOW_EXTERNAL_RESOURCES=false \
       PHOENIX_TELEMETRY_ENABLED=false PHOENIX_LOG_MIGRATIONS=false \
@@ -164,26 +176,54 @@ mkdir -p -- "$LOGS"
 BUILD=(cargo build --workspace --bins)
 # The OpenTelemetry export is compiled in only with the feature (a build without it ignores the endpoint).
 [[ -n "$TRACES" ]] && BUILD+=(--features companion/otel)
-say "building companion${TRACES:+ (feature otel)} and companion-dev (first build: about 4-5 minutes on 2 cores; then seconds)"
+# How long a first build takes here: what the last one took on this machine, when there was one. A first
+# build is one with (almost) nothing compiled yet: cargo keeps a fingerprint folder per compiled unit, ~500
+# after a full build.
+FIRST_BUILD="$LOGS/first-build.txt"
+compiled="$(find target/debug/.fingerprint -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)"
+if ((compiled >= 100)); then
+  cold=""
+  # The otel feature's exporter crates are compiled the first time --traces builds (cargo keeps both
+  # builds: switching back and forth afterwards is quick).
+  if [[ -n "$TRACES" ]] && ! compgen -G "target/debug/deps/libopentelemetry_otlp-*.rlib" >/dev/null; then
+    estimate="the first build with the otel feature compiles its exporter's crates too: a few minutes"
+  else
+    estimate="it compiles what changed since the last build"
+  fi
+else
+  cold=1
+  if read -r secs when 2>/dev/null <"$FIRST_BUILD" && [[ "$secs" =~ ^[0-9]+$ ]]; then
+    estimate="a first build: $((secs / 60)) min $((secs % 60)) s on this machine last time, $when"
+  else
+    estimate="a first build: several minutes"
+  fi
+fi
+say "building companion${TRACES:+ (feature otel)} and companion-dev ($estimate)"
+build_started=$SECONDS
 if [[ -t 2 ]]; then
   "${BUILD[@]}"
 else
   # Not on a terminal: cargo's output goes to a log and a line every 30 s says how far it got.
   "${BUILD[@]}" >"$LOGS/build.log" 2>&1 &
   build=$!
-  # About how many crates a first build compiles: the packages of Cargo.lock.
-  total="$(grep -c '^\[\[package\]\]' Cargo.lock || true)"
+  # About how many crates a first build compiles: the packages of Cargo.lock (another build compiles fewer,
+  # how many is not known beforehand).
+  total=""
+  [[ -n "$cold" ]] && total="/~$(grep -c '^\[\[package\]\]' Cargo.lock || true)"
   next=$((SECONDS + 30))
   while kill -0 "$build" 2>/dev/null; do
     sleep 1
     if ((SECONDS >= next)); then
-      say "still building: $(grep -c '^ *Compiling' "$LOGS/build.log" || true)/~$total crates compiled (log: $LOGS/build.log)"
+      say "still building: $(grep -c '^ *Compiling' "$LOGS/build.log" || true)$total crates compiled (log: $LOGS/build.log)"
       next=$((SECONDS + 30))
     fi
   done
   wait "$build" || { tail -n 30 -- "$LOGS/build.log" >&2; exit 1; }
 fi
-say "built"
+if [[ -n "$cold" ]]; then
+  printf '%s %s\n' "$((SECONDS - build_started))" "$(date -u '+%Y-%m-%d')" >"$FIRST_BUILD" 2>/dev/null || true
+fi
+say "built in $((SECONDS - build_started)) s"
 BIN="$ROOT/target/debug/companion"
 DEV="$ROOT/target/debug/companion-dev"
 export COMPANION_CHARACTERS_DIR="$ROOT/characters"
@@ -276,28 +316,32 @@ else
   say "talking as the new demo user $DEMO_USER (a copy of jess: her profile and tricklists)"
 fi
 NAME="$(tr '[:lower:]' '[:upper:]' <<<"${BOT:0:1}")${BOT:1}"
+# The chat writes its last message's id here: the demo's last line tells its turn (deploy/local/explain.sh).
+LAST_ID="$LOGS/last-message-id"
+rm -f -- "$LAST_ID"
+CHAT_OPTS=("${IDS[@]}" --last-id-file "$LAST_ID")
 
 if [[ -n "$WIZARD" ]]; then
   say "the spot wizard: a guided flow from the maps link to the moderator's review"
-  "$DEV" chat --user "$DEMO_USER" --bot "$BOT" --script spot-wizard --wait 60
+  "$DEV" chat "${CHAT_OPTS[@]}" --user "$DEMO_USER" --bot "$BOT" --script spot-wizard --wait 60
   say "a moderator approves the draft; the companion follows up and the flow ends"
-  "$DEV" review --user "$DEMO_USER" --bot "$BOT" --wait 60 --expect-flow spot_wizard
+  "$DEV" review "${IDS[@]}" --user "$DEMO_USER" --bot "$BOT" --wait 60 --expect-flow spot_wizard
 elif [[ -n "$GROUP" ]]; then
   if [[ -n "$CHAT" || ( -t 0 && -t 1 ) ]]; then
-    "$DEV" chat --user "$DEMO_USER" --group "$GROUP"
+    "$DEV" chat "${CHAT_OPTS[@]}" --user "$DEMO_USER" --group "$GROUP"
   else
     say "not a terminal: playing the scripted group conversation with $GROUP"
-    "$DEV" chat --user "$DEMO_USER" --group "$GROUP" --script builtin --wait 60
+    "$DEV" chat "${CHAT_OPTS[@]}" --user "$DEMO_USER" --group "$GROUP" --script builtin --wait 60
   fi
 elif [[ -n "$CHAT" || ( -t 0 && -t 1 ) ]]; then
-  "$DEV" chat --user "$DEMO_USER" --bot "$BOT"
+  "$DEV" chat "${CHAT_OPTS[@]}" --user "$DEMO_USER" --bot "$BOT"
 else
   say "not a terminal: playing the scripted conversation"
-  "$DEV" chat --user "$DEMO_USER" --bot "$BOT" --script builtin --wait 60
+  "$DEV" chat "${CHAT_OPTS[@]}" --user "$DEMO_USER" --bot "$BOT" --script builtin --wait 60
   say "a moderator approves the spot the companion just submitted; the companion follows up on its own"
-  "$DEV" review --user "$DEMO_USER" --bot "$BOT" --wait 60
+  "$DEV" review "${IDS[@]}" --user "$DEMO_USER" --bot "$BOT" --wait 60
   say "the reminder $NAME promised a few seconds ago comes due (NATS keeps the timer)"
-  "$DEV" follow-up --user "$DEMO_USER" --bot "$BOT" --kind reminder --since-secs 120 --wait 60
+  "$DEV" follow-up "${IDS[@]}" --user "$DEMO_USER" --bot "$BOT" --kind reminder --since-secs 120 --wait 60
   say "what $NAME remembers about you: what you asked it to remember at once, the rest learned off the reply path once the chat is quiet (${COMPANION_MEMORY_QUIET_SECS}s in the demo)"
   DEMO_ID="$("$DEV" user-id "$DEMO_USER")"
   for _ in $(seq 1 60); do
@@ -310,10 +354,11 @@ fi
 if [[ -n "$TRACES" ]]; then
   say "stopping the worker: it sends its last spans to Phoenix as it exits"
   stop_pids
-  # What this run put into Phoenix (project default), read back from its REST API.
-  counts="$("$PHOENIX_BIN/python" - "$PHOENIX_URL" "$TRACES_FROM" <<'PY' || true
+  # What this run put into Phoenix (project default), read back from its REST API, and the trace of the
+  # last message's turn (its `turn` span has the message id as `event_id`; else the newest agent span's).
+  found="$("$PHOENIX_BIN/python" - "$PHOENIX_URL" "$TRACES_FROM" "$(cat -- "$LAST_ID" 2>/dev/null || true)" <<'PY' || true
 import collections, json, sys, time, urllib.parse, urllib.request
-base, since = sys.argv[1], sys.argv[2]
+base, since, last = sys.argv[1], sys.argv[2], sys.argv[3]
 def spans():
     out, cursor = [], None
     while True:
@@ -330,20 +375,48 @@ data = spans()
 kinds = collections.Counter(s["name"].split(" ")[0] for s in data)
 print(f"{kinds['invoke_agent']} invoke_agent, {kinds['chat']} chat, {kinds['execute_tool']} execute_tool spans "
       f"({len(data)} spans in all, traces: {len({s['context']['trace_id'] for s in data})})")
+turns = [s for s in data if s["name"] == "turn" and last and (s.get("attributes") or {}).get("event_id") == last]
+agents = sorted((s for s in data if s["name"].startswith("invoke_agent")), key=lambda s: s.get("start_time") or "")
+pick = turns[-1] if turns else (agents[-1] if agents else None)
+print(pick["context"]["trace_id"] if pick else "")
 PY
 )"
+  counts="$(sed -n 1p <<<"$found")"
+  trace="$(sed -n 2p <<<"$found")"
   say "in Phoenix from this run: ${counts:-(could not read its REST API)}"
-  say "the traces: $PHOENIX_URL/projects (project default; a trace: $PHOENIX_URL/redirects/traces/<trace id>)"
+  if [[ -n "$trace" ]]; then
+    say "the last turn's trace: $PHOENIX_URL/redirects/traces/$trace (every trace: $PHOENIX_URL/projects, project default)"
+  else
+    say "the traces: $PHOENIX_URL/projects (project default)"
+  fi
+  # Kept by default when nobody is at a terminal to look now: the address above would be of no use
+  # otherwise. PHOENIX_KEEP=1 keeps it, PHOENIX_KEEP=0 stops it, in every case.
+  keep="${PHOENIX_KEEP:-}"
   if [[ -z "$PHOENIX_PID" ]]; then
     say "Phoenix was already running before the demo and keeps running"
-  elif [[ "${PHOENIX_KEEP:-}" == 1 ]]; then
-    say "Phoenix keeps running (PHOENIX_KEEP=1); stop it with: kill $PHOENIX_PID (pid also in $LOCAL_DIR/phoenix/phoenix.pid)"
+  elif [[ "$keep" == 1 || ( -z "$keep" && ! ( -t 0 && -t 1 ) ) ]]; then
+    why="PHOENIX_KEEP=1"
+    [[ -z "$keep" ]] && why="not a terminal; PHOENIX_KEEP=0 stops it at the end instead"
+    say "Phoenix keeps running so that you can open it ($why); stop it with: kill $PHOENIX_PID (pid also in $LOCAL_DIR/phoenix/phoenix.pid)"
     PHOENIX_PID=""
-  elif [[ -t 0 && -t 1 ]]; then
+  elif [[ "$keep" != 0 ]]; then
     say "Phoenix stays up so you can look at the traces; press Enter to stop it (PHOENIX_KEEP=1 leaves it running)"
     read -r _ || true
-    say "stopping Phoenix"
+    stop_phoenix
+    say "Phoenix stopped"
   else
-    say "stopping Phoenix (not a terminal; PHOENIX_KEEP=1 leaves it running)"
+    stop_phoenix
+    say "Phoenix stopped (PHOENIX_KEEP=0)"
   fi
+fi
+
+# The last line: the command that tells the last message's turn from the journal.
+if last="$(cat -- "$LAST_ID" 2>/dev/null)" && [[ -n "$last" ]]; then
+  who="$NAME"
+  [[ -n "$GROUP" ]] && who="the companions"
+  say "why $who said that: the last message's turn, from the journal (ids, counts, times; --show-text adds the text)"
+  # With the stack's PostgreSQL moved, the command says where it is.
+  moved=""
+  [[ -n "${PG_PORT:-}" && "${PG_PORT}" != 5432 ]] && moved="PG_PORT=$PG_PORT "
+  printf '%s\n' "${moved}${HERE}deploy/local/explain.sh $last"
 fi

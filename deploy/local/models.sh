@@ -34,6 +34,8 @@ SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)"
 ROOT="$(cd -- "$SCRIPT_DIR/../.." && pwd -P)"
 LOCAL_DIR="${COMPANION_LOCAL_DIR:-$ROOT/.local}"
 MODELS="$LOCAL_DIR/models"
+# Tools' caches into .local/cache (deploy/local/caches.sh).
+source "$SCRIPT_DIR/caches.sh"
 CACHE="$MODELS/cache"
 PYTHON="${PYTHON:-python3}"
 PIP="${PIP:-$PYTHON -m pip}"

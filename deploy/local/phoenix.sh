@@ -18,6 +18,8 @@ set -euo pipefail
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd -P)"
 LOCAL_DIR="${COMPANION_LOCAL_DIR:-$ROOT/.local}"
 DIR="$LOCAL_DIR/phoenix"
+# Tools' caches into .local/cache (deploy/local/caches.sh).
+source "$ROOT/deploy/local/caches.sh"
 VENV="$DIR/venv"
 BIN="$VENV/bin"
 PYTHON="${PYTHON:-python3}"

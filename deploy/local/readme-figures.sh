@@ -38,17 +38,10 @@ fi
 # the phase that ran them (each after the `Running` line naming its binary, when the run was not on a
 # terminal), then `key: value` lines (exit, seconds, date, commit, worktree, user, root,
 # disk-local, disk-target).
+# The test counts, by kind of test binary (deploy/local/test-counts.awk, which test.sh's last line uses too).
+TESTS="$(awk -f "$ROOT/deploy/local/test-counts.awk" "$RECORD" | sed -n 1p)"
+export TESTS
 block="$(awk '
-  function count(line, word,   s) {
-    if (match(line, "[0-9]+ " word)) { s = substr(line, RSTART, RLENGTH); sub(/ .*/, "", s); return s + 0 }
-    return 0
-  }
-  function tests(label, i,   s) {
-    s = label " " passed[i] " passed"
-    if (failed[i] > 0) s = s ", " failed[i] " failed"
-    if (ignored[i] > 0) s = s ", " ignored[i] " ignored"
-    return s
-  }
   /^\[test\] / {
     line = $0
     sub(/^\[test\] /, "", line)
@@ -56,23 +49,6 @@ block="$(awk '
     phases++
     name[phases] = substr(line, 1, RSTART - 1)
     at[phases] = substr(line, RSTART + 2, RLENGTH - 4) + 0
-    next
-  }
-  /^ +Running / {
-    # The binary of the next result: the integration tests, the dev tooling, or a crate'"'"'s unit tests.
-    running = ($0 ~ /tests\/it\//) ? "integration" : ($0 ~ /companion_dev-/) ? "dev" : ($0 ~ /unittests src\/lib\.rs/) ? "unit" : "other"
-    next
-  }
-  /test result:/ {
-    line = $0
-    gsub(/\033\[[0-9;]*m/, "", line)
-    results++
-    kind[results] = running
-    running = ""
-    otel[results] = (phases > 0 && name[phases] ~ /otel/)
-    passed[results] = count(line, "passed")
-    failed[results] = count(line, "failed")
-    ignored[results] = count(line, "ignored")
     next
   }
   /^[a-z-]+: / {
@@ -101,38 +77,7 @@ block="$(awk '
       }
       printf "\n"
     }
-    # cargo test --workspace prints one line per test binary: the unit tests of each crate (src/lib.rs),
-    # the worker binary, the integration tests (tests/it), companion-dev, its binary. Binaries without tests
-    # are left out. With the `Running` lines, the unit tests of all crates are summed; without them (a run
-    # on a terminal), the lines are numbered.
-    kept = 0; named = 1
-    for (i = 1; i <= results; i++)
-      if (!otel[i] && passed[i] + failed[i] + ignored[i] > 0) {
-        keep[++kept] = i
-        if (kind[i] == "") named = 0
-      }
-    line = ""
-    if (named) {
-      split("unit integration dev other", kinds, " ")
-      for (k = 1; k <= 4; k++) {
-        # Index 0 holds the sum of one kind.
-        n = 0; passed[0] = 0; failed[0] = 0; ignored[0] = 0
-        for (j = 1; j <= kept; j++) {
-          i = keep[j]
-          if (kind[i] != kinds[k]) continue
-          n++
-          passed[0] += passed[i]; failed[0] += failed[i]; ignored[0] += ignored[i]
-        }
-        if (n > 0) line = line (line == "" ? "" : "; ") tests(kinds[k] (n > 1 ? " (" n " crates)" : ""), 0)
-      }
-    } else {
-      for (k = 1; k <= kept; k++) {
-        label = (kept == 3) ? ((k == 1) ? "unit" : (k == 2) ? "integration" : "dev") : "binary " k ":"
-        line = line (line == "" ? "" : "; ") tests(label, keep[k])
-      }
-    }
-    for (i = 1; i <= results; i++)
-      if (otel[i]) line = line (line == "" ? "" : "; ") tests("otel", i)
+    line = ENVIRON["TESTS"]
     if (line == "") line = "no `test result:` line (the run ended before cargo test)"
     printf "Tests: %s.\n", line
     printf "Disk: `.local/` %s, `target/` %s.\n", kv["disk-local"], kv["disk-target"]

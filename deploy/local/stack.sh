@@ -47,6 +47,8 @@ ROOT="$(cd -- "$SCRIPT_DIR/../.." && pwd -P)"
 LOCAL_DIR="${COMPANION_LOCAL_DIR:-$ROOT/.local}"
 mkdir -p -- "$LOCAL_DIR"
 LOCAL_DIR="$(cd -- "$LOCAL_DIR" && pwd -P)"
+# Tools' caches into .local/cache (deploy/local/caches.sh).
+source "$SCRIPT_DIR/caches.sh"
 
 NATS_PORT="${NATS_PORT:-4222}"
 NATS_MONITOR_PORT="${NATS_MONITOR_PORT:-8222}"

@@ -11,6 +11,8 @@ started=$SECONDS
 # written the run and its output are the same, and its exit status never depends on it.
 LOCAL_DIR="${COMPANION_LOCAL_DIR:-$ROOT/.local}"
 LOGS="$LOCAL_DIR/logs"
+# Tools' caches into .local/cache (deploy/local/caches.sh).
+source "$ROOT/deploy/local/caches.sh"
 record=""
 { mkdir -p -- "$LOGS" && record="$(mktemp "$LOGS/.last-test-run.XXXXXX")"; } 2>/dev/null || record=""
 note() { [[ -z "$record" ]] || { printf '%s\n' "$@" >>"$record"; } 2>/dev/null || true; }
@@ -18,6 +20,7 @@ finish_record() {
   local rc=$?
   set +e
   stop_ticker
+  last_line "$rc"
   [[ -n "$record" ]] || return 0
   local size
   {
@@ -43,12 +46,33 @@ finish_record() {
 note "# deploy/local/test.sh's last run; deploy/local/readme-figures.sh copies its figures into README.md."
 trap finish_record EXIT
 
+# The run's last line, however it ends: the exit status, the seconds, the phase it stopped in (when it
+# did not get to the end), the test counts by kind of test binary (deploy/local/test-counts.awk, read
+# from the record) and, last, the plain `N passed, N failed`.
+current=""
+last_line() {
+  local rc="$1" counts kinds total where=""
+  [[ "$current" == "done" ]] || where=", stopped in: ${current:-the prerequisites}"
+  if [[ -n "$record" ]] && counts="$(awk -f "$ROOT/deploy/local/test-counts.awk" -- "$record" 2>/dev/null)"; then
+    kinds="$(sed -n 1p <<<"$counts")"
+    total="$(sed -n 2p <<<"$counts")"
+    # N passed, N failed, N ignored: the ignored ones are in their kind's count.
+    total="${total%, * ignored}"
+    [[ -n "$kinds" ]] || kinds="no test ran"
+  else
+    kinds="the counts are unknown (no record in $LOGS)"
+    total="? passed, ? failed"
+  fi
+  printf '[test] done, exit %s (%ds)%s: %s; in all: %s\n' "$rc" "$((SECONDS - started))" "$where" "$kinds" "$total"
+}
+
 # Not on a terminal (CI, a pipe), a line every 30 s says which phase is still running, so a long build is
 # not taken for a hang.
 ticker=""
 stop_ticker() { [[ -z "$ticker" ]] || kill "$ticker" 2>/dev/null || true; ticker=""; }
 phase() {
   local line
+  current="$*"
   printf -v line '[test] %s (%ds)' "$*" "$((SECONDS - started))"
   printf '%s\n' "$line"
   note "$line"
@@ -60,10 +84,11 @@ phase() {
     ticker=$!
   fi
 }
-# cargo test with the output it always had; its `test result:` lines, and the `Running` line naming each
-# test binary where cargo's stderr is copied, also go to the record. Not on a
-# terminal, stdout and stderr go through one pipe as before; on a terminal only the tests' own output
-# (stdout) is copied, so cargo's progress bar (stderr) stays on the terminal.
+# cargo test with the output it always had; its `test result:` lines, each after the `Running` line naming
+# its test binary, also go to the record. stdout and stderr go through one pipe, so that each `Running`
+# line (stderr) comes before its binary's result (stdout). On a terminal cargo is told to keep its colours
+# and its progress bar although it writes to a pipe (CARGO_TERM_COLOR, CARGO_TERM_PROGRESS_*); the tests
+# print their results without colour. The record keeps the lines without colours or progress bar.
 cargo_test() {
   local out rc
   if [[ -z "$record" ]] || ! out="$(mktemp "$LOGS/.cargo-test.XXXXXX" 2>/dev/null)"; then
@@ -71,12 +96,15 @@ cargo_test() {
     return
   fi
   if [[ -t 1 ]]; then
-    { "$@" 2>&3 | tee -a -- "$out" 2>/dev/null; rc=${PIPESTATUS[0]}; } 3>&1
+    CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-always}" CARGO_TERM_PROGRESS_WHEN="${CARGO_TERM_PROGRESS_WHEN:-always}" \
+      CARGO_TERM_PROGRESS_WIDTH="${CARGO_TERM_PROGRESS_WIDTH:-$(tput cols 2>/dev/null || echo 80)}" \
+      "$@" 2>&1 | tee -a -- "$out" 2>/dev/null
   else
     "$@" 2>&1 | tee -a -- "$out" 2>/dev/null
-    rc=${PIPESTATUS[0]}
   fi
-  { grep -aE '^ +Running |test result:' -- "$out" >>"$record"; } 2>/dev/null || true
+  rc=${PIPESTATUS[0]}
+  { sed -e 's/\x1b\[[0-9;]*[A-Za-z]//g' -e 's/\r*$//' -e 's/.*\r//' -- "$out" \
+      | grep -aE '^ +Running |test result:' >>"$record"; } 2>/dev/null || true
   rm -f -- "$out" 2>/dev/null || true
   return "$rc"
 }
@@ -138,5 +166,8 @@ if [[ "$status" -eq 0 ]]; then
 else
   printf '[test] kept for a look: the tests'"'"' temporary files in %s, and their databases (deploy/local/stack.sh sweep drops them)\n' "$TEST_TMP"
 fi
-phase "done, exit $status"
+# The record's last phase line (readme-figures.sh times the phase before it); the output's last line is
+# last_line's, with the counts.
+current=done
+note "[test] done, exit $status ($((SECONDS - started))s)"
 exit "$status"

@@ -8,7 +8,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::backend;
 use companion_core::config::{CharactersConfig, MongoConfig, NatsConfig, PgConfig};
-use companion_journal::{Journal, State};
+use companion_journal::{JobRecord, Journal, State};
 use companion_knowledge::character::Characters;
 use companion_store::{
     bus::{
@@ -56,18 +56,14 @@ pub enum CommandError {
     UnknownBot(String),
     #[error("no reply within {0:?}: no worker took the message; is a worker running?")]
     NoReply(Duration),
-    #[error("no reply within {0:?}: a worker took the message and is still on it (see its log)")]
+    #[error(
+        "the turn was not over within {0:?}: a worker took the message and is still on it (see its log)"
+    )]
     StillRunning(Duration),
     #[error(
         "no reply within {0:?}, and the journal cannot be read ({1}): PostgreSQL may be down (see the worker's log)"
     )]
     JournalUnreadable(Duration, String),
-    #[error(
-        "limited: over the flood limit (COMPANION_USER_TURNS_PER_MINUTE); the busy line already answered this minute"
-    )]
-    Limited,
-    #[error("failed: the companion could not answer ({0})")]
-    Failed(String),
     #[error("no spot draft made by {bot} for user {user}")]
     NoDraft { user: ObjectId, bot: String },
     #[error(transparent)]
@@ -100,6 +96,8 @@ pub struct Session {
     pub conversation: ObjectId,
     /// Cards as raw JSON.
     pub raw_cards: bool,
+    /// Each reply line ends with the id `companion explain` takes.
+    pub ids: bool,
 }
 
 /// What `send` and `chat` connect to.
@@ -117,6 +115,10 @@ pub struct ChatConfig {
     /// Show cards as the raw JSON the app receives instead of as the app would render them.
     #[arg(long, help_heading = "Options")]
     pub raw_cards: bool,
+    /// End each reply line with the id `companion explain` takes: the user's message it answers, or a
+    /// follow-up's `<kind>:<id>`.
+    #[arg(long, help_heading = "Options")]
+    pub ids: bool,
 }
 
 impl Session {
@@ -142,6 +144,7 @@ impl Session {
             failure_line: character.failure_line.clone(),
             conversation,
             raw_cards: config.raw_cards,
+            ids: config.ids,
         })
     }
 
@@ -161,91 +164,43 @@ impl Session {
     pub fn print(&self, c: &Completion) {
         if c.content == self.busy_line {
             let label = format!("{} (busy: over the flood limit)", self.bot_name);
-            print_reply(&label, c, self.raw_cards);
+            print_reply(&label, c, self.raw_cards, self.ids);
         } else {
-            print_reply(&self.bot_name, c, self.raw_cards);
+            print_reply(&self.bot_name, c, self.raw_cards, self.ids);
         }
     }
 
-    /// One line on what became of `message` so far, as the journal tells it: printed when its reply is
-    /// late, or is the failure line. `None` when there is nothing to say (answered).
-    pub async fn status_line(&self, message: &str) -> Option<String> {
-        let log = worker_log();
-        let job = match self.journal.get(message).await {
-            Ok(j) => j,
-            Err(e) => {
-                return Some(format!(
-                    "the journal cannot be read either, PostgreSQL may be down ({}); see {log}",
-                    clip(&e.to_string())
-                ));
-            }
-        };
-        let Some(j) = job else {
-            return Some(format!(
-                "no worker has taken the message yet: is one running? see {log}"
-            ));
-        };
-        let error = j.last_error.as_deref().map(clip);
-        Some(match (j.state, error) {
-            (State::Failed, Some(e)) => format!("it failed: {e}; see {log}"),
-            (State::Failed, None) => format!("it failed; see {log}"),
-            (State::Running, Some(e)) => format!(
-                "attempt {} failed ({e}); the worker tries again; see {log}",
-                (j.attempts - 1).max(1)
-            ),
-            (State::Running, None) => format!(
-                "a worker is on it (attempt {}): the model or a server is slow; see {log}",
-                j.attempts
-            ),
-            (State::Limited, _) => "over the flood limit: the next real answer covers it".into(),
-            (State::Held, _) => "a moderator paused the conversation".into(),
-            (State::Dropped, _) => format!(
-                "no message, on purpose: {}",
-                j.reason.as_deref().unwrap_or("dropped")
-            ),
-            _ => return None,
-        })
-    }
-
-    /// The reply `c` was the failure line: why, once the journal has settled the job (it settles just
-    /// after the line is sent).
-    pub async fn why_failed(&self, c: &Completion) -> Option<String> {
-        if c.content != self.failure_line {
-            return None;
-        }
-        let message = c.in_reply_to.as_deref()?;
-        for _ in 0..20 {
-            if let Ok(Some(j)) = self.journal.get(message).await
-                && j.state != State::Running
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        self.status_line(message).await
-    }
-
-    /// Why `message` got no reply within `wait`, as the journal tells it.
-    async fn no_reply(&self, message: &str, wait: Duration) -> CommandError {
-        match self.journal.get(message).await {
-            Ok(Some(j)) => match j.state {
-                State::Limited => CommandError::Limited,
-                State::Failed => CommandError::Failed(j.last_error.unwrap_or_default()),
-                State::Running => CommandError::StillRunning(wait),
-                _ => CommandError::NoReply(wait),
-            },
-            Ok(None) => CommandError::NoReply(wait),
-            Err(e) => CommandError::JournalUnreadable(wait, clip(&e.to_string())),
+    /// One line on a turn that did not simply answer, as the journal tells it: it failed (its reply is
+    /// the failure line), it was over the flood limit with no busy line of its own, it was dropped or
+    /// held. `None` when the turn answered.
+    pub async fn note(&self, turn: &Turn) -> Option<String> {
+        let failed = turn.job.as_ref().is_some_and(|j| j.state == State::Failed)
+            || turn.replies.iter().any(|c| c.content == self.failure_line);
+        if turn.replies.is_empty() || failed {
+            turn_note(&self.journal, turn).await
+        } else {
+            None
         }
     }
 
-    /// Sends one message and, when `wait` is set, returns the reply to it.
+    /// Sends one message and, when `wait` is set, waits for the whole turn (see [`whole_turn`]).
     pub async fn say(
         &self,
         text: &str,
         images: &[String],
         wait: Option<Duration>,
-    ) -> Result<Option<Completion>, CommandError> {
+    ) -> Result<Turn, CommandError> {
+        self.say_showing(text, images, wait, |_| {}).await
+    }
+
+    /// [`Session::say`], handing each message of the turn to `shown` as it arrives.
+    pub async fn say_showing(
+        &self,
+        text: &str,
+        images: &[String],
+        wait: Option<Duration>,
+        shown: impl FnMut(&Completion),
+    ) -> Result<Turn, CommandError> {
         let replies = backend::completions(&self.bus, self.conversation).await?;
         let event = backend::store_user_message(
             &self.mongo,
@@ -258,23 +213,20 @@ impl Session {
         .await?;
         let duplicate = backend::publish_event(&self.bus, &event).await?;
         tracing::debug!(message_id = %event.message_id, duplicate, "published");
-        let Some(wait) = wait else { return Ok(None) };
-        let mut replies = pin!(replies.filter(|c| futures::future::ready(
-            c.in_reply_to.as_deref() == Some(event.message_id.as_str())
-                || c.covers.contains(&event.message_id)
-        )));
-        // Late: say once what the journal knows, and go on waiting.
-        let late = LATE.min(wait);
-        if let Ok(found) = tokio::time::timeout(late, replies.next()).await {
-            return found.map(Some).ok_or(CommandError::NoReply(wait));
-        }
-        if let Some(line) = self.status_line(&event.message_id).await {
-            println!("  (no reply after {} s: {line})", late.as_secs());
-        }
-        match tokio::time::timeout(wait - late, replies.next()).await {
-            Ok(Some(c)) => Ok(Some(c)),
-            _ => Err(self.no_reply(&event.message_id, wait).await),
-        }
+        let Some(wait) = wait else {
+            return Ok(Turn {
+                message: event.message_id,
+                replies: Vec::new(),
+                job: None,
+            });
+        };
+        let watch = Watch {
+            journal: &self.journal,
+            pool: &self.pool,
+        };
+        watch
+            .whole_turn(replies, &event.message_id, wait, shown)
+            .await
     }
 }
 
@@ -400,8 +352,229 @@ impl Session {
     }
 }
 
-/// How long a reply may take before the chat says what the journal knows.
+/// How long a turn may take before the chat says what the journal knows.
 const LATE: Duration = Duration::from_secs(10);
+
+/// How often the chat reads the journal while a turn runs.
+const POLL: Duration = Duration::from_millis(200);
+
+/// How long the chat waits, once the journal has settled a job, for the messages the job published to
+/// arrive: they went out before it settled, so normally they are here already.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// One message's turn, as the chat saw it.
+#[derive(Clone, Debug)]
+pub struct Turn {
+    /// The user's message: the id `companion explain` takes.
+    pub message: String,
+    /// The companions' messages of the turn, in the order they arrived: a crisis referral and the
+    /// companion's reply, a group's speakers, a burst's one reply.
+    pub replies: Vec<Completion>,
+    /// The message's job as the journal settled it; none when the message was only published.
+    pub job: Option<JobRecord>,
+}
+
+/// Whether `c` is one of the messages of user message `message`'s turn (a follow-up never is).
+fn belongs(c: &Completion, message: &str) -> bool {
+    !c.proactive
+        && (c.in_reply_to.as_deref() == Some(message)
+            || c.responds_to.as_deref() == Some(message)
+            || c.covers.iter().any(|m| m == message))
+}
+
+/// What the chat reads to know that a turn is over: the worker's journal.
+struct Watch<'a> {
+    journal: &'a Journal,
+    pool: &'a sqlx::PgPool,
+}
+
+impl Watch<'_> {
+    /// Waits until the turn of user message `message` is over, handing each of its messages to `shown`
+    /// as it arrives from `replies` (subscribed before the message was published). Over means: the
+    /// journal has settled the message's job (and the job that answered it, for a message a burst or the
+    /// flood limit covered), and every message the job published has arrived. A crisis turn's referral
+    /// and its reply, a group's speakers: all of them, however far apart. Not settled within `wait`: what
+    /// the journal knows, as the error.
+    async fn whole_turn(
+        &self,
+        replies: impl futures::Stream<Item = Completion>,
+        message: &str,
+        wait: Duration,
+        mut shown: impl FnMut(&Completion),
+    ) -> Result<Turn, CommandError> {
+        let mut replies = pin!(replies);
+        let mut got: Vec<Completion> = Vec::new();
+        let mut take = |c: Completion, got: &mut Vec<Completion>| {
+            if belongs(&c, message) && !got.iter().any(|g| g.message_id == c.message_id) {
+                shown(&c);
+                got.push(c);
+            }
+        };
+        let started = tokio::time::Instant::now();
+        let deadline = started + wait;
+        let mut late = Some(started + LATE.min(wait));
+        let mut poll = tokio::time::interval(POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (job, expected) = loop {
+            tokio::select! {
+                c = replies.next() => match c {
+                    Some(c) => take(c, &mut got),
+                    None => return Err(CommandError::NoReply(wait)),
+                },
+                _ = poll.tick() => {
+                    // A journal that cannot be read now may be read on the next tick; at the deadline
+                    // the error says so.
+                    if let Ok(Some(settled)) = self.settled(message).await {
+                        break settled;
+                    }
+                    let now = tokio::time::Instant::now();
+                    if late.is_some_and(|at| now >= at) {
+                        late = None;
+                        if let Some(line) = status_of(self.journal, message).await {
+                            let what = if got.is_empty() { "no reply" } else { "the turn still runs" };
+                            println!("  ({what} after {} s: {line})", LATE.min(wait).as_secs());
+                        }
+                    }
+                    if now >= deadline {
+                        return Err(no_reply(self.journal, message, wait).await);
+                    }
+                }
+            }
+        };
+        let drained = tokio::time::Instant::now() + DRAIN;
+        while got.len() < expected {
+            match tokio::time::timeout_at(drained, replies.next()).await {
+                Ok(Some(c)) => take(c, &mut got),
+                _ => {
+                    println!(
+                        "  (the journal says {expected} message(s) went out for it; {} came here; see {})",
+                        got.len(),
+                        worker_log()
+                    );
+                    break;
+                }
+            }
+        }
+        Ok(Turn {
+            message: message.to_owned(),
+            replies: got,
+            job: Some(job),
+        })
+    }
+
+    /// `message`'s job once it is settled, and the job that answered it too when that was another
+    /// (a burst's first message, an earlier busy line); with how many of the turn's messages went out.
+    async fn settled(
+        &self,
+        message: &str,
+    ) -> Result<Option<(JobRecord, usize)>, companion_journal::JournalError> {
+        let Some(job) = self.journal.get(message).await? else {
+            return Ok(None);
+        };
+        if !job.state.is_settled() {
+            return Ok(None);
+        }
+        if let Some(by) = job.covered_by.as_deref().filter(|by| *by != message) {
+            let Some(cover) = self.journal.get(by).await? else {
+                return Ok(None);
+            };
+            if !cover.state.is_settled() {
+                return Ok(None);
+            }
+            // A burst's later message has the reply that covers it; one over the flood limit, none.
+            let answered =
+                job.state == State::Covered && matches!(cover.state, State::Done | State::Failed);
+            return Ok(Some((job, usize::from(answered))));
+        }
+        let published = self.published(&job).await?;
+        Ok(Some((job, published)))
+    }
+
+    /// How many messages `job` published in its reply generation: its `publish` steps (a crisis
+    /// referral's, and each slot's of the generation).
+    async fn published(&self, job: &JobRecord) -> Result<usize, companion_journal::JournalError> {
+        use companion_journal::names::{key, step};
+        let keys: Vec<String> =
+            sqlx::query_scalar("SELECT key FROM job_steps WHERE job = $1 AND name = $2")
+                .bind(job.id())
+                .bind(step::PUBLISH)
+                .fetch_all(self.pool)
+                .await?;
+        let referral = key::crisis("");
+        Ok(keys
+            .iter()
+            .filter(|k| {
+                k.starts_with(&referral)
+                    || key::Slot::of_reply(k).is_some_and(|(g, _)| g == job.generation)
+            })
+            .count())
+    }
+}
+
+/// One line on what became of `message` so far, as the journal tells it: printed when its turn is late,
+/// failed, or ended without a message. `None` when there is nothing to say (answered).
+async fn status_of(journal: &Journal, message: &str) -> Option<String> {
+    let log = worker_log();
+    let job = match journal.get(message).await {
+        Ok(j) => j,
+        Err(e) => {
+            return Some(format!(
+                "the journal cannot be read either, PostgreSQL may be down ({}); see {log}",
+                clip(&e.to_string())
+            ));
+        }
+    };
+    let Some(j) = job else {
+        return Some(format!(
+            "no worker has taken the message yet: is one running? see {log}"
+        ));
+    };
+    let error = j.last_error.as_deref().map(clip);
+    Some(match (j.state, error) {
+        (State::Failed, Some(e)) => format!("it failed: {e}; see {log}"),
+        (State::Failed, None) => format!("it failed; see {log}"),
+        (State::Running, Some(e)) => format!(
+            "attempt {} failed ({e}); the worker tries again; see {log}",
+            (j.attempts - 1).max(1)
+        ),
+        (State::Running, None) => format!(
+            "a worker is on it (attempt {}): the model or a server is slow; see {log}",
+            j.attempts
+        ),
+        (State::Limited, _) => "over the flood limit: the next real answer covers it".into(),
+        (State::Held, _) => "a moderator paused the conversation".into(),
+        (State::Dropped, _) => format!(
+            "no message, on purpose: {}",
+            j.reason.as_deref().unwrap_or("dropped")
+        ),
+        _ => return None,
+    })
+}
+
+/// What the journal says of a settled turn that failed or sent nothing.
+async fn turn_note(journal: &Journal, turn: &Turn) -> Option<String> {
+    match status_of(journal, &turn.message).await {
+        Some(line) => Some(line),
+        None if turn.replies.is_empty() => Some(format!(
+            "the job ended {} without a message of its own; see {}",
+            turn.job.as_ref().map_or("settled", |j| j.state.as_str()),
+            worker_log()
+        )),
+        None => None,
+    }
+}
+
+/// Why `message`'s turn was not over within `wait`, as the journal tells it.
+async fn no_reply(journal: &Journal, message: &str, wait: Duration) -> CommandError {
+    match journal.get(message).await {
+        Ok(Some(j)) => match j.state {
+            State::Running => CommandError::StillRunning(wait),
+            _ => CommandError::NoReply(wait),
+        },
+        Ok(None) => CommandError::NoReply(wait),
+        Err(e) => CommandError::JournalUnreadable(wait, clip(&e.to_string())),
+    }
+}
 
 /// Where the worker's log is, as the demo scripts say (`COMPANION_WORKER_LOG`).
 fn worker_log() -> String {
@@ -447,13 +620,25 @@ pub async fn resolve_user(mongo: &Mongo, user: &str) -> Result<ObjectId, Command
 }
 
 /// Prints a reply and its card the way the terminal chat shows them: the card as the app renders it,
-/// or its JSON when `raw`.
-pub fn print_reply(bot_name: &str, c: &Completion, raw: bool) {
-    println!("{}> {}", bot_name.to_lowercase(), c.content);
+/// or its JSON when `raw`; with `ids`, the line ends with the id `companion explain` takes.
+pub fn print_reply(bot_name: &str, c: &Completion, raw: bool, ids: bool) {
+    match explain_id(c).filter(|_| ids) {
+        Some(id) => println!("{}> {}  [explain {id}]", bot_name.to_lowercase(), c.content),
+        None => println!("{}> {}", bot_name.to_lowercase(), c.content),
+    }
     if let Some(card) = &c.rich_content {
         for line in card_lines(card, raw) {
             println!("  {line}");
         }
+    }
+}
+
+/// The id `companion explain` takes for the job that sent `c`: the user message it answers (a burst's
+/// first), or a follow-up's `<kind>:<id>`.
+pub fn explain_id(c: &Completion) -> Option<String> {
+    match &c.trigger {
+        Some(t) => Some(format!("{}:{}", t.kind, t.id)),
+        None => c.responds_to.clone().or_else(|| c.in_reply_to.clone()),
     }
 }
 
@@ -608,7 +793,7 @@ impl FollowUps {
     pub async fn listen(session: &Session, prompt: bool) -> Result<Self, CommandError> {
         let mut completions =
             Box::pin(backend::completions(&session.bus, session.conversation).await?);
-        let (name, raw) = (session.bot_name.clone(), session.raw_cards);
+        let (name, raw, ids) = (session.bot_name.clone(), session.raw_cards, session.ids);
         let (tx, printed) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             while let Some(c) = completions.next().await {
@@ -620,7 +805,7 @@ impl FollowUps {
                 if prompt {
                     println!();
                 }
-                print_reply(&label, &c, raw);
+                print_reply(&label, &c, raw, ids);
                 if prompt {
                     print!("you> ");
                     let _ = std::io::Write::flush(&mut std::io::stdout());
@@ -703,14 +888,16 @@ fn follow_up_label(kind: &str) -> &str {
     }
 }
 
-/// The interactive chat, or the scripted one when `script` is given or stdin is not a terminal. The
-/// interactive and piped chats print the companion's follow-ups as they arrive; piped, the chat then
-/// waits for the reminders due within `wait`. A `--script` run does not (the demo shows them itself).
+/// The interactive chat, or the scripted one when `script` is given or stdin is not a terminal. Each
+/// line's turn is shown whole, each message as it arrives (a crisis referral, then the companion's
+/// reply). The interactive and piped chats print the companion's follow-ups as they arrive; piped, the
+/// chat then waits for the reminders due within `wait`. A `--script` run does not (the demo shows them
+/// itself). Returns the last message's id, what `companion explain` takes.
 pub async fn chat(
     session: &Session,
     script: Option<&Path>,
     wait: Duration,
-) -> Result<(), CommandError> {
+) -> Result<Option<String>, CommandError> {
     let terminal = script.is_none() && std::io::stdin().is_terminal();
     let mut follow_ups = match script {
         None => Some(FollowUps::listen(session, terminal).await?),
@@ -724,43 +911,39 @@ pub async fn chat(
         );
         return interactive(session, wait).await;
     };
+    let mut last = None;
     for line in lines {
         let line = line.replace("{bot}", &session.bot_name.to_lowercase());
         println!("you> {line}");
-        match session.say(&line, &[], Some(wait)).await {
-            Ok(reply) => {
-                let reply = reply.expect("waited for a reply");
-                session.print(&reply);
-                if let Some(why) = session.why_failed(&reply).await {
-                    println!("  ({why})");
-                }
-            }
-            // Limited on purpose: said, and the script goes on.
-            Err(e @ CommandError::Limited) => println!("  ({e})"),
-            Err(e) => return Err(e),
-        }
+        last = Some(dm_turn(session, &line, wait).await?);
         println!();
     }
     if let Some(f) = &mut follow_ups {
         f.linger(session, wait).await?;
     }
-    Ok(())
+    Ok(last)
 }
 
-async fn interactive(session: &Session, wait: Duration) -> Result<(), CommandError> {
-    read_lines(
-        async |line| match session.say(line, &[], Some(wait)).await {
-            Ok(Some(reply)) => {
-                session.print(&reply);
-                if let Some(why) = session.why_failed(&reply).await {
-                    println!("  ({why})");
-                }
-            }
-            Ok(None) => {}
-            Err(e) => println!("  ({e})"),
-        },
-    )
-    .await
+/// Sends one line and prints its turn as it comes, then what the journal says of a turn that failed or
+/// sent nothing (over the flood limit, dropped, held); the line's message id.
+async fn dm_turn(session: &Session, line: &str, wait: Duration) -> Result<String, CommandError> {
+    let turn = session
+        .say_showing(line, &[], Some(wait), |c| session.print(c))
+        .await?;
+    if let Some(note) = session.note(&turn).await {
+        println!("  ({note})");
+    }
+    Ok(turn.message)
+}
+
+async fn interactive(session: &Session, wait: Duration) -> Result<Option<String>, CommandError> {
+    let mut last = None;
+    read_lines(async |line| match dm_turn(session, line, wait).await {
+        Ok(id) => last = Some(id),
+        Err(e) => println!("  ({e})"),
+    })
+    .await?;
+    Ok(last)
 }
 
 /// Reads the user's lines at a `you>` prompt and hands each to `on_line`, until an empty line or the
@@ -791,8 +974,13 @@ pub struct GroupSession {
     pub conversation: ObjectId,
     /// The companions, by bot id: their names.
     pub names: std::collections::HashMap<String, String>,
+    /// When a group message's turn is over.
+    pub journal: Journal,
+    pub pool: sqlx::PgPool,
     /// Cards as raw JSON.
     pub raw_cards: bool,
+    /// Each reply line ends with the id `companion explain` takes.
+    pub ids: bool,
 }
 
 impl GroupSession {
@@ -800,6 +988,7 @@ impl GroupSession {
     /// there is none with exactly them.
     pub async fn open(config: &ChatConfig, user: &str, bots: &str) -> Result<Self, CommandError> {
         let (bus, mongo, characters) = connect(config).await?;
+        let pg = Pg::connect(&config.pg).await?;
         let user = resolve_user(&mongo, user).await?;
         let mut ids = Vec::new();
         let mut names = std::collections::HashMap::new();
@@ -831,77 +1020,51 @@ impl GroupSession {
             user,
             conversation,
             names,
+            pool: pg.pool.clone(),
+            journal: Journal::new(pg.pool),
             raw_cards: config.raw_cards,
+            ids: config.ids,
         })
     }
 
-    /// Sends one message and prints every companion message that answers it, as they come: each
-    /// companion announces itself with a typing event, so the answers are over when none follows within
-    /// `quiet` (and after `wait` at most).
-    pub async fn say(
-        &self,
-        text: &str,
-        wait: Duration,
-        quiet: Duration,
-    ) -> Result<usize, CommandError> {
+    /// Sends one message and prints every companion message of its turn as it comes, until the journal
+    /// has settled the message's job and all of them are here (see [`Session::say`]); then what the
+    /// journal says of a turn that failed or in which no companion spoke.
+    pub async fn say(&self, text: &str, wait: Duration) -> Result<Turn, CommandError> {
         let replies = backend::completions(&self.bus, self.conversation).await?;
-        let typing = self
-            .bus
-            .client
-            .subscribe(self.bus.names.typing(&self.conversation.to_hex()))
-            .await
-            .map_err(backend::BackendError::from)?;
         let event =
             backend::store_group_message(&self.mongo, self.conversation, self.user, text).await?;
         backend::publish_group_message(&self.bus, &event).await?;
-        let mut replies = pin!(replies.filter(|c| futures::future::ready(
-            c.responds_to.as_deref() == Some(event.message_id.as_str())
-        )));
-        let mut typing = pin!(typing);
-        let deadline = tokio::time::Instant::now() + wait;
-        let mut answered = 0;
-        // Someone is about to speak (a typing event came and no answer since).
-        let mut expecting = false;
-        loop {
-            let limit = if expecting {
-                deadline
-            } else {
-                (tokio::time::Instant::now() + quiet).min(deadline)
-            };
-            tokio::select! {
-                c = replies.next() => {
-                    let Some(c) = c else { break };
-                    let name = self.names.get(&c.sender_id).cloned().unwrap_or_else(|| c.sender_id.clone());
-                    print_reply(&name, &c, self.raw_cards);
-                    answered += 1;
-                    expecting = false;
-                }
-                t = typing.next() => {
-                    if t.is_none() { break }
-                    expecting = true;
-                }
-                _ = tokio::time::sleep_until(limit) => break,
-            }
+        let watch = Watch {
+            journal: &self.journal,
+            pool: &self.pool,
+        };
+        let turn = watch
+            .whole_turn(replies, &event.message_id, wait, |c| {
+                let name = self.names.get(&c.sender_id).unwrap_or(&c.sender_id);
+                print_reply(name, c, self.raw_cards, self.ids);
+            })
+            .await?;
+        let failed = turn.job.as_ref().is_some_and(|j| j.state == State::Failed);
+        if (turn.replies.is_empty() || failed)
+            && let Some(note) = turn_note(&self.journal, &turn).await
+        {
+            println!("  ({note})");
         }
-        if answered == 0 {
-            if expecting {
-                return Err(CommandError::NoReply(wait));
-            }
-            println!("  (no companion answers that)");
-        }
-        Ok(answered)
+        Ok(turn)
     }
 }
 
-/// The group chat in the terminal, or scripted (`script`, or stdin when it is not a terminal).
+/// The group chat in the terminal, or scripted (`script`, or stdin when it is not a terminal). Returns
+/// the last message's id, what `companion explain` takes.
 pub async fn group_chat(
     session: &GroupSession,
     script: Option<&Path>,
     wait: Duration,
-) -> Result<(), CommandError> {
-    let quiet = Duration::from_secs(4);
+) -> Result<Option<String>, CommandError> {
     let mut names: Vec<&String> = session.names.values().collect();
     names.sort();
+    let mut last = None;
     let Some(lines) = script_lines(script, GROUP_SCRIPT).await? else {
         println!(
             "group chat with {} in conversation {} (empty line or Ctrl-D to quit)",
@@ -912,19 +1075,19 @@ pub async fn group_chat(
                 .join(", "),
             session.conversation
         );
-        return read_lines(async |line| {
-            if let Err(e) = session.say(line, wait, quiet).await {
-                println!("  ({e})");
-            }
+        read_lines(async |line| match session.say(line, wait).await {
+            Ok(turn) => last = Some(turn.message),
+            Err(e) => println!("  ({e})"),
         })
-        .await;
+        .await?;
+        return Ok(last);
     };
     for line in lines {
         println!("you> {line}");
-        session.say(&line, wait, quiet).await?;
+        last = Some(session.say(&line, wait).await?.message);
         println!();
     }
-    Ok(())
+    Ok(last)
 }
 
 #[cfg(test)]

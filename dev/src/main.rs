@@ -43,7 +43,7 @@ enum Command {
         #[command(flatten)]
         mongo: MongoConfig,
     },
-    /// Publish one DM exactly as TB-Backend would, and print the reply.
+    /// Publish one DM exactly as TB-Backend would, and print its turn: every message it sent.
     Send {
         /// User id or username.
         #[arg(long, default_value = "jess")]
@@ -73,9 +73,13 @@ enum Command {
         /// Play lines from a file, or `builtin` for the demo script.
         #[arg(long)]
         script: Option<PathBuf>,
-        /// Seconds to wait for each reply.
+        /// Seconds to wait for each message's turn to be over.
         #[arg(long, default_value_t = 120)]
         wait: u64,
+        /// When the chat ends, write the last message's id (what `companion explain` takes) to this
+        /// file.
+        #[arg(long)]
+        last_id_file: Option<PathBuf>,
         #[command(flatten)]
         config: chat::ChatConfig,
     },
@@ -222,9 +226,16 @@ async fn run() -> anyhow::Result<()> {
         } => {
             let session = chat::Session::open(&config, &user, &bot).await?;
             let wait = (wait > 0).then(|| Duration::from_secs(wait));
-            match session.say(&text, &images, wait).await? {
-                Some(reply) => session.print(&reply),
-                None => println!("published to conversation {}", session.conversation),
+            let turn = session
+                .say_showing(&text, &images, wait, |c| session.print(c))
+                .await?;
+            if wait.is_none() {
+                println!(
+                    "published message {} to conversation {}",
+                    turn.message, session.conversation
+                );
+            } else if let Some(note) = session.note(&turn).await {
+                println!("  ({note})");
             }
         }
         Command::Review {
@@ -261,34 +272,47 @@ async fn run() -> anyhow::Result<()> {
             let d = session
                 .follow_up_since(&kind, since, Duration::from_secs(wait))
                 .await?;
-            println!(
-                "{}> {}",
-                session.bot_name.to_lowercase(),
-                d.get_str("content").unwrap_or_default()
-            );
+            let content = d.get_str("content").unwrap_or_default();
+            // The follow-up's job: `<kind>:<id>`, what `companion explain` takes.
+            let job = d.get_document("trigger").ok().and_then(|t| {
+                Some(format!(
+                    "{}:{}",
+                    t.get_str("kind").ok()?,
+                    t.get_str("id").ok()?
+                ))
+            });
+            match job.filter(|_| session.ids) {
+                Some(job) => println!(
+                    "{}> {content}  [explain {job}]",
+                    session.bot_name.to_lowercase()
+                ),
+                None => println!("{}> {content}", session.bot_name.to_lowercase()),
+            }
         }
         Command::Chat {
             user,
             bot,
-            group: Some(group),
+            group,
             script,
             wait,
+            last_id_file,
             config,
         } => {
-            let _ = bot;
-            let session = chat::GroupSession::open(&config, &user, &group).await?;
-            chat::group_chat(&session, script.as_deref(), Duration::from_secs(wait)).await?;
-        }
-        Command::Chat {
-            user,
-            bot,
-            group: None,
-            script,
-            wait,
-            config,
-        } => {
-            let session = chat::Session::open(&config, &user, &bot).await?;
-            chat::chat(&session, script.as_deref(), Duration::from_secs(wait)).await?;
+            let wait = Duration::from_secs(wait);
+            let last = match group {
+                Some(group) => {
+                    let session = chat::GroupSession::open(&config, &user, &group).await?;
+                    chat::group_chat(&session, script.as_deref(), wait).await?
+                }
+                None => {
+                    let session = chat::Session::open(&config, &user, &bot).await?;
+                    chat::chat(&session, script.as_deref(), wait).await?
+                }
+            };
+            if let (Some(file), Some(id)) = (last_id_file, last) {
+                std::fs::write(&file, format!("{id}\n"))
+                    .with_context(|| format!("writing {}", file.display()))?;
+            }
         }
         Command::StubLlm {
             addr,

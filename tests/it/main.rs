@@ -7,6 +7,7 @@ mod servers;
 
 mod alerts;
 mod bench;
+mod chat;
 mod crash_loop;
 mod demo_model;
 mod durable_turns;

@@ -129,6 +129,7 @@ async fn the_terminal_chat_names_the_server_that_did_not_answer() {
         pg: env.config.pg.clone(),
         characters: env.config.characters.clone(),
         raw_cards: false,
+        ids: false,
     };
     config.nats.url = format!("nats://127.0.0.1:{port}");
     config.nats.connect_window_secs = 1;

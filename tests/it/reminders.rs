@@ -341,6 +341,7 @@ async fn the_piped_chat_waits_for_a_reminder_due_soon_and_shows_it() {
         pg: env.config.pg.clone(),
         characters: env.config.characters.clone(),
         raw_cards: false,
+        ids: false,
     };
     let session = companion_dev::chat::Session::open(&config, "jess", "kaori")
         .await
@@ -348,7 +349,7 @@ async fn the_piped_chat_waits_for_a_reminder_due_soon_and_shows_it() {
     let mut follow_ups = companion_dev::chat::FollowUps::listen(&session, false)
         .await
         .expect("listening");
-    let reply = session
+    let turn = session
         .say(
             "remind me to wax my board",
             &[],
@@ -356,7 +357,8 @@ async fn the_piped_chat_waits_for_a_reminder_due_soon_and_shows_it() {
         )
         .await
         .expect("a reply");
-    assert_eq!(reply.map(|r| r.content).as_deref(), Some("got it"));
+    let said: Vec<&str> = turn.replies.iter().map(|r| r.content.as_str()).collect();
+    assert_eq!(said, ["got it"]);
     let came = follow_ups
         .linger(&session, Duration::from_secs(30))
         .await
