@@ -458,6 +458,49 @@ mod tests {
         }
     }
 
+    /// The second frozen sets (issue 61), as committed before any change of that issue to the rules,
+    /// the layers or the tuning lines.
+    #[test]
+    fn frozen_v2_sets_are_unchanged() {
+        let v2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/safety/frozen-v2");
+        for (file, sha256) in [
+            (
+                "BRIEF.md",
+                "96d1d8fd85ac5def7d0bf511c771856311fa63a371c78d9d8ba16220752abe09",
+            ),
+            (
+                "input.jsonl",
+                "3f69e7470f99fa68e889618d3526b35410a6719c6df731caf3f1df0a18907f33",
+            ),
+            (
+                "output.jsonl",
+                "3799bf83ee820f9aca78fae7a13bb1636a61ccda5d7625372338c79bf833b82e",
+            ),
+        ] {
+            let bytes = std::fs::read(v2.join(file)).unwrap();
+            let got: String = Sha256::digest(&bytes)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert_eq!(got, sha256, "frozen-v2/{file} changed");
+        }
+        // Their shape only: no figure is computed on them before the issue's last change.
+        let input: Vec<Line> = crate::jsonl::read(&v2.join("input.jsonl")).unwrap();
+        let output: Vec<Line> = crate::jsonl::read(&v2.join("output.jsonl")).unwrap();
+        let mut counts: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+        for l in input.iter().filter(|l| l.set == "input") {
+            *counts.entry((&l.lang, &l.label)).or_default() += 1;
+        }
+        for lang in COVERED.iter().chain(&["it", "ko"]) {
+            for label in ["self_harm", "harm_others", "abuse", "grooming"] {
+                assert!(counts[&(*lang, label)] >= 20, "{lang} {label}");
+            }
+            assert!(counts[&(*lang, "none")] >= 36, "{lang}");
+        }
+        assert_eq!(input.len(), 1205);
+        assert!(output.iter().all(|l| l.set == "output") && output.len() == 622);
+    }
+
     #[test]
     fn the_frozen_sets_have_their_shape_and_counts() {
         let input: Vec<Line> = crate::jsonl::read(&dir().join("input.jsonl")).unwrap();
