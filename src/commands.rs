@@ -8,6 +8,8 @@ pub use crate::memory::show::report as memory;
 /// `companion ingest` and `companion embed`: articles into the knowledge table; one vector per line of
 /// stdin to stdout.
 pub use crate::rag::commands::{embed_stdin as embed, ingest_path as ingest};
+/// `companion ingest --reembed`: every stored vector of another model computed again.
+pub use crate::reembed::{ReembedError, Reembedded, reembed};
 /// `companion usage`: what the model calls cost, from the journal, as text.
 pub use crate::usage::{Query as UsageQuery, report as usage};
 

@@ -30,6 +30,7 @@ mod layout;
 mod ops_http;
 mod pipeline;
 mod proactive;
+mod reembed;
 mod replay;
 mod settle;
 #[cfg(test)]

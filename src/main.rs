@@ -81,7 +81,8 @@ enum Command {
         #[command(flatten)]
         characters: CharactersConfig,
     },
-    /// Chunk, embed and store articles (a folder of Markdown/text files or a JSON-lines file).
+    /// Chunk, embed and store articles (a folder of Markdown/text files or a JSON-lines file); with
+    /// `--reembed`, embed again what is stored instead.
     Ingest {
         /// Folder (`<collection>/*.md` below it) or `.jsonl` file.
         #[arg(default_value = "deploy/local/knowledge")]
@@ -89,6 +90,13 @@ enum Command {
         /// Collection for every article read (else front matter, else the folder name).
         #[arg(long)]
         collection: Option<String>,
+        /// Read no articles: embed again, with the configured model, every stored vector another model
+        /// computed (knowledge chunks and remembered facts), batch by batch. Safe to stop and run again.
+        #[arg(long, conflicts_with = "collection")]
+        reembed: bool,
+        /// Rows embedded and committed together by `--reembed`.
+        #[arg(long, default_value_t = 64, requires = "reembed")]
+        batch: usize,
         #[command(flatten)]
         pg: PgConfig,
         #[command(flatten)]
@@ -262,11 +270,27 @@ async fn run() -> anyhow::Result<()> {
             print!("{story}");
         }
         Command::Ingest {
+            reembed: true,
+            batch,
+            pg,
+            embed,
+            ..
+        } => {
+            let r = commands::reembed(&pg, &embed, batch)
+                .await
+                .context("embedding the stored vectors again")?;
+            println!(
+                "re-embedded with {}: {} knowledge chunks, {} remembered facts",
+                r.model, r.chunks, r.facts
+            );
+        }
+        Command::Ingest {
             path,
             collection,
             pg,
             embed,
             rag,
+            ..
         } => ingest(&path, collection.as_deref(), &pg, &embed, &rag).await?,
         Command::Report(ReportCommand::Crisis { year, json, pg }) => {
             crisis_report(year, json, &pg).await?

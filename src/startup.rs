@@ -142,6 +142,9 @@ impl App {
             spend: spend.clone(),
         });
         let safety = Arc::new(safety);
+        if let Some(e) = &embedder {
+            crate::reembed::check(&pg.pool, e.model(), &metrics).await;
+        }
         let retriever = Retriever::new(pg.pool.clone(), embedder.clone(), &c.rag);
         let limits = crate::bus::event::EventLimits::of(&c.turn);
         let clean = Clean {

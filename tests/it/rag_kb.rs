@@ -337,14 +337,26 @@ async fn a_small_collection_is_found_behind_a_large_one() {
     };
     let big: Vec<String> = (0..3000).map(|i| format!("big {i}")).collect();
     let big_vectors = (0..3000).map(|i| unit(i, true)).collect();
-    kb::replace_article(&db.pg.pool, &meta("big", "a"), &big, big_vectors)
-        .await
-        .unwrap();
+    kb::replace_article(
+        &db.pg.pool,
+        &meta("big", "a"),
+        &big,
+        big_vectors,
+        "test-model",
+    )
+    .await
+    .unwrap();
     let small: Vec<String> = (0..3).map(|i| format!("small {i}")).collect();
     let small_vectors = (0..3).map(|i| unit(1000 + i, false)).collect();
-    kb::replace_article(&db.pg.pool, &meta("small", "b"), &small, small_vectors)
-        .await
-        .unwrap();
+    kb::replace_article(
+        &db.pg.pool,
+        &meta("small", "b"),
+        &small,
+        small_vectors,
+        "test-model",
+    )
+    .await
+    .unwrap();
     let mut query = vec![0.0; dim];
     query[0] = 1.0;
     // Make the HNSW index the only way to answer (the planner prefers a scan of 3,003 rows), on fresh
@@ -388,7 +400,7 @@ async fn a_small_collection_is_found_behind_a_large_one() {
         .unwrap();
     tx.rollback().await.unwrap();
     assert!(without.len() < 3, "without the iterative scan: {without:?}");
-    let hits = kb::search(&pool, &cols(&["small"]), &query, 3)
+    let hits = kb::search(&pool, &cols(&["small"]), &query, 3, "test-model")
         .await
         .unwrap();
     assert_eq!(hits.len(), 3, "{hits:?}");
@@ -452,5 +464,139 @@ async fn a_skipped_message_would_have_retrieved_nothing() {
             .unwrap();
         assert!(!hits.is_empty(), "{text:?} finds knowledge");
     }
+    db.finish().await;
+}
+
+/// Every stored vector records its model: a query never reads another model's chunks or facts (nothing
+/// rather than wrong matches), an unchanged article of another model is written again by `ingest`, and
+/// `companion ingest --reembed` moves the rest over, resumed after a kill -9 mid-run and idempotent.
+#[tokio::test]
+async fn vectors_of_another_model_are_left_out_until_reembed_moves_them_over() {
+    let db = TestEnv::new(always(StubReply::text("unused"))).await;
+    let embedder = crate::env::embedder();
+    let model = embedder.model();
+    let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
+    ingest_all(&db, &embedder, &articles).await;
+    // Many more chunks, so that a run of one chunk a batch is still going when it is killed.
+    let many: Vec<Article> = (0..200)
+        .map(|i| Article {
+            collection: "filler".into(),
+            key: format!("filler-{i}"),
+            title: format!("Filler {i}"),
+            source_url: None,
+            published: None,
+            text: format!(
+                "Filler article {i} about nothing in particular, for a test of re-embedding."
+            ),
+        })
+        .collect();
+    ingest_all(&db, &embedder, &many).await;
+    let question = "how often should I wax my snowboard?";
+    let found = |pool: sqlx::PgPool, e: std::sync::Arc<rag::Embedder>| async move {
+        rag::retrieve(&pool, &e, &cols(&["snowboarding"]), question, 0.3, 3)
+            .await
+            .unwrap()
+            .len()
+    };
+    assert!(found(db.pg.pool.clone(), embedder.clone()).await > 0);
+    // A fact remembered by the same model, and one by another.
+    for (id, fact, of) in [
+        ("f-mine", "rides goofy", model),
+        ("f-other", "loves waxing boards", "other-model"),
+    ] {
+        sqlx::query(
+            "INSERT INTO memory_facts (id, user_id, bot_id, topic, fact, learned_by, how, embedding, model)
+             VALUES ($1, $2, $3, 'stance', $4, $3, 'remembered', $5, $6)",
+        )
+        .bind(id)
+        .bind(JESS)
+        .bind(KAORI)
+        .bind(fact)
+        .bind(pgvector::Vector::from(embedder.embed_one(fact).await.unwrap()))
+        .bind(of)
+        .execute(&db.pg.pool)
+        .await
+        .unwrap();
+    }
+    // Another model's vectors: the same numbers, but never compared with this model's.
+    sqlx::query("UPDATE kb_chunks SET model = 'other-model'")
+        .execute(&db.pg.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        found(db.pg.pool.clone(), embedder.clone()).await,
+        0,
+        "nothing rather than another model's"
+    );
+    // An unchanged article of another model is written again by a plain ingest.
+    let one =
+        ingest::read_articles(&knowledge_dir().join("snowboarding"), Some("snowboarding")).unwrap();
+    let again = ingest_all(&db, &embedder, &one[..1]).await;
+    assert_eq!((again.replaced, again.unchanged), (1, 0), "{again:?}");
+
+    let stale_chunks = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM kb_chunks WHERE model <> $1")
+            .bind(model)
+            .fetch_one(&db.pg.pool)
+            .await
+            .unwrap()
+    };
+    let stale = stale_chunks().await;
+    assert!(stale > 200, "{stale}");
+    let ids_before: Vec<i64> = sqlx::query_scalar("SELECT id FROM kb_chunks ORDER BY id")
+        .fetch_all(&db.pg.pool)
+        .await
+        .unwrap();
+    // Killed after its first batch.
+    let log = std::env::temp_dir().join(format!("reembed-{}.log", fastrand::u32(..)));
+    let mut first = db.command(&["ingest", "--reembed", "--batch", "1"]);
+    first.stdout(std::fs::File::create(&log).unwrap());
+    let mut child = first.spawn().unwrap();
+    assert!(
+        eventually(std::time::Duration::from_secs(60), || async {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("[reembed] knowledge chunks: 1/")
+        })
+        .await,
+        "a progress line per batch"
+    );
+    kill9(&mut child);
+    let left = stale_chunks().await;
+    assert!(
+        left > 0 && left < stale,
+        "killed mid-run: {left} of {stale} left"
+    );
+    let (ok, out, err) = db.run_companion(&["ingest", "--reembed"]).await;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!(
+            "re-embedded with {model}: {left} knowledge chunks, 1 remembered facts"
+        )),
+        "the rest, and the other model's fact: {out}"
+    );
+    assert_eq!(stale_chunks().await, 0);
+    let ids_after: Vec<i64> = sqlx::query_scalar("SELECT id FROM kb_chunks ORDER BY id")
+        .fetch_all(&db.pg.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        ids_before, ids_after,
+        "the same chunks, embedded again: none added or lost"
+    );
+    assert!(
+        found(db.pg.pool.clone(), embedder.clone()).await > 0,
+        "found again"
+    );
+    let (ok, out, _) = db.run_companion(&["ingest", "--reembed"]).await;
+    assert!(
+        ok && out.contains(": 0 knowledge chunks, 0 remembered facts"),
+        "idempotent: {out}"
+    );
+    let models: Vec<String> = sqlx::query_scalar("SELECT DISTINCT model FROM memory_facts")
+        .fetch_all(&db.pg.pool)
+        .await
+        .unwrap();
+    assert_eq!(models, [model]);
     db.finish().await;
 }

@@ -120,6 +120,15 @@ impl EmbedConfig {
     }
 }
 
+/// A text's vector with the model that computed it: what is stored carries both, and vectors of two
+/// models are never compared.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Embedding {
+    pub vector: Vec<f32>,
+    /// [`Embedder::model`] of the embedder that computed it.
+    pub model: &'static str,
+}
+
 /// Counters of the batcher, for tests and operators.
 #[derive(Debug)]
 pub(crate) struct EmbedStats {
@@ -278,6 +287,12 @@ impl Embedder {
             crate::genai::failed(&span, "embed_error");
         }
         result
+    }
+
+    /// The model's name, as stored beside every vector it computes (`kb_chunks.model`,
+    /// `memory_facts.model`) and on the `embeddings` spans.
+    pub fn model(&self) -> &'static str {
+        MODEL_NAME
     }
 
     /// Embeds one text.

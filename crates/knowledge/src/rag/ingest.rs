@@ -265,28 +265,72 @@ pub(crate) fn content_hash(a: &Article, cfg: ChunkConfig) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The tokens a title takes before each chunk of its article (its own and the `: `); none when the
+/// title is empty or too long to prefix.
+fn title_prefix(embedder: &Embedder, title: &str) -> Result<Option<usize>, EmbedError> {
+    let plain = chunk::untruncated(embedder.tokenizer())?;
+    let tokens = chunk::count_tokens(&plain, title)? + 1;
+    Ok((tokens <= MAX_TITLE_PREFIX_TOKENS && !title.is_empty()).then_some(tokens))
+}
+
+/// The text a chunk is embedded as: its article's title before it, when the title is prefixed.
+fn embedded_as(title: &str, chunk: &str, prefixed: bool) -> String {
+    match prefixed {
+        true => format!("{title}: {chunk}"),
+        false => chunk.to_owned(),
+    }
+}
+
 /// Chunks an article and returns the chunk texts and the texts to embed (title prefixed).
 pub fn chunk_article(
     embedder: &Embedder,
     a: &Article,
     cfg: ChunkConfig,
 ) -> Result<(Vec<String>, Vec<String>), EmbedError> {
-    let plain = chunk::untruncated(embedder.tokenizer())?;
-    let title_tokens = chunk::count_tokens(&plain, &a.title)? + 1;
-    let prefix = title_tokens <= MAX_TITLE_PREFIX_TOKENS && !a.title.is_empty();
-    let reserved = if prefix { title_tokens } else { 0 };
-    let chunks = chunk::chunk(embedder.tokenizer(), &a.text, cfg, reserved)?;
+    let prefix = title_prefix(embedder, &a.title)?;
+    let chunks = chunk::chunk(embedder.tokenizer(), &a.text, cfg, prefix.unwrap_or(0))?;
     let inputs = chunks
         .iter()
-        .map(|c| {
-            if prefix {
-                format!("{}: {c}", a.title)
-            } else {
-                c.clone()
-            }
-        })
+        .map(|c| embedded_as(&a.title, c, prefix.is_some()))
         .collect();
     Ok((chunks, inputs))
+}
+
+/// Every stored chunk embedded by another model than `embedder`'s, embedded again as ingest embeds it
+/// (the same chunk text, its title prefixed by the same rule) and stored with its new model, `batch`
+/// chunks at a time. Each batch commits on its own, and a chunk already moved over is skipped, so a run
+/// that is stopped (even by kill -9) is resumed by running it again, and a second run changes nothing.
+/// `progress` hears (chunks done, chunks to do) after each batch. Returns the chunks moved over.
+pub async fn reembed(
+    pool: &PgPool,
+    embedder: &Embedder,
+    batch: usize,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<u64, IngestError> {
+    let model = embedder.model();
+    let total = kb::stale_chunks(pool, model).await?.max(0) as u64;
+    let (mut done, mut after) = (0u64, 0i64);
+    if total == 0 {
+        return Ok(0);
+    }
+    loop {
+        let (stale, next) = kb::next_stale(pool, model, after, batch.max(1) as i64).await?;
+        if !stale.is_empty() {
+            let mut inputs = Vec::with_capacity(stale.len());
+            for c in &stale {
+                let prefixed = title_prefix(embedder, &c.title)?.is_some();
+                inputs.push(embedded_as(&c.title, &c.content, prefixed));
+            }
+            let vectors = embedder.embed(inputs).await?;
+            let ids: Vec<i64> = stale.iter().map(|c| c.id).collect();
+            done += kb::set_vectors(pool, &ids, vectors, model).await?;
+            progress(done, total);
+        }
+        match next {
+            Some(id) => after = id,
+            None => return Ok(done),
+        }
+    }
 }
 
 /// Ingests one article: skipped when unchanged, else chunked, embedded and stored.
@@ -297,8 +341,11 @@ pub async fn ingest_article(
     cfg: ChunkConfig,
 ) -> Result<(Ingested, usize), IngestError> {
     let hash = content_hash(a, cfg);
-    let existing = kb::content_hash(pool, &a.collection, &a.key).await?;
-    if existing.as_deref() == Some(hash.as_str()) {
+    let existing = kb::stored(pool, &a.collection, &a.key, embedder.model()).await?;
+    if existing
+        .as_ref()
+        .is_some_and(|(h, current)| *h == hash && *current)
+    {
         return Ok((Ingested::Unchanged, 0));
     }
     let (chunks, inputs) = chunk_article(embedder, a, cfg)?;
@@ -311,7 +358,7 @@ pub async fn ingest_article(
         published: a.published.clone(),
         content_hash: hash,
     };
-    kb::replace_article(pool, &meta, &chunks, embeddings).await?;
+    kb::replace_article(pool, &meta, &chunks, embeddings, embedder.model()).await?;
     let outcome = if existing.is_some() {
         Ingested::Replaced
     } else {

@@ -1,5 +1,7 @@
 //! The knowledge base in PostgreSQL (`kb_articles`, `kb_chunks` with pgvector): write an article's
-//! chunks, look up its content hash, and search a set of collections by cosine similarity.
+//! chunks, look up its content hash, and search a set of collections by cosine similarity. Every chunk
+//! records the model that embedded it (`kb_chunks.model`), and a search reads only the chunks of its
+//! query's model: vectors of two models are never compared.
 
 use pgvector::Vector;
 use sqlx::{PgPool, Row};
@@ -30,19 +32,26 @@ pub struct Hit {
     pub(crate) score: f32,
 }
 
-/// The stored content hash of an article, if it exists.
-pub(crate) async fn content_hash(
+/// What is stored of an article: its content hash, and whether every chunk of it is `model`'s (an
+/// article embedded by another model is written again even when its content is unchanged). None when
+/// the article is not stored.
+pub(crate) async fn stored(
     pool: &PgPool,
     collection: &str,
     key: &str,
-) -> Result<Option<String>, StoreError> {
-    let row =
-        sqlx::query("SELECT content_hash FROM kb_articles WHERE collection = $1 AND key = $2")
-            .bind(collection)
-            .bind(key)
-            .fetch_optional(pool)
-            .await?;
-    Ok(row.map(|r| r.get("content_hash")))
+    model: &str,
+) -> Result<Option<(String, bool)>, StoreError> {
+    let row = sqlx::query(
+        "SELECT a.content_hash,
+                NOT EXISTS (SELECT 1 FROM kb_chunks c WHERE c.article_id = a.id AND c.model <> $3) AS current
+         FROM kb_articles a WHERE a.collection = $1 AND a.key = $2",
+    )
+    .bind(collection)
+    .bind(key)
+    .bind(model)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| (r.get("content_hash"), r.get("current"))))
 }
 
 /// Writes an article and replaces all its chunks, in one transaction.
@@ -51,6 +60,7 @@ pub async fn replace_article(
     article: &ArticleMeta,
     chunks: &[String],
     embeddings: Vec<Vec<f32>>,
+    model: &str,
 ) -> Result<(), StoreError> {
     let mut tx = pool.begin().await?;
     let id: i64 = sqlx::query(
@@ -77,26 +87,28 @@ pub async fn replace_article(
     let ords: Vec<i32> = (0..chunks.len() as i32).collect();
     let vectors: Vec<Vector> = embeddings.into_iter().map(Vector::from).collect();
     sqlx::query(
-        "INSERT INTO kb_chunks (article_id, collection, ord, content, embedding)
-         SELECT $1, $2, o, c, e FROM UNNEST($3::int[], $4::text[], $5::vector[]) AS t(o, c, e)",
+        "INSERT INTO kb_chunks (article_id, collection, ord, content, embedding, model)
+         SELECT $1, $2, o, c, e, $6 FROM UNNEST($3::int[], $4::text[], $5::vector[]) AS t(o, c, e)",
     )
     .bind(id)
     .bind(&article.collection)
     .bind(&ords)
     .bind(chunks)
     .bind(&vectors)
+    .bind(model)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
     Ok(())
 }
 
-/// The `k` chunks of `collections` most similar to `query`, best first.
+/// The `k` chunks of `collections` most similar to `query` (a vector of `model`), best first.
 pub async fn search(
     pool: &PgPool,
     collections: &[String],
     query: &[f32],
     k: i64,
+    model: &str,
 ) -> Result<Vec<Hit>, StoreError> {
     if collections.is_empty() || k <= 0 {
         return Ok(Vec::new());
@@ -110,12 +122,13 @@ pub async fn search(
         "SELECT c.id, c.collection, a.title, a.source_url, c.content,
                 (1 - (c.embedding <=> $1))::real AS score
          FROM (SELECT id, article_id, collection, content, embedding FROM kb_chunks
-               WHERE collection = ANY($2) ORDER BY embedding <=> $1 LIMIT $3) c
+               WHERE collection = ANY($2) AND model = $4 ORDER BY embedding <=> $1 LIMIT $3) c
          JOIN kb_articles a ON a.id = c.article_id",
     )
     .bind(Vector::from(query.to_vec()))
     .bind(collections)
     .bind(k)
+    .bind(model)
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;
@@ -144,4 +157,76 @@ pub async fn counts(pool: &PgPool) -> Result<(i64, i64), StoreError> {
     .fetch_one(pool)
     .await?;
     Ok((row.get("a"), row.get("c")))
+}
+
+/// Chunks embedded by a model other than `model`: retrieval leaves them out until they are embedded
+/// again.
+pub async fn stale_chunks(pool: &PgPool, model: &str) -> Result<i64, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM kb_chunks WHERE model <> $1")
+            .bind(model)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// A chunk to embed again: its id, its article's title and its text.
+#[derive(Clone, Debug)]
+pub struct StaleChunk {
+    pub id: i64,
+    pub title: String,
+    pub content: String,
+}
+
+/// The next chunks after id `after` (in id order) embedded by another model than `model`, at most
+/// `limit`; with the id to continue after (none: the table is done).
+pub async fn next_stale(
+    pool: &PgPool,
+    model: &str,
+    after: i64,
+    limit: i64,
+) -> Result<(Vec<StaleChunk>, Option<i64>), StoreError> {
+    let rows = sqlx::query(
+        "SELECT c.id, a.title, c.content, c.model <> $1 AS stale
+         FROM kb_chunks c JOIN kb_articles a ON a.id = c.article_id
+         WHERE c.id > $2 ORDER BY c.id LIMIT $3",
+    )
+    .bind(model)
+    .bind(after)
+    .bind(limit.max(1))
+    .fetch_all(pool)
+    .await?;
+    let next = rows.last().map(|r| r.get::<i64, _>("id"));
+    let stale = rows
+        .iter()
+        .filter(|r| r.get::<bool, _>("stale"))
+        .map(|r| StaleChunk {
+            id: r.get("id"),
+            title: r.get("title"),
+            content: r.get("content"),
+        })
+        .collect();
+    Ok((stale, next))
+}
+
+/// Stores the new vectors of chunks (`model`'s), in one statement: a chunk already moved over, or
+/// replaced meanwhile by a new ingest, is left as it is.
+pub async fn set_vectors(
+    pool: &PgPool,
+    ids: &[i64],
+    vectors: Vec<Vec<f32>>,
+    model: &str,
+) -> Result<u64, StoreError> {
+    let vectors: Vec<Vector> = vectors.into_iter().map(Vector::from).collect();
+    Ok(sqlx::query(
+        "UPDATE kb_chunks c SET embedding = t.e, model = $3
+         FROM UNNEST($1::bigint[], $2::vector[]) AS t(id, e)
+         WHERE c.id = t.id AND c.model <> $3",
+    )
+    .bind(ids)
+    .bind(&vectors)
+    .bind(model)
+    .execute(pool)
+    .await?
+    .rows_affected())
 }

@@ -77,18 +77,31 @@ pub async fn retrieve(
         return Ok(Vec::new());
     }
     let query = stage(Stage::Embed, embedder.embed_one(text)).await?;
-    search(pool, collections, &query, threshold, top_k).await
+    search(
+        pool,
+        collections,
+        &query,
+        threshold,
+        top_k,
+        embedder.model(),
+    )
+    .await
 }
 
-/// The chunks of `collections` above `threshold` nearest to the vector `query`, best first.
+/// The chunks of `collections` above `threshold` nearest to the vector `query` (`model`'s), best first.
 pub(crate) async fn search(
     pool: &sqlx::PgPool,
     collections: &[String],
     query: &[f32],
     threshold: f32,
     top_k: i64,
+    model: &str,
 ) -> Result<Vec<KnowledgeSnippet>, RetrieveError> {
-    let hits = stage(Stage::Retrieve, kb::search(pool, collections, query, top_k)).await?;
+    let hits = stage(
+        Stage::Retrieve,
+        kb::search(pool, collections, query, top_k, model),
+    )
+    .await?;
     Ok(hits
         .into_iter()
         .filter(|h| h.score >= threshold)
@@ -238,7 +251,16 @@ impl Retriever {
             if collections.is_empty() {
                 return Ok((Vec::new(), Some(vector)));
             }
-            let hits = search(&self.pool, collections, &vector, self.threshold, self.top_k).await?;
+            let model = embedder.model();
+            let hits = search(
+                &self.pool,
+                collections,
+                &vector,
+                self.threshold,
+                self.top_k,
+                model,
+            )
+            .await?;
             Ok::<_, RetrieveError>((hits, Some(vector)))
         }
         .instrument(span.clone())

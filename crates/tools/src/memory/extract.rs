@@ -293,8 +293,7 @@ impl Extractor<'_> {
                         return Ok(w);
                     }
                     for (c, v) in candidates.iter().zip(vectors.iter()) {
-                        let k =
-                            Memory::keep(&mut tx, user, bot, c, v.as_deref(), max_facts).await?;
+                        let k = Memory::keep(&mut tx, user, bot, c, v.as_ref(), max_facts).await?;
                         if !k.stale {
                             w.kept.push(c.id.clone());
                         }

@@ -34,7 +34,7 @@ use crate::{
     failure::{Class, Classify},
     journal::JournalError,
     llm::LlmError,
-    rag::{EmbedError, Embedder},
+    rag::{EmbedError, Embedder, embed::Embedding},
     store::StoreError,
 };
 
@@ -109,11 +109,19 @@ impl Memory {
     }
 
     /// The embedding of `text`, or `None` without a model.
-    pub(crate) async fn embed(&self, text: &str) -> Result<Option<Vec<f32>>, MemoryError> {
+    pub(crate) async fn embed(&self, text: &str) -> Result<Option<Embedding>, MemoryError> {
         match &self.embedder {
-            Some(e) => Ok(Some(e.embed_one(text).await?)),
+            Some(e) => Ok(Some(Embedding {
+                vector: e.embed_one(text).await?,
+                model: e.model(),
+            })),
             None => Ok(None),
         }
+    }
+
+    /// The model whose vectors recall compares (none: no model installed).
+    pub(crate) fn model(&self) -> Option<&'static str> {
+        self.embedder.as_ref().map(|e| e.model())
     }
 }
 

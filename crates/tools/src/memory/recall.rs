@@ -96,7 +96,7 @@ impl Memory {
              UNION ALL
              (SELECT 'r', id, topic, fact, (1 - (embedding <=> $4::vector))::real, learned_at FROM memory_facts
               WHERE $4::vector IS NOT NULL AND user_id = $1 AND bot_id = $2
-                AND NOT (topic = ANY($3)) AND embedding IS NOT NULL
+                AND NOT (topic = ANY($3)) AND embedding IS NOT NULL AND model = $6
               ORDER BY embedding <=> $4::vector LIMIT $5)
              UNION ALL
              (SELECT 's', '', '', summary, NULL, updated_at FROM memory_state
@@ -107,6 +107,7 @@ impl Memory {
         .bind(&pinned)
         .bind(query.map(|q| Vector::from(q.to_vec())))
         .bind(self.config.top_k.max(0))
+        .bind(self.model())
         .fetch_all(&self.pool)
         .await?;
         let mut recall = Recall::default();

@@ -16,7 +16,7 @@ use super::{
     Memory, MemoryError, Topic,
     topic::{self, Named},
 };
-use crate::store::pg::lock_history;
+use crate::{rag::embed::Embedding, store::pg::lock_history};
 
 /// Cosine similarity from which two facts of a topic say the same thing.
 pub(crate) const DUPLICATE_SIMILARITY: f32 = 0.85;
@@ -140,18 +140,20 @@ impl Memory {
         user: &str,
         bot: &str,
         new: &NewFact,
-        embedding: Option<&[f32]>,
+        embedding: Option<&Embedding>,
         max_facts: i64,
     ) -> Result<Kept, MemoryError> {
         if one_writer(tx, user, bot).await? == Writer::Erased {
             return Err(MemoryError::Erased);
         }
-        let vector = embedding.map(|e| Vector::from(e.to_vec()));
+        let vector = embedding.map(|e| Vector::from(e.vector.clone()));
+        let model = embedding.map(|e| e.model);
         // $1 user, $2 bot, $3 topic, $4 one-value topic, $5 fact, $6 its vector, $7 the duplicate
-        // similarity, $8 its id, $9 when it was said.
+        // similarity, $8 its id, $9 when it was said, $10 the vector's model (only a stored vector of
+        // the same model is compared).
         const SAME: &str =
             "(lower(fact) = lower($5) OR ($6::vector IS NOT NULL AND embedding IS NOT NULL
-                             AND 1 - (embedding <=> $6::vector) >= $7))";
+                             AND model = $10 AND 1 - (embedding <=> $6::vector) >= $7))";
         let with_fact = |sql: String| {
             sqlx::query(sqlx::AssertSqlSafe(sql))
                 .bind(user)
@@ -163,6 +165,7 @@ impl Memory {
                 .bind(f64::from(DUPLICATE_SIMILARITY))
                 .bind(&new.id)
                 .bind(new.said_at)
+                .bind(model)
         };
         // Kept already (the same write again), or a one-value topic the user has said something newer
         // about: that stays.
@@ -194,8 +197,9 @@ impl Memory {
         .await?;
         let (sources, said_at, how) = merged(new, &replaced);
         sqlx::query(
-            "INSERT INTO memory_facts (id, user_id, bot_id, topic, fact, sources, learned_by, how, embedding, said_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $3, $7, $8, $9)
+            "INSERT INTO memory_facts
+                (id, user_id, bot_id, topic, fact, sources, learned_by, how, embedding, said_at, model)
+             VALUES ($1, $2, $3, $4, $5, $6, $3, $7, $8, $9, coalesce($10, 'none'))
              ON CONFLICT (id) DO NOTHING",
         )
         .bind(&new.id)
@@ -207,6 +211,7 @@ impl Memory {
         .bind(how.as_str())
         .bind(&vector)
         .bind(said_at)
+        .bind(model)
         .execute(&mut *tx)
         .await?;
         trim(tx, user, bot, max_facts).await?;
@@ -241,17 +246,18 @@ impl Memory {
         user: &str,
         bot: &str,
         about: &str,
-        embedding: Option<&[f32]>,
+        embedding: Option<&Embedding>,
         similarity: f32,
         floor: f32,
     ) -> Result<Vec<Fact>, MemoryError> {
         if one_writer(tx, user, bot).await? == Writer::Erased {
             return Ok(Vec::new());
         }
-        let vector = embedding.map(|e| Vector::from(e.to_vec()));
+        let vector = embedding.map(|e| Vector::from(e.vector.clone()));
+        // A fact embedded by another model is matched by its words only.
         let sql = format!(
             "SELECT {FACT_COLUMNS},
-                    CASE WHEN $3::vector IS NULL OR embedding IS NULL THEN 0
+                    CASE WHEN $3::vector IS NULL OR embedding IS NULL OR model <> $4 THEN 0
                          ELSE 1 - (embedding <=> $3::vector) END AS score
              FROM memory_facts WHERE user_id = $1 AND bot_id = $2"
         );
@@ -259,6 +265,7 @@ impl Memory {
             .bind(user)
             .bind(bot)
             .bind(&vector)
+            .bind(embedding.map(|e| e.model))
             .fetch_all(&mut *tx)
             .await?;
         let scored: Vec<(Fact, f64)> = rows
@@ -358,4 +365,79 @@ fn chosen(about: &str, scored: &[(Fact, f64)], similarity: f64, floor: f64) -> V
                 .unwrap_or_default()
         }
     }
+}
+
+/// Every fact whose vector another model computed (or that has none: kept while no model was installed),
+/// embedded again by `embedder`, `batch` facts at a time in id order. Each batch commits on its own and
+/// an update never writes a fact that is gone (deleted or its user erased meanwhile), so a stopped run
+/// is resumed by running it again. `progress` hears (facts done, facts to do). Returns the facts moved
+/// over.
+pub async fn reembed(
+    pool: &sqlx::PgPool,
+    embedder: &crate::rag::Embedder,
+    batch: usize,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<u64, MemoryError> {
+    let model = embedder.model();
+    let total: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM memory_facts WHERE embedding IS NULL OR model <> $1",
+    )
+    .bind(model)
+    .fetch_one(pool)
+    .await?;
+    let (mut done, mut after) = (0u64, String::new());
+    if total == 0 {
+        return Ok(0);
+    }
+    loop {
+        let rows = sqlx::query(
+            "SELECT id, fact, (embedding IS NULL OR model <> $1) AS stale FROM memory_facts
+                 WHERE id > $2 ORDER BY id LIMIT $3",
+        )
+        .bind(model)
+        .bind(&after)
+        .bind(batch.max(1) as i64)
+        .fetch_all(pool)
+        .await?;
+        let Some(last) = rows.last() else {
+            return Ok(done);
+        };
+        after = last.get("id");
+        let stale: Vec<(String, String)> = rows
+            .iter()
+            .filter(|r| r.get::<bool, _>("stale"))
+            .map(|r| (r.get("id"), r.get("fact")))
+            .collect();
+        if stale.is_empty() {
+            continue;
+        }
+        let vectors = embedder
+            .embed(stale.iter().map(|(_, f)| f.clone()).collect())
+            .await?;
+        let ids: Vec<&str> = stale.iter().map(|(id, _)| id.as_str()).collect();
+        let vectors: Vec<Vector> = vectors.into_iter().map(Vector::from).collect();
+        done += sqlx::query(
+            "UPDATE memory_facts f SET embedding = t.e, model = $3
+                 FROM UNNEST($1::text[], $2::vector[]) AS t(id, e)
+                 WHERE f.id = t.id AND (f.embedding IS NULL OR f.model <> $3)",
+        )
+        .bind(&ids)
+        .bind(&vectors)
+        .bind(model)
+        .execute(pool)
+        .await?
+        .rows_affected();
+        progress(done, total as u64);
+    }
+}
+
+/// Facts whose vector a model other than `model` computed: recall leaves them out until they are
+/// embedded again.
+pub async fn stale_facts(pool: &sqlx::PgPool, model: &str) -> Result<i64, MemoryError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM memory_facts WHERE embedding IS NOT NULL AND model <> $1",
+    )
+    .bind(model)
+    .fetch_one(pool)
+    .await?)
 }

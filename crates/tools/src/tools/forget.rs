@@ -63,7 +63,7 @@ impl Tool for Forget {
                     &user,
                     &bot,
                     &about,
-                    embedding.as_deref(),
+                    embedding.as_ref(),
                     SIMILAR,
                     CLOSEST,
                 )

@@ -100,7 +100,7 @@ impl Tool for Remember {
                 .job
                 .step(names::step::REMEMBER, &key)
                 .run_in_tx(|mut tx| async move {
-                    let r = Memory::keep(&mut tx, user, bot, &new, embedding.as_deref(), max)
+                    let r = Memory::keep(&mut tx, user, bot, &new, embedding.as_ref(), max)
                         .await
                         .map_err(memory_error);
                     (tx, r)
