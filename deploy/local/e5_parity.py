@@ -233,6 +233,7 @@ def timing(models, nano, tok, lines, rounds):
 
     mini_tok = Tokenizer.from_file(os.path.join(models, "tokenizer.json"))
     mini_tok.enable_truncation(256)
+    mini_tok.no_padding()
     texts = [t for _, t in lines]
     runs = {
         "MiniLM int8 (model-int8.onnx)": (session(os.path.join(models, "model-int8.onnx")),
