@@ -45,6 +45,38 @@ def read_safetensors(path):
     return out
 
 
+LAYER_WEIGHTS = ("qkv_w", "qkv_b", "ao_w", "ao_b", "ln1_g", "ln1_b", "fi_w", "fi_b", "fo_w", "fo_b", "ln2_g", "ln2_b")
+
+
+def encoder_layer(init, i, x, mask_index, out, weights, heads=HEADS, eps=EPS):
+    """The nodes of one post-LayerNorm BERT layer i from input x to output out, as ONNX Runtime's fused
+    operators: Attention (fused QKV, `heads` heads, padding mask `mask_index`), the attention output
+    projection + SkipLayerNormalization (bias, residual, LayerNorm), the FFN input projection + BiasGelu
+    (exact erf GELU), the FFN output projection + SkipLayerNormalization. `weights` holds LAYER_WEIGHTS
+    (matrices as [in, out]); `init(name, array)` stores each as an initializer l{i}_<key>. Node names
+    (l{i}_attention, l{i}_attn_out, l{i}_ffn_in, l{i}_ffn_out, ...) are what quantize_model.py refers to."""
+    for key in LAYER_WEIGHTS:
+        init(f"l{i}_{key}", weights[key])
+    return [
+        helper.make_node(
+            "Attention", [x, f"l{i}_qkv_w", f"l{i}_qkv_b", mask_index], [f"l{i}_att"],
+            domain=MS, num_heads=heads, name=f"l{i}_attention",
+        ),
+        helper.make_node("MatMul", [f"l{i}_att", f"l{i}_ao_w"], [f"l{i}_ao"], name=f"l{i}_attn_out"),
+        helper.make_node(
+            "SkipLayerNormalization", [f"l{i}_ao", x, f"l{i}_ln1_g", f"l{i}_ln1_b", f"l{i}_ao_b"],
+            [f"l{i}_x1"], domain=MS, epsilon=eps, name=f"l{i}_ln1",
+        ),
+        helper.make_node("MatMul", [f"l{i}_x1", f"l{i}_fi_w"], [f"l{i}_fi"], name=f"l{i}_ffn_in"),
+        helper.make_node("BiasGelu", [f"l{i}_fi", f"l{i}_fi_b"], [f"l{i}_gelu"], domain=MS, name=f"l{i}_gelu"),
+        helper.make_node("MatMul", [f"l{i}_gelu", f"l{i}_fo_w"], [f"l{i}_fo"], name=f"l{i}_ffn_out"),
+        helper.make_node(
+            "SkipLayerNormalization", [f"l{i}_fo", f"l{i}_x1", f"l{i}_ln2_g", f"l{i}_ln2_b", f"l{i}_fo_b"],
+            [out], domain=MS, epsilon=eps, name=f"l{i}_ln2",
+        ),
+    ]
+
+
 def build(weights):
     w = lambda k: weights[k]
     inits, nodes = [], []
@@ -74,39 +106,21 @@ def build(weights):
     for i in range(LAYERS):
         p = f"encoder.layer.{i}."
         sa = p + "attention.self."
-        qkv_w = np.concatenate([w(sa + n + ".weight").T for n in ("query", "key", "value")], axis=1)
-        qkv_b = np.concatenate([w(sa + n + ".bias") for n in ("query", "key", "value")])
-        init(f"l{i}_qkv_w", qkv_w)
-        init(f"l{i}_qkv_b", qkv_b)
-        init(f"l{i}_ao_w", w(p + "attention.output.dense.weight").T)
-        init(f"l{i}_ao_b", w(p + "attention.output.dense.bias"))
-        init(f"l{i}_ln1_g", w(p + "attention.output.LayerNorm.weight"))
-        init(f"l{i}_ln1_b", w(p + "attention.output.LayerNorm.bias"))
-        init(f"l{i}_fi_w", w(p + "intermediate.dense.weight").T)
-        init(f"l{i}_fi_b", w(p + "intermediate.dense.bias"))
-        init(f"l{i}_fo_w", w(p + "output.dense.weight").T)
-        init(f"l{i}_fo_b", w(p + "output.dense.bias"))
-        init(f"l{i}_ln2_g", w(p + "output.LayerNorm.weight"))
-        init(f"l{i}_ln2_b", w(p + "output.LayerNorm.bias"))
         out = f"l{i}_x2" if i < LAYERS - 1 else "last_hidden_state"
-        nodes += [
-            helper.make_node(
-                "Attention", [x, f"l{i}_qkv_w", f"l{i}_qkv_b", "mask_index"], [f"l{i}_att"],
-                domain=MS, num_heads=HEADS, name=f"l{i}_attention",
-            ),
-            helper.make_node("MatMul", [f"l{i}_att", f"l{i}_ao_w"], [f"l{i}_ao"], name=f"l{i}_attn_out"),
-            helper.make_node(
-                "SkipLayerNormalization", [f"l{i}_ao", x, f"l{i}_ln1_g", f"l{i}_ln1_b", f"l{i}_ao_b"],
-                [f"l{i}_x1"], domain=MS, epsilon=EPS, name=f"l{i}_ln1",
-            ),
-            helper.make_node("MatMul", [f"l{i}_x1", f"l{i}_fi_w"], [f"l{i}_fi"], name=f"l{i}_ffn_in"),
-            helper.make_node("BiasGelu", [f"l{i}_fi", f"l{i}_fi_b"], [f"l{i}_gelu"], domain=MS, name=f"l{i}_gelu"),
-            helper.make_node("MatMul", [f"l{i}_gelu", f"l{i}_fo_w"], [f"l{i}_fo"], name=f"l{i}_ffn_out"),
-            helper.make_node(
-                "SkipLayerNormalization", [f"l{i}_fo", f"l{i}_x1", f"l{i}_ln2_g", f"l{i}_ln2_b", f"l{i}_fo_b"],
-                [out], domain=MS, epsilon=EPS, name=f"l{i}_ln2",
-            ),
-        ]
+        nodes += encoder_layer(init, i, x, "mask_index", out, {
+            "qkv_w": np.concatenate([w(sa + n + ".weight").T for n in ("query", "key", "value")], axis=1),
+            "qkv_b": np.concatenate([w(sa + n + ".bias") for n in ("query", "key", "value")]),
+            "ao_w": w(p + "attention.output.dense.weight").T,
+            "ao_b": w(p + "attention.output.dense.bias"),
+            "ln1_g": w(p + "attention.output.LayerNorm.weight"),
+            "ln1_b": w(p + "attention.output.LayerNorm.bias"),
+            "fi_w": w(p + "intermediate.dense.weight").T,
+            "fi_b": w(p + "intermediate.dense.bias"),
+            "fo_w": w(p + "output.dense.weight").T,
+            "fo_b": w(p + "output.dense.bias"),
+            "ln2_g": w(p + "output.LayerNorm.weight"),
+            "ln2_b": w(p + "output.LayerNorm.bias"),
+        })
         x = out
     graph = helper.make_graph(
         nodes,

