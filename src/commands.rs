@@ -14,6 +14,8 @@ pub use crate::reembed::{ReembedError, Reembedded, reembed};
 pub use crate::usage::{Query as UsageQuery, report as usage};
 
 pub use crate::memory::MemoryError;
+/// How `companion embed` reads its lines.
+pub use crate::rag::Role as EmbedRole;
 pub use crate::rag::{commands::RagCommandError, ingest::IngestTotals as IngestReport};
 pub use crate::replay::{ReplayArgs, ReplayError, Summary as ReplaySummary};
 pub use crate::safety::lines::LinesError;

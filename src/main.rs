@@ -105,7 +105,14 @@ enum Command {
         rag: RagConfig,
     },
     /// Embed lines of text from stdin; one JSON line (`{"text", "embedding"}`) per input on stdout.
-    Embed(EmbedSettings),
+    Embed {
+        /// Read each line as a passage (a knowledge chunk, a fact) rather than as a query (a message):
+        /// e5 embeds the two differently.
+        #[arg(long)]
+        passage: bool,
+        #[command(flatten)]
+        embed: EmbedSettings,
+    },
     /// What companions remember about a user (facts with their sources, summaries).
     Memory {
         /// The user (24-hex id).
@@ -302,8 +309,12 @@ async fn run() -> anyhow::Result<()> {
                 commands::crisis_lines_report(&safety, today, json).context("crisis lines")?
             );
         }
-        Command::Embed(embed) => {
-            let n = commands::embed(&embed).await.context("embedding")?;
+        Command::Embed { passage, embed } => {
+            let role = match passage {
+                true => commands::EmbedRole::Passage,
+                false => commands::EmbedRole::Query,
+            };
+            let n = commands::embed(&embed, role).await.context("embedding")?;
             tracing::debug!(lines = n, "embedded");
         }
     }

@@ -402,6 +402,7 @@ fn worker(c: &Config) -> Env {
 fn retrieval(c: &Config) -> Env {
     vec![
         ("COMPANION_MODEL_DIR", path(&c.embed.model_dir)),
+        ("COMPANION_ENCODER", c.embed.encoder.clone()),
         ("COMPANION_EMBED_MODEL", c.embed.model_file.clone()),
         ("ORT_DYLIB_PATH", path(&c.embed.ort_dylib_path)),
         ("COMPANION_EMBED_THREADS", c.embed.threads.to_string()),

@@ -366,7 +366,10 @@ pub async fn report(dir: &Path, embed: &EmbedSettings, rules_only: bool) -> anyh
             for chunk in input.chunks(64) {
                 v.extend(
                     embedder
-                        .embed(chunk.iter().map(|l| l.text.clone()).collect())
+                        .embed(
+                            companion_knowledge::rag::Role::Query,
+                            &chunk.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
+                        )
                         .await?,
                 );
             }

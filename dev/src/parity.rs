@@ -260,10 +260,21 @@ pub async fn text_parity(
     let mut exact = Vec::with_capacity(texts.len());
     let mut single = Vec::with_capacity(texts.len());
     for t in &texts {
-        exact.push(reference.embed_one(t).await?);
-        single.push(model.embed_one(t).await?);
+        exact.push(
+            reference
+                .embed_one(companion_knowledge::rag::Role::Query, t)
+                .await?,
+        );
+        single.push(
+            model
+                .embed_one(companion_knowledge::rag::Role::Query, t)
+                .await?,
+        );
     }
-    let batched = model.embed(texts.clone()).await?;
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let batched = model
+        .embed(companion_knowledge::rag::Role::Query, &refs)
+        .await?;
     let plain = companion_knowledge::rag::chunk::untruncated(reference.tokenizer())?;
     let mut truncated = 0;
     for t in &texts {
@@ -397,19 +408,31 @@ pub async fn retrieval_agreement(
     k: usize,
     threshold: f32,
 ) -> Result<Agreement, EmbedError> {
-    let inputs: Vec<String> = chunks.iter().map(|c| c.input.clone()).collect();
-    let model_chunks = model.embed(inputs.clone()).await?;
-    let reference_chunks = reference.embed(inputs).await?;
+    let inputs: Vec<&str> = chunks.iter().map(|c| c.input.as_str()).collect();
+    let model_chunks = model
+        .embed(companion_knowledge::rag::Role::Passage, &inputs)
+        .await?;
+    let reference_chunks = reference
+        .embed(companion_knowledge::rag::Role::Passage, &inputs)
+        .await?;
     let started = Instant::now();
     let mut model_queries = Vec::with_capacity(queries.len());
     for q in queries {
-        model_queries.push(model.embed_one(q).await?);
+        model_queries.push(
+            model
+                .embed_one(companion_knowledge::rag::Role::Query, q)
+                .await?,
+        );
     }
     let model_secs = started.elapsed().as_secs_f64();
     let started = Instant::now();
     let mut reference_queries = Vec::with_capacity(queries.len());
     for q in queries {
-        reference_queries.push(reference.embed_one(q).await?);
+        reference_queries.push(
+            reference
+                .embed_one(companion_knowledge::rag::Role::Query, q)
+                .await?,
+        );
     }
     let reference_secs = started.elapsed().as_secs_f64();
     let k = k.clamp(1, chunks.len());
@@ -559,6 +582,7 @@ pub async fn measure(args: &ParityArgs) -> anyhow::Result<()> {
     let load = |file: &str| {
         let cfg = EmbedConfig {
             model_dir: args.model_dir.clone(),
+            encoder: companion_knowledge::rag::Encoder::MINILM,
             model_file: file.to_owned(),
             ort_dylib_path: args.ort_dylib_path.clone(),
             threads: 1,

@@ -199,7 +199,12 @@ pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
     let texts: Vec<String> = lines.iter().map(|l| l.text.clone()).collect();
     let mut vectors = Vec::with_capacity(texts.len());
     for chunk in texts.chunks(64) {
-        vectors.extend(embedder.embed(chunk.to_vec()).await?);
+        let refs: Vec<&str> = chunk.iter().map(|t| t.as_ref()).collect();
+        vectors.extend(
+            embedder
+                .embed(companion_knowledge::rag::Role::Query, &refs)
+                .await?,
+        );
     }
     println!(
         "tuning lines: {} from {} files (sha256 {digest})",

@@ -1322,7 +1322,11 @@ impl DemoModel {
                 )
             }))
             .collect();
-        let mut vectors = embedder.embed(texts).await.map_err(|e| e.to_string())?;
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let mut vectors = embedder
+            .embed(companion_knowledge::rag::Role::Query, &refs)
+            .await
+            .map_err(|e| e.to_string())?;
         let trick_vectors = vectors.split_off(INTENT_EXAMPLES.len());
         let intents = INTENT_EXAMPLES
             .iter()
@@ -1434,7 +1438,11 @@ impl DemoModel {
         {
             return demo_tool_call(&lower, text, &offered, speaker);
         }
-        let v = self.embedder.embed_one(text).await.ok()?;
+        let v = self
+            .embedder
+            .embed_one(companion_knowledge::rag::Role::Query, text)
+            .await
+            .ok()?;
         let (intent, score) = self.intent_of(&v);
         if score < INTENT_FLOOR {
             return demo_tool_call(&lower, text, &offered, speaker);

@@ -30,22 +30,34 @@ fn rss_kb(field: &str) -> u64 {
 async fn throughput_and_memory() {
     let texts = sentences();
     let embedder = crate::env::embedder();
-    embedder.embed_one("warm up").await.unwrap();
+    embedder
+        .embed_one(companion_knowledge::rag::Role::Query, "warm up")
+        .await
+        .unwrap();
     println!("after load: VmRSS {} kB", rss_kb("VmRSS:"));
 
     let t = Instant::now();
     for s in &texts[..64] {
-        embedder.embed_one(s).await.unwrap();
+        embedder
+            .embed_one(companion_knowledge::rag::Role::Query, s)
+            .await
+            .unwrap();
     }
     let single = 64.0 / t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    embedder.embed(texts.clone()).await.unwrap();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    embedder
+        .embed(companion_knowledge::rag::Role::Query, &refs)
+        .await
+        .unwrap();
     let batched = texts.len() as f64 / t.elapsed().as_secs_f64();
 
     let before = embedder.counts();
     let t = Instant::now();
-    let futures = texts.iter().map(|s| embedder.embed_one(s));
+    let futures = texts
+        .iter()
+        .map(|s| embedder.embed_one(companion_knowledge::rag::Role::Query, s));
     futures::future::join_all(futures).await;
     let concurrent = texts.len() as f64 / t.elapsed().as_secs_f64();
     let after = embedder.counts();

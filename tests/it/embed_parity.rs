@@ -36,12 +36,17 @@ const INT8_MIN_COSINE: f32 = 0.995;
 async fn parity(model_file: &str, min: f32) -> (f32, f32) {
     let lines = fixture();
     assert!(lines.len() >= 20);
+    // The fixture's reference vectors are MiniLM's.
     let mut cfg = crate::env::embed_config();
+    cfg.encoder = companion_knowledge::rag::Encoder::MINILM;
     cfg.model_file = model_file.into();
     let embedder = crate::env::embedder_with(&cfg);
     let mut worst = (1.0f32, String::new());
     for l in &lines {
-        let v = embedder.embed_one(&l.text).await.unwrap();
+        let v = embedder
+            .embed_one(companion_knowledge::rag::Role::Query, &l.text)
+            .await
+            .unwrap();
         assert_eq!(v.len(), DIM);
         let c = cosine(&v, &l.embedding);
         if c < worst.0 {
@@ -50,7 +55,10 @@ async fn parity(model_file: &str, min: f32) -> (f32, f32) {
         assert!(c >= min, "{model_file} single: cosine {c} for {:?}", l.text);
     }
     let batch = embedder
-        .embed(lines.iter().map(|l| l.text.clone()).collect())
+        .embed(
+            companion_knowledge::rag::Role::Query,
+            &lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
+        )
         .await
         .unwrap();
     let mut worst_batch = 1.0f32;
@@ -93,7 +101,12 @@ async fn concurrent_requests_share_model_runs() {
     let texts: Vec<String> = (0..16)
         .map(|i| format!("how do I carve turn number {i} on my snowboard?"))
         .collect();
-    let results = futures::future::join_all(texts.iter().map(|t| embedder.embed_one(t))).await;
+    let results = futures::future::join_all(
+        texts
+            .iter()
+            .map(|t| embedder.embed_one(companion_knowledge::rag::Role::Query, t)),
+    )
+    .await;
     for r in &results {
         assert_eq!(r.as_ref().unwrap().len(), DIM);
     }
@@ -104,7 +117,10 @@ async fn concurrent_requests_share_model_runs() {
     assert!(runs < 16, "16 concurrent requests took {runs} model runs");
     // Batched results equal the single ones (the int8 graph quantises each run's activations as one
     // tensor, so its vectors move slightly with their batch mates).
-    let alone = embedder.embed_one(&texts[3]).await.unwrap();
+    let alone = embedder
+        .embed_one(companion_knowledge::rag::Role::Query, &texts[3])
+        .await
+        .unwrap();
     let c = cosine(&alone, results[3].as_ref().unwrap());
     let min = if cfg.model_file == "model.onnx" {
         FP32_MIN_COSINE
@@ -115,8 +131,15 @@ async fn concurrent_requests_share_model_runs() {
     let mut fp32 = cfg.clone();
     fp32.model_file = "model.onnx".into();
     let exact = crate::env::embedder_with(&fp32);
-    let batch = exact.embed(texts.clone()).await.unwrap();
-    let alone = exact.embed_one(&texts[3]).await.unwrap();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let batch = exact
+        .embed(companion_knowledge::rag::Role::Query, &refs)
+        .await
+        .unwrap();
+    let alone = exact
+        .embed_one(companion_knowledge::rag::Role::Query, &texts[3])
+        .await
+        .unwrap();
     assert!(cosine(&alone, &batch[3]) > FP32_MIN_COSINE);
 }
 
@@ -148,7 +171,9 @@ fn root() -> PathBuf {
 
 /// The int8 and the fp32 graph, as the tests configure the embedder (one thread, batches of 32).
 fn int8_and_fp32() -> (Arc<Embedder>, Arc<Embedder>) {
+    // The fixture's reference vectors are MiniLM's.
     let mut cfg = crate::env::embed_config();
+    cfg.encoder = companion_knowledge::rag::Encoder::MINILM;
     cfg.model_file = "model-int8.onnx".into();
     let int8 = crate::env::embedder_with(&cfg);
     cfg.model_file = "model.onnx".into();

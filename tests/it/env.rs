@@ -1040,10 +1040,16 @@ pub fn embed_config() -> EmbedConfig {
     let ort_dylib_path = std::env::var_os("ORT_DYLIB_PATH")
         .map(PathBuf::from)
         .unwrap_or_else(|| model_dir.join("libonnxruntime.so.1.31.1"));
+    let defaults: companion::config::EmbedSettings =
+        companion::config::from_env().expect("embedding settings");
+    let encoder = companion_knowledge::rag::Encoder::named(&defaults.encoder).expect("an encoder");
     EmbedConfig {
         model_dir,
-        model_file: std::env::var("COMPANION_EMBED_MODEL")
-            .unwrap_or_else(|_| "model-int8.onnx".into()),
+        encoder,
+        model_file: match defaults.model_file.trim() {
+            "" => encoder.int8_file.to_owned(),
+            file => file.to_owned(),
+        },
         ort_dylib_path,
         threads: 1,
         max_batch: 32,

@@ -512,7 +512,7 @@ async fn vectors_of_another_model_are_left_out_until_reembed_moves_them_over() {
         .bind(JESS)
         .bind(KAORI)
         .bind(fact)
-        .bind(pgvector::Vector::from(embedder.embed_one(fact).await.unwrap()))
+        .bind(pgvector::Vector::from(embedder.embed_one(companion_knowledge::rag::Role::Passage, fact).await.unwrap()))
         .bind(of)
         .execute(&db.pg.pool)
         .await

@@ -1423,7 +1423,11 @@ async fn everyday_sport_questions_are_never_flagged() {
     texts.dedup();
     let mut flagged = Vec::new();
     for chunk in texts.chunks(32) {
-        let vectors = embedder.embed(chunk.to_vec()).await.expect("embedded");
+        let refs: Vec<&str> = chunk.iter().map(|t| t.as_ref()).collect();
+        let vectors = embedder
+            .embed(companion_knowledge::rag::Role::Query, &refs)
+            .await
+            .expect("embedded");
         for (text, vector) in chunk.iter().zip(&vectors) {
             let key = normalize(text);
             let vector =

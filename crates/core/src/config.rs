@@ -950,13 +950,25 @@ pub struct EmbedSettings {
         default_value = ".local/models"
     )]
     pub model_dir: PathBuf,
-    /// The graph in that folder: `model-int8.onnx` (int8, ~3x cheaper, cosine >= 0.995 to fp32) or
-    /// `model.onnx` (fp32, exact). Queries and the knowledge base may be embedded by either.
+    /// The encoder every vector comes from (the crisis screen's, retrieval's, memory's):
+    /// `multilingual-e5-small` or `all-MiniLM-L6-v2`. Its name is stored beside each vector; after a
+    /// change, `companion ingest --reembed` moves the stored ones over (docs/knowledge.md).
+    #[arg(
+        id = "encoder",
+        long = "encoder",
+        env = "COMPANION_ENCODER",
+        default_value = "all-MiniLM-L6-v2",
+        value_parser = ["all-MiniLM-L6-v2", "multilingual-e5-small"]
+    )]
+    pub encoder: String,
+    /// The encoder's graph in that folder; empty: its int8 graph (`model-int8.onnx`,
+    /// `e5-small-int8.onnx`: ~2-3x cheaper, cosine >= 0.995 to fp32), else e.g. its fp32 graph
+    /// (`model.onnx`, `e5-small.onnx`). Queries and stored vectors may come from either.
     #[arg(
         id = "embed-model",
         long = "embed-model",
         env = "COMPANION_EMBED_MODEL",
-        default_value = "model-int8.onnx"
+        default_value = ""
     )]
     pub model_file: String,
     /// ONNX Runtime shared library (must be 1.31.x); loaded at start-up, never downloaded.

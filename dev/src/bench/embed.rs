@@ -77,8 +77,9 @@ pub async fn measure(
     }
     let embedder =
         Embedder::load(cfg).map_err(|e| BenchError::Setup(format!("embedding model: {e}")))?;
+    let all_refs: Vec<&str> = all.iter().map(String::as_str).collect();
     embedder
-        .embed(all.clone())
+        .embed(companion_knowledge::rag::Role::Query, &all_refs)
         .await
         .map_err(|e| BenchError::Setup(e.to_string()))?;
     let rss_after_load_mb = rss_mb();
@@ -121,7 +122,10 @@ async fn measure_set(
     let mut n = 0usize;
     while started.elapsed() < per {
         for t in texts {
-            embedder.embed_one(t).await.map_err(err)?;
+            embedder
+                .embed_one(companion_knowledge::rag::Role::Query, t)
+                .await
+                .map_err(err)?;
             n += 1;
         }
     }
@@ -132,7 +136,12 @@ async fn measure_set(
     let (started, cpu0) = (Instant::now(), cpu());
     let mut n = 0usize;
     while started.elapsed() < per {
-        n += embedder.embed(many.clone()).await.map_err(err)?.len();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        n += embedder
+            .embed(companion_knowledge::rag::Role::Query, &refs)
+            .await
+            .map_err(err)?
+            .len();
     }
     let batched = n as f64 / started.elapsed().as_secs_f64();
     let batched_per_cpu_second = n as f64 / ((cpu() - cpu0).max(1) as f64 / tck);
@@ -140,7 +149,11 @@ async fn measure_set(
     let started = Instant::now();
     let mut n = 0usize;
     while started.elapsed() < per {
-        let results = futures::future::join_all(many.iter().map(|t| embedder.embed_one(t))).await;
+        let results = futures::future::join_all(
+            many.iter()
+                .map(|t| embedder.embed_one(companion_knowledge::rag::Role::Query, t)),
+        )
+        .await;
         for r in results {
             r.map_err(err)?;
             n += 1;

@@ -6,7 +6,7 @@ use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::{
-    EmbedConfig, EmbedError, Embedder,
+    EmbedConfig, EmbedError, Embedder, Role,
     chunk::ChunkConfig,
     ingest::{self, IngestError, IngestTotals},
 };
@@ -36,9 +36,9 @@ struct EmbeddedLine<'a> {
     embedding: &'a [f32],
 }
 
-/// Reads lines of text from stdin and writes `{"text":…, "embedding":[…]}` per line to stdout.
-/// Lines already buffered are embedded together (up to 64); a lone line is answered at once.
-pub async fn embed_stdin(config: &EmbedSettings) -> Result<usize, RagCommandError> {
+/// Reads lines of text from stdin and writes `{"text":…, "embedding":[…]}` per line to stdout, each read
+/// as `role`. Lines already buffered are embedded together (up to 64); a lone line is answered at once.
+pub async fn embed_stdin(config: &EmbedSettings, role: Role) -> Result<usize, RagCommandError> {
     let embedder = Embedder::load(&EmbedConfig::from_settings(config))?;
     let mut input = BufReader::new(tokio::io::stdin());
     let mut out = tokio::io::BufWriter::new(tokio::io::stdout());
@@ -58,7 +58,8 @@ pub async fn embed_stdin(config: &EmbedSettings) -> Result<usize, RagCommandErro
             }
         }
         if !batch.is_empty() {
-            let vectors = embedder.embed(batch.clone()).await?;
+            let texts: Vec<&str> = batch.iter().map(String::as_str).collect();
+            let vectors = embedder.embed(role, &texts).await?;
             for (text, embedding) in batch.iter().zip(&vectors) {
                 let mut json =
                     serde_json::to_vec(&EmbeddedLine { text, embedding }).expect("serialisable");

@@ -36,12 +36,69 @@ use prometheus_client::metrics::histogram::Histogram;
 
 use crate::{config::EmbedSettings, metrics::Metric};
 
-/// Width of a MiniLM embedding.
+/// Width of an embedding (both encoders').
 pub const DIM: usize = 384;
-/// The model's name on the `embeddings` spans.
-const MODEL_NAME: &str = "all-MiniLM-L6-v2";
-/// The model's max sequence length (sentence-transformers' `max_seq_length`), special tokens included.
+/// The longest text the worker embeds, special tokens included (sentence-transformers'
+/// `max_seq_length` for MiniLM; e5 could read 512, at twice the cost of a long chunk).
 pub const MAX_TOKENS: usize = 256;
+
+/// What a text is to the encoder. e5 was trained to read a question (`query: `) and a text that answers
+/// one (`passage: `) differently; MiniLM reads both alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// A user's message, a question, a group message's fit to a companion, `forget`'s words.
+    Query,
+    /// A knowledge chunk, a remembered fact.
+    Passage,
+}
+
+/// An encoder the worker can run: its files in the model folder and how it reads a text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Encoder {
+    /// Stored beside every vector it computes, and the `embeddings` spans' model.
+    pub name: &'static str,
+    /// The default graph (int8) and the exact one (fp32).
+    pub int8_file: &'static str,
+    pub fp32_file: &'static str,
+    pub tokenizer_file: &'static str,
+    query_prefix: &'static str,
+    passage_prefix: &'static str,
+}
+
+impl Encoder {
+    pub const MINILM: Self = Self {
+        name: "all-MiniLM-L6-v2",
+        int8_file: "model-int8.onnx",
+        fp32_file: "model.onnx",
+        tokenizer_file: "tokenizer.json",
+        query_prefix: "",
+        passage_prefix: "",
+    };
+    pub const E5_SMALL: Self = Self {
+        name: "multilingual-e5-small",
+        int8_file: "e5-small-int8.onnx",
+        fp32_file: "e5-small.onnx",
+        tokenizer_file: "e5-small.tokenizer.json",
+        query_prefix: "query: ",
+        passage_prefix: "passage: ",
+    };
+
+    /// The encoder named `name` (as `COMPANION_ENCODER` accepts it).
+    pub fn named(name: &str) -> Option<Self> {
+        [Self::MINILM, Self::E5_SMALL]
+            .into_iter()
+            .find(|e| e.name == name)
+    }
+
+    /// The text the model reads for `text` in `role`.
+    pub fn input(&self, role: Role, text: &str) -> String {
+        let prefix = match role {
+            Role::Query => self.query_prefix,
+            Role::Passage => self.passage_prefix,
+        };
+        format!("{prefix}{text}")
+    }
+}
 /// Upper bound on padded tokens in one model run: bounds the activations ORT allocates for a batch.
 const MAX_BATCH_TOKENS: usize = 16 * MAX_TOKENS;
 
@@ -74,8 +131,9 @@ impl From<ort::Error<ort::session::builder::SessionBuilder>> for EmbedError {
 /// How to load and run the model.
 #[derive(Clone, Debug)]
 pub struct EmbedConfig {
-    /// Folder with the graphs and `tokenizer.json`.
+    /// Folder with the graphs and tokenizers.
     pub model_dir: PathBuf,
+    pub encoder: Encoder,
     /// The graph's file name in that folder.
     pub model_file: String,
     /// ONNX Runtime 1.31 shared library.
@@ -90,9 +148,14 @@ pub struct EmbedConfig {
 
 impl EmbedConfig {
     pub fn from_settings(c: &EmbedSettings) -> Self {
+        let encoder = Encoder::named(&c.encoder).unwrap_or(Encoder::MINILM);
         Self {
             model_dir: c.model_dir.clone(),
-            model_file: c.model_file.clone(),
+            encoder,
+            model_file: match c.model_file.trim() {
+                "" => encoder.int8_file.to_owned(),
+                file => file.to_owned(),
+            },
             ort_dylib_path: c.ort_dylib_path.clone(),
             threads: c.threads,
             max_batch: c.max_batch.max(1),
@@ -105,7 +168,7 @@ impl EmbedConfig {
     }
 
     pub(crate) fn tokenizer_path(&self) -> PathBuf {
-        self.model_dir.join("tokenizer.json")
+        self.model_dir.join(self.encoder.tokenizer_file)
     }
 
     /// The first of the three files that is not there, if any.
@@ -184,6 +247,7 @@ pub struct Embedder {
     tx: mpsc::Sender<Request>,
     tokenizer: Arc<Tokenizer>,
     stats: Arc<EmbedStats>,
+    encoder: Encoder,
 }
 
 /// ONNX Runtime allows one environment per process; every embedder shares it.
@@ -265,15 +329,29 @@ impl Embedder {
             tx,
             tokenizer,
             stats,
+            encoder: cfg.encoder,
         }))
     }
 
-    /// Embeds texts (unit vectors of [`DIM`] floats, in input order), batched with other callers' texts.
-    pub async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
+    /// Embeds texts read as `role` (unit vectors of [`DIM`] floats, in input order), batched with other
+    /// callers' texts.
+    pub async fn embed(&self, role: Role, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let texts = texts.iter().map(|t| self.encoder.input(role, t)).collect();
+        self.run(texts).await
+    }
+
+    /// Embeds one text read as `role`.
+    pub async fn embed_one(&self, role: Role, text: &str) -> Result<Vec<f32>, EmbedError> {
+        let mut v = self.run(vec![self.encoder.input(role, text)]).await?;
+        v.pop().ok_or(EmbedError::Stopped)
+    }
+
+    /// The texts, as the model reads them, through the embedding thread.
+    async fn run(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
-        let span = crate::genai::embeddings(MODEL_NAME, texts.len());
+        let span = crate::genai::embeddings(self.encoder.name, texts.len());
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Request { texts, reply })
@@ -292,13 +370,12 @@ impl Embedder {
     /// The model's name, as stored beside every vector it computes (`kb_chunks.model`,
     /// `memory_facts.model`) and on the `embeddings` spans.
     pub fn model(&self) -> &'static str {
-        MODEL_NAME
+        self.encoder.name
     }
 
-    /// Embeds one text.
-    pub async fn embed_one(&self, text: &str) -> Result<Vec<f32>, EmbedError> {
-        let mut v = self.embed(vec![text.to_owned()]).await?;
-        v.pop().ok_or(EmbedError::Stopped)
+    /// The encoder it runs.
+    pub fn encoder(&self) -> Encoder {
+        self.encoder
     }
 
     /// The model's tokenizer (truncating at [`MAX_TOKENS`]), e.g. for chunking.

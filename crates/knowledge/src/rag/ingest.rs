@@ -19,7 +19,7 @@ use sqlx::PgPool;
 
 use super::{
     chunk::{self, ChunkConfig},
-    embed::{EmbedError, Embedder},
+    embed::{EmbedError, Embedder, Role},
     kb::{self, ArticleMeta},
 };
 use crate::store::StoreError;
@@ -321,7 +321,8 @@ pub async fn reembed(
                 let prefixed = title_prefix(embedder, &c.title)?.is_some();
                 inputs.push(embedded_as(&c.title, &c.content, prefixed));
             }
-            let vectors = embedder.embed(inputs).await?;
+            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+            let vectors = embedder.embed(Role::Passage, &inputs).await?;
             let ids: Vec<i64> = stale.iter().map(|c| c.id).collect();
             done += kb::set_vectors(pool, &ids, vectors, model).await?;
             progress(done, total);
@@ -349,7 +350,8 @@ pub async fn ingest_article(
         return Ok((Ingested::Unchanged, 0));
     }
     let (chunks, inputs) = chunk_article(embedder, a, cfg)?;
-    let embeddings = embedder.embed(inputs).await?;
+    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let embeddings = embedder.embed(Role::Passage, &inputs).await?;
     let meta = ArticleMeta {
         collection: a.collection.clone(),
         key: a.key.clone(),

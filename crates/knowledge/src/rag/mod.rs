@@ -14,7 +14,7 @@ use std::sync::Arc;
 use tracing::{Instrument, info_span, warn};
 
 pub use embed::EMBED_BATCH;
-pub use embed::{EmbedConfig, EmbedError, Embedder};
+pub use embed::{EmbedConfig, EmbedError, Embedder, Encoder, Role};
 
 use crate::{
     config::{EmbedSettings, RagConfig},
@@ -76,7 +76,7 @@ pub async fn retrieve(
     if collections.is_empty() || text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    let query = stage(Stage::Embed, embedder.embed_one(text)).await?;
+    let query = stage(Stage::Embed, embedder.embed_one(Role::Query, text)).await?;
     search(
         pool,
         collections,
@@ -154,7 +154,7 @@ impl Retriever {
         if let Some(v) = self.cache.get(&key) {
             return Ok(Some((v, query::Lookup::Cached)));
         }
-        let v = Arc::new(stage(Stage::Embed, embedder.embed_one(text)).await?);
+        let v = Arc::new(stage(Stage::Embed, embedder.embed_one(Role::Query, text)).await?);
         self.cache.put(key, v.clone());
         Ok(Some((v, query::Lookup::Embedded)))
     }
@@ -194,7 +194,8 @@ impl Retriever {
                 let v = match self.cache.get(&key) {
                     Some(v) => v,
                     None => {
-                        let v = Arc::new(embedder.embed_one(p).await?);
+                        // A symmetric comparison: both sides are read as queries.
+                        let v = Arc::new(embedder.embed_one(Role::Query, p).await?);
                         self.cache.put(key, v.clone());
                         v
                     }

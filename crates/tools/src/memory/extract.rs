@@ -278,7 +278,11 @@ impl Extractor<'_> {
         let mut vectors = Vec::with_capacity(candidates.len());
         if job.recorded::<FactsWritten>(STEP_FACTS, "facts").is_none() {
             for c in &candidates {
-                vectors.push(self.memory.embed(&c.fact).await?);
+                vectors.push(
+                    self.memory
+                        .embed(crate::rag::Role::Passage, &c.fact)
+                        .await?,
+                );
             }
         }
         let max_facts = self.memory.config.max_facts;

@@ -34,7 +34,7 @@ use crate::{
     failure::{Class, Classify},
     journal::JournalError,
     llm::LlmError,
-    rag::{EmbedError, Embedder, embed::Embedding},
+    rag::{EmbedError, Embedder, Role, embed::Embedding},
     store::StoreError,
 };
 
@@ -108,11 +108,16 @@ impl Memory {
         }
     }
 
-    /// The embedding of `text`, or `None` without a model.
-    pub(crate) async fn embed(&self, text: &str) -> Result<Option<Embedding>, MemoryError> {
+    /// The embedding of `text` read as `role` (a fact is a passage, the words that name one a query), or
+    /// `None` without a model.
+    pub(crate) async fn embed(
+        &self,
+        role: Role,
+        text: &str,
+    ) -> Result<Option<Embedding>, MemoryError> {
         match &self.embedder {
             Some(e) => Ok(Some(Embedding {
-                vector: e.embed_one(text).await?,
+                vector: e.embed_one(role, text).await?,
                 model: e.model(),
             })),
             None => Ok(None),

@@ -411,9 +411,8 @@ pub async fn reembed(
         if stale.is_empty() {
             continue;
         }
-        let vectors = embedder
-            .embed(stale.iter().map(|(_, f)| f.clone()).collect())
-            .await?;
+        let facts: Vec<&str> = stale.iter().map(|(_, f)| f.as_str()).collect();
+        let vectors = embedder.embed(crate::rag::Role::Passage, &facts).await?;
         let ids: Vec<&str> = stale.iter().map(|(id, _)| id.as_str()).collect();
         let vectors: Vec<Vector> = vectors.into_iter().map(Vector::from).collect();
         done += sqlx::query(

@@ -51,7 +51,10 @@ impl Tool for Forget {
             .is_some();
         let embedding = match recorded {
             true => None,
-            false => memory.embed(&about).await.map_err(memory_error)?,
+            false => memory
+                .embed(crate::rag::Role::Query, &about)
+                .await
+                .map_err(memory_error)?,
         };
         let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
         let removed: Vec<String> = ctx

@@ -93,7 +93,10 @@ impl Tool for Remember {
                 .is_some();
             let embedding = match recorded {
                 true => None,
-                false => memory.embed(&text).await.map_err(memory_error)?,
+                false => memory
+                    .embed(crate::rag::Role::Passage, &text)
+                    .await
+                    .map_err(memory_error)?,
             };
             let (user, bot) = (&user, &bot);
             let kept: Kept = ctx
