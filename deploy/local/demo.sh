@@ -180,7 +180,9 @@ BUILD=(cargo build --workspace --bins)
 # build is one with (almost) nothing compiled yet: cargo keeps a fingerprint folder per compiled unit, ~500
 # after a full build.
 FIRST_BUILD="$LOGS/first-build.txt"
-compiled="$(find target/debug/.fingerprint -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)"
+# No target/ yet (a fresh clone): nothing compiled. (find fails there; with pipefail that would end the demo.)
+compiled=0
+[[ -d target/debug/.fingerprint ]] && compiled="$(find target/debug/.fingerprint -mindepth 1 -maxdepth 1 | wc -l)"
 if ((compiled >= 100)); then
   cold=""
   # The otel feature's exporter crates are compiled the first time --traces builds (cargo keeps both
