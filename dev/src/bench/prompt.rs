@@ -133,9 +133,9 @@ pub fn analyse(bodies: &[Value], tokenizer: &Path) -> Option<PromptFigures> {
     if bodies.is_empty() {
         return None;
     }
-    let mut t = companion_knowledge::rag::embed::load_tokenizer(tokenizer).ok()?;
-    t.with_truncation(None).ok()?;
-    let count = |s: &str| t.encode(s, false).map(|e| e.len()).unwrap_or(0) as f64;
+    use companion_knowledge::rag::tokens::{Kind, Tokens};
+    let t = Tokens::load(Kind::TokenizerJson, tokenizer).ok()?;
+    let count = |s: &str| t.count(s).unwrap_or(0) as f64;
     let texts: Vec<(String, String)> = bodies.iter().map(|b| (linear(b), user_of(b))).collect();
     let tokens: Vec<f64> = texts.iter().map(|(s, _)| count(s)).collect();
     let mut shared = Vec::new();

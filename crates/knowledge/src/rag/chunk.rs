@@ -2,9 +2,10 @@
 //! tokenizer ([CLS] and [SEP] included), cut on sentence boundaries where possible, each chunk starting
 //! with roughly `overlap` of the previous one. The chunk keeps the article's exact text.
 
-use tokenizers::Tokenizer;
-
-use super::embed::{EmbedError, MAX_TOKENS};
+use super::{
+    embed::{EmbedError, MAX_TOKENS},
+    tokens::Tokens,
+};
 
 /// How to chunk.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -86,14 +87,13 @@ fn push_trimmed(text: &str, start: usize, end: usize, out: &mut Vec<(usize, usiz
 
 /// Chunks `text`; `reserved` tokens per chunk are kept free (e.g. for a title prefix).
 pub fn chunk(
-    tokenizer: &Tokenizer,
+    tokenizer: &Tokens,
     text: &str,
     cfg: ChunkConfig,
     reserved: usize,
 ) -> Result<Vec<String>, EmbedError> {
     let budget = cfg.budget(reserved);
     let overlap = cfg.overlap_tokens(budget);
-    let tokenizer = &untruncated(tokenizer)?;
     let mut pieces = Vec::new();
     for (s, e) in sentences(text) {
         let tokens = count_tokens(tokenizer, &text[s..e])?;
@@ -132,25 +132,14 @@ pub fn chunk(
     Ok(chunks)
 }
 
-/// A copy of the tokenizer that does not truncate, for counting and cutting.
-pub fn untruncated(tokenizer: &Tokenizer) -> Result<Tokenizer, EmbedError> {
-    let mut t = tokenizer.clone();
-    t.with_truncation(None)
-        .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
-    Ok(t)
-}
-
-/// Tokens of `text` without special tokens (`tokenizer` must not truncate: see [`untruncated`]).
-pub fn count_tokens(tokenizer: &Tokenizer, text: &str) -> Result<usize, EmbedError> {
-    let enc = tokenizer
-        .encode(text, false)
-        .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
-    Ok(enc.get_ids().len())
+/// Tokens of `text` without special tokens.
+pub fn count_tokens(tokenizer: &Tokens, text: &str) -> Result<usize, EmbedError> {
+    tokenizer.count(text)
 }
 
 /// Cuts one over-long sentence into token windows (with overlap), on token offsets.
 fn split_long(
-    tokenizer: &Tokenizer,
+    tokenizer: &Tokens,
     text: &str,
     s: usize,
     e: usize,
@@ -158,19 +147,16 @@ fn split_long(
     overlap: usize,
     out: &mut Vec<Piece>,
 ) -> Result<(), EmbedError> {
-    let enc = tokenizer
-        .encode(&text[s..e], false)
-        .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
-    let offsets = enc.get_offsets();
+    let offsets = tokenizer.starts(&text[s..e])?;
     let step = budget.saturating_sub(overlap).max(1);
     let mut first = 0;
     while first < offsets.len() {
         let last = (first + budget).min(offsets.len());
-        let start = s + offsets[first].0;
+        let start = s + offsets[first];
         let end = if last == offsets.len() {
             e
         } else {
-            s + offsets[last].0
+            s + offsets[last]
         };
         let (start, end) = (floor_char(text, start), floor_char(text, end));
         if end > start {

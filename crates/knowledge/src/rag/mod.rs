@@ -8,6 +8,8 @@ pub mod embed;
 pub mod ingest;
 pub mod kb;
 pub mod query;
+pub mod tokens;
+pub mod unigram;
 
 use std::sync::Arc;
 
