@@ -134,7 +134,7 @@ pub fn chunk(
 
 /// Tokens of `text` without special tokens.
 pub fn count_tokens(tokenizer: &Tokens, text: &str) -> Result<usize, EmbedError> {
-    tokenizer.count(text)
+    Ok(tokenizer.count(text)?)
 }
 
 /// Cuts one over-long sentence into token windows (with overlap), on token offsets.

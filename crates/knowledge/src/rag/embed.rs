@@ -33,14 +33,12 @@ use tracing::Instrument as _;
 
 use prometheus_client::metrics::histogram::Histogram;
 
-use super::tokens::{self, Tokens};
+use super::tokens::{self, TokenizerError, Tokens};
 use crate::{config::EmbedSettings, metrics::Metric};
 
 /// Width of an embedding (both encoders').
 pub const DIM: usize = 384;
-/// The longest text the worker embeds, special tokens included (sentence-transformers'
-/// `max_seq_length` for MiniLM; e5 could read 512, at twice the cost of a long chunk).
-pub const MAX_TOKENS: usize = 256;
+pub use super::tokens::MAX_TOKENS;
 
 /// What a text is to the encoder. e5 was trained to read a question (`query: `) and a text that answers
 /// one (`passage: `) differently; MiniLM reads both alike.
@@ -111,8 +109,8 @@ pub enum EmbedError {
     Missing(PathBuf),
     #[error("cannot load ONNX Runtime from {path}: {message}")]
     Runtime { path: PathBuf, message: String },
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
     #[error("onnx runtime: {0}")]
     Ort(String),
     #[error("the embedder thread has stopped")]

