@@ -173,6 +173,7 @@ impl App {
             },
             incoming: Incoming {
                 retriever: retriever.clone(),
+                vectors_fit: crate::safety::learned::fits(embedder.as_deref().map(|e| e.model())),
                 moderator: moderator.clone(),
                 safety: safety.clone(),
                 pg: pg.clone(),

@@ -12,6 +12,16 @@ pub type Env = Vec<(&'static str, String)>;
 /// Every setting of `c`, as the environment.
 pub fn of(c: &Config) -> Env {
     let mut env = Env::new();
+    // Unset: the encoder's own.
+    let thresholds = [
+        ("COMPANION_RAG_THRESHOLD", c.rag.threshold),
+        ("COMPANION_MEMORY_THRESHOLD", c.memory.threshold),
+    ];
+    env.extend(
+        thresholds
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v?.to_string()))),
+    );
     env.extend(servers(c));
     env.extend(model(c));
     env.extend(characters(c));
@@ -254,7 +264,6 @@ fn memory(c: &Config) -> Env {
         ("COMPANION_MEMORY_BATCH_MAX", c.memory.batch_max.to_string()),
         ("COMPANION_MEMORY_MODEL", c.memory.model.clone()),
         ("COMPANION_MEMORY_TOP_K", c.memory.top_k.to_string()),
-        ("COMPANION_MEMORY_THRESHOLD", c.memory.threshold.to_string()),
         (
             "COMPANION_MEMORY_REMEMBER_PER_DAY",
             c.memory.remember_per_day.to_string(),
@@ -408,7 +417,6 @@ fn retrieval(c: &Config) -> Env {
         ("COMPANION_EMBED_THREADS", c.embed.threads.to_string()),
         ("COMPANION_EMBED_MAX_BATCH", c.embed.max_batch.to_string()),
         ("COMPANION_EMBED_WINDOW_MS", c.embed.window_ms.to_string()),
-        ("COMPANION_RAG_THRESHOLD", c.rag.threshold.to_string()),
         ("COMPANION_RAG_TOP_K", c.rag.top_k.to_string()),
         ("COMPANION_RAG_QUERY_CACHE", c.rag.query_cache.to_string()),
         (
@@ -452,7 +460,7 @@ mod tests {
         config.nats.tls_required = true;
         config.llm.fallback_models = vec!["a/b".into(), "c/d".into()];
         config.turn.burst_max = 3;
-        config.rag.threshold = 0.375;
+        config.rag.threshold = Some(0.375);
         config.log.format = LogFormat::Json;
         config.llm.prices = "m/one=0.1:0.4,m/two=1:2".into();
         let env = of(&config);
@@ -464,6 +472,7 @@ mod tests {
             };
             let listed = env.iter().find(|(k, _)| *k == name);
             let optional = [
+                "COMPANION_MEMORY_THRESHOLD",
                 "NATS_USER",
                 "NATS_TLS_CA_FILE",
                 "NATS_TLS_CERT_FILE",

@@ -171,6 +171,18 @@ enum Command {
         #[command(flatten)]
         args: companion_dev::parity::ParityArgs,
     },
+    /// Choose every similarity threshold (knowledge, memory recall, forget, duplicate facts) for the
+    /// configured encoder on labelled lines, and measure each on lines it was not chosen on.
+    Thresholds {
+        #[arg(long, default_value = "tests/fixtures/retrieval/questions.jsonl")]
+        questions: std::path::PathBuf,
+        #[arg(long, default_value = "tests/fixtures/memory/pairs.jsonl")]
+        pairs: std::path::PathBuf,
+        #[arg(long, default_value = "deploy/local/knowledge")]
+        knowledge: std::path::PathBuf,
+        #[command(flatten)]
+        embed: companion_core::config::EmbedSettings,
+    },
     /// Measure a turn's cost and throughput end to end on the real local stack (see docs/benchmark.md).
     Bench {
         #[command(flatten)]
@@ -332,6 +344,19 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::SafetyTrain { args } => companion_dev::safety_train::train(&args).await?,
         Command::Parity { args } => companion_dev::parity::measure(&args).await?,
+        Command::Thresholds {
+            questions,
+            pairs,
+            knowledge,
+            embed,
+        } => {
+            let at = companion_dev::thresholds::Sources {
+                questions: &questions,
+                pairs: &pairs,
+                knowledge: &knowledge,
+            };
+            print!("{}", companion_dev::thresholds::measure(&embed, &at).await?);
+        }
         Command::Bench { args, mut config } => {
             config.log = cli.log;
             companion_dev::bench::main(*config, *args)

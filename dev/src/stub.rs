@@ -1277,8 +1277,14 @@ const INTENT_EXAMPLES: &[(Intent, &str)] = &[
     (Intent::Chat, "what's your favourite board?"),
 ];
 
-/// Below this similarity to every example, the keyword rules decide.
-const INTENT_FLOOR: f32 = 0.35;
+/// Below this similarity to every example, the keyword rules decide; on the encoder's own scale (e5's
+/// similarities crowd into 0.7–1.0).
+fn intent_floor(encoder: &str) -> f32 {
+    match encoder {
+        "all-MiniLM-L6-v2" => 0.35,
+        _ => 0.85,
+    }
+}
 
 /// A trick of the demo's trickipedia, embedded.
 struct KnownTrick {
@@ -1444,7 +1450,7 @@ impl DemoModel {
             .await
             .ok()?;
         let (intent, score) = self.intent_of(&v);
-        if score < INTENT_FLOOR {
+        if score < intent_floor(self.embedder.model()) {
             return demo_tool_call(&lower, text, &offered, speaker);
         }
         match intent {

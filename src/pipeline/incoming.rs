@@ -86,6 +86,8 @@ pub(crate) struct Screened {
 pub(crate) struct Incoming {
     /// The message's embedding for the learned layer (cached for the turn's retrieval).
     pub(crate) retriever: Retriever,
+    /// The learned layer was trained on this encoder's vectors: else it reads the n-grams only.
+    pub(crate) vectors_fit: bool,
     /// The moderation endpoint the screen also asks, when one is configured.
     pub(crate) moderator: Option<Moderator>,
     /// The protocol's settings and the crisis lines.
@@ -143,7 +145,7 @@ impl Incoming {
         let learned = self.safety.config.screen_learned;
         let (vector, (moderation, outcome)) = tokio::join!(
             async {
-                match learned {
+                match learned && self.vectors_fit {
                     true => self.retriever.vector(text).await,
                     false => None,
                 }

@@ -122,14 +122,14 @@ async fn concurrent_requests_share_model_runs() {
         .await
         .unwrap();
     let c = cosine(&alone, results[3].as_ref().unwrap());
-    let min = if cfg.model_file == "model.onnx" {
+    let min = if cfg.model_file == cfg.encoder.fp32_file {
         FP32_MIN_COSINE
     } else {
         INT8_MIN_COSINE
     };
     assert!(c >= min, "alone vs batched: {c}");
     let mut fp32 = cfg.clone();
-    fp32.model_file = "model.onnx".into();
+    fp32.model_file = cfg.encoder.fp32_file.into();
     let exact = crate::env::embedder_with(&fp32);
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let batch = exact

@@ -196,7 +196,9 @@ async fn only_chunks_above_the_threshold_are_returned() {
     ingest_all(&db, &embedder, &articles).await;
     let c = cols(&["snowboarding"]);
     let off_topic = "what is the best recipe for lasagna with spinach?";
-    let none = rag::retrieve(&db.pg.pool, &embedder, &c, off_topic, 0.45, 3)
+    // The encoder's own threshold (its scale: docs/knowledge.md, "Thresholds").
+    let threshold = embedder.encoder().scores.knowledge;
+    let none = rag::retrieve(&db.pg.pool, &embedder, &c, off_topic, threshold, 3)
         .await
         .unwrap();
     assert!(none.is_empty(), "off-topic hits: {none:#?}");
@@ -204,19 +206,19 @@ async fn only_chunks_above_the_threshold_are_returned() {
         .await
         .unwrap();
     assert_eq!(all.len(), 3, "top_k bounds the hits");
-    assert!(all.iter().all(|h| h.score < 0.45));
+    assert!(all.iter().all(|h| h.score < threshold));
     let on_topic = rag::retrieve(
         &db.pg.pool,
         &embedder,
         &c,
         "what should I wear so I don't freeze on the chairlift?",
-        0.45,
+        threshold,
         3,
     )
     .await
     .unwrap();
     assert!(!on_topic.is_empty());
-    assert!(on_topic.iter().all(|h| h.score >= 0.45));
+    assert!(on_topic.iter().all(|h| h.score >= threshold));
     assert_eq!(on_topic[0].title, "Dressing for cold days on the mountain");
     // Unknown collections and empty text give nothing.
     assert!(
@@ -245,7 +247,10 @@ async fn chunks_fit_the_model_and_overlap() {
             with_specials <= MAX_TOKENS,
             "chunk {i}: {with_specials} tokens"
         );
-        assert!(with_specials > MAX_TOKENS / 2, "chunk {i} is well filled");
+        assert!(
+            i + 1 == chunks.len() || with_specials > MAX_TOKENS / 2,
+            "chunk {i} is well filled: {with_specials} tokens"
+        );
         assert!(c.ends_with('.'), "chunk {i} ends on a sentence boundary");
         assert!(
             text.contains(c.as_str()),
@@ -408,17 +413,18 @@ async fn a_small_collection_is_found_behind_a_large_one() {
     db.finish().await;
 }
 
-/// Messages the retriever skips without embedding: none of them would have brought a chunk above the
-/// worker's threshold from the demo knowledge base (so skipping them changes no prompt), and the
-/// messages it does embed include ones that find their article.
+/// Messages the retriever skips without embedding get no knowledge, as the worker retrieves it (with e5
+/// some of them, "lol 😂😂" among them, would have brought a chunk just above the threshold: the skip is
+/// what keeps them out), and the messages it does embed include ones that find their article.
 #[tokio::test]
-async fn a_skipped_message_would_have_retrieved_nothing() {
+async fn a_skipped_message_retrieves_nothing_and_a_question_finds_its_article() {
     use companion_knowledge::{rag::query::needs_no_knowledge, rag::query::normalize};
     let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
     let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
     ingest_all(&db, &embedder, &articles).await;
-    let threshold = db.config.rag.threshold;
+    let threshold = (db.config.rag.threshold).unwrap_or(embedder.encoder().scores.knowledge);
+    let retriever = rag::Retriever::new(db.pg.pool.clone(), Some(embedder.clone()), &db.config.rag);
     let all = cols(&["snowboarding", "skateboarding"]);
     let skipped = [
         "ok thanks!",
@@ -434,21 +440,21 @@ async fn a_skipped_message_would_have_retrieved_nothing() {
         "omg yes",
         "sure, sounds good",
     ];
-    let mut best = 0.0f32;
+    let (mut best, mut above) = (0.0f32, 0);
     for text in skipped {
         assert!(needs_no_knowledge(&normalize(text)), "{text:?} is skipped");
+        assert!(retriever.for_turn(&all, text).await.is_empty(), "{text:?}");
         let hits = rag::retrieve(&db.pg.pool, &embedder, &all, text, 0.0, 1)
             .await
             .unwrap();
         let top = hits.first().map(|h| h.score).unwrap_or(0.0);
         best = best.max(top);
-        assert!(
-            top < threshold,
-            "{text:?} would have retrieved {:?} at {top:.3} (threshold {threshold})",
-            hits.first().map(|h| &h.title)
-        );
+        above += usize::from(top >= threshold);
     }
-    println!("best score of a skipped message: {best:.3} (threshold {threshold})");
+    println!(
+        "skipped messages that would have retrieved a chunk: {above} of {}; best score {best:.3} (threshold {threshold})",
+        skipped.len()
+    );
     for text in [
         "how do I wax my board?",
         "kickflip?",
@@ -598,4 +604,66 @@ async fn vectors_of_another_model_are_left_out_until_reembed_moves_them_over() {
         .unwrap();
     assert_eq!(models, [model]);
     db.finish().await;
+}
+
+/// A line of `tests/fixtures/retrieval/questions.jsonl`.
+#[derive(serde::Deserialize)]
+struct Question {
+    lang: String,
+    kind: String,
+    collection: Option<String>,
+    key: Option<String>,
+    text: String,
+}
+
+/// A question in any of eight languages finds the English article that answers it: the right article's
+/// chunk among the top 3 the knowledge base returns (through PostgreSQL, as the worker searches), per
+/// language. With MiniLM the same questions found it 107 times in 168 (Japanese 9 of 21, Korean 6;
+/// `companion-dev thresholds`), which this guards against going back to.
+#[tokio::test]
+async fn a_question_in_eight_languages_finds_its_english_article() {
+    let db = TestEnv::new(always(StubReply::text("unused"))).await;
+    let embedder = crate::env::embedder();
+    let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
+    ingest_all(&db, &embedder, &articles).await;
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/retrieval/questions.jsonl"),
+    )
+    .unwrap();
+    let questions: Vec<Question> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let all = cols(&["snowboarding", "skateboarding"]);
+    let mut per_lang: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
+    for q in questions.iter().filter(|q| q.kind == "question") {
+        let hits = rag::retrieve(&db.pg.pool, &embedder, &all, &q.text, -1.0, 3)
+            .await
+            .unwrap();
+        let right = articles
+            .iter()
+            .find(|a| {
+                Some(&a.collection) == q.collection.as_ref() && Some(&a.key) == q.key.as_ref()
+            })
+            .map(|a| a.title.as_str())
+            .expect("the question's article is in the demo knowledge");
+        let cell = per_lang.entry(&q.lang).or_default();
+        cell.1 += 1;
+        cell.0 += usize::from(hits.iter().any(|h| h.title == right));
+    }
+    let (found, all_questions) = per_lang
+        .values()
+        .fold((0, 0), |(f, a), (x, y)| (f + x, a + y));
+    println!(
+        "{}: right article in the top 3, per language: {per_lang:?}",
+        embedder.model()
+    );
+    assert_eq!(per_lang.len(), 8);
+    assert!(
+        found * 10 >= all_questions * 9,
+        "{found} of {all_questions}"
+    );
+    for (lang, (f, n)) in &per_lang {
+        assert!(f * 100 >= n * 85, "{lang}: {f} of {n}");
+    }
 }

