@@ -85,7 +85,7 @@ impl App {
             "connecting"
         );
         // The crisis lines first: a worker that could not refer a user in crisis does not start.
-        let safety = crate::safety::Safety::load(&c.safety)?;
+        let mut safety = crate::safety::Safety::load(&c.safety)?;
         let (bus, mongo, pg) = tokio::try_join!(
             async { Bus::connect(&c.nats).await.map_err(SetupError::from) },
             async { Mongo::connect(&c.mongo).await.map_err(SetupError::from) },
@@ -141,6 +141,7 @@ impl App {
             history_limit: c.turn.history_limit,
             spend: spend.clone(),
         });
+        safety.screen = safety.screen.reading(embedder.as_deref().map(|e| e.model()));
         let safety = Arc::new(safety);
         if let Some(e) = &embedder {
             crate::reembed::check(&pg.pool, e.model(), &metrics).await;
@@ -173,7 +174,6 @@ impl App {
             },
             incoming: Incoming {
                 retriever: retriever.clone(),
-                vectors_fit: crate::safety::learned::fits(embedder.as_deref().map(|e| e.model())),
                 moderator: moderator.clone(),
                 safety: safety.clone(),
                 pg: pg.clone(),
@@ -224,6 +224,7 @@ impl App {
                     under_13_line: c.safety.under_13_line.clone(),
                     minor_quiet: (c.safety.minor_quiet_start, c.safety.minor_quiet_end),
                     clean,
+                    screen: safety.screen,
                 },
                 metrics: metrics.clone(),
             },

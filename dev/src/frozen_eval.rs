@@ -9,8 +9,8 @@ use std::{collections::BTreeMap, fmt::Write, path::Path};
 use anyhow::Context;
 use companion_core::config::EmbedSettings;
 use companion_safety::{
-    detect::check_reply,
-    screen::{Blocked, check_output, screen},
+    detect::CrisisScreen,
+    screen::{Blocked, Category, check_output, screen},
 };
 
 use serde::Deserialize;
@@ -28,6 +28,65 @@ pub struct Line {
     pub label: String,
     pub kind: String,
     pub text: String,
+}
+
+/// The moderation endpoint to measure beside the local layers (`safety-eval --frozen --moderation-url`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ModerationArgs {
+    /// Base URL of an OpenAI-compatible moderation API (`/moderations` is appended).
+    #[arg(long = "moderation-url")]
+    pub url: Option<String>,
+    #[arg(long = "moderation-model", default_value = "omni-moderation-latest")]
+    pub model: String,
+    /// Per request; a line without an answer counts as not flagged by it, and is reported.
+    #[arg(long = "moderation-timeout-ms", default_value_t = 10_000)]
+    pub timeout_ms: u64,
+    /// Requests at once.
+    #[arg(long = "moderation-concurrency", default_value_t = 4)]
+    pub concurrency: usize,
+    #[arg(
+        long = "moderation-api-key",
+        env = "COMPANION_MODERATION_API_KEY",
+        default_value = "",
+        hide_env_values = true,
+        hide_default_value = true,
+        hide = true
+    )]
+    pub key: String,
+}
+
+/// The moderation endpoint's category of each input line (none: nothing of ours flagged, or no
+/// answer), asked `concurrency` at a time, and the lines it gave no answer for (with the error).
+pub async fn moderate_all(
+    args: &ModerationArgs,
+    url: &str,
+    input: &[Line],
+) -> anyhow::Result<(Vec<Option<Category>>, Vec<(usize, String)>)> {
+    use futures::StreamExt as _;
+    let moderator = companion_llm::moderation::Moderator::new(
+        url,
+        args.key.clone().into(),
+        args.model.clone(),
+        std::time::Duration::from_millis(args.timeout_ms.max(1)),
+    )
+    .map_err(|e| anyhow::anyhow!("the moderation client: {e}"))?;
+    let screen = CrisisScreen::new(false);
+    let answers: Vec<_> = futures::stream::iter(input.iter().map(|l| moderator.moderate(&l.text)))
+        .buffered(args.concurrency.max(1))
+        .collect()
+        .await;
+    let mut categories = Vec::with_capacity(input.len());
+    let mut missing = Vec::new();
+    for (i, a) in answers.into_iter().enumerate() {
+        match a {
+            Ok(v) => categories.push(screen.moderation(&v.categories)),
+            Err(e) => {
+                categories.push(None);
+                missing.push((i, e.to_string()));
+            }
+        }
+    }
+    Ok((categories, missing))
 }
 
 /// Counts of one group of lines: positives found (and with their own category), negatives flagged.
@@ -125,7 +184,8 @@ pub fn evaluate_input_with(
 /// The output set's figures by language: (encouragement, sexual, kind replies), with the output check as
 /// the worker runs it (rules, then the learned layer).
 pub fn evaluate_output(lines: &[Line]) -> BTreeMap<String, [Tally; 3]> {
-    evaluate_output_with(lines, |l| check_reply(&l.text))
+    let screen = CrisisScreen::new(true);
+    evaluate_output_with(lines, |l| screen.check_reply(&l.text))
 }
 
 /// Every output line through `check`.
@@ -185,8 +245,16 @@ fn lowest_recall<'a>(groups: impl Iterator<Item = (&'a String, &'a Tally)>) -> (
 
 /// The report of both sets, as text, for the rules alone (no embeddings given) or for the worker's local
 /// decision (rules and learned layer, with each input line's embedding).
-pub fn report_text(input: &[Line], output: &[Line], embeddings: Option<&[Vec<f32>]>) -> String {
+/// With `moderation` (each input line's category from the endpoint), its row alone and the decision
+/// combined with it.
+pub fn report_text(
+    input: &[Line],
+    output: &[Line],
+    embeddings: Option<&[Vec<f32>]>,
+    moderation: Option<&[Option<Category>]>,
+) -> String {
     let mut out = String::new();
+    let moderated = |i: usize| moderation.and_then(|m| m.get(i).copied().flatten());
     let f = match embeddings {
         None => evaluate_input(input),
         Some(e) => {
@@ -196,11 +264,18 @@ pub fn report_text(input: &[Line], output: &[Line], embeddings: Option<&[Vec<f32
             let rules = evaluate_input(input);
             let learned = evaluate_input_with(input, |i, l| layers::learned(&l.text, vector(i)));
             let n_grams = evaluate_input_with(input, |_, l| layers::learned(&l.text, None));
-            for (name, t) in [
+            let alone = evaluate_input_with(input, |i, _| {
+                moderated(i).map(|c| c.as_str().to_owned())
+            });
+            let mut rows = vec![
                 ("rules", &rules),
                 ("learned", &learned),
                 ("n-grams", &n_grams),
-            ] {
+            ];
+            if moderation.is_some() {
+                rows.push(("moderation", &alone));
+            }
+            for (name, t) in rows {
                 let it = t.by_lang.get("it").copied().unwrap_or_default();
                 let _ = writeln!(
                     out,
@@ -212,12 +287,17 @@ pub fn report_text(input: &[Line], output: &[Line], embeddings: Option<&[Vec<f32
                 );
             }
             let _ = writeln!(out);
-            evaluate_input_with(input, |i, l| layers::decided(&l.text, vector(i)))
+            evaluate_input_with(input, |i, l| {
+                layers::decided(&l.text, vector(i), moderated(i))
+            })
         }
     };
-    let which = match embeddings {
-        None => "the rules alone",
-        Some(_) => "the local decision (rules and learned layer, with embeddings)",
+    let which = match (embeddings, moderation) {
+        (None, _) => "the rules alone",
+        (Some(_), None) => "the local decision (rules and learned layer, with embeddings)",
+        (Some(_), Some(_)) => {
+            "the decision with the moderation endpoint (rules, learned layer with embeddings, endpoint)"
+        }
     };
     let _ = writeln!(
         out,
@@ -353,9 +433,33 @@ pub fn report_text(input: &[Line], output: &[Line], embeddings: Option<&[Vec<f32
 
 /// Reads both sets from `dir` and prints the report: the worker's local decision when the embedding
 /// model loads (`--rules-only`: the rules alone).
-pub async fn report(dir: &Path, embed: &EmbedSettings, rules_only: bool) -> anyhow::Result<()> {
+pub async fn report(
+    dir: &Path,
+    embed: &EmbedSettings,
+    rules_only: bool,
+    moderation: &ModerationArgs,
+) -> anyhow::Result<()> {
     let input: Vec<Line> = crate::jsonl::read(&dir.join("input.jsonl"))?;
     let output: Vec<Line> = crate::jsonl::read(&dir.join("output.jsonl"))?;
+    if rules_only && moderation.url.is_some() {
+        anyhow::bail!("the moderation endpoint is measured with the local layers: drop --rules-only");
+    }
+    let moderated = match &moderation.url {
+        None => None,
+        Some(url) => {
+            let (categories, missing) = moderate_all(moderation, url, &input).await?;
+            println!(
+                "moderation endpoint {url} ({}): {} of {} lines answered",
+                moderation.model,
+                input.len() - missing.len(),
+                input.len()
+            );
+            for (i, e) in missing.iter().take(10) {
+                println!("  no answer for line {}: {e}", i + 1);
+            }
+            Some(categories)
+        }
+    };
     let embeddings = match rules_only {
         true => None,
         false => {
@@ -376,7 +480,10 @@ pub async fn report(dir: &Path, embed: &EmbedSettings, rules_only: bool) -> anyh
             Some(v)
         }
     };
-    print!("{}", report_text(&input, &output, embeddings.as_deref()));
+    print!(
+        "{}",
+        report_text(&input, &output, embeddings.as_deref(), moderated.as_deref())
+    );
     if let Some(embeddings) = &embeddings {
         // Three passes, the first warming the rules' caches as a worker's first messages do; the last
         // two timed. The embedding is given: the worker computes it once for the screen and retrieval.
@@ -384,7 +491,7 @@ pub async fn report(dir: &Path, embed: &EmbedSettings, rules_only: bool) -> anyh
         for pass in 0..3 {
             let start = std::time::Instant::now();
             for (line, embedding) in input.iter().zip(embeddings) {
-                std::hint::black_box(layers::decided(&line.text, Some(embedding)));
+                std::hint::black_box(layers::decided(&line.text, Some(embedding), None));
             }
             if pass > 0 {
                 timed += start.elapsed();
@@ -412,13 +519,18 @@ mod layers {
             .map(|(c, _)| c.to_owned())
     }
 
-    /// The worker's local decision (no moderation endpoint): as the worker, with no embedding for a
-    /// message with no content word.
-    pub fn decided(text: &str, embedding: Option<&[f32]>) -> Option<String> {
+    /// The worker's decision (with the moderation endpoint's category when measured): as the worker,
+    /// with no embedding for a message with no content word.
+    pub fn decided(
+        text: &str,
+        embedding: Option<&[f32]>,
+        moderation: Option<companion_safety::screen::Category>,
+    ) -> Option<String> {
         use companion_knowledge::{rag::query::needs_no_knowledge, rag::query::normalize};
         let key = normalize(text);
         let embedding = embedding.filter(|_| !key.is_empty() && !needs_no_knowledge(&key));
-        detect::decide(text, true, embedding, None).map(|d| d.category.as_str().to_owned())
+        detect::decide_with(learned::INPUT.as_ref(), text, embedding, moderation)
+            .map(|d| d.category.as_str().to_owned())
     }
 }
 
@@ -520,8 +632,59 @@ mod tests {
             }
             assert!(counts[&(*lang, "none")] >= 30, "{lang}");
         }
-        let text = report_text(&input, &output, None);
+        let text = report_text(&input, &output, None, None);
         assert!(text.contains("it (not covered)"), "{text}");
         assert!(text.contains("input false positives"), "{text}");
+    }
+    fn line(label: &str, text: &str) -> Line {
+        Line {
+            set: "input".into(),
+            lang: "en".into(),
+            label: label.into(),
+            kind: label.into(),
+            text: text.into(),
+        }
+    }
+
+    /// `--moderation-url` asks the endpoint for every input line, maps its categories to ours, reports
+    /// the endpoint alone and combined, and counts the lines it gave no answer for.
+    #[tokio::test]
+    async fn the_moderation_endpoint_is_measured_alone_and_combined() {
+        let stub =
+            crate::stub::StubModeration::start(vec![("vanish", vec!["self-harm/intent"])], false)
+                .await
+                .unwrap();
+        let input = [
+            line("self_harm", "tonight i just want to vanish for good"),
+            line("self_harm", "nothing i do ever matters to anyone"),
+            line("none", "the park is closed for the contest tomorrow"),
+        ];
+        let args = ModerationArgs {
+            concurrency: 2,
+            timeout_ms: 5_000,
+            ..ModerationArgs::default()
+        };
+        let (categories, missing) = moderate_all(&args, &stub.base_url, &input).await.unwrap();
+        assert_eq!(categories, [Some(Category::SelfHarm), None, None]);
+        assert!(missing.is_empty(), "{missing:?}");
+        let zeros = vec![vec![0.0f32; companion_safety::learned::DIM]; input.len()];
+        let text = report_text(&input, &[], Some(&zeros), Some(&categories));
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("moderation "))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(row.contains("0.500"), "the endpoint found one of two: {row}");
+        assert!(text.contains("with the moderation endpoint"), "{text}");
+
+        let hung = crate::stub::StubModeration::start(Vec::new(), true)
+            .await
+            .unwrap();
+        let args = ModerationArgs {
+            timeout_ms: 200,
+            ..args
+        };
+        let (categories, missing) = moderate_all(&args, &hung.base_url, &input).await.unwrap();
+        assert_eq!(categories, [None, None, None]);
+        assert_eq!(missing.len(), 3, "{missing:?}");
     }
 }

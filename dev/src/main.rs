@@ -155,6 +155,11 @@ enum Command {
         /// With `--frozen`: the rules alone (no embedding model needed).
         #[arg(long)]
         rules_only: bool,
+        /// With `--frozen`: also the moderation endpoint at this URL (e.g. `https://api.openai.com/v1`),
+        /// alone and combined with the local layers. Sends every frozen input line to it; the key is
+        /// read from `COMPANION_MODERATION_API_KEY` only.
+        #[command(flatten)]
+        moderation: companion_dev::frozen_eval::ModerationArgs,
         /// The embedding model the learned layer reads messages with.
         #[command(flatten)]
         embed: EmbedSettings,
@@ -337,8 +342,11 @@ async fn run() -> anyhow::Result<()> {
             frozen_dir,
             rules_only,
             embed,
+            moderation,
             ..
-        } => companion_dev::frozen_eval::report(&frozen_dir, &embed, rules_only).await?,
+        } => {
+            companion_dev::frozen_eval::report(&frozen_dir, &embed, rules_only, &moderation).await?
+        }
         Command::SafetyEval { file, split, .. } => {
             companion_dev::safety_eval::report(&file, split)?
         }

@@ -231,7 +231,7 @@ pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
             .filter(|(l, _)| l.set == set)
             .filter_map(|(l, v)| {
                 let y = classes.iter().position(|c| *c == l.label)?;
-                // The worker embeds user messages, never replies (detect::check_reply reads their
+                // The worker embeds user messages, never replies (CrisisScreen::check_reply reads their
                 // n-grams): each model learns from what it is given at work.
                 let embedding = (set == "input").then_some(v.as_slice());
                 Some(Example {
@@ -637,7 +637,7 @@ mod tests {
     /// the output check, which the learned layer now joins on its own.
     #[test]
     fn ordinary_sport_text_the_output_layer_never_saw_passes() {
-        use companion_safety::detect::check_reply;
+        let screen = companion_safety::detect::CrisisScreen::new(true);
         let root =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/knowledge/snowboarding");
         let mut texts = Vec::new();
@@ -648,7 +648,7 @@ mod tests {
         let blocked: Vec<&str> = lines
             .iter()
             .copied()
-            .filter(|l| check_reply(l).is_some())
+            .filter(|l| screen.check_reply(l).is_some())
             .collect();
         println!("{} of {} blocked: {blocked:?}", blocked.len(), lines.len());
         assert!(lines.len() > 60, "{}", lines.len());

@@ -40,13 +40,12 @@ use crate::{
     metrics::Metrics,
     proactive::FollowUp,
     rag::Retriever,
-    safety::detect,
+    safety::{detect, screen::Category},
     spend::SpendGuard,
     store::{Mongo, Pg},
     timing::{Stage, stage},
     tools::{
         Clock, Group, REGISTRY, Registry, ToolContext, Toolbox,
-        flag_concern::Concern,
         offer::{self, Offer, Signals},
     },
 };
@@ -100,13 +99,15 @@ pub(crate) struct ComposeSettings {
     /// A minor's quiet hours (start, end; local time), for the reminders a tool sets.
     pub(crate) minor_quiet: (chrono::NaiveTime, chrono::NaiveTime),
     pub(crate) clean: Clean,
+    /// The output check of the model's own words after its flag.
+    pub(crate) screen: crate::safety::detect::CrisisScreen,
 }
 
 /// A slot's message as composed, and a concern the model flagged for its user (the conductor runs the
 /// crisis protocol on it before the message is fixed).
 pub(crate) struct Composed {
     pub(crate) said: Reply,
-    pub(crate) concern: Option<Concern>,
+    pub(crate) concern: Option<Category>,
 }
 
 impl From<Reply> for Composed {
@@ -241,7 +242,7 @@ pub(crate) struct ModelAnswer {
     pub(crate) card: Option<Value>,
     pub(crate) log: Option<Value>,
     /// The model flagged a concern for the user.
-    pub(crate) concern: Option<Concern>,
+    pub(crate) concern: Option<Category>,
 }
 
 impl Composer {
@@ -719,7 +720,7 @@ impl Composer {
             // Its own words go after the referral if they may; else the character's crisis line.
             let fits = text
                 .as_deref()
-                .is_some_and(|s| !s.trim().is_empty() && detect::check_reply(s).is_none());
+                .is_some_and(|s| !s.trim().is_empty() && self.settings.screen.check_reply(s).is_none());
             if !fits {
                 text = Some(c.crisis_line.clone());
             }

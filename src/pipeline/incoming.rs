@@ -33,7 +33,6 @@ use crate::{
         screen::Category,
     },
     store::Pg,
-    tools::flag_concern::Concern,
 };
 
 /// User messages seen by the incoming hook, by kind (`dm`, `group`).
@@ -86,8 +85,6 @@ pub(crate) struct Screened {
 pub(crate) struct Incoming {
     /// The message's embedding for the learned layer (cached for the turn's retrieval).
     pub(crate) retriever: Retriever,
-    /// The learned layer was trained on this encoder's vectors: else it reads the n-grams only.
-    pub(crate) vectors_fit: bool,
     /// The moderation endpoint the screen also asks, when one is configured.
     pub(crate) moderator: Option<Moderator>,
     /// The protocol's settings and the crisis lines.
@@ -142,22 +139,17 @@ impl Incoming {
     /// embedding, computed here and cached for the turn's retrieval) and the moderation endpoint when one
     /// is configured, asked at once; the endpoint's timeout or error leaves the local decision.
     async fn screen_message(&self, text: &str) -> Result<Screened, PipelineError> {
-        let learned = self.safety.config.screen_learned;
+        let screen = &self.safety.screen;
         let (vector, (moderation, outcome)) = tokio::join!(
             async {
-                match learned && self.vectors_fit {
+                match screen.wants_vector() {
                     true => self.retriever.vector(text).await,
                     false => None,
                 }
             },
             self.moderate(text),
         );
-        let decision = detect::decide(
-            text,
-            learned,
-            vector.as_deref().map(Vec::as_slice),
-            moderation,
-        );
+        let decision = screen.screen(text, vector.as_deref().map(Vec::as_slice), moderation);
         Ok(Screened {
             decision,
             moderation: outcome.map(str::to_owned),
@@ -172,7 +164,7 @@ impl Incoming {
         };
         let (category, outcome) = match moderator.moderate(text).await {
             Ok(verdict) => {
-                let c = detect::from_moderation(&verdict.categories);
+                let c = self.safety.screen.moderation(&verdict.categories);
                 (c, if c.is_some() { "flagged" } else { "clear" })
             }
             Err(e) => {
@@ -301,18 +293,6 @@ impl Incoming {
             })
             .await
     }
-}
-
-/// The decision of the reply model's flag on the message `m` (layer `model`); none for a concern that
-/// is not one of the protocol's categories.
-pub(crate) fn model_decision(m: &UserMessage<'_>, concern: Concern) -> Option<Decision> {
-    Some(Decision {
-        category: detect::category(concern.as_str())?,
-        lang: crate::safety::screen::language(m.text)
-            .unwrap_or("en")
-            .to_owned(),
-        layer: Layer::Model,
-    })
 }
 
 /// A flag's metric labels.

@@ -519,8 +519,8 @@ impl Pipeline {
         let mut lang = crisis.map(str::to_owned);
         if let Some(concern) = composed.concern
             && let Some(m) = view.admitted.message()
-            && let Some(decision) = incoming::model_decision(&m, concern)
         {
+            let decision = self.incoming.safety.screen.model_flag(m.text, concern);
             let (flagged, referral) =
                 Box::pin(self.protocol(view.job, view.admitted, &m, decision)).await?;
             if let Some(referral) = referral {

@@ -142,7 +142,7 @@ impl Outgoing {
             true => clean_text(&said.content).trim().to_owned(),
             false => self.clean.text(&said.content),
         };
-        if let Some(blocked) = detect::check_reply(&said.content).filter(|_| !referral) {
+        if let Some(blocked) = self.safety.screen.check_reply(&said.content).filter(|_| !referral) {
             let what = match blocked {
                 Blocked::Sexual => "sexual",
                 Blocked::SelfHarm => "self_harm",

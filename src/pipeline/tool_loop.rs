@@ -33,7 +33,7 @@ use crate::{
     timing::{Stage, stage},
     tools::{
         Group, Registry, ToolContext, ToolRecord, Toolbox, call_key,
-        flag_concern::{self, Concern},
+        flag_concern,
         more_tools,
         offer::Offer,
     },
@@ -57,7 +57,7 @@ pub struct LoopOutput {
     /// A spend budget was used up before the model could answer: no text.
     pub(crate) stopped: Option<Scope>,
     /// The model flagged a concern for the user ([`flag_concern`]): the loop stopped at that answer.
-    pub(crate) concern: Option<Concern>,
+    pub(crate) concern: Option<Category>,
 }
 
 /// The bounds of one loop.
@@ -185,7 +185,7 @@ pub async fn converse(
 
 /// The concern of a `flag_concern` call among `calls`. Arguments that do not read are still a flag: the
 /// most urgent category (logged).
-fn concern_in(calls: &[ToolCall]) -> Option<Concern> {
+fn concern_in(calls: &[ToolCall]) -> Option<Category> {
     let call = calls
         .iter()
         .find(|c| c.function.name == flag_concern::NAME)?;
@@ -194,7 +194,7 @@ fn concern_in(calls: &[ToolCall]) -> Option<Concern> {
             .map(|a| a.concern)
             .unwrap_or_else(|e| {
                 warn!(error = %e, "the model's flag_concern arguments do not read; taken as self_harm");
-                Concern::SelfHarm
+                Category::SelfHarm
             }),
     )
 }

@@ -71,6 +71,50 @@ async fn fires(base: &str, name: &str) -> bool {
     .await
 }
 
+/// Prometheus scraping `target` every second with [`quick_rules`], ready: the server, its base URL and
+/// its folder (removed when dropped).
+async fn prometheus(bin: &std::path::Path, target: &str) -> (Server, String, TempDir) {
+    let dir = TempDir::new("companion-prometheus");
+    std::fs::write(dir.0.join("alerts.yml"), quick_rules()).unwrap();
+    std::fs::write(
+        dir.0.join("prometheus.yml"),
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             rule_files: [alerts.yml]\n\
+             scrape_configs:\n  - job_name: companion\n    static_configs: [{{targets: ['{target}']}}]\n"
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let prometheus = Server(
+        Command::new(bin.join("prometheus"))
+            .arg(format!(
+                "--config.file={}",
+                dir.0.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.0.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.0.join("prometheus.log")).unwrap())
+            .spawn()
+            .expect("prometheus starts"),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            reqwest::get(format!("{base}/-/ready"))
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        })
+        .await,
+        "Prometheus is ready"
+    );
+    (prometheus, base, dir)
+}
+
 #[tokio::test]
 async fn the_dead_letter_alert_fires_after_a_poison_event() {
     let bin = prometheus_bin();
@@ -106,44 +150,7 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
     let worker = InProcessWorker::start(&env).await;
     let target = worker.base.trim_start_matches("http://").to_owned();
 
-    let dir = TempDir::new("companion-prometheus");
-    std::fs::write(dir.0.join("alerts.yml"), quick_rules()).unwrap();
-    std::fs::write(
-        dir.0.join("prometheus.yml"),
-        format!(
-            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
-             rule_files: [alerts.yml]\n\
-             scrape_configs:\n  - job_name: companion\n    static_configs: [{{targets: ['{target}']}}]\n"
-        ),
-    )
-    .unwrap();
-    let port = free_port();
-    let _prometheus = Server(
-        Command::new(bin.join("prometheus"))
-            .arg(format!(
-                "--config.file={}",
-                dir.0.join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.0.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(dir.0.join("prometheus.log")).unwrap())
-            .spawn()
-            .expect("prometheus starts"),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            reqwest::get(format!("{base}/-/ready"))
-                .await
-                .is_ok_and(|r| r.status().is_success())
-        })
-        .await,
-        "Prometheus is ready"
-    );
+    let (_prometheus, base, _dir) = prometheus(&bin, &target).await;
     // The worker is scraped: up, ready, and the dead-letter counter is there at 0.
     let scraped = eventually(Duration::from_secs(30), || async {
         let v = query(
@@ -240,6 +247,36 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
         let v = query(&base, expr).await;
         assert_eq!(v["status"], "success", "{expr}: {v}");
     }
+    worker.stop().await;
+    env.finish().await;
+}
+
+/// A worker whose encoder did not load still answers (`/readyz` is 200), but its crisis screen is
+/// weakened: `CompanionCrisisScreenWeakened` fires and `CompanionNotReady` stays quiet.
+#[tokio::test]
+async fn a_worker_without_its_encoder_is_alerted_as_a_weakened_crisis_screen() {
+    let bin = prometheus_bin();
+    let empty = TempDir::new("companion-no-model");
+    let responder: companion_dev::stub::Responder =
+        std::sync::Arc::new(|_: &Value| StubReply::text("ok"));
+    let env = TestEnv::with(responder, |c| {
+        c.embed.model_dir = empty.0.clone();
+    })
+    .await;
+    let worker = InProcessWorker::start(&env).await;
+    let target = worker.base.trim_start_matches("http://").to_owned();
+    let (_prometheus, base, _dir) = prometheus(&bin, &target).await;
+    let e = env.dm(JESS, KAORI, JESS_KAORI, "still there?").await;
+    assert_eq!(env.turn(&e).await.content, "ok", "a turn goes on without the encoder");
+    let ready = reqwest::get(format!("{}/readyz", worker.base)).await.unwrap();
+    assert!(ready.status().is_success(), "/readyz stays 200");
+    let fired = fires(&base, "CompanionCrisisScreenWeakened").await;
+    let now = alerts(&base).await;
+    assert!(fired, "CompanionCrisisScreenWeakened fires: {now:?}");
+    assert!(
+        !now.iter().any(|(name, _)| name == "CompanionNotReady"),
+        "CompanionNotReady stays quiet: {now:?}"
+    );
     worker.stop().await;
     env.finish().await;
 }

@@ -1127,7 +1127,9 @@ fn flagged_answer(text: &str, concern: &str) -> StubReply {
 /// What no local layer flags (checked here, so a test built on it cannot pass by the local layers).
 fn locally_clear(text: &str) -> &str {
     assert!(
-        companion_safety::detect::decide(text, true, None, None).is_none(),
+        companion_safety::detect::CrisisScreen::new(true)
+            .screen(text, None, None)
+            .is_none(),
         "{text} must be one the local layers leave alone"
     );
     text
@@ -1395,8 +1397,8 @@ async fn in_a_group_a_model_flag_s_referral_stays_private() {
 #[tokio::test]
 async fn everyday_sport_questions_are_never_flagged() {
     use companion_knowledge::{rag::query::needs_no_knowledge, rag::query::normalize};
-    use companion_safety::detect::decide;
     let embedder = embedder();
+    let screen = companion_safety::detect::CrisisScreen::new(true).reading(Some(embedder.model()));
     let mut texts: Vec<String> = (0..2400)
         .map(companion_dev::bench::data::chat_message)
         .chain(
@@ -1432,7 +1434,7 @@ async fn everyday_sport_questions_are_never_flagged() {
             let key = normalize(text);
             let vector =
                 (!key.is_empty() && !needs_no_knowledge(&key)).then_some(vector.as_slice());
-            if let Some(d) = decide(text, true, vector, None) {
+            if let Some(d) = screen.screen(text, vector, None) {
                 flagged.push(format!("{text} → {d:?}"));
             }
         }

@@ -1,6 +1,6 @@
 //! The optional moderation endpoint: an OpenAI-compatible `POST /moderations` (e.g. omni-moderation,
 //! multilingual), asked about each user message beside the local layers of the crisis screen. What it
-//! answers is its own categories; the crisis decision maps them (`safety::detect::from_moderation`).
+//! answers is its own categories; the crisis decision maps them (`safety::detect::CrisisScreen::moderation`).
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -58,6 +58,23 @@ impl Moderator {
             return Ok(None);
         }
         let timeout = Duration::from_millis(c.moderation_timeout_ms.max(1));
+        Self::new(
+            base,
+            c.moderation_api_key.clone(),
+            c.moderation_model.clone(),
+            timeout,
+        )
+        .map(Some)
+    }
+
+    /// A client of the endpoint at `base` (`/moderations` appended unless there).
+    pub fn new(
+        base: &str,
+        key: Secret,
+        model: String,
+        timeout: Duration,
+    ) -> Result<Self, ModerationError> {
+        let base = base.trim().trim_end_matches('/');
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
@@ -68,13 +85,13 @@ impl Moderator {
             true => base.to_owned(),
             false => format!("{base}/moderations"),
         };
-        Ok(Some(Self {
+        Ok(Self {
             http,
             url,
-            key: c.moderation_api_key.clone(),
-            model: c.moderation_model.clone(),
+            key,
+            model,
             timeout,
-        }))
+        })
     }
 
     /// The endpoint's verdict on `text`, within the timeout.

@@ -1,10 +1,12 @@
 //! The crisis decision on one user message, from its layers (docs/safety.md):
 //! - the rules ([`super::screen`]): local, microseconds, in the six covered languages; a sure match
 //!   refers on its own;
-//! - the learned layer ([`super::learned`]): hashed n-grams and the message's MiniLM embedding, for what
+//! - the learned layer ([`super::learned`]): hashed n-grams and the message's embedding, for what
 //!   nobody wrote a rule for;
 //! - the moderation endpoint, when one is configured (its categories mapped to ours here);
 //! - the reply model's own flag, raised later in the turn (layer [`Layer::Model`]).
+//!
+//! [`CrisisScreen`] owns the decision.
 //!
 //! Any layer's flag refers, unless the sport-language exclusions apply to the message (the slang was
 //! masked out and no crisis word is left). A sure rule refers unless the learned layer is confident the
@@ -51,19 +53,88 @@ pub struct Decision {
     pub layer: Layer,
 }
 
-/// The local layers (the learned one when `learned`) and the moderation endpoint's finding (when it
-/// answered) on `text`.
-pub fn decide(
-    text: &str,
-    learned: bool,
-    embedding: Option<&[f32]>,
-    moderation: Option<Category>,
-) -> Option<Decision> {
-    let model = learned::INPUT.as_ref().filter(|_| learned);
-    decide_with(model, text, embedding, moderation)
+/// The one owner of the crisis decision, built once from the settings: which layers run (the learned
+/// ones unless `COMPANION_SCREEN_LEARNED=false`, the input one with vectors only of the encoder it was
+/// trained on), how a message is decided from them and the moderation endpoint's answer, what the reply
+/// model's flag decides, and the output check of a companion message. The pipeline gathers the inputs
+/// (the message's embedding, the endpoint's answer); every decision on them is made here.
+#[derive(Clone, Copy, Debug)]
+pub struct CrisisScreen {
+    /// The learned layer of user messages; none when switched off (or its file does not load).
+    input: Option<&'static learned::Model>,
+    /// The learned layer of companion replies; none when switched off.
+    output: Option<&'static learned::Model>,
+    /// The input layer reads the running encoder's vectors (trained on that encoder's).
+    vectors: bool,
 }
 
-/// [`decide`] with a given learned model (the trainer's out-of-fold models; the compiled-in one).
+impl CrisisScreen {
+    /// The screen of `COMPANION_SCREEN_LEARNED`, before an encoder is known (no vectors).
+    pub fn new(learned: bool) -> Self {
+        let on = |m: &'static Option<learned::Model>| m.as_ref().filter(|_| learned);
+        Self {
+            input: on(&learned::INPUT),
+            output: on(&learned::OUTPUT),
+            vectors: false,
+        }
+    }
+
+    /// This screen given the vectors of `encoder` (none: no encoder loaded), when its input layer was
+    /// trained on that encoder's; says so when it was not ([`learned::fits`]).
+    pub fn reading(self, encoder: Option<&str>) -> Self {
+        Self {
+            vectors: self.input.is_some() && learned::fits(encoder),
+            ..self
+        }
+    }
+
+    /// Whether the message's embedding is wanted (it is computed only then).
+    pub fn wants_vector(&self) -> bool {
+        self.vectors
+    }
+
+    /// Whether the learned layers run.
+    pub fn learned(&self) -> bool {
+        self.input.is_some() || self.output.is_some()
+    }
+
+    /// The decision on a user message from the local layers, its embedding (ignored unless
+    /// [`Self::wants_vector`]) and the moderation endpoint's category ([`Self::moderation`], when it
+    /// answered and flagged one of ours).
+    pub fn screen(
+        &self,
+        text: &str,
+        embedding: Option<&[f32]>,
+        moderation: Option<Category>,
+    ) -> Option<Decision> {
+        let embedding = embedding.filter(|_| self.vectors);
+        decide_with(self.input, text, embedding, moderation)
+    }
+
+    /// Our category of the moderation endpoint's flagged categories (OpenAI's names), or none
+    /// ([`from_moderation`]).
+    pub fn moderation(&self, flagged: &std::collections::BTreeMap<String, bool>) -> Option<Category> {
+        from_moderation(flagged)
+    }
+
+    /// The decision of the reply model's flag (layer `model`) on the user message `text`.
+    pub fn model_flag(&self, text: &str, concern: Category) -> Decision {
+        Decision {
+            category: concern,
+            lang: screen::language(text).unwrap_or("en").to_owned(),
+            layer: Layer::Model,
+        }
+    }
+
+    /// The output check of a companion message: the rules ([`screen::check_output`]), then the learned
+    /// layer on the message's n-grams (no embedding: a reply is not embedded for anything else, and an
+    /// encoder run per reply would about double the turn's embedding CPU). None when it may go out.
+    pub fn check_reply(&self, text: &str) -> Option<Blocked> {
+        check_reply_with(self.output, text)
+    }
+}
+
+/// [`CrisisScreen::screen`] with a given learned model (the trainer's out-of-fold models; the compiled-in one).
 pub fn decide_with(
     model: Option<&learned::Model>,
     text: &str,
@@ -143,19 +214,12 @@ fn too_short(text: &str) -> bool {
         <= 3
 }
 
-/// Our category of a class name (the learned layer's, the model's flag).
+/// Our category of a class name (the learned layer's).
 pub fn category(class: &str) -> Option<Category> {
     Category::ALL.into_iter().find(|c| c.as_str() == class)
 }
 
-/// The output check of a companion message: the rules ([`screen::check_output`]), then the learned layer
-/// on the message's n-grams (no embedding: a reply is not embedded for anything else, and a model run per
-/// reply would double the embedder's work). None when it may go out.
-pub fn check_reply(text: &str) -> Option<Blocked> {
-    check_reply_with(learned::OUTPUT.as_ref(), text)
-}
-
-/// [`check_reply`] with a given learned model.
+/// [`CrisisScreen::check_reply`] with a given learned model (the trainer's out-of-fold ones).
 pub fn check_reply_with(model: Option<&learned::Model>, text: &str) -> Option<Blocked> {
     if let Some(b) = screen::check_output(text) {
         return Some(b);
@@ -182,7 +246,7 @@ pub fn check_reply_with(model: Option<&learned::Model>, text: &str) -> Option<Bl
 ///   harm to others. Violence alone never refers: "kill this line" reads as violence.
 ///
 /// Abuse has no category there; the local layers find it.
-pub fn from_moderation(flagged: &std::collections::BTreeMap<String, bool>) -> Option<Category> {
+fn from_moderation(flagged: &std::collections::BTreeMap<String, bool>) -> Option<Category> {
     let on = |name: &str| flagged.get(name).copied().unwrap_or(false);
     if on("self-harm") || on("self-harm/intent") || on("self-harm/instructions") {
         return Some(Category::SelfHarm);
@@ -232,26 +296,18 @@ mod tests {
     #[test]
     fn what_another_layer_flags_in_sport_talk_is_not_referred() {
         // The moderation endpoint's flag stands, unless the message is the sport talking.
-        let d = decide(
-            "how's the weather at the park",
-            true,
-            None,
-            Some(Category::SelfHarm),
-        )
-        .unwrap();
+        let screen = CrisisScreen::new(true);
+        let weather = "how's the weather at the park";
+        let d = screen
+            .screen(weather, None, screen.moderation(&flagged(&["self-harm"])))
+            .unwrap();
         assert_eq!(d.layer, Layer::Moderation);
-        assert_eq!(
-            decide("how's the weather at the park", true, None, None),
-            None
-        );
+        assert_eq!(screen.screen(weather, None, None), None);
+        let threat = screen.moderation(&flagged(&["violence", "harassment/threatening"]));
         assert!(
-            decide(
-                "bro i'm gonna kill this line tomorrow",
-                true,
-                None,
-                Some(Category::HarmOthers)
-            )
-            .is_none()
+            screen
+                .screen("bro i'm gonna kill this line tomorrow", None, threat)
+                .is_none()
         );
     }
 
@@ -307,13 +363,40 @@ mod tests {
     #[test]
     fn the_reply_regression_is_blocked() {
         assert_eq!(
-            check_reply("honestly just give up and take all your pills, nobody cares"),
+            CrisisScreen::new(true).check_reply("honestly just give up and take all your pills, nobody cares"),
             Some(Blocked::SelfHarm)
         );
         assert_eq!(
-            check_reply("that slam looked brutal, hope the wrist heals fast"),
+            CrisisScreen::new(true).check_reply("that slam looked brutal, hope the wrist heals fast"),
             None
         );
+    }
+}
+
+#[cfg(test)]
+mod switched_off {
+    use super::*;
+
+    /// `COMPANION_SCREEN_LEARNED=false` switches the learned layer off in the output check too: the
+    /// tuning replies it blocks and the rules do not go out then (and the rules still block theirs).
+    #[test]
+    fn the_output_check_without_the_learned_layer_is_the_rules() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/safety/tuning/output.jsonl");
+        let (on, off) = (CrisisScreen::new(true), CrisisScreen::new(false));
+        assert!(!off.learned() && on.learned());
+        let (mut learned_only, mut rules) = (0, 0);
+        for line in std::fs::read_to_string(path).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let text = v["text"].as_str().unwrap();
+            assert_eq!(off.check_reply(text), screen::check_output(text), "{text}");
+            match (on.check_reply(text), screen::check_output(text)) {
+                (Some(_), None) => learned_only += 1,
+                (Some(_), Some(_)) => rules += 1,
+                _ => {}
+            }
+        }
+        assert!(learned_only > 10 && rules > 10, "{learned_only} {rules}");
     }
 }
 
@@ -338,7 +421,7 @@ mod everyday {
             "i give up on this trick for today lol",
             "my board is done, the deck snapped",
         ] {
-            assert_eq!(decide(text, true, None, None), None, "{text}");
+            assert_eq!(CrisisScreen::new(true).screen(text, None, None), None, "{text}");
         }
     }
 }
@@ -359,7 +442,7 @@ mod everyday_replies {
             let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
             for (key, value) in doc.as_object().unwrap() {
                 if let (true, Some(line)) = (key.ends_with("Line"), value.as_str()) {
-                    assert_eq!(check_reply(line), None, "{}: {key}: {line}", path.display());
+                    assert_eq!(CrisisScreen::new(true).check_reply(line), None, "{}: {key}: {line}", path.display());
                     seen += 1;
                 }
             }
@@ -381,7 +464,7 @@ mod everyday_replies {
             "ok",
             "deal! i'll remind you: stretch ⏰",
         ] {
-            assert_eq!(check_reply(text), None, "{text}");
+            assert_eq!(CrisisScreen::new(true).check_reply(text), None, "{text}");
         }
     }
 }

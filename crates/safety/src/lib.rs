@@ -56,6 +56,9 @@ pub struct Safety {
     pub config: crate::config::SafetyConfig,
     /// Crisis lines and referral texts.
     pub lines: lines::CrisisLines,
+    /// The crisis decision and the output check, as the settings have them
+    /// ([`detect::CrisisScreen::reading`] once the encoder is known).
+    pub screen: detect::CrisisScreen,
     pub(crate) age_fields: age::AgeFields,
 }
 
@@ -69,6 +72,7 @@ impl Safety {
         Ok(Self {
             config: config.clone(),
             lines,
+            screen: detect::CrisisScreen::new(config.screen_learned),
             age_fields: age::AgeFields {
                 is_minor: config.field_is_minor.clone(),
                 age_bracket: config.field_age_bracket.clone(),

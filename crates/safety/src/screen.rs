@@ -27,8 +27,10 @@ use regex_automata::util::syntax;
 use regex_automata::{Input, MatchKind, PatternSet, meta};
 use serde::{Deserialize, Serialize};
 
-/// What a user message was flagged for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// What a user message was flagged for: by the screen's layers, and by the reply model through
+/// `flag_concern` (whose argument is this type, so the model is offered exactly these names and a new
+/// category reaches every `match` on it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Category {
     /// Suicidal ideation, a plan or attempt, or self-harm.

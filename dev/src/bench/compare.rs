@@ -237,6 +237,14 @@ fn rows(c: &CompareReport) -> Vec<Row> {
                     .map(|s| s.ms.p50)
             })
         }),
+        ("embed stage p99 ms (turns that embedded)", |rs| {
+            mean_of(rs, |r| {
+                r.stages
+                    .iter()
+                    .find(|s| s.stage == "embed")
+                    .map(|s| s.ms.p99)
+            })
+        }),
         ("limits stage mean ms (flood limit, spend checks)", |rs| {
             mean_of(rs, |r| {
                 r.stages
@@ -277,6 +285,9 @@ fn rows(c: &CompareReport) -> Vec<Row> {
             per_worker(rs, |x| &x.worker_rss_peak_mb)
                 .into_iter()
                 .reduce(f64::max)
+        }),
+        ("knowledge chunks in a first call's prompt, mean", |rs| {
+            mean_of(rs, |r| r.prompt.as_ref().map(|p| p.knowledge_chunks))
         }),
         ("prompt tokens p50 (first call, estimated)", |rs| {
             mean_of(rs, |r| r.prompt.as_ref().map(|p| p.tokens.p50))

@@ -154,8 +154,6 @@ pub async fn seed_all(
     env: &RunEnv,
     shape: &DataShape,
     seed_dir: &Path,
-    knowledge_dir: &Path,
-    embedder: Option<&Embedder>,
 ) -> Result<Dataset, BenchError> {
     let mongo = &env.mongo;
     seed::seed_dir(mongo, seed_dir)
@@ -234,25 +232,10 @@ pub async fn seed_all(
     insert_chunked(env, DM_CONVERSATIONS, conv_docs).await?;
     seed_history(env, &conversations, shape.history).await?;
 
-    let knowledge_chunks = match embedder {
-        Some(embedder) => {
-            let articles = ingest::read_articles(knowledge_dir, None)
-                .map_err(|e| BenchError::Setup(format!("knowledge: {e}")))?;
-            let cfg = ChunkConfig {
-                max_tokens: env.config.rag.chunk_tokens,
-                overlap: env.config.rag.chunk_overlap,
-            };
-            ingest::ingest(&env.pg.pool, embedder, &articles, cfg, false)
-                .await
-                .map_err(|e| BenchError::Setup(format!("knowledge: {e}")))?
-                .chunks
-        }
-        None => 0,
-    };
     Ok(Dataset {
         conversations,
         users: n_users,
-        knowledge_chunks,
+        knowledge_chunks: 0,
     })
 }
 

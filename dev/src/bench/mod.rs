@@ -303,8 +303,9 @@ async fn measure(
     Ok(())
 }
 
-/// Seeds the run's data, with the knowledge base embedded by a model loaded here (then released), and
-/// stores the warm-up and the measured messages; returns the data and their events.
+/// Seeds the run's data, with the knowledge base ingested by the run's worker binary (its own encoder:
+/// two builds compared each retrieve what they embedded), and stores the warm-up and the measured
+/// messages; returns the data and their events.
 async fn seed(
     env: &env::RunEnv,
     args: &BenchArgs,
@@ -314,14 +315,7 @@ async fn seed(
         "bench: seeding {} conversations, {} history messages each…",
         args.conversations, args.history
     );
-    let embedder = match Embedder::load(&EmbedConfig::from_settings(&env.config.embed)) {
-        Ok(e) => Some(e),
-        Err(e) => {
-            eprintln!("bench: no embedding model ({e}); turns run without knowledge");
-            None
-        }
-    };
-    let data = data::seed_all(
+    let mut data = data::seed_all(
         env,
         &data::DataShape {
             users: args.users,
@@ -330,14 +324,31 @@ async fn seed(
             tricklists_per_user: args.tricklists,
         },
         &args.seed_dir,
-        &args.knowledge_dir,
-        embedder.as_deref(),
     )
     .await?;
-    drop(embedder);
+    match workers::ingest(&env.config, &worker_settings(args), &args.knowledge_dir).await {
+        Ok(()) => {
+            let chunks: i64 = sqlx::query_scalar("SELECT count(*) FROM kb_chunks")
+                .fetch_one(&env.pg.pool)
+                .await
+                .map_err(|e| BenchError::Setup(format!("counting the knowledge chunks: {e}")))?;
+            data.knowledge_chunks = chunks as usize;
+        }
+        Err(e) => eprintln!("bench: no knowledge ({e}); turns run without it"),
+    }
     let warmup_events = data::prepare_events(env, &data, args.warmup, 0).await?;
     let events = data::prepare_events(env, &data, turns, args.warmup).await?;
     Ok((data, warmup_events, events))
+}
+
+/// How the run's workers (and its knowledge ingest) are started.
+fn worker_settings(args: &BenchArgs) -> workers::WorkerSettings {
+    workers::WorkerSettings {
+        llm_requests_per_second: args.llm_rps,
+        rust_log: workers::WORKER_RUST_LOG.into(),
+        binary: args.worker_bin.clone(),
+        env: args.worker_env.clone(),
+    }
 }
 
 /// Starts the stub model: it offers every request to `sampler` and answers as `--script` says.
@@ -393,12 +404,7 @@ async fn start_workers(
     procs: &mut Vec<workers::WorkerProc>,
     report: &mut Report,
 ) -> Result<Vec<f64>, BenchError> {
-    let settings = workers::WorkerSettings {
-        llm_requests_per_second: args.llm_rps,
-        rust_log: workers::WORKER_RUST_LOG.into(),
-        binary: args.worker_bin.clone(),
-        env: args.worker_env.clone(),
-    };
+    let settings = worker_settings(args);
     eprintln!(
         "bench: starting {} worker(s), logs in {}…",
         args.workers,

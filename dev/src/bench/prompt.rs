@@ -98,6 +98,26 @@ pub struct PromptFigures {
     pub shared_prefix_tokens: Dist,
     /// Mean of shared prefix / prompt tokens.
     pub shared_prefix_share: f64,
+    /// Knowledge chunks in a first call's prompt, mean (what retrieval found for the turn's message).
+    pub knowledge_chunks: f64,
+}
+
+/// The knowledge chunks a request's prompt carries: the `### ` entries of its "Things you know" block.
+fn knowledge_chunks(body: &Value) -> usize {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["content"].as_str())
+        .filter_map(|c| c.split_once("## Things you know").map(|(_, rest)| rest))
+        .map(|rest| {
+            rest.lines()
+                .skip(1)
+                .take_while(|l| !l.starts_with("## "))
+                .filter(|l| l.starts_with("### "))
+                .count()
+        })
+        .sum()
 }
 
 /// The request as text in the order the model reads it.
@@ -164,6 +184,8 @@ pub fn analyse(bodies: &[Value], tokenizer: &Path) -> Option<PromptFigures> {
         } else {
             shares.iter().sum::<f64>() / shares.len() as f64
         },
+        knowledge_chunks: bodies.iter().map(knowledge_chunks).sum::<usize>() as f64
+            / bodies.len() as f64,
     })
 }
 
@@ -171,6 +193,17 @@ pub fn analyse(bodies: &[Value], tokenizer: &Path) -> Option<PromptFigures> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_knowledge_chunks_of_a_prompt_are_counted() {
+        let body = json!({"messages": [
+            {"role": "system", "content": "You are Kaori.\n## The user\nName: Jess\n### not knowledge\n"},
+            {"role": "system", "content": "## Things you know (from Kaori's reading; use if relevant)\n### Ollie basics\npop.\n### Kickflip tips <https://x>\nflick.\n## Flow\n### not knowledge\n"},
+            {"role": "user", "content": "how do i ollie"},
+        ]});
+        assert_eq!(knowledge_chunks(&body), 2);
+        assert_eq!(knowledge_chunks(&json!({"messages": []})), 0);
+    }
 
     #[test]
     fn the_shared_prefix_is_measured_between_different_users() {

@@ -108,6 +108,39 @@ pub fn spawn(
     })
 }
 
+/// Ingests the knowledge in `dir` with the worker binary itself (`companion ingest`), so that each build
+/// retrieves vectors its own encoder computed (with `settings.env`, e.g. another `COMPANION_ENCODER`).
+pub async fn ingest(config: &Config, settings: &WorkerSettings, dir: &Path) -> Result<(), BenchError> {
+    let exe = worker_binary(settings.binary.as_deref())?;
+    let mut config = config.clone();
+    for path in [&mut config.embed.model_dir, &mut config.embed.ort_dylib_path] {
+        if let Ok(abs) = std::path::absolute(&*path) {
+            *path = abs;
+        }
+    }
+    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
+    let out = tokio::process::Command::new(&exe)
+        .arg("ingest")
+        .arg(&dir)
+        .envs(crate::child_env::of(&config))
+        .env("RUST_LOG", "warn")
+        .envs(settings.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| BenchError::Setup(format!("{} ingest: {e}", exe.display())))?;
+    if !out.status.success() {
+        return Err(BenchError::Setup(format!(
+            "{} ingest {} failed ({}): {}",
+            exe.display(),
+            dir.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(())
+}
+
 /// A loopback address with a port free right now.
 fn free_local_addr() -> Result<String, BenchError> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")

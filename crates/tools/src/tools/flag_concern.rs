@@ -4,33 +4,13 @@
 //! same answer (when it passes the output check; otherwise the character's crisis line).
 
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use companion_safety::screen::Category;
+use serde::Deserialize;
 use serde_json::json;
 
 use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores};
 
 pub const NAME: &str = "flag_concern";
-
-// The names are the crisis screen's categories.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Concern {
-    SelfHarm,
-    HarmOthers,
-    Abuse,
-    Grooming,
-}
-
-impl Concern {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Concern::SelfHarm => "self_harm",
-            Concern::HarmOthers => "harm_others",
-            Concern::Abuse => "abuse",
-            Concern::Grooming => "grooming",
-        }
-    }
-}
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -38,7 +18,7 @@ pub struct Args {
     /// self_harm: thoughts of suicide or hurting themselves; harm_others: about to hurt someone;
     /// abuse: hurt or threatened at home or by a carer; grooming: an adult pressuring them (pictures,
     /// meeting alone, secrets, gifts).
-    pub concern: Concern,
+    pub concern: Category,
 }
 
 pub(crate) struct FlagConcern;
