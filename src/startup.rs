@@ -141,7 +141,9 @@ impl App {
             history_limit: c.turn.history_limit,
             spend: spend.clone(),
         });
-        safety.screen = safety.screen.reading(embedder.as_deref().map(|e| e.model()));
+        safety.screen = safety
+            .screen
+            .reading(embedder.as_deref().map(|e| e.model()));
         let safety = Arc::new(safety);
         if let Some(e) = &embedder {
             crate::reembed::check(&pg.pool, e.model(), &metrics).await;

@@ -264,9 +264,8 @@ pub fn report_text(
             let rules = evaluate_input(input);
             let learned = evaluate_input_with(input, |i, l| layers::learned(&l.text, vector(i)));
             let n_grams = evaluate_input_with(input, |_, l| layers::learned(&l.text, None));
-            let alone = evaluate_input_with(input, |i, _| {
-                moderated(i).map(|c| c.as_str().to_owned())
-            });
+            let alone =
+                evaluate_input_with(input, |i, _| moderated(i).map(|c| c.as_str().to_owned()));
             let mut rows = vec![
                 ("rules", &rules),
                 ("learned", &learned),
@@ -442,7 +441,9 @@ pub async fn report(
     let input: Vec<Line> = crate::jsonl::read(&dir.join("input.jsonl"))?;
     let output: Vec<Line> = crate::jsonl::read(&dir.join("output.jsonl"))?;
     if rules_only && moderation.url.is_some() {
-        anyhow::bail!("the moderation endpoint is measured with the local layers: drop --rules-only");
+        anyhow::bail!(
+            "the moderation endpoint is measured with the local layers: drop --rules-only"
+        );
     }
     let moderated = match &moderation.url {
         None => None,
@@ -673,7 +674,10 @@ mod tests {
             .lines()
             .find(|l| l.starts_with("moderation "))
             .unwrap_or_else(|| panic!("{text}"));
-        assert!(row.contains("0.500"), "the endpoint found one of two: {row}");
+        assert!(
+            row.contains("0.500"),
+            "the endpoint found one of two: {row}"
+        );
         assert!(text.contains("with the moderation endpoint"), "{text}");
 
         let hung = crate::stub::StubModeration::start(Vec::new(), true)

@@ -40,7 +40,7 @@ use crate::{
     metrics::Metrics,
     proactive::FollowUp,
     rag::Retriever,
-    safety::{detect, screen::Category},
+    safety::screen::Category,
     spend::SpendGuard,
     store::{Mongo, Pg},
     timing::{Stage, stage},
@@ -718,9 +718,9 @@ impl Composer {
         let mut text = out.stopped.is_none().then_some(out.text);
         if out.concern.is_some() {
             // Its own words go after the referral if they may; else the character's crisis line.
-            let fits = text
-                .as_deref()
-                .is_some_and(|s| !s.trim().is_empty() && self.settings.screen.check_reply(s).is_none());
+            let fits = text.as_deref().is_some_and(|s| {
+                !s.trim().is_empty() && self.settings.screen.check_reply(s).is_none()
+            });
             if !fits {
                 text = Some(c.crisis_line.clone());
             }

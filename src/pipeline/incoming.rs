@@ -29,7 +29,7 @@ use crate::{
     rag::Retriever,
     safety::{
         Safety,
-        detect::{self, Decision, Layer},
+        detect::{Decision, Layer},
         screen::Category,
     },
     store::Pg,

@@ -27,7 +27,7 @@ use crate::{
     journal::{Journal, names::step},
     metrics::{Metric, Metrics},
     safety::{
-        Safety, detect,
+        Safety,
         disclosure::{self, Due},
         screen::Blocked,
     },
@@ -142,7 +142,12 @@ impl Outgoing {
             true => clean_text(&said.content).trim().to_owned(),
             false => self.clean.text(&said.content),
         };
-        if let Some(blocked) = self.safety.screen.check_reply(&said.content).filter(|_| !referral) {
+        if let Some(blocked) = self
+            .safety
+            .screen
+            .check_reply(&said.content)
+            .filter(|_| !referral)
+        {
             let what = match blocked {
                 Blocked::Sexual => "sexual",
                 Blocked::SelfHarm => "self_harm",

@@ -29,12 +29,11 @@ use crate::{
     journal::{JournalError, names::step},
     llm::{CallBudget, ChatRequest, LlmClient, Message, ToolCall},
     metrics::{Metric, Metrics},
+    safety::screen::Category,
     spend::{self, Allowance, Scope, SpendGuard},
     timing::{Stage, stage},
     tools::{
-        Group, Registry, ToolContext, ToolRecord, Toolbox, call_key,
-        flag_concern,
-        more_tools,
+        Group, Registry, ToolContext, ToolRecord, Toolbox, call_key, flag_concern, more_tools,
         offer::Offer,
     },
 };

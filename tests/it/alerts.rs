@@ -267,8 +267,14 @@ async fn a_worker_without_its_encoder_is_alerted_as_a_weakened_crisis_screen() {
     let target = worker.base.trim_start_matches("http://").to_owned();
     let (_prometheus, base, _dir) = prometheus(&bin, &target).await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, "still there?").await;
-    assert_eq!(env.turn(&e).await.content, "ok", "a turn goes on without the encoder");
-    let ready = reqwest::get(format!("{}/readyz", worker.base)).await.unwrap();
+    assert_eq!(
+        env.turn(&e).await.content,
+        "ok",
+        "a turn goes on without the encoder"
+    );
+    let ready = reqwest::get(format!("{}/readyz", worker.base))
+        .await
+        .unwrap();
     assert!(ready.status().is_success(), "/readyz stays 200");
     let fired = fires(&base, "CompanionCrisisScreenWeakened").await;
     let now = alerts(&base).await;

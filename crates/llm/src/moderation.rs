@@ -75,6 +75,9 @@ impl Moderator {
         timeout: Duration,
     ) -> Result<Self, ModerationError> {
         let base = base.trim().trim_end_matches('/');
+        // reqwest is built without a default crypto provider; ring is the one compiled in (the chat
+        // client installs it too, but this client may be the first).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)

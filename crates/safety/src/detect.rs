@@ -113,7 +113,10 @@ impl CrisisScreen {
 
     /// Our category of the moderation endpoint's flagged categories (OpenAI's names), or none
     /// ([`from_moderation`]).
-    pub fn moderation(&self, flagged: &std::collections::BTreeMap<String, bool>) -> Option<Category> {
+    pub fn moderation(
+        &self,
+        flagged: &std::collections::BTreeMap<String, bool>,
+    ) -> Option<Category> {
         from_moderation(flagged)
     }
 
@@ -363,11 +366,13 @@ mod tests {
     #[test]
     fn the_reply_regression_is_blocked() {
         assert_eq!(
-            CrisisScreen::new(true).check_reply("honestly just give up and take all your pills, nobody cares"),
+            CrisisScreen::new(true)
+                .check_reply("honestly just give up and take all your pills, nobody cares"),
             Some(Blocked::SelfHarm)
         );
         assert_eq!(
-            CrisisScreen::new(true).check_reply("that slam looked brutal, hope the wrist heals fast"),
+            CrisisScreen::new(true)
+                .check_reply("that slam looked brutal, hope the wrist heals fast"),
             None
         );
     }
@@ -421,7 +426,11 @@ mod everyday {
             "i give up on this trick for today lol",
             "my board is done, the deck snapped",
         ] {
-            assert_eq!(CrisisScreen::new(true).screen(text, None, None), None, "{text}");
+            assert_eq!(
+                CrisisScreen::new(true).screen(text, None, None),
+                None,
+                "{text}"
+            );
         }
     }
 }
@@ -442,7 +451,12 @@ mod everyday_replies {
             let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
             for (key, value) in doc.as_object().unwrap() {
                 if let (true, Some(line)) = (key.ends_with("Line"), value.as_str()) {
-                    assert_eq!(CrisisScreen::new(true).check_reply(line), None, "{}: {key}: {line}", path.display());
+                    assert_eq!(
+                        CrisisScreen::new(true).check_reply(line),
+                        None,
+                        "{}: {key}: {line}",
+                        path.display()
+                    );
                     seen += 1;
                 }
             }

@@ -32,14 +32,16 @@ use serde::{Deserialize, Serialize};
 /// category reaches every `match` on it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
+// Plain comments on the variants: doc comments would reach the model with `flag_concern`'s schema (as a
+// `oneOf` of descriptions) instead of the plain enum its argument's own description explains.
 pub enum Category {
-    /// Suicidal ideation, a plan or attempt, or self-harm.
+    // Suicidal ideation, a plan or attempt, or self-harm.
     SelfHarm,
-    /// Intent to physically harm someone else.
+    // Intent to physically harm someone else.
     HarmOthers,
-    /// The user being abused (hit, locked up, touched) at home.
+    // The user being abused (hit, locked up, touched) at home.
     Abuse,
-    /// An adult asking the user for pictures, a meeting or secrecy.
+    // An adult asking the user for pictures, a meeting or secrecy.
     Grooming,
 }
 

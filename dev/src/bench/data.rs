@@ -10,10 +10,7 @@ use futures::TryStreamExt;
 
 use super::{BenchError, env::RunEnv};
 use crate::seed;
-use companion_knowledge::{
-    character::Characters,
-    rag::{Embedder, chunk::ChunkConfig, ingest},
-};
+use companion_knowledge::character::Characters;
 use companion_store::{
     bus::event::InboundEvent,
     store::{

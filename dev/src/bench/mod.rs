@@ -31,7 +31,7 @@ use clap::Args;
 use crate::stub::StubLlm;
 use companion::Config;
 use companion_core::timing::Stage;
-use companion_knowledge::rag::{EmbedConfig, Embedder};
+use companion_knowledge::rag::EmbedConfig;
 use companion_store::{bus::event::InboundEvent, store::StoreError};
 use dist::Dist;
 use report::{Report, Resources, RunSettings, StageDist, TurnCounts};

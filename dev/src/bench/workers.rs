@@ -110,10 +110,17 @@ pub fn spawn(
 
 /// Ingests the knowledge in `dir` with the worker binary itself (`companion ingest`), so that each build
 /// retrieves vectors its own encoder computed (with `settings.env`, e.g. another `COMPANION_ENCODER`).
-pub async fn ingest(config: &Config, settings: &WorkerSettings, dir: &Path) -> Result<(), BenchError> {
+pub async fn ingest(
+    config: &Config,
+    settings: &WorkerSettings,
+    dir: &Path,
+) -> Result<(), BenchError> {
     let exe = worker_binary(settings.binary.as_deref())?;
     let mut config = config.clone();
-    for path in [&mut config.embed.model_dir, &mut config.embed.ort_dylib_path] {
+    for path in [
+        &mut config.embed.model_dir,
+        &mut config.embed.ort_dylib_path,
+    ] {
         if let Ok(abs) = std::path::absolute(&*path) {
             *path = abs;
         }

@@ -3,8 +3,8 @@
 //! model again after it: the turn sends the crisis referral first, then the model's own reply from the
 //! same answer (when it passes the output check; otherwise the character's crisis line).
 
-use schemars::JsonSchema;
 use companion_safety::screen::Category;
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -43,5 +43,28 @@ impl Tool for FlagConcern {
         Ok(ToolOutput::data(
             json!({ "flagged": args.concern.as_str() }),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The model is offered the screen's categories as a plain enum, and each reads back as one.
+    #[test]
+    fn the_concern_is_the_screen_s_category() {
+        let schema = super::super::schema::parameters_for::<Args>();
+        let names = schema["properties"]["concern"]["enum"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{schema}"))
+            .clone();
+        assert_eq!(
+            names,
+            ["self_harm", "harm_others", "abuse", "grooming"].map(serde_json::Value::from)
+        );
+        for name in &names {
+            let args: Args = serde_json::from_value(json!({ "concern": name })).unwrap();
+            assert_eq!(args.concern.as_str(), name);
+        }
     }
 }
