@@ -250,7 +250,6 @@ pub fn softmax(z: &[f32]) -> Vec<f32> {
     e.into_iter().map(|v| v / sum).collect()
 }
 
-/// The compiled-in model of user messages (`none`, then the crisis categories).
 /// Whether the input model reads the vectors of the encoder named `encoder` (none: no encoder loaded);
 /// says why not when it does not (the crisis screen is then weaker: its learned layer reads the
 /// n-grams only and only confirms an unsure rule).
@@ -274,6 +273,7 @@ pub fn fits(encoder: Option<&str>) -> bool {
     }
 }
 
+/// The compiled-in model of user messages (`none`, then the crisis categories).
 pub static INPUT: LazyLock<Option<Model>> =
     LazyLock::new(|| load("input", include_bytes!("screen-input.bin")));
 /// The compiled-in model of companion replies (`none`, `encouragement`, `sexual`).

@@ -1,6 +1,7 @@
 //! Splits an article into chunks the model reads whole: at most `max_tokens` tokens of the model's own
-//! tokenizer ([CLS] and [SEP] included), cut on sentence boundaries where possible, each chunk starting
-//! with roughly `overlap` of the previous one. The chunk keeps the article's exact text.
+//! tokenizer (its start and end tokens included: MiniLM's `[CLS]` `[SEP]`, e5's `<s>` `</s>`), cut on
+//! sentence boundaries where possible, each chunk starting with roughly `overlap` of the previous one.
+//! The chunk keeps the article's exact text.
 
 use super::{
     embed::{EmbedError, MAX_TOKENS},

@@ -127,6 +127,12 @@ impl Encoder {
         },
     };
 
+    /// The encoder of `embedder`; MiniLM's when none is loaded (nothing is embedded or compared then,
+    /// so its scale is only a placeholder).
+    pub fn of(embedder: Option<&Embedder>) -> Self {
+        embedder.map_or(Self::MINILM, Embedder::encoder)
+    }
+
     /// The encoder named `name` (as `COMPANION_ENCODER` accepts it).
     pub fn named(name: &str) -> Option<Self> {
         [Self::MINILM, Self::E5_SMALL]

@@ -138,13 +138,9 @@ pub struct Retriever {
 impl Retriever {
     pub fn new(pool: sqlx::PgPool, embedder: Option<Arc<Embedder>>, config: &RagConfig) -> Self {
         // The configured one, else what the encoder's scale calls related.
-        let threshold = config.threshold.unwrap_or_else(|| {
-            embedder
-                .as_ref()
-                .map_or(Encoder::MINILM, |e| e.encoder())
-                .scores
-                .knowledge
-        });
+        let threshold = config
+            .threshold
+            .unwrap_or(Encoder::of(embedder.as_deref()).scores.knowledge);
         Self {
             pool,
             embedder,

@@ -134,10 +134,7 @@ impl Memory {
 
     /// What its encoder's similarities mean (MiniLM's without a model: nothing is compared then).
     pub(crate) fn scores(&self) -> Scores {
-        self.embedder
-            .as_ref()
-            .map_or(Encoder::MINILM, |e| e.encoder())
-            .scores
+        Encoder::of(self.embedder.as_deref()).scores
     }
 
     /// The lowest similarity of a recalled fact: the configured one, else the encoder's.
