@@ -31,7 +31,7 @@ pub struct Line {
 }
 
 /// The moderation endpoint to measure beside the local layers (`safety-eval --frozen --moderation-url`).
-#[derive(clap::Args, Clone, Debug, Default)]
+#[derive(clap::Args, Clone, Debug)]
 pub struct ModerationArgs {
     /// Base URL of an OpenAI-compatible moderation API (`/moderations` is appended).
     #[arg(long = "moderation-url")]
@@ -52,7 +52,7 @@ pub struct ModerationArgs {
         hide_default_value = true,
         hide = true
     )]
-    pub key: String,
+    pub key: companion_core::config::Secret,
 }
 
 /// The moderation endpoint's category of each input line (none: nothing of ours flagged, or no
@@ -65,7 +65,7 @@ pub async fn moderate_all(
     use futures::StreamExt as _;
     let moderator = companion_llm::moderation::Moderator::new(
         url,
-        args.key.clone().into(),
+        args.key.clone(),
         args.model.clone(),
         std::time::Duration::from_millis(args.timeout_ms.max(1)),
     )
@@ -661,9 +661,11 @@ mod tests {
             line("none", "the park is closed for the contest tomorrow"),
         ];
         let args = ModerationArgs {
+            url: None,
+            model: "omni-moderation-latest".into(),
             concurrency: 2,
             timeout_ms: 5_000,
-            ..ModerationArgs::default()
+            key: String::new().into(),
         };
         let (categories, missing) = moderate_all(&args, &stub.base_url, &input).await.unwrap();
         assert_eq!(categories, [Some(Category::SelfHarm), None, None]);

@@ -606,16 +606,6 @@ async fn vectors_of_another_model_are_left_out_until_reembed_moves_them_over() {
     db.finish().await;
 }
 
-/// A line of `tests/fixtures/retrieval/questions.jsonl`.
-#[derive(serde::Deserialize)]
-struct Question {
-    lang: String,
-    kind: String,
-    collection: Option<String>,
-    key: Option<String>,
-    text: String,
-}
-
 /// A question in any of eight languages finds the English article that answers it: the right article's
 /// chunk among the top 3 the knowledge base returns (through PostgreSQL, as the worker searches), per
 /// language. With MiniLM the same questions found it 107 times in 168 (Japanese 9 of 21, Korean 6;
@@ -626,14 +616,10 @@ async fn a_question_in_eight_languages_finds_its_english_article() {
     let embedder = crate::env::embedder();
     let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
     ingest_all(&db, &embedder, &articles).await;
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/retrieval/questions.jsonl"),
+    let questions: Vec<companion_dev::thresholds::Question> = companion_dev::jsonl::read(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/retrieval/questions.jsonl"),
     )
     .unwrap();
-    let questions: Vec<Question> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     let all = cols(&["snowboarding", "skateboarding"]);
     let mut per_lang: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
     for q in questions.iter().filter(|q| q.kind == "question") {

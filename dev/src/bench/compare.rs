@@ -8,7 +8,9 @@ use std::{fmt::Write, path::PathBuf};
 use serde::Serialize;
 
 use super::{
-    BenchArgs, BenchError, embed, load_run, procs,
+    BenchArgs, BenchError,
+    dist::Dist,
+    embed, load_run, procs,
     report::{Report, Resources},
     workers,
 };
@@ -190,6 +192,16 @@ fn median(v: &[f64]) -> Option<f64> {
     }
 }
 
+/// A figure of one stage's times (`pick` of its distribution, ms), averaged over the rounds that ran it.
+fn stage_ms(rs: &[&Report], stage: &str, pick: fn(&Dist) -> f64) -> Option<f64> {
+    mean_of(rs, |r| {
+        r.stages
+            .iter()
+            .find(|s| s.stage == stage)
+            .map(|s| pick(&s.ms))
+    })
+}
+
 /// Every figure, A against B.
 fn rows(c: &CompareReport) -> Vec<Row> {
     let side = |s: &str| -> Vec<&Report> {
@@ -230,39 +242,17 @@ fn rows(c: &CompareReport) -> Vec<Row> {
             mean_of(rs, |r| r.overhead_ms.as_ref().map(|d| d.p50))
         }),
         ("embed stage p50 ms (turns that embedded)", |rs| {
-            mean_of(rs, |r| {
-                r.stages
-                    .iter()
-                    .find(|s| s.stage == "embed")
-                    .map(|s| s.ms.p50)
-            })
+            stage_ms(rs, "embed", |d| d.p50)
         }),
         ("embed stage p99 ms (turns that embedded)", |rs| {
-            mean_of(rs, |r| {
-                r.stages
-                    .iter()
-                    .find(|s| s.stage == "embed")
-                    .map(|s| s.ms.p99)
-            })
+            stage_ms(rs, "embed", |d| d.p99)
         }),
         ("limits stage mean ms (flood limit, spend checks)", |rs| {
-            mean_of(rs, |r| {
-                r.stages
-                    .iter()
-                    .find(|s| s.stage == "limits")
-                    .map(|s| s.ms.mean)
-            })
+            stage_ms(rs, "limits", |d| d.mean)
         }),
         (
             "tool argument validation mean µs (turns with a tool call)",
-            |rs| {
-                mean_of(rs, |r| {
-                    r.stages
-                        .iter()
-                        .find(|s| s.stage == "validate")
-                        .map(|s| s.ms.mean * 1e3)
-                })
-            },
+            |rs| stage_ms(rs, "validate", |d| d.mean * 1e3),
         ),
         ("MongoDB commands per turn", |rs| {
             mean_of(rs, |r| Some(r.mongo_commands_per_turn))
