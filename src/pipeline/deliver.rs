@@ -279,6 +279,19 @@ impl Delivery {
             job.step(step::PUBLISH, generation)
                 .lazy_unless(out.more)
                 .run(async {
+                    // A job run before may have had its publish stored without the ack coming back.
+                    if job.record.attempts > 1 {
+                        match self.bus.stored_completion(&completion).await {
+                            Ok(Some(seq)) => {
+                                debug!(seq, "the completion was stored by an earlier attempt; not published again");
+                                return Ok(Some(seq));
+                            }
+                            Ok(None) => {}
+                            Err(e) => {
+                                warn!(error = %e, "cannot look the completion up; publishing it (the stream drops a copy)")
+                            }
+                        }
+                    }
                     Ok::<_, PipelineError>(Some(self.bus.publish_completion(&completion).await?))
                 }),
         )

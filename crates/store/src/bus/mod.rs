@@ -370,6 +370,8 @@ impl Bus {
                 max_age: day,
                 duplicate_window: Duration::from_secs(2 * 3600),
                 num_replicas,
+                // A retried publish looks its completion up first (`stored_completion`).
+                allow_direct: true,
                 ..Default::default()
             },
             stream::Config {
@@ -622,6 +624,60 @@ impl Bus {
             .publish_durable(subject, &completion.message_id, HeaderMap::new(), payload)
             .await?;
         Ok(ack.sequence)
+    }
+
+    /// The sequence of `completion` in the outbound stream when it is stored already: an earlier
+    /// attempt's publish the server stored though its ack never came back (a stalled server). Publishing
+    /// it again would be dropped by the stream but seen twice by a core subscriber, so a retried
+    /// publish asks first. Read by direct get: the conversation's last completion, and when a later one
+    /// came after this reply was made (a group's next companion, a follow-up), a few of the
+    /// conversation's completions before that one.
+    pub async fn stored_completion(
+        &self,
+        completion: &Completion,
+    ) -> Result<Option<u64>, BusError> {
+        use async_nats::jetstream::stream::DirectGetErrorKind;
+        /// Stream sequences looked back from the conversation's last completion, and completions read.
+        const LOOK_BACK: u64 = 4096;
+        const READ_AT_MOST: usize = 16;
+        let stream = self
+            .js
+            .get_stream_no_info(&self.names.stream_out)
+            .await
+            .map_err(|e| BusError::NoStream(self.names.stream_out.clone(), e.to_string()))?;
+        let subject = self.names.outbound(&completion.conversation_id);
+        let is_this = |m: &jetstream::message::StreamMessage| {
+            m.headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .is_some_and(|id| id.as_str() == completion.message_id)
+        };
+        let last = match stream.direct_get_last_for_subject(subject.as_str()).await {
+            Ok(m) => m,
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(BusError::Other(format!("reading the completions: {e}"))),
+        };
+        if is_this(&last) {
+            return Ok(Some(last.sequence));
+        }
+        let made = completion.created_at.timestamp_nanos_opt().unwrap_or(0);
+        if last.time.unix_timestamp_nanos() < i128::from(made) {
+            // Nothing was stored after the reply was made, so neither was the reply.
+            return Ok(None);
+        }
+        let mut next = last.sequence.saturating_sub(LOOK_BACK).max(1);
+        for _ in 0..READ_AT_MOST {
+            match stream
+                .direct_get_next_for_subject(subject.as_str(), Some(next))
+                .await
+            {
+                Ok(m) if m.sequence >= last.sequence => break,
+                Ok(m) if is_this(&m) => return Ok(Some(m.sequence)),
+                Ok(m) => next = m.sequence + 1,
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
+                Err(e) => return Err(BusError::Other(format!("reading the completions: {e}"))),
+            }
+        }
+        Ok(None)
     }
 
     /// Best-effort typing indicator (core NATS, not stored).
