@@ -28,6 +28,7 @@ mod import_cycles;
 #[cfg(test)]
 mod layout;
 mod ops_http;
+mod outage;
 mod pipeline;
 mod proactive;
 mod reembed;

@@ -1,5 +1,5 @@
 //! The operations endpoint: `/healthz` (process alive), `/readyz` (NATS, MongoDB, PostgreSQL reachable,
-//! model loaded when configured) and `/metrics` (the process's [`Metrics`] as Prometheus text, with
+//! model loaded when configured; the outage being waited out, which dependency and since when) and `/metrics` (the process's [`Metrics`] as Prometheus text, with
 //! the readiness and the shared consumer's pending / ack-pending gauges read from NATS when scraped).
 //! It sits on top: it reads the components, none of them knows it.
 
@@ -11,6 +11,7 @@ use prometheus_client::encoding::prometheus_text;
 use crate::{
     bus::Bus,
     metrics::{Metric, Metrics},
+    outage::Outages,
     rag::Embedder,
     store::{Mongo, Pg},
 };
@@ -23,6 +24,8 @@ pub struct Probe {
     /// `None` when the model is not installed (`/readyz` says `model down`, and stays ready).
     pub(crate) embedder: Option<Arc<Embedder>>,
     pub(crate) metrics: Arc<Metrics>,
+    /// The outage the worker is waiting out, named by `/readyz`.
+    pub(crate) outages: Arc<Outages>,
     /// The shared consumer whose gauges are reported.
     pub(crate) consumer_name: String,
     /// When the scrape-time gauges were last read, so scrapes cost at most one read a second.
@@ -36,6 +39,7 @@ impl Probe {
         pg: Pg,
         embedder: Option<Arc<Embedder>>,
         metrics: Arc<Metrics>,
+        outages: Arc<Outages>,
         consumer_name: String,
     ) -> Self {
         Self {
@@ -44,6 +48,7 @@ impl Probe {
             pg,
             embedder,
             metrics,
+            outages,
             consumer_name,
             scraped: tokio::sync::Mutex::new(None),
         }
@@ -117,6 +122,16 @@ async fn readyz(State(svc): State<Arc<Probe>>) -> impl IntoResponse {
     let mut body = String::new();
     for (name, up) in r.each() {
         let _ = writeln!(body, "{name} {}", if up { "ok" } else { "down" });
+    }
+    if let Some(o) = svc.outages.current() {
+        let _ = writeln!(
+            body,
+            "waiting out an outage of {} since {} ({} s of at most {} s): not pulling, holding its messages",
+            o.dependency.name(),
+            o.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            o.waited().as_secs(),
+            svc.outages.max().as_secs()
+        );
     }
     let status = if r.ready() {
         StatusCode::OK

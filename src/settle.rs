@@ -26,6 +26,7 @@ use crate::{
     failure::{Class, Failure},
     journal::State,
     metrics::{Metric, Metrics},
+    outage::{Outages, WaitOut},
     pipeline::{Outcome, Pipeline},
     timing::{self, Stage},
 };
@@ -186,6 +187,10 @@ pub(crate) struct Settler {
     pub(crate) order: Arc<Order>,
     pub(crate) pipeline: Arc<Pipeline>,
     pub(crate) metrics: Arc<Metrics>,
+    /// A write that fails during an outage waits it out and is tried again, instead of a NAK.
+    pub(crate) outages: Arc<Outages>,
+    /// The worker's hard stop: a write waiting out an outage gives up and NAKs.
+    pub(crate) stop: tokio_util::sync::CancellationToken,
 }
 
 impl Settler {
@@ -280,8 +285,9 @@ impl Settler {
         .await
     }
 
-    /// Runs one of the settlement's writes: once for a held message (NAKed when it fails), a few times
-    /// for an exhausted one (nothing would retry it otherwise).
+    /// Runs one of the settlement's writes: for a held message once, and again after each outage it
+    /// waits out (NAKed when it fails otherwise); a few times for an exhausted one (nothing would retry it
+    /// otherwise).
     async fn retrying<F, Fut, E>(&self, handle: &Handle<'_>, write: Write, f: F) -> bool
     where
         F: Fn() -> Fut,
@@ -292,13 +298,24 @@ impl Settler {
             Handle::Message(_) => 1,
             Handle::Exhausted { .. } => 5,
         };
-        for attempt in 0..attempts {
+        let held_since = std::time::Instant::now();
+        let mut attempt = 0;
+        while attempt < attempts {
             match f().await {
                 Ok(()) => return true,
                 Err(e) => {
                     warn!(error = %e, ?write, attempt, "settlement write failed");
-                    if attempt + 1 < attempts {
-                        tokio::time::sleep(Duration::from_secs(1 + u64::from(attempt) * 2)).await;
+                    if let Handle::Message(_) = handle {
+                        let cause = e.to_string();
+                        if let WaitOut::Resumed { .. } =
+                            self.outages.wait_out(&cause, held_since, &self.stop).await
+                        {
+                            continue;
+                        }
+                    }
+                    attempt += 1;
+                    if attempt < attempts {
+                        tokio::time::sleep(Duration::from_secs(u64::from(attempt) * 2 - 1)).await;
                     }
                 }
             }

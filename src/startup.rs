@@ -16,6 +16,7 @@ use crate::{
     memory::signals::MemorySignals,
     metrics::Metrics,
     ops_http::{self, Probe},
+    outage::Outages,
     pipeline::{
         Pipeline,
         burst::TakeIn,
@@ -67,9 +68,18 @@ pub struct App {
     takeovers: Arc<Takeovers>,
     /// Memory's extraction and deletion signals.
     pub memory_signals: Arc<MemorySignals>,
-    /// The worker's own sections: its bounds, where its operations endpoint listens, its durable consumer.
+    /// The worker's own parts.
+    own: Own,
+}
+
+/// What only the worker loop and its operations endpoint use.
+struct Own {
+    /// Its bounds and where its operations endpoint listens.
     worker: WorkerConfig,
+    /// Its durable consumer.
     consumer: ConsumerConfig,
+    /// The outage being waited out, shared by the loop and the endpoint.
+    outages: Arc<Outages>,
 }
 
 impl App {
@@ -258,6 +268,13 @@ impl App {
             max_event_bytes: c.turn.max_event_bytes,
             pipeline: pipeline.clone(),
         });
+        let outages = Arc::new(Outages::new(
+            pg.clone(),
+            mongo.clone(),
+            bus.clone(),
+            metrics.clone(),
+            c.worker.outage_max(),
+        ));
         Ok(Self {
             bus,
             mongo,
@@ -267,8 +284,11 @@ impl App {
             pipeline,
             takeovers,
             memory_signals,
-            worker: c.worker.clone(),
-            consumer: c.consumer.clone(),
+            own: Own {
+                worker: c.worker.clone(),
+                consumer: c.consumer.clone(),
+                outages,
+            },
         })
     }
 
@@ -282,8 +302,9 @@ impl App {
             takeovers: self.takeovers.clone(),
             memory_signals: self.memory_signals.clone(),
             metrics: self.metrics.clone(),
-            config: self.worker.clone(),
-            consumer: self.consumer.clone(),
+            outages: self.own.outages.clone(),
+            config: self.own.worker.clone(),
+            consumer: self.own.consumer.clone(),
         }
     }
 
@@ -295,7 +316,8 @@ impl App {
             self.pg.clone(),
             self.embedder.clone(),
             self.metrics.clone(),
-            self.consumer.name.clone(),
+            self.own.outages.clone(),
+            self.own.consumer.name.clone(),
         )
     }
 
@@ -310,7 +332,7 @@ impl App {
 
     /// Serves the operations endpoint when configured and runs the worker until `shutdown` fires.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), SetupError> {
-        let ops = serve_ops(&self.worker.http_addr, &self).await;
+        let ops = serve_ops(&self.own.worker.http_addr, &self).await;
         let result = self.worker().serve(shutdown).await;
         if let Some(task) = ops {
             task.abort();

@@ -27,6 +27,7 @@ use crate::{
     conversation_order::{Order, OrderError, Position, Waited},
     failure::{Class, Failure},
     metrics::{Metric, Metrics},
+    outage::{Outages, WaitOut},
     pipeline::{Arrival, Input, Pipeline},
     proactive::PROACTIVE,
     settle::{self, DEAD_LETTERS, Ending, Handle, Settler, TURNS, Verdict},
@@ -70,6 +71,8 @@ pub struct Worker {
     /// Memory's extraction and deletion signals.
     pub(crate) memory_signals: Arc<crate::memory::signals::MemorySignals>,
     pub(crate) metrics: Arc<Metrics>,
+    /// The outage being waited out: the pull loops stop by it, failed work waits on it.
+    pub(crate) outages: Arc<Outages>,
     pub(crate) config: WorkerConfig,
     pub(crate) consumer: ConsumerConfig,
 }
@@ -82,6 +85,8 @@ struct Running {
     limits: settle::RetryLimits,
     /// How often a long turn sends progress (a third of the consumer's ack wait).
     progress_every: Duration,
+    /// Fired when the grace period is over: in-flight turns NAK and stop.
+    hard_stop: CancellationToken,
 }
 
 impl Worker {
@@ -95,7 +100,8 @@ impl Worker {
         let consumer = self.bus.consumer(&self.consumer).await?;
         let signal_consumer = self.bus.signal_consumer(&self.consumer).await?;
         let concurrency = self.config.concurrency.max(1);
-        let shared = self.share(&consumer).await?;
+        let hard_stop = CancellationToken::new();
+        let shared = self.share(&consumer, hard_stop.clone()).await?;
         let order = shared.order.clone();
         let w = &shared.worker;
         // Alerts look at increases: the dead-letter counter exists (at 0) before the first one.
@@ -117,8 +123,6 @@ impl Worker {
             shutdown.clone(),
         ));
         let semaphore = Arc::new(Semaphore::new(concurrency));
-        // Fired when the grace period is over: in-flight turns NAK and stop.
-        let hard_stop = CancellationToken::new();
         let mut tasks = JoinSet::new();
         info!(
             consumer = %w.consumer.name,
@@ -136,10 +140,11 @@ impl Worker {
             &semaphore,
             &mut tasks,
             &shutdown,
+            &w.outages,
             recreate,
             |msg, permit| {
                 let slot = Permit {
-                    permit: Some(permit),
+                    permit,
                     semaphore: semaphore.clone(),
                     shutdown: shutdown.clone(),
                     hard_stop: hard_stop.clone(),
@@ -167,7 +172,11 @@ impl Worker {
 
     /// What every delivery's task shares: the worker, the conversations' order, the settlement and the
     /// bounds it applies.
-    async fn share(self, consumer: &crate::bus::Consumer) -> Result<Arc<Running>, WorkerError> {
+    async fn share(
+        self,
+        consumer: &crate::bus::Consumer,
+        hard_stop: CancellationToken,
+    ) -> Result<Arc<Running>, WorkerError> {
         let order = Arc::new(
             Order::open(
                 &self.bus.js,
@@ -185,6 +194,8 @@ impl Worker {
                 order: order.clone(),
                 pipeline: self.pipeline.clone(),
                 metrics: self.metrics.clone(),
+                outages: self.outages.clone(),
+                stop: hard_stop.clone(),
             },
             limits: settle::RetryLimits {
                 max_deliver: consumer.max_deliver.max(1),
@@ -192,6 +203,7 @@ impl Worker {
                 retry_cap: Duration::from_secs(60),
             },
             progress_every: (consumer.ack_wait / 3).max(Duration::from_millis(200)),
+            hard_stop,
             order: order.clone(),
             worker: self,
         }))
@@ -230,7 +242,7 @@ struct Permit {
 
 impl Running {
     /// One delivery, from bytes to its settlement; never panics on input.
-    async fn handle(&self, msg: jetstream::Message, slot: Permit) {
+    async fn handle(&self, msg: jetstream::Message, mut slot: Permit) {
         let (delivered, seq) = msg
             .info()
             .map(|i| (i.delivered, i.stream_sequence))
@@ -246,7 +258,17 @@ impl Running {
         timing::scope(
             async {
                 let progress = keep_alive(&msg, self.progress_every);
-                let (ending, event, outcome) = self.run_turn(&msg, seq, slot).await;
+                let mut held_since = None;
+                let (ending, event, outcome) = loop {
+                    if let Some(ending) = self.take_slot(&mut slot).await {
+                        break (ending, None, None);
+                    }
+                    let (ending, event, outcome) = self.run_turn(&msg, seq, &mut slot).await;
+                    match self.outlast(ending, &mut held_since).await {
+                        Some(ending) => break (ending, event, outcome),
+                        None => continue,
+                    }
+                };
                 drop(progress);
                 let verdict = settle::decide(&ending, delivered, &self.limits);
                 self.count(&ending, &verdict, outcome);
@@ -282,36 +304,39 @@ impl Running {
         &self,
         msg: &jetstream::Message,
         seq: u64,
-        mut slot: Permit,
+        slot: &mut Permit,
     ) -> (Ending, Option<Inbound>, Option<&'static str>) {
         let subject = msg.subject.as_str();
-        let transient = |e: &OrderError| Ending::Failed(Failure::of(e));
-        let position =
-            match timing::stage(Stage::Order, Box::pin(self.order.position(subject, seq))).await {
-                Ok(p) => p,
-                Err(e) => return (transient(&e), None, None),
-            };
-        if let Position::Behind(first) = position
-            && let Some(ending) = self.wait_for_earlier(subject, seq, first, &mut slot).await
-        {
-            return (ending, None, None);
-        }
-
+        // Parsed first, settled after the gate (every message, valid or not, passes it in order): a
+        // failure at the gate still knows whom it owes the failure line.
         let parse_started = std::time::Instant::now();
         let pipeline = &self.worker.pipeline;
-        let event = match parse_event(
+        let parsed = parse_event(
             &msg.payload,
             subject,
             &self.worker.bus.names.prefix,
             pipeline.limits(),
-        ) {
+        );
+        timing::add(Stage::Parse, parse_started);
+        let transient = |e: &OrderError| Ending::Failed(Failure::of(e));
+        let position =
+            match timing::stage(Stage::Order, Box::pin(self.order.position(subject, seq))).await {
+                Ok(p) => p,
+                Err(e) => return (transient(&e), parsed.ok(), None),
+            };
+        if let Position::Behind(first) = position
+            && let Some(ending) = self.wait_for_earlier(subject, seq, first, slot).await
+        {
+            return (ending, parsed.ok(), None);
+        }
+
+        let event = match parsed {
             Ok(e) => e,
             Err(e) => {
                 let f = Failure::new(Class::Reject, e.to_string());
                 return (Ending::Failed(f), None, None);
             }
         };
-        timing::add(Stage::Parse, parse_started);
         let span = tracing::Span::current();
         span.record("event_id", event.message_id().to_hex());
         span.record("conversation_id", event.conversation_id().to_hex());
@@ -389,6 +414,64 @@ impl Running {
         None
     }
 
+    /// A turn slot for a delivery taken without one (drained from the pull when an outage began);
+    /// the ending when the worker stops first.
+    async fn take_slot(&self, slot: &mut Permit) -> Option<Ending> {
+        if slot.permit.is_some() {
+            return None;
+        }
+        tokio::select! {
+            p = slot.semaphore.clone().acquire_owned() => {
+                slot.permit = p.ok();
+                None
+            }
+            _ = slot.shutdown.cancelled() => Some(Ending::Returned),
+        }
+    }
+
+    /// A transient failure may be an outage of a shared dependency: then it is waited out (the delivery
+    /// held, its progress acks going on) and `None` says to run the work again in the same delivery.
+    /// Otherwise, the ending to settle: the failure as it was, a failure owed an answer once the outage
+    /// outlasted `COMPANION_OUTAGE_MAX_SECS` (counted from the first wait of this delivery at most), or
+    /// the worker stopping.
+    async fn outlast(
+        &self,
+        ending: Ending,
+        held_since: &mut Option<std::time::Instant>,
+    ) -> Option<Ending> {
+        let Ending::Failed(f) = &ending else {
+            return Some(ending);
+        };
+        if f.class != Class::Transient {
+            return Some(ending);
+        }
+        let outages = &self.worker.outages;
+        let first = *held_since.get_or_insert_with(std::time::Instant::now);
+        let wait = Box::pin(outages.wait_out(&f.reason, first, &self.hard_stop));
+        match timing::stage(Stage::Wait, wait).await {
+            WaitOut::NoOutage => Some(ending),
+            WaitOut::Resumed { waited } => {
+                info!(
+                    error = %f.reason,
+                    waited_ms = waited.as_millis() as u64,
+                    "the outage is over; running the work again in this delivery"
+                );
+                None
+            }
+            WaitOut::Exceeded(outage) => Some(Ending::Failed(Failure::new(
+                Class::Permanent,
+                format!(
+                    "{} did not answer for {} s (COMPANION_OUTAGE_MAX_SECS is {}): {}",
+                    outage.dependency.name(),
+                    outage.waited().as_secs(),
+                    outages.max().as_secs(),
+                    f.reason
+                ),
+            ))),
+            WaitOut::Cancelled => Some(Ending::Returned),
+        }
+    }
+
     /// `work`, with a panic inside it caught here, at the delivery's boundary: logged with the step its
     /// job last started, counted in `companion_panics_total{kind}`, and settled as a transient failure
     /// (NAK with delay, then the dead letter and, for a user's message, the failure line).
@@ -428,21 +511,33 @@ impl Running {
 
 /// Pulls from `consumer` until `shutdown` fires: each message is spawned onto `tasks` with a permit of
 /// `semaphore` (so at most its size run at once); a consumer deleted under the worker is recreated.
+/// While an outage is waited out ([`Outages`]) it pulls nothing: the messages already received are
+/// spawned without a permit (each takes one before it runs), the pull is dropped so that the server
+/// sends no more, and pulling starts again once the outage is over.
+#[allow(clippy::too_many_arguments)]
 async fn pull<R, RF, S, SF>(
     consumer: &jetstream::consumer::PullConsumer,
     concurrency: usize,
     semaphore: &Arc<Semaphore>,
     tasks: &mut JoinSet<()>,
     shutdown: &CancellationToken,
+    outages: &Outages,
     recreate: R,
     mut spawn: S,
 ) where
     R: Fn() -> RF,
     RF: std::future::Future<Output = Result<(), BusError>>,
-    S: FnMut(jetstream::Message, OwnedSemaphorePermit) -> SF,
+    S: FnMut(jetstream::Message, Option<OwnedSemaphorePermit>) -> SF,
     SF: std::future::Future<Output = ()> + Send + 'static,
 {
+    let mut outage = outages.subscribe();
     'pull: while !shutdown.is_cancelled() {
+        if outage.borrow_and_update().is_some() {
+            tokio::select! {
+                _ = shutdown.cancelled() => break 'pull,
+                _ = outage.wait_for(Option::is_none) => {}
+            }
+        }
         let mut messages = match consumer
             .stream()
             .max_messages_per_batch(concurrency.min(64))
@@ -464,11 +559,27 @@ async fn pull<R, RF, S, SF>(
             while tasks.try_join_next().is_some() {}
             let permit = tokio::select! {
                 _ = shutdown.cancelled() => break 'pull,
-                p = semaphore.clone().acquire_owned() => p.expect("semaphore is never closed"),
+                _ = outage.wait_for(Option::is_some) => None,
+                p = semaphore.clone().acquire_owned() => Some(p.expect("semaphore is never closed")),
             };
-            let next = tokio::select! {
-                _ = shutdown.cancelled() => break 'pull,
-                m = messages.next() => m,
+            let next = match permit {
+                None => None,
+                Some(_) => tokio::select! {
+                    _ = shutdown.cancelled() => break 'pull,
+                    _ = outage.wait_for(Option::is_some) => None,
+                    m = messages.next() => Some(m),
+                },
+            };
+            let Some(next) = next else {
+                // An outage began: keep what has arrived, and stop the server sending more.
+                let mut kept = 0;
+                while let Some(Some(Ok(msg))) = messages.next().now_or_never() {
+                    tasks.spawn(spawn(msg, None));
+                    kept += 1;
+                }
+                drop(messages);
+                info!(kept, "an outage began: not pulling until it is over");
+                continue 'pull;
             };
             match next {
                 Some(Ok(msg)) => {
@@ -528,6 +639,7 @@ async fn run_signals(
         &semaphore,
         &mut tasks,
         &shutdown,
+        &w.outages,
         recreate,
         |msg, permit| {
             let shared = shared.clone();
@@ -576,7 +688,7 @@ impl Running {
             let pipeline = &self.worker.pipeline;
             // By the signal's kind: its own handler, or the pipeline as a follow-up.
             let (takeovers, memory) = (&self.worker.takeovers, &self.worker.memory_signals);
-            let work = async {
+            let work = || async {
                 match self.worker.bus.names.signal_parts(msg.subject.as_str()) {
                 Some((crate::takeover::KIND, _)) => {
                     Box::pin(takeovers.takeover(msg.subject.as_str(), &msg.payload)).await
@@ -596,10 +708,16 @@ impl Running {
                     _ => Box::pin(pipeline.handle(&input, Some(&delivery))).await.map(drop),
                 }
             };
-            let ending = match self.guarded("signal", work).await {
-                Ok(Ok(())) => Ending::Settled { through: None },
-                Ok(Err(e)) => Ending::Failed(Failure::of(&e)),
-                Err(panicked) => Ending::Failed(panicked),
+            let mut held_since = None;
+            let ending = loop {
+                let ending = match self.guarded("signal", work()).await {
+                    Ok(Ok(())) => Ending::Settled { through: None },
+                    Ok(Err(e)) => Ending::Failed(Failure::of(&e)),
+                    Err(panicked) => Ending::Failed(panicked),
+                };
+                if let Some(ending) = self.outlast(ending, &mut held_since).await {
+                    break ending;
+                }
             };
             drop(progress);
             let verdict = settle::decide(&ending, delivered, &limits);

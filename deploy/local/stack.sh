@@ -4,11 +4,13 @@
 # run as plain background processes. No containers, nothing installed globally:
 # everything lives under $COMPANION_LOCAL_DIR (default <project root>/.local).
 #
-# Usage: deploy/local/stack.sh up|down [nats|postgres|mongo]|status|env|logs [-f]|sweep
+# Usage: deploy/local/stack.sh up|down [nats|postgres|mongo]|freeze|thaw SERVER|status|env|logs [-f]|sweep
 #
 #   up      create the venv (once), start whatever is not running, wait until
 #           all three servers are healthy (idempotent)
 #   down    stop all three, or the one named (idempotent)
+#   freeze  SIGSTOP the server named and its processes, as a stall or a failover looks (tests)
+#   thaw    SIGCONT them again
 #   status  one line per server; exit 0 only if all three are healthy
 #   env     print `export` lines:  eval "$(deploy/local/stack.sh env)"
 #   logs    last lines of the three log files (`logs -f` follows them)
@@ -612,8 +614,40 @@ cmd_sweep() {
   log "swept test databases ($(printf '%s\n' $dbs | grep -c . || true) postgres)"
 }
 
+# descendants PID: the pids of PID's children, their children and so on (from /proc: no procps needed).
+descendants() {
+  local root="$1" pid ppid
+  local -A children=()
+  while read -r pid ppid; do
+    children[$ppid]+="$pid "
+  done < <(awk '/^Pid:/ { p = $2 } /^PPid:/ { print p, $2 }' /proc/[0-9]*/status 2>/dev/null)
+  local queue=("$root") next
+  while ((${#queue[@]})); do
+    next="${queue[0]}"
+    queue=("${queue[@]:1}")
+    for pid in ${children[$next]:-}; do
+      printf '%s\n' "$pid"
+      queue+=("$pid")
+    done
+  done
+}
+
+# cmd_signal STOP|CONT NAME: the server first (a stopped postmaster forks no new backend), then the
+# processes it started (PostgreSQL's backends serve their connections by themselves).
+cmd_signal() {
+  local sig="$1" name="${2:-}" pid
+  case "$name" in
+    nats|postgres|mongo) ;;
+    *) err "freeze and thaw take nats, postgres or mongo"; usage ;;
+  esac
+  pid="$(running_pid "$name")" || die "$name is not running"
+  # shellcheck disable=SC2046
+  kill -s "$sig" "$pid" $(descendants "$pid") 2>/dev/null || true
+  log "$name (pid $pid and its processes): SIG$sig"
+}
+
 usage() {
-  sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit "${1:-2}"
 }
 
@@ -623,6 +657,8 @@ main() {
   case "$cmd" in
     up)     cmd_up ;;
     down)   cmd_down "$@" ;;
+    freeze) cmd_signal STOP "$@" ;;
+    thaw)   cmd_signal CONT "$@" ;;
     status) cmd_status ;;
     env)    cmd_env ;;
     logs)   cmd_logs "$@" ;;

@@ -138,8 +138,9 @@ fi
 npm ci --prefix deploy/tb-backend --no-audit --no-fund --loglevel=error
 phase "least-privilege NATS users (deploy/nats/test-permissions.sh)"
 deploy/nats/test-permissions.sh
-phase "alert rules (promtool check rules)"
+phase "alert rules (promtool check rules, promtool test rules)"
 "$PROMETHEUS_BIN/promtool" check rules deploy/prometheus/alerts.yml
+"$PROMETHEUS_BIN/promtool" test rules deploy/prometheus/alerts-test.yml
 
 phase "cargo fmt --check"
 cargo fmt --all -- --check

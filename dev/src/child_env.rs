@@ -403,6 +403,10 @@ fn worker(c: &Config) -> Env {
             "COMPANION_ORDER_MAX_WAIT_SECS",
             c.worker.order_max_wait_secs.to_string(),
         ),
+        (
+            "COMPANION_OUTAGE_MAX_SECS",
+            c.worker.outage_max_secs.to_string(),
+        ),
         ("COMPANION_HTTP_ADDR", c.worker.http_addr.clone()),
     ]
 }

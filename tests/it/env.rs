@@ -971,6 +971,17 @@ impl PrivateStack {
         self.run(&["down", server]).await;
     }
 
+    /// Freezes one server and its processes (SIGSTOP): it keeps its connections and answers nothing,
+    /// as a stall or a failover looks.
+    pub async fn freeze(&self, server: &str) {
+        self.run(&["freeze", server]).await;
+    }
+
+    /// Lets a frozen server go on (SIGCONT).
+    pub async fn thaw(&self, server: &str) {
+        self.run(&["thaw", server]).await;
+    }
+
     /// Starts whatever is stopped and waits until all three are healthy.
     pub async fn up(&self) {
         self.run(&["up"]).await;
@@ -1007,6 +1018,10 @@ impl PrivateStack {
 
 impl Drop for PrivateStack {
     fn drop(&mut self) {
+        // A frozen server would not stop.
+        for server in ["nats", "postgres", "mongo"] {
+            let _ = self.command(&["thaw", server]).output();
+        }
         let _ = self.command(&["down"]).output();
         let _ = std::fs::remove_dir_all(&self.dir);
     }

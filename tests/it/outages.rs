@@ -217,3 +217,312 @@ async fn postgresql_stopped_for_10_s_under_a_steady_stream() {
 async fn nats_restarted_under_a_steady_stream() {
     steady_stream_through_an_outage("nats").await;
 }
+
+/// How a long outage looks.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// SIGSTOP: connections stay open and nothing answers, as a stall or a failover looks.
+    Frozen,
+    /// Stopped, and started again on the same data.
+    Restarted,
+}
+
+/// Longer than the delivery budget these tests give the worker (3 deliveries, backoff 1 s then 2 s, a
+/// 5 s ack wait, a failed turn meeting the pools' 5 s timeouts): without waiting it out, every delivery
+/// of a message would be spent in it.
+const LONG_DOWN_FOR: Duration = Duration::from_secs(35);
+const LONG_CONVERSATIONS: usize = 4;
+/// Four before the outage, eight during it.
+const LONG_MESSAGES: usize = 12;
+
+/// A server away for longer than the delivery budget while messages arrive: the worker waits it out
+/// (`/readyz` says so, the time is counted), and once the server is back every message is answered by
+/// the model once, in its conversation's order: no dead letter, no failure line, no duplicate.
+async fn a_long_outage_is_waited_out(server: &str, fault: Fault) {
+    let dependency = if server == "mongo" { "mongodb" } else { server };
+    // The tests' reqwest has no default crypto provider (plain HTTP needs none, but a client needs one).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let stack = PrivateStack::start().await;
+    let echo: Responder = Arc::new(|body: &Value| {
+        StubReply::Delayed(
+            Duration::from_millis(200),
+            Box::new(StubReply::text(format!("re: {}", last_user_text(body)))),
+        )
+    });
+    let env = TestEnv::on(&stack.servers, echo, |c| {
+        c.consumer.max_deliver = 3;
+        c.worker.retry_delay_secs = 1;
+        c.consumer.ack_wait_secs = 5;
+        c.llm.max_retries = 0;
+        c.turn.user_turns_per_minute = 0;
+        c.turn.turn_timeout_secs = 60;
+    })
+    .await;
+    let conversations = env.new_conversations(KAORI, LONG_CONVERSATIONS).await;
+    let http = format!("127.0.0.1:{}", crate::servers::free_port());
+    let mut worker = env.spawn_worker_process(&[("COMPANION_HTTP_ADDR", &http)]);
+    assert!(
+        env.wait_worker_pulling(Duration::from_secs(60)).await,
+        "the worker started"
+    );
+
+    let mut published: Vec<(usize, String)> = Vec::new();
+    let publish = |n: usize| {
+        let (user, conversation) = &conversations[n % LONG_CONVERSATIONS];
+        InboundEvent {
+            message_id: ObjectId::new().to_hex(),
+            conversation_id: conversation.clone(),
+            sender_id: user.clone(),
+            bot_id: KAORI.into(),
+            content: format!("event {n}"),
+            attachments: Vec::new(),
+            sent_at: Utc::now(),
+        }
+    };
+    for n in 0..4 {
+        let event = publish(n);
+        backend::publish_event(&env.bus, &event).await.unwrap();
+        published.push((n, event.message_id));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    match fault {
+        Fault::Frozen => stack.freeze(server).await,
+        Fault::Restarted => stack.stop(server).await,
+    }
+    let down = Instant::now();
+    for n in 4..LONG_MESSAGES {
+        let event = publish(n);
+        backend::publish_event(&env.bus, &event).await.unwrap();
+        published.push((n, event.message_id));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    let readyz = format!("http://{http}/readyz");
+    let waiting = format!("waiting out an outage of {dependency} since ");
+    let said = std::sync::Mutex::new(String::new());
+    let named = eventually(LONG_DOWN_FOR.saturating_sub(down.elapsed()), || async {
+        let body = match reqwest::get(&readyz).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let named = body.contains(&waiting);
+        *said.lock().unwrap() = body;
+        named
+    })
+    .await;
+    let said = said.into_inner().unwrap();
+    tokio::time::sleep(LONG_DOWN_FOR.saturating_sub(down.elapsed())).await;
+    match fault {
+        Fault::Frozen => stack.thaw(server).await,
+        Fault::Restarted => stack.up().await,
+    }
+    eprintln!("{server} was {fault:?} for {:?}", down.elapsed());
+
+    let ids: HashMap<&str, usize> = published.iter().map(|(n, id)| (id.as_str(), *n)).collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (completions, answered) = loop {
+        let completions = stored_completions(&env).await;
+        let mut answered: HashMap<String, usize> = HashMap::new();
+        for c in &completions {
+            for id in c.in_reply_to.iter().chain(&c.covers) {
+                *answered.entry(id.clone()).or_default() += 1;
+            }
+        }
+        if ids.keys().all(|id| answered.contains_key(*id)) || Instant::now() > deadline {
+            break (completions, answered);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let missing: Vec<usize> = published
+        .iter()
+        .filter(|(_, id)| !answered.contains_key(id))
+        .map(|(n, _)| *n)
+        .collect();
+    if !missing.is_empty() {
+        let log = worker.log();
+        let tail: Vec<&str> = log.lines().rev().take(60).collect();
+        eprintln!(
+            "worker log, last lines:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    assert!(missing.is_empty(), "never answered: events {missing:?}");
+    let twice: Vec<_> = answered.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "answered more than once: {twice:?}");
+    assert_eq!(answered.len(), published.len(), "nothing else answered");
+    for c in &completions {
+        assert!(
+            c.content.starts_with("re: event "),
+            "every reply is the model's answer, none a failure line: {:?}",
+            c.content
+        );
+    }
+    // In each conversation the replies come in the order of the messages they answer.
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    for c in &completions {
+        let n = ids[c.in_reply_to.as_deref().expect("a reply")];
+        if let Some(before) = last.insert(c.conversation_id.as_str(), n) {
+            assert!(before < n, "event {n} was answered after event {before}");
+        }
+    }
+    assert!(env.dead_letters().await.is_empty(), "nothing dead-lettered");
+    assert!(named, "/readyz names the outage; it said: {said}");
+    let metrics = reqwest::get(format!("http://{http}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let counted = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!(
+                "companion_outage_wait_milliseconds_total{{dependency=\"{dependency}\"}} "
+            ))
+        })
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(
+        counted >= 1_000.0,
+        "the time waited is counted: {counted} ms"
+    );
+    assert!(
+        worker.try_wait().expect("worker status").is_none(),
+        "the worker kept running"
+    );
+    eprintln!(
+        "{} messages answered by {} replies through {server} {fault:?} for {LONG_DOWN_FOR:?}; {counted} ms waited",
+        published.len(),
+        completions.len()
+    );
+    stop(&mut worker);
+    env.finish().await;
+}
+
+#[tokio::test]
+async fn postgresql_frozen_longer_than_the_delivery_budget() {
+    a_long_outage_is_waited_out("postgres", Fault::Frozen).await;
+}
+
+#[tokio::test]
+async fn postgresql_restarted_after_longer_than_the_delivery_budget() {
+    a_long_outage_is_waited_out("postgres", Fault::Restarted).await;
+}
+
+#[tokio::test]
+async fn mongodb_frozen_longer_than_the_delivery_budget() {
+    a_long_outage_is_waited_out("mongo", Fault::Frozen).await;
+}
+
+#[tokio::test]
+async fn mongodb_restarted_after_longer_than_the_delivery_budget() {
+    a_long_outage_is_waited_out("mongo", Fault::Restarted).await;
+}
+
+/// NATS frozen for 10 s under load with two workers: every completion reaches a core subscriber of the
+/// outbound subjects once (the way docs/tb-backend.md has TB-Backend consume them). A publish whose ack
+/// was lost in the stall was stored all the same; the retried turn looks it up instead of publishing it
+/// again.
+#[tokio::test]
+async fn a_nats_stall_publishes_each_completion_once() {
+    use futures::StreamExt;
+    let stack = PrivateStack::start().await;
+    let echo: Responder = Arc::new(|body: &Value| {
+        StubReply::Delayed(
+            Duration::from_millis(300),
+            Box::new(StubReply::text(format!("re: {}", last_user_text(body)))),
+        )
+    });
+    let env = TestEnv::on(&stack.servers, echo, |c| {
+        c.consumer.max_deliver = 10;
+        c.worker.retry_delay_secs = 1;
+        c.consumer.ack_wait_secs = 5;
+        c.llm.max_retries = 0;
+        c.turn.user_turns_per_minute = 0;
+        c.turn.turn_timeout_secs = 30;
+    })
+    .await;
+    let conversations = env.new_conversations(KAORI, 13).await;
+    let mut workers = [env.spawn_worker_process(&[]), env.spawn_worker_process(&[])];
+    assert!(
+        env.wait_worker_pulling(Duration::from_secs(60)).await,
+        "the workers started"
+    );
+    // TB-Backend's side: a core subscription, counting each reply it is handed.
+    let client = async_nats::connect(&stack.servers.nats_url).await.unwrap();
+    let mut outbound = client
+        .subscribe(format!("{}.out.>", env.bus.names.prefix))
+        .await
+        .unwrap();
+    let seen: Arc<std::sync::Mutex<HashMap<String, usize>>> = Arc::default();
+    let counting = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            while let Some(m) = outbound.next().await {
+                if let Ok(c) = serde_json::from_slice::<Completion>(&m.payload) {
+                    *seen.lock().unwrap().entry(c.message_id).or_default() += 1;
+                }
+            }
+        })
+    };
+
+    let bus = env.bus.clone();
+    let publisher = tokio::spawn(async move {
+        let mut published = Vec::new();
+        for n in 0..104 {
+            let (user, conversation) = &conversations[n % conversations.len()];
+            let event = InboundEvent {
+                message_id: ObjectId::new().to_hex(),
+                conversation_id: conversation.clone(),
+                sender_id: user.clone(),
+                bot_id: KAORI.into(),
+                content: format!("event {n}"),
+                attachments: Vec::new(),
+                sent_at: Utc::now(),
+            };
+            while backend::publish_event(&bus, &event).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            published.push(event.message_id);
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+        published
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stack.freeze("nats").await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stack.thaw("nats").await;
+    let published = publisher.await.expect("publisher");
+
+    let all_answered = eventually(Duration::from_secs(120), || async {
+        let mut answered = std::collections::HashSet::new();
+        for c in stored_completions(&env).await {
+            answered.extend(c.in_reply_to.into_iter().chain(c.covers));
+        }
+        published.iter().all(|id| answered.contains(id))
+    })
+    .await;
+    assert!(all_answered, "every event answered");
+    // Late copies would come within moments of the retries that sent them.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    counting.abort();
+    let stored = stored_completions(&env).await;
+    let seen = seen.lock().unwrap().clone();
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    eprintln!(
+        "{} events, {} completions stored, {} seen by the core subscriber, {} of them more than once",
+        published.len(),
+        stored.len(),
+        seen.len(),
+        twice.len()
+    );
+    assert!(
+        twice.is_empty(),
+        "completions a core subscriber got more than once: {twice:?}"
+    );
+    assert_eq!(seen.len(), stored.len(), "each stored completion was seen");
+    for w in &mut workers {
+        assert!(w.try_wait().unwrap().is_none(), "the worker kept running");
+        stop(w);
+    }
+    env.finish().await;
+}

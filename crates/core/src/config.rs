@@ -919,6 +919,16 @@ pub struct WorkerConfig {
         default_value_t = 600
     )]
     pub order_max_wait_secs: u64,
+    /// Longest an outage of PostgreSQL, MongoDB or NATS is waited out, seconds: meanwhile the worker
+    /// pulls nothing new and keeps the messages it holds; past it, each gets the failure line and a dead
+    /// letter (`companion replay --dlq` brings it back). A managed database's failover takes 30-120 s.
+    #[arg(
+        id = "outage-max-secs",
+        long = "outage-max-secs",
+        env = "COMPANION_OUTAGE_MAX_SECS",
+        default_value_t = 900
+    )]
+    pub outage_max_secs: u64,
     /// Address of `/healthz`, `/readyz` and `/metrics` (empty: off). A port in use is logged, not fatal.
     #[arg(
         id = "http-addr",
@@ -935,6 +945,9 @@ impl WorkerConfig {
     }
     pub fn order_max_wait(&self) -> Duration {
         Duration::from_secs(self.order_max_wait_secs)
+    }
+    pub fn outage_max(&self) -> Duration {
+        Duration::from_secs(self.outage_max_secs)
     }
 }
 
