@@ -27,6 +27,7 @@ use crate::{
         story::{self, JobRow, StepRow, Story},
         usage::LlmRecord,
     },
+    llm::FailedCall,
     pipeline::{
         Burst, FloodDecision, Reply,
         incoming::{Flagged, Screened},
@@ -293,8 +294,16 @@ fn slot(s: &StepRow) -> Option<usize> {
         {
             Some(Slot::of_call(k).index())
         }
+        // Notes: `<llm key>@…` and `<reply key>@…`.
+        step::MODEL_FAILED => Some(Slot::of_call(noted(k)).index()),
+        step::FIXED_LINE => Slot::of_reply(noted(k)).map(|(_, slot)| slot.index()),
         _ => None,
     }
+}
+
+/// The step key a note's key (`<key>@<attempt>.<n>`) is about.
+fn noted(key: &str) -> &str {
+    key.split('@').next().unwrap_or(key)
 }
 
 /// Where a step stands in the pipeline: (stage, slot, within the slot). Lazy steps are recorded with a
@@ -339,9 +348,17 @@ fn order(s: &StepRow, job: &str, tools: &HashMap<&str, i64>) -> (u8, usize, i64)
         step::BURST => (2, 0, -1),
         step::FLOW_CHANGE if key == crate::journal::names::key::EVENT => (2, 0, 0),
         step::FLOW => (3, 0, -1),
-        step::LLM => {
-            let n = key.rsplit('.').next().and_then(|n| n.parse::<i64>().ok());
+        // A call's failed requests come before its answer (the same rank; they were noted first).
+        step::LLM | step::MODEL_FAILED => {
+            let n = noted(key)
+                .rsplit('.')
+                .next()
+                .and_then(|n| n.parse::<i64>().ok());
             within_slot(n.unwrap_or(0) * 2)
+        }
+        step::FIXED_LINE => {
+            let g = Slot::of_reply(noted(key)).map_or(0, |(g, _)| i64::from(g));
+            within_slot(10_000 + g * 10 - 1)
         }
         step::TOOL
         | step::QUOTA
@@ -538,6 +555,24 @@ fn describe(s: &StepRow, job: &str, names: &HashMap<String, String>) -> (String,
             ),
             Err(_) => (as_("tool call"), out.clone()),
         },
+        step::MODEL_FAILED => match serde_json::from_value::<FailedCall>(out.clone()) {
+            Ok(f) => (
+                format!(
+                    "model request FAILED: {} ({}), {} after {} ms",
+                    f.model, f.error, f.class, f.ms
+                ),
+                json!({ "model": f.model, "error": f.error, "class": f.class, "ms": f.ms }),
+            ),
+            Err(_) => (as_("failed model request"), out.clone()),
+        },
+        step::FIXED_LINE => {
+            let line = out["line"].as_str().unwrap_or("unknown");
+            let why = out["why"].as_str().unwrap_or("unknown");
+            (
+                format!("fixed line: the {line} line instead of the model's answer, because {why}"),
+                json!({ "line": line, "why": why }),
+            )
+        }
         step::FLOW => ("the user's guided flow read".into(), json!({})),
         step::QUOTA => (
             "a write counted against the user's hourly quota".into(),
@@ -591,16 +626,26 @@ fn llm(r: &LlmRecord, names: &HashMap<String, String>) -> (String, Value) {
         true => "none".to_owned(),
         false => t.join(", "),
     });
+    // The scripted offline model is no model anyone pays for: named so, never priced.
+    let scripted = u.is_some_and(|u| u.scripted);
+    let model = match (scripted, u) {
+        (true, Some(u)) => format!("SCRIPTED (the offline stub, asked as {})", u.model),
+        _ => or_unknown(u.map(|u| u.model.clone())),
+    };
+    let cost = match scripted {
+        true => "none (scripted)".to_owned(),
+        false => or_unknown(u.and_then(|u| u.cost_usd).map(|c| format!("${c:.6}"))),
+    };
     let says = format!(
         "model {}{}: {} prompt tokens ({} cached) + {} completion, cost {}, {} ms, finish {}; tools offered: {}{}",
-        or_unknown(u.map(|u| u.model.clone())),
+        model,
         r.bot
             .as_deref()
             .map_or(String::new(), |b| format!(" as {}", name(names, Some(b)))),
         or_unknown(u.map(|u| u.prompt_tokens)),
         or_unknown(u.and_then(|u| u.cached_tokens)),
         or_unknown(u.map(|u| u.completion_tokens)),
-        or_unknown(u.and_then(|u| u.cost_usd).map(|c| format!("${c:.6}"))),
+        cost,
         or_unknown(r.ms),
         or_unknown(r.finish.clone()),
         offered.clone().unwrap_or_else(|| match r.offered_tools {
@@ -613,7 +658,7 @@ fn llm(r: &LlmRecord, names: &HashMap<String, String>) -> (String, Value) {
         }
     );
     let facts = json!({
-        "model": u.map(|u| &u.model), "bot": r.bot,
+        "model": u.map(|u| &u.model), "scripted": scripted, "bot": r.bot,
         "prompt_tokens": u.map(|u| u.prompt_tokens), "cached_tokens": u.and_then(|u| u.cached_tokens),
         "completion_tokens": u.map(|u| u.completion_tokens), "cost_usd": u.and_then(|u| u.cost_usd),
         "ms": r.ms, "finish": r.finish, "tools_offered": r.offered, "tool_calls": asked,

@@ -487,6 +487,7 @@ async fn stub_llm(
     let server = stub::StubLlm::start_async(addr, responder, false)
         .await
         .context("binding")?;
+    server.say_scripted();
     tracing::info!(base_url = %server.base_url, "scripted offline model listening");
     tokio::select! {
         _ = server.wait() => {}

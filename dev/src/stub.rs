@@ -78,6 +78,8 @@ struct StubState {
     cache: Arc<Mutex<Option<PromptCache>>>,
     /// Prompt and cached tokens of every answer so far.
     totals: Arc<Mutex<Totals>>,
+    /// The `provider` every answer names (OpenRouter's field); `None`: no such field.
+    provider: Arc<Mutex<Option<String>>>,
 }
 
 /// What the stub has answered: calls, prompt tokens and the prompt tokens its cache served.
@@ -150,6 +152,7 @@ pub struct StubLlm {
     cached: Arc<Mutex<Option<u64>>>,
     cache: Arc<Mutex<Option<PromptCache>>>,
     totals: Arc<Mutex<Totals>>,
+    provider: Arc<Mutex<Option<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -184,7 +187,9 @@ impl StubLlm {
         let cached = Arc::new(Mutex::new(None));
         let cache = Arc::new(Mutex::new(None));
         let totals = Arc::new(Mutex::new(Totals::default()));
+        let provider = Arc::new(Mutex::new(None));
         let state = StubState {
+            provider: provider.clone(),
             cache: cache.clone(),
             totals: totals.clone(),
             responder,
@@ -213,6 +218,7 @@ impl StubLlm {
             cached,
             cache,
             totals,
+            provider,
             task,
         })
     }
@@ -233,6 +239,12 @@ impl StubLlm {
     }
 
     /// From now on, every answer reports this `usage.cost` (USD), or none.
+    /// Names itself the scripted offline model in every answer (`provider`:
+    /// [`companion_llm::SCRIPTED_PROVIDER`]): `companion explain` then says so, with no price.
+    pub fn say_scripted(&self) {
+        *self.provider.lock().expect("stub lock") = Some(companion_llm::SCRIPTED_PROVIDER.into());
+    }
+
     pub fn report_cost(&self, usd: Option<f64>) {
         *self.cost.lock().expect("stub lock") = usd;
     }
@@ -331,14 +343,17 @@ async fn complete(State(state): State<StubState>, Json(body): Json<Value>) -> Re
         t.prompt_tokens += prompt_tokens;
         t.cached_tokens += cached.unwrap_or(0).min(prompt_tokens);
     }
-    Json(json!({
+    let mut answer = json!({
         "id": format!("chatcmpl-stub-{n}"),
         "object": "chat.completion",
         "model": model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
         "usage": usage
-    }))
-    .into_response()
+    });
+    if let Some(provider) = state.provider.lock().expect("stub lock").clone() {
+        answer["provider"] = json!(provider);
+    }
+    Json(answer).into_response()
 }
 
 /// Answers in order from a list, then with `fallback` for every later request.

@@ -245,17 +245,41 @@ pub(crate) struct ModelAnswer {
     pub(crate) concern: Option<Category>,
 }
 
+/// Notes in the journal why a fixed line (`which`: crisis, busy, under_13) stands in for the model's
+/// answer in slot `t` ([`step::FIXED_LINE`]); a note that cannot be written is logged.
+async fn note_fixed(t: &SlotView<'_, '_>, which: &str, why: String) {
+    let key = t.slot.reply(t.job.record.generation);
+    let detail = serde_json::json!({ "line": which, "why": why });
+    if let Err(e) = t.job.note(step::FIXED_LINE, &key, detail).await {
+        warn!(error = %e, "why a fixed line was said not noted in the journal");
+    }
+}
+
 impl Composer {
     /// The slot's message.
     pub(crate) async fn compose(&self, t: &SlotView<'_, '_>) -> Result<Composed, PipelineError> {
         let c = t.speaker.character;
         let fixed = match (t.plan.fixed, t.plan.busy, t.crisis) {
-            (Some(Fixed::Under13), ..) => Some(&self.settings.under_13_line),
-            (Some(Fixed::Crisis), ..) | (None, true, true) => Some(&c.crisis_line),
-            (None, true, false) => Some(&c.busy_line),
+            (Some(Fixed::Under13), ..) => Some((
+                &self.settings.under_13_line,
+                "under_13",
+                "the user is under 13: the day's one line",
+            )),
+            (Some(Fixed::Crisis), ..) => Some((
+                &c.crisis_line,
+                "crisis",
+                "the plan: a user in crisis gets the character's crisis line, no model",
+            )),
+            (None, true, true) => Some((
+                &c.crisis_line,
+                "crisis",
+                "over the flood limit, a user in crisis: the crisis line instead of the busy line",
+            )),
+            (None, true, false) => Some((&c.busy_line, "busy", "over the flood limit")),
             (None, false, _) => None,
         };
-        if let Some(line) = fixed {
+        if let Some((line, which, why)) = fixed {
+            note_fixed(t, which, why.to_owned()).await;
             return Ok(self.line(t.admitted, t.speaker, line.clone()).into());
         }
         match &t.admitted.kind {
@@ -393,6 +417,8 @@ impl Composer {
         match self.converse(t, event, messages, tools, offer).await {
             Err(PipelineError::Llm(e)) => {
                 warn!(error = %e, "the model could not answer a user in crisis; the crisis line goes");
+                let why = format!("the model could not answer a user in crisis: {e}");
+                note_fixed(t, "crisis", why).await;
                 Ok(None)
             }
             other => other.map(Some),

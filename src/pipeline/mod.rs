@@ -38,7 +38,7 @@ use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tracing::{Instrument as _, info};
+use tracing::{Instrument as _, info, warn};
 
 pub use burst::Burst;
 pub(crate) use input::Input;
@@ -666,7 +666,7 @@ impl Pipeline {
         let job = self.journal.open(&a.new_job(None)).await?;
         let attempt = job.attempt(async |job| {
             self.journal.note_error(job.id(), reason).await?;
-            self.fail_slots(job, &a).await
+            self.fail_slots(job, &a, reason).await
         });
         match attempt.await? {
             Attempt::Ran(settled) => Ok(settled),
@@ -677,7 +677,12 @@ impl Pipeline {
         }
     }
 
-    async fn fail_slots(&self, job: &Job, a: &Admitted<'_>) -> Result<Settled, PipelineError> {
+    async fn fail_slots(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        reason: &str,
+    ) -> Result<Settled, PipelineError> {
         let burst = job
             .recorded::<Burst>(step::BURST, key::ONCE)
             .unwrap_or_default();
@@ -697,10 +702,16 @@ impl Pipeline {
                     .message()
                     .and_then(|m| job.recorded::<Flagged>(step::CRISIS, &m.id.to_hex()));
                 let c = first.character;
-                let line = match crisis {
-                    Some(_) => c.crisis_line.clone(),
-                    None => c.failure_line.clone(),
+                let (line, which) = match crisis {
+                    Some(_) => (c.crisis_line.clone(), "crisis"),
+                    None => (c.failure_line.clone(), "failure"),
                 };
+                let why = format!("the job's attempts failed: {reason}");
+                let detail = serde_json::json!({ "line": which, "why": why });
+                let key = plan.slot(0).reply(generation);
+                if let Err(e) = job.note(step::FIXED_LINE, &key, detail).await {
+                    warn!(error = %e, "why the failure line was said not noted in the journal");
+                }
                 let said = self.composer.line(a, first, line);
                 let lang = crisis.as_ref().map(|f| f.lang.as_str());
                 self.outgoing.pass(a, first, said, lang).await

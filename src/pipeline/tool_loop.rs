@@ -27,7 +27,7 @@ use super::PipelineError;
 use crate::{
     genai,
     journal::{JournalError, names::step},
-    llm::{CallBudget, ChatRequest, LlmClient, Message, ToolCall},
+    llm::{CallBudget, ChatRequest, FailedCall, LlmClient, Message, ToolCall},
     metrics::{Metric, Metrics},
     safety::screen::Category,
     spend::{self, Allowance, Scope, SpendGuard},
@@ -114,7 +114,12 @@ pub async fn converse(
             Stage::Steps,
             job.step(step::LLM, format!("{}{n}", cx.slot))
                 .tally(spend::tally(&user))
-                .run(Box::pin(pay_and_ask(cx, &request, speaker.clone()))),
+                .run(Box::pin(pay_and_ask(
+                    cx,
+                    &request,
+                    speaker.clone(),
+                    &format!("{}{n}", cx.slot),
+                ))),
         )
         .await;
         let record = match answered {
@@ -271,6 +276,7 @@ async fn pay_and_ask(
     cx: &LoopContext<'_>,
     request: &ChatRequest,
     speaker: Option<String>,
+    call: &str,
 ) -> Result<LlmRecord, Unpaid> {
     let mut request = std::borrow::Cow::Borrowed(request);
     if !request.tools.is_empty() && cx.budget.calls_left() <= 1 {
@@ -290,25 +296,40 @@ async fn pay_and_ask(
             Err(e) => return Err(Unpaid::Failed(e.into())),
         }
     }
-    ask(cx.llm, &request, cx.budget, speaker)
-        .await
-        .map_err(Unpaid::Failed)
+    let mut failed = Vec::new();
+    let answer = ask(cx.llm, &request, cx.budget, speaker, &mut failed).await;
+    // Each failed request is a note of the job, whatever the call's outcome (a retry that answered,
+    // a fallback model, or none at all).
+    for f in failed {
+        let detail = serde_json::to_value(&f).unwrap_or_default();
+        if let Err(e) = cx.tools.job.note(step::MODEL_FAILED, call, detail).await {
+            warn!(error = %e, "a failed model request not noted in the journal");
+        }
+    }
+    answer.map_err(Unpaid::Failed)
 }
 
 /// One model answer, or the reason it is not one. A final answer (no tools offered) must have text.
+/// Each request that failed on the way is pushed onto `failed`.
 async fn ask(
     llm: &LlmClient,
     request: &ChatRequest,
     budget: &CallBudget,
     bot: Option<String>,
+    failed: &mut Vec<FailedCall>,
 ) -> Result<LlmRecord, PipelineError> {
     let started = Instant::now();
-    let response = stage(Stage::Llm, llm.complete_within(request, Some(budget))).await?;
+    let response = stage(
+        Stage::Llm,
+        llm.complete_noting(request, Some(budget), failed),
+    )
+    .await?;
     let ms = Some(started.elapsed().as_millis() as u64);
-    Ok(LlmRecord {
-        ms,
-        ..LlmRecord::answer(llm, request, response, bot)?
-    })
+    // An answer the API sent that is no answer (an empty one) failed too.
+    let record = LlmRecord::answer(llm, request, response, bot).inspect_err(|e| {
+        failed.push(FailedCall::of(&request.model, e, started.elapsed()));
+    })?;
+    Ok(LlmRecord { ms, ..record })
 }
 
 /// A tool result cut to `max` bytes (on a character boundary) with a note saying so.

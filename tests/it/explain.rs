@@ -301,3 +301,91 @@ async fn a_group_message_is_told_slot_by_slot_with_each_companion_s_calls() {
     worker.stop().await;
     env.finish().await;
 }
+
+/// A crisis message whose model calls all fail: the story shows each failed request (the model, the
+/// error and its class, the time it took) and why the crisis line stood in. The scripted offline model
+/// (`companion-dev stub-llm`, which names itself so) is labelled scripted, with no price.
+#[tokio::test]
+async fn a_crisis_message_whose_model_fails_shows_each_failed_request_and_why_the_fixed_line() {
+    let env = TestEnv::with(
+        Arc::new(
+            |body: &Value| match last_user_text(body).contains("want to die") {
+                true => StubReply::Status {
+                    code: 503,
+                    body: "upstream down".into(),
+                    retry_after: None,
+                },
+                false => StubReply::text("an ollie starts with the back foot"),
+            },
+        ),
+        |c| {
+            c.llm.max_retries = 1;
+            c.llm.retry_base_ms = 10;
+            c.llm.fallback_models = vec![];
+        },
+    )
+    .await;
+    env.stub.say_scripted();
+    let worker = InProcessWorker::start(&env).await;
+    let e = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_TEXT).await;
+    env.publish(&e).await;
+    env.settled(&e.message_id).await;
+    let id = e.message_id.as_str();
+
+    let text = explain(&env, &[id]).await;
+    let failed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("model request FAILED"))
+        .collect();
+    assert_eq!(failed.len(), 2, "the request and its one retry: {text}");
+    for l in &failed {
+        assert!(
+            l.contains("chat API server error 503") && l.contains("transient after"),
+            "{l}"
+        );
+    }
+    let at = |needle: &str| {
+        text.find(needle)
+            .unwrap_or_else(|| panic!("`{needle}` not in\n{text}"))
+    };
+    assert!(
+        text.contains(
+            "fixed line: the crisis line instead of the model's answer, because the model could not \
+             answer a user in crisis: chat API server error 503"
+        ),
+        "{text}"
+    );
+    assert!(at("crisis referral") < at("model request FAILED"));
+    assert!(at("model request FAILED") < at("fixed line:"));
+    // The reply's delivery (the referral's came before).
+    assert!(at("fixed line:") < text.rfind("delivered: completion published").unwrap());
+    assert!(!text.contains("want to die"), "never the text: {text}");
+    let story: Value = serde_json::from_str(&explain(&env, &[id, "--json"]).await).unwrap();
+    let notes = events(&story, "model_failed");
+    assert_eq!(notes.len(), 2, "{story}");
+    assert_eq!(notes[0]["facts"]["class"], "transient");
+    assert!(notes[0]["facts"]["ms"].is_u64(), "{story}");
+    assert_eq!(events(&story, "fixed_line")[0]["facts"]["line"], "crisis");
+
+    // The next message is answered by the scripted model: named so, no price.
+    let ok = env
+        .dm(
+            SAM,
+            KAORI,
+            &env.conversation(SAM, KAORI).await,
+            "how do i ollie?",
+        )
+        .await;
+    env.publish(&ok).await;
+    env.settled(&ok.message_id).await;
+    let text = explain(&env, &[ok.message_id.as_str()]).await;
+    assert!(
+        text.contains("model SCRIPTED (the offline stub, asked as ")
+            && text.contains("cost none (scripted)"),
+        "{text}"
+    );
+    assert!(!text.contains("cost $"), "no price: {text}");
+    assert!(!text.contains("model request FAILED"), "{text}");
+    worker.stop().await;
+    env.finish().await;
+}

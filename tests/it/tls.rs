@@ -30,7 +30,7 @@ use rustls::pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Files of a test PKI.
-struct Pki {
+pub(crate) struct Pki {
     dir: PathBuf,
     ca: PathBuf,
     server_cert: PathBuf,
@@ -49,7 +49,7 @@ impl Drop for Pki {
     }
 }
 
-fn make_pki() -> Pki {
+pub(crate) fn make_pki() -> Pki {
     let dir = std::env::temp_dir().join(format!("companion-tls-{:016x}", fastrand::u64(..)));
     std::fs::create_dir_all(&dir).unwrap();
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -99,7 +99,7 @@ fn make_pki() -> Pki {
 
 /// `nats-server` with JetStream and TLS that verifies client certificates. Returns (client, monitor) ports.
 /// `tls_extra` goes into the server's `tls {}` block (e.g. `verify: true`).
-async fn start_nats(pki: &Pki, tls_extra: &str) -> (Server, u16, u16) {
+pub(crate) async fn start_nats(pki: &Pki, tls_extra: &str) -> (Server, u16, u16) {
     let [port, monitor] = free_ports();
     let name = format!("nats-{port}");
     let conf = pki.dir.join(format!("{name}.conf"));

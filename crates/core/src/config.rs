@@ -136,8 +136,9 @@ pub struct NatsConfig {
         default_value_t = 1
     )]
     pub stream_replicas: usize,
-    /// How long the first connection to NATS is tried (an attempt every few seconds, each logged)
-    /// before the command gives up, naming the server and the cause.
+    /// How long the first connection to NATS is tried (an attempt every 2 s; the cause logged at the
+    /// first failure and again only when it changes) before the command gives up, naming the server,
+    /// the cause and the attempts.
     #[arg(
         id = "nats-connect-window-secs",
         long = "nats-connect-window-secs",

@@ -309,6 +309,7 @@ impl Journal {
             record,
             recorded: Mutex::new(recorded),
             pending: Mutex::new(Vec::new()),
+            notes: Default::default(),
         })
     }
 
@@ -534,6 +535,8 @@ pub struct Job {
     pub record: JobRecord,
     recorded: Mutex<HashMap<(String, String), Value>>,
     pending: Mutex<Vec<Pending>>,
+    /// Notes written by this attempt ([`Job::note`]), for their keys.
+    notes: std::sync::atomic::AtomicU32,
 }
 
 impl Job {
@@ -553,6 +556,27 @@ impl Job {
             lock: None,
             counter: None,
         }
+    }
+
+    /// Writes a note: what happened in this attempt that is not a side effect's success (a failed
+    /// request, why a fixed line was said), as step `name` keyed `<prefix>@<attempt>.<n>` with `detail`.
+    /// A note is never replayed or asked for ([`Job::recorded`] is for side effects); it is there for
+    /// `companion explain`. Written at once, whatever becomes of the attempt.
+    pub async fn note(&self, name: &str, prefix: &str, detail: Value) -> Result<(), JournalError> {
+        let n = self
+            .notes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        sqlx::query(
+            "INSERT INTO job_steps (job, name, key, output) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (job, name, key) DO NOTHING",
+        )
+        .bind(self.id())
+        .bind(name)
+        .bind(format!("{prefix}@{}.{n}", self.record.attempts))
+        .bind(detail)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     /// How many steps named `name` are recorded with a key starting with `prefix`.

@@ -95,6 +95,12 @@ pub mod step {
     /// whether the text was shown (never for a deleted message or an erased user). Keyed
     /// `<operator>@<time>`, so an erasure's scrub of its output leaves who and when.
     pub const TEXT_SHOWN: &str = "text_shown";
+    /// A note ([`crate::Job::note`]), not a side effect: one failed request to the model (the model
+    /// asked, the error, its class, how long it took), keyed `<llm key>@<attempt>.<n>`.
+    pub const MODEL_FAILED: &str = "model_failed";
+    /// A note: why a fixed line (the failure line, the crisis line, the busy or budget line) stands in
+    /// for the model's answer, keyed `<reply key>@<attempt>.<n>`.
+    pub const FIXED_LINE: &str = "fixed_line";
 }
 
 /// Tallies: limits every worker counts against together (`job_steps.tally`).

@@ -58,6 +58,11 @@ impl LlmRecord {
             .prices
             .call_usage(&model, &response.usage.clone().unwrap_or_default());
         usage.prefix_tokens = Some(request.prefix_tokens());
+        if response.provider.as_deref() == Some(crate::llm::SCRIPTED_PROVIDER) {
+            usage.scripted = true;
+            usage.cost_usd = None;
+            usage.cost_source = crate::llm::prices::CostSource::Unpriced;
+        }
         let (message, finish) = response
             .choices
             .into_iter()

@@ -197,6 +197,10 @@ impl CallBudget {
     }
 }
 
+/// The `provider` the project's scripted offline model (`companion-dev stub-llm`, the demo's) names in
+/// its answers: not a model anyone pays for.
+pub const SCRIPTED_PROVIDER: &str = "companion-scripted";
+
 #[derive(Clone, Debug, Deserialize)]
 pub struct ChatResponse {
     /// The server's id of the answer.
@@ -204,6 +208,9 @@ pub struct ChatResponse {
     pub id: Option<String>,
     #[serde(default)]
     pub model: Option<String>,
+    /// Who served the answer, as OpenRouter names it; [`SCRIPTED_PROVIDER`] for the scripted model.
+    #[serde(default)]
+    pub provider: Option<String>,
     pub choices: Vec<Choice>,
     #[serde(default)]
     pub usage: Option<Usage>,
@@ -302,6 +309,36 @@ pub enum LlmError {
         "the turn reached its ceiling of {what} (COMPANION_MAX_LLM_CALLS_PER_TURN, COMPANION_MAX_PROMPT_TOKENS_PER_TURN)"
     )]
     OverBudget { what: &'static str },
+}
+
+/// One request to the chat API that failed: for the record of a turn (the model, the error, its class
+/// and how long it took), never the request's text.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FailedCall {
+    /// The model asked.
+    pub model: String,
+    /// The error, in words.
+    pub error: String,
+    /// Its class: `transient` (tried again) or `permanent`.
+    pub class: String,
+    /// How long the request took, in milliseconds.
+    pub ms: u64,
+}
+
+impl FailedCall {
+    /// The record of `e`, an answer to a request for `model` that took `took`.
+    pub fn of(model: &str, e: &LlmError, took: Duration) -> Self {
+        Self {
+            model: model.to_owned(),
+            error: e.to_string(),
+            class: match e.is_transient() {
+                true => "transient",
+                false => "permanent",
+            }
+            .into(),
+            ms: took.as_millis() as u64,
+        }
+    }
 }
 
 impl LlmError {
@@ -567,6 +604,17 @@ impl LlmClient {
         request: &ChatRequest,
         budget: Option<&CallBudget>,
     ) -> Result<ChatResponse, LlmError> {
+        self.complete_noting(request, budget, &mut Vec::new()).await
+    }
+
+    /// [`LlmClient::complete_within`], each request that failed (retried, fallen back from, or the last)
+    /// pushed onto `failed`.
+    pub async fn complete_noting(
+        &self,
+        request: &ChatRequest,
+        budget: Option<&CallBudget>,
+        failed: &mut Vec<FailedCall>,
+    ) -> Result<ChatResponse, LlmError> {
         let mut models = vec![request.model.clone()];
         models.extend(
             self.fallback_models
@@ -596,6 +644,9 @@ impl LlmClient {
                 let started = Instant::now();
                 let result = self.send(model, body).instrument(span.clone()).await;
                 self.count(model, &result, &span, started.elapsed());
+                if let Err(e) = &result {
+                    failed.push(FailedCall::of(model, e, started.elapsed()));
+                }
                 match result {
                     Ok(mut r) => {
                         // Usage is recorded under the model that answered; a server that does not say is

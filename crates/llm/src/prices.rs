@@ -108,6 +108,9 @@ pub struct CallUsage {
     /// USD; `None` when unpriced.
     pub cost_usd: Option<f64>,
     pub cost_source: CostSource,
+    /// The scripted offline model answered ([`crate::SCRIPTED_PROVIDER`]): no real model, no price.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub scripted: bool,
 }
 
 impl Prices {
@@ -125,6 +128,7 @@ impl Prices {
             prefix_tokens: None,
             cost_usd: cost.usd,
             cost_source: cost.source,
+            scripted: false,
         }
     }
 

@@ -10,6 +10,7 @@
 //! configuration logs each difference and goes by the consumer's (its `max_deliver` decides which
 //! delivery is the last, its `ack_wait` how often progress is sent).
 
+mod connect;
 mod erase;
 pub mod event;
 
@@ -32,7 +33,21 @@ use crate::{
     failure::{Class, Classify},
 };
 
+pub use connect::ConnectCause;
 pub use event::{Completion, DmEvent, GroupEvent, Inbound, Trigger, Typing};
+
+/// How many connect attempts were made, as the tail of an error: nothing for one, ` (N attempts)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attempts(pub u32);
+
+impl std::fmt::Display for Attempts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            0 | 1 => Ok(()),
+            n => write!(f, " ({n} attempts)"),
+        }
+    }
+}
 
 /// Header carrying the dead-letter reason.
 pub const DLQ_REASON: &str = "Companion-Dlq-Reason";
@@ -45,9 +60,16 @@ pub(crate) const DLQ_DELIVERIES: &str = "Companion-Deliveries";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
-    /// The server did not answer (or refused us) within the connect window; `url` without credentials.
-    #[error("cannot connect to NATS at {url}: {cause}")]
-    Connect { url: String, cause: String },
+    /// The server did not answer (or refused us) within the connect window.
+    #[error("cannot connect to NATS at {url}: {cause}{attempts}")]
+    Connect {
+        /// The URL without credentials.
+        url: String,
+        /// What was wrong at the last attempt.
+        cause: ConnectCause,
+        /// How many attempts were made.
+        attempts: Attempts,
+    },
     #[error("JetStream stream setup failed: {0}")]
     Stream(#[from] jetstream::context::CreateStreamError),
     #[error("JetStream consumer setup failed: {0}")]
@@ -277,14 +299,18 @@ fn consumer_differences(have: &jetstream::consumer::Config, want: &pull::Config)
 
 impl Bus {
     /// Connects to the configured server(s). The first connection is tried for the connect window
-    /// (`NATS_CONNECT_WINDOW_SECS`), an attempt every few seconds, each failure logged with the URL (no
-    /// credentials); a server that refuses our credentials or an address that does not parse fails at
-    /// once. Once connected, the client reconnects by itself whenever the connection drops.
+    /// (`NATS_CONNECT_WINDOW_SECS`), an attempt every 2 s. The first failed attempt is logged with the
+    /// URL (no credentials) and its cause in plain words ([`ConnectCause`]: nothing listening, not a
+    /// NATS server, TLS expected, ...); later attempts are quiet unless the cause changes, and the final
+    /// error carries the cause and the count of attempts. A server that refuses our credentials or an
+    /// address that does not parse fails at once. Once connected, the client reconnects by itself
+    /// whenever the connection drops.
     pub async fn connect(config: &NatsConfig) -> Result<Self, BusError> {
         let shown = crate::config::redact_url(&config.url);
-        let failed = |cause: String| BusError::Connect {
+        let failed = |cause: ConnectCause, attempts: u32| BusError::Connect {
             url: shown.clone(),
             cause,
+            attempts: Attempts(attempts),
         };
         let servers: Vec<async_nats::ServerAddr> = config
             .url
@@ -293,13 +319,15 @@ impl Bus {
             .filter(|s| !s.is_empty())
             .map(|s| s.parse())
             .collect::<Result<_, std::io::Error>>()
-            .map_err(|e| failed(format!("not a NATS server address ({e})")))?;
+            .map_err(|e| failed(ConnectCause::BadAddress(e.to_string()), 0))?;
         if servers.is_empty() {
-            return Err(failed("no server address given".into()));
+            return Err(failed(ConnectCause::NoAddress, 0));
         }
         let window = Duration::from_secs(config.connect_window_secs);
         let started = tokio::time::Instant::now();
         let mut attempt = 0u32;
+        // The cause of the latest failures and how many attempts in a row it had.
+        let mut last: Option<(ConnectCause, u32)> = None;
         let client = loop {
             attempt += 1;
             let mut options = async_nats::ConnectOptions::new()
@@ -310,26 +338,32 @@ impl Bus {
                     .user_and_password(user.clone(), config.password.expose_secret().to_owned());
             }
             options = tls_options(options, config);
-            let e = match options.connect(servers.clone()).await {
+            let cause = match connect::attempt(config, options, &servers).await {
                 Ok(client) => break client,
-                Err(e) => e,
+                Err(cause) => cause,
             };
-            use async_nats::ConnectErrorKind as K;
-            let final_kind = matches!(
-                e.kind(),
-                K::ServerParse | K::Authentication | K::AuthorizationViolation
-            );
             let left = window.saturating_sub(started.elapsed());
-            if final_kind || left.is_zero() {
-                return Err(failed(e.to_string()));
+            if cause.is_final() || left.is_zero() {
+                return Err(failed(cause, attempt));
             }
-            let wait = Duration::from_secs(2).min(left);
-            tracing::warn!(url = %shown, attempt, error = %e, retry_in_ms = wait.as_millis() as u64,
-                  "NATS does not answer; trying again");
-            tokio::time::sleep(wait).await;
+            match &mut last {
+                Some((same, n)) if *same == cause => *n += 1,
+                Some((before, n)) => {
+                    tracing::warn!(url = %shown, attempt, attempts_before = *n,
+                        "NATS: now {cause} (before: {before}, {n} attempts); still trying");
+                    last = Some((cause, 1));
+                }
+                None => {
+                    tracing::warn!(url = %shown, window_secs = window.as_secs(),
+                        "cannot connect to NATS at {shown}: {cause}; trying again every 2 s for up to \
+                         {} s, logging only a change", left.as_secs());
+                    last = Some((cause, 1));
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(2).min(left)).await;
         };
         if attempt > 1 {
-            tracing::info!(url = %shown, attempt, "connected to NATS");
+            tracing::info!(url = %shown, attempt, "connected to NATS after {attempt} attempts");
         }
         let js = jetstream::new(client.clone());
         Ok(Self {
