@@ -11,6 +11,7 @@
 //! | reject: malformed, unknown bot, missing conversation, not a participant | any | terminate, dead letter, no reply |
 //! | permanent: the model refuses (4xx), data the stores refuse | any | terminate, failure line, dead letter |
 //! | transient: a server down, model timeout, 429, 5xx, failed or empty answer | not the last | NAK after the backoff (or the server's `Retry-After`, if longer) |
+//! | (before any of these: a shared dependency does not answer) | any | held and run again once it does ([`crate::outage`]); past `COMPANION_OUTAGE_MAX_SECS`, permanent |
 //! | transient | the last | terminate, failure line, dead letter |
 //! | every worker died on it: the max-deliveries advisory | the last | as a transient failure on the last delivery |
 
