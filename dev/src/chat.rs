@@ -54,8 +54,18 @@ pub enum CommandError {
     UnknownUser(String),
     #[error("no companion `{0}` in the character files")]
     UnknownBot(String),
-    #[error("no reply within {0:?}: no worker took the message; is a worker running?")]
+    #[error(
+        "no reply within {0:?}: neither the journal nor the dead-letter stream knows the message; is a worker running?"
+    )]
     NoReply(Duration),
+    #[error(
+        "no reply: the message was dead-lettered{}: {reason}; `companion replay --dlq` brings it back",
+        deliveries.map(|n| format!(" after {n} attempts")).unwrap_or_default()
+    )]
+    DeadLettered {
+        reason: String,
+        deliveries: Option<i64>,
+    },
     #[error(
         "the turn was not over within {0:?}: a worker took the message and is still on it (see its log)"
     )]
@@ -223,6 +233,11 @@ impl Session {
         let watch = Watch {
             journal: &self.journal,
             pool: &self.pool,
+            bus: &self.bus,
+            subject: self
+                .bus
+                .names
+                .inbound(&self.bot.to_hex(), &self.conversation.to_hex()),
         };
         watch
             .whole_turn(replies, &event.message_id, wait, shown)
@@ -386,6 +401,10 @@ fn belongs(c: &Completion, message: &str) -> bool {
 struct Watch<'a> {
     journal: &'a Journal,
     pool: &'a sqlx::PgPool,
+    /// Where a message that got no reply may have been dead-lettered.
+    bus: &'a Bus,
+    /// The subject the message was published on.
+    subject: String,
 }
 
 impl Watch<'_> {
@@ -436,7 +455,7 @@ impl Watch<'_> {
                         }
                     }
                     if now >= deadline {
-                        return Err(no_reply(self.journal, message, wait).await);
+                        return Err(self.no_reply(message, wait).await);
                     }
                 }
             }
@@ -565,14 +584,31 @@ async fn turn_note(journal: &Journal, turn: &Turn) -> Option<String> {
 }
 
 /// Why `message`'s turn was not over within `wait`, as the journal tells it.
-async fn no_reply(journal: &Journal, message: &str, wait: Duration) -> CommandError {
-    match journal.get(message).await {
-        Ok(Some(j)) => match j.state {
-            State::Running => CommandError::StillRunning(wait),
-            _ => CommandError::NoReply(wait),
-        },
-        Ok(None) => CommandError::NoReply(wait),
-        Err(e) => CommandError::JournalUnreadable(wait, clip(&e.to_string())),
+impl Watch<'_> {
+    /// Why a message got no reply within `wait`: a turn still running (the journal), a dead letter (the
+    /// dead-letter stream: why and after how many attempts), a journal that cannot be read, and only when
+    /// neither knows the message, no worker.
+    async fn no_reply(&self, message: &str, wait: Duration) -> CommandError {
+        let job = self.journal.get(message).await;
+        if let Ok(Some(j)) = &job
+            && j.state == State::Running
+        {
+            return CommandError::StillRunning(wait);
+        }
+        match self.bus.dead_letter_of(&self.subject, message).await {
+            Ok(Some(dead)) => {
+                return CommandError::DeadLettered {
+                    reason: clip(&dead.reason),
+                    deliveries: dead.deliveries,
+                };
+            }
+            Ok(None) => {}
+            Err(e) => tracing::debug!(error = %e, "the dead letters cannot be read"),
+        }
+        match job {
+            Ok(_) => CommandError::NoReply(wait),
+            Err(e) => CommandError::JournalUnreadable(wait, clip(&e.to_string())),
+        }
     }
 }
 
@@ -1038,6 +1074,8 @@ impl GroupSession {
         let watch = Watch {
             journal: &self.journal,
             pool: &self.pool,
+            bus: &self.bus,
+            subject: self.bus.names.group(&self.conversation.to_hex()),
         };
         let turn = watch
             .whole_turn(replies, &event.message_id, wait, |c| {

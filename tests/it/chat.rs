@@ -134,7 +134,8 @@ async fn the_group_chat_shows_every_speaker_and_says_when_nobody_answers() {
     env.finish().await;
 }
 
-/// No worker: the chat does not wait forever; the error says no worker took the message.
+/// No worker: the chat does not wait forever; the error says neither the journal nor the dead-letter
+/// stream knows the message.
 #[tokio::test]
 async fn without_a_worker_the_chat_says_no_worker_took_the_message() {
     let env = TestEnv::new(Arc::new(|_: &Value| StubReply::text("unused"))).await;
@@ -146,6 +147,59 @@ async fn without_a_worker_the_chat_says_no_worker_took_the_message() {
         .await
         .expect_err("no worker, no turn")
         .to_string();
-    assert!(err.contains("no worker took the message"), "{err}");
+    assert!(
+        err.contains(
+            "neither the journal nor the dead-letter stream knows the message; is a worker running?"
+        ),
+        "{err}"
+    );
+    env.finish().await;
+}
+
+/// A message a worker dead-lettered (here: the test, as the worker's settlement does, once the message
+/// is in the stream): the chat says so, why, after how many attempts, and how to bring it back, instead
+/// of guessing about workers.
+#[tokio::test]
+async fn a_dead_lettered_message_is_named_so_with_its_reason_and_attempts() {
+    use futures::StreamExt;
+    let env = TestEnv::new(Arc::new(|_: &Value| StubReply::text("unused"))).await;
+    let session = Session::open(&chat_config(&env), "jess", "kaori")
+        .await
+        .expect("a chat session");
+    let subject = env
+        .bus
+        .names
+        .inbound(&session.bot.to_hex(), &session.conversation.to_hex());
+    let mut inbound = env.bus.client.subscribe(subject.clone()).await.unwrap();
+    let bus = env.bus.clone();
+    let worker = tokio::spawn(async move {
+        let m = inbound.next().await.expect("the message is published");
+        bus.dead_letter_raw(
+            &subject,
+            1,
+            m.payload,
+            "order floor unavailable: PostgreSQL: pool timed out while waiting for an open connection",
+            5,
+        )
+        .await
+        .expect("dead-lettered");
+    });
+    let err = session
+        .say("anyone there?", &[], Some(Duration::from_secs(3)))
+        .await
+        .expect_err("dead-lettered, no reply")
+        .to_string();
+    worker.await.unwrap();
+    assert!(
+        err.contains(
+            "dead-lettered after 5 attempts: order floor unavailable: PostgreSQL: pool timed out"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("`companion replay --dlq` brings it back"),
+        "{err}"
+    );
+    assert!(!err.contains("is a worker running"), "{err}");
     env.finish().await;
 }

@@ -97,6 +97,17 @@ pub enum BusError {
     Other(String),
 }
 
+/// A conversation's dead letters [`Bus::dead_letter_of`] reads at most.
+const DEAD_LETTERS_READ: usize = 256;
+
+/// What the dead-letter stream says of one message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub reason: String,
+    /// Deliveries spent on it (absent in dead letters older than the header).
+    pub deliveries: Option<i64>,
+}
+
 /// The oldest nats-server with everything the streams use.
 const MIN_SERVER: (u64, u64) = (2, 12);
 
@@ -729,6 +740,46 @@ impl Bus {
             .publish(subject, Bytes::from(serde_json::to_vec(value)?))
             .await?;
         Ok(())
+    }
+
+    /// The dead letter of message `message_id` that arrived on `original_subject`, when there is one:
+    /// why and after how many deliveries (what the terminal chat says of a message that got no reply).
+    /// Reads the conversation's dead letters in order, at most [`DEAD_LETTERS_READ`].
+    pub async fn dead_letter_of(
+        &self,
+        original_subject: &str,
+        message_id: &str,
+    ) -> Result<Option<DeadLetter>, BusError> {
+        use async_nats::jetstream::stream::DirectGetErrorKind;
+        let stream = self
+            .js
+            .get_stream_no_info(&self.names.stream_dlq)
+            .await
+            .map_err(|e| BusError::NoStream(self.names.stream_dlq.clone(), e.to_string()))?;
+        let subject = self.names.dead_letter(original_subject);
+        let mut next = 1;
+        for _ in 0..DEAD_LETTERS_READ {
+            let m = match stream
+                .direct_get_next_for_subject(subject.as_str(), Some(next))
+                .await
+            {
+                Ok(m) => m,
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(BusError::Other(format!("reading the dead letters: {e}"))),
+            };
+            next = m.sequence + 1;
+            let id = serde_json::from_slice::<serde_json::Value>(&m.payload)
+                .ok()
+                .and_then(|v| v.get("messageId")?.as_str().map(str::to_owned));
+            if id.as_deref() == Some(message_id) {
+                let header = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
+                return Ok(Some(DeadLetter {
+                    reason: header(DLQ_REASON).unwrap_or_default(),
+                    deliveries: header(DLQ_DELIVERIES).and_then(|d| d.parse().ok()),
+                }));
+            }
+        }
+        Ok(None)
     }
 
     /// [`Bus::dead_letter`] for a stream message known by its subject, sequence and bytes.
