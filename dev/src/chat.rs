@@ -595,7 +595,12 @@ impl Watch<'_> {
         {
             return CommandError::StillRunning(wait);
         }
-        match self.bus.dead_letter_of(&self.subject, message).await {
+        match self
+            .bus
+            .lookup()
+            .dead_letter_of(&self.subject, message)
+            .await
+        {
             Ok(Some(dead)) => {
                 return CommandError::DeadLettered {
                     reason: clip(&dead.reason),

@@ -281,7 +281,7 @@ impl Delivery {
                 .run(async {
                     // A job run before may have had its publish stored without the ack coming back.
                     if job.record.attempts > 1 {
-                        match self.bus.stored_completion(&completion).await {
+                        match self.bus.lookup().stored_completion(&completion).await {
                             Ok(Some(seq)) => {
                                 debug!(seq, "the completion was stored by an earlier attempt; not published again");
                                 return Ok(Some(seq));
