@@ -461,10 +461,10 @@ impl Running {
             WaitOut::Exceeded(outage) => Some(Ending::Failed(Failure::new(
                 Class::Permanent,
                 format!(
-                    "{} did not answer for {} s (COMPANION_OUTAGE_MAX_SECS is {}): {}",
+                    "{} did not answer within COMPANION_OUTAGE_MAX_SECS ({} s; the outage began {} s ago): {}",
                     outage.dependency.name(),
-                    outage.waited().as_secs(),
                     outages.max().as_secs(),
+                    outage.waited().as_secs(),
                     f.reason
                 ),
             ))),

@@ -526,3 +526,106 @@ async fn a_nats_stall_publishes_each_completion_once() {
     }
     env.finish().await;
 }
+
+/// An outage longer than `COMPANION_OUTAGE_MAX_SECS` (here 6 s; MongoDB stopped for 25 s): the messages
+/// held past the bound are dead-lettered with the reason, the rest wait in the stream; once MongoDB is
+/// back, those are answered, and `companion replay --dlq` answers the dead-lettered ones: every message
+/// once.
+#[tokio::test]
+async fn past_the_outage_bound_a_held_message_is_dead_lettered_and_replay_answers_it() {
+    let stack = PrivateStack::start().await;
+    let echo: Responder =
+        Arc::new(|body: &Value| StubReply::text(format!("re: {}", last_user_text(body))));
+    let env = TestEnv::on(&stack.servers, echo, |c| {
+        c.consumer.max_deliver = 3;
+        c.worker.retry_delay_secs = 1;
+        c.consumer.ack_wait_secs = 5;
+        c.llm.max_retries = 0;
+        c.turn.user_turns_per_minute = 0;
+        c.worker.outage_max_secs = 6;
+    })
+    .await;
+    let conversations = env.new_conversations(KAORI, 3).await;
+    let mut worker = env.spawn_worker_process(&[]);
+    assert!(
+        env.wait_worker_pulling(Duration::from_secs(60)).await,
+        "the worker started"
+    );
+    stack.stop("mongo").await;
+    let down = Instant::now();
+    let mut published = Vec::new();
+    for (n, (user, conversation)) in conversations.iter().enumerate() {
+        let event = InboundEvent {
+            message_id: ObjectId::new().to_hex(),
+            conversation_id: conversation.clone(),
+            sender_id: user.clone(),
+            bot_id: KAORI.into(),
+            content: format!("event {n}"),
+            attachments: Vec::new(),
+            sent_at: Utc::now(),
+        };
+        backend::publish_event(&env.bus, &event).await.unwrap();
+        published.push(event.message_id);
+    }
+    let dead_lettered = eventually(Duration::from_secs(25), || async {
+        !env.dead_letters().await.is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(25).saturating_sub(down.elapsed())).await;
+    let dead = env.dead_letters().await;
+    stack.up().await;
+    assert!(
+        dead_lettered,
+        "a message held past the bound is dead-lettered"
+    );
+    let reasons: Vec<String> = env
+        .dead_letters()
+        .await
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .all(|r| r.contains("mongodb did not answer within COMPANION_OUTAGE_MAX_SECS (6 s")),
+        "the dead letters say why: {reasons:?}"
+    );
+    // The messages never taken are answered once MongoDB is back; then the dead-lettered ones by replay.
+    let answered = |completions: Vec<Completion>| {
+        let mut answered: HashMap<String, usize> = HashMap::new();
+        for c in completions {
+            for id in c.in_reply_to.into_iter().chain(c.covers) {
+                *answered.entry(id).or_default() += 1;
+            }
+        }
+        answered
+    };
+    let waiting = published.len() - dead.len();
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            answered(stored_completions(&env).await).len() >= waiting
+        })
+        .await,
+        "the {waiting} messages not dead-lettered are answered once MongoDB is back"
+    );
+    let (ok, out, err) = env.run_companion(&["replay", "--dlq"]).await;
+    assert!(ok, "replay --dlq: {out}{err}");
+    let answered = answered(stored_completions(&env).await);
+    for id in &published {
+        assert_eq!(
+            answered.get(id),
+            Some(&1),
+            "{id} answered once: {answered:?}\n{out}"
+        );
+    }
+    for c in stored_completions(&env).await {
+        assert!(c.content.starts_with("re: event "), "{:?}", c.content);
+    }
+    eprintln!(
+        "{} messages: {} dead-lettered past the bound, then answered by replay --dlq; {waiting} answered once MongoDB was back",
+        published.len(),
+        dead.len()
+    );
+    stop(&mut worker);
+    env.finish().await;
+}
