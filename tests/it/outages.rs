@@ -433,9 +433,10 @@ async fn a_nats_stall_publishes_each_completion_once() {
         )
     });
     let env = TestEnv::on(&stack.servers, echo, |c| {
-        c.consumer.max_deliver = 10;
         c.worker.retry_delay_secs = 1;
-        c.consumer.ack_wait_secs = 5;
+        // The default ack wait: the stall is shorter, so no delivery is handed to the other worker while the
+        // first still holds it (a stall longer than the ack wait is another fault: docs/operations.md).
+        c.consumer.ack_wait_secs = 30;
         c.llm.max_retries = 0;
         c.turn.user_turns_per_minute = 0;
         c.turn.turn_timeout_secs = 30;
