@@ -245,14 +245,18 @@ pub(crate) struct ModelAnswer {
     pub(crate) concern: Option<Category>,
 }
 
-/// Notes in the journal why a fixed line (`which`: crisis, busy, under_13) stands in for the model's
-/// answer in slot `t` ([`step::FIXED_LINE`]); a note that cannot be written is logged.
-async fn note_fixed(t: &SlotView<'_, '_>, which: &str, why: String) {
-    let key = t.slot.reply(t.job.record.generation);
+/// Notes in the journal why a fixed line (`which`: crisis, busy, under_13, failure) stands in for the
+/// model's answer of the reply keyed `key` ([`step::FIXED_LINE`]); a note that cannot be written is logged.
+pub(super) async fn note_fixed_line(job: &Job, key: &str, which: &str, why: String) {
     let detail = serde_json::json!({ "line": which, "why": why });
-    if let Err(e) = t.job.note(step::FIXED_LINE, &key, detail).await {
+    if let Err(e) = job.note(step::FIXED_LINE, key, detail).await {
         warn!(error = %e, "why a fixed line was said not noted in the journal");
     }
+}
+
+/// [`note_fixed_line`] for slot `t`'s reply.
+async fn note_fixed(t: &SlotView<'_, '_>, which: &str, why: String) {
+    note_fixed_line(t.job, &t.slot.reply(t.job.record.generation), which, why).await;
 }
 
 impl Composer {

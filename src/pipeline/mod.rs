@@ -38,7 +38,7 @@ use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tracing::{Instrument as _, info, warn};
+use tracing::{Instrument as _, info};
 
 pub use burst::Burst;
 pub(crate) use input::Input;
@@ -707,11 +707,7 @@ impl Pipeline {
                     None => (c.failure_line.clone(), "failure"),
                 };
                 let why = format!("the job's attempts failed: {reason}");
-                let detail = serde_json::json!({ "line": which, "why": why });
-                let key = plan.slot(0).reply(generation);
-                if let Err(e) = job.note(step::FIXED_LINE, &key, detail).await {
-                    warn!(error = %e, "why the failure line was said not noted in the journal");
-                }
+                compose::note_fixed_line(job, &plan.slot(0).reply(generation), which, why).await;
                 let said = self.composer.line(a, first, line);
                 let lang = crisis.as_ref().map(|f| f.lang.as_str());
                 self.outgoing.pass(a, first, said, lang).await

@@ -29,6 +29,18 @@ impl Bus {
 }
 
 impl Lookup<'_> {
+    /// The stream `name`, for direct gets (no info request: a lookup is one round trip per read).
+    async fn open(
+        &self,
+        name: &str,
+    ) -> Result<async_nats::jetstream::stream::Stream<()>, BusError> {
+        self.bus
+            .js
+            .get_stream_no_info(name)
+            .await
+            .map_err(|e| BusError::NoStream(name.to_owned(), e.to_string()))
+    }
+
     /// The sequence of `completion` in the outbound stream when it is stored already: an earlier
     /// attempt's publish the server stored though its ack never came back (a stalled server). Publishing
     /// it again would be dropped by the stream but seen twice by a core subscriber, so a retried
@@ -43,12 +55,7 @@ impl Lookup<'_> {
         /// Stream sequences looked back from the conversation's last completion, and completions read.
         const LOOK_BACK: u64 = 4096;
         const READ_AT_MOST: usize = 16;
-        let stream = self
-            .bus
-            .js
-            .get_stream_no_info(&self.bus.names.stream_out)
-            .await
-            .map_err(|e| BusError::NoStream(self.bus.names.stream_out.clone(), e.to_string()))?;
+        let stream = self.open(&self.bus.names.stream_out).await?;
         let subject = self.bus.names.outbound(&completion.conversation_id);
         let is_this = |m: &async_nats::jetstream::message::StreamMessage| {
             m.headers
@@ -93,12 +100,7 @@ impl Lookup<'_> {
         message_id: &str,
     ) -> Result<Option<DeadLetter>, BusError> {
         use async_nats::jetstream::stream::DirectGetErrorKind;
-        let stream = self
-            .bus
-            .js
-            .get_stream_no_info(&self.bus.names.stream_dlq)
-            .await
-            .map_err(|e| BusError::NoStream(self.bus.names.stream_dlq.clone(), e.to_string()))?;
+        let stream = self.open(&self.bus.names.stream_dlq).await?;
         let subject = self.bus.names.dead_letter(original_subject);
         let mut next = 1;
         for _ in 0..DEAD_LETTERS_READ {
