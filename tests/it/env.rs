@@ -530,6 +530,15 @@ impl TestEnv {
         out
     }
 
+    /// The reasons of the dead letters, in order.
+    pub async fn dead_letter_reasons(&self) -> Vec<String> {
+        self.dead_letters()
+            .await
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect()
+    }
+
     /// Stops the workers and removes this test's streams and databases.
     pub async fn finish(mut self) {
         self.shutdown.cancel();

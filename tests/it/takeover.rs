@@ -282,12 +282,7 @@ async fn a_malformed_takeover_signal_is_dead_lettered_and_changes_nothing() {
         .await,
         "both dead-lettered"
     );
-    let reasons: Vec<String> = env
-        .dead_letters()
-        .await
-        .into_iter()
-        .map(|(r, _)| r)
-        .collect();
+    let reasons = env.dead_letter_reasons().await;
     assert!(
         reasons.iter().any(|r| r.contains("`action`")),
         "{reasons:?}"
