@@ -44,7 +44,7 @@ fi
 
 if [[ "$what" == test ]]; then
   if ! have node || ! have npm; then
-    need "Node.js and npm (the TB-Backend bridge test runs nats.js; Debian: apt-get install nodejs npm)"
+    need "Node.js and npm (the TB-Backend service and its tests run on Node.js 20 or newer; Debian: apt-get install nodejs npm)"
   fi
   if ! have apt-get || ! have dpkg-deb; then
     need "apt-get and dpkg-deb (Debian's Prometheus package is fetched with apt-get download)"

@@ -129,7 +129,7 @@ PHOENIX_BIN="$(deploy/local/phoenix.sh | tail -n 1)"
 export PHOENIX_BIN
 eval "$(deploy/local/stack.sh env)"
 
-phase "the TB-Backend bridge's nats.js (npm ci)"
+phase "the TB-Backend service's packages: nats.js, Express, Socket.IO, jsonwebtoken, the MongoDB driver (npm ci)"
 # Node trusts only its own CA list; the system's (which curl and pip use, and which holds a TLS-inspecting
 # proxy's CA where there is one) is added unless the user chose otherwise.
 if [[ -z "${NODE_EXTRA_CA_CERTS:-}" && -r /etc/ssl/certs/ca-certificates.crt ]]; then

@@ -62,7 +62,7 @@ for _ in $(seq 1 60); do
 done
 echo "nats-server $("$NATS_SERVER" --version | awk '{print $2}') on 127.0.0.1:$PORT with deploy/nats/nats.conf + auth.conf"
 
-NATS_TEST_URL="nats://127.0.0.1:$PORT" "$PY" - <<'PYEOF'
+ROOT="$ROOT" NATS_TEST_URL="nats://127.0.0.1:$PORT" "$PY" - <<'PYEOF'
 import asyncio, os, sys, json
 import nats
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
@@ -314,6 +314,39 @@ async def main():
     check(len(got_out) == 1 and got_out[0].subject == "dm.bot.out.x", "backend receives the completion on dm.bot.out.x",
           f"{len(got_out)} message(s); the forged one was dropped")
     check(len(got_typing) == 1, "backend receives the typing event on dm.bot.typing.x")
+
+    # --- the fan-out's own code reads completions and alerts through its durable consumers ---------
+    try:
+        ack = await wjs.publish("dm.bot.alert.crisis.x", b'{"conversationId":"x","messageId":"m1"}', timeout=3,
+                                headers={"Nats-Msg-Id": "crisis:m1"})
+        check(ack.stream == "DM_BOT_ALERT", "worker CAN publish a crisis alert (PubAck from DM_BOT_ALERT)")
+    except Exception as e:
+        check(False, "worker CAN publish a crisis alert", repr(e))
+    script = os.path.join(os.environ["ROOT"], "deploy/tb-backend/test/consumer-check.js")
+    env = dict(os.environ, NATS_URL=URL, NATS_USER="tb-backend", NATS_PASSWORD=PW["tb-backend"])
+    proc = await asyncio.create_subprocess_exec("node", script, env=env, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    seen = [json.loads(l) for l in out.decode().splitlines() if l.strip()]
+    by_stream = {s.get("stream"): s for s in seen}
+    check(by_stream.get("DM_BOT_OUT", {}).get("subject") == "dm.bot.out.x",
+          "backend (the fan-out's code) CAN create and read its durable consumer tb-backend-out on DM_BOT_OUT",
+          json.dumps(by_stream.get("DM_BOT_OUT", seen)))
+    check(by_stream.get("DM_BOT_ALERT", {}).get("subject") == "dm.bot.alert.crisis.x",
+          "backend (the fan-out's code) CAN create and read its durable consumer tb-backend-alerts on DM_BOT_ALERT",
+          json.dumps(by_stream.get("DM_BOT_ALERT", seen)))
+    bjs_short = backend.jetstream(timeout=1)
+    try:
+        await bjs_short.add_consumer("DM_BOT_OUT", ConsumerConfig(durable_name="sneaky", ack_policy=AckPolicy.EXPLICIT))
+        check(False, "backend CANNOT create another consumer on DM_BOT_OUT", "created")
+    except Exception as e:
+        try:
+            await ajs.consumer_info("DM_BOT_OUT", "sneaky")
+            exists = True
+        except Exception:
+            exists = False
+        denied = any("permissions violation" in x.lower() and "dm_bot_out.sneaky" in x.lower() for x in berr)
+        check(denied and not exists, "backend CANNOT create another consumer on DM_BOT_OUT",
+              f"{type(e).__name__}; permissions violation; no such consumer")
 
     # --- the worker's memory signals, and erasing a user (crates/tools/src/memory, crates/store/src/bus/erase.rs) ---------
     for subject in ("dm.bot.signal.memory.x.y", "dm.bot.schedule.memory.x.y"):

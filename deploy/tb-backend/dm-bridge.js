@@ -174,7 +174,8 @@ function audience(c) {
     : { room: c.conversationId };
 }
 
-async function connectNats() {
+// extra: connect options of a long-running client (the fan-out service keeps trying, forever).
+async function connectNats(extra = {}) {
   return connect({
     servers: (process.env.NATS_URL || 'nats://127.0.0.1:4222').split(',').map((s) => s.trim()),
     user: process.env.NATS_USER || undefined,
@@ -182,6 +183,7 @@ async function connectNats() {
     inboxPrefix: process.env.NATS_INBOX_PREFIX || '_INBOX_tb_backend',
     name: 'tb-backend-dm-bridge',
     timeout: 5000, // connect timeout (ms)
+    ...extra,
   });
 }
 

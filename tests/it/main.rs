@@ -14,6 +14,7 @@ mod durable_turns;
 mod embed_bench;
 mod embed_parity;
 mod explain;
+mod fanout;
 mod flood;
 mod flows;
 mod groups;
