@@ -7,6 +7,13 @@
 #                                   a group chat with several companions
 #   deploy/local/demo.sh --spot-wizard
 #                                   the guided spot wizard, from the maps link to the moderator's review
+#   deploy/local/demo.sh --web      the chat in the browser: TB-Backend's service (deploy/tb-backend/server.js)
+#                                   serves the DM screen in miniature at http://127.0.0.1:3000 (TB_PORT moves
+#                                   it) with a token for the demo user; DMs with every companion and a group
+#                                   with Kaori and Tony. On a terminal it prints the page's address and runs
+#                                   until you press Enter; not on a terminal, headless Chromium (when installed)
+#                                   opens the page, sends messages, sees a card and a reminder arrive, saves a
+#                                   screenshot to .local/logs/web-chat.png, and the demo exits
 #   deploy/local/chat.sh            chat as jess after the demo (starts whatever is not running; reads
 #                                   lines from stdin when piped)
 #   --user sam|mia|ren              chat as another seeded user (Philadelphia US, London GB, Sapporo JP:
@@ -47,6 +54,7 @@ STUB_PORT="${STUB_PORT:-8089}"
 BOT="${BOT:-kaori}"
 GROUP=""
 WIZARD=""
+WEB=""
 CHAT=""
 AS_USER=""
 TRACES=""
@@ -57,17 +65,21 @@ while [[ $# -gt 0 ]]; do
     --user) AS_USER="${2:?--user needs a seeded username: jess, sam, mia or ren}"; shift 2 ;;
     --group) GROUP="${2:?--group needs companions, e.g. kaori,tony}"; shift 2 ;;
     --spot-wizard) WIZARD=1; shift ;;
+    --web) WEB=1; shift ;;
     # Chat as jess whether or not on a terminal (lines from stdin when piped): deploy/local/chat.sh.
     --chat) CHAT=1; shift ;;
     --traces) TRACES=1; shift ;;
     --trace-content) TRACE_CONTENT=1; shift ;;
     --no-ids) IDS=(); shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: $0 [--group kaori,tony | --spot-wizard | --chat] [--user jess|sam|mia|ren] [--no-ids] [--traces [--trace-content]]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--group kaori,tony | --spot-wizard | --chat | --web] [--user jess|sam|mia|ren] [--no-ids] [--traces [--trace-content]]" >&2; exit 2 ;;
   esac
 done
 if [[ -n "$TRACE_CONTENT" && -z "$TRACES" ]]; then
   echo "--trace-content goes with --traces" >&2; exit 2
+fi
+if [[ -n "$WEB" && -n "$GROUP$WIZARD$CHAT" ]]; then
+  echo "--web is a chat of its own: not with --group, --spot-wizard or --chat" >&2; exit 2
 fi
 started=$SECONDS
 # Bold only on a terminal: a log or a pipe gets plain text.
@@ -98,7 +110,7 @@ stop_phoenix() {
 cleanup() { stop_pids; stop_phoenix; }
 trap cleanup EXIT
 
-deploy/local/prereqs.sh demo
+deploy/local/prereqs.sh "$([[ -n "$WEB" ]] && echo web || echo demo)"
 # The demo runs on its own local stack: servers named in the environment are not used, and it says so.
 for var in NATS_URL POSTGRES_URL ATLAS_URI; do
   if [[ -n "${!var:-}" ]]; then
@@ -161,6 +173,14 @@ PY
     say "Phoenix starting (pid $PHOENIX_PID, OTLP/gRPC on $PHOENIX_GRPC_PORT, data in $LOCAL_DIR/phoenix/data, log: $LOGS/phoenix.log)"
   fi
   say "the traces will be at $PHOENIX_URL/projects (message text on the spans: $([[ -n "$TRACE_CONTENT" ]] && echo "yes, --trace-content: staging only" || echo no))"
+fi
+TB_DIR="$ROOT/deploy/tb-backend"
+if [[ -n "$WEB" ]] && [[ ! -f "$TB_DIR/node_modules/.package-lock.json" || "$TB_DIR/package-lock.json" -nt "$TB_DIR/node_modules/.package-lock.json" ]]; then
+  say "the TB-Backend service's packages: Express, Socket.IO, nats.js, jsonwebtoken, the MongoDB driver (npm ci, about 10 s)"
+  if [[ -z "${NODE_EXTRA_CA_CERTS:-}" && -r /etc/ssl/certs/ca-certificates.crt ]]; then
+    export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
+  fi
+  npm ci --prefix "$TB_DIR" --no-audit --no-fund --loglevel=error
 fi
 if [[ -x "$LOCAL_DIR/venv/bin/python" ]]; then
   say "local stack: NATS, PostgreSQL, the MongoDB-wire server"
@@ -323,7 +343,56 @@ LAST_ID="$LOGS/last-message-id"
 rm -f -- "$LAST_ID"
 CHAT_OPTS=("${IDS[@]}" --last-id-file "$LAST_ID")
 
-if [[ -n "$WIZARD" ]]; then
+if [[ -n "$WEB" ]]; then
+  # TB-Backend's service: the app's API, Socket.IO and the page. The key that signs the page's token is
+  # made once and kept in .local, so a link stays good from run to run.
+  SECRET_FILE="$LOCAL_DIR/tb-backend/jwt-secret"
+  if [[ ! -s "$SECRET_FILE" ]]; then
+    mkdir -p -- "$(dirname -- "$SECRET_FILE")"
+    (umask 077; head -c 48 /dev/urandom | base64 | tr -d '\n/+=' >"$SECRET_FILE")
+  fi
+  TB_JWT_SECRET="$(cat -- "$SECRET_FILE")"
+  export TB_JWT_SECRET
+  TB_PORT="${TB_PORT:-3000}"
+  TB_OUT="$LOGS/tb-backend.out"
+  : >"$TB_OUT"
+  TB_HTTP_ADDR="127.0.0.1:$TB_PORT" node "$TB_DIR/server.js" >"$TB_OUT" 2>>"$LOGS/tb-backend.log" &
+  pids+=($!)
+  for _ in $(seq 1 150); do
+    grep -q "listening on" "$TB_OUT" && break
+    if ! kill -0 "${pids[-1]}" 2>/dev/null; then
+      tail -n 5 -- "$LOGS/tb-backend.log"
+      if tail -n 20 -- "$LOGS/tb-backend.log" | grep -q EADDRINUSE; then
+        say "port $TB_PORT is taken; TB_PORT=<port> moves the page"
+      fi
+      say "TB-Backend's service did not start (log: $LOGS/tb-backend.log)"
+      exit 1
+    fi
+    sleep 0.2
+  done
+  URL="$(sed -n 's/^tb-backend listening on //p' "$TB_OUT")"
+  [[ -n "$URL" ]] || { say "TB-Backend's service is not listening after 30 s (log: $LOGS/tb-backend.log)"; exit 1; }
+  say "TB-Backend's service at $URL (log: $LOGS/tb-backend.log): completions, typing and alerts through Socket.IO"
+  DEMO_ID="$("$DEV" user-id "$DEMO_USER")"
+  convs="$("$DEV" web-conversations --user "$DEMO_USER" --group kaori,tony)"
+  DM_ID="$(awk -v bot="$BOT" '$2 == bot {print $1}' <<<"$convs")"
+  GROUP_ID="$(awk '$2 == "group" {print $1}' <<<"$convs")"
+  TOKEN="$(node "$TB_DIR/mint-token.js" "$DEMO_ID" --expires-in 12h)"
+  if [[ -t 0 && -t 1 ]]; then
+    say "the chat page, signed in as $DEMO_USER for 12 hours (open it in a browser on this machine):"
+    printf '\n    %s/?token=%s\n\n' "$URL" "$TOKEN"
+    say "DMs with every companion and a group with Kaori and Tony; ask for a park list, or to be reminded of something in a few seconds. Press Enter here to stop"
+    read -r _ || true
+  elif CHROMIUM="$(deploy/local/chromium.sh --check)"; then
+    export CHROMIUM
+    say "not a terminal: headless Chromium opens the page as $DEMO_USER, chats with $NAME and the group, and waits for what the app shows"
+    node "$TB_DIR/test/web-check.js" --url "$URL" --token "$TOKEN" --dm "$DM_ID" --group "$GROUP_ID" \
+      --screenshot "$LOGS/web-chat.png"
+    say "the page as Chromium saw it: $LOGS/web-chat.png; on a terminal, deploy/local/demo.sh --web prints the page's address and keeps it up"
+  else
+    say "not a terminal, and no Chromium to open the page with (Debian: apt-get install chromium): the page was served at $URL; on a terminal, deploy/local/demo.sh --web prints its address with a token and keeps it up"
+  fi
+elif [[ -n "$WIZARD" ]]; then
   say "the spot wizard: a guided flow from the maps link to the moderator's review"
   "$DEV" chat "${CHAT_OPTS[@]}" --user "$DEMO_USER" --bot "$BOT" --script spot-wizard --wait 60
   say "a moderator approves the draft; the companion follows up and the flow ends"

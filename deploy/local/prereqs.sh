@@ -2,8 +2,10 @@
 # Checks what the two README commands need before they start, one line per missing piece.
 #
 #   deploy/local/prereqs.sh demo     what deploy/local/demo.sh needs
-#   deploy/local/prereqs.sh test     what deploy/local/test.sh needs (the demo's, plus Node.js/npm and
-#                                    Debian's apt-get/dpkg-deb for the Prometheus checks)
+#   deploy/local/prereqs.sh test     what deploy/local/test.sh needs (the demo's, plus Node.js/npm,
+#                                    Debian's apt-get/dpkg-deb for the Prometheus checks and, for a user
+#                                    who is not root, Debian's Chromium)
+#   deploy/local/prereqs.sh web      what deploy/local/demo.sh --web needs (the demo's, plus Node.js/npm)
 #
 # Exit 0 when everything is there, 1 otherwise (after listing every missing piece).
 set -uo pipefail
@@ -42,9 +44,17 @@ if [[ "$(id -u)" -eq 0 ]]; then
   have setpriv || need "setpriv (util-linux), to run PostgreSQL as nobody when started by root"
 fi
 
-if [[ "$what" == test ]]; then
+if [[ "$what" == test || "$what" == web ]]; then
   if ! have node || ! have npm; then
-    need "Node.js and npm (the TB-Backend service and its tests run on Node.js 20 or newer; Debian: apt-get install nodejs npm)"
+    need "Node.js 20 or newer and npm (the TB-Backend service; Debian: apt-get install nodejs npm)"
+  elif ! version_at_least "$(node --version 2>/dev/null | tr -d v)" 20; then
+    need "Node.js 20 or newer: node is $(node --version 2>/dev/null)"
+  fi
+fi
+if [[ "$what" == test ]]; then
+  # The browser test needs Debian's Chromium: test.sh installs it when run as root.
+  if [[ "$(id -u)" -ne 0 ]] && ! "$(dirname -- "${BASH_SOURCE[0]}")/chromium.sh" --check; then
+    need "Debian's Chromium for the browser test (as root: apt-get install chromium fonts-noto-color-emoji; or set CHROMIUM to its path)"
   fi
   if ! have apt-get || ! have dpkg-deb; then
     need "apt-get and dpkg-deb (Debian's Prometheus package is fetched with apt-get download)"
@@ -58,4 +68,4 @@ if ((${#missing[@]})); then
   exit 1
 fi
 printf '[prereqs] ok: rust %s, python %s, curl%s\n' "${rv:-?}" "${pv:-?}" \
-  "$([[ "$what" == test ]] && printf ', node %s, npm %s, apt-get' "$(node --version 2>/dev/null)" "$(npm --version 2>/dev/null)")"
+  "$([[ "$what" == test || "$what" == web ]] && printf ', node %s, npm %s'"$([[ "$what" == test ]] && printf ', apt-get')" "$(node --version 2>/dev/null)" "$(npm --version 2>/dev/null)")"

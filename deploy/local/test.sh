@@ -136,6 +136,9 @@ if [[ -z "${NODE_EXTRA_CA_CERTS:-}" && -r /etc/ssl/certs/ca-certificates.crt ]];
   export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
 fi
 npm ci --prefix deploy/tb-backend --no-audit --no-fund --loglevel=error
+phase "Debian's Chromium for the chat page's browser test (deploy/local/chromium.sh)"
+CHROMIUM="$(deploy/local/chromium.sh | tail -n 1)"
+export CHROMIUM
 phase "least-privilege NATS users (deploy/nats/test-permissions.sh)"
 deploy/nats/test-permissions.sh
 phase "alert rules (promtool check rules, promtool test rules)"

@@ -47,6 +47,15 @@ async function main() {
 
   const app = express();
   app.disable('x-powered-by');
+  // The page loads nothing but its own files; no one else may frame it or guess a file's type.
+  app.use((req, res, next) => {
+    res.set({
+      'Content-Security-Policy': "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+      'X-Content-Type-Options': 'nosniff',
+      'Referrer-Policy': 'no-referrer',
+    });
+    next();
+  });
   const server = http.createServer(app);
   const io = new Server(server, { serveClient: true, maxHttpBufferSize: 64 * 1024 });
   const fanout = new Fanout({ nc, io, db, cfg, log });

@@ -204,3 +204,51 @@ pub async fn publish_spot_review(
         .await?;
     Ok(ack.duplicate)
 }
+
+/// The chat page's conversations of `user` (`deploy/local/demo.sh --web`): a DM with every companion
+/// (the users with `isBot`) and a group with the companions named in `group` (usernames), each created
+/// when missing. Their ids with a label (`kaori`, `group kaori,tony`), DMs first.
+pub async fn ensure_web_conversations(
+    mongo: &Mongo,
+    user: ObjectId,
+    group: &[String],
+) -> Result<Vec<(String, ObjectId)>, BackendError> {
+    let mut bots = Vec::new();
+    let mut cursor = mongo
+        .collection(companion_store::store::mongo::USERS)
+        .find(doc! { "isBot": true })
+        .await?;
+    while let Some(bot) = cursor.next().await {
+        let bot = bot?;
+        if let (Ok(id), Ok(name)) = (bot.get_object_id("_id"), bot.get_str("username")) {
+            bots.push((name.to_owned(), id));
+        }
+    }
+    bots.sort();
+    let mut out = Vec::new();
+    for (name, id) in &bots {
+        out.push((name.clone(), ensure_conversation(mongo, user, *id).await?));
+    }
+    let members: Vec<ObjectId> = group
+        .iter()
+        .filter_map(|g| bots.iter().find(|(n, _)| n == g).map(|(_, id)| *id))
+        .collect();
+    if !members.is_empty() {
+        let mut participants = vec![user];
+        participants.extend(&members);
+        let existing = mongo
+            .collection(DM_CONVERSATIONS)
+            .find_one(doc! {
+                "isGroup": true,
+                "participants": { "$all": participants.clone(), "$size": participants.len() as i32 },
+            })
+            .await?
+            .and_then(|d| d.get_object_id("_id").ok());
+        let id = match existing {
+            Some(id) => id,
+            None => create_group(mongo, &[user], &members).await?,
+        };
+        out.push((format!("group {}", group.join(",")), id));
+    }
+    Ok(out)
+}

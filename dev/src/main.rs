@@ -43,6 +43,17 @@ enum Command {
         #[command(flatten)]
         mongo: MongoConfig,
     },
+    /// Make sure a user has the chat page's conversations (a DM with every companion, a group with
+    /// `--group`), and print each id with its label, one per line.
+    WebConversations {
+        #[arg(long, default_value = "jess")]
+        user: String,
+        /// The group's companions (usernames, comma separated).
+        #[arg(long, default_value = "kaori,tony")]
+        group: String,
+        #[command(flatten)]
+        mongo: MongoConfig,
+    },
     /// Publish one DM exactly as TB-Backend would, and print its turn: every message it sent.
     Send {
         /// User id or username.
@@ -232,6 +243,22 @@ async fn run() -> anyhow::Result<()> {
                 .await
                 .context("creating a demo user")?;
             println!("{username}");
+        }
+        Command::WebConversations { user, group, mongo } => {
+            let mongo = store::Mongo::connect(&mongo)
+                .await
+                .context("connecting to MongoDB")?;
+            let user = companion_dev::chat::resolve_user(&mongo, &user).await?;
+            let group: Vec<String> = group
+                .split(',')
+                .map(|g| g.trim().to_owned())
+                .filter(|g| !g.is_empty())
+                .collect();
+            for (label, id) in
+                companion_dev::backend::ensure_web_conversations(&mongo, user, &group).await?
+            {
+                println!("{} {label}", id.to_hex());
+            }
         }
         Command::Send {
             user,

@@ -2,7 +2,8 @@
 //! `socket.io-client` (`deploy/tb-backend/test/socket-probe.js`): a reply reaches its user once with typing
 //! before it, a completion that reaches the service twice is emitted once, a restarted service catches up,
 //! a group's private referral reaches only its user, a crisis card arrives whole, and a client without a
-//! valid token for its own user receives nothing.
+//! valid token for its own user receives nothing. And the chat page (`deploy/tb-backend/public/`) in headless
+//! Chromium: a reply with its card, a reminder arriving by itself, a group's answers.
 
 use crate::env::*;
 use companion_dev::stub::{StubReply, always};
@@ -493,5 +494,82 @@ async fn a_client_without_a_valid_token_for_its_own_user_receives_nothing() {
             probe.seen
         );
     }
+    env.finish().await;
+}
+
+/// Debian's Chromium (or CHROMIUM): the browser test fails without it, it never skips.
+fn chromium() -> String {
+    let path = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "no Chromium at {path}: the browser test needs Debian's chromium (deploy/local/test.sh installs it as root; \
+         otherwise `sudo apt-get install chromium`, or CHROMIUM=<path>)"
+    );
+    path
+}
+
+#[tokio::test]
+async fn the_chat_page_in_chromium_shows_a_reply_its_card_a_reminder_and_a_group() {
+    let browser = chromium();
+    let mut env = TestEnv::with(companion_dev::stub::demo(), |c| {
+        c.turn.reminder_min_lead_secs = 5;
+    })
+    .await;
+    env.start_worker().await;
+    let group =
+        companion_dev::backend::create_group(&env.mongo, &[oid(JESS)], &[oid(KAORI), oid(TONY)])
+            .await
+            .unwrap()
+            .to_hex();
+    let fanout = Fanout::start(&env).await;
+    let shot = std::env::temp_dir().join(format!("web-chat-{}.png", env.tag));
+    let out = Command::new("node")
+        .arg(root().join("deploy/tb-backend/test/web-check.js"))
+        .args(["--url", &fanout.url, "--token", &token(JESS, &[]).await])
+        .args(["--dm", JESS_KAORI, "--group", &group])
+        .arg("--screenshot")
+        .arg(&shot)
+        .env("CHROMIUM", &browser)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the page check failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        summary["steps"],
+        json!([
+            "connected",
+            "reply with a card",
+            "reply",
+            "reminder arrived",
+            "screenshot",
+            "group answered"
+        ]),
+        "{stdout}"
+    );
+    assert_eq!(
+        summary["errors"],
+        json!([]),
+        "the page logged errors: {stdout}"
+    );
+    let png = std::fs::read(&shot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 20_000,
+        "{} bytes",
+        png.len()
+    );
+    // What the page showed is what the worker stored: the reminder is a proactive message in the DM.
+    let proactive = env
+        .mongo
+        .collection("dm_messages")
+        .count_documents(bson::doc! { "conversationId": oid(JESS_KAORI), "proactive": true })
+        .await
+        .unwrap();
+    assert_eq!(proactive, 1);
     env.finish().await;
 }
