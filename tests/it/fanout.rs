@@ -529,6 +529,7 @@ async fn the_chat_page_in_chromium_shows_a_reply_its_card_a_reminder_and_a_group
         .args(["--dm", JESS_KAORI, "--group", &group])
         .arg("--screenshot")
         .arg(&shot)
+        .args(["--crisis", CRISIS_TEXT])
         .env("CHROMIUM", &browser)
         .output()
         .await
@@ -548,10 +549,60 @@ async fn the_chat_page_in_chromium_shows_a_reply_its_card_a_reminder_and_a_group
             "reply",
             "reminder arrived",
             "screenshot",
-            "group answered"
+            "group answered",
+            "crisis card"
         ]),
         "{stdout}"
     );
+    // The crisis card shows every line the worker stored, in its order, with its kind, hours and cost.
+    let referral = env
+        .mongo
+        .collection("dm_messages")
+        .find_one(bson::doc! { "conversationId": oid(JESS_KAORI), "safety": "crisis" })
+        .await
+        .unwrap()
+        .expect("the referral is stored");
+    let stored: Value = serde_json::to_value(
+        referral
+            .get_document("richContent")
+            .unwrap()
+            .get_document("data")
+            .unwrap(),
+    )
+    .unwrap();
+    let stored = stored["lines"].as_array().unwrap();
+    let shown = summary["crisisLines"].as_array().unwrap();
+    assert_eq!(shown.len(), stored.len(), "{shown:#?} vs {stored:#?}");
+    for (shown, stored) in shown.iter().zip(stored) {
+        assert_eq!(shown["name"], stored["name"]);
+        assert_eq!(shown["kind"], stored["kind"]);
+        let tags: Vec<&str> = shown["tags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        if let Some(hours) = stored["hours"].as_str() {
+            assert!(
+                tags.iter().any(|t| t.contains(hours)),
+                "hours {hours}: {shown}"
+            );
+        }
+        match stored["cost"].as_str() {
+            Some("free") => assert!(tags.contains(&"free"), "{shown}"),
+            Some(cost) => assert_eq!(shown["cost"], format!("cost: {cost}")),
+            None => {}
+        }
+        if let Some(phone) = stored["phone"].as_str() {
+            let digits: String = phone.chars().filter(|c| c.is_ascii_digit()).collect();
+            assert!(
+                shown["links"].as_array().unwrap().iter().any(|l| l
+                    .as_str()
+                    .is_some_and(|l| l.starts_with("tel:") && l.contains(&digits))),
+                "a call button for {phone}: {shown}"
+            );
+        }
+    }
     assert_eq!(
         summary["errors"],
         json!([]),

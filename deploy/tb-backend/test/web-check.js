@@ -6,6 +6,10 @@
 //
 //   node test/web-check.js --url http://127.0.0.1:3000 --token <jwt> --dm <conversationId>
 //        [--group <conversationId>] [--screenshot file.png] [--chromium /usr/bin/chromium]
+//        [--crisis '<a message in crisis>']
+//
+// --crisis: last, sends that message in the DM and waits for the crisis card; the summary's `crisisLines`
+// is what the card shows of each line ({name, kind, tags, cost, links}), in order.
 //
 // stdout: one line per step ("[web] …"), then the JSON summary {"ok", "steps", "typingSeen", ...}.
 // exit: 0 every step seen; 1 a step failed (a screenshot of that moment goes next to --screenshot);
@@ -19,7 +23,7 @@ function args(argv) {
   const o = { chromium: process.env.CHROMIUM || '/usr/bin/chromium', waitMs: 60000 };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i].replace(/^--/, '');
-    if (!['url', 'token', 'dm', 'group', 'screenshot', 'chromium'].includes(k)) {
+    if (!['url', 'token', 'dm', 'group', 'screenshot', 'chromium', 'crisis'].includes(k)) {
       process.stderr.write(`web-check: unknown option ${argv[i]}\n`);
       process.exit(2);
     }
@@ -100,6 +104,24 @@ async function main() {
       await open(o.group);
       const first = await send('kaori and tony, any tips for my first drop in?', 2);
       step('group answered', first.trim().slice(0, 80));
+    }
+    if (o.crisis) {
+      await open(o.dm);
+      await send(o.crisis);
+      const card = page.locator('#messages .message.theirs .card[data-card-type="crisis_resources"]').last();
+      await card.waitFor({ timeout: o.waitMs });
+      summary.crisisLines = await card.locator('.crisis-line').evaluateAll((lines) => lines.map((l) => ({
+        name: l.querySelector('.line-name').textContent,
+        kind: l.dataset.kind,
+        tags: [...l.querySelectorAll('.line-tags .chip')].map((c) => c.textContent),
+        cost: (l.querySelector('.line-cost') || { textContent: null }).textContent,
+        links: [...l.querySelectorAll('a')].map((a) => a.getAttribute('href')),
+      })));
+      step('crisis card', `${summary.crisisLines.length} lines: ${summary.crisisLines.map((l) => l.name).join(', ')}`);
+      if (o.screenshot) {
+        await card.scrollIntoViewIfNeeded();
+        await page.screenshot({ path: o.screenshot.replace(/(\.png)?$/, '.crisis.png') });
+      }
     }
     summary.ok = true;
   } catch (e) {
