@@ -245,7 +245,7 @@ pub(crate) struct ModelAnswer {
     pub(crate) concern: Option<Category>,
 }
 
-/// Notes in the journal why a fixed line (`which`: crisis, busy, under_13, failure) stands in for the
+/// Notes in the journal why a fixed line (`which`: crisis, busy, budget, under_13, failure) stands in for the
 /// model's answer of the reply keyed `key` ([`step::FIXED_LINE`]); a note that cannot be written is logged.
 pub(super) async fn note_fixed_line(job: &Job, key: &str, which: &str, why: String) {
     let detail = serde_json::json!({ "line": which, "why": why });
@@ -397,7 +397,7 @@ impl Composer {
             return Ok(self.line(a, t.speaker, c.crisis_line.clone()).into());
         };
         let concern = spoken.concern;
-        let mut said = self.model_said(t, spoken, |text| text)?;
+        let mut said = self.model_said(t, spoken, |text| text).await?;
         said.recalled = Some(recalled);
         Ok(Composed { said, concern })
     }
@@ -537,7 +537,9 @@ impl Composer {
         drop((prompt, knowledge, named));
         let spoken = self.converse(t, &event, messages, tools, offer).await?;
         let concern = spoken.concern;
-        let mut said = self.model_said(t, spoken, |text| group::strip_own_name(text, &c.name))?;
+        let mut said = self
+            .model_said(t, spoken, |text| group::strip_own_name(text, &c.name))
+            .await?;
         if !said.last {
             said.tags = group::route::handover(&said.content, me, &a.members).map(|b| b.to_hex());
         }
@@ -645,7 +647,7 @@ impl Composer {
 
     /// The model's text as the slot's message (`shape` first: a group strips the speaker's own name),
     /// through the outgoing hook; the budget line when a spend budget stopped the model.
-    fn model_said(
+    async fn model_said(
         &self,
         t: &SlotView<'_, '_>,
         spoken: ModelAnswer,
@@ -654,10 +656,13 @@ impl Composer {
         let Some(text) = spoken.text else {
             info!("the spend budget is used up; answering with the budget line");
             let c = t.speaker.character;
-            let line = match t.crisis {
-                true => c.crisis_line.clone(),
-                false => c.budget_line.clone(),
+            let (which, line) = match t.crisis {
+                true => ("crisis", c.crisis_line.clone()),
+                false => ("budget", c.budget_line.clone()),
             };
+            let why = "a spend budget (the user's or the service's) is used up, so the model was not asked \
+                       (`companion usage --top 10` shows who spent it)";
+            note_fixed(t, which, why.to_owned()).await;
             let mut said = self.line(t.admitted, t.speaker, line);
             said.rich_content = spoken.card;
             said.tool_log = spoken.log;

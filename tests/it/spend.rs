@@ -165,6 +165,15 @@ async fn a_user_over_the_budget_gets_the_cheaper_model_then_the_budget_line_then
     let stopped = env.turn(&third).await;
     assert_eq!(stopped.content, budget_line("kaori"));
     assert_eq!(env.stub.requests().len(), 2, "no call at the budget");
+    // The journal says why the budget line went out.
+    let (ok, story, err) = env.run_companion(&["explain", &third.message_id]).await;
+    assert!(ok, "{err}");
+    assert!(
+        story.contains(
+            "fixed line: the budget line instead of the model's answer, because a spend budget"
+        ),
+        "{story}"
+    );
     // Another user is not affected.
     let other = env.dm(SAM, KAORI, &sam, "hi from sam").await;
     assert_eq!(env.turn(&other).await.content, "ok: hi from sam");
