@@ -385,6 +385,11 @@ listen_addresses = '127.0.0.1'
 port = $PG_PORT
 unix_socket_directories = '$sockdir'
 max_connections = 200
+# What each statement costs, for the bench (docs/benchmark.md, "PostgreSQL's work per turn"); a server
+# started before this line was added loads it at its next start.
+shared_preload_libraries = 'pg_stat_statements'
+pg_stat_statements.max = 5000
+pg_stat_statements.track = top
 # Dev/test stack: durability off for speed.
 fsync = off
 synchronous_commit = off

@@ -227,6 +227,30 @@ fn rows(c: &CompareReport) -> Vec<Row> {
         ("PostgreSQL CPU s per 1,000 turns", |rs| {
             cpu_per_1000(rs, |res| res.postgres_cpu_s_per_1000)
         }),
+        (
+            "PostgreSQL statements per turn (BEGIN/COMMIT included)",
+            |rs| mean_of(rs, |r| r.postgres.as_ref().map(|p| p.statements_per_turn)),
+        ),
+        (
+            "PostgreSQL round trips per turn (--count-round-trips)",
+            |rs| {
+                mean_of(rs, |r| {
+                    r.postgres.as_ref().and_then(|p| p.round_trips_per_turn)
+                })
+            },
+        ),
+        ("PostgreSQL commits per turn", |rs| {
+            mean_of(rs, |r| r.postgres.as_ref().map(|p| p.commits_per_turn))
+        }),
+        ("PostgreSQL rows written per turn", |rs| {
+            mean_of(rs, |r| r.postgres.as_ref().map(|p| p.rows_written_per_turn))
+        }),
+        ("PostgreSQL WAL bytes per turn", |rs| {
+            mean_of(rs, |r| r.postgres.as_ref().map(|p| p.wal_bytes_per_turn))
+        }),
+        ("PostgreSQL execution ms per turn", |rs| {
+            mean_of(rs, |r| r.postgres.as_ref().map(|p| p.exec_ms_per_turn))
+        }),
         ("turns completed", |rs| {
             sum_of(rs, |r| r.turns.as_ref().map(|t| t.completed as f64))
         }),

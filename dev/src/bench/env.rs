@@ -84,9 +84,19 @@ impl RunEnv {
         })
     }
 
+    /// The connection that creates and drops the run's database (a superuser on the local stack).
+    pub fn admin_url(&self) -> &str {
+        &self.admin_url
+    }
+
+    /// The run's PostgreSQL database.
+    pub fn database(&self) -> String {
+        format!("bench_{}", self.tag)
+    }
+
     /// Removes the streams and both databases of this run.
     pub async fn destroy(self) {
-        let db = format!("bench_{}", self.tag);
+        let db = self.database();
         remove_streams_and_database(&self.bus, &self.pg, &self.admin_url, &db).await;
         let _ = tokio::time::timeout(Duration::from_secs(30), self.mongo.db.drop()).await;
     }

@@ -17,11 +17,13 @@ pub mod dist;
 pub mod embed;
 pub mod env;
 pub mod load;
+pub mod pgwire;
 pub mod phase;
 pub mod procs;
 pub mod prompt;
 pub mod report;
 pub mod script;
+pub mod statements;
 pub mod workers;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
@@ -121,6 +123,10 @@ pub struct BenchArgs {
     /// Keep the run's databases, streams and logs (for inspection).
     #[arg(long)]
     pub keep: bool,
+    /// Count the workers' round trips to PostgreSQL through a proxy in this process (it adds a hop to
+    /// each; compare builds with it on for both).
+    #[arg(long)]
+    pub count_round_trips: bool,
     /// The `companion` binary the workers run (default: the one beside this binary).
     #[arg(long, env = "COMPANION_BIN")]
     pub worker_bin: Option<PathBuf>,
@@ -273,6 +279,13 @@ async fn measure(
     let mut config = env.config.clone();
     config.llm.base_url = stub.base_url.clone();
     config.turn.user_turns_per_minute = args.flood_limit;
+    let proxy = match args.count_round_trips {
+        true => Some(round_trip_proxy(&config.pg.url).await?),
+        false => None,
+    };
+    if let Some(p) = &proxy {
+        config.pg.url = p.url(&config.pg.url);
+    }
     report.settings = Some(run_settings(args, turns, &data, &config));
     let rss_idle = start_workers(&config, args, log_dir, procs, report).await?;
 
@@ -285,8 +298,25 @@ async fn measure(
     let collector = load::collect_completions(&env.bus, phases.tracker.clone()).await?;
     phases.warm_up(warmup_events).await;
     let rss_warm = phase::rss_mb(procs);
+    let counter = match statements::Counter::start(env.admin_url(), &env.database()).await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("bench: PostgreSQL's work is not counted: {e}");
+            None
+        }
+    };
+    if let Some(p) = &proxy {
+        p.reset();
+    }
     let measured = phases.measured(events, procs, &sampler, &stub).await;
     collector.abort();
+    if let Some(c) = &counter {
+        let trips = proxy.as_ref().map(|p| p.round_trips());
+        match c.finish(measured.progress.completed, trips).await {
+            Ok(work) => report.postgres = Some(work),
+            Err(e) => eprintln!("bench: PostgreSQL's work is not counted: {e}"),
+        }
+    }
 
     eprintln!("bench: stopping the workers…");
     workers::stop(procs, Duration::from_secs(30)).await;
@@ -301,6 +331,17 @@ async fn measure(
     report.resources = Some(resources(measured, rss_idle, rss_warm));
     drop(stub);
     Ok(())
+}
+
+/// Starts the round-trip counting proxy in front of the server of `url`.
+async fn round_trip_proxy(url: &str) -> Result<pgwire::PgWireCounter, BenchError> {
+    let options: sqlx::postgres::PgConnectOptions = url
+        .parse()
+        .map_err(|e| BenchError::Setup(format!("the PostgreSQL URL: {e}")))?;
+    let upstream = format!("{}:{}", options.get_host(), options.get_port());
+    pgwire::PgWireCounter::start(upstream)
+        .await
+        .map_err(|e| BenchError::Setup(format!("the round-trip proxy: {e}")))
 }
 
 /// Seeds the run's data, with the knowledge base ingested by the run's worker binary (its own encoder:

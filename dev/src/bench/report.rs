@@ -153,6 +153,8 @@ pub struct Report {
     /// Events published and completed per second of the measured phase.
     pub timeline: Vec<Second>,
     pub resources: Option<Resources>,
+    /// What the measured turns asked of PostgreSQL, per turn.
+    pub postgres: Option<super::statements::PgWork>,
     pub embedding: Option<EmbedFigures>,
     /// Worker log warnings and errors (with a few samples).
     pub worker_warnings: usize,
@@ -185,6 +187,7 @@ impl Report {
             stages: Vec::new(),
             timeline: Vec::new(),
             resources: None,
+            postgres: None,
             embedding: None,
             worker_warnings: 0,
             worker_errors: 0,
@@ -321,6 +324,7 @@ fn stage_lines(o: &mut String, r: &Report) {
 
 /// The prompts, what they are billed as, memory and CPU.
 fn cost_lines(o: &mut String, r: &Report) {
+    postgres_lines(o, r);
     if let Some(p) = &r.prompt {
         let _ = writeln!(
             o,
@@ -426,5 +430,37 @@ fn embedding_and_log_lines(o: &mut String, r: &Report) {
         for s in &r.worker_log_samples {
             let _ = writeln!(o, "  {s}");
         }
+    }
+}
+
+/// PostgreSQL's work per turn and its top statements.
+fn postgres_lines(o: &mut String, r: &Report) {
+    let Some(w) = &r.postgres else { return };
+    let trips = w
+        .round_trips_per_turn
+        .map_or("not counted (--count-round-trips)".to_owned(), |t| {
+            format!("{t:.1}")
+        });
+    let _ = writeln!(
+        o,
+        "\nPostgreSQL per turn: {:.1} statements ({:.1} of them BEGIN/COMMIT), round trips {trips}, {:.1} commits, {:.1} rows written, {:.1} rows returned or touched, {:.0} WAL bytes, {:.2} ms executing",
+        w.statements_per_turn,
+        w.transaction_control_per_turn,
+        w.commits_per_turn,
+        w.rows_written_per_turn,
+        w.rows_per_turn,
+        w.wal_bytes_per_turn,
+        w.exec_ms_per_turn,
+    );
+    for t in &w.top {
+        let _ = writeln!(
+            o,
+            "  {:>5.1}% {:>5.2} calls {:>6.3} ms {:>5.1} rows  {}",
+            t.share * 100.0,
+            t.calls_per_turn,
+            t.exec_ms_per_turn,
+            t.rows_per_turn,
+            t.query
+        );
     }
 }
