@@ -751,13 +751,18 @@ impl Composer {
         };
         let out = tool_loop::converse(&cx, request).await?;
         let mut text = out.stopped.is_none().then_some(out.text);
-        if out.concern.is_some() {
+        if let Some(concern) = out.concern {
             // Its own words go after the referral if they may; else the character's crisis line.
             let fits = text.as_deref().is_some_and(|s| {
                 !s.trim().is_empty() && self.settings.screen.check_reply(s).is_none()
             });
             if !fits {
                 text = Some(c.crisis_line.clone());
+                let why = format!(
+                    "the model flagged a concern ({}) and its own words were empty or failed the reply check",
+                    concern.as_str()
+                );
+                note_fixed(t, "crisis", why).await;
             }
         }
         Ok(ModelAnswer {

@@ -1354,6 +1354,16 @@ async fn a_model_flag_with_a_reply_that_fails_the_output_check_gets_the_crisis_l
     assert_eq!(seen[0].marks.safety.as_deref(), Some("crisis"));
     assert_eq!(seen[1].content, character_line("kaori", "crisisLine"));
     assert_eq!(env.stub.requests().len(), 1);
+    // The journal says why the crisis line stood in for the model's words.
+    settled(&env, &e.message_id).await;
+    let (ok, story, err) = env.run_companion(&["explain", &e.message_id]).await;
+    assert!(ok, "{err}");
+    assert!(
+        story.contains(
+            "fixed line: the crisis line instead of the model's answer, because the model flagged a concern (self_harm)"
+        ),
+        "{story}"
+    );
     worker.stop().await;
     env.finish().await;
 }
