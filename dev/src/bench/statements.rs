@@ -27,7 +27,8 @@ pub struct PgWork {
     pub round_trips_per_turn: Option<f64>,
     /// Committed transactions (each statement outside `BEGIN` … `COMMIT` is one).
     pub commits_per_turn: f64,
-    /// Rows inserted, updated and deleted.
+    /// Rows inserted, updated and deleted by the statements that write (pg_stat_statements' `rows` of
+    /// each `INSERT`, `UPDATE` and `DELETE`, also inside a `WITH`).
     pub rows_written_per_turn: f64,
     /// Rows returned or touched by the statements (pg_stat_statements' `rows`).
     pub rows_per_turn: f64,
@@ -55,8 +56,11 @@ pub struct TopStatement {
 #[derive(Clone, Copy, Debug, Default)]
 struct DbCounters {
     commits: i64,
-    written: i64,
 }
+
+/// How long a backend may keep its counters before it reports them to the statistics: at once after a
+/// transaction at most once a second, and an idle one after 10 s (PostgreSQL's `PGSTAT_IDLE_INTERVAL`).
+const STATS_FLUSH: std::time::Duration = std::time::Duration::from_secs(11);
 
 /// Counts the run's database from [`Counter::start`] to [`Counter::finish`].
 pub struct Counter {
@@ -68,10 +72,13 @@ pub struct Counter {
 }
 
 impl Counter {
-    /// Starts counting `database`: resets pg_stat_statements (the whole server's: a bench run owns the
-    /// local stack while it measures) and reads the database's counters.
+    /// Starts counting `database`: once the warm-up's counters have reached the statistics, reads the
+    /// database's counters and resets pg_stat_statements (the whole server's: a bench run owns the local
+    /// stack while it measures).
     pub async fn start(admin_url: &str, database: &str) -> Result<Self, BenchError> {
+        tokio::time::sleep(STATS_FLUSH).await;
         let mut conn = connect(admin_url).await?;
+        let before = db_counters(&mut conn, database).await?;
         let statements = match sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             .execute(&mut conn)
             .await
@@ -88,7 +95,6 @@ impl Counter {
                  when it starts PostgreSQL: `stack.sh down postgres && stack.sh up`): statements are not counted"
             );
         }
-        let before = db_counters(&mut conn, database).await?;
         Ok(Self {
             admin_url: admin_url.to_owned(),
             database: database.to_owned(),
@@ -103,8 +109,7 @@ impl Counter {
         turns: usize,
         round_trips: Option<u64>,
     ) -> Result<PgWork, BenchError> {
-        // Backends send their counters to the statistics at most once a second.
-        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        tokio::time::sleep(STATS_FLUSH).await;
         let mut conn = connect(&self.admin_url).await?;
         sqlx::query("SELECT pg_stat_clear_snapshot()")
             .execute(&mut conn)
@@ -114,7 +119,6 @@ impl Counter {
         let per = |x: f64| x / turns.max(1) as f64;
         let mut work = PgWork {
             commits_per_turn: per((after.commits - self.before.commits) as f64),
-            rows_written_per_turn: per((after.written - self.before.written) as f64),
             round_trips_per_turn: round_trips.map(|n| per(n as f64)),
             ..PgWork::default()
         };
@@ -147,6 +151,11 @@ impl Counter {
             .map(|s| s.1 as f64)
             .sum());
         work.rows_per_turn = per(all.iter().map(|s| s.2 as f64).sum());
+        work.rows_written_per_turn = per(all
+            .iter()
+            .filter(|s| writes(&s.0))
+            .map(|s| s.2 as f64)
+            .sum());
         work.exec_ms_per_turn = per(total_ms);
         work.wal_bytes_per_turn = per(all.iter().map(|s| s.4).sum());
         work.top = all
@@ -175,18 +184,14 @@ fn setup(what: &str, e: sqlx::Error) -> BenchError {
 }
 
 async fn db_counters(conn: &mut PgConnection, database: &str) -> Result<DbCounters, BenchError> {
-    let row = sqlx::query(
-        "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted AS written \
-         FROM pg_stat_database WHERE datname = $1",
-    )
-    .bind(database)
-    .fetch_optional(conn)
-    .await
-    .map_err(|e| setup("reading pg_stat_database", e))?;
+    let row = sqlx::query("SELECT xact_commit FROM pg_stat_database WHERE datname = $1")
+        .bind(database)
+        .fetch_optional(conn)
+        .await
+        .map_err(|e| setup("reading pg_stat_database", e))?;
     Ok(row
         .map(|r| DbCounters {
             commits: r.try_get("xact_commit").unwrap_or(0),
-            written: r.try_get("written").unwrap_or(0),
         })
         .unwrap_or_default())
 }
@@ -204,6 +209,13 @@ fn is_transaction_control(query: &str) -> bool {
         first.as_str(),
         "BEGIN" | "COMMIT" | "ROLLBACK" | "SAVEPOINT" | "RELEASE" | "START" | "END"
     )
+}
+
+/// Whether a statement writes rows: an `INSERT`, `UPDATE` or `DELETE`, at its start or in a `WITH`.
+fn writes(query: &str) -> bool {
+    query
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .any(|w| ["INSERT", "UPDATE", "DELETE"].contains(&w.to_ascii_uppercase().as_str()))
 }
 
 /// The statement on one line, at most 160 characters.
@@ -226,6 +238,17 @@ mod tests {
         assert!(is_transaction_control("  ROLLBACK TO SAVEPOINT s1"));
         assert!(!is_transaction_control("SELECT 1"));
         assert!(!is_transaction_control("INSERT INTO jobs VALUES ($1)"));
+    }
+
+    #[test]
+    fn writing_statements_are_told_from_reads() {
+        assert!(writes(
+            "WITH ins AS (INSERT INTO job_steps (job) SELECT $1) SELECT 1"
+        ));
+        assert!(writes("update jobs set state = $2"));
+        assert!(writes("DELETE FROM tombstones"));
+        assert!(!writes("SELECT updated_at FROM flow_states"));
+        assert!(!writes("SELECT EXISTS (SELECT 1 FROM tombstones)"));
     }
 
     #[test]

@@ -11,6 +11,12 @@ use sqlx::{PgPool, Row, postgres::PgPoolOptions};
 use super::{StoreError, reminders::PendingReminder};
 use crate::config::PgConfig;
 
+/// A pooled connection idle this long is checked (a `Sync`, one round trip) before it is handed out: after
+/// an outage, a restart or a failover the idle ones are dead, and a dead one is dropped for another. One in
+/// steady use is not checked; sqlx's own check before every acquire was one round trip per statement
+/// outside a transaction, a third of a turn's round trips (docs/benchmark.md, "PostgreSQL per turn").
+pub const CHECK_IDLE_AFTER: Duration = Duration::from_millis(500);
+
 /// Embedded so a deployed binary can migrate without the source tree.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
@@ -94,6 +100,16 @@ impl Pg {
         let connected = PgPoolOptions::new()
             .max_connections(config.pool_size.max(1))
             .acquire_timeout(Duration::from_secs(5))
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= CHECK_IDLE_AFTER {
+                        use sqlx::Connection;
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options.clone())
             .await;
         match connected {
