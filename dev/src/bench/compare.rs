@@ -398,7 +398,12 @@ pub fn table(c: &CompareReport) -> String {
         );
     }
     // The figures' names are as wide as the longest.
-    let w = c.rows.iter().map(|r| r.figure.chars().count()).max().unwrap_or(6);
+    let w = c
+        .rows
+        .iter()
+        .map(|r| r.figure.chars().count())
+        .max()
+        .unwrap_or(6);
     let _ = writeln!(o, "{:<w$} {:>12} {:>12} {:>8}", "figure", "A", "B", "A/B");
     let f = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_else(|| "n/a".into());
     for r in &c.rows {
