@@ -234,21 +234,30 @@ pub async fn ensure_web_conversations(
         .filter_map(|g| bots.iter().find(|(n, _)| n == g).map(|(_, id)| *id))
         .collect();
     if !members.is_empty() {
-        let mut participants = vec![user];
-        participants.extend(&members);
-        let existing = mongo
-            .collection(DM_CONVERSATIONS)
-            .find_one(doc! {
-                "isGroup": true,
-                "participants": { "$all": participants.clone(), "$size": participants.len() as i32 },
-            })
-            .await?
-            .and_then(|d| d.get_object_id("_id").ok());
-        let id = match existing {
-            Some(id) => id,
-            None => create_group(mongo, &[user], &members).await?,
-        };
+        let id = ensure_group(mongo, user, &members).await?;
         out.push((format!("group {}", group.join(",")), id));
     }
     Ok(out)
+}
+
+/// The group conversation of exactly `user` and `bots`, created if there is none.
+pub async fn ensure_group(
+    mongo: &Mongo,
+    user: ObjectId,
+    bots: &[ObjectId],
+) -> Result<ObjectId, BackendError> {
+    let mut participants = vec![user];
+    participants.extend(bots);
+    let existing = mongo
+        .collection(DM_CONVERSATIONS)
+        .find_one(doc! {
+            "isGroup": true,
+            "participants": { "$all": participants.clone(), "$size": participants.len() as i32 },
+        })
+        .await?
+        .and_then(|d| d.get_object_id("_id").ok());
+    match existing {
+        Some(id) => Ok(id),
+        None => create_group(mongo, &[user], bots).await,
+    }
 }

@@ -1040,21 +1040,7 @@ impl GroupSession {
             ids.push(id);
             names.insert(id.to_hex(), c.name.clone());
         }
-        let mut participants = vec![user];
-        participants.extend(&ids);
-        let existing = mongo
-            .collection(companion_store::store::mongo::DM_CONVERSATIONS)
-            .find_one(doc! {
-                "isGroup": true,
-                "participants": { "$all": participants.clone(), "$size": participants.len() as i32 },
-            })
-            .await
-            .map_err(companion_store::store::StoreError::from)?
-            .and_then(|d| d.get_object_id("_id").ok());
-        let conversation = match existing {
-            Some(id) => id,
-            None => backend::create_group(&mongo, &[user], &ids).await?,
-        };
+        let conversation = backend::ensure_group(&mongo, user, &ids).await?;
         Ok(Self {
             bus,
             mongo,

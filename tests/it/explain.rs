@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::env::*;
 
 /// `companion explain <args>`: its output, which must be a success.
-async fn explain(env: &TestEnv, args: &[&str]) -> String {
+pub(crate) async fn explain(env: &TestEnv, args: &[&str]) -> String {
     let mut all = vec!["explain"];
     all.extend_from_slice(args);
     let (ok, out, err) = env.run_companion(&all).await;

@@ -1356,8 +1356,7 @@ async fn a_model_flag_with_a_reply_that_fails_the_output_check_gets_the_crisis_l
     assert_eq!(env.stub.requests().len(), 1);
     // The journal says why the crisis line stood in for the model's words.
     settled(&env, &e.message_id).await;
-    let (ok, story, err) = env.run_companion(&["explain", &e.message_id]).await;
-    assert!(ok, "{err}");
+    let story = crate::explain::explain(&env, &[&e.message_id]).await;
     assert!(
         story.contains(
             "fixed line: the crisis line instead of the model's answer, because the model flagged a concern (self_harm)"

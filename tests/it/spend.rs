@@ -166,8 +166,7 @@ async fn a_user_over_the_budget_gets_the_cheaper_model_then_the_budget_line_then
     assert_eq!(stopped.content, budget_line("kaori"));
     assert_eq!(env.stub.requests().len(), 2, "no call at the budget");
     // The journal says why the budget line went out.
-    let (ok, story, err) = env.run_companion(&["explain", &third.message_id]).await;
-    assert!(ok, "{err}");
+    let story = crate::explain::explain(&env, &[&third.message_id]).await;
     assert!(
         story.contains(
             "fixed line: the budget line instead of the model's answer, because a spend budget"

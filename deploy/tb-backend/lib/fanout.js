@@ -30,12 +30,12 @@ class RecentIds {
   }
 }
 
-// Each user's last events with their stream sequence, for a reconnecting client.
+// Each user's last companion messages with their stream sequence, for a reconnecting client.
 class CatchUp {
   constructor({ perUser, secs }, maxUsers = 50000) {
     this.perUser = perUser; this.ms = secs * 1000; this.maxUsers = maxUsers; this.byUser = new Map();
   }
-  add(userId, seq, event, payload) {
+  add(userId, seq, payload) {
     if (this.perUser === 0) return;
     let list = this.byUser.get(userId);
     if (!list) {
@@ -43,7 +43,7 @@ class CatchUp {
       this.byUser.set(userId, list);
       if (this.byUser.size > this.maxUsers) this.byUser.delete(this.byUser.keys().next().value);
     }
-    list.push({ seq, at: Date.now(), event, payload });
+    list.push({ seq, at: Date.now(), payload });
     if (list.length > this.perUser) list.shift();
   }
   since(userId, after) {
@@ -169,7 +169,7 @@ class Fanout {
       const payload = toMessage(c, m.seq);
       this.io.to(to.users.map(userRoom)).emit('new_message', payload);
       this.io.to(to.users.map(userRoom)).emit('typing', { conversationId: c.conversationId, userId: c.senderId, isTyping: false });
-      for (const u of to.users) this.catchUp.add(u, m.seq, 'new_message', payload);
+      for (const u of to.users) this.catchUp.add(u, m.seq, payload);
       this.counts.emitted++;
     }
     this.seen.add(c.messageId);
@@ -240,7 +240,7 @@ class Fanout {
     if (moderator) socket.join(MODERATORS);
     const after = Number(socket.handshake.auth && socket.handshake.auth.after);
     if (Number.isInteger(after) && after >= 0) {
-      for (const e of this.catchUp.since(userId, after)) socket.emit(e.event, e.payload);
+      for (const e of this.catchUp.since(userId, after)) socket.emit('new_message', e.payload);
     }
   }
 

@@ -64,18 +64,23 @@ impl PgWireCounter {
 
     /// `url` (`postgres://user:pass@host:port/db?…`) through this proxy, without TLS.
     pub fn url(&self, url: &str) -> String {
-        let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
-        let (creds, after_at) = rest
-            .rsplit_once('@')
-            .map(|(c, a)| (format!("{c}@"), a))
-            .unwrap_or((String::new(), rest));
-        let path = after_at
-            .find(['/', '?'])
-            .map(|i| &after_at[i..])
-            .unwrap_or("");
-        let sep = if path.contains('?') { '&' } else { '?' };
-        format!("{scheme}://{creds}{}{path}{sep}sslmode=disable", self.addr)
+        proxied_url(self.addr, url)
     }
+}
+
+/// `url` with its host and port replaced by `addr`, and `sslmode=disable`.
+fn proxied_url(addr: SocketAddr, url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
+    let (creds, after_at) = rest
+        .rsplit_once('@')
+        .map(|(c, a)| (format!("{c}@"), a))
+        .unwrap_or((String::new(), rest));
+    let path = after_at
+        .find(['/', '?'])
+        .map(|i| &after_at[i..])
+        .unwrap_or("");
+    let sep = if path.contains('?') { '&' } else { '?' };
+    format!("{scheme}://{creds}{addr}{path}{sep}sslmode=disable")
 }
 
 impl Drop for PgWireCounter {
@@ -206,20 +211,13 @@ mod tests {
 
     #[test]
     fn the_proxied_url_points_at_the_proxy_without_tls() {
-        let p = PgWireCounter {
-            addr: "127.0.0.1:15999".parse().unwrap(),
-            round_trips: Arc::default(),
-            task: tokio::runtime::Builder::new_current_thread()
-                .build()
-                .unwrap()
-                .spawn(async {}),
-        };
+        let addr: SocketAddr = "127.0.0.1:15999".parse().unwrap();
         assert_eq!(
-            p.url("postgres://a:b@db:5432/bench_x"),
+            proxied_url(addr, "postgres://a:b@db:5432/bench_x"),
             "postgres://a:b@127.0.0.1:15999/bench_x?sslmode=disable"
         );
         assert_eq!(
-            p.url("postgres://a:b@db/x?application_name=w"),
+            proxied_url(addr, "postgres://a:b@db/x?application_name=w"),
             "postgres://a:b@127.0.0.1:15999/x?application_name=w&sslmode=disable"
         );
     }
