@@ -376,7 +376,11 @@ async fn a_small_collection_is_found_behind_a_large_one() {
     .execute(&db.pg.pool)
     .await
     .unwrap();
-    let pool = sqlx::PgPool::connect(&db.config.pg.url).await.unwrap();
+    // The store's pool, as the worker connects: its connections start with the iterative scan on.
+    let pool = companion_store::store::Pg::connect(&db.config.pg)
+        .await
+        .unwrap()
+        .pool;
     let inner = "SELECT collection FROM kb_chunks WHERE collection = ANY($2)
                  ORDER BY embedding <=> $1 LIMIT $3";
     let mut tx = pool.begin().await.unwrap();
@@ -391,6 +395,11 @@ async fn a_small_collection_is_found_behind_a_large_one() {
         plan.iter().any(|l| l.contains("kb_chunks_embedding")),
         "the search uses the HNSW index: {plan:?}"
     );
+    let on: String = sqlx::query_scalar("SHOW hnsw.iterative_scan")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(on, "relaxed_order", "set when the connection started");
     sqlx::query("SET LOCAL hnsw.iterative_scan = off")
         .execute(&mut *tx)
         .await

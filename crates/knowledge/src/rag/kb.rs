@@ -113,11 +113,9 @@ pub async fn search(
     if collections.is_empty() || k <= 0 {
         return Ok(Vec::new());
     }
-    // Filtered HNSW scans keep going until k rows pass the collection filter (pgvector ≥ 0.8); set with
-    // the BEGIN, in the same round trip.
-    let mut tx = pool
-        .begin_with("BEGIN; SET LOCAL hnsw.iterative_scan = relaxed_order")
-        .await?;
+    // Filtered HNSW scans keep going until k rows pass the collection filter (pgvector ≥ 0.8): every
+    // connection of the store's pool starts with `hnsw.iterative_scan = relaxed_order` (`Pg::connect`),
+    // so this is one statement, outside any transaction.
     let rows = sqlx::query(
         "SELECT c.id, c.collection, a.title, a.source_url, c.content,
                 (1 - (c.embedding <=> $1))::real AS score
@@ -129,9 +127,8 @@ pub async fn search(
     .bind(collections)
     .bind(k)
     .bind(model)
-    .fetch_all(&mut *tx)
+    .fetch_all(pool)
     .await?;
-    tx.commit().await?;
     let mut hits: Vec<Hit> = rows
         .into_iter()
         .map(|r| Hit {

@@ -110,7 +110,13 @@ impl Pg {
                     Ok(true)
                 })
             })
-            .connect_with(options.clone())
+            .connect_with(options.clone().options([(
+                // Filtered HNSW scans (knowledge search) keep going until enough rows pass the
+                // filter (pgvector ≥ 0.8); set once per connection rather than per search, which
+                // would cost a transaction and two more round trips each time.
+                "hnsw.iterative_scan",
+                "relaxed_order",
+            )]))
             .await;
         match connected {
             Ok(pool) => Ok(Self { pool }),
@@ -300,12 +306,14 @@ pub async fn lock_history(
     users: &[&str],
     messages: &[&str],
 ) -> Result<(), sqlx::Error> {
-    for key in history_locks(users, messages) {
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(&key)
-            .execute(&mut *conn)
-            .await?;
-    }
+    // One statement takes them all, in the order given (one round trip, however many).
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtextextended(k, 0))
+         FROM (SELECT k FROM unnest($1::text[]) WITH ORDINALITY AS l(k, i) ORDER BY i) ordered",
+    )
+    .bind(history_locks(users, messages))
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 
