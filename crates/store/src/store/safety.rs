@@ -154,46 +154,36 @@ impl Pg {
         between: Between<'_>,
         since: DateTime<Utc>,
     ) -> Result<Seen, StoreError> {
-        let (last, activity) = match between {
-            Between::Dm { user, bot } => (
-                sqlx::query_scalar(
-                    "SELECT max(created_at) FROM bot_conversations
-                     WHERE user_id = $1 AND bot_id = $2 AND ai_disclosure AND NOT group_chat",
-                )
-                .bind(user)
-                .bind(bot)
-                .fetch_one(&self.pool),
-                sqlx::query_scalar(
-                    "SELECT created_at FROM bot_conversations
-                     WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat AND created_at > $3
-                     ORDER BY created_at DESC, id DESC LIMIT $4",
-                )
-                .bind(user)
-                .bind(bot)
-                .bind(since)
-                .bind(ACTIVITY_ROWS)
-                .fetch_all(&self.pool),
-            ),
-            Between::Group { conversation, bot } => (
-                sqlx::query_scalar(
-                    "SELECT max(created_at) FROM bot_conversations
-                     WHERE conversation_id = $1 AND bot_id = $2 AND ai_disclosure AND group_chat",
-                )
-                .bind(conversation)
-                .bind(bot)
-                .fetch_one(&self.pool),
-                sqlx::query_scalar(
-                    "SELECT created_at FROM bot_conversations
-                     WHERE conversation_id = $1 AND group_chat AND created_at > $2
-                     ORDER BY created_at DESC, id DESC LIMIT $3",
-                )
-                .bind(conversation)
-                .bind(since)
-                .bind(ACTIVITY_ROWS)
-                .fetch_all(&self.pool),
-            ),
-        };
-        let (last_disclosure, activity) = tokio::try_join!(last, activity)?;
+        // One statement for both (the last disclosure, the recent activity): one round trip.
+        let row = match between {
+            Between::Dm { user, bot } => sqlx::query(
+                "SELECT (SELECT max(created_at) FROM bot_conversations
+                         WHERE user_id = $1 AND bot_id = $2 AND ai_disclosure AND NOT group_chat)
+                            AS last_disclosure,
+                        ARRAY(SELECT created_at FROM bot_conversations
+                              WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat AND created_at > $3
+                              ORDER BY created_at DESC, id DESC LIMIT $4) AS activity",
+            )
+            .bind(user)
+            .bind(bot)
+            .bind(since)
+            .bind(ACTIVITY_ROWS),
+            Between::Group { conversation, bot } => sqlx::query(
+                "SELECT (SELECT max(created_at) FROM bot_conversations
+                         WHERE conversation_id = $1 AND bot_id = $2 AND ai_disclosure AND group_chat)
+                            AS last_disclosure,
+                        ARRAY(SELECT created_at FROM bot_conversations
+                              WHERE conversation_id = $1 AND group_chat AND created_at > $3
+                              ORDER BY created_at DESC, id DESC LIMIT $4) AS activity",
+            )
+            .bind(conversation)
+            .bind(bot)
+            .bind(since)
+            .bind(ACTIVITY_ROWS),
+        }
+        .fetch_one(&self.pool)
+        .await?;
+        let (last_disclosure, activity) = (row.get("last_disclosure"), row.get("activity"));
         Ok(Seen {
             last_disclosure,
             activity,
