@@ -91,7 +91,15 @@ pub struct Order {
     max_wait: Duration,
     /// Local waiters by subject, with how many wait on each.
     wakeups: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
+    /// The highest floor this process has read or written, by subject. The floor only rises, so the
+    /// true one is at least this: a message below it is settled, and when the stream's first message
+    /// at or above it is the delivery's own, nothing earlier is unsettled (whatever other workers
+    /// settled since), so the floor is not read. Otherwise it is read as before.
+    known_floors: Mutex<HashMap<String, u64>>,
 }
+
+/// Subjects [`Order::known_floors`] keeps before it starts over (each entry is a subject and a number).
+const KNOWN_FLOORS: usize = 65_536;
 
 impl Order {
     pub async fn open(
@@ -120,6 +128,7 @@ impl Order {
             prefix: prefix.to_owned(),
             max_wait,
             wakeups: Mutex::new(HashMap::new()),
+            known_floors: Mutex::new(HashMap::new()),
         })
     }
 
@@ -132,11 +141,42 @@ impl Order {
         .bind(subject)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(floor.unwrap_or(0).max(0) as u64)
+        let floor = floor.unwrap_or(0).max(0) as u64;
+        self.know_floor(subject, floor);
+        Ok(floor)
+    }
+
+    fn known_floor(&self, subject: &str) -> Option<u64> {
+        let known = self.known_floors.lock().expect("floors lock");
+        known.get(subject).copied()
+    }
+
+    fn know_floor(&self, subject: &str, floor: u64) {
+        let mut known = self.known_floors.lock().expect("floors lock");
+        if known.len() >= KNOWN_FLOORS && !known.contains_key(subject) {
+            known.clear();
+        }
+        let entry = known.entry(subject.to_owned()).or_default();
+        *entry = (*entry).max(floor);
     }
 
     /// Where the message `seq` of `subject` stands now.
     pub async fn position(&self, subject: &str, seq: u64) -> Result<Position, OrderError> {
+        if let Some(known) = self.known_floor(subject) {
+            if known > seq {
+                return Ok(Position::Settled);
+            }
+            // The first message at or above a floor no higher than the true one: when it is this one,
+            // nothing before it is unsettled.
+            if let Ok(m) = self
+                .stream
+                .direct_get_next_for_subject(subject, Some(known.max(1)))
+                .await
+                && m.sequence == seq
+            {
+                return Ok(Position::Head);
+            }
+        }
         let floor = self.floor(subject).await?;
         if floor > seq {
             return Ok(Position::Settled);
@@ -223,6 +263,7 @@ impl Order {
         .bind(through_seq.saturating_add(1) as i64)
         .execute(&self.pool)
         .await?;
+        self.know_floor(subject, through_seq.saturating_add(1));
         self.wake(subject);
         if let Some(tail) = self.tail(subject) {
             let notice = format!("{}.settled.{tail}", self.prefix);
