@@ -30,7 +30,7 @@ use crate::{
     llm::{CallBudget, ChatRequest, FailedCall, LlmClient, Message, ToolCall},
     metrics::{Metric, Metrics},
     safety::screen::Category,
-    spend::{self, Allowance, Scope, SpendGuard},
+    spend::{self, Allowance, AttemptSpend, Scope, SpendGuard, Spent},
     timing::{Stage, stage},
     tools::{
         Group, Registry, ToolContext, ToolRecord, Toolbox, call_key, flag_concern, more_tools,
@@ -106,6 +106,7 @@ pub async fn converse(
     let user = cx.tools.user.to_hex();
     // Several companions' conversations share a group message's job: each call says who spoke.
     let speaker = (!cx.slot.is_empty()).then(|| cx.tools.bot.to_hex());
+    let spent = AttemptSpend::default();
     loop {
         // The step's own time is the journal's; the model's is the nested `llm` stage. An answer
         // recorded by an earlier attempt was paid once and replays for free: the checks before a paid
@@ -114,12 +115,18 @@ pub async fn converse(
             Stage::Steps,
             job.step(step::LLM, format!("{}{n}", cx.slot))
                 .tally(spend::tally(&user))
-                .run(Box::pin(pay_and_ask(
-                    cx,
-                    &request,
-                    speaker.clone(),
-                    &format!("{}{n}", cx.slot),
-                ))),
+                // An answer in text rides with the reply's record (a crash before it asks again); one
+                // that calls tools is recorded before any tool acts on it.
+                .run_lazy_if(
+                    Box::pin(pay_and_ask(
+                        cx,
+                        &request,
+                        speaker.clone(),
+                        &format!("{}{n}", cx.slot),
+                        &spent,
+                    )),
+                    |r: &LlmRecord| r.message.tool_calls.is_empty(),
+                ),
         )
         .await;
         let record = match answered {
@@ -277,6 +284,7 @@ async fn pay_and_ask(
     request: &ChatRequest,
     speaker: Option<String>,
     call: &str,
+    spent: &AttemptSpend,
 ) -> Result<LlmRecord, Unpaid> {
     let mut request = std::borrow::Cow::Borrowed(request);
     if !request.tools.is_empty() && cx.budget.calls_left() <= 1 {
@@ -289,7 +297,7 @@ async fn pay_and_ask(
     }
     if let Some(guard) = cx.spend {
         let user = cx.tools.user.to_hex();
-        match stage(Stage::Limits, guard.check(&user)).await {
+        match stage(Stage::Limits, guard.check(&user, spent)).await {
             Ok(Allowance::Full) => {}
             Ok(Allowance::Cheaper { model, .. }) => request.to_mut().model = model,
             Ok(Allowance::Stopped { scope }) => return Err(Unpaid::Stopped(scope)),
@@ -305,6 +313,12 @@ async fn pay_and_ask(
         if let Err(e) = cx.tools.job.note(step::MODEL_FAILED, call, detail).await {
             warn!(error = %e, "a failed model request not noted in the journal");
         }
+    }
+    if let Ok(LlmRecord {
+        usage: Some(usage), ..
+    }) = &answer
+    {
+        spent.add(Spent::of(usage));
     }
     answer.map_err(Unpaid::Failed)
 }

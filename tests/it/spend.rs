@@ -192,6 +192,51 @@ async fn a_user_over_the_budget_gets_the_cheaper_model_then_the_budget_line_then
 }
 
 #[tokio::test]
+async fn a_turns_own_first_answer_counts_toward_the_check_before_its_second() {
+    // A tool round, then text, each answer billed 0.011 USD against a user budget of 0.02 with the
+    // cheaper stage at half: the spending is read from the journal once, before the first call, and the
+    // first answer's cost is added by the turn itself, so its second call goes to the cheaper model.
+    let env = TestEnv::with(
+        companion_dev::stub::scripted(
+            vec![StubReply::tool(
+                "search_trickipedia",
+                serde_json::json!({"query": "kickflip"}),
+            )],
+            StubReply::text("here is how"),
+        ),
+        |c| {
+            c.spend.user_daily_tokens = 0;
+            c.spend.user_daily_usd = 0.02;
+            c.spend.service_daily_usd = 0.0;
+            c.spend.budget_cheaper_at = 0.5;
+            c.spend.budget_model = "cheap/model".into();
+            c.spend.budget_window_secs = 3600;
+        },
+    )
+    .await;
+    env.stub.report_cost(Some(0.011));
+    let worker = InProcessWorker::start(&env).await;
+    let e = env.dm(JESS, KAORI, JESS_KAORI, "how do i kickflip").await;
+    assert_eq!(env.turn(&e).await.content, "here is how");
+    assert_eq!(
+        models_asked(&env),
+        [env.config.llm.model.clone(), "cheap/model".into()],
+        "the first answer's cost counted before the second call"
+    );
+    // Both answers are in the journal under the user's tally (the text one rode with the reply's record).
+    let recorded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM job_steps WHERE job = $1 AND name = 'llm' AND tally IS NOT NULL",
+    )
+    .bind(&e.message_id)
+    .fetch_one(&env.pg.pool)
+    .await
+    .unwrap();
+    assert_eq!(recorded, 2);
+    worker.stop().await;
+    env.finish().await;
+}
+
+#[tokio::test]
 async fn the_service_cap_goes_cheaper_then_stops_everyone_until_the_window_rolls_over() {
     let (env, worker) = budget_env(false).await;
     let main_model = env.config.llm.model.clone();

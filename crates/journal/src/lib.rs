@@ -1043,6 +1043,19 @@ impl Step<'_> {
         E: From<JournalError>,
         F: Future<Output = Result<T, E>>,
     {
+        let lazy = self.lazy;
+        self.run_lazy_if(body, move |_| lazy).await
+    }
+
+    /// [`Step::run`], lazy when `lazy` says so of the body's output: a step whose output decides whether
+    /// what follows may be repeated (a model answer: text, which nothing acts on before the reply's own
+    /// record, rides along; tool calls, which tools act on, are recorded first).
+    pub async fn run_lazy_if<T, E, F>(self, body: F, lazy: impl FnOnce(&T) -> bool) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<JournalError>,
+        F: Future<Output = Result<T, E>>,
+    {
         let (job, name) = (self.job, self.name);
         if let Some(done) = job.recorded::<T>(name, &self.key) {
             debug!(step = name, key = %self.key, "step replayed from the journal");
@@ -1054,7 +1067,7 @@ impl Step<'_> {
         let out = body.await?;
         let value = encode(name, &self.key, &out)?;
         let pending = self.pending(value.clone());
-        if self.lazy {
+        if lazy(&out) {
             job.remember(name, &self.key, value);
             job.pending.lock().expect("journal lock").push(pending);
             return Ok(out);

@@ -102,6 +102,23 @@ pub struct Spent {
     pub usd: f64,
 }
 
+impl Spent {
+    /// What one call adds, counted as [`spent`] counts its record.
+    pub fn of(usage: &CallUsage) -> Self {
+        Self {
+            tokens: usage.prompt_tokens + usage.completion_tokens,
+            usd: usage.cost_usd.unwrap_or(0.0),
+        }
+    }
+
+    pub fn plus(self, other: Spent) -> Self {
+        Self {
+            tokens: self.tokens + other.tokens,
+            usd: self.usd + other.usd,
+        }
+    }
+}
+
 /// Tokens and USD of the model answers in the last `window_secs`: under `tally` (one user's), or all.
 pub async fn spent(
     pool: &PgPool,

@@ -21,7 +21,7 @@ use std::{
 use sqlx::PgPool;
 use tracing::{info, warn};
 
-pub(crate) use crate::journal::usage::Spent;
+pub use crate::journal::usage::Spent;
 use crate::{
     config::SpendConfig,
     journal::{names, usage},
@@ -169,6 +169,30 @@ impl SpendLimits {
     }
 }
 
+/// One attempt's view of its user's spending: read from the journal at the attempt's first check, then
+/// kept up to date with the attempt's own calls, so that a turn of several calls reads the journal once.
+/// Another turn of the same user spending meanwhile is not seen until the next attempt; a check has never
+/// been a reservation (two turns checked at once both pass), so this moves no bound.
+#[derive(Debug, Default)]
+pub struct AttemptSpend(std::sync::Mutex<Option<Spent>>);
+
+impl AttemptSpend {
+    /// Counts a call this attempt made (once its answer is in).
+    pub fn add(&self, call: Spent) {
+        if let Some(s) = self.0.lock().expect("spend lock").as_mut() {
+            *s = s.plus(call);
+        }
+    }
+
+    fn known(&self) -> Option<Spent> {
+        *self.0.lock().expect("spend lock")
+    }
+
+    fn set(&self, spent: Spent) {
+        *self.0.lock().expect("spend lock") = Some(spent);
+    }
+}
+
 /// The check before each paid call, shared by a process's turns and follow-ups.
 pub struct SpendGuard {
     pool: PgPool,
@@ -188,8 +212,9 @@ impl SpendGuard {
         }
     }
 
-    /// What the next paid call on behalf of `user` may be.
-    pub async fn check(&self, user: &str) -> Result<Allowance, StoreError> {
+    /// What the next paid call on behalf of `user` may be; `attempt` is the calling attempt's view of the
+    /// user's spending (read here the first time).
+    pub async fn check(&self, user: &str, attempt: &AttemptSpend) -> Result<Allowance, StoreError> {
         let l = &self.limits;
         if l.user.is_off() && l.service.is_off() {
             return Ok(Allowance::Full);
@@ -197,10 +222,14 @@ impl SpendGuard {
         let (user_spent, service_spent) = tokio::try_join!(
             async {
                 if l.user.is_off() {
-                    Ok(Spent::default())
-                } else {
-                    self.spent(Some(&tally(user))).await
+                    return Ok(Spent::default());
                 }
+                if let Some(known) = attempt.known() {
+                    return Ok(known);
+                }
+                let spent = self.spent(Some(&tally(user))).await?;
+                attempt.set(spent);
+                Ok(spent)
             },
             self.service_spent(),
         )?;
