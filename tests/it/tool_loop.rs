@@ -123,6 +123,13 @@ async fn parallel_calls_run_and_answer_in_order() {
     // The last card of the turn wins: search_trickipedia's trick_card (get_user_tricklists has none).
     assert_eq!(out.card.unwrap()["type"], "trick_card");
     assert_eq!(out.log.len(), 3);
+    // The results and the final answer in text ride with the job's next record: here its settlement.
+    assert!(
+        tj.job
+            .finish(State::Done, companion_journal::Finish::default())
+            .await
+            .unwrap()
+    );
     let audited: i64 =
         sqlx::query_scalar("SELECT count(*) FROM job_steps WHERE job = $1 AND name = 'tool'")
             .bind(tj.message_id.to_hex())
