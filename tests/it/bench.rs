@@ -107,6 +107,16 @@ async fn a_small_run_answers_every_turn_once_and_writes_its_report_and_picture()
         prompt.shared_prefix_share > 0.0 && prompt.shared_prefix_share < 1.0,
         "{prompt:?}"
     );
+    // The one worker's NATS messages, from the server's own counters: each turn at least pulls, acks,
+    // publishes its completion and receives its message.
+    let nats = report
+        .nats
+        .expect("NATS messages counted (NATS_MONITOR_URL)");
+    assert_eq!(nats.connections, 1, "{nats:?}");
+    assert!(
+        nats.sent_per_turn >= 2.0 && nats.received_per_turn >= 1.0,
+        "{nats:?}"
+    );
     let written: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json).expect("the JSON report")).unwrap();
     assert_eq!(written["turns"]["published"], 20);

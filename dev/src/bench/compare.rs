@@ -281,6 +281,12 @@ fn rows(c: &CompareReport) -> Vec<Row> {
         ("MongoDB commands per turn", |rs| {
             mean_of(rs, |r| Some(r.mongo_commands_per_turn))
         }),
+        ("NATS messages per turn, sent by the workers", |rs| {
+            mean_of(rs, |r| r.nats.map(|n| n.sent_per_turn))
+        }),
+        ("NATS messages per turn, received by the workers", |rs| {
+            mean_of(rs, |r| r.nats.map(|n| n.received_per_turn))
+        }),
         ("share of turns that ran the embedding model", |rs| {
             let (mut embedded, mut all) = (0usize, 0usize);
             for r in rs {

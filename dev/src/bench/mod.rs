@@ -17,6 +17,7 @@ pub mod dist;
 pub mod embed;
 pub mod env;
 pub mod load;
+pub mod nats_work;
 pub mod pgwire;
 pub mod phase;
 pub mod procs;
@@ -51,6 +52,9 @@ pub enum BenchError {
     #[error("writing {0}: {1}")]
     Write(PathBuf, std::io::Error),
 }
+
+/// The local stack's NATS monitoring endpoint, when `NATS_MONITOR_URL` does not say.
+const NATS_MONITOR: &str = "http://127.0.0.1:8222";
 
 /// Options of `companion bench` (the worker settings, e.g. `--concurrency`, are the usual flags).
 #[derive(Args, Clone, Debug)]
@@ -308,7 +312,27 @@ async fn measure(
     if let Some(p) = &proxy {
         p.reset();
     }
+    let monitor = std::env::var("NATS_MONITOR_URL").unwrap_or_else(|_| NATS_MONITOR.into());
+    let nats_counter = match nats_work::Counter::start(
+        &monitor,
+        &env.config.nats.subject_prefix,
+        &env.config.nats.stream_prefix,
+    )
+    .await
+    {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("bench: NATS messages are not counted: {e}");
+            None
+        }
+    };
     let measured = phases.measured(events, procs, &sampler, &stub).await;
+    if let Some(c) = &nats_counter {
+        match c.finish(measured.progress.completed).await {
+            Ok(work) => report.nats = Some(work),
+            Err(e) => eprintln!("bench: NATS messages are not counted: {e}"),
+        }
+    }
     collector.abort();
     if let Some(c) = &counter {
         let trips = proxy.as_ref().map(|p| p.round_trips());

@@ -155,6 +155,8 @@ pub struct Report {
     pub resources: Option<Resources>,
     /// What the measured turns asked of PostgreSQL, per turn.
     pub postgres: Option<super::statements::PgWork>,
+    /// What the measured turns asked of NATS, per turn (the workers' messages both ways).
+    pub nats: Option<super::nats_work::NatsWork>,
     pub embedding: Option<EmbedFigures>,
     /// Worker log warnings and errors (with a few samples).
     pub worker_warnings: usize,
@@ -188,6 +190,7 @@ impl Report {
             timeline: Vec::new(),
             resources: None,
             postgres: None,
+            nats: None,
             embedding: None,
             worker_warnings: 0,
             worker_errors: 0,
@@ -325,6 +328,13 @@ fn stage_lines(o: &mut String, r: &Report) {
 /// The prompts, what they are billed as, memory and CPU.
 fn cost_lines(o: &mut String, r: &Report) {
     postgres_lines(o, r);
+    if let Some(n) = &r.nats {
+        let _ = writeln!(
+            o,
+            "NATS per turn: {:.1} messages sent by the workers, {:.1} received ({} worker connection(s))",
+            n.sent_per_turn, n.received_per_turn, n.connections
+        );
+    }
     if let Some(p) = &r.prompt {
         let _ = writeln!(
             o,
