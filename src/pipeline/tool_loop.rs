@@ -30,7 +30,7 @@ use crate::{
     llm::{CallBudget, ChatRequest, FailedCall, LlmClient, Message, ToolCall},
     metrics::{Metric, Metrics},
     safety::screen::Category,
-    spend::{self, Allowance, AttemptSpend, Scope, SpendGuard, Spent},
+    spend::{self, Allowance, LoopSpend, Scope, SpendGuard, Spent},
     timing::{Stage, stage},
     tools::{
         Group, Registry, ToolContext, ToolRecord, Toolbox, call_key, flag_concern, more_tools,
@@ -106,7 +106,7 @@ pub async fn converse(
     let user = cx.tools.user.to_hex();
     // Several companions' conversations share a group message's job: each call says who spoke.
     let speaker = (!cx.slot.is_empty()).then(|| cx.tools.bot.to_hex());
-    let spent = AttemptSpend::default();
+    let spent = LoopSpend::default();
     loop {
         // The step's own time is the journal's; the model's is the nested `llm` stage. An answer
         // recorded by an earlier attempt was paid once and replays for free: the checks before a paid
@@ -284,7 +284,7 @@ async fn pay_and_ask(
     request: &ChatRequest,
     speaker: Option<String>,
     call: &str,
-    spent: &AttemptSpend,
+    spent: &LoopSpend,
 ) -> Result<LlmRecord, Unpaid> {
     let mut request = std::borrow::Cow::Borrowed(request);
     if !request.tools.is_empty() && cx.budget.calls_left() <= 1 {

@@ -110,9 +110,13 @@ impl Spent {
             usd: usage.cost_usd.unwrap_or(0.0),
         }
     }
+}
 
-    pub fn plus(self, other: Spent) -> Self {
-        Self {
+impl std::ops::Add for Spent {
+    type Output = Spent;
+
+    fn add(self, other: Spent) -> Spent {
+        Spent {
             tokens: self.tokens + other.tokens,
             usd: self.usd + other.usd,
         }

@@ -153,11 +153,14 @@ impl Order {
 
     fn know_floor(&self, subject: &str, floor: u64) {
         let mut known = self.known_floors.lock().expect("floors lock");
-        if known.len() >= KNOWN_FLOORS && !known.contains_key(subject) {
+        if let Some(f) = known.get_mut(subject) {
+            *f = (*f).max(floor);
+            return;
+        }
+        if known.len() >= KNOWN_FLOORS {
             known.clear();
         }
-        let entry = known.entry(subject.to_owned()).or_default();
-        *entry = (*entry).max(floor);
+        known.insert(subject.to_owned(), floor);
     }
 
     /// Where the message `seq` of `subject` stands now.

@@ -169,18 +169,19 @@ impl SpendLimits {
     }
 }
 
-/// One attempt's view of its user's spending: read from the journal at the attempt's first check, then
-/// kept up to date with the attempt's own calls, so that a turn of several calls reads the journal once.
-/// Another turn of the same user spending meanwhile is not seen until the next attempt; a check has never
-/// been a reservation (two turns checked at once both pass), so this moves no bound.
+/// One tool loop's view of its user's spending (a DM turn has one loop, a group message one per
+/// companion): read from the journal at the loop's first check, then kept up to date with the loop's own
+/// calls, so that a loop of several calls reads the journal once. Another turn of the same user spending
+/// meanwhile is not seen until the next loop; a check has never been a reservation (two turns checked at
+/// once both pass), so this moves no bound.
 #[derive(Debug, Default)]
-pub struct AttemptSpend(std::sync::Mutex<Option<Spent>>);
+pub struct LoopSpend(std::sync::Mutex<Option<Spent>>);
 
-impl AttemptSpend {
-    /// Counts a call this attempt made (once its answer is in).
+impl LoopSpend {
+    /// Counts a call this loop made (once its answer is in).
     pub fn add(&self, call: Spent) {
         if let Some(s) = self.0.lock().expect("spend lock").as_mut() {
-            *s = s.plus(call);
+            *s = *s + call;
         }
     }
 
@@ -212,9 +213,9 @@ impl SpendGuard {
         }
     }
 
-    /// What the next paid call on behalf of `user` may be; `attempt` is the calling attempt's view of the
+    /// What the next paid call on behalf of `user` may be; `so_far` is the calling loop's view of the
     /// user's spending (read here the first time).
-    pub async fn check(&self, user: &str, attempt: &AttemptSpend) -> Result<Allowance, StoreError> {
+    pub async fn check(&self, user: &str, so_far: &LoopSpend) -> Result<Allowance, StoreError> {
         let l = &self.limits;
         if l.user.is_off() && l.service.is_off() {
             return Ok(Allowance::Full);
@@ -224,11 +225,11 @@ impl SpendGuard {
                 if l.user.is_off() {
                     return Ok(Spent::default());
                 }
-                if let Some(known) = attempt.known() {
+                if let Some(known) = so_far.known() {
                     return Ok(known);
                 }
                 let spent = self.spent(Some(&tally(user))).await?;
-                attempt.set(spent);
+                so_far.set(spent);
                 Ok(spent)
             },
             self.service_spent(),

@@ -58,6 +58,8 @@ impl Counter {
         subject_prefix: &str,
         stream_prefix: &str,
     ) -> Result<Self, BenchError> {
+        // reqwest is built without a default TLS provider; the worker installs this one too.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut counter = Self {
             connz: format!(
                 "{}/connz?subs=1&limit=100000",
@@ -87,8 +89,6 @@ impl Counter {
     async fn read(&self) -> Result<(Totals, usize), BenchError> {
         let failed =
             |e: String| BenchError::Setup(format!("NATS monitoring ({}): {e}", self.connz));
-        // reqwest is built without a default TLS provider; the worker installs this one too.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let connz: Connz = reqwest::get(&self.connz)
             .await
             .map_err(|e| failed(e.to_string()))?
