@@ -574,6 +574,33 @@ mod tests {
         }
     }
 
+    /// The third frozen set (issue 61, 29 November), as committed before that session's change to the
+    /// learned layer.
+    #[test]
+    fn frozen_v3_set_is_unchanged() {
+        let v3 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/safety/frozen-v3");
+        for (file, sha256) in [
+            (
+                "BRIEF.md",
+                "02dba61c1435fbe874ca24cadc66b2754a270862dd62680f997f9b5e13a0c2f4",
+            ),
+            (
+                "input.jsonl",
+                "6aba014f917799fde6c72794ae943fc3ddd38d9cbe90a34c43e48bc2f33b0553",
+            ),
+        ] {
+            let bytes = std::fs::read(v3.join(file)).unwrap();
+            let got: String = Sha256::digest(&bytes)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert_eq!(got, sha256, "frozen-v3/{file} changed");
+        }
+        let input: Vec<Line> = crate::jsonl::read(&v3.join("input.jsonl")).unwrap();
+        assert_eq!(input.len(), 1312);
+        assert!(input.iter().all(|l| l.set == "input"));
+    }
+
     /// The second frozen sets (issue 61), as committed before any change of that issue to the rules,
     /// the layers or the tuning lines.
     #[test]
