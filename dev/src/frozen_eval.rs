@@ -259,30 +259,38 @@ pub fn report_text(
         None => evaluate_input(input),
         Some(e) => {
             let vector = |i: usize| e.get(i).map(Vec::as_slice);
-            let _ = writeln!(out, "each layer alone (covered languages; it apart)");
-            let _ = writeln!(out, "layer      recall  fp_rate   it recall  it fp_rate");
+            let _ = writeln!(out, "each layer alone (covered languages; it and ko apart)");
+            let _ = writeln!(
+                out,
+                "layer      recall  fp_rate   it recall  it fp_rate   ko recall  ko fp_rate"
+            );
             let rules = evaluate_input(input);
             let learned = evaluate_input_with(input, |i, l| layers::learned(&l.text, vector(i)));
             let n_grams = evaluate_input_with(input, |_, l| layers::learned(&l.text, None));
+            let head = evaluate_input_with(input, |i, _| layers::vector(vector(i)));
             let alone =
                 evaluate_input_with(input, |i, _| moderated(i).map(|c| c.as_str().to_owned()));
             let mut rows = vec![
                 ("rules", &rules),
                 ("learned", &learned),
                 ("n-grams", &n_grams),
+                ("vector", &head),
             ];
             if moderation.is_some() {
                 rows.push(("moderation", &alone));
             }
             for (name, t) in rows {
                 let it = t.by_lang.get("it").copied().unwrap_or_default();
+                let ko = t.by_lang.get("ko").copied().unwrap_or_default();
                 let _ = writeln!(
                     out,
-                    "{name:<10} {:>6.3} {:>8.3}   {:>9.3} {:>10.3}",
+                    "{name:<10} {:>6.3} {:>8.3}   {:>9.3} {:>10.3}   {:>9.3} {:>10.3}",
                     t.covered.recall(),
                     t.covered.fp_rate(),
                     it.recall(),
-                    it.fp_rate()
+                    it.fp_rate(),
+                    ko.recall(),
+                    ko.fp_rate()
                 );
             }
             let _ = writeln!(out);
@@ -439,7 +447,11 @@ pub async fn report(
     moderation: &ModerationArgs,
 ) -> anyhow::Result<()> {
     let input: Vec<Line> = crate::jsonl::read(&dir.join("input.jsonl"))?;
-    let output: Vec<Line> = crate::jsonl::read(&dir.join("output.jsonl"))?;
+    // A set of user messages only (frozen-v3) has no replies to check.
+    let output: Vec<Line> = match dir.join("output.jsonl") {
+        path if path.exists() => crate::jsonl::read(&path)?,
+        _ => Vec::new(),
+    };
     if rules_only && moderation.url.is_some() {
         anyhow::bail!(
             "the moderation endpoint is measured with the local layers: drop --rules-only"
@@ -520,6 +532,12 @@ mod layers {
             .map(|(c, _)| c.to_owned())
     }
 
+    /// The vector head alone, in any language (the worker asks it only where no language is known).
+    pub fn vector(embedding: Option<&[f32]>) -> Option<String> {
+        let head = learned::VECTOR.as_ref()?;
+        head.verdict(embedding?).0.map(str::to_owned)
+    }
+
     /// The worker's decision (with the moderation endpoint's category when measured): as the worker,
     /// with no embedding for a message with no content word.
     pub fn decided(
@@ -530,8 +548,14 @@ mod layers {
         use companion_knowledge::{rag::query::needs_no_knowledge, rag::query::normalize};
         let key = normalize(text);
         let embedding = embedding.filter(|_| !key.is_empty() && !needs_no_knowledge(&key));
-        detect::decide_with(learned::INPUT.as_ref(), text, embedding, moderation)
-            .map(|d| d.category.as_str().to_owned())
+        detect::decide_with(
+            learned::INPUT.as_ref(),
+            learned::VECTOR.as_ref(),
+            text,
+            embedding,
+            moderation,
+        )
+        .map(|d| d.category.as_str().to_owned())
     }
 }
 

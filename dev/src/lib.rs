@@ -21,3 +21,4 @@ pub mod safety_train;
 pub mod seed;
 pub mod stub;
 pub mod thresholds;
+pub mod vector_head;

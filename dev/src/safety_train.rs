@@ -64,6 +64,13 @@ pub struct TrainArgs {
     /// and companion text): a referral or a swapped reply in everyday talk is what users meet most.
     #[arg(long, default_value_t = 0.0075)]
     pub chat_fp: f64,
+    /// Highest false-positive rate of the vector head on the hard negatives of a language it never saw
+    /// (each tuning language left out in turn); its chat target is `--chat-fp`.
+    #[arg(long, default_value_t = 0.01)]
+    pub vector_fp: f64,
+    /// Passes of the vector head over the tuning lines.
+    #[arg(long, default_value_t = 8)]
+    pub vector_epochs: usize,
     /// Highest out-of-fold false-positive rate on the tuning set's kind replies.
     #[arg(long, default_value_t = 0.01)]
     pub output_fp: f64,
@@ -249,6 +256,35 @@ pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
         std::fs::write(&path, model.to_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {} ({})", path.display(), model.header.note);
+        if set == "input" {
+            let samples: Vec<crate::vector_head::Sample> = examples
+                .iter()
+                .filter_map(|e| {
+                    Some(crate::vector_head::Sample {
+                        vector: e.x.embedding.as_deref()?,
+                        y: e.y,
+                        lang: &e.lang,
+                        hard: e.hard,
+                    })
+                })
+                .collect();
+            let head = crate::vector_head::train(
+                &samples,
+                classes,
+                embedder.model(),
+                &model.header.trained_on,
+                &crate::vector_head::Settings {
+                    epochs: args.vector_epochs,
+                    seed: args.seed,
+                    hard_fp: args.vector_fp,
+                    chat_fp: args.chat_fp,
+                },
+            )?;
+            let path = args.out_dir.join("screen-input-vector.bin");
+            std::fs::write(&path, head.to_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
     }
     Ok(())
 }
@@ -437,7 +473,8 @@ impl Oof<'_> {
                     }
                     let f = self.figures(|e, m| match set {
                         "input" => {
-                            decide_with(Some(m), &e.text, e.x.embedding.as_deref(), None).is_some()
+                            decide_with(Some(m), None, &e.text, e.x.embedding.as_deref(), None)
+                                .is_some()
                         }
                         _ => check_reply_with(Some(m), &e.text).is_some(),
                     });
@@ -600,6 +637,8 @@ mod tests {
         for model in [learned::INPUT.as_ref(), learned::OUTPUT.as_ref()] {
             assert_eq!(model.expect("the model loads").header.trained_on, want);
         }
+        let vector = learned::VECTOR.as_ref().expect("the vector head loads");
+        assert_eq!(vector.header.trained_on, want);
     }
 
     /// Training on a line of the frozen sets would make their figures a measure of memory: no tuning

@@ -1456,3 +1456,60 @@ async fn everyday_sport_questions_are_never_flagged() {
         flagged.join("\n")
     );
 }
+
+/// Ordinary messages in every language the worker reads, the two no rule covers among them: the
+/// retrieval questions (`tests/fixtures/retrieval/questions.jsonl`) and the e5 parity chat lines
+/// (`deploy/local/parity/e5-unseen.txt`), neither of them tuning lines. Decided as the worker decides
+/// them, vector head included: at most one in 400 is referred, a third of the 0.75 % of ordinary chat
+/// the layers' thresholds were chosen for. The layer of 28 November referred 6 of these 584 (1.0 %);
+/// the ordinary chat lines written after that (tuning `chat-*-5.jsonl`) took it to 1, and the brief of
+/// those lines named three of the six situations, so the test is not blind to them.
+#[tokio::test]
+async fn ordinary_messages_in_every_language_are_never_flagged() {
+    let embedder = embedder();
+    let screen = companion_safety::detect::CrisisScreen::new(true).reading(Some(embedder.model()));
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut lines: Vec<(String, String)> = Vec::new();
+    let questions = std::fs::read_to_string(root.join("tests/fixtures/retrieval/questions.jsonl"))
+        .expect("the retrieval questions");
+    for line in questions.lines().filter(|l| !l.trim().is_empty()) {
+        let q: Value = serde_json::from_str(line).expect("a question");
+        lines.push((
+            q["lang"].as_str().unwrap().into(),
+            q["text"].as_str().unwrap().into(),
+        ));
+    }
+    let parity = std::fs::read_to_string(root.join("deploy/local/parity/e5-unseen.txt"))
+        .expect("the parity lines");
+    for line in parity.lines().filter(|l| !l.starts_with('#')) {
+        if let Some((lang, text)) = line.split_once('\t') {
+            lines.push((lang.into(), text.into()));
+        }
+    }
+    for lang in ["it", "ko"] {
+        assert!(
+            lines.iter().filter(|(l, _)| l == lang).count() >= 60,
+            "{lang}"
+        );
+    }
+    let mut flagged = Vec::new();
+    for chunk in lines.chunks(32) {
+        let refs: Vec<&str> = chunk.iter().map(|(_, t)| t.as_str()).collect();
+        let vectors = embedder
+            .embed(companion_knowledge::rag::Role::Query, &refs)
+            .await
+            .expect("embedded");
+        for ((lang, text), vector) in chunk.iter().zip(&vectors) {
+            if let Some(d) = screen.screen(text, Some(vector), None) {
+                flagged.push(format!("{lang} {text} → {d:?}"));
+            }
+        }
+    }
+    assert!(
+        flagged.len() * 400 <= lines.len(),
+        "{} of {} flagged:\n{}",
+        flagged.len(),
+        lines.len(),
+        flagged.join("\n")
+    );
+}

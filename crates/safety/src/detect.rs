@@ -64,6 +64,9 @@ pub struct CrisisScreen {
     input: Option<&'static learned::Model>,
     /// The learned layer of companion replies; none when switched off.
     output: Option<&'static learned::Model>,
+    /// The vector head of user messages; none when switched off, or until an encoder whose vectors it
+    /// was trained on is known.
+    vector: Option<&'static learned::VectorHead>,
     /// The input layer reads the running encoder's vectors (trained on that encoder's).
     vectors: bool,
 }
@@ -75,6 +78,7 @@ impl CrisisScreen {
         Self {
             input: on(&learned::INPUT),
             output: on(&learned::OUTPUT),
+            vector: None,
             vectors: false,
         }
     }
@@ -82,8 +86,12 @@ impl CrisisScreen {
     /// This screen given the vectors of `encoder` (none: no encoder loaded), when its input layer was
     /// trained on that encoder's; says so when it was not ([`learned::fits`]).
     pub fn reading(self, encoder: Option<&str>) -> Self {
+        let vectors = self.input.is_some() && learned::fits(encoder);
         Self {
-            vectors: self.input.is_some() && learned::fits(encoder),
+            vectors,
+            vector: learned::VECTOR
+                .as_ref()
+                .filter(|v| vectors && encoder == Some(v.header.encoder.as_str())),
             ..self
         }
     }
@@ -108,7 +116,7 @@ impl CrisisScreen {
         moderation: Option<Category>,
     ) -> Option<Decision> {
         let embedding = embedding.filter(|_| self.vectors);
-        decide_with(self.input, text, embedding, moderation)
+        decide_with(self.input, self.vector, text, embedding, moderation)
     }
 
     /// Our category of the moderation endpoint's flagged categories (OpenAI's names), or none
@@ -137,9 +145,11 @@ impl CrisisScreen {
     }
 }
 
-/// [`CrisisScreen::screen`] with a given learned model (the trainer's out-of-fold models; the compiled-in one).
+/// [`CrisisScreen::screen`] with given learned layers (the trainer's out-of-fold models; the compiled-in
+/// ones).
 pub fn decide_with(
     model: Option<&learned::Model>,
+    vector: Option<&learned::VectorHead>,
     text: &str,
     embedding: Option<&[f32]>,
     moderation: Option<Category>,
@@ -173,7 +183,8 @@ pub fn decide_with(
         .as_ref()
         .and_then(|(class, _)| *class)
         .filter(|_| whole)
-        .and_then(category);
+        .and_then(category)
+        .or_else(|| unknown_language(vector, text, embedding.filter(|_| whole)));
     // An unsure rule is a candidate for a second stage: it refers when the learned layer gives the
     // message at least even odds of a crisis (or flags it itself, or the moderation endpoint does).
     let rules = rules.filter(|_| {
@@ -202,6 +213,23 @@ pub fn decide_with(
         lang: lang(&rules),
         layer,
     })
+}
+
+/// The vector head's category of a message in a language no rule covers ([`screen::language`] names
+/// none: Korean, Italian, or a covered language too short to tell), from its embedding. There the rules
+/// and the n-grams of the tuning lines see nothing they know; the multilingual vector still carries the
+/// meaning. It never decides in a covered language, whose figures the other layers already hold within
+/// their false-positive targets.
+fn unknown_language(
+    vector: Option<&learned::VectorHead>,
+    text: &str,
+    embedding: Option<&[f32]>,
+) -> Option<Category> {
+    let (vector, embedding) = (vector?, embedding?);
+    if screen::language(text).is_some() {
+        return None;
+    }
+    vector.verdict(embedding).0.and_then(category)
 }
 
 /// Three words or fewer (eight characters of Japanese): too little for the learned layer to refer on its
@@ -340,7 +368,7 @@ mod tests {
         assert!(sure.sure);
         let embedding = vec![0.05f32; learned::DIM];
         let decide = |model: &learned::Model, text: &str, e: Option<&[f32]>| {
-            decide_with(Some(model), text, e, None).map(|d| d.layer)
+            decide_with(Some(model), None, text, e, None).map(|d| d.layer)
         };
         assert_eq!(
             decide(&calm(None), text, Some(&embedding)),
@@ -356,11 +384,51 @@ mod tests {
         // Another layer's flag still refers.
         let d = decide_with(
             Some(&calm(Some(0.05))),
+            None,
             text,
             Some(&embedding),
             Some(Category::SelfHarm),
         );
         assert_eq!(d.map(|d| d.layer), Some(Layer::Moderation));
+    }
+
+    /// The vector head decides only where no language is known, on a whole message with its vector.
+    #[test]
+    fn the_vector_head_decides_only_in_a_language_no_rule_covers() {
+        let head = learned::tests::alarmed_head();
+        let v = vec![0.05f32; learned::DIM];
+        let decide = |text: &str, e: Option<&[f32]>| {
+            decide_with(None, Some(&head), text, e, None).map(|d| (d.layer, d.category))
+        };
+        let korean = "요즘 너무 힘들어서 그냥 다 끝내고 싶다는 생각만 들어";
+        assert_eq!(screen::language(korean), None);
+        assert_eq!(
+            decide(korean, Some(&v)),
+            Some((Layer::Learned, Category::SelfHarm))
+        );
+        // Without its vector, or too short to judge, it stays silent.
+        assert_eq!(decide(korean, None), None);
+        assert_eq!(decide("다 끝내고 싶어", Some(&v)), None);
+        // In a covered language the other layers decide, the head never.
+        let english = "my board snapped today and the shop is closed until monday";
+        assert_eq!(screen::language(english), Some("en"));
+        assert_eq!(decide(english, Some(&v)), None);
+        // A screen that has not been given an encoder, or another encoder, has no head.
+        let screen = CrisisScreen::new(true);
+        assert!(screen.vector.is_none());
+        assert!(screen.reading(Some("all-MiniLM-L6-v2")).vector.is_none());
+        assert!(
+            screen
+                .reading(Some("multilingual-e5-small"))
+                .vector
+                .is_some()
+        );
+        assert!(
+            CrisisScreen::new(false)
+                .reading(Some("multilingual-e5-small"))
+                .vector
+                .is_none()
+        );
     }
 
     #[test]

@@ -4,6 +4,10 @@
 //! embedding. It was trained with and without the embedding, so it still decides when the embedder is
 //! not installed.
 //!
+//! Beside it, the vector head ([`VectorHead`]): a small network over the embedding alone, for a message
+//! in a language neither the rules nor the tuning lines cover (its n-grams carry nothing there; the
+//! multilingual vector does).
+//!
 //! The weights are trained by `companion-dev safety-train` on the tuning lines of
 //! `tests/fixtures/safety/tuning/`, written apart from the frozen evaluation sets, and compiled in
 //! (`screen-input.bin`, `screen-output.bin`). The threshold in each file was chosen on those tuning lines
@@ -242,6 +246,172 @@ impl Model {
     }
 }
 
+/// Hidden units of the vector head.
+pub const HIDDEN: usize = 64;
+const VECTOR_MAGIC: &[u8; 4] = b"CSV1";
+
+/// What a vector head's file says of itself.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct VectorHeader {
+    /// The classes, `none` first (the input model's).
+    pub classes: Vec<String>,
+    /// A message is flagged when 1 − p(none) is at least this (chosen on the tuning lines with each
+    /// language left out in turn: how the head scores a language it never saw).
+    pub threshold: f32,
+    /// The encoder whose vectors it reads; it reads no other's.
+    pub encoder: String,
+    pub trained_on: String,
+    pub note: String,
+}
+
+/// The vector head: standardised embedding → [`HIDDEN`] rectified units → softmax over the classes.
+#[derive(Clone, Debug)]
+pub struct VectorHead {
+    pub header: VectorHeader,
+    /// Per dimension of the embedding: its mean on the tuning lines, and one over its spread.
+    mean: Vec<f32>,
+    inv_sd: Vec<f32>,
+    /// `DIM × HIDDEN`, row per embedding dimension.
+    w1: Vec<f32>,
+    b1: Vec<f32>,
+    /// `HIDDEN × classes`, row per hidden unit.
+    w2: Vec<f32>,
+    b2: Vec<f32>,
+}
+
+/// A vector head's weights, as the trainer fits them.
+#[derive(Clone, Debug, Default)]
+pub struct VectorWeights {
+    pub mean: Vec<f32>,
+    pub inv_sd: Vec<f32>,
+    pub w1: Vec<f32>,
+    pub b1: Vec<f32>,
+    pub w2: Vec<f32>,
+    pub b2: Vec<f32>,
+}
+
+impl VectorHead {
+    /// A head from its header and weights, checked for shape.
+    pub fn new(header: VectorHeader, w: VectorWeights) -> Result<Self, ModelError> {
+        let n = header.classes.len();
+        let shapes = [
+            (w.mean.len(), DIM),
+            (w.inv_sd.len(), DIM),
+            (w.w1.len(), DIM * HIDDEN),
+            (w.b1.len(), HIDDEN),
+            (w.w2.len(), HIDDEN * n),
+            (w.b2.len(), n),
+        ];
+        if n < 2 || header.classes[0] != "none" || shapes.iter().any(|(a, b)| a != b) {
+            return Err(ModelError(
+                "vector head: classes and weights do not agree".into(),
+            ));
+        }
+        Ok(Self {
+            header,
+            mean: w.mean,
+            inv_sd: w.inv_sd,
+            w1: w.w1,
+            b1: w.b1,
+            w2: w.w2,
+            b2: w.b2,
+        })
+    }
+
+    /// The file's bytes: magic, header length (u32 LE), header JSON, then the weights as f32 LE in the
+    /// order of [`VectorWeights`].
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let header = serde_json::to_vec(&self.header).unwrap_or_default();
+        let mut out = Vec::new();
+        out.extend_from_slice(VECTOR_MAGIC);
+        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        out.extend_from_slice(&header);
+        for part in [
+            &self.mean,
+            &self.inv_sd,
+            &self.w1,
+            &self.b1,
+            &self.w2,
+            &self.b2,
+        ] {
+            out.extend(part.iter().flat_map(|x| x.to_le_bytes()));
+        }
+        out
+    }
+
+    /// Reads a vector head's file.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, ModelError> {
+        let err = |m: &str| ModelError(format!("vector head: {m}"));
+        if bytes.len() < 8 || &bytes[..4] != VECTOR_MAGIC {
+            return Err(err("not a CSV1 file"));
+        }
+        let len = u32::from_le_bytes(bytes[4..8].try_into().map_err(|_| err("short"))?) as usize;
+        let header: VectorHeader =
+            serde_json::from_slice(bytes.get(8..8 + len).ok_or(err("short"))?)
+                .map_err(|e| err(&e.to_string()))?;
+        let n = header.classes.len();
+        let mut rest = bytes.get(8 + len..).ok_or(err("short"))?;
+        let mut take = |count: usize| -> Result<Vec<f32>, ModelError> {
+            let part = rest.get(..count * 4).ok_or(err("short"))?;
+            rest = &rest[count * 4..];
+            Ok(part
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect())
+        };
+        let w = VectorWeights {
+            mean: take(DIM)?,
+            inv_sd: take(DIM)?,
+            w1: take(DIM * HIDDEN)?,
+            b1: take(HIDDEN)?,
+            w2: take(HIDDEN * n)?,
+            b2: take(n)?,
+        };
+        if !rest.is_empty() {
+            return Err(err("trailing bytes"));
+        }
+        Self::new(header, w)
+    }
+
+    /// Each class's probability for the embedding `v` (of [`DIM`]).
+    pub fn probabilities(&self, v: &[f32]) -> Vec<f32> {
+        let mut hidden = self.b1.clone();
+        for (i, x) in v.iter().enumerate().take(DIM) {
+            let z = (x - self.mean[i]) * self.inv_sd[i];
+            for (h, w) in hidden
+                .iter_mut()
+                .zip(&self.w1[i * HIDDEN..(i + 1) * HIDDEN])
+            {
+                *h += z * w;
+            }
+        }
+        let n = self.b2.len();
+        let mut logits = self.b2.clone();
+        for (j, h) in hidden.iter().enumerate() {
+            let h = h.max(0.0);
+            for (l, w) in logits.iter_mut().zip(&self.w2[j * n..(j + 1) * n]) {
+                *l += h * w;
+            }
+        }
+        softmax(&logits)
+    }
+
+    /// The class the embedding is flagged for (never `none`; none below the threshold) and its score,
+    /// 1 − p(none). None for a vector of another width.
+    pub fn verdict(&self, v: &[f32]) -> (Option<&str>, f32) {
+        if v.len() != DIM {
+            return (None, 0.0);
+        }
+        let p = self.probabilities(v);
+        let score = 1.0 - p[0];
+        let class = (score >= self.header.threshold)
+            .then(|| (1..p.len()).max_by(|a, b| p[*a].total_cmp(&p[*b])))
+            .flatten()
+            .map(|i| self.header.classes[i].as_str());
+        (class, score)
+    }
+}
+
 /// Softmax of `z`.
 pub fn softmax(z: &[f32]) -> Vec<f32> {
     let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -280,6 +450,17 @@ pub static INPUT: LazyLock<Option<Model>> =
 pub static OUTPUT: LazyLock<Option<Model>> =
     LazyLock::new(|| load("output", include_bytes!("screen-output.bin")));
 
+/// The compiled-in vector head of user messages.
+pub static VECTOR: LazyLock<Option<VectorHead>> = LazyLock::new(|| {
+    match VectorHead::from_bytes(include_bytes!("screen-input-vector.bin")) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::error!(error = %e, "the crisis screen's vector head cannot be read; messages in languages no rule covers are screened by the n-grams alone");
+            None
+        }
+    }
+});
+
 fn load(which: &str, bytes: &[u8]) -> Option<Model> {
     match Model::from_bytes(bytes) {
         Ok(m) => Some(m),
@@ -291,7 +472,7 @@ fn load(which: &str, bytes: &[u8]) -> Option<Model> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -331,8 +512,63 @@ mod tests {
         assert!(Model::from_bytes(b"nope").is_err());
     }
 
+    /// A vector head that flags every vector as `self_harm`, sure of it.
+    pub(crate) fn alarmed_head() -> VectorHead {
+        let header = VectorHeader {
+            classes: vec!["none".into(), "self_harm".into()],
+            threshold: 0.9,
+            encoder: "multilingual-e5-small".into(),
+            trained_on: "test".into(),
+            note: String::new(),
+        };
+        let w = VectorWeights {
+            mean: vec![0.0; DIM],
+            inv_sd: vec![1.0; DIM],
+            w1: vec![0.0; DIM * HIDDEN],
+            b1: vec![0.0; HIDDEN],
+            w2: vec![0.0; HIDDEN * 2],
+            b2: vec![-5.0, 5.0],
+        };
+        VectorHead::new(header, w).unwrap()
+    }
+
+    #[test]
+    fn a_vector_head_round_trips_through_its_file_and_reads_only_its_width() {
+        let head = alarmed_head();
+        let back = VectorHead::from_bytes(&head.to_bytes()).unwrap();
+        assert_eq!(back.header, head.header);
+        let v = vec![0.05f32; DIM];
+        let (class, score) = back.verdict(&v);
+        assert_eq!(class, Some("self_harm"));
+        assert!(score > 0.99, "{score}");
+        assert_eq!(back.verdict(&v[..10]), (None, 0.0));
+        // A weight learned on one dimension moves only that dimension's score.
+        let mut w = VectorWeights {
+            mean: vec![0.0; DIM],
+            inv_sd: vec![1.0; DIM],
+            w1: vec![0.0; DIM * HIDDEN],
+            b1: vec![0.0; HIDDEN],
+            w2: vec![0.0; HIDDEN * 2],
+            b2: vec![0.0, -4.0],
+        };
+        w.w1[7 * HIDDEN] = 10.0;
+        w.w2[1] = 1.0;
+        let head = VectorHead::new(head.header.clone(), w).unwrap();
+        let mut calm = vec![0f32; DIM];
+        assert!(head.verdict(&calm).0.is_none());
+        calm[7] = 1.0;
+        assert_eq!(head.verdict(&calm).0, Some("self_harm"));
+        let mut bytes = back.to_bytes();
+        bytes.pop();
+        assert!(VectorHead::from_bytes(&bytes).is_err());
+        assert!(VectorHead::from_bytes(b"CSV1").is_err());
+    }
+
     #[test]
     fn the_compiled_in_models_load() {
+        let vector = VECTOR.as_ref().expect("the vector head loads");
+        assert_eq!(vector.header.classes[0], "none");
+        assert_eq!(vector.header.encoder, "multilingual-e5-small");
         let input = INPUT.as_ref().expect("the input model loads");
         assert_eq!(input.header.classes[0], "none");
         let output = OUTPUT.as_ref().expect("the output model loads");

@@ -1,0 +1,284 @@
+//! The crisis screen's vector head (`companion_safety::learned::VectorHead`), trained by `safety-train`
+//! beside the linear layer, on the same tuning lines' embeddings alone.
+//!
+//! It is meant for languages no rule and no tuning line covers, so it is measured as such: each
+//! language of the tuning lines is left out in turn, a head is trained on the others and scores it.
+//! The threshold is the lowest whose left-out false positives stay within the targets on the hard
+//! negatives and on ordinary chat. Then the head is trained on every line.
+//!
+//! One hidden layer of rectified units over the standardised vector, softmax over the classes, mini-batch
+//! Adam; classes weighted by the inverse square root of their frequency, as the linear layer's.
+//! Deterministic for a given seed and input.
+
+use std::collections::BTreeMap;
+
+use companion_safety::learned::{DIM, HIDDEN, VectorHead, VectorHeader, VectorWeights, softmax};
+
+/// One tuning line, as the head sees it.
+pub struct Sample<'a> {
+    pub vector: &'a [f32],
+    /// The class's index (`none` is 0).
+    pub y: usize,
+    pub lang: &'a str,
+    /// A hard negative (not ordinary chat).
+    pub hard: bool,
+}
+
+/// How to train.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub epochs: usize,
+    pub seed: u64,
+    /// Highest left-out false-positive rate on the hard negatives.
+    pub hard_fp: f64,
+    /// Highest left-out false-positive rate on ordinary chat.
+    pub chat_fp: f64,
+}
+
+const BATCH: usize = 64;
+const LEARNING_RATE: f32 = 0.002;
+const L2: f32 = 1e-3;
+
+/// Trains the head, chooses its threshold with each language left out, and says how it did.
+pub fn train(
+    samples: &[Sample],
+    classes: &[&str],
+    encoder: &str,
+    trained_on: &str,
+    s: &Settings,
+) -> anyhow::Result<VectorHead> {
+    anyhow::ensure!(
+        samples.iter().all(|x| x.vector.len() == DIM),
+        "every line needs its vector"
+    );
+    let mut langs: Vec<&str> = samples.iter().map(|x| x.lang).collect();
+    langs.sort_unstable();
+    langs.dedup();
+    let mut left_out = vec![0f32; samples.len()];
+    for (k, lang) in langs.iter().enumerate() {
+        let train: Vec<&Sample> = samples.iter().filter(|x| x.lang != *lang).collect();
+        let head = VectorHead::new(
+            head(classes, 1.0, encoder, trained_on, ""),
+            fit(&train, classes.len(), s, s.seed + k as u64),
+        )?;
+        for (i, x) in samples.iter().enumerate().filter(|(_, x)| x.lang == *lang) {
+            left_out[i] = head.verdict(x.vector).1;
+        }
+    }
+    let figures = |t: f32| {
+        let share = |f: &dyn Fn(&Sample) -> bool| {
+            let (n, hit) = samples
+                .iter()
+                .zip(&left_out)
+                .filter(|(x, _)| f(x))
+                .fold((0usize, 0usize), |(n, hit), (_, sc)| {
+                    (n + 1, hit + usize::from(*sc >= t))
+                });
+            hit as f64 / n.max(1) as f64
+        };
+        (
+            share(&|x| x.y != 0),
+            share(&|x| x.y == 0 && x.hard),
+            share(&|x| x.y == 0 && !x.hard),
+        )
+    };
+    for t in [0.9f32, 0.95, 0.97, 0.98, 0.99, 0.995] {
+        let (recall, hard, chat) = figures(t);
+        println!(
+            "  vector head, each language left out, at {t:.3}: recall {recall:.3}, hard-negative fp {hard:.3}, chat fp {chat:.4}"
+        );
+    }
+    let threshold = (900..1000)
+        .map(|t| t as f32 / 1000.0)
+        .find(|t| {
+            let (_, hard, chat) = figures(*t);
+            hard <= s.hard_fp && chat <= s.chat_fp
+        })
+        .unwrap_or(0.999);
+    let (recall, hard, chat) = figures(threshold);
+    let mut by_lang: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (x, sc) in samples.iter().zip(&left_out).filter(|(x, _)| x.y != 0) {
+        let e = by_lang.entry(x.lang).or_default();
+        *e = (e.0 + 1, e.1 + usize::from(*sc >= threshold));
+    }
+    let langs: Vec<String> = by_lang
+        .iter()
+        .map(|(l, (n, hit))| format!("{l} {:.3}", *hit as f64 / (*n).max(1) as f64))
+        .collect();
+    let note = format!(
+        "vector head: {} lines; each language left out, at threshold {threshold:.3}: recall {recall:.3} ({}), hard-negative fp {hard:.3}, chat fp {chat:.4}",
+        samples.len(),
+        langs.join(", ")
+    );
+    println!("{note}");
+    let all: Vec<&Sample> = samples.iter().collect();
+    Ok(VectorHead::new(
+        head(classes, threshold, encoder, trained_on, &note),
+        fit(&all, classes.len(), s, s.seed),
+    )?)
+}
+
+fn head(
+    classes: &[&str],
+    threshold: f32,
+    encoder: &str,
+    trained_on: &str,
+    note: &str,
+) -> VectorHeader {
+    VectorHeader {
+        classes: classes.iter().map(|c| (*c).to_owned()).collect(),
+        threshold,
+        encoder: encoder.to_owned(),
+        trained_on: trained_on.to_owned(),
+        note: note.to_owned(),
+    }
+}
+
+/// Adam's moments of one parameter vector.
+struct Adam {
+    m: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Adam {
+    fn new(n: usize) -> Self {
+        Self {
+            m: vec![0.0; n],
+            v: vec![0.0; n],
+        }
+    }
+
+    fn step(&mut self, w: &mut [f32], g: &[f32], t: i32, l2: f32) {
+        let (b1, b2) = (0.9f32, 0.999f32);
+        let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        for (((w, g), m), v) in w.iter_mut().zip(g).zip(&mut self.m).zip(&mut self.v) {
+            let g = g + l2 * *w;
+            *m = b1 * *m + (1.0 - b1) * g;
+            *v = b2 * *v + (1.0 - b2) * g * g;
+            *w -= LEARNING_RATE * (*m / c1) / ((*v / c2).sqrt() + 1e-8);
+        }
+    }
+}
+
+/// Fits one head's weights on `samples`.
+fn fit(samples: &[&Sample], classes: usize, s: &Settings, seed: u64) -> VectorWeights {
+    let n = samples.len().max(1) as f32;
+    let mut mean = vec![0f32; DIM];
+    for x in samples {
+        for (m, v) in mean.iter_mut().zip(x.vector) {
+            *m += v / n;
+        }
+    }
+    let mut var = vec![0f32; DIM];
+    for x in samples {
+        for ((a, v), m) in var.iter_mut().zip(x.vector).zip(&mean) {
+            *a += (v - m) * (v - m) / n;
+        }
+    }
+    let inv_sd: Vec<f32> = var.iter().map(|v| 1.0 / (v.sqrt() + 1e-6)).collect();
+    let z: Vec<Vec<f32>> = samples
+        .iter()
+        .map(|x| {
+            x.vector
+                .iter()
+                .zip(&mean)
+                .zip(&inv_sd)
+                .map(|((v, m), i)| (v - m) * i)
+                .collect()
+        })
+        .collect();
+    let mut count = vec![0usize; classes];
+    for x in samples {
+        count[x.y] += 1;
+    }
+    let most = *count.iter().max().unwrap_or(&1) as f32;
+    let class_weight: Vec<f32> = count
+        .iter()
+        .map(|c| (most / (*c).max(1) as f32).sqrt())
+        .collect();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut uniform = |n: usize, fan_in: usize| -> Vec<f32> {
+        let a = (3.0 / fan_in as f32).sqrt();
+        (0..n).map(|_| (rng.f32() * 2.0 - 1.0) * a).collect()
+    };
+    let mut w = VectorWeights {
+        w1: uniform(DIM * HIDDEN, DIM),
+        b1: vec![0.0; HIDDEN],
+        w2: uniform(HIDDEN * classes, HIDDEN),
+        b2: vec![0.0; classes],
+        mean,
+        inv_sd,
+    };
+    let mut adam = [
+        Adam::new(DIM * HIDDEN),
+        Adam::new(HIDDEN),
+        Adam::new(HIDDEN * classes),
+        Adam::new(classes),
+    ];
+    let mut order: Vec<usize> = (0..samples.len()).collect();
+    let mut shuffle = fastrand::Rng::with_seed(seed ^ 0x5eed);
+    let mut t = 0;
+    for _ in 0..s.epochs {
+        shuffle.shuffle(&mut order);
+        for batch in order.chunks(BATCH) {
+            let mut g1 = vec![0f32; DIM * HIDDEN];
+            let mut gb1 = vec![0f32; HIDDEN];
+            let mut g2 = vec![0f32; HIDDEN * classes];
+            let mut gb2 = vec![0f32; classes];
+            let mut weight = 0f32;
+            for &i in batch {
+                let (zi, y) = (&z[i], samples[i].y);
+                let mut h = w.b1.clone();
+                for (d, zd) in zi.iter().enumerate() {
+                    for (hj, wj) in h.iter_mut().zip(&w.w1[d * HIDDEN..(d + 1) * HIDDEN]) {
+                        *hj += zd * wj;
+                    }
+                }
+                h.iter_mut().for_each(|v| *v = v.max(0.0));
+                let mut logits = w.b2.clone();
+                for (j, hj) in h.iter().enumerate() {
+                    for (l, wj) in logits.iter_mut().zip(&w.w2[j * classes..(j + 1) * classes]) {
+                        *l += hj * wj;
+                    }
+                }
+                let p = softmax(&logits);
+                let cw = class_weight[y];
+                weight += cw;
+                let g: Vec<f32> = (0..classes)
+                    .map(|c| cw * (p[c] - f32::from(u8::from(c == y))))
+                    .collect();
+                let mut gh = vec![0f32; HIDDEN];
+                for (j, hj) in h.iter().enumerate() {
+                    let row = &w.w2[j * classes..(j + 1) * classes];
+                    for c in 0..classes {
+                        g2[j * classes + c] += hj * g[c];
+                    }
+                    if *hj > 0.0 {
+                        gh[j] = row.iter().zip(&g).map(|(a, b)| a * b).sum();
+                    }
+                }
+                for (b, gc) in gb2.iter_mut().zip(&g) {
+                    *b += gc;
+                }
+                for (d, zd) in zi.iter().enumerate() {
+                    for (a, ghj) in g1[d * HIDDEN..(d + 1) * HIDDEN].iter_mut().zip(&gh) {
+                        *a += zd * ghj;
+                    }
+                }
+                for (b, ghj) in gb1.iter_mut().zip(&gh) {
+                    *b += ghj;
+                }
+            }
+            let scale = 1.0 / weight.max(1e-6);
+            for g in [&mut g1, &mut gb1, &mut g2, &mut gb2] {
+                g.iter_mut().for_each(|v| *v *= scale);
+            }
+            t += 1;
+            adam[0].step(&mut w.w1, &g1, t, L2);
+            adam[1].step(&mut w.b1, &gb1, t, 0.0);
+            adam[2].step(&mut w.w2, &g2, t, L2);
+            adam[3].step(&mut w.b2, &gb2, t, 0.0);
+        }
+    }
+    w
+}
