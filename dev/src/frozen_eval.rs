@@ -598,6 +598,33 @@ mod tests {
         }
     }
 
+    /// The fourth frozen set (29 November), as committed before the vector head was asked in covered
+    /// languages.
+    #[test]
+    fn frozen_v4_set_is_unchanged() {
+        let v4 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/safety/frozen-v4");
+        for (file, sha256) in [
+            (
+                "BRIEF.md",
+                "c6c776d73392406a0c8b6ce5786c0d2024eb7942b002f483db63bb16d254fadf",
+            ),
+            (
+                "input.jsonl",
+                "aa6c8ef6c813fcd283b2ec8ab42b99c4d0c6549612ad87952d4b9b2ad905e80c",
+            ),
+        ] {
+            let bytes = std::fs::read(v4.join(file)).unwrap();
+            let got: String = Sha256::digest(&bytes)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert_eq!(got, sha256, "frozen-v4/{file} changed");
+        }
+        let input: Vec<Line> = crate::jsonl::read(&v4.join("input.jsonl")).unwrap();
+        assert_eq!(input.len(), 1706);
+        assert!(input.iter().all(|l| l.set == "input"));
+    }
+
     /// The third frozen set (issue 61, 29 November), as committed before that session's change to the
     /// learned layer.
     #[test]

@@ -250,7 +250,7 @@ pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
                 })
             })
             .collect();
-        let mut model = fit_with_threshold(set, classes, &examples, fp, args, &digest)?;
+        let (mut model, folds) = fit_with_threshold(set, classes, &examples, fp, args, &digest)?;
         model.header.encoder = Some(embedder.model().to_owned());
         let path = args.out_dir.join(file);
         std::fs::write(&path, model.to_bytes())
@@ -261,6 +261,7 @@ pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
                 .iter()
                 .filter_map(|e| {
                     Some(crate::vector_head::Sample {
+                        text: &e.text,
                         vector: e.x.embedding.as_deref()?,
                         y: e.y,
                         lang: &e.lang,
@@ -268,18 +269,29 @@ pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
                     })
                 })
                 .collect();
-            let head = crate::vector_head::train(
+            let settings = crate::vector_head::Settings {
+                epochs: args.vector_epochs,
+                seed: args.seed,
+                hard_fp: args.vector_fp,
+                chat_fp: args.chat_fp,
+            };
+            let mut head = crate::vector_head::train(
                 &samples,
                 classes,
                 embedder.model(),
                 &model.header.trained_on,
-                &crate::vector_head::Settings {
-                    epochs: args.vector_epochs,
-                    seed: args.seed,
-                    hard_fp: args.vector_fp,
-                    chat_fp: args.chat_fp,
-                },
+                &settings,
             )?;
+            let (covered, note) = crate::vector_head::choose_covered(
+                &samples,
+                &folds.fold,
+                &folds.models,
+                &head,
+                &settings,
+                args.input_fp,
+            )?;
+            head.header.covered = covered;
+            head.header.note = format!("{}; {note}", head.header.note);
             let path = args.out_dir.join("screen-input-vector.bin");
             std::fs::write(&path, head.to_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
@@ -297,7 +309,7 @@ fn fit_with_threshold(
     fp_target: f64,
     args: &TrainArgs,
     digest: &str,
-) -> anyhow::Result<Model> {
+) -> anyhow::Result<(Model, Folds)> {
     anyhow::ensure!(!examples.is_empty(), "no {set} tuning lines");
     const FOLDS: usize = 5;
     let mut rng = fastrand::Rng::with_seed(args.seed);
@@ -366,12 +378,22 @@ fn fit_with_threshold(
     for m in &mut folds {
         m.header.threshold = threshold;
     }
-    let policy = Oof {
+    let mut oof = Oof {
         examples,
         fold: &fold,
         models: folds,
+    };
+    let policy = oof.choose(set, fp_target, args.chat_fp);
+    let mut models = oof.models;
+    for m in &mut models {
+        m.header.threshold = policy.threshold.unwrap_or(threshold);
+        m.header.veto = policy.veto;
+        m.header.context_free = policy
+            .context_free
+            .iter()
+            .map(|c| (*c).to_owned())
+            .collect();
     }
-    .choose(set, fp_target, args.chat_fp);
     let all: Vec<&Example> = examples.iter().collect();
     let (w, b) = fit(classes.len(), &all, args.epochs, args.seed);
     let mut header = header(
@@ -387,7 +409,14 @@ fn fit_with_threshold(
         .iter()
         .map(|c| (*c).to_owned())
         .collect();
-    Ok(Model::quantise(header, &w, b))
+    Ok((Model::quantise(header, &w, b), Folds { fold, models }))
+}
+
+/// The out-of-fold models of the chosen policy and which fold each tuning line was left out of: what the
+/// vector head's choice for covered languages is decided with.
+struct Folds {
+    fold: Vec<usize>,
+    models: Vec<Model>,
 }
 
 /// The layers' combined decision, out of fold: each tuning line decided by the rules and the model that
@@ -438,7 +467,7 @@ impl Oof<'_> {
     /// (output), under which the combined decision has the most recall while its false positives stay
     /// within `fp_target` on the hard negatives and `chat_fp` on ordinary chat; fewer false positives on
     /// a tie.
-    fn choose(mut self, set: &str, fp_target: f64, chat_fp: f64) -> Policy {
+    fn choose(&mut self, set: &str, fp_target: f64, chat_fp: f64) -> Policy {
         let vetoes: &[Option<f32>] = if set == "input" {
             &[
                 None,
@@ -648,7 +677,7 @@ mod tests {
     fn no_tuning_line_is_a_frozen_line_or_its_near_twin() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let mut frozen = Vec::new();
-        for set in ["frozen", "frozen-v2", "frozen-v3"] {
+        for set in ["frozen", "frozen-v2", "frozen-v3", "frozen-v4"] {
             for f in ["input.jsonl", "output.jsonl"] {
                 let path = root.join("tests/fixtures/safety").join(set).join(f);
                 if path.exists() {

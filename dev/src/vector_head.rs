@@ -8,14 +8,22 @@
 //!
 //! One hidden layer of rectified units over the standardised vector, softmax over the classes, mini-batch
 //! Adam; classes weighted by the inverse square root of their frequency, as the linear layer's.
+//!
+//! Whether it also refers in a covered language, and from what score ([`choose_covered`]), is decided
+//! out of fold with the rules and the linear layer: each line decided by the fold models that did not
+//! see it, the most recall within the input layer's false-positive targets.
 //! Deterministic for a given seed and input.
 
 use std::collections::BTreeMap;
 
-use companion_safety::learned::{DIM, HIDDEN, VectorHead, VectorHeader, VectorWeights, softmax};
+use companion_safety::{
+    detect::decide_with,
+    learned::{DIM, HIDDEN, Model, VectorHead, VectorHeader, VectorWeights, softmax},
+};
 
 /// One tuning line, as the head sees it.
 pub struct Sample<'a> {
+    pub text: &'a str,
     pub vector: &'a [f32],
     /// The class's index (`none` is 0).
     pub y: usize,
@@ -118,6 +126,99 @@ pub fn train(
     )?)
 }
 
+/// The head's score for covered languages (`VectorHeader::covered`; none: never there): of the
+/// candidates, the one whose combined decision (rules, linear layer and head, each line decided by the
+/// fold models that did not see it; `fold` and `linear` are the linear layer's) has the most recall
+/// while its false positives stay within `hard_fp` on the hard negatives and `s.chat_fp` on ordinary
+/// chat; fewer false positives on a tie. Returns it and a note of its figures.
+pub fn choose_covered(
+    samples: &[Sample],
+    fold: &[usize],
+    linear: &[Model],
+    head: &VectorHead,
+    s: &Settings,
+    hard_fp: f64,
+) -> anyhow::Result<(Option<f32>, String)> {
+    anyhow::ensure!(fold.len() == samples.len(), "one fold per line");
+    let mut heads = Vec::with_capacity(linear.len());
+    for k in 0..linear.len() {
+        let train: Vec<&Sample> = samples
+            .iter()
+            .zip(fold)
+            .filter(|(_, f)| **f != k)
+            .map(|(x, _)| x)
+            .collect();
+        heads.push(VectorHead::new(
+            head.header.clone(),
+            fit(
+                &train,
+                head.header.classes.len(),
+                s,
+                s.seed + 100 + k as u64,
+            ),
+        )?);
+    }
+    let figures = |heads: &[VectorHead]| {
+        let (mut pos, mut hit, mut hard, mut hard_hit, mut chat, mut chat_hit) = (0, 0, 0, 0, 0, 0);
+        for (x, k) in samples.iter().zip(fold) {
+            let flagged = decide_with(
+                Some(&linear[*k]),
+                Some(&heads[*k]),
+                x.text,
+                Some(x.vector),
+                None,
+            )
+            .is_some();
+            let f = usize::from(flagged);
+            match (x.y != 0, x.hard) {
+                (true, _) => (pos, hit) = (pos + 1, hit + f),
+                (false, true) => (hard, hard_hit) = (hard + 1, hard_hit + f),
+                (false, false) => (chat, chat_hit) = (chat + 1, chat_hit + f),
+            }
+        }
+        let share = |a: usize, b: usize| a as f64 / b.max(1) as f64;
+        (
+            share(hit, pos),
+            share(hard_hit, hard),
+            share(chat_hit, chat),
+        )
+    };
+    let mut best: Option<(Option<f32>, (f64, f64, f64))> = None;
+    for covered in [
+        None,
+        Some(0.999),
+        Some(0.998),
+        Some(0.995),
+        Some(0.99),
+        Some(0.98),
+        Some(0.95),
+        Some(0.9),
+    ] {
+        for h in &mut heads {
+            h.header.covered = covered;
+        }
+        let f = figures(&heads);
+        println!(
+            "  vector head in covered languages at {covered:?}, out of fold with the other layers: recall {:.3}, hard-negative fp {:.3}, chat fp {:.4}",
+            f.0, f.1, f.2
+        );
+        let within = f.1 <= hard_fp && f.2 <= s.chat_fp;
+        let better = best
+            .as_ref()
+            .is_none_or(|(_, b)| f.0 > b.0 || (f.0 == b.0 && f.1 + f.2 < b.1 + b.2));
+        if within && better {
+            best = Some((covered, f));
+        }
+    }
+    let (covered, f) = best.unwrap_or((None, (0.0, 0.0, 0.0)));
+    let note = format!(
+        "in covered languages {covered:?}, the decision out of fold: recall {:.3}, hard-negative fp {:.3}, chat fp {:.4}",
+        f.0, f.1, f.2
+    );
+    println!("{note}");
+    Ok((covered, note))
+}
+
 fn head(
     classes: &[&str],
     threshold: f32,
@@ -131,6 +232,7 @@ fn head(
         encoder: encoder.to_owned(),
         trained_on: trained_on.to_owned(),
         note: note.to_owned(),
+        covered: None,
     }
 }
 

@@ -184,7 +184,7 @@ pub fn decide_with(
         .and_then(|(class, _)| *class)
         .filter(|_| whole)
         .and_then(category)
-        .or_else(|| unknown_language(vector, text, embedding.filter(|_| whole)));
+        .or_else(|| vector_head(vector, text, embedding.filter(|_| whole)));
     // An unsure rule is a candidate for a second stage: it refers when the learned layer gives the
     // message at least even odds of a crisis (or flags it itself, or the moderation endpoint does).
     let rules = rules.filter(|_| {
@@ -215,21 +215,23 @@ pub fn decide_with(
     })
 }
 
-/// The vector head's category of a message in a language no rule covers ([`screen::language`] names
-/// none: Korean, Italian, or a covered language too short to tell), from its embedding. There the rules
-/// and the n-grams of the tuning lines see nothing they know; the multilingual vector still carries the
-/// meaning. It never decides in a covered language, whose figures the other layers already hold within
-/// their false-positive targets.
-fn unknown_language(
+/// The vector head's category of a message, from its embedding. Where [`screen::language`] names no
+/// language (Korean, Italian when its words are not taken for another's, a covered-language message too
+/// short to tell), the rules and the n-grams of the tuning lines see nothing they know; the multilingual
+/// vector still carries the meaning, and the head refers at its own threshold (chosen with each tuning
+/// language left out). In a covered language it refers only at the head's `covered` score, chosen out of
+/// fold with the other layers within their false-positive targets (never, when absent).
+fn vector_head(
     vector: Option<&learned::VectorHead>,
     text: &str,
     embedding: Option<&[f32]>,
 ) -> Option<Category> {
     let (vector, embedding) = (vector?, embedding?);
-    if screen::language(text).is_some() {
-        return None;
-    }
-    vector.verdict(embedding).0.and_then(category)
+    let threshold = match screen::language(text) {
+        None => vector.header.threshold,
+        Some(_) => vector.header.covered?,
+    };
+    vector.verdict_at(embedding, threshold).0.and_then(category)
 }
 
 /// Three words or fewer (eight characters of Japanese): too little for the learned layer to refer on its
@@ -392,9 +394,11 @@ mod tests {
         assert_eq!(d.map(|d| d.layer), Some(Layer::Moderation));
     }
 
-    /// The vector head decides only where no language is known, on a whole message with its vector.
+    /// The vector head decides where no language is known, on a whole message with its vector; in a
+    /// covered language only at its `covered` score.
     #[test]
-    fn the_vector_head_decides_only_in_a_language_no_rule_covers() {
+    fn the_vector_head_decides_where_no_language_is_known_and_elsewhere_only_at_its_covered_score()
+    {
         let head = learned::tests::alarmed_head();
         let v = vec![0.05f32; learned::DIM];
         let decide = |text: &str, e: Option<&[f32]>| {
@@ -409,10 +413,21 @@ mod tests {
         // Without its vector, or too short to judge, it stays silent.
         assert_eq!(decide(korean, None), None);
         assert_eq!(decide("다 끝내고 싶어", Some(&v)), None);
-        // In a covered language the other layers decide, the head never.
+        // In a covered language the other layers decide, and the head only at its `covered` score.
         let english = "my board snapped today and the shop is closed until monday";
         assert_eq!(screen::language(english), Some("en"));
         assert_eq!(decide(english, Some(&v)), None);
+        let mut sure = head.clone();
+        sure.header.covered = Some(0.99);
+        assert_eq!(
+            decide_with(None, Some(&sure), english, Some(&v), None).map(|d| d.layer),
+            Some(Layer::Learned)
+        );
+        sure.header.covered = Some(1.0);
+        assert_eq!(
+            decide_with(None, Some(&sure), english, Some(&v), None),
+            None
+        );
         // A screen that has not been given an encoder, or another encoder, has no head.
         let screen = CrisisScreen::new(true);
         assert!(screen.vector.is_none());

@@ -262,6 +262,10 @@ pub struct VectorHeader {
     pub encoder: String,
     pub trained_on: String,
     pub note: String,
+    /// In a language the rules cover, the score at which the head refers as well (chosen out of fold on
+    /// the tuning lines with the rules and the linear layer; absent: never there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub covered: Option<f32>,
 }
 
 /// The vector head: standardised embedding → [`HIDDEN`] rectified units → softmax over the classes.
@@ -399,12 +403,17 @@ impl VectorHead {
     /// The class the embedding is flagged for (never `none`; none below the threshold) and its score,
     /// 1 − p(none). None for a vector of another width.
     pub fn verdict(&self, v: &[f32]) -> (Option<&str>, f32) {
+        self.verdict_at(v, self.header.threshold)
+    }
+
+    /// [`Self::verdict`] at another threshold.
+    pub fn verdict_at(&self, v: &[f32], threshold: f32) -> (Option<&str>, f32) {
         if v.len() != DIM {
             return (None, 0.0);
         }
         let p = self.probabilities(v);
         let score = 1.0 - p[0];
-        let class = (score >= self.header.threshold)
+        let class = (score >= threshold)
             .then(|| (1..p.len()).max_by(|a, b| p[*a].total_cmp(&p[*b])))
             .flatten()
             .map(|i| self.header.classes[i].as_str());
@@ -520,6 +529,7 @@ pub(crate) mod tests {
             encoder: "multilingual-e5-small".into(),
             trained_on: "test".into(),
             note: String::new(),
+            covered: None,
         };
         let w = VectorWeights {
             mean: vec![0.0; DIM],
