@@ -571,31 +571,40 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/safety/frozen")
     }
 
-    /// The frozen sets as committed before any change to the rules made after them: a line edited,
-    /// added or removed fails here (a new set is a new file with its own hash).
-    #[test]
-    fn frozen_sets_are_unchanged() {
-        for (file, sha256) in [
-            (
-                "BRIEF.md",
-                "497486cb51bac620ec00ad9996563f284b3b82cbeb7d85536298354c27de8d08",
-            ),
-            (
-                "input.jsonl",
-                "968d0d271b7cb145368c6ea04cdc2b06b1a6abe6cb5c468c5efe9336481ad9cd",
-            ),
-            (
-                "output.jsonl",
-                "bb48801f14921af261c5b34fff04d96ce93b47c01b217c568955c1ec94b9fbfa",
-            ),
-        ] {
-            let bytes = std::fs::read(dir().join(file)).unwrap();
+    /// Every `(file, sha256)` of a frozen set's folder is as committed: a line edited, added or removed
+    /// fails here (a new set is a new folder with its own hashes).
+    fn assert_unchanged(dir: &Path, files: &[(&str, &str)]) {
+        for (file, sha256) in files {
+            let bytes = std::fs::read(dir.join(file)).unwrap();
             let got: String = Sha256::digest(&bytes)
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect();
-            assert_eq!(got, sha256, "{file} changed");
+            assert_eq!(got, *sha256, "{}/{file} changed", dir.display());
         }
+    }
+
+    /// The frozen sets as committed before any change to the rules made after them: a line edited,
+    /// added or removed fails here (a new set is a new file with its own hash).
+    #[test]
+    fn frozen_sets_are_unchanged() {
+        assert_unchanged(
+            &dir(),
+            &[
+                (
+                    "BRIEF.md",
+                    "497486cb51bac620ec00ad9996563f284b3b82cbeb7d85536298354c27de8d08",
+                ),
+                (
+                    "input.jsonl",
+                    "968d0d271b7cb145368c6ea04cdc2b06b1a6abe6cb5c468c5efe9336481ad9cd",
+                ),
+                (
+                    "output.jsonl",
+                    "bb48801f14921af261c5b34fff04d96ce93b47c01b217c568955c1ec94b9fbfa",
+                ),
+            ],
+        );
     }
 
     /// The fourth frozen set (29 November), as committed before the vector head was asked in covered
@@ -603,23 +612,19 @@ mod tests {
     #[test]
     fn frozen_v4_set_is_unchanged() {
         let v4 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/safety/frozen-v4");
-        for (file, sha256) in [
-            (
-                "BRIEF.md",
-                "c6c776d73392406a0c8b6ce5786c0d2024eb7942b002f483db63bb16d254fadf",
-            ),
-            (
-                "input.jsonl",
-                "aa6c8ef6c813fcd283b2ec8ab42b99c4d0c6549612ad87952d4b9b2ad905e80c",
-            ),
-        ] {
-            let bytes = std::fs::read(v4.join(file)).unwrap();
-            let got: String = Sha256::digest(&bytes)
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            assert_eq!(got, sha256, "frozen-v4/{file} changed");
-        }
+        assert_unchanged(
+            &v4,
+            &[
+                (
+                    "BRIEF.md",
+                    "c6c776d73392406a0c8b6ce5786c0d2024eb7942b002f483db63bb16d254fadf",
+                ),
+                (
+                    "input.jsonl",
+                    "aa6c8ef6c813fcd283b2ec8ab42b99c4d0c6549612ad87952d4b9b2ad905e80c",
+                ),
+            ],
+        );
         let input: Vec<Line> = crate::jsonl::read(&v4.join("input.jsonl")).unwrap();
         assert_eq!(input.len(), 1706);
         assert!(input.iter().all(|l| l.set == "input"));
@@ -630,23 +635,19 @@ mod tests {
     #[test]
     fn frozen_v3_set_is_unchanged() {
         let v3 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/safety/frozen-v3");
-        for (file, sha256) in [
-            (
-                "BRIEF.md",
-                "02dba61c1435fbe874ca24cadc66b2754a270862dd62680f997f9b5e13a0c2f4",
-            ),
-            (
-                "input.jsonl",
-                "6aba014f917799fde6c72794ae943fc3ddd38d9cbe90a34c43e48bc2f33b0553",
-            ),
-        ] {
-            let bytes = std::fs::read(v3.join(file)).unwrap();
-            let got: String = Sha256::digest(&bytes)
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            assert_eq!(got, sha256, "frozen-v3/{file} changed");
-        }
+        assert_unchanged(
+            &v3,
+            &[
+                (
+                    "BRIEF.md",
+                    "02dba61c1435fbe874ca24cadc66b2754a270862dd62680f997f9b5e13a0c2f4",
+                ),
+                (
+                    "input.jsonl",
+                    "6aba014f917799fde6c72794ae943fc3ddd38d9cbe90a34c43e48bc2f33b0553",
+                ),
+            ],
+        );
         let input: Vec<Line> = crate::jsonl::read(&v3.join("input.jsonl")).unwrap();
         assert_eq!(input.len(), 1312);
         assert!(input.iter().all(|l| l.set == "input"));
@@ -657,27 +658,23 @@ mod tests {
     #[test]
     fn frozen_v2_sets_are_unchanged() {
         let v2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/safety/frozen-v2");
-        for (file, sha256) in [
-            (
-                "BRIEF.md",
-                "96d1d8fd85ac5def7d0bf511c771856311fa63a371c78d9d8ba16220752abe09",
-            ),
-            (
-                "input.jsonl",
-                "3f69e7470f99fa68e889618d3526b35410a6719c6df731caf3f1df0a18907f33",
-            ),
-            (
-                "output.jsonl",
-                "3799bf83ee820f9aca78fae7a13bb1636a61ccda5d7625372338c79bf833b82e",
-            ),
-        ] {
-            let bytes = std::fs::read(v2.join(file)).unwrap();
-            let got: String = Sha256::digest(&bytes)
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            assert_eq!(got, sha256, "frozen-v2/{file} changed");
-        }
+        assert_unchanged(
+            &v2,
+            &[
+                (
+                    "BRIEF.md",
+                    "96d1d8fd85ac5def7d0bf511c771856311fa63a371c78d9d8ba16220752abe09",
+                ),
+                (
+                    "input.jsonl",
+                    "3f69e7470f99fa68e889618d3526b35410a6719c6df731caf3f1df0a18907f33",
+                ),
+                (
+                    "output.jsonl",
+                    "3799bf83ee820f9aca78fae7a13bb1636a61ccda5d7625372338c79bf833b82e",
+                ),
+            ],
+        );
         // Their shape only: no figure is computed on them before the last change.
         let input: Vec<Line> = crate::jsonl::read(&v2.join("input.jsonl")).unwrap();
         let output: Vec<Line> = crate::jsonl::read(&v2.join("output.jsonl")).unwrap();

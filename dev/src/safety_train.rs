@@ -579,15 +579,7 @@ fn fit(
     let mut g2 = vec![vec![1e-6f32; WIDTH]; classes];
     let mut b = vec![0f32; classes];
     let mut b2 = vec![1e-6f32; classes];
-    let mut count = vec![0usize; classes];
-    for e in examples {
-        count[e.y] += 1;
-    }
-    let most = *count.iter().max().unwrap_or(&1) as f32;
-    let class_weight: Vec<f32> = count
-        .iter()
-        .map(|c| (most / (*c).max(1) as f32).sqrt())
-        .collect();
+    let class_weight = class_weights(examples.iter().map(|e| e.y), classes);
     let (lr, l2) = (0.4f32, 1e-5f32);
     let mut order: Vec<(usize, bool)> = (0..examples.len())
         .flat_map(|i| [(i, true), (i, false)])
@@ -636,6 +628,20 @@ fn fit(
         }
     }
     (w, b)
+}
+
+/// Each class's weight in training: the inverse square root of its frequency, relative to the most
+/// frequent class, so a rare crisis category is not drowned by `none`.
+pub fn class_weights(labels: impl Iterator<Item = usize>, classes: usize) -> Vec<f32> {
+    let mut count = vec![0usize; classes];
+    for y in labels {
+        count[y] += 1;
+    }
+    let most = *count.iter().max().unwrap_or(&1) as f32;
+    count
+        .iter()
+        .map(|c| (most / (*c).max(1) as f32).sqrt())
+        .collect()
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -289,15 +289,7 @@ fn fit(samples: &[&Sample], classes: usize, s: &Settings, seed: u64) -> VectorWe
                 .collect()
         })
         .collect();
-    let mut count = vec![0usize; classes];
-    for x in samples {
-        count[x.y] += 1;
-    }
-    let most = *count.iter().max().unwrap_or(&1) as f32;
-    let class_weight: Vec<f32> = count
-        .iter()
-        .map(|c| (most / (*c).max(1) as f32).sqrt())
-        .collect();
+    let class_weight = crate::safety_train::class_weights(samples.iter().map(|x| x.y), classes);
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut uniform = |n: usize, fan_in: usize| -> Vec<f32> {
         let a = (3.0 / fan_in as f32).sqrt();
