@@ -435,24 +435,24 @@ struct Policy {
     note: String,
 }
 
-/// A combined decision's figures on the tuning lines: recall, hard-negative and chat false positives.
-#[derive(Clone, Copy)]
-struct Figures {
-    recall: f64,
-    hard_fp: f64,
-    chat_fp: f64,
+/// A decision's figures on the tuning lines: recall, hard-negative and chat false positives.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Figures {
+    pub recall: f64,
+    pub hard_fp: f64,
+    pub chat_fp: f64,
 }
 
-impl Oof<'_> {
-    /// The figures of `flagged` (given the line and the model that did not see it).
-    fn figures(&self, flagged: impl Fn(&Example, &Model) -> bool) -> Figures {
+impl Figures {
+    /// The figures of lines given as (a crisis, a hard negative, flagged).
+    pub fn of(lines: impl Iterator<Item = (bool, bool, bool)>) -> Self {
         let (mut pos, mut hit, mut hard, mut hard_fp, mut chat, mut chat_fp) = (0, 0, 0, 0, 0, 0);
-        for (e, k) in self.examples.iter().zip(self.fold) {
-            let f = flagged(e, &self.models[*k]);
-            match (e.y != 0, e.hard) {
-                (true, _) => (pos, hit) = (pos + 1, hit + usize::from(f)),
-                (false, true) => (hard, hard_fp) = (hard + 1, hard_fp + usize::from(f)),
-                (false, false) => (chat, chat_fp) = (chat + 1, chat_fp + usize::from(f)),
+        for (positive, is_hard, flagged) in lines {
+            let f = usize::from(flagged);
+            match (positive, is_hard) {
+                (true, _) => (pos, hit) = (pos + 1, hit + f),
+                (false, true) => (hard, hard_fp) = (hard + 1, hard_fp + f),
+                (false, false) => (chat, chat_fp) = (chat + 1, chat_fp + f),
             }
         }
         let share = |a: usize, b: usize| a as f64 / b.max(1) as f64;
@@ -461,6 +461,25 @@ impl Oof<'_> {
             hard_fp: share(hard_fp, hard),
             chat_fp: share(chat_fp, chat),
         }
+    }
+
+    /// More recall, or as much with fewer false positives.
+    pub fn better_than(&self, other: &Figures) -> bool {
+        self.recall > other.recall
+            || (self.recall == other.recall
+                && self.hard_fp + self.chat_fp < other.hard_fp + other.chat_fp)
+    }
+}
+
+impl Oof<'_> {
+    /// The figures of `flagged` (given the line and the model that did not see it).
+    fn figures(&self, flagged: impl Fn(&Example, &Model) -> bool) -> Figures {
+        Figures::of(
+            self.examples
+                .iter()
+                .zip(self.fold)
+                .map(|(e, k)| (e.y != 0, e.hard, flagged(e, &self.models[*k]))),
+        )
     }
 
     /// The threshold, and the veto of a sure rule (input) or whether the layer blocks on its own
@@ -508,11 +527,7 @@ impl Oof<'_> {
                         _ => check_reply_with(Some(m), &e.text).is_some(),
                     });
                     let within = f.hard_fp <= fp_target && f.chat_fp <= chat_fp;
-                    let better = best.as_ref().is_none_or(|(b, ..)| {
-                        f.recall > b.recall
-                            || (f.recall == b.recall
-                                && f.hard_fp + f.chat_fp < b.hard_fp + b.chat_fp)
-                    });
+                    let better = best.as_ref().is_none_or(|(b, ..)| f.better_than(b));
                     if within && better {
                         best = Some((f, t, *veto, *free));
                     }

@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::safety_train::Figures;
 use companion_safety::{
     detect::decide_with,
     learned::{DIM, HIDDEN, Model, VectorHead, VectorHeader, VectorWeights, softmax},
@@ -74,36 +75,32 @@ pub fn train(
         }
     }
     let figures = |t: f32| {
-        let share = |f: &dyn Fn(&Sample) -> bool| {
-            let (n, hit) = samples
+        Figures::of(
+            samples
                 .iter()
                 .zip(&left_out)
-                .filter(|(x, _)| f(x))
-                .fold((0usize, 0usize), |(n, hit), (_, sc)| {
-                    (n + 1, hit + usize::from(*sc >= t))
-                });
-            hit as f64 / n.max(1) as f64
-        };
-        (
-            share(&|x| x.y != 0),
-            share(&|x| x.y == 0 && x.hard),
-            share(&|x| x.y == 0 && !x.hard),
+                .map(|(x, sc)| (x.y != 0, x.hard, *sc >= t)),
         )
     };
     for t in [0.9f32, 0.95, 0.97, 0.98, 0.99, 0.995] {
-        let (recall, hard, chat) = figures(t);
+        let f = figures(t);
         println!(
-            "  vector head, each language left out, at {t:.3}: recall {recall:.3}, hard-negative fp {hard:.3}, chat fp {chat:.4}"
+            "  vector head, each language left out, at {t:.3}: recall {:.3}, hard-negative fp {:.3}, chat fp {:.4}",
+            f.recall, f.hard_fp, f.chat_fp
         );
     }
     let threshold = (900..1000)
         .map(|t| t as f32 / 1000.0)
         .find(|t| {
-            let (_, hard, chat) = figures(*t);
-            hard <= s.hard_fp && chat <= s.chat_fp
+            let f = figures(*t);
+            f.hard_fp <= s.hard_fp && f.chat_fp <= s.chat_fp
         })
         .unwrap_or(0.999);
-    let (recall, hard, chat) = figures(threshold);
+    let Figures {
+        recall,
+        hard_fp: hard,
+        chat_fp: chat,
+    } = figures(threshold);
     let mut by_lang: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for (x, sc) in samples.iter().zip(&left_out).filter(|(x, _)| x.y != 0) {
         let e = by_lang.entry(x.lang).or_default();
@@ -159,31 +156,18 @@ pub fn choose_covered(
         )?);
     }
     let figures = |heads: &[VectorHead]| {
-        let (mut pos, mut hit, mut hard, mut hard_hit, mut chat, mut chat_hit) = (0, 0, 0, 0, 0, 0);
-        for (x, k) in samples.iter().zip(fold) {
+        Figures::of(samples.iter().zip(fold).map(|(x, k)| {
             let flagged = decide_with(
                 Some(&linear[*k]),
                 Some(&heads[*k]),
                 x.text,
                 Some(x.vector),
                 None,
-            )
-            .is_some();
-            let f = usize::from(flagged);
-            match (x.y != 0, x.hard) {
-                (true, _) => (pos, hit) = (pos + 1, hit + f),
-                (false, true) => (hard, hard_hit) = (hard + 1, hard_hit + f),
-                (false, false) => (chat, chat_hit) = (chat + 1, chat_hit + f),
-            }
-        }
-        let share = |a: usize, b: usize| a as f64 / b.max(1) as f64;
-        (
-            share(hit, pos),
-            share(hard_hit, hard),
-            share(chat_hit, chat),
-        )
+            );
+            (x.y != 0, x.hard, flagged.is_some())
+        }))
     };
-    let mut best: Option<(Option<f32>, (f64, f64, f64))> = None;
+    let mut best: Option<(Option<f32>, Figures)> = None;
     for covered in [
         None,
         Some(0.999),
@@ -200,20 +184,17 @@ pub fn choose_covered(
         let f = figures(&heads);
         println!(
             "  vector head in covered languages at {covered:?}, out of fold with the other layers: recall {:.3}, hard-negative fp {:.3}, chat fp {:.4}",
-            f.0, f.1, f.2
+            f.recall, f.hard_fp, f.chat_fp
         );
-        let within = f.1 <= hard_fp && f.2 <= s.chat_fp;
-        let better = best
-            .as_ref()
-            .is_none_or(|(_, b)| f.0 > b.0 || (f.0 == b.0 && f.1 + f.2 < b.1 + b.2));
-        if within && better {
+        let within = f.hard_fp <= hard_fp && f.chat_fp <= s.chat_fp;
+        if within && best.as_ref().is_none_or(|(_, b)| f.better_than(b)) {
             best = Some((covered, f));
         }
     }
-    let (covered, f) = best.unwrap_or((None, (0.0, 0.0, 0.0)));
+    let (covered, f) = best.unwrap_or_default();
     let note = format!(
         "in covered languages {covered:?}, the decision out of fold: recall {:.3}, hard-negative fp {:.3}, chat fp {:.4}",
-        f.0, f.1, f.2
+        f.recall, f.hard_fp, f.chat_fp
     );
     println!("{note}");
     Ok((covered, note))
