@@ -1178,6 +1178,44 @@ async fn a_line_only_the_moderation_endpoint_flags_is_referred_once_and_the_aler
     env.finish().await;
 }
 
+/// A crisis in a language no rule and no tuning line covers (Korean) is found by the vector head on the
+/// message's meaning, through the worker: the referral goes, and the alert names the `vector` layer, so
+/// an operator can watch those referrals apart from the n-gram layer's.
+#[tokio::test]
+async fn a_crisis_in_an_uncovered_language_is_referred_and_the_alert_names_the_vector_layer() {
+    const KOREAN: &str = "요즘 너무 힘들어서 그냥 다 끝내고 싶다는 생각만 들어";
+    let embedder = embedder();
+    let screen = companion_safety::detect::CrisisScreen::new(true).reading(Some(embedder.model()));
+    let vector = embedder
+        .embed(companion_knowledge::rag::Role::Query, &[KOREAN])
+        .await
+        .expect("embedded")
+        .remove(0);
+    assert_eq!(
+        screen.screen(KOREAN, Some(&vector), None).map(|d| d.layer),
+        Some(companion_safety::detect::Layer::Vector),
+        "the head alone decides this line"
+    );
+    let env = TestEnv::new(always(StubReply::text(SAFE_REPLY))).await;
+    let mut replies = env.completions(JESS_KAORI).await;
+    let worker = InProcessWorker::start(&env).await;
+    let e = env.dm(JESS, KAORI, JESS_KAORI, KOREAN).await;
+    env.publish(&e).await;
+    let referral = next_referral(&mut replies, Duration::from_secs(30))
+        .await
+        .expect("referred on the vector head's flag");
+    assert_eq!(referral.in_reply_to.as_deref(), Some(e.message_id.as_str()));
+    settled(&env, &e.message_id).await;
+    let alerts = alerts(&env).await;
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert_eq!(
+        (&alerts[0]["layer"], &alerts[0]["category"]),
+        (&"vector".into(), &"self_harm".into())
+    );
+    worker.stop().await;
+    env.finish().await;
+}
+
 #[tokio::test]
 async fn a_moderation_endpoint_that_never_answers_leaves_the_local_decision_and_the_message_is_answered()
  {

@@ -27,7 +27,11 @@ pub(crate) const CONFIRM: f32 = 0.5;
 #[serde(rename_all = "snake_case")]
 pub enum Layer {
     Rules,
+    /// The learned layer on n-grams and the embedding.
     Learned,
+    /// The vector head, on the embedding alone ([`learned::VectorHead`]): an operator watches its
+    /// referrals apart, most of them in languages no rule or tuning line covers.
+    Vector,
     Moderation,
     /// The reply model flagged a concern through its tool.
     Model,
@@ -38,6 +42,7 @@ impl Layer {
         match self {
             Layer::Rules => "rules",
             Layer::Learned => "learned",
+            Layer::Vector => "vector",
             Layer::Moderation => "moderation",
             Layer::Model => "model",
         }
@@ -184,7 +189,10 @@ pub fn decide_with(
         .and_then(|(class, _)| *class)
         .filter(|_| whole)
         .and_then(category)
-        .or_else(|| vector_head(vector, text, embedding.filter(|_| whole)));
+        .map(|c| (c, Layer::Learned))
+        .or_else(|| {
+            vector_head(vector, text, embedding.filter(|_| whole)).map(|c| (c, Layer::Vector))
+        });
     // An unsure rule is a candidate for a second stage: it refers when the learned layer gives the
     // message at least even odds of a crisis (or flags it itself, or the moderation endpoint does).
     let rules = rules.filter(|_| {
@@ -201,7 +209,7 @@ pub fn decide_with(
     };
     let (category, layer) = match (rules.as_ref(), learned, moderation) {
         (Some(f), ..) => (f.category, Layer::Rules),
-        (None, Some(c), _) => (c, Layer::Learned),
+        (None, Some(learned), _) => learned,
         (None, None, Some(c)) => (c, Layer::Moderation),
         (None, None, None) => return None,
     };
@@ -408,7 +416,7 @@ mod tests {
         assert_eq!(screen::language(korean), None);
         assert_eq!(
             decide(korean, Some(&v)),
-            Some((Layer::Learned, Category::SelfHarm))
+            Some((Layer::Vector, Category::SelfHarm))
         );
         // Without its vector, or too short to judge, it stays silent.
         assert_eq!(decide(korean, None), None);
@@ -421,7 +429,7 @@ mod tests {
         sure.header.covered = Some(0.99);
         assert_eq!(
             decide_with(None, Some(&sure), english, Some(&v), None).map(|d| d.layer),
-            Some(Layer::Learned)
+            Some(Layer::Vector)
         );
         sure.header.covered = Some(1.0);
         assert_eq!(
