@@ -607,6 +607,29 @@ mod tests {
         );
     }
 
+    /// The fifth frozen set (29 November; replies only), as committed before the output check gained
+    /// its vector head.
+    #[test]
+    fn frozen_v5_set_is_unchanged() {
+        let v5 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/safety/frozen-v5");
+        assert_unchanged(
+            &v5,
+            &[
+                (
+                    "BRIEF.md",
+                    "73232de755c44c1f8e7d6561e87c46830ddba838957d4f30244c1a8a8ea8c450",
+                ),
+                (
+                    "output.jsonl",
+                    "250e073cac3c5c91aa7f900cac9982e124bf31ead026950065b026b1efbb768f",
+                ),
+            ],
+        );
+        let output: Vec<Line> = crate::jsonl::read(&v5.join("output.jsonl")).unwrap();
+        assert_eq!(output.len(), 914);
+        assert!(output.iter().all(|l| l.set == "output"));
+    }
+
     /// The fourth frozen set (29 November), as committed before the vector head was asked in covered
     /// languages.
     #[test]
