@@ -242,6 +242,7 @@ impl App {
             },
             outgoing: Outgoing {
                 clean,
+                retriever: retriever.clone(),
                 safety: safety.clone(),
                 pg: pg.clone(),
                 journal: journal.clone(),

@@ -185,17 +185,17 @@ pub fn evaluate_input_with(
 /// the worker runs it (rules, then the learned layer).
 pub fn evaluate_output(lines: &[Line]) -> BTreeMap<String, [Tally; 3]> {
     let screen = CrisisScreen::new(true);
-    evaluate_output_with(lines, |l| screen.check_reply(&l.text))
+    evaluate_output_with(lines, |_, l| screen.check_reply(&l.text))
 }
 
 /// Every output line through `check`.
 pub fn evaluate_output_with(
     lines: &[Line],
-    check: impl Fn(&Line) -> Option<Blocked>,
+    check: impl Fn(usize, &Line) -> Option<Blocked>,
 ) -> BTreeMap<String, [Tally; 3]> {
     let mut by_lang: BTreeMap<String, [Tally; 3]> = BTreeMap::new();
-    for l in lines.iter().filter(|l| l.set == "output") {
-        let blocked = check(l);
+    for (i, l) in lines.iter().enumerate().filter(|(_, l)| l.set == "output") {
+        let blocked = check(i, l);
         let t = by_lang.entry(l.lang.clone()).or_default();
         match l.label.as_str() {
             "encouragement" => {
@@ -251,6 +251,7 @@ pub fn report_text(
     input: &[Line],
     output: &[Line],
     embeddings: Option<&[Vec<f32>]>,
+    replies: Option<&[Vec<f32>]>,
     moderation: Option<&[Option<Category>]>,
 ) -> String {
     let mut out = String::new();
@@ -335,14 +336,87 @@ pub fn report_text(
         tally_row(&mut out, k, t);
     }
 
-    let o = match embeddings {
-        None => evaluate_output_with(output, |l| check_output(&l.text)),
-        Some(_) => evaluate_output(output),
+    let o = match (embeddings, replies) {
+        (None, _) | (_, None) => evaluate_output_with(output, |_, l| check_output(&l.text)),
+        (Some(_), Some(r)) => {
+            let vector = |i: usize| r.get(i).map(Vec::as_slice);
+            let _ = writeln!(
+                out,
+                "\noutput check, each layer alone and combined (all languages)\nlayer                       recall  kind fp  it recall  ko recall"
+            );
+            let screen = CrisisScreen::new(true);
+            let rows: [(&str, BTreeMap<String, [Tally; 3]>); 5] = [
+                (
+                    "rules",
+                    evaluate_output_with(output, |_, l| check_output(&l.text)),
+                ),
+                ("rules and n-grams", evaluate_output(output)),
+                (
+                    "vector head alone",
+                    evaluate_output_with(output, |i, l| layers::reply_head(&l.text, vector(i))),
+                ),
+                (
+                    "all, in an ordinary turn",
+                    evaluate_output_with(output, |i, l| layers::reply(&l.text, vector(i), false)),
+                ),
+                (
+                    "all, in a crisis turn",
+                    evaluate_output_with(output, |i, l| layers::reply(&l.text, vector(i), true)),
+                ),
+            ];
+            for (name, t) in &rows {
+                let sum = |langs: &dyn Fn(&str) -> bool| {
+                    let mut a = [Tally::default(); 3];
+                    for (_, t) in t.iter().filter(|(l, _)| langs(l)) {
+                        for i in 0..3 {
+                            a[i].positives += t[i].positives;
+                            a[i].found += t[i].found;
+                            a[i].negatives += t[i].negatives;
+                            a[i].flagged += t[i].flagged;
+                        }
+                    }
+                    let hit = a[0].found + a[1].found;
+                    let pos = a[0].positives + a[1].positives;
+                    (hit as f64 / pos.max(1) as f64, a[2].fp_rate())
+                };
+                let (recall, fp) = sum(&|_| true);
+                let _ = writeln!(
+                    out,
+                    "{name:<26} {recall:>7.3} {fp:>8.3} {:>10.3} {:>10.3}",
+                    sum(&|l| l == "it").0,
+                    sum(&|l| l == "ko").0,
+                );
+            }
+            let ordinary: Vec<&Line> = output
+                .iter()
+                .filter(|l| {
+                    l.label == "none" && companion_safety::screen::language(&l.text).is_some()
+                })
+                .collect();
+            let asked = ordinary
+                .iter()
+                .filter(|l| {
+                    screen.check_reply(&l.text).is_none()
+                        && layers::reply_screen().reply_wants_vector(&l.text, false)
+                })
+                .count();
+            let _ = writeln!(
+                out,
+                "kind replies the rules and n-grams know the language of, embedded behind the gate in an ordinary turn: {asked} of {}",
+                ordinary.len()
+            );
+            let [_, _, _, ordinary_turn, _] = rows;
+            ordinary_turn.1
+        }
     };
     let _ = writeln!(
         out,
-        "\noutput check on the frozen output set ({} lines)\nlang  encouragement found recall   sexual found recall   kind replies blocked fp_rate",
-        output.len()
+        "\noutput check on the frozen output set ({} lines{})\nlang  encouragement found recall   sexual found recall   kind replies blocked fp_rate",
+        output.len(),
+        match replies {
+            Some(_) => ", all layers, in an ordinary turn",
+            None => "",
+        }
     );
     let mut all = [Tally::default(); 3];
     for (lang, t) in &o {
@@ -373,6 +447,9 @@ pub fn report_text(
     };
 
     let _ = writeln!(out, "\ntargets (issue 42; input: covered languages only)");
+    if input.is_empty() {
+        return output_targets(out, &harmful, &all[2]);
+    }
     target(
         &mut out,
         "input recall, overall",
@@ -421,6 +498,10 @@ pub fn report_text(
         0.02,
         false,
     );
+    output_targets(out, &harmful, &all[2])
+}
+
+fn output_targets(mut out: String, harmful: &Tally, kind: &Tally) -> String {
     target(
         &mut out,
         "output recall (encouragement and sexual)",
@@ -431,7 +512,7 @@ pub fn report_text(
     target(
         &mut out,
         "output false positives (kind replies)",
-        all[2].fp_rate(),
+        kind.fp_rate(),
         0.01,
         false,
     );
@@ -446,7 +527,11 @@ pub async fn report(
     rules_only: bool,
     moderation: &ModerationArgs,
 ) -> anyhow::Result<()> {
-    let input: Vec<Line> = crate::jsonl::read(&dir.join("input.jsonl"))?;
+    // A set of replies only (frozen-v5) has no user messages to screen.
+    let input: Vec<Line> = match dir.join("input.jsonl") {
+        path if path.exists() => crate::jsonl::read(&path)?,
+        _ => Vec::new(),
+    };
     // A set of user messages only (frozen-v3) has no replies to check.
     let output: Vec<Line> = match dir.join("output.jsonl") {
         path if path.exists() => crate::jsonl::read(&path)?,
@@ -473,29 +558,44 @@ pub async fn report(
             Some(categories)
         }
     };
-    let embeddings = match rules_only {
-        true => None,
+    let (embeddings, replies) = match rules_only {
+        true => (None, None),
         false => {
             let embedder = companion_knowledge::rag::load_embedder(embed).context(
                 "the embedding model is needed (deploy/local/models.sh), or --rules-only",
             )?;
-            let mut v = Vec::with_capacity(input.len());
-            for chunk in input.chunks(64) {
-                v.extend(
-                    embedder
-                        .embed(
-                            companion_knowledge::rag::Role::Query,
-                            &chunk.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
-                        )
-                        .await?,
-                );
-            }
-            Some(v)
+            let embed_all = async |lines: &[Line]| -> anyhow::Result<Vec<Vec<f32>>> {
+                let mut v = Vec::with_capacity(lines.len());
+                for chunk in lines.chunks(64) {
+                    let texts: Vec<&str> = chunk.iter().map(|l| l.text.as_str()).collect();
+                    v.extend(
+                        embedder
+                            .embed(companion_knowledge::rag::Role::Query, &texts)
+                            .await?,
+                    );
+                }
+                Ok(v)
+            };
+            // The replies' vectors only for the encoder the reply head reads (the worker's too).
+            let head_reads = companion_safety::learned::OUTPUT_VECTOR
+                .as_ref()
+                .is_some_and(|h| h.header.encoder == embedder.model());
+            let replies = match head_reads {
+                true => Some(embed_all(&output).await?),
+                false => None,
+            };
+            (Some(embed_all(&input).await?), replies)
         }
     };
     print!(
         "{}",
-        report_text(&input, &output, embeddings.as_deref(), moderated.as_deref())
+        report_text(
+            &input,
+            &output,
+            embeddings.as_deref(),
+            replies.as_deref(),
+            moderated.as_deref()
+        )
     );
     if let Some(embeddings) = &embeddings {
         // Three passes, the first warming the rules' caches as a worker's first messages do; the last
@@ -536,6 +636,40 @@ mod layers {
     pub fn vector(embedding: Option<&[f32]>) -> Option<String> {
         let head = learned::VECTOR.as_ref()?;
         head.verdict(embedding?).0.map(str::to_owned)
+    }
+
+    /// The worker's screen reading the encoder the reply head was trained on (the report embeds the
+    /// replies only with that one).
+    pub fn reply_screen() -> detect::CrisisScreen {
+        let encoder = learned::OUTPUT_VECTOR
+            .as_ref()
+            .map(|h| h.header.encoder.as_str());
+        detect::CrisisScreen::new(true).reading(encoder)
+    }
+
+    /// The reply head alone, ungated, on a reply with its embedding.
+    pub fn reply_head(
+        text: &str,
+        embedding: Option<&[f32]>,
+    ) -> Option<companion_safety::screen::Blocked> {
+        detect::check_reply_vector_with(learned::OUTPUT_VECTOR.as_ref(), text, embedding?)
+    }
+
+    /// The worker's output check of a reply: the rules and the n-grams, then the head behind its gate
+    /// (always, in answer to a message flagged for a crisis).
+    pub fn reply(
+        text: &str,
+        embedding: Option<&[f32]>,
+        crisis: bool,
+    ) -> Option<companion_safety::screen::Blocked> {
+        let screen = reply_screen();
+        if let Some(b) = screen.check_reply(text) {
+            return Some(b);
+        }
+        screen
+            .reply_wants_vector(text, crisis)
+            .then(|| screen.check_reply_vector(text, embedding?))
+            .flatten()
     }
 
     /// The worker's decision (with the moderation endpoint's category when measured): as the worker,
@@ -731,7 +865,7 @@ mod tests {
             }
             assert!(counts[&(*lang, "none")] >= 30, "{lang}");
         }
-        let text = report_text(&input, &output, None, None);
+        let text = report_text(&input, &output, None, None, None);
         assert!(text.contains("it (not covered)"), "{text}");
         assert!(text.contains("input false positives"), "{text}");
     }
@@ -769,7 +903,7 @@ mod tests {
         assert_eq!(categories, [Some(Category::SelfHarm), None, None]);
         assert!(missing.is_empty(), "{missing:?}");
         let zeros = vec![vec![0.0f32; companion_safety::learned::DIM]; input.len()];
-        let text = report_text(&input, &[], Some(&zeros), Some(&categories));
+        let text = report_text(&input, &[], Some(&zeros), None, Some(&categories));
         let row = text
             .lines()
             .find(|l| l.starts_with("moderation "))

@@ -18,8 +18,9 @@ use std::collections::BTreeMap;
 
 use crate::safety_train::Figures;
 use companion_safety::{
-    detect::decide_with,
+    detect::{check_reply_vector_with, check_reply_with, decide_with, reply_gated},
     learned::{DIM, HIDDEN, Model, VectorHead, VectorHeader, VectorWeights, softmax},
+    screen::language,
 };
 
 /// One tuning line, as the head sees it.
@@ -200,6 +201,84 @@ pub fn choose_covered(
     Ok((covered, note))
 }
 
+/// The reply head's gate score (`VectorHeader::gate`) and its score in covered languages
+/// (`VectorHeader::covered`), chosen together out of fold like [`choose_covered`]: each tuning reply
+/// decided by the rules, the n-gram layer of its fold and, behind the gate, the head of its fold. Of the
+/// pairs whose share of ordinary covered-language replies embedded stays within `embed_rate` (the encoder
+/// run the gate exists to spare; a reply in a language no rule covers is always embedded) and whose
+/// false positives stay within `hard_fp` on the kind replies and `s.chat_fp` on ordinary ones, the one
+/// with the most recall; fewer false positives on a tie. Returns them and a note of their figures.
+pub fn choose_gate(
+    samples: &[Sample],
+    fold: &[usize],
+    linear: &[Model],
+    head: &VectorHead,
+    s: &Settings,
+    hard_fp: f64,
+    embed_rate: f64,
+) -> anyhow::Result<(Option<f32>, Option<f32>, String)> {
+    anyhow::ensure!(fold.len() == samples.len(), "one fold per line");
+    let mut heads = Vec::with_capacity(linear.len());
+    for k in 0..linear.len() {
+        let train: Vec<&Sample> = samples
+            .iter()
+            .zip(fold)
+            .filter(|(_, f)| **f != k)
+            .map(|(x, _)| x)
+            .collect();
+        heads.push(VectorHead::new(
+            head.header.clone(),
+            fit(
+                &train,
+                head.header.classes.len(),
+                s,
+                s.seed + 200 + k as u64,
+            ),
+        )?);
+    }
+    let ordinary: Vec<bool> = samples
+        .iter()
+        .map(|x| x.y == 0 && !x.hard && language(x.text).is_some())
+        .collect();
+    let n_ordinary = ordinary.iter().filter(|o| **o).count().max(1);
+    let mut best: Option<(Option<f32>, Option<f32>, Figures, f64)> = None;
+    // Gate 2.0: never on the score alone (only an uncovered language or words of harm open it).
+    for gate in [2.0f32, 0.9, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05] {
+        for covered in [0.999f32, 0.995, 0.99, 0.98, 0.95, 0.9, 0.8, 0.7, 0.5] {
+            for h in &mut heads {
+                h.header.gate = Some(gate);
+                h.header.covered = Some(covered);
+            }
+            let mut embedded = 0usize;
+            let f = Figures::of(samples.iter().zip(fold).zip(&ordinary).map(|((x, k), o)| {
+                let (linear, head) = (&linear[*k], &heads[*k]);
+                let first = check_reply_with(Some(linear), x.text).is_some();
+                let asked = !first && reply_gated(Some(linear), head, x.text);
+                embedded += usize::from(asked && *o);
+                let second =
+                    asked && check_reply_vector_with(Some(head), x.text, x.vector).is_some();
+                (x.y != 0, x.hard, first || second)
+            }));
+            let rate = embedded as f64 / n_ordinary as f64;
+            println!(
+                "  reply head, gate {gate:.2}, covered {covered:.3}, out of fold with the other layers: recall {:.3}, kind-reply fp {:.3}, chat fp {:.4}, ordinary replies embedded {rate:.3}",
+                f.recall, f.hard_fp, f.chat_fp
+            );
+            let within = f.hard_fp <= hard_fp && f.chat_fp <= s.chat_fp && rate <= embed_rate;
+            if within && best.as_ref().is_none_or(|(.., b, _)| f.better_than(b)) {
+                best = Some((Some(gate), Some(covered), f, rate));
+            }
+        }
+    }
+    let (gate, covered, f, rate) = best.unwrap_or_default();
+    let note = format!(
+        "gate {gate:?}, covered {covered:?}, the check out of fold: recall {:.3}, kind-reply fp {:.3}, chat fp {:.4}, ordinary replies embedded {rate:.3}",
+        f.recall, f.hard_fp, f.chat_fp
+    );
+    println!("{note}");
+    Ok((gate, covered, note))
+}
+
 fn head(
     classes: &[&str],
     threshold: f32,
@@ -214,6 +293,7 @@ fn head(
         trained_on: trained_on.to_owned(),
         note: note.to_owned(),
         covered: None,
+        gate: None,
     }
 }
 

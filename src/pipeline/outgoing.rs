@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use chrono::Utc;
+use companion_knowledge::rag::Retriever;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
@@ -77,6 +78,8 @@ pub(crate) struct Hooked {
 /// The outgoing hook, with what it reads.
 pub(crate) struct Outgoing {
     pub(crate) clean: Clean,
+    /// A reply's embedding, for the output check's vector head behind its gate.
+    pub(crate) retriever: Retriever,
     /// Whether the disclosure is on, its rhythm, and minors.
     pub(crate) safety: Arc<Safety>,
     /// When the user last heard the disclosure, and their activity since.
@@ -142,12 +145,11 @@ impl Outgoing {
             true => clean_text(&said.content).trim().to_owned(),
             false => self.clean.text(&said.content),
         };
-        if let Some(blocked) = self
-            .safety
-            .screen
-            .check_reply(&said.content)
-            .filter(|_| !referral)
-        {
+        let blocked = match referral {
+            true => None,
+            false => self.check(&said.content, crisis.is_some()).await,
+        };
+        if let Some(blocked) = blocked {
             let what = match blocked {
                 Blocked::Sexual => "sexual",
                 Blocked::SelfHarm => "self_harm",
@@ -195,6 +197,21 @@ impl Outgoing {
         said.marks.ai_disclosure = true;
         said.marks.break_reminder = with_break;
         Ok(said)
+    }
+
+    /// The output check of a companion message: the rules and the n-gram layer, then, behind the reply
+    /// head's gate (or always in answer to a crisis), the head on the message's embedding. An embedding
+    /// that fails leaves the first two's decision (logged by the retriever).
+    async fn check(&self, text: &str, crisis: bool) -> Option<Blocked> {
+        let screen = &self.safety.screen;
+        if let Some(blocked) = screen.check_reply(text) {
+            return Some(blocked);
+        }
+        if !screen.reply_wants_vector(text, crisis) {
+            return None;
+        }
+        let vector = self.retriever.vector(text).await?;
+        screen.check_reply_vector(text, &vector)
     }
 
     /// The language of the latest crisis flagged in the conversation within the referral window (none:

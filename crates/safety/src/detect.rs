@@ -72,6 +72,8 @@ pub struct CrisisScreen {
     /// The vector head of user messages; none when switched off, or until an encoder whose vectors it
     /// was trained on is known.
     vector: Option<&'static learned::VectorHead>,
+    /// The vector head of companion replies, asked behind its gate; none as for `vector`.
+    reply_vector: Option<&'static learned::VectorHead>,
     /// The input layer reads the running encoder's vectors (trained on that encoder's).
     vectors: bool,
 }
@@ -84,6 +86,7 @@ impl CrisisScreen {
             input: on(&learned::INPUT),
             output: on(&learned::OUTPUT),
             vector: None,
+            reply_vector: None,
             vectors: false,
         }
     }
@@ -97,6 +100,9 @@ impl CrisisScreen {
             vector: learned::VECTOR
                 .as_ref()
                 .filter(|v| vectors && encoder == Some(v.header.encoder.as_str())),
+            reply_vector: learned::OUTPUT_VECTOR
+                .as_ref()
+                .filter(|v| self.output.is_some() && encoder == Some(v.header.encoder.as_str())),
             ..self
         }
     }
@@ -147,6 +153,53 @@ impl CrisisScreen {
     /// encoder run per reply would about double the turn's embedding CPU). None when it may go out.
     pub fn check_reply(&self, text: &str) -> Option<Blocked> {
         check_reply_with(self.output, text)
+    }
+
+    /// Whether a reply [`Self::check_reply`] passed is embedded for the reply head
+    /// ([`Self::check_reply_vector`]): behind the head's gate ([`reply_gated`]), or always in answer to
+    /// a message flagged for a crisis (`crisis`), where a bad reply does the most harm.
+    pub fn reply_wants_vector(&self, text: &str, crisis: bool) -> bool {
+        self.reply_vector.is_some_and(|head| {
+            !too_short(text) && (crisis || reply_gated(self.output, head, text))
+        })
+    }
+
+    /// The reply head's check of a reply with its embedding (asked when
+    /// [`Self::reply_wants_vector`]). None when it may go out.
+    pub fn check_reply_vector(&self, text: &str, embedding: &[f32]) -> Option<Blocked> {
+        check_reply_vector_with(self.reply_vector, text, embedding)
+    }
+}
+
+/// The reply head's gate: a reply of some length is embedded when its language is one no rule covers
+/// (the n-grams there know nothing), when it speaks of death, harm or giving up, or when the n-gram
+/// layer gives it at least the head's `gate` score. Everyday replies pass without an encoder run.
+pub fn reply_gated(model: Option<&learned::Model>, head: &learned::VectorHead, text: &str) -> bool {
+    let Some(gate) = head.header.gate else {
+        return false;
+    };
+    screen::language(text).is_none()
+        || screen::harm_context(text)
+        || model.is_some_and(|m| m.verdict(&learned::features(text, None)).1 >= gate)
+}
+
+/// [`CrisisScreen::check_reply_vector`] with a given head (the trainer's out-of-fold ones).
+pub fn check_reply_vector_with(
+    head: Option<&learned::VectorHead>,
+    text: &str,
+    embedding: &[f32],
+) -> Option<Blocked> {
+    let head = head.filter(|_| !too_short(text))?;
+    // As the input head: its own threshold where no rule's language is known, its `covered` score
+    // elsewhere (never, when absent).
+    let threshold = match screen::language(text) {
+        None => head.header.threshold,
+        Some(_) => head.header.covered?,
+    };
+    match head.verdict_at(embedding, threshold).0? {
+        "encouragement" => Some(Blocked::SelfHarm),
+        "sexual" => Some(Blocked::Sexual),
+        _ => None,
     }
 }
 
@@ -400,6 +453,58 @@ mod tests {
             Some(Category::SelfHarm),
         );
         assert_eq!(d.map(|d| d.layer), Some(Layer::Moderation));
+    }
+
+    /// The reply head: behind its gate, a reply in a language no rule covers is always embedded; in a
+    /// covered one only when it speaks of harm, when the n-gram layer scores it at the gate, or in answer
+    /// to a crisis. It blocks at its threshold where no language is known, at `covered` elsewhere.
+    #[test]
+    fn the_reply_head_is_asked_behind_its_gate_and_blocks_at_its_thresholds() {
+        let mut head = learned::tests::alarmed_head();
+        head.header.classes = vec!["none".into(), "encouragement".into()];
+        let v = vec![0.05f32; learned::DIM];
+        let korean = "그래 네가 그렇게 정했으면 그냥 해버려 아무도 안 말릴 거야";
+        let plain = "that kickflip looked clean, pop a little harder next time";
+        let harm = "honestly you would be better off dead than landing that";
+        assert_eq!(screen::language(korean), None);
+        assert_eq!(screen::language(plain), Some("en"));
+        // No gate: never asked.
+        assert!(!reply_gated(None, &head, korean));
+        // A gate no score reaches: the language and the words of harm open it.
+        head.header.gate = Some(2.0);
+        assert!(reply_gated(None, &head, korean));
+        assert!(!reply_gated(None, &head, plain));
+        assert!(reply_gated(None, &head, harm));
+        // A gate every score reaches: every reply in a covered language too.
+        head.header.gate = Some(0.0);
+        assert!(reply_gated(learned::OUTPUT.as_ref(), &head, plain));
+        // Its thresholds.
+        assert_eq!(
+            check_reply_vector_with(Some(&head), korean, &v),
+            Some(Blocked::SelfHarm)
+        );
+        assert_eq!(check_reply_vector_with(Some(&head), plain, &v), None);
+        head.header.covered = Some(0.99);
+        assert_eq!(
+            check_reply_vector_with(Some(&head), plain, &v),
+            Some(Blocked::SelfHarm)
+        );
+        head.header.covered = Some(1.0);
+        assert_eq!(check_reply_vector_with(Some(&head), plain, &v), None);
+        assert_eq!(check_reply_vector_with(Some(&head), "그냥 해", &v), None);
+        // The compiled-in head, only with the encoder it was trained on, and never on a short reply.
+        let screen = CrisisScreen::new(true);
+        assert!(!screen.reply_wants_vector(korean, true));
+        let reading = screen.reading(Some("multilingual-e5-small"));
+        assert!(reading.reply_wants_vector(korean, false));
+        assert!(reading.reply_wants_vector(plain, true));
+        assert!(!reading.reply_wants_vector(plain, false));
+        assert!(!reading.reply_wants_vector("haha nice one", true));
+        assert!(
+            !CrisisScreen::new(false)
+                .reading(Some("multilingual-e5-small"))
+                .reply_wants_vector(korean, true)
+        );
     }
 
     /// The vector head decides where no language is known, on a whole message with its vector; in a

@@ -266,6 +266,12 @@ pub struct VectorHeader {
     /// the tuning lines with the rules and the linear layer; absent: never there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub covered: Option<f32>,
+    /// The reply head's gate: a reply the rules and the n-gram layer pass is embedded for the head when
+    /// the n-gram layer's score (1 − p(none)) is at least this, when it speaks of harm, or when its
+    /// language is one no rule covers (chosen out of fold on the tuning replies, within a bound on how
+    /// many ordinary replies are embedded; absent for the input head).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<f32>,
 }
 
 /// The vector head: standardised embedding → [`HIDDEN`] rectified units → softmax over the classes.
@@ -470,6 +476,18 @@ pub static VECTOR: LazyLock<Option<VectorHead>> = LazyLock::new(|| {
     }
 });
 
+/// The compiled-in vector head of companion replies (`none`, `encouragement`, `sexual`), asked behind
+/// its gate ([`VectorHeader::gate`]).
+pub static OUTPUT_VECTOR: LazyLock<Option<VectorHead>> = LazyLock::new(|| {
+    match VectorHead::from_bytes(include_bytes!("screen-output-vector.bin")) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::error!(error = %e, "the output check's vector head cannot be read; replies are checked by the rules and the n-grams alone");
+            None
+        }
+    }
+});
+
 fn load(which: &str, bytes: &[u8]) -> Option<Model> {
     match Model::from_bytes(bytes) {
         Ok(m) => Some(m),
@@ -530,6 +548,7 @@ pub(crate) mod tests {
             trained_on: "test".into(),
             note: String::new(),
             covered: None,
+            gate: None,
         };
         let w = VectorWeights {
             mean: vec![0.0; DIM],

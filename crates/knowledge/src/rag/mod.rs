@@ -171,7 +171,8 @@ impl Retriever {
     }
 
     /// The embedding of a user message at admission (for the crisis screen's learned layer), cached so
-    /// the turn's retrieval of the same text runs no model; none without the model, for a message with no
+    /// the turn's retrieval of the same text runs no model, or of a reply (for the output check's vector
+    /// head, behind its gate); none without the model, for a message with no
     /// content word (an acknowledgement, a laugh: the n-grams decide alone), or when embedding fails
     /// (logged).
     pub async fn vector(&self, text: &str) -> Option<Arc<Vec<f32>>> {
@@ -184,7 +185,7 @@ impl Retriever {
                 v
             }),
             Err(e) => {
-                warn!(error = %e, "cannot embed a user message for the crisis screen; the n-grams decide");
+                warn!(error = %e, "cannot embed a message for the safety checks (a user message for the crisis screen, a reply for the output check); the rules and the n-grams decide");
                 None
             }
         }
