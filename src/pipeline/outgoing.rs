@@ -160,7 +160,12 @@ impl Outgoing {
             );
             self.metrics.inc(&OUTPUT_BLOCKED, &[("found", what)]);
             genai::Safety::OutputReplaced { category: what }.record();
-            said.content = self.clean.text(&c.safe_line);
+            // In answer to a crisis, the character's crisis line (kind, fixed): its safe line ("not
+            // going there, back to riding") would turn away a user who was just referred.
+            said.content = self.clean.text(match crisis {
+                Some(_) => &c.crisis_line,
+                None => &c.safe_line,
+            });
             said.rich_content = None;
             hooked.replaced = Some(what.to_owned());
         }
