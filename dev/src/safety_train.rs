@@ -286,53 +286,45 @@ pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
             },
             chat_fp: args.chat_fp,
         };
-        if set == "output" {
-            let mut head = crate::vector_head::train(
-                &samples,
-                classes,
-                embedder.model(),
-                &model.header.trained_on,
-                &settings,
-            )?;
-            let (gate, covered, note) = crate::vector_head::choose_gate(
-                &samples,
-                &folds.fold,
-                &folds.models,
-                &head,
-                &settings,
-                args.output_fp,
-                args.reply_embed_rate,
-            )?;
-            (head.header.gate, head.header.covered) = (gate, covered);
-            head.header.note = format!("{}; {note}", head.header.note);
-            let path = args.out_dir.join("screen-output-vector.bin");
-            std::fs::write(&path, head.to_bytes())
-                .with_context(|| format!("writing {}", path.display()))?;
-            println!("wrote {}", path.display());
-        }
-        if set == "input" {
-            let mut head = crate::vector_head::train(
-                &samples,
-                classes,
-                embedder.model(),
-                &model.header.trained_on,
-                &settings,
-            )?;
-            let (covered, note) = crate::vector_head::choose_covered(
-                &samples,
-                &folds.fold,
-                &folds.models,
-                &head,
-                &settings,
-                args.input_fp,
-            )?;
-            head.header.covered = covered;
-            head.header.note = format!("{}; {note}", head.header.note);
-            let path = args.out_dir.join("screen-input-vector.bin");
-            std::fs::write(&path, head.to_bytes())
-                .with_context(|| format!("writing {}", path.display()))?;
-            println!("wrote {}", path.display());
-        }
+        let mut head = crate::vector_head::train(
+            &samples,
+            classes,
+            embedder.model(),
+            &model.header.trained_on,
+            &settings,
+        )?;
+        let (file, note) = match set {
+            "input" => {
+                let (covered, note) = crate::vector_head::choose_covered(
+                    &samples,
+                    &folds.fold,
+                    &folds.models,
+                    &head,
+                    &settings,
+                    args.input_fp,
+                )?;
+                head.header.covered = covered;
+                ("screen-input-vector.bin", note)
+            }
+            _ => {
+                let (gate, covered, note) = crate::vector_head::choose_gate(
+                    &samples,
+                    &folds.fold,
+                    &folds.models,
+                    &head,
+                    &settings,
+                    args.output_fp,
+                    args.reply_embed_rate,
+                )?;
+                (head.header.gate, head.header.covered) = (gate, covered);
+                ("screen-output-vector.bin", note)
+            }
+        };
+        head.header.note = format!("{}; {note}", head.header.note);
+        let path = args.out_dir.join(file);
+        std::fs::write(&path, head.to_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
     }
     Ok(())
 }

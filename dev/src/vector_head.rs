@@ -137,25 +137,7 @@ pub fn choose_covered(
     s: &Settings,
     hard_fp: f64,
 ) -> anyhow::Result<(Option<f32>, String)> {
-    anyhow::ensure!(fold.len() == samples.len(), "one fold per line");
-    let mut heads = Vec::with_capacity(linear.len());
-    for k in 0..linear.len() {
-        let train: Vec<&Sample> = samples
-            .iter()
-            .zip(fold)
-            .filter(|(_, f)| **f != k)
-            .map(|(x, _)| x)
-            .collect();
-        heads.push(VectorHead::new(
-            head.header.clone(),
-            fit(
-                &train,
-                head.header.classes.len(),
-                s,
-                s.seed + 100 + k as u64,
-            ),
-        )?);
-    }
+    let mut heads = fold_heads(samples, fold, linear.len(), head, s, 100)?;
     let figures = |heads: &[VectorHead]| {
         Figures::of(samples.iter().zip(fold).map(|(x, k)| {
             let flagged = decide_with(
@@ -217,25 +199,7 @@ pub fn choose_gate(
     hard_fp: f64,
     embed_rate: f64,
 ) -> anyhow::Result<(Option<f32>, Option<f32>, String)> {
-    anyhow::ensure!(fold.len() == samples.len(), "one fold per line");
-    let mut heads = Vec::with_capacity(linear.len());
-    for k in 0..linear.len() {
-        let train: Vec<&Sample> = samples
-            .iter()
-            .zip(fold)
-            .filter(|(_, f)| **f != k)
-            .map(|(x, _)| x)
-            .collect();
-        heads.push(VectorHead::new(
-            head.header.clone(),
-            fit(
-                &train,
-                head.header.classes.len(),
-                s,
-                s.seed + 200 + k as u64,
-            ),
-        )?);
-    }
+    let mut heads = fold_heads(samples, fold, linear.len(), head, s, 200)?;
     let ordinary: Vec<bool> = samples
         .iter()
         .map(|x| x.y == 0 && !x.hard && language(x.text).is_some())
@@ -277,6 +241,36 @@ pub fn choose_gate(
     );
     println!("{note}");
     Ok((gate, covered, note))
+}
+
+/// One head per fold, each trained on the lines of the other folds (seeded `s.seed + seed + k`), with
+/// `head`'s header.
+fn fold_heads(
+    samples: &[Sample],
+    fold: &[usize],
+    folds: usize,
+    head: &VectorHead,
+    s: &Settings,
+    seed: u64,
+) -> anyhow::Result<Vec<VectorHead>> {
+    anyhow::ensure!(fold.len() == samples.len(), "one fold per line");
+    let mut heads = Vec::with_capacity(folds);
+    for k in 0..folds {
+        let train: Vec<&Sample> = samples
+            .iter()
+            .zip(fold)
+            .filter(|(_, f)| **f != k)
+            .map(|(x, _)| x)
+            .collect();
+        let w = fit(
+            &train,
+            head.header.classes.len(),
+            s,
+            s.seed + seed + k as u64,
+        );
+        heads.push(VectorHead::new(head.header.clone(), w)?);
+    }
+    Ok(heads)
 }
 
 fn head(

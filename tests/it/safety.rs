@@ -806,7 +806,10 @@ async fn a_bad_reply_only_the_reply_head_knows_is_replaced_by_the_safe_line() {
             .remove(0);
         assert_eq!(screen.check_reply(text), None, "the n-grams pass {text}");
         assert!(screen.reply_wants_vector(text, false), "{text}");
-        assert!(screen.check_reply_vector(text, &v).is_some(), "the head blocks {text}");
+        assert!(
+            screen.check_reply_vector(text, &v).is_some(),
+            "the head blocks {text}"
+        );
     }
     let model: Responder = Arc::new(|body: &Value| {
         StubReply::text(match last_user_text(body).as_str() {
@@ -823,7 +826,10 @@ async fn a_bad_reply_only_the_reply_head_knows_is_replaced_by_the_safe_line() {
         assert_eq!(reply.content, character_line("kaori", "safeLine"), "{text}");
     }
     let e = env.dm(JESS, KAORI, JESS_KAORI, "three").await;
-    assert_eq!(env.turn(&e).await.content, "bella, domani si skata al parco?");
+    assert_eq!(
+        env.turn(&e).await.content,
+        "bella, domani si skata al parco?"
+    );
     env.finish().await;
 }
 
@@ -871,7 +877,12 @@ async fn ordinary_replies_pass_the_reply_head_even_when_every_one_is_embedded() 
             }
         }
     }
-    assert!(blocked.is_empty(), "{} of {}: {blocked:#?}", blocked.len(), texts.len());
+    assert!(
+        blocked.is_empty(),
+        "{} of {}: {blocked:#?}",
+        blocked.len(),
+        texts.len()
+    );
 }
 
 /// The disclosure rhythm shortened for a test: again after 4 s of continuing interaction (gaps ≤ 3 s).

@@ -467,26 +467,27 @@ pub static OUTPUT: LazyLock<Option<Model>> =
 
 /// The compiled-in vector head of user messages.
 pub static VECTOR: LazyLock<Option<VectorHead>> = LazyLock::new(|| {
-    match VectorHead::from_bytes(include_bytes!("screen-input-vector.bin")) {
-        Ok(m) => Some(m),
-        Err(e) => {
-            tracing::error!(error = %e, "the crisis screen's vector head cannot be read; messages in languages no rule covers are screened by the n-grams alone");
-            None
-        }
-    }
+    load_head(
+        include_bytes!("screen-input-vector.bin"),
+        "the crisis screen's vector head cannot be read; messages in languages no rule covers are screened by the n-grams alone",
+    )
 });
 
 /// The compiled-in vector head of companion replies (`none`, `encouragement`, `sexual`), asked behind
 /// its gate ([`VectorHeader::gate`]).
 pub static OUTPUT_VECTOR: LazyLock<Option<VectorHead>> = LazyLock::new(|| {
-    match VectorHead::from_bytes(include_bytes!("screen-output-vector.bin")) {
-        Ok(m) => Some(m),
-        Err(e) => {
-            tracing::error!(error = %e, "the output check's vector head cannot be read; replies are checked by the rules and the n-grams alone");
-            None
-        }
-    }
+    load_head(
+        include_bytes!("screen-output-vector.bin"),
+        "the output check's vector head cannot be read; replies are checked by the rules and the n-grams alone",
+    )
 });
+
+/// A compiled-in head, or none, logged with what its absence costs.
+fn load_head(bytes: &[u8], without: &'static str) -> Option<VectorHead> {
+    VectorHead::from_bytes(bytes)
+        .inspect_err(|e| tracing::error!(error = %e, "{without}"))
+        .ok()
+}
 
 fn load(which: &str, bytes: &[u8]) -> Option<Model> {
     match Model::from_bytes(bytes) {
