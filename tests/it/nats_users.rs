@@ -21,6 +21,9 @@ use companion_dev::{
 use companion_store::bus::Bus;
 
 /// Messages of `stream` whose payload names `user` as its sender (read as `admin`).
+/// The model's answer in this file's turns.
+const REPLY: &str = "you are logged in as the least privileged user the worker needs";
+
 async fn sent_by(bus: &Bus, stream: &str, user: &str) -> Vec<u64> {
     let mut stream = bus.js.get_stream(stream).await.expect("stream");
     let state = stream.info().await.expect("stream info").state.clone();
@@ -74,7 +77,9 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
     let nats_url = format!("nats://127.0.0.1:{port}");
     let admin = admin_pw.clone();
     let env = TestEnv::with(
-        always(StubReply::text("least privilege, most helpful")),
+        // Not "least privilege, most helpful": the output check's reply head blocks that one (a false
+        // positive, docs/safety.md), and this test is about NATS permissions.
+        always(StubReply::text(REPLY)),
         |c| {
             c.nats.url = nats_url.clone();
             c.nats.user = Some("admin".into());
@@ -98,7 +103,7 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
         .dm(JESS, KAORI, JESS_KAORI, "who am i logged in as?")
         .await;
     let reply = env.turn(&event).await;
-    assert_eq!(reply.content, "least privilege, most helpful");
+    assert_eq!(reply.content, REPLY);
 
     env.publish_raw(
         env.bus.names.inbound(KAORI, JESS_KAORI),
@@ -143,7 +148,7 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
     })
     .await
     .expect("the worker user sends the follow-up");
-    assert_eq!(follow_up.content, "least privilege, most helpful");
+    assert_eq!(follow_up.content, REPLY);
 
     // TB-Backend erases Jess. Before: a group message of hers answered, and a malformed one
     // dead-lettered on the group's subject (found only by the dead-letter scan, by its sender).
