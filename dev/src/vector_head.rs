@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use crate::safety_train::Figures;
 use companion_safety::{
-    detect::{check_reply_vector_with, check_reply_with, decide_with, reply_gated},
+    detect::{FirstCheck, check_reply_vector_with, decide_with, first_check_with},
     learned::{DIM, HIDDEN, Model, VectorHead, VectorHeader, VectorWeights, softmax},
     screen::language,
 };
@@ -216,12 +216,15 @@ pub fn choose_gate(
             let mut embedded = 0usize;
             let f = Figures::of(samples.iter().zip(fold).zip(&ordinary).map(|((x, k), o)| {
                 let (linear, head) = (&linear[*k], &heads[*k]);
-                let first = check_reply_with(Some(linear), x.text).is_some();
-                let asked = !first && reply_gated(Some(linear), head, x.text);
-                embedded += usize::from(asked && *o);
-                let second =
-                    asked && check_reply_vector_with(Some(head), x.text, x.vector).is_some();
-                (x.y != 0, x.hard, first || second)
+                let flagged = match first_check_with(Some(linear), Some(head), x.text, false) {
+                    FirstCheck::Blocked(_) => true,
+                    FirstCheck::Passes => false,
+                    FirstCheck::AskHead => {
+                        embedded += usize::from(*o);
+                        check_reply_vector_with(Some(head), x.text, x.vector).is_some()
+                    }
+                };
+                (x.y != 0, x.hard, flagged)
             }));
             let rate = embedded as f64 / n_ordinary as f64;
             println!(

@@ -29,6 +29,7 @@ use crate::{
     metrics::{Metric, Metrics},
     safety::{
         Safety,
+        detect::FirstCheck,
         disclosure::{self, Due},
         screen::Blocked,
     },
@@ -209,14 +210,14 @@ impl Outgoing {
     /// that fails leaves the first two's decision (logged by the retriever).
     async fn check(&self, text: &str, crisis: bool) -> Option<Blocked> {
         let screen = &self.safety.screen;
-        if let Some(blocked) = screen.check_reply(text) {
-            return Some(blocked);
+        match screen.first_check_reply(text, crisis) {
+            FirstCheck::Blocked(blocked) => Some(blocked),
+            FirstCheck::Passes => None,
+            FirstCheck::AskHead => {
+                let vector = self.retriever.vector(text).await?;
+                screen.check_reply_vector(text, &vector)
+            }
         }
-        if !screen.reply_wants_vector(text, crisis) {
-            return None;
-        }
-        let vector = self.retriever.vector(text).await?;
-        screen.check_reply_vector(text, &vector)
     }
 
     /// The language of the latest crisis flagged in the conversation within the referral window (none:

@@ -10,6 +10,7 @@ use companion_dev::{
     backend,
     stub::{Responder, StubReply, always, last_user_text, scripted},
 };
+use companion_safety::detect::FirstCheck;
 use companion_store::bus::event::Completion;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
@@ -805,7 +806,11 @@ async fn a_bad_reply_only_the_reply_head_knows_is_replaced_by_the_safe_line() {
             .expect("embedded")
             .remove(0);
         assert_eq!(screen.check_reply(text), None, "the n-grams pass {text}");
-        assert!(screen.reply_wants_vector(text, false), "{text}");
+        assert_eq!(
+            screen.first_check_reply(text, false),
+            FirstCheck::AskHead,
+            "{text}"
+        );
         assert!(
             screen.check_reply_vector(text, &v).is_some(),
             "the head blocks {text}"
@@ -866,12 +871,11 @@ async fn ordinary_replies_pass_the_reply_head_even_when_every_one_is_embedded() 
             .await
             .expect("embedded");
         for (text, v) in chunk.iter().zip(&vectors) {
-            let b = screen.check_reply(text).or_else(|| {
-                screen
-                    .reply_wants_vector(text, true)
-                    .then(|| screen.check_reply_vector(text, v))
-                    .flatten()
-            });
+            let b = match screen.first_check_reply(text, true) {
+                FirstCheck::Blocked(b) => Some(b),
+                FirstCheck::Passes => None,
+                FirstCheck::AskHead => screen.check_reply_vector(text, v),
+            };
             if let Some(b) = b {
                 blocked.push(format!("{text} → {b:?}"));
             }

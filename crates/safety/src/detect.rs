@@ -148,39 +148,73 @@ impl CrisisScreen {
         }
     }
 
-    /// The output check of a companion message: the rules ([`screen::check_output`]), then the learned
-    /// layer on the message's n-grams (no embedding: a reply is not embedded for anything else, and an
-    /// encoder run per reply would about double the turn's embedding CPU). None when it may go out.
+    /// The output check of a companion message by its first two layers: the rules
+    /// ([`screen::check_output`]), then the learned layer on the message's n-grams. None when they pass
+    /// it; the reply head follows behind its gate ([`Self::first_check_reply`]).
     pub fn check_reply(&self, text: &str) -> Option<Blocked> {
         check_reply_with(self.output, text)
     }
 
-    /// Whether a reply [`Self::check_reply`] passed is embedded for the reply head
-    /// ([`Self::check_reply_vector`]): behind the head's gate ([`reply_gated`]), or always in answer to
-    /// a message flagged for a crisis (`crisis`), where a bad reply does the most harm.
-    pub fn reply_wants_vector(&self, text: &str, crisis: bool) -> bool {
-        self.reply_vector.is_some_and(|head| {
-            !too_short(text) && (crisis || reply_gated(self.output, head, text))
-        })
+    /// The output check up to the reply head: blocked by the rules or the n-gram layer, passed, or to be
+    /// read by the head ([`Self::check_reply_vector`]) on its embedding: behind the head's gate
+    /// ([`reply_gated`]), or always in answer to a message flagged for a crisis (`crisis`), where a bad
+    /// reply does the most harm. The n-grams are scored once for both.
+    pub fn first_check_reply(&self, text: &str, crisis: bool) -> FirstCheck {
+        first_check_with(self.output, self.reply_vector, text, crisis)
     }
 
-    /// The reply head's check of a reply with its embedding (asked when
-    /// [`Self::reply_wants_vector`]). None when it may go out.
+    /// The reply head's check of a reply with its embedding (asked on [`FirstCheck::AskHead`]). None
+    /// when it may go out.
     pub fn check_reply_vector(&self, text: &str, embedding: &[f32]) -> Option<Blocked> {
         check_reply_vector_with(self.reply_vector, text, embedding)
     }
 }
 
-/// The reply head's gate: a reply of some length is embedded when its language is one no rule covers
-/// (the n-grams there know nothing), when it speaks of death, harm or giving up, or when the n-gram
-/// layer gives it at least the head's `gate` score. Everyday replies pass without an encoder run.
-pub fn reply_gated(model: Option<&learned::Model>, head: &learned::VectorHead, text: &str) -> bool {
+/// What the output check says of a reply before its embedding ([`CrisisScreen::first_check_reply`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstCheck {
+    /// The rules or the n-gram layer blocked it.
+    Blocked(Blocked),
+    /// It may go out.
+    Passes,
+    /// The reply head reads its embedding.
+    AskHead,
+}
+
+/// [`CrisisScreen::first_check_reply`] with given layers (the trainer's out-of-fold ones).
+pub fn first_check_with(
+    model: Option<&learned::Model>,
+    head: Option<&learned::VectorHead>,
+    text: &str,
+    crisis: bool,
+) -> FirstCheck {
+    if let Some(b) = screen::check_output(text) {
+        return FirstCheck::Blocked(b);
+    }
+    let verdict = model.map(|m| m.verdict(&learned::features(text, None)));
+    if let Some(b) = model
+        .zip(verdict)
+        .and_then(|(m, (class, _))| n_gram_block(m, class?, text))
+    {
+        return FirstCheck::Blocked(b);
+    }
+    let score = verdict.map(|(_, score)| score);
+    match head.is_some_and(|h| !too_short(text) && (crisis || reply_gated(score, h, text))) {
+        true => FirstCheck::AskHead,
+        false => FirstCheck::Passes,
+    }
+}
+
+/// The reply head's gate: a reply is embedded when its language is one no rule covers (the n-grams there
+/// know nothing), when it speaks of death, harm or giving up, or when the n-gram layer's `score` is at
+/// least the head's `gate`. Everyday replies pass without an encoder run.
+pub fn reply_gated(score: Option<f32>, head: &learned::VectorHead, text: &str) -> bool {
     let Some(gate) = head.header.gate else {
         return false;
     };
     screen::language(text).is_none()
         || screen::harm_context(text)
-        || model.is_some_and(|m| m.verdict(&learned::features(text, None)).1 >= gate)
+        || score.is_some_and(|score| score >= gate)
 }
 
 /// [`CrisisScreen::check_reply_vector`] with a given head (the trainer's out-of-fold ones).
@@ -315,16 +349,18 @@ pub fn category(class: &str) -> Option<Category> {
 
 /// [`CrisisScreen::check_reply`] with a given learned model (the trainer's out-of-fold ones).
 pub fn check_reply_with(model: Option<&learned::Model>, text: &str) -> Option<Blocked> {
-    if let Some(b) = screen::check_output(text) {
-        return Some(b);
+    match first_check_with(model, None, text, false) {
+        FirstCheck::Blocked(b) => Some(b),
+        FirstCheck::Passes | FirstCheck::AskHead => None,
     }
-    let model = model?;
-    let (class, _) = model.decide(&learned::features(text, None))?;
-    // A class blocks on its own only where its model says so (`context_free`, chosen on the tuning
-    // lines with ordinary companion text among them), and never in a reply of three words or fewer
-    // ("haha nice" read as encouragement; the rules cover the short forms). Otherwise encouragement counts
-    // only where the reply speaks of death, harm or giving up ("sent it to the mods" read as a push to
-    // jump), and sexual content is the rules' alone.
+}
+
+/// What the n-gram layer's `class` blocks in a reply the rules passed. A class blocks on its own only
+/// where its model says so (`context_free`, chosen on the tuning lines with ordinary companion text among
+/// them), and never in a reply of three words or fewer ("haha nice" read as encouragement; the rules
+/// cover the short forms). Otherwise encouragement counts only where the reply speaks of death, harm or
+/// giving up ("sent it to the mods" read as a push to jump), and sexual content is the rules' alone.
+fn n_gram_block(model: &learned::Model, class: &str, text: &str) -> Option<Blocked> {
     let alone = !too_short(text) && model.header.context_free.iter().any(|c| c == class);
     match class {
         "encouragement" if alone || screen::harm_context(text) => Some(Blocked::SelfHarm),
@@ -477,7 +513,10 @@ mod tests {
         assert!(reply_gated(None, &head, harm));
         // A gate every score reaches: every reply in a covered language too.
         head.header.gate = Some(0.0);
-        assert!(reply_gated(learned::OUTPUT.as_ref(), &head, plain));
+        let score = learned::OUTPUT
+            .as_ref()
+            .map(|m| m.verdict(&learned::features(plain, None)).1);
+        assert!(reply_gated(score, &head, plain));
         // Its thresholds.
         assert_eq!(
             check_reply_vector_with(Some(&head), korean, &v),
@@ -493,18 +532,21 @@ mod tests {
         assert_eq!(check_reply_vector_with(Some(&head), plain, &v), None);
         assert_eq!(check_reply_vector_with(Some(&head), "그냥 해", &v), None);
         // The compiled-in head, only with the encoder it was trained on, and never on a short reply.
+        let asks = |screen: CrisisScreen, text: &str, crisis: bool| {
+            screen.first_check_reply(text, crisis) == FirstCheck::AskHead
+        };
         let screen = CrisisScreen::new(true);
-        assert!(!screen.reply_wants_vector(korean, true));
+        assert!(!asks(screen, korean, true));
         let reading = screen.reading(Some("multilingual-e5-small"));
-        assert!(reading.reply_wants_vector(korean, false));
-        assert!(reading.reply_wants_vector(plain, true));
-        assert!(!reading.reply_wants_vector(plain, false));
-        assert!(!reading.reply_wants_vector("haha nice one", true));
-        assert!(
-            !CrisisScreen::new(false)
-                .reading(Some("multilingual-e5-small"))
-                .reply_wants_vector(korean, true)
-        );
+        assert!(asks(reading, korean, false));
+        assert!(asks(reading, plain, true));
+        assert!(!asks(reading, plain, false));
+        assert!(!asks(reading, "haha nice one", true));
+        assert!(!asks(
+            CrisisScreen::new(false).reading(Some("multilingual-e5-small")),
+            korean,
+            true
+        ));
     }
 
     /// The vector head decides where no language is known, on a whole message with its vector; in a
