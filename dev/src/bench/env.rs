@@ -37,8 +37,14 @@ pub struct RunEnv {
 }
 
 impl RunEnv {
-    /// Creates the databases and streams of a new run from the base configuration.
-    pub async fn create(base: &Config) -> Result<Self, BenchError> {
+    /// Creates the databases and streams of a new run from the base configuration. The PostgreSQL
+    /// database is migrated by `worker` (`companion migrate`) when given, so that each build of a
+    /// `--compare` runs on its own schema (its indexes, keys and functions are part of its cost);
+    /// otherwise by this build's migrations.
+    pub async fn create(
+        base: &Config,
+        worker: Option<&std::path::Path>,
+    ) -> Result<Self, BenchError> {
         let tag = format!("{:012x}", fastrand::u64(..) >> 16);
         let mut config = base.clone();
         let db = format!("bench_{tag}");
@@ -62,7 +68,10 @@ impl RunEnv {
         config.nats.stream_prefix = format!("BENCH{tag}");
         config.consumer.name = "bench-workers".into();
         let pg = Pg::connect(&config.pg).await?;
-        pg.migrate().await?;
+        match worker {
+            Some(bin) => migrate_with(bin, &config).await?,
+            None => pg.migrate().await?,
+        }
         let mongo = Mongo::connect(&config.mongo).await?;
         for name in COLLECTIONS {
             mongo
@@ -157,6 +166,27 @@ pub fn replace_db(url: &str, db: &str) -> String {
         out.push_str(q);
     }
     out
+}
+
+/// `companion migrate` of the build `bin` on the run's database.
+async fn migrate_with(bin: &std::path::Path, config: &Config) -> Result<(), BenchError> {
+    let out = tokio::process::Command::new(bin)
+        .arg("migrate")
+        .envs(crate::child_env::of(config))
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| BenchError::Setup(format!("{} migrate: {e}", bin.display())))?;
+    if !out.status.success() {
+        return Err(BenchError::Setup(format!(
+            "{} migrate failed ({}): {}",
+            bin.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

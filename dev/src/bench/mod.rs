@@ -246,7 +246,8 @@ async fn load_run(base: &Config, args: &BenchArgs, report: &mut Report) -> Resul
         ));
     }
     eprintln!("bench: creating an isolated run (databases, streams)…");
-    let env = env::RunEnv::create(base).await?;
+    let worker = workers::worker_binary(args.worker_bin.as_deref()).ok();
+    let env = env::RunEnv::create(base, worker.as_deref()).await?;
     let log_dir = std::env::temp_dir().join(format!("companion-bench-{}", env.tag));
     std::fs::create_dir_all(&log_dir)
         .map_err(|e| BenchError::Setup(format!("{}: {e}", log_dir.display())))?;
