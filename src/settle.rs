@@ -46,8 +46,12 @@ pub(crate) const DEAD_LETTERS: Metric = Metric::new(
 /// How a delivery's turn ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Ending {
-    /// The turn settled the message; `through` is the last stream sequence its reply answered (a burst).
-    Settled { through: Option<u64> },
+    /// The turn settled the message; `through` is the last stream sequence its reply answered (a burst);
+    /// `floored`, the sequence the job's own settlement moved the order floor past, if it did.
+    Settled {
+        through: Option<u64>,
+        floored: Option<u64>,
+    },
     /// The worker is stopping: the message goes back to the stream at once.
     Returned,
     /// The turn failed.
@@ -57,8 +61,12 @@ pub(crate) enum Ending {
 /// What is done with the delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Settled: move the order floor through `through` (or the message itself) and acknowledge.
-    Ack { through: Option<u64> },
+    /// Settled: move the order floor through `through` (or the message itself), unless the job's
+    /// settlement moved it there already (`floored`), and acknowledge.
+    Ack {
+        through: Option<u64>,
+        floored: Option<u64>,
+    },
     /// Hand it back to the stream, redelivered after `delay`.
     Nak { delay: Duration },
     /// Never again: the failure line first when owed, a dead letter with `reason`, then terminate.
@@ -82,7 +90,10 @@ pub(crate) struct RetryLimits {
 /// The one decision.
 pub(crate) fn decide(ending: &Ending, delivered: i64, limits: &RetryLimits) -> Verdict {
     match ending {
-        Ending::Settled { through } => Verdict::Ack { through: *through },
+        Ending::Settled { through, floored } => Verdict::Ack {
+            through: *through,
+            floored: *floored,
+        },
         Ending::Returned => Verdict::Nak {
             delay: Duration::ZERO,
         },
@@ -204,8 +215,8 @@ impl Settler {
         delivered: i64,
     ) {
         match verdict {
-            Verdict::Ack { through } => {
-                if self.advance(&handle, through).await {
+            Verdict::Ack { through, floored } => {
+                if self.advance(&handle, through, floored).await {
                     handle.answer(AckKind::Ack).await;
                 }
             }
@@ -242,7 +253,7 @@ impl Settler {
                 if dead && !self.dead_letter(&handle, &reason, delivered).await {
                     return;
                 }
-                if self.advance(&handle, through).await {
+                if self.advance(&handle, through, None).await {
                     handle.answer(AckKind::Term).await;
                 }
             }
@@ -270,14 +281,24 @@ impl Settler {
     }
 
     /// Moves the conversation's order floor past this event (and the burst it answered, `through`);
-    /// false when the event was NAKed instead.
-    async fn advance(&self, handle: &Handle<'_>, through: Option<u64>) -> bool {
+    /// false when the event was NAKed instead. When the job's settlement wrote it already (`floored`),
+    /// only the waiters are told.
+    async fn advance(
+        &self,
+        handle: &Handle<'_>,
+        through: Option<u64>,
+        floored: Option<u64>,
+    ) -> bool {
         // Signals are not steps of a conversation: no order floor.
         if self.bus.names.is_signal(handle.subject()) {
             return true;
         }
         let seq = handle.seq();
         let through = through.unwrap_or(seq).max(seq);
+        if floored == Some(through) {
+            self.order.advanced(handle.subject(), through).await;
+            return true;
+        }
         let write = || self.order.advance_floor(handle.subject(), through);
         timing::stage(
             Stage::Order,
@@ -369,15 +390,27 @@ mod tests {
         let rows: Vec<(&str, Ending, i64, Verdict)> = vec![
             (
                 "answered (or limited, or settled earlier): ack through the burst",
-                Ending::Settled { through: Some(9) },
+                Ending::Settled {
+                    through: Some(9),
+                    floored: Some(9),
+                },
                 1,
-                Verdict::Ack { through: Some(9) },
+                Verdict::Ack {
+                    through: Some(9),
+                    floored: Some(9),
+                },
             ),
             (
                 "over the flood limit: acked like any answer",
-                Ending::Settled { through: None },
+                Ending::Settled {
+                    through: None,
+                    floored: None,
+                },
                 5,
-                Verdict::Ack { through: None },
+                Verdict::Ack {
+                    through: None,
+                    floored: None,
+                },
             ),
             (
                 "the worker stops: back at once",

@@ -369,6 +369,7 @@ impl Running {
                 (
                     Ending::Settled {
                         through: settled.through_seq,
+                        floored: settled.floored,
                     },
                     Some(event),
                     Some(name),
@@ -711,7 +712,10 @@ impl Running {
             let mut held_since = None;
             let ending = loop {
                 let ending = match self.guarded("signal", work()).await {
-                    Ok(Ok(())) => Ending::Settled { through: None },
+                    Ok(Ok(())) => Ending::Settled {
+                        through: None,
+                        floored: None,
+                    },
                     Ok(Err(e)) => Ending::Failed(Failure::of(&e)),
                     Err(panicked) => Ending::Failed(panicked),
                 };

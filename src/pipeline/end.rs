@@ -75,7 +75,11 @@ impl Endings {
                 .await?;
         }
         let by = (end.state == State::Limited).then(|| job.id());
-        let ending = Finish { by, reason: None };
+        let ending = Finish {
+            by,
+            reason: None,
+            through: end.burst.last_seq(),
+        };
         if !stage(Stage::Writes, job.finish(end.state, ending)).await? {
             debug!("the job was settled elsewhere meanwhile");
         }
@@ -101,6 +105,7 @@ impl Endings {
         Ok(Settled {
             outcome,
             through_seq: end.burst.last_seq(),
+            floored: job.floored(),
         })
     }
 
@@ -114,6 +119,7 @@ impl Endings {
         let ending = Finish {
             by: None,
             reason: Some(reason),
+            through: None,
         };
         job.finish(State::Dropped, ending).await?;
         info!(reason, "no message for this job");
@@ -127,6 +133,7 @@ impl Endings {
         Ok(Settled {
             outcome,
             through_seq: None,
+            floored: job.floored(),
         })
     }
 
@@ -146,12 +153,14 @@ impl Endings {
         let ending = Finish {
             by: Some(by),
             reason: None,
+            through: None,
         };
         job.finish(State::Limited, ending).await?;
         info!(answered_by = %by, "over the flood limit; the busy line already answered this minute");
         Ok(Settled {
             outcome: Outcome::Limited { reply_id: None },
             through_seq: None,
+            floored: job.floored(),
         })
     }
 
@@ -160,12 +169,14 @@ impl Endings {
         let ending = Finish {
             by: None,
             reason: Some(super::HELD),
+            through: burst.last_seq(),
         };
         job.finish(State::Held, ending).await?;
         info!("a moderator paused the conversation; the message is held");
         Ok(Settled {
             outcome: Outcome::Held,
             through_seq: burst.last_seq(),
+            floored: job.floored(),
         })
     }
 

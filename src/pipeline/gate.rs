@@ -5,7 +5,7 @@
 //! cap stand in the way.
 
 use bson::oid::ObjectId;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use tracing::info;
 
 use super::{
@@ -186,20 +186,30 @@ impl Gate {
     /// within the referral window). Its turn had the referral and the model's own reply, written
     /// before the brief could shape it; the next turn is answered with the safety brief.
     async fn after_model_flag(&self, job: &Job) -> Result<bool, PipelineError> {
-        let window =
-            chrono::Duration::seconds(self.safety.config.crisis_referral_window_secs.max(1) as i64);
         job.step(step::AFTER_FLAG, key::ONCE)
             .lazy()
             .run(async {
-                let before = self
-                    .journal
-                    .previous_steps(job.id(), step::CRISIS, Utc::now() - window)
-                    .await?;
+                let before = match job.previous() {
+                    // Read when the job opened ([`Gate::flag_read`]).
+                    Some(before) => before.to_vec(),
+                    None => {
+                        let (name, since) = self.flag_read();
+                        self.journal.previous_steps(job.id(), name, since).await?
+                    }
+                };
                 Ok::<_, PipelineError>(before.into_iter().any(|v| {
                     serde_json::from_value::<Flagged>(v).is_ok_and(|f| f.layer == Layer::Model)
                 }))
             })
             .await
+    }
+
+    /// What [`Gate::after_model_flag`] reads of the job before: its crisis records within the referral
+    /// window ([`NewJob::previous`](companion_journal::NewJob::previous), read with the opening).
+    pub(crate) fn flag_read(&self) -> (&'static str, DateTime<Utc>) {
+        let window =
+            chrono::Duration::seconds(self.safety.config.crisis_referral_window_secs.max(1) as i64);
+        (step::CRISIS, Utc::now() - window)
     }
 
     /// The checks, each decision a step of the job, and who speaks.

@@ -111,6 +111,9 @@ pub(crate) struct Settled {
     pub(crate) outcome: Outcome,
     /// Stream sequence of the last message of the burst, when the turn answered more than one.
     pub(crate) through_seq: Option<u64>,
+    /// The order floor was moved past this sequence with the job's settlement
+    /// ([`Job::settles_floor`](companion_journal::Job::settles_floor)); the worker then writes it no more.
+    pub(crate) floored: Option<u64>,
 }
 
 /// Where an input came from: its stream sequence and, for a conversation's message, the conversation's
@@ -347,11 +350,25 @@ impl Pipeline {
                         reason: DELETED.into(),
                     },
                     through_seq: None,
+                    floored: None,
                 });
             }
-            let new_job = admitted.new_job(arrival.map(|d| d.seq));
+            let mut new_job = admitted.new_job(arrival.map(|d| d.seq));
+            // The gate's read of the reply model's flag on the message before rides with the opening.
+            if admitted.message().is_some() {
+                new_job.previous = Some(self.gate.flag_read());
+            }
             let run = async {
                 let job = stage(Stage::Journal, self.journal.open(&new_job)).await?;
+                // The job's settlement moves its conversation's order floor too (one statement).
+                if let Some(Arrival {
+                    order: Some(order),
+                    subject,
+                    seq,
+                }) = arrival
+                {
+                    job.settles_floor(order.floor_at(subject, *seq));
+                }
                 let attempt =
                     job.attempt(async |job| Box::pin(self.conduct(job, &admitted, arrival)).await);
                 match Box::pin(attempt).await? {
@@ -799,6 +816,7 @@ fn already_settled(job: &Job) -> Settled {
         through_seq: job
             .recorded::<Burst>(step::BURST, key::ONCE)
             .and_then(|b| b.last_seq()),
+        floored: None,
         outcome: Outcome::AlreadySettled {
             state: job.record.state,
         },

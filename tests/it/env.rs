@@ -545,7 +545,20 @@ impl TestEnv {
         for w in self.workers.drain(..) {
             let _ = tokio::time::timeout(Duration::from_secs(10), w).await;
         }
+        // The journal has no foreign key (migrations/20261129000000_journal_lean.sql): every writer opens
+        // its job before it records a step of it. Every test's journal says whether that held.
+        let orphans: Result<i64, _> = sqlx::query_scalar(
+            "SELECT count(*) FROM job_steps s WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = s.job)",
+        )
+        .fetch_one(&self.pg.pool)
+        .await;
         let db = format!("t_{}", self.tag);
+        if let Ok(n) = orphans
+            && n > 0
+        {
+            remove_streams_and_database(&self.bus, &self.pg, &self.admin_url, &db).await;
+            panic!("{n} journal steps without their job");
+        }
         remove_streams_and_database(&self.bus, &self.pg, &self.admin_url, &db).await;
         drop_mongo(&self.mongo).await;
     }
@@ -704,6 +717,7 @@ impl ToolJob {
                 bot: KAORI,
                 conversation: JESS_KAORI,
                 stream_seq: None,
+                previous: None,
             })
             .await
             .expect("job opens");

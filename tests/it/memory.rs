@@ -984,6 +984,15 @@ async fn a_history_write_paused_between_its_check_and_its_commit_does_not_outlas
     })
     .await;
     assert!(waits, "the deletion waits on the history write's lock");
+    // Unheld, the same function is the whole write, one statement: its insert must read the tombstones
+    // in a snapshot taken after its locks, which only a VOLATILE function does.
+    let volatility: String = sqlx::query_scalar(
+        "SELECT provolatile::text FROM pg_proc WHERE proname = 'append_history'",
+    )
+    .fetch_one(&env.pg.pool)
+    .await
+    .unwrap();
+    assert_eq!(volatility, "v", "append_history is VOLATILE");
     held.release();
     tokio::time::timeout(Duration::from_secs(30), then.reached())
         .await

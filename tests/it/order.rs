@@ -274,3 +274,28 @@ async fn three_workers_fifty_conversations_bursts_of_five_keep_order_and_answer_
     }
     env.finish().await;
 }
+
+#[tokio::test]
+async fn a_turn_moves_its_conversation_s_floor_with_its_own_settlement() {
+    let mut env = TestEnv::new(echo_model(5)).await;
+    env.start_worker().await;
+    let first = env.dm(JESS, KAORI, JESS_KAORI, "first").await;
+    env.turn(&first).await;
+    env.settled(&first.message_id).await;
+    let second = env.dm(JESS, KAORI, JESS_KAORI, "second").await;
+    env.turn(&second).await;
+    let job = env.settled(&second.message_id).await;
+    // Written by the statement that settled the job: the same transaction time. The worker's own upsert,
+    // had it run after, would have moved `updated_at` on.
+    let (next, together): (i64, bool) = sqlx::query_as(
+        "SELECT f.next_seq, f.updated_at = j.updated_at FROM order_floors f, jobs j WHERE j.id = $1",
+    )
+    .bind(&second.message_id)
+    .fetch_one(&env.pg.pool)
+    .await
+    .unwrap();
+    let seq = job.stream_seq.expect("the job knows its stream sequence") as i64;
+    assert_eq!(next, seq + 1, "the floor is past the second message");
+    assert!(together, "the floor moved in the job's settlement");
+    env.finish().await;
+}

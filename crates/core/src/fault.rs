@@ -89,18 +89,30 @@ pub fn pause_at(scope: &str, point: &str) -> Pause {
 /// good every work of that scope reaching that point.
 static HOLD: OnceLock<Option<(String, String)>> = OnceLock::new();
 
-/// Work of `scope` reached `point`: held there if a pause is armed for it (once), or for good if the
-/// process was started to hold it.
-pub async fn reached(scope: &str, point: &str) {
+fn held_for_good(scope: &str, point: &str) -> bool {
     let hold = HOLD.get_or_init(|| {
         let v = std::env::var("COMPANION_TEST_HOLD").ok()?;
         let (scope, point) = v.split_once('@')?;
         Some((scope.to_owned(), point.to_owned()))
     });
-    if let Some((s, p)) = hold
-        && p == point
-        && scope.contains(s.as_str())
-    {
+    matches!(hold, Some((s, p)) if p == point && scope.contains(s.as_str()))
+}
+
+/// Whether work of `scope` would be held at `point`: for code whose fast path has no place to hold (one
+/// statement doing what a held path does in several), so that it takes the held path only then.
+pub fn armed(scope: &str, point: &str) -> bool {
+    held_for_good(scope, point)
+        || PAUSES
+            .lock()
+            .expect("fault lock")
+            .iter()
+            .any(|a| a.point == point && scope.contains(&a.scope))
+}
+
+/// Work of `scope` reached `point`: held there if a pause is armed for it (once), or for good if the
+/// process was started to hold it.
+pub async fn reached(scope: &str, point: &str) {
+    if held_for_good(scope, point) {
         tracing::warn!(scope, point, "held for good (COMPANION_TEST_HOLD)");
         std::future::pending::<()>().await;
     }

@@ -37,6 +37,7 @@ pub mod usage;
 use companion_core::fault;
 use companion_core::{failure, metrics};
 use companion_llm as llm;
+use companion_store::conversation_order::{FloorAt, upsert_floor};
 use companion_store::store;
 
 use std::{
@@ -228,6 +229,10 @@ pub struct NewJob<'a> {
     pub bot: &'a str,
     pub conversation: &'a str,
     pub stream_seq: Option<u64>,
+    /// Read with the opening, in the same statement: the outputs of the steps of this name in the job
+    /// just before this one ([`Journal::previous_steps`]), created at or after the time given. None:
+    /// not read ([`Job::previous`] is then none too).
+    pub previous: Option<(&'a str, DateTime<Utc>)>,
 }
 
 /// The answer of [`Job::counted`].
@@ -249,6 +254,18 @@ pub(crate) type Tx = Transaction<'static, Postgres>;
 pub struct Journal {
     pool: PgPool,
     metrics: Option<Arc<Metrics>>,
+}
+
+/// The job that came just before job `j` (same kind, user and conversation; created at or after the
+/// parameter `since`), or the job that covered it: one query for [`Journal::open`] and
+/// [`Journal::previous_steps`].
+fn previous_job(since: &str) -> String {
+    format!(
+        "SELECT coalesce(p.covered_by, p.id) FROM jobs p
+         WHERE p.conversation_id = j.conversation_id AND p.user_id = j.user_id AND p.kind = j.kind
+           AND p.id <> j.id AND p.created_at < j.created_at AND p.created_at >= {since}
+         ORDER BY p.created_at DESC LIMIT 1"
+    )
 }
 
 const JOB_COLUMNS: &str =
@@ -280,11 +297,17 @@ impl Journal {
                 ON CONFLICT (id) DO UPDATE
                    SET attempts = jobs.attempts + 1, updated_at = now(),
                        stream_seq = COALESCE(jobs.stream_seq, EXCLUDED.stream_seq)
-                RETURNING {JOB_COLUMNS})
+                RETURNING {JOB_COLUMNS}, kind, user_id, conversation_id, created_at)
              SELECT j.*, (SELECT coalesce(jsonb_agg(jsonb_build_array(s.name, s.key, s.output)), '[]')
-                          FROM job_steps s WHERE s.job = j.id) AS steps
-             FROM j"
+                          FROM job_steps s WHERE s.job = j.id) AS steps,
+                    CASE WHEN $7::text IS NOT NULL THEN
+                      (SELECT coalesce(jsonb_agg(s.output), '[]') FROM job_steps s
+                       WHERE s.name = $7 AND s.job = ({previous}))
+                    END AS previous
+             FROM j",
+            previous = previous_job("$8")
         );
+        let (previous_name, previous_since) = new.previous.unzip();
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(new.id)
             .bind(new.kind)
@@ -292,9 +315,15 @@ impl Journal {
             .bind(new.bot)
             .bind(new.conversation)
             .bind(new.stream_seq.map(|s| s as i64))
+            .bind(previous_name)
+            .bind(previous_since)
             .fetch_one(&self.pool)
             .await?;
         let record = job_record(&row)?;
+        let previous = match row.get::<Option<Value>, _>("previous") {
+            Some(Value::Array(outputs)) => Some(outputs),
+            _ => None,
+        };
         let mut recorded = HashMap::new();
         if let Value::Array(steps) = row.get::<Value, _>("steps") {
             for s in steps {
@@ -310,6 +339,9 @@ impl Journal {
             recorded: Mutex::new(recorded),
             pending: Mutex::new(Vec::new()),
             notes: Default::default(),
+            previous,
+            floor: Mutex::new(None),
+            floored: Mutex::new(None),
         })
     }
 
@@ -383,7 +415,7 @@ impl Journal {
         to: State,
         error: Option<&str>,
     ) -> Result<(), JournalError> {
-        transition(&self.pool, id, to, Finish::default(), error, &[]).await?;
+        transition(&self.pool, id, to, Finish::default(), error, &[], None).await?;
         Ok(())
     }
 
@@ -415,21 +447,17 @@ impl Journal {
         name: &str,
         since: DateTime<Utc>,
     ) -> Result<Vec<Value>, JournalError> {
-        Ok(sqlx::query_scalar(
-            "WITH this AS (SELECT kind, user_id, conversation_id, created_at FROM jobs WHERE id = $1),
-                  before AS (
-                      SELECT coalesce(j.covered_by, j.id) AS id FROM jobs j, this
-                      WHERE j.conversation_id = this.conversation_id AND j.user_id = this.user_id
-                        AND j.kind = this.kind AND j.id <> $1 AND j.created_at < this.created_at
-                        AND j.created_at >= $3
-                      ORDER BY j.created_at DESC LIMIT 1)
-             SELECT s.output FROM job_steps s JOIN before b ON s.job = b.id WHERE s.name = $2",
-        )
-        .bind(job)
-        .bind(name)
-        .bind(since)
-        .fetch_all(&self.pool)
-        .await?)
+        let sql = format!(
+            "SELECT s.output FROM job_steps s, (SELECT * FROM jobs WHERE id = $1) j
+             WHERE s.name = $2 AND s.job = ({previous})",
+            previous = previous_job("$3")
+        );
+        Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(job)
+            .bind(name)
+            .bind(since)
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     /// What the latest `name` step recorded in a job of `conversation` since `since` (none: no such step).
@@ -537,11 +565,35 @@ pub struct Job {
     pending: Mutex<Vec<Pending>>,
     /// Notes written by this attempt ([`Job::note`]), for their keys.
     notes: std::sync::atomic::AtomicU32,
+    /// What [`NewJob::previous`] asked for, read when the job opened.
+    previous: Option<Vec<Value>>,
+    /// The conversation's order floor this job's settlement moves ([`Job::settles_floor`]).
+    floor: Mutex<Option<FloorAt>>,
+    /// The last sequence the settlement moved that floor past ([`Job::floored`]).
+    floored: Mutex<Option<u64>>,
 }
 
 impl Job {
     pub fn id(&self) -> &str {
         &self.record.id
+    }
+
+    /// The job's [`Job::finish`] also moves `floor` (a conversation's order floor) past the last message
+    /// it answered ([`Finish::through`]), in the same statement, when it is the finish that settles the
+    /// job. One statement and one commit fewer for the settlement ([`Job::floored`] says it was done).
+    pub fn settles_floor(&self, floor: FloorAt) {
+        *self.floor.lock().expect("floor lock") = Some(floor);
+    }
+
+    /// The sequence the finish moved the order floor past, when it did ([`Job::settles_floor`]).
+    pub fn floored(&self) -> Option<u64> {
+        *self.floored.lock().expect("floor lock")
+    }
+
+    /// The previous job's step outputs asked for by [`NewJob::previous`], as they stood when this
+    /// attempt opened; none when they were not asked for.
+    pub fn previous(&self) -> Option<&[Value]> {
+        self.previous.as_deref()
     }
 
     /// Step `name` with `key` of this job; run it with [`Step::run`].
@@ -749,9 +801,26 @@ impl Job {
     /// running (a replay or another worker ended it first).
     pub async fn finish(&self, to: State, ending: Finish<'_>) -> Result<bool, JournalError> {
         let pending = self.take_pending();
-        match transition(&self.pool, self.id(), to, ending, None, &pending).await {
+        let floor = self.floor.lock().expect("floor lock").clone().map(|f| {
+            let through = ending.through.unwrap_or(f.seq).max(f.seq);
+            (f, through)
+        });
+        match transition(
+            &self.pool,
+            self.id(),
+            to,
+            ending,
+            None,
+            &pending,
+            floor.as_ref(),
+        )
+        .await
+        {
             Ok((moved, inserted)) => {
                 self.count_committed(&pending, &inserted);
+                if moved && let Some((_, through)) = floor {
+                    *self.floored.lock().expect("floor lock") = Some(through);
+                }
                 Ok(moved)
             }
             Err(e) => {
@@ -898,7 +967,16 @@ async fn transition(
     ending: Finish<'_>,
     error: Option<&str>,
     rows: &[Pending],
+    floor: Option<&(FloorAt, u64)>,
 ) -> Result<(bool, Vec<(String, String)>), JournalError> {
+    // The floor moves only with the settlement that moved the job (never past a job settled elsewhere).
+    let floor_cte = match floor {
+        Some(_) => format!(
+            ", floor AS ({})",
+            upsert_floor("SELECT $8, $9, $10 WHERE EXISTS (SELECT 1 FROM moved)")
+        ),
+        None => String::new(),
+    };
     let sql = format!(
         "WITH ins AS ({INSERT_RECORDS} RETURNING name, key),
               moved AS (
@@ -906,20 +984,27 @@ async fn transition(
                        last_error = COALESCE($5, last_error), reason = COALESCE($7, reason),
                        updated_at = now()
                 WHERE id = $1 AND state = ANY($6)
-                RETURNING state)
+                RETURNING state){floor_cte}
          SELECT EXISTS (SELECT 1 FROM moved) AS moved,
                 (SELECT coalesce(jsonb_agg(jsonb_build_array(name, key)), '[]') FROM ins) AS inserted"
     );
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+    let query = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(id)
         .bind(records(rows))
         .bind(to.as_str())
         .bind(ending.by)
         .bind(error)
         .bind(State::sources(to))
-        .bind(ending.reason)
-        .fetch_one(pool)
-        .await?;
+        .bind(ending.reason);
+    let row = match floor {
+        Some((at, through)) => query
+            .bind(&at.stream)
+            .bind(&at.subject)
+            .bind(through.saturating_add(1) as i64),
+        None => query,
+    }
+    .fetch_one(pool)
+    .await?;
     let inserted = match row.get::<Value, _>("inserted") {
         Value::Array(rows) => rows
             .iter()
@@ -978,6 +1063,9 @@ pub struct Finish<'a> {
     pub by: Option<&'a str>,
     /// Why it ended without a message of its own, on purpose.
     pub reason: Option<&'a str>,
+    /// The last stream message the job answered (a burst's), when more than its own: how far the
+    /// order floor moves ([`Job::settles_floor`]).
+    pub through: Option<u64>,
 }
 
 /// A step about to run; see the module documentation.

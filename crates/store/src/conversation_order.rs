@@ -98,6 +98,27 @@ pub struct Order {
     known_floors: Mutex<HashMap<String, u64>>,
 }
 
+/// A conversation's order floor to move with a job's settlement: the stream (name and creation), the
+/// conversation's subject, and the message whose job it is. The floor goes past the last message the job
+/// answered (its burst's), and never down.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FloorAt {
+    pub stream: String,
+    pub subject: String,
+    pub seq: u64,
+}
+
+/// The floor's upsert of `rows` (stream, subject, next sequence: a `VALUES` or a `SELECT`): one
+/// statement for [`Order::advance_floor`] and for the journal's finish, which writes it with the job's
+/// settlement.
+pub fn upsert_floor(rows: &str) -> String {
+    format!(
+        "INSERT INTO order_floors (stream, subject, next_seq) {rows}
+         ON CONFLICT (stream, subject) DO UPDATE
+            SET next_seq = GREATEST(order_floors.next_seq, EXCLUDED.next_seq), updated_at = now()"
+    )
+}
+
 /// Subjects [`Order::known_floors`] keeps before it starts over (each entry is a subject and a number).
 const KNOWN_FLOORS: usize = 65_536;
 
@@ -254,18 +275,31 @@ impl Order {
         }
     }
 
+    /// Where the settlement of the message `seq` of `subject` moves the floor, for a job that writes it
+    /// with its own settlement (the journal's finish) rather than by [`Order::advance_floor`].
+    pub fn floor_at(&self, subject: &str, seq: u64) -> FloorAt {
+        FloorAt {
+            stream: self.key.clone(),
+            subject: subject.to_owned(),
+            seq,
+        }
+    }
+
     /// Marks every message of `subject` up to `through_seq` settled and wakes whoever waits on it.
     pub async fn advance_floor(&self, subject: &str, through_seq: u64) -> Result<(), OrderError> {
-        sqlx::query(
-            "INSERT INTO order_floors (stream, subject, next_seq) VALUES ($1, $2, $3)
-             ON CONFLICT (stream, subject) DO UPDATE
-                SET next_seq = GREATEST(order_floors.next_seq, EXCLUDED.next_seq), updated_at = now()",
-        )
-        .bind(&self.key)
-        .bind(subject)
-        .bind(through_seq.saturating_add(1) as i64)
-        .execute(&self.pool)
-        .await?;
+        sqlx::query(sqlx::AssertSqlSafe(upsert_floor("VALUES ($1, $2, $3)")))
+            .bind(&self.key)
+            .bind(subject)
+            .bind(through_seq.saturating_add(1) as i64)
+            .execute(&self.pool)
+            .await?;
+        self.advanced(subject, through_seq).await;
+        Ok(())
+    }
+
+    /// After the floor of `subject` was written past `through_seq` (here, or with a job's settlement):
+    /// remembers it, wakes the local waiters and tells the other workers.
+    pub async fn advanced(&self, subject: &str, through_seq: u64) {
         self.know_floor(subject, through_seq.saturating_add(1));
         self.wake(subject);
         if let Some(tail) = self.tail(subject) {
@@ -278,7 +312,6 @@ impl Order {
                 debug!(error = %e, "settled notice not sent; waiters elsewhere poll");
             }
         }
-        Ok(())
     }
 
     /// Up to `max` messages of `subject` after `seq`, in stream order.

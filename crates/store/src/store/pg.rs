@@ -260,40 +260,41 @@ impl Pg {
             .filter(|r| r.role == "user")
             .map(|r| r.message_id)
             .collect();
-        let mut tx = self.pool.begin().await?;
         let users: Vec<&str> = rows.iter().map(|r| r.user_id).collect();
-        lock_history(&mut tx, &users, &said).await?;
-        sqlx::query(
-            "INSERT INTO bot_conversations
-                (user_id, bot_id, conversation_id, role, content, message_id, tool_calls, created_at,
-                 group_chat, ai_disclosure)
-             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                                  $6::text[], $7::jsonb[], $8::timestamptz[], $9::boolean[],
-                                  $10::boolean[])
-                      AS r(user_id, bot_id, conversation_id, role, content, message_id, tool_calls,
-                           created_at, group_chat, ai_disclosure)
-             WHERE NOT EXISTS (SELECT 1 FROM tombstones t WHERE t.kind = 'user' AND t.id = r.user_id)
-               AND NOT EXISTS (SELECT 1 FROM tombstones t WHERE t.kind = 'message'
-                               AND t.id = ANY(CASE WHEN r.role = 'user' THEN ARRAY[r.message_id]
-                                                   ELSE $11::text[] END))
-             ON CONFLICT (message_id) DO NOTHING",
-        )
-        .bind(col(rows, |r| r.user_id))
-        .bind(col(rows, |r| r.bot_id))
-        .bind(col(rows, |r| r.conversation_id))
-        .bind(col(rows, |r| r.role))
-        .bind(col(rows, |r| r.content))
-        .bind(col(rows, |r| r.message_id))
-        .bind(rows.iter().map(|r| r.tool_calls.cloned()).collect::<Vec<Option<Value>>>())
-        .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.group_chat).collect::<Vec<_>>())
-        .bind(rows.iter().map(|r| r.ai_disclosure).collect::<Vec<_>>())
-        .bind(&said)
-        .execute(&mut *tx)
-        .await?;
+        // One statement: the function takes the locks, then inserts in a snapshot taken after them
+        // (migrations/20261129000000_journal_lean.sql).
+        let query =
+            sqlx::query("SELECT append_history($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)")
+                .bind(history_locks(&users, &said))
+                .bind(col(rows, |r| r.user_id))
+                .bind(col(rows, |r| r.bot_id))
+                .bind(col(rows, |r| r.conversation_id))
+                .bind(col(rows, |r| r.role))
+                .bind(col(rows, |r| r.content))
+                .bind(col(rows, |r| r.message_id))
+                .bind(
+                    rows.iter()
+                        .map(|r| r.tool_calls.cloned())
+                        .collect::<Vec<Option<Value>>>(),
+                )
+                .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.group_chat).collect::<Vec<_>>())
+                .bind(rows.iter().map(|r| r.ai_disclosure).collect::<Vec<_>>())
+                .bind(&said);
         #[cfg(feature = "testing")]
-        crate::fault::reached(&said.join(","), "history:locked").await;
-        tx.commit().await?;
+        {
+            // A test that holds the write with its locks taken and its rows inserted, before its
+            // commit, gets the same function inside a transaction it can hold open.
+            let scope = said.join(",");
+            if crate::fault::armed(&scope, "history:locked") {
+                let mut tx = self.pool.begin().await?;
+                query.execute(&mut *tx).await?;
+                crate::fault::reached(&scope, "history:locked").await;
+                tx.commit().await?;
+                return Ok(());
+            }
+        }
+        query.execute(&self.pool).await?;
         Ok(())
     }
 }

@@ -144,13 +144,22 @@ impl Extractor<'_> {
                 bot,
                 conversation: "",
                 stream_seq: None,
+                previous: None,
             };
             let job = self.journal.open(&new).await?;
             let attempt = job.attempt(async |job| {
                 let (kept, first) = self.facts(job, user, bot, e, facts).await?;
                 let summarized = self.summary(job, user, bot, s, summary).await?;
                 let reason = (!first).then_some("another run read these messages first");
-                job.finish(State::Done, Finish { by: None, reason }).await?;
+                job.finish(
+                    State::Done,
+                    Finish {
+                        by: None,
+                        reason,
+                        through: None,
+                    },
+                )
+                .await?;
                 Ok::<_, MemoryError>((kept, first, summarized))
             });
             let Attempt::Ran((kept, first, summarized)) = attempt.await? else {
