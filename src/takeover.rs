@@ -259,7 +259,7 @@ impl Takeovers {
             bot: "",
             conversation: &t.conversation_id,
             stream_seq: None,
-            previous: None,
+            reads: Default::default(),
         };
         let job = self.journal.open(&new).await?;
         let attempt = job.attempt(async |job| self.conduct_takeover(job, s).await);

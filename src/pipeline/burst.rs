@@ -174,7 +174,7 @@ impl TakeIn {
             .map(|(id, c)| NewJob {
                 id,
                 stream_seq: Some(c.seq),
-                previous: None,
+                reads: Default::default(),
                 ..own
             })
             .collect();

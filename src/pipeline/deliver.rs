@@ -19,14 +19,14 @@ use super::{
 use crate::{
     bus::{Bus, Completion, Trigger},
     journal::{
-        Job,
+        Job, Ride,
         names::{
             key::{self, Slot},
             step,
         },
     },
     metrics::Metric,
-    store::{Mongo, Pg, mongo::ReplyDoc, pg::NewHistory},
+    store::{Mongo, Pg, mongo::ReplyDoc, pg::NewHistory, safety},
     timing::{Stage, stage},
 };
 
@@ -119,8 +119,16 @@ impl Delivery {
         said: &Reply,
         how: How,
     ) -> Result<Delivered, PipelineError> {
+        // Read with the reply's record when it was recorded just now ([`Delivery::before_ride`]).
+        let ridden = job
+            .take_ridden(&slot.reply(job.record.generation))
+            .and_then(|v| safety::before_delivery_of(&v));
         if how.check {
-            match self.before(a, burst).await? {
+            let checked = match ridden {
+                Some(checked) => checked,
+                None => self.before(a, burst).await?,
+            };
+            match checked {
                 (_, true) => return Ok(Delivered::Deleted),
                 (true, false) => return Ok(Delivered::Paused),
                 (false, false) => {}
@@ -149,6 +157,18 @@ impl Delivery {
         let delivered = self.write_reply(job, &out, said).await?;
         debug!(reply_id = %said.id, bot = %bot, key = %out.key, ?delivered, "message delivered");
         Ok(delivered)
+    }
+
+    /// [`Delivery::before`] as a read that rides with the reply's record, when the reply is recorded now:
+    /// after the model answered, one round trip earlier than a read of its own. A deletion or a pause
+    /// that commits in that round trip is what the later checks catch anyway (the history write's
+    /// filter under its locks and the read after delivery; the next turn's gate).
+    pub(crate) fn before_ride(&self, a: &Admitted<'_>, burst: &Burst) -> Ride {
+        let answered: Vec<String> = a.answered(burst).into_iter().map(|m| m.message).collect();
+        Ride {
+            sql: safety::BEFORE_DELIVERY_ON_5,
+            arg: safety::before_delivery_arg(&a.ids.conversation, &a.ids.user, &answered),
+        }
     }
 
     /// Whether a moderator paused the conversation, and whether a message the job answers was deleted

@@ -205,7 +205,7 @@ impl Gate {
     }
 
     /// What [`Gate::after_model_flag`] reads of the job before: its crisis records within the referral
-    /// window ([`NewJob::previous`](companion_journal::NewJob::previous), read with the opening).
+    /// window ([`Reads::previous`](companion_journal::Reads::previous), read with the opening).
     pub(crate) fn flag_read(&self) -> (&'static str, DateTime<Utc>) {
         let window =
             chrono::Duration::seconds(self.safety.config.crisis_referral_window_secs.max(1) as i64);
@@ -219,7 +219,10 @@ impl Gate {
         a: &Admitted<'t>,
         crisis: bool,
     ) -> Result<Passage<'t>, PipelineError> {
-        let paused = self.pg.paused(&a.ids.conversation).await?;
+        let paused = match job.paused() {
+            Some(paused) => paused,
+            None => self.pg.paused(&a.ids.conversation).await?,
+        };
         match &a.kind {
             Kind::Dm(_) => {
                 let first = a.members[0];

@@ -153,7 +153,7 @@ impl Admitted<'_> {
             bot: &self.ids.bot,
             conversation: &self.ids.conversation,
             stream_seq,
-            previous: None,
+            reads: Default::default(),
         }
     }
 

@@ -354,9 +354,11 @@ impl Pipeline {
                 });
             }
             let mut new_job = admitted.new_job(arrival.map(|d| d.seq));
-            // The gate's read of the reply model's flag on the message before rides with the opening.
+            // The gate's reads ride with the opening: a moderator's pause, and the reply model's flag on
+            // the message before. A pause that comes after this read is held at delivery.
+            new_job.reads.paused = true;
             if admitted.message().is_some() {
-                new_job.previous = Some(self.gate.flag_read());
+                new_job.reads.previous = Some(self.gate.flag_read());
             }
             let run = async {
                 let job = stage(Stage::Journal, self.journal.open(&new_job)).await?;
@@ -454,9 +456,14 @@ impl Pipeline {
                 flow_note: flow_note.as_deref(),
             };
             let slot = view.slot;
+            // The crisis line is owed whatever a moderator or a deletion did meanwhile: no check.
+            let check = plan.fixed != Some(Fixed::Crisis);
+            let mut reply = job.step(step::REPLY, slot.reply(job.record.generation));
+            if check {
+                reply = reply.ride(self.delivery.before_ride(a, &burst));
+            }
             // Boxed: the model's part of a turn is a large future, kept off the caller's stack.
-            let line = job
-                .step(step::REPLY, slot.reply(job.record.generation))
+            let line = reply
                 .run(Box::pin(async {
                     fresh += 1;
                     let lang = crisis.as_ref().map(|f| f.lang.as_str());
@@ -469,7 +476,7 @@ impl Pipeline {
             // from there on never sends them (or their completions) again. The crisis line is owed
             // whatever a moderator or a deletion did meanwhile.
             let how = How {
-                check: plan.fixed != Some(Fixed::Crisis),
+                check,
                 more: plan.next(&said, &a.members).is_some(),
             };
             let out = self

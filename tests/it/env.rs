@@ -717,7 +717,7 @@ impl ToolJob {
                 bot: KAORI,
                 conversation: JESS_KAORI,
                 stream_seq: None,
-                previous: None,
+                reads: Default::default(),
             })
             .await
             .expect("job opens");

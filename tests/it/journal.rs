@@ -27,7 +27,7 @@ async fn two_attempts_covering_at_once_agree_and_cover_only_what_they_record() {
             bot: &who[1],
             conversation: &who[2],
             stream_seq: Some(seq),
-            previous: None,
+            reads: Default::default(),
         }
     }
     let who = [user, bot, conversation];

@@ -144,7 +144,7 @@ async fn the_earlier_journal_moves_into_jobs_and_steps() {
                     bot: KAORI,
                     conversation: JESS_KAORI,
                     stream_seq: None,
-                    previous: None,
+                    reads: Default::default(),
                 })
                 .await
                 .unwrap()

@@ -724,6 +724,15 @@ async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_an
         env.replies_to(&e.message_id).await.is_empty(),
         "no reply is written to a deleted message"
     );
+    // Stopped by the check before delivery (read with the reply's record), not withdrawn after it.
+    let delivered: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM job_steps WHERE job = $1 AND name IN ('store_reply', 'withdraw')",
+    )
+    .bind(&e.message_id)
+    .fetch_all(&env.pg.pool)
+    .await
+    .unwrap();
+    assert!(delivered.is_empty(), "{delivered:?}");
     assert!(
         traces(&env, "4471").await.is_empty(),
         "{:?}",

@@ -330,7 +330,7 @@ async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
             bot: KAORI,
             conversation: JESS_KAORI,
             stream_seq: None,
-            previous: None,
+            reads: Default::default(),
         })
         .await
         .unwrap();

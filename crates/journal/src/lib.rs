@@ -229,10 +229,18 @@ pub struct NewJob<'a> {
     pub bot: &'a str,
     pub conversation: &'a str,
     pub stream_seq: Option<u64>,
-    /// Read with the opening, in the same statement: the outputs of the steps of this name in the job
-    /// just before this one ([`Journal::previous_steps`]), created at or after the time given. None:
-    /// not read ([`Job::previous`] is then none too).
+    /// What the opening also reads, in the same statement, for the job's next steps.
+    pub reads: Reads<'a>,
+}
+
+/// Reads that ride with [`Journal::open`] (one statement, where each was one of its own).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reads<'a> {
+    /// The outputs of the steps of this name in the job just before this one
+    /// ([`Journal::previous_steps`]), created at or after the time given ([`Job::previous`]).
     pub previous: Option<(&'a str, DateTime<Utc>)>,
+    /// Whether a moderator has paused the job's conversation ([`Job::paused`]).
+    pub paused: bool,
 }
 
 /// The answer of [`Job::counted`].
@@ -303,11 +311,13 @@ impl Journal {
                     CASE WHEN $7::text IS NOT NULL THEN
                       (SELECT coalesce(jsonb_agg(s.output), '[]') FROM job_steps s
                        WHERE s.name = $7 AND s.job = ({previous}))
-                    END AS previous
+                    END AS previous,
+                    CASE WHEN $9 THEN {paused} END AS paused
              FROM j",
-            previous = previous_job("$8")
+            previous = previous_job("$8"),
+            paused = store::safety::paused_sql("j.conversation_id"),
         );
-        let (previous_name, previous_since) = new.previous.unzip();
+        let (previous_name, previous_since) = new.reads.previous.unzip();
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(new.id)
             .bind(new.kind)
@@ -317,6 +327,7 @@ impl Journal {
             .bind(new.stream_seq.map(|s| s as i64))
             .bind(previous_name)
             .bind(previous_since)
+            .bind(new.reads.paused)
             .fetch_one(&self.pool)
             .await?;
         let record = job_record(&row)?;
@@ -340,6 +351,8 @@ impl Journal {
             pending: Mutex::new(Vec::new()),
             notes: Default::default(),
             previous,
+            paused: row.get("paused"),
+            ridden: Mutex::new(None),
             floor: Mutex::new(None),
             floored: Mutex::new(None),
         })
@@ -565,8 +578,12 @@ pub struct Job {
     pending: Mutex<Vec<Pending>>,
     /// Notes written by this attempt ([`Job::note`]), for their keys.
     notes: std::sync::atomic::AtomicU32,
-    /// What [`NewJob::previous`] asked for, read when the job opened.
+    /// What [`Reads::previous`] asked for, read when the job opened.
     previous: Option<Vec<Value>>,
+    /// What [`Reads::paused`] asked for, read when the job opened.
+    paused: Option<bool>,
+    /// What the last record statement's [`Ride`] read, with the key of the step it recorded.
+    ridden: Mutex<Option<(String, Value)>>,
     /// The conversation's order floor this job's settlement moves ([`Job::settles_floor`]).
     floor: Mutex<Option<FloorAt>>,
     /// The last sequence the settlement moved that floor past ([`Job::floored`]).
@@ -590,7 +607,22 @@ impl Job {
         *self.floored.lock().expect("floor lock")
     }
 
-    /// The previous job's step outputs asked for by [`NewJob::previous`], as they stood when this
+    /// What the [`Ride`] of the step keyed `key` read, when its record statement just ran; none
+    /// otherwise. Taking it clears it, whatever its key.
+    pub fn take_ridden(&self, key: &str) -> Option<Value> {
+        match self.ridden.lock().expect("ride lock").take() {
+            Some((k, v)) if k == key => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Whether a moderator had paused the job's conversation when this attempt opened
+    /// ([`Reads::paused`]); none when it was not asked.
+    pub fn paused(&self) -> Option<bool> {
+        self.paused
+    }
+
+    /// The previous job's step outputs asked for by [`Reads::previous`], as they stood when this
     /// attempt opened; none when they were not asked for.
     pub fn previous(&self) -> Option<&[Value]> {
         self.previous.as_deref()
@@ -607,6 +639,7 @@ impl Job {
             at: None,
             lock: None,
             counter: None,
+            ride: None,
         }
     }
 
@@ -864,26 +897,39 @@ impl Job {
     }
 
     /// Records one step, with the pending ones; returns the output that won.
-    async fn record(&self, step: Pending) -> Result<Value, JournalError> {
+    async fn record(&self, step: Pending, ride: Option<Ride>) -> Result<Value, JournalError> {
         let (name, key) = (step.name.clone(), step.key.clone());
         let mut rows = self.take_pending();
         rows.push(step);
-        // Every record this statement inserted, and the step's own as stored before it, if it was.
+        // Every record this statement inserted, and the step's own as stored before it, if it was; and
+        // the ride's value, in a row of no name.
+        let ridden = match &ride {
+            Some(r) => format!("UNION ALL SELECT '', '', ({}), false", r.sql),
+            None => String::new(),
+        };
         let sql = format!(
             "WITH ins AS ({INSERT_RECORDS} RETURNING name, key, output)
              SELECT name, key, output, true AS ours FROM ins
              UNION ALL SELECT name, key, output, false FROM job_steps
-                       WHERE job = $1 AND name = $3 AND key = $4"
+                       WHERE job = $1 AND name = $3 AND key = $4
+             {ridden}"
         );
+        let query = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(self.id())
+            .bind(records(&rows))
+            .bind(&name)
+            .bind(&key);
+        let query = match ride {
+            Some(r) => query.bind(r.arg),
+            None => query,
+        };
         let stored: Result<Vec<(String, String, Value, bool)>, sqlx::Error> =
-            sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                .bind(self.id())
-                .bind(records(&rows))
-                .bind(&name)
-                .bind(&key)
-                .fetch_all(&self.pool)
-                .await;
-        let stored = stored.map(|found| {
+            query.fetch_all(&self.pool).await;
+        let stored = stored.map(|mut found| {
+            if let Some(i) = found.iter().position(|f| f.0.is_empty()) {
+                let value = found.swap_remove(i).2;
+                *self.ridden.lock().expect("ride lock") = Some((key.clone(), value));
+            }
             let inserted: Vec<(String, String)> = found
                 .iter()
                 .filter(|f| f.3)
@@ -1079,9 +1125,28 @@ pub struct Step<'a> {
     /// What [`Step::run_in_tx`] serialises on, when not the step itself (a tally, for a counted step).
     lock: Option<String>,
     counter: Option<Counter>,
+    /// A read carried by the step's record statement ([`Step::ride`]).
+    ride: Option<Ride>,
+}
+
+/// A read that rides with a step's record statement instead of a statement of its own: an SQL expression
+/// of type jsonb that reads its input from the statement's parameter `$5` (`arg`). It sees the record's
+/// snapshot, taken when the statement starts, where a read of its own would have come one round trip
+/// later. Its value is then [`Job::take_ridden`]'s.
+#[derive(Clone, Debug)]
+pub struct Ride {
+    pub sql: &'static str,
+    pub arg: Value,
 }
 
 impl Step<'_> {
+    /// The step's record statement also reads `ride` (only when it records now: a step replayed from the
+    /// journal, or a lazy one, reads nothing; then [`Job::take_ridden`] is none).
+    pub fn ride(mut self, ride: Ride) -> Self {
+        self.ride = Some(ride);
+        self
+    }
+
     /// Recorded with the job's next recorded step or its settlement, not on its own: for effects that
     /// are safe to repeat.
     pub fn lazy(mut self) -> Self {
@@ -1138,7 +1203,11 @@ impl Step<'_> {
     /// [`Step::run`], lazy when `lazy` says so of the body's output: a step whose output decides whether
     /// what follows may be repeated (a model answer: text, which nothing acts on before the reply's own
     /// record, rides along; tool calls, which tools act on, are recorded first).
-    pub async fn run_lazy_if<T, E, F>(self, body: F, lazy: impl FnOnce(&T) -> bool) -> Result<T, E>
+    pub async fn run_lazy_if<T, E, F>(
+        mut self,
+        body: F,
+        lazy: impl FnOnce(&T) -> bool,
+    ) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<JournalError>,
@@ -1160,7 +1229,7 @@ impl Step<'_> {
             job.pending.lock().expect("journal lock").push(pending);
             return Ok(out);
         }
-        let stored = job.record(pending).await?;
+        let stored = job.record(pending, self.ride.take()).await?;
         job.remember(name, &self.key, stored.clone());
         if stored == value {
             return Ok(out);

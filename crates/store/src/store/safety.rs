@@ -47,6 +47,41 @@ pub struct Seen {
 /// Most message times read to find where a continuing interaction began.
 const ACTIVITY_ROWS: i64 = 400;
 
+/// Whether a moderator has paused the conversation `conversation` (an SQL expression), as an SQL boolean:
+/// for a statement that reads it along with other work ([`Pg::paused`] reads it alone).
+pub fn paused_sql(conversation: &str) -> String {
+    format!(
+        "coalesce((SELECT paused FROM takeovers WHERE conversation_id = {conversation}), false)"
+    )
+}
+
+/// [`Pg::before_delivery`]'s read as one SQL expression of type jsonb, `[paused, deleted]`, taking its
+/// inputs from the jsonb parameter `$5` ([`before_delivery_arg`]): for a statement that carries it along
+/// with other work (the journal's record of the reply, a `journal::Ride`).
+pub const BEFORE_DELIVERY_ON_5: &str = concat!(
+    "jsonb_build_array(coalesce((SELECT paused FROM takeovers ",
+    "WHERE conversation_id = $5::jsonb->>'conversation'), false), ",
+    super::tombstoned!(
+        "($5::jsonb->>'user')",
+        "ARRAY(SELECT jsonb_array_elements_text($5::jsonb->'messages'))"
+    ),
+    ")"
+);
+
+/// The input of [`BEFORE_DELIVERY_ON_5`].
+pub fn before_delivery_arg(
+    conversation: &str,
+    user: &str,
+    messages: &[String],
+) -> serde_json::Value {
+    serde_json::json!({ "conversation": conversation, "user": user, "messages": messages })
+}
+
+/// What [`BEFORE_DELIVERY_ON_5`] read: (paused, deleted).
+pub fn before_delivery_of(read: &serde_json::Value) -> Option<(bool, bool)> {
+    Some((read.get(0)?.as_bool()?, read.get(1)?.as_bool()?))
+}
+
 impl Pg {
     /// The conversation's takeover state; none when no moderator ever took it over.
     pub async fn takeover(&self, conversation: &str) -> Result<Option<Takeover>, StoreError> {

@@ -172,7 +172,7 @@ impl Memory {
                 bot: bot.as_deref().unwrap_or_default(),
                 conversation: "",
                 stream_seq: Some(seq),
-                previous: None,
+                reads: Default::default(),
             })
             .await?;
         if job.record.state.is_settled() {

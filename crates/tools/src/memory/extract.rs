@@ -144,7 +144,7 @@ impl Extractor<'_> {
                 bot,
                 conversation: "",
                 stream_seq: None,
-                previous: None,
+                reads: Default::default(),
             };
             let job = self.journal.open(&new).await?;
             let attempt = job.attempt(async |job| {
