@@ -117,6 +117,13 @@ async fn a_small_run_answers_every_turn_once_and_writes_its_report_and_picture()
         nats.sent_per_turn >= 2.0 && nats.received_per_turn >= 1.0,
         "{nats:?}"
     );
+    // What the turns asked of PostgreSQL (issue 64). A bound on a tool turn's statements, so a change
+    // that adds statements to every turn shows here (15.2 a turn in docs/benchmark.md; a run beside this
+    // one may reset pg_stat_statements, which can only lower the count). Rows from the database's own
+    // counters: jobs, job_steps, the history and the floor.
+    let pg = report.postgres.as_ref().expect("PostgreSQL's work counted");
+    assert!(pg.statements_per_turn <= 17.0, "{pg:?}");
+    assert!(pg.rows_written_per_turn >= 10.0, "{pg:?}");
     let written: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json).expect("the JSON report")).unwrap();
     assert_eq!(written["turns"]["published"], 20);
