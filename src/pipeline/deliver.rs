@@ -121,6 +121,7 @@ impl Delivery {
     ) -> Result<Delivered, PipelineError> {
         // Read with the reply's record when it was recorded just now ([`Delivery::before_ride`]).
         let ridden = job
+            .carried()
             .take_ridden(&slot.reply(job.record.generation))
             .and_then(|v| safety::before_delivery_of(&v));
         if how.check {

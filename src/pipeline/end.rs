@@ -105,7 +105,7 @@ impl Endings {
         Ok(Settled {
             outcome,
             through_seq: end.burst.last_seq(),
-            floored: job.floored(),
+            floored: job.carried().floored(),
         })
     }
 
@@ -133,7 +133,7 @@ impl Endings {
         Ok(Settled {
             outcome,
             through_seq: None,
-            floored: job.floored(),
+            floored: job.carried().floored(),
         })
     }
 
@@ -160,7 +160,7 @@ impl Endings {
         Ok(Settled {
             outcome: Outcome::Limited { reply_id: None },
             through_seq: None,
-            floored: job.floored(),
+            floored: job.carried().floored(),
         })
     }
 
@@ -176,7 +176,7 @@ impl Endings {
         Ok(Settled {
             outcome: Outcome::Held,
             through_seq: burst.last_seq(),
-            floored: job.floored(),
+            floored: job.carried().floored(),
         })
     }
 

@@ -189,7 +189,7 @@ impl Gate {
         job.step(step::AFTER_FLAG, key::ONCE)
             .lazy()
             .run(async {
-                let before = match job.previous() {
+                let before = match job.carried().previous() {
                     // Read when the job opened ([`Gate::flag_read`]).
                     Some(before) => before.to_vec(),
                     None => {
@@ -219,7 +219,7 @@ impl Gate {
         a: &Admitted<'t>,
         crisis: bool,
     ) -> Result<Passage<'t>, PipelineError> {
-        let paused = match job.paused() {
+        let paused = match job.carried().paused() {
             Some(paused) => paused,
             None => self.pg.paused(&a.ids.conversation).await?,
         };

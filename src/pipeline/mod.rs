@@ -112,7 +112,7 @@ pub(crate) struct Settled {
     /// Stream sequence of the last message of the burst, when the turn answered more than one.
     pub(crate) through_seq: Option<u64>,
     /// The order floor was moved past this sequence with the job's settlement
-    /// ([`Job::settles_floor`](companion_journal::Job::settles_floor)); the worker then writes it no more.
+    /// ([`Carried::settles_floor`](companion_journal::Carried::settles_floor)); the worker then writes it no more.
     pub(crate) floored: Option<u64>,
 }
 
@@ -369,7 +369,7 @@ impl Pipeline {
                     seq,
                 }) = arrival
                 {
-                    job.settles_floor(order.floor_at(subject, *seq));
+                    job.carried().settles_floor(order.floor_at(subject, *seq));
                 }
                 let attempt =
                     job.attempt(async |job| Box::pin(self.conduct(job, &admitted, arrival)).await);

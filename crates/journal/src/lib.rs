@@ -237,9 +237,9 @@ pub struct NewJob<'a> {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Reads<'a> {
     /// The outputs of the steps of this name in the job just before this one
-    /// ([`Journal::previous_steps`]), created at or after the time given ([`Job::previous`]).
+    /// ([`Journal::previous_steps`]), created at or after the time given ([`Carried::previous`]).
     pub previous: Option<(&'a str, DateTime<Utc>)>,
-    /// Whether a moderator has paused the job's conversation ([`Job::paused`]).
+    /// Whether a moderator has paused the job's conversation ([`Carried::paused`]).
     pub paused: bool,
 }
 
@@ -350,11 +350,11 @@ impl Journal {
             recorded: Mutex::new(recorded),
             pending: Mutex::new(Vec::new()),
             notes: Default::default(),
-            previous,
-            paused: row.get("paused"),
-            ridden: Mutex::new(None),
-            floor: Mutex::new(None),
-            floored: Mutex::new(None),
+            carried: Carried {
+                previous,
+                paused: row.get("paused"),
+                ..Carried::default()
+            },
         })
     }
 
@@ -578,31 +578,36 @@ pub struct Job {
     pending: Mutex<Vec<Pending>>,
     /// Notes written by this attempt ([`Job::note`]), for their keys.
     notes: std::sync::atomic::AtomicU32,
+    /// What the attempt's statements carry besides their own work ([`Job::carried`]).
+    carried: Carried,
+}
+
+/// What an attempt's statements carry besides their own work, so that it needs no statement of its own:
+/// reads that rode with the opening ([`Reads`]) or with a record ([`Ride`]), and the order floor the
+/// settlement moves.
+#[derive(Debug, Default)]
+pub struct Carried {
     /// What [`Reads::previous`] asked for, read when the job opened.
     previous: Option<Vec<Value>>,
     /// What [`Reads::paused`] asked for, read when the job opened.
     paused: Option<bool>,
     /// What the last record statement's [`Ride`] read, with the key of the step it recorded.
     ridden: Mutex<Option<(String, Value)>>,
-    /// The conversation's order floor this job's settlement moves ([`Job::settles_floor`]).
+    /// The conversation's order floor this job's settlement moves ([`Carried::settles_floor`]).
     floor: Mutex<Option<FloorAt>>,
-    /// The last sequence the settlement moved that floor past ([`Job::floored`]).
+    /// The last sequence the settlement moved that floor past ([`Carried::floored`]).
     floored: Mutex<Option<u64>>,
 }
 
-impl Job {
-    pub fn id(&self) -> &str {
-        &self.record.id
-    }
-
+impl Carried {
     /// The job's [`Job::finish`] also moves `floor` (a conversation's order floor) past the last message
     /// it answered ([`Finish::through`]), in the same statement, when it is the finish that settles the
-    /// job. One statement and one commit fewer for the settlement ([`Job::floored`] says it was done).
+    /// job. One statement and one commit fewer for the settlement ([`Carried::floored`] says it was done).
     pub fn settles_floor(&self, floor: FloorAt) {
         *self.floor.lock().expect("floor lock") = Some(floor);
     }
 
-    /// The sequence the finish moved the order floor past, when it did ([`Job::settles_floor`]).
+    /// The sequence the finish moved the order floor past, when it did ([`Carried::settles_floor`]).
     pub fn floored(&self) -> Option<u64> {
         *self.floored.lock().expect("floor lock")
     }
@@ -626,6 +631,17 @@ impl Job {
     /// attempt opened; none when they were not asked for.
     pub fn previous(&self) -> Option<&[Value]> {
         self.previous.as_deref()
+    }
+}
+
+impl Job {
+    pub fn id(&self) -> &str {
+        &self.record.id
+    }
+
+    /// What the attempt's statements carried besides their own work.
+    pub fn carried(&self) -> &Carried {
+        &self.carried
     }
 
     /// Step `name` with `key` of this job; run it with [`Step::run`].
@@ -834,10 +850,16 @@ impl Job {
     /// running (a replay or another worker ended it first).
     pub async fn finish(&self, to: State, ending: Finish<'_>) -> Result<bool, JournalError> {
         let pending = self.take_pending();
-        let floor = self.floor.lock().expect("floor lock").clone().map(|f| {
-            let through = ending.through.unwrap_or(f.seq).max(f.seq);
-            (f, through)
-        });
+        let floor = self
+            .carried
+            .floor
+            .lock()
+            .expect("floor lock")
+            .clone()
+            .map(|f| {
+                let through = ending.through.unwrap_or(f.seq).max(f.seq);
+                (f, through)
+            });
         match transition(
             &self.pool,
             self.id(),
@@ -852,7 +874,7 @@ impl Job {
             Ok((moved, inserted)) => {
                 self.count_committed(&pending, &inserted);
                 if moved && let Some((_, through)) = floor {
-                    *self.floored.lock().expect("floor lock") = Some(through);
+                    *self.carried.floored.lock().expect("floor lock") = Some(through);
                 }
                 Ok(moved)
             }
@@ -928,7 +950,7 @@ impl Job {
         let stored = stored.map(|mut found| {
             if let Some(i) = found.iter().position(|f| f.0.is_empty()) {
                 let value = found.swap_remove(i).2;
-                *self.ridden.lock().expect("ride lock") = Some((key.clone(), value));
+                *self.carried.ridden.lock().expect("ride lock") = Some((key.clone(), value));
             }
             let inserted: Vec<(String, String)> = found
                 .iter()
@@ -1110,7 +1132,7 @@ pub struct Finish<'a> {
     /// Why it ended without a message of its own, on purpose.
     pub reason: Option<&'a str>,
     /// The last stream message the job answered (a burst's), when more than its own: how far the
-    /// order floor moves ([`Job::settles_floor`]).
+    /// order floor moves ([`Carried::settles_floor`]).
     pub through: Option<u64>,
 }
 
@@ -1132,7 +1154,7 @@ pub struct Step<'a> {
 /// A read that rides with a step's record statement instead of a statement of its own: an SQL expression
 /// of type jsonb that reads its input from the statement's parameter `$5` (`arg`). It sees the record's
 /// snapshot, taken when the statement starts, where a read of its own would have come one round trip
-/// later. Its value is then [`Job::take_ridden`]'s.
+/// later. Its value is then [`Carried::take_ridden`]'s.
 #[derive(Clone, Debug)]
 pub struct Ride {
     pub sql: &'static str,
@@ -1141,7 +1163,7 @@ pub struct Ride {
 
 impl Step<'_> {
     /// The step's record statement also reads `ride` (only when it records now: a step replayed from the
-    /// journal, or a lazy one, reads nothing; then [`Job::take_ridden`] is none).
+    /// journal, or a lazy one, reads nothing; then [`Carried::take_ridden`] is none).
     pub fn ride(mut self, ride: Ride) -> Self {
         self.ride = Some(ride);
         self
