@@ -285,8 +285,9 @@ async fn a_turn_moves_its_conversation_s_floor_with_its_own_settlement() {
     let second = env.dm(JESS, KAORI, JESS_KAORI, "second").await;
     env.turn(&second).await;
     let job = env.settled(&second.message_id).await;
-    // Written by the statement that settled the job: the same transaction time. The worker's own upsert,
-    // had it run after, would have moved `updated_at` on.
+    // Acknowledged, so the worker's settlement is over: its own upsert, had it run after the job's
+    // settling statement, would have moved `updated_at` on from that statement's transaction time.
+    env.drained(Drained::Inbound).await;
     let (next, together): (i64, bool) = sqlx::query_as(
         "SELECT f.next_seq, f.updated_at = j.updated_at FROM order_floors f, jobs j WHERE j.id = $1",
     )

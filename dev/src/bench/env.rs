@@ -69,7 +69,7 @@ impl RunEnv {
         config.consumer.name = "bench-workers".into();
         let pg = Pg::connect(&config.pg).await?;
         match worker {
-            Some(bin) => migrate_with(bin, &config).await?,
+            Some(bin) => super::workers::run_once(bin, &["migrate".as_ref()], &config, &[]).await?,
             None => pg.migrate().await?,
         }
         let mongo = Mongo::connect(&config.mongo).await?;
@@ -166,27 +166,6 @@ pub fn replace_db(url: &str, db: &str) -> String {
         out.push_str(q);
     }
     out
-}
-
-/// `companion migrate` of the build `bin` on the run's database.
-async fn migrate_with(bin: &std::path::Path, config: &Config) -> Result<(), BenchError> {
-    let out = tokio::process::Command::new(bin)
-        .arg("migrate")
-        .envs(crate::child_env::of(config))
-        .env("RUST_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .map_err(|e| BenchError::Setup(format!("{} migrate: {e}", bin.display())))?;
-    if !out.status.success() {
-        return Err(BenchError::Setup(format!(
-            "{} migrate failed ({}): {}",
-            bin.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -126,21 +126,36 @@ pub async fn ingest(
         }
     }
     let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
-    let out = tokio::process::Command::new(&exe)
-        .arg("ingest")
-        .arg(&dir)
-        .envs(crate::child_env::of(&config))
+    let args = ["ingest".as_ref(), dir.as_os_str()];
+    run_once(&exe, &args, &config, &settings.env).await
+}
+
+/// Runs the worker binary `exe` once with `args` (a command other than `worker`) and the run's
+/// configuration as its environment, `env` on top; an error with its stderr when it fails.
+pub async fn run_once(
+    exe: &Path,
+    args: &[&std::ffi::OsStr],
+    config: &Config,
+    env: &[(String, String)],
+) -> Result<(), BenchError> {
+    let what = args
+        .iter()
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = tokio::process::Command::new(exe)
+        .args(args)
+        .envs(crate::child_env::of(config))
         .env("RUST_LOG", "warn")
-        .envs(settings.env.iter().map(|(k, v)| (k, v)))
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .output()
         .await
-        .map_err(|e| BenchError::Setup(format!("{} ingest: {e}", exe.display())))?;
+        .map_err(|e| BenchError::Setup(format!("{} {what}: {e}", exe.display())))?;
     if !out.status.success() {
         return Err(BenchError::Setup(format!(
-            "{} ingest {} failed ({}): {}",
+            "{} {what} failed ({}): {}",
             exe.display(),
-            dir.display(),
             out.status,
             String::from_utf8_lossy(&out.stderr)
         )));
