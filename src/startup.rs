@@ -237,6 +237,10 @@ impl App {
                     minor_quiet: (c.safety.minor_quiet_start, c.safety.minor_quiet_end),
                     clean,
                     screen: safety.screen,
+                    disclosure_lookback: c.safety.ai_disclosure.then(|| {
+                        let rhythm = safety.rhythm();
+                        rhythm.every + rhythm.every + rhythm.gap
+                    }),
                 },
                 metrics: metrics.clone(),
             },

@@ -29,7 +29,7 @@ use crate::{
     bus::{Bus, DmEvent, Typing},
     character::Character,
     config::PromptConfig,
-    flow::{Flows, TurnFlow},
+    flow::{self, Flows, TurnFlow},
     group::{self, Member},
     journal::{
         Job,
@@ -41,8 +41,8 @@ use crate::{
     proactive::FollowUp,
     rag::Retriever,
     safety::screen::Category,
-    spend::SpendGuard,
-    store::{Mongo, Pg},
+    spend::{SpendGuard, Spent},
+    store::{Mongo, Pg, pg::Rides, safety::Seen},
     timing::{Stage, stage},
     tools::{
         Clock, Group, REGISTRY, Registry, ToolContext, Toolbox,
@@ -101,6 +101,9 @@ pub(crate) struct ComposeSettings {
     pub(crate) clean: Clean,
     /// The output check of the model's own words after its flag.
     pub(crate) screen: crate::safety::detect::CrisisScreen,
+    /// How far back the AI disclosure's rule reads a DM (none: the disclosure is off): read with the
+    /// history, not after the model answered.
+    pub(crate) disclosure_lookback: Option<chrono::Duration>,
 }
 
 /// A slot's message as composed, and a concern the model flagged for its user (the conductor runs the
@@ -108,6 +111,8 @@ pub(crate) struct ComposeSettings {
 pub(crate) struct Composed {
     pub(crate) said: Reply,
     pub(crate) concern: Option<Category>,
+    /// What the AI disclosure's rule reads, when it rode with the history's statement (a DM).
+    pub(crate) seen: Option<Seen>,
 }
 
 impl From<Reply> for Composed {
@@ -115,6 +120,7 @@ impl From<Reply> for Composed {
         Self {
             said,
             concern: None,
+            seen: None,
         }
     }
 }
@@ -328,25 +334,52 @@ impl Composer {
             .filter(|c| !c.is_empty())
             .collect::<Vec<_>>()
             .join("\n");
+        // The user's flow and what the disclosure's rule reads ride with the history's statement.
+        let mut rides = Rides::default();
+        if let Some(back) = self.settings.disclosure_lookback {
+            let (sql, args) = Seen::dm_ride(Utc::now() - back);
+            rides = rides.and(sql, args);
+        }
+        let flow_ride = (!c.flows.is_empty()).then(|| {
+            rides = std::mem::take(&mut rides).and(flow::state::RIDE, Default::default());
+            rides.len() - 1
+        });
+        let spend_ride = self.talk.spend.ride(&a.ids.user).map(|(sql, args)| {
+            rides = std::mem::take(&mut rides).and(sql, args);
+            rides.len() - 1
+        });
         // Retrieval (embedding + vector search) runs beside the history load and the trick names (mostly
         // cached), not after them.
-        let (context, knowledge, flow) = Box::pin(async {
+        let (context, knowledge) = Box::pin(async {
             tokio::join!(
                 stage(Stage::Context, async {
                     tokio::try_join!(
-                        self.pg
-                            .history(&a.ids.user, &a.ids.bot, self.settings.history_limit),
+                        self.pg.history(
+                            &a.ids.user,
+                            &a.ids.bot,
+                            self.settings.history_limit,
+                            &rides
+                        ),
                         self.mongo.resolve_tricklists(&a.user.tricklists),
                     )
                 }),
                 self.knowledge_and_memory(a, &c.knowledge, &query),
-                self.turn_flow(t.job, a, c),
             )
         })
         .await;
         let (knowledge, memory) = knowledge;
         let recalled = Recalled::of(&knowledge, &memory);
         let (mut history, tricklists) = context?;
+        let mut ridden = std::mem::take(&mut history.rides).into_iter();
+        let seen = match self.settings.disclosure_lookback {
+            Some(_) => ridden.next().and_then(Seen::ridden),
+            None => None,
+        };
+        let flow = flow_ride.and_then(|_| ridden.next());
+        let spent = spend_ride
+            .and_then(|_| ridden.next())
+            .and_then(|v| Spent::ridden(&v));
+        let flow = self.turn_flow(t.job, a, c, flow).await;
         // A message kept in history before this answer (held while paused) is the one answered now.
         let answering: Vec<String> = events.iter().map(|e| e.message_id.to_hex()).collect();
         history
@@ -393,13 +426,20 @@ impl Composer {
         if t.crisis {
             messages.push(Message::system(prompt::SAFETY_BRIEF.to_owned()));
         }
-        let Some(spoken) = self.converse_safely(t, event, messages, offer).await? else {
+        let Some(spoken) = self
+            .converse_safely(t, event, messages, offer, spent)
+            .await?
+        else {
             return Ok(self.line(a, t.speaker, c.crisis_line.clone()).into());
         };
         let concern = spoken.concern;
         let mut said = self.model_said(t, spoken, |text| text).await?;
         said.recalled = Some(recalled);
-        Ok(Composed { said, concern })
+        Ok(Composed {
+            said,
+            concern,
+            seen,
+        })
     }
 
     /// [`Composer::converse`] with every tool, or for a user in crisis without tools; none when the model
@@ -410,15 +450,16 @@ impl Composer {
         event: &DmEvent,
         messages: Vec<Message>,
         offer: Offer,
+        spent: Option<Spent>,
     ) -> Result<Option<ModelAnswer>, PipelineError> {
         let tools = self.tools_for(t.crisis);
         if !t.crisis {
             return self
-                .converse(t, event, messages, tools, offer)
+                .converse(t, event, messages, tools, offer, spent)
                 .await
                 .map(Some);
         }
-        match self.converse(t, event, messages, tools, offer).await {
+        match self.converse(t, event, messages, tools, offer, spent).await {
             Err(PipelineError::Llm(e)) => {
                 warn!(error = %e, "the model could not answer a user in crisis; the crisis line goes");
                 let why = format!("the model could not answer a user in crisis: {e}");
@@ -535,7 +576,9 @@ impl Composer {
             messages.push(Message::system(prompt::GROUP_SAFETY_BRIEF.to_owned()));
         }
         drop((prompt, knowledge, named));
-        let spoken = self.converse(t, &event, messages, tools, offer).await?;
+        let spoken = self
+            .converse(t, &event, messages, tools, offer, None)
+            .await?;
         let concern = spoken.concern;
         let mut said = self
             .model_said(t, spoken, |text| group::strip_own_name(text, &c.name))
@@ -544,7 +587,11 @@ impl Composer {
             said.tags = group::route::handover(&said.content, me, &a.members).map(|b| b.to_hex());
         }
         said.recalled = Some(recalled);
-        Ok(Composed { said, concern })
+        Ok(Composed {
+            said,
+            concern,
+            seen: None,
+        })
     }
 
     /// The system prompt of a companion's slot in a group: who it is, the sender's tricklists, the
@@ -588,7 +635,9 @@ impl Composer {
             tokio::try_join!(
                 async {
                     let limit = self.settings.history_limit;
-                    Ok::<_, PipelineError>(self.pg.history(&a.ids.user, &a.ids.bot, limit).await?)
+                    let none = Rides::default();
+                    let history = self.pg.history(&a.ids.user, &a.ids.bot, limit, &none);
+                    Ok::<_, PipelineError>(history.await?)
                 },
                 async { Ok(self.mongo.resolve_tricklists(&a.user.tricklists).await?) },
             )
@@ -622,7 +671,7 @@ impl Composer {
             sent_at: Utc::now(),
         };
         let written = match self
-            .converse(t, &as_if, messages, &NO_TOOLS, Offer::none())
+            .converse(t, &as_if, messages, &NO_TOOLS, Offer::none(), None)
             .await
         {
             Ok(ModelAnswer {
@@ -683,7 +732,8 @@ impl Composer {
     }
 
     /// Asks the model as the slot's companion with `messages` (the system prompt first) and runs the
-    /// tool loop with `tools` for `event`'s sender. Its model answers and tool calls are journal steps
+    /// tool loop with `tools` for `event`'s sender; `spent`, the user's spending when it was read
+    /// already (with a DM's history). Its model answers and tool calls are journal steps
     /// keyed under the slot, and the per-turn ceiling counts those of the slot.
     async fn converse(
         &self,
@@ -692,6 +742,7 @@ impl Composer {
         messages: Vec<Message>,
         tools: &Registry,
         offer: Offer,
+        spent: Option<Spent>,
     ) -> Result<ModelAnswer, PipelineError> {
         let (c, job, user) = (t.speaker.character, t.job, &t.admitted.user);
         let slot = t.slot.calls();
@@ -713,7 +764,10 @@ impl Composer {
         let cx = tool_loop::LoopContext {
             slot: &slot,
             budget: &budget,
-            spend: Some(&self.talk.spend),
+            spend: Some(tool_loop::Spending {
+                guard: &self.talk.spend,
+                known: spent,
+            }),
             llm: &self.talk.llm,
             registry: tools,
             // Offered nothing, the model can run nothing.
@@ -774,24 +828,33 @@ impl Composer {
     }
 
     /// The user's flow with the companion as this turn sees it (the `flow` step: a retry after the first
-    /// model answer sees the same); nothing for a companion without flows.
+    /// model answer sees the same), from `ridden` ([`flow::state::RIDE`]'s value) when it was read with
+    /// the history; nothing for a companion without flows.
     async fn turn_flow(
         &self,
         job: &Job,
         a: &Admitted<'_>,
         c: &Character,
+        ridden: Option<Value>,
     ) -> Result<TurnFlow, PipelineError> {
         if c.flows.is_empty() {
             return Ok(Default::default());
         }
-        let idle = chrono::Duration::days(i64::from(self.settings.flow_idle_days.max(1)));
+        let (pool, user, bot) = (&self.pg.pool, &a.ids.user, &a.ids.bot);
+        let idle_since =
+            Utc::now() - chrono::Duration::days(i64::from(self.settings.flow_idle_days.max(1)));
         // Lazy: reading it again is harmless, and its record rides with the turn's first model answer.
         job.step(step::FLOW, key::ONCE)
             .lazy()
             .run(async {
-                TurnFlow::load(&self.pg.pool, &a.ids.user, &a.ids.bot, Utc::now() - idle)
-                    .await
-                    .map_err(PipelineError::from)
+                let flow = match ridden {
+                    Some(v) => {
+                        let current = flow::state::ridden(v)?;
+                        TurnFlow::of(current, pool, user, bot, idle_since).await
+                    }
+                    None => TurnFlow::load(pool, user, bot, idle_since).await,
+                };
+                flow.map_err(PipelineError::from)
             })
             .await
     }

@@ -547,6 +547,8 @@ impl Pipeline {
             let decision = self.incoming.safety.screen.model_flag(m.text, concern);
             let (flagged, referral) =
                 Box::pin(self.protocol(view.job, view.admitted, &m, decision)).await?;
+            // The referral went out since the disclosure's rule was read with the history: read again.
+            composed.seen = None;
             if let Some(referral) = referral {
                 composed.said.stamp_after(&referral);
             }
@@ -555,7 +557,7 @@ impl Pipeline {
         let (a, speaker) = (view.admitted, view.speaker);
         let said = self
             .outgoing
-            .pass(a, speaker, composed.said, lang.as_deref());
+            .pass(a, speaker, composed.said, lang.as_deref(), composed.seen);
         Box::pin(said).await
     }
 
@@ -590,7 +592,10 @@ impl Pipeline {
                 .run(async {
                     let said = self.incoming.referral(a, m, &flagged);
                     let lang = Some(flagged.lang.as_str());
-                    let said = self.outgoing.pass(a, a.members[0], said, lang).await?;
+                    let said = self
+                        .outgoing
+                        .pass(a, a.members[0], said, lang, None)
+                        .await?;
                     Ok::<_, PipelineError>(said)
                 })
                 .await?;
@@ -734,7 +739,7 @@ impl Pipeline {
                 compose::note_fixed_line(job, &plan.slot(0).reply(generation), which, why).await;
                 let said = self.composer.line(a, first, line);
                 let lang = crisis.as_ref().map(|f| f.lang.as_str());
-                self.outgoing.pass(a, first, said, lang).await
+                self.outgoing.pass(a, first, said, lang, None).await
             })
             .await?;
         let mut said = vec![first_line];

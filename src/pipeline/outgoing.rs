@@ -134,6 +134,7 @@ impl Outgoing {
         speaker: Member<'_>,
         mut said: Reply,
         crisis: Option<&str>,
+        seen: Option<Seen>,
     ) -> Result<Reply, PipelineError> {
         let c = speaker.character;
         let referral = said.marks.safety.is_some();
@@ -175,7 +176,7 @@ impl Outgoing {
         if said.marks.is_private() && !referral {
             return Ok(said);
         }
-        let due = self.disclosure_due(a, speaker).await?;
+        let due = self.disclosure_due(a, speaker, seen).await?;
         if due == Due::No {
             return Ok(said);
         }
@@ -236,17 +237,29 @@ impl Outgoing {
     }
 
     /// Whether the speaker's message now must carry the disclosure: DMs per user and companion, a group
-    /// per conversation and companion.
+    /// per conversation and companion. `seen`: what the rule reads, when it was read already (with a
+    /// DM's history, before the model answered).
     async fn disclosure_due(
         &self,
         a: &Admitted<'_>,
         speaker: Member<'_>,
+        seen: Option<Seen>,
     ) -> Result<Due, PipelineError> {
         if !self.safety.config.ai_disclosure {
             return Ok(Due::No);
         }
         let now = Utc::now();
         let rhythm = self.safety.rhythm();
+        let since = now - rhythm.every - rhythm.every - rhythm.gap;
+        let tz = a.user.profile.as_ref().and_then(|p| p.time_zone.as_deref());
+        if let Some(mut seen) = seen {
+            seen.activity.retain(|at| *at > since);
+            let Seen {
+                last_disclosure,
+                activity,
+            } = seen;
+            return Ok(disclosure::due(rhythm, last_disclosure, &activity, now, tz));
+        }
         let bot = speaker.bot.to_hex();
         let between = match a.kind {
             Kind::Group { .. } => Between::Group {
@@ -258,12 +271,10 @@ impl Outgoing {
                 bot: &bot,
             },
         };
-        let since = now - rhythm.every - rhythm.every - rhythm.gap;
         let Seen {
             last_disclosure,
             activity,
         } = self.pg.disclosures(between, since).await?;
-        let tz = a.user.profile.as_ref().and_then(|p| p.time_zone.as_deref());
         Ok(disclosure::due(rhythm, last_disclosure, &activity, now, tz))
     }
 }

@@ -550,8 +550,8 @@ mod tests {
                     message_id: format!("{:024x}", i * 7919),
                 })
                 .collect(),
-            reminders: Vec::new(),
             whole: n < limit,
+            ..History::default()
         };
         let w = window(&history, budget, budget.history_tokens);
         let first = w.first().map_or(n, |m| {

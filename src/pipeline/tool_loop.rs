@@ -83,10 +83,18 @@ pub struct LoopContext<'a> {
     /// What this attempt may still send to the chat API.
     pub budget: &'a CallBudget,
     /// The spend budgets, checked before each paid call (none: unchecked).
-    pub spend: Option<&'a SpendGuard>,
+    pub spend: Option<Spending<'a>>,
     /// Prefix of this loop's step keys: empty for a DM turn, `<n>.` for the n-th companion message
     /// of a group message (several loops share one job).
     pub slot: &'a str,
+}
+
+/// The spend budgets a loop checks before each paid call, and its user's spending when it was read
+/// already (with a DM's history: [`SpendGuard::ride`]).
+#[derive(Clone, Copy)]
+pub struct Spending<'a> {
+    pub guard: &'a SpendGuard,
+    pub known: Option<Spent>,
 }
 
 pub use crate::journal::usage::LlmRecord;
@@ -106,7 +114,7 @@ pub async fn converse(
     let user = cx.tools.user.to_hex();
     // Several companions' conversations share a group message's job: each call says who spoke.
     let speaker = (!cx.slot.is_empty()).then(|| cx.tools.bot.to_hex());
-    let spent = LoopSpend::default();
+    let spent = LoopSpend::knowing(cx.spend.and_then(|s| s.known));
     loop {
         // The step's own time is the journal's; the model's is the nested `llm` stage. An answer
         // recorded by an earlier attempt was paid once and replays for free: the checks before a paid
@@ -295,9 +303,9 @@ async fn pay_and_ask(
         r.tools = Default::default();
         r.tool_choice = None;
     }
-    if let Some(guard) = cx.spend {
+    if let Some(spending) = cx.spend {
         let user = cx.tools.user.to_hex();
-        match stage(Stage::Limits, guard.check(&user, spent)).await {
+        match stage(Stage::Limits, spending.guard.check(&user, spent)).await {
             Ok(Allowance::Full) => {}
             Ok(Allowance::Cheaper { model, .. }) => request.to_mut().model = model,
             Ok(Allowance::Stopped { scope }) => return Err(Unpaid::Stopped(scope)),

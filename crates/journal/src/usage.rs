@@ -7,6 +7,7 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use sqlx::{PgPool, Row};
 
 use crate::llm::{AssistantMessage, CallUsage, ChatRequest, ChatResponse, LlmClient, LlmError};
@@ -103,6 +104,16 @@ pub struct Spent {
 }
 
 impl Spent {
+    /// What [`SPENT_RIDE`] read; none when the value is not its shape.
+    pub fn ridden(value: &Value) -> Option<Self> {
+        let tokens = value.get(0)?.as_i64()?;
+        let usd = value.get(1)?.as_f64()?;
+        Some(Self {
+            tokens: tokens.max(0) as u64,
+            usd,
+        })
+    }
+
     /// What one call adds, counted as [`spent`] counts its record.
     pub fn of(usage: &CallUsage) -> Self {
         Self {
@@ -121,6 +132,25 @@ impl std::ops::Add for Spent {
             usd: self.usd + other.usd,
         }
     }
+}
+
+/// [`spent`]'s read under one tally as a ride of another statement (`store::pg::Rides`): the tally and
+/// the window (seconds) are its arguments `spend_tally` and `spend_window`; [`Spent::ridden`] reads its
+/// value.
+pub const SPENT_RIDE: &str = "(SELECT jsonb_build_array(
+        coalesce(sum(coalesce((output -> 'usage' ->> 'promptTokens')::bigint, 0)
+                   + coalesce((output -> 'usage' ->> 'completionTokens')::bigint, 0)), 0)::bigint,
+        coalesce(sum((output -> 'usage' ->> 'costUsd')::float8), 0)::float8)
+     FROM job_steps
+     WHERE created_at > now() - make_interval(secs => ($4::jsonb ->> 'spend_window')::float8)
+       AND tally = $4::jsonb ->> 'spend_tally')";
+
+/// [`SPENT_RIDE`]'s arguments.
+pub fn spent_ride_args(tally: &str, window_secs: f64) -> serde_json::Map<String, Value> {
+    let mut args = serde_json::Map::new();
+    args.insert("spend_tally".into(), tally.into());
+    args.insert("spend_window".into(), window_secs.into());
+    args
 }
 
 /// Tokens and USD of the model answers in the last `window_secs`: under `tally` (one user's), or all.

@@ -170,14 +170,20 @@ impl SpendLimits {
 }
 
 /// One tool loop's view of its user's spending (a DM turn has one loop, a group message one per
-/// companion): read from the journal at the loop's first check, then kept up to date with the loop's own
-/// calls, so that a loop of several calls reads the journal once. Another turn of the same user spending
+/// companion): read from the journal at the loop's first check (a DM's with its history, just before the
+/// loop: [`SpendGuard::ride`]), then kept up to date with the loop's own calls, so that a loop of several
+/// calls reads the journal once. Another turn of the same user spending
 /// meanwhile is not seen until the next loop; a check has never been a reservation (two turns checked at
 /// once both pass), so this moves no bound.
 #[derive(Debug, Default)]
 pub struct LoopSpend(std::sync::Mutex<Option<Spent>>);
 
 impl LoopSpend {
+    /// A loop whose user's spending was read already ([`SpendGuard::ride`]).
+    pub fn knowing(spent: Option<Spent>) -> Self {
+        Self(std::sync::Mutex::new(spent))
+    }
+
     /// Counts a call this loop made (once its answer is in).
     pub fn add(&self, call: Spent) {
         if let Some(s) = self.0.lock().expect("spend lock").as_mut() {
@@ -211,6 +217,19 @@ impl SpendGuard {
             service: tokio::sync::Mutex::new(None),
             metrics,
         }
+    }
+
+    /// The read of `user`'s spending as a ride of the history's statement (`store::pg::Rides`; its
+    /// value is [`Spent::ridden`]'s), when the user's budget is on: the loop then starts knowing it
+    /// ([`LoopSpend::knowing`]) and does not read it at its first check.
+    pub fn ride(
+        &self,
+        user: &str,
+    ) -> Option<(&'static str, serde_json::Map<String, serde_json::Value>)> {
+        (!self.limits.user.is_off()).then(|| {
+            let args = usage::spent_ride_args(&tally(user), self.limits.window.as_secs_f64());
+            (usage::SPENT_RIDE, args)
+        })
     }
 
     /// What the next paid call on behalf of `user` may be; `so_far` is the calling loop's view of the

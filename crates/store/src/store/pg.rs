@@ -46,6 +46,35 @@ pub struct History {
     pub reminders: Vec<PendingReminder>,
     /// The window holds the whole conversation (fewer messages than the limit were stored).
     pub whole: bool,
+    /// What the [`Rides`] read, in their order.
+    pub rides: Vec<Value>,
+}
+
+/// Reads that ride with the history's statement ([`Pg::history`]) instead of statements of their own,
+/// in its snapshot: each an SQL expression of type jsonb over `$1` (the user), `$2` (the bot) and `$4`,
+/// one jsonb object of the rides' arguments (each ride reads its own keys).
+#[derive(Clone, Debug, Default)]
+pub struct Rides {
+    sql: Vec<String>,
+    args: serde_json::Map<String, Value>,
+}
+
+impl Rides {
+    /// These rides and `sql`, with its arguments `args`; its value comes after theirs.
+    pub fn and(mut self, sql: impl Into<String>, args: serde_json::Map<String, Value>) -> Self {
+        self.sql.push(sql.into());
+        self.args.extend(args);
+        self
+    }
+
+    /// How many ride.
+    pub fn len(&self) -> usize {
+        self.sql.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sql.is_empty()
+    }
 }
 
 /// A row to append to `bot_conversations`.
@@ -150,15 +179,25 @@ impl Pg {
     }
 
     /// The last `limit` messages between this user and this bot, oldest first, and the reminders the bot
-    /// promised the user that are still pending (soonest first): one round trip for both.
+    /// promised the user that are still pending (soonest first): one round trip for both, which also
+    /// carries `rides` (their values in [`History::rides`]).
     pub async fn history(
         &self,
         user_id: &str,
         bot_id: &str,
         limit: i64,
+        rides: &Rides,
     ) -> Result<History, StoreError> {
+        // The rides' values, in one row of its own after the history and the reminders.
+        let ridden = match rides.sql.is_empty() {
+            true => String::new(),
+            false => format!(
+                "UNION ALL SELECT 2, NULL, (jsonb_build_array({}))::text, NULL, NULL, NULL, NULL, 0, NULL",
+                rides.sql.join(", ")
+            ),
+        };
         let sql = format!(
-            "SELECT role, content, tool_calls, reminder_id, fire_at, message_id FROM (
+            "SELECT part, role, content, tool_calls, reminder_id, fire_at, message_id FROM (
                 SELECT 0 AS part, role, content, tool_calls, NULL::text AS reminder_id,
                        NULL::timestamptz AS fire_at, created_at, id, message_id FROM (
                     SELECT role, content, tool_calls::text AS tool_calls, created_at, id, message_id
@@ -168,29 +207,43 @@ impl Pg {
                 SELECT 1, 'reminder', r.text, NULL, r.id, r.fire_at, r.fire_at, 0, r.id
                 FROM reminders r
                 WHERE r.user_id = $1 AND r.bot_id = $2 AND {}
+                {ridden}
              ) x ORDER BY part, created_at, id",
             super::reminders::PENDING
         );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(user_id)
             .bind(bot_id)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
+            .bind(limit);
+        let rows = match rides.sql.is_empty() {
+            true => query.fetch_all(&self.pool).await?,
+            false => {
+                query
+                    .bind(Value::Object(rides.args.clone()))
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+        };
         let mut out = History::default();
         for r in rows {
-            match r.get::<Option<String>, _>("reminder_id") {
-                Some(id) => out.reminders.push(PendingReminder {
-                    id,
-                    text: r.get("content"),
-                    fire_at: r.get("fire_at"),
-                }),
-                None => out.messages.push(HistoryMessage {
+            match r.get::<i32, _>("part") {
+                0 => out.messages.push(HistoryMessage {
                     role: r.get("role"),
                     content: r.get("content"),
                     tool_calls: r.get("tool_calls"),
                     message_id: r.get("message_id"),
                 }),
+                1 => out.reminders.push(PendingReminder {
+                    id: r.get("reminder_id"),
+                    text: r.get("content"),
+                    fire_at: r.get("fire_at"),
+                }),
+                _ => match serde_json::from_str(r.get::<&str, _>("content"))
+                    .map_err(|e| sqlx::Error::Decode(Box::new(e)))?
+                {
+                    Value::Array(values) => out.rides = values,
+                    other => out.rides = vec![other],
+                },
             }
         }
         out.whole = (out.messages.len() as i64) < limit;

@@ -47,6 +47,40 @@ pub struct Seen {
 /// Most message times read to find where a continuing interaction began.
 const ACTIVITY_ROWS: i64 = 400;
 
+impl Seen {
+    /// [`Pg::disclosures`]'s read of a DM as a ride of the history's statement
+    /// ([`super::pg::Rides`]: `$1` the user, `$2` the bot), since `since`; [`Seen::ridden`] reads its value.
+    pub fn dm_ride(since: DateTime<Utc>) -> (String, serde_json::Map<String, serde_json::Value>) {
+        let sql = format!(
+            "jsonb_build_object(
+                'last', (SELECT max(created_at) FROM bot_conversations
+                         WHERE user_id = $1 AND bot_id = $2 AND ai_disclosure AND NOT group_chat),
+                'activity', to_jsonb(ARRAY(
+                    SELECT created_at FROM bot_conversations
+                    WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat
+                      AND created_at > ($4::jsonb ->> 'disclosure_since')::timestamptz
+                    ORDER BY created_at DESC, id DESC LIMIT {ACTIVITY_ROWS})))"
+        );
+        let mut args = serde_json::Map::new();
+        args.insert("disclosure_since".into(), since.to_rfc3339().into());
+        (sql, args)
+    }
+
+    /// What [`Seen::dm_ride`] read; none when the value is not its shape.
+    pub fn ridden(value: serde_json::Value) -> Option<Seen> {
+        #[derive(Deserialize)]
+        struct Ridden {
+            last: Option<DateTime<Utc>>,
+            activity: Vec<DateTime<Utc>>,
+        }
+        let r: Ridden = serde_json::from_value(value).ok()?;
+        Some(Seen {
+            last_disclosure: r.last,
+            activity: r.activity,
+        })
+    }
+}
+
 /// Whether a moderator has paused the conversation `conversation` (an SQL expression), as an SQL boolean:
 /// for a statement that reads it along with other work ([`Pg::paused`] reads it alone).
 pub fn paused_sql(conversation: &str) -> String {

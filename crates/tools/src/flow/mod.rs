@@ -515,7 +515,25 @@ impl TurnFlow {
         bot: &str,
         idle_since: chrono::DateTime<chrono::Utc>,
     ) -> Result<Self, crate::store::StoreError> {
-        match state::load(pool, user, bot).await? {
+        Self::of(
+            state::load(pool, user, bot).await?,
+            pool,
+            user,
+            bot,
+            idle_since,
+        )
+        .await
+    }
+
+    /// [`TurnFlow::load`] with the flow as read already (`current`, e.g. by [`state::RIDE`]).
+    pub async fn of(
+        current: Option<state::FlowState>,
+        pool: &sqlx::PgPool,
+        user: &str,
+        bot: &str,
+        idle_since: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Self, crate::store::StoreError> {
+        match current {
             Some(c) if state::status::is_open(&c.status) && c.updated_at < idle_since => {
                 // Expired by this turn (not by another at the same moment): mentioned by this one.
                 let expired = state::expire_idle(pool, user, bot, idle_since)

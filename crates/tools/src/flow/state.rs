@@ -71,6 +71,17 @@ pub enum Applied<E> {
     Refused(E),
 }
 
+/// [`load`]'s read as a ride of the history's statement (`store::pg::Rides`: `$1` the user, `$2` the
+/// bot): the row as jsonb, or null; [`ridden`] reads its value.
+pub const RIDE: &str =
+    "(SELECT to_jsonb(f) FROM (SELECT flow, step, slots, status, waiting_for, updated_at
+     FROM flow_states WHERE user_id = $1 AND bot_id = $2) f)";
+
+/// What [`RIDE`] read.
+pub fn ridden(value: Value) -> Result<Option<FlowState>, StoreError> {
+    serde_json::from_value(value).map_err(|e| StoreError::Pg(sqlx::Error::Decode(Box::new(e))))
+}
+
 /// The user's flow with the companion, if any.
 pub async fn load(pool: &PgPool, user: &str, bot: &str) -> Result<Option<FlowState>, StoreError> {
     let row = sqlx::query(
