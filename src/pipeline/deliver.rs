@@ -321,16 +321,47 @@ impl Delivery {
             // A referral is never withdrawn: it is owed whatever is deleted.
             return Ok(Delivered::Out);
         }
-        let (user, answered) = (out.user.to_hex(), out.answered_ids());
-        if !self.pg.tombstoned(&user, &answered).await? {
+        let sent = Sent {
+            user: out.user.to_hex(),
+            answered: out.answered_ids(),
+            reply_id,
+            bot: out.bot,
+            seq,
+            key: out.key.clone(),
+        };
+        // The job's last message: the check rides with the job's settlement.
+        if !out.more {
+            return Ok(Delivered::Owed(sent));
+        }
+        self.check_sent(job, &sent).await
+    }
+
+    /// Whether a message it answers was deleted, or its user erased, since the message was checked
+    /// before it went out: read again once it is out (document and completion written). A deletion that
+    /// committed after the last check is seen here and withdraws it; one that commits after this read
+    /// came after the message was out, like any deletion of a message already answered (and an
+    /// erasure's purge of the streams, which follows its commit, finds the completion).
+    pub(crate) async fn check_sent(
+        &self,
+        job: &Job,
+        sent: &Sent,
+    ) -> Result<Delivered, PipelineError> {
+        if !self.pg.tombstoned(&sent.user, &sent.answered).await? {
             return Ok(Delivered::Out);
         }
+        self.withdraw(job, sent).await?;
+        Ok(Delivered::Withdrawn)
+    }
+
+    /// Removes a message that is out (its document and its completion), because a message it answers
+    /// was deleted, or its user erased, after the turn's last check before it went out.
+    pub(crate) async fn withdraw(&self, job: &Job, sent: &Sent) -> Result<(), PipelineError> {
         let (document, completion) = job
-            .step(step::WITHDRAW, generation)
+            .step(step::WITHDRAW, sent.key.as_str())
             .counts(&WITHDRAWN, &[])
             .run(async {
-                let document = self.mongo.withdraw_reply(reply_id, out.bot).await?;
-                let completion = match seq {
+                let document = self.mongo.withdraw_reply(sent.reply_id, sent.bot).await?;
+                let completion = match sent.seq {
                     Some(seq) => self.bus.erase().delete_outbound(seq).await? > 0,
                     None => false,
                 };
@@ -338,13 +369,27 @@ impl Delivery {
             })
             .await?;
         warn!(
-            reply_id = %reply.id,
+            reply_id = %sent.reply_id,
             document,
             completion,
             "a deletion came while the message went out: its document and completion are withdrawn"
         );
-        Ok(Delivered::Withdrawn)
+        Ok(())
     }
+}
+
+/// A message that is out, with what its withdrawal needs, and the user messages it answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Sent {
+    pub(crate) user: String,
+    /// The user messages it answers (their ids), whose deletion withdraws it.
+    pub(crate) answered: Vec<String>,
+    reply_id: ObjectId,
+    bot: ObjectId,
+    /// Its completion's sequence in the outbound stream (none: recorded before sequences were kept).
+    seq: Option<u64>,
+    /// Its steps' key.
+    key: String,
 }
 
 /// Counts messages withdrawn after they went out, because a deletion committed meanwhile.
@@ -363,11 +408,15 @@ pub(crate) struct How {
 }
 
 /// What became of a message [`Delivery::deliver`] was given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[must_use]
 pub(crate) enum Delivered {
     /// It is out.
     Out,
+    /// It is out, the job's last message: the check for a deletion since it was read is owed to the
+    /// job's settlement ([`crate::journal::Job::finish_unless_deleted`]), which withdraws it
+    /// ([`Delivery::withdraw`]) when one came.
+    Owed(Sent),
     /// Not written: a moderator paused the conversation.
     Paused,
     /// Not written: a message it answers was deleted (or its user erased) meanwhile.

@@ -9,6 +9,7 @@ use tracing::{debug, info};
 
 use super::{
     Burst, Outcome, PipelineError, Reply, Settled,
+    deliver::Sent,
     gate::Plan,
     input::{Admitted, Kind},
     outgoing::Clean,
@@ -16,7 +17,7 @@ use super::{
 use crate::{
     bus::Bus,
     group,
-    journal::{Finish, Job, State, names::step},
+    journal::{Answered, Finish, Finished, Job, State, names::step},
     memory::Memory,
     metrics::Metrics,
     proactive,
@@ -45,18 +46,32 @@ pub(crate) struct Ending<'p, 'a> {
     pub(crate) fresh: bool,
     /// Memory hears of the turn (not of a failure line).
     pub(crate) remember: bool,
+    /// The last message is out with its check for a deletion owed: it rides with the settlement.
+    pub(crate) owed: Option<Sent>,
+}
+
+/// How [`Endings::answered`] ended a job.
+#[derive(Debug)]
+pub(crate) enum Ended {
+    Settled(Settled),
+    /// A message the last one answered was deleted, or its user erased, once it was out: the job is
+    /// still running, for the message to be withdrawn and the job to end as deleted.
+    Deleted(Sent),
 }
 
 impl Endings {
-    /// The job ends in `end.state`, answered.
+    /// The job ends in `end.state`, answered; unless the check owed with its last message
+    /// ([`Ending::owed`]) finds a deletion.
     pub(crate) async fn answered(
         &self,
         job: &Job,
         a: &Admitted<'_>,
         end: Ending<'_, '_>,
-    ) -> Result<Settled, PipelineError> {
+    ) -> Result<Ended, PipelineError> {
         let Some(last) = end.said.last() else {
-            return self.dropped(job, a, "no companion left to speak").await;
+            return Ok(Ended::Settled(
+                self.dropped(job, a, "no companion left to speak").await?,
+            ));
         };
         if let Kind::Dm(_) = a.kind
             && end.remember
@@ -80,8 +95,26 @@ impl Endings {
             reason: None,
             through: end.burst.last_seq(),
         };
-        if !stage(Stage::Writes, job.finish(end.state, ending)).await? {
-            debug!("the job was settled elsewhere meanwhile");
+        let finished = match &end.owed {
+            Some(sent) => {
+                let answered = Answered {
+                    user: &sent.user,
+                    messages: &sent.answered,
+                };
+                let finish = job.finish_unless_deleted(end.state, ending, answered);
+                stage(Stage::Writes, finish).await?
+            }
+            None => match stage(Stage::Writes, job.finish(end.state, ending)).await? {
+                true => Finished::Moved,
+                false => Finished::Elsewhere,
+            },
+        };
+        match finished {
+            Finished::Moved => {}
+            Finished::Elsewhere => debug!("the job was settled elsewhere meanwhile"),
+            Finished::Deleted => {
+                return Ok(Ended::Deleted(end.owed.expect("a deletion checked for")));
+            }
         }
         let reply_id = last.id.clone();
         info!(%reply_id, state = end.state.as_str(), messages = end.said.len(), generation = job.record.generation, "delivered");
@@ -102,11 +135,11 @@ impl Endings {
         let plain = matches!(&a.kind, Kind::FollowUp { follow_up, .. }
             if last.content.ends_with(&self.clean.text(&follow_up.plain)));
         self.count(a, &outcome, plain);
-        Ok(Settled {
+        Ok(Ended::Settled(Settled {
             outcome,
             through_seq: end.burst.last_seq(),
             floored: job.carried().floored(),
-        })
+        }))
     }
 
     /// No message, on purpose: the job ends `dropped` with the reason.

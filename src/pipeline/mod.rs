@@ -63,7 +63,7 @@ use crate::{
 use burst::{TakeIn, Taken};
 use compose::{Composer, SlotView};
 use deliver::{Delivered, Delivery, How};
-use end::{Ending, Endings};
+use end::{Ended, Ending, Endings};
 use gate::{Gate, Passage, Plan};
 use incoming::{Flagged, Incoming};
 use input::{Admission, Admitted, Kind, UserMessage};
@@ -437,6 +437,7 @@ impl Pipeline {
         // 7 and 8: each slot's message, fixed, then delivered.
         let mut said: Vec<Reply> = Vec::new();
         let mut fresh = 0;
+        let mut owed = None;
         while let Some((speaker, handed_over)) = plan.next(&said, &a.members) {
             // A group's companion is an agent of its own; a DM's slot is inside the job's agent span.
             let agent = match plan.group {
@@ -484,13 +485,14 @@ impl Pipeline {
                 .deliver(job, a, slot, &burst, &said[said.len() - 1], how);
             let delivered = Box::pin(out).instrument(agent.clone()).await?;
             let (outcome, reason) = match delivered {
-                Delivered::Out => ("answered", None),
+                Delivered::Out | Delivered::Owed(_) => ("answered", None),
                 Delivered::Deleted | Delivered::Withdrawn => ("dropped", Some(DELETED)),
                 Delivered::Paused => ("held", None),
             };
             genai::outcome(&agent, outcome, reason);
             match delivered {
                 Delivered::Out => {}
+                Delivered::Owed(sent) => owed = Some(sent),
                 Delivered::Deleted | Delivered::Withdrawn => {
                     return Box::pin(self.deleted_meanwhile(job, a)).await;
                 }
@@ -512,8 +514,26 @@ impl Pipeline {
             },
             fresh: fresh > 0,
             remember: true,
+            owed,
         };
-        Box::pin(self.end.answered(job, a, ending)).await
+        Box::pin(self.answered(job, a, ending)).await
+    }
+
+    /// Stage 9 for an answered job; a message withdrawn when the settlement's check found a deletion
+    /// since it went out, and the job then ends as deleted.
+    async fn answered(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        ending: Ending<'_, '_>,
+    ) -> Result<Settled, PipelineError> {
+        match self.end.answered(job, a, ending).await? {
+            Ended::Settled(settled) => Ok(settled),
+            Ended::Deleted(sent) => {
+                self.delivery.withdraw(job, &sent).await?;
+                Box::pin(self.deleted_meanwhile(job, a)).await
+            }
+        }
     }
 
     /// Whether the job's model calls may carry message text on their spans: only when the process
@@ -755,10 +775,13 @@ impl Pipeline {
                 check: false,
                 more: false,
             };
-            let _ = self
+            let delivered = self
                 .delivery
                 .deliver(job, a, plan.slot(n), &burst, s, how)
                 .await?;
+            if let Delivered::Owed(sent) = delivered {
+                let _ = self.delivery.check_sent(job, &sent).await?;
+            }
         }
         let state = match (failed.into_inner(), busy) {
             (true, _) => State::Failed,
@@ -772,8 +795,9 @@ impl Pipeline {
             state,
             fresh: false,
             remember: false,
+            owed: None,
         };
-        self.end.answered(job, a, ending).await
+        self.answered(job, a, ending).await
     }
 
     /// Opens a settled job again for `companion replay`: a failed one resumes from its journal (the model's

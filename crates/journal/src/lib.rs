@@ -428,7 +428,14 @@ impl Journal {
         to: State,
         error: Option<&str>,
     ) -> Result<(), JournalError> {
-        transition(&self.pool, id, to, Finish::default(), error, &[], None).await?;
+        let to = Transition {
+            to,
+            ending: Finish::default(),
+            error,
+            floor: None,
+            unless_deleted: None,
+        };
+        transition(&self.pool, id, to, &[]).await?;
         Ok(())
     }
 
@@ -849,6 +856,27 @@ impl Job {
     /// ([`Finish`]), writing the pending records in the same statement. False when the job was no longer
     /// running (a replay or another worker ended it first).
     pub async fn finish(&self, to: State, ending: Finish<'_>) -> Result<bool, JournalError> {
+        Ok(self.settle(to, ending, None).await? == Finished::Moved)
+    }
+
+    /// [`Job::finish`], unless one of the `answered` messages was deleted or their user erased: read in
+    /// the settling statement's own snapshot (the check once the job's last message is out, without a
+    /// round trip of its own). A deletion found leaves the job running.
+    pub async fn finish_unless_deleted(
+        &self,
+        to: State,
+        ending: Finish<'_>,
+        answered: Answered<'_>,
+    ) -> Result<Finished, JournalError> {
+        self.settle(to, ending, Some(answered)).await
+    }
+
+    async fn settle(
+        &self,
+        to: State,
+        ending: Finish<'_>,
+        answered: Option<Answered<'_>>,
+    ) -> Result<Finished, JournalError> {
         let pending = self.take_pending();
         let floor = self
             .carried
@@ -860,23 +888,24 @@ impl Job {
                 let through = ending.through.unwrap_or(f.seq).max(f.seq);
                 (f, through)
             });
-        match transition(
-            &self.pool,
-            self.id(),
+        let to = Transition {
             to,
             ending,
-            None,
-            &pending,
-            floor.as_ref(),
-        )
-        .await
-        {
-            Ok((moved, inserted)) => {
+            error: None,
+            floor: floor.as_ref(),
+            unless_deleted: answered,
+        };
+        match transition(&self.pool, self.id(), to, &pending).await {
+            Ok((moved, deleted, inserted)) => {
                 self.count_committed(&pending, &inserted);
                 if moved && let Some((_, through)) = floor {
                     *self.carried.floored.lock().expect("floor lock") = Some(through);
                 }
-                Ok(moved)
+                Ok(match (moved, deleted) {
+                    (true, _) => Finished::Moved,
+                    (false, true) => Finished::Deleted,
+                    (false, false) => Finished::Elsewhere,
+                })
             }
             Err(e) => {
                 self.requeue(pending);
@@ -1027,16 +1056,26 @@ async fn cover_with<'e>(
     Ok(covered.as_deref() == Some(by))
 }
 
-/// Moves a job to `to` from any state that may become it, writing `records` in the same statement.
+/// A settlement as [`transition`] writes it.
+struct Transition<'a> {
+    to: State,
+    ending: Finish<'a>,
+    error: Option<&'a str>,
+    /// The order floor it moves, and past which sequence.
+    floor: Option<&'a (FloorAt, u64)>,
+    /// Settle only if none of these was deleted (see [`Job::finish_unless_deleted`]).
+    unless_deleted: Option<Answered<'a>>,
+}
+
+/// Moves a job to `t.to` from any state that may become it, writing `rows` in the same statement: whether
+/// it moved, whether a deletion stopped it, and the records inserted.
 async fn transition(
     pool: &PgPool,
     id: &str,
-    to: State,
-    ending: Finish<'_>,
-    error: Option<&str>,
+    t: Transition<'_>,
     rows: &[Pending],
-    floor: Option<&(FloorAt, u64)>,
-) -> Result<(bool, Vec<(String, String)>), JournalError> {
+) -> Result<(bool, bool, Vec<(String, String)>), JournalError> {
+    let (to, ending, error, floor) = (t.to, t.ending, t.error, t.floor);
     // The floor moves only with the settlement that moved the job (never past a job settled elsewhere).
     let floor_cte = match floor {
         Some(_) => format!(
@@ -1045,15 +1084,22 @@ async fn transition(
         ),
         None => String::new(),
     };
+    // The deletion check, in the statement's snapshot: a deletion found leaves the job running.
+    let deleted = match (t.unless_deleted, floor) {
+        (None, _) => "false",
+        (Some(_), Some(_)) => store::tombstoned!("$11", "$12"),
+        (Some(_), None) => store::tombstoned!("$8", "$9"),
+    };
     let sql = format!(
         "WITH ins AS ({INSERT_RECORDS} RETURNING name, key),
+              deleted AS (SELECT {deleted} AS yes),
               moved AS (
                 UPDATE jobs SET state = $3, covered_by = COALESCE($4, covered_by),
                        last_error = COALESCE($5, last_error), reason = COALESCE($7, reason),
                        updated_at = now()
-                WHERE id = $1 AND state = ANY($6)
+                WHERE id = $1 AND state = ANY($6) AND NOT (SELECT yes FROM deleted)
                 RETURNING state){floor_cte}
-         SELECT EXISTS (SELECT 1 FROM moved) AS moved,
+         SELECT EXISTS (SELECT 1 FROM moved) AS moved, (SELECT yes FROM deleted) AS deleted,
                 (SELECT coalesce(jsonb_agg(jsonb_build_array(name, key)), '[]') FROM ins) AS inserted"
     );
     let query = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -1064,11 +1110,15 @@ async fn transition(
         .bind(error)
         .bind(State::sources(to))
         .bind(ending.reason);
-    let row = match floor {
+    let query = match floor {
         Some((at, through)) => query
             .bind(&at.stream)
             .bind(&at.subject)
             .bind(through.saturating_add(1) as i64),
+        None => query,
+    };
+    let row = match t.unless_deleted {
+        Some(a) => query.bind(a.user).bind(a.messages),
         None => query,
     }
     .fetch_one(pool)
@@ -1080,7 +1130,7 @@ async fn transition(
             .collect(),
         _ => Vec::new(),
     };
-    Ok((row.get("moved"), inserted))
+    Ok((row.get("moved"), row.get("deleted"), inserted))
 }
 
 /// Inserts the step records `$2` (a JSON array of [`records`]) of job `$1`; a record already there (an
@@ -1134,6 +1184,26 @@ pub struct Finish<'a> {
     /// The last stream message the job answered (a burst's), when more than its own: how far the
     /// order floor moves ([`Carried::settles_floor`]).
     pub through: Option<u64>,
+}
+
+/// The user messages a job's last message answered, and their user: what
+/// [`Job::finish_unless_deleted`] checks.
+#[derive(Clone, Copy, Debug)]
+pub struct Answered<'a> {
+    pub user: &'a str,
+    pub messages: &'a [String],
+}
+
+/// What [`Job::finish_unless_deleted`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finished {
+    /// The job is settled in the state asked.
+    Moved,
+    /// It was no longer running (a replay or another worker ended it first).
+    Elsewhere,
+    /// One of the messages was deleted, or their user erased: the job is still running, with its
+    /// pending records written.
+    Deleted,
 }
 
 /// A step about to run; see the module documentation.
