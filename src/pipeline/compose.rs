@@ -334,20 +334,24 @@ impl Composer {
             .filter(|c| !c.is_empty())
             .collect::<Vec<_>>()
             .join("\n");
-        // The user's flow and what the disclosure's rule reads ride with the history's statement.
+        // What the disclosure's rule reads, the user's flow and their spending ride with the history's
+        // statement, in this order.
         let mut rides = Rides::default();
         if let Some(back) = self.settings.disclosure_lookback {
             let (sql, args) = Seen::dm_ride(Utc::now() - back);
-            rides = rides.and(sql, args);
+            rides.push(sql, args);
         }
-        let flow_ride = (!c.flows.is_empty()).then(|| {
-            rides = std::mem::take(&mut rides).and(flow::state::RIDE, Default::default());
-            rides.len() - 1
-        });
-        let spend_ride = self.talk.spend.ride(&a.ids.user).map(|(sql, args)| {
-            rides = std::mem::take(&mut rides).and(sql, args);
-            rides.len() - 1
-        });
+        let has_flows = !c.flows.is_empty();
+        if has_flows {
+            rides.push(flow::state::RIDE, Default::default());
+        }
+        let reads_spent = match self.talk.spend.ride(&a.ids.user) {
+            Some((sql, args)) => {
+                rides.push(sql, args);
+                true
+            }
+            None => false,
+        };
         // Retrieval (embedding + vector search) runs beside the history load and the trick names (mostly
         // cached), not after them.
         let (context, knowledge) = Box::pin(async {
@@ -371,13 +375,13 @@ impl Composer {
         let recalled = Recalled::of(&knowledge, &memory);
         let (mut history, tricklists) = context?;
         let mut ridden = std::mem::take(&mut history.rides).into_iter();
-        let seen = match self.settings.disclosure_lookback {
-            Some(_) => ridden.next().and_then(Seen::ridden),
-            None => None,
-        };
-        let flow = flow_ride.and_then(|_| ridden.next());
-        let spent = spend_ride
+        let seen = (self.settings.disclosure_lookback)
             .and_then(|_| ridden.next())
+            .and_then(Seen::ridden);
+        let flow = has_flows.then(|| ridden.next()).flatten();
+        let spent = reads_spent
+            .then(|| ridden.next())
+            .flatten()
             .and_then(|v| Spent::ridden(&v));
         let flow = self.turn_flow(t.job, a, c, flow).await;
         // A message kept in history before this answer (held while paused) is the one answered now.

@@ -95,26 +95,15 @@ impl Endings {
             reason: None,
             through: end.burst.last_seq(),
         };
-        let finished = match &end.owed {
-            Some(sent) => {
-                let answered = Answered {
-                    user: &sent.user,
-                    messages: &sent.answered,
-                };
-                let finish = job.finish_unless_deleted(end.state, ending, answered);
-                stage(Stage::Writes, finish).await?
-            }
-            None => match stage(Stage::Writes, job.finish(end.state, ending)).await? {
-                true => Finished::Moved,
-                false => Finished::Elsewhere,
-            },
-        };
-        match finished {
-            Finished::Moved => {}
-            Finished::Elsewhere => debug!("the job was settled elsewhere meanwhile"),
-            Finished::Deleted => {
-                return Ok(Ended::Deleted(end.owed.expect("a deletion checked for")));
-            }
+        let answered = end.owed.as_ref().map(|sent| Answered {
+            user: &sent.user,
+            messages: &sent.answered,
+        });
+        let finish = job.finish_unless_deleted(end.state, ending, answered);
+        match (stage(Stage::Writes, finish).await?, end.owed) {
+            (Finished::Deleted, Some(sent)) => return Ok(Ended::Deleted(sent)),
+            (Finished::Elsewhere, _) => debug!("the job was settled elsewhere meanwhile"),
+            _ => {}
         }
         let reply_id = last.id.clone();
         info!(%reply_id, state = end.state.as_str(), messages = end.said.len(), generation = job.record.generation, "delivered");

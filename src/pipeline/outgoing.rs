@@ -252,29 +252,30 @@ impl Outgoing {
         let rhythm = self.safety.rhythm();
         let since = now - rhythm.every - rhythm.every - rhythm.gap;
         let tz = a.user.profile.as_ref().and_then(|p| p.time_zone.as_deref());
-        if let Some(mut seen) = seen {
-            seen.activity.retain(|at| *at > since);
-            let Seen {
-                last_disclosure,
-                activity,
-            } = seen;
-            return Ok(disclosure::due(rhythm, last_disclosure, &activity, now, tz));
-        }
-        let bot = speaker.bot.to_hex();
-        let between = match a.kind {
-            Kind::Group { .. } => Between::Group {
-                conversation: &a.ids.conversation,
-                bot: &bot,
-            },
-            _ => Between::Dm {
-                user: &a.ids.user,
-                bot: &bot,
-            },
-        };
         let Seen {
             last_disclosure,
             activity,
-        } = self.pg.disclosures(between, since).await?;
+        } = match seen {
+            // Read a little earlier, over a window that started earlier: the same window from now.
+            Some(mut seen) => {
+                seen.activity.retain(|at| *at > since);
+                seen
+            }
+            None => {
+                let bot = speaker.bot.to_hex();
+                let between = match a.kind {
+                    Kind::Group { .. } => Between::Group {
+                        conversation: &a.ids.conversation,
+                        bot: &bot,
+                    },
+                    _ => Between::Dm {
+                        user: &a.ids.user,
+                        bot: &bot,
+                    },
+                };
+                self.pg.disclosures(between, since).await?
+            }
+        };
         Ok(disclosure::due(rhythm, last_disclosure, &activity, now, tz))
     }
 }

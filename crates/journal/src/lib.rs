@@ -856,22 +856,13 @@ impl Job {
     /// ([`Finish`]), writing the pending records in the same statement. False when the job was no longer
     /// running (a replay or another worker ended it first).
     pub async fn finish(&self, to: State, ending: Finish<'_>) -> Result<bool, JournalError> {
-        Ok(self.settle(to, ending, None).await? == Finished::Moved)
+        Ok(self.finish_unless_deleted(to, ending, None).await? == Finished::Moved)
     }
 
-    /// [`Job::finish`], unless one of the `answered` messages was deleted or their user erased: read in
-    /// the settling statement's own snapshot (the check once the job's last message is out, without a
-    /// round trip of its own). A deletion found leaves the job running.
+    /// [`Job::finish`], unless one of the `answered` messages (when given) was deleted or their user
+    /// erased: read in the settling statement's own snapshot (the check once the job's last message is
+    /// out, without a round trip of its own). A deletion found leaves the job running.
     pub async fn finish_unless_deleted(
-        &self,
-        to: State,
-        ending: Finish<'_>,
-        answered: Answered<'_>,
-    ) -> Result<Finished, JournalError> {
-        self.settle(to, ending, Some(answered)).await
-    }
-
-    async fn settle(
         &self,
         to: State,
         ending: Finish<'_>,

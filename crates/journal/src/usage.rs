@@ -134,16 +134,27 @@ impl std::ops::Add for Spent {
     }
 }
 
+/// Tokens (prompt + completion) and USD of the model answers a query selects from `job_steps`: two SQL
+/// columns, `tokens` and `usd`.
+macro_rules! spent_sums {
+    () => {
+        "coalesce(sum(coalesce((output -> 'usage' ->> 'promptTokens')::bigint, 0)
+                    + coalesce((output -> 'usage' ->> 'completionTokens')::bigint, 0)), 0)::bigint
+              AS tokens,
+         coalesce(sum((output -> 'usage' ->> 'costUsd')::float8), 0)::float8 AS usd"
+    };
+}
+
 /// [`spent`]'s read under one tally as a ride of another statement (`store::pg::Rides`): the tally and
 /// the window (seconds) are its arguments `spend_tally` and `spend_window`; [`Spent::ridden`] reads its
 /// value.
-pub const SPENT_RIDE: &str = "(SELECT jsonb_build_array(
-        coalesce(sum(coalesce((output -> 'usage' ->> 'promptTokens')::bigint, 0)
-                   + coalesce((output -> 'usage' ->> 'completionTokens')::bigint, 0)), 0)::bigint,
-        coalesce(sum((output -> 'usage' ->> 'costUsd')::float8), 0)::float8)
-     FROM job_steps
-     WHERE created_at > now() - make_interval(secs => ($4::jsonb ->> 'spend_window')::float8)
-       AND tally = $4::jsonb ->> 'spend_tally')";
+pub const SPENT_RIDE: &str = concat!(
+    "(SELECT jsonb_build_array(tokens, usd) FROM (SELECT ",
+    spent_sums!(),
+    " FROM job_steps
+       WHERE created_at > now() - make_interval(secs => ($4::jsonb ->> 'spend_window')::float8)
+         AND tally = $4::jsonb ->> 'spend_tally') s)"
+);
 
 /// [`SPENT_RIDE`]'s arguments.
 pub fn spent_ride_args(tally: &str, window_secs: f64) -> serde_json::Map<String, Value> {
@@ -163,11 +174,9 @@ pub async fn spent(
     macro_rules! spent_where {
         ($filter:literal) => {
             concat!(
-                "SELECT coalesce(sum(coalesce((output -> 'usage' ->> 'promptTokens')::bigint, 0)
-                          + coalesce((output -> 'usage' ->> 'completionTokens')::bigint, 0)), 0)::bigint
-                      AS tokens,
-                    coalesce(sum((output -> 'usage' ->> 'costUsd')::float8), 0)::float8 AS usd
-                 FROM job_steps WHERE created_at > now() - make_interval(secs => $1) AND ",
+                "SELECT ",
+                spent_sums!(),
+                " FROM job_steps WHERE created_at > now() - make_interval(secs => $1) AND ",
                 $filter
             )
         };

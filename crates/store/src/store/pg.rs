@@ -60,20 +60,10 @@ pub struct Rides {
 }
 
 impl Rides {
-    /// These rides and `sql`, with its arguments `args`; its value comes after theirs.
-    pub fn and(mut self, sql: impl Into<String>, args: serde_json::Map<String, Value>) -> Self {
+    /// Adds the ride `sql` with its arguments `args`; its value comes after those added before it.
+    pub fn push(&mut self, sql: impl Into<String>, args: serde_json::Map<String, Value>) {
         self.sql.push(sql.into());
         self.args.extend(args);
-        self
-    }
-
-    /// How many ride.
-    pub fn len(&self) -> usize {
-        self.sql.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.sql.is_empty()
     }
 }
 

@@ -47,20 +47,26 @@ pub struct Seen {
 /// Most message times read to find where a continuing interaction began.
 const ACTIVITY_ROWS: i64 = 400;
 
+/// What the disclosure rule reads of a DM (`$1` the user, `$2` the bot) as two SQL expressions: the last
+/// disclosure, and the message times since `since` (an SQL expression), newest first.
+fn dm_seen(since: &str) -> (&'static str, String) {
+    (
+        "(SELECT max(created_at) FROM bot_conversations
+          WHERE user_id = $1 AND bot_id = $2 AND ai_disclosure AND NOT group_chat)",
+        format!(
+            "ARRAY(SELECT created_at FROM bot_conversations
+                   WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat AND created_at > {since}
+                   ORDER BY created_at DESC, id DESC LIMIT {ACTIVITY_ROWS})"
+        ),
+    )
+}
+
 impl Seen {
     /// [`Pg::disclosures`]'s read of a DM as a ride of the history's statement
     /// ([`super::pg::Rides`]: `$1` the user, `$2` the bot), since `since`; [`Seen::ridden`] reads its value.
     pub fn dm_ride(since: DateTime<Utc>) -> (String, serde_json::Map<String, serde_json::Value>) {
-        let sql = format!(
-            "jsonb_build_object(
-                'last', (SELECT max(created_at) FROM bot_conversations
-                         WHERE user_id = $1 AND bot_id = $2 AND ai_disclosure AND NOT group_chat),
-                'activity', to_jsonb(ARRAY(
-                    SELECT created_at FROM bot_conversations
-                    WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat
-                      AND created_at > ($4::jsonb ->> 'disclosure_since')::timestamptz
-                    ORDER BY created_at DESC, id DESC LIMIT {ACTIVITY_ROWS})))"
-        );
+        let (last, activity) = dm_seen("($4::jsonb ->> 'disclosure_since')::timestamptz");
+        let sql = format!("jsonb_build_object('last', {last}, 'activity', to_jsonb({activity}))");
         let mut args = serde_json::Map::new();
         args.insert("disclosure_since".into(), since.to_rfc3339().into());
         (sql, args)
@@ -225,33 +231,33 @@ impl Pg {
     ) -> Result<Seen, StoreError> {
         // One statement for both (the last disclosure, the recent activity): one round trip.
         let row = match between {
-            Between::Dm { user, bot } => sqlx::query(
-                "SELECT (SELECT max(created_at) FROM bot_conversations
-                         WHERE user_id = $1 AND bot_id = $2 AND ai_disclosure AND NOT group_chat)
-                            AS last_disclosure,
-                        ARRAY(SELECT created_at FROM bot_conversations
-                              WHERE user_id = $1 AND bot_id = $2 AND NOT group_chat AND created_at > $3
-                              ORDER BY created_at DESC, id DESC LIMIT $4) AS activity",
-            )
-            .bind(user)
-            .bind(bot)
-            .bind(since)
-            .bind(ACTIVITY_ROWS),
-            Between::Group { conversation, bot } => sqlx::query(
-                "SELECT (SELECT max(created_at) FROM bot_conversations
-                         WHERE conversation_id = $1 AND bot_id = $2 AND ai_disclosure AND group_chat)
-                            AS last_disclosure,
-                        ARRAY(SELECT created_at FROM bot_conversations
-                              WHERE conversation_id = $1 AND group_chat AND created_at > $3
-                              ORDER BY created_at DESC, id DESC LIMIT $4) AS activity",
-            )
-            .bind(conversation)
-            .bind(bot)
-            .bind(since)
-            .bind(ACTIVITY_ROWS),
-        }
-        .fetch_one(&self.pool)
-        .await?;
+            Between::Dm { user, bot } => {
+                let (last, activity) = dm_seen("$3");
+                let sql = format!("SELECT {last} AS last_disclosure, {activity} AS activity");
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(user)
+                    .bind(bot)
+                    .bind(since)
+                    .fetch_one(&self.pool)
+                    .await?
+            }
+            Between::Group { conversation, bot } => {
+                sqlx::query(
+                    "SELECT (SELECT max(created_at) FROM bot_conversations
+                             WHERE conversation_id = $1 AND bot_id = $2 AND ai_disclosure AND group_chat)
+                                AS last_disclosure,
+                            ARRAY(SELECT created_at FROM bot_conversations
+                                  WHERE conversation_id = $1 AND group_chat AND created_at > $3
+                                  ORDER BY created_at DESC, id DESC LIMIT $4) AS activity",
+                )
+                .bind(conversation)
+                .bind(bot)
+                .bind(since)
+                .bind(ACTIVITY_ROWS)
+                .fetch_one(&self.pool)
+                .await?
+            }
+        };
         let (last_disclosure, activity) = (row.get("last_disclosure"), row.get("activity"));
         Ok(Seen {
             last_disclosure,

@@ -82,17 +82,14 @@ pub fn ridden(value: Value) -> Result<Option<FlowState>, StoreError> {
     serde_json::from_value(value).map_err(|e| StoreError::Pg(sqlx::Error::Decode(Box::new(e))))
 }
 
-/// The user's flow with the companion, if any.
+/// The user's flow with the companion, if any: [`RIDE`]'s read in a statement of its own.
 pub async fn load(pool: &PgPool, user: &str, bot: &str) -> Result<Option<FlowState>, StoreError> {
-    let row = sqlx::query(
-        "SELECT flow, step, slots, status, waiting_for, updated_at FROM flow_states
-         WHERE user_id = $1 AND bot_id = $2",
-    )
-    .bind(user)
-    .bind(bot)
-    .fetch_optional(pool)
-    .await?;
-    Ok(row.as_ref().map(state_of))
+    let row: Option<Value> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {RIDE}")))
+        .bind(user)
+        .bind(bot)
+        .fetch_one(pool)
+        .await?;
+    ridden(row.unwrap_or(Value::Null))
 }
 
 /// Applies `change` to the user's flow with the companion as step `flow_change`/`key` of `job`: under the
