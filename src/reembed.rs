@@ -14,6 +14,7 @@ use crate::{
     rag::{EmbedConfig, EmbedError, Embedder, ingest::IngestError},
     store::{Pg, StoreError},
 };
+use companion_store::store::Pool;
 
 /// Why the re-embedding stopped (what was done before stays done).
 #[derive(Debug, thiserror::Error)]
@@ -70,7 +71,7 @@ pub(crate) const OTHER_MODEL: Metric = Metric::new(
 /// At a worker's start: says (a warning and [`OTHER_MODEL`]) when stored vectors were computed by
 /// another model than `model`, which retrieval and recall then leave out rather than compare. A count
 /// that cannot be read is logged and left out.
-pub(crate) async fn check(pool: &sqlx::PgPool, model: &str, metrics: &Metrics) {
+pub(crate) async fn check(pool: &Pool, model: &str, metrics: &Metrics) {
     let counts = tokio::try_join!(
         async {
             crate::rag::kb::stale_chunks(pool, model)

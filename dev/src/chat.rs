@@ -10,6 +10,7 @@ use crate::backend;
 use companion_core::config::{CharactersConfig, MongoConfig, NatsConfig, PgConfig};
 use companion_journal::{JobRecord, Journal, State};
 use companion_knowledge::character::Characters;
+use companion_store::store::Pool;
 use companion_store::{
     bus::{
         Bus,
@@ -95,7 +96,7 @@ pub struct Session {
     /// What became of a message that got no reply.
     pub journal: Journal,
     /// The service's database, for what the demo checks (a guided flow's state).
-    pub pool: sqlx::PgPool,
+    pub pool: Pool,
     pub user: ObjectId,
     pub bot: ObjectId,
     pub bot_name: String,
@@ -400,7 +401,7 @@ fn belongs(c: &Completion, message: &str) -> bool {
 /// What the chat reads to know that a turn is over: the worker's journal.
 struct Watch<'a> {
     journal: &'a Journal,
-    pool: &'a sqlx::PgPool,
+    pool: &'a Pool,
     /// Where a message that got no reply may have been dead-lettered.
     bus: &'a Bus,
     /// The subject the message was published on.
@@ -1017,7 +1018,7 @@ pub struct GroupSession {
     pub names: std::collections::HashMap<String, String>,
     /// When a group message's turn is over.
     pub journal: Journal,
-    pub pool: sqlx::PgPool,
+    pub pool: Pool,
     /// Cards as raw JSON.
     pub raw_cards: bool,
     /// Each reply line ends with the id `companion explain` takes.

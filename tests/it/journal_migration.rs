@@ -31,7 +31,10 @@ async fn the_earlier_journal_moves_into_jobs_and_steps() {
     .execute(pool)
     .await
     .unwrap();
-    MIGRATOR.run_to(BEFORE_JOURNAL, pool).await.unwrap();
+    MIGRATOR
+        .run_to(BEFORE_JOURNAL, &mut *pool.lease().await.unwrap())
+        .await
+        .unwrap();
 
     // A turn answered with a burst; one over the flood limit answered by it; one still running after a
     // model step, a write tool call and a paid call that lost a race.
@@ -113,7 +116,10 @@ async fn the_earlier_journal_moves_into_jobs_and_steps() {
     .await
     .unwrap();
 
-    MIGRATOR.run(pool).await.unwrap();
+    MIGRATOR
+        .run(&mut *pool.lease().await.unwrap())
+        .await
+        .unwrap();
 
     let journal = Journal::new(pool.clone());
     let get = |id: &'static str| {

@@ -32,6 +32,7 @@ mod order;
 mod otel;
 mod outages;
 mod panics;
+mod pg_pool;
 #[cfg(feature = "otel")]
 mod phoenix;
 mod proactive;

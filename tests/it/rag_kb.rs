@@ -506,7 +506,7 @@ async fn vectors_of_another_model_are_left_out_until_reembed_moves_them_over() {
         .collect();
     ingest_all(&db, &embedder, &many).await;
     let question = "how often should I wax my snowboard?";
-    let found = |pool: sqlx::PgPool, e: std::sync::Arc<rag::Embedder>| async move {
+    let found = |pool: companion_store::store::Pool, e: std::sync::Arc<rag::Embedder>| async move {
         rag::retrieve(&pool, &e, &cols(&["snowboarding"]), question, 0.3, 3)
             .await
             .unwrap()

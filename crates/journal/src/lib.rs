@@ -50,7 +50,7 @@ use std::{
 use chrono::{DateTime, Utc};
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
-use sqlx::{PgPool, Postgres, Row, Transaction, postgres::PgRow};
+use sqlx::{Row, postgres::PgRow};
 use tracing::{debug, warn};
 
 use crate::{
@@ -58,6 +58,7 @@ use crate::{
     metrics::{Labels, Metric, Metrics},
     store::StoreError,
 };
+use companion_store::store::Pool;
 
 tokio::task_local! {
     /// The step the task's job last started, for the log of a panic caught at the delivery's boundary.
@@ -255,12 +256,12 @@ pub enum Admission {
 }
 
 /// A transaction a [`Step::run_in_tx`] body does its writes in.
-pub(crate) type Tx = Transaction<'static, Postgres>;
+pub(crate) type Tx = companion_store::store::pool::Tx;
 
 /// The journal, in the service's PostgreSQL database.
 #[derive(Clone)]
 pub struct Journal {
-    pool: PgPool,
+    pool: Pool,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -280,7 +281,7 @@ const JOB_COLUMNS: &str =
     "id, state, attempts, generation, covered_by, stream_seq, last_error, reason, updated_at";
 
 impl Journal {
-    pub fn new(pool: PgPool) -> Self {
+    pub fn new(pool: Pool) -> Self {
         Self {
             pool,
             metrics: None,
@@ -577,7 +578,7 @@ struct Counter {
 
 /// One attempt of a job: its row as opened, the steps recorded so far, and the records not yet written.
 pub struct Job {
-    pool: PgPool,
+    pool: Pool,
     /// Where the steps' counters move ([`Step::counts`]); none: they do not.
     metrics: Option<Arc<Metrics>>,
     pub record: JobRecord,
@@ -1061,7 +1062,7 @@ struct Transition<'a> {
 /// Moves a job to `t.to` from any state that may become it, writing `rows` in the same statement: whether
 /// it moved, whether a deletion stopped it, and the records inserted.
 async fn transition(
-    pool: &PgPool,
+    pool: &Pool,
     id: &str,
     t: Transition<'_>,
     rows: &[Pending],

@@ -5,9 +5,10 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use sqlx::{PgPool, Row};
+use sqlx::Row;
 
 use crate::{JOB_COLUMNS, JobRecord, JournalError, State, job_record, names::step};
+use companion_store::store::Pool;
 
 /// A job's row, with who it acted for and when it was opened.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,7 +44,7 @@ pub struct Story {
 /// The job `id` names: a job's id (a message id; a follow-up's `<kind>:<id>`), else a follow-up's id
 /// without its kind. A burst's later message leads to the job that covered it. None when there is no
 /// such job.
-pub async fn story(pool: &PgPool, id: &str) -> Result<Option<Story>, JournalError> {
+pub async fn story(pool: &Pool, id: &str) -> Result<Option<Story>, JournalError> {
     let Some(asked) = job_row(pool, id).await? else {
         return Ok(None);
     };
@@ -78,7 +79,7 @@ pub async fn story(pool: &PgPool, id: &str) -> Result<Option<Story>, JournalErro
 }
 
 /// The row of job `id`, or of the one job whose id is `<kind>:<id>`.
-async fn job_row(pool: &PgPool, id: &str) -> Result<Option<JobRow>, JournalError> {
+async fn job_row(pool: &Pool, id: &str) -> Result<Option<JobRow>, JournalError> {
     let sql = format!(
         "SELECT {JOB_COLUMNS}, kind, user_id, bot_id, conversation_id, created_at FROM jobs
          WHERE id = $1
@@ -110,7 +111,7 @@ async fn job_row(pool: &PgPool, id: &str) -> Result<Option<JobRow>, JournalError
 /// refused), as its step [`step::TEXT_SHOWN`] keyed `<operator>@<time>`: the key keeps who and when
 /// even after an erasure scrubs the step's output.
 pub async fn note_shown(
-    pool: &PgPool,
+    pool: &Pool,
     job: &str,
     operator: &str,
     message: &str,

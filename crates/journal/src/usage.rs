@@ -8,9 +8,10 @@
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sqlx::{PgPool, Row};
+use sqlx::Row;
 
 use crate::llm::{AssistantMessage, CallUsage, ChatRequest, ChatResponse, LlmClient, LlmError};
+use companion_store::store::Pool;
 
 /// The `llm` step: one answer of the model and what that call used.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -166,7 +167,7 @@ pub fn spent_ride_args(tally: &str, window_secs: f64) -> serde_json::Map<String,
 
 /// Tokens and USD of the model answers in the last `window_secs`: under `tally` (one user's), or all.
 pub async fn spent(
-    pool: &PgPool,
+    pool: &Pool,
     tally: Option<&str>,
     window_secs: f64,
 ) -> Result<Spent, sqlx::Error> {
@@ -234,7 +235,7 @@ fn since(days: u32) -> DateTime<Utc> {
 /// Paid calls of the last `days` UTC days (today included), by day, companion and model; one user's only
 /// when `user` is given. A group message's calls count for the companion that spoke.
 pub async fn summary(
-    pool: &PgPool,
+    pool: &Pool,
     days: u32,
     user: Option<&str>,
 ) -> Result<Vec<SummaryRow>, sqlx::Error> {
@@ -294,7 +295,7 @@ pub struct UserRow {
 }
 
 /// The `n` users whose model calls cost most in the last `days` UTC days (then by tokens).
-pub async fn top_users(pool: &PgPool, days: u32, n: u32) -> Result<Vec<UserRow>, sqlx::Error> {
+pub async fn top_users(pool: &Pool, days: u32, n: u32) -> Result<Vec<UserRow>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT j.user_id, count(*) AS calls,
                 coalesce(sum((s.output -> 'usage' ->> 'promptTokens')::bigint

@@ -28,8 +28,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
-use sqlx::PgPool;
-
+use crate::store::Pool;
 use crate::{
     failure::{Class, Classify},
     store::StoreError,
@@ -82,7 +81,7 @@ pub enum Waited {
 
 /// The order gate of one inbound stream.
 pub struct Order {
-    pool: PgPool,
+    pool: Pool,
     client: async_nats::Client,
     stream: jetstream::stream::Stream,
     /// Stream name and creation time: floors of a recreated stream start over.
@@ -128,7 +127,7 @@ impl Order {
         client: async_nats::Client,
         stream_name: &str,
         prefix: &str,
-        pool: PgPool,
+        pool: Pool,
         max_wait: Duration,
     ) -> Result<Self, OrderError> {
         let mut stream = js

@@ -18,10 +18,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sqlx::PgPool;
 use tracing::{info, warn};
 
 pub use crate::journal::usage::Spent;
+use crate::store::Pool;
 use crate::{
     config::SpendConfig,
     journal::{names, usage},
@@ -202,7 +202,7 @@ impl LoopSpend {
 
 /// The check before each paid call, shared by a process's turns and follow-ups.
 pub struct SpendGuard {
-    pool: PgPool,
+    pool: Pool,
     pub limits: SpendLimits,
     /// The service's figure and when it was read.
     service: tokio::sync::Mutex<Option<(Instant, Spent)>>,
@@ -210,7 +210,7 @@ pub struct SpendGuard {
 }
 
 impl SpendGuard {
-    pub fn new(pool: PgPool, limits: SpendLimits, metrics: Arc<Metrics>) -> Self {
+    pub fn new(pool: Pool, limits: SpendLimits, metrics: Arc<Metrics>) -> Self {
         Self {
             pool,
             limits,

@@ -15,13 +15,13 @@ use std::{
 use futures::StreamExt;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
 
 use super::{
     chunk::{self, ChunkConfig},
     embed::{EmbedError, Embedder, Role},
     kb::{self, ArticleMeta},
 };
+use crate::store::Pool;
 use crate::store::StoreError;
 
 /// Titles longer than this (in tokens) are not prefixed to the chunk text that is embedded.
@@ -307,7 +307,7 @@ pub fn chunk_article(
 /// that is stopped (even by kill -9) is resumed by running it again, and a second run changes nothing.
 /// `progress` hears (chunks done, chunks to do) after each batch. Returns the chunks moved over.
 pub async fn reembed(
-    pool: &PgPool,
+    pool: &Pool,
     embedder: &Embedder,
     batch: usize,
     mut progress: impl FnMut(u64, u64),
@@ -341,7 +341,7 @@ pub async fn reembed(
 
 /// Ingests one article: skipped when unchanged, else chunked, embedded and stored.
 pub async fn ingest_article(
-    pool: &PgPool,
+    pool: &Pool,
     embedder: &Embedder,
     a: &Article,
     cfg: ChunkConfig,
@@ -380,7 +380,7 @@ const CONCURRENT_ARTICLES: usize = 8;
 /// Ingests many articles, printing a progress line on a terminal and plain lines otherwise.
 /// When two articles share a collection and key, the last one wins.
 pub async fn ingest(
-    pool: &PgPool,
+    pool: &Pool,
     embedder: &Embedder,
     articles: &[Article],
     cfg: ChunkConfig,

@@ -4,8 +4,9 @@
 //! query's model: vectors of two models are never compared.
 
 use pgvector::Vector;
-use sqlx::{PgPool, Row};
+use sqlx::Row;
 
+use crate::store::Pool;
 use crate::store::StoreError;
 
 /// An article as stored, without its chunks.
@@ -36,7 +37,7 @@ pub struct Hit {
 /// article embedded by another model is written again even when its content is unchanged). None when
 /// the article is not stored.
 pub(crate) async fn stored(
-    pool: &PgPool,
+    pool: &Pool,
     collection: &str,
     key: &str,
     model: &str,
@@ -56,7 +57,7 @@ pub(crate) async fn stored(
 
 /// Writes an article and replaces all its chunks, in one transaction.
 pub async fn replace_article(
-    pool: &PgPool,
+    pool: &Pool,
     article: &ArticleMeta,
     chunks: &[String],
     embeddings: Vec<Vec<f32>>,
@@ -104,7 +105,7 @@ pub async fn replace_article(
 
 /// The `k` chunks of `collections` most similar to `query` (a vector of `model`), best first.
 pub async fn search(
-    pool: &PgPool,
+    pool: &Pool,
     collections: &[String],
     query: &[f32],
     k: i64,
@@ -147,7 +148,7 @@ pub async fn search(
 
 /// Articles and chunks stored (for the tests and the bench).
 #[cfg(any(test, feature = "testing"))]
-pub async fn counts(pool: &PgPool) -> Result<(i64, i64), StoreError> {
+pub async fn counts(pool: &Pool) -> Result<(i64, i64), StoreError> {
     let row = sqlx::query(
         "SELECT (SELECT count(*) FROM kb_articles) AS a, (SELECT count(*) FROM kb_chunks) AS c",
     )
@@ -158,7 +159,7 @@ pub async fn counts(pool: &PgPool) -> Result<(i64, i64), StoreError> {
 
 /// Chunks embedded by a model other than `model`: retrieval leaves them out until they are embedded
 /// again.
-pub async fn stale_chunks(pool: &PgPool, model: &str) -> Result<i64, StoreError> {
+pub async fn stale_chunks(pool: &Pool, model: &str) -> Result<i64, StoreError> {
     Ok(
         sqlx::query_scalar("SELECT count(*) FROM kb_chunks WHERE model <> $1")
             .bind(model)
@@ -178,7 +179,7 @@ pub struct StaleChunk {
 /// The next chunks after id `after` (in id order) embedded by another model than `model`, at most
 /// `limit`; with the id to continue after (none: the table is done).
 pub async fn next_stale(
-    pool: &PgPool,
+    pool: &Pool,
     model: &str,
     after: i64,
     limit: i64,
@@ -209,7 +210,7 @@ pub async fn next_stale(
 /// Stores the new vectors of chunks (`model`'s), in one statement: a chunk already moved over, or
 /// replaced meanwhile by a new ingest, is left as it is.
 pub async fn set_vectors(
-    pool: &PgPool,
+    pool: &Pool,
     ids: &[i64],
     vectors: Vec<Vec<f32>>,
     model: &str,

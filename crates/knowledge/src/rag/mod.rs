@@ -18,6 +18,7 @@ use tracing::{Instrument, info_span, warn};
 pub use embed::EMBED_BATCH;
 pub use embed::{EmbedConfig, EmbedError, Embedder, Encoder, Role};
 
+use crate::store::Pool;
 use crate::{
     config::{EmbedSettings, RagConfig},
     store::StoreError,
@@ -73,7 +74,7 @@ pub fn load_embedder(config: &EmbedSettings) -> Option<Arc<Embedder>> {
 /// The chunks of `collections` above `threshold` most similar to `text`, best first, at most `top_k`.
 #[cfg(any(test, feature = "testing"))]
 pub async fn retrieve(
-    pool: &sqlx::PgPool,
+    pool: &Pool,
     embedder: &Embedder,
     collections: &[String],
     text: &str,
@@ -97,7 +98,7 @@ pub async fn retrieve(
 
 /// The chunks of `collections` above `threshold` nearest to the vector `query` (`model`'s), best first.
 pub(crate) async fn search(
-    pool: &sqlx::PgPool,
+    pool: &Pool,
     collections: &[String],
     query: &[f32],
     threshold: f32,
@@ -125,7 +126,7 @@ pub(crate) async fn search(
 /// The knowledge a turn gets: the embedder (when installed), the knowledge base and the bounds.
 #[derive(Clone)]
 pub struct Retriever {
-    pool: sqlx::PgPool,
+    pool: Pool,
     /// `None` when the model is not installed: turns go without knowledge.
     pub(crate) embedder: Option<Arc<Embedder>>,
     threshold: f32,
@@ -136,7 +137,7 @@ pub struct Retriever {
 }
 
 impl Retriever {
-    pub fn new(pool: sqlx::PgPool, embedder: Option<Arc<Embedder>>, config: &RagConfig) -> Self {
+    pub fn new(pool: Pool, embedder: Option<Arc<Embedder>>, config: &RagConfig) -> Self {
         // The configured one, else what the encoder's scale calls related.
         let threshold = config
             .threshold

@@ -21,11 +21,13 @@ pub use crate::__tombstoned as tombstoned;
 
 pub mod mongo;
 pub mod pg;
+pub mod pool;
 pub mod reminders;
 pub mod safety;
 
 pub use mongo::Mongo;
 pub use pg::Pg;
+pub use pool::Pool;
 
 use crate::failure::{Class, Classify};
 

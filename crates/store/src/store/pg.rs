@@ -6,23 +6,18 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::{PgPool, Row, postgres::PgPoolOptions};
+use sqlx::Row;
 
+use super::pool::{Pool, PoolSettings};
 use super::{StoreError, reminders::PendingReminder};
 use crate::config::PgConfig;
-
-/// A pooled connection idle this long is checked (a `Sync`, one round trip) before it is handed out: after
-/// an outage, a restart or a failover the idle ones are dead, and a dead one is dropped for another. One in
-/// steady use is not checked; sqlx's own check before every acquire was one round trip per statement
-/// outside a transaction, a third of a turn's round trips (docs/benchmark.md, "PostgreSQL per turn").
-pub const CHECK_IDLE_AFTER: Duration = Duration::from_millis(500);
 
 /// Embedded so a deployed binary can migrate without the source tree.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
 #[derive(Clone)]
 pub struct Pg {
-    pub pool: PgPool,
+    pub pool: Pool,
 }
 
 /// One message of the history window.
@@ -116,50 +111,28 @@ impl Pg {
             options.get_port(),
             options.get_database().unwrap_or(options.get_username())
         );
-        let connected = PgPoolOptions::new()
-            .max_connections(config.pool_size.max(1))
-            .acquire_timeout(Duration::from_secs(5))
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= CHECK_IDLE_AFTER {
-                        use sqlx::Connection;
-                        conn.ping().await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .connect_with(options.clone().options([(
-                // Filtered HNSW scans (knowledge search) keep going until enough rows pass the
-                // filter (pgvector ≥ 0.8); set once per connection rather than per search, which
-                // would cost a transaction and two more round trips each time.
-                "hnsw.iterative_scan",
-                "relaxed_order",
-            )]))
-            .await;
+        let options = options.options([(
+            // Filtered HNSW scans (knowledge search) keep going until enough rows pass the filter
+            // (pgvector ≥ 0.8); set once per connection rather than per search, which would cost a
+            // transaction and two more round trips each time.
+            "hnsw.iterative_scan",
+            "relaxed_order",
+        )]);
+        let connected = tokio::time::timeout(
+            Duration::from_secs(5),
+            Pool::connect(options, PoolSettings::new(config.pool_size)),
+        )
+        .await;
         match connected {
-            Ok(pool) => Ok(Self { pool }),
-            Err(e) => {
-                // The pool's own error hides why no connection opened (a timeout): one direct
-                // attempt says it.
-                use sqlx::Connection;
-                let direct = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    sqlx::PgConnection::connect_with(&options),
-                )
-                .await;
-                let cause = match direct {
-                    Ok(Err(why)) => super::describe_pg(&why),
-                    Ok(Ok(_)) => super::describe_pg(&e),
-                    Err(_) => "no answer within 5 s".to_owned(),
-                };
-                Err(failed(at, cause))
-            }
+            Ok(Ok(pool)) => Ok(Self { pool }),
+            Ok(Err(e)) => Err(failed(at, super::describe_pg(&e))),
+            Err(_) => Err(failed(at, "no answer within 5 s".to_owned())),
         }
     }
 
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run(&self.pool).await?;
+        let mut lease = self.pool.lease().await?;
+        MIGRATOR.run(&mut *lease).await?;
         Ok(())
     }
 

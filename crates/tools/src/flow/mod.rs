@@ -13,6 +13,7 @@ use std::{
     path::Path,
 };
 
+use crate::store::Pool;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -510,7 +511,7 @@ impl TurnFlow {
 
     /// The flow of `user` with `bot`; an open one idle since before `idle_since` expires now.
     pub async fn load(
-        pool: &sqlx::PgPool,
+        pool: &Pool,
         user: &str,
         bot: &str,
         idle_since: chrono::DateTime<chrono::Utc>,
@@ -528,7 +529,7 @@ impl TurnFlow {
     /// [`TurnFlow::load`] with the flow as read already (`current`, e.g. by [`state::RIDE`]).
     pub async fn of(
         current: Option<state::FlowState>,
-        pool: &sqlx::PgPool,
+        pool: &Pool,
         user: &str,
         bot: &str,
         idle_since: chrono::DateTime<chrono::Utc>,

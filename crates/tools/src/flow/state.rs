@@ -6,8 +6,9 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::{Map, Value};
-use sqlx::{PgConnection, PgPool, Row, postgres::PgRow};
+use sqlx::{PgConnection, Row, postgres::PgRow};
 
+use crate::store::Pool;
 use crate::{
     journal::{Job, JournalError, names::step},
     store::StoreError,
@@ -83,7 +84,7 @@ pub fn ridden(value: Value) -> Result<Option<FlowState>, StoreError> {
 }
 
 /// The user's flow with the companion, if any: [`RIDE`]'s read in a statement of its own.
-pub async fn load(pool: &PgPool, user: &str, bot: &str) -> Result<Option<FlowState>, StoreError> {
+pub async fn load(pool: &Pool, user: &str, bot: &str) -> Result<Option<FlowState>, StoreError> {
     let row: Option<Value> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {RIDE}")))
         .bind(user)
         .bind(bot)
@@ -165,7 +166,7 @@ async fn apply<E>(
 /// Ends the user's open flow with the companion when it was last changed before `idle_since`; whether
 /// this call ended it.
 pub(crate) async fn expire_idle(
-    pool: &PgPool,
+    pool: &Pool,
     user: &str,
     bot: &str,
     idle_since: DateTime<Utc>,

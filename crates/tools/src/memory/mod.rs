@@ -23,12 +23,11 @@ pub mod topic;
 
 use std::sync::Arc;
 
-use sqlx::PgPool;
-
 pub use erase::MemoryCheck;
 pub(crate) use store::Fact;
 pub(crate) use topic::Topic;
 
+use crate::store::Pool;
 use crate::{
     config::MemoryConfig,
     failure::{Class, Classify},
@@ -95,7 +94,7 @@ impl Classify for MemoryError {
 /// Memory's store and settings, shared by the turns, the tools and the extraction job.
 #[derive(Clone)]
 pub struct Memory {
-    pub(crate) pool: PgPool,
+    pub(crate) pool: Pool,
     /// Embeds facts (and `forget`'s words); `None` when the model is not installed: facts are kept and
     /// pinned ones recalled, without similarity.
     pub(crate) embedder: Option<Arc<Embedder>>,
@@ -103,7 +102,7 @@ pub struct Memory {
 }
 
 impl Memory {
-    pub fn new(pool: PgPool, embedder: Option<Arc<Embedder>>, config: MemoryConfig) -> Self {
+    pub fn new(pool: Pool, embedder: Option<Arc<Embedder>>, config: MemoryConfig) -> Self {
         Self {
             pool,
             embedder,

@@ -16,6 +16,7 @@ use super::{
     Memory, MemoryError, Topic,
     topic::{self, Named},
 };
+use crate::store::Pool;
 use crate::{rag::embed::Embedding, store::pg::lock_history};
 
 /// How a fact was learned.
@@ -374,7 +375,7 @@ fn chosen(about: &str, scored: &[(Fact, f64)], similarity: f64, floor: f64) -> V
 /// is resumed by running it again. `progress` hears (facts done, facts to do). Returns the facts moved
 /// over.
 pub async fn reembed(
-    pool: &sqlx::PgPool,
+    pool: &Pool,
     embedder: &crate::rag::Embedder,
     batch: usize,
     mut progress: impl FnMut(u64, u64),
@@ -433,7 +434,7 @@ pub async fn reembed(
 
 /// Facts whose vector a model other than `model` computed: recall leaves them out until they are
 /// embedded again.
-pub async fn stale_facts(pool: &sqlx::PgPool, model: &str) -> Result<i64, MemoryError> {
+pub async fn stale_facts(pool: &Pool, model: &str) -> Result<i64, MemoryError> {
     Ok(sqlx::query_scalar(
         "SELECT count(*) FROM memory_facts WHERE embedding IS NOT NULL AND model <> $1",
     )
