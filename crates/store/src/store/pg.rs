@@ -1,4 +1,5 @@
-//! PostgreSQL: the connection pool and the conversation history (`bot_conversations`). The journal
+//! PostgreSQL: connecting ([`super::pool`] lends the connections) and the conversation history
+//! (`bot_conversations`). The journal
 //! ([`crate::journal`]), the order floors ([`crate::conversation_order`]) and the knowledge base ([`crate::rag`]) use
 //! the same pool.
 
