@@ -661,7 +661,6 @@ impl Job {
             lazy: false,
             tally: None,
             at: None,
-            lock: None,
             counter: None,
             ride: None,
         }
@@ -716,52 +715,64 @@ impl Job {
         window: Duration,
         now: DateTime<Utc>,
     ) -> Result<Admission, JournalError> {
-        /// The window is full: nothing is recorded.
-        enum NotCounted {
-            Full(i64),
-            Journal(JournalError),
-        }
-        impl From<JournalError> for NotCounted {
-            fn from(e: JournalError) -> Self {
-                Self::Journal(e)
-            }
-        }
         let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::hours(1));
+        if self.recorded::<Value>(name, key).is_some() {
+            return Ok(Admission::AlreadyCounted);
+        }
         let mut step = self.step(name, key).tally(tally);
         step.at = Some(now);
-        // Serialised on the tally: every step counting against it, of any job.
-        step.lock = Some(format!("tally:{tally}"));
-        let counted = step
-            .run_tx_fresh(|mut tx| async move {
-                let result = sqlx::query(
-                    "SELECT count(*) AS n, min(created_at) AS oldest FROM job_steps
-                     WHERE tally = $1 AND created_at > $2",
-                )
-                .bind(tally)
-                .bind(now - window)
-                .fetch_one(&mut *tx)
-                .await;
-                let counted = match result {
-                    Err(e) => Err(NotCounted::Journal(e.into())),
-                    Ok(row) if row.get::<i64, _>("n") >= i64::from(limit) => {
-                        let oldest: Option<DateTime<Utc>> = row.get("oldest");
-                        Err(NotCounted::Full(
-                            oldest
-                                .map(|o| (o + window - now).num_seconds().max(1))
-                                .unwrap_or(window.num_seconds()),
-                        ))
-                    }
-                    Ok(_) => Ok(serde_json::json!({ "counted": tally })),
-                };
-                (tx, counted)
-            })
-            .await;
-        match counted {
-            Ok((_, true)) => Ok(Admission::Granted),
-            Ok((_, false)) => Ok(Admission::AlreadyCounted),
-            Err(NotCounted::Full(retry_after_secs)) => Ok(Admission::Exceeded { retry_after_secs }),
-            Err(NotCounted::Journal(e)) => Err(e),
+        starting(self.id(), name, key);
+        let own = step.pending(serde_json::json!({ "counted": tally }));
+        let pending = self.take_pending();
+        // Serialised on the tally (every step counting against it, of any job), then the earlier record,
+        // the count and the insert, each in a fresh snapshot: one statement (migration `counted_step`).
+        let row = sqlx::query(
+            "SELECT earlier, counted, oldest, inserted
+             FROM counted_step($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(format!("tally:{tally}"))
+        .bind(self.id())
+        .bind(name)
+        .bind(key)
+        .bind(tally)
+        .bind(now - window)
+        .bind(i64::from(limit))
+        .bind(records(&pending))
+        .bind(records(std::slice::from_ref(&own)))
+        .fetch_one(&self.pool)
+        .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                self.requeue(pending);
+                return Err(e.into());
+            }
+        };
+        let inserted: Vec<(String, String)> =
+            serde_json::from_value(row.get::<Value, _>("inserted")).unwrap_or_default();
+        if let Some(earlier) = row.get::<Option<Value>, _>("earlier") {
+            debug!(
+                step = name,
+                key, "another attempt recorded this step first; using its output"
+            );
+            self.count_committed(&pending, &inserted);
+            self.remember(name, key, earlier);
+            return Ok(Admission::AlreadyCounted);
         }
+        if row.get::<Option<i64>, _>("counted").unwrap_or(0) >= i64::from(limit) {
+            self.requeue(pending);
+            let oldest: Option<DateTime<Utc>> = row.get("oldest");
+            let retry_after_secs = oldest
+                .map(|o| (o + window - now).num_seconds().max(1))
+                .unwrap_or(window.num_seconds());
+            return Ok(Admission::Exceeded { retry_after_secs });
+        }
+        let output = own.output.clone();
+        let mut rows = pending;
+        rows.push(own);
+        self.count_committed(&rows, &inserted);
+        self.remember(name, key, output);
+        Ok(Admission::Granted)
     }
 
     /// A step whose effect is covering other jobs (a burst's later messages, answered by this job's
@@ -1206,8 +1217,6 @@ pub struct Step<'a> {
     lazy: bool,
     tally: Option<String>,
     at: Option<DateTime<Utc>>,
-    /// What [`Step::run_in_tx`] serialises on, when not the step itself (a tally, for a counted step).
-    lock: Option<String>,
     counter: Option<Counter>,
     /// A read carried by the step's record statement ([`Step::ride`]).
     ride: Option<Ride>,
@@ -1354,12 +1363,9 @@ impl Step<'_> {
         let pending = job.take_pending();
         let result = async {
             let mut tx = job.pool.begin().await.map_err(JournalError::from)?;
-            // Serialised per step (or on the lock asked for); then, in a statement of its own so that
-            // it sees what another attempt committed while this one waited, the step's record.
-            let lock = self
-                .lock
-                .clone()
-                .unwrap_or_else(|| format!("step:{}:{name}:{}", job.id(), self.key));
+            // Serialised per step; then, in a statement of its own so that it sees what another attempt
+            // committed while this one waited, the step's record.
+            let lock = format!("step:{}:{name}:{}", job.id(), self.key);
             sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
                 .bind(&lock)
                 .execute(&mut *tx)
