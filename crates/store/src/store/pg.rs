@@ -1,7 +1,6 @@
 //! PostgreSQL: connecting ([`super::pool`] lends the connections) and the conversation history
-//! (`bot_conversations`). The journal
-//! ([`crate::journal`]), the order floors ([`crate::conversation_order`]) and the knowledge base ([`crate::rag`]) use
-//! the same pool.
+//! (`bot_conversations`). The journal ([`crate::journal`]), the order floors
+//! ([`crate::conversation_order`]) and the knowledge base ([`crate::rag`]) use the same pool.
 
 use std::str::FromStr;
 use std::time::Duration;
