@@ -76,7 +76,7 @@ async fn a_statement_that_ended_well_costs_one_round_trip() {
         assert_eq!(one(&pool).await.unwrap(), 1);
     }
     assert_eq!(series().await.unwrap(), [1, 2, 3]);
-    // sqlx's pool: 22 (each statement, then its `Sync` on release).
+    // sqlx's pool adds a `Sync` on every release.
     assert_eq!(counter.round_trips(), 11, "one round trip a statement");
     assert_eq!(pool.num_idle(), 1, "one connection served them all");
     pool.close().await;
@@ -148,7 +148,7 @@ async fn a_transaction_dropped_before_its_commit_is_rolled_back() {
 #[tokio::test]
 async fn a_dead_backend_costs_at_most_one_statement_and_an_idle_one_none() {
     let env = TestEnv::new(always(StubReply::text("unused"))).await;
-    let pool = direct_pool(&env, 1, Duration::from_millis(300)).await;
+    // Ends the backend and waits until it is gone.
     let kill = |pid: i32| {
         let admin = env.pg.pool.clone();
         async move {
@@ -158,28 +158,48 @@ async fn a_dead_backend_costs_at_most_one_statement_and_an_idle_one_none() {
                 .await
                 .unwrap();
             assert!(done);
+            for _ in 0..500 {
+                let alive: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)",
+                )
+                .bind(pid)
+                .fetch_one(&admin)
+                .await
+                .unwrap();
+                if !alive {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("backend {pid} did not end");
         }
     };
-    let pid = || async {
-        sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
-            .fetch_one(&pool)
-            .await
+    let pid = |pool: &Pool| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
+                .fetch_one(&pool)
+                .await
+        }
     };
-    // Killed between statements too close to be checked: that statement fails, and its connection is
-    // checked and closed, so the next runs on a new one.
-    let first = pid().await.unwrap();
+    // Killed between statements, with no idle check to catch it: that statement fails, and its
+    // connection is checked and closed, so the next runs on a new one.
+    let pool = direct_pool(&env, 1, MINUTE).await;
+    let first = pid(&pool).await.unwrap();
     kill(first).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(one(&pool).await.is_err(), "the dead connection was used");
-    let second = pid().await.unwrap();
+    let second = pid(&pool).await.unwrap();
     assert_ne!(first, second);
-    // Killed while idle long enough to be checked: nothing fails.
-    kill(second).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let third = pid()
+    pool.close().await;
+    // Killed while idle longer than the check's threshold: nothing fails.
+    let pool = direct_pool(&env, 1, Duration::from_millis(100)).await;
+    let before = pid(&pool).await.unwrap();
+    kill(before).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = pid(&pool)
         .await
         .expect("the idle check replaced the dead connection");
-    assert_ne!(second, third);
+    assert_ne!(before, after);
     pool.close().await;
     env.finish().await;
 }

@@ -749,7 +749,10 @@ impl Job {
             }
         };
         let inserted: Vec<(String, String)> =
-            serde_json::from_value(row.get::<Value, _>("inserted")).unwrap_or_default();
+            serde_json::from_value(row.get::<Value, _>("inserted")).unwrap_or_else(|e| {
+                warn!(step = name, key, error = %e, "counted_step's inserted records do not read; their counters stay");
+                Vec::new()
+            });
         if let Some(earlier) = row.get::<Option<Value>, _>("earlier") {
             debug!(
                 step = name,

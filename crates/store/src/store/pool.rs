@@ -118,11 +118,6 @@ impl Pool {
     /// A connection of one's own until the lease is dropped (a transaction, several statements); it is
     /// checked before its next use.
     pub async fn lease(&self) -> Result<Lease, sqlx::Error> {
-        self.acquire().await
-    }
-
-    /// Same as [`Pool::lease`] under sqlx's name for it.
-    pub async fn acquire(&self) -> Result<Lease, sqlx::Error> {
         if self.is_closed() {
             return Err(sqlx::Error::PoolClosed);
         }
@@ -135,7 +130,7 @@ impl Pool {
 
     /// A transaction on a connection of its own: committed by [`Tx::commit`], else rolled back.
     pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
-        let mut lease = self.acquire().await?;
+        let mut lease = self.lease().await?;
         sqlx::Executor::execute(&mut *lease, "BEGIN").await?;
         Ok(Tx {
             lease: Some(lease),
@@ -411,7 +406,7 @@ impl<'p> sqlx::Executor<'p> for &'_ Pool {
         let pool = self.clone();
         // Read to the end before the connection goes back (nothing here streams a large result).
         futures::stream::once(async move {
-            let mut lease = pool.acquire().await?;
+            let mut lease = pool.lease().await?;
             let items: Vec<_> = (&mut *lease).fetch_many(query).collect().await;
             lease.clean = items.iter().all(Result::is_ok);
             Ok::<_, sqlx::Error>(futures::stream::iter(items))
@@ -430,7 +425,7 @@ impl<'p> sqlx::Executor<'p> for &'_ Pool {
     {
         let pool = self.clone();
         Box::pin(async move {
-            let mut lease = pool.acquire().await?;
+            let mut lease = pool.lease().await?;
             let out = (&mut *lease).fetch_optional(query).await;
             lease.clean = out.is_ok();
             out
@@ -447,7 +442,7 @@ impl<'p> sqlx::Executor<'p> for &'_ Pool {
     {
         let pool = self.clone();
         Box::pin(async move {
-            let mut lease = pool.acquire().await?;
+            let mut lease = pool.lease().await?;
             let out = (&mut *lease).prepare_with(sql, parameters).await;
             lease.clean = out.is_ok();
             out
@@ -463,7 +458,7 @@ impl<'p> sqlx::Executor<'p> for &'_ Pool {
     {
         let pool = self.clone();
         Box::pin(async move {
-            let mut lease = pool.acquire().await?;
+            let mut lease = pool.lease().await?;
             let out = (&mut *lease).describe(sql).await;
             lease.clean = out.is_ok();
             out
