@@ -515,7 +515,7 @@ impl Watch<'_> {
     async fn published(&self, job: &JobRecord) -> Result<usize, companion_journal::JournalError> {
         use companion_journal::names::{key, step};
         let keys: Vec<String> =
-            sqlx::query_scalar("SELECT key FROM job_steps WHERE job = $1 AND name = $2")
+            sqlx::query_scalar("SELECT key FROM job_records WHERE job = $1 AND name = $2")
                 .bind(job.id())
                 .bind(step::PUBLISH)
                 .fetch_all(self.pool)

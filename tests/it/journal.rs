@@ -3,10 +3,14 @@
 //! record names are covered. If each attempt covered the followers it saw and then raced to record its
 //! own list, the loser's extra followers would be left covered by a reply that never answered them (a
 //! few events of the MongoDB outage test never answered).
+//!
+//! And the packed form of a statement's lazy receipts: one row written, every record read back.
 
 use bson::oid::ObjectId;
 use companion_dev::stub::{StubReply, always};
-use companion_journal::NewJob;
+use companion_journal::names::{key, step};
+use companion_journal::{Finish, JournalError, NewJob, State};
+use serde_json::{Value, json};
 
 use crate::env::*;
 
@@ -64,5 +68,134 @@ async fn two_attempts_covering_at_once_agree_and_cover_only_what_they_record() {
             "round {round}: covered exactly the followers the recorded burst answers"
         );
     }
+    env.finish().await;
+}
+
+/// A statement's lazy receipts ([`step::PACKABLE`]) are one `packed` row, where a lazy step that is not
+/// packable keeps its own; the job's next attempt finds each receipt recorded (so it does not redo it),
+/// `job_records` and `companion explain`'s story list each, and a reopen that forgets one takes it out
+/// of the pack. A packed row an erasure scrubbed reads as no record.
+#[tokio::test]
+async fn lazy_receipts_are_written_as_one_row_and_read_back_one_by_one() {
+    let env = TestEnv::new(always(StubReply::text("unused"))).await;
+    let journal = env.journal();
+    let who: Vec<String> = (0..4).map(|_| ObjectId::new().to_hex()).collect();
+    let new = NewJob {
+        id: &who[0],
+        kind: "dm_turn",
+        user: &who[1],
+        bot: &who[2],
+        conversation: &who[3],
+        stream_seq: Some(1),
+        reads: Default::default(),
+    };
+    let receipts = [
+        (step::STORE_REPLY, "g0"),
+        (step::HISTORY, "g0"),
+        (step::TOUCH, "g0"),
+        (step::PUBLISH, "g0"),
+        (step::AFTER_FLAG, key::ONCE),
+        (step::FLOOD, key::ONCE),
+    ];
+    let first = journal.open(&new).await.unwrap();
+    for (name, key) in receipts {
+        let out = first
+            .step(name, key)
+            .lazy()
+            .run(async { Ok::<_, JournalError>(json!(format!("{name} done"))) })
+            .await
+            .unwrap();
+        assert_eq!(out, json!(format!("{name} done")));
+    }
+    first
+        .step(step::FLOW, key::ONCE)
+        .lazy()
+        .run(async { Ok::<_, JournalError>(json!({"flow": null})) })
+        .await
+        .unwrap();
+    assert!(first.finish(State::Done, Finish::default()).await.unwrap());
+
+    let rows: Vec<(String, Value)> =
+        sqlx::query_as("SELECT name, output FROM job_steps WHERE job = $1 ORDER BY name")
+            .bind(&who[0])
+            .fetch_all(&env.pg.pool)
+            .await
+            .unwrap();
+    let names: Vec<&str> = rows.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, [step::FLOW, step::PACKED], "{rows:?}");
+    assert_eq!(rows[1].1.as_array().map(Vec::len), Some(6), "{rows:?}");
+
+    let again = journal.open(&new).await.unwrap();
+    for (name, key) in receipts {
+        assert_eq!(
+            again.recorded::<Value>(name, key),
+            Some(json!(format!("{name} done"))),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        again.recorded::<Value>(step::FLOW, key::ONCE),
+        Some(json!({"flow": null}))
+    );
+    async fn listed(pool: &companion_store::store::Pool, job: &str) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT name || ':' || key FROM job_records WHERE job = $1 ORDER BY name",
+        )
+        .bind(job)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+    }
+    assert_eq!(
+        listed(&env.pg.pool, &who[0]).await,
+        [
+            "after_flag:",
+            "flood:",
+            "flow:",
+            "history:g0",
+            "publish:g0",
+            "store_reply:g0",
+            "touch:g0"
+        ]
+    );
+    let story = companion_journal::story::story(&env.pg.pool, &who[0])
+        .await
+        .unwrap()
+        .expect("the job's story");
+    let mut told: Vec<&str> = story.steps.iter().map(|s| s.name.as_str()).collect();
+    told.sort_unstable();
+    assert_eq!(
+        told,
+        [
+            "after_flag",
+            "flood",
+            "flow",
+            "history",
+            "publish",
+            "store_reply",
+            "touch"
+        ]
+    );
+
+    // A replay's reopen forgets the flood decision, packed or not, and keeps the rest.
+    journal.reopen(&who[0], &[step::FLOOD]).await.unwrap();
+    let replayed = journal.open(&new).await.unwrap();
+    assert_eq!(replayed.record.state, State::Running);
+    assert_eq!(replayed.recorded::<Value>(step::FLOOD, key::ONCE), None);
+    assert!(
+        replayed
+            .recorded::<Value>(step::AFTER_FLAG, key::ONCE)
+            .is_some()
+    );
+
+    // An erasure scrubs every record of its user's jobs, the packed row with them.
+    sqlx::query("UPDATE job_steps SET output = '{\"erased\": true}' WHERE job = $1")
+        .bind(&who[0])
+        .execute(&env.pg.pool)
+        .await
+        .unwrap();
+    assert_eq!(listed(&env.pg.pool, &who[0]).await, ["flow:"]);
+    let scrubbed = journal.open(&new).await.unwrap();
+    assert_eq!(scrubbed.recorded::<Value>(step::PUBLISH, "g0"), None);
     env.finish().await;
 }

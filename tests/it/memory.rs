@@ -726,7 +726,7 @@ async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_an
     );
     // Stopped by the check before delivery (read with the reply's record), not withdrawn after it.
     let delivered: Vec<String> = sqlx::query_scalar(
-        "SELECT name FROM job_steps WHERE job = $1 AND name IN ('store_reply', 'withdraw')",
+        "SELECT name FROM job_records WHERE job = $1 AND name IN ('store_reply', 'withdraw')",
     )
     .bind(&e.message_id)
     .fetch_all(&env.pg.pool)

@@ -308,7 +308,7 @@ impl Journal {
                        stream_seq = COALESCE(jobs.stream_seq, EXCLUDED.stream_seq)
                 RETURNING {JOB_COLUMNS}, kind, user_id, conversation_id, created_at)
              SELECT j.*, (SELECT coalesce(jsonb_agg(jsonb_build_array(s.name, s.key, s.output)), '[]')
-                          FROM job_steps s WHERE s.job = j.id) AS steps,
+                          FROM job_records s WHERE s.job = j.id) AS steps,
                     CASE WHEN $7::text IS NOT NULL THEN
                       (SELECT coalesce(jsonb_agg(s.output), '[]') FROM job_steps s
                        WHERE s.name = $7 AND s.job = ({previous}))
@@ -340,7 +340,10 @@ impl Journal {
         if let Value::Array(steps) = row.get::<Value, _>("steps") {
             for s in steps {
                 if let (Some(name), Some(key)) = (s[0].as_str(), s[1].as_str()) {
-                    recorded.insert((name.to_owned(), key.to_owned()), s[2].clone());
+                    // A packed record two attempts both wrote reads twice: either output will do.
+                    recorded
+                        .entry((name.to_owned(), key.to_owned()))
+                        .or_insert_with(|| s[2].clone());
                 }
             }
         }
@@ -351,6 +354,7 @@ impl Journal {
             recorded: Mutex::new(recorded),
             pending: Mutex::new(Vec::new()),
             notes: Default::default(),
+            packs: Default::default(),
             carried: Carried {
                 previous,
                 paused: row.get("paused"),
@@ -407,6 +411,18 @@ impl Journal {
             .bind(forget)
             .execute(&mut *tx)
             .await?;
+        // And out of the packed rows ([`names::step::PACKED`]).
+        sqlx::query(
+            "UPDATE job_steps SET output = (
+                SELECT coalesce(jsonb_agg(r), '[]'::jsonb) FROM jsonb_array_elements(output) AS r
+                WHERE NOT (r ->> 'name' = ANY($2)))
+             WHERE job = $1 AND name = $3 AND jsonb_typeof(output) = 'array'",
+        )
+        .bind(id)
+        .bind(forget)
+        .bind(names::step::PACKED)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -436,7 +452,7 @@ impl Journal {
             floor: None,
             unless_deleted: None,
         };
-        transition(&self.pool, id, to, &[]).await?;
+        transition(&self.pool, id, to, Value::Array(Vec::new())).await?;
         Ok(())
     }
 
@@ -586,6 +602,8 @@ pub struct Job {
     pending: Mutex<Vec<Pending>>,
     /// Notes written by this attempt ([`Job::note`]), for their keys.
     notes: std::sync::atomic::AtomicU32,
+    /// Packed rows built by this attempt ([`Job::records`]), for their keys.
+    packs: std::sync::atomic::AtomicU32,
     /// What the attempt's statements carry besides their own work ([`Job::carried`]).
     carried: Carried,
 }
@@ -737,8 +755,8 @@ impl Job {
         .bind(tally)
         .bind(now - window)
         .bind(i64::from(limit))
-        .bind(records(&pending))
-        .bind(records(std::slice::from_ref(&own)))
+        .bind(self.records(&pending, None))
+        .bind(self.records(&[], Some(&own)))
         .fetch_one(&self.pool)
         .await;
         let row = match row {
@@ -826,7 +844,7 @@ impl Job {
         let sql = format!("{INSERT_RECORDS} RETURNING name, key");
         let result: Result<Vec<(String, String)>, _> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(self.id())
-            .bind(records(&pending))
+            .bind(self.records(&pending, None))
             .fetch_all(&self.pool)
             .await;
         match result {
@@ -901,7 +919,7 @@ impl Job {
             floor: floor.as_ref(),
             unless_deleted: answered,
         };
-        match transition(&self.pool, self.id(), to, &pending).await {
+        match transition(&self.pool, self.id(), to, self.records(&pending, None)).await {
             Ok((moved, deleted, inserted)) => {
                 self.count_committed(&pending, &inserted);
                 if moved && let Some((_, through)) = floor {
@@ -944,6 +962,37 @@ impl Job {
         }
     }
 
+    /// The JSON array [`INSERT_RECORDS`] reads: the lazy records `pending`, those of
+    /// [`names::step::PACKABLE`] steps packed into one record of step [`names::step::PACKED`] (keyed
+    /// `<attempt>.<n>`, so no other attempt's pack is in its way), then the step's own record `own`, as
+    /// it is (its statement reads it back by name).
+    fn records(&self, pending: &[Pending], own: Option<&Pending>) -> Value {
+        let packable = |r: &Pending| {
+            names::step::PACKABLE.contains(&r.name.as_str())
+                && r.tally.is_none()
+                && r.counter.is_none()
+                && r.at.is_none()
+        };
+        let (packed, single): (Vec<&Pending>, Vec<&Pending>) =
+            pending.iter().partition(|r| packable(r));
+        let mut out: Vec<Value> = single.into_iter().chain(own).map(record_json).collect();
+        if !packed.is_empty() {
+            let n = self
+                .packs
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let inner: Vec<Value> = packed
+                .iter()
+                .map(|r| serde_json::json!({"name": r.name, "key": r.key, "output": r.output}))
+                .collect();
+            out.push(serde_json::json!({
+                "name": names::step::PACKED,
+                "key": format!("{}.{n}", self.record.attempts),
+                "output": inner,
+            }));
+        }
+        Value::Array(out)
+    }
+
     fn take_pending(&self) -> Vec<Pending> {
         std::mem::take(&mut *self.pending.lock().expect("journal lock"))
     }
@@ -957,6 +1006,7 @@ impl Job {
     async fn record(&self, step: Pending, ride: Option<Ride>) -> Result<Value, JournalError> {
         let (name, key) = (step.name.clone(), step.key.clone());
         let mut rows = self.take_pending();
+        let records = self.records(&rows, Some(&step));
         rows.push(step);
         // Every record this statement inserted, and the step's own as stored before it, if it was; and
         // the ride's value, in a row of no name.
@@ -973,7 +1023,7 @@ impl Job {
         );
         let query = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(self.id())
-            .bind(records(&rows))
+            .bind(records)
             .bind(&name)
             .bind(&key);
         let query = match ride {
@@ -1073,13 +1123,13 @@ struct Transition<'a> {
     unless_deleted: Option<Answered<'a>>,
 }
 
-/// Moves a job to `t.to` from any state that may become it, writing `rows` in the same statement: whether
-/// it moved, whether a deletion stopped it, and the records inserted.
+/// Moves a job to `t.to` from any state that may become it, writing `records` ([`Job::records`]) in the
+/// same statement: whether it moved, whether a deletion stopped it, and the records inserted.
 async fn transition(
     pool: &Pool,
     id: &str,
     t: Transition<'_>,
-    rows: &[Pending],
+    records: Value,
 ) -> Result<(bool, bool, Vec<(String, String)>), JournalError> {
     let (to, ending, error, floor) = (t.to, t.ending, t.error, t.floor);
     // The floor moves only with the settlement that moved the job (never past a job settled elsewhere).
@@ -1110,7 +1160,7 @@ async fn transition(
     );
     let query = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(id)
-        .bind(records(rows))
+        .bind(records)
         .bind(to.as_str())
         .bind(ending.by)
         .bind(error)
@@ -1146,20 +1196,14 @@ const INSERT_RECORDS: &str = "INSERT INTO job_steps (job, name, key, output, tal
     FROM jsonb_to_recordset($2::jsonb) AS r(name text, key text, output jsonb, tally text, at timestamptz)
     ON CONFLICT (job, name, key) DO NOTHING";
 
-/// Step records as the JSON array [`INSERT_RECORDS`] reads.
-fn records(rows: &[Pending]) -> Value {
-    Value::Array(
-        rows.iter()
-            .map(|r| {
-                let mut v = serde_json::json!({"name": r.name, "key": r.key, "output": r.output,
-                                               "tally": r.tally});
-                if let Some(at) = r.at {
-                    v["at"] = serde_json::json!(at);
-                }
-                v
-            })
-            .collect(),
-    )
+/// One step record as the JSON object [`INSERT_RECORDS`] reads.
+fn record_json(r: &Pending) -> Value {
+    let mut v =
+        serde_json::json!({"name": r.name, "key": r.key, "output": r.output, "tally": r.tally});
+    if let Some(at) = r.at {
+        v["at"] = serde_json::json!(at);
+    }
+    v
 }
 
 fn decode<T: DeserializeOwned>(name: &str, key: &str, value: &Value) -> Option<T> {
@@ -1388,10 +1432,11 @@ impl Step<'_> {
             if own.is_some() {
                 rows.push(self.pending(value.clone()));
             }
+            let records = job.records(&pending, rows.get(pending.len()));
             let sql = format!("{INSERT_RECORDS} RETURNING name, key");
             let inserted: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
                 .bind(job.id())
-                .bind(records(&rows))
+                .bind(records)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(JournalError::from)?;

@@ -101,6 +101,23 @@ pub mod step {
     /// A note: why a fixed line (the failure line, the crisis line, the busy or budget line) stands in
     /// for the model's answer, keyed `<reply key>@<attempt>.<n>`.
     pub const FIXED_LINE: &str = "fixed_line";
+    /// Not a step: one row holding the lazy records of [`PACKABLE`] steps that one statement wrote, keyed
+    /// `<attempt>.<n>` (the view `job_records` reads them one row each).
+    pub const PACKED: &str = "packed";
+
+    /// Steps whose lazy records are written packed ([`PACKED`]), one row a statement instead of one each.
+    /// Each is a few bytes that hold no user's words (so no erasure scrubs it by name), moves no counter
+    /// and no tally, and no statement selects it by name: it is read only among all of its job's records
+    /// (a reopen that forgets one, as a replay forgets `flood`, takes it out of its pack).
+    pub const PACKABLE: &[&str] = &[
+        STORE_REPLY,
+        HISTORY,
+        TOUCH,
+        PUBLISH,
+        MEMORY_TRIGGER,
+        AFTER_FLAG,
+        FLOOD,
+    ];
 }
 
 /// Tallies: limits every worker counts against together (`job_steps.tally`).

@@ -56,7 +56,7 @@ pub async fn story(pool: &Pool, id: &str) -> Result<Option<Story>, JournalError>
         _ => (None, asked),
     };
     let steps = sqlx::query(
-        "SELECT name, key, output, tally, created_at FROM job_steps WHERE job = $1
+        "SELECT name, key, output, tally, created_at FROM job_records WHERE job = $1
          ORDER BY created_at, name, key",
     )
     .bind(job.record.id())
