@@ -188,7 +188,8 @@ async fn lazy_receipts_are_written_as_one_row_and_read_back_one_by_one() {
             .is_some()
     );
 
-    // An erasure scrubs every record of its user's jobs, the packed row with them.
+    // A user's erasure scrubs every record of their jobs, a pack too: `SCRUB` (memory/erase.rs) leaves
+    // `{"erased": true}` of an output with no `usage`, written here as it would.
     sqlx::query("UPDATE job_steps SET output = '{\"erased\": true}' WHERE job = $1")
         .bind(&who[0])
         .execute(&env.pg.pool)
