@@ -199,12 +199,16 @@ enum ReportCommand {
 }
 
 fn main() -> std::process::ExitCode {
-    companion::run_main(run)
-}
-
-async fn run() -> anyhow::Result<()> {
     let _ = dotenvy::dotenv();
     let cli = Cli::parse();
+    let threads = match &cli.command {
+        Command::Worker(config) => Some(config.runtime_threads()),
+        _ => None,
+    };
+    companion::run_main(threads, || run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     // Flushes exported spans when main returns.
     let _telemetry = companion::init_telemetry(&cli.log);
     match cli.command {

@@ -252,14 +252,21 @@ pub(crate) mod otel {
     }
 }
 
-/// A binary's `main`: runs `run` on a new Tokio runtime and reports a failure on stderr as one line with
-/// its whole chain of causes (`error: a: b: c`), the backtrace only with `RUST_LIB_BACKTRACE=1`.
-pub fn run_main<E, F>(run: impl FnOnce() -> F) -> std::process::ExitCode
+/// A binary's `main`: runs `run` on a new Tokio runtime (with `threads` worker threads, else one per
+/// core) and reports a failure on stderr as one line with its whole chain of causes (`error: a: b: c`),
+/// the backtrace only with `RUST_LIB_BACKTRACE=1`.
+pub fn run_main<E, F>(threads: Option<usize>, run: impl FnOnce() -> F) -> std::process::ExitCode
 where
     E: std::fmt::Display + std::fmt::Debug + From<std::io::Error>,
     F: std::future::Future<Output = Result<(), E>>,
 {
-    let result = tokio::runtime::Runtime::new()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = threads {
+        builder.worker_threads(threads);
+    }
+    let result = builder
+        .enable_all()
+        .build()
         .map_err(E::from)
         .and_then(|rt| rt.block_on(run()));
     match result {

@@ -128,6 +128,7 @@ impl Worker {
             consumer = %w.consumer.name,
             stream = %w.bus.names.stream_in,
             concurrency,
+            runtime_threads = tokio::runtime::Handle::current().metrics().num_workers(),
             max_deliver = shared.limits.max_deliver,
             characters = w.pipeline.companions(),
             "worker ready"

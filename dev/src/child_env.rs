@@ -408,6 +408,10 @@ fn worker(c: &Config) -> Env {
             c.worker.outage_max_secs.to_string(),
         ),
         ("COMPANION_HTTP_ADDR", c.worker.http_addr.clone()),
+        (
+            "COMPANION_RUNTIME_THREADS",
+            c.worker.runtime_threads.to_string(),
+        ),
     ]
 }
 

@@ -210,7 +210,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    companion::run_main(run)
+    companion::run_main(None, run)
 }
 
 async fn run() -> anyhow::Result<()> {

@@ -938,6 +938,16 @@ pub struct WorkerConfig {
         default_value = "127.0.0.1:9090"
     )]
     pub http_addr: String,
+    /// Threads of the async runtime (0 = the cores the embedding model's threads leave, at least one).
+    /// The model runs on threads of its own, so on 2 cores one runtime thread spent 9 % less CPU a turn
+    /// than two, which woke each other and the model's thread (docs/bench/history.md, 30 November).
+    #[arg(
+        id = "runtime-threads",
+        long = "runtime-threads",
+        env = "COMPANION_RUNTIME_THREADS",
+        default_value_t = 0
+    )]
+    pub runtime_threads: usize,
 }
 
 impl WorkerConfig {
@@ -1273,11 +1283,27 @@ pub fn from_env<T: Args>() -> Result<T, clap::Error> {
 }
 
 impl Config {
+    /// Threads the worker's async runtime gets: `--runtime-threads`, else the cores (as the process
+    /// may use them, cgroup quota included) less the embedding model's threads, at least one. With
+    /// `--embed-threads 0` the model takes every core only while it runs: the runtime gets one per core.
+    pub fn runtime_threads(&self) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        runtime_threads(self.worker.runtime_threads, self.embed.threads, cores)
+    }
+
     /// Configuration from the environment only (for tests and tools that have no CLI).
     pub fn from_env() -> Result<Self, clap::Error> {
         let mut config: Self = from_env()?;
         config.log = from_env()?;
         Ok(config)
+    }
+}
+
+fn runtime_threads(configured: usize, model: usize, cores: usize) -> usize {
+    match (configured, model) {
+        (0, 0) => cores,
+        (0, model) => cores.saturating_sub(model).max(1),
+        (configured, _) => configured,
     }
 }
 
@@ -1312,6 +1338,19 @@ mod tests {
             mongo_database_from_uri("mongodb://127.0.0.1:27017"),
             "TrickList2"
         );
+    }
+
+    #[test]
+    fn the_runtime_gets_the_cores_the_model_leaves() {
+        assert_eq!(runtime_threads(0, 1, 2), 1);
+        assert_eq!(runtime_threads(0, 2, 8), 6);
+        assert_eq!(runtime_threads(0, 4, 2), 1, "never none");
+        assert_eq!(
+            runtime_threads(0, 0, 4),
+            4,
+            "a model on every core leaves them all"
+        );
+        assert_eq!(runtime_threads(3, 1, 2), 3, "a setting wins");
     }
 
     #[test]
