@@ -483,7 +483,7 @@ impl Composer {
         collections: &[String],
         query: &str,
     ) -> (Vec<crate::rag::KnowledgeSnippet>, Recall) {
-        if !a.memory.remembers {
+        if !a.memory().remembers {
             return (
                 self.retriever.for_turn(collections, query).await,
                 Recall::default(),

@@ -78,7 +78,7 @@ impl Endings {
             && self.memory.config.enabled
         {
             // Before the job settles, as a step: a crash after the reply publishes it on the retry.
-            let waiting = a.memory.waiting + 1 + end.burst.covers.len() as i64;
+            let waiting = a.memory().waiting + 1 + end.burst.covers.len() as i64;
             job.step(step::MEMORY_TRIGGER, job.record.generation.to_string())
                 .lazy()
                 .run(async {

@@ -117,8 +117,8 @@ pub(crate) struct Admitted<'t> {
     pub(crate) ids: Ids,
     /// What the user's age allows, from the users document (unknown: as configured).
     pub(crate) age: Age,
-    /// Tombstones and memory, read before the job opens ([`crate::memory::Memory::probe`]).
-    pub(crate) memory: crate::memory::MemoryCheck,
+    /// Memory, read with the job's opening ([`crate::memory::PROBE_GUARD`]); unset before it.
+    memory: std::sync::OnceLock<crate::memory::MemoryCheck>,
 }
 
 /// The job's ids; hex forms as the stores key them.
@@ -143,6 +143,21 @@ impl Admitted<'_> {
             Kind::FollowUp { .. } => "follow_up",
         };
         crate::genai::agent(&m.character.name, &m.bot, &self.ids.conversation, kind)
+    }
+
+    /// What the probe found ([`Admitted::probed`]); nothing remembered nor waiting before it ran.
+    pub(crate) fn memory(&self) -> crate::memory::MemoryCheck {
+        self.memory.get().copied().unwrap_or_default()
+    }
+
+    /// Keeps what the probe found with the job's opening.
+    pub(crate) fn probed(&self, check: crate::memory::MemoryCheck) {
+        let _ = self.memory.set(check);
+    }
+
+    /// The id of the message that came in, if any, as the tombstones key it.
+    pub(crate) fn message_ids(&self) -> Vec<String> {
+        self.message().map(|m| m.id.to_hex()).into_iter().collect()
     }
 
     pub(crate) fn new_job(&self, stream_seq: Option<u64>) -> NewJob<'_> {
@@ -233,18 +248,29 @@ impl Admission {
         self.characters.by_bot(id).is_some()
     }
 
-    /// Whether a tombstone stops this input (its message was deleted or its user erased, so a redelivery
-    /// or a replay cannot bring it back; docs/memory.md), and what memory the turn has: one statement.
-    pub(crate) async fn probe(
+    /// The probe that guards the job's opening: whether a tombstone stops this input (its message was
+    /// deleted or its user erased, so a redelivery or a replay cannot bring it back; docs/memory.md), and
+    /// what memory the turn has. `messages` are [`Admitted::message_ids`].
+    pub(crate) fn probe_guard<'a>(
         &self,
-        a: &Admitted<'_>,
-    ) -> Result<crate::memory::MemoryCheck, PipelineError> {
-        let messages: Vec<String> = a.message().map(|m| m.id.to_hex()).into_iter().collect();
+        a: &'a Admitted<'_>,
+        messages: &'a [String],
+    ) -> crate::journal::Guard<'a> {
         let bot = match a.kind {
             Kind::Dm(_) => a.ids.bot.as_str(),
             _ => "",
         };
-        Ok(self.memory.probe(&a.ids.user, bot, &messages).await?)
+        crate::journal::Guard {
+            sql: crate::memory::PROBE_GUARD,
+            user: &a.ids.user,
+            bot,
+            messages,
+        }
+    }
+
+    /// The probe's row as the opening returned it.
+    pub(crate) fn checked(&self, row: &serde_json::Value) -> crate::memory::MemoryCheck {
+        self.memory.checked(row)
     }
 
     /// Admits `input` (see the module documentation).

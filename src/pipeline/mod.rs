@@ -50,7 +50,7 @@ use crate::{
     genai,
     group::Route,
     journal::{
-        Attempt, Job, Journal, JournalError, State,
+        Attempt, Job, Journal, JournalError, Opened, State,
         names::{key, step},
     },
     llm::LlmError,
@@ -341,18 +341,7 @@ impl Pipeline {
         let secs = self.timeout_secs.max(1);
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
         let work = async {
-            let mut admitted = stage(Stage::Admit, self.admission.admit(input)).await?;
-            admitted.memory = self.admission.probe(&admitted).await?;
-            if admitted.memory.gone {
-                info!("the message was deleted or its user erased; acknowledged without an answer");
-                return Ok(Settled {
-                    outcome: Outcome::Dropped {
-                        reason: DELETED.into(),
-                    },
-                    through_seq: None,
-                    floored: None,
-                });
-            }
+            let admitted = stage(Stage::Admit, self.admission.admit(input)).await?;
             let mut new_job = admitted.new_job(arrival.map(|d| d.seq));
             // The gate's reads ride with the opening: a moderator's pause, and the reply model's flag on
             // the message before. A pause that comes after this read is held at delivery.
@@ -360,8 +349,29 @@ impl Pipeline {
             if admitted.message().is_some() {
                 new_job.reads.previous = Some(self.gate.flag_read());
             }
+            // So does the probe, which stops it first: a tombstone leaves no job row.
+            let messages = admitted.message_ids();
+            let guard = self.admission.probe_guard(&admitted, &messages);
+            let opening = self.journal.open_unless(&new_job, &guard);
+            let job = match stage(Stage::Journal, opening).await? {
+                Opened::Job(job, probe) => {
+                    admitted.probed(self.admission.checked(&probe));
+                    job
+                }
+                Opened::Stopped(_) => {
+                    info!(
+                        "the message was deleted or its user erased; acknowledged without an answer"
+                    );
+                    return Ok(Settled {
+                        outcome: Outcome::Dropped {
+                            reason: DELETED.into(),
+                        },
+                        through_seq: None,
+                        floored: None,
+                    });
+                }
+            };
             let run = async {
-                let job = stage(Stage::Journal, self.journal.open(&new_job)).await?;
                 // The job's settlement moves its conversation's order floor too (one statement).
                 if let Some(Arrival {
                     order: Some(order),

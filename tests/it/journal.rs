@@ -4,7 +4,8 @@
 //! own list, the loser's extra followers would be left covered by a reply that never answered them (a
 //! few events of the MongoDB outage test never answered).
 //!
-//! And the packed form of a statement's lazy receipts: one row written, every record read back.
+//! And the packed form of a statement's lazy receipts: one row written, every record read back; and the
+//! opening a tombstone stops before its job's row exists.
 
 use bson::oid::ObjectId;
 use companion_dev::stub::{StubReply, always};
@@ -199,4 +200,115 @@ async fn lazy_receipts_are_written_as_one_row_and_read_back_one_by_one() {
     let scrubbed = journal.open(&new).await.unwrap();
     assert_eq!(scrubbed.recorded::<Value>(step::PUBLISH, "g0"), None);
     env.finish().await;
+}
+
+/// A turn's opening carries the memory probe as its guard: a tombstone stops the job before its row
+/// exists (and an existing job's attempts stay as they were); otherwise the job opens with the probe's
+/// row beside it.
+#[tokio::test]
+async fn a_guarded_opening_writes_no_job_for_a_tombstoned_message_and_returns_the_probe() {
+    use companion_journal::{Guard, Opened};
+    let env = TestEnv::new(always(StubReply::text("unused"))).await;
+    let journal = env.journal();
+    let ids: Vec<String> = (0..5).map(|_| ObjectId::new().to_hex()).collect();
+    let [user, bot, _, message, later] = &ids[..] else {
+        unreachable!()
+    };
+    fn new<'a>(id: &'a str, who: &'a [String]) -> NewJob<'a> {
+        NewJob {
+            id,
+            kind: "dm_turn",
+            user: &who[0],
+            bot: &who[1],
+            conversation: &who[2],
+            stream_seq: Some(1),
+            reads: Default::default(),
+        }
+    }
+    let messages = [message.clone()];
+    let guard = Guard {
+        sql: companion_tools::memory::PROBE_GUARD,
+        user,
+        bot,
+        messages: &messages,
+    };
+    let job_row = |id: String| {
+        let pool = env.pg.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i32>("SELECT attempts FROM jobs WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let job_id = format!("dm:{message}");
+    // Nothing deleted: the job opens, and the probe's row comes with it.
+    match journal
+        .open_unless(&new(&job_id, &ids), &guard)
+        .await
+        .unwrap()
+    {
+        Opened::Job(job, probe) => {
+            assert_eq!(job.record.attempts, 1);
+            assert_eq!(
+                probe,
+                json!({"gone": false, "remembers": false, "waiting": 0})
+            );
+        }
+        Opened::Stopped(probe) => panic!("stopped: {probe}"),
+    }
+    sqlx::query("INSERT INTO tombstones (kind, id) VALUES ('message', $1)")
+        .bind(message)
+        .execute(&env.pg.pool)
+        .await
+        .unwrap();
+    // Deleted since: a redelivery is stopped, and its job is not counted another attempt.
+    match journal
+        .open_unless(&new(&job_id, &ids), &guard)
+        .await
+        .unwrap()
+    {
+        Opened::Stopped(probe) => assert_eq!(probe["gone"], json!(true)),
+        Opened::Job(..) => panic!("a deleted message's job opened"),
+    }
+    assert_eq!(job_row(job_id.clone()).await, Some(1));
+    // Deleted before its first delivery: no job row at all.
+    let later_id = format!("dm:{later}");
+    let both = [later.clone(), message.clone()];
+    let guard = Guard {
+        messages: &both,
+        ..guard
+    };
+    assert!(matches!(
+        journal
+            .open_unless(&new(&later_id, &ids), &guard)
+            .await
+            .unwrap(),
+        Opened::Stopped(_)
+    ));
+    assert_eq!(
+        job_row(later_id.clone()).await,
+        None,
+        "no job row for a stopped opening"
+    );
+    // An erased user stops any message of theirs.
+    sqlx::query("INSERT INTO tombstones (kind, id) VALUES ('user', $1)")
+        .bind(user)
+        .execute(&env.pg.pool)
+        .await
+        .unwrap();
+    let fresh = [ObjectId::new().to_hex()];
+    let guard = Guard {
+        messages: &fresh,
+        ..guard
+    };
+    assert!(matches!(
+        journal
+            .open_unless(&new(&later_id, &ids), &guard)
+            .await
+            .unwrap(),
+        Opened::Stopped(_)
+    ));
+    assert_eq!(job_row(later_id.clone()).await, None);
 }

@@ -244,6 +244,26 @@ pub struct Reads<'a> {
     pub paused: bool,
 }
 
+/// A read that decides whether a job opens at all ([`Journal::open_unless`]): a query of one row whose
+/// boolean column `gone` stops the opening when true, so no job row exists for what it stops. It sees
+/// the parameters `$10` (the user), `$11` (the companion, or empty) and `$12` (the input's message ids,
+/// a text array); its whole row comes back as a JSON object.
+#[derive(Clone, Copy, Debug)]
+pub struct Guard<'a> {
+    pub sql: &'static str,
+    pub user: &'a str,
+    pub bot: &'a str,
+    pub messages: &'a [String],
+}
+
+/// What [`Journal::open_unless`] found.
+pub enum Opened {
+    /// The guard let it open; with the guard's row.
+    Job(Box<Job>, Value),
+    /// The guard stopped it (no job row was written); its row.
+    Stopped(Value),
+}
+
 /// The answer of [`Job::counted`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admission {
@@ -299,10 +319,49 @@ impl Journal {
     /// Opens an attempt of a job: creates it `Running`, or counts another attempt of an existing one;
     /// with every step recorded so far. One round trip.
     pub async fn open(&self, new: &NewJob<'_>) -> Result<Job, JournalError> {
+        let row = self.opening(new, None).await?;
+        self.opened(&row)
+    }
+
+    /// [`Journal::open`] unless `guard` stops it, in the same one statement.
+    pub async fn open_unless(
+        &self,
+        new: &NewJob<'_>,
+        guard: &Guard<'_>,
+    ) -> Result<Opened, JournalError> {
+        let row = self.opening(new, Some(guard)).await?;
+        let guarded: Value = row.get("guarded");
+        match row.get::<Option<String>, _>("id") {
+            None => Ok(Opened::Stopped(guarded)),
+            Some(_) => Ok(Opened::Job(Box::new(self.opened(&row)?), guarded)),
+        }
+    }
+
+    /// The opening's statement: the job's row (none when `guard` stopped it), its records, the reads
+    /// riding with it, and the guard's row as `guarded`.
+    async fn opening(
+        &self,
+        new: &NewJob<'_>,
+        guard: Option<&Guard<'_>>,
+    ) -> Result<sqlx::postgres::PgRow, JournalError> {
+        let (with_guard, values, source, guarded) = match guard {
+            Some(g) => (
+                format!("g AS ({}), ", g.sql),
+                "SELECT $1, $2, $3, NULLIF($4, ''), $5, $6 WHERE NOT (SELECT gone FROM g)",
+                "(SELECT to_jsonb(g) AS guarded FROM g) g LEFT JOIN j ON true",
+                "g.guarded",
+            ),
+            None => (
+                String::new(),
+                "VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6)",
+                "j",
+                "NULL::jsonb AS guarded",
+            ),
+        };
         let sql = format!(
-            "WITH j AS (
+            "WITH {with_guard}j AS (
                 INSERT INTO jobs (id, kind, user_id, bot_id, conversation_id, stream_seq)
-                VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6)
+                {values}
                 ON CONFLICT (id) DO UPDATE
                    SET attempts = jobs.attempts + 1, updated_at = now(),
                        stream_seq = COALESCE(jobs.stream_seq, EXCLUDED.stream_seq)
@@ -313,13 +372,14 @@ impl Journal {
                       (SELECT coalesce(jsonb_agg(s.output), '[]') FROM job_steps s
                        WHERE s.name = $7 AND s.job = ({previous}))
                     END AS previous,
-                    CASE WHEN $9 THEN {paused} END AS paused
-             FROM j",
+                    CASE WHEN $9 THEN {paused} END AS paused,
+                    {guarded}
+             FROM {source}",
             previous = previous_job("$8"),
             paused = store::safety::paused_sql("j.conversation_id"),
         );
         let (previous_name, previous_since) = new.reads.previous.unzip();
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(new.id)
             .bind(new.kind)
             .bind(new.user)
@@ -328,10 +388,17 @@ impl Journal {
             .bind(new.stream_seq.map(|s| s as i64))
             .bind(previous_name)
             .bind(previous_since)
-            .bind(new.reads.paused)
-            .fetch_one(&self.pool)
-            .await?;
-        let record = job_record(&row)?;
+            .bind(new.reads.paused);
+        let query = match guard {
+            Some(g) => query.bind(g.user).bind(g.bot).bind(g.messages),
+            None => query,
+        };
+        Ok(query.fetch_one(&self.pool).await?)
+    }
+
+    /// The job of an opening's row.
+    fn opened(&self, row: &sqlx::postgres::PgRow) -> Result<Job, JournalError> {
+        let record = job_record(row)?;
         let previous = match row.get::<Option<Value>, _>("previous") {
             Some(Value::Array(outputs)) => Some(outputs),
             _ => None,

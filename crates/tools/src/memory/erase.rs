@@ -46,6 +46,50 @@ struct UserErased {
     subjects: Vec<(String, String, Option<i64>)>,
 }
 
+/// [`Memory::probe`]'s query for the user `$u`, the companion `$b` (empty: none) and the message ids `$m`
+/// (text array): one row of `gone`, `remembers` and `waiting`.
+macro_rules! probe_sql {
+    ($u:literal, $b:literal, $m:literal) => {
+        concat!(
+            "WITH s AS (SELECT extracted_through AS e, summary <> '' AS summarized FROM memory_state
+                        WHERE user_id = ",
+            $u,
+            " AND bot_id = ",
+            $b,
+            ")
+             SELECT
+               ",
+            crate::store::tombstoned!($u, $m),
+            " AS gone,
+               ",
+            $b,
+            " <> '' AND (EXISTS (SELECT 1 FROM memory_facts WHERE user_id = ",
+            $u,
+            " AND bot_id = ",
+            $b,
+            ")
+                             OR coalesce((SELECT summarized FROM s), false)) AS remembers,
+               CASE WHEN ",
+            $b,
+            " = '' THEN 0 ELSE
+                 (SELECT count(*) FROM bot_conversations b
+                  WHERE b.user_id = ",
+            $u,
+            " AND b.bot_id = ",
+            $b,
+            " AND NOT b.group_chat AND b.role = 'user'
+                    AND b.id > coalesce((SELECT e FROM s), 0)
+                    AND b.created_at >= coalesce((SELECT created_at FROM bot_conversations
+                                                  WHERE id = (SELECT e FROM s)), '-infinity'))
+               END AS waiting"
+        )
+    };
+}
+
+/// The probe as the guard of a turn's opening ([`crate::journal::Guard`]): a tombstone stops the job
+/// before its row exists, and the rest comes back with the job, in the opening's one statement.
+pub const PROBE_GUARD: &str = probe_sql!("$10", "$11", "$12");
+
 /// The signal kinds handled here.
 pub const MESSAGE_DELETED: &str = "message_deleted";
 pub const MEMORY_CLEARED: &str = "memory_cleared";
@@ -99,40 +143,39 @@ impl Memory {
     /// What a turn needs to know before it opens its job, in one statement: whether a tombstone stops it
     /// (its message deleted or its user erased), whether the companion remembers anything of the user
     /// (else recall is skipped), and how many of the user's DM messages extraction has not read yet.
-    /// `bot` is empty for a group message (no memory there).
+    /// `bot` is empty for a group message (no memory there). A turn reads it with its job's opening
+    /// ([`PROBE_GUARD`]); this is the same query alone, for the readers that open nothing.
     pub async fn probe(
         &self,
         user: &str,
         bot: &str,
         messages: &[String],
     ) -> Result<MemoryCheck, MemoryError> {
-        let (gone, remembers, waiting): (bool, bool, i64) = sqlx::query_as(concat!(
-            "WITH s AS (SELECT extracted_through AS e, summary <> '' AS summarized FROM memory_state
-                        WHERE user_id = $1 AND bot_id = $2)
-             SELECT
-               ",
-            crate::store::tombstoned!("$1", "$3"),
-            ",
-               $2 <> '' AND (EXISTS (SELECT 1 FROM memory_facts WHERE user_id = $1 AND bot_id = $2)
-                             OR coalesce((SELECT summarized FROM s), false)),
-               CASE WHEN $2 = '' THEN 0 ELSE
-                 (SELECT count(*) FROM bot_conversations b
-                  WHERE b.user_id = $1 AND b.bot_id = $2 AND NOT b.group_chat AND b.role = 'user'
-                    AND b.id > coalesce((SELECT e FROM s), 0)
-                    AND b.created_at >= coalesce((SELECT created_at FROM bot_conversations
-                                                  WHERE id = (SELECT e FROM s)), '-infinity'))
-               END"
-        ))
-        .bind(user)
-        .bind(bot)
-        .bind(messages)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(MemoryCheck {
+        let (gone, remembers, waiting): (bool, bool, i64) =
+            sqlx::query_as(probe_sql!("$1", "$2", "$3"))
+                .bind(user)
+                .bind(bot)
+                .bind(messages)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(self.check(gone, remembers, waiting))
+    }
+
+    /// The probe's row as [`Journal::open_unless`] returned it ([`PROBE_GUARD`]'s columns).
+    pub fn checked(&self, row: &serde_json::Value) -> MemoryCheck {
+        self.check(
+            row["gone"].as_bool().unwrap_or(false),
+            row["remembers"].as_bool().unwrap_or(false),
+            row["waiting"].as_i64().unwrap_or(0),
+        )
+    }
+
+    fn check(&self, gone: bool, remembers: bool, waiting: i64) -> MemoryCheck {
+        MemoryCheck {
             gone,
             remembers: remembers && self.config.enabled,
             waiting,
-        })
+        }
     }
 
     /// Acts on a deletion signal of `kind` about `id`, the stream's message `seq`: a job of the journal

@@ -23,7 +23,7 @@ pub mod topic;
 
 use std::sync::Arc;
 
-pub use erase::MemoryCheck;
+pub use erase::{MemoryCheck, PROBE_GUARD};
 pub(crate) use store::Fact;
 pub(crate) use topic::Topic;
 
