@@ -15,6 +15,19 @@ use serde_json::{Value, json};
 
 use crate::env::*;
 
+/// A DM turn's job for the user, companion and conversation `who`.
+fn job<'a>(id: &'a str, seq: u64, who: &'a [String]) -> NewJob<'a> {
+    NewJob {
+        id,
+        kind: "dm_turn",
+        user: &who[0],
+        bot: &who[1],
+        conversation: &who[2],
+        stream_seq: Some(seq),
+        reads: Default::default(),
+    }
+}
+
 #[tokio::test]
 async fn two_attempts_covering_at_once_agree_and_cover_only_what_they_record() {
     let env = TestEnv::new(always(StubReply::text("unused"))).await;
@@ -24,17 +37,6 @@ async fn two_attempts_covering_at_once_agree_and_cover_only_what_they_record() {
         ObjectId::new().to_hex(),
         ObjectId::new().to_hex(),
     );
-    fn job<'a>(id: &'a str, seq: u64, who: &'a [String; 3]) -> NewJob<'a> {
-        NewJob {
-            id,
-            kind: "dm_turn",
-            user: &who[0],
-            bot: &who[1],
-            conversation: &who[2],
-            stream_seq: Some(seq),
-            reads: Default::default(),
-        }
-    }
     let who = [user, bot, conversation];
     for round in 0..10 {
         let head_id = ObjectId::new().to_hex();
@@ -214,17 +216,6 @@ async fn a_guarded_opening_writes_no_job_for_a_tombstoned_message_and_returns_th
     let [user, bot, _, message, later] = &ids[..] else {
         unreachable!()
     };
-    fn new<'a>(id: &'a str, who: &'a [String]) -> NewJob<'a> {
-        NewJob {
-            id,
-            kind: "dm_turn",
-            user: &who[0],
-            bot: &who[1],
-            conversation: &who[2],
-            stream_seq: Some(1),
-            reads: Default::default(),
-        }
-    }
     let messages = [message.clone()];
     let guard = Guard {
         sql: companion_tools::memory::PROBE_GUARD,
@@ -242,10 +233,26 @@ async fn a_guarded_opening_writes_no_job_for_a_tombstoned_message_and_returns_th
                 .unwrap()
         }
     };
+    let tombstone = |kind: &'static str, id: String| {
+        let pool = env.pg.pool.clone();
+        async move {
+            sqlx::query("INSERT INTO tombstones (kind, id) VALUES ($1, $2)")
+                .bind(kind)
+                .bind(id)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    // Stopped, and no job row for it.
+    let stopped_without_a_row = async |id: &str, guard: &Guard<'_>| {
+        let opened = journal.open_unless(&job(id, 1, &ids), guard).await.unwrap();
+        matches!(opened, Opened::Stopped(_)) && job_row(id.to_owned()).await.is_none()
+    };
     let job_id = format!("dm:{message}");
     // Nothing deleted: the job opens, and the probe's row comes with it.
     match journal
-        .open_unless(&new(&job_id, &ids), &guard)
+        .open_unless(&job(&job_id, 1, &ids), &guard)
         .await
         .unwrap()
     {
@@ -258,14 +265,10 @@ async fn a_guarded_opening_writes_no_job_for_a_tombstoned_message_and_returns_th
         }
         Opened::Stopped(probe) => panic!("stopped: {probe}"),
     }
-    sqlx::query("INSERT INTO tombstones (kind, id) VALUES ('message', $1)")
-        .bind(message)
-        .execute(&env.pg.pool)
-        .await
-        .unwrap();
+    tombstone("message", message.clone()).await;
     // Deleted since: a redelivery is stopped, and its job is not counted another attempt.
     match journal
-        .open_unless(&new(&job_id, &ids), &guard)
+        .open_unless(&job(&job_id, 1, &ids), &guard)
         .await
         .unwrap()
     {
@@ -280,35 +283,13 @@ async fn a_guarded_opening_writes_no_job_for_a_tombstoned_message_and_returns_th
         messages: &both,
         ..guard
     };
-    assert!(matches!(
-        journal
-            .open_unless(&new(&later_id, &ids), &guard)
-            .await
-            .unwrap(),
-        Opened::Stopped(_)
-    ));
-    assert_eq!(
-        job_row(later_id.clone()).await,
-        None,
-        "no job row for a stopped opening"
-    );
+    assert!(stopped_without_a_row(&later_id, &guard).await);
     // An erased user stops any message of theirs.
-    sqlx::query("INSERT INTO tombstones (kind, id) VALUES ('user', $1)")
-        .bind(user)
-        .execute(&env.pg.pool)
-        .await
-        .unwrap();
+    tombstone("user", user.clone()).await;
     let fresh = [ObjectId::new().to_hex()];
     let guard = Guard {
         messages: &fresh,
         ..guard
     };
-    assert!(matches!(
-        journal
-            .open_unless(&new(&later_id, &ids), &guard)
-            .await
-            .unwrap(),
-        Opened::Stopped(_)
-    ));
-    assert_eq!(job_row(later_id.clone()).await, None);
+    assert!(stopped_without_a_row(&later_id, &guard).await);
 }

@@ -939,8 +939,8 @@ pub struct WorkerConfig {
     )]
     pub http_addr: String,
     /// Threads of the async runtime (0 = the cores the embedding model's threads leave, at least one).
-    /// The model runs on threads of its own, so on 2 cores one runtime thread spent 9 % less CPU a turn
-    /// than two, which woke each other and the model's thread (docs/bench/history.md, 30 November).
+    /// The model runs on threads of its own: on 2 cores, one runtime thread cost 3–11 % less worker CPU a
+    /// turn than Tokio's default of two in three runs (docs/benchmark.md, 30 November).
     #[arg(
         id = "runtime-threads",
         long = "runtime-threads",
