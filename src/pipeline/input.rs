@@ -160,6 +160,22 @@ impl Admitted<'_> {
         self.message().map(|m| m.id.to_hex()).into_iter().collect()
     }
 
+    /// The probe that guards the job's opening: whether a tombstone stops this input (its message was
+    /// deleted or its user erased, so a redelivery or a replay cannot bring it back; docs/memory.md), and
+    /// what memory the turn has. `messages` are [`Admitted::message_ids`].
+    pub(crate) fn probe_guard<'a>(&'a self, messages: &'a [String]) -> crate::journal::Guard<'a> {
+        let bot = match self.kind {
+            Kind::Dm(_) => self.ids.bot.as_str(),
+            _ => "",
+        };
+        crate::journal::Guard {
+            sql: crate::memory::PROBE_GUARD,
+            user: &self.ids.user,
+            bot,
+            messages,
+        }
+    }
+
     pub(crate) fn new_job(&self, stream_seq: Option<u64>) -> NewJob<'_> {
         NewJob {
             id: &self.ids.job,
@@ -246,26 +262,6 @@ impl Admission {
     /// Whether `id` is one of the companions' users.
     pub(crate) fn is_companion(&self, id: &ObjectId) -> bool {
         self.characters.by_bot(id).is_some()
-    }
-
-    /// The probe that guards the job's opening: whether a tombstone stops this input (its message was
-    /// deleted or its user erased, so a redelivery or a replay cannot bring it back; docs/memory.md), and
-    /// what memory the turn has. `messages` are [`Admitted::message_ids`].
-    pub(crate) fn probe_guard<'a>(
-        &self,
-        a: &'a Admitted<'_>,
-        messages: &'a [String],
-    ) -> crate::journal::Guard<'a> {
-        let bot = match a.kind {
-            Kind::Dm(_) => a.ids.bot.as_str(),
-            _ => "",
-        };
-        crate::journal::Guard {
-            sql: crate::memory::PROBE_GUARD,
-            user: &a.ids.user,
-            bot,
-            messages,
-        }
     }
 
     /// The probe's row as the opening returned it.

@@ -351,7 +351,7 @@ impl Pipeline {
             }
             // So does the probe, which stops it first: a tombstone leaves no job row.
             let messages = admitted.message_ids();
-            let guard = self.admission.probe_guard(&admitted, &messages);
+            let guard = admitted.probe_guard(&messages);
             let opening = self.journal.open_unless(&new_job, &guard);
             let job = match stage(Stage::Journal, opening).await? {
                 Opened::Job(job, probe) => {

@@ -338,7 +338,7 @@ impl Journal {
     }
 
     /// The opening's statement: the job's row (none when `guard` stopped it), its records, the reads
-    /// riding with it, and the guard's row as `guarded`.
+    /// riding with it, and with a guard its row as `guarded`.
     async fn opening(
         &self,
         new: &NewJob<'_>,
@@ -349,13 +349,13 @@ impl Journal {
                 format!("g AS ({}), ", g.sql),
                 "SELECT $1, $2, $3, NULLIF($4, ''), $5, $6 WHERE NOT (SELECT gone FROM g)",
                 "(SELECT to_jsonb(g) AS guarded FROM g) g LEFT JOIN j ON true",
-                "g.guarded",
+                ", g.guarded",
             ),
             None => (
                 String::new(),
                 "VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6)",
                 "j",
-                "NULL::jsonb AS guarded",
+                "",
             ),
         };
         let sql = format!(
@@ -372,8 +372,7 @@ impl Journal {
                       (SELECT coalesce(jsonb_agg(s.output), '[]') FROM job_steps s
                        WHERE s.name = $7 AND s.job = ({previous}))
                     END AS previous,
-                    CASE WHEN $9 THEN {paused} END AS paused,
-                    {guarded}
+                    CASE WHEN $9 THEN {paused} END AS paused{guarded}
              FROM {source}",
             previous = previous_job("$8"),
             paused = store::safety::paused_sql("j.conversation_id"),
