@@ -39,7 +39,7 @@ use crate::{
     memory::{Memory, recall::Recall},
     metrics::Metrics,
     proactive::FollowUp,
-    rag::Retriever,
+    rag::{Retriever, SearchRide},
     safety::screen::Category,
     spend::{SpendGuard, Spent},
     store::{Mongo, Pg, pg::Rides, safety::Seen},
@@ -352,9 +352,14 @@ impl Composer {
             }
             None => false,
         };
-        // Retrieval (embedding + vector search) runs beside the history load and the trick names (mostly
-        // cached), not after them.
-        let (context, knowledge) = Box::pin(async {
+        // Knowledge search rides too when the messages' vector is known already (a single message's was
+        // embedded at admission for the crisis screen); otherwise retrieval (embedding + vector search)
+        // runs beside the history load and the trick names (mostly cached), not after them.
+        let search = self
+            .retriever
+            .ride(&c.knowledge, &query)
+            .filter(|r| rides.push_with_floats(r.sql, r.args.clone(), r.vector.to_vec()));
+        let (context, looked_up) = Box::pin(async {
             tokio::join!(
                 stage(Stage::Context, async {
                     tokio::try_join!(
@@ -367,12 +372,10 @@ impl Composer {
                         self.mongo.resolve_tricklists(&a.user.tricklists),
                     )
                 }),
-                self.knowledge_and_memory(a, &c.knowledge, &query),
+                self.knowledge_and_memory(a, &c.knowledge, &query, search.as_ref()),
             )
         })
         .await;
-        let (knowledge, memory) = knowledge;
-        let recalled = Recalled::of(&knowledge, &memory);
         let (mut history, tricklists) = context?;
         let mut ridden = std::mem::take(&mut history.rides).into_iter();
         let seen = (self.settings.disclosure_lookback)
@@ -383,6 +386,19 @@ impl Composer {
             .then(|| ridden.next())
             .flatten()
             .and_then(|v| Spent::ridden(&v));
+        let (knowledge, memory) = looked_up;
+        let knowledge = match search {
+            // The search ran in the context stage; `retrieve` times reading its hits.
+            Some(_) => {
+                let value = ridden.next();
+                stage(Stage::Retrieve, async {
+                    self.retriever.ridden(&c.knowledge, value)
+                })
+                .await
+            }
+            None => knowledge,
+        };
+        let recalled = Recalled::of(&knowledge, &memory);
         let flow = self.turn_flow(t.job, a, c, flow).await;
         // A message kept in history before this answer (held while paused) is the one answered now.
         let answering: Vec<String> = events.iter().map(|e| e.message_id.to_hex()).collect();
@@ -482,14 +498,18 @@ impl Composer {
         a: &Admitted<'_>,
         collections: &[String],
         query: &str,
+        ridden: Option<&SearchRide>,
     ) -> (Vec<crate::rag::KnowledgeSnippet>, Recall) {
-        if !a.memory().remembers {
-            return (
-                self.retriever.for_turn(collections, query).await,
-                Recall::default(),
-            );
+        let remembers = a.memory().remembers;
+        let (knowledge, vector) = match (ridden, remembers) {
+            // The search rides with the history's statement: its value is read there.
+            (Some(r), _) => (Vec::new(), Some(r.vector.clone())),
+            (None, false) => (self.retriever.for_turn(collections, query).await, None),
+            (None, true) => self.retriever.lookup(collections, query).await,
+        };
+        if !remembers {
+            return (knowledge, Recall::default());
         }
-        let (knowledge, vector) = self.retriever.lookup(collections, query).await;
         let recall = self
             .memory
             .recall(

@@ -662,3 +662,69 @@ async fn a_question_in_eight_languages_finds_its_english_article() {
         assert!(f * 100 >= n * 85, "{lang}: {f} of {n}");
     }
 }
+
+/// Knowledge search as a ride of the history's statement (issue 64) finds what its own statement
+/// finds: the same chunks, best first, above the same threshold. It rides only once the message's
+/// vector is known (embedded at admission for the crisis screen); before that, and for a message with
+/// nothing to look up, there is no ride and the search runs on its own.
+#[tokio::test]
+async fn a_search_riding_with_the_history_finds_what_its_own_statement_finds() {
+    use companion_store::store::pg::Rides;
+    let db = TestEnv::new(always(StubReply::text("unused"))).await;
+    let embedder = crate::env::embedder();
+    let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
+    ingest_all(&db, &embedder, &articles).await;
+    let retriever = rag::Retriever::new(db.pg.pool.clone(), Some(embedder.clone()), &db.config.rag);
+    let all = cols(&["snowboarding", "skateboarding"]);
+    let user = bson::oid::ObjectId::new().to_hex();
+    let mut compared = 0;
+    for text in [
+        "how often should I wax my snowboard?",
+        "my kickflip keeps flipping away from me",
+        "am I goofy or regular?",
+        "what's the best lasagna recipe?",
+    ] {
+        assert!(
+            retriever.ride(&all, text).is_none(),
+            "{text:?}: no ride before the vector is known"
+        );
+        let own = retriever.for_turn(&all, text).await;
+        // `for_turn` embedded it: now known, as after admission.
+        let ride = retriever
+            .ride(&all, text)
+            .expect("a ride once the vector is cached");
+        let mut rides = Rides::default();
+        rides.push("to_jsonb($4 ->> 'marker')", {
+            let mut m = serde_json::Map::new();
+            m.insert("marker".into(), "before".into());
+            m
+        });
+        assert!(rides.push_with_floats(ride.sql, ride.args.clone(), ride.vector.to_vec()));
+        assert!(
+            !rides.push_with_floats(ride.sql, ride.args.clone(), ride.vector.to_vec()),
+            "one vector per statement"
+        );
+        let history = db.pg.history(&user, "bot", 10, &rides).await.unwrap();
+        assert_eq!(history.rides.len(), 2, "{:?}", history.rides);
+        assert_eq!(history.rides[0], serde_json::json!("before"));
+        let ridden = retriever.ridden(&all, history.rides.get(1).cloned());
+        let ids = |s: &[rag::KnowledgeSnippet]| s.iter().map(|h| h.id).collect::<Vec<_>>();
+        assert_eq!(ids(&ridden), ids(&own), "{text:?}");
+        for (r, o) in ridden.iter().zip(&own) {
+            assert!((r.score - o.score).abs() < 1e-4, "{text:?}: {r:?} {o:?}");
+            assert_eq!(
+                (&r.title, &r.source_url, &r.text),
+                (&o.title, &o.source_url, &o.text)
+            );
+        }
+        compared += own.len();
+    }
+    assert!(
+        compared >= 3,
+        "the questions found knowledge to compare: {compared}"
+    );
+    // Nothing to look up: no ride (and no search).
+    assert!(retriever.ride(&all, "ok thanks!").is_none());
+    assert!(retriever.ride(&[], "how do I wax my board?").is_none());
+    db.finish().await;
+}

@@ -17,6 +17,33 @@ fn system_prompt(body: &serde_json::Value) -> String {
     system_text(body)
 }
 
+/// The knowledge searches run in the test's database (`pg_stat_statements`, which the stack preloads):
+/// statements of their own, and history statements that carried one. A bench run beside this test may
+/// reset the server's statistics, which can only lower both counts.
+async fn searches(env: &TestEnv) -> (i64, i64) {
+    use sqlx::Connection;
+    let db: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&env.pg.pool)
+        .await
+        .unwrap();
+    let mut admin = sqlx::PgConnection::connect(&replace_db(&env.admin_url, &db))
+        .await
+        .unwrap();
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    sqlx::query_as(
+        "SELECT coalesce(sum(calls) FILTER (WHERE query LIKE 'SELECT c.id, c.collection%'), 0)::bigint,
+                coalesce(sum(calls) FILTER (WHERE query LIKE 'SELECT part,%' AND query LIKE '%kb_chunks%'), 0)::bigint
+         FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = $1",
+    )
+    .bind(&db)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
     // `RUST_LOG=companion=debug` shows the turn, its retrieval span and timings.
@@ -97,6 +124,11 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
         "{prompt}"
     );
     assert!(prompt.contains(&article.text), "{prompt}");
+    // The search rode with the history's statement (issue 64): the message's vector was known from
+    // admission (the crisis screen embeds it), so no statement of its own searched the chunks.
+    let (own, ridden) = searches(&env).await;
+    assert_eq!(own, 0, "no search statement of its own");
+    assert!(ridden >= 1, "the history's statement searched: {ridden}");
 
     svc.pipeline
         .process_dm(&event("what's the best lasagna recipe?"))

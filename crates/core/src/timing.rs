@@ -48,11 +48,13 @@ pub enum Stage {
     /// The limits every worker shares: the user's flood limit and the spend check before each paid
     /// call (PostgreSQL).
     Limits,
-    /// History (PostgreSQL) and the trick names of the user's lists (MongoDB, mostly cached).
+    /// History (PostgreSQL) and the trick names of the user's lists (MongoDB, mostly cached); the
+    /// knowledge search too when it rides with the history's statement (the message's vector known).
     Context,
     /// Embedding the message (the embedder thread, batch window included).
     Embed,
-    /// The vector search for knowledge chunks (pgvector).
+    /// The vector search for knowledge chunks (pgvector), in a statement of its own; when it rode with
+    /// the history's (in `Context`), reading its hits.
     Retrieve,
     /// Building the system prompt and message list.
     Prompt,

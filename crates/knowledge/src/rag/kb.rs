@@ -21,7 +21,7 @@ pub struct ArticleMeta {
 }
 
 /// One search hit.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 pub struct Hit {
     /// The chunk's `kb_chunks.id`.
     pub(crate) id: i64,
@@ -142,6 +142,38 @@ pub async fn search(
         })
         .collect();
     // relaxed_order may return rows slightly out of order.
+    hits.sort_by(|a, b| b.score.total_cmp(&a.score));
+    Ok(hits)
+}
+
+/// [`search`] as a ride of the history's statement (`store::pg::Rides`), in one statement with it: the
+/// same query over `$5` (the vector, as `real[]`) and the keys `kb_collections`, `kb_k` and `kb_model` of
+/// `$4` ([`search_ride_args`]); its value the hits as a JSON array ([`ridden_hits`]).
+pub const SEARCH_RIDE: &str = "(SELECT coalesce(jsonb_agg(jsonb_build_object(
+        'id', c.id, 'collection', c.collection, 'title', a.title, 'source_url', a.source_url,
+        'content', c.content, 'score', (1 - (c.embedding <=> $5::real[]::vector))::real)), '[]'::jsonb)
+    FROM (SELECT id, article_id, collection, content, embedding FROM kb_chunks
+          WHERE collection = ANY(ARRAY(SELECT jsonb_array_elements_text($4 -> 'kb_collections')))
+            AND model = $4 ->> 'kb_model'
+          ORDER BY embedding <=> $5::real[]::vector LIMIT ($4 ->> 'kb_k')::bigint) c
+    JOIN kb_articles a ON a.id = c.article_id)";
+
+/// The arguments [`SEARCH_RIDE`] reads from `$4`.
+pub fn search_ride_args(
+    collections: &[String],
+    k: i64,
+    model: &str,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut args = serde_json::Map::new();
+    args.insert("kb_collections".into(), collections.into());
+    args.insert("kb_k".into(), k.into());
+    args.insert("kb_model".into(), model.into());
+    args
+}
+
+/// The hits of [`SEARCH_RIDE`]'s value, best first (as [`search`] gives them).
+pub fn ridden_hits(value: serde_json::Value) -> Result<Vec<Hit>, serde_json::Error> {
+    let mut hits: Vec<Hit> = serde_json::from_value(value)?;
     hits.sort_by(|a, b| b.score.total_cmp(&a.score));
     Ok(hits)
 }

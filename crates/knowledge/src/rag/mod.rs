@@ -300,6 +300,96 @@ impl Retriever {
     }
 }
 
+/// A knowledge search that rides with another statement (`store::pg::Rides`: the history's) instead of
+/// one of its own: [`Retriever::ride`] gives it when the message's vector is known already, and
+/// [`Retriever::ridden`] reads its value.
+#[derive(Clone, Debug)]
+pub struct SearchRide {
+    /// An SQL expression of type jsonb over `$4` and `$5` ([`kb::SEARCH_RIDE`]).
+    pub sql: &'static str,
+    /// Its keys of `$4`.
+    pub args: serde_json::Map<String, serde_json::Value>,
+    /// `$5`: the message's vector, which long-term memory's recall reads too.
+    pub vector: Arc<Vec<f32>>,
+}
+
+impl Retriever {
+    /// The knowledge search of `text` in `collections` as a ride, when its vector is in the cache (a
+    /// user message's was embedded at admission, for the crisis screen's learned layer). None when there
+    /// is nothing to search (no collections, no model, a message with no content word) or when the
+    /// vector would need the model: then [`Retriever::lookup`] embeds and searches in a statement of its
+    /// own, as before.
+    pub fn ride(&self, collections: &[String], text: &str) -> Option<SearchRide> {
+        let embedder = self.embedder.as_deref()?;
+        if collections.is_empty() || self.top_k <= 0 {
+            return None;
+        }
+        let key = query::normalize(text);
+        if key.is_empty() || (self.skip_contentless && query::needs_no_knowledge(&key)) {
+            return None;
+        }
+        let vector = self.cache.get(&key)?;
+        crate::timing::note_knowledge_cached(query::Lookup::Cached.name());
+        Some(SearchRide {
+            sql: kb::SEARCH_RIDE,
+            args: kb::search_ride_args(collections, self.top_k, embedder.model()),
+            vector,
+        })
+    }
+
+    /// The knowledge [`Retriever::ride`]'s search found, from its value in the statement it rode with
+    /// (none when that gave no value: the snippets are above the threshold, best first, as
+    /// [`Retriever::for_turn`] gives them. Like a search of its own, a value that does not read gives no
+    /// knowledge (logged), never a failed turn. The span `rag.retrieve` records the hits and scores.
+    pub fn ridden(
+        &self,
+        collections: &[String],
+        value: Option<serde_json::Value>,
+    ) -> Vec<KnowledgeSnippet> {
+        let span = info_span!(
+            "rag.retrieve",
+            otel.name = "retrieval",
+            collections = %collections.join(","),
+            threshold = self.threshold,
+            ridden = true,
+            hits = tracing::field::Empty,
+            scores = tracing::field::Empty,
+        );
+        let hits = match value.map(kb::ridden_hits) {
+            Some(Ok(hits)) => hits,
+            Some(Err(e)) => {
+                span.in_scope(|| warn!(error = %e, "the knowledge search's value does not read; answering without it"));
+                return Vec::new();
+            }
+            None => {
+                span.in_scope(|| {
+                    warn!("the knowledge search rode with no value; answering without it")
+                });
+                return Vec::new();
+            }
+        };
+        let snippets: Vec<KnowledgeSnippet> = hits
+            .into_iter()
+            .filter(|h| h.score >= self.threshold)
+            .map(|h| KnowledgeSnippet {
+                id: h.id,
+                title: h.title,
+                source_url: h.source_url,
+                text: h.content,
+                score: h.score,
+            })
+            .collect();
+        let scores: Vec<String> = snippets
+            .iter()
+            .map(|s| format!("{:.3} {}", s.score, s.title))
+            .collect();
+        span.record("hits", snippets.len());
+        span.record("scores", scores.join("; "));
+        span.in_scope(|| tracing::debug!(hits = snippets.len(), "knowledge retrieved"));
+        snippets
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

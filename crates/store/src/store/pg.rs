@@ -46,12 +46,15 @@ pub struct History {
 }
 
 /// Reads that ride with the history's statement ([`Pg::history`]) instead of statements of their own,
-/// in its snapshot: each an SQL expression of type jsonb over `$1` (the user), `$2` (the bot) and `$4`,
-/// one jsonb object of the rides' arguments (each ride reads its own keys).
+/// in its snapshot: each an SQL expression of type jsonb over `$1` (the user), `$2` (the bot), `$4`,
+/// one jsonb object of the rides' arguments (each ride reads its own keys), and `$5`, a `real[]` (a
+/// message's embedding: knowledge search), when one ride brought it.
 #[derive(Clone, Debug, Default)]
 pub struct Rides {
     sql: Vec<String>,
     args: serde_json::Map<String, Value>,
+    /// `$5`: a vector is bound as an array of floats, not as JSON text the server would parse.
+    floats: Option<Vec<f32>>,
 }
 
 impl Rides {
@@ -59,6 +62,22 @@ impl Rides {
     pub fn push(&mut self, sql: impl Into<String>, args: serde_json::Map<String, Value>) {
         self.sql.push(sql.into());
         self.args.extend(args);
+    }
+
+    /// [`Rides::push`] for a ride that also reads `$5`, `floats`; `false` (nothing added) when another
+    /// ride took `$5` already.
+    pub fn push_with_floats(
+        &mut self,
+        sql: impl Into<String>,
+        args: serde_json::Map<String, Value>,
+        floats: Vec<f32>,
+    ) -> bool {
+        if self.floats.is_some() {
+            return false;
+        }
+        self.floats = Some(floats);
+        self.push(sql, args);
+        true
     }
 }
 
@@ -178,11 +197,18 @@ impl Pg {
             .bind(user_id)
             .bind(bot_id)
             .bind(limit);
-        let rows = match rides.sql.is_empty() {
-            true => query.fetch_all(&self.pool).await?,
-            false => {
+        let rows = match (rides.sql.is_empty(), &rides.floats) {
+            (true, _) => query.fetch_all(&self.pool).await?,
+            (false, None) => {
                 query
                     .bind(Value::Object(rides.args.clone()))
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            (false, Some(floats)) => {
+                query
+                    .bind(Value::Object(rides.args.clone()))
+                    .bind(floats)
                     .fetch_all(&self.pool)
                     .await?
             }
