@@ -359,6 +359,11 @@ impl Composer {
             .retriever
             .ride(&c.knowledge, &query)
             .filter(|r| rides.push_with_floats(r.sql, r.args.clone(), r.vector.to_vec()));
+        // And the burst's record, owed before the turn's next record, is written by this statement.
+        let owes = t
+            .job
+            .owed_ride()
+            .is_some_and(|args| rides.push_write(crate::journal::OWED_WRITE, args));
         let (context, looked_up) = Box::pin(async {
             tokio::join!(
                 stage(Stage::Context, async {
@@ -398,6 +403,10 @@ impl Composer {
             }
             None => knowledge,
         };
+        if owes {
+            // Another attempt's burst, recorded first, ends this attempt here, before its model call.
+            t.job.owed_ridden(ridden.next()).await?;
+        }
         let recalled = Recalled::of(&knowledge, &memory);
         let flow = self.turn_flow(t.job, a, c, flow).await;
         // A message kept in history before this answer (held while paused) is the one answered now.

@@ -293,3 +293,165 @@ async fn a_guarded_opening_writes_no_job_for_a_tombstoned_message_and_returns_th
     };
     assert!(stopped_without_a_row(&later_id, &guard).await);
 }
+
+/// A burst with nothing to cover owes its record (`Step::run_owed`, issue 64): the history's read carries
+/// it (`store::pg::Rides::push_write`), or the attempt's next record writes it first. Against another
+/// attempt that covered a follower meanwhile, the owing attempt ends (`Raced`, transient) at that read or
+/// at that next record, having written nothing of its own; when the owed record is there first, the
+/// covering attempt covers nothing.
+#[tokio::test]
+async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_covered_first() {
+    use companion_core::failure::{Class, Classify};
+    use companion_journal::OWED_WRITE;
+    use companion_store::store::pg::Rides;
+    let env = TestEnv::new(always(StubReply::text("unused"))).await;
+    let journal = env.journal();
+    let who: Vec<String> = (0..3).map(|_| ObjectId::new().to_hex()).collect();
+    let ids: Vec<String> = (0..8).map(|_| ObjectId::new().to_hex()).collect();
+    let none = |_: usize| -> Vec<String> { Vec::new() };
+    let pool = &env.pg.pool;
+    let steps = |id: String| async move {
+        let rows: Vec<(String, Value)> =
+            sqlx::query_as("SELECT name, output FROM job_records WHERE job = $1 ORDER BY name")
+                .bind(id)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        rows
+    };
+    let read_with = |args| {
+        let mut rides = Rides::default();
+        assert!(rides.push_write(OWED_WRITE, args));
+        assert!(
+            !rides.push_write(OWED_WRITE, Default::default()),
+            "one write a statement"
+        );
+        rides
+    };
+
+    // Carried by the read: nothing written before it, the record after it.
+    let a = journal.open(&job(&ids[0], 1, &who)).await.unwrap();
+    let out: Vec<String> = a.covering(step::BURST, key::ONCE, &[], none).await.unwrap();
+    assert!(out.is_empty());
+    assert!(steps(ids[0].clone()).await.is_empty(), "owed, not written");
+    let rides = read_with(a.owed_ride().expect("owed"));
+    let history = env.pg.history(&who[0], &who[1], 5, &rides).await.unwrap();
+    assert_eq!(history.rides.len(), 1);
+    assert_eq!(history.rides[0], json!([]));
+    a.owed_ridden(history.rides.first().cloned()).await.unwrap();
+    assert_eq!(
+        steps(ids[0].clone()).await,
+        [(step::BURST.to_owned(), json!([]))]
+    );
+    assert!(a.owed_ride().is_none(), "paid");
+
+    // Written first by the attempt's next record when no read carried it.
+    let b = journal.open(&job(&ids[1], 1, &who)).await.unwrap();
+    let _: Vec<String> = b.covering(step::BURST, key::ONCE, &[], none).await.unwrap();
+    b.step(step::LLM, "0")
+        .run(async { Ok::<_, JournalError>(json!("an answer")) })
+        .await
+        .unwrap();
+    let names: Vec<String> = steps(ids[1].clone())
+        .await
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(names, [step::BURST, step::LLM]);
+
+    // Another attempt covered a follower first: the owing attempt ends at its read, and at its next
+    // record, with nothing of its own written.
+    for (round, at_read) in [(2usize, true), (4, false)] {
+        let head = job(&ids[round], 1, &who);
+        let follower = [job(&ids[round + 1], 2, &who)];
+        let (owing, covering) = (
+            journal.open(&head).await.unwrap(),
+            journal.open(&head).await.unwrap(),
+        );
+        let _: Vec<String> = owing
+            .covering(step::BURST, key::ONCE, &[], none)
+            .await
+            .unwrap();
+        let names = |n: usize| -> Vec<String> { ids[round + 1..round + 1 + n].to_vec() };
+        let covered = covering
+            .covering(step::BURST, key::ONCE, &follower, names)
+            .await
+            .unwrap();
+        assert_eq!(covered, [ids[round + 1].clone()]);
+        let err = match at_read {
+            true => {
+                let rides = read_with(owing.owed_ride().expect("owed"));
+                let history = env.pg.history(&who[0], &who[1], 5, &rides).await.unwrap();
+                owing.owed_ridden(history.rides.first().cloned()).await
+            }
+            false => owing
+                .step(step::LLM, "0")
+                .run(async { Ok::<_, JournalError>(json!("an answer")) })
+                .await
+                .map(|_: Value| ()),
+        }
+        .expect_err("the owing attempt ends");
+        assert!(matches!(err, JournalError::Raced { .. }), "{err}");
+        assert_eq!(err.class(), Class::Transient);
+        assert_eq!(
+            steps(ids[round].clone()).await,
+            [(step::BURST.to_owned(), json!([ids[round + 1]]))],
+            "round {round}: only the covering attempt's record"
+        );
+        let f = journal.get(&ids[round + 1]).await.unwrap().unwrap();
+        assert_eq!(f.covered_by.as_deref(), Some(ids[round].as_str()));
+    }
+
+    // The owed record first: an attempt that would cover adopts it and covers nothing.
+    let head = job(&ids[6], 1, &who);
+    let follower = [job(&ids[7], 2, &who)];
+    let (owing, covering) = (
+        journal.open(&head).await.unwrap(),
+        journal.open(&head).await.unwrap(),
+    );
+    let _: Vec<String> = owing
+        .covering(step::BURST, key::ONCE, &[], none)
+        .await
+        .unwrap();
+    let rides = read_with(owing.owed_ride().expect("owed"));
+    let history = env.pg.history(&who[0], &who[1], 5, &rides).await.unwrap();
+    owing
+        .owed_ridden(history.rides.first().cloned())
+        .await
+        .unwrap();
+    let names = |n: usize| -> Vec<String> { ids[7..7 + n].to_vec() };
+    let adopted = covering
+        .covering(step::BURST, key::ONCE, &follower, names)
+        .await
+        .unwrap();
+    assert!(adopted.is_empty(), "{adopted:?}");
+    assert!(journal.get(&ids[7]).await.unwrap().is_none(), "not covered");
+
+    // An owed record committing while the covering attempt's insert waits on it (held open here in a
+    // transaction, where the history's statement commits within milliseconds): the covering attempt
+    // undoes its covering and adopts it.
+    let ids: Vec<String> = (0..2).map(|_| ObjectId::new().to_hex()).collect();
+    let head = job(&ids[0], 1, &who);
+    journal.open(&head).await.unwrap();
+    let mut owed = env.pg.pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO job_steps (job, name, key, output) VALUES ($1, $2, $3, '[]')")
+        .bind(&ids[0])
+        .bind(step::BURST)
+        .bind(key::ONCE)
+        .execute(&mut *owed)
+        .await
+        .unwrap();
+    let covering = journal.open(&head).await.unwrap();
+    let follower = [job(&ids[1], 2, &who)];
+    let names = |n: usize| -> Vec<String> { ids[1..1 + n].to_vec() };
+    let (adopted, ()) = tokio::join!(
+        covering.covering(step::BURST, key::ONCE, &follower, names),
+        async {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            owed.commit().await.unwrap();
+        }
+    );
+    assert_eq!(adopted.unwrap(), Vec::<String>::new());
+    assert!(journal.get(&ids[1]).await.unwrap().is_none(), "not covered");
+    env.finish().await;
+}

@@ -18,9 +18,10 @@ fn system_prompt(body: &serde_json::Value) -> String {
 }
 
 /// The knowledge searches run in the test's database (`pg_stat_statements`, which the stack preloads):
-/// statements of their own, and history statements that carried one. A bench run beside this test may
-/// reset the server's statistics, which can only lower both counts.
-async fn searches(env: &TestEnv) -> (i64, i64) {
+/// statements of their own, and history statements that carried one; then the same for an owed record
+/// (the burst's). A bench run beside this test may reset the server's statistics, which can only lower
+/// the counts.
+async fn searches(env: &TestEnv) -> (i64, i64, i64, i64) {
     use sqlx::Connection;
     let db: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(&env.pg.pool)
@@ -35,7 +36,9 @@ async fn searches(env: &TestEnv) -> (i64, i64) {
         .unwrap();
     sqlx::query_as(
         "SELECT coalesce(sum(calls) FILTER (WHERE query LIKE 'SELECT c.id, c.collection%'), 0)::bigint,
-                coalesce(sum(calls) FILTER (WHERE query LIKE 'SELECT part,%' AND query LIKE '%kb_chunks%'), 0)::bigint
+                coalesce(sum(calls) FILTER (WHERE query LIKE '%SELECT part,%' AND query LIKE '%kb_chunks%'), 0)::bigint,
+                coalesce(sum(calls) FILTER (WHERE query LIKE 'INSERT INTO job_steps (job, name, key, output) VALUES%RETURNING output'), 0)::bigint,
+                coalesce(sum(calls) FILTER (WHERE query LIKE 'WITH w AS (INSERT INTO job_steps%SELECT part,%'), 0)::bigint
          FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = $1",
     )
     .bind(&db)
@@ -126,9 +129,18 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
     assert!(prompt.contains(&article.text), "{prompt}");
     // The search rode with the history's statement (issue 64): the message's vector was known from
     // admission (the crisis screen embeds it), so no statement of its own searched the chunks.
-    let (own, ridden) = searches(&env).await;
+    // The burst's record (nothing to cover) rode with it too: no statement wrote it on its own.
+    let (own, ridden, burst_own, burst_ridden) = searches(&env).await;
     assert_eq!(own, 0, "no search statement of its own");
     assert!(ridden >= 1, "the history's statement searched: {ridden}");
+    assert_eq!(
+        burst_own, 0,
+        "no statement of its own for the burst's record"
+    );
+    assert!(
+        burst_ridden >= 1,
+        "the history's statement wrote the burst's record"
+    );
 
     svc.pipeline
         .process_dm(&event("what's the best lasagna recipe?"))

@@ -180,6 +180,10 @@ pub enum JournalError {
     BadState(String, String),
     #[error("journal: the recorded step {name}/{key} does not read back")]
     Decode { name: String, key: String },
+    /// Another attempt of the job recorded this owed step ([`Step::run_owed`]) first, with another
+    /// output: this attempt went on from its own and ends; the next goes on with the recorded one.
+    #[error("journal: another attempt recorded step {name}/{key} first, with another output")]
+    Raced { name: String, key: String },
 }
 
 impl From<sqlx::Error> for JournalError {
@@ -192,6 +196,7 @@ impl Classify for JournalError {
     fn class(&self) -> Class {
         match self {
             Self::Store(e) => e.class(),
+            Self::Raced { .. } => Class::Transient,
             Self::Encode { .. } | Self::BadState(..) | Self::Decode { .. } => Class::Permanent,
         }
     }
@@ -426,6 +431,7 @@ impl Journal {
                 paused: row.get("paused"),
                 ..Carried::default()
             },
+            owed: Mutex::new(None),
         })
     }
 
@@ -672,6 +678,8 @@ pub struct Job {
     packs: std::sync::atomic::AtomicU32,
     /// What the attempt's statements carry besides their own work ([`Job::carried`]).
     carried: Carried,
+    /// The record of a step owed before the attempt's next record ([`Step::run_owed`]).
+    owed: Mutex<Option<Pending>>,
 }
 
 /// What an attempt's statements carry besides their own work, so that it needs no statement of its own:
@@ -807,6 +815,7 @@ impl Job {
         step.at = Some(now);
         starting(self.id(), name, key);
         let own = step.pending(serde_json::json!({ "counted": tally }));
+        self.pay_owed().await?;
         let pending = self.take_pending();
         // Serialised on the tally (every step counting against it, of any job), then the earlier record,
         // the count and the insert, each in a fresh snapshot: one statement (migration `counted_step`).
@@ -880,10 +889,12 @@ impl Job {
         F: FnOnce(usize) -> T,
     {
         if candidates.is_empty() {
-            // Nothing to cover: an ordinary step (its record resolves a race like any other).
+            // Nothing to cover: the record is owed (`Step::run_owed`), carried by the next read that
+            // takes it or written before the attempt's next record. An attempt that covered meanwhile
+            // wins: this one then ends at that read or record, before anything it records.
             return self
                 .step(name, key)
-                .run(async { Ok::<_, JournalError>(output(0)) })
+                .run_owed(async { Ok::<_, JournalError>(output(0)) })
                 .await;
         }
         self.step(name, key)
@@ -903,6 +914,7 @@ impl Job {
 
     /// Writes the records of lazy steps now.
     async fn flush(&self) -> Result<(), JournalError> {
+        self.pay_owed().await?;
         let pending = self.take_pending();
         if pending.is_empty() {
             return Ok(());
@@ -967,6 +979,7 @@ impl Job {
         ending: Finish<'_>,
         answered: Option<Answered<'_>>,
     ) -> Result<Finished, JournalError> {
+        self.pay_owed().await?;
         let pending = self.take_pending();
         let floor = self
             .carried
@@ -1000,6 +1013,86 @@ impl Job {
             Err(e) => {
                 self.requeue(pending);
                 Err(e)
+            }
+        }
+    }
+
+    /// The owed record ([`Step::run_owed`]) as a write that rides with a read instead of a statement of
+    /// its own: [`OWED_WRITE`] reads these keys of the read's jsonb argument. None when nothing is owed.
+    /// After the read, [`Job::owed_ridden`] with what the write returned.
+    pub fn owed_ride(&self) -> Option<serde_json::Map<String, Value>> {
+        let owed = self.owed.lock().expect("journal lock");
+        let o = owed.as_ref()?;
+        let mut args = serde_json::Map::new();
+        args.insert("owed_job".into(), self.id().into());
+        args.insert("owed_name".into(), o.name.clone().into());
+        args.insert("owed_key".into(), o.key.clone().into());
+        args.insert("owed_output".into(), o.output.clone());
+        Some(args)
+    }
+
+    /// The owed record after the read that carried [`Job::owed_ride`]: `written` is what [`OWED_WRITE`]
+    /// returned (none or null: another attempt's record of the step was there first). Paid when ours was
+    /// written or the record found is the same; another output is [`JournalError::Raced`].
+    pub async fn owed_ridden(&self, written: Option<Value>) -> Result<(), JournalError> {
+        let Some(owed) = self.owed.lock().expect("journal lock").take() else {
+            return Ok(());
+        };
+        if written.as_ref() == Some(&owed.output) {
+            return Ok(());
+        }
+        self.found_owed(owed).await
+    }
+
+    /// Writes the owed record, if no read carried it: before any other record of the attempt, so no
+    /// record of this attempt commits on an owed output that another attempt's record contradicts.
+    async fn pay_owed(&self) -> Result<(), JournalError> {
+        let Some(owed) = self.owed.lock().expect("journal lock").take() else {
+            return Ok(());
+        };
+        let written: Result<Option<Value>, _> = sqlx::query_scalar(
+            "INSERT INTO job_steps (job, name, key, output) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (job, name, key) DO NOTHING RETURNING output",
+        )
+        .bind(self.id())
+        .bind(&owed.name)
+        .bind(&owed.key)
+        .bind(&owed.output)
+        .fetch_optional(&self.pool)
+        .await;
+        match written {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => self.found_owed(owed).await,
+            Err(e) => {
+                *self.owed.lock().expect("journal lock") = Some(owed);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The owed record was not written by this attempt: the one stored is either the same (paid) or
+    /// another attempt's ([`JournalError::Raced`]); none stored means the write never ran (written now).
+    async fn found_owed(&self, owed: Pending) -> Result<(), JournalError> {
+        let stored = match step_output(&self.pool, self.id(), &owed.name, &owed.key).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                *self.owed.lock().expect("journal lock") = Some(owed);
+                return Err(e);
+            }
+        };
+        match stored {
+            Some(v) if v == owed.output => Ok(()),
+            Some(v) => {
+                warn!(step = %owed.name, key = %owed.key, "another attempt recorded this step first, with another output; this attempt ends");
+                self.remember(&owed.name, &owed.key, v);
+                Err(JournalError::Raced {
+                    name: owed.name,
+                    key: owed.key,
+                })
+            }
+            None => {
+                *self.owed.lock().expect("journal lock") = Some(owed);
+                Box::pin(self.pay_owed()).await
             }
         }
     }
@@ -1071,6 +1164,7 @@ impl Job {
     /// Records one step, with the pending ones; returns the output that won.
     async fn record(&self, step: Pending, ride: Option<Ride>) -> Result<Value, JournalError> {
         let (name, key) = (step.name.clone(), step.key.clone());
+        self.pay_owed().await?;
         let mut rows = self.take_pending();
         let records = self.records(&rows, Some(&step));
         rows.push(step);
@@ -1257,6 +1351,13 @@ async fn transition(
 
 /// Inserts the step records `$2` (a JSON array of [`records`]) of job `$1`; a record already there (an
 /// earlier attempt's) stays.
+/// [`Job::owed_ride`]'s write, as a data-modifying statement a read carries (`store::pg::Rides`): over
+/// the read's jsonb argument `$4`, returning the output it wrote as `value` (no row: the step was
+/// recorded already).
+pub const OWED_WRITE: &str = "INSERT INTO job_steps (job, name, key, output)
+    SELECT $4 ->> 'owed_job', $4 ->> 'owed_name', $4 ->> 'owed_key', $4 -> 'owed_output'
+    ON CONFLICT (job, name, key) DO NOTHING RETURNING output AS value";
+
 const INSERT_RECORDS: &str = "INSERT INTO job_steps (job, name, key, output, tally, created_at)
     SELECT $1, r.name, r.key, coalesce(r.output, 'null'::jsonb), r.tally, coalesce(r.at, now())
     FROM jsonb_to_recordset($2::jsonb) AS r(name text, key text, output jsonb, tally text, at timestamptz)
@@ -1406,6 +1507,33 @@ impl Step<'_> {
         self.run_lazy_if(body, move |_| lazy).await
     }
 
+    /// [`Step::run`] for a step whose record must commit before the attempt's next record, and may ride
+    /// with a read made before that ([`Job::owed_ride`]) instead of a statement of its own. The body's
+    /// output is not written now; every record statement of the attempt writes it first if no read
+    /// carried it. When another attempt recorded the step first with another output, that read (or the
+    /// next record) fails this attempt with [`JournalError::Raced`], before any of its later records.
+    pub async fn run_owed<T, E, F>(self, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<JournalError>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let (job, name) = (self.job, self.name);
+        if let Some(done) = job.recorded::<T>(name, &self.key) {
+            debug!(step = name, key = %self.key, "step replayed from the journal");
+            return Ok(done);
+        }
+        starting(job.id(), name, &self.key);
+        #[cfg(feature = "testing")]
+        crate::fault::reached(job.id(), name).await;
+        let out = body.await?;
+        let value = encode(name, &self.key, &out)?;
+        job.pay_owed().await?;
+        job.remember(name, &self.key, value.clone());
+        *job.owed.lock().expect("journal lock") = Some(self.pending(value));
+        Ok(out)
+    }
+
     /// [`Step::run`], lazy when `lazy` says so of the body's output: a step whose output decides whether
     /// what follows may be repeated (a model answer: text, which nothing acts on before the reply's own
     /// record, rides along; tool calls, which tools act on, are recorded first).
@@ -1473,6 +1601,7 @@ impl Step<'_> {
             return Ok((done, false));
         }
         starting(job.id(), name, &self.key);
+        job.pay_owed().await?;
         let pending = job.take_pending();
         let result = async {
             let mut tx = job.pool.begin().await.map_err(JournalError::from)?;
@@ -1506,15 +1635,30 @@ impl Step<'_> {
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(JournalError::from)?;
+            if own.is_some() && !inserted.iter().any(|(n, k)| n == name && *k == self.key) {
+                // A record of this step written outside the step's lock (an owed one,
+                // `Step::run_owed`) committed while this insert waited on it: undo the body's writes
+                // and go on with that record, so the attempts still agree.
+                tx.rollback().await.map_err(JournalError::from)?;
+                let stored = step_output(&job.pool, job.id(), name, &self.key).await?;
+                let stored = stored.ok_or_else(|| JournalError::Raced {
+                    name: name.to_owned(),
+                    key: self.key.clone(),
+                })?;
+                return Ok((stored, None, true));
+            }
             #[cfg(feature = "testing")]
             crate::fault::at(job.id(), &format!("commit:{name}"));
             tx.commit().await.map_err(JournalError::from)?;
             job.count_committed(&rows, &inserted);
-            Ok::<_, E>((value, own))
+            Ok::<_, E>((value, own, false))
         }
         .await;
         match result {
-            Ok((value, own)) => {
+            Ok((value, own, rolled_back)) => {
+                if rolled_back {
+                    job.requeue(pending);
+                }
                 job.remember(name, &self.key, value.clone());
                 match own {
                     Some(out) => Ok((out, true)),

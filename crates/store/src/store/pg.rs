@@ -48,13 +48,17 @@ pub struct History {
 /// Reads that ride with the history's statement ([`Pg::history`]) instead of statements of their own,
 /// in its snapshot: each an SQL expression of type jsonb over `$1` (the user), `$2` (the bot), `$4`,
 /// one jsonb object of the rides' arguments (each ride reads its own keys), and `$5`, a `real[]` (a
-/// message's embedding: knowledge search), when one ride brought it.
+/// message's embedding: knowledge search), when one ride brought it. One ride may be a write
+/// ([`Rides::push_write`]).
 #[derive(Clone, Debug, Default)]
 pub struct Rides {
     sql: Vec<String>,
     args: serde_json::Map<String, Value>,
     /// `$5`: a vector is bound as an array of floats, not as JSON text the server would parse.
     floats: Option<Vec<f32>>,
+    /// A data-modifying statement run as the statement's CTE `w` (a journal record owed before the
+    /// turn's next record): its commit is the read's.
+    write: Option<String>,
 }
 
 impl Rides {
@@ -62,6 +66,23 @@ impl Rides {
     pub fn push(&mut self, sql: impl Into<String>, args: serde_json::Map<String, Value>) {
         self.sql.push(sql.into());
         self.args.extend(args);
+    }
+
+    /// A write that rides: `cte`, a data-modifying statement over `$4` (its keys in `args`) returning at
+    /// most one row of one jsonb column `value`, runs with the read, in its statement and transaction;
+    /// its ride's value is that `value` (null: no row). `false` (nothing added) when a write rides
+    /// already.
+    pub fn push_write(
+        &mut self,
+        cte: impl Into<String>,
+        args: serde_json::Map<String, Value>,
+    ) -> bool {
+        if self.write.is_some() {
+            return false;
+        }
+        self.write = Some(cte.into());
+        self.push("(SELECT value FROM w)", args);
+        true
     }
 
     /// [`Rides::push`] for a ride that also reads `$5`, `floats`; `false` (nothing added) when another
@@ -178,8 +199,12 @@ impl Pg {
                 rides.sql.join(", ")
             ),
         };
+        let with = match &rides.write {
+            Some(cte) => format!("WITH w AS ({cte}) "),
+            None => String::new(),
+        };
         let sql = format!(
-            "SELECT part, role, content, tool_calls, reminder_id, fire_at, message_id FROM (
+            "{with}SELECT part, role, content, tool_calls, reminder_id, fire_at, message_id FROM (
                 SELECT 0 AS part, role, content, tool_calls, NULL::text AS reminder_id,
                        NULL::timestamptz AS fire_at, created_at, id, message_id FROM (
                     SELECT role, content, tool_calls::text AS tool_calls, created_at, id, message_id
