@@ -3,7 +3,8 @@
 //! A DM's burst: messages the user sent after this one that are already in the stream when the turn
 //! starts (up to `COMPANION_BURST_MAX`) are answered by the same reply, as a person would answer five
 //! quick lines once. They become `covered` jobs of their own, atomically with the `burst`
-//! step's record ([`crate::journal::Job::covering`]), and are listed in the completion's `covers`. A
+//! step's record ([`crate::journal::Job::covering`]), and are listed in the completion's `covers`. With
+//! none, the record is owed: the history's read in stage 7 writes it, before the model is asked. A
 //! follow-up's news moves the user's flow on when a waiting step waited for it.
 
 use bson::oid::ObjectId;

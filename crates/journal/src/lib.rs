@@ -1349,8 +1349,6 @@ async fn transition(
     Ok((row.get("moved"), row.get("deleted"), inserted))
 }
 
-/// Inserts the step records `$2` (a JSON array of [`records`]) of job `$1`; a record already there (an
-/// earlier attempt's) stays.
 /// [`Job::owed_ride`]'s write, as a data-modifying statement a read carries (`store::pg::Rides`): over
 /// the read's jsonb argument `$4`, returning the output it wrote as `value` (no row: the step was
 /// recorded already).
@@ -1358,6 +1356,8 @@ pub const OWED_WRITE: &str = "INSERT INTO job_steps (job, name, key, output)
     SELECT $4 ->> 'owed_job', $4 ->> 'owed_name', $4 ->> 'owed_key', $4 -> 'owed_output'
     ON CONFLICT (job, name, key) DO NOTHING RETURNING output AS value";
 
+/// Inserts the step records `$2` (a JSON array of [`records`]) of job `$1`; a record already there (an
+/// earlier attempt's) stays.
 const INSERT_RECORDS: &str = "INSERT INTO job_steps (job, name, key, output, tally, created_at)
     SELECT $1, r.name, r.key, coalesce(r.output, 'null'::jsonb), r.tally, coalesce(r.at, now())
     FROM jsonb_to_recordset($2::jsonb) AS r(name text, key text, output jsonb, tally text, at timestamptz)
