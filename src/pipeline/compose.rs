@@ -360,10 +360,10 @@ impl Composer {
             .ride(&c.knowledge, &query)
             .filter(|r| rides.push_with_floats(r.sql, r.args.clone(), r.vector.to_vec()));
         // And the burst's record, owed before the turn's next record, is written by this statement.
-        let owes = t
+        let owing = t
             .job
-            .owed_ride()
-            .is_some_and(|args| rides.push_write(crate::journal::OWED_WRITE, args));
+            .owing()
+            .filter(|o| rides.push_write(crate::journal::OWED_WRITE, o.args()));
         let (context, looked_up) = Box::pin(async {
             tokio::join!(
                 stage(Stage::Context, async {
@@ -403,9 +403,9 @@ impl Composer {
             }
             None => knowledge,
         };
-        if owes {
+        if let Some(owing) = owing {
             // Another attempt's burst, recorded first, ends this attempt here, before its model call.
-            t.job.owed_ridden(ridden.next()).await?;
+            owing.ridden(ridden.next()).await?;
         }
         let recalled = Recalled::of(&knowledge, &memory);
         let flow = self.turn_flow(t.job, a, c, flow).await;

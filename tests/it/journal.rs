@@ -334,16 +334,17 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
     let out: Vec<String> = a.covering(step::BURST, key::ONCE, &[], none).await.unwrap();
     assert!(out.is_empty());
     assert!(steps(ids[0].clone()).await.is_empty(), "owed, not written");
-    let rides = read_with(a.owed_ride().expect("owed"));
+    let owed = a.owing().expect("owed");
+    let rides = read_with(owed.args());
     let history = env.pg.history(&who[0], &who[1], 5, &rides).await.unwrap();
     assert_eq!(history.rides.len(), 1);
     assert_eq!(history.rides[0], json!([]));
-    a.owed_ridden(history.rides.first().cloned()).await.unwrap();
+    owed.ridden(history.rides.first().cloned()).await.unwrap();
     assert_eq!(
         steps(ids[0].clone()).await,
         [(step::BURST.to_owned(), json!([]))]
     );
-    assert!(a.owed_ride().is_none(), "paid");
+    assert!(a.owing().is_none(), "paid");
 
     // Written first by the attempt's next record when no read carried it.
     let b = journal.open(&job(&ids[1], 1, &who)).await.unwrap();
@@ -380,9 +381,10 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
         assert_eq!(covered, [ids[round + 1].clone()]);
         let err = match at_read {
             true => {
-                let rides = read_with(owing.owed_ride().expect("owed"));
+                let owed = owing.owing().expect("owed");
+                let rides = read_with(owed.args());
                 let history = env.pg.history(&who[0], &who[1], 5, &rides).await.unwrap();
-                owing.owed_ridden(history.rides.first().cloned()).await
+                owed.ridden(history.rides.first().cloned()).await
             }
             false => owing
                 .step(step::LLM, "0")
@@ -413,12 +415,10 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
         .covering(step::BURST, key::ONCE, &[], none)
         .await
         .unwrap();
-    let rides = read_with(owing.owed_ride().expect("owed"));
+    let owed = owing.owing().expect("owed");
+    let rides = read_with(owed.args());
     let history = env.pg.history(&who[0], &who[1], 5, &rides).await.unwrap();
-    owing
-        .owed_ridden(history.rides.first().cloned())
-        .await
-        .unwrap();
+    owed.ridden(history.rides.first().cloned()).await.unwrap();
     let names = |n: usize| -> Vec<String> { ids[7..7 + n].to_vec() };
     let adopted = covering
         .covering(step::BURST, key::ONCE, &follower, names)

@@ -815,7 +815,7 @@ impl Job {
         step.at = Some(now);
         starting(self.id(), name, key);
         let own = step.pending(serde_json::json!({ "counted": tally }));
-        self.pay_owed().await?;
+        pay_owed(self).await?;
         let pending = self.take_pending();
         // Serialised on the tally (every step counting against it, of any job), then the earlier record,
         // the count and the insert, each in a fresh snapshot: one statement (migration `counted_step`).
@@ -914,7 +914,7 @@ impl Job {
 
     /// Writes the records of lazy steps now.
     async fn flush(&self) -> Result<(), JournalError> {
-        self.pay_owed().await?;
+        pay_owed(self).await?;
         let pending = self.take_pending();
         if pending.is_empty() {
             return Ok(());
@@ -979,7 +979,7 @@ impl Job {
         ending: Finish<'_>,
         answered: Option<Answered<'_>>,
     ) -> Result<Finished, JournalError> {
-        self.pay_owed().await?;
+        pay_owed(self).await?;
         let pending = self.take_pending();
         let floor = self
             .carried
@@ -1017,10 +1017,9 @@ impl Job {
         }
     }
 
-    /// The owed record ([`Step::run_owed`]) as a write that rides with a read instead of a statement of
-    /// its own: [`OWED_WRITE`] reads these keys of the read's jsonb argument. None when nothing is owed.
-    /// After the read, [`Job::owed_ridden`] with what the write returned.
-    pub fn owed_ride(&self) -> Option<serde_json::Map<String, Value>> {
+    /// The record this attempt owes ([`Step::run_owed`]), for a read to carry instead of a statement of
+    /// its own; none when nothing is owed.
+    pub fn owing(&self) -> Option<Owing<'_>> {
         let owed = self.owed.lock().expect("journal lock");
         let o = owed.as_ref()?;
         let mut args = serde_json::Map::new();
@@ -1028,73 +1027,7 @@ impl Job {
         args.insert("owed_name".into(), o.name.clone().into());
         args.insert("owed_key".into(), o.key.clone().into());
         args.insert("owed_output".into(), o.output.clone());
-        Some(args)
-    }
-
-    /// The owed record after the read that carried [`Job::owed_ride`]: `written` is what [`OWED_WRITE`]
-    /// returned (none or null: another attempt's record of the step was there first). Paid when ours was
-    /// written or the record found is the same; another output is [`JournalError::Raced`].
-    pub async fn owed_ridden(&self, written: Option<Value>) -> Result<(), JournalError> {
-        let Some(owed) = self.owed.lock().expect("journal lock").take() else {
-            return Ok(());
-        };
-        if written.as_ref() == Some(&owed.output) {
-            return Ok(());
-        }
-        self.found_owed(owed).await
-    }
-
-    /// Writes the owed record, if no read carried it: before any other record of the attempt, so no
-    /// record of this attempt commits on an owed output that another attempt's record contradicts.
-    async fn pay_owed(&self) -> Result<(), JournalError> {
-        let Some(owed) = self.owed.lock().expect("journal lock").take() else {
-            return Ok(());
-        };
-        let written: Result<Option<Value>, _> = sqlx::query_scalar(
-            "INSERT INTO job_steps (job, name, key, output) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (job, name, key) DO NOTHING RETURNING output",
-        )
-        .bind(self.id())
-        .bind(&owed.name)
-        .bind(&owed.key)
-        .bind(&owed.output)
-        .fetch_optional(&self.pool)
-        .await;
-        match written {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => self.found_owed(owed).await,
-            Err(e) => {
-                *self.owed.lock().expect("journal lock") = Some(owed);
-                Err(e.into())
-            }
-        }
-    }
-
-    /// The owed record was not written by this attempt: the one stored is either the same (paid) or
-    /// another attempt's ([`JournalError::Raced`]); none stored means the write never ran (written now).
-    async fn found_owed(&self, owed: Pending) -> Result<(), JournalError> {
-        let stored = match step_output(&self.pool, self.id(), &owed.name, &owed.key).await {
-            Ok(stored) => stored,
-            Err(e) => {
-                *self.owed.lock().expect("journal lock") = Some(owed);
-                return Err(e);
-            }
-        };
-        match stored {
-            Some(v) if v == owed.output => Ok(()),
-            Some(v) => {
-                warn!(step = %owed.name, key = %owed.key, "another attempt recorded this step first, with another output; this attempt ends");
-                self.remember(&owed.name, &owed.key, v);
-                Err(JournalError::Raced {
-                    name: owed.name,
-                    key: owed.key,
-                })
-            }
-            None => {
-                *self.owed.lock().expect("journal lock") = Some(owed);
-                Box::pin(self.pay_owed()).await
-            }
-        }
+        Some(Owing { job: self, args })
     }
 
     fn remember(&self, name: &str, key: &str, output: Value) {
@@ -1164,7 +1097,7 @@ impl Job {
     /// Records one step, with the pending ones; returns the output that won.
     async fn record(&self, step: Pending, ride: Option<Ride>) -> Result<Value, JournalError> {
         let (name, key) = (step.name.clone(), step.key.clone());
-        self.pay_owed().await?;
+        pay_owed(self).await?;
         let mut rows = self.take_pending();
         let records = self.records(&rows, Some(&step));
         rows.push(step);
@@ -1220,6 +1153,86 @@ impl Job {
                 self.requeue(rows);
                 Err(e.into())
             }
+        }
+    }
+}
+
+/// The record a job's attempt owes ([`Job::owing`]), as a write a read carries: [`OWED_WRITE`] reads
+/// [`Owing::args`] from the read's jsonb argument; after the read, [`Owing::ridden`] with what it returned.
+pub struct Owing<'a> {
+    job: &'a Job,
+    args: serde_json::Map<String, Value>,
+}
+
+impl Owing<'_> {
+    /// The keys [`OWED_WRITE`] reads.
+    pub fn args(&self) -> serde_json::Map<String, Value> {
+        self.args.clone()
+    }
+
+    /// After the read that carried [`OWED_WRITE`]: `written` is what it returned (none or null: another
+    /// attempt's record of the step was there first). Paid when ours was written or the record found is
+    /// the same; another output is [`JournalError::Raced`].
+    pub async fn ridden(self, written: Option<Value>) -> Result<(), JournalError> {
+        let Some(owed) = self.job.owed.lock().expect("journal lock").take() else {
+            return Ok(());
+        };
+        if written.as_ref() == Some(&owed.output) {
+            return Ok(());
+        }
+        found_owed(self.job, owed).await
+    }
+}
+
+/// Writes the record `job` owes, if no read carried it: before any other record of the attempt, so no
+/// record of this attempt commits on an owed output that another attempt's record contradicts.
+async fn pay_owed(job: &Job) -> Result<(), JournalError> {
+    let Some(owed) = job.owed.lock().expect("journal lock").take() else {
+        return Ok(());
+    };
+    let written: Result<Option<Value>, _> = sqlx::query_scalar(
+        "INSERT INTO job_steps (job, name, key, output) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (job, name, key) DO NOTHING RETURNING output",
+    )
+    .bind(job.id())
+    .bind(&owed.name)
+    .bind(&owed.key)
+    .bind(&owed.output)
+    .fetch_optional(&job.pool)
+    .await;
+    match written {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => found_owed(job, owed).await,
+        Err(e) => {
+            *job.owed.lock().expect("journal lock") = Some(owed);
+            Err(e.into())
+        }
+    }
+}
+
+/// The owed record was not written by this attempt: the one stored is either the same (paid) or
+/// another attempt's ([`JournalError::Raced`]); none stored means the write never ran (written now).
+async fn found_owed(job: &Job, owed: Pending) -> Result<(), JournalError> {
+    let stored = match step_output(&job.pool, job.id(), &owed.name, &owed.key).await {
+        Ok(stored) => stored,
+        Err(e) => {
+            *job.owed.lock().expect("journal lock") = Some(owed);
+            return Err(e);
+        }
+    };
+    match stored {
+        Some(v) if v == owed.output => Ok(()),
+        Some(v) => {
+            warn!(step = %owed.name, key = %owed.key, "another attempt recorded this step first, with another output; this attempt ends");
+            job.remember(&owed.name, &owed.key, v);
+            Err(JournalError::Raced {
+                name: owed.name,
+                key: owed.key,
+            })
+        }
+        None => {
+            *job.owed.lock().expect("journal lock") = Some(owed);
+            Box::pin(pay_owed(job)).await
         }
     }
 }
@@ -1349,7 +1362,7 @@ async fn transition(
     Ok((row.get("moved"), row.get("deleted"), inserted))
 }
 
-/// [`Job::owed_ride`]'s write, as a data-modifying statement a read carries (`store::pg::Rides`): over
+/// [`Job::owing`]'s write, as a data-modifying statement a read carries (`store::pg::Rides`): over
 /// the read's jsonb argument `$4`, returning the output it wrote as `value` (no row: the step was
 /// recorded already).
 pub const OWED_WRITE: &str = "INSERT INTO job_steps (job, name, key, output)
@@ -1508,7 +1521,7 @@ impl Step<'_> {
     }
 
     /// [`Step::run`] for a step whose record must commit before the attempt's next record, and may ride
-    /// with a read made before that ([`Job::owed_ride`]) instead of a statement of its own. The body's
+    /// with a read made before that ([`Job::owing`]) instead of a statement of its own. The body's
     /// output is not written now; every record statement of the attempt writes it first if no read
     /// carried it. When another attempt recorded the step first with another output, that read (or the
     /// next record) fails this attempt with [`JournalError::Raced`], before any of its later records.
@@ -1528,7 +1541,7 @@ impl Step<'_> {
         crate::fault::reached(job.id(), name).await;
         let out = body.await?;
         let value = encode(name, &self.key, &out)?;
-        job.pay_owed().await?;
+        pay_owed(job).await?;
         job.remember(name, &self.key, value.clone());
         *job.owed.lock().expect("journal lock") = Some(self.pending(value));
         Ok(out)
@@ -1601,7 +1614,7 @@ impl Step<'_> {
             return Ok((done, false));
         }
         starting(job.id(), name, &self.key);
-        job.pay_owed().await?;
+        pay_owed(job).await?;
         let pending = job.take_pending();
         let result = async {
             let mut tx = job.pool.begin().await.map_err(JournalError::from)?;
