@@ -1436,6 +1436,13 @@ pub enum Finished {
     Deleted,
 }
 
+/// What [`Step`]'s body gave: the recorded output of an earlier attempt, or its own with that output as
+/// it would be recorded.
+enum Ran<T> {
+    Replayed(T),
+    Fresh(T, Value),
+}
+
 /// A step about to run; see the module documentation.
 pub struct Step<'a> {
     job: &'a Job,
@@ -1531,20 +1538,36 @@ impl Step<'_> {
         E: From<JournalError>,
         F: Future<Output = Result<T, E>>,
     {
+        let job = self.job;
+        let (out, value) = match self.ran(body).await? {
+            Ran::Replayed(done) => return Ok(done),
+            Ran::Fresh(out, value) => (out, value),
+        };
+        pay_owed(job).await?;
+        job.remember(self.name, &self.key, value.clone());
+        *job.owed.lock().expect("journal lock") = Some(self.pending(value));
+        Ok(out)
+    }
+
+    /// The step's recorded output, replayed; or the body run now (logged as started, past the test's
+    /// fault hook), with its output as it would be recorded.
+    async fn ran<T, E, F>(&self, body: F) -> Result<Ran<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<JournalError>,
+        F: Future<Output = Result<T, E>>,
+    {
         let (job, name) = (self.job, self.name);
         if let Some(done) = job.recorded::<T>(name, &self.key) {
             debug!(step = name, key = %self.key, "step replayed from the journal");
-            return Ok(done);
+            return Ok(Ran::Replayed(done));
         }
         starting(job.id(), name, &self.key);
         #[cfg(feature = "testing")]
         crate::fault::reached(job.id(), name).await;
         let out = body.await?;
         let value = encode(name, &self.key, &out)?;
-        pay_owed(job).await?;
-        job.remember(name, &self.key, value.clone());
-        *job.owed.lock().expect("journal lock") = Some(self.pending(value));
-        Ok(out)
+        Ok(Ran::Fresh(out, value))
     }
 
     /// [`Step::run`], lazy when `lazy` says so of the body's output: a step whose output decides whether
@@ -1561,15 +1584,10 @@ impl Step<'_> {
         F: Future<Output = Result<T, E>>,
     {
         let (job, name) = (self.job, self.name);
-        if let Some(done) = job.recorded::<T>(name, &self.key) {
-            debug!(step = name, key = %self.key, "step replayed from the journal");
-            return Ok(done);
-        }
-        starting(job.id(), name, &self.key);
-        #[cfg(feature = "testing")]
-        crate::fault::reached(job.id(), name).await;
-        let out = body.await?;
-        let value = encode(name, &self.key, &out)?;
+        let (out, value) = match self.ran(body).await? {
+            Ran::Replayed(done) => return Ok(done),
+            Ran::Fresh(out, value) => (out, value),
+        };
         let pending = self.pending(value.clone());
         if lazy(&out) {
             job.remember(name, &self.key, value);

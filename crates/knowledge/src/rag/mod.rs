@@ -281,13 +281,7 @@ impl Retriever {
         .await;
         match result {
             Ok((snippets, vector)) => {
-                let scores: Vec<String> = snippets
-                    .iter()
-                    .map(|s| format!("{:.3} {}", s.score, s.title))
-                    .collect();
-                span.record("hits", snippets.len());
-                span.record("scores", scores.join("; "));
-                span.in_scope(|| tracing::debug!(hits = snippets.len(), "knowledge retrieved"));
+                record_hits(&span, &snippets);
                 (snippets, vector)
             }
             Err(e) => {
@@ -379,15 +373,20 @@ impl Retriever {
                 score: h.score,
             })
             .collect();
-        let scores: Vec<String> = snippets
-            .iter()
-            .map(|s| format!("{:.3} {}", s.score, s.title))
-            .collect();
-        span.record("hits", snippets.len());
-        span.record("scores", scores.join("; "));
-        span.in_scope(|| tracing::debug!(hits = snippets.len(), "knowledge retrieved"));
+        record_hits(&span, &snippets);
         snippets
     }
+}
+
+/// The hits of a `rag.retrieve` span and their scores.
+fn record_hits(span: &tracing::Span, snippets: &[KnowledgeSnippet]) {
+    let scores: Vec<String> = snippets
+        .iter()
+        .map(|s| format!("{:.3} {}", s.score, s.title))
+        .collect();
+    span.record("hits", snippets.len());
+    span.record("scores", scores.join("; "));
+    span.in_scope(|| tracing::debug!(hits = snippets.len(), "knowledge retrieved"));
 }
 
 #[cfg(test)]
