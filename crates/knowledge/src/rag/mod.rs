@@ -110,8 +110,12 @@ pub(crate) async fn search(
         kb::search(pool, collections, query, top_k, model),
     )
     .await?;
-    Ok(hits
-        .into_iter()
+    Ok(above(hits, threshold))
+}
+
+/// The snippets of the hits scored at or above `threshold`, in their order.
+fn above(hits: Vec<kb::Hit>, threshold: f32) -> Vec<KnowledgeSnippet> {
+    hits.into_iter()
         .filter(|h| h.score >= threshold)
         .map(|h| KnowledgeSnippet {
             id: h.id,
@@ -120,7 +124,7 @@ pub(crate) async fn search(
             text: h.content,
             score: h.score,
         })
-        .collect())
+        .collect()
 }
 
 /// The knowledge a turn gets: the embedder (when installed), the knowledge base and the bounds.
@@ -362,17 +366,7 @@ impl Retriever {
                 return Vec::new();
             }
         };
-        let snippets: Vec<KnowledgeSnippet> = hits
-            .into_iter()
-            .filter(|h| h.score >= self.threshold)
-            .map(|h| KnowledgeSnippet {
-                id: h.id,
-                title: h.title,
-                source_url: h.source_url,
-                text: h.content,
-                score: h.score,
-            })
-            .collect();
+        let snippets = above(hits, self.threshold);
         record_hits(&span, &snippets);
         snippets
     }
