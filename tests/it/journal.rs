@@ -294,6 +294,45 @@ async fn a_guarded_opening_writes_no_job_for_a_tombstoned_message_and_returns_th
     assert!(stopped_without_a_row(&later_id, &guard).await);
 }
 
+/// Carries what `job` owes by a history read (as the compose stage does): the write's value, and how
+/// the record ended.
+async fn carried(
+    env: &TestEnv,
+    who: &[String],
+    job: &companion_journal::Job,
+) -> (Value, Result<(), JournalError>) {
+    use companion_journal::OWED_WRITE;
+    use companion_store::store::pg::Rides;
+    let owed = job.owing().expect("owed");
+    let mut rides = Rides::default();
+    assert!(rides.push_write(OWED_WRITE, owed.args()));
+    assert!(
+        !rides.push_write(OWED_WRITE, Default::default()),
+        "one write a statement"
+    );
+    let history = env.pg.history(&who[0], &who[1], 5, &rides).await.unwrap();
+    assert_eq!(history.rides.len(), 1, "{:?}", history.rides);
+    let value = history.rides[0].clone();
+    (value.clone(), owed.ridden(Some(value)).await)
+}
+
+/// Two attempts of the job `head`: the first has run a burst with nothing to cover (its record owed).
+async fn owing_and_another(
+    journal: &companion_journal::Journal,
+    head: &NewJob<'_>,
+) -> (companion_journal::Job, companion_journal::Job) {
+    let (owing, other) = (
+        journal.open(head).await.unwrap(),
+        journal.open(head).await.unwrap(),
+    );
+    let none: Vec<String> = owing
+        .covering(step::BURST, key::ONCE, &[], |_| Vec::new())
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    (owing, other)
+}
+
 /// A burst with nothing to cover owes its record (`Step::run_owed`, issue 64): the history's read carries
 /// it (`store::pg::Rides::push_write`), or the attempt's next record writes it first. Against another
 /// attempt that covered a follower meanwhile, the owing attempt ends (`Raced`, transient) at that read or
@@ -302,8 +341,6 @@ async fn a_guarded_opening_writes_no_job_for_a_tombstoned_message_and_returns_th
 #[tokio::test]
 async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_covered_first() {
     use companion_core::failure::{Class, Classify};
-    use companion_journal::OWED_WRITE;
-    use companion_store::store::pg::Rides;
     let env = TestEnv::new(always(StubReply::text("unused"))).await;
     let journal = env.journal();
     let who: Vec<String> = (0..3).map(|_| ObjectId::new().to_hex()).collect();
@@ -319,27 +356,14 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
                 .unwrap();
         rows
     };
-    let read_with = |args| {
-        let mut rides = Rides::default();
-        assert!(rides.push_write(OWED_WRITE, args));
-        assert!(
-            !rides.push_write(OWED_WRITE, Default::default()),
-            "one write a statement"
-        );
-        rides
-    };
-
     // Carried by the read: nothing written before it, the record after it.
     let a = journal.open(&job(&ids[0], 1, &who)).await.unwrap();
     let out: Vec<String> = a.covering(step::BURST, key::ONCE, &[], none).await.unwrap();
     assert!(out.is_empty());
     assert!(steps(ids[0].clone()).await.is_empty(), "owed, not written");
-    let owed = a.owing().expect("owed");
-    let rides = read_with(owed.args());
-    let history = env.pg.history(&who[0], &who[1], 5, &rides).await.unwrap();
-    assert_eq!(history.rides.len(), 1);
-    assert_eq!(history.rides[0], json!([]));
-    owed.ridden(history.rides.first().cloned()).await.unwrap();
+    let (written, paid) = carried(&env, &who, &a).await;
+    assert_eq!(written, json!([]));
+    paid.unwrap();
     assert_eq!(
         steps(ids[0].clone()).await,
         [(step::BURST.to_owned(), json!([]))]
@@ -363,16 +387,8 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
     // Another attempt covered a follower first: the owing attempt ends at its read, and at its next
     // record, with nothing of its own written.
     for (round, at_read) in [(2usize, true), (4, false)] {
-        let head = job(&ids[round], 1, &who);
         let follower = [job(&ids[round + 1], 2, &who)];
-        let (owing, covering) = (
-            journal.open(&head).await.unwrap(),
-            journal.open(&head).await.unwrap(),
-        );
-        let _: Vec<String> = owing
-            .covering(step::BURST, key::ONCE, &[], none)
-            .await
-            .unwrap();
+        let (owing, covering) = owing_and_another(&journal, &job(&ids[round], 1, &who)).await;
         let names = |n: usize| -> Vec<String> { ids[round + 1..round + 1 + n].to_vec() };
         let covered = covering
             .covering(step::BURST, key::ONCE, &follower, names)
@@ -380,12 +396,7 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
             .unwrap();
         assert_eq!(covered, [ids[round + 1].clone()]);
         let err = match at_read {
-            true => {
-                let owed = owing.owing().expect("owed");
-                let rides = read_with(owed.args());
-                let history = env.pg.history(&who[0], &who[1], 5, &rides).await.unwrap();
-                owed.ridden(history.rides.first().cloned()).await
-            }
+            true => carried(&env, &who, &owing).await.1,
             false => owing
                 .step(step::LLM, "0")
                 .run(async { Ok::<_, JournalError>(json!("an answer")) })
@@ -405,20 +416,9 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
     }
 
     // The owed record first: an attempt that would cover adopts it and covers nothing.
-    let head = job(&ids[6], 1, &who);
     let follower = [job(&ids[7], 2, &who)];
-    let (owing, covering) = (
-        journal.open(&head).await.unwrap(),
-        journal.open(&head).await.unwrap(),
-    );
-    let _: Vec<String> = owing
-        .covering(step::BURST, key::ONCE, &[], none)
-        .await
-        .unwrap();
-    let owed = owing.owing().expect("owed");
-    let rides = read_with(owed.args());
-    let history = env.pg.history(&who[0], &who[1], 5, &rides).await.unwrap();
-    owed.ridden(history.rides.first().cloned()).await.unwrap();
+    let (owing, covering) = owing_and_another(&journal, &job(&ids[6], 1, &who)).await;
+    carried(&env, &who, &owing).await.1.unwrap();
     let names = |n: usize| -> Vec<String> { ids[7..7 + n].to_vec() };
     let adopted = covering
         .covering(step::BURST, key::ONCE, &follower, names)
@@ -444,10 +444,25 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
     let covering = journal.open(&head).await.unwrap();
     let follower = [job(&ids[1], 2, &who)];
     let names = |n: usize| -> Vec<String> { ids[1..1 + n].to_vec() };
+    // Committed only once the covering attempt's insert is seen waiting on it.
     let (adopted, ()) = tokio::join!(
         covering.covering(step::BURST, key::ONCE, &follower, names),
         async {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let seen = eventually(std::time::Duration::from_secs(10), || async {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_one(&env.pg.pool)
+                .await
+                .unwrap();
+                waiting > 0
+            })
+            .await;
+            assert!(
+                seen,
+                "the covering attempt's insert waits on the open record"
+            );
             owed.commit().await.unwrap();
         }
     );

@@ -17,11 +17,20 @@ fn system_prompt(body: &serde_json::Value) -> String {
     system_text(body)
 }
 
-/// The knowledge searches run in the test's database (`pg_stat_statements`, which the stack preloads):
-/// statements of their own, and history statements that carried one; then the same for an owed record
-/// (the burst's). A bench run beside this test may reset the server's statistics, which can only lower
-/// the counts.
-async fn searches(env: &TestEnv) -> (i64, i64, i64, i64) {
+/// What `pg_stat_statements` (which the stack preloads) counted in the test's database: knowledge
+/// searches in statements of their own, and history statements that carried one; then the same for an
+/// owed record (the burst's); and when the statistics were last reset (a bench run beside this test
+/// resets them).
+#[derive(Debug, PartialEq)]
+struct Counted {
+    reset: String,
+    own: i64,
+    ridden: i64,
+    burst_own: i64,
+    burst_ridden: i64,
+}
+
+async fn counted(env: &TestEnv) -> Counted {
     use sqlx::Connection;
     let db: String = sqlx::query_scalar("SELECT current_database()")
         .fetch_one(&env.pg.pool)
@@ -34,8 +43,9 @@ async fn searches(env: &TestEnv) -> (i64, i64, i64, i64) {
         .execute(&mut admin)
         .await
         .unwrap();
-    sqlx::query_as(
-        "SELECT coalesce(sum(calls) FILTER (WHERE query LIKE 'SELECT c.id, c.collection%'), 0)::bigint,
+    let (reset, own, ridden, burst_own, burst_ridden) = sqlx::query_as(
+        "SELECT (SELECT stats_reset::text FROM pg_stat_statements_info),
+                coalesce(sum(calls) FILTER (WHERE query LIKE 'SELECT c.id, c.collection%'), 0)::bigint,
                 coalesce(sum(calls) FILTER (WHERE query LIKE '%SELECT part,%' AND query LIKE '%kb_chunks%'), 0)::bigint,
                 coalesce(sum(calls) FILTER (WHERE query LIKE 'INSERT INTO job_steps (job, name, key, output) VALUES%RETURNING output'), 0)::bigint,
                 coalesce(sum(calls) FILTER (WHERE query LIKE 'WITH w AS (INSERT INTO job_steps%SELECT part,%'), 0)::bigint
@@ -44,7 +54,14 @@ async fn searches(env: &TestEnv) -> (i64, i64, i64, i64) {
     .bind(&db)
     .fetch_one(&mut admin)
     .await
-    .unwrap()
+    .unwrap();
+    Counted {
+        reset,
+        own,
+        ridden,
+        burst_own,
+        burst_ridden,
+    }
 }
 
 #[tokio::test]
@@ -127,21 +144,6 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
         "{prompt}"
     );
     assert!(prompt.contains(&article.text), "{prompt}");
-    // The search rode with the history's statement (issue 64): the message's vector was known from
-    // admission (the crisis screen embeds it), so no statement of its own searched the chunks.
-    // The burst's record (nothing to cover) rode with it too: no statement wrote it on its own.
-    let (own, ridden, burst_own, burst_ridden) = searches(&env).await;
-    assert_eq!(own, 0, "no search statement of its own");
-    assert!(ridden >= 1, "the history's statement searched: {ridden}");
-    assert_eq!(
-        burst_own, 0,
-        "no statement of its own for the burst's record"
-    );
-    assert!(
-        burst_ridden >= 1,
-        "the history's statement wrote the burst's record"
-    );
-
     svc.pipeline
         .process_dm(&event("what's the best lasagna recipe?"))
         .await
@@ -150,6 +152,43 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
     assert_eq!(requests.len(), 2);
     let prompt = system_prompt(&requests[1]);
     assert!(!prompt.contains("## Things you know"), "{prompt}");
+
+    // Issue 64: the search rides with the history's statement (the message's vector is known from
+    // admission, where the crisis screen embeds it), and so does the burst's record (nothing to cover).
+    // Counted over one more such turn, between two reads of the statistics with no reset between them.
+    let mut tries = 0;
+    let (before, after) = loop {
+        let before = counted(&env).await;
+        svc.pipeline
+            .process_dm(&event("how often should I wax my snowboard?"))
+            .await
+            .unwrap();
+        let after = counted(&env).await;
+        if after.reset == before.reset {
+            break (before, after);
+        }
+        tries += 1;
+        assert!(
+            tries < 5,
+            "the statistics were reset during each of 5 turns"
+        );
+    };
+    assert_eq!(after.own - before.own, 0, "no search statement of its own");
+    assert_eq!(
+        after.ridden - before.ridden,
+        1,
+        "the history's statement searched"
+    );
+    assert_eq!(
+        after.burst_own - before.burst_own,
+        0,
+        "no statement of its own for the burst's record"
+    );
+    assert_eq!(
+        after.burst_ridden - before.burst_ridden,
+        1,
+        "the history's statement wrote the burst's record"
+    );
 
     let _ = std::fs::remove_dir_all(&dir);
     env.finish().await;

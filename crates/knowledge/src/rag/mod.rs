@@ -156,6 +156,13 @@ impl Retriever {
         }
     }
 
+    /// The cache key of `text`; none when it has nothing to look up (empty, or no content word).
+    fn query_key(&self, text: &str) -> Option<String> {
+        let key = query::normalize(text);
+        let nothing = key.is_empty() || (self.skip_contentless && query::needs_no_knowledge(&key));
+        (!nothing).then_some(key)
+    }
+
     /// The query vector for `text`: from the cache, or from the model (then cached); `None` when the
     /// message has nothing to look up.
     async fn query_vector(
@@ -163,10 +170,9 @@ impl Retriever {
         embedder: &Embedder,
         text: &str,
     ) -> Result<Option<(Arc<Vec<f32>>, query::Lookup)>, RetrieveError> {
-        let key = query::normalize(text);
-        if key.is_empty() || (self.skip_contentless && query::needs_no_knowledge(&key)) {
+        let Some(key) = self.query_key(text) else {
             return Ok(None);
-        }
+        };
         if let Some(v) = self.cache.get(&key) {
             return Ok(Some((v, query::Lookup::Cached)));
         }
@@ -322,11 +328,7 @@ impl Retriever {
         if collections.is_empty() || self.top_k <= 0 {
             return None;
         }
-        let key = query::normalize(text);
-        if key.is_empty() || (self.skip_contentless && query::needs_no_knowledge(&key)) {
-            return None;
-        }
-        let vector = self.cache.get(&key)?;
+        let vector = self.cache.get(&self.query_key(text)?)?;
         crate::timing::note_knowledge_cached(query::Lookup::Cached.name());
         Some(SearchRide {
             sql: kb::SEARCH_RIDE,
@@ -336,7 +338,7 @@ impl Retriever {
     }
 
     /// The knowledge [`Retriever::ride`]'s search found, from its value in the statement it rode with
-    /// (none when that gave no value: the snippets are above the threshold, best first, as
+    /// (none: that statement gave no value): the snippets above the threshold, best first, as
     /// [`Retriever::for_turn`] gives them. Like a search of its own, a value that does not read gives no
     /// knowledge (logged), never a failed turn. The span `rag.retrieve` records the hits and scores.
     pub fn ridden(

@@ -222,22 +222,15 @@ impl Pg {
             .bind(user_id)
             .bind(bot_id)
             .bind(limit);
-        let rows = match (rides.sql.is_empty(), &rides.floats) {
-            (true, _) => query.fetch_all(&self.pool).await?,
-            (false, None) => {
-                query
-                    .bind(Value::Object(rides.args.clone()))
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-            (false, Some(floats)) => {
-                query
-                    .bind(Value::Object(rides.args.clone()))
-                    .bind(floats)
-                    .fetch_all(&self.pool)
-                    .await?
-            }
+        let query = match rides.sql.is_empty() {
+            true => query,
+            false => query.bind(Value::Object(rides.args.clone())),
         };
+        let query = match &rides.floats {
+            Some(floats) => query.bind(floats),
+            None => query,
+        };
+        let rows = query.fetch_all(&self.pool).await?;
         let mut out = History::default();
         for r in rows {
             match r.get::<i32, _>("part") {
