@@ -123,8 +123,9 @@ pub async fn converse(
             Stage::Steps,
             job.step(step::LLM, format!("{}{n}", cx.slot))
                 .tally(spend::tally(&user))
-                // An answer in text rides with the reply's record (a crash before it asks again); one
-                // that calls tools is recorded before any tool acts on it.
+                // An answer in text, or one calling only tools that read, rides with the reply's
+                // record (a crash before it asks again, and those tools read again); one that calls a
+                // tool that acts is recorded before the tool acts on it.
                 .run_lazy_if(
                     Box::pin(pay_and_ask(
                         cx,
@@ -133,7 +134,12 @@ pub async fn converse(
                         &format!("{}{n}", cx.slot),
                         &spent,
                     )),
-                    |r: &LlmRecord| r.message.tool_calls.is_empty(),
+                    |r: &LlmRecord| {
+                        r.message
+                            .tool_calls
+                            .iter()
+                            .all(|c| cx.registry.reads_only(&c.function.name))
+                    },
                 ),
         )
         .await;

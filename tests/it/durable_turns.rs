@@ -124,3 +124,66 @@ async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() 
     assert_eq!(audited, 1);
     env.finish().await;
 }
+
+#[tokio::test]
+async fn an_answer_calling_only_tools_that_read_is_recorded_with_the_reply_and_one_calling_a_tool_that_acts_before_it()
+ {
+    let responder: companion_dev::stub::Responder = std::sync::Arc::new(|body: &Value| {
+        let last = last_message(body);
+        if last["role"] != "user" {
+            return StubReply::text("there you go");
+        }
+        if last["content"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("spots")
+        {
+            StubReply::tool("search_spots", json!({"query": "Portland"}))
+        } else {
+            // A tool that acts with no counted step of its own (which would write the record first).
+            StubReply::tool("mark_trick_landed", json!({"trick": "Kickflip"}))
+        }
+    });
+    let env = TestEnv::new(responder).await;
+    let svc = env.app().await;
+    for (text, reads) in [
+        ("any spots in portland?", true),
+        ("i landed my kickflip!", false),
+    ] {
+        let raw = env.dm(JESS, KAORI, JESS_KAORI, text).await;
+        let outcome = svc.pipeline.process_dm(&dm_event(&raw)).await;
+        assert!(
+            matches!(outcome, Ok(Outcome::Answered { .. })),
+            "{outcome:?}"
+        );
+        // The transaction that wrote each record: the tool-call answer (`llm` 0), the text answer
+        // (`llm` 1) and the reply.
+        let rows: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT name, key, xmin::text FROM job_steps
+             WHERE job = $1 AND name IN ('llm', 'reply') ORDER BY name, key",
+        )
+        .bind(&raw.message_id)
+        .fetch_all(&env.pg.pool)
+        .await
+        .unwrap();
+        let names: Vec<String> = rows.iter().map(|r| format!("{}/{}", r.0, r.1)).collect();
+        assert_eq!(names, ["llm/0", "llm/1", "reply/g0"], "{text}");
+        let (call, answer, reply) = (&rows[0].2, &rows[1].2, &rows[2].2);
+        assert_eq!(
+            answer, reply,
+            "{text}: the text answer rides with the reply"
+        );
+        if reads {
+            assert_eq!(
+                call, reply,
+                "{text}: an answer calling a tool that reads rides too"
+            );
+        } else {
+            assert_ne!(
+                call, reply,
+                "{text}: an answer calling a tool that acts is recorded before the tool acts"
+            );
+        }
+    }
+    env.finish().await;
+}

@@ -1571,8 +1571,9 @@ impl Step<'_> {
     }
 
     /// [`Step::run`], lazy when `lazy` says so of the body's output: a step whose output decides whether
-    /// what follows may be repeated (a model answer: text, which nothing acts on before the reply's own
-    /// record, rides along; tool calls, which tools act on, are recorded first).
+    /// what follows may be repeated (a model answer: text, or calls of tools that only read, which
+    /// nothing acts on before the reply's own record, rides along; calls of a tool that acts are
+    /// recorded first).
     pub async fn run_lazy_if<T, E, F>(
         mut self,
         body: F,

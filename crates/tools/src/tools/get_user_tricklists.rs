@@ -28,6 +28,7 @@ pub(crate) struct GetUserTricklists {
 impl Tool for GetUserTricklists {
     const NAME: &'static str = "get_user_tricklists";
     const GROUPS: &'static [Group] = &[Group::Tricks];
+    const READS_ONLY: bool = true;
     type Args = Args;
 
     fn description() -> &'static str {

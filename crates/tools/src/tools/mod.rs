@@ -294,6 +294,10 @@ pub(crate) trait Tool: Send + Sync + 'static {
     const NAME: &'static str;
     /// The groups whose turns are offered this tool.
     const GROUPS: &'static [Group];
+    /// A call changes nothing (no write, no message, no count) and only reads: so a model answer that
+    /// calls such tools alone may be asked again after a crash, and its record can wait for the reply's
+    /// ([`Registry::reads_only`]). A tool that acts keeps the default.
+    const READS_ONLY: bool = false;
     type Args: DeserializeOwned + JsonSchema + Send;
     /// Written for the model: when to use the tool and what it returns.
     fn description() -> &'static str;
@@ -345,6 +349,7 @@ impl<T: Tool> DynTool for Erased<T> {
 struct Def {
     name: &'static str,
     groups: &'static [Group],
+    reads_only: bool,
     def: ToolDef,
     /// The arguments' schema, whose value `def` shows.
     schema: Arc<ArgsSchema>,
@@ -356,6 +361,7 @@ impl Def {
         Self {
             name: T::NAME,
             groups: T::GROUPS,
+            reads_only: T::READS_ONLY,
             def: ToolDef {
                 kind: "function".into(),
                 function: FunctionDef {
@@ -626,6 +632,11 @@ impl Registry {
         def.expect("every tool has a definition: both are built from `each_tool`")
             .schema
             .clone()
+    }
+
+    /// Whether a call of `tool` only reads ([`Tool::READS_ONLY`]); an unknown name is not taken to.
+    pub fn reads_only(&self, tool: &str) -> bool {
+        self.defs.iter().any(|d| d.name == tool && d.reads_only)
     }
 
     /// The names of the tools of `group`.

@@ -21,6 +21,7 @@ pub(crate) struct MoreTools;
 impl Tool for MoreTools {
     const NAME: &'static str = NAME;
     const GROUPS: &'static [Group] = &[];
+    const READS_ONLY: bool = true;
     type Args = Args;
 
     fn description() -> &'static str {

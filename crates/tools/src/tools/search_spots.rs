@@ -65,6 +65,7 @@ pub(crate) struct SearchSpots {
 impl Tool for SearchSpots {
     const NAME: &'static str = "search_spots";
     const GROUPS: &'static [Group] = &[Group::Spots];
+    const READS_ONLY: bool = true;
     type Args = Args;
 
     fn description() -> &'static str {

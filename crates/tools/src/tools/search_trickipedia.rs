@@ -57,6 +57,7 @@ pub(crate) struct SearchTrickipedia {
 impl Tool for SearchTrickipedia {
     const NAME: &'static str = "search_trickipedia";
     const GROUPS: &'static [Group] = &[Group::Tricks];
+    const READS_ONLY: bool = true;
     type Args = Args;
 
     fn description() -> &'static str {

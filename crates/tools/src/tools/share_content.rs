@@ -40,6 +40,7 @@ pub(crate) struct ShareContent {
 impl Tool for ShareContent {
     const NAME: &'static str = "share_content";
     const GROUPS: &'static [Group] = &[Group::Tricks, Group::Spots];
+    const READS_ONLY: bool = true;
     type Args = Args;
 
     fn description() -> &'static str {
