@@ -1,7 +1,9 @@
 //! Stage 8: a fixed companion message goes out, the one path of every message. First, unless the message
 //! is owed whatever happens, whether a moderator paused the conversation or a message it answers was
-//! deleted meanwhile (then nothing is written). Then the dm_messages document, the history rows (the user
-//! messages it answers, then its own), the conversation's last message, the completion event (a message
+//! deleted meanwhile (then nothing is written): read with the reply's record, whose statement also writes
+//! the history rows (the user messages it answers, then its own) when it finds the way clear. Then the
+//! dm_messages document, the history rows if not written yet, the conversation's last message, the
+//! completion event (a message
 //! private to one user, a referral in a group, skips the shared history and the preview). Every step is
 //! keyed by the message's slot in its reply generation and safe to repeat; they are recorded with the
 //! job's next record or its end, or at once when another message of the job follows. Once it is out, the
@@ -26,7 +28,12 @@ use crate::{
         },
     },
     metrics::Metric,
-    store::{Mongo, Pg, mongo::ReplyDoc, pg::NewHistory, safety},
+    store::{
+        Mongo, Pg,
+        mongo::{DM_MESSAGES, ReplyDoc},
+        pg::NewHistory,
+        safety::{self, BeforeDelivery},
+    },
     timing::{Stage, stage},
 };
 
@@ -59,6 +66,9 @@ pub(crate) struct Address<'a> {
     /// steps are recorded as soon as it is out, not with the job's next record, so that a crash from
     /// there on never sends it again.
     pub(crate) more: bool,
+    /// Its history rows were written with its record ([`Delivery::before_ride`]): its history step has
+    /// nothing left to write.
+    pub(crate) written: bool,
 }
 
 /// What a message answers.
@@ -124,62 +134,108 @@ impl Delivery {
             .carried()
             .take_ridden(&slot.reply(job.record.generation))
             .and_then(|v| safety::before_delivery_of(&v));
+        let mut written = ridden.is_some_and(|c| c.written);
         if how.check {
             let checked = match ridden {
                 Some(checked) => checked,
-                None => self.before(a, burst).await?,
+                None => self.before(a, burst, said).await?,
             };
-            match checked {
-                (_, true) => return Ok(Delivered::Deleted),
-                (true, false) => return Ok(Delivered::Paused),
-                (false, false) => {}
+            // A deletion stops it; a pause, unless a check before (an earlier attempt's, with the
+            // reply's record) found the way clear and wrote its history: that delivery goes on.
+            if checked.deleted {
+                return Ok(Delivered::Deleted);
             }
+            if checked.paused && !checked.written {
+                return Ok(Delivered::Paused);
+            }
+            written = checked.written;
         }
+        let answered = a.answered(burst);
+        let key = slot.reply(job.record.generation);
+        let mut out = self.address(a, key, burst, said, &answered, how.more)?;
+        out.written = written;
+        let delivered = self.write_reply(job, &out, said).await?;
+        debug!(reply_id = %said.id, bot = %out.bot, key = %out.key, ?delivered, "message delivered");
+        Ok(delivered)
+    }
+
+    /// Where the message `said` goes and what it answers (`answered`: the job's user messages it answers,
+    /// [`Admitted::answered`]), its steps keyed `key`.
+    fn address<'a>(
+        &self,
+        a: &'a Admitted<'_>,
+        key: String,
+        burst: &Burst,
+        said: &Reply,
+        answered: &'a [Answered],
+        more: bool,
+    ) -> Result<Address<'a>, PipelineError> {
         let bot = match &said.bot {
             Some(b) => ObjectId::parse_str(b).map_err(|_| PipelineError::BadReplyId(b.clone()))?,
             None => a.members[0].bot,
         };
-        let answered = a.answered(burst);
         let answers = match &a.kind {
             Kind::Dm(e) => Answers::Dm(e.message_id),
             Kind::Group { event, .. } => Answers::Group(event.message_id),
             Kind::FollowUp { follow_up, .. } => Answers::News(follow_up.trigger.clone()),
         };
-        let out = Address {
+        Ok(Address {
             conversation: a.ids.conversation_id,
             bot,
             user: a.ids.user_id,
             answers,
-            user_rows: user_rows(a, &answered, said.at),
+            user_rows: user_rows(a, answered, said.at),
             covers: burst.covers.iter().map(|c| c.message_id.clone()).collect(),
-            key: slot.reply(job.record.generation),
-            more: how.more,
-        };
-        let delivered = self.write_reply(job, &out, said).await?;
-        debug!(reply_id = %said.id, bot = %bot, key = %out.key, ?delivered, "message delivered");
-        Ok(delivered)
+            key,
+            more,
+            written: false,
+        })
     }
 
-    /// [`Delivery::before`] as a read that rides with the reply's record, when the reply is recorded now:
-    /// after the model answered, one round trip earlier than a read of its own. A deletion or a pause
-    /// that commits in that round trip is what the later checks catch anyway (the history write's
-    /// filter under its locks and the read after delivery; the next turn's gate).
-    pub(crate) fn before_ride(&self, a: &Admitted<'_>, burst: &Burst) -> Ride {
-        let answered: Vec<String> = a.answered(burst).into_iter().map(|m| m.message).collect();
+    /// The check before delivery as a read that rides with the reply's record, made from the reply: one
+    /// round trip earlier than a read of its own, and after the model answered. When it finds the way
+    /// clear, the reply's history (the user messages it answers, then its own) is written in that
+    /// statement too, unless the reply is private to its user. A deletion or a pause that commits in
+    /// that round trip is what the later checks catch anyway (the history write's filter under its locks
+    /// and the read after delivery; the next turn's gate).
+    pub(crate) fn before_ride(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        slot: Slot,
+        burst: &Burst,
+        said: &Reply,
+    ) -> Ride {
+        let answered = a.answered(burst);
+        let ids: Vec<String> = answered.iter().map(|m| m.message.clone()).collect();
+        let key = slot.reply(job.record.generation);
+        let history = match self.address(a, key, burst, said, &answered, false) {
+            Ok(out) if !said.marks.is_private() => {
+                let names = Names::of(&out);
+                crate::store::pg::history_arg(&history_rows(&out, said, &names))
+            }
+            // Private to its user, or a reply id that does not read (the delivery says so).
+            _ => None,
+        };
         Ride {
-            sql: safety::BEFORE_DELIVERY_ON_5,
-            arg: safety::before_delivery_arg(&a.ids.conversation, &a.ids.user, &answered),
+            sql: safety::BEFORE_DELIVERY_WRITING_ON_5.as_str(),
+            arg: safety::before_delivery_arg(&a.ids.conversation, &a.ids.user, &ids, history),
         }
     }
 
-    /// Whether a moderator paused the conversation, and whether a message the job answers was deleted
-    /// (or its user erased).
-    async fn before(&self, a: &Admitted<'_>, burst: &Burst) -> Result<(bool, bool), PipelineError> {
+    /// Whether a moderator paused the conversation, whether a message the job answers was deleted (or
+    /// its user erased), and whether the history of `said` is written already.
+    async fn before(
+        &self,
+        a: &Admitted<'_>,
+        burst: &Burst,
+        said: &Reply,
+    ) -> Result<BeforeDelivery, PipelineError> {
         let answered: Vec<String> = a.answered(burst).into_iter().map(|m| m.message).collect();
         let (conversation, user) = (&a.ids.conversation, &a.ids.user);
         Ok(self
             .pg
-            .before_delivery(conversation, user, &answered)
+            .before_delivery(conversation, user, &answered, &said.id)
             .await?)
     }
 
@@ -204,6 +260,7 @@ impl Delivery {
             covers: Vec::new(),
             key: key::crisis(&m.id.to_hex()),
             more: true,
+            written: false,
         };
         let _ = self.write_reply(job, &out, reply).await?;
         Ok(())
@@ -228,6 +285,38 @@ impl Delivery {
             .await
     }
 
+    /// On a retry that holds the job (a moderator paused the conversation since an earlier attempt): the
+    /// history of a reply that attempt recorded, and wrote with its record ([`Delivery::before_ride`]),
+    /// but never delivered (it has no document) goes, so that history holds only what was said.
+    pub(crate) async fn unsay_undelivered(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+    ) -> Result<(), PipelineError> {
+        if job.record.attempts < 2 {
+            return Ok(());
+        }
+        let generation = job.record.generation;
+        let slots = std::iter::once(Slot::Only).chain((0..a.members.len()).map(Slot::Nth));
+        let mut undelivered = Vec::new();
+        for slot in slots {
+            let Some(reply) = job.recorded::<Reply>(step::REPLY, &slot.reply(generation)) else {
+                continue;
+            };
+            let Ok(id) = ObjectId::parse_str(&reply.id) else {
+                continue;
+            };
+            if self.mongo.by_id(DM_MESSAGES, id).await?.is_none() {
+                undelivered.push(reply.id);
+            }
+        }
+        if !undelivered.is_empty() {
+            let removed = crate::store::pg::unwrite_history(&self.pg, &undelivered).await?;
+            warn!(removed, replies = ?undelivered, "held on a retry: replies recorded but never delivered leave history");
+        }
+        Ok(())
+    }
+
     /// Writes a fixed message, every step keyed by `out.key` and safe to repeat.
     pub(crate) async fn write_reply(
         &self,
@@ -238,11 +327,7 @@ impl Delivery {
         let generation = out.key.as_str();
         let reply_id = ObjectId::parse_str(&reply.id)
             .map_err(|_| PipelineError::BadReplyId(reply.id.clone()))?;
-        let (user, bot, conversation) = (
-            out.user.to_hex(),
-            out.bot.to_hex(),
-            out.conversation.to_hex(),
-        );
+        let names = Names::of(out);
         let writes = async {
             job.step(step::STORE_REPLY, generation)
                 .lazy()
@@ -264,20 +349,11 @@ impl Delivery {
             job.step(step::HISTORY, generation)
                 .lazy()
                 .run(async {
-                    let mut rows = out.user_rows.clone();
-                    rows.push(NewHistory {
-                        user_id: &user,
-                        bot_id: &bot,
-                        conversation_id: &conversation,
-                        role: "assistant",
-                        content: &reply.content,
-                        message_id: &reply.id,
-                        tool_calls: reply.tool_log.as_ref(),
-                        created_at: reply.at,
-                        group_chat: out.answers.group(),
-                        ai_disclosure: reply.marks.ai_disclosure,
-                    });
-                    self.pg.append_history(&rows).await?;
+                    if !out.written {
+                        self.pg
+                            .append_history(&history_rows(out, reply, &names))
+                            .await?;
+                    }
                     Ok::<_, PipelineError>(())
                 })
                 .await?;
@@ -486,6 +562,41 @@ fn completion_of(out: &Address<'_>, reply: &Reply) -> Completion {
         trigger: out.answers.trigger().cloned(),
         marks: reply.marks.clone(),
     }
+}
+
+/// The ids of the parties of a message's address, as its history rows hold them.
+struct Names {
+    user: String,
+    bot: String,
+    conversation: String,
+}
+
+impl Names {
+    fn of(out: &Address<'_>) -> Self {
+        Self {
+            user: out.user.to_hex(),
+            bot: out.bot.to_hex(),
+            conversation: out.conversation.to_hex(),
+        }
+    }
+}
+
+/// The history rows of message `reply` at `out`: the user messages it answers, then its own.
+fn history_rows<'a>(out: &Address<'a>, reply: &'a Reply, names: &'a Names) -> Vec<NewHistory<'a>> {
+    let mut rows = out.user_rows.clone();
+    rows.push(NewHistory {
+        user_id: &names.user,
+        bot_id: &names.bot,
+        conversation_id: &names.conversation,
+        role: "assistant",
+        content: &reply.content,
+        message_id: &reply.id,
+        tool_calls: reply.tool_log.as_ref(),
+        created_at: reply.at,
+        group_chat: out.answers.group(),
+        ai_disclosure: reply.marks.ai_disclosure,
+    });
+    rows
 }
 
 /// The history rows of the user messages answered at `answer_at`: each sorts before the answer even when

@@ -469,19 +469,25 @@ impl Pipeline {
             let slot = view.slot;
             // The crisis line is owed whatever a moderator or a deletion did meanwhile: no check.
             let check = plan.fixed != Some(Fixed::Crisis);
-            let mut reply = job.step(step::REPLY, slot.reply(job.record.generation));
-            if check {
-                reply = reply.ride(self.delivery.before_ride(a, &burst));
-            }
+            let reply = job.step(step::REPLY, slot.reply(job.record.generation));
             // Boxed: the model's part of a turn is a large future, kept off the caller's stack.
-            let line = reply
-                .run(Box::pin(async {
-                    fresh += 1;
-                    let lang = crisis.as_ref().map(|f| f.lang.as_str());
-                    genai::with_content(content, self.fix(&view, lang)).await
-                }))
-                .instrument(agent.clone())
-                .await?;
+            let body = Box::pin(async {
+                fresh += 1;
+                let lang = crisis.as_ref().map(|f| f.lang.as_str());
+                genai::with_content(content, self.fix(&view, lang)).await
+            });
+            let line = if check {
+                // The check before delivery, and the history when it finds the way clear, ride with
+                // the reply's record.
+                let ride =
+                    |line: &Reply| Some(self.delivery.before_ride(job, a, slot, &burst, line));
+                reply
+                    .run_riding(body, ride)
+                    .instrument(agent.clone())
+                    .await?
+            } else {
+                reply.run(body).instrument(agent.clone()).await?
+            };
             said.push(line);
             // The messages before are recorded as delivered before another companion starts: a crash
             // from there on never sends them (or their completions) again. The crisis line is owed
@@ -710,6 +716,7 @@ impl Pipeline {
         burst: &Burst,
     ) -> Result<Settled, PipelineError> {
         genai::Safety::Held.record();
+        self.delivery.unsay_undelivered(job, a).await?;
         self.delivery.keep_unanswered(job, a, burst).await?;
         self.end.held(job, burst).await
     }

@@ -187,3 +187,36 @@ async fn an_answer_calling_only_tools_that_read_is_recorded_with_the_reply_and_o
     }
     env.finish().await;
 }
+
+#[tokio::test]
+async fn a_reply_s_history_is_written_by_the_statement_that_records_it() {
+    let env = TestEnv::new(companion_dev::stub::always(StubReply::text("sure thing"))).await;
+    let svc = env.app().await;
+    let raw = env.dm(JESS, KAORI, JESS_KAORI, "you around?").await;
+    let outcome = svc.pipeline.process_dm(&dm_event(&raw)).await;
+    let Ok(Outcome::Answered { reply_id }) = outcome else {
+        panic!("{outcome:?}")
+    };
+    // The transaction that wrote the reply's record, and those that wrote the two history rows.
+    let record: String =
+        sqlx::query_scalar("SELECT xmin::text FROM job_steps WHERE job = $1 AND name = 'reply'")
+            .bind(&raw.message_id)
+            .fetch_one(&env.pg.pool)
+            .await
+            .unwrap();
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT role, xmin::text FROM bot_conversations WHERE message_id = ANY($1) ORDER BY id",
+    )
+    .bind(vec![raw.message_id.clone(), reply_id])
+    .fetch_all(&env.pg.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        [
+            ("user".to_owned(), record.clone()),
+            ("assistant".to_owned(), record)
+        ]
+    );
+    env.finish().await;
+}

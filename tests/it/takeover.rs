@@ -332,3 +332,66 @@ async fn the_guide_s_node_code_pauses_a_conversation_once() {
     worker.stop().await;
     env.finish().await;
 }
+
+/// The history rows of conversation Jess–Kaori, oldest first: (role, message id).
+async fn jess_kaori_history(env: &TestEnv) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT role, message_id FROM bot_conversations WHERE conversation_id = $1
+         ORDER BY created_at, id",
+    )
+    .bind(JESS_KAORI)
+    .fetch_all(&env.pg.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_reply_recorded_with_its_history_and_held_on_its_retry_leaves_no_word_of_it_in_history() {
+    let env = TestEnv::new(always(StubReply::text("sure, here you go"))).await;
+    let svc = env.app().await;
+    let before = jess_kaori_history(&env).await.len();
+    let e = env.dm(JESS, KAORI, JESS_KAORI, "got a minute?").await;
+    let event = dm_event(&e);
+    // The first attempt checks (the way is clear), records the reply with its history, and panics
+    // before the reply's document.
+    companion_core::fault::panic_at(&e.message_id, "store_reply", 1);
+    let first = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(
+        svc.pipeline.process_dm(&event),
+    ))
+    .await;
+    assert!(first.is_err(), "the first attempt panicked");
+    let reply_id: String = sqlx::query_scalar(
+        "SELECT output ->> 'id' FROM job_steps WHERE job = $1 AND name = 'reply'",
+    )
+    .bind(&e.message_id)
+    .fetch_one(&env.pg.pool)
+    .await
+    .unwrap();
+    let said = |role: &str, id: &str| (role.to_owned(), id.to_owned());
+    assert_eq!(
+        jess_kaori_history(&env).await[before..],
+        [said("user", &e.message_id), said("assistant", &reply_id)],
+        "the reply's history was written with its record"
+    );
+    // A moderator pauses the conversation before the retry: the retry holds the message.
+    sqlx::query(
+        "INSERT INTO takeovers (conversation_id, paused, by_whom, at, paused_at)
+         VALUES ($1, true, 'mod-1', now(), now())",
+    )
+    .bind(JESS_KAORI)
+    .execute(&env.pg.pool)
+    .await
+    .unwrap();
+    let second = svc.pipeline.process_dm(&event).await;
+    assert!(
+        matches!(&second, Ok(companion::testing::pipeline::Outcome::Held)),
+        "{second:?}"
+    );
+    assert!(env.replies_to(&e.message_id).await.is_empty());
+    assert_eq!(
+        jess_kaori_history(&env).await[before..],
+        [said("user", &e.message_id)],
+        "history holds the held message, and nothing of a reply never sent"
+    );
+    env.finish().await;
+}

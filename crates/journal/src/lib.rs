@@ -1459,7 +1459,9 @@ pub struct Step<'a> {
 /// A read that rides with a step's record statement instead of a statement of its own: an SQL expression
 /// of type jsonb that reads its input from the statement's parameter `$5` (`arg`). It sees the record's
 /// snapshot, taken when the statement starts, where a read of its own would have come one round trip
-/// later. Its value is then [`Carried::take_ridden`]'s.
+/// later. Its value is then [`Carried::take_ridden`]'s. It may also read `ins`, the records the statement
+/// inserted (`name`, `key`, `output`), with the step's own name and key in `$3` and `$4`: whether this
+/// attempt's record is the one stored ([`Step::run_riding`]).
 #[derive(Clone, Debug)]
 pub struct Ride {
     pub sql: &'static str,
@@ -1574,11 +1576,7 @@ impl Step<'_> {
     /// what follows may be repeated (a model answer: text, or calls of tools that only read, which
     /// nothing acts on before the reply's own record, rides along; calls of a tool that acts are
     /// recorded first).
-    pub async fn run_lazy_if<T, E, F>(
-        mut self,
-        body: F,
-        lazy: impl FnOnce(&T) -> bool,
-    ) -> Result<T, E>
+    pub async fn run_lazy_if<T, E, F>(self, body: F, lazy: impl FnOnce(&T) -> bool) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<JournalError>,
@@ -1589,18 +1587,50 @@ impl Step<'_> {
             Ran::Replayed(done) => return Ok(done),
             Ran::Fresh(out, value) => (out, value),
         };
-        let pending = self.pending(value.clone());
         if lazy(&out) {
-            job.remember(name, &self.key, value);
+            job.remember(name, &self.key, value.clone());
+            let pending = self.pending(value);
             job.pending.lock().expect("journal lock").push(pending);
             return Ok(out);
         }
+        self.record_fresh(out, value).await
+    }
+
+    /// [`Step::run`], recorded now, with a [`Ride`] made from the body's output (none: nothing rides):
+    /// for a read or a write that needs what the step produced, in the record's statement. A step
+    /// replayed from the journal rides nothing.
+    pub async fn run_riding<T, E, F>(
+        mut self,
+        body: F,
+        ride: impl FnOnce(&T) -> Option<Ride>,
+    ) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<JournalError>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let (out, value) = match self.ran(body).await? {
+            Ran::Replayed(done) => return Ok(done),
+            Ran::Fresh(out, value) => (out, value),
+        };
+        self.ride = ride(&out);
+        self.record_fresh(out, value).await
+    }
+
+    /// Records a fresh output now (with its ride); when another attempt recorded the step first, goes
+    /// on with that output.
+    async fn record_fresh<T, E>(mut self, out: T, value: Value) -> Result<T, E>
+    where
+        T: DeserializeOwned,
+        E: From<JournalError>,
+    {
+        let (job, name) = (self.job, self.name);
+        let pending = self.pending(value.clone());
         let stored = job.record(pending, self.ride.take()).await?;
         job.remember(name, &self.key, stored.clone());
         if stored == value {
             return Ok(out);
         }
-        // Another attempt recorded this step first: go on with its output.
         debug!(step = name, key = %self.key, "another attempt recorded this step first; using its output");
         Ok(decode(name, &self.key, &stored).unwrap_or(out))
     }

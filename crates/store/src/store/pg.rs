@@ -359,6 +359,18 @@ impl Pg {
     }
 }
 
+/// Removes the history rows of the companion messages `messages`: replies an earlier attempt recorded,
+/// and wrote with their records, that never went out (a job held on its retry).
+pub async fn unwrite_history(pg: &Pg, messages: &[String]) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "DELETE FROM bot_conversations WHERE message_id = ANY($1) AND role = 'assistant'",
+    )
+    .bind(messages)
+    .execute(&pg.pool)
+    .await?
+    .rows_affected())
+}
+
 /// Takes, in `conn`'s transaction, the advisory locks that serialise a history write with the deletions
 /// of what it writes: one per user (a `user_erased` takes it) and one per user message (a
 /// `message_deleted` takes it).
@@ -380,6 +392,73 @@ pub async fn lock_history(
 
 /// The keys of [`lock_history`]: users first, each in order, so two writers never wait on each other
 /// crosswise.
+/// [`Pg::append_history`]'s call over the columns in `$5 -> 'history'` ([`history_arg`]): an SQL
+/// expression (of type void) for a statement that carries the write
+/// ([`super::safety::BEFORE_DELIVERY_WRITING_ON_5`]). The same function: its locks, then its insert in a
+/// snapshot taken after them.
+pub(crate) static HISTORY_FROM_5: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let col = |name: &str, elem: &str, ty: &str| {
+        format!(
+            "ARRAY(SELECT {elem} FROM jsonb_array_elements($5::jsonb #> '{{history,{name}}}') \
+             WITH ORDINALITY AS e(v, i) ORDER BY i)::{ty}[]"
+        )
+    };
+    let text = |name: &str| col(name, "v #>> '{}'", "text");
+    let flag = |name: &str| col(name, "(v #>> '{}')::boolean", "boolean");
+    format!(
+        "append_history({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})",
+        text("locks"),
+        text("user_id"),
+        text("bot_id"),
+        text("conversation_id"),
+        text("role"),
+        text("content"),
+        text("message_id"),
+        col("tool_calls", "NULLIF(v, 'null'::jsonb)", "jsonb"),
+        col("created_at", "(v #>> '{}')::timestamptz", "timestamptz"),
+        flag("group_chat"),
+        flag("ai_disclosure"),
+        text("said"),
+    )
+});
+
+/// The input of [`HISTORY_FROM_5`]: `rows` as [`Pg::append_history`]'s columns, each a JSON array (times
+/// to the microsecond, as the driver binds them). None when there is nothing to write, and in the tests
+/// when the write is to be held on its own (`history:locked`, which only the write of its own can hold).
+pub fn history_arg(rows: &[NewHistory<'_>]) -> Option<Value> {
+    if rows.is_empty() {
+        return None;
+    }
+    let said: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.role == "user")
+        .map(|r| r.message_id)
+        .collect();
+    #[cfg(feature = "testing")]
+    if crate::fault::armed(&said.join(","), "history:locked") {
+        return None;
+    }
+    let users: Vec<&str> = rows.iter().map(|r| r.user_id).collect();
+    let col = |f: fn(&NewHistory<'_>) -> Value| Value::Array(rows.iter().map(f).collect());
+    Some(serde_json::json!({
+        "locks": history_locks(&users, &said),
+        "user_id": users,
+        "bot_id": col(|r| r.bot_id.into()),
+        "conversation_id": col(|r| r.conversation_id.into()),
+        "role": col(|r| r.role.into()),
+        "content": col(|r| r.content.into()),
+        "message_id": col(|r| r.message_id.into()),
+        "tool_calls": col(|r| r.tool_calls.cloned().unwrap_or(Value::Null)),
+        "created_at": col(|r| r
+            .created_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+            .into()),
+        "group_chat": col(|r| r.group_chat.into()),
+        "ai_disclosure": col(|r| r.ai_disclosure.into()),
+        "said": said,
+    }))
+}
+
 fn history_locks(users: &[&str], messages: &[&str]) -> Vec<String> {
     let mut users: Vec<String> = users.iter().map(|u| format!("history:user:{u}")).collect();
     users.sort();

@@ -95,31 +95,69 @@ pub fn paused_sql(conversation: &str) -> String {
     )
 }
 
-/// [`Pg::before_delivery`]'s read as one SQL expression of type jsonb, `[paused, deleted]`, taking its
-/// inputs from the jsonb parameter `$5` ([`before_delivery_arg`]): for a statement that carries it along
-/// with other work (the journal's record of the reply, a `journal::Ride`).
-pub const BEFORE_DELIVERY_ON_5: &str = concat!(
-    "jsonb_build_array(coalesce((SELECT paused FROM takeovers ",
-    "WHERE conversation_id = $5::jsonb->>'conversation'), false), ",
-    super::tombstoned!(
-        "($5::jsonb->>'user')",
-        "ARRAY(SELECT jsonb_array_elements_text($5::jsonb->'messages'))"
-    ),
-    ")"
+/// What the check before a reply goes out found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BeforeDelivery {
+    /// A moderator paused the conversation.
+    pub paused: bool,
+    /// A message the reply answers was deleted, or its user erased.
+    pub deleted: bool,
+    /// The reply's history rows are written: a check before found the way clear and wrote them with
+    /// the reply's record ([`BEFORE_DELIVERY_WRITING_ON_5`]), or the history write after it ran. The
+    /// delivery that check decided goes on; a deletion since is the check after delivery's.
+    pub written: bool,
+}
+
+/// [`Pg::before_delivery`]'s read as one SQL expression of type jsonb, `[paused, deleted, written]`,
+/// taking its inputs from the jsonb parameter `$5` ([`before_delivery_arg`]), for the statement that
+/// records the reply (a `journal::Ride`); and, when the way is clear, the reply's history written in that
+/// statement too ([`super::pg::HISTORY_FROM_5`]): only when `$5` carries `history` and this attempt's
+/// record is the one the statement stored (the journal's `ins`, with the step's name and key in `$3`,
+/// `$4`). The write takes the history locks and reads the tombstones again after them, so a deletion
+/// that committed since this statement's snapshot still keeps its rows out.
+pub static BEFORE_DELIVERY_WRITING_ON_5: std::sync::LazyLock<String> = std::sync::LazyLock::new(
+    || {
+        format!(
+            "(SELECT jsonb_build_array(c.paused, c.deleted,
+                 CASE WHEN NOT c.paused AND NOT c.deleted AND $5::jsonb ? 'history'
+                           AND EXISTS (SELECT 1 FROM ins WHERE ins.name = $3 AND ins.key = $4)
+                      THEN (SELECT true FROM (SELECT {}) AS written)
+                      ELSE false END)
+              FROM (SELECT coalesce((SELECT paused FROM takeovers
+                                     WHERE conversation_id = $5::jsonb->>'conversation'), false) AS paused,
+                           {} AS deleted) c)",
+            super::pg::HISTORY_FROM_5.as_str(),
+            super::tombstoned!(
+                "($5::jsonb->>'user')",
+                "ARRAY(SELECT jsonb_array_elements_text($5::jsonb->'messages'))"
+            ),
+        )
+    },
 );
 
-/// The input of [`BEFORE_DELIVERY_ON_5`].
+/// The input of [`BEFORE_DELIVERY_WRITING_ON_5`]: `history` is [`super::pg::history_arg`]'s (none:
+/// nothing is written).
 pub fn before_delivery_arg(
     conversation: &str,
     user: &str,
     messages: &[String],
+    history: Option<serde_json::Value>,
 ) -> serde_json::Value {
-    serde_json::json!({ "conversation": conversation, "user": user, "messages": messages })
+    let mut arg =
+        serde_json::json!({ "conversation": conversation, "user": user, "messages": messages });
+    if let Some(h) = history {
+        arg["history"] = h;
+    }
+    arg
 }
 
-/// What [`BEFORE_DELIVERY_ON_5`] read: (paused, deleted).
-pub fn before_delivery_of(read: &serde_json::Value) -> Option<(bool, bool)> {
-    Some((read.get(0)?.as_bool()?, read.get(1)?.as_bool()?))
+/// What [`BEFORE_DELIVERY_WRITING_ON_5`] read.
+pub fn before_delivery_of(read: &serde_json::Value) -> Option<BeforeDelivery> {
+    Some(BeforeDelivery {
+        paused: read.get(0)?.as_bool()?,
+        deleted: read.get(1)?.as_bool()?,
+        written: read.get(2)?.as_bool()?,
+    })
 }
 
 impl Pg {
@@ -144,23 +182,32 @@ impl Pg {
     }
 
     /// Read when a message is about to be delivered, in one statement: whether a moderator has paused
-    /// the conversation, and whether a tombstone now stops it (one of `messages` deleted, or `user`
-    /// erased, while the turn waited on the model).
+    /// the conversation, whether a tombstone now stops it (one of `messages` deleted, or `user` erased,
+    /// while the turn waited on the model), and whether the history of `reply` is already written (an
+    /// earlier attempt's check found the way clear).
     pub async fn before_delivery(
         &self,
         conversation: &str,
         user: &str,
         messages: &[String],
-    ) -> Result<(bool, bool), StoreError> {
-        Ok(sqlx::query_as(concat!(
+        reply: &str,
+    ) -> Result<BeforeDelivery, StoreError> {
+        let (paused, deleted, written) = sqlx::query_as(concat!(
             "SELECT coalesce((SELECT paused FROM takeovers WHERE conversation_id = $1), false), ",
-            super::tombstoned!("$2", "$3")
+            super::tombstoned!("$2", "$3"),
+            ", EXISTS (SELECT 1 FROM bot_conversations WHERE message_id = $4)"
         ))
         .bind(conversation)
         .bind(user)
         .bind(messages)
+        .bind(reply)
         .fetch_one(&self.pool)
-        .await?)
+        .await?;
+        Ok(BeforeDelivery {
+            paused,
+            deleted,
+            written,
+        })
     }
 
     /// Whether `user` is erased or one of `messages` deleted: read again once a message is out (document
