@@ -211,8 +211,8 @@ impl Delivery {
         let key = slot.reply(job.record.generation);
         let history = match self.address(a, key, burst, said, &answered, false) {
             Ok(out) if !said.marks.is_private() => {
-                let names = Names::of(&out);
-                crate::store::pg::history_arg(&history_rows(&out, said, &names))
+                let parties = Parties::of(&out);
+                crate::store::pg::history_arg(&history_rows(&out, said, &parties))
             }
             // Private to its user, or a reply id that does not read (the delivery says so).
             _ => None,
@@ -327,7 +327,7 @@ impl Delivery {
         let generation = out.key.as_str();
         let reply_id = ObjectId::parse_str(&reply.id)
             .map_err(|_| PipelineError::BadReplyId(reply.id.clone()))?;
-        let names = Names::of(out);
+        let parties = Parties::of(out);
         let writes = async {
             job.step(step::STORE_REPLY, generation)
                 .lazy()
@@ -351,7 +351,7 @@ impl Delivery {
                 .run(async {
                     if !out.written {
                         self.pg
-                            .append_history(&history_rows(out, reply, &names))
+                            .append_history(&history_rows(out, reply, &parties))
                             .await?;
                     }
                     Ok::<_, PipelineError>(())
@@ -565,13 +565,13 @@ fn completion_of(out: &Address<'_>, reply: &Reply) -> Completion {
 }
 
 /// The ids of the parties of a message's address, as its history rows hold them.
-struct Names {
+struct Parties {
     user: String,
     bot: String,
     conversation: String,
 }
 
-impl Names {
+impl Parties {
     fn of(out: &Address<'_>) -> Self {
         Self {
             user: out.user.to_hex(),
@@ -582,12 +582,16 @@ impl Names {
 }
 
 /// The history rows of message `reply` at `out`: the user messages it answers, then its own.
-fn history_rows<'a>(out: &Address<'a>, reply: &'a Reply, names: &'a Names) -> Vec<NewHistory<'a>> {
+fn history_rows<'a>(
+    out: &Address<'a>,
+    reply: &'a Reply,
+    parties: &'a Parties,
+) -> Vec<NewHistory<'a>> {
     let mut rows = out.user_rows.clone();
     rows.push(NewHistory {
-        user_id: &names.user,
-        bot_id: &names.bot,
-        conversation_id: &names.conversation,
+        user_id: &parties.user,
+        bot_id: &parties.bot,
+        conversation_id: &parties.conversation,
         role: "assistant",
         content: &reply.content,
         message_id: &reply.id,
