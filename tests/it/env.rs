@@ -639,6 +639,18 @@ pub fn tool_then_one_500(first: StubReply, then: StubReply) -> Responder {
     })
 }
 
+/// A moderator's pause of `conversation`, as the takeover signal stores it (no signal, no worker).
+pub async fn stored_pause(env: &TestEnv, conversation: &str) {
+    sqlx::query(
+        "INSERT INTO takeovers (conversation_id, paused, by_whom, at, paused_at)
+         VALUES ($1, true, 'moderator-1', now(), now())",
+    )
+    .bind(conversation)
+    .execute(&env.pg.pool)
+    .await
+    .unwrap();
+}
+
 /// A worker running in the test's own process, with its operations endpoint;
 /// [`InProcessWorker::stop`] asserts that it exits cleanly.
 pub struct InProcessWorker {

@@ -1075,18 +1075,6 @@ async fn an_unknown_age_is_a_minor_whose_reminders_wait_out_the_quiet_hours() {
     env.finish().await;
 }
 
-/// A moderator's pause of `conversation`, as the takeover signal stores it.
-async fn pause(env: &TestEnv, conversation: &str) {
-    sqlx::query(
-        "INSERT INTO takeovers (conversation_id, paused, by_whom, at, paused_at)
-         VALUES ($1, true, 'moderator-1', now(), now())",
-    )
-    .bind(conversation)
-    .execute(&env.pg.pool)
-    .await
-    .unwrap();
-}
-
 #[tokio::test]
 async fn a_paused_conversation_gets_nothing_but_a_crisis_referral_its_line_and_the_alert() {
     let env = TestEnv::new(crate::proactive::model(|_| {
@@ -1098,7 +1086,7 @@ async fn a_paused_conversation_gets_nothing_but_a_crisis_referral_its_line_and_t
     let draft = crate::proactive::submit_draft(&env).await;
     let before = env.stub.requests().len();
     let mut all = env.all_completions().await;
-    pause(&env, JESS_KAORI).await;
+    stored_pause(&env, JESS_KAORI).await;
 
     // The draft's review comes in: no follow-up.
     crate::proactive::review_in_mongo(&env, draft, doc! { "status": "rejected" }).await;
@@ -1128,7 +1116,7 @@ async fn a_paused_conversation_gets_nothing_but_a_crisis_referral_its_line_and_t
     let group = backend::create_group(&env.mongo, &[oid(JESS)], &[oid(KAORI)])
         .await
         .unwrap();
-    pause(&env, &group.to_hex()).await;
+    stored_pause(&env, &group.to_hex()).await;
     let message = backend::store_group_message(&env.mongo, group, oid(JESS), "hello group")
         .await
         .unwrap();

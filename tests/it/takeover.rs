@@ -374,14 +374,7 @@ async fn a_reply_recorded_with_its_history_and_held_on_its_retry_leaves_no_word_
         "the reply's history was written with its record"
     );
     // A moderator pauses the conversation before the retry: the retry holds the message.
-    sqlx::query(
-        "INSERT INTO takeovers (conversation_id, paused, by_whom, at, paused_at)
-         VALUES ($1, true, 'mod-1', now(), now())",
-    )
-    .bind(JESS_KAORI)
-    .execute(&env.pg.pool)
-    .await
-    .unwrap();
+    stored_pause(&env, JESS_KAORI).await;
     let second = svc.pipeline.process_dm(&event).await;
     assert!(
         matches!(&second, Ok(companion::testing::pipeline::Outcome::Held)),
