@@ -134,8 +134,8 @@ impl Delivery {
             .carried()
             .take_ridden(&slot.reply(job.record.generation))
             .and_then(|v| safety::before_delivery_of(&v));
-        let mut written = ridden.is_some_and(|c| c.written);
-        if how.check {
+        // Only a checked message has a ride; the crisis line writes its history after its document.
+        let written = if how.check {
             let checked = match ridden {
                 Some(checked) => checked,
                 None => self.before(a, burst, said).await?,
@@ -148,8 +148,10 @@ impl Delivery {
             if checked.paused && !checked.written {
                 return Ok(Delivered::Paused);
             }
-            written = checked.written;
-        }
+            checked.written
+        } else {
+            false
+        };
         let answered = a.answered(burst);
         let key = slot.reply(job.record.generation);
         let mut out = self.address(a, key, burst, said, &answered, how.more)?;

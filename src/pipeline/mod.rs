@@ -479,8 +479,7 @@ impl Pipeline {
             let line = if check {
                 // The check before delivery, and the history when it finds the way clear, ride with
                 // the reply's record.
-                let ride =
-                    |line: &Reply| Some(self.delivery.before_ride(job, a, slot, &burst, line));
+                let ride = |line: &Reply| self.delivery.before_ride(job, a, slot, &burst, line);
                 reply
                     .run_riding(body, ride)
                     .instrument(agent.clone())

@@ -754,7 +754,6 @@ impl Job {
             tally: None,
             at: None,
             counter: None,
-            ride: None,
         }
     }
 
@@ -1452,8 +1451,6 @@ pub struct Step<'a> {
     tally: Option<String>,
     at: Option<DateTime<Utc>>,
     counter: Option<Counter>,
-    /// A read carried by the step's record statement ([`Step::ride`]).
-    ride: Option<Ride>,
 }
 
 /// A read that rides with a step's record statement instead of a statement of its own: an SQL expression
@@ -1469,13 +1466,6 @@ pub struct Ride {
 }
 
 impl Step<'_> {
-    /// The step's record statement also reads `ride` (only when it records now: a step replayed from the
-    /// journal, or a lazy one, reads nothing; then [`Carried::take_ridden`] is none).
-    pub fn ride(mut self, ride: Ride) -> Self {
-        self.ride = Some(ride);
-        self
-    }
-
     /// Recorded with the job's next recorded step or its settlement, not on its own: for effects that
     /// are safe to repeat.
     pub fn lazy(mut self) -> Self {
@@ -1593,17 +1583,13 @@ impl Step<'_> {
             job.pending.lock().expect("journal lock").push(pending);
             return Ok(out);
         }
-        self.record_fresh(out, value).await
+        self.record_fresh(out, value, None).await
     }
 
-    /// [`Step::run`], recorded now, with a [`Ride`] made from the body's output (none: nothing rides):
-    /// for a read or a write that needs what the step produced, in the record's statement. A step
-    /// replayed from the journal rides nothing.
-    pub async fn run_riding<T, E, F>(
-        mut self,
-        body: F,
-        ride: impl FnOnce(&T) -> Option<Ride>,
-    ) -> Result<T, E>
+    /// [`Step::run`], recorded now, with a [`Ride`] made from the body's output: for a read or a write
+    /// that needs what the step produced, in the record's statement. A step replayed from the journal
+    /// rides nothing (then [`Carried::take_ridden`] is none).
+    pub async fn run_riding<T, E, F>(self, body: F, ride: impl FnOnce(&T) -> Ride) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<JournalError>,
@@ -1613,20 +1599,20 @@ impl Step<'_> {
             Ran::Replayed(done) => return Ok(done),
             Ran::Fresh(out, value) => (out, value),
         };
-        self.ride = ride(&out);
-        self.record_fresh(out, value).await
+        let ride = ride(&out);
+        self.record_fresh(out, value, Some(ride)).await
     }
 
-    /// Records a fresh output now (with its ride); when another attempt recorded the step first, goes
-    /// on with that output.
-    async fn record_fresh<T, E>(mut self, out: T, value: Value) -> Result<T, E>
+    /// Records a fresh output now, with `ride`; when another attempt recorded the step first, goes on
+    /// with that output.
+    async fn record_fresh<T, E>(self, out: T, value: Value, ride: Option<Ride>) -> Result<T, E>
     where
         T: DeserializeOwned,
         E: From<JournalError>,
     {
         let (job, name) = (self.job, self.name);
         let pending = self.pending(value.clone());
-        let stored = job.record(pending, self.ride.take()).await?;
+        let stored = job.record(pending, ride).await?;
         job.remember(name, &self.key, stored.clone());
         if stored == value {
             return Ok(out);

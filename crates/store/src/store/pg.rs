@@ -390,8 +390,6 @@ pub async fn lock_history(
     Ok(())
 }
 
-/// The keys of [`lock_history`]: users first, each in order, so two writers never wait on each other
-/// crosswise.
 /// [`Pg::append_history`]'s call over the columns in `$5 -> 'history'` ([`history_arg`]): an SQL
 /// expression (of type void) for a statement that carries the write
 /// ([`super::safety::BEFORE_DELIVERY_WRITING_ON_5`]). The same function: its locks, then its insert in a
@@ -459,6 +457,8 @@ pub fn history_arg(rows: &[NewHistory<'_>]) -> Option<Value> {
     }))
 }
 
+/// The keys of [`lock_history`]: users first, each in order, so two writers never wait on each other
+/// crosswise.
 fn history_locks(users: &[&str], messages: &[&str]) -> Vec<String> {
     let mut users: Vec<String> = users.iter().map(|u| format!("history:user:{u}")).collect();
     users.sort();
