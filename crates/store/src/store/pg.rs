@@ -306,46 +306,17 @@ impl Pg {
     /// message has a tombstone is left out, and so are the companion's rows answering it, and every row
     /// of a user with one. Whichever commits first, the deletion or this write, nothing of it remains.
     pub async fn append_history(&self, rows: &[NewHistory<'_>]) -> Result<(), StoreError> {
-        fn col<'a>(
-            rows: &'a [NewHistory<'_>],
-            f: fn(&'a NewHistory<'_>) -> &'a str,
-        ) -> Vec<&'a str> {
-            rows.iter().map(f).collect()
-        }
         if rows.is_empty() {
             return Ok(());
         }
-        let said: Vec<&str> = rows
-            .iter()
-            .filter(|r| r.role == "user")
-            .map(|r| r.message_id)
-            .collect();
-        let users: Vec<&str> = rows.iter().map(|r| r.user_id).collect();
         // One statement: the function takes the locks, then inserts in a snapshot taken after them
-        // (migrations/20261129000000_journal_lean.sql).
-        let query =
-            sqlx::query("SELECT append_history($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)")
-                .bind(history_locks(&users, &said))
-                .bind(col(rows, |r| r.user_id))
-                .bind(col(rows, |r| r.bot_id))
-                .bind(col(rows, |r| r.conversation_id))
-                .bind(col(rows, |r| r.role))
-                .bind(col(rows, |r| r.content))
-                .bind(col(rows, |r| r.message_id))
-                .bind(
-                    rows.iter()
-                        .map(|r| r.tool_calls.cloned())
-                        .collect::<Vec<Option<Value>>>(),
-                )
-                .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
-                .bind(rows.iter().map(|r| r.group_chat).collect::<Vec<_>>())
-                .bind(rows.iter().map(|r| r.ai_disclosure).collect::<Vec<_>>())
-                .bind(&said);
+        // (migrations/20261130020000_history_rows.sql).
+        let query = sqlx::query("SELECT append_history($1::jsonb)").bind(history_rows(rows));
         #[cfg(feature = "testing")]
         {
             // A test that holds the write with its locks taken and its rows inserted, before its
             // commit, gets the same function inside a transaction it can hold open.
-            let scope = said.join(",");
+            let scope = said(rows).join(",");
             if crate::fault::armed(&scope, "history:locked") {
                 let mut tx = self.pool.begin().await?;
                 query.execute(&mut *tx).await?;
@@ -390,71 +361,58 @@ pub async fn lock_history(
     Ok(())
 }
 
-/// [`Pg::append_history`]'s call over the columns in `$5 -> 'history'` ([`history_arg`]): an SQL
+/// [`Pg::append_history`]'s call over the rows in `$5 -> 'history'` ([`history_arg`]): an SQL
 /// expression (of type void) for a statement that carries the write
 /// ([`super::safety::BEFORE_DELIVERY_WRITING_ON_5`]). The same function: its locks, then its insert in a
 /// snapshot taken after them.
-pub(crate) static HISTORY_FROM_5: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let col = |name: &str, elem: &str, ty: &str| {
-        format!(
-            "ARRAY(SELECT {elem} FROM jsonb_array_elements($5::jsonb #> '{{history,{name}}}') \
-             WITH ORDINALITY AS e(v, i) ORDER BY i)::{ty}[]"
-        )
-    };
-    let text = |name: &str| col(name, "v #>> '{}'", "text");
-    let flag = |name: &str| col(name, "(v #>> '{}')::boolean", "boolean");
-    format!(
-        "append_history({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {})",
-        text("locks"),
-        text("user_id"),
-        text("bot_id"),
-        text("conversation_id"),
-        text("role"),
-        text("content"),
-        text("message_id"),
-        col("tool_calls", "NULLIF(v, 'null'::jsonb)", "jsonb"),
-        col("created_at", "(v #>> '{}')::timestamptz", "timestamptz"),
-        flag("group_chat"),
-        flag("ai_disclosure"),
-        text("said"),
-    )
-});
+pub(crate) const HISTORY_FROM_5: &str = "append_history($5::jsonb -> 'history')";
 
-/// The input of [`HISTORY_FROM_5`]: `rows` as [`Pg::append_history`]'s columns, each a JSON array (times
-/// to the microsecond, as the driver binds them). None when there is nothing to write, and in the tests
-/// when the write is to be held on its own (`history:locked`, which only the write of its own can hold).
+/// The input of [`HISTORY_FROM_5`]: [`history_rows`]. None when there is nothing to write, and in the
+/// tests when the write is to be held on its own (`history:locked`, which only the write of its own can
+/// hold).
 pub fn history_arg(rows: &[NewHistory<'_>]) -> Option<Value> {
     if rows.is_empty() {
         return None;
     }
-    let said: Vec<&str> = rows
-        .iter()
-        .filter(|r| r.role == "user")
-        .map(|r| r.message_id)
-        .collect();
     #[cfg(feature = "testing")]
-    if crate::fault::armed(&said.join(","), "history:locked") {
+    if crate::fault::armed(&said(rows).join(","), "history:locked") {
         return None;
     }
+    Some(history_rows(rows))
+}
+
+/// The ids of the user messages among `rows`: what the companion rows answer.
+fn said<'a>(rows: &[NewHistory<'a>]) -> Vec<&'a str> {
+    rows.iter()
+        .filter(|r| r.role == "user")
+        .map(|r| r.message_id)
+        .collect()
+}
+
+/// The argument of `append_history(jsonb)` (migrations/20261130020000_history_rows.sql): the locks, the
+/// user messages the companion rows answer, and the rows (times to the microsecond, as the driver would
+/// bind them).
+fn history_rows(rows: &[NewHistory<'_>]) -> Value {
+    let said = said(rows);
     let users: Vec<&str> = rows.iter().map(|r| r.user_id).collect();
-    let col = |f: fn(&NewHistory<'_>) -> Value| Value::Array(rows.iter().map(f).collect());
-    Some(serde_json::json!({
-        "locks": history_locks(&users, &said),
-        "user_id": users,
-        "bot_id": col(|r| r.bot_id.into()),
-        "conversation_id": col(|r| r.conversation_id.into()),
-        "role": col(|r| r.role.into()),
-        "content": col(|r| r.content.into()),
-        "message_id": col(|r| r.message_id.into()),
-        "tool_calls": col(|r| r.tool_calls.cloned().unwrap_or(Value::Null)),
-        "created_at": col(|r| r
-            .created_at
-            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-            .into()),
-        "group_chat": col(|r| r.group_chat.into()),
-        "ai_disclosure": col(|r| r.ai_disclosure.into()),
-        "said": said,
-    }))
+    let rows: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "user_id": r.user_id,
+                "bot_id": r.bot_id,
+                "conversation_id": r.conversation_id,
+                "role": r.role,
+                "content": r.content,
+                "message_id": r.message_id,
+                "tool_calls": r.tool_calls,
+                "created_at": r.created_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                "group_chat": r.group_chat,
+                "ai_disclosure": r.ai_disclosure,
+            })
+        })
+        .collect();
+    serde_json::json!({ "locks": history_locks(&users, &said), "said": said, "rows": rows })
 }
 
 /// The keys of [`lock_history`]: users first, each in order, so two writers never wait on each other

@@ -114,7 +114,8 @@ pub struct BeforeDelivery {
 /// statement too ([`super::pg::HISTORY_FROM_5`]): only when `$5` carries `history` and this attempt's
 /// record is the one the statement stored (the journal's `ins`, with the step's name and key in `$3`,
 /// `$4`). The write takes the history locks and reads the tombstones again after them, so a deletion
-/// that committed since this statement's snapshot still keeps its rows out.
+/// that committed since this statement's snapshot still keeps its rows out. (`OFFSET 0` keeps `c` a
+/// subquery of its own: pulled up, each of its reads would run once per mention.)
 pub static BEFORE_DELIVERY_WRITING_ON_5: std::sync::LazyLock<String> = std::sync::LazyLock::new(
     || {
         format!(
@@ -125,8 +126,9 @@ pub static BEFORE_DELIVERY_WRITING_ON_5: std::sync::LazyLock<String> = std::sync
                       ELSE false END)
               FROM (SELECT coalesce((SELECT paused FROM takeovers
                                      WHERE conversation_id = $5::jsonb->>'conversation'), false) AS paused,
-                           {} AS deleted) c)",
-            super::pg::HISTORY_FROM_5.as_str(),
+                           {} AS deleted
+                    OFFSET 0) c)",
+            super::pg::HISTORY_FROM_5,
             super::tombstoned!(
                 "($5::jsonb->>'user')",
                 "ARRAY(SELECT jsonb_array_elements_text($5::jsonb->'messages'))"
