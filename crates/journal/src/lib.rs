@@ -343,7 +343,9 @@ impl Journal {
     }
 
     /// The opening's statement: the job's row (none when `guard` stopped it), its records, the reads
-    /// riding with it, and with a guard its row as `guarded`.
+    /// riding with it, and with a guard its row as `guarded`. A first attempt (the row this statement
+    /// created: `attempts` 1, which only an insert returns) has no records to read: every writer of a
+    /// job's records opens the job first.
     async fn opening(
         &self,
         new: &NewJob<'_>,
@@ -371,8 +373,10 @@ impl Journal {
                    SET attempts = jobs.attempts + 1, updated_at = now(),
                        stream_seq = COALESCE(jobs.stream_seq, EXCLUDED.stream_seq)
                 RETURNING {JOB_COLUMNS}, kind, user_id, conversation_id, created_at)
-             SELECT j.*, (SELECT coalesce(jsonb_agg(jsonb_build_array(s.name, s.key, s.output)), '[]')
-                          FROM job_records s WHERE s.job = j.id) AS steps,
+             SELECT j.*, CASE WHEN j.attempts > 1 THEN
+                           (SELECT coalesce(jsonb_agg(jsonb_build_array(s.name, s.key, s.output)), '[]')
+                            FROM job_records s WHERE s.job = j.id)
+                         ELSE '[]' END AS steps,
                     CASE WHEN $7::text IS NOT NULL THEN
                       (SELECT coalesce(jsonb_agg(s.output), '[]') FROM job_steps s
                        WHERE s.name = $7 AND s.job = ({previous}))
