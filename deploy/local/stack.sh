@@ -14,7 +14,7 @@
 #   status  one line per server; exit 0 only if all three are healthy
 #   env     print `export` lines:  eval "$(deploy/local/stack.sh env)"
 #   logs    last lines of the three log files (`logs -f` follows them)
-#   sweep   drop per-test PostgreSQL databases left by crashed test runs (not while tests run)
+#   sweep   drop per-test PostgreSQL and SecantusDB databases left by crashed test runs (not while tests run)
 #
 # Environment:
 #   COMPANION_LOCAL_DIR  data folder (default <root>/.local)
@@ -609,14 +609,25 @@ cmd_logs() {
 }
 
 cmd_sweep() {
-  # Drops the PostgreSQL databases (t_<16 hex>) of test runs that died before their own clean-up.
-  # Not for use while tests run: it drops their databases too.
-  local dbs db
+  # Drops the PostgreSQL and SecantusDB databases (t_<16 hex>) of test runs that died before their own
+  # clean-up. Not for use while tests run: it drops their databases too. SecantusDB keeps every database
+  # it ever held on disk, and a few hundred left behind tripled its CPU per bench turn (docs/benchmark.md).
+  local dbs db mongo_swept
   dbs="$(pg_psql postgres -At -c "SELECT datname FROM pg_database WHERE datname ~ '^t_[0-9a-f]{16}$'" </dev/null)"
   for db in $dbs; do
     pg_psql postgres -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" </dev/null >/dev/null
   done
-  log "swept test databases ($(printf '%s\n' $dbs | grep -c . || true) postgres)"
+  mongo_swept="$("$VPY" - "$MONGO_PORT" </dev/null 2>/dev/null <<'PY' || echo "?"
+import re, sys, pymongo
+c = pymongo.MongoClient(f"mongodb://127.0.0.1:{sys.argv[1]}/?directConnection=true",
+                        serverSelectionTimeoutMS=2000)
+left = [d for d in c.list_database_names() if re.fullmatch(r"t_[0-9a-f]{16}", d)]
+for d in left:
+    c.drop_database(d)
+print(len(left))
+PY
+)"
+  log "swept test databases ($(printf '%s\n' $dbs | grep -c . || true) postgres, $mongo_swept secantus)"
 }
 
 # descendants PID: the pids of PID's children, their children and so on (from /proc: no procps needed).
