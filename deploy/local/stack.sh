@@ -609,9 +609,10 @@ cmd_logs() {
 }
 
 cmd_sweep() {
-  # Drops the PostgreSQL and SecantusDB databases (t_<16 hex>) of test runs that died before their own
+  # Drops the PostgreSQL and SecantusDB databases (t_<16 hex>) of tests that did not reach their own
   # clean-up. Not for use while tests run: it drops their databases too. SecantusDB keeps every database
-  # it ever held on disk, and a few hundred left behind tripled its CPU per bench turn (docs/benchmark.md).
+  # it ever held on disk, and with 211 left behind its CPU per bench `tool` turn was up to three times higher
+  # (docs/benchmark.md).
   local dbs db mongo_swept
   dbs="$(pg_psql postgres -At -c "SELECT datname FROM pg_database WHERE datname ~ '^t_[0-9a-f]{16}$'" </dev/null)"
   for db in $dbs; do
