@@ -14,7 +14,7 @@
 #   status  one line per server; exit 0 only if all three are healthy
 #   env     print `export` lines:  eval "$(deploy/local/stack.sh env)"
 #   logs    last lines of the three log files (`logs -f` follows them)
-#   sweep   drop per-test PostgreSQL and SecantusDB databases left by crashed test runs (not while tests run)
+#   sweep   drop per-test PostgreSQL and SecantusDB databases tests left behind (not while tests run)
 #
 # Environment:
 #   COMPANION_LOCAL_DIR  data folder (default <root>/.local)

@@ -4,8 +4,8 @@
 /// The SQL condition "a tombstone stops this": the user (parameter `$u`) erased, or one of the messages
 /// (text array parameter `$m`) deleted. One text for every reader of the tombstones (admission's probe,
 /// the reads before and after delivery, memory's writers), so that they can never disagree. Two probes
-/// of the primary key `(kind, id)`, not one scan with `OR`: that is a bitmap scan of four plan nodes, in
-/// each of a turn's four statements.
+/// of the primary key `(kind, id)`, not one scan with `OR`: that is a bitmap scan of four plan nodes, and
+/// a DM turn reads it in three statements (its opening, the reply's record, the settlement).
 #[macro_export]
 #[doc(hidden)]
 macro_rules! __tombstoned {
