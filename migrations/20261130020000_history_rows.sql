@@ -1,7 +1,7 @@
 -- A history write from one JSON argument (issue 64). The reply's record statement writes the reply's
 -- history (P10), and its parameters are fixed: the rows come in its jsonb ride. Turned back into the
--- twelve arrays of `append_history(text[], …)` they cost twelve subqueries, each a function scan over the
--- JSON, in every turn's plan: more executor nodes to start and run than the insert itself. This overload
+-- twelve arrays of `append_history(text[], …)` they cost twelve subqueries, each a function scan and a
+-- sort, in every turn's plan: more executor nodes to start and run than the insert itself. This overload
 -- reads them as records in one function scan, in the order given.
 --
 -- `p`: `{"locks": [..], "said": [..], "rows": [{user_id, bot_id, conversation_id, role, content,

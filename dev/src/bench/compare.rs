@@ -227,6 +227,16 @@ fn rows(c: &CompareReport) -> Vec<Row> {
         ("PostgreSQL CPU s per 1,000 turns", |rs| {
             cpu_per_1000(rs, |res| res.postgres_cpu_s_per_1000)
         }),
+        ("  of which the run's backends", |rs| {
+            cpu_per_1000(rs, |res| res.postgres_cpu.backends)
+        }),
+        ("  of which background processes", |rs| {
+            cpu_per_1000(rs, |res| res.postgres_cpu.background)
+        }),
+        (
+            "  of which processes that exited (autovacuum workers)",
+            |rs| cpu_per_1000(rs, |res| res.postgres_cpu.exited),
+        ),
         (
             "PostgreSQL statements per turn (BEGIN/COMMIT included)",
             |rs| mean_of(rs, |r| r.postgres.as_ref().map(|p| p.statements_per_turn)),

@@ -654,7 +654,9 @@ fn resources(m: phase::Measured, rss_idle: Vec<f64>, rss_warm: Vec<f64>) -> Reso
     let per_1000 = |ticks: u64| ticks as f64 / tck / m.progress.completed.max(1) as f64 * 1000.0;
     let cores = |ticks: u64| ticks as f64 / tck / m.seconds;
     let workers_t = after.workers.saturating_sub(before.workers);
-    let [n_t, p_t, mo_t] = [0, 1, 2].map(|i| after.servers[i].saturating_sub(before.servers[i]));
+    let [n_t, mo_t] = [0, 1].map(|i| after.servers[i].saturating_sub(before.servers[i]));
+    let pg = after.postgres.since(&before.postgres);
+    let p_t = pg.total();
     let bench_t = after.bench.saturating_sub(before.bench);
     let busy_t = after.machine.0.saturating_sub(before.machine.0);
     let other_t = busy_t.saturating_sub(workers_t + n_t + p_t + mo_t + bench_t);
@@ -667,6 +669,11 @@ fn resources(m: phase::Measured, rss_idle: Vec<f64>, rss_warm: Vec<f64>) -> Reso
         worker_cpu_s_per_1000: per_1000(workers_t),
         nats_cpu_s_per_1000: per_1000(n_t),
         postgres_cpu_s_per_1000: per_1000(p_t),
+        postgres_cpu: report::PgCpuSplit {
+            backends: per_1000(pg.backends),
+            background: per_1000(pg.background),
+            exited: per_1000(pg.exited),
+        },
         mongo_cpu_s_per_1000: per_1000(mo_t),
         bench_cpu_s_per_1000: per_1000(bench_t),
         other_cpu_s_per_1000: per_1000(other_t),

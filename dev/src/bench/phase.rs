@@ -42,8 +42,10 @@ pub struct Phases<'a> {
 pub struct Ticks {
     /// The worker processes together.
     pub workers: u64,
-    /// The NATS, PostgreSQL and MongoDB-wire servers, in the order of [`Servers::ticks`].
-    pub servers: [u64; 3],
+    /// The NATS and MongoDB-wire servers, in the order of [`Servers::ticks`].
+    pub servers: [u64; 2],
+    /// PostgreSQL's processes, each on its own (they come and go).
+    pub postgres: procs::PgSnapshot,
     /// This process: publisher, completion counting and the stub model.
     pub bench: u64,
     /// The machine: busy and total, as [`procs::machine_ticks`].
@@ -55,6 +57,7 @@ impl Ticks {
         Self {
             workers: pids.iter().filter_map(|p| procs::cpu_ticks(*p)).sum(),
             servers: servers.ticks(),
+            postgres: servers.postgres_now(),
             bench: procs::cpu_ticks(std::process::id()).unwrap_or(0),
             machine: procs::machine_ticks().unwrap_or((0, 0)),
         }

@@ -35,14 +35,31 @@ pub fn sample(pid: u32) -> Option<ProcSample> {
 
 /// User + system time of a process (all threads), clock ticks.
 pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    stat(pid).map(|s| s.cpu)
+}
+
+/// What `/proc/<pid>/stat` says of a process's parent and CPU time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stat {
+    ppid: u32,
+    /// User + system time of all its threads, clock ticks.
+    cpu: u64,
+    /// User + system time of its children that exited and were waited for (`cutime + cstime`).
+    children: u64,
+}
+
+fn stat(pid: u32) -> Option<Stat> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may contain spaces: fields start after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    // Field 3 (state) is index 0, so utime (14) and stime (15) are 11 and 12.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    // Field 3 (state) is index 0: ppid (4) is 1, utime, stime, cutime, cstime (14–17) are 11–14.
+    let n = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    Some(Stat {
+        ppid: n(1)? as u32,
+        cpu: n(11)? + n(12)?,
+        children: n(13)? + n(14)?,
+    })
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`, 100 on Linux when that cannot be run).
@@ -75,8 +92,11 @@ pub fn machine_ticks() -> Option<(u64, u64)> {
 #[derive(Clone, Debug, Default)]
 pub struct Servers {
     pub nats: Vec<u32>,
-    /// The postmaster, its background processes and the backends connected to the run's database.
+    /// The postmaster, its background processes and the backends connected to the run's database, when
+    /// found; [`Servers::postgres_now`] looks again at each reading.
     pub postgres: Vec<u32>,
+    /// The run's database, whose backends count.
+    pg_database: String,
     /// SecantusDB, the Python MongoDB-wire server.
     pub mongo: Vec<u32>,
 }
@@ -85,7 +105,10 @@ impl Servers {
     /// The NATS server listening on `nats_port`, the SecantusDB on `mongo_port`, and PostgreSQL as
     /// used by database `pg_database`.
     pub fn find(nats_port: u16, mongo_port: u16, pg_database: &str) -> Self {
-        let mut s = Self::default();
+        let mut s = Self {
+            pg_database: pg_database.to_owned(),
+            ..Self::default()
+        };
         let Ok(dir) = fs::read_dir("/proc") else {
             return s;
         };
@@ -126,10 +149,113 @@ impl Servers {
         s
     }
 
-    /// CPU ticks of each group: nats, postgres, mongo.
-    pub fn ticks(&self) -> [u64; 3] {
+    /// CPU ticks of NATS and of SecantusDB (single processes that live as long as the stack).
+    pub fn ticks(&self) -> [u64; 2] {
         let sum = |pids: &[u32]| pids.iter().filter_map(|p| cpu_ticks(*p)).sum();
-        [sum(&self.nats), sum(&self.postgres), sum(&self.mongo)]
+        [sum(&self.nats), sum(&self.mongo)]
+    }
+
+    /// PostgreSQL's processes now, found again: backends come and go (a pool opens one, an autovacuum
+    /// worker runs for a second), so a list made once at the start misses the new ones and loses what a
+    /// vanished one had used.
+    pub fn postgres_now(&self) -> PgSnapshot {
+        PgSnapshot::read(&self.pg_database)
+    }
+}
+
+/// PostgreSQL's processes a run involves at one moment, each with its CPU so far: the backends of the run's
+/// database, and the postmaster and its other children (checkpointer, WAL writer, autovacuum launcher and
+/// workers, …) but not the backends of other databases.
+#[derive(Clone, Debug, Default)]
+pub struct PgSnapshot {
+    /// pid → (CPU ticks so far, whether it is a backend of the run's database).
+    procs: std::collections::HashMap<u32, (u64, bool)>,
+    /// The postmaster's children that exited, their CPU ticks together (`cutime + cstime`): closed
+    /// connections and finished autovacuum workers.
+    exited: u64,
+}
+
+/// PostgreSQL's CPU over a window, clock ticks, by kind of process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PgCpu {
+    /// Backends of the run's database alive at the end.
+    pub backends: u64,
+    /// The postmaster and its background processes alive at the end.
+    pub background: u64,
+    /// Processes that exited within the window (whatever they were), from their start or the window's.
+    pub exited: u64,
+}
+
+impl PgCpu {
+    pub fn total(&self) -> u64 {
+        self.backends + self.background + self.exited
+    }
+}
+
+impl PgSnapshot {
+    fn read(pg_database: &str) -> Self {
+        // (pid, stat, a backend, a backend of the run's database)
+        let mut postgres: Vec<(u32, Stat, bool, bool)> = Vec::new();
+        let Ok(dir) = fs::read_dir("/proc") else {
+            return Self::default();
+        };
+        for entry in dir.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+                continue;
+            };
+            if fs::read_to_string(entry.path().join("comm"))
+                .unwrap_or_default()
+                .trim()
+                != "postgres"
+            {
+                continue;
+            }
+            let cmd = cmdline(&entry.path());
+            let backend = cmd.contains('(') || cmd.contains("[local]");
+            if let Some(st) = stat(pid) {
+                postgres.push((pid, st, backend, backend && cmd.contains(pg_database)));
+            }
+        }
+        // The run's postmaster is its backends' parent.
+        let Some(master) = postgres.iter().find(|p| p.3).map(|p| p.1.ppid) else {
+            return Self::default();
+        };
+        let mut s = Self::default();
+        for (pid, st, backend, ours) in postgres {
+            if pid == master {
+                s.exited = st.children;
+                s.procs.insert(pid, (st.cpu, false));
+            } else if st.ppid == master && (ours || !backend) {
+                s.procs.insert(pid, (st.cpu, ours));
+            }
+        }
+        s
+    }
+
+    /// The CPU used between `before` and this reading. A process alive at both counts its difference; one
+    /// new since counts all it used; one gone since is in the postmaster's exited children, less what it
+    /// had used at `before`.
+    pub fn since(&self, before: &PgSnapshot) -> PgCpu {
+        let mut cpu = PgCpu::default();
+        for (pid, (t, backend)) in &self.procs {
+            let d = t.saturating_sub(before.procs.get(pid).map_or(0, |b| b.0));
+            if *backend {
+                cpu.backends += d;
+            } else {
+                cpu.background += d;
+            }
+        }
+        let gone: u64 = before
+            .procs
+            .iter()
+            .filter(|(pid, _)| !self.procs.contains_key(pid))
+            .map(|(_, (t, _))| *t)
+            .sum();
+        cpu.exited = self
+            .exited
+            .saturating_sub(before.exited)
+            .saturating_sub(gone);
+        cpu
     }
 }
 
@@ -192,6 +318,30 @@ pub fn load_average() -> [f64; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A backend that ran throughout counts its difference, a new one all it used, one that ended what it
+    /// used after the first reading, and an autovacuum worker that came and went within the window all of
+    /// it (through the postmaster's exited children).
+    #[test]
+    fn postgres_cpu_counts_processes_that_came_and_went() {
+        let snap = |procs: &[(u32, u64, bool)], exited| PgSnapshot {
+            procs: procs.iter().map(|&(p, t, b)| (p, (t, b))).collect(),
+            exited,
+        };
+        let before = snap(&[(1, 10, true), (2, 5, false), (3, 7, true)], 100);
+        // 3 ended at 9 ticks; an autovacuum worker used 4 and ended; 4 is a new backend at 3.
+        let after = snap(&[(1, 15, true), (2, 6, false), (4, 3, true)], 100 + 9 + 4);
+        let cpu = after.since(&before);
+        assert_eq!(
+            cpu,
+            PgCpu {
+                backends: 5 + 3,
+                background: 1,
+                exited: 2 + 4,
+            }
+        );
+        assert_eq!(cpu.total(), 15);
+    }
 
     #[test]
     fn this_process_has_memory_and_the_machine_has_cores() {

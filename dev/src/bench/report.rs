@@ -82,7 +82,10 @@ pub struct Resources {
     /// CPU seconds per 1,000 turns of the measured phase: all workers together.
     pub worker_cpu_s_per_1000: f64,
     pub nats_cpu_s_per_1000: f64,
+    /// PostgreSQL: the run's backends, the server's own processes, and those that exited in the phase.
     pub postgres_cpu_s_per_1000: f64,
+    /// The same, by kind of process.
+    pub postgres_cpu: PgCpuSplit,
     /// SecantusDB, the Python MongoDB-wire server.
     pub mongo_cpu_s_per_1000: f64,
     /// This process: publisher, completion counting and the stub model.
@@ -93,6 +96,17 @@ pub struct Resources {
     pub machine_busy_share: f64,
     /// CPU-bound share of each group over the phase, as cores used.
     pub cores_used: CoresUsed,
+}
+
+/// PostgreSQL's CPU seconds per 1,000 turns by kind of process ([`super::procs::PgCpu`]).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PgCpuSplit {
+    /// Backends of the run's database: the statements, their protocol and commits.
+    pub backends: f64,
+    /// The postmaster and its background processes (WAL writer, checkpointer, autovacuum launcher, …).
+    pub background: f64,
+    /// Processes that ended within the phase: autovacuum workers, closed connections.
+    pub exited: f64,
 }
 
 /// Average cores each group used during the measured phase.
@@ -383,6 +397,12 @@ prompt (first call of a turn, {} sampled; tokens estimated): p50 {:.0} tokens, m
             res.nats_cpu_s_per_1000,
             res.bench_cpu_s_per_1000,
             res.other_cpu_s_per_1000
+        );
+        let p = &res.postgres_cpu;
+        let _ = writeln!(
+            o,
+            "PostgreSQL CPU seconds per 1,000 turns: backends of the run {:.2}, background processes {:.2}, exited in the phase (autovacuum workers, closed connections) {:.2}",
+            p.backends, p.background, p.exited
         );
         let _ = writeln!(
             o,
