@@ -118,6 +118,9 @@ pub async fn alternate(
                 a.worker_env.extend(args.compare_env.iter().cloned());
             }
             eprintln!("bench: round {} of {rounds}, {side}", round + 1);
+            if let Some(cmd) = &args.before_round {
+                before_round(cmd).await?;
+            }
             let mut r = Report::empty(format!("round {} {side}", round + 1));
             load_run(&base, &a, &mut r).await?;
             r.load_average_after = procs::load_average();
@@ -133,6 +136,23 @@ pub async fn alternate(
         eprintln!("bench: wrote {}", path.display());
     }
     Ok(out)
+}
+
+/// Runs `--before-round`'s command with `sh -c`; its output goes to this process's stderr.
+async fn before_round(cmd: &str) -> Result<(), BenchError> {
+    eprintln!("bench: before the round: {cmd}");
+    let status = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .stdout(std::io::stderr())
+        .status()
+        .await
+        .map_err(|e| BenchError::Setup(format!("--before-round {cmd}: {e}")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(BenchError::Setup(format!("--before-round {cmd}: {status}")))
+    }
 }
 
 /// (round, side) in the order they run: A B, B A, A B, …
@@ -440,6 +460,14 @@ pub fn table(c: &CompareReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::median;
+
+    /// A failing `--before-round` command ends the run with its status; a passing one lets it go on.
+    #[tokio::test]
+    async fn a_failing_before_round_command_ends_the_run() {
+        super::before_round("true").await.expect("passes");
+        let e = super::before_round("exit 3").await.unwrap_err().to_string();
+        assert!(e.contains("exit status: 3"), "{e}");
+    }
 
     #[test]
     fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {

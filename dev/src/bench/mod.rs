@@ -159,6 +159,12 @@ pub struct BenchArgs {
     /// defaults where this build's configuration would override them.
     #[arg(long = "compare-env", value_parser = key_value)]
     pub compare_env: Vec<(String, String)>,
+    /// A shell command run before each round of `--compare` (its failure ends the run), e.g.
+    /// `'deploy/local/stack.sh down mongo && deploy/local/stack.sh up'`: SecantusDB slows down within a
+    /// process's life (its CPU per turn doubled from the eighth of twelve rounds in two runs of 30
+    /// November, each after a restart), so without a restart the later rounds' side pays for it.
+    #[arg(long)]
+    pub before_round: Option<String>,
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
