@@ -661,7 +661,13 @@ fn resources(m: phase::Measured, rss_idle: Vec<f64>, rss_warm: Vec<f64>) -> Reso
     let cores = |ticks: u64| ticks as f64 / tck / m.seconds;
     let workers_t = after.workers.saturating_sub(before.workers);
     let [n_t, mo_t] = [0, 1].map(|i| after.servers[i].saturating_sub(before.servers[i]));
-    let pg = after.postgres.since(&before.postgres);
+    // Without the same postmaster in both readings PostgreSQL has no figure (0, its CPU in "other").
+    let pg = after.postgres.since(&before.postgres).unwrap_or_else(|| {
+        eprintln!(
+            "bench: PostgreSQL's postmaster not found in both readings; its CPU shows as other"
+        );
+        procs::PgCpu::default()
+    });
     let p_t = pg.total();
     let bench_t = after.bench.saturating_sub(before.bench);
     let busy_t = after.machine.0.saturating_sub(before.machine.0);

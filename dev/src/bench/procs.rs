@@ -92,18 +92,16 @@ pub fn machine_ticks() -> Option<(u64, u64)> {
 #[derive(Clone, Debug, Default)]
 pub struct Servers {
     pub nats: Vec<u32>,
-    /// The postmaster, its background processes and the backends connected to the run's database, when
-    /// found; [`Servers::postgres_now`] looks again at each reading.
-    pub postgres: Vec<u32>,
-    /// The run's database, whose backends count.
+    /// The run's database, whose backends count; [`Servers::postgres_now`] finds PostgreSQL's processes
+    /// at each reading.
     pg_database: String,
     /// SecantusDB, the Python MongoDB-wire server.
     pub mongo: Vec<u32>,
 }
 
 impl Servers {
-    /// The NATS server listening on `nats_port`, the SecantusDB on `mongo_port`, and PostgreSQL as
-    /// used by database `pg_database`.
+    /// The NATS server listening on `nats_port` and the SecantusDB on `mongo_port`; PostgreSQL as used by
+    /// database `pg_database` is looked for at each reading.
     pub fn find(nats_port: u16, mongo_port: u16, pg_database: &str) -> Self {
         let mut s = Self {
             pg_database: pg_database.to_owned(),
@@ -131,13 +129,6 @@ impl Servers {
             if comm == "nats-server" {
                 if on_port(&cmdline(&entry.path()), nats_port) {
                     s.nats.push(pid);
-                }
-            } else if comm == "postgres" {
-                let cmd = cmdline(&entry.path());
-                // A backend's title names its database and client; background processes name neither.
-                let backend = cmd.contains('(') || cmd.contains("[local]");
-                if !backend || cmd.contains(pg_database) {
-                    s.postgres.push(pid);
                 }
             } else if comm.starts_with("python") {
                 let cmd = cmdline(&entry.path());
@@ -171,8 +162,10 @@ pub struct PgSnapshot {
     /// pid → (CPU ticks so far, whether it is a backend of the run's database).
     procs: std::collections::HashMap<u32, (u64, bool)>,
     /// The postmaster's children that exited, their CPU ticks together (`cutime + cstime`): closed
-    /// connections and finished autovacuum workers.
+    /// connections (of any database) and finished autovacuum workers.
     exited: u64,
+    /// The run's postmaster, when its backends were found.
+    master: Option<u32>,
 }
 
 /// PostgreSQL's CPU over a window, clock ticks, by kind of process.
@@ -211,6 +204,7 @@ impl PgSnapshot {
                 continue;
             }
             let cmd = cmdline(&entry.path());
+            // A backend's title names its database and client; background processes name neither.
             let backend = cmd.contains('(') || cmd.contains("[local]");
             if let Some(st) = stat(pid) {
                 postgres.push((pid, st, backend, backend && cmd.contains(pg_database)));
@@ -220,7 +214,10 @@ impl PgSnapshot {
         let Some(master) = postgres.iter().find(|p| p.3).map(|p| p.1.ppid) else {
             return Self::default();
         };
-        let mut s = Self::default();
+        let mut s = Self {
+            master: Some(master),
+            ..Self::default()
+        };
         for (pid, st, backend, ours) in postgres {
             if pid == master {
                 s.exited = st.children;
@@ -234,8 +231,12 @@ impl PgSnapshot {
 
     /// The CPU used between `before` and this reading. A process alive at both counts its difference; one
     /// new since counts all it used; one gone since is in the postmaster's exited children, less what it
-    /// had used at `before`.
-    pub fn since(&self, before: &PgSnapshot) -> PgCpu {
+    /// had used at `before`. None unless both readings found the same postmaster: without one there is
+    /// nothing to subtract from, and a restarted server's processes began anew.
+    pub fn since(&self, before: &PgSnapshot) -> Option<PgCpu> {
+        if self.master.is_none() || self.master != before.master {
+            return None;
+        }
         let mut cpu = PgCpu::default();
         for (pid, (t, backend)) in &self.procs {
             let d = t.saturating_sub(before.procs.get(pid).map_or(0, |b| b.0));
@@ -255,7 +256,7 @@ impl PgSnapshot {
             .exited
             .saturating_sub(before.exited)
             .saturating_sub(gone);
-        cpu
+        Some(cpu)
     }
 }
 
@@ -327,11 +328,12 @@ mod tests {
         let snap = |procs: &[(u32, u64, bool)], exited| PgSnapshot {
             procs: procs.iter().map(|&(p, t, b)| (p, (t, b))).collect(),
             exited,
+            master: Some(9),
         };
         let before = snap(&[(1, 10, true), (2, 5, false), (3, 7, true)], 100);
         // 3 ended at 9 ticks; an autovacuum worker used 4 and ended; 4 is a new backend at 3.
         let after = snap(&[(1, 15, true), (2, 6, false), (4, 3, true)], 100 + 9 + 4);
-        let cpu = after.since(&before);
+        let cpu = after.since(&before).expect("one postmaster");
         assert_eq!(
             cpu,
             PgCpu {
@@ -341,6 +343,14 @@ mod tests {
             }
         );
         assert_eq!(cpu.total(), 15);
+        // No postmaster at the start, or another one at the end (a restart): no figure.
+        let none = PgSnapshot::default();
+        assert_eq!(after.since(&none), None);
+        let restarted = PgSnapshot {
+            master: Some(10),
+            ..after.clone()
+        };
+        assert_eq!(restarted.since(&before), None);
     }
 
     #[test]
