@@ -25,9 +25,8 @@ use crate::{
         JournalError,
         names::{key::Slot, step},
         story::{self, JobRow, StepRow, Story},
-        usage::LlmRecord,
     },
-    llm::FailedCall,
+    llm::{FailedCall, LlmRecord},
     pipeline::{
         Burst, FloodDecision, Reply,
         incoming::{Flagged, Screened},

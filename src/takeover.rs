@@ -375,7 +375,10 @@ impl Takeovers {
         let caught = job
             .step(step::CATCH_UP, key::ONCE)
             .run(async {
-                let held = self.journal.latest_held(conversation, since).await?;
+                let held = self
+                    .journal
+                    .latest_in_state(conversation, State::Held, since);
+                let held = held.await?;
                 let job = held.map(|(id, kind, stream_seq)| HeldJob {
                     id,
                     kind,

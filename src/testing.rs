@@ -27,6 +27,9 @@ pub mod telemetry {
         pub use crate::telemetry::otel::{ExportedSpan, decode_export};
     }
 }
+pub mod usage {
+    pub use crate::usage::summary;
+}
 pub mod worker {
     pub use crate::worker::WorkerError;
 }

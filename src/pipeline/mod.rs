@@ -553,7 +553,8 @@ impl Pipeline {
 
     /// Whether the job's model calls may carry message text on their spans: only when the process
     /// captures content, and never for a minor, a message answered with the safety brief, or a
-    /// conversation where a message was ever flagged (its words come back as history).
+    /// conversation where a message was ever flagged as a crisis (a `crisis` step in one of its jobs: its
+    /// words may come back in any later prompt of the conversation).
     async fn content_on_spans(
         &self,
         a: &Admitted<'_>,
@@ -562,7 +563,8 @@ impl Pipeline {
         if !genai::capturing() || briefed || a.age.is_minor() {
             return Ok(false);
         }
-        Ok(!self.journal.crisis_in(&a.ids.conversation).await?)
+        let flagged = self.journal.ever_in(&a.ids.conversation, step::CRISIS);
+        Ok(!flagged.await?)
     }
 
     /// Stage 7 of a slot: its message composed, through the outgoing hook; what its `reply` step fixes.

@@ -97,7 +97,7 @@ pub struct Spending<'a> {
     pub known: Option<Spent>,
 }
 
-pub use crate::journal::usage::LlmRecord;
+pub use crate::llm::LlmRecord;
 
 /// Runs the loop for `request` (with the registry's tools) on behalf of the event's sender.
 pub async fn converse(

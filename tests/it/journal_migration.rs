@@ -183,7 +183,7 @@ async fn the_earlier_journal_moves_into_jobs_and_steps() {
     assert_eq!(tool.content, json!({"_id": "l1"}));
     assert_eq!(tool.card, Some(json!({"type": "tricklist_card"})));
     // Both paid calls count, the write quota's ledger too.
-    let rows = companion_journal::usage::summary(pool, 1, None)
+    let rows = companion::testing::usage::summary(pool, 1, None)
         .await
         .unwrap();
     assert_eq!(rows.iter().map(|r| r.calls).sum::<i64>(), 2, "{rows:?}");

@@ -23,20 +23,19 @@
 //! - A job ends with [`Job::finish`]: its state, who answered it when another job did, and, when it ends
 //!   without a message on purpose, the reason.
 //!
-//! Every step and tally name is in [`names`]; what the model's answers cost is read in [`usage`], and
-//! one job's whole record, for `companion explain`, in [`story`].
+//! Every step and tally name is in [`names`]; one job's whole record, for `companion explain`, is read in
+//! [`story`]. What the records mean is their owners' business: what the model's answers cost is read by
+//! the spend guard and `companion usage`.
 //!
 //! Outputs are JSON (`job_steps.output`); text is kept as it is but for U+0000, which PostgreSQL cannot
 //! store and which becomes U+FFFD.
 
 pub mod names;
 pub mod story;
-pub mod usage;
 
 #[cfg(feature = "testing")]
 use companion_core::fault;
 use companion_core::{failure, metrics};
-use companion_llm as llm;
 use companion_store::conversation_order::{FloorAt, upsert_floor};
 use companion_store::store;
 
@@ -592,24 +591,24 @@ impl Journal {
         .await?)
     }
 
-    /// Whether a message of `conversation` was ever flagged as a crisis (a [`names::step::CRISIS`] step in
-    /// one of its jobs): its words may come back in any later prompt of the conversation.
-    pub async fn crisis_in(&self, conversation: &str) -> Result<bool, JournalError> {
+    /// Whether a job of `conversation` ever recorded a `name` step.
+    pub async fn ever_in(&self, conversation: &str, name: &str) -> Result<bool, JournalError> {
         Ok(sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM jobs j JOIN job_steps s ON s.job = j.id
                             WHERE j.conversation_id = $1 AND s.name = $2)",
         )
         .bind(conversation)
-        .bind(names::step::CRISIS)
+        .bind(name)
         .fetch_one(&self.pool)
         .await?)
     }
 
-    /// The latest job of `conversation` held by a moderator's pause, created at or after `since` (when
-    /// the pause began): its id, kind and inbound stream sequence, for the resume to answer it.
-    pub async fn latest_held(
+    /// The latest job of `conversation` in `state`, created at or after `since`: its id, kind and
+    /// inbound stream sequence.
+    pub async fn latest_in_state(
         &self,
         conversation: &str,
+        state: State,
         since: DateTime<Utc>,
     ) -> Result<Option<(String, String, Option<u64>)>, JournalError> {
         let row = sqlx::query(
@@ -618,7 +617,7 @@ impl Journal {
              ORDER BY stream_seq DESC NULLS LAST, created_at DESC LIMIT 1",
         )
         .bind(conversation)
-        .bind(State::Held.as_str())
+        .bind(state.as_str())
         .bind(since)
         .fetch_optional(&self.pool)
         .await?;

@@ -7,6 +7,7 @@
 
 pub mod moderation;
 pub mod prices;
+pub mod record;
 mod trace;
 
 use companion_core::{config, failure, genai, metrics};
@@ -30,6 +31,7 @@ use crate::{
     metrics::{Metric, Metrics},
 };
 pub use prices::{CallUsage, PriceError, Prices};
+pub use record::LlmRecord;
 
 /// One chat message, as the API takes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

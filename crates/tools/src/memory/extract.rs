@@ -28,8 +28,8 @@ use tracing::{info, warn};
 use super::{FACT_MAX, Memory, MemoryError, Topic, store::How, store::NewFact};
 use crate::{
     bus::Bus,
-    journal::{Attempt, Finish, Job, Journal, NewJob, State, usage::LlmRecord},
-    llm::{ChatRequest, LlmClient, Message},
+    journal::{Attempt, Finish, Job, Journal, NewJob, State},
+    llm::{ChatRequest, LlmClient, LlmRecord, Message},
 };
 
 /// The first line of an extraction request's system message (the scripted model knows it by this).

@@ -1,16 +1,19 @@
 //! `companion usage`: what the chat model cost, by day, companion and model (`--user`: one user's), or
 //! the heaviest users (`--top N`). Every paid call is an `llm` step of a job's journal, recorded with its
-//! usage and cost and read back by [`crate::journal::usage`]; a response replayed from the journal is
+//! usage and cost and read back by [`read`]; a response replayed from the journal is
 //! not paid again and is counted once.
 
 use std::{collections::HashMap, fmt::Write, path::Path};
 
-pub(crate) use crate::journal::usage::{SummaryRow, UserRow, summary, top_users};
+mod read;
+
 use crate::{
     character::Characters,
     config::PgConfig,
     store::{Pg, StoreError},
 };
+pub use read::summary;
+pub(crate) use read::{SummaryRow, UserRow, top_users};
 
 /// The heaviest users as a table, heaviest first.
 pub(crate) fn render_top(rows: &[UserRow], days: u32) -> String {

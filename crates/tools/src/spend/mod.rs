@@ -1,7 +1,7 @@
 //! What the chat model may still cost: one user's budget and the whole service's, in tokens and in USD
 //! over a rolling window (a day by default), checked before every paid call.
 //!
-//! The figures are the journal's own ([`crate::journal::usage`]): every answer of the model is an `llm`
+//! The figures are the journal's own ([`spent`]): every answer of the model is an `llm`
 //! step recorded with its usage and cost under the tally `spend:<user>` ([`tally`]), so what a retry
 //! replays is never counted twice and no counter of its own can drift from the usage report. A user's
 //! figure is read at each check (an index range over that user's calls in the window); the service's is
@@ -20,14 +20,16 @@ use std::{
 
 use tracing::{info, warn};
 
-pub use crate::journal::usage::Spent;
+mod spent;
+
 use crate::store::Pool;
 use crate::{
     config::SpendConfig,
-    journal::{names, usage},
+    journal::names,
     metrics::{Metric, Metrics},
     store::StoreError,
 };
+pub use spent::{SPENT_RIDE, Spent, spent, spent_ride_args};
 
 /// Chat calls the budget changed, by scope and stage.
 const BUDGET_CALLS: Metric = Metric::new(
@@ -227,8 +229,8 @@ impl SpendGuard {
         user: &str,
     ) -> Option<(&'static str, serde_json::Map<String, serde_json::Value>)> {
         (!self.limits.user.is_off()).then(|| {
-            let args = usage::spent_ride_args(&tally(user), self.limits.window.as_secs_f64());
-            (usage::SPENT_RIDE, args)
+            let args = spent_ride_args(&tally(user), self.limits.window.as_secs_f64());
+            (SPENT_RIDE, args)
         })
     }
 
@@ -308,7 +310,7 @@ impl SpendGuard {
 
     /// Tokens and USD of the model answers in the window: under `tally`, or all of them.
     async fn spent(&self, tally: Option<&str>) -> Result<Spent, StoreError> {
-        Ok(usage::spent(&self.pool, tally, self.limits.window.as_secs_f64()).await?)
+        Ok(spent(&self.pool, tally, self.limits.window.as_secs_f64()).await?)
     }
 }
 
