@@ -24,7 +24,7 @@ use tracing::{error, info, warn};
 use crate::{
     bus::{Bus, Inbound},
     conversation_order::Order,
-    failure::{Class, Failure},
+    failure::{self, Class, Failure},
     journal::State,
     metrics::{Metric, Metrics},
     outage::{Outages, WaitOut},
@@ -130,19 +130,14 @@ pub(crate) fn on_failed_write(write: Write) -> Verdict {
     }
 }
 
-/// Exponential backoff: `retry_base` doubled per delivery so far, capped.
+/// `retry_base` doubled per delivery so far, capped.
 fn backoff(limits: &RetryLimits, delivered: i64) -> Duration {
-    let exp = delivered.clamp(1, 10) as u32 - 1;
-    limits
-        .retry_base
-        .max(Duration::from_millis(1))
-        .saturating_mul(2u32.saturating_pow(exp))
-        .min(limits.retry_cap)
-}
-
-/// ±20 % so that retries of many events spread out.
-fn jittered(d: Duration) -> Duration {
-    d.mul_f64(0.8 + fastrand::f64() * 0.4)
+    let retries = delivered.clamp(1, 10) as u32 - 1;
+    failure::backoff(
+        limits.retry_base.max(Duration::from_millis(1)),
+        retries,
+        limits.retry_cap,
+    )
 }
 
 /// The delivery being settled.
@@ -221,7 +216,9 @@ impl Settler {
                 }
             }
             Verdict::Nak { delay } => {
-                handle.answer(AckKind::Nak(Some(jittered(delay)))).await;
+                handle
+                    .answer(AckKind::Nak(Some(failure::jittered(delay))))
+                    .await;
             }
             Verdict::Term {
                 reason,
@@ -480,13 +477,5 @@ mod tests {
     fn a_settlement_write_that_fails_hands_the_event_back() {
         assert_eq!(on_failed_write(Write::DeadLetter), nak(5));
         assert_eq!(on_failed_write(Write::OrderFloor), nak(2));
-    }
-
-    #[test]
-    fn jitter_stays_within_a_fifth() {
-        for _ in 0..1000 {
-            let d = jittered(Duration::from_secs(10));
-            assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12));
-        }
     }
 }

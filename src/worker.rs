@@ -18,7 +18,7 @@ use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
     task::JoinSet,
 };
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
@@ -747,19 +747,11 @@ impl Running {
     }
 }
 
-/// The task sending a delivery's progress acks; dropped (settled, failed or unwound), they stop.
-struct KeepAlive(tokio::task::JoinHandle<()>);
-
-impl Drop for KeepAlive {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Sends progress acks so a long turn keeps its message, until the guard is dropped.
-fn keep_alive(msg: &jetstream::Message, every: Duration) -> KeepAlive {
+/// Sends progress acks so a long turn keeps its message, until the handle is dropped (settled, failed or
+/// unwound).
+fn keep_alive(msg: &jetstream::Message, every: Duration) -> AbortOnDropHandle<()> {
     let msg = msg.clone();
-    KeepAlive(tokio::spawn(async move {
+    AbortOnDropHandle::new(tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.tick().await;
         loop {

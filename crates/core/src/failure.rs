@@ -17,6 +17,17 @@ pub enum Class {
     Reject,
 }
 
+/// Exponential backoff: `base` doubled `retries` times, at most `cap`. The one formula of the retries
+/// within a turn (the model client's) and across deliveries (the settlement's NAK delay).
+pub fn backoff(base: Duration, retries: u32, cap: Duration) -> Duration {
+    base.saturating_mul(2u32.saturating_pow(retries)).min(cap)
+}
+
+/// `d` ±20 %, so that the retries of many failures spread out.
+pub fn jittered(d: Duration) -> Duration {
+    d.mul_f64(0.8 + fastrand::f64() * 0.4)
+}
+
 /// An error that knows its [`Class`].
 pub trait Classify {
     fn class(&self) -> Class;
@@ -51,5 +62,29 @@ impl Failure {
             reason: reason.into(),
             retry_after: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_a_fifth() {
+        for _ in 0..1000 {
+            let d = jittered(Duration::from_secs(10));
+            assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12));
+        }
+    }
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_cap() {
+        let s = Duration::from_secs;
+        let steps: Vec<Duration> = (0..5).map(|n| backoff(s(1), n, s(10))).collect();
+        assert_eq!(steps, [s(1), s(2), s(4), s(8), s(10)]);
+        assert_eq!(
+            backoff(s(1), 40, Duration::MAX),
+            s(1).saturating_mul(u32::MAX)
+        );
     }
 }

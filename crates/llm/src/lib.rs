@@ -436,9 +436,7 @@ impl RetryPolicy {
     /// Exponential backoff with ±20 % jitter, or the server's `Retry-After`.
     fn wait(&self, retry: u32, err: &LlmError) -> Option<Duration> {
         let wait = err.retry_after().unwrap_or_else(|| {
-            self.base
-                .saturating_mul(2u32.saturating_pow(retry))
-                .mul_f64(0.8 + fastrand::f64() * 0.4)
+            failure::jittered(failure::backoff(self.base, retry, Duration::MAX))
         });
         (wait <= self.max_wait).then_some(wait)
     }
