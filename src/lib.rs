@@ -34,8 +34,6 @@ mod proactive;
 mod reembed;
 mod replay;
 mod settle;
-#[cfg(test)]
-mod sizes;
 mod startup;
 mod takeover;
 mod telemetry;
