@@ -10,74 +10,139 @@ use std::{
     path::Path,
 };
 
+use syn::visit::Visit;
+
 type Module = Vec<String>;
 
-/// Every path `text` names from `crate::` or `super::`, from the crate root, as far as it goes
-/// (`super::{a::X, b}` is `…::a::X` and `…::b`); `here` is the file's module.
+/// Every path a file's code names from `crate::` or `super::`, from the crate root, as far as it goes
+/// (`super::{a::X, b}` is `…::a::X` and `…::b`): in `use` trees, in paths, and in the tokens of macro
+/// calls; `#[cfg(test)]` items left out. `here` is the file's module.
 fn named_paths(text: &str, here: &[String]) -> Vec<Module> {
-    let mut out = Vec::new();
-    let bytes = text.as_bytes();
-    for base in ["crate::", "super::"] {
-        for (at, _) in text.match_indices(base) {
-            let before = at.checked_sub(1).map(|i| bytes[i]);
-            if before
-                .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b == b':')
-            {
-                continue;
-            }
-            let mut prefix: Module = match base {
-                "crate::" => Vec::new(),
-                _ => here[..here.len().saturating_sub(1)].to_vec(),
-            };
-            let mut rest = &text[at + base.len()..];
-            while let Some(r) = rest.strip_prefix("super::") {
-                prefix.pop();
-                rest = r;
-            }
-            group(rest, prefix, &mut out);
-        }
-    }
-    out
+    let file = syn::parse_file(text).expect("a source file of the workspace parses");
+    let mut named = Named {
+        here,
+        out: Vec::new(),
+    };
+    named.visit_file(&file);
+    named.out
 }
 
-/// Reads `a::b::{c, d::e}` (from the start of `rest`) under `prefix` into `out`.
-fn group(rest: &str, mut prefix: Module, out: &mut Vec<Module>) {
-    let mut s = rest;
-    loop {
-        let ident: String = s
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_')
-            .collect();
-        if ident.is_empty() {
-            break;
+/// What [`named_paths`] collects while it walks a file.
+struct Named<'a> {
+    /// The file's module.
+    here: &'a [String],
+    out: Vec<Module>,
+}
+
+impl Named<'_> {
+    /// Records `segments` when they start at `crate` or `super` (a leading `super` is the parent of the
+    /// file's module); any other path is another crate's or a local name.
+    fn push(&mut self, segments: &[String]) {
+        let mut at: Module = match segments.first().map(String::as_str) {
+            Some("crate") => Vec::new(),
+            Some("super") => self.here[..self.here.len().saturating_sub(1)].to_vec(),
+            _ => return,
+        };
+        for s in &segments[1..] {
+            match s.as_str() {
+                "super" => {
+                    at.pop();
+                }
+                "self" => {}
+                _ => at.push(s.clone()),
+            }
         }
-        prefix.push(ident.clone());
-        s = &s[ident.len()..];
-        match s.strip_prefix("::") {
-            Some(r) => s = r,
-            None => break,
+        self.out.push(at);
+    }
+
+    /// The paths of a `use` tree under `prefix`.
+    fn use_tree(&mut self, tree: &syn::UseTree, mut prefix: Vec<String>) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.use_tree(&p.tree, prefix);
+            }
+            syn::UseTree::Name(n) => self.push(&[prefix, vec![n.ident.to_string()]].concat()),
+            syn::UseTree::Rename(r) => self.push(&[prefix, vec![r.ident.to_string()]].concat()),
+            syn::UseTree::Glob(_) => self.push(&prefix),
+            syn::UseTree::Group(g) => {
+                for t in &g.items {
+                    self.use_tree(t, prefix.clone());
+                }
+            }
         }
     }
-    if let Some(inner) = s.strip_prefix('{') {
-        let mut depth = 0;
-        let mut start = 0;
-        for (i, c) in inner.char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' if depth == 0 => {
-                    group(inner[start..i].trim_start(), prefix.clone(), out);
-                    break;
-                }
-                '}' => depth -= 1,
-                ',' if depth == 0 => {
-                    group(inner[start..i].trim_start(), prefix.clone(), out);
-                    start = i + 1;
+
+    /// The `crate::…` and `super::…` paths among a macro call's tokens (`$crate::…` is not this crate's).
+    fn tokens(&mut self, tokens: proc_macro2::TokenStream) {
+        use proc_macro2::TokenTree;
+        let trees: Vec<TokenTree> = tokens.into_iter().collect();
+        let mut i = 0;
+        while i < trees.len() {
+            match &trees[i] {
+                TokenTree::Group(g) => self.tokens(g.stream()),
+                TokenTree::Ident(id) if id == "crate" || id == "super" => {
+                    let dollar =
+                        i > 0 && matches!(&trees[i - 1], TokenTree::Punct(p) if p.as_char() == '$');
+                    let mut path = vec![id.to_string()];
+                    while let (
+                        Some(TokenTree::Punct(a)),
+                        Some(TokenTree::Punct(b)),
+                        Some(TokenTree::Ident(next)),
+                    ) = (trees.get(i + 1), trees.get(i + 2), trees.get(i + 3))
+                    {
+                        if a.as_char() != ':' || b.as_char() != ':' {
+                            break;
+                        }
+                        path.push(next.to_string());
+                        i += 3;
+                    }
+                    if !dollar && path.len() > 1 {
+                        self.push(&path);
+                    }
                 }
                 _ => {}
             }
+            i += 1;
         }
     }
-    out.push(prefix);
+}
+
+/// Whether `attrs` hold `#[cfg(test)]`.
+fn is_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg") && a.parse_args::<syn::Ident>().is_ok_and(|i| i == "test")
+    })
+}
+
+impl<'ast> Visit<'ast> for Named<'_> {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let attrs = match item {
+            syn::Item::Mod(m) => &m.attrs,
+            syn::Item::Fn(f) => &f.attrs,
+            syn::Item::Impl(i) => &i.attrs,
+            syn::Item::Use(u) => &u.attrs,
+            _ => return syn::visit::visit_item(self, item),
+        };
+        if !is_test(attrs) {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        self.use_tree(&u.tree, Vec::new());
+    }
+
+    fn visit_path(&mut self, p: &'ast syn::Path) {
+        let segments: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
+        self.push(&segments);
+        syn::visit::visit_path(self, p);
+    }
+
+    fn visit_macro(&mut self, m: &'ast syn::Macro) {
+        self.tokens(m.tokens.clone());
+        syn::visit::visit_macro(self, m);
+    }
 }
 
 /// The source files by module (`lib.rs` is the root; `main.rs`, the binary, is left out).
@@ -97,14 +162,8 @@ fn modules(dir: &Path, at: Module, out: &mut BTreeMap<Module, String>) {
         if name != "mod" && !(name == "lib" && at.is_empty()) {
             module.push(name);
         }
-        let text = std::fs::read_to_string(&path).unwrap();
-        // Code only: no unit tests, no comments (a doc link is not a dependency).
-        let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
-        let code: Vec<&str> = code
-            .lines()
-            .map(|l| l.split("//").next().unwrap_or(""))
-            .collect();
-        out.insert(module, code.join("\n"));
+        // Comments are not tokens: a doc link is not a dependency.
+        out.insert(module, std::fs::read_to_string(&path).unwrap());
     }
 }
 
@@ -218,7 +277,10 @@ fn source_files_have_no_import_cycles() {
 #[test]
 fn the_path_reader_sees_every_form_and_a_cycle() {
     let here = vec!["turn".to_owned(), "hooks".to_owned()];
-    let text = "use super::{Turns, deliver::Outgoing, input::{Admitted, Kind}};\nlet x = crate::bus::event::clean(y);\nlet z = $crate::no;";
+    let text = "use super::{Turns, deliver::Outgoing, input::{Admitted, Kind}};\n\
+                fn f() { let x = crate::bus::event::clean(y); }\n\
+                macro_rules! m { () => { $crate::no }; }\n\
+                #[cfg(test)]\nmod tests { use crate::no_test; }";
     let got: BTreeSet<String> = named_paths(text, &here)
         .iter()
         .map(|p| p.join("::"))
