@@ -199,6 +199,12 @@ enum Command {
         #[command(flatten)]
         embed: companion_core::config::EmbedSettings,
     },
+    /// Count the checkout's structure (the lower crates' `pub` declarations, branches on the message's
+    /// kind, functions over 80 lines, the tests' worker starters, `App::build`, the largest files).
+    Census {
+        #[command(flatten)]
+        args: companion_dev::census::CensusArgs,
+    },
     /// Measure a turn's cost and throughput end to end on the real local stack (see docs/benchmark.md).
     Bench {
         #[command(flatten)]
@@ -392,6 +398,7 @@ async fn run() -> anyhow::Result<()> {
             };
             print!("{}", companion_dev::thresholds::measure(&embed, &at).await?);
         }
+        Command::Census { args } => companion_dev::census::run(&args)?,
         Command::Bench { args, mut config } => {
             config.log = cli.log;
             companion_dev::bench::main(*config, *args)
