@@ -344,6 +344,27 @@ impl FailedCall {
 }
 
 impl LlmError {
+    /// The error as the requests counter's `status` label: the HTTP status, or what went wrong.
+    fn status(&self) -> String {
+        match self {
+            LlmError::Timeout => "timeout".to_owned(),
+            LlmError::Connect(_) => "unreachable".to_owned(),
+            LlmError::RateLimited { .. } => "429".to_owned(),
+            LlmError::Server { status, .. } | LlmError::Rejected { status, .. } => {
+                status.to_string()
+            }
+            LlmError::NoToolSupport { .. } => "no_tool_support".to_owned(),
+            LlmError::Encode(_) => "not_sent".to_owned(),
+            LlmError::Decode(_) | LlmError::NoChoice | LlmError::Prices(_) => {
+                "bad_response".to_owned()
+            }
+            LlmError::Upstream(_) => "upstream_error".to_owned(),
+            LlmError::EmptyAnswer => "empty".to_owned(),
+            LlmError::TooLarge { .. } => "too_large".to_owned(),
+            LlmError::OverBudget { .. } => "over_budget".to_owned(),
+        }
+    }
+
     /// Worth trying again later (same request).
     pub(crate) fn is_transient(&self) -> bool {
         matches!(
@@ -514,21 +535,7 @@ impl LlmClient {
         let m = &self.metrics;
         let status = match result {
             Ok(_) => "ok".to_owned(),
-            Err(LlmError::Timeout) => "timeout".to_owned(),
-            Err(LlmError::Connect(_)) => "unreachable".to_owned(),
-            Err(LlmError::RateLimited { .. }) => "429".to_owned(),
-            Err(LlmError::Server { status, .. } | LlmError::Rejected { status, .. }) => {
-                status.to_string()
-            }
-            Err(LlmError::NoToolSupport { .. }) => "no_tool_support".to_owned(),
-            Err(LlmError::Encode(_)) => "not_sent".to_owned(),
-            Err(LlmError::Decode(_) | LlmError::NoChoice | LlmError::Prices(_)) => {
-                "bad_response".to_owned()
-            }
-            Err(LlmError::Upstream(_)) => "upstream_error".to_owned(),
-            Err(LlmError::EmptyAnswer) => "empty".to_owned(),
-            Err(LlmError::TooLarge { .. }) => "too_large".to_owned(),
-            Err(LlmError::OverBudget { .. }) => "over_budget".to_owned(),
+            Err(e) => e.status(),
         };
         m.inc(&REQUESTS, &[("model", model), ("status", &status)]);
         let answered = result
@@ -566,18 +573,22 @@ impl LlmClient {
             _ => {}
         }
         if let Ok(r) = result {
-            let usage = r.usage.clone().unwrap_or_default();
-            let answered = r.model.as_deref().unwrap_or(model);
-            let cost = self.prices.cost(answered, &usage);
-            trace::answered(span, r, cost.usd);
-            match cost.usd {
-                Some(usd) => m.add_f64(&COST_USD, &[("model", model)], usd),
-                None => m.inc(&UNPRICED, &[("model", model)]),
-            }
+            self.count_answer(model, r, span);
         }
-        if let Ok(r) = result
-            && let Some(u) = &r.usage
-        {
+    }
+
+    /// What an answer cost and used, into the metrics and onto its span.
+    fn count_answer(&self, model: &str, r: &ChatResponse, span: &tracing::Span) {
+        let m = &self.metrics;
+        let usage = r.usage.clone().unwrap_or_default();
+        let answered = r.model.as_deref().unwrap_or(model);
+        let cost = self.prices.cost(answered, &usage);
+        trace::answered(span, r, cost.usd);
+        match cost.usd {
+            Some(usd) => m.add_f64(&COST_USD, &[("model", model)], usd),
+            None => m.inc(&UNPRICED, &[("model", model)]),
+        }
+        if let Some(u) = &r.usage {
             m.add(
                 &TOKENS,
                 &[("model", model), ("kind", "prompt")],
