@@ -193,9 +193,16 @@ deploy/local/models.sh
 eval "$(deploy/local/stack.sh env)"
 mkdir -p -- "$LOGS"
 
-BUILD=(cargo build --workspace --bins)
+# Two builds, as the Dockerfile does: the worker alone, then the dev tooling. `companion-dev` turns on the
+# worker library's `testing` feature (the fault hooks, COMPANION_TEST_HOLD, `companion::testing`), and one
+# build of both (`--workspace --bins`) would unify it into the worker the demo runs. Building
+# `companion-dev` compiles the worker's library with `testing` for it, not the `companion` binary, so
+# target/debug/companion stays the worker without it.
+WORKER_BUILD=(cargo build -p companion --bin companion)
 # The OpenTelemetry export is compiled in only with the feature (a build without it ignores the endpoint).
-[[ -n "$TRACES" ]] && BUILD+=(--features companion/otel)
+[[ -n "$TRACES" ]] && WORKER_BUILD+=(--features companion/otel)
+DEV_BUILD=(cargo build -p companion-dev --bin companion-dev)
+build_both() { "${WORKER_BUILD[@]}" && "${DEV_BUILD[@]}"; }
 # How long a first build takes here: what the last one took on this machine, when there was one. A first
 # build is one with (almost) nothing compiled yet: cargo keeps a fingerprint folder per compiled unit, ~500
 # after a full build.
@@ -220,18 +227,19 @@ else
     estimate="a first build: several minutes"
   fi
 fi
-say "building companion${TRACES:+ (feature otel)} and companion-dev ($estimate)"
+say "building companion${TRACES:+ (feature otel)}, without the test hooks, then companion-dev ($estimate)"
 build_started=$SECONDS
 if [[ -t 2 ]]; then
-  "${BUILD[@]}"
+  build_both
 else
   # Not on a terminal: cargo's output goes to a log and a line every 30 s says how far it got.
-  "${BUILD[@]}" >"$LOGS/build.log" 2>&1 &
+  build_both >"$LOGS/build.log" 2>&1 &
   build=$!
-  # About how many crates a first build compiles: the packages of Cargo.lock (another build compiles fewer,
-  # how many is not known beforehand).
+  # About how many crates a first build compiles: the packages of Cargo.lock, and the workspace's 8
+  # libraries once more (the second build compiles them with `testing`); another build compiles fewer,
+  # how many is not known beforehand.
   total=""
-  [[ -n "$cold" ]] && total="/~$(grep -c '^\[\[package\]\]' Cargo.lock || true)"
+  [[ -n "$cold" ]] && total="/~$(($(grep -c '^\[\[package\]\]' Cargo.lock || true) + 8))"
   next=$((SECONDS + 30))
   while kill -0 "$build" 2>/dev/null; do
     sleep 1

@@ -21,9 +21,10 @@ eval "$(deploy/local/stack.sh env)"
 export COMPANION_CHARACTERS_DIR="$ROOT/characters"
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/companion"
 if [[ ! -x "$BIN" ]]; then
-  # The demo's build (the whole workspace's binaries), so that the next demo does not build again.
-  printf '[explain] building companion (cargo build --workspace --bins; a first build takes several minutes)\n' >&2
-  cargo build --workspace --bins --quiet
+  # The demo's build of the worker (alone: without the `testing` feature companion-dev would unify into
+  # it), so that the next demo does not build it again.
+  printf '[explain] building companion (cargo build -p companion --bin companion; a first build takes several minutes)\n' >&2
+  cargo build -p companion --bin companion --quiet
 fi
 status=0
 "$BIN" explain "$@" || status=$?
