@@ -102,7 +102,11 @@ impl Readiness {
         }
     }
 
-    /// Ready to answer turns (a missing model only means turns without knowledge).
+    /// Ready to answer turns. The embedding model is not required: a worker whose model did not load
+    /// starts and answers, but weaker. The crisis screen's learned layer then reads the messages' n-grams
+    /// only (it no longer refers on its own), the output check has no reply head, and knowledge
+    /// retrieval, memory recall and a group's fit are off; `/readyz` names the model down and the
+    /// `companion_ready{dependency="model"}` gauge at 0 pages (`CompanionCrisisScreenWeakened`).
     fn ready(&self) -> bool {
         self.nats && self.mongo && self.pg
     }
