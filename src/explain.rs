@@ -20,20 +20,52 @@ use tracing::info;
 
 use crate::{
     config::PgConfig,
-    group::Route,
     journal::{
-        JournalError,
-        names::{key::Slot, step},
+        JournalError, StepKind, Tell, Told,
+        names::key::Slot,
         story::{self, JobRow, StepRow, Story},
     },
-    llm::{FailedCall, LlmRecord},
-    pipeline::{
-        Burst, FloodDecision, Reply,
-        incoming::{Flagged, Screened},
-    },
+    pipeline::Reply,
     store::{Pg, StoreError},
-    tools::ToolRecord,
 };
+
+/// The steps' names where the story's order and slots match on them (a pattern needs a constant).
+mod step {
+    use crate::pipeline::{burst, compose, deliver, gate, incoming};
+    use crate::tools;
+
+    pub(super) const SCREEN: &str = incoming::SCREEN.name;
+    pub(super) const CRISIS: &str = incoming::CRISIS.name;
+    pub(super) const REFERRAL: &str = incoming::REFERRAL.name;
+    pub(super) const REFERRAL_MESSAGE: &str = crate::pipeline::REFERRAL_MESSAGE.name;
+    pub(super) const ALERT: &str = incoming::ALERT.name;
+    pub(super) const UNDER_13: &str = gate::UNDER_13_LINE.name;
+    pub(super) const ROUTE: &str = crate::group::ROUTE.name;
+    pub(super) const GATE: &str = gate::GATE.name;
+    pub(super) const CAP: &str = gate::CAP.name;
+    pub(super) const TURN: &str = crate::flood::TURN.name;
+    pub(super) const BUSY: &str = crate::flood::BUSY.name;
+    pub(super) const FLOOD: &str = crate::pipeline::FLOOD.name;
+    pub(super) const AFTER_FLAG: &str = gate::AFTER_FLAG.name;
+    pub(super) const BURST: &str = burst::BURST.name;
+    pub(super) const FLOW: &str = compose::FLOW.name;
+    pub(super) const FLOW_CHANGE: &str = crate::flow::state::FLOW_CHANGE.name;
+    pub(super) const LLM: &str = crate::calls::LLM.name;
+    pub(super) const MODEL_FAILED: &str = crate::calls::MODEL_FAILED.name;
+    pub(super) const FIXED_LINE: &str = compose::FIXED_LINE.name;
+    pub(super) const TOOL: &str = tools::TOOL.name;
+    pub(super) const QUOTA: &str = tools::QUOTA.name;
+    pub(super) const REMEMBER: &str = tools::REMEMBER.name;
+    pub(super) const REMEMBER_QUOTA: &str = tools::REMEMBER_QUOTA.name;
+    pub(super) const FORGET: &str = tools::FORGET.name;
+    pub(super) const REPLY: &str = crate::pipeline::REPLY.name;
+    pub(super) const STORE_REPLY: &str = deliver::STORE_REPLY.name;
+    pub(super) const HISTORY: &str = deliver::HISTORY.name;
+    pub(super) const TOUCH: &str = deliver::TOUCH.name;
+    pub(super) const PUBLISH: &str = deliver::PUBLISH.name;
+    pub(super) const WITHDRAW: &str = deliver::WITHDRAW.name;
+    pub(super) const TEXT_SHOWN: &str = crate::journal::story::TEXT_SHOWN.name;
+}
 
 /// Why `companion explain` has no story to tell.
 #[derive(Debug, thiserror::Error)]
@@ -157,7 +189,7 @@ async fn texts(
         _ => Vec::new(),
     };
     users.extend(
-        read::<Burst>(story, step::BURST)
+        read(story, &crate::pipeline::burst::BURST)
             .into_iter()
             .flat_map(|b| b.covers.into_iter().map(|c| c.message_id)),
     );
@@ -197,8 +229,8 @@ async fn texts(
 }
 
 /// The step `name` (keyed once) as its type reads it.
-fn read<T: serde::de::DeserializeOwned>(story: &Story, name: &str) -> Option<T> {
-    let s = story.steps.iter().find(|s| s.name == name)?;
+fn read<T: serde::de::DeserializeOwned>(story: &Story, kind: &StepKind<T>) -> Option<T> {
+    let s = story.steps.iter().find(|s| s.name == kind.name)?;
     serde_json::from_value(s.output.clone()).ok()
 }
 
@@ -385,11 +417,19 @@ fn or_unknown<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "unknown".into(), |v| v.to_string())
 }
 
-fn yes_no(b: bool) -> &'static str {
-    if b { "yes" } else { "no" }
+/// Every step kind the journal holds, each told by the stage that records it.
+fn steps() -> impl Iterator<Item = &'static dyn Tell> {
+    let story: [&'static dyn Tell; 2] = [&story::TEXT_SHOWN, &crate::group::ROUTE];
+    crate::pipeline::STEPS
+        .iter()
+        .chain(companion_tools::STEPS)
+        .copied()
+        .chain(crate::takeover::STEPS)
+        .chain(story)
 }
 
-/// A step in words and in fields, read by the type that records it.
+/// A step in words and in fields, read by the kind that records it; a step no kind reads is told by its
+/// name.
 fn describe(s: &StepRow, job: &str, names: &HashMap<String, String>) -> (String, Value) {
     let out = &s.output;
     if out.get("erased").is_some() {
@@ -399,328 +439,19 @@ fn describe(s: &StepRow, job: &str, names: &HashMap<String, String>) -> (String,
             json!({ "erased": true, "usage": usage }),
         );
     }
-    let as_ = |t: &str| format!("{t} (does not read back)");
-    match s.name.as_str() {
-        step::SCREEN => match serde_json::from_value::<Screened>(out.clone()) {
-            Ok(Screened {
-                decision,
-                moderation,
-            }) => {
-                let says = match &decision {
-                    None => format!("crisis screen of {}: nothing found", s.key),
-                    Some(d) => format!(
-                        "crisis screen of {}: FLAGGED {} by layer {}",
-                        s.key,
-                        d.category.as_str(),
-                        d.layer.as_str()
-                    ),
-                };
-                let moderation_says = moderation.as_deref().unwrap_or("not configured");
-                (
-                    format!("{says} (moderation endpoint: {moderation_says})"),
-                    json!({ "message": s.key, "decision": decision, "moderation": moderation }),
-                )
-            }
-            Err(_) => (as_("crisis screen"), out.clone()),
-        },
-        step::CRISIS => match serde_json::from_value::<Flagged>(out.clone()) {
-            Ok(f) => (
-                format!(
-                    "crisis protocol for {}: {} ({}), layer {}, referral {}",
-                    s.key,
-                    f.category.as_str(),
-                    f.lang,
-                    f.layer.as_str(),
-                    if f.referred {
-                        "owed"
-                    } else {
-                        "already sent this window"
-                    }
-                ),
-                json!({ "message": s.key, "category": f.category.as_str(), "lang": f.lang,
-                        "layer": f.layer.as_str(), "referred": f.referred }),
-            ),
-            Err(_) => (as_("crisis protocol"), out.clone()),
-        },
-        step::REFERRAL => (
-            "referral counted against the conversation's window".into(),
-            json!({}),
-        ),
-        step::REFERRAL_MESSAGE => {
-            let id = out["id"].as_str().unwrap_or("?");
-            (
-                format!("crisis referral {id} fixed"),
-                json!({ "reply": id }),
-            )
-        }
-        step::ALERT => (
-            "moderators alerted (ids, category, layer; never the text)".into(),
-            json!({}),
-        ),
-        step::AFTER_FLAG => {
-            let flagged = out.as_bool() == Some(true);
-            let says = match flagged {
-                true => "the model flagged the message before: answered with the safety brief",
-                false => "no model flag on the message before",
-            };
-            (says.into(), json!({ "after_flag": flagged }))
-        }
-        step::UNDER_13 => (
-            "a user under 13: today's one line counted".into(),
-            json!({}),
-        ),
-        step::TURN => (
-            "gate: counted against the user's flood allowance".into(),
-            json!({ "tally": s.tally }),
-        ),
-        step::BUSY => (
-            "gate: the busy line counted for this window".into(),
-            json!({ "tally": s.tally }),
-        ),
-        step::FLOOD => match serde_json::from_value::<FloodDecision>(out.clone()) {
-            Ok(FloodDecision { by: None }) => (
-                "gate: under the flood limit".into(),
-                json!({ "limited": false }),
-            ),
-            Ok(FloodDecision { by: Some(by) }) if by == job => (
-                "gate: OVER the flood limit; this job says the busy line".into(),
-                json!({ "limited": true, "busy_line_by": by }),
-            ),
-            Ok(FloodDecision { by: Some(by) }) => (
-                format!("gate: OVER the flood limit; job {by}'s busy line answers it"),
-                json!({ "limited": true, "busy_line_by": by }),
-            ),
-            Err(_) => (as_("flood decision"), out.clone()),
-        },
-        step::ROUTE => match serde_json::from_value::<Route>(out.clone()) {
-            Ok(r) => {
-                let who: Vec<String> = r.speakers.iter().map(|b| name(names, Some(b))).collect();
-                (
-                    format!(
-                        "route: {} (why: {})",
-                        if who.is_empty() {
-                            "nobody".into()
-                        } else {
-                            who.join(", ")
-                        },
-                        r.why
-                    ),
-                    json!({ "speakers": r.speakers, "why": r.why }),
-                )
-            }
-            Err(_) => (as_("route"), out.clone()),
-        },
-        step::GATE => match out.as_str() {
-            Some(reason) => (
-                format!("gate: dropped ({reason})"),
-                json!({ "dropped": reason }),
-            ),
-            None => ("gate: passed".into(), json!({ "dropped": null })),
-        },
-        step::CAP => (
-            "gate: counted against the daily follow-up cap".into(),
-            json!({ "tally": s.tally }),
-        ),
-        step::BURST => match serde_json::from_value::<Burst>(out.clone()) {
-            Ok(b) => {
-                let ids: Vec<&str> = b.covers.iter().map(|c| c.message_id.as_str()).collect();
-                let says = match ids.is_empty() {
-                    true => "burst: no later message joined".into(),
-                    false => format!(
-                        "burst: answers {} later message(s) too: {}",
-                        ids.len(),
-                        ids.join(", ")
-                    ),
-                };
-                (says, json!({ "covers": ids }))
-            }
-            Err(_) => (as_("burst"), out.clone()),
-        },
-        step::LLM => match serde_json::from_value::<LlmRecord>(out.clone()) {
-            Ok(r) => llm(&r, names),
-            Err(_) => (as_("model call"), out.clone()),
-        },
-        step::TOOL => match serde_json::from_value::<ToolRecord>(out.clone()) {
-            Ok(t) => (
-                format!(
-                    "tool {} (round {}): arguments {} bytes, {}, {} ms",
-                    t.tool,
-                    t.round,
-                    t.args.len(),
-                    if t.ok { "ok" } else { "error" },
-                    t.ms
-                ),
-                json!({ "tool": t.tool, "round": t.round, "args_bytes": t.args.len(), "ok": t.ok, "ms": t.ms }),
-            ),
-            Err(_) => (as_("tool call"), out.clone()),
-        },
-        step::MODEL_FAILED => match serde_json::from_value::<FailedCall>(out.clone()) {
-            Ok(f) => (
-                format!(
-                    "model request FAILED: {} ({}), {} after {} ms",
-                    f.model, f.error, f.class, f.ms
-                ),
-                json!({ "model": f.model, "error": f.error, "class": f.class, "ms": f.ms }),
-            ),
-            Err(_) => (as_("failed model request"), out.clone()),
-        },
-        step::FIXED_LINE => {
-            let line = out["line"].as_str().unwrap_or("unknown");
-            let why = out["why"].as_str().unwrap_or("unknown");
-            (
-                format!("fixed line: the {line} line instead of the model's answer, because {why}"),
-                json!({ "line": line, "why": why }),
-            )
-        }
-        step::FLOW => ("the user's guided flow read".into(), json!({})),
-        step::QUOTA => (
-            "a write counted against the user's hourly quota".into(),
-            json!({ "tally": s.tally }),
-        ),
-        step::REPLY => match serde_json::from_value::<Reply>(out.clone()) {
-            Ok(r) => reply(&r, names),
-            Err(_) => (as_("reply"), out.clone()),
-        },
-        step::STORE_REPLY => (
-            "delivered: the message stored in dm_messages".into(),
-            json!({}),
-        ),
-        step::HISTORY if s.key == crate::journal::names::key::USER => (
-            "kept in history without an answer of its own".into(),
-            json!({}),
-        ),
-        step::HISTORY => ("delivered: history written".into(), json!({})),
-        step::TOUCH => (
-            "delivered: the conversation's last message updated".into(),
-            json!({}),
-        ),
-        step::PUBLISH => ("delivered: completion published".into(), json!({})),
-        step::WITHDRAW => (
-            "WITHDRAWN after it went out (deleted meanwhile)".into(),
-            json!({}),
-        ),
-        step::MEMORY_TRIGGER => ("memory told of the turn".into(), json!({})),
-        step::TEXT_SHOWN => {
-            let who = out["operator"].as_str().unwrap_or("?");
-            let says = match out["shown"].as_bool() {
-                Some(true) => format!("text shown to {who} (companion explain --show-text)"),
-                _ => format!("text asked by {who}, withheld"),
-            };
-            (says, out.clone())
-        }
-        other => (other.replace('_', " "), json!({})),
+    let told = Told {
+        key: &s.key,
+        job,
+        tally: s.tally.as_deref(),
+        names,
+    };
+    let spaced = s.name.replace('_', " ");
+    match steps().find(|k| k.name() == s.name) {
+        None => (spaced, json!({})),
+        Some(kind) => kind
+            .tell(&told, out)
+            .unwrap_or_else(|| (format!("{spaced} (does not read back)"), out.clone())),
     }
-}
-
-/// A model call in words and fields.
-fn llm(r: &LlmRecord, names: &HashMap<String, String>) -> (String, Value) {
-    let u = r.usage.as_ref();
-    let asked: Vec<&str> = r
-        .message
-        .tool_calls
-        .iter()
-        .map(|c| c.function.name.as_str())
-        .collect();
-    let offered = r.offered.as_ref().map(|t| match t.is_empty() {
-        true => "none".to_owned(),
-        false => t.join(", "),
-    });
-    // The scripted offline model is no model anyone pays for: named so, never priced.
-    let scripted = u.is_some_and(|u| u.scripted);
-    let model = match (scripted, u) {
-        (true, Some(u)) => format!("SCRIPTED (the offline stub, asked as {})", u.model),
-        _ => or_unknown(u.map(|u| u.model.clone())),
-    };
-    let cost = match scripted {
-        true => "none (scripted)".to_owned(),
-        false => or_unknown(u.and_then(|u| u.cost_usd).map(|c| format!("${c:.6}"))),
-    };
-    let says = format!(
-        "model {}{}: {} prompt tokens ({} cached) + {} completion, cost {}, {} ms, finish {}; tools offered: {}{}",
-        model,
-        r.bot
-            .as_deref()
-            .map_or(String::new(), |b| format!(" as {}", name(names, Some(b)))),
-        or_unknown(u.map(|u| u.prompt_tokens)),
-        or_unknown(u.and_then(|u| u.cached_tokens)),
-        or_unknown(u.map(|u| u.completion_tokens)),
-        cost,
-        or_unknown(r.ms),
-        or_unknown(r.finish.clone()),
-        offered.clone().unwrap_or_else(|| match r.offered_tools {
-            true => "some (names unknown)".into(),
-            false => "none".into(),
-        }),
-        match asked.is_empty() {
-            true => String::new(),
-            false => format!("; asked for {}", asked.join(", ")),
-        }
-    );
-    let facts = json!({
-        "model": u.map(|u| &u.model), "scripted": scripted, "bot": r.bot,
-        "prompt_tokens": u.map(|u| u.prompt_tokens), "cached_tokens": u.and_then(|u| u.cached_tokens),
-        "completion_tokens": u.map(|u| u.completion_tokens), "cost_usd": u.and_then(|u| u.cost_usd),
-        "ms": r.ms, "finish": r.finish, "tools_offered": r.offered, "tool_calls": asked,
-    });
-    (says, facts)
-}
-
-/// A companion message in words and fields (never its text).
-fn reply(r: &Reply, names: &HashMap<String, String>) -> (String, Value) {
-    let hooks = match &r.hooked {
-        None => "outgoing hook: unknown".to_owned(),
-        Some(h) => format!(
-            "clipped {}, {}, disclosure {}",
-            yes_no(h.clipped),
-            h.replaced
-                .as_deref()
-                .map_or("output check passed".into(), |w| format!(
-                    "REPLACED by the output check ({w})"
-                )),
-            if r.marks.ai_disclosure {
-                "added"
-            } else {
-                "not due"
-            }
-        ),
-    };
-    let hits = |v: &[(String, Option<f32>)]| {
-        v.iter()
-            .map(|(id, s)| s.map_or(id.clone(), |s| format!("{id} ({s:.2})")))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let recalled = match &r.recalled {
-        // Kept since the hook's changes are: not composed by the model with them.
-        None if r.hooked.is_some() => "nothing recalled".to_owned(),
-        None => "recalled: unknown".to_owned(),
-        Some(k) => format!(
-            "knowledge [{}], memory [{}]",
-            hits(&k.knowledge),
-            hits(&k.memory)
-        ),
-    };
-    let says = format!(
-        "message {}{} fixed: {} chars{}; {hooks}; {recalled}",
-        r.id,
-        r.bot
-            .as_deref()
-            .map_or(String::new(), |b| format!(" by {}", name(names, Some(b)))),
-        r.content.chars().count(),
-        if r.last {
-            ", a fixed line (nobody speaks after it)"
-        } else {
-            ""
-        },
-    );
-    let facts = json!({
-        "reply": r.id, "bot": r.bot, "chars": r.content.chars().count(), "fixed_line": r.last,
-        "clipped": r.hooked.as_ref().map(|h| h.clipped),
-        "replaced": r.hooked.as_ref().map(|h| h.replaced.clone()),
-        "disclosure": r.hooked.as_ref().map(|_| r.marks.ai_disclosure),
-        "referral": r.marks.safety, "recalled": r.recalled,
-    });
-    (says, facts)
 }
 
 /// The story as text.
@@ -787,4 +518,113 @@ fn render(e: &Explained, names: &HashMap<String, String>) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The step names journals hold (`job_steps.name`), as the build before typed steps (929b91f) wrote
+    /// them: a kind renamed would leave old records unread.
+    const WRITTEN: [&str; 41] = [
+        "after_flag",
+        "alert",
+        "burst",
+        "busy",
+        "cap",
+        "catch_up",
+        "crisis",
+        "erase",
+        "erase_streams",
+        "fixed_line",
+        "flood",
+        "flow",
+        "flow_change",
+        "forget",
+        "gate",
+        "history",
+        "llm",
+        "memory_batch",
+        "memory_facts",
+        "memory_summary",
+        "memory_trigger",
+        "model_failed",
+        "moderator_history",
+        "publish",
+        "quota",
+        "rebuild",
+        "referral",
+        "referral_message",
+        "remember",
+        "remember_quota",
+        "reply",
+        "route",
+        "screen",
+        "store_reply",
+        "takeover",
+        "text_shown",
+        "tool",
+        "touch",
+        "turn",
+        "under_13",
+        "withdraw",
+    ];
+
+    #[test]
+    fn every_step_kind_keeps_the_name_old_journals_hold() {
+        let mut names: Vec<&str> = steps().map(|k| k.name()).collect();
+        names.sort_unstable();
+        assert_eq!(names, WRITTEN, "one kind per name, every name kept");
+        let mut packed: Vec<&str> = steps().filter(|k| k.packable()).map(|k| k.name()).collect();
+        packed.sort_unstable();
+        assert_eq!(
+            packed,
+            [
+                "after_flag",
+                "flood",
+                "history",
+                "memory_trigger",
+                "publish",
+                "store_reply",
+                "touch"
+            ],
+            "the records packed as before"
+        );
+        assert!(!WRITTEN.contains(&crate::journal::names::PACKED));
+    }
+
+    /// One record of a journal the build before wrote.
+    #[derive(serde::Deserialize)]
+    struct Written {
+        name: String,
+        key: String,
+        tally: Option<String>,
+        output: Value,
+    }
+
+    /// Records the build before typed steps (929b91f) wrote, taken from its integration tests' journals
+    /// (`job_records`, up to four of each shape per step; every step but `under_13`, which no test's
+    /// journal held): each reads back as its kind's record, as a replay reads it, and is told from it.
+    #[test]
+    fn a_journal_the_build_before_wrote_reads_back_and_is_told() {
+        let rows: Vec<Written> =
+            serde_json::from_str(include_str!("../tests/fixtures/journal-929b91f.json")).unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        let names = HashMap::new();
+        for r in &rows {
+            let kind = steps().find(|k| k.name() == r.name).expect(&r.name);
+            assert!(kind.reads(&r.output), "{} {} {}", r.name, r.key, r.output);
+            let row = StepRow {
+                name: r.name.clone(),
+                key: r.key.clone(),
+                tally: r.tally.clone(),
+                output: r.output.clone(),
+                at: Utc::now(),
+            };
+            let (says, _) = describe(&row, "job", &names);
+            assert!(!says.contains("does not read back"), "{says}");
+            seen.insert(r.name.as_str());
+        }
+        assert_eq!(seen.len(), WRITTEN.len() - 1, "{seen:?}");
+    }
 }

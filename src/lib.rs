@@ -53,6 +53,6 @@ use companion_knowledge::{character, rag};
 use companion_llm as llm;
 use companion_safety as safety;
 use companion_store::{bus, conversation_order, store};
-use companion_tools::{flood, flow, memory, spend, tools};
+use companion_tools::{calls, flood, flow, memory, spend, tools};
 pub use startup::run_worker;
 pub use telemetry::{Telemetry, init as init_telemetry, run_main};

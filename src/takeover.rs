@@ -27,10 +27,7 @@ use crate::{
         Bus, BusError, Inbound,
         event::{InvalidEvent, clean_text, parse_event, parse_object_id},
     },
-    journal::{
-        Attempt, Finish, Job, Journal, NewJob, State,
-        names::{key, step},
-    },
+    journal::{Attempt, Finish, Job, Journal, NewJob, State, StepKind, names::key},
     pipeline::{Input, Pipeline, PipelineError, prompt},
     proactive::ProactiveError,
     store::{Mongo, Pg, pg::NewHistory, safety::Takeover},
@@ -163,6 +160,18 @@ struct StateChange {
     paused_at: Option<DateTime<Utc>>,
 }
 
+/// A moderator's pause or resume of a conversation: whether it changed the takeover state, which is
+/// written in its transaction. Keyed once.
+const TAKEOVER: StepKind<StateChange> = StepKind::new("takeover");
+/// On resume: what moderators wrote during the pause, added to the companion's history (how many lines).
+/// Keyed once; lazy.
+const MODERATOR_HISTORY: StepKind<usize> = StepKind::new("moderator_history");
+/// On resume: the latest held job, opened again to be answered (or none). Keyed once.
+const CATCH_UP: StepKind<CatchUp> = StepKind::new("catch_up");
+
+/// The steps this module records, for `companion explain` (told by their names).
+pub(crate) const STEPS: [&dyn crate::journal::Tell; 3] = [&TAKEOVER, &MODERATOR_HISTORY, &CATCH_UP];
+
 /// The `catch_up` step's record: the held job opened again, if there was one.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct CatchUp {
@@ -276,7 +285,7 @@ impl Takeovers {
     async fn conduct_takeover(&self, job: &Job, s: &Signal) -> Result<(), PipelineError> {
         let t = s.takeover.clone();
         let applied = job
-            .step(step::TAKEOVER, key::ONCE)
+            .step(&TAKEOVER, key::ONCE)
             .run_in_tx(|mut tx| async move {
                 let now = Pg::apply_takeover(&mut tx, &t).await;
                 let applied = now.map(|now| StateChange {
@@ -357,7 +366,7 @@ impl Takeovers {
             );
             Ok::<_, PipelineError>(rows.len())
         };
-        job.step(step::MODERATOR_HISTORY, key::ONCE)
+        job.step(&MODERATOR_HISTORY, key::ONCE)
             .lazy()
             .run(add)
             .await
@@ -373,7 +382,7 @@ impl Takeovers {
     ) -> Result<(), PipelineError> {
         let conversation = &s.takeover.conversation_id;
         let caught = job
-            .step(step::CATCH_UP, key::ONCE)
+            .step(&CATCH_UP, key::ONCE)
             .run(async {
                 let held = self
                     .journal

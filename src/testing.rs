@@ -18,6 +18,10 @@ pub mod pipeline {
         };
     }
 }
+/// Step kinds the tests read or write as the pipeline does.
+pub mod steps {
+    pub use crate::pipeline::{FLOOD, REPLY, burst::BURST, deliver::PUBLISH};
+}
 pub mod takeover {
     pub use crate::takeover::{Action, job_id};
 }

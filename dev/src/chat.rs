@@ -513,11 +513,12 @@ impl Watch<'_> {
     /// How many messages `job` published in its reply generation: its `publish` steps (a crisis
     /// referral's, and each slot's of the generation).
     async fn published(&self, job: &JobRecord) -> Result<usize, companion_journal::JournalError> {
-        use companion_journal::names::{key, step};
+        use companion::testing::steps::PUBLISH;
+        use companion_journal::names::key;
         let keys: Vec<String> =
             sqlx::query_scalar("SELECT key FROM job_records WHERE job = $1 AND name = $2")
                 .bind(job.id())
-                .bind(step::PUBLISH)
+                .bind(PUBLISH.name)
                 .fetch_all(self.pool)
                 .await?;
         let referral = key::crisis("");

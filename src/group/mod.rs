@@ -7,12 +7,14 @@ pub(crate) mod route;
 
 use bson::oid::ObjectId;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use tracing::info;
 
 pub(crate) use route::{Bounds, Member, why};
 
 use crate::{
     bus::GroupEvent,
+    journal::{StepKind, Telling, Told},
     metrics::Metric,
     rag::Retriever,
     store::pg::GroupLine,
@@ -47,7 +49,22 @@ pub(crate) const SILENCES: Metric = Metric::new(
 /// unprompted).
 pub(crate) const COMPANION_SENDER: &str = "companion_sender";
 
-/// The `route` step: who answers the message, in order, and why.
+/// Who answers a group message, and why. Keyed once.
+pub(crate) const ROUTE: StepKind<Route> = StepKind::new("route").told(tell_route);
+
+fn tell_route(t: &Told<'_>, r: &Route) -> Telling {
+    let who: Vec<String> = r.speakers.iter().map(|b| t.name(b)).collect();
+    let who = match who.is_empty() {
+        true => "nobody".into(),
+        false => who.join(", "),
+    };
+    (
+        format!("route: {who} (why: {})", r.why),
+        json!({ "speakers": r.speakers, "why": r.why }),
+    )
+}
+
+/// The `route` step's record: who answers the message, in order, and why.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Route {
     /// Bot user ids (hex) of the companions that answer first.

@@ -25,10 +25,7 @@ use crate::{
         event::{EventLimits, parse_inbound},
     },
     flow::{self, Flows, state::Applied},
-    journal::{
-        Job, NewJob,
-        names::{key, step},
-    },
+    journal::{Job, NewJob, StepKind, Telling, Told, names::key},
     proactive::FollowUp,
     store::Pg,
     timing::{Stage, stage},
@@ -46,7 +43,23 @@ pub(crate) struct Covered {
     pub(crate) sent_at: DateTime<Utc>,
 }
 
-/// The `burst` step: the later messages this turn's reply answers too, in stream order.
+/// The later messages of a burst that one reply answers ([`Burst`]). Keyed once.
+pub const BURST: StepKind<Burst> = StepKind::new("burst").told(tell_burst);
+
+fn tell_burst(_: &Told<'_>, b: &Burst) -> Telling {
+    let ids: Vec<&str> = b.covers.iter().map(|c| c.message_id.as_str()).collect();
+    let says = match ids.is_empty() {
+        true => "burst: no later message joined".into(),
+        false => format!(
+            "burst: answers {} later message(s) too: {}",
+            ids.len(),
+            ids.join(", ")
+        ),
+    };
+    (says, serde_json::json!({ "covers": ids }))
+}
+
+/// The `burst` step's record: the later messages this turn's reply answers too, in stream order.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Burst {
     pub(crate) covers: Vec<Covered>,
@@ -180,7 +193,7 @@ impl TakeIn {
             })
             .collect();
         let burst = job
-            .covering(step::BURST, key::ONCE, &jobs, |n| Burst {
+            .covering(&BURST, key::ONCE, &jobs, |n| Burst {
                 covers: candidates[..n].iter().map(|(_, c)| c.clone()).collect(),
             })
             .await?;

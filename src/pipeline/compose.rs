@@ -32,8 +32,8 @@ use crate::{
     flow::{self, Flows, TurnFlow},
     group::{self, Member},
     journal::{
-        Job,
-        names::{key, key::Slot, step},
+        Job, StepKind,
+        names::{key, key::Slot},
     },
     llm::{CallBudget, ChatRequest, LlmClient, LlmError, Message},
     memory::{Memory, recall::Recall},
@@ -251,11 +251,37 @@ pub(crate) struct ModelAnswer {
     pub(crate) concern: Option<Category>,
 }
 
+/// The user's guided flow as a turn sees it. Keyed once; lazy.
+pub(crate) const FLOW: StepKind<TurnFlow> =
+    StepKind::new("flow").says(|_| ("the user's guided flow read".into(), serde_json::json!({})));
+/// A note: why a fixed line (the failure line, the crisis line, the busy or budget line) stands in for the
+/// model's answer, keyed `<reply key>@<attempt>.<n>`.
+pub(crate) const FIXED_LINE: StepKind<FixedLine> = StepKind::new("fixed_line").told(|_, f| {
+    (
+        format!(
+            "fixed line: the {} line instead of the model's answer, because {}",
+            f.line, f.why
+        ),
+        serde_json::json!({ "line": f.line, "why": f.why }),
+    )
+});
+
+/// The record of a [`FIXED_LINE`] note.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct FixedLine {
+    /// Which line: crisis, busy, budget, under_13, failure.
+    line: String,
+    why: String,
+}
+
 /// Notes in the journal why a fixed line (`which`: crisis, busy, budget, under_13, failure) stands in for the
-/// model's answer of the reply keyed `key` ([`step::FIXED_LINE`]); a note that cannot be written is logged.
+/// model's answer of the reply keyed `key` ([`FIXED_LINE`]); a note that cannot be written is logged.
 pub(super) async fn note_fixed_line(job: &Job, key: &str, which: &str, why: String) {
-    let detail = serde_json::json!({ "line": which, "why": why });
-    if let Err(e) = job.note(step::FIXED_LINE, key, detail).await {
+    let detail = FixedLine {
+        line: which.to_owned(),
+        why,
+    };
+    if let Err(e) = job.note(&FIXED_LINE, key, &detail).await {
         warn!(error = %e, "why a fixed line was said not noted in the journal");
     }
 }
@@ -791,7 +817,7 @@ impl Composer {
         let budget = CallBudget::new(
             self.talk
                 .max_calls
-                .saturating_sub(job.recorded_count_under(step::LLM, &slot) as u32),
+                .saturating_sub(job.recorded_count_under(&crate::calls::LLM, &slot) as u32),
             self.talk.spend.limits.per_turn_prompt_tokens,
         );
         let cx = tool_loop::LoopContext {
@@ -877,7 +903,7 @@ impl Composer {
         let idle_since =
             Utc::now() - chrono::Duration::days(i64::from(self.settings.flow_idle_days.max(1)));
         // Lazy: reading it again is harmless, and its record rides with the turn's first model answer.
-        job.step(step::FLOW, key::ONCE)
+        job.step(&FLOW, key::ONCE)
             .lazy()
             .run(async {
                 let flow = match ridden {

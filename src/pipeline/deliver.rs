@@ -21,11 +21,8 @@ use super::{
 use crate::{
     bus::{Bus, Completion, Trigger},
     journal::{
-        Job, Ride,
-        names::{
-            key::{self, Slot},
-            step,
-        },
+        Job, Ride, StepKind,
+        names::key::{self, Slot},
     },
     metrics::Metric,
     store::{
@@ -36,6 +33,37 @@ use crate::{
     },
     timing::{Stage, stage},
 };
+
+/// Delivering a message, step by step, each keyed by the message's reply key (a crisis referral's by
+/// [`key::crisis`]): the dm_messages document (whether this attempt inserted it)…
+pub(crate) const STORE_REPLY: StepKind<bool> = StepKind::new("store_reply")
+    .packed()
+    .says(|_| told("delivered: the message stored in dm_messages"));
+/// …the history rows (keyed [`key::USER`]: the user's message kept in history without an answer of its
+/// own)…
+pub(crate) const HISTORY: StepKind<()> = StepKind::new("history").packed().says(|t| {
+    told(match t.key == key::USER {
+        true => "kept in history without an answer of its own",
+        false => "delivered: history written",
+    })
+});
+/// …the conversation's last message…
+pub(crate) const TOUCH: StepKind<()> = StepKind::new("touch")
+    .packed()
+    .says(|_| told("delivered: the conversation's last message updated"));
+/// …and the completion event (its stream sequence; none when recorded before it was kept).
+pub const PUBLISH: StepKind<Option<u64>> = StepKind::new("publish")
+    .packed()
+    .says(|_| told("delivered: completion published"));
+/// A message withdrawn after it went out: a deletion committed between the turn's last check and the
+/// completion ([`Delivery::check_sent`]); whether the document and the completion were removed.
+pub(crate) const WITHDRAW: StepKind<(bool, bool)> =
+    StepKind::new("withdraw").says(|_| told("WITHDRAWN after it went out (deleted meanwhile)"));
+
+/// A delivery step told: what it did, no fields.
+fn told(says: &str) -> crate::journal::Telling {
+    (says.to_owned(), serde_json::json!({}))
+}
 
 /// The writer of stage 8: what a message is written to and announced on.
 #[derive(Clone)]
@@ -278,7 +306,7 @@ impl Delivery {
     ) -> Result<(), PipelineError> {
         let answered = a.answered(burst);
         let rows = user_rows(a, &answered, Utc::now());
-        job.step(step::HISTORY, crate::journal::names::key::USER)
+        job.step(&HISTORY, key::USER)
             .lazy()
             .run(async {
                 self.pg.append_history(&rows).await?;
@@ -302,7 +330,7 @@ impl Delivery {
         let slots = std::iter::once(Slot::Only).chain((0..a.members.len()).map(Slot::Nth));
         let mut undelivered = Vec::new();
         for slot in slots {
-            let Some(reply) = job.recorded::<Reply>(step::REPLY, &slot.reply(generation)) else {
+            let Some(reply) = job.recorded(&super::REPLY, &slot.reply(generation)) else {
                 continue;
             };
             let Ok(id) = ObjectId::parse_str(&reply.id) else {
@@ -331,7 +359,7 @@ impl Delivery {
             .map_err(|_| PipelineError::BadReplyId(reply.id.clone()))?;
         let parties = Parties::of(out);
         let writes = async {
-            job.step(step::STORE_REPLY, generation)
+            job.step(&STORE_REPLY, generation)
                 .lazy()
                 .run(async {
                     let inserted = self
@@ -348,7 +376,7 @@ impl Delivery {
                 // Only its user sees it: not in the shared history, not the conversation's preview.
                 return Ok(());
             }
-            job.step(step::HISTORY, generation)
+            job.step(&HISTORY, generation)
                 .lazy()
                 .run(async {
                     if !out.written {
@@ -359,7 +387,7 @@ impl Delivery {
                     Ok::<_, PipelineError>(())
                 })
                 .await?;
-            job.step(step::TOUCH, generation)
+            job.step(&TOUCH, generation)
                 .lazy()
                 .run(async {
                     self.mongo
@@ -375,7 +403,7 @@ impl Delivery {
         // `None` when recorded before the sequence was kept.
         let seq: Option<u64> = stage(
             Stage::Publish,
-            job.step(step::PUBLISH, generation)
+            job.step(&PUBLISH, generation)
                 .lazy_unless(out.more)
                 .run(async {
                     // A job run before may have had its publish stored without the ack coming back.
@@ -435,7 +463,7 @@ impl Delivery {
     /// was deleted, or its user erased, after the turn's last check before it went out.
     pub(crate) async fn withdraw(&self, job: &Job, sent: &Sent) -> Result<(), PipelineError> {
         let (document, completion) = job
-            .step(step::WITHDRAW, sent.key.as_str())
+            .step(&WITHDRAW, sent.key.as_str())
             .counts(&WITHDRAWN, &[])
             .run(async {
                 let document = self.mongo.withdraw_reply(sent.reply_id, sent.bot).await?;

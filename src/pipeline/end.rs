@@ -17,12 +17,19 @@ use super::{
 use crate::{
     bus::Bus,
     group,
-    journal::{Answered, Finish, Finished, Job, State, names::step},
+    journal::{Answered, Finish, Finished, Job, State, StepKind},
     memory::Memory,
     metrics::Metrics,
     proactive,
     timing::{Stage, stage},
 };
+
+/// After a DM's reply: memory's extraction signal (when enough messages wait) and its quiet-period
+/// schedule, published. Keyed by the reply generation; lazy (recorded when the job settles, so a crash
+/// before that publishes them again, which the stream's duplicate window absorbs).
+pub(crate) const MEMORY_TRIGGER: StepKind<()> = StepKind::new("memory_trigger")
+    .packed()
+    .says(|_| ("memory told of the turn".into(), serde_json::json!({})));
 
 /// Stage 9, with what an ending tells.
 pub(crate) struct Endings {
@@ -79,7 +86,7 @@ impl Endings {
         {
             // Before the job settles, as a step: a crash after the reply publishes it on the retry.
             let waiting = a.memory().waiting + 1 + end.burst.covers.len() as i64;
-            job.step(step::MEMORY_TRIGGER, job.record.generation.to_string())
+            job.step(&MEMORY_TRIGGER, job.record.generation.to_string())
                 .lazy()
                 .run(async {
                     let (user, bot) = (&a.ids.user, &a.ids.bot);

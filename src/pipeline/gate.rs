@@ -6,11 +6,12 @@
 
 use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
+use serde_json::json;
 use tracing::info;
 
 use super::{
-    Fixed, FloodDecision, HELD, PipelineError, Reply, UNDER_13,
-    incoming::Flagged,
+    FLOOD, Fixed, FloodDecision, HELD, PipelineError, Reply, UNDER_13,
+    incoming::{CRISIS, Flagged},
     input::{self, Admitted, Kind},
 };
 use crate::{
@@ -18,11 +19,8 @@ use crate::{
     flood::FloodLimit,
     group::{self, Bounds, Member, Route},
     journal::{
-        Job, Journal,
-        names::{
-            key::{self, Slot},
-            step,
-        },
+        Counted, Job, Journal, StepKind,
+        names::key::{self, Slot},
     },
     proactive,
     rag::Retriever,
@@ -31,6 +29,37 @@ use crate::{
     timing::{Stage, stage},
 };
 use std::sync::Arc;
+
+/// Whether the reply model flagged the user's message just before this one (within the referral window):
+/// then this turn, too, is answered with the safety brief. Keyed once; lazy.
+pub(crate) const AFTER_FLAG: StepKind<bool> =
+    StepKind::new("after_flag").packed().told(|_, flagged| {
+        let says = match flagged {
+            true => "the model flagged the message before: answered with the safety brief",
+            false => "no model flag on the message before",
+        };
+        (says.into(), json!({ "after_flag": flagged }))
+    });
+/// A follow-up's checks before anything is sent: stale news, a blocked or departed companion, the daily
+/// cap. Why it was dropped, or nothing.
+pub(crate) const GATE: StepKind<Option<String>> =
+    StepKind::new("gate").told(|_, dropped| match dropped {
+        Some(reason) => (
+            format!("gate: dropped ({reason})"),
+            json!({ "dropped": reason }),
+        ),
+        None => ("gate: passed".into(), json!({ "dropped": null })),
+    });
+/// The one line a user under 13 gets a day (tally [`crate::journal::names::tally::under_13`]).
+pub(crate) const UNDER_13_LINE: StepKind<Counted> = StepKind::new("under_13").says(|_| {
+    (
+        "a user under 13: today's one line counted".into(),
+        json!({}),
+    )
+});
+/// A follow-up counted against the user's daily cap (tally [`crate::journal::names::tally::proactive`]).
+pub(crate) const CAP: StepKind<Counted> = StepKind::new("cap")
+    .says(|t| crate::flood::counted(t, "gate: counted against the daily follow-up cap"));
 
 /// What the gate lets through, and what it stops.
 pub(crate) enum Passage<'a> {
@@ -186,7 +215,7 @@ impl Gate {
     /// within the referral window). Its turn had the referral and the model's own reply, written
     /// before the brief could shape it; the next turn is answered with the safety brief.
     async fn after_model_flag(&self, job: &Job) -> Result<bool, PipelineError> {
-        job.step(step::AFTER_FLAG, key::ONCE)
+        job.step(&AFTER_FLAG, key::ONCE)
             .lazy()
             .run(async {
                 let before = match job.carried().previous() {
@@ -209,7 +238,7 @@ impl Gate {
     pub(crate) fn flag_read(&self) -> (&'static str, DateTime<Utc>) {
         let window =
             chrono::Duration::seconds(self.safety.config.crisis_referral_window_secs.max(1) as i64);
-        (step::CRISIS, Utc::now() - window)
+        (CRISIS.name, Utc::now() - window)
     }
 
     /// The checks, each decision a step of the job, and who speaks.
@@ -241,7 +270,7 @@ impl Gate {
             Kind::FollowUp { follow_up, access } => {
                 // The `gate` step: why the follow-up is dropped, or nothing (it is sent).
                 let dropped = job
-                    .step(step::GATE, key::ONCE)
+                    .step(&GATE, key::ONCE)
                     .lazy()
                     .run(self.follow_up_gate(job, a, follow_up, *access, paused))
                     .await?;
@@ -283,7 +312,7 @@ impl Gate {
             .group_history(&a.ids.conversation, self.history_limit)
             .await?;
         let route = job
-            .step(step::ROUTE, key::ONCE)
+            .step(&group::ROUTE, key::ONCE)
             .run(async {
                 let members = &a.members;
                 let margin = self.group.fit_margin;
@@ -335,7 +364,7 @@ impl Gate {
         let day = std::time::Duration::from_secs(24 * 3600);
         let tally = crate::journal::names::tally::under_13(&a.ids.user);
         let counted = job
-            .counted(step::UNDER_13, key::ONCE, &tally, 1, day, Utc::now())
+            .counted(&UNDER_13_LINE, key::ONCE, &tally, 1, day, Utc::now())
             .await?;
         Ok(match counted {
             crate::journal::Admission::Exceeded { .. } => Passage::Drop {
@@ -355,7 +384,7 @@ impl Gate {
     ) -> Result<Passage<'t>, PipelineError> {
         let busy_by = plan.speakers[0].bot.to_hex();
         let flood = job
-            .step(step::FLOOD, key::ONCE)
+            .step(&FLOOD, key::ONCE)
             .lazy()
             .run(self.decide_flood(job, &a.ids.user, &busy_by))
             .await?;
@@ -427,7 +456,7 @@ impl Gate {
         let cap = self.follow_ups.daily_cap;
         let counted = job
             .counted(
-                step::CAP,
+                &CAP,
                 key::ONCE,
                 &crate::journal::names::tally::proactive(&a.ids.user),
                 cap,

@@ -20,10 +20,7 @@ use super::{
 use crate::{
     bus::Bus,
     genai,
-    journal::{
-        Admission, Job,
-        names::{step, tally},
-    },
+    journal::{Admission, Counted, Job, StepKind, Telling, Told, names::tally},
     llm::moderation::Moderator,
     metrics::{Metric, Metrics},
     rag::Retriever,
@@ -56,8 +53,64 @@ pub(crate) const MODERATION: Metric = Metric::new(
     "Questions to the moderation endpoint, by outcome (`flagged`, `clear`, `timeout`, `error`)",
 );
 
-/// The `crisis` step: what the screen found in a user message, and whether a referral is owed (at most
-/// one per conversation per window).
+/// A user message the crisis screen flagged: its category and language, and whether a referral is owed;
+/// the yearly report's row is written in its transaction. Keyed by the message.
+pub(crate) const CRISIS: StepKind<Flagged> = StepKind::new("crisis").told(tell_flagged);
+/// The crisis decision on a user message: which layer flagged it (or none did), and what the moderation
+/// endpoint answered. Keyed by the message; lazy.
+pub(crate) const SCREEN: StepKind<Screened> = StepKind::new("screen").told(tell_screened);
+/// The crisis referral counted against the conversation's window (tally [`tally::crisis`]).
+pub(crate) const REFERRAL: StepKind<Counted> = StepKind::new("referral").says(|_| {
+    (
+        "referral counted against the conversation's window".into(),
+        json!({}),
+    )
+});
+/// The moderators' crisis alert, published. Keyed by the message.
+pub(crate) const ALERT: StepKind<()> = StepKind::new("alert").says(|_| {
+    (
+        "moderators alerted (ids, category, layer; never the text)".into(),
+        json!({}),
+    )
+});
+
+fn tell_flagged(t: &Told<'_>, f: &Flagged) -> Telling {
+    let referral = match f.referred {
+        true => "owed",
+        false => "already sent this window",
+    };
+    (
+        format!(
+            "crisis protocol for {}: {} ({}), layer {}, referral {referral}",
+            t.key,
+            f.category.as_str(),
+            f.lang,
+            f.layer.as_str(),
+        ),
+        json!({ "message": t.key, "category": f.category.as_str(), "lang": f.lang,
+                "layer": f.layer.as_str(), "referred": f.referred }),
+    )
+}
+
+fn tell_screened(t: &Told<'_>, s: &Screened) -> Telling {
+    let says = match &s.decision {
+        None => format!("crisis screen of {}: nothing found", t.key),
+        Some(d) => format!(
+            "crisis screen of {}: FLAGGED {} by layer {}",
+            t.key,
+            d.category.as_str(),
+            d.layer.as_str()
+        ),
+    };
+    let moderation_says = s.moderation.as_deref().unwrap_or("not configured");
+    (
+        format!("{says} (moderation endpoint: {moderation_says})"),
+        json!({ "message": t.key, "decision": s.decision, "moderation": s.moderation }),
+    )
+}
+
+/// The `crisis` step's record: what the screen found in a user message, and whether a referral is owed
+/// (at most one per conversation per window).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Flagged {
     pub(crate) category: Category,
@@ -114,7 +167,7 @@ impl Incoming {
         // answer differently twice); its record rides with the job's next one, and counts the message
         // once it is committed.
         let screened = job
-            .step(step::SCREEN, m.id.to_hex())
+            .step(&SCREEN, m.id.to_hex())
             .lazy()
             .counts(&INCOMING, &[("kind", m.kind)])
             .run(async {
@@ -191,7 +244,7 @@ impl Incoming {
             std::time::Duration::from_secs(self.safety.config.crisis_referral_window_secs.max(1));
         let conversation = tally::crisis(&a.ids.conversation);
         let counted = job
-            .counted(step::REFERRAL, &key, &conversation, 1, window, Utc::now())
+            .counted(&REFERRAL, &key, &conversation, 1, window, Utc::now())
             .await?;
         let owed = !matches!(counted, Admission::Exceeded { .. });
         let kind = m.kind;
@@ -203,7 +256,7 @@ impl Incoming {
         };
         // Counted when the record (and the yearly row with it) commits, once per message.
         let flagged = job
-            .step(step::CRISIS, &key)
+            .step(&CRISIS, &key)
             .counts(&CRISIS_FLAGS, &labels(&f))
             .run_in_tx(|mut tx| async move {
                 let at = Utc::now();
@@ -269,7 +322,7 @@ impl Incoming {
         f: &Flagged,
     ) -> Result<(), PipelineError> {
         let key = m.id.to_hex();
-        job.step(step::ALERT, &key)
+        job.step(&ALERT, &key)
             .lazy()
             .run(async {
                 let paused = self.pg.paused(&a.ids.conversation).await?;

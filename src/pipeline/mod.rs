@@ -37,7 +37,7 @@ pub(crate) mod tool_loop;
 use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tracing::{Instrument as _, info};
 
 pub use burst::Burst;
@@ -48,10 +48,9 @@ use crate::{
     conversation_order::{Order, OrderError},
     failure::{Class, Classify},
     genai,
-    group::Route,
     journal::{
-        Attempt, Job, Journal, JournalError, Opened, State,
-        names::{key, step},
+        Attempt, Job, Journal, JournalError, Opened, State, StepKind, Telling, Told,
+        names::{self, key},
     },
     llm::LlmError,
     proactive::ProactiveError,
@@ -192,12 +191,128 @@ impl Classify for PipelineError {
     }
 }
 
-/// The `flood` step: who answers this message when the user is over the limit.
+/// The journal steps the pipeline records, each told as `companion explain` tells it.
+pub(crate) const STEPS: &[&dyn crate::journal::Tell] = &[
+    &incoming::SCREEN,
+    &incoming::CRISIS,
+    &incoming::REFERRAL,
+    &REFERRAL_MESSAGE,
+    &incoming::ALERT,
+    &gate::AFTER_FLAG,
+    &gate::GATE,
+    &gate::UNDER_13_LINE,
+    &gate::CAP,
+    &FLOOD,
+    &burst::BURST,
+    &compose::FLOW,
+    &compose::FIXED_LINE,
+    &REPLY,
+    &deliver::STORE_REPLY,
+    &deliver::HISTORY,
+    &deliver::TOUCH,
+    &deliver::PUBLISH,
+    &deliver::WITHDRAW,
+    &end::MEMORY_TRIGGER,
+];
+
+/// Over the flood limit or not, and who says the busy line ([`crate::flood`]). Keyed once; lazy.
+pub const FLOOD: StepKind<FloodDecision> = StepKind::new("flood").packed().told(tell_flood);
+
+fn tell_flood(t: &Told<'_>, f: &FloodDecision) -> Telling {
+    match &f.by {
+        None => (
+            "gate: under the flood limit".into(),
+            json!({ "limited": false }),
+        ),
+        Some(by) if by == t.job => (
+            "gate: OVER the flood limit; this job says the busy line".into(),
+            json!({ "limited": true, "busy_line_by": by }),
+        ),
+        Some(by) => (
+            format!("gate: OVER the flood limit; job {by}'s busy line answers it"),
+            json!({ "limited": true, "busy_line_by": by }),
+        ),
+    }
+}
+
+/// The `flood` step's record: who answers this message when the user is over the limit.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FloodDecision {
     /// `None`: under the limit, the turn goes ahead. This turn's own id: it says the busy line. Another
     /// turn's id: that turn's busy line already answered this minute.
     pub by: Option<String>,
+}
+
+/// A companion message, fixed before it is delivered ([`Reply`]), keyed by its reply generation and slot
+/// ([`key::Slot::reply`]).
+pub const REPLY: StepKind<Reply> = StepKind::new(names::REPLY).told(tell_reply);
+/// The crisis referral's message, fixed before it is delivered (its delivery steps are keyed
+/// [`key::crisis`]). Keyed by the user's message.
+pub(crate) const REFERRAL_MESSAGE: StepKind<Reply> =
+    StepKind::new("referral_message").told(|_, r| {
+        (
+            format!("crisis referral {} fixed", r.id),
+            json!({ "reply": r.id }),
+        )
+    });
+
+/// A companion message in words and fields (never its text).
+fn tell_reply(t: &Told<'_>, r: &Reply) -> Telling {
+    let yes_no = |b: bool| if b { "yes" } else { "no" };
+    let hooks = match &r.hooked {
+        None => "outgoing hook: unknown".to_owned(),
+        Some(h) => format!(
+            "clipped {}, {}, disclosure {}",
+            yes_no(h.clipped),
+            h.replaced
+                .as_deref()
+                .map_or("output check passed".into(), |w| format!(
+                    "REPLACED by the output check ({w})"
+                )),
+            if r.marks.ai_disclosure {
+                "added"
+            } else {
+                "not due"
+            }
+        ),
+    };
+    let hits = |v: &[(String, Option<f32>)]| {
+        v.iter()
+            .map(|(id, s)| s.map_or(id.clone(), |s| format!("{id} ({s:.2})")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let recalled = match &r.recalled {
+        // Kept since the hook's changes are: not composed by the model with them.
+        None if r.hooked.is_some() => "nothing recalled".to_owned(),
+        None => "recalled: unknown".to_owned(),
+        Some(k) => format!(
+            "knowledge [{}], memory [{}]",
+            hits(&k.knowledge),
+            hits(&k.memory)
+        ),
+    };
+    let says = format!(
+        "message {}{} fixed: {} chars{}; {hooks}; {recalled}",
+        r.id,
+        r.bot
+            .as_deref()
+            .map_or(String::new(), |b| format!(" by {}", t.name(b))),
+        r.content.chars().count(),
+        if r.last {
+            ", a fixed line (nobody speaks after it)"
+        } else {
+            ""
+        },
+    );
+    let facts = json!({
+        "reply": r.id, "bot": r.bot, "chars": r.content.chars().count(), "fixed_line": r.last,
+        "clipped": r.hooked.as_ref().map(|h| h.clipped),
+        "replaced": r.hooked.as_ref().map(|h| h.replaced.clone()),
+        "disclosure": r.hooked.as_ref().map(|_| r.marks.ai_disclosure),
+        "referral": r.marks.safety, "recalled": r.recalled,
+    });
+    (says, facts)
 }
 
 /// A companion message, as its model or its character wrote it, and what the pipeline carries it as: the
@@ -469,7 +584,7 @@ impl Pipeline {
             let slot = view.slot;
             // The crisis line is owed whatever a moderator or a deletion did meanwhile: no check.
             let check = plan.fixed != Some(Fixed::Crisis);
-            let reply = job.step(step::REPLY, slot.reply(job.record.generation));
+            let reply = job.step(&REPLY, slot.reply(job.record.generation));
             // Boxed: the model's part of a turn is a large future, kept off the caller's stack.
             let body = Box::pin(async {
                 fresh += 1;
@@ -563,7 +678,9 @@ impl Pipeline {
         if !genai::capturing() || briefed || a.age.is_minor() {
             return Ok(false);
         }
-        let flagged = self.journal.ever_in(&a.ids.conversation, step::CRISIS);
+        let flagged = self
+            .journal
+            .ever_in(&a.ids.conversation, incoming::CRISIS.name);
         Ok(!flagged.await?)
     }
 
@@ -625,7 +742,7 @@ impl Pipeline {
         let mut referral = None;
         if flagged.referred {
             let reply = job
-                .step(step::REFERRAL_MESSAGE, m.id.to_hex())
+                .step(&REFERRAL_MESSAGE, m.id.to_hex())
                 .run(async {
                     let said = self.incoming.referral(a, m, &flagged);
                     let lang = Some(flagged.lang.as_str());
@@ -750,24 +867,22 @@ impl Pipeline {
         a: &Admitted<'_>,
         reason: &str,
     ) -> Result<Settled, PipelineError> {
-        let burst = job
-            .recorded::<Burst>(step::BURST, key::ONCE)
-            .unwrap_or_default();
+        let burst = job.recorded(&burst::BURST, key::ONCE).unwrap_or_default();
         let busy = job
-            .recorded::<FloodDecision>(step::FLOOD, key::ONCE)
+            .recorded(&FLOOD, key::ONCE)
             .is_some_and(|f| f.by.as_deref() == Some(job.id()));
-        let plan = Plan::after_failure(a, job.recorded::<Route>(step::ROUTE, key::ONCE), busy);
+        let plan = Plan::after_failure(a, job.recorded(&crate::group::ROUTE, key::ONCE), busy);
         let first = plan.speakers[0];
         let generation = job.record.generation;
         let failed = std::sync::atomic::AtomicBool::new(false);
         let first_line = job
-            .step(step::REPLY, plan.slot(0).reply(generation))
+            .step(&REPLY, plan.slot(0).reply(generation))
             .run(async {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 // A user in crisis is owed the character's crisis line, not a failure.
                 let crisis = a
                     .message()
-                    .and_then(|m| job.recorded::<Flagged>(step::CRISIS, &m.id.to_hex()));
+                    .and_then(|m| job.recorded(&incoming::CRISIS, &m.id.to_hex()));
                 let c = first.character;
                 let (line, which) = match crisis {
                     Some(_) => (c.crisis_line.clone(), "crisis"),
@@ -782,8 +897,7 @@ impl Pipeline {
             .await?;
         let mut said = vec![first_line];
         while plan.group.is_some()
-            && let Some(s) =
-                job.recorded::<Reply>(step::REPLY, &plan.slot(said.len()).reply(generation))
+            && let Some(s) = job.recorded(&REPLY, &plan.slot(said.len()).reply(generation))
         {
             said.push(s);
         }
@@ -824,8 +938,8 @@ impl Pipeline {
     /// answers.
     pub(crate) async fn reopen(&self, id: &str, fresh: bool) -> Result<(), JournalError> {
         let forget: &[&str] = match fresh {
-            true => &[step::FLOOD, step::LLM, step::ROUTE],
-            false => &[step::FLOOD],
+            true => &[FLOOD.name, crate::calls::LLM.name, crate::group::ROUTE.name],
+            false => &[FLOOD.name],
         };
         self.journal.reopen(id, forget).await
     }
@@ -868,7 +982,7 @@ async fn within<T, E: Into<PipelineError>>(
 fn already_settled(job: &Job) -> Settled {
     Settled {
         through_seq: job
-            .recorded::<Burst>(step::BURST, key::ONCE)
+            .recorded(&burst::BURST, key::ONCE)
             .and_then(|b| b.last_seq()),
         floored: None,
         outcome: Outcome::AlreadySettled {

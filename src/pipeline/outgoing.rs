@@ -20,12 +20,12 @@ use companion_knowledge::rag::Retriever;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::{PipelineError, Reply, incoming::Flagged, input::Admitted, input::Kind};
+use super::{PipelineError, Reply, incoming::CRISIS, input::Admitted, input::Kind};
 use crate::{
     bus::event::clean_text,
     genai,
     group::Member,
-    journal::{Journal, names::step},
+    journal::Journal,
     metrics::{Metric, Metrics},
     safety::{
         Safety,
@@ -229,11 +229,9 @@ impl Outgoing {
             chrono::Duration::seconds(self.safety.config.crisis_referral_window_secs.max(1) as i64);
         let latest = self
             .journal
-            .latest_in(&a.ids.conversation, step::CRISIS, Utc::now() - window)
+            .latest_in(&a.ids.conversation, &CRISIS, Utc::now() - window)
             .await?;
-        Ok(latest
-            .and_then(|v| serde_json::from_value::<Flagged>(v).ok())
-            .map(|f| f.lang))
+        Ok(latest.map(|f| f.lang))
     }
 
     /// Whether the speaker's message now must carry the disclosure: DMs per user and companion, a group

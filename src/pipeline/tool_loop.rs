@@ -25,8 +25,9 @@ use tracing::{Instrument as _, debug, info, warn};
 
 use super::PipelineError;
 use crate::{
+    calls::{LLM, MODEL_FAILED},
     genai,
-    journal::{JournalError, names::step},
+    journal::JournalError,
     llm::{CallBudget, ChatRequest, FailedCall, LlmClient, Message, ToolCall},
     metrics::{Metric, Metrics},
     safety::screen::Category,
@@ -121,7 +122,7 @@ pub async fn converse(
         // call are the step's body.
         let answered = stage(
             Stage::Steps,
-            job.step(step::LLM, format!("{}{n}", cx.slot))
+            job.step(&LLM, format!("{}{n}", cx.slot))
                 .tally(spend::tally(&user))
                 // An answer in text, or one calling only tools that read, rides with the reply's
                 // record (a crash before it asks again, and those tools read again); one that calls a
@@ -238,7 +239,7 @@ async fn run_calls(
         ctx.call.key = format!("{}{}", cx.slot, call_key(&call.id, name, args));
         async move {
             let key = ctx.call.key.clone();
-            job.step(step::TOOL, key)
+            job.step(&crate::tools::TOOL, key)
                 .lazy()
                 .run(async {
                     let span = genai::tool(name, &call.id);
@@ -323,8 +324,7 @@ async fn pay_and_ask(
     // Each failed request is a note of the job, whatever the call's outcome (a retry that answered,
     // a fallback model, or none at all).
     for f in failed {
-        let detail = serde_json::to_value(&f).unwrap_or_default();
-        if let Err(e) = cx.tools.job.note(step::MODEL_FAILED, call, detail).await {
+        if let Err(e) = cx.tools.job.note(&MODEL_FAILED, call, &f).await {
             warn!(error = %e, "a failed model request not noted in the journal");
         }
     }

@@ -9,11 +9,27 @@
 
 use bson::oid::ObjectId;
 use companion_dev::stub::{StubReply, always};
-use companion_journal::names::{key, step};
-use companion_journal::{Finish, JournalError, NewJob, State};
+use companion_journal::names::{PACKED, key};
+use companion_journal::{Finish, JournalError, NewJob, State, StepKind};
 use serde_json::{Value, json};
 
 use crate::env::*;
+
+/// Steps of the pipeline's names, their records read as JSON (the journal stores what a kind gives it)
+/// and packable as the pipeline's are.
+mod step {
+    use super::*;
+
+    pub(super) const BURST: StepKind<Vec<String>> = StepKind::new("burst");
+    pub(super) const LLM: StepKind<Value> = StepKind::new("llm");
+    pub(super) const FLOW: StepKind<Value> = StepKind::new("flow");
+    pub(super) const STORE_REPLY: StepKind<Value> = StepKind::new("store_reply").packed();
+    pub(super) const HISTORY: StepKind<Value> = StepKind::new("history").packed();
+    pub(super) const TOUCH: StepKind<Value> = StepKind::new("touch").packed();
+    pub(super) const PUBLISH: StepKind<Value> = StepKind::new("publish").packed();
+    pub(super) const AFTER_FLAG: StepKind<Value> = StepKind::new("after_flag").packed();
+    pub(super) const FLOOD: StepKind<Value> = StepKind::new("flood").packed();
+}
 
 /// A DM turn's job for the user, companion and conversation `who`.
 fn job<'a>(id: &'a str, seq: u64, who: &'a [String]) -> NewJob<'a> {
@@ -54,8 +70,8 @@ async fn two_attempts_covering_at_once_agree_and_cover_only_what_they_record() {
         );
         let names = |n: usize| -> Vec<String> { ids[..n].to_vec() };
         let (ra, rb) = tokio::join!(
-            a.covering("burst", "", &all[..1], names),
-            b.covering("burst", "", &all, names),
+            a.covering(&step::BURST, "", &all[..1], names),
+            b.covering(&step::BURST, "", &all, names),
         );
         let (ra, rb) = (ra.unwrap(), rb.unwrap());
         assert_eq!(ra, rb, "round {round}: both attempts go on with one burst");
@@ -74,7 +90,7 @@ async fn two_attempts_covering_at_once_agree_and_cover_only_what_they_record() {
     env.finish().await;
 }
 
-/// A statement's lazy receipts ([`step::PACKABLE`]) are one `packed` row, where a lazy step that is not
+/// A statement's lazy receipts (of packable kinds, [`StepKind::packed`]) are one `packed` row, where a lazy step that is not
 /// packable keeps its own; the job's next attempt finds each receipt recorded (so it does not redo it),
 /// `job_records` and `companion explain`'s story list each, and a reopen that forgets one takes it out
 /// of the pack. A packed row an erasure scrubbed reads as no record.
@@ -101,9 +117,10 @@ async fn lazy_receipts_are_written_as_one_row_and_read_back_one_by_one() {
         (step::FLOOD, key::ONCE),
     ];
     let first = journal.open(&new).await.unwrap();
-    for (name, key) in receipts {
+    for (kind, key) in receipts {
+        let name = kind.name;
         let out = first
-            .step(name, key)
+            .step(&kind, key)
             .lazy()
             .run(async { Ok::<_, JournalError>(json!(format!("{name} done"))) })
             .await
@@ -111,7 +128,7 @@ async fn lazy_receipts_are_written_as_one_row_and_read_back_one_by_one() {
         assert_eq!(out, json!(format!("{name} done")));
     }
     first
-        .step(step::FLOW, key::ONCE)
+        .step(&step::FLOW, key::ONCE)
         .lazy()
         .run(async { Ok::<_, JournalError>(json!({"flow": null})) })
         .await
@@ -125,19 +142,20 @@ async fn lazy_receipts_are_written_as_one_row_and_read_back_one_by_one() {
             .await
             .unwrap();
     let names: Vec<&str> = rows.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, [step::FLOW, step::PACKED], "{rows:?}");
+    assert_eq!(names, [step::FLOW.name, PACKED], "{rows:?}");
     assert_eq!(rows[1].1.as_array().map(Vec::len), Some(6), "{rows:?}");
 
     let again = journal.open(&new).await.unwrap();
-    for (name, key) in receipts {
+    for (kind, key) in receipts {
+        let name = kind.name;
         assert_eq!(
-            again.recorded::<Value>(name, key),
+            again.recorded(&kind, key),
             Some(json!(format!("{name} done"))),
             "{name}"
         );
     }
     assert_eq!(
-        again.recorded::<Value>(step::FLOW, key::ONCE),
+        again.recorded(&step::FLOW, key::ONCE),
         Some(json!({"flow": null}))
     );
     async fn listed(pool: &companion_store::store::Pool, job: &str) -> Vec<String> {
@@ -181,15 +199,11 @@ async fn lazy_receipts_are_written_as_one_row_and_read_back_one_by_one() {
     );
 
     // A replay's reopen forgets the flood decision, packed or not, and keeps the rest.
-    journal.reopen(&who[0], &[step::FLOOD]).await.unwrap();
+    journal.reopen(&who[0], &[step::FLOOD.name]).await.unwrap();
     let replayed = journal.open(&new).await.unwrap();
     assert_eq!(replayed.record.state, State::Running);
-    assert_eq!(replayed.recorded::<Value>(step::FLOOD, key::ONCE), None);
-    assert!(
-        replayed
-            .recorded::<Value>(step::AFTER_FLAG, key::ONCE)
-            .is_some()
-    );
+    assert_eq!(replayed.recorded(&step::FLOOD, key::ONCE), None);
+    assert!(replayed.recorded(&step::AFTER_FLAG, key::ONCE).is_some());
 
     // A user's erasure scrubs every record of their jobs, a pack too: `SCRUB` (memory/erase.rs) leaves
     // `{"erased": true}` of an output with no `usage`, written here as it would.
@@ -200,7 +214,7 @@ async fn lazy_receipts_are_written_as_one_row_and_read_back_one_by_one() {
         .unwrap();
     assert_eq!(listed(&env.pg.pool, &who[0]).await, ["flow:"]);
     let scrubbed = journal.open(&new).await.unwrap();
-    assert_eq!(scrubbed.recorded::<Value>(step::PUBLISH, "g0"), None);
+    assert_eq!(scrubbed.recorded(&step::PUBLISH, "g0"), None);
     env.finish().await;
 }
 
@@ -326,7 +340,7 @@ async fn owing_and_another(
         journal.open(head).await.unwrap(),
     );
     let none: Vec<String> = owing
-        .covering(step::BURST, key::ONCE, &[], |_| Vec::new())
+        .covering(&step::BURST, key::ONCE, &[], |_| Vec::new())
         .await
         .unwrap();
     assert!(none.is_empty());
@@ -358,7 +372,10 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
     };
     // Carried by the read: nothing written before it, the record after it.
     let a = journal.open(&job(&ids[0], 1, &who)).await.unwrap();
-    let out: Vec<String> = a.covering(step::BURST, key::ONCE, &[], none).await.unwrap();
+    let out: Vec<String> = a
+        .covering(&step::BURST, key::ONCE, &[], none)
+        .await
+        .unwrap();
     assert!(out.is_empty());
     assert!(steps(ids[0].clone()).await.is_empty(), "owed, not written");
     let (written, paid) = carried(&env, &who, &a).await;
@@ -366,14 +383,17 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
     paid.unwrap();
     assert_eq!(
         steps(ids[0].clone()).await,
-        [(step::BURST.to_owned(), json!([]))]
+        [(step::BURST.name.to_owned(), json!([]))]
     );
     assert!(a.owing().is_none(), "paid");
 
     // Written first by the attempt's next record when no read carried it.
     let b = journal.open(&job(&ids[1], 1, &who)).await.unwrap();
-    let _: Vec<String> = b.covering(step::BURST, key::ONCE, &[], none).await.unwrap();
-    b.step(step::LLM, "0")
+    let _: Vec<String> = b
+        .covering(&step::BURST, key::ONCE, &[], none)
+        .await
+        .unwrap();
+    b.step(&step::LLM, "0")
         .run(async { Ok::<_, JournalError>(json!("an answer")) })
         .await
         .unwrap();
@@ -382,7 +402,7 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
         .into_iter()
         .map(|r| r.0)
         .collect();
-    assert_eq!(names, [step::BURST, step::LLM]);
+    assert_eq!(names, [step::BURST.name, step::LLM.name]);
 
     // Another attempt covered a follower first: the owing attempt ends at its read, and at its next
     // record, with nothing of its own written.
@@ -391,14 +411,14 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
         let (owing, covering) = owing_and_another(&journal, &job(&ids[round], 1, &who)).await;
         let names = |n: usize| -> Vec<String> { ids[round + 1..round + 1 + n].to_vec() };
         let covered = covering
-            .covering(step::BURST, key::ONCE, &follower, names)
+            .covering(&step::BURST, key::ONCE, &follower, names)
             .await
             .unwrap();
         assert_eq!(covered, [ids[round + 1].clone()]);
         let err = match at_read {
             true => carried(&env, &who, &owing).await.1,
             false => owing
-                .step(step::LLM, "0")
+                .step(&step::LLM, "0")
                 .run(async { Ok::<_, JournalError>(json!("an answer")) })
                 .await
                 .map(|_: Value| ()),
@@ -408,7 +428,7 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
         assert_eq!(err.class(), Class::Transient);
         assert_eq!(
             steps(ids[round].clone()).await,
-            [(step::BURST.to_owned(), json!([ids[round + 1]]))],
+            [(step::BURST.name.to_owned(), json!([ids[round + 1]]))],
             "round {round}: only the covering attempt's record"
         );
         let f = journal.get(&ids[round + 1]).await.unwrap().unwrap();
@@ -421,7 +441,7 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
     carried(&env, &who, &owing).await.1.unwrap();
     let names = |n: usize| -> Vec<String> { ids[7..7 + n].to_vec() };
     let adopted = covering
-        .covering(step::BURST, key::ONCE, &follower, names)
+        .covering(&step::BURST, key::ONCE, &follower, names)
         .await
         .unwrap();
     assert!(adopted.is_empty(), "{adopted:?}");
@@ -436,7 +456,7 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
     let mut owed = env.pg.pool.begin().await.unwrap();
     sqlx::query("INSERT INTO job_steps (job, name, key, output) VALUES ($1, $2, $3, '[]')")
         .bind(&ids[0])
-        .bind(step::BURST)
+        .bind(step::BURST.name)
         .bind(key::ONCE)
         .execute(&mut *owed)
         .await
@@ -446,7 +466,7 @@ async fn an_owed_burst_rides_with_the_history_read_and_loses_to_an_attempt_that_
     let names = |n: usize| -> Vec<String> { ids[1..1 + n].to_vec() };
     // Committed only once the covering attempt's insert is seen waiting on it.
     let (adopted, ()) = tokio::join!(
-        covering.covering(step::BURST, key::ONCE, &follower, names),
+        covering.covering(&step::BURST, key::ONCE, &follower, names),
         async {
             let seen = eventually(std::time::Duration::from_secs(10), || async {
                 let waiting: i64 = sqlx::query_scalar(

@@ -3,11 +3,13 @@
 //! them, and the old tables are gone.
 
 use companion::testing::pipeline::{Burst, FloodDecision, Reply, tool_loop::LlmRecord};
+use companion::testing::steps::{BURST, FLOOD, REPLY};
 use companion_dev::stub::{StubReply, always};
 use companion_journal::{Journal, NewJob, State};
 use companion_llm::prices::CallUsage;
 use companion_store::store::pg::MIGRATOR;
-use companion_tools::tools::{ToolRecord, call_key};
+use companion_tools::calls::LLM;
+use companion_tools::tools::{TOOL, ToolRecord, call_key};
 use serde_json::json;
 use sqlx::Row;
 
@@ -157,28 +159,28 @@ async fn the_earlier_journal_moves_into_jobs_and_steps() {
         }
     };
     let job = open(done).await;
-    let reply: Reply = job.recorded("reply", "g0").expect("the reply");
+    let reply: Reply = job.recorded(&REPLY, "g0").expect("the reply");
     assert_eq!(
         (reply.id.as_str(), reply.content.as_str()),
         ("6c0000000000000000000001", "hey!")
     );
-    let burst: Burst = job.recorded("burst", "").expect("the burst");
+    let burst: Burst = job.recorded(&BURST, "").expect("the burst");
     assert_eq!(burst.last_seq(), Some(8));
     let flood: FloodDecision = open(limited)
         .await
-        .recorded("flood", "")
+        .recorded(&FLOOD, "")
         .expect("the decision");
     assert_eq!(flood.by.as_deref(), Some(done));
 
     // The running turn resumes from its journal: the model's answer with its usage, the tool's result
     // under the key the tool loop looks it up by.
     let job = open(running).await;
-    let llm: LlmRecord = job.recorded("llm", "0").expect("the model's answer");
+    let llm: LlmRecord = job.recorded(&LLM, "0").expect("the model's answer");
     assert_eq!(llm.message.tool_calls[0].function.name, "create_tricklist");
     let usage: CallUsage = llm.usage.expect("its usage");
     assert_eq!((usage.prompt_tokens, usage.cost_usd), (100, Some(0.5)));
     let key = call_key("call_1", "create_tricklist", "{\"name\":\"A\"}");
-    let tool: ToolRecord = job.recorded("tool", &key).expect("the tool's result");
+    let tool: ToolRecord = job.recorded(&TOOL, &key).expect("the tool's result");
     assert!(tool.ok);
     assert_eq!(tool.content, json!({"_id": "l1"}));
     assert_eq!(tool.card, Some(json!({"type": "tricklist_card"})));

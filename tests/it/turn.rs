@@ -344,7 +344,7 @@ async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
         "toolLog": null,
     }))
     .unwrap();
-    job.step("reply", "g0")
+    job.step(&companion::testing::steps::REPLY, "g0")
         .run(async { Ok::<_, companion_journal::JournalError>(fixed) })
         .await
         .unwrap();

@@ -4,10 +4,12 @@
 //!
 //! - A job is a row of `jobs` (a turn's id is its event's message id) with a [`State`], whose transitions
 //!   are all in [`State::may_become`]; attempts, the reply generation and who answered it live there.
-//! - `job.step(name, key).run(async { … })` returns the output recorded for (job, name, key) if an earlier
+//! - `job.step(&KIND, key).run(async { … })` returns the record of (job, kind, key) if an earlier
 //!   attempt recorded one; otherwise it runs the body and records the success. The first writer wins: when
 //!   two attempts race, both go on with the first one's output. A failure is returned and recorded
 //!   nowhere, so the next attempt runs the step again.
+//! - A step's kind ([`StepKind`]) is its persisted name and its record's type, defined once by the stage
+//!   that records it; the journal stores what a kind gives it and knows none of the records.
 //! - A [`Step::lazy`] step is an effect that is safe to repeat (a keyed write, a publish with a message id):
 //!   its record rides along with the job's next recorded step or its settlement, one statement instead of
 //!   one each. A crash in between means the effect runs once more, harmlessly.
@@ -30,8 +32,11 @@
 //! Outputs are JSON (`job_steps.output`); text is kept as it is but for U+0000, which PostgreSQL cannot
 //! store and which becomes U+FFFD.
 
+mod kind;
 pub mod names;
 pub mod story;
+
+pub use kind::{Counted, StepKind, Tell, Telling, Told};
 
 #[cfg(feature = "testing")]
 use companion_core::fault;
@@ -42,6 +47,7 @@ use companion_store::store;
 use std::{
     collections::HashMap,
     future::Future,
+    marker::PhantomData,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -465,7 +471,7 @@ impl Journal {
         let replies: Vec<String> =
             sqlx::query_scalar("SELECT key FROM job_steps WHERE job = $1 AND name = $2")
                 .bind(id)
-                .bind(names::step::REPLY)
+                .bind(names::REPLY)
                 .fetch_all(&mut *tx)
                 .await?;
         let answered = replies
@@ -486,7 +492,7 @@ impl Journal {
             .bind(forget)
             .execute(&mut *tx)
             .await?;
-        // And out of the packed rows ([`names::step::PACKED`]).
+        // And out of the packed rows ([`names::PACKED`]).
         sqlx::query(
             "UPDATE job_steps SET output = (
                 SELECT coalesce(jsonb_agg(r), '[]'::jsonb) FROM jsonb_array_elements(output) AS r
@@ -495,7 +501,7 @@ impl Journal {
         )
         .bind(id)
         .bind(forget)
-        .bind(names::step::PACKED)
+        .bind(names::PACKED)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -572,23 +578,25 @@ impl Journal {
             .await?)
     }
 
-    /// What the latest `name` step recorded in a job of `conversation` since `since` (none: no such step).
-    pub async fn latest_in(
+    /// The record of the latest step of `kind` in a job of `conversation` since `since` (none: no such
+    /// step, or it does not read as the kind's record).
+    pub async fn latest_in<T: DeserializeOwned>(
         &self,
         conversation: &str,
-        name: &str,
+        kind: &StepKind<T>,
         since: DateTime<Utc>,
-    ) -> Result<Option<Value>, JournalError> {
-        Ok(sqlx::query_scalar(
+    ) -> Result<Option<T>, JournalError> {
+        let latest: Option<Value> = sqlx::query_scalar(
             "SELECT s.output FROM jobs j JOIN job_steps s ON s.job = j.id AND s.name = $2
              WHERE j.conversation_id = $1 AND j.created_at >= $3 AND s.created_at >= $3
              ORDER BY s.created_at DESC LIMIT 1",
         )
         .bind(conversation)
-        .bind(name)
+        .bind(kind.name)
         .bind(since)
         .fetch_optional(&self.pool)
-        .await?)
+        .await?;
+        Ok(latest.and_then(|v| serde_json::from_value(v).ok()))
     }
 
     /// Whether a job of `conversation` ever recorded a `name` step.
@@ -651,6 +659,8 @@ fn job_record(row: &PgRow) -> Result<JobRecord, JournalError> {
 #[derive(Clone, Debug)]
 struct Pending {
     name: String,
+    /// Its step kind's records may be packed ([`StepKind::packed`]).
+    packable: bool,
     key: String,
     output: Value,
     tally: Option<String>,
@@ -747,24 +757,33 @@ impl Job {
         &self.carried
     }
 
-    /// Step `name` with `key` of this job; run it with [`Step::run`].
-    pub fn step<'a>(&'a self, name: &'a str, key: impl Into<String>) -> Step<'a> {
+    /// Step `kind` with `key` of this job; run it with [`Step::run`].
+    pub fn step<'a, T>(&'a self, kind: &StepKind<T>, key: impl Into<String>) -> Step<'a, T> {
         Step {
             job: self,
-            name,
+            name: kind.name,
+            packable: kind.packable,
             key: key.into(),
             lazy: false,
             tally: None,
             at: None,
             counter: None,
+            record: PhantomData,
         }
     }
 
     /// Writes a note: what happened in this attempt that is not a side effect's success (a failed
-    /// request, why a fixed line was said), as step `name` keyed `<prefix>@<attempt>.<n>` with `detail`.
+    /// request, why a fixed line was said), as a step of `kind` keyed `<prefix>@<attempt>.<n>` with `detail`.
     /// A note is never replayed or asked for ([`Job::recorded`] is for side effects); it is there for
     /// `companion explain`. Written at once, whatever becomes of the attempt.
-    pub async fn note(&self, name: &str, prefix: &str, detail: Value) -> Result<(), JournalError> {
+    pub async fn note<T: Serialize>(
+        &self,
+        kind: &StepKind<T>,
+        prefix: &str,
+        detail: &T,
+    ) -> Result<(), JournalError> {
+        let name = kind.name;
+        let detail = encode(name, prefix, detail)?;
         let n = self
             .notes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -781,17 +800,28 @@ impl Job {
         Ok(())
     }
 
-    /// How many steps named `name` are recorded with a key starting with `prefix`.
-    pub fn recorded_count_under(&self, name: &str, prefix: &str) -> usize {
+    /// How many steps of `kind` are recorded with a key starting with `prefix`.
+    pub fn recorded_count_under<T>(&self, kind: &StepKind<T>, prefix: &str) -> usize {
         let recorded = self.recorded.lock().expect("journal lock");
         recorded
             .keys()
-            .filter(|(n, k)| n == name && k.starts_with(prefix))
+            .filter(|(n, k)| n == kind.name && k.starts_with(prefix))
             .count()
     }
 
+    /// The record of (kind, key), if any and if it reads as the kind's record.
+    pub fn recorded<T: DeserializeOwned>(&self, kind: &StepKind<T>, key: &str) -> Option<T> {
+        self.recorded_as(kind.name, key)
+    }
+
+    /// Whether a step of `kind` is recorded under `key`, whatever it holds.
+    pub fn has_recorded<T>(&self, kind: &StepKind<T>, key: &str) -> bool {
+        let recorded = self.recorded.lock().expect("journal lock");
+        recorded.contains_key(&(kind.name.to_owned(), key.to_owned()))
+    }
+
     /// The output recorded for (name, key), if any and if it reads as `T`.
-    pub fn recorded<T: DeserializeOwned>(&self, name: &str, key: &str) -> Option<T> {
+    fn recorded_as<T: DeserializeOwned>(&self, name: &str, key: &str) -> Option<T> {
         let recorded = self.recorded.lock().expect("journal lock");
         let value = recorded.get(&(name.to_owned(), key.to_owned()))?;
         decode(name, key, value)
@@ -802,7 +832,7 @@ impl Job {
     /// were recorded in the window that ends at `now`.
     pub async fn counted(
         &self,
-        name: &str,
+        kind: &StepKind<Counted>,
         key: &str,
         tally: &str,
         limit: u32,
@@ -810,13 +840,17 @@ impl Job {
         now: DateTime<Utc>,
     ) -> Result<Admission, JournalError> {
         let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::hours(1));
-        if self.recorded::<Value>(name, key).is_some() {
+        if self.has_recorded(kind, key) {
             return Ok(Admission::AlreadyCounted);
         }
-        let mut step = self.step(name, key).tally(tally);
+        let name = kind.name;
+        let mut step = self.step(kind, key).tally(tally);
         step.at = Some(now);
         starting(self.id(), name, key);
-        let own = step.pending(serde_json::json!({ "counted": tally }));
+        let counted = Counted {
+            counted: Some(tally.to_owned()),
+        };
+        let own = step.pending(encode(name, key, &counted)?);
         pay_owed(self).await?;
         let pending = self.take_pending();
         // Serialised on the tally (every step counting against it, of any job), then the earlier record,
@@ -881,7 +915,7 @@ impl Job {
     /// reply built from it) does not answer.
     pub async fn covering<T, F>(
         &self,
-        name: &str,
+        kind: &StepKind<T>,
         key: &str,
         candidates: &[NewJob<'_>],
         output: F,
@@ -895,11 +929,11 @@ impl Job {
             // takes it or written before the attempt's next record. An attempt that covered meanwhile
             // wins: this one then ends at that read or record, before anything it records.
             return self
-                .step(name, key)
+                .step(kind, key)
                 .run_owed(async { Ok::<_, JournalError>(output(0)) })
                 .await;
         }
-        self.step(name, key)
+        self.step(kind, key)
             .run_in_tx(|mut tx| async move {
                 let mut n = 0;
                 for c in candidates {
@@ -1056,17 +1090,13 @@ impl Job {
         }
     }
 
-    /// The JSON array [`INSERT_RECORDS`] reads: the lazy records `pending`, those of
-    /// [`names::step::PACKABLE`] steps packed into one record of step [`names::step::PACKED`] (keyed
+    /// The JSON array [`INSERT_RECORDS`] reads: the lazy records `pending`, those of packable steps
+    /// ([`StepKind::packed`]) packed into one record of step [`names::PACKED`] (keyed
     /// `<attempt>.<n>`, so no other attempt's pack is in its way), then the step's own record `own`, as
     /// it is (its statement reads it back by name).
     fn records(&self, pending: &[Pending], own: Option<&Pending>) -> Value {
-        let packable = |r: &Pending| {
-            names::step::PACKABLE.contains(&r.name.as_str())
-                && r.tally.is_none()
-                && r.counter.is_none()
-                && r.at.is_none()
-        };
+        let packable =
+            |r: &Pending| r.packable && r.tally.is_none() && r.counter.is_none() && r.at.is_none();
         let (packed, single): (Vec<&Pending>, Vec<&Pending>) =
             pending.iter().partition(|r| packable(r));
         let mut out: Vec<Value> = single.into_iter().chain(own).map(record_json).collect();
@@ -1079,7 +1109,7 @@ impl Job {
                 .map(|r| serde_json::json!({"name": r.name, "key": r.key, "output": r.output}))
                 .collect();
             out.push(serde_json::json!({
-                "name": names::step::PACKED,
+                "name": names::PACKED,
                 "key": format!("{}.{n}", self.record.attempts),
                 "output": inner,
             }));
@@ -1446,14 +1476,16 @@ enum Ran<T> {
 }
 
 /// A step about to run; see the module documentation.
-pub struct Step<'a> {
+pub struct Step<'a, T> {
     job: &'a Job,
-    name: &'a str,
+    name: &'static str,
+    packable: bool,
     key: String,
     lazy: bool,
     tally: Option<String>,
     at: Option<DateTime<Utc>>,
     counter: Option<Counter>,
+    record: PhantomData<fn() -> T>,
 }
 
 /// A read that rides with a step's record statement instead of a statement of its own: an SQL expression
@@ -1468,7 +1500,7 @@ pub struct Ride {
     pub arg: Value,
 }
 
-impl Step<'_> {
+impl<T: Serialize + DeserializeOwned> Step<'_, T> {
     /// Recorded with the job's next recorded step or its settlement, not on its own: for effects that
     /// are safe to repeat.
     pub fn lazy(mut self) -> Self {
@@ -1503,6 +1535,7 @@ impl Step<'_> {
     fn pending(&self, output: Value) -> Pending {
         Pending {
             name: self.name.to_owned(),
+            packable: self.packable,
             key: self.key.clone(),
             output,
             tally: self.tally.clone(),
@@ -1512,9 +1545,8 @@ impl Step<'_> {
     }
 
     /// The recorded output, or the body's, recorded now (or with the next record, when lazy).
-    pub async fn run<T, E, F>(self, body: F) -> Result<T, E>
+    pub async fn run<E, F>(self, body: F) -> Result<T, E>
     where
-        T: Serialize + DeserializeOwned,
         E: From<JournalError>,
         F: Future<Output = Result<T, E>>,
     {
@@ -1527,9 +1559,8 @@ impl Step<'_> {
     /// output is not written now; every record statement of the attempt writes it first if no read
     /// carried it. When another attempt recorded the step first with another output, that read (or the
     /// next record) fails this attempt with [`JournalError::Raced`], before any of its later records.
-    pub async fn run_owed<T, E, F>(self, body: F) -> Result<T, E>
+    pub async fn run_owed<E, F>(self, body: F) -> Result<T, E>
     where
-        T: Serialize + DeserializeOwned,
         E: From<JournalError>,
         F: Future<Output = Result<T, E>>,
     {
@@ -1546,14 +1577,13 @@ impl Step<'_> {
 
     /// The step's recorded output, replayed; or the body run now (logged as started, past the test's
     /// fault hook), with its output as it would be recorded.
-    async fn ran<T, E, F>(&self, body: F) -> Result<Ran<T>, E>
+    async fn ran<E, F>(&self, body: F) -> Result<Ran<T>, E>
     where
-        T: Serialize + DeserializeOwned,
         E: From<JournalError>,
         F: Future<Output = Result<T, E>>,
     {
         let (job, name) = (self.job, self.name);
-        if let Some(done) = job.recorded::<T>(name, &self.key) {
+        if let Some(done) = job.recorded_as::<T>(name, &self.key) {
             debug!(step = name, key = %self.key, "step replayed from the journal");
             return Ok(Ran::Replayed(done));
         }
@@ -1569,9 +1599,8 @@ impl Step<'_> {
     /// what follows may be repeated (a model answer: text, or calls of tools that only read, which
     /// nothing acts on before the reply's own record, rides along; calls of a tool that acts are
     /// recorded first).
-    pub async fn run_lazy_if<T, E, F>(self, body: F, lazy: impl FnOnce(&T) -> bool) -> Result<T, E>
+    pub async fn run_lazy_if<E, F>(self, body: F, lazy: impl FnOnce(&T) -> bool) -> Result<T, E>
     where
-        T: Serialize + DeserializeOwned,
         E: From<JournalError>,
         F: Future<Output = Result<T, E>>,
     {
@@ -1592,9 +1621,8 @@ impl Step<'_> {
     /// [`Step::run`], recorded now, with a [`Ride`] made from the body's output: for a read or a write
     /// that needs what the step produced, in the record's statement. A step replayed from the journal
     /// rides nothing (then [`Carried::take_ridden`] is none).
-    pub async fn run_riding<T, E, F>(self, body: F, ride: impl FnOnce(&T) -> Ride) -> Result<T, E>
+    pub async fn run_riding<E, F>(self, body: F, ride: impl FnOnce(&T) -> Ride) -> Result<T, E>
     where
-        T: Serialize + DeserializeOwned,
         E: From<JournalError>,
         F: Future<Output = Result<T, E>>,
     {
@@ -1608,9 +1636,8 @@ impl Step<'_> {
 
     /// Records a fresh output now, with `ride`; when another attempt recorded the step first, goes on
     /// with that output.
-    async fn record_fresh<T, E>(self, out: T, value: Value, ride: Option<Ride>) -> Result<T, E>
+    async fn record_fresh<E>(self, out: T, value: Value, ride: Option<Ride>) -> Result<T, E>
     where
-        T: DeserializeOwned,
         E: From<JournalError>,
     {
         let (job, name) = (self.job, self.name);
@@ -1629,9 +1656,8 @@ impl Step<'_> {
     /// step are serialised; one that finds the step recorded meanwhile returns that record and runs
     /// nothing. A body's error rolls its writes back and records nothing. The body gets the transaction
     /// and hands it back with its result.
-    pub async fn run_in_tx<T, E, F, Fut>(self, body: F) -> Result<T, E>
+    pub async fn run_in_tx<E, F, Fut>(self, body: F) -> Result<T, E>
     where
-        T: Serialize + DeserializeOwned,
         E: From<JournalError>,
         F: FnOnce(Tx) -> Fut,
         Fut: Future<Output = (Tx, Result<T, E>)>,
@@ -1640,15 +1666,14 @@ impl Step<'_> {
     }
 
     /// [`Step::run_in_tx`], and whether the body ran now (false: an earlier attempt's record).
-    async fn run_tx_fresh<T, E, F, Fut>(self, body: F) -> Result<(T, bool), E>
+    async fn run_tx_fresh<E, F, Fut>(self, body: F) -> Result<(T, bool), E>
     where
-        T: Serialize + DeserializeOwned,
         E: From<JournalError>,
         F: FnOnce(Tx) -> Fut,
         Fut: Future<Output = (Tx, Result<T, E>)>,
     {
         let (job, name) = (self.job, self.name);
-        if let Some(done) = job.recorded::<T>(name, &self.key) {
+        if let Some(done) = job.recorded_as::<T>(name, &self.key) {
             return Ok((done, false));
         }
         starting(job.id(), name, &self.key);

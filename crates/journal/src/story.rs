@@ -4,10 +4,11 @@
 //! ([`note_shown`]).
 
 use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::Row;
 
-use crate::{JOB_COLUMNS, JobRecord, JournalError, State, job_record, names::step};
+use crate::{JOB_COLUMNS, JobRecord, JournalError, State, StepKind, Telling, Told, job_record};
 use companion_store::store::Pool;
 
 /// A job's row, with who it acted for and when it was opened.
@@ -107,9 +108,36 @@ async fn job_row(pool: &Pool, id: &str) -> Result<Option<JobRow>, JournalError> 
     .transpose()
 }
 
+/// An operator asked `companion explain --show-text` for a job's messages ([`note_shown`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Shown {
+    pub operator: String,
+    pub message: String,
+    /// Whether the text was shown (never for a deleted message or an erased user).
+    pub shown: bool,
+}
+
+/// Who asked `companion explain --show-text` for this job's messages, which message, whether the text
+/// was shown. Keyed `<operator>@<time>`, so an erasure's scrub of its output leaves who and when.
+pub const TEXT_SHOWN: StepKind<Shown> = StepKind::new("text_shown").told(tell_shown);
+
+fn tell_shown(_: &Told<'_>, s: &Shown) -> Telling {
+    let says = match s.shown {
+        true => format!(
+            "text shown to {} (companion explain --show-text)",
+            s.operator
+        ),
+        false => format!("text asked by {}, withheld", s.operator),
+    };
+    (
+        says,
+        json!({ "operator": s.operator, "message": s.message, "shown": s.shown }),
+    )
+}
+
 /// Records that `operator` was shown the text of job `job`'s messages (`shown`; false: asked, and
-/// refused), as its step [`step::TEXT_SHOWN`] keyed `<operator>@<time>`: the key keeps who and when
-/// even after an erasure scrubs the step's output.
+/// refused), as its step [`TEXT_SHOWN`] keyed `<operator>@<time>`: the key keeps who and when even after
+/// an erasure scrubs the step's output.
 pub async fn note_shown(
     pool: &Pool,
     job: &str,
@@ -123,7 +151,7 @@ pub async fn note_shown(
          ON CONFLICT (job, name, key) DO NOTHING",
     )
     .bind(job)
-    .bind(step::TEXT_SHOWN)
+    .bind(TEXT_SHOWN.name)
     .bind(format!("{operator}@{}", at.to_rfc3339()))
     .bind(json!({ "operator": operator, "message": message, "shown": shown }))
     .bind(at)

@@ -12,10 +12,23 @@ use std::time::Duration;
 
 use chrono::Utc;
 
+use serde_json::json;
+
 use crate::journal::{
-    Admission, Job, Journal, JournalError,
-    names::{step, tally},
+    Admission, Counted, Job, Journal, JournalError, StepKind, Telling, Told, names::tally,
 };
+
+/// A turn's admission against the user's flood allowance (tally [`tally::turns`]).
+pub const TURN: StepKind<Counted> =
+    StepKind::new("turn").says(|t| counted(t, "gate: counted against the user's flood allowance"));
+/// The busy line said to a user by a companion (tally [`tally::busy`], one per window).
+pub const BUSY: StepKind<Counted> =
+    StepKind::new("busy").says(|t| counted(t, "gate: the busy line counted for this window"));
+
+/// A counted step told: what it counted for, and its tally.
+pub fn counted(t: &Told<'_>, says: &str) -> Telling {
+    (says.to_owned(), json!({ "tally": t.tally }))
+}
 
 /// How long one busy line answers for, and the window turns are counted over.
 pub(crate) const WINDOW: Duration = Duration::from_secs(60);
@@ -45,7 +58,7 @@ impl FloodLimit {
         let now = Utc::now();
         let turns = tally::turns(user);
         if !matches!(
-            job.counted(step::TURN, "", &turns, self.per_minute, WINDOW, now)
+            job.counted(&TURN, "", &turns, self.per_minute, WINDOW, now)
                 .await?,
             Admission::Exceeded { .. }
         ) {
@@ -53,7 +66,7 @@ impl FloodLimit {
         }
         let busy = tally::busy(user, bot);
         if !matches!(
-            job.counted(step::BUSY, "", &busy, 1, WINDOW, now).await?,
+            job.counted(&BUSY, "", &busy, 1, WINDOW, now).await?,
             Admission::Exceeded { .. }
         ) {
             return Ok(Some(job.id().to_owned()));
@@ -61,7 +74,7 @@ impl FloodLimit {
         let since = now - chrono::Duration::from_std(WINDOW).unwrap_or_default();
         Ok(Some(
             journal
-                .last_tallied(&busy, step::BUSY, since)
+                .last_tallied(&busy, BUSY.name, since)
                 .await?
                 .unwrap_or_else(|| job.id().to_owned()),
         ))

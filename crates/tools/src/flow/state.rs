@@ -10,7 +10,7 @@ use sqlx::{PgConnection, Row, postgres::PgRow};
 
 use crate::store::Pool;
 use crate::{
-    journal::{Job, JournalError, names::step},
+    journal::{Job, JournalError, StepKind},
     store::StoreError,
 };
 
@@ -61,6 +61,16 @@ fn state_of(r: &PgRow) -> FlowState {
     }
 }
 
+/// A change to the user's guided flow ([`change`]): by a tool call (keyed by the call) or by the event a
+/// waiting step waited for (key [`crate::journal::names::key::EVENT`]), written in the transaction that
+/// records it. Its record's refusal is the changer's type `E`.
+pub const fn flow_change<E>() -> StepKind<Applied<E>> {
+    StepKind::new("flow_change")
+}
+
+/// [`flow_change`], its refusal read as JSON (for a reader that does not know the changer).
+pub const FLOW_CHANGE: StepKind<Applied<Value>> = flow_change();
+
 /// What a change did (the `flow_change` step's record).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Applied<E> {
@@ -107,7 +117,7 @@ pub async fn change<E>(
 where
     E: Serialize + DeserializeOwned,
 {
-    job.step(step::FLOW_CHANGE, key)
+    job.step(&flow_change(), key)
         .run_in_tx(|mut tx| async move {
             let applied = apply(&mut tx, user, bot, change).await;
             (tx, applied.map_err(JournalError::from))

@@ -20,12 +20,23 @@ use tracing::info;
 use super::{Memory, MemoryError};
 use crate::{
     bus::Bus,
-    journal::{
-        Finish, Journal, NewJob, State,
-        names::{key, step},
-    },
+    journal::{Finish, Journal, NewJob, State, StepKind, names::key},
     store::pg::lock_history,
 };
+
+/// A deletion's transaction (`message_deleted`, `memory_cleared`, `user_erased`): the tombstone and every
+/// row it removes or scrubs, with this record (counts, never text; the deletion's own type `T`). Keyed
+/// once.
+const fn erase<T>() -> StepKind<T> {
+    StepKind::new("erase")
+}
+
+/// [`erase`], its record read as JSON (for a reader that does not know the deletion).
+pub(crate) const ERASE: StepKind<serde_json::Value> = erase();
+/// A deletion's removal of messages from the streams, after its transaction (how many). Keyed once.
+pub(crate) const ERASE_STREAMS: StepKind<u64> = StepKind::new("erase_streams");
+/// A `message_deleted`'s signals to rebuild the summaries it was in. Keyed once.
+pub(crate) const REBUILD: StepKind<()> = StepKind::new("rebuild");
 
 /// The `erase` step of a `message_deleted` job, recorded in the transaction that deleted: what it
 /// removed, and what the later steps act on.
@@ -225,7 +236,7 @@ impl Memory {
         let removed = match kind {
             MESSAGE_DELETED => {
                 let erased: MessageErased = job
-                    .step(step::ERASE, key::ONCE)
+                    .step(&erase(), key::ONCE)
                     .run_in_tx(|mut tx| async move {
                         let r = delete_message_in(&mut tx, id).await;
                         (tx, r)
@@ -233,12 +244,12 @@ impl Memory {
                     .await?;
                 // After the commit: a redelivery the stream makes meanwhile finds the tombstone.
                 let events: u64 = job
-                    .step(step::ERASE_STREAMS, key::ONCE)
+                    .step(&ERASE_STREAMS, key::ONCE)
                     .run(async {
                         Ok::<_, MemoryError>(bus.erase().delete_event(id, erased.seq).await?)
                     })
                     .await?;
-                job.step(step::REBUILD, key::ONCE)
+                job.step(&REBUILD, key::ONCE)
                     .run(async {
                         for (user, bot) in &erased.rebuilt {
                             self.signal_now(bus, user, bot, &format!("rebuild:{id}"))
@@ -254,7 +265,7 @@ impl Memory {
             }
             MEMORY_CLEARED => {
                 let bot = bot.as_deref();
-                job.step(step::ERASE, key::ONCE)
+                job.step(&erase(), key::ONCE)
                     .run_in_tx(|mut tx| async move {
                         let r = clear_in(&mut tx, id, bot).await;
                         (tx, r)
@@ -263,14 +274,14 @@ impl Memory {
             }
             _ => {
                 let erased: UserErased = job
-                    .step(step::ERASE, key::ONCE)
+                    .step(&erase(), key::ONCE)
                     .run_in_tx(|mut tx| async move {
                         let r = erase_user_in(&mut tx, id).await;
                         (tx, r)
                     })
                     .await?;
                 let events: u64 = job
-                    .step(step::ERASE_STREAMS, key::ONCE)
+                    .step(&ERASE_STREAMS, key::ONCE)
                     .run(async { erase_from_streams(bus, id, &erased.subjects).await })
                     .await?;
                 Removed {

@@ -47,10 +47,14 @@ const SUMMARY_MAX_CHARS: usize = 1200;
 /// Longest message shown to the model, characters.
 const LINE_MAX_CHARS: usize = 600;
 
-use crate::journal::names::step::{
-    LLM as STEP_LLM, MEMORY_BATCH as STEP_BATCH, MEMORY_FACTS as STEP_FACTS,
-    MEMORY_SUMMARY as STEP_SUMMARY,
-};
+use crate::{calls::LLM, journal::StepKind};
+
+/// A memory extraction's history rows read (ids only), keyed `facts` or `summary`.
+pub(crate) const MEMORY_BATCH: StepKind<Batch> = StepKind::new("memory_batch");
+/// The facts an extraction kept and what they replaced, written in its transaction with the cursor.
+pub(crate) const MEMORY_FACTS: StepKind<FactsWritten> = StepKind::new("memory_facts");
+/// The rolling summary, written in its transaction with its cursor (whether it was).
+pub(crate) const MEMORY_SUMMARY: StepKind<bool> = StepKind::new("memory_summary");
 
 /// What the extraction job needs besides memory's store.
 pub(crate) struct Extractor<'a> {
@@ -89,7 +93,7 @@ struct Row_ {
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct Batch {
+pub(crate) struct Batch {
     rows: Vec<Row_>,
     /// The last row id read: the cursor after this run.
     through: i64,
@@ -97,7 +101,7 @@ struct Batch {
 
 /// What the `memory_facts` step did.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct FactsWritten {
+pub(crate) struct FactsWritten {
     kept: Vec<String>,
     replaced: Vec<String>,
     /// Another run had read these messages first (the cursor had moved): nothing written.
@@ -285,7 +289,7 @@ impl Extractor<'_> {
             .unwrap_or_default();
         // Embedded before the transaction (and only when the step has not been recorded).
         let mut vectors = Vec::with_capacity(candidates.len());
-        if job.recorded::<FactsWritten>(STEP_FACTS, "facts").is_none() {
+        if job.recorded(&MEMORY_FACTS, "facts").is_none() {
             for c in &candidates {
                 vectors.push(
                     self.memory
@@ -297,7 +301,7 @@ impl Extractor<'_> {
         let max_facts = self.memory.config.max_facts;
         let through = batch.through;
         let written: FactsWritten = job
-            .step(STEP_FACTS, "facts")
+            .step(&MEMORY_FACTS, "facts")
             .run_in_tx(|mut tx| async move {
                 let r = async {
                     let mut w = FactsWritten::default();
@@ -356,7 +360,7 @@ impl Extractor<'_> {
         let sources: Vec<String> = lines.iter().map(|l| l.message_id.clone()).collect();
         let through = batch.through;
         let wrote: bool = job
-            .step(STEP_SUMMARY, "summary")
+            .step(&MEMORY_SUMMARY, "summary")
             .run_in_tx(|mut tx| async move {
                 let r = async {
                     if cursor(&mut tx, user, bot, "summarized_through").await? != Some(from) {
@@ -437,7 +441,7 @@ impl Extractor<'_> {
         bot: &str,
     ) -> Result<String, MemoryError> {
         let record: LlmRecord = job
-            .step(STEP_LLM, key)
+            .step(&LLM, key)
             .run(async {
                 if let Some(guard) = self.spend
                     && !guard.service_allows().await?
@@ -529,7 +533,7 @@ impl Extractor<'_> {
 /// The batch a job reads under `key`: the one recorded by an earlier attempt, else `read`, recorded
 /// now.
 async fn recorded_batch(job: &Job, key: &str, read: Batch) -> Result<Batch, MemoryError> {
-    job.step(STEP_BATCH, key)
+    job.step(&MEMORY_BATCH, key)
         .run(async { Ok::<_, MemoryError>(read) })
         .await
 }

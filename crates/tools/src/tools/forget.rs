@@ -12,7 +12,11 @@ use super::{
     Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores,
     remember::{dm_memory, memory_error},
 };
-use crate::{journal::names, memory::Memory};
+use crate::{journal::StepKind, memory::Memory};
+
+/// Facts the user asked to be forgotten (their ids), removed in the transaction that records it (keyed by
+/// the call).
+pub const FORGET: StepKind<Vec<String>> = StepKind::new("forget");
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -40,10 +44,7 @@ impl Tool for Forget {
     async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let memory = dm_memory(ctx)?;
         let about = args.about.trim().to_owned();
-        let recorded = ctx
-            .job
-            .recorded::<Vec<String>>(names::step::FORGET, &ctx.call.key)
-            .is_some();
+        let recorded = ctx.job.recorded(&FORGET, &ctx.call.key).is_some();
         let embedding = match recorded {
             true => None,
             false => memory
@@ -56,7 +57,7 @@ impl Tool for Forget {
         let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
         let removed: Vec<String> = ctx
             .job
-            .step(names::step::FORGET, &ctx.call.key)
+            .step(&FORGET, &ctx.call.key)
             .run_in_tx(|mut tx| async move {
                 let r = Memory::forget(
                     &mut tx,

@@ -24,6 +24,7 @@ pub(crate) mod create_spot_draft;
 pub(crate) mod create_tricklist;
 pub mod flag_concern;
 pub(crate) mod forget;
+pub use forget::FORGET;
 pub(crate) mod get_user_tricklists;
 pub(crate) mod leave_flow;
 pub(crate) mod maps;
@@ -31,6 +32,7 @@ pub(crate) mod mark_trick_landed;
 pub mod more_tools;
 pub mod offer;
 pub(crate) mod remember;
+pub use remember::{REMEMBER, REMEMBER_QUOTA};
 pub(crate) mod schedule_reminder;
 pub(crate) mod schema;
 pub(crate) mod search_spots;
@@ -55,7 +57,7 @@ use serde_json::{Value, json};
 use crate::{
     bus::{Bus, BusError},
     failure::{Class, Classify},
-    journal::{Admission, Job, JournalError, names},
+    journal::{Admission, Counted, Job, JournalError, StepKind, Telling, Told, names},
     llm::{FunctionDef, ToolDef},
     store::{Mongo, Pg, StoreError},
     timing::{self, Stage},
@@ -483,6 +485,25 @@ impl ToolResult {
     }
 }
 
+/// One tool call's result, as the model saw it, keyed by the call ([`call_key`]).
+pub const TOOL: StepKind<ToolRecord> = StepKind::new("tool").told(tell_tool);
+/// A write counted against the user's hourly quota (tally [`names::tally::writes`]), keyed by the call.
+pub const QUOTA: StepKind<Counted> = StepKind::new("quota")
+    .says(|t| crate::flood::counted(t, "a write counted against the user's hourly quota"));
+
+fn tell_tool(_: &Told<'_>, t: &ToolRecord) -> Telling {
+    let says = format!(
+        "tool {} (round {}): arguments {} bytes, {}, {} ms",
+        t.tool,
+        t.round,
+        t.args.len(),
+        if t.ok { "ok" } else { "error" },
+        t.ms
+    );
+    let facts = json!({ "tool": t.tool, "round": t.round, "args_bytes": t.args.len(), "ok": t.ok, "ms": t.ms });
+    (says, facts)
+}
+
 /// Longest argument text kept in a call's record.
 const MAX_RECORDED_ARGS: usize = 4000;
 
@@ -756,7 +777,7 @@ pub(crate) async fn guard_write(
     let admission = ctx
         .job
         .counted(
-            names::step::QUOTA,
+            &QUOTA,
             &ctx.call.key,
             &tally,
             writes_per_hour,

@@ -11,12 +11,18 @@ use serde_json::json;
 
 use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores};
 use crate::{
-    journal::{Admission, names},
+    journal::{Admission, Counted, StepKind, names},
     memory::{
         self, Access, Memory,
         store::{How, Kept, NewFact},
     },
 };
+
+/// A fact the user asked to be remembered, written in the transaction that records it (keyed by the
+/// call; a second topic of the same call by `<call>.<n>`).
+pub const REMEMBER: StepKind<Kept> = StepKind::new("remember");
+/// A `remember` counted against the user's daily bound (tally [`names::tally::remember`]).
+pub const REMEMBER_QUOTA: StepKind<Counted> = StepKind::new("remember_quota");
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -54,7 +60,7 @@ impl Tool for Remember {
         let counted = ctx
             .job
             .counted(
-                names::step::REMEMBER_QUOTA,
+                &REMEMBER_QUOTA,
                 &ctx.call.key,
                 &names::tally::remember(&ctx.user.to_hex()),
                 limit,
@@ -87,10 +93,7 @@ impl Tool for Remember {
                 how: How::Remembered,
                 said_at: ctx.clock.now,
             };
-            let recorded = ctx
-                .job
-                .recorded::<Kept>(names::step::REMEMBER, &key)
-                .is_some();
+            let recorded = ctx.job.recorded(&REMEMBER, &key).is_some();
             let embedding = match recorded {
                 true => None,
                 false => memory
@@ -101,7 +104,7 @@ impl Tool for Remember {
             let (user, bot) = (&user, &bot);
             let kept: Kept = ctx
                 .job
-                .step(names::step::REMEMBER, &key)
+                .step(&REMEMBER, &key)
                 .run_in_tx(|mut tx| async move {
                     let r = Memory::keep(&mut tx, user, bot, &new, embedding.as_ref(), max)
                         .await
