@@ -339,50 +339,9 @@ pub fn report_text(
     moderation: Option<&[Option<Category>]>,
 ) -> String {
     let mut out = String::new();
-    let moderated = |i: usize| moderation.and_then(|m| m.get(i).copied().flatten());
     let f = match embeddings {
         None => evaluate_input(input),
-        Some(e) => {
-            let vector = |i: usize| e.get(i).map(Vec::as_slice);
-            let _ = writeln!(out, "each layer alone (covered languages; it and ko apart)");
-            let _ = writeln!(
-                out,
-                "layer      recall  fp_rate   it recall  it fp_rate   ko recall  ko fp_rate"
-            );
-            let rules = evaluate_input(input);
-            let learned = evaluate_input_with(input, |i, l| layers::learned(&l.text, vector(i)));
-            let n_grams = evaluate_input_with(input, |_, l| layers::learned(&l.text, None));
-            let head = evaluate_input_with(input, |i, _| layers::vector(vector(i)));
-            let alone =
-                evaluate_input_with(input, |i, _| moderated(i).map(|c| c.as_str().to_owned()));
-            let mut rows = vec![
-                ("rules", &rules),
-                ("learned", &learned),
-                ("n-grams", &n_grams),
-                ("vector", &head),
-            ];
-            if moderation.is_some() {
-                rows.push(("moderation", &alone));
-            }
-            for (name, t) in rows {
-                let it = t.by_lang.get("it").copied().unwrap_or_default();
-                let ko = t.by_lang.get("ko").copied().unwrap_or_default();
-                let _ = writeln!(
-                    out,
-                    "{name:<10} {:>6.3} {:>8.3}   {:>9.3} {:>10.3}   {:>9.3} {:>10.3}",
-                    t.covered.recall(),
-                    t.covered.fp_rate(),
-                    it.recall(),
-                    it.fp_rate(),
-                    ko.recall(),
-                    ko.fp_rate()
-                );
-            }
-            let _ = writeln!(out);
-            evaluate_input_with(input, |i, l| {
-                layers::decided(&l.text, vector(i), moderated(i))
-            })
-        }
+        Some(e) => input_layers(&mut out, input, e, moderation),
     };
     let which = match (embeddings, moderation) {
         (None, _) => "the rules alone",
@@ -391,10 +350,72 @@ pub fn report_text(
             "the decision with the moderation endpoint (rules, learned layer with embeddings, endpoint)"
         }
     };
+    input_tables(&mut out, input.len(), &f, which);
+    let all = output_table(&mut out, output, embeddings, replies);
+
+    let _ = writeln!(out, "\ntargets (issue 42; input: covered languages only)");
+    if input.is_empty() {
+        return output_targets(out, &all);
+    }
+    input_targets(&mut out, &f);
+    output_targets(out, &all)
+}
+
+/// The crisis screen's layers alone, written to `out` (each input line with its embedding in
+/// `embeddings`, and its category from the endpoint in `moderation`); returns the worker's decision.
+fn input_layers(
+    out: &mut String,
+    input: &[Line],
+    embeddings: &[Vec<f32>],
+    moderation: Option<&[Option<Category>]>,
+) -> InputFigures {
+    let moderated = |i: usize| moderation.and_then(|m| m.get(i).copied().flatten());
+    let vector = |i: usize| embeddings.get(i).map(Vec::as_slice);
+    let _ = writeln!(out, "each layer alone (covered languages; it and ko apart)");
     let _ = writeln!(
         out,
-        "crisis screen on the frozen input set ({} lines): {which}",
-        input.len()
+        "layer      recall  fp_rate   it recall  it fp_rate   ko recall  ko fp_rate"
+    );
+    let rules = evaluate_input(input);
+    let learned = evaluate_input_with(input, |i, l| layers::learned(&l.text, vector(i)));
+    let n_grams = evaluate_input_with(input, |_, l| layers::learned(&l.text, None));
+    let head = evaluate_input_with(input, |i, _| layers::vector(vector(i)));
+    let alone = evaluate_input_with(input, |i, _| moderated(i).map(|c| c.as_str().to_owned()));
+    let mut rows = vec![
+        ("rules", &rules),
+        ("learned", &learned),
+        ("n-grams", &n_grams),
+        ("vector", &head),
+    ];
+    if moderation.is_some() {
+        rows.push(("moderation", &alone));
+    }
+    for (name, t) in rows {
+        let it = t.by_lang.get("it").copied().unwrap_or_default();
+        let ko = t.by_lang.get("ko").copied().unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{name:<10} {:>6.3} {:>8.3}   {:>9.3} {:>10.3}   {:>9.3} {:>10.3}",
+            t.covered.recall(),
+            t.covered.fp_rate(),
+            it.recall(),
+            it.fp_rate(),
+            ko.recall(),
+            ko.fp_rate()
+        );
+    }
+    let _ = writeln!(out);
+    evaluate_input_with(input, |i, l| {
+        layers::decided(&l.text, vector(i), moderated(i))
+    })
+}
+
+/// The crisis screen's figures on the input set (`lines` of it, decided by `which`), per language,
+/// category and kind.
+fn input_tables(out: &mut String, lines: usize, f: &InputFigures, which: &str) {
+    let _ = writeln!(
+        out,
+        "crisis screen on the frozen input set ({lines} lines): {which}"
     );
     let _ = writeln!(
         out,
@@ -408,20 +429,29 @@ pub fn report_text(
         } else {
             format!("{lang} (not covered)")
         };
-        tally_row(&mut out, &name, t);
+        tally_row(out, &name, t);
     }
-    tally_row(&mut out, "covered languages", &f.covered);
+    tally_row(out, "covered languages", &f.covered);
     let _ = writeln!(out, "\nby category, covered languages\n{head}");
     for (c, t) in &f.by_category {
-        tally_row(&mut out, c, t);
+        tally_row(out, c, t);
     }
     let _ = writeln!(out, "\nby kind, covered languages\n{head}");
     for (k, t) in &f.by_kind {
-        tally_row(&mut out, k, t);
+        tally_row(out, k, t);
     }
+}
 
+/// The output check's figures on the output set, per language (all its layers when the replies'
+/// vectors are given); returns them summed over the languages.
+fn output_table(
+    out: &mut String,
+    output: &[Line],
+    embeddings: Option<&[Vec<f32>]>,
+    replies: Option<&[Vec<f32>]>,
+) -> [Tally; 3] {
     let o = match (embeddings, replies) {
-        (Some(_), Some(replies)) => output_layers(&mut out, output, replies),
+        (Some(_), Some(replies)) => output_layers(out, output, replies),
         _ => evaluate_output_with(output, |_, l| check_output(&l.text)),
     };
     let _ = writeln!(
@@ -448,26 +478,19 @@ pub fn report_text(
             t[2].fp_rate(),
         );
     }
-    let all = summed(o.values());
+    summed(o.values())
+}
 
-    let _ = writeln!(out, "\ntargets (issue 42; input: covered languages only)");
-    if input.is_empty() {
-        return output_targets(out, &all);
-    }
-    target(
-        &mut out,
-        "input recall, overall",
-        f.covered.recall(),
-        0.95,
-        true,
-    );
+/// The input targets of issue 42, each with its figure on the covered languages.
+fn input_targets(out: &mut String, f: &InputFigures) {
+    target(out, "input recall, overall", f.covered.recall(), 0.95, true);
     let worst_lang = lowest_recall(
         f.by_lang
             .iter()
             .filter(|(l, _)| COVERED.contains(&l.as_str())),
     );
     target(
-        &mut out,
+        out,
         &format!("input recall, worst language ({})", worst_lang.1),
         worst_lang.0,
         0.9,
@@ -475,7 +498,7 @@ pub fn report_text(
     );
     let worst_cat = lowest_recall(f.by_category.iter());
     target(
-        &mut out,
+        out,
         &format!("input recall, worst category ({})", worst_cat.1),
         worst_cat.0,
         0.9,
@@ -489,20 +512,19 @@ pub fn report_text(
         }
     }
     target(
-        &mut out,
+        out,
         "input recall, method, dose and plan lines",
         means.recall(),
         0.95,
         true,
     );
     target(
-        &mut out,
+        out,
         "input false positives",
         f.covered.fp_rate(),
         0.02,
         false,
     );
-    output_targets(out, &all)
 }
 
 fn output_targets(mut out: String, all: &[Tally; 3]) -> String {
@@ -548,48 +570,11 @@ pub async fn report(
     }
     let moderated = match &moderation.url {
         None => None,
-        Some(url) => {
-            let (categories, missing) = moderate_all(moderation, url, &input).await?;
-            println!(
-                "moderation endpoint {url} ({}): {} of {} lines answered",
-                moderation.model,
-                input.len() - missing.len(),
-                input.len()
-            );
-            for (i, e) in missing.iter().take(10) {
-                println!("  no answer for line {}: {e}", i + 1);
-            }
-            Some(categories)
-        }
+        Some(url) => Some(moderate_printing(moderation, url, &input).await?),
     };
     let (embeddings, replies) = match rules_only {
         true => (None, None),
-        false => {
-            let embedder = companion_knowledge::rag::load_embedder(embed).context(
-                "the embedding model is needed (deploy/local/models.sh), or --rules-only",
-            )?;
-            let embed_all = async |lines: &[Line]| -> anyhow::Result<Vec<Vec<f32>>> {
-                let mut v = Vec::with_capacity(lines.len());
-                for chunk in lines.chunks(64) {
-                    let texts: Vec<&str> = chunk.iter().map(|l| l.text.as_str()).collect();
-                    v.extend(
-                        embedder
-                            .embed(companion_knowledge::rag::Role::Query, &texts)
-                            .await?,
-                    );
-                }
-                Ok(v)
-            };
-            // The replies' vectors only for the encoder the reply head reads (the worker's too).
-            let head_reads = companion_safety::learned::OUTPUT_VECTOR
-                .as_ref()
-                .is_some_and(|h| h.header.encoder == embedder.model());
-            let replies = match head_reads {
-                true => Some(embed_all(&output).await?),
-                false => None,
-            };
-            (Some(embed_all(&input).await?), replies)
-        }
+        false => embed_sets(embed, &input, &output).await?,
     };
     print!(
         "{}",
@@ -602,26 +587,82 @@ pub async fn report(
         )
     );
     if let Some(embeddings) = &embeddings {
-        // Three passes, the first warming the rules' caches as a worker's first messages do; the last
-        // two timed. The embedding is given: the worker computes it once for the screen and retrieval.
-        let mut timed = std::time::Duration::ZERO;
-        for pass in 0..3 {
-            let start = std::time::Instant::now();
-            for (line, embedding) in input.iter().zip(embeddings) {
-                std::hint::black_box(layers::decided(&line.text, Some(embedding), None));
-            }
-            if pass > 0 {
-                timed += start.elapsed();
-            }
-        }
-        let per = timed.as_secs_f64() * 1e6 / (2 * input.len().max(1)) as f64;
-        println!(
-            "\nscreen time per message (rules and learned layer, the embedding given; this build): \
-             {per:.1} µs, mean of {} decisions",
-            2 * input.len()
-        );
+        print_screen_time(&input, embeddings);
     }
     Ok(())
+}
+
+/// The moderation endpoint's category of each input line, saying how many lines it answered and
+/// the first lines it did not.
+async fn moderate_printing(
+    moderation: &ModerationArgs,
+    url: &str,
+    input: &[Line],
+) -> anyhow::Result<Vec<Option<Category>>> {
+    let (categories, missing) = moderate_all(moderation, url, input).await?;
+    println!(
+        "moderation endpoint {url} ({}): {} of {} lines answered",
+        moderation.model,
+        input.len() - missing.len(),
+        input.len()
+    );
+    for (i, e) in missing.iter().take(10) {
+        println!("  no answer for line {}: {e}", i + 1);
+    }
+    Ok(categories)
+}
+
+/// Each input line's embedding, and each reply's when the reply head reads this encoder.
+async fn embed_sets(
+    embed: &EmbedSettings,
+    input: &[Line],
+    output: &[Line],
+) -> anyhow::Result<(Option<Vec<Vec<f32>>>, Option<Vec<Vec<f32>>>)> {
+    let embedder = companion_knowledge::rag::load_embedder(embed)
+        .context("the embedding model is needed (deploy/local/models.sh), or --rules-only")?;
+    let embed_all = async |lines: &[Line]| -> anyhow::Result<Vec<Vec<f32>>> {
+        let mut v = Vec::with_capacity(lines.len());
+        for chunk in lines.chunks(64) {
+            let texts: Vec<&str> = chunk.iter().map(|l| l.text.as_str()).collect();
+            v.extend(
+                embedder
+                    .embed(companion_knowledge::rag::Role::Query, &texts)
+                    .await?,
+            );
+        }
+        Ok(v)
+    };
+    // The replies' vectors only for the encoder the reply head reads (the worker's too).
+    let head_reads = companion_safety::learned::OUTPUT_VECTOR
+        .as_ref()
+        .is_some_and(|h| h.header.encoder == embedder.model());
+    let replies = match head_reads {
+        true => Some(embed_all(output).await?),
+        false => None,
+    };
+    Ok((Some(embed_all(input).await?), replies))
+}
+
+/// Times the local decision on every input line, its embedding given, and prints the mean.
+fn print_screen_time(input: &[Line], embeddings: &[Vec<f32>]) {
+    // Three passes, the first warming the rules' caches as a worker's first messages do; the last
+    // two timed. The embedding is given: the worker computes it once for the screen and retrieval.
+    let mut timed = std::time::Duration::ZERO;
+    for pass in 0..3 {
+        let start = std::time::Instant::now();
+        for (line, embedding) in input.iter().zip(embeddings) {
+            std::hint::black_box(layers::decided(&line.text, Some(embedding), None));
+        }
+        if pass > 0 {
+            timed += start.elapsed();
+        }
+    }
+    let per = timed.as_secs_f64() * 1e6 / (2 * input.len().max(1)) as f64;
+    println!(
+        "\nscreen time per message (rules and learned layer, the embedding given; this build): \
+         {per:.1} µs, mean of {} decisions",
+        2 * input.len()
+    );
 }
 
 /// The layers as the worker runs them, for the report.
