@@ -22,117 +22,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Upsert the demo data (users, bots, trickipedia, spots, tricklists, conversations) into MongoDB.
-    Seed {
-        #[arg(long, default_value = "deploy/local/seed")]
-        dir: PathBuf,
-        #[command(flatten)]
-        mongo: MongoConfig,
-    },
-    /// Print the 24-hex id of a user given by username (or id).
-    UserId {
-        user: String,
-        #[command(flatten)]
-        mongo: MongoConfig,
-    },
-    /// Create a new demo user like `--like` (its profile and tricklists) and print its username: each
-    /// scripted demo run talks as its own user.
-    DemoUser {
-        #[arg(long, default_value = "jess")]
-        like: String,
-        #[command(flatten)]
-        mongo: MongoConfig,
-    },
-    /// Make sure a user has the chat page's conversations (a DM with every companion, a group with
-    /// `--group`), and print each id with its label, one per line.
-    WebConversations {
-        #[arg(long, default_value = "jess")]
-        user: String,
-        /// The group's companions (usernames, comma separated).
-        #[arg(long, default_value = "kaori,tony")]
-        group: String,
-        #[command(flatten)]
-        mongo: MongoConfig,
-    },
-    /// Publish one DM exactly as TB-Backend would, and print its turn: every message it sent.
-    Send {
-        /// User id or username.
-        #[arg(long, default_value = "jess")]
-        user: String,
-        /// Companion name or bot user id.
-        #[arg(long, default_value = "kaori")]
-        bot: String,
-        /// Image URL to attach (repeatable).
-        #[arg(long = "image")]
-        images: Vec<String>,
-        /// Seconds to wait for the reply; 0 publishes and exits.
-        #[arg(long, default_value_t = 120)]
-        wait: u64,
-        text: String,
-        #[command(flatten)]
-        config: chat::ChatConfig,
-    },
-    /// Chat with a companion in the terminal (scripted when stdin is not a terminal).
-    Chat {
-        #[arg(long, default_value = "jess")]
-        user: String,
-        #[arg(long, default_value = "kaori")]
-        bot: String,
-        /// Chat in a group with these companions (comma separated, e.g. `kaori,tony`) instead of a DM.
-        #[arg(long, conflicts_with = "bot")]
-        group: Option<String>,
-        /// Play lines from a file, or `builtin` for the demo script.
-        #[arg(long)]
-        script: Option<PathBuf>,
-        /// Seconds to wait for each message's turn to be over.
-        #[arg(long, default_value_t = 120)]
-        wait: u64,
-        /// When the chat ends, write the last message's id (what `companion explain` takes) to this
-        /// file.
-        #[arg(long)]
-        last_id_file: Option<PathBuf>,
-        #[command(flatten)]
-        config: chat::ChatConfig,
-    },
-    /// Act as the admin tool: review the newest spot draft the companion made for the user, publish the
-    /// review, and print the companion's follow-up.
-    Review {
-        #[arg(long, default_value = "jess")]
-        user: String,
-        #[arg(long, default_value = "kaori")]
-        bot: String,
-        /// Reject it instead of approving it.
-        #[arg(long)]
-        reject: bool,
-        /// The moderator's note.
-        #[arg(long)]
-        note: Option<String>,
-        /// Seconds to wait for the follow-up; 0 publishes and exits.
-        #[arg(long, default_value_t = 120)]
-        wait: u64,
-        /// The guided flow the draft belongs to (`spot_wizard`): then no follow-up, or the flow not done
-        /// after it, is an error (exit 1).
-        #[arg(long)]
-        expect_flow: Option<String>,
-        #[command(flatten)]
-        config: chat::ChatConfig,
-    },
-    /// Wait for the companion's proactive message of a kind (`reminder`, `spot_review`) written in the
-    /// last `--since-secs` seconds, and print it.
-    FollowUp {
-        #[arg(long, default_value = "jess")]
-        user: String,
-        #[arg(long, default_value = "kaori")]
-        bot: String,
-        #[arg(long, default_value = "reminder")]
-        kind: String,
-        #[arg(long, default_value_t = 300)]
-        since_secs: i64,
-        #[arg(long, default_value_t = 120)]
-        wait: u64,
-        #[command(flatten)]
-        config: chat::ChatConfig,
-    },
+    #[command(flatten)]
+    DemoData(DemoData),
+    #[command(flatten)]
+    Talk(Talk),
     /// Serve the scripted offline model (OpenAI-compatible) for demos without an API key.
     StubLlm {
         #[arg(long, default_value = "127.0.0.1:8089")]
@@ -215,6 +108,127 @@ enum Command {
     },
 }
 
+/// The demo data in MongoDB.
+#[derive(Subcommand)]
+enum DemoData {
+    /// Upsert the demo data (users, bots, trickipedia, spots, tricklists, conversations) into MongoDB.
+    Seed {
+        #[arg(long, default_value = "deploy/local/seed")]
+        dir: PathBuf,
+        #[command(flatten)]
+        mongo: MongoConfig,
+    },
+    /// Print the 24-hex id of a user given by username (or id).
+    UserId {
+        user: String,
+        #[command(flatten)]
+        mongo: MongoConfig,
+    },
+    /// Create a new demo user like `--like` (its profile and tricklists) and print its username: each
+    /// scripted demo run talks as its own user.
+    DemoUser {
+        #[arg(long, default_value = "jess")]
+        like: String,
+        #[command(flatten)]
+        mongo: MongoConfig,
+    },
+    /// Make sure a user has the chat page's conversations (a DM with every companion, a group with
+    /// `--group`), and print each id with its label, one per line.
+    WebConversations {
+        #[arg(long, default_value = "jess")]
+        user: String,
+        /// The group's companions (usernames, comma separated).
+        #[arg(long, default_value = "kaori,tony")]
+        group: String,
+        #[command(flatten)]
+        mongo: MongoConfig,
+    },
+}
+
+/// Talking to a companion as TB-Backend and the admin tool would.
+#[derive(Subcommand)]
+enum Talk {
+    /// Publish one DM exactly as TB-Backend would, and print its turn: every message it sent.
+    Send {
+        /// User id or username.
+        #[arg(long, default_value = "jess")]
+        user: String,
+        /// Companion name or bot user id.
+        #[arg(long, default_value = "kaori")]
+        bot: String,
+        /// Image URL to attach (repeatable).
+        #[arg(long = "image")]
+        images: Vec<String>,
+        /// Seconds to wait for the reply; 0 publishes and exits.
+        #[arg(long, default_value_t = 120)]
+        wait: u64,
+        text: String,
+        #[command(flatten)]
+        config: chat::ChatConfig,
+    },
+    /// Chat with a companion in the terminal (scripted when stdin is not a terminal).
+    Chat {
+        #[arg(long, default_value = "jess")]
+        user: String,
+        #[arg(long, default_value = "kaori")]
+        bot: String,
+        /// Chat in a group with these companions (comma separated, e.g. `kaori,tony`) instead of a DM.
+        #[arg(long, conflicts_with = "bot")]
+        group: Option<String>,
+        /// Play lines from a file, or `builtin` for the demo script.
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Seconds to wait for each message's turn to be over.
+        #[arg(long, default_value_t = 120)]
+        wait: u64,
+        /// When the chat ends, write the last message's id (what `companion explain` takes) to this
+        /// file.
+        #[arg(long)]
+        last_id_file: Option<PathBuf>,
+        #[command(flatten)]
+        config: chat::ChatConfig,
+    },
+    /// Act as the admin tool: review the newest spot draft the companion made for the user, publish the
+    /// review, and print the companion's follow-up.
+    Review {
+        #[arg(long, default_value = "jess")]
+        user: String,
+        #[arg(long, default_value = "kaori")]
+        bot: String,
+        /// Reject it instead of approving it.
+        #[arg(long)]
+        reject: bool,
+        /// The moderator's note.
+        #[arg(long)]
+        note: Option<String>,
+        /// Seconds to wait for the follow-up; 0 publishes and exits.
+        #[arg(long, default_value_t = 120)]
+        wait: u64,
+        /// The guided flow the draft belongs to (`spot_wizard`): then no follow-up, or the flow not done
+        /// after it, is an error (exit 1).
+        #[arg(long)]
+        expect_flow: Option<String>,
+        #[command(flatten)]
+        config: chat::ChatConfig,
+    },
+    /// Wait for the companion's proactive message of a kind (`reminder`, `spot_review`) written in the
+    /// last `--since-secs` seconds, and print it.
+    FollowUp {
+        #[arg(long, default_value = "jess")]
+        user: String,
+        #[arg(long, default_value = "kaori")]
+        bot: String,
+        #[arg(long, default_value = "reminder")]
+        kind: String,
+        #[arg(long, default_value_t = 300)]
+        since_secs: i64,
+        #[arg(long, default_value_t = 120)]
+        wait: u64,
+        #[command(flatten)]
+        config: chat::ChatConfig,
+    },
+}
+
 fn main() -> std::process::ExitCode {
     companion::run_main(None, run)
 }
@@ -224,146 +238,8 @@ async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let _telemetry = companion::init_telemetry(&cli.log);
     match cli.command {
-        Command::Seed { dir, mongo } => {
-            let mongo = store::Mongo::connect(&mongo)
-                .await
-                .context("connecting to MongoDB")?;
-            for (collection, n) in seed::seed_dir(&mongo, &dir).await.context("seeding")? {
-                println!("{collection}: {n} documents");
-            }
-        }
-        Command::UserId { user, mongo } => {
-            let mongo = store::Mongo::connect(&mongo)
-                .await
-                .context("connecting to MongoDB")?;
-            let id = companion_dev::chat::resolve_user(&mongo, &user)
-                .await
-                .context("finding the user")?;
-            println!("{}", id.to_hex());
-        }
-        Command::DemoUser { like, mongo } => {
-            let mongo = store::Mongo::connect(&mongo)
-                .await
-                .context("connecting to MongoDB")?;
-            let username = seed::demo_user(&mongo, &like)
-                .await
-                .context("creating a demo user")?;
-            println!("{username}");
-        }
-        Command::WebConversations { user, group, mongo } => {
-            let mongo = store::Mongo::connect(&mongo)
-                .await
-                .context("connecting to MongoDB")?;
-            let user = companion_dev::chat::resolve_user(&mongo, &user).await?;
-            let group: Vec<String> = group
-                .split(',')
-                .map(|g| g.trim().to_owned())
-                .filter(|g| !g.is_empty())
-                .collect();
-            for (label, id) in
-                companion_dev::backend::ensure_web_conversations(&mongo, user, &group).await?
-            {
-                println!("{} {label}", id.to_hex());
-            }
-        }
-        Command::Send {
-            user,
-            bot,
-            images,
-            wait,
-            text,
-            config,
-        } => {
-            let session = chat::Session::open(&config, &user, &bot).await?;
-            let wait = (wait > 0).then(|| Duration::from_secs(wait));
-            let turn = session
-                .say_showing(&text, &images, wait, |c| session.print(c))
-                .await?;
-            if wait.is_none() {
-                println!(
-                    "published message {} to conversation {}",
-                    turn.message, session.conversation
-                );
-            } else if let Some(note) = session.note(&turn).await {
-                println!("  ({note})");
-            }
-        }
-        Command::Review {
-            user,
-            bot,
-            reject,
-            note,
-            wait,
-            expect_flow,
-            config,
-        } => {
-            let expect_flow = expect_flow.as_deref();
-            review(
-                &config,
-                &user,
-                &bot,
-                reject,
-                note.as_deref(),
-                wait,
-                expect_flow,
-            )
-            .await?
-        }
-        Command::FollowUp {
-            user,
-            bot,
-            kind,
-            since_secs,
-            wait,
-            config,
-        } => {
-            let session = chat::Session::open(&config, &user, &bot).await?;
-            let since = chrono::Utc::now() - chrono::Duration::seconds(since_secs);
-            let d = session
-                .follow_up_since(&kind, since, Duration::from_secs(wait))
-                .await?;
-            let content = d.get_str("content").unwrap_or_default();
-            // The follow-up's job: `<kind>:<id>`, what `companion explain` takes.
-            let job = d.get_document("trigger").ok().and_then(|t| {
-                Some(format!(
-                    "{}:{}",
-                    t.get_str("kind").ok()?,
-                    t.get_str("id").ok()?
-                ))
-            });
-            match job.filter(|_| session.ids) {
-                Some(job) => println!(
-                    "{}> {content}  [explain {job}]",
-                    session.bot_name.to_lowercase()
-                ),
-                None => println!("{}> {content}", session.bot_name.to_lowercase()),
-            }
-        }
-        Command::Chat {
-            user,
-            bot,
-            group,
-            script,
-            wait,
-            last_id_file,
-            config,
-        } => {
-            let wait = Duration::from_secs(wait);
-            let last = match group {
-                Some(group) => {
-                    let session = chat::GroupSession::open(&config, &user, &group).await?;
-                    chat::group_chat(&session, script.as_deref(), wait).await?
-                }
-                None => {
-                    let session = chat::Session::open(&config, &user, &bot).await?;
-                    chat::chat(&session, script.as_deref(), wait).await?
-                }
-            };
-            if let (Some(file), Some(id)) = (last_id_file, last) {
-                std::fs::write(&file, format!("{id}\n"))
-                    .with_context(|| format!("writing {}", file.display()))?;
-            }
-        }
+        Command::DemoData(command) => demo_data(command).await?,
+        Command::Talk(command) => talk(command).await?,
         Command::StubLlm {
             addr,
             seed_dir,
@@ -405,6 +281,177 @@ async fn run() -> anyhow::Result<()> {
                 .await
                 .context("benchmark")?;
         }
+    }
+    Ok(())
+}
+
+/// The demo data subcommands: each connects to MongoDB, then seeds, looks up or creates.
+async fn demo_data(command: DemoData) -> anyhow::Result<()> {
+    let (DemoData::Seed { mongo, .. }
+    | DemoData::UserId { mongo, .. }
+    | DemoData::DemoUser { mongo, .. }
+    | DemoData::WebConversations { mongo, .. }) = &command;
+    let mongo = store::Mongo::connect(mongo)
+        .await
+        .context("connecting to MongoDB")?;
+    match command {
+        DemoData::Seed { dir, .. } => {
+            for (collection, n) in seed::seed_dir(&mongo, &dir).await.context("seeding")? {
+                println!("{collection}: {n} documents");
+            }
+        }
+        DemoData::UserId { user, .. } => {
+            let id = companion_dev::chat::resolve_user(&mongo, &user)
+                .await
+                .context("finding the user")?;
+            println!("{}", id.to_hex());
+        }
+        DemoData::DemoUser { like, .. } => {
+            let username = seed::demo_user(&mongo, &like)
+                .await
+                .context("creating a demo user")?;
+            println!("{username}");
+        }
+        DemoData::WebConversations { user, group, .. } => {
+            let user = companion_dev::chat::resolve_user(&mongo, &user).await?;
+            let group: Vec<String> = group
+                .split(',')
+                .map(|g| g.trim().to_owned())
+                .filter(|g| !g.is_empty())
+                .collect();
+            for (label, id) in
+                companion_dev::backend::ensure_web_conversations(&mongo, user, &group).await?
+            {
+                println!("{} {label}", id.to_hex());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The subcommands that talk to a companion: a DM, a chat, a moderator's review, a follow-up.
+async fn talk(command: Talk) -> anyhow::Result<()> {
+    match command {
+        Talk::Send {
+            user,
+            bot,
+            images,
+            wait,
+            text,
+            config,
+        } => send(&config, &user, &bot, &images, wait, &text).await,
+        Talk::Review {
+            user,
+            bot,
+            reject,
+            note,
+            wait,
+            expect_flow,
+            config,
+        } => {
+            let expect_flow = expect_flow.as_deref();
+            review(
+                &config,
+                &user,
+                &bot,
+                reject,
+                note.as_deref(),
+                wait,
+                expect_flow,
+            )
+            .await
+        }
+        Talk::FollowUp {
+            user,
+            bot,
+            kind,
+            since_secs,
+            wait,
+            config,
+        } => follow_up(&config, &user, &bot, &kind, since_secs, wait).await,
+        Talk::Chat {
+            user,
+            bot,
+            group,
+            script,
+            wait,
+            last_id_file,
+            config,
+        } => {
+            let wait = Duration::from_secs(wait);
+            let last = match group {
+                Some(group) => {
+                    let session = chat::GroupSession::open(&config, &user, &group).await?;
+                    chat::group_chat(&session, script.as_deref(), wait).await?
+                }
+                None => {
+                    let session = chat::Session::open(&config, &user, &bot).await?;
+                    chat::chat(&session, script.as_deref(), wait).await?
+                }
+            };
+            if let (Some(file), Some(id)) = (last_id_file, last) {
+                std::fs::write(&file, format!("{id}\n"))
+                    .with_context(|| format!("writing {}", file.display()))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `send`: one DM published as TB-Backend would, and its turn printed (or only its id, not waiting).
+async fn send(
+    config: &chat::ChatConfig,
+    user: &str,
+    bot: &str,
+    images: &[String],
+    wait: u64,
+    text: &str,
+) -> anyhow::Result<()> {
+    let session = chat::Session::open(config, user, bot).await?;
+    let wait = (wait > 0).then(|| Duration::from_secs(wait));
+    let turn = session
+        .say_showing(text, images, wait, |c| session.print(c))
+        .await?;
+    if wait.is_none() {
+        println!(
+            "published message {} to conversation {}",
+            turn.message, session.conversation
+        );
+    } else if let Some(note) = session.note(&turn).await {
+        println!("  ({note})");
+    }
+    Ok(())
+}
+
+/// `follow-up`: waits for the companion's proactive message of a kind and prints it.
+async fn follow_up(
+    config: &chat::ChatConfig,
+    user: &str,
+    bot: &str,
+    kind: &str,
+    since_secs: i64,
+    wait: u64,
+) -> anyhow::Result<()> {
+    let session = chat::Session::open(config, user, bot).await?;
+    let since = chrono::Utc::now() - chrono::Duration::seconds(since_secs);
+    let d = session
+        .follow_up_since(kind, since, Duration::from_secs(wait))
+        .await?;
+    let content = d.get_str("content").unwrap_or_default();
+    // The follow-up's job: `<kind>:<id>`, what `companion explain` takes.
+    let job = d.get_document("trigger").ok().and_then(|t| {
+        Some(format!(
+            "{}:{}",
+            t.get_str("kind").ok()?,
+            t.get_str("id").ok()?
+        ))
+    });
+    match job.filter(|_| session.ids) {
+        Some(job) => println!(
+            "{}> {content}  [explain {job}]",
+            session.bot_name.to_lowercase()
+        ),
+        None => println!("{}> {content}", session.bot_name.to_lowercase()),
     }
     Ok(())
 }
