@@ -188,11 +188,26 @@ pub async fn measure(embed: &EmbedSettings, at: &Sources<'_>) -> anyhow::Result<
         .context("the embedding model (deploy/local/models.sh)")?;
     let mut out = String::new();
     let _ = writeln!(out, "encoder: {}", embedder.model());
+    knowledge(&mut out, &embedder, at).await?;
+    memory(&mut out, &embedder, at.pairs).await?;
+    // The candidates above are what the lines say; which one each threshold took, and why, is a
+    // decision (docs/knowledge.md, "Thresholds"), shown here beside them.
+    let _ = writeln!(
+        out,
+        "shipped for {}: {:?}",
+        embedder.model(),
+        embedder.encoder().scores
+    );
+    Ok(out)
+}
 
+/// The knowledge threshold chosen on the questions and the demo knowledge, written to `out`, with
+/// how often the right article is among the top 3 chunks.
+async fn knowledge(out: &mut String, embedder: &Embedder, at: &Sources<'_>) -> anyhow::Result<()> {
     // Knowledge: the best chunk of the right article against an unrelated message's best chunk; and
     // where the right article ranks.
     let questions: Vec<Question> = crate::jsonl::read(at.questions)?;
-    let chunks = chunks(&embedder, at.knowledge).await?;
+    let chunks = chunks(embedder, at.knowledge).await?;
     let texts: Vec<&str> = questions.iter().map(|q| q.text.as_str()).collect();
     let vectors = embedder.embed(Role::Query, &texts).await?;
     let mut rag = Scored::new();
@@ -222,20 +237,14 @@ pub async fn measure(embed: &EmbedSettings, at: &Sources<'_>) -> anyhow::Result<
     }
     let cut = at_most(&rag, 0.1);
     report(
-        &mut out,
+        out,
         "knowledge (COMPANION_RAG_THRESHOLD)",
         &rag,
         cut,
         "the lowest with at most 10 % of unrelated messages above",
     );
     let alt = youden(&rag);
-    report(
-        &mut out,
-        "  or",
-        &rag,
-        alt,
-        "the most TPR - FPR (recall first)",
-    );
+    report(out, "  or", &rag, alt, "the most TPR - FPR (recall first)");
     let ranks: Vec<String> = top3
         .iter()
         .map(|(l, (hit, all))| format!("{l} {hit}/{all}"))
@@ -245,10 +254,75 @@ pub async fn measure(embed: &EmbedSettings, at: &Sources<'_>) -> anyhow::Result<
         "  right article among the top 3 chunks (every question): {}",
         ranks.join(", ")
     );
+    Ok(())
+}
 
+/// The memory lines' scores, one set per threshold.
+struct MemoryScores {
+    recall: Scored,
+    similar: Scored,
+    closest: Scored,
+    duplicate: Scored,
+}
+
+/// The memory thresholds (recall, forget's match and floor, a fact said again) chosen on the pairs
+/// at `pairs`, written to `out`.
+async fn memory(out: &mut String, embedder: &Embedder, pairs: &Path) -> anyhow::Result<()> {
     // Memory: facts are passages; messages and forget requests are queries.
     let pairs: Vec<Pair> =
-        crate::jsonl::read(at.pairs).with_context(|| format!("reading {}", at.pairs.display()))?;
+        crate::jsonl::read(pairs).with_context(|| format!("reading {}", pairs.display()))?;
+    let MemoryScores {
+        recall,
+        similar,
+        closest,
+        duplicate,
+    } = memory_scores(embedder, &pairs).await?;
+    let cut = at_most(&recall, 0.1);
+    report(
+        out,
+        "memory recall (COMPANION_MEMORY_THRESHOLD)",
+        &recall,
+        cut,
+        "the lowest with at most 10 % of unrelated messages above",
+    );
+    let alt = youden(&recall);
+    report(
+        out,
+        "  or",
+        &recall,
+        alt,
+        "the most TPR - FPR (recall first)",
+    );
+    let cut = above_negatives(&similar);
+    report(
+        out,
+        "forget's match (Scores::forget_match)",
+        &similar,
+        cut,
+        "above every other fact",
+    );
+    let cut = youden(&closest);
+    report(
+        out,
+        "forget's floor (Scores::forget_floor)",
+        &closest,
+        cut,
+        "most TPR - FPR",
+    );
+    let cut = above_negatives(&duplicate);
+    report(
+        out,
+        "a fact said again (Scores::duplicate)",
+        &duplicate,
+        cut,
+        "above every different fact",
+    );
+    Ok(())
+}
+
+/// Scores every message, forget request and restated fact of `pairs` against the facts of its
+/// language.
+async fn memory_scores(embedder: &Embedder, pairs: &[Pair]) -> anyhow::Result<MemoryScores> {
     let facts: Vec<&Pair> = pairs.iter().filter(|p| p.kind == "fact").collect();
     let fact_texts: Vec<&str> = facts.iter().map(|f| f.text.as_str()).collect();
     let fact_vectors = embedder.embed(Role::Passage, &fact_texts).await?;
@@ -257,7 +331,7 @@ pub async fn measure(embed: &EmbedSettings, at: &Sources<'_>) -> anyhow::Result<
     let mut similar = Scored::new();
     let mut closest = Scored::new();
     let mut duplicate = Scored::new();
-    for p in &pairs {
+    for p in pairs {
         if p.kind == "fact" {
             continue;
         }
@@ -302,53 +376,10 @@ pub async fn measure(embed: &EmbedSettings, at: &Sources<'_>) -> anyhow::Result<
             _ => {}
         }
     }
-    let cut = at_most(&recall, 0.1);
-    report(
-        &mut out,
-        "memory recall (COMPANION_MEMORY_THRESHOLD)",
-        &recall,
-        cut,
-        "the lowest with at most 10 % of unrelated messages above",
-    );
-    let alt = youden(&recall);
-    report(
-        &mut out,
-        "  or",
-        &recall,
-        alt,
-        "the most TPR - FPR (recall first)",
-    );
-    let cut = above_negatives(&similar);
-    report(
-        &mut out,
-        "forget's match (Scores::forget_match)",
-        &similar,
-        cut,
-        "above every other fact",
-    );
-    let cut = youden(&closest);
-    report(
-        &mut out,
-        "forget's floor (Scores::forget_floor)",
-        &closest,
-        cut,
-        "most TPR - FPR",
-    );
-    let cut = above_negatives(&duplicate);
-    report(
-        &mut out,
-        "a fact said again (Scores::duplicate)",
-        &duplicate,
-        cut,
-        "above every different fact",
-    );
-    // The candidates above are what the lines say; which one each threshold took, and why, is a
-    // decision (docs/knowledge.md, "Thresholds"), shown here beside them.
-    let _ = writeln!(
-        out,
-        "shipped for {}: {:?}",
-        embedder.model(),
-        embedder.encoder().scores
-    );
-    Ok(out)
+    Ok(MemoryScores {
+        recall,
+        similar,
+        closest,
+        duplicate,
+    })
 }
