@@ -222,6 +222,9 @@ fn stage_ms(rs: &[&Report], stage: &str, pick: fn(&Dist) -> f64) -> Option<f64> 
     })
 }
 
+/// A figure of a side's rounds (none when no round has it).
+type Fig = fn(&[&Report]) -> Option<f64>;
+
 /// Every figure, A against B.
 fn rows(c: &CompareReport) -> Vec<Row> {
     let side = |s: &str| -> Vec<&Report> {
@@ -232,8 +235,19 @@ fn rows(c: &CompareReport) -> Vec<Row> {
             .collect()
     };
     let (ra, rb) = (side("a"), side("b"));
-    type Fig = fn(&[&Report]) -> Option<f64>;
-    let figures: Vec<(&str, Fig)> = vec![
+    let figures = [cost_figures(), turn_figures(), memory_and_prompt_figures()].concat();
+    let mut out: Vec<Row> = figures
+        .into_iter()
+        .filter(|_| !c.rounds.is_empty())
+        .map(|(name, f)| row(name, f(&ra), f(&rb)))
+        .collect();
+    out.extend(embedding_rows(c));
+    out
+}
+
+/// The figures of what a turn costs: the worker's and PostgreSQL's CPU, PostgreSQL's work.
+fn cost_figures() -> Vec<(&'static str, Fig)> {
+    vec![
         ("worker CPU s per 1,000 turns", |rs| {
             cpu_per_1000(rs, |res| res.worker_cpu_s_per_1000)
         }),
@@ -281,6 +295,12 @@ fn rows(c: &CompareReport) -> Vec<Row> {
         ("PostgreSQL execution ms per turn", |rs| {
             mean_of(rs, |r| r.postgres.as_ref().map(|p| p.exec_ms_per_turn))
         }),
+    ]
+}
+
+/// The figures of the turns themselves: how many, how long, their stages and messages.
+fn turn_figures() -> Vec<(&'static str, Fig)> {
+    vec![
         ("turns completed", |rs| {
             sum_of(rs, |r| r.turns.as_ref().map(|t| t.completed as f64))
         }),
@@ -325,6 +345,12 @@ fn rows(c: &CompareReport) -> Vec<Row> {
             }
             (all > 0).then(|| embedded as f64 / all as f64)
         }),
+    ]
+}
+
+/// The figures of the workers' memory and of the prompts they sent.
+fn memory_and_prompt_figures() -> Vec<(&'static str, Fig)> {
+    vec![
         ("worker RSS idle MB (median)", |rs| {
             median(&per_worker(rs, |x| &x.worker_rss_idle_mb))
         }),
@@ -357,14 +383,7 @@ fn rows(c: &CompareReport) -> Vec<Row> {
                 r.billing.as_ref().map(|b| b.billed_equivalent_per_turn)
             })
         }),
-    ];
-    let mut out: Vec<Row> = figures
-        .into_iter()
-        .filter(|_| !c.rounds.is_empty())
-        .map(|(name, f)| row(name, f(&ra), f(&rb)))
-        .collect();
-    out.extend(embedding_rows(c));
-    out
+    ]
 }
 
 /// The embedding rounds' rows, when the run had any.
