@@ -195,21 +195,7 @@ struct Example {
 /// Trains both models and writes them.
 pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
     let files = tuning_files(&args.tuning_dir)?;
-    let mut lines: Vec<Line> = Vec::new();
-    for f in &files {
-        lines.extend(crate::jsonl::read::<Line>(f)?);
-    }
-    // The project's own labelled set (written with the rules; never the frozen sets) and its everyday
-    // chat lines (the embedder's calibration text): more positives, and what ordinary messages look like.
-    for path in &args.extra {
-        lines.extend(read_extra(path)?);
-    }
-    let reply_chat: Vec<std::path::PathBuf> = REPLY_CHAT.iter().map(Into::into).collect();
-    for path in &reply_chat {
-        lines.extend(read_reply_chat(path)?);
-    }
-    let extra: Vec<std::path::PathBuf> = args.extra.iter().chain(&reply_chat).cloned().collect();
-    let digest = digest(&files, &extra)?;
+    let (lines, digest) = read_lines(args, &files)?;
     let embedder = companion_knowledge::rag::load_embedder(&args.embed)
         .context("the embedding model is needed to train (deploy/local/models.sh)")?;
     let texts: Vec<String> = lines.iter().map(|l| l.text.clone()).collect();
@@ -277,55 +263,102 @@ pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
                 hard: e.hard,
             })
             .collect();
-        let settings = crate::vector_head::Settings {
-            epochs: args.vector_epochs,
-            seed: args.seed,
-            hard_fp: match set {
-                "input" => args.vector_fp,
-                _ => args.output_vector_fp,
-            },
-            chat_fp: args.chat_fp,
-        };
-        let mut head = crate::vector_head::train(
-            &samples,
+        train_vector_head(
+            args,
+            set,
             classes,
+            &samples,
             embedder.model(),
-            &model.header.trained_on,
-            &settings,
+            &model,
+            &folds,
         )?;
-        let (file, note) = match set {
-            "input" => {
-                let (covered, note) = crate::vector_head::choose_covered(
-                    &samples,
-                    &folds.fold,
-                    &folds.models,
-                    &head,
-                    &settings,
-                    args.input_fp,
-                )?;
-                head.header.covered = covered;
-                ("screen-input-vector.bin", note)
-            }
-            _ => {
-                let (gate, covered, note) = crate::vector_head::choose_gate(
-                    &samples,
-                    &folds.fold,
-                    &folds.models,
-                    &head,
-                    &settings,
-                    args.output_fp,
-                    args.reply_embed_rate,
-                )?;
-                (head.header.gate, head.header.covered) = (gate, covered);
-                ("screen-output-vector.bin", note)
-            }
-        };
-        head.header.note = format!("{}; {note}", head.header.note);
-        let path = args.out_dir.join(file);
-        std::fs::write(&path, head.to_bytes())
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("wrote {}", path.display());
     }
+    Ok(())
+}
+
+/// Every tuning line (the tuning files', `--extra`'s and the ordinary companion text's), and the
+/// digest of the files they came from.
+fn read_lines(
+    args: &TrainArgs,
+    files: &[std::path::PathBuf],
+) -> anyhow::Result<(Vec<Line>, String)> {
+    let mut lines: Vec<Line> = Vec::new();
+    for f in files {
+        lines.extend(crate::jsonl::read::<Line>(f)?);
+    }
+    // The project's own labelled set (written with the rules; never the frozen sets) and its everyday
+    // chat lines (the embedder's calibration text): more positives, and what ordinary messages look like.
+    for path in &args.extra {
+        lines.extend(read_extra(path)?);
+    }
+    let reply_chat: Vec<std::path::PathBuf> = REPLY_CHAT.iter().map(Into::into).collect();
+    for path in &reply_chat {
+        lines.extend(read_reply_chat(path)?);
+    }
+    let extra: Vec<std::path::PathBuf> = args.extra.iter().chain(&reply_chat).cloned().collect();
+    let digest = digest(files, &extra)?;
+    Ok((lines, digest))
+}
+
+/// Trains the vector head of a set on its samples, chooses where it decides (the input's covered
+/// languages; the output's gate too) with the out-of-fold models, and writes it.
+fn train_vector_head(
+    args: &TrainArgs,
+    set: &str,
+    classes: &[&str],
+    samples: &[crate::vector_head::Sample],
+    encoder: &str,
+    model: &Model,
+    folds: &Folds,
+) -> anyhow::Result<()> {
+    let settings = crate::vector_head::Settings {
+        epochs: args.vector_epochs,
+        seed: args.seed,
+        hard_fp: match set {
+            "input" => args.vector_fp,
+            _ => args.output_vector_fp,
+        },
+        chat_fp: args.chat_fp,
+    };
+    let mut head = crate::vector_head::train(
+        samples,
+        classes,
+        encoder,
+        &model.header.trained_on,
+        &settings,
+    )?;
+    let (file, note) = match set {
+        "input" => {
+            let (covered, note) = crate::vector_head::choose_covered(
+                samples,
+                &folds.fold,
+                &folds.models,
+                &head,
+                &settings,
+                args.input_fp,
+            )?;
+            head.header.covered = covered;
+            ("screen-input-vector.bin", note)
+        }
+        _ => {
+            let (gate, covered, note) = crate::vector_head::choose_gate(
+                samples,
+                &folds.fold,
+                &folds.models,
+                &head,
+                &settings,
+                args.output_fp,
+                args.reply_embed_rate,
+            )?;
+            (head.header.gate, head.header.covered) = (gate, covered);
+            ("screen-output-vector.bin", note)
+        }
+    };
+    head.header.note = format!("{}; {note}", head.header.note);
+    let path = args.out_dir.join(file);
+    std::fs::write(&path, head.to_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", path.display());
     Ok(())
 }
 
@@ -339,70 +372,8 @@ fn fit_with_threshold(
     digest: &str,
 ) -> anyhow::Result<(Model, Folds)> {
     anyhow::ensure!(!examples.is_empty(), "no {set} tuning lines");
-    const FOLDS: usize = 5;
-    let mut rng = fastrand::Rng::with_seed(args.seed);
-    let mut fold: Vec<usize> = (0..examples.len()).map(|i| i % FOLDS).collect();
-    rng.shuffle(&mut fold);
-    let mut oof = vec![0f32; examples.len()];
-    let mut folds = Vec::with_capacity(FOLDS);
-    for k in 0..FOLDS {
-        let train: Vec<&Example> = examples
-            .iter()
-            .zip(&fold)
-            .filter(|(_, f)| **f != k)
-            .map(|(e, _)| e)
-            .collect();
-        let (w, b) = fit(classes.len(), &train, args.epochs, args.seed + k as u64);
-        let m = Model::quantise(header(classes, 1.0, digest, ""), &w, b);
-        for (i, e) in examples.iter().enumerate().filter(|(i, _)| fold[*i] == k) {
-            oof[i] = m.verdict(&e.x).1;
-        }
-        folds.push(m);
-    }
-    let threshold = (1..100)
-        .map(|t| t as f32 / 100.0)
-        .find(|t| {
-            fp_rate(examples, &oof, *t) <= fp_target
-                && chat_fp(examples, &oof, *t) <= fp_target / 4.0
-        })
-        .unwrap_or(0.99);
-    let recall = |t: f32, lang: Option<&str>| {
-        let pos: Vec<usize> = (0..examples.len())
-            .filter(|i| examples[*i].y != 0 && lang.is_none_or(|l| examples[*i].lang == l))
-            .collect();
-        pos.iter().filter(|i| oof[**i] >= t).count() as f64 / pos.len().max(1) as f64
-    };
-    for t in [0.3f32, 0.5, 0.7, 0.8, 0.9, 0.95] {
-        println!(
-            "  {set} out of fold at {t:.2}: recall {:.3}, hard-negative fp {:.3}, chat fp {:.3}",
-            recall(t, None),
-            fp_rate(examples, &oof, t),
-            chat_fp(examples, &oof, t)
-        );
-    }
-    if args.show {
-        for (i, e) in examples.iter().enumerate() {
-            if e.y == 0 && oof[i] >= threshold {
-                println!("  fp {:.2} {} {}", oof[i], e.lang, e.text);
-            }
-        }
-    }
-    let mut by_lang = BTreeMap::new();
-    for e in examples {
-        by_lang
-            .entry(e.lang.clone())
-            .or_insert_with(|| recall(threshold, Some(&e.lang)));
-    }
-    let langs: Vec<String> = by_lang.iter().map(|(l, r)| format!("{l} {r:.3}")).collect();
-    let note = format!(
-        "{set}: {} lines; out of fold at threshold {threshold:.2}: recall {:.3} ({}), hard-negative fp {:.3}, chat fp {:.4}",
-        examples.len(),
-        recall(threshold, None),
-        langs.join(", "),
-        fp_rate(examples, &oof, threshold),
-        chat_fp(examples, &oof, threshold)
-    );
-    println!("{note}");
+    let (fold, oof, mut folds) = out_of_fold(classes, examples, args, digest);
+    let (threshold, note) = choose_threshold(set, examples, &oof, fp_target, args);
     for m in &mut folds {
         m.header.threshold = threshold;
     }
@@ -438,6 +409,92 @@ fn fit_with_threshold(
         .map(|c| (*c).to_owned())
         .collect();
     Ok((Model::quantise(header, &w, b), Folds { fold, models }))
+}
+
+/// Five models, each trained without one fold of the examples: which fold each example was left out
+/// of, its score from the model that did not see it, and the models.
+fn out_of_fold(
+    classes: &[&str],
+    examples: &[Example],
+    args: &TrainArgs,
+    digest: &str,
+) -> (Vec<usize>, Vec<f32>, Vec<Model>) {
+    const FOLDS: usize = 5;
+    let mut rng = fastrand::Rng::with_seed(args.seed);
+    let mut fold: Vec<usize> = (0..examples.len()).map(|i| i % FOLDS).collect();
+    rng.shuffle(&mut fold);
+    let mut oof = vec![0f32; examples.len()];
+    let mut folds = Vec::with_capacity(FOLDS);
+    for k in 0..FOLDS {
+        let train: Vec<&Example> = examples
+            .iter()
+            .zip(&fold)
+            .filter(|(_, f)| **f != k)
+            .map(|(e, _)| e)
+            .collect();
+        let (w, b) = fit(classes.len(), &train, args.epochs, args.seed + k as u64);
+        let m = Model::quantise(header(classes, 1.0, digest, ""), &w, b);
+        for (i, e) in examples.iter().enumerate().filter(|(i, _)| fold[*i] == k) {
+            oof[i] = m.verdict(&e.x).1;
+        }
+        folds.push(m);
+    }
+    (fold, oof, folds)
+}
+
+/// The lowest threshold whose out-of-fold false positives meet `fp_target` (on ordinary chat, a
+/// quarter of it), printing the figures at a few thresholds; and the note of the chosen one.
+fn choose_threshold(
+    set: &str,
+    examples: &[Example],
+    oof: &[f32],
+    fp_target: f64,
+    args: &TrainArgs,
+) -> (f32, String) {
+    let threshold = (1..100)
+        .map(|t| t as f32 / 100.0)
+        .find(|t| {
+            fp_rate(examples, oof, *t) <= fp_target && chat_fp(examples, oof, *t) <= fp_target / 4.0
+        })
+        .unwrap_or(0.99);
+    let recall = |t: f32, lang: Option<&str>| {
+        let pos: Vec<usize> = (0..examples.len())
+            .filter(|i| examples[*i].y != 0 && lang.is_none_or(|l| examples[*i].lang == l))
+            .collect();
+        pos.iter().filter(|i| oof[**i] >= t).count() as f64 / pos.len().max(1) as f64
+    };
+    for t in [0.3f32, 0.5, 0.7, 0.8, 0.9, 0.95] {
+        println!(
+            "  {set} out of fold at {t:.2}: recall {:.3}, hard-negative fp {:.3}, chat fp {:.3}",
+            recall(t, None),
+            fp_rate(examples, oof, t),
+            chat_fp(examples, oof, t)
+        );
+    }
+    if args.show {
+        for (i, e) in examples.iter().enumerate() {
+            if e.y == 0 && oof[i] >= threshold {
+                println!("  fp {:.2} {} {}", oof[i], e.lang, e.text);
+            }
+        }
+    }
+    let mut by_lang = BTreeMap::new();
+    for e in examples {
+        by_lang
+            .entry(e.lang.clone())
+            .or_insert_with(|| recall(threshold, Some(&e.lang)));
+    }
+    let langs: Vec<String> = by_lang.iter().map(|(l, r)| format!("{l} {r:.3}")).collect();
+    let note = format!(
+        "{set}: {} lines; out of fold at threshold {threshold:.2}: recall {:.3} ({}), hard-negative fp {:.3}, chat fp {:.4}",
+        examples.len(),
+        recall(threshold, None),
+        langs.join(", "),
+        fp_rate(examples, oof, threshold),
+        chat_fp(examples, oof, threshold)
+    );
+    println!("{note}");
+    (threshold, note)
 }
 
 /// The out-of-fold models of the chosen policy and which fold each tuning line was left out of: what the
