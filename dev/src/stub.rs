@@ -326,6 +326,23 @@ async fn complete(State(state): State<StubState>, Json(body): Json<Value>) -> Re
         StubReply::Raw(body) => return Json(body).into_response(),
         StubReply::Delayed(..) => unreachable!("delays are unwrapped above"),
     };
+    let usage = usage(&state, prompt_chars, &message, simulated);
+    let mut answer = json!({
+        "id": format!("chatcmpl-stub-{n}"),
+        "object": "chat.completion",
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": usage
+    });
+    if let Some(provider) = state.provider.lock().expect("stub lock").clone() {
+        answer["provider"] = json!(provider);
+    }
+    Json(answer).into_response()
+}
+
+/// The completion's usage as a provider reports it (about four characters a token; the cost and
+/// the cached tokens when set), counted in the totals too.
+fn usage(state: &StubState, prompt_chars: usize, message: &Value, simulated: Option<u64>) -> Value {
     let completion_tokens = message.to_string().len() as u64 / 4;
     let prompt_tokens = prompt_chars as u64 / 4;
     let mut usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
@@ -343,17 +360,7 @@ async fn complete(State(state): State<StubState>, Json(body): Json<Value>) -> Re
         t.prompt_tokens += prompt_tokens;
         t.cached_tokens += cached.unwrap_or(0).min(prompt_tokens);
     }
-    let mut answer = json!({
-        "id": format!("chatcmpl-stub-{n}"),
-        "object": "chat.completion",
-        "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": usage
-    });
-    if let Some(provider) = state.provider.lock().expect("stub lock").clone() {
-        answer["provider"] = json!(provider);
-    }
-    Json(answer).into_response()
+    usage
 }
 
 /// Answers in order from a list, then with `fallback` for every later request.
@@ -576,19 +583,7 @@ fn compose(
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    // The system prompt is sent in parts: a stable one first (for a provider's prompt cache), the part
-    // of this turn (a flow in progress, the flows on offer…) after the history, before the user's
-    // message. A system message after the last user message is a note (a follow-up's, the safety brief).
-    let last_user = messages
-        .iter()
-        .rposition(|m| m["role"] == "user")
-        .unwrap_or(messages.len());
-    let system_text: String = messages[..last_user]
-        .iter()
-        .filter(|m| m["role"] == "system")
-        .filter_map(|m| m["content"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let system_text = system_prompt(&messages);
     let system = system_text.as_str();
     let name = system
         .strip_prefix("You are ")
@@ -637,6 +632,37 @@ fn compose(
     if let Some(call) = choose(&lower, &text, &offered, speaker) {
         return call;
     }
+    shown_reply(&messages, system, &text, speaker, &said, &name)
+}
+
+/// The system prompt the model reads, its parts joined.
+fn system_prompt(messages: &[Value]) -> String {
+    // The system prompt is sent in parts: a stable one first (for a provider's prompt cache), the part
+    // of this turn (a flow in progress, the flows on offer…) after the history, before the user's
+    // message. A system message after the last user message is a note (a follow-up's, the safety brief).
+    let last_user = messages
+        .iter()
+        .rposition(|m| m["role"] == "user")
+        .unwrap_or(messages.len());
+    messages[..last_user]
+        .iter()
+        .filter(|m| m["role"] == "system")
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The text reply that shows what the worker sent: the user's words, how many earlier messages and
+/// which tricklists the companion sees, the knowledge it read (in a group, less what another
+/// companion already said).
+fn shown_reply(
+    messages: &[Value],
+    system: &str,
+    text: &str,
+    speaker: Speaker,
+    said: &[String],
+    name: &str,
+) -> StubReply {
     // Earlier messages of the conversation: the user's and the companion's own words, not the system
     // prompt, this message, tool calls or tool results.
     let history = messages
@@ -706,53 +732,71 @@ fn spot_wizard_move(messages: &[Value], system: &str, offered: &[&str]) -> Optio
     }
     let last = messages.last()?;
     if last["role"] == "tool" {
-        let result: Value = serde_json::from_str(last["content"].as_str()?).ok()?;
-        let called = messages
-            .iter()
-            .rev()
-            .find(|m| m["role"] == "assistant")
-            .and_then(|m| m["tool_calls"][0]["function"]["name"].as_str())
-            .unwrap_or("");
-        let in_wizard = system.contains("Guided flow in progress: Add a spot");
-        if called == "create_spot_draft" && in_wizard && has("set_flow_slots") {
-            let id = result["_id"].as_str()?;
-            return Some(StubReply::tool(
-                "set_flow_slots",
-                json!({"slots": {"draft_id": id}}),
-            ));
-        }
-        if result["flow"] != "spot_wizard" {
-            return None;
-        }
-        let filled = &result["filled"];
-        if result["step"] == "draft" && filled.get("draft_id").is_none() && has("create_spot_draft")
-        {
-            return Some(StubReply::tool(
-                "create_spot_draft",
-                json!({"name": filled["name"], "type": filled["spot_type"], "mapsUrl": filled["maps_url"],
-                       "description": filled.get("features").cloned().unwrap_or(json!("added in the demo"))}),
-            ));
-        }
-        // What the step asks of the user, said to the user (a real model reads the step's goal and
-        // says it in its own words; the scripted one has a line per step).
-        let spot = filled["name"].as_str().unwrap_or("your spot");
-        let line = match result["step"].as_str().unwrap_or("") {
-            "location" => "let's add it! drop me the google maps link to the spot 📍".to_owned(),
-            "details" => {
-                "got the link! what's the spot called, and is it a skatepark, a street spot or diy?"
-                    .to_owned()
-            }
-            "review" => format!(
-                "sent \"{spot}\" to the moderators 🙌 i'll tell you as soon as they review it"
-            ),
-            _ if result["status"] == "done" => "and that's your spot added, all done ✅".to_owned(),
-            _ => "nice, on to the next bit!".to_owned(),
-        };
-        return Some(StubReply::Text(format!("[scripted] {line}")));
+        return spot_wizard_after_tool(messages, last, system, offered);
     }
     if last["role"] != "user" {
         return None;
     }
+    spot_wizard_after_user(last, system, offered)
+}
+
+/// The spot wizard's move after a tool result (`last`): record the draft's id, submit the draft, or say
+/// what the flow's step asks of the user.
+fn spot_wizard_after_tool(
+    messages: &[Value],
+    last: &Value,
+    system: &str,
+    offered: &[&str],
+) -> Option<StubReply> {
+    let has = |t: &str| offered.contains(&t);
+    let result: Value = serde_json::from_str(last["content"].as_str()?).ok()?;
+    let called = messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "assistant")
+        .and_then(|m| m["tool_calls"][0]["function"]["name"].as_str())
+        .unwrap_or("");
+    let in_wizard = system.contains("Guided flow in progress: Add a spot");
+    if called == "create_spot_draft" && in_wizard && has("set_flow_slots") {
+        let id = result["_id"].as_str()?;
+        return Some(StubReply::tool(
+            "set_flow_slots",
+            json!({"slots": {"draft_id": id}}),
+        ));
+    }
+    if result["flow"] != "spot_wizard" {
+        return None;
+    }
+    let filled = &result["filled"];
+    if result["step"] == "draft" && filled.get("draft_id").is_none() && has("create_spot_draft") {
+        return Some(StubReply::tool(
+            "create_spot_draft",
+            json!({"name": filled["name"], "type": filled["spot_type"], "mapsUrl": filled["maps_url"],
+                   "description": filled.get("features").cloned().unwrap_or(json!("added in the demo"))}),
+        ));
+    }
+    // What the step asks of the user, said to the user (a real model reads the step's goal and
+    // says it in its own words; the scripted one has a line per step).
+    let spot = filled["name"].as_str().unwrap_or("your spot");
+    let line = match result["step"].as_str().unwrap_or("") {
+        "location" => "let's add it! drop me the google maps link to the spot 📍".to_owned(),
+        "details" => {
+            "got the link! what's the spot called, and is it a skatepark, a street spot or diy?"
+                .to_owned()
+        }
+        "review" => {
+            format!("sent \"{spot}\" to the moderators 🙌 i'll tell you as soon as they review it")
+        }
+        _ if result["status"] == "done" => "and that's your spot added, all done ✅".to_owned(),
+        _ => "nice, on to the next bit!".to_owned(),
+    };
+    Some(StubReply::Text(format!("[scripted] {line}")))
+}
+
+/// The spot wizard's move after the user's message (`last`): start the flow when asked to add a spot,
+/// else record the link or the details the flow's step asks for.
+fn spot_wizard_after_user(last: &Value, system: &str, offered: &[&str]) -> Option<StubReply> {
+    let has = |t: &str| offered.contains(&t);
     let text = last["content"].as_str().unwrap_or("");
     let lower = text.to_lowercase();
     let in_wizard = system.contains("Guided flow in progress: Add a spot");
