@@ -257,23 +257,7 @@ impl Session {
         wait: Option<Duration>,
     ) -> Result<Option<Completion>, CommandError> {
         let store = |e: mongodb::error::Error| CommandError::Store(e.into());
-        let draft = self
-            .mongo
-            .collection("spot_drafts")
-            .find_one(doc! { "submittedBy": self.user.to_hex(), "botId": self.bot.to_hex() })
-            .sort(doc! { "createdAt": -1, "_id": -1 })
-            .await
-            .map_err(store)?
-            .ok_or_else(|| CommandError::NoDraft {
-                user: self.user,
-                bot: self.bot_name.clone(),
-            })?;
-        let draft_id = draft
-            .get_object_id("_id")
-            .map_err(|_| CommandError::NoDraft {
-                user: self.user,
-                bot: self.bot_name.clone(),
-            })?;
+        let (draft, draft_id) = self.latest_draft().await?;
         let conversation = draft
             .get_str("conversationId")
             .ok()
@@ -286,27 +270,7 @@ impl Session {
         });
         let mut set = doc! { "status": review["status"].as_str().unwrap_or_default() };
         if approve {
-            let spot = ObjectId::new();
-            let mut doc = doc! { "_id": spot };
-            for field in [
-                "name",
-                "type",
-                "latitude",
-                "longitude",
-                "city",
-                "state",
-                "country",
-                "description",
-            ] {
-                if let Some(v) = draft.get(field) {
-                    doc.insert(field, v.clone());
-                }
-            }
-            self.mongo
-                .collection("ck_spots")
-                .insert_one(doc)
-                .await
-                .map_err(store)?;
+            let spot = self.publish_spot(&draft).await?;
             set.insert("spotId", spot);
             review["spotId"] = spot.to_hex().into();
         }
@@ -333,6 +297,56 @@ impl Session {
             Ok(Some(c)) => Ok(Some(c)),
             _ => Err(CommandError::NoReply(wait)),
         }
+    }
+
+    /// The newest spot draft the companion made for the user, and its id.
+    async fn latest_draft(&self) -> Result<(bson::Document, ObjectId), CommandError> {
+        let store = |e: mongodb::error::Error| CommandError::Store(e.into());
+        let draft = self
+            .mongo
+            .collection("spot_drafts")
+            .find_one(doc! { "submittedBy": self.user.to_hex(), "botId": self.bot.to_hex() })
+            .sort(doc! { "createdAt": -1, "_id": -1 })
+            .await
+            .map_err(store)?
+            .ok_or_else(|| CommandError::NoDraft {
+                user: self.user,
+                bot: self.bot_name.clone(),
+            })?;
+        let draft_id = draft
+            .get_object_id("_id")
+            .map_err(|_| CommandError::NoDraft {
+                user: self.user,
+                bot: self.bot_name.clone(),
+            })?;
+        Ok((draft, draft_id))
+    }
+
+    /// Puts an approved draft's spot in `ck_spots`, as the admin tool does; returns the spot's id.
+    async fn publish_spot(&self, draft: &bson::Document) -> Result<ObjectId, CommandError> {
+        let store = |e: mongodb::error::Error| CommandError::Store(e.into());
+        let spot = ObjectId::new();
+        let mut doc = doc! { "_id": spot };
+        for field in [
+            "name",
+            "type",
+            "latitude",
+            "longitude",
+            "city",
+            "state",
+            "country",
+            "description",
+        ] {
+            if let Some(v) = draft.get(field) {
+                doc.insert(field, v.clone());
+            }
+        }
+        self.mongo
+            .collection("ck_spots")
+            .insert_one(doc)
+            .await
+            .map_err(store)?;
+        Ok(spot)
     }
 }
 
