@@ -714,94 +714,125 @@ pub fn card_lines(card: &serde_json::Value, raw: bool) -> Vec<String> {
     if raw {
         return vec![raw_line()];
     }
-    let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
-    let place = |v: &Value| {
-        let parts: Vec<String> = ["city", "state"]
-            .iter()
-            .filter_map(|k| text(v, k))
-            .collect();
-        if parts.is_empty() {
-            String::new()
-        } else {
-            format!(" · {}", parts.join(", "))
-        }
-    };
-    let rating = |v: &Value| {
-        v.get("rating")
-            .and_then(Value::as_f64)
-            .map(|r| format!(" · ★ {r:.1}"))
-            .unwrap_or_default()
-    };
-    let link = |v: &Value| {
-        text(v, "deepLink")
-            .map(|l| format!(" · {l}"))
-            .unwrap_or_default()
-    };
-    let name = |v: &Value| text(v, "name").unwrap_or_else(|| "(no name)".into());
-    let spot = |v: &Value| format!("📍 {}{}{}{}", name(v), place(v), rating(v), link(v));
     match kind {
-        "spot_card" => vec![spot(data)],
+        "spot_card" => vec![spot_line(data)],
         "spots_list" => match data.as_array() {
-            Some(spots) if !spots.is_empty() => spots.iter().map(spot).collect(),
+            Some(spots) if !spots.is_empty() => spots.iter().map(spot_line).collect(),
             _ => vec!["📍 (no spots)".into()],
         },
         "tricklist_card" => {
             let count = data.get("trickCount").and_then(Value::as_u64).unwrap_or(0);
-            let category = text(data, "category")
+            let category = card_text(data, "category")
                 .map(|c| format!("{c}, "))
                 .unwrap_or_default();
             vec![format!(
                 "📋 {} ({category}{count} tricks){}",
-                name(data),
-                link(data)
+                card_name(data),
+                card_link(data)
             )]
         }
         "trick_card" => {
             let about: Vec<String> = ["category", "difficulty"]
                 .iter()
-                .filter_map(|k| text(data, k))
+                .filter_map(|k| card_text(data, k))
                 .collect();
             vec![format!(
                 "🤙 {} ({}){}",
-                name(data),
+                card_name(data),
                 about.join(", "),
-                link(data)
+                card_link(data)
             )]
         }
         "crisis_resources" => {
-            // Each line as the app's card lists it: whom to reach, how, when, and what it costs.
             let lines = data.get("lines").and_then(Value::as_array);
-            let reach = |v: &Value| {
-                let mut how: Vec<String> = Vec::new();
-                if let Some(p) = text(v, "phone") {
-                    how.push(format!("call {p}"));
-                }
-                if let Some(t) = text(v, "text") {
-                    how.push(format!("text {t}"));
-                }
-                if let Some(u) = text(v, "url") {
-                    how.push(u);
-                }
-                let mut parts = vec![name(v)];
-                parts.extend(how);
-                parts.extend(["hours", "cost"].iter().filter_map(|k| text(v, k)));
-                format!("🆘 {}", parts.join(" · "))
-            };
             match lines {
-                Some(lines) if !lines.is_empty() => lines.iter().map(reach).collect(),
+                Some(lines) if !lines.is_empty() => lines.iter().map(crisis_line).collect(),
                 _ => vec!["🆘 (no lines)".into()],
             }
         }
         "spot_draft_confirmation" => {
-            let status = match text(data, "status").as_deref() {
+            let status = match card_text(data, "status").as_deref() {
                 Some("pending_approval") => "waiting for a moderator".to_owned(),
                 Some(s) => s.to_owned(),
                 None => "submitted".to_owned(),
             };
-            vec![format!("📝 {}{} · {status}", name(data), place(data))]
+            vec![format!(
+                "📝 {}{} · {status}",
+                card_name(data),
+                card_place(data)
+            )]
         }
         _ => vec![raw_line()],
     }
+}
+
+/// A card's text field `k`, if it has one.
+fn card_text(v: &serde_json::Value, k: &str) -> Option<String> {
+    v.get(k)
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned)
+}
+
+/// Where a card's place is (` · city, state`), or nothing.
+fn card_place(v: &serde_json::Value) -> String {
+    let parts: Vec<String> = ["city", "state"]
+        .iter()
+        .filter_map(|k| card_text(v, k))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" · {}", parts.join(", "))
+    }
+}
+
+/// A card's rating (` · ★ 4.5`), or nothing.
+fn card_rating(v: &serde_json::Value) -> String {
+    v.get("rating")
+        .and_then(serde_json::Value::as_f64)
+        .map(|r| format!(" · ★ {r:.1}"))
+        .unwrap_or_default()
+}
+
+/// A card's link into the app (` · <deep link>`), or nothing.
+fn card_link(v: &serde_json::Value) -> String {
+    card_text(v, "deepLink")
+        .map(|l| format!(" · {l}"))
+        .unwrap_or_default()
+}
+
+/// A card's name, or `(no name)`.
+fn card_name(v: &serde_json::Value) -> String {
+    card_text(v, "name").unwrap_or_else(|| "(no name)".into())
+}
+
+/// A spot's line: its name, place, rating and link.
+fn spot_line(v: &serde_json::Value) -> String {
+    format!(
+        "📍 {}{}{}{}",
+        card_name(v),
+        card_place(v),
+        card_rating(v),
+        card_link(v)
+    )
+}
+
+/// A crisis line as the app's card lists it: whom to reach, how, when, and what it costs.
+fn crisis_line(v: &serde_json::Value) -> String {
+    let mut how: Vec<String> = Vec::new();
+    if let Some(p) = card_text(v, "phone") {
+        how.push(format!("call {p}"));
+    }
+    if let Some(t) = card_text(v, "text") {
+        how.push(format!("text {t}"));
+    }
+    if let Some(u) = card_text(v, "url") {
+        how.push(u);
+    }
+    let mut parts = vec![card_name(v)];
+    parts.extend(how);
+    parts.extend(["hours", "cost"].iter().filter_map(|k| card_text(v, k)));
+    format!("🆘 {}", parts.join(" · "))
 }
 
 /// The lines a scripted chat plays: `builtin` (the chat's own script), `spot-wizard`, a file, or stdin
