@@ -322,31 +322,7 @@ impl Adam {
 
 /// Fits one head's weights on `samples`.
 fn fit(samples: &[&Sample], classes: usize, s: &Settings, seed: u64) -> VectorWeights {
-    let n = samples.len().max(1) as f32;
-    let mut mean = vec![0f32; DIM];
-    for x in samples {
-        for (m, v) in mean.iter_mut().zip(x.vector) {
-            *m += v / n;
-        }
-    }
-    let mut var = vec![0f32; DIM];
-    for x in samples {
-        for ((a, v), m) in var.iter_mut().zip(x.vector).zip(&mean) {
-            *a += (v - m) * (v - m) / n;
-        }
-    }
-    let inv_sd: Vec<f32> = var.iter().map(|v| 1.0 / (v.sqrt() + 1e-6)).collect();
-    let z: Vec<Vec<f32>> = samples
-        .iter()
-        .map(|x| {
-            x.vector
-                .iter()
-                .zip(&mean)
-                .zip(&inv_sd)
-                .map(|((v, m), i)| (v - m) * i)
-                .collect()
-        })
-        .collect();
+    let (mean, inv_sd, z) = standardised(samples);
     let class_weight = crate::safety_train::class_weights(samples.iter().map(|x| x.y), classes);
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut uniform = |n: usize, fan_in: usize| -> Vec<f32> {
@@ -373,64 +349,117 @@ fn fit(samples: &[&Sample], classes: usize, s: &Settings, seed: u64) -> VectorWe
     for _ in 0..s.epochs {
         shuffle.shuffle(&mut order);
         for batch in order.chunks(BATCH) {
-            let mut g1 = vec![0f32; DIM * HIDDEN];
-            let mut gb1 = vec![0f32; HIDDEN];
-            let mut g2 = vec![0f32; HIDDEN * classes];
-            let mut gb2 = vec![0f32; classes];
+            let mut g = Gradients::zero(classes);
             let mut weight = 0f32;
             for &i in batch {
-                let (zi, y) = (&z[i], samples[i].y);
-                let mut h = w.b1.clone();
-                for (d, zd) in zi.iter().enumerate() {
-                    for (hj, wj) in h.iter_mut().zip(&w.w1[d * HIDDEN..(d + 1) * HIDDEN]) {
-                        *hj += zd * wj;
-                    }
-                }
-                h.iter_mut().for_each(|v| *v = v.max(0.0));
-                let mut logits = w.b2.clone();
-                for (j, hj) in h.iter().enumerate() {
-                    for (l, wj) in logits.iter_mut().zip(&w.w2[j * classes..(j + 1) * classes]) {
-                        *l += hj * wj;
-                    }
-                }
-                let p = softmax(&logits);
+                let y = samples[i].y;
                 let cw = class_weight[y];
                 weight += cw;
-                let g: Vec<f32> = (0..classes)
-                    .map(|c| cw * (p[c] - f32::from(u8::from(c == y))))
-                    .collect();
-                let mut gh = vec![0f32; HIDDEN];
-                for (j, hj) in h.iter().enumerate() {
-                    let row = &w.w2[j * classes..(j + 1) * classes];
-                    for c in 0..classes {
-                        g2[j * classes + c] += hj * g[c];
-                    }
-                    if *hj > 0.0 {
-                        gh[j] = row.iter().zip(&g).map(|(a, b)| a * b).sum();
-                    }
-                }
-                for (b, gc) in gb2.iter_mut().zip(&g) {
-                    *b += gc;
-                }
-                for (d, zd) in zi.iter().enumerate() {
-                    for (a, ghj) in g1[d * HIDDEN..(d + 1) * HIDDEN].iter_mut().zip(&gh) {
-                        *a += zd * ghj;
-                    }
-                }
-                for (b, ghj) in gb1.iter_mut().zip(&gh) {
-                    *b += ghj;
-                }
+                backprop(&w, &z[i], y, cw, classes, &mut g);
             }
             let scale = 1.0 / weight.max(1e-6);
-            for g in [&mut g1, &mut gb1, &mut g2, &mut gb2] {
+            for g in [&mut g.w1, &mut g.b1, &mut g.w2, &mut g.b2] {
                 g.iter_mut().for_each(|v| *v *= scale);
             }
             t += 1;
-            adam[0].step(&mut w.w1, &g1, t, L2);
-            adam[1].step(&mut w.b1, &gb1, t, 0.0);
-            adam[2].step(&mut w.w2, &g2, t, L2);
-            adam[3].step(&mut w.b2, &gb2, t, 0.0);
+            adam[0].step(&mut w.w1, &g.w1, t, L2);
+            adam[1].step(&mut w.b1, &g.b1, t, 0.0);
+            adam[2].step(&mut w.w2, &g.w2, t, L2);
+            adam[3].step(&mut w.b2, &g.b2, t, 0.0);
         }
     }
     w
+}
+
+/// The samples' vectors standardised: each dimension's mean, the inverse of its standard deviation,
+/// and every vector less the mean, times that inverse.
+fn standardised(samples: &[&Sample]) -> (Vec<f32>, Vec<f32>, Vec<Vec<f32>>) {
+    let n = samples.len().max(1) as f32;
+    let mut mean = vec![0f32; DIM];
+    for x in samples {
+        for (m, v) in mean.iter_mut().zip(x.vector) {
+            *m += v / n;
+        }
+    }
+    let mut var = vec![0f32; DIM];
+    for x in samples {
+        for ((a, v), m) in var.iter_mut().zip(x.vector).zip(&mean) {
+            *a += (v - m) * (v - m) / n;
+        }
+    }
+    let inv_sd: Vec<f32> = var.iter().map(|v| 1.0 / (v.sqrt() + 1e-6)).collect();
+    let z: Vec<Vec<f32>> = samples
+        .iter()
+        .map(|x| {
+            x.vector
+                .iter()
+                .zip(&mean)
+                .zip(&inv_sd)
+                .map(|((v, m), i)| (v - m) * i)
+                .collect()
+        })
+        .collect();
+    (mean, inv_sd, z)
+}
+
+/// A batch's gradients of the weights, summed over its samples.
+struct Gradients {
+    w1: Vec<f32>,
+    b1: Vec<f32>,
+    w2: Vec<f32>,
+    b2: Vec<f32>,
+}
+
+impl Gradients {
+    fn zero(classes: usize) -> Self {
+        Gradients {
+            w1: vec![0f32; DIM * HIDDEN],
+            b1: vec![0f32; HIDDEN],
+            w2: vec![0f32; HIDDEN * classes],
+            b2: vec![0f32; classes],
+        }
+    }
+}
+
+/// Adds one sample's gradients (standardised vector `zi`, class `y`, weighed `cw`) to `g`: the
+/// forward pass through the hidden layer, then back.
+fn backprop(w: &VectorWeights, zi: &[f32], y: usize, cw: f32, classes: usize, g: &mut Gradients) {
+    let mut h = w.b1.clone();
+    for (d, zd) in zi.iter().enumerate() {
+        for (hj, wj) in h.iter_mut().zip(&w.w1[d * HIDDEN..(d + 1) * HIDDEN]) {
+            *hj += zd * wj;
+        }
+    }
+    h.iter_mut().for_each(|v| *v = v.max(0.0));
+    let mut logits = w.b2.clone();
+    for (j, hj) in h.iter().enumerate() {
+        for (l, wj) in logits.iter_mut().zip(&w.w2[j * classes..(j + 1) * classes]) {
+            *l += hj * wj;
+        }
+    }
+    let p = softmax(&logits);
+    let gl: Vec<f32> = (0..classes)
+        .map(|c| cw * (p[c] - f32::from(u8::from(c == y))))
+        .collect();
+    let mut gh = vec![0f32; HIDDEN];
+    for (j, hj) in h.iter().enumerate() {
+        let row = &w.w2[j * classes..(j + 1) * classes];
+        for (c, gc) in gl.iter().enumerate() {
+            g.w2[j * classes + c] += hj * gc;
+        }
+        if *hj > 0.0 {
+            gh[j] = row.iter().zip(&gl).map(|(a, b)| a * b).sum();
+        }
+    }
+    for (b, gc) in g.b2.iter_mut().zip(&gl) {
+        *b += gc;
+    }
+    for (d, zd) in zi.iter().enumerate() {
+        for (a, ghj) in g.w1[d * HIDDEN..(d + 1) * HIDDEN].iter_mut().zip(&gh) {
+            *a += zd * ghj;
+        }
+    }
+    for (b, ghj) in g.b1.iter_mut().zip(&gh) {
+        *b += ghj;
+    }
 }
