@@ -415,26 +415,8 @@ pub async fn retrieval_agreement(
     let reference_chunks = reference
         .embed(companion_knowledge::rag::Role::Passage, &inputs)
         .await?;
-    let started = Instant::now();
-    let mut model_queries = Vec::with_capacity(queries.len());
-    for q in queries {
-        model_queries.push(
-            model
-                .embed_one(companion_knowledge::rag::Role::Query, q)
-                .await?,
-        );
-    }
-    let model_secs = started.elapsed().as_secs_f64();
-    let started = Instant::now();
-    let mut reference_queries = Vec::with_capacity(queries.len());
-    for q in queries {
-        reference_queries.push(
-            reference
-                .embed_one(companion_knowledge::rag::Role::Query, q)
-                .await?,
-        );
-    }
-    let reference_secs = started.elapsed().as_secs_f64();
+    let (model_queries, model_secs) = embed_queries(model, queries).await?;
+    let (reference_queries, reference_secs) = embed_queries(reference, queries).await?;
     let k = k.clamp(1, chunks.len());
     let mut a = Agreement {
         queries: queries.len(),
@@ -492,6 +474,23 @@ pub async fn retrieval_agreement(
     }
     a.mean_overlap = overlap as f64 / (k * queries.len()).max(1) as f64;
     Ok(a)
+}
+
+/// Each query embedded one at a time, as a turn does, and the seconds that took.
+async fn embed_queries(
+    embedder: &Embedder,
+    queries: &[String],
+) -> Result<(Vec<Vec<f32>>, f64), EmbedError> {
+    let started = Instant::now();
+    let mut vectors = Vec::with_capacity(queries.len());
+    for q in queries {
+        vectors.push(
+            embedder
+                .embed_one(companion_knowledge::rag::Role::Query, q)
+                .await?,
+        );
+    }
+    Ok((vectors, started.elapsed().as_secs_f64()))
 }
 
 fn short(text: &str, max: usize) -> String {
