@@ -14,7 +14,7 @@ use companion_knowledge::character::Characters;
 use companion_store::{
     bus::event::InboundEvent,
     store::{
-        StoreError,
+        Mongo, StoreError,
         mongo::{DM_CONVERSATIONS, DM_MESSAGES, TRICKLISTS, TRICKS, USERS, user_ref},
     },
 };
@@ -152,57 +152,14 @@ pub async fn seed_all(
     shape: &DataShape,
     seed_dir: &Path,
 ) -> Result<Dataset, BenchError> {
-    let mongo = &env.mongo;
-    seed::seed_dir(mongo, seed_dir)
-        .await
-        .map_err(|e| BenchError::Setup(format!("demo seed: {e}")))?;
-    let mut characters = Characters::load(&env.config.characters.dir)
-        .map_err(|e| BenchError::Setup(format!("characters: {e}")))?;
-    characters
-        .resolve(mongo)
-        .await
-        .map_err(|e| BenchError::Setup(format!("characters: {e}")))?;
-    let mut bots: Vec<ObjectId> = characters.iter().map(|(id, _)| *id).collect();
-    bots.sort();
-    if bots.is_empty() {
-        return Err(BenchError::Setup("no characters".into()));
-    }
+    let bots = seed_bots(env, seed_dir).await?;
     let users_needed = shape.conversations.div_ceil(bots.len());
     let n_users = shape.users.max(users_needed).max(1);
-    let tricks: Vec<ObjectId> = mongo
-        .collection(TRICKS)
-        .find(doc! {})
-        .projection(doc! { "_id": 1 })
-        .await
-        .map_err(StoreError::from)?
-        .try_collect::<Vec<Document>>()
-        .await
-        .map_err(StoreError::from)?
-        .into_iter()
-        .filter_map(|d| d.get_object_id("_id").ok())
-        .collect();
+    let tricks = trick_ids(&env.mongo).await?;
 
     let now = Utc::now();
     let users: Vec<ObjectId> = (0..n_users).map(|_| ObjectId::new()).collect();
-    let sports = ["skateboard", "snowboard", "bmx"];
-    let cities = ["Portland, OR", "Barcelona", "Berlin", "Denver, CO", "Tokyo"];
-    let user_docs: Vec<Document> = users
-        .iter()
-        .enumerate()
-        .map(|(i, id)| {
-            doc! {
-                "_id": *id,
-                "name": format!("Bench Rider {i}"),
-                "username": format!("bench_rider_{i}"),
-                "isBot": false,
-                "bio": "Skates after work, snowboards all winter, always chasing the next trick.",
-                "location": cities[i % cities.len()],
-                "sports": [sports[i % sports.len()], sports[(i + 1) % sports.len()]],
-                "createdAt": bson::DateTime::from_chrono(now),
-            }
-        })
-        .collect();
-    insert_chunked(env, USERS, user_docs).await?;
+    insert_chunked(env, USERS, user_docs(&users, now)).await?;
 
     let lists = tricklists(&users, &tricks, shape.tricklists_per_user, now);
     insert_chunked(env, TRICKLISTS, lists).await?;
@@ -234,6 +191,65 @@ pub async fn seed_all(
         users: n_users,
         knowledge_chunks: 0,
     })
+}
+
+/// Seeds the demo data and resolves the characters; returns the companions' bot ids, sorted.
+async fn seed_bots(env: &RunEnv, seed_dir: &Path) -> Result<Vec<ObjectId>, BenchError> {
+    let mongo = &env.mongo;
+    seed::seed_dir(mongo, seed_dir)
+        .await
+        .map_err(|e| BenchError::Setup(format!("demo seed: {e}")))?;
+    let mut characters = Characters::load(&env.config.characters.dir)
+        .map_err(|e| BenchError::Setup(format!("characters: {e}")))?;
+    characters
+        .resolve(mongo)
+        .await
+        .map_err(|e| BenchError::Setup(format!("characters: {e}")))?;
+    let mut bots: Vec<ObjectId> = characters.iter().map(|(id, _)| *id).collect();
+    bots.sort();
+    if bots.is_empty() {
+        return Err(BenchError::Setup("no characters".into()));
+    }
+    Ok(bots)
+}
+
+/// The id of every trick in the trickipedia.
+async fn trick_ids(mongo: &Mongo) -> Result<Vec<ObjectId>, BenchError> {
+    let tricks: Vec<ObjectId> = mongo
+        .collection(TRICKS)
+        .find(doc! {})
+        .projection(doc! { "_id": 1 })
+        .await
+        .map_err(StoreError::from)?
+        .try_collect::<Vec<Document>>()
+        .await
+        .map_err(StoreError::from)?
+        .into_iter()
+        .filter_map(|d| d.get_object_id("_id").ok())
+        .collect();
+    Ok(tricks)
+}
+
+/// The bench riders' user documents, one for each id, their sports and cities taken in turn.
+fn user_docs(users: &[ObjectId], now: chrono::DateTime<Utc>) -> Vec<Document> {
+    let sports = ["skateboard", "snowboard", "bmx"];
+    let cities = ["Portland, OR", "Barcelona", "Berlin", "Denver, CO", "Tokyo"];
+    users
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            doc! {
+                "_id": *id,
+                "name": format!("Bench Rider {i}"),
+                "username": format!("bench_rider_{i}"),
+                "isBot": false,
+                "bio": "Skates after work, snowboards all winter, always chasing the next trick.",
+                "location": cities[i % cities.len()],
+                "sports": [sports[i % sports.len()], sports[(i + 1) % sports.len()]],
+                "createdAt": bson::DateTime::from_chrono(now),
+            }
+        })
+        .collect()
 }
 
 /// `per_user` tricklists for each user, eight of `tricks` in each, every third one landed.
