@@ -309,30 +309,11 @@ async fn measure(
     let collector = load::collect_completions(&env.bus, phases.tracker.clone()).await?;
     phases.warm_up(warmup_events).await;
     let rss_warm = phase::rss_mb(procs);
-    let counter = match statements::Counter::start(env.admin_url(), &env.database()).await {
-        Ok(c) => Some(c),
-        Err(e) => {
-            eprintln!("bench: PostgreSQL's work is not counted: {e}");
-            None
-        }
-    };
+    let counter = statements_counter(env).await;
     if let Some(p) = &proxy {
         p.reset();
     }
-    let monitor = std::env::var("NATS_MONITOR_URL").unwrap_or_else(|_| NATS_MONITOR.into());
-    let nats_counter = match nats_work::Counter::start(
-        &monitor,
-        &env.config.nats.subject_prefix,
-        &env.config.nats.stream_prefix,
-    )
-    .await
-    {
-        Ok(c) => Some(c),
-        Err(e) => {
-            eprintln!("bench: NATS messages are not counted: {e}");
-            None
-        }
-    };
+    let nats_counter = nats_counter(env).await;
     let measured = phases.measured(events, procs, &sampler, &stub).await;
     if let Some(c) = &nats_counter {
         match c.finish(measured.progress.completed).await {
@@ -362,6 +343,36 @@ async fn measure(
     report.resources = Some(resources(measured, rss_idle, rss_warm));
     drop(stub);
     Ok(())
+}
+
+/// Starts counting PostgreSQL's work on the run's database (none, said why, when it cannot).
+async fn statements_counter(env: &env::RunEnv) -> Option<statements::Counter> {
+    match statements::Counter::start(env.admin_url(), &env.database()).await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("bench: PostgreSQL's work is not counted: {e}");
+            None
+        }
+    }
+}
+
+/// Starts counting the NATS messages of the run's subjects and streams (none, said why, when it
+/// cannot).
+async fn nats_counter(env: &env::RunEnv) -> Option<nats_work::Counter> {
+    let monitor = std::env::var("NATS_MONITOR_URL").unwrap_or_else(|_| NATS_MONITOR.into());
+    match nats_work::Counter::start(
+        &monitor,
+        &env.config.nats.subject_prefix,
+        &env.config.nats.stream_prefix,
+    )
+    .await
+    {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("bench: NATS messages are not counted: {e}");
+            None
+        }
+    }
 }
 
 /// Starts the round-trip counting proxy in front of the server of `url`.
