@@ -227,25 +227,7 @@ pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
             "screen-output.bin",
         ),
     ] {
-        let (examples, line_vectors): (Vec<Example>, Vec<&[f32]>) = lines
-            .iter()
-            .zip(&vectors)
-            .filter(|(l, _)| l.set == set)
-            .filter_map(|(l, v)| {
-                let y = classes.iter().position(|c| *c == l.label)?;
-                // The worker embeds user messages, never replies (CrisisScreen::check_reply reads their
-                // n-grams): each model learns from what it is given at work.
-                let embedding = (set == "input").then_some(v.as_slice());
-                let e = Example {
-                    text: l.text.clone(),
-                    x: learned::features(&l.text, embedding),
-                    y,
-                    hard: l.label == "none" && l.kind != "chat",
-                    lang: l.lang.clone(),
-                };
-                Some((e, v.as_slice()))
-            })
-            .unzip();
+        let (examples, line_vectors) = examples(set, classes, &lines, &vectors);
         let (mut model, folds) = fit_with_threshold(set, classes, &examples, fp, args, &digest)?;
         model.header.encoder = Some(embedder.model().to_owned());
         let path = args.out_dir.join(file);
@@ -274,6 +256,34 @@ pub async fn train(args: &TrainArgs) -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The lines of `set` labelled with one of `classes`, as examples, each with its line's vector.
+fn examples<'a>(
+    set: &str,
+    classes: &[&str],
+    lines: &[Line],
+    vectors: &'a [Vec<f32>],
+) -> (Vec<Example>, Vec<&'a [f32]>) {
+    lines
+        .iter()
+        .zip(vectors)
+        .filter(|(l, _)| l.set == set)
+        .filter_map(|(l, v)| {
+            let y = classes.iter().position(|c| *c == l.label)?;
+            // The worker embeds user messages, never replies (CrisisScreen::check_reply reads their
+            // n-grams): each model learns from what it is given at work.
+            let embedding = (set == "input").then_some(v.as_slice());
+            let e = Example {
+                text: l.text.clone(),
+                x: learned::features(&l.text, embedding),
+                y,
+                hard: l.label == "none" && l.kind != "chat",
+                lang: l.lang.clone(),
+            };
+            Some((e, v.as_slice()))
+        })
+        .unzip()
 }
 
 /// Every tuning line (the tuning files', `--extra`'s and the ordinary companion text's), and the
