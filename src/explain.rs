@@ -31,7 +31,7 @@ use crate::{
 
 /// The steps' names where the story's order and slots match on them (a pattern needs a constant).
 mod step {
-    use crate::pipeline::{burst, compose, deliver, gate, incoming};
+    use crate::pipeline::{burst, compose, deliver, gate, incoming, kind};
     use crate::tools;
 
     pub(super) const SCREEN: &str = incoming::SCREEN.name;
@@ -41,14 +41,14 @@ mod step {
     pub(super) const ALERT: &str = incoming::ALERT.name;
     pub(super) const UNDER_13: &str = gate::UNDER_13_LINE.name;
     pub(super) const ROUTE: &str = crate::group::ROUTE.name;
-    pub(super) const GATE: &str = gate::GATE.name;
-    pub(super) const CAP: &str = gate::CAP.name;
+    pub(super) const GATE: &str = kind::follow_up::GATE.name;
+    pub(super) const CAP: &str = kind::follow_up::CAP.name;
     pub(super) const TURN: &str = crate::flood::TURN.name;
     pub(super) const BUSY: &str = crate::flood::BUSY.name;
     pub(super) const FLOOD: &str = crate::pipeline::FLOOD.name;
     pub(super) const AFTER_FLAG: &str = gate::AFTER_FLAG.name;
     pub(super) const BURST: &str = burst::BURST.name;
-    pub(super) const FLOW: &str = compose::FLOW.name;
+    pub(super) const FLOW: &str = kind::dm::FLOW.name;
     pub(super) const FLOW_CHANGE: &str = crate::flow::state::FLOW_CHANGE.name;
     pub(super) const LLM: &str = crate::calls::LLM.name;
     pub(super) const MODEL_FAILED: &str = crate::calls::MODEL_FAILED.name;

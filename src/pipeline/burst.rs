@@ -14,21 +14,15 @@ use tracing::info;
 
 use std::sync::Arc;
 
-use super::{
-    Arrival, PipelineError,
-    gate::Plan,
-    input::{Admitted, Kind},
-};
+use super::{Arrival, PipelineError};
 use crate::{
     bus::{
         DmEvent, Names,
         event::{EventLimits, parse_inbound},
     },
-    flow::{self, Flows, state::Applied},
+    flow::Flows,
     journal::{Job, NewJob, StepKind, Telling, Told, names::key},
-    proactive::FollowUp,
     store::Pg,
-    timing::{Stage, stage},
 };
 
 /// A later message of a burst, as the `burst` step fixes it.
@@ -111,36 +105,11 @@ pub(crate) struct TakeIn {
 }
 
 impl TakeIn {
-    /// Stage 5 for a job the gate let through with `plan`: a DM's burst (none when a busy or fixed line
-    /// answers), a follow-up's flow; nothing for a group message.
-    pub(crate) async fn take_in(
-        &self,
-        job: &Job,
-        a: &Admitted<'_>,
-        plan: &Plan<'_>,
-        arrival: Option<&Arrival<'_>>,
-    ) -> Result<Taken, PipelineError> {
-        Ok(match &a.kind {
-            Kind::Dm(event) if !plan.busy && plan.fixed.is_none() => {
-                let burst = self.burst((job, a.new_job(None)), event, arrival);
-                Taken {
-                    burst: stage(Stage::Order, Box::pin(burst)).await?,
-                    flow_note: None,
-                }
-            }
-            Kind::FollowUp { follow_up, .. } => Taken {
-                burst: Burst::default(),
-                flow_note: self.move_flow(job, a, follow_up).await?,
-            },
-            _ => Taken::default(),
-        })
-    }
-
     /// The `burst` step of the DM `event`: the later messages of the same sender that follow in the
     /// stream now (contiguous, valid, within the bounds), each made a job `covered` by this one (the
     /// incoming hook sees them once the step is fixed) (like `own`, the job's own row); the first that already has a job ends the
     /// burst.
-    async fn burst(
+    pub(crate) async fn burst(
         &self,
         (job, own): (&Job, NewJob<'_>),
         event: &DmEvent,
@@ -204,35 +173,5 @@ impl TakeIn {
             );
         }
         Ok(burst)
-    }
-
-    /// A follow-up's take-in: the user's flow with its companion moves on when a waiting step waited for
-    /// this news (step `flow_change`/`event`); the note for the brief when it did.
-    async fn move_flow(
-        &self,
-        job: &Job,
-        a: &Admitted<'_>,
-        follow_up: &FollowUp<'_>,
-    ) -> Result<Option<String>, PipelineError> {
-        let Some(awaited) = follow_up.awaited() else {
-            return Ok(None);
-        };
-        let applied = flow::state::change(job, key::EVENT, &a.ids.user, &a.ids.bot, |current| {
-            Ok::<_, ()>(
-                current
-                    .filter(|c| c.waiting_for.as_deref() == Some(awaited.as_str()))
-                    .filter(|c| c.status == flow::state::status::WAITING)
-                    .and_then(|c| Some(flow::resume(self.flows.get(&c.flow)?, c.clone()))),
-            )
-        })
-        .await?;
-        let Applied::Changed(Some(s)) = applied else {
-            return Ok(None);
-        };
-        let Some(def) = self.flows.get(&s.flow) else {
-            return Ok(None);
-        };
-        info!(flow = %s.flow, step = %s.step, status = %s.status, "the news moved the user's flow on");
-        Ok(Some(flow::resumed_note(def, &s)))
     }
 }

@@ -16,7 +16,7 @@ use tracing::{debug, warn};
 
 use super::{
     Burst, PipelineError, Reply,
-    input::{Admitted, Answered, Kind, UserMessage},
+    input::{Admitted, Answered, UserMessage},
 };
 use crate::{
     bus::{Bus, Completion, Trigger},
@@ -204,11 +204,7 @@ impl Delivery {
             Some(b) => ObjectId::parse_str(b).map_err(|_| PipelineError::BadReplyId(b.clone()))?,
             None => a.members[0].bot,
         };
-        let answers = match &a.kind {
-            Kind::Dm(e) => Answers::Dm(e.message_id),
-            Kind::Group { event, .. } => Answers::Group(event.message_id),
-            Kind::FollowUp { follow_up, .. } => Answers::News(follow_up.trigger.clone()),
-        };
+        let answers = a.kind.answers();
         Ok(Address {
             conversation: a.ids.conversation_id,
             bot,
@@ -284,7 +280,7 @@ impl Delivery {
             user: m.sender,
             answers: Answers::Referral {
                 message: m.id,
-                group: matches!(a.kind, Kind::Group { .. }),
+                group: a.kind.shared(),
             },
             user_rows: Vec::new(),
             covers: Vec::new(),
@@ -651,7 +647,7 @@ fn user_rows<'a>(
             message_id: &m.message,
             tool_calls: None,
             created_at: m.sent_at.min(answer_at - chrono::Duration::microseconds(1)),
-            group_chat: matches!(a.kind, Kind::Group { .. }),
+            group_chat: a.kind.shared(),
             ai_disclosure: false,
         })
         .collect()

@@ -8,10 +8,7 @@ use std::sync::Arc;
 use tracing::{debug, info};
 
 use super::{
-    Burst, Outcome, PipelineError, Reply, Settled,
-    deliver::Sent,
-    gate::Plan,
-    input::{Admitted, Kind},
+    Burst, Outcome, PipelineError, Reply, Settled, deliver::Sent, gate::Plan, input::Admitted,
     outgoing::Clean,
 };
 use crate::{
@@ -80,10 +77,7 @@ impl Endings {
                 self.dropped(job, a, "no companion left to speak").await?,
             ));
         };
-        if let Kind::Dm(_) = a.kind
-            && end.remember
-            && self.memory.config.enabled
-        {
+        if a.kind.dm().is_some() && end.remember && self.memory.config.enabled {
             // Before the job settles, as a step: a crash after the reply publishes it on the retry.
             let waiting = a.memory().waiting + 1 + end.burst.covers.len() as i64;
             job.step(&MEMORY_TRIGGER, job.record.generation.to_string())
@@ -128,8 +122,8 @@ impl Endings {
             self.metrics
                 .add(&group::ANSWERS, &[], end.said.len() as u64);
         }
-        let plain = matches!(&a.kind, Kind::FollowUp { follow_up, .. }
-            if last.content.ends_with(&self.clean.text(&follow_up.plain)));
+        let plain = (a.kind.follow_up())
+            .is_some_and(|f| last.content.ends_with(&self.clean.text(&f.plain)));
         self.count(a, &outcome, plain);
         Ok(Ended::Settled(Settled {
             outcome,
@@ -152,7 +146,7 @@ impl Endings {
         };
         job.finish(State::Dropped, ending).await?;
         info!(reason, "no message for this job");
-        if let Kind::Group { .. } = a.kind {
+        if a.kind.shared() {
             self.metrics.inc(&group::SILENCES, &[("reason", reason)]);
         }
         let outcome = Outcome::Dropped {
@@ -212,7 +206,7 @@ impl Endings {
     /// The follow-ups' counter (`companion_proactive_total{kind,outcome}`); answers to users are
     /// counted by the worker.
     pub(crate) fn count(&self, a: &Admitted<'_>, outcome: &Outcome, plain: bool) {
-        if let Kind::FollowUp { follow_up, .. } = &a.kind {
+        if let Some(follow_up) = a.kind.follow_up() {
             let name = match outcome {
                 Outcome::Answered { .. } if plain => "sent_plain",
                 Outcome::Answered { .. } | Outcome::Limited { .. } => "sent",

@@ -1,8 +1,6 @@
-//! Stage 4: the checks inside the job, each decision a step of it, and who speaks (stage 6's plan).
-//! A DM is held while a moderator pauses its conversation, answered once a day by a fixed line under
-//! 13, and limited by the flood limit; a group message is routed to its companions first; a follow-up
-//! is dropped when its news is stale, its user cannot be written to, a minor's quiet hours or the daily
-//! cap stand in the way.
+//! Stage 4: the checks inside the job, each decision a step of it, and who speaks (stage 6's plan). Each
+//! kind makes its checks (`kind/`) from the ones here: whether the conversation is paused, the under-13
+//! line, the flood limit; then a user message learns whether the reply model flagged the one before.
 
 use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
@@ -10,9 +8,9 @@ use serde_json::json;
 use tracing::info;
 
 use super::{
-    FLOOD, Fixed, FloodDecision, HELD, PipelineError, Reply, UNDER_13,
+    FLOOD, Fixed, FloodDecision, PipelineError, Reply, UNDER_13,
     incoming::{CRISIS, Flagged},
-    input::{self, Admitted, Kind},
+    input::Admitted,
 };
 use crate::{
     config::{FollowUpConfig, GroupConfig},
@@ -22,9 +20,8 @@ use crate::{
         Counted, Job, Journal, StepKind,
         names::key::{self, Slot},
     },
-    proactive,
     rag::Retriever,
-    safety::{Safety, age::Age, detect::Layer},
+    safety::{Safety, detect::Layer},
     store::{Pg, pg::GroupLine},
     timing::{Stage, stage},
 };
@@ -40,16 +37,6 @@ pub(crate) const AFTER_FLAG: StepKind<bool> =
         };
         (says.into(), json!({ "after_flag": flagged }))
     });
-/// A follow-up's checks before anything is sent: stale news, a blocked or departed companion, the daily
-/// cap. Why it was dropped, or nothing.
-pub(crate) const GATE: StepKind<Option<String>> =
-    StepKind::new("gate").told(|_, dropped| match dropped {
-        Some(reason) => (
-            format!("gate: dropped ({reason})"),
-            json!({ "dropped": reason }),
-        ),
-        None => ("gate: passed".into(), json!({ "dropped": null })),
-    });
 /// The one line a user under 13 gets a day (tally [`crate::journal::names::tally::under_13`]).
 pub(crate) const UNDER_13_LINE: StepKind<Counted> = StepKind::new("under_13").says(|_| {
     (
@@ -57,10 +44,6 @@ pub(crate) const UNDER_13_LINE: StepKind<Counted> = StepKind::new("under_13").sa
         json!({}),
     )
 });
-/// A follow-up counted against the user's daily cap (tally [`crate::journal::names::tally::proactive`]).
-pub(crate) const CAP: StepKind<Counted> = StepKind::new("cap")
-    .says(|t| crate::flood::counted(t, "gate: counted against the daily follow-up cap"));
-
 /// What the gate lets through, and what it stops.
 pub(crate) enum Passage<'a> {
     /// Its messages are planned: the gate let it through (or over the flood limit, with the busy line).
@@ -126,7 +109,7 @@ impl<'a> Plan<'a> {
             .and_then(|r| r.speakers_among(&a.members).first().copied())
             .and_then(|b| a.members.iter().find(|m| m.bot == b).copied())
             .unwrap_or(a.members[0]);
-        let group = matches!(a.kind, Kind::Group { .. }).then(|| GroupPlan {
+        let group = a.kind.shared().then(|| GroupPlan {
             route: route.unwrap_or_default(),
             bounds: Bounds {
                 max_handovers: 0,
@@ -194,20 +177,30 @@ pub(crate) struct Gate {
 }
 
 impl Gate {
-    /// Stage 4: the checks inside the job, each decision a step of it. A user message that goes ahead
-    /// (not itself in crisis) learns whether the reply model flagged the one before.
+    /// Stage 4 after the kind's checks ([`super::kind::plan`]): a user message that goes ahead (not itself
+    /// in crisis) learns whether the reply model flagged the one before.
     pub(crate) async fn pass<'t>(
         &'t self,
         job: &Job,
         a: &Admitted<'t>,
         crisis: bool,
+        checked: Passage<'t>,
     ) -> Result<Passage<'t>, PipelineError> {
-        match self.check(job, a, crisis).await? {
+        match checked {
             Passage::Go(mut plan) if !crisis && a.message().is_some() => {
                 plan.after_flag = self.after_model_flag(job).await?;
                 Ok(Passage::Go(plan))
             }
             passage => Ok(passage),
+        }
+    }
+
+    /// Whether a moderator has paused the job's conversation (read with the job's opening when it could
+    /// be).
+    pub(crate) async fn paused(&self, job: &Job, a: &Admitted<'_>) -> Result<bool, PipelineError> {
+        match job.carried().paused() {
+            Some(paused) => Ok(paused),
+            None => Ok(self.pg.paused(&a.ids.conversation).await?),
         }
     }
 
@@ -241,117 +234,9 @@ impl Gate {
         (CRISIS.name, Utc::now() - window)
     }
 
-    /// The checks, each decision a step of the job, and who speaks.
-    async fn check<'t>(
-        &'t self,
-        job: &Job,
-        a: &Admitted<'t>,
-        crisis: bool,
-    ) -> Result<Passage<'t>, PipelineError> {
-        let paused = match job.carried().paused() {
-            Some(paused) => paused,
-            None => self.pg.paused(&a.ids.conversation).await?,
-        };
-        match &a.kind {
-            Kind::Dm(_) => {
-                let first = a.members[0];
-                if paused {
-                    return Ok(match crisis {
-                        true => Passage::Go(Plan::fixed(first, Fixed::Crisis)),
-                        false => Passage::Hold,
-                    });
-                }
-                if a.age == Age::Under13 {
-                    return self.under_13_gate(job, a, crisis).await;
-                }
-                self.flood_gate(job, a, Plan::one(first, false)).await
-            }
-            Kind::Group { event, .. } => self.group_gate(job, a, event, paused).await,
-            Kind::FollowUp { follow_up, access } => {
-                // The `gate` step: why the follow-up is dropped, or nothing (it is sent).
-                let dropped = job
-                    .step(&GATE, key::ONCE)
-                    .lazy()
-                    .run(self.follow_up_gate(job, a, follow_up, *access, paused))
-                    .await?;
-                Ok(match dropped {
-                    Some(reason) => Passage::Drop {
-                        reason,
-                        keep: false,
-                    },
-                    None => Passage::Go(Plan::one(a.members[0], false)),
-                })
-            }
-        }
-    }
-
-    /// A group message: dropped when a companion sent it, held while paused, else the companions the
-    /// route picks (a journal step, so a replay picks the same), within the flood limit.
-    async fn group_gate<'t>(
-        &'t self,
-        job: &Job,
-        a: &Admitted<'t>,
-        event: &crate::bus::GroupEvent,
-        paused: bool,
-    ) -> Result<Passage<'t>, PipelineError> {
-        if a.members.iter().any(|m| m.bot == event.sender_id) {
-            return Ok(Passage::Drop {
-                reason: group::COMPANION_SENDER.into(),
-                keep: false,
-            });
-        }
-        // In a group, a user in crisis has the private referral; the group sees nothing of it.
-        if paused {
-            return Ok(Passage::Hold);
-        }
-        if a.age == Age::Under13 {
-            return self.under_13_gate(job, a, false).await;
-        }
-        let history = self
-            .pg
-            .group_history(&a.ids.conversation, self.history_limit)
-            .await?;
-        let route = job
-            .step(&group::ROUTE, key::ONCE)
-            .run(async {
-                let members = &a.members;
-                let margin = self.group.fit_margin;
-                let route = group::decide(&self.retriever, event, members, &history, margin).await;
-                Ok::<_, PipelineError>(route)
-            })
-            .await?;
-        let speakers: Vec<Member<'t>> = route
-            .speakers_among(&a.members)
-            .into_iter()
-            .filter_map(|b| a.members.iter().find(|m| m.bot == b).copied())
-            .collect();
-        if speakers.is_empty() {
-            return Ok(Passage::Drop {
-                reason: route.why,
-                keep: true,
-            });
-        }
-        let plan = Plan {
-            speakers,
-            busy: false,
-            fixed: None,
-            group: Some(GroupPlan {
-                route,
-                bounds: Bounds {
-                    max_handovers: self.group.max_handovers,
-                    max_messages: self.group.max_messages.max(1),
-                },
-                history,
-                names: Default::default(),
-            }),
-            after_flag: false,
-        };
-        self.flood_gate(job, a, plan).await
-    }
-
     /// A user under 13: the one fixed line a day (a counted step, tally `under_13:<user>`), else no
     /// answer; a user in crisis gets the character's crisis line after the referral. No model call.
-    async fn under_13_gate<'t>(
+    pub(crate) async fn under_13_gate<'t>(
         &self,
         job: &Job,
         a: &Admitted<'t>,
@@ -376,7 +261,7 @@ impl Gate {
     }
 
     /// The flood decision (the `flood` step) for a plan whose first speaker would say the busy line.
-    async fn flood_gate<'t>(
+    pub(crate) async fn flood_gate<'t>(
         &self,
         job: &Job,
         a: &Admitted<'_>,
@@ -417,56 +302,5 @@ impl Gate {
         )
         .await?;
         Ok(FloodDecision { by })
-    }
-
-    /// A follow-up's checks: the news is still news, the user can still be written to, and the daily cap
-    /// has room (a counted step, tally `proactive:<user>`). Why it is dropped, or nothing.
-    async fn follow_up_gate(
-        &self,
-        job: &Job,
-        a: &Admitted<'_>,
-        f: &proactive::FollowUp<'_>,
-        access: input::Reach,
-        paused: bool,
-    ) -> Result<Option<String>, PipelineError> {
-        let drop = |why: &str| Ok(Some(why.to_owned()));
-        if let Some(stale) = &f.stale {
-            return drop(stale);
-        }
-        if let Some(why) = access.refusal() {
-            return drop(why);
-        }
-        if paused {
-            return drop(HELD);
-        }
-        if a.age == Age::Under13 {
-            return drop(UNDER_13);
-        }
-        let tz = a.user.profile.as_ref().and_then(|p| p.time_zone.as_deref());
-        let local = crate::safety::age::local(Utc::now(), tz);
-        if a.age.is_minor() && self.safety.quiet(local.time()) {
-            let c = &self.safety.config;
-            return drop(&format!(
-                "quiet hours for a minor ({}–{} local; it is {})",
-                c.minor_quiet_start.format("%H:%M"),
-                c.minor_quiet_end.format("%H:%M"),
-                local.format("%H:%M")
-            ));
-        }
-        let cap = self.follow_ups.daily_cap;
-        let counted = job
-            .counted(
-                &CAP,
-                key::ONCE,
-                &crate::journal::names::tally::proactive(&a.ids.user),
-                cap,
-                std::time::Duration::from_secs(24 * 3600),
-                Utc::now(),
-            )
-            .await?;
-        if let crate::journal::Admission::Exceeded { .. } = counted {
-            return drop(&format!("the user's daily cap of {cap} proactive messages"));
-        }
-        Ok(None)
     }
 }

@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     PipelineError, Reply,
-    input::{Admitted, Kind, UserMessage},
+    input::{Admitted, UserMessage},
 };
 use crate::{
     bus::Bus,
@@ -280,7 +280,7 @@ impl Incoming {
     /// the user's country, said by the conversation's (first) companion; in a group, visible to its user
     /// only.
     pub(crate) fn referral(&self, a: &Admitted<'_>, m: &UserMessage<'_>, f: &Flagged) -> Reply {
-        let group = matches!(a.kind, Kind::Group { .. });
+        let group = a.kind.shared();
         let profile = a.user.profile.as_ref();
         let referral = self.safety.lines.referral(
             Some(&f.lang),

@@ -68,7 +68,7 @@ impl<'a> From<&'a Inbound> for Input<'a> {
     }
 }
 
-/// What differs between the kinds of job.
+/// What differs between the kinds of job (each kind's behaviour: `kind/`).
 pub(crate) enum Kind<'t> {
     Dm(DmEvent),
     Group {
@@ -137,11 +137,7 @@ pub(crate) struct Ids {
 impl Admitted<'_> {
     /// The GenAI agent span of companion `m` doing this job.
     pub(crate) fn agent_span(&self, m: Member<'_>) -> tracing::Span {
-        let kind = match self.kind {
-            Kind::Dm(_) => "dm",
-            Kind::Group { .. } => "group",
-            Kind::FollowUp { .. } => "follow_up",
-        };
+        let kind = self.kind.name();
         crate::genai::agent(&m.character.name, &m.bot, &self.ids.conversation, kind)
     }
 
@@ -164,10 +160,8 @@ impl Admitted<'_> {
     /// deleted or its user erased, so a redelivery or a replay cannot bring it back; docs/memory.md), and
     /// what memory the turn has. `messages` are [`Admitted::message_ids`].
     pub(crate) fn probe_guard<'a>(&'a self, messages: &'a [String]) -> crate::journal::Guard<'a> {
-        let bot = match self.kind {
-            Kind::Dm(_) => self.ids.bot.as_str(),
-            _ => "",
-        };
+        // Memory is a DM's: a group message or a follow-up probes the user's tombstones only.
+        let bot = self.kind.dm().map_or("", |_| self.ids.bot.as_str());
         crate::journal::Guard {
             sql: crate::memory::PROBE_GUARD,
             user: &self.ids.user,
@@ -190,32 +184,12 @@ impl Admitted<'_> {
 
     /// The user message that came in, for the incoming hook.
     pub(crate) fn message(&self) -> Option<UserMessage<'_>> {
-        let (kind, id, sender, content, images) = match &self.kind {
-            Kind::Dm(e) => ("dm", e.message_id, e.sender_id, &e.content, &e.images),
-            Kind::Group { event: e, .. } => {
-                ("group", e.message_id, e.sender_id, &e.content, &e.images)
-            }
-            Kind::FollowUp { .. } => return None,
-        };
-        Some(UserMessage {
-            kind,
-            id,
-            sender,
-            text: content,
-            images,
-        })
+        self.kind.message()
     }
 
-    /// The user messages a companion message answers (a DM and the later messages of its burst, or the
-    /// group message), as history rows keep them; none for a follow-up.
+    /// The user messages a companion message answers, as history rows keep them.
     pub(crate) fn answered(&self, burst: &super::Burst) -> Vec<Answered> {
-        match &self.kind {
-            Kind::Dm(e) => std::iter::once(Answered::of(e))
-                .chain(burst.events(e).iter().map(Answered::of))
-                .collect(),
-            Kind::Group { event, .. } => vec![Answered::of(&event.to_bot(event.sender_id))],
-            Kind::FollowUp { .. } => Vec::new(),
-        }
+        self.kind.answered(burst)
     }
 }
 
@@ -227,7 +201,7 @@ pub(crate) struct Answered {
 }
 
 impl Answered {
-    fn of(e: &DmEvent) -> Self {
+    pub(crate) fn of(e: &DmEvent) -> Self {
         Self {
             message: e.message_id.to_hex(),
             text: prompt::history_text(e),

@@ -30,6 +30,7 @@ pub(crate) mod end;
 pub(crate) mod gate;
 pub(crate) mod incoming;
 pub(crate) mod input;
+pub(crate) mod kind;
 pub(crate) mod outgoing;
 pub(crate) mod prompt;
 pub(crate) mod tool_loop;
@@ -65,7 +66,7 @@ use deliver::{Delivered, Delivery, How};
 use end::{Ended, Ending, Endings};
 use gate::{Gate, Passage, Plan};
 use incoming::{Flagged, Incoming};
-use input::{Admission, Admitted, Kind, UserMessage};
+use input::{Admission, Admitted, UserMessage};
 use outgoing::Outgoing;
 
 /// The kind of a DM turn's job.
@@ -199,12 +200,12 @@ pub(crate) const STEPS: &[&dyn crate::journal::Tell] = &[
     &REFERRAL_MESSAGE,
     &incoming::ALERT,
     &gate::AFTER_FLAG,
-    &gate::GATE,
+    &kind::follow_up::GATE,
     &gate::UNDER_13_LINE,
-    &gate::CAP,
+    &kind::follow_up::CAP,
     &FLOOD,
     &burst::BURST,
-    &compose::FLOW,
+    &kind::dm::FLOW,
     &compose::FIXED_LINE,
     &REPLY,
     &deliver::STORE_REPLY,
@@ -509,7 +510,7 @@ impl Pipeline {
                 }
             };
             // A group's companions each get their agent span, around their slot ([`Pipeline::conduct`]).
-            if matches!(admitted.kind, Kind::Group { .. }) {
+            if admitted.kind.shared() {
                 return run.await;
             }
             let span = admitted.agent_span(admitted.members[0]);
@@ -541,7 +542,8 @@ impl Pipeline {
             None => None,
         };
         // 4: the gate, and 6: who speaks.
-        let plan = match Box::pin(self.gate.pass(job, a, crisis.is_some())).await? {
+        let checked = Box::pin(kind::plan(&self.gate, job, a, crisis.is_some())).await?;
+        let plan = match Box::pin(self.gate.pass(job, a, crisis.is_some(), checked)).await? {
             Passage::Go(plan) => plan,
             Passage::Limited { by } => return Box::pin(self.limited(job, a, &by)).await,
             Passage::Drop { reason, keep } => {
@@ -551,7 +553,7 @@ impl Pipeline {
         };
         // 5: take in the burst (each of its messages then through the incoming hook) or the news's flow.
         let Taken { burst, flow_note } =
-            Box::pin(self.take_in.take_in(job, a, &plan, arrival)).await?;
+            Box::pin(kind::take_in(&self.take_in, job, a, &plan, arrival)).await?;
         if let Some(f) = Box::pin(self.screen_burst(job, a, &burst)).await? {
             crisis.get_or_insert(f);
         }
@@ -627,7 +629,7 @@ impl Pipeline {
                     return Box::pin(self.deleted_meanwhile(job, a)).await;
                 }
                 // News is not held for later: a follow-up is simply not sent.
-                Delivered::Paused if matches!(a.kind, Kind::FollowUp { .. }) => {
+                Delivered::Paused if a.kind.follow_up().is_some() => {
                     return Box::pin(self.drop(job, a, HELD, false)).await;
                 }
                 Delivered::Paused => return Box::pin(self.hold(job, a, &burst)).await,
@@ -693,7 +695,7 @@ impl Pipeline {
         view: &SlotView<'_, '_>,
         crisis: Option<&str>,
     ) -> Result<Reply, PipelineError> {
-        let mut composed = self.composer.compose(view).await?;
+        let mut composed = kind::compose(&self.composer, view).await?;
         let mut lang = crisis.map(str::to_owned);
         if let Some(concern) = composed.concern
             && let Some(m) = view.admitted.message()
@@ -767,7 +769,7 @@ impl Pipeline {
         a: &Admitted<'_>,
         burst: &Burst,
     ) -> Result<Option<Flagged>, PipelineError> {
-        let Kind::Dm(head) = &a.kind else {
+        let Some(head) = a.kind.dm() else {
             return Ok(None);
         };
         let mut crisis = None;

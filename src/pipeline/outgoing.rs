@@ -20,7 +20,7 @@ use companion_knowledge::rag::Retriever;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-use super::{PipelineError, Reply, incoming::CRISIS, input::Admitted, input::Kind};
+use super::{PipelineError, Reply, incoming::CRISIS, input::Admitted};
 use crate::{
     bus::event::clean_text,
     genai,
@@ -261,12 +261,12 @@ impl Outgoing {
             }
             None => {
                 let bot = speaker.bot.to_hex();
-                let between = match a.kind {
-                    Kind::Group { .. } => Between::Group {
+                let between = match a.kind.shared() {
+                    true => Between::Group {
                         conversation: &a.ids.conversation,
                         bot: &bot,
                     },
-                    _ => Between::Dm {
+                    false => Between::Dm {
                         user: &a.ids.user,
                         bot: &bot,
                     },

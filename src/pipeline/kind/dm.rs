@@ -1,0 +1,375 @@
+//! A DM to one companion: held while a moderator pauses its conversation, answered once a day by a fixed
+//! line under 13, within the flood limit; its burst taken in; answered with the history, the user's
+//! data, the knowledge its messages call up, what the companion remembers and the user's guided flow.
+
+use chrono::Utc;
+use serde_json::Value;
+use tracing::warn;
+
+use crate::{
+    bus::DmEvent,
+    character::Character,
+    flow::{self, TurnFlow},
+    journal::{Job, StepKind, names::key},
+    llm::Message,
+    memory::{Access, recall::Recall},
+    pipeline::{
+        Arrival, Fixed, PipelineError,
+        burst::{TakeIn, Taken},
+        compose::{Composed, Composer, ModelAnswer, Recalled, SlotView, note_fixed},
+        gate::{Gate, Passage, Plan},
+        input::Admitted,
+        prompt::{self, PromptContext},
+    },
+    rag::SearchRide,
+    safety::age::Age,
+    spend::Spent,
+    store::{pg::Rides, safety::Seen},
+    timing::{Stage, stage},
+    tools::{
+        Group,
+        offer::{self, Offer, Signals},
+    },
+};
+
+/// The user's guided flow as a turn sees it. Keyed once; lazy.
+pub(crate) const FLOW: StepKind<TurnFlow> =
+    StepKind::new("flow").says(|_| ("the user's guided flow read".into(), serde_json::json!({})));
+/// Stage 4 for a DM: held while paused (a user in crisis gets the crisis line), the under-13 line, else
+/// one companion within the flood limit.
+pub(super) async fn plan<'t>(
+    gate: &'t Gate,
+    job: &Job,
+    a: &Admitted<'t>,
+    crisis: bool,
+    paused: bool,
+) -> Result<Passage<'t>, PipelineError> {
+    let first = a.members[0];
+    if paused {
+        return Ok(match crisis {
+            true => Passage::Go(Plan::fixed(first, Fixed::Crisis)),
+            false => Passage::Hold,
+        });
+    }
+    if a.age == Age::Under13 {
+        return gate.under_13_gate(job, a, crisis).await;
+    }
+    gate.flood_gate(job, a, Plan::one(first, false)).await
+}
+
+/// Stage 5 for a DM: its burst (none when a busy or fixed line answers).
+pub(super) async fn take_in(
+    t: &TakeIn,
+    job: &Job,
+    a: &Admitted<'_>,
+    event: &DmEvent,
+    plan: &Plan<'_>,
+    arrival: Option<&Arrival<'_>>,
+) -> Result<Taken, PipelineError> {
+    if plan.busy || plan.fixed.is_some() {
+        return Ok(Taken::default());
+    }
+    let burst = t.burst((job, a.new_job(None)), event, arrival);
+    Ok(Taken {
+        burst: stage(Stage::Order, Box::pin(burst)).await?,
+        flow_note: None,
+    })
+}
+
+/// What a DM's tools may do with the companion's memory of the user.
+fn memory(composer: &Composer) -> Access<'_> {
+    match composer.memory.config.enabled {
+        true => Access::Dm(&composer.memory),
+        false => Access::Off,
+    }
+}
+
+/// The model's answer to a DM and the rest of its burst, with the history, the user's data, the
+/// knowledge the messages call up and the user's flow with the companion.
+pub(super) async fn compose(
+    composer: &Composer,
+    t: &SlotView<'_, '_>,
+    event: &DmEvent,
+) -> Result<Composed, PipelineError> {
+    let (a, c) = (t.admitted, t.speaker.character);
+    composer.typing(event.conversation_id, event.bot_id).await;
+    let followers = t.burst.events(event);
+    let events: Vec<&DmEvent> = std::iter::once(event).chain(&followers).collect();
+    let query = events
+        .iter()
+        .map(|e| e.content.as_str())
+        .filter(|c| !c.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
+    // What the disclosure's rule reads, the user's flow and their spending ride with the history's
+    // statement, in this order.
+    let mut rides = Rides::default();
+    if let Some(back) = composer.settings.disclosure_lookback {
+        let (sql, args) = Seen::dm_ride(Utc::now() - back);
+        rides.push(sql, args);
+    }
+    let has_flows = !c.flows.is_empty();
+    if has_flows {
+        rides.push(flow::state::RIDE, Default::default());
+    }
+    let reads_spent = match composer.talk.spend.ride(&a.ids.user) {
+        Some((sql, args)) => {
+            rides.push(sql, args);
+            true
+        }
+        None => false,
+    };
+    // Knowledge search rides too when the messages' vector is known already (a single message's was
+    // embedded at admission for the crisis screen); otherwise retrieval (embedding + vector search)
+    // runs beside the history load and the trick names (mostly cached), not after them.
+    let search = composer
+        .retriever
+        .ride(&c.knowledge, &query)
+        .filter(|r| rides.push_with_floats(r.sql, r.args.clone(), r.vector.to_vec()));
+    // And the burst's record, owed before the turn's next record, is written by this statement.
+    let owing = t
+        .job
+        .owing()
+        .filter(|o| rides.push_write(crate::journal::OWED_WRITE, o.args()));
+    let (context, looked_up) = Box::pin(async {
+        tokio::join!(
+            stage(Stage::Context, async {
+                tokio::try_join!(
+                    composer.pg.history(
+                        &a.ids.user,
+                        &a.ids.bot,
+                        composer.settings.history_limit,
+                        &rides
+                    ),
+                    composer.mongo.resolve_tricklists(&a.user.tricklists),
+                )
+            }),
+            knowledge_and_memory(composer, a, &c.knowledge, &query, search.as_ref()),
+        )
+    })
+    .await;
+    let (mut history, tricklists) = context?;
+    let mut ridden = std::mem::take(&mut history.rides).into_iter();
+    let seen = (composer.settings.disclosure_lookback)
+        .and_then(|_| ridden.next())
+        .and_then(Seen::ridden);
+    let flow = has_flows.then(|| ridden.next()).flatten();
+    let spent = reads_spent
+        .then(|| ridden.next())
+        .flatten()
+        .and_then(|v| Spent::ridden(&v));
+    let (knowledge, memory) = looked_up;
+    let knowledge = match search {
+        // The search ran in the context stage; `retrieve` times reading its hits.
+        Some(_) => {
+            let value = ridden.next();
+            stage(Stage::Retrieve, async {
+                composer.retriever.ridden(&c.knowledge, value)
+            })
+            .await
+        }
+        None => knowledge,
+    };
+    if let Some(owing) = owing {
+        // Another attempt's burst, recorded first, ends this attempt here, before its model call.
+        owing.ridden(ridden.next()).await?;
+    }
+    let recalled = Recalled::of(&knowledge, &memory);
+    let flow = turn_flow(composer, t.job, a, c, flow).await;
+    // A message kept in history before this answer (held while paused) is the one answered now.
+    let answering: Vec<String> = events.iter().map(|e| e.message_id.to_hex()).collect();
+    history
+        .messages
+        .retain(|m| !answering.contains(&m.message_id));
+    let turn_flow = flow?;
+    let offer = match turn_flow.open() || !composer.settings.prompt.tools_by_turn {
+        true => Offer::all(),
+        false => dm_offer(&events, &history, c, &composer.settings.prompt),
+    };
+    let offered_flows: &[String] = match offer.has(Group::Flows) {
+        true => &c.flows,
+        false => &[],
+    };
+    let flow = turn_flow.prompt(&composer.flows, offered_flows);
+    drop(turn_flow);
+    let prompt_started = std::time::Instant::now();
+    let system = prompt::system_prompt(&PromptContext {
+        character: c,
+        profile: a.user.profile.as_ref(),
+        tricklists: &tricklists,
+        knowledge: &knowledge,
+        reminders: &history.reminders,
+        now: Utc::now(),
+        tools_enabled: true,
+        flow: &flow,
+        memory: &memory,
+        budget: &composer.settings.prompt,
+    });
+    let tools = composer.tools_for(t.crisis);
+    let tools_tokens = tools.offered_tokens(offer);
+    let mut messages = prompt::conversation(
+        system,
+        &history,
+        &events,
+        &composer.settings.prompt,
+        tools_tokens,
+    );
+    crate::timing::add(Stage::Prompt, prompt_started);
+    // A turn waits on the model holding its request and nothing it was built from.
+    drop((
+        history, tricklists, knowledge, flow, query, answering, memory,
+    ));
+    if t.crisis {
+        messages.push(Message::system(prompt::SAFETY_BRIEF.to_owned()));
+    }
+    let Some(spoken) = converse_safely(composer, t, event, messages, offer, spent).await? else {
+        return Ok(composer.line(a, t.speaker, c.crisis_line.clone()).into());
+    };
+    let concern = spoken.concern;
+    let mut said = composer.model_said(t, spoken, |text| text).await?;
+    said.recalled = Some(recalled);
+    Ok(Composed {
+        said,
+        concern,
+        seen,
+    })
+}
+
+/// [`Composer::converse`] with every tool, or for a user in crisis without tools; none when the model
+/// failed a user in crisis (the crisis line stands in, never a failure).
+async fn converse_safely(
+    composer: &Composer,
+    t: &SlotView<'_, '_>,
+    event: &DmEvent,
+    messages: Vec<Message>,
+    offer: Offer,
+    spent: Option<Spent>,
+) -> Result<Option<ModelAnswer>, PipelineError> {
+    let tools = composer.tools_for(t.crisis);
+    if !t.crisis {
+        return composer
+            .converse(t, event, messages, (tools, offer), spent, memory(composer))
+            .await
+            .map(Some);
+    }
+    match composer
+        .converse(t, event, messages, (tools, offer), spent, memory(composer))
+        .await
+    {
+        Err(PipelineError::Llm(e)) => {
+            warn!(error = %e, "the model could not answer a user in crisis; the crisis line goes");
+            let why = format!("the model could not answer a user in crisis: {e}");
+            note_fixed(t, "crisis", why).await;
+            Ok(None)
+        }
+        other => other.map(Some),
+    }
+}
+
+/// The knowledge for a DM's messages and what the companion remembers of its user: the pinned facts,
+/// the summary, and the facts nearest the messages by the vector retrieval computed (no second model
+/// run). Memory that cannot be read is logged and left out, like knowledge.
+async fn knowledge_and_memory(
+    composer: &Composer,
+    a: &Admitted<'_>,
+    collections: &[String],
+    query: &str,
+    ridden: Option<&SearchRide>,
+) -> (Vec<crate::rag::KnowledgeSnippet>, Recall) {
+    let remembers = a.memory().remembers;
+    let (knowledge, vector) = match (ridden, remembers) {
+        // The search rides with the history's statement: its value is read there.
+        (Some(r), _) => (Vec::new(), Some(r.vector.clone())),
+        (None, false) => (composer.retriever.for_turn(collections, query).await, None),
+        (None, true) => composer.retriever.lookup(collections, query).await,
+    };
+    if !remembers {
+        return (knowledge, Recall::default());
+    }
+    let recall = composer
+        .memory
+        .recall(
+            &a.ids.user,
+            &a.ids.bot,
+            vector.as_deref().map(Vec::as_slice),
+        )
+        .await
+        .unwrap_or_else(|e| {
+            warn!(error = %e, "cannot read what the companion remembers; answering without it");
+            Recall::default()
+        });
+    (knowledge, recall)
+}
+
+/// The user's flow with the companion as this turn sees it (the `flow` step: a retry after the first
+/// model answer sees the same), from `ridden` ([`flow::state::RIDE`]'s value) when it was read with
+/// the history; nothing for a companion without flows.
+async fn turn_flow(
+    composer: &Composer,
+    job: &Job,
+    a: &Admitted<'_>,
+    c: &Character,
+    ridden: Option<Value>,
+) -> Result<TurnFlow, PipelineError> {
+    if c.flows.is_empty() {
+        return Ok(Default::default());
+    }
+    let (pool, user, bot) = (&composer.pg.pool, &a.ids.user, &a.ids.bot);
+    let idle_since =
+        Utc::now() - chrono::Duration::days(i64::from(composer.settings.flow_idle_days.max(1)));
+    // Lazy: reading it again is harmless, and its record rides with the turn's first model answer.
+    job.step(&FLOW, key::ONCE)
+        .lazy()
+        .run(async {
+            let flow = match ridden {
+                Some(v) => {
+                    let current = flow::state::ridden(v)?;
+                    TurnFlow::of(current, pool, user, bot, idle_since).await
+                }
+                None => TurnFlow::load(pool, user, bot, idle_since).await,
+            };
+            flow.map_err(PipelineError::from)
+        })
+        .await
+}
+
+/// The companion's last message before the new ones: a "yes please" answers what it offered.
+fn last_said(history: &[crate::store::pg::HistoryMessage]) -> Option<&str> {
+    history
+        .iter()
+        .rev()
+        .find(|m| m.role == "assistant")
+        .map(|m| m.content.as_str())
+}
+
+/// The tools a DM turn is offered: the groups its messages (and the companion's last message) call for,
+/// or, for small talk, those of the conversation's last ask in the history window.
+fn dm_offer(
+    events: &[&DmEvent],
+    history: &crate::store::pg::History,
+    c: &Character,
+    budget: &crate::config::PromptConfig,
+) -> Offer {
+    let has_flows = !c.flows.is_empty();
+    fn signals(texts: Vec<&str>, pending_reminders: bool, has_flows: bool) -> Signals<'_> {
+        Signals {
+            texts,
+            pending_reminders,
+            in_flow: false,
+            has_flows,
+        }
+    }
+    let texts = events
+        .iter()
+        .map(|e| e.content.as_str())
+        .chain(last_said(&history.messages))
+        .collect();
+    offer::for_turn(&signals(texts, !history.reminders.is_empty(), has_flows)).or_earlier(|| {
+        let window = prompt::window(history, budget, usize::MAX);
+        window
+            .iter()
+            .rev()
+            .filter(|m| m.role == "user")
+            .map(move |m| offer::for_turn(&signals(vec![m.content.as_str()], false, has_flows)))
+    })
+}
