@@ -28,7 +28,7 @@ use crate::{
     group::Member,
     journal::{Job, StepKind, names::key::Slot},
     llm::{CallBudget, ChatRequest, LlmClient, LlmError, Message},
-    memory::{Memory, recall::Recall},
+    memory::Memory,
     metrics::Metrics,
     rag::Retriever,
     safety::screen::Category,
@@ -109,27 +109,6 @@ impl From<Reply> for Composed {
             said,
             concern: None,
             seen: None,
-        }
-    }
-}
-
-/// What a slot's model was given, kept on its `reply` step: the knowledge chunks (`kb_chunks.id`) and
-/// the facts remembered (`memory_facts.id`), each with its similarity to the messages (none for a
-/// pinned fact).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Recalled {
-    pub(crate) knowledge: Vec<(String, Option<f32>)>,
-    pub(crate) memory: Vec<(String, Option<f32>)>,
-}
-
-impl Recalled {
-    pub(crate) fn of(knowledge: &[crate::rag::KnowledgeSnippet], memory: &Recall) -> Self {
-        Self {
-            knowledge: knowledge
-                .iter()
-                .map(|k| (k.id.to_string(), Some(k.score)))
-                .collect(),
-            memory: memory.ids().map(|(id, s)| (id.to_owned(), s)).collect(),
         }
     }
 }
@@ -305,7 +284,7 @@ impl Composer {
         spent: Option<Spent>,
         memory: crate::memory::Access<'_>,
     ) -> Result<ModelAnswer, PipelineError> {
-        let (c, job, user) = (t.speaker.character, t.job, &t.admitted.user);
+        let (c, job) = (t.speaker.character, t.job);
         let slot = t.slot.calls();
         let request = ChatRequest {
             model: c.model.clone().unwrap_or_else(|| self.talk.model.clone()),
@@ -339,26 +318,7 @@ impl Composer {
             offer,
             limits: self.talk.limits,
             metrics: &self.metrics,
-            tools: ToolContext {
-                user: event.sender_id,
-                bot: event.bot_id,
-                conversation: event.conversation_id,
-                character: &c.name,
-                message_id: event.message_id,
-                call: Default::default(),
-                clock: Clock {
-                    now: Utc::now(),
-                    time_zone: user.profile.as_ref().and_then(|p| p.time_zone.as_deref()),
-                    minor_quiet: t
-                        .admitted
-                        .age
-                        .is_minor()
-                        .then_some(self.settings.minor_quiet),
-                },
-                job,
-                offered_flows: &c.flows,
-                memory,
-            },
+            tools: self.tool_context(t, event, memory),
         };
         let out = tool_loop::converse(&cx, request).await?;
         let mut text = out.stopped.is_none().then_some(out.text);
@@ -382,6 +342,34 @@ impl Composer {
             log: (!out.log.is_empty()).then(|| Value::Array(out.log)),
             concern: out.concern,
         })
+    }
+
+    /// What the slot's tool calls act with: for `event`'s sender, as the slot's companion, on the job's
+    /// clock (a minor's quiet hours for the reminders a tool sets).
+    fn tool_context<'a>(
+        &'a self,
+        t: &SlotView<'a, '_>,
+        event: &DmEvent,
+        memory: crate::memory::Access<'a>,
+    ) -> ToolContext<'a> {
+        let (c, user) = (t.speaker.character, &t.admitted.user);
+        let minor = t.admitted.age.is_minor();
+        ToolContext {
+            user: event.sender_id,
+            bot: event.bot_id,
+            conversation: event.conversation_id,
+            character: &c.name,
+            message_id: event.message_id,
+            call: Default::default(),
+            clock: Clock {
+                now: Utc::now(),
+                time_zone: user.profile.as_ref().and_then(|p| p.time_zone.as_deref()),
+                minor_quiet: minor.then_some(self.settings.minor_quiet),
+            },
+            job: t.job,
+            offered_flows: &c.flows,
+            memory,
+        }
     }
 
     /// The typing indicator of `bot` in the conversation, best effort.

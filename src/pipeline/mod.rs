@@ -33,12 +33,12 @@ pub(crate) mod input;
 pub(crate) mod kind;
 pub(crate) mod outgoing;
 pub(crate) mod prompt;
+pub(crate) mod reply;
 pub(crate) mod tool_loop;
 
 use bson::oid::ObjectId;
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 use tracing::{Instrument as _, info};
 
 pub use burst::Burst;
@@ -50,8 +50,7 @@ use crate::{
     failure::{Class, Classify},
     genai,
     journal::{
-        Attempt, Job, Journal, JournalError, Opened, State, StepKind, Telling, Told,
-        names::{self, key},
+        Attempt, Job, Journal, JournalError, Opened, State, StepKind, Telling, Told, names::key,
     },
     llm::LlmError,
     proactive::ProactiveError,
@@ -68,6 +67,8 @@ use gate::{Gate, Passage, Plan};
 use incoming::{Flagged, Incoming};
 use input::{Admission, Admitted, UserMessage};
 use outgoing::Outgoing;
+pub(crate) use reply::REFERRAL_MESSAGE;
+pub use reply::{REPLY, Reply};
 
 /// The kind of a DM turn's job.
 pub(crate) const JOB_KIND: &str = "turn";
@@ -242,154 +243,6 @@ pub struct FloodDecision {
     /// `None`: under the limit, the turn goes ahead. This turn's own id: it says the busy line. Another
     /// turn's id: that turn's busy line already answered this minute.
     pub by: Option<String>,
-}
-
-/// A companion message, fixed before it is delivered ([`Reply`]), keyed by its reply generation and slot
-/// ([`key::Slot::reply`]).
-pub const REPLY: StepKind<Reply> = StepKind::new(names::REPLY).told(tell_reply);
-/// The crisis referral's message, fixed before it is delivered (its delivery steps are keyed
-/// [`key::crisis`]). Keyed by the user's message.
-pub(crate) const REFERRAL_MESSAGE: StepKind<Reply> =
-    StepKind::new("referral_message").told(|_, r| {
-        (
-            format!("crisis referral {} fixed", r.id),
-            json!({ "reply": r.id }),
-        )
-    });
-
-/// A companion message in words and fields (never its text).
-fn tell_reply(t: &Told<'_>, r: &Reply) -> Telling {
-    let yes_no = |b: bool| if b { "yes" } else { "no" };
-    let hooks = match &r.hooked {
-        None => "outgoing hook: unknown".to_owned(),
-        Some(h) => format!(
-            "clipped {}, {}, disclosure {}",
-            yes_no(h.clipped),
-            h.replaced
-                .as_deref()
-                .map_or("output check passed".into(), |w| format!(
-                    "REPLACED by the output check ({w})"
-                )),
-            if r.marks.ai_disclosure {
-                "added"
-            } else {
-                "not due"
-            }
-        ),
-    };
-    let hits = |v: &[(String, Option<f32>)]| {
-        v.iter()
-            .map(|(id, s)| s.map_or(id.clone(), |s| format!("{id} ({s:.2})")))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let recalled = match &r.recalled {
-        // Kept since the hook's changes are: not composed by the model with them.
-        None if r.hooked.is_some() => "nothing recalled".to_owned(),
-        None => "recalled: unknown".to_owned(),
-        Some(k) => format!(
-            "knowledge [{}], memory [{}]",
-            hits(&k.knowledge),
-            hits(&k.memory)
-        ),
-    };
-    let says = format!(
-        "message {}{} fixed: {} chars{}; {hooks}; {recalled}",
-        r.id,
-        r.bot
-            .as_deref()
-            .map_or(String::new(), |b| format!(" by {}", t.name(b))),
-        r.content.chars().count(),
-        if r.last {
-            ", a fixed line (nobody speaks after it)"
-        } else {
-            ""
-        },
-    );
-    let facts = json!({
-        "reply": r.id, "bot": r.bot, "chars": r.content.chars().count(), "fixed_line": r.last,
-        "clipped": r.hooked.as_ref().map(|h| h.clipped),
-        "replaced": r.hooked.as_ref().map(|h| h.replaced.clone()),
-        "disclosure": r.hooked.as_ref().map(|_| r.marks.ai_disclosure),
-        "referral": r.marks.safety, "recalled": r.recalled,
-    });
-    (says, facts)
-}
-
-/// A companion message, as its model or its character wrote it, and what the pipeline carries it as: the
-/// outgoing hook shapes it, its `reply` step fixes it before it is delivered (so that every retry
-/// delivers the same), and delivery writes it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Reply {
-    /// `_id` of the message in dm_messages.
-    pub id: String,
-    pub content: String,
-    pub rich_content: Option<Value>,
-    pub at: DateTime<Utc>,
-    /// Compact log of the tool calls behind it, kept on the assistant's history row.
-    pub tool_log: Option<Value>,
-    /// What it is for the app (a referral, a disclosure, a break reminder, private to one user).
-    #[serde(default, flatten)]
-    pub marks: crate::safety::Marks,
-    /// The companion speaking (bot user id, hex) where the job has several (a group); else the job's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bot: Option<String>,
-    /// The companion its text names, which it hands over to (bounds permitting).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tags: Option<String>,
-    /// A busy, budget or failure line: nobody speaks after it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub last: bool,
-    /// What the outgoing hook changed (none: recorded before the hook said).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) hooked: Option<outgoing::Hooked>,
-    /// The knowledge and memory its model was given (none: not composed by the model with them, or
-    /// recorded before they were kept).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) recalled: Option<compose::Recalled>,
-}
-
-impl Reply {
-    pub(crate) fn new(
-        content: String,
-        rich_content: Option<Value>,
-        tool_log: Option<Value>,
-    ) -> Self {
-        Self {
-            id: ObjectId::new().to_hex(),
-            content,
-            rich_content,
-            at: Utc::now(),
-            tool_log,
-            marks: Default::default(),
-            bot: None,
-            tags: None,
-            last: false,
-            hooked: None,
-            recalled: None,
-        }
-    }
-
-    /// Stamps the message as said after `earlier`: a later time (at least a millisecond later, the
-    /// precision of `dm_messages.timestamp`) and a later id, so that every reader that sorts by either
-    /// shows `earlier` first. For a message composed before `earlier` but owed after it: the model's own
-    /// reply when its flag raised the referral.
-    pub(crate) fn stamp_after(&mut self, earlier: &Reply) {
-        self.at = Utc::now().max(earlier.at + chrono::Duration::milliseconds(1));
-        let mut id = ObjectId::new();
-        if let Ok(before) = ObjectId::parse_str(&earlier.id)
-            && id <= before
-        {
-            // `earlier` came from another process within the same second: the next second's id, with
-            // this process's unique bytes and counter.
-            let mut bytes = id.bytes();
-            let second = u32::from_be_bytes(before.bytes()[..4].try_into().expect("4 bytes"));
-            bytes[..4].copy_from_slice(&second.saturating_add(1).to_be_bytes());
-            id = ObjectId::from_bytes(bytes);
-        }
-        self.id = id.to_hex();
-    }
 }
 
 /// A fixed line that stands in for the model's answer.

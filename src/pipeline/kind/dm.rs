@@ -16,10 +16,11 @@ use crate::{
     pipeline::{
         Arrival, Fixed, PipelineError,
         burst::{TakeIn, Taken},
-        compose::{Composed, Composer, ModelAnswer, Recalled, SlotView, note_fixed},
+        compose::{Composed, Composer, ModelAnswer, SlotView, note_fixed},
         gate::{Gate, Passage, Plan},
         input::Admitted,
         prompt::{self, PromptContext},
+        reply::Recalled,
     },
     rag::SearchRide,
     safety::age::Age,
@@ -101,30 +102,124 @@ pub(super) async fn compose(
         .filter(|c| !c.is_empty())
         .collect::<Vec<_>>()
         .join("\n");
-    // What the disclosure's rule reads, the user's flow and their spending ride with the history's
-    // statement, in this order.
+    let mut ctx = context(composer, t, &query).await?;
+    let recalled = Recalled::of(&ctx.knowledge, &ctx.memory);
+    let flow = turn_flow(composer, t.job, a, c, ctx.flow.take()).await;
+    // A message kept in history before this answer (held while paused) is the one answered now.
+    let answering: Vec<String> = events.iter().map(|e| e.message_id.to_hex()).collect();
+    (ctx.history.messages).retain(|m| !answering.contains(&m.message_id));
+    let turn_flow = flow?;
+    let offer = match turn_flow.open() || !composer.settings.prompt.tools_by_turn {
+        true => Offer::all(),
+        false => dm_offer(&events, &ctx.history, c, &composer.settings.prompt),
+    };
+    let offered_flows: &[String] = match offer.has(Group::Flows) {
+        true => &c.flows,
+        false => &[],
+    };
+    let flow = turn_flow.prompt(&composer.flows, offered_flows);
+    drop(turn_flow);
+    let messages = messages(composer, t, &ctx, &events, &flow, offer);
+    let (seen, spent) = (ctx.seen.take(), ctx.spent.take());
+    // A turn waits on the model holding its request and nothing it was built from.
+    drop((ctx, flow, query, answering));
+    let Some(spoken) = converse_safely(composer, t, event, messages, offer, spent).await? else {
+        return Ok(composer.line(a, t.speaker, c.crisis_line.clone()).into());
+    };
+    let concern = spoken.concern;
+    let mut said = composer.model_said(t, spoken, |text| text).await?;
+    said.recalled = Some(recalled);
+    Ok(Composed {
+        said,
+        concern,
+        seen,
+    })
+}
+
+/// The request's messages: the system prompt (the character, the user's data, the knowledge, the
+/// reminders, the flow, the memory), the history and the messages answered; the safety brief last for a
+/// user in crisis.
+fn messages(
+    composer: &Composer,
+    t: &SlotView<'_, '_>,
+    ctx: &Context,
+    events: &[&DmEvent],
+    flow: &str,
+    offer: Offer,
+) -> Vec<Message> {
+    let prompt_started = std::time::Instant::now();
+    let budget = &composer.settings.prompt;
+    let system = prompt::system_prompt(&PromptContext {
+        character: t.speaker.character,
+        profile: t.admitted.user.profile.as_ref(),
+        tricklists: &ctx.tricklists,
+        knowledge: &ctx.knowledge,
+        reminders: &ctx.history.reminders,
+        now: Utc::now(),
+        tools_enabled: true,
+        flow,
+        memory: &ctx.memory,
+        budget,
+    });
+    let tools_tokens = composer.tools_for(t.crisis).offered_tokens(offer);
+    let mut messages = prompt::conversation(system, &ctx.history, events, budget, tools_tokens);
+    crate::timing::add(Stage::Prompt, prompt_started);
+    if t.crisis {
+        messages.push(Message::system(prompt::SAFETY_BRIEF.to_owned()));
+    }
+    messages
+}
+
+/// What a DM's answer is built from: the history, read in one statement with what rides on it (what
+/// the disclosure's rule reads, the user's flow and spending, the knowledge search when the messages'
+/// vector is known, the burst's owed record), beside the trick names, the knowledge and the memory.
+struct Context {
+    history: crate::store::pg::History,
+    tricklists: Vec<crate::store::mongo::Tricklist>,
+    knowledge: Vec<crate::rag::KnowledgeSnippet>,
+    memory: Recall,
+    seen: Option<Seen>,
+    /// The user's flow as the history's statement read it (a companion with flows).
+    flow: Option<Value>,
+    spent: Option<Spent>,
+}
+
+/// What rides with a DM's history statement about its user, in this order: what the disclosure's rule
+/// reads, the user's flow (whether it does: a companion with flows), their spending (whether it does).
+fn user_rides(composer: &Composer, t: &SlotView<'_, '_>) -> (Rides, bool, bool) {
     let mut rides = Rides::default();
     if let Some(back) = composer.settings.disclosure_lookback {
         let (sql, args) = Seen::dm_ride(Utc::now() - back);
         rides.push(sql, args);
     }
-    let has_flows = !c.flows.is_empty();
+    let has_flows = !t.speaker.character.flows.is_empty();
     if has_flows {
         rides.push(flow::state::RIDE, Default::default());
     }
-    let reads_spent = match composer.talk.spend.ride(&a.ids.user) {
+    let reads_spent = match composer.talk.spend.ride(&t.admitted.ids.user) {
         Some((sql, args)) => {
             rides.push(sql, args);
             true
         }
         None => false,
     };
+    (rides, has_flows, reads_spent)
+}
+
+/// Reads [`Context`] for the slot `t`, whose messages are `query`.
+async fn context(
+    composer: &Composer,
+    t: &SlotView<'_, '_>,
+    query: &str,
+) -> Result<Context, PipelineError> {
+    let (a, c) = (t.admitted, t.speaker.character);
+    let (mut rides, has_flows, reads_spent) = user_rides(composer, t);
     // Knowledge search rides too when the messages' vector is known already (a single message's was
     // embedded at admission for the crisis screen); otherwise retrieval (embedding + vector search)
     // runs beside the history load and the trick names (mostly cached), not after them.
     let search = composer
         .retriever
-        .ride(&c.knowledge, &query)
+        .ride(&c.knowledge, query)
         .filter(|r| rides.push_with_floats(r.sql, r.args.clone(), r.vector.to_vec()));
     // And the burst's record, owed before the turn's next record, is written by this statement.
     let owing = t
@@ -144,7 +239,7 @@ pub(super) async fn compose(
                     composer.mongo.resolve_tricklists(&a.user.tricklists),
                 )
             }),
-            knowledge_and_memory(composer, a, &c.knowledge, &query, search.as_ref()),
+            knowledge_and_memory(composer, a, &c.knowledge, query, search.as_ref()),
         )
     })
     .await;
@@ -174,64 +269,14 @@ pub(super) async fn compose(
         // Another attempt's burst, recorded first, ends this attempt here, before its model call.
         owing.ridden(ridden.next()).await?;
     }
-    let recalled = Recalled::of(&knowledge, &memory);
-    let flow = turn_flow(composer, t.job, a, c, flow).await;
-    // A message kept in history before this answer (held while paused) is the one answered now.
-    let answering: Vec<String> = events.iter().map(|e| e.message_id.to_hex()).collect();
-    history
-        .messages
-        .retain(|m| !answering.contains(&m.message_id));
-    let turn_flow = flow?;
-    let offer = match turn_flow.open() || !composer.settings.prompt.tools_by_turn {
-        true => Offer::all(),
-        false => dm_offer(&events, &history, c, &composer.settings.prompt),
-    };
-    let offered_flows: &[String] = match offer.has(Group::Flows) {
-        true => &c.flows,
-        false => &[],
-    };
-    let flow = turn_flow.prompt(&composer.flows, offered_flows);
-    drop(turn_flow);
-    let prompt_started = std::time::Instant::now();
-    let system = prompt::system_prompt(&PromptContext {
-        character: c,
-        profile: a.user.profile.as_ref(),
-        tricklists: &tricklists,
-        knowledge: &knowledge,
-        reminders: &history.reminders,
-        now: Utc::now(),
-        tools_enabled: true,
-        flow: &flow,
-        memory: &memory,
-        budget: &composer.settings.prompt,
-    });
-    let tools = composer.tools_for(t.crisis);
-    let tools_tokens = tools.offered_tokens(offer);
-    let mut messages = prompt::conversation(
-        system,
-        &history,
-        &events,
-        &composer.settings.prompt,
-        tools_tokens,
-    );
-    crate::timing::add(Stage::Prompt, prompt_started);
-    // A turn waits on the model holding its request and nothing it was built from.
-    drop((
-        history, tricklists, knowledge, flow, query, answering, memory,
-    ));
-    if t.crisis {
-        messages.push(Message::system(prompt::SAFETY_BRIEF.to_owned()));
-    }
-    let Some(spoken) = converse_safely(composer, t, event, messages, offer, spent).await? else {
-        return Ok(composer.line(a, t.speaker, c.crisis_line.clone()).into());
-    };
-    let concern = spoken.concern;
-    let mut said = composer.model_said(t, spoken, |text| text).await?;
-    said.recalled = Some(recalled);
-    Ok(Composed {
-        said,
-        concern,
+    Ok(Context {
+        history,
+        tricklists,
+        knowledge,
+        memory,
         seen,
+        flow,
+        spent,
     })
 }
 

@@ -16,10 +16,11 @@ use crate::{
     memory::{Access, recall::Recall},
     pipeline::{
         PipelineError, Reply,
-        compose::{Composed, Composer, Recalled, SlotView},
+        compose::{Composed, Composer, SlotView},
         gate::{Gate, GroupPlan, Passage, Plan},
         input::{Admitted, UserMessage},
         prompt::{self, PromptContext},
+        reply::Recalled,
     },
     safety::age::Age,
     timing::{Stage, stage},
@@ -134,8 +135,7 @@ pub(super) async fn compose(
     })
     .await;
     let name_of = |id: &str| names.get(id).cloned().unwrap_or_else(|| "someone".into());
-    let line = |id: &str, text: &str| Message::user(format!("{}: {text}", name_of(id)));
-    let mut prompt = group_prompt(
+    let prompt = group_prompt(
         composer,
         t,
         &tricklists?,
@@ -145,16 +145,54 @@ pub(super) async fn compose(
     );
     let recalled = Recalled::of(&knowledge, &Recall::default());
     drop(knowledge);
+    let offer = match composer.settings.prompt.tools_by_turn {
+        false => Offer::all(),
+        true => group_offer(&event.content, t.said),
+    };
+    let tools = composer.tools_for(t.crisis);
+    let messages = messages(composer, t, prompt, &event, &name_of, offer);
+    let spoken = composer
+        .converse(t, &event, messages, (tools, offer), None, Access::Group)
+        .await?;
+    let concern = spoken.concern;
+    let mut said = composer
+        .model_said(t, spoken, |text| group::strip_own_name(text, &c.name))
+        .await?;
+    if !said.last {
+        said.tags = group::route::handover(&said.content, me, &a.members).map(|b| b.to_hex());
+    }
+    said.recalled = Some(recalled);
+    Ok(Composed {
+        said,
+        concern,
+        seen: None,
+    })
+}
+
+/// The request's messages as companion `t.speaker` reads the group: the system prompt, the earlier lines
+/// that fit, the knowledge and the turn's note, the message (with its sender's name) and the answers
+/// before it this round; the group's safety brief last for a user in crisis.
+fn messages(
+    composer: &Composer,
+    t: &SlotView<'_, '_>,
+    mut prompt: prompt::Prompt,
+    event: &DmEvent,
+    name_of: &dyn Fn(&str) -> String,
+    offer: Offer,
+) -> Vec<Message> {
+    let (a, me) = (t.admitted, t.speaker.bot);
+    let g = t
+        .plan
+        .group
+        .as_ref()
+        .expect("a group message has its group plan");
+    let line = |id: &str, text: &str| Message::user(format!("{}: {text}", name_of(id)));
     let mine = me.to_hex();
     let this_message: Vec<&str> = t.said.iter().map(|s| s.id.as_str()).collect();
     let head = event.message_id.to_hex();
     let named = DmEvent {
         content: format!("{}: {}", name_of(&a.ids.user), event.content),
         ..event.clone()
-    };
-    let offer = match composer.settings.prompt.tools_by_turn {
-        false => Offer::all(),
-        true => group_offer(&event.content, t.said),
     };
     let tools = composer.tools_for(t.crisis);
     let said_tokens: usize = t.said.iter().map(|s| prompt::tokens(&s.content)).sum();
@@ -180,23 +218,7 @@ pub(super) async fn compose(
     if t.crisis {
         messages.push(Message::system(prompt::GROUP_SAFETY_BRIEF.to_owned()));
     }
-    drop((prompt, knowledge, named));
-    let spoken = composer
-        .converse(t, &event, messages, (tools, offer), None, Access::Group)
-        .await?;
-    let concern = spoken.concern;
-    let mut said = composer
-        .model_said(t, spoken, |text| group::strip_own_name(text, &c.name))
-        .await?;
-    if !said.last {
-        said.tags = group::route::handover(&said.content, me, &a.members).map(|b| b.to_hex());
-    }
-    said.recalled = Some(recalled);
-    Ok(Composed {
-        said,
-        concern,
-        seen: None,
-    })
+    messages
 }
 
 /// The system prompt of a companion's slot in a group: who it is, the sender's tricklists, the
