@@ -1665,6 +1665,30 @@ impl<T: Serialize + DeserializeOwned> Step<'_, T> {
         self.run_tx_fresh(body).await.map(|(out, _)| out)
     }
 
+    /// Takes the step's lock in `tx` (serialised per step), then reads its record in a statement of its
+    /// own, so that it sees what another attempt committed while this one waited.
+    async fn locked_record(&self, tx: &mut Tx) -> Result<Option<Value>, JournalError> {
+        let (job, name) = (self.job, self.name);
+        let lock = format!("step:{}:{name}:{}", job.id(), self.key);
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(&lock)
+            .execute(&mut **tx)
+            .await?;
+        step_output(&mut **tx, job.id(), name, &self.key).await
+    }
+
+    /// The output another attempt recorded first, which this one goes on with.
+    fn adopted<E: From<JournalError>>(&self, value: &Value) -> Result<T, E> {
+        let name = self.name;
+        debug!(step = name, key = %self.key, "another attempt recorded this step first; using its output");
+        decode(name, &self.key, value).ok_or_else(|| {
+            E::from(JournalError::Decode {
+                name: name.to_owned(),
+                key: self.key.clone(),
+            })
+        })
+    }
+
     /// [`Step::run_in_tx`], and whether the body ran now (false: an earlier attempt's record).
     async fn run_tx_fresh<E, F, Fut>(self, body: F) -> Result<(T, bool), E>
     where
@@ -1681,15 +1705,7 @@ impl<T: Serialize + DeserializeOwned> Step<'_, T> {
         let pending = job.take_pending();
         let result = async {
             let mut tx = job.pool.begin().await.map_err(JournalError::from)?;
-            // Serialised per step; then, in a statement of its own so that it sees what another attempt
-            // committed while this one waited, the step's record.
-            let lock = format!("step:{}:{name}:{}", job.id(), self.key);
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-                .bind(&lock)
-                .execute(&mut *tx)
-                .await
-                .map_err(JournalError::from)?;
-            let earlier = step_output(&mut *tx, job.id(), name, &self.key).await?;
+            let earlier = self.locked_record(&mut tx).await?;
             let (tx, value, own) = match earlier {
                 Some(v) => (tx, v, None),
                 None => {
@@ -1738,17 +1754,7 @@ impl<T: Serialize + DeserializeOwned> Step<'_, T> {
                 job.remember(name, &self.key, value.clone());
                 match own {
                     Some(out) => Ok((out, true)),
-                    None => {
-                        debug!(step = name, key = %self.key, "another attempt recorded this step first; using its output");
-                        decode(name, &self.key, &value)
-                            .map(|out| (out, false))
-                            .ok_or_else(|| {
-                                E::from(JournalError::Decode {
-                                    name: name.to_owned(),
-                                    key: self.key.clone(),
-                                })
-                            })
-                    }
+                    None => self.adopted(&value).map(|out| (out, false)),
                 }
             }
             Err(e) => {

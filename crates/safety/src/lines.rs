@@ -278,49 +278,7 @@ impl CrisisLines {
 
     fn validate(file: File) -> Result<Self, LinesError> {
         let invalid = |why: String| Err(LinesError::Invalid(why));
-        if file.referral.get("en").is_none_or(|t| t.trim().is_empty()) {
-            return invalid("no \"en\" referral".into());
-        }
-        for (lang, text) in &file.referral {
-            if text.trim().is_empty() {
-                return invalid(format!("empty referral for {lang:?}"));
-            }
-            if file
-                .no_country
-                .get(lang)
-                .is_none_or(|t| t.trim().is_empty())
-            {
-                return invalid(format!("no noCountry text for {lang:?}"));
-            }
-            if file.ai_notice.get(lang).is_none_or(|t| t.trim().is_empty()) {
-                return invalid(format!("no aiNotice for {lang:?}"));
-            }
-            for (which, intro) in [("referral", text), ("noCountry", &file.no_country[lang])] {
-                if first_sentence_end(intro).is_none() {
-                    return invalid(format!(
-                        "the {which} text for {lang:?} has no first sentence before its end: the AI notice goes after it"
-                    ));
-                }
-            }
-            let Some(l) = file.labels.get(lang) else {
-                return invalid(format!("no labels for {lang:?}"));
-            };
-            if [&l.hours, &l.cost, &l.reporting]
-                .iter()
-                .any(|s| s.trim().is_empty())
-            {
-                return invalid(format!("an empty label for {lang:?}"));
-            }
-        }
-        if let Some(lang) = file
-            .no_country
-            .keys()
-            .chain(file.ai_notice.keys())
-            .chain(file.labels.keys())
-            .find(|l| !file.referral.contains_key(*l))
-        {
-            return invalid(format!("{lang:?} has texts but no referral"));
-        }
+        check_texts(&file)?;
         let directory = line("directory", file.directory)?;
         if directory.kind != Kind::Directory || directory.url.is_none() {
             return invalid("directory: kind must be \"directory\", with a url".into());
@@ -550,6 +508,57 @@ fn describe(l: &CrisisLine, labels: &Labels) -> String {
         false => format!(" — {}", notes.join("; ")),
     };
     format!("\n• {}: {}{notes}", l.name, ways.join(" · "))
+}
+
+/// The texts of every language: an English referral; for each language with a referral, its
+/// no-country text, AI notice and labels, each text with a first sentence the AI notice goes after; no
+/// texts of a language without a referral.
+fn check_texts(file: &File) -> Result<(), LinesError> {
+    let invalid = |why: String| Err(LinesError::Invalid(why));
+    if file.referral.get("en").is_none_or(|t| t.trim().is_empty()) {
+        return invalid("no \"en\" referral".into());
+    }
+    for (lang, text) in &file.referral {
+        if text.trim().is_empty() {
+            return invalid(format!("empty referral for {lang:?}"));
+        }
+        if file
+            .no_country
+            .get(lang)
+            .is_none_or(|t| t.trim().is_empty())
+        {
+            return invalid(format!("no noCountry text for {lang:?}"));
+        }
+        if file.ai_notice.get(lang).is_none_or(|t| t.trim().is_empty()) {
+            return invalid(format!("no aiNotice for {lang:?}"));
+        }
+        for (which, intro) in [("referral", text), ("noCountry", &file.no_country[lang])] {
+            if first_sentence_end(intro).is_none() {
+                return invalid(format!(
+                    "the {which} text for {lang:?} has no first sentence before its end: the AI notice goes after it"
+                ));
+            }
+        }
+        let Some(l) = file.labels.get(lang) else {
+            return invalid(format!("no labels for {lang:?}"));
+        };
+        if [&l.hours, &l.cost, &l.reporting]
+            .iter()
+            .any(|s| s.trim().is_empty())
+        {
+            return invalid(format!("an empty label for {lang:?}"));
+        }
+    }
+    if let Some(lang) = file
+        .no_country
+        .keys()
+        .chain(file.ai_notice.keys())
+        .chain(file.labels.keys())
+        .find(|l| !file.referral.contains_key(*l))
+    {
+        return invalid(format!("{lang:?} has texts but no referral"));
+    }
+    Ok(())
 }
 
 /// An entry of `whose` with its evidence checked.

@@ -20,7 +20,7 @@ use tracing::info;
 use super::{Memory, MemoryError};
 use crate::{
     bus::Bus,
-    journal::{Finish, Journal, NewJob, State, StepKind, names::key},
+    journal::{Finish, Job, Journal, NewJob, State, StepKind, names::key},
     store::pg::lock_history,
 };
 
@@ -234,35 +234,7 @@ impl Memory {
             return Ok(Removed::default());
         }
         let removed = match kind {
-            MESSAGE_DELETED => {
-                let erased: MessageErased = job
-                    .step(&erase(), key::ONCE)
-                    .run_in_tx(|mut tx| async move {
-                        let r = delete_message_in(&mut tx, id).await;
-                        (tx, r)
-                    })
-                    .await?;
-                // After the commit: a redelivery the stream makes meanwhile finds the tombstone.
-                let events: u64 = job
-                    .step(&ERASE_STREAMS, key::ONCE)
-                    .run(async {
-                        Ok::<_, MemoryError>(bus.erase().delete_event(id, erased.seq).await?)
-                    })
-                    .await?;
-                job.step(&REBUILD, key::ONCE)
-                    .run(async {
-                        for (user, bot) in &erased.rebuilt {
-                            self.signal_now(bus, user, bot, &format!("rebuild:{id}"))
-                                .await?;
-                        }
-                        Ok::<_, MemoryError>(())
-                    })
-                    .await?;
-                Removed {
-                    stream_messages: events,
-                    ..erased.removed
-                }
-            }
+            MESSAGE_DELETED => self.erase_message(&job, bus, id).await?,
             MEMORY_CLEARED => {
                 let bot = bot.as_deref();
                 job.step(&erase(), key::ONCE)
@@ -272,28 +244,61 @@ impl Memory {
                     })
                     .await?
             }
-            _ => {
-                let erased: UserErased = job
-                    .step(&erase(), key::ONCE)
-                    .run_in_tx(|mut tx| async move {
-                        let r = erase_user_in(&mut tx, id).await;
-                        (tx, r)
-                    })
-                    .await?;
-                let events: u64 = job
-                    .step(&ERASE_STREAMS, key::ONCE)
-                    .run(async { erase_from_streams(bus, id, &erased.subjects).await })
-                    .await?;
-                Removed {
-                    stream_messages: events,
-                    ..erased.removed
-                }
-            }
+            _ => erase_user(&job, bus, id).await?,
         };
         job.finish(State::Done, Finish::default()).await?;
         info!(kind, id, job = %job_id, ?removed, "deletion carried out");
         Ok(removed)
     }
+
+    /// A `message_deleted`'s steps: its transaction, the message out of the streams, the summaries it was
+    /// in rebuilt.
+    async fn erase_message(&self, job: &Job, bus: &Bus, id: &str) -> Result<Removed, MemoryError> {
+        let erased: MessageErased = job
+            .step(&erase(), key::ONCE)
+            .run_in_tx(|mut tx| async move {
+                let r = delete_message_in(&mut tx, id).await;
+                (tx, r)
+            })
+            .await?;
+        // After the commit: a redelivery the stream makes meanwhile finds the tombstone.
+        let events: u64 = job
+            .step(&ERASE_STREAMS, key::ONCE)
+            .run(async { Ok::<_, MemoryError>(bus.erase().delete_event(id, erased.seq).await?) })
+            .await?;
+        job.step(&REBUILD, key::ONCE)
+            .run(async {
+                for (user, bot) in &erased.rebuilt {
+                    self.signal_now(bus, user, bot, &format!("rebuild:{id}"))
+                        .await?;
+                }
+                Ok::<_, MemoryError>(())
+            })
+            .await?;
+        Ok(Removed {
+            stream_messages: events,
+            ..erased.removed
+        })
+    }
+}
+
+/// A `user_erased`'s steps: its transaction, then the user's messages out of the streams.
+async fn erase_user(job: &Job, bus: &Bus, id: &str) -> Result<Removed, MemoryError> {
+    let erased: UserErased = job
+        .step(&erase(), key::ONCE)
+        .run_in_tx(|mut tx| async move {
+            let r = erase_user_in(&mut tx, id).await;
+            (tx, r)
+        })
+        .await?;
+    let events: u64 = job
+        .step(&ERASE_STREAMS, key::ONCE)
+        .run(async { erase_from_streams(bus, id, &erased.subjects).await })
+        .await?;
+    Ok(Removed {
+        stream_messages: events,
+        ..erased.removed
+    })
 }
 
 /// `message_deleted`'s transaction (see the module documentation): the tombstone first, under the

@@ -197,24 +197,13 @@ impl Memory {
         ))
         .fetch_all(&mut *tx)
         .await?;
-        let (sources, said_at, how) = merged(new, &replaced);
-        sqlx::query(
-            "INSERT INTO memory_facts
-                (id, user_id, bot_id, topic, fact, sources, learned_by, how, embedding, said_at, model)
-             VALUES ($1, $2, $3, $4, $5, $6, $3, $7, $8, $9, coalesce($10, 'none'))
-             ON CONFLICT (id) DO NOTHING",
+        insert(
+            tx,
+            (user, bot),
+            new,
+            merged(new, &replaced),
+            (&vector, model),
         )
-        .bind(&new.id)
-        .bind(user)
-        .bind(bot)
-        .bind(new.topic.as_str())
-        .bind(&new.fact)
-        .bind(&sources)
-        .bind(how.as_str())
-        .bind(&vector)
-        .bind(said_at)
-        .bind(model)
-        .execute(&mut *tx)
         .await?;
         trim(tx, user, bot, max_facts).await?;
         Ok(Kept {
@@ -293,6 +282,36 @@ impl Memory {
 }
 
 /// The sources, time and how of a fact that replaces `replaced`: those it repeats (`same`) hand over
+/// Writes `new` for (user, bot) with what the facts it replaced carried over (`merged`: their sources,
+/// the earliest said, how it was learned) and its vector of `model`; a fact of the same id stays.
+async fn insert(
+    tx: &mut PgConnection,
+    (user, bot): (&str, &str),
+    new: &NewFact,
+    (sources, said_at, how): (Vec<String>, DateTime<Utc>, How),
+    (vector, model): (&Option<Vector>, Option<&str>),
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO memory_facts
+            (id, user_id, bot_id, topic, fact, sources, learned_by, how, embedding, said_at, model)
+         VALUES ($1, $2, $3, $4, $5, $6, $3, $7, $8, $9, coalesce($10, 'none'))
+         ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(&new.id)
+    .bind(user)
+    .bind(bot)
+    .bind(new.topic.as_str())
+    .bind(&new.fact)
+    .bind(&sources)
+    .bind(how.as_str())
+    .bind(vector)
+    .bind(said_at)
+    .bind(model)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
 /// their sources and their latest time, and a fact the user asked to be remembered stays so.
 fn merged(new: &NewFact, replaced: &[sqlx::postgres::PgRow]) -> (Vec<String>, DateTime<Utc>, How) {
     let mut sources = new.sources.clone();

@@ -56,24 +56,7 @@ impl Tool for Remember {
                     .into(),
             ));
         }
-        let limit = memory.config.remember_per_day;
-        let counted = ctx
-            .job
-            .counted(
-                &REMEMBER_QUOTA,
-                &ctx.call.key,
-                &names::tally::remember(&ctx.user.to_hex()),
-                limit,
-                std::time::Duration::from_secs(24 * 3600),
-                ctx.clock.now,
-            )
-            .await?;
-        if let Admission::Exceeded { retry_after_secs } = counted {
-            return Err(ToolError::Forbidden(format!(
-                "at most {limit} things can be remembered a day; try again in about {} hours",
-                (retry_after_secs + 3599) / 3600
-            )));
-        }
+        within_daily_bound(ctx, memory).await?;
         // One fact per topic ("rides goofy and home park is …" is two), each its own step.
         let parts = memory::topic::one_topic_each(&fact);
         let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
@@ -133,6 +116,30 @@ impl Tool for Remember {
             .collect();
         Ok(ToolOutput::data(json!({ "remembered": facts })))
     }
+}
+
+/// Counts the call against the user's daily bound of things remembered (a counted step, tally
+/// `remember:<user>`); a refusal for the model when it is used up.
+async fn within_daily_bound(ctx: &ToolContext<'_>, memory: &Memory) -> Result<(), ToolError> {
+    let limit = memory.config.remember_per_day;
+    let counted = ctx
+        .job
+        .counted(
+            &REMEMBER_QUOTA,
+            &ctx.call.key,
+            &names::tally::remember(&ctx.user.to_hex()),
+            limit,
+            std::time::Duration::from_secs(24 * 3600),
+            ctx.clock.now,
+        )
+        .await?;
+    if let Admission::Exceeded { retry_after_secs } = counted {
+        return Err(ToolError::Forbidden(format!(
+            "at most {limit} things can be remembered a day; try again in about {} hours",
+            (retry_after_secs + 3599) / 3600
+        )));
+    }
+    Ok(())
 }
 
 /// The memory a call may use: a DM's; a group chat or memory turned off says why not.
