@@ -678,38 +678,7 @@ impl Running {
         );
         async {
             let progress = keep_alive(&msg, self.progress_every);
-            let input = Input::Signal {
-                subject: msg.subject.as_str(),
-                payload: &msg.payload,
-            };
-            let delivery = Arrival {
-                order: None,
-                subject: msg.subject.as_str(),
-                seq,
-            };
-            let pipeline = &self.worker.pipeline;
-            // By the signal's kind: its own handler, or the pipeline as a follow-up.
-            let (takeovers, memory) = (&self.worker.takeovers, &self.worker.memory_signals);
-            let work = || async {
-                match self.worker.bus.names.signal_parts(msg.subject.as_str()) {
-                Some((crate::takeover::KIND, _)) => {
-                    Box::pin(takeovers.takeover(msg.subject.as_str(), &msg.payload)).await
-                }
-                Some((kind @ crate::memory::KIND, id)) => {
-                    Box::pin(memory.extraction(kind, id)).await.map_err(crate::pipeline::PipelineError::from)
-                }
-                Some((
-                    kind @ (crate::memory::erase::MESSAGE_DELETED
-                    | crate::memory::erase::MEMORY_CLEARED
-                    | crate::memory::erase::USER_ERASED),
-                    id,
-                )) => {
-                    let deletion = memory.deletion(kind, id, &msg.payload, seq);
-                    Box::pin(deletion).await.map_err(crate::pipeline::PipelineError::from)
-                }
-                    _ => Box::pin(pipeline.handle(&input, Some(&delivery))).await.map(drop),
-                }
-            };
+            let work = || self.act_on_signal(&msg, seq);
             let mut held_since = None;
             let ending = loop {
                 let ending = match self.guarded("signal", work()).await {
@@ -744,6 +713,49 @@ impl Running {
         }
         .instrument(span)
         .await
+    }
+
+    /// A signal to what acts on it, by its kind: a takeover, a memory extraction or deletion; else the
+    /// pipeline, as a follow-up.
+    async fn act_on_signal(
+        &self,
+        msg: &jetstream::Message,
+        seq: u64,
+    ) -> Result<(), crate::pipeline::PipelineError> {
+        let subject = msg.subject.as_str();
+        let (takeovers, memory) = (&self.worker.takeovers, &self.worker.memory_signals);
+        match self.worker.bus.names.signal_parts(subject) {
+            Some((crate::takeover::KIND, _)) => {
+                Box::pin(takeovers.takeover(subject, &msg.payload)).await
+            }
+            Some((kind @ crate::memory::KIND, id)) => Box::pin(memory.extraction(kind, id))
+                .await
+                .map_err(crate::pipeline::PipelineError::from),
+            Some((
+                kind @ (crate::memory::erase::MESSAGE_DELETED
+                | crate::memory::erase::MEMORY_CLEARED
+                | crate::memory::erase::USER_ERASED),
+                id,
+            )) => {
+                let deletion = memory.deletion(kind, id, &msg.payload, seq);
+                Box::pin(deletion)
+                    .await
+                    .map_err(crate::pipeline::PipelineError::from)
+            }
+            _ => {
+                let input = Input::Signal {
+                    subject,
+                    payload: &msg.payload,
+                };
+                let delivery = Arrival {
+                    order: None,
+                    subject,
+                    seq,
+                };
+                let handled = self.worker.pipeline.handle(&input, Some(&delivery));
+                Box::pin(handled).await.map(drop)
+            }
+        }
     }
 }
 

@@ -353,48 +353,7 @@ impl Delivery {
         let generation = out.key.as_str();
         let reply_id = ObjectId::parse_str(&reply.id)
             .map_err(|_| PipelineError::BadReplyId(reply.id.clone()))?;
-        let parties = Parties::of(out);
-        let writes = async {
-            job.step(&STORE_REPLY, generation)
-                .lazy()
-                .run(async {
-                    let inserted = self
-                        .mongo
-                        .insert_reply(&reply_doc(job, out, reply, reply_id))
-                        .await?;
-                    if !inserted {
-                        debug!("reply document already present");
-                    }
-                    Ok::<_, PipelineError>(inserted)
-                })
-                .await?;
-            if reply.marks.is_private() {
-                // Only its user sees it: not in the shared history, not the conversation's preview.
-                return Ok(());
-            }
-            job.step(&HISTORY, generation)
-                .lazy()
-                .run(async {
-                    if !out.written {
-                        self.pg
-                            .append_history(&history_rows(out, reply, &parties))
-                            .await?;
-                    }
-                    Ok::<_, PipelineError>(())
-                })
-                .await?;
-            job.step(&TOUCH, generation)
-                .lazy()
-                .run(async {
-                    self.mongo
-                        .touch_conversation(out.conversation, &reply.content, reply.at)
-                        .await?;
-                    Ok::<_, PipelineError>(())
-                })
-                .await?;
-            Ok::<_, PipelineError>(())
-        };
-        stage(Stage::Writes, writes).await?;
+        stage(Stage::Writes, self.write(job, out, reply, reply_id)).await?;
         let completion = completion_of(out, reply);
         // `None` when recorded before the sequence was kept.
         let seq: Option<u64> = stage(
@@ -436,6 +395,57 @@ impl Delivery {
             return Ok(Delivered::Owed(sent));
         }
         self.check_sent(job, &sent).await
+    }
+
+    /// The message's writes, each a step keyed by its reply key: its document, then (unless it is private
+    /// to its user) its history rows and the conversation's last message.
+    async fn write(
+        &self,
+        job: &Job,
+        out: &Address<'_>,
+        reply: &Reply,
+        reply_id: ObjectId,
+    ) -> Result<(), PipelineError> {
+        let generation = out.key.as_str();
+        let parties = Parties::of(out);
+        job.step(&STORE_REPLY, generation)
+            .lazy()
+            .run(async {
+                let inserted = self
+                    .mongo
+                    .insert_reply(&reply_doc(job, out, reply, reply_id))
+                    .await?;
+                if !inserted {
+                    debug!("reply document already present");
+                }
+                Ok::<_, PipelineError>(inserted)
+            })
+            .await?;
+        if reply.marks.is_private() {
+            // Only its user sees it: not in the shared history, not the conversation's preview.
+            return Ok(());
+        }
+        job.step(&HISTORY, generation)
+            .lazy()
+            .run(async {
+                if !out.written {
+                    self.pg
+                        .append_history(&history_rows(out, reply, &parties))
+                        .await?;
+                }
+                Ok::<_, PipelineError>(())
+            })
+            .await?;
+        job.step(&TOUCH, generation)
+            .lazy()
+            .run(async {
+                self.mongo
+                    .touch_conversation(out.conversation, &reply.content, reply.at)
+                    .await?;
+                Ok::<_, PipelineError>(())
+            })
+            .await?;
+        Ok(())
     }
 
     /// Whether a message it answers was deleted, or its user erased, since the message was checked

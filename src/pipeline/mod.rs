@@ -439,24 +439,9 @@ impl Pipeline {
             let slot = view.slot;
             // The crisis line is owed whatever a moderator or a deletion did meanwhile: no check.
             let check = plan.fixed != Some(Fixed::Crisis);
-            let reply = job.step(&REPLY, slot.reply(job.record.generation));
-            // Boxed: the model's part of a turn is a large future, kept off the caller's stack.
-            let body = Box::pin(async {
-                fresh += 1;
-                let lang = crisis.as_ref().map(|f| f.lang.as_str());
-                genai::with_content(content, self.fix(&view, lang)).await
-            });
-            let line = if check {
-                // The check before delivery, and the history when it finds the way clear, ride with
-                // the reply's record.
-                let ride = |line: &Reply| self.delivery.before_ride(job, a, slot, &burst, line);
-                reply
-                    .run_riding(body, ride)
-                    .instrument(agent.clone())
-                    .await?
-            } else {
-                reply.run(body).instrument(agent.clone()).await?
-            };
+            let lang = crisis.as_ref().map(|f| f.lang.as_str());
+            let line = self.said(&view, (lang, content), check, &mut fresh);
+            let line = line.instrument(agent.clone()).await?;
             said.push(line);
             // The messages before are recorded as delivered before another companion starts: a crash
             // from there on never sends them (or their completions) again. The crisis line is owed
@@ -502,6 +487,32 @@ impl Pipeline {
             owed,
         };
         Box::pin(self.answered(job, a, ending)).await
+    }
+
+    /// Stage 7 of a slot, recorded: its message fixed by its `reply` step (`fresh` counts the ones
+    /// composed now, not replayed). With `check`, the check before delivery, and the history when it finds
+    /// the way clear, ride with the record. `crisis` is the job's crisis language; `content`, whether its
+    /// model calls may carry message text on their spans.
+    async fn said(
+        &self,
+        view: &SlotView<'_, '_>,
+        (crisis, content): (Option<&str>, bool),
+        check: bool,
+        fresh: &mut usize,
+    ) -> Result<Reply, PipelineError> {
+        let (job, slot) = (view.job, view.slot);
+        let reply = job.step(&REPLY, slot.reply(job.record.generation));
+        // Boxed: the model's part of a turn is a large future, kept off the caller's stack.
+        let body = Box::pin(async {
+            *fresh += 1;
+            genai::with_content(content, self.fix(view, crisis)).await
+        });
+        if !check {
+            return reply.run(body).await;
+        }
+        let (a, burst) = (view.admitted, view.burst);
+        let ride = |line: &Reply| self.delivery.before_ride(job, a, slot, burst, line);
+        reply.run_riding(body, ride).await
     }
 
     /// Stage 9 for an answered job; a message withdrawn when the settlement's check found a deletion

@@ -108,42 +108,14 @@ pub async fn converse(
     let mut offer = cx.offer;
     request.tools = cx.registry.offered(offer);
     request.tool_choice = None;
-    let job = cx.tools.job;
     let mut out = LoopOutput::default();
     let mut seen_ids: HashSet<String> = HashSet::new();
     let (mut round, mut n) = (0u32, 0u32); // tool rounds run; model calls made (each step's key)
-    let user = cx.tools.user.to_hex();
     // Several companions' conversations share a group message's job: each call says who spoke.
     let speaker = (!cx.slot.is_empty()).then(|| cx.tools.bot.to_hex());
     let spent = LoopSpend::knowing(cx.spend.and_then(|s| s.known));
     loop {
-        // The step's own time is the journal's; the model's is the nested `llm` stage. An answer
-        // recorded by an earlier attempt was paid once and replays for free: the checks before a paid
-        // call are the step's body.
-        let answered = stage(
-            Stage::Steps,
-            job.step(&LLM, format!("{}{n}", cx.slot))
-                .tally(spend::tally(&user))
-                // An answer in text, or one calling only tools that read, rides with the reply's
-                // record (a crash before it asks again, and those tools read again); one that calls a
-                // tool that acts is recorded before the tool acts on it.
-                .run_lazy_if(
-                    Box::pin(pay_and_ask(
-                        cx,
-                        &request,
-                        speaker.clone(),
-                        &format!("{}{n}", cx.slot),
-                        &spent,
-                    )),
-                    |r: &LlmRecord| {
-                        r.message
-                            .tool_calls
-                            .iter()
-                            .all(|c| cx.registry.reads_only(&c.function.name))
-                    },
-                ),
-        )
-        .await;
+        let answered = answer(cx, &request, n, speaker.clone(), &spent).await;
         let record = match answered {
             Ok(record) => record,
             Err(Unpaid::Stopped(scope)) => {
@@ -190,23 +162,66 @@ pub async fn converse(
             content: message.content.filter(|c| !c.trim().is_empty()),
             tool_calls: calls.clone(),
         });
-        for (record, call) in results.into_iter().zip(&calls) {
-            let record: ToolRecord = record?;
-            if let Some(card) = &record.card {
-                out.card = Some(card.clone());
-            }
-            if let Some(group) = asked_for(&record) {
-                info!(?group, "the model asked for more tools");
-                offer = offer.with(group);
-                request.tools = cx.registry.offered(offer);
-            }
-            out.log.push(record.compact());
-            request.messages.push(Message::Tool {
-                tool_call_id: call.id.clone(),
-                content: bound_result(record.content.to_string(), cx.limits.max_result_bytes),
-            });
-        }
+        take_results(cx, results, &calls, (&mut out, &mut offer), &mut request)?;
     }
+}
+
+/// The slot's `n`-th answer of the model (its `llm` step). The step's own time is the journal's; the
+/// model's is the nested `llm` stage. An answer recorded by an earlier attempt was paid once and replays
+/// for free: the checks before a paid call are the step's body.
+async fn answer(
+    cx: &LoopContext<'_>,
+    request: &ChatRequest,
+    n: u32,
+    speaker: Option<String>,
+    spent: &LoopSpend,
+) -> Result<LlmRecord, Unpaid> {
+    let key = format!("{}{n}", cx.slot);
+    let user = cx.tools.user.to_hex();
+    let step = cx
+        .tools
+        .job
+        .step(&LLM, key.clone())
+        .tally(spend::tally(&user));
+    // An answer in text, or one calling only tools that read, rides with the reply's record (a crash
+    // before it asks again, and those tools read again); one that calls a tool that acts is recorded
+    // before the tool acts on it.
+    let reads_only = |r: &LlmRecord| {
+        r.message
+            .tool_calls
+            .iter()
+            .all(|c| cx.registry.reads_only(&c.function.name))
+    };
+    let asked = Box::pin(pay_and_ask(cx, request, speaker, &key, spent));
+    stage(Stage::Steps, step.run_lazy_if(asked, reads_only)).await
+}
+
+/// The round's results into the request for the next answer, each after its call; a card and the
+/// compact log into `out`, and a call that asked for more tools widens `offer`.
+fn take_results(
+    cx: &LoopContext<'_>,
+    results: Vec<Result<ToolRecord, PipelineError>>,
+    calls: &[ToolCall],
+    (out, offer): (&mut LoopOutput, &mut Offer),
+    request: &mut ChatRequest,
+) -> Result<(), PipelineError> {
+    for (record, call) in results.into_iter().zip(calls) {
+        let record: ToolRecord = record?;
+        if let Some(card) = &record.card {
+            out.card = Some(card.clone());
+        }
+        if let Some(group) = asked_for(&record) {
+            info!(?group, "the model asked for more tools");
+            *offer = offer.with(group);
+            request.tools = cx.registry.offered(*offer);
+        }
+        out.log.push(record.compact());
+        request.messages.push(Message::Tool {
+            tool_call_id: call.id.clone(),
+            content: bound_result(record.content.to_string(), cx.limits.max_result_bytes),
+        });
+    }
+    Ok(())
 }
 
 /// The concern of a `flag_concern` call among `calls`. Arguments that do not read are still a flag: the
