@@ -31,7 +31,7 @@ use crate::{
 
 /// The steps' names where the story's order and slots match on them (a pattern needs a constant).
 mod step {
-    use crate::pipeline::{burst, compose, deliver, gate, incoming, kind};
+    use crate::pipeline::{burst, deliver, gate, incoming, kind};
     use crate::tools;
 
     pub(super) const SCREEN: &str = incoming::SCREEN.name;
@@ -52,7 +52,7 @@ mod step {
     pub(super) const FLOW_CHANGE: &str = crate::flow::state::FLOW_CHANGE.name;
     pub(super) const LLM: &str = crate::calls::LLM.name;
     pub(super) const MODEL_FAILED: &str = crate::calls::MODEL_FAILED.name;
-    pub(super) const FIXED_LINE: &str = compose::FIXED_LINE.name;
+    pub(super) const FIXED_LINE: &str = crate::pipeline::reply::FIXED_LINE.name;
     pub(super) const TOOL: &str = tools::TOOL.name;
     pub(super) const QUOTA: &str = tools::QUOTA.name;
     pub(super) const REMEMBER: &str = tools::REMEMBER.name;

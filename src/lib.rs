@@ -29,6 +29,7 @@ mod import_cycles;
 mod layout;
 mod ops_http;
 mod outage;
+mod parts;
 mod pipeline;
 mod proactive;
 mod reembed;

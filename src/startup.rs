@@ -4,55 +4,51 @@
 use std::{net::SocketAddr, sync::Arc};
 
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+
+use crate::parts::{Parts, PartsError};
+use tracing::{error, info};
 
 use crate::{
-    bus::{Bus, BusError},
-    character::{CharacterError, Characters},
-    config::{Config, ConsumerConfig, WorkerConfig, redact_url},
-    flood::FloodLimit,
-    journal::Journal,
-    llm::{LlmClient, LlmError},
+    bus::Bus,
+    config::{Config, ConsumerConfig, WorkerConfig},
     memory::signals::MemorySignals,
     metrics::Metrics,
     ops_http::{self, Probe},
     outage::Outages,
-    pipeline::{
-        Pipeline,
-        burst::TakeIn,
-        compose::{ComposeSettings, Composer, Talk},
-        deliver::Delivery,
-        end::Endings,
-        gate::Gate,
-        incoming::Incoming,
-        input::Admission,
-        outgoing::{Clean, Outgoing},
-        tool_loop::LoopLimits,
-    },
-    rag::{self, Embedder, Retriever},
+    pipeline::Pipeline,
+    rag::Embedder,
     replay::Replayer,
-    spend::{self, SpendGuard},
-    store::{Mongo, Pg, StoreError},
+    store::{Mongo, Pg},
     takeover::Takeovers,
     worker::{Worker, WorkerError},
 };
 
+/// Why a worker could not be built or run.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     #[error(transparent)]
-    Bus(#[from] BusError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Characters(#[from] CharacterError),
-    #[error(transparent)]
-    Flows(#[from] crate::flow::FlowError),
-    #[error(transparent)]
-    Llm(#[from] LlmError),
+    Parts(#[from] PartsError),
     #[error(transparent)]
     Worker(#[from] WorkerError),
-    #[error("crisis lines: {0}")]
-    CrisisLines(#[from] crate::safety::lines::LinesError),
+}
+
+/// Memory's extraction and deletion signals' handler. Extraction uses the cheaper model when one is set.
+fn memory_signals(p: &Parts, c: &Config) -> MemorySignals {
+    MemorySignals {
+        memory: p.memory.clone(),
+        journal: p.journal.clone(),
+        llm: p.llm.clone(),
+        bus: p.bus.clone(),
+        characters: p.characters.clone(),
+        model: [&c.memory.model, &c.spend.budget_model, &c.llm.model]
+            .into_iter()
+            .map(|m| m.trim())
+            .find(|m| !m.is_empty())
+            .unwrap_or_default()
+            .to_owned(),
+        history_limit: c.turn.history_limit,
+        spend: p.spend.clone(),
+    }
 }
 
 /// A worker's connected parts, built from the whole configuration by [`App::build`]: the one way a worker
@@ -84,208 +80,26 @@ struct Own {
 
 impl App {
     /// Connects to NATS, MongoDB and PostgreSQL, loads the crisis lines, the characters, the flows and
-    /// the embedding model, and builds the conversation pipeline.
+    /// the embedding model ([`Parts::connect`]), and builds the conversation pipeline and the signals'
+    /// handlers, each part from the shared handles and its own configuration section.
     pub async fn build(c: &Config) -> Result<Self, SetupError> {
-        info!(
-            nats = %redact_url(&c.nats.url),
-            mongo = %redact_url(&c.mongo.uri),
-            postgres = %redact_url(&c.pg.url),
-            llm = %c.llm.base_url,
-            model = %c.llm.model,
-            "connecting"
-        );
-        // The crisis lines first: a worker that could not refer a user in crisis does not start.
-        let mut safety = crate::safety::Safety::load(&c.safety)?;
-        let (bus, mongo, pg) = tokio::try_join!(
-            async { Bus::connect(&c.nats).await.map_err(SetupError::from) },
-            async { Mongo::connect(&c.mongo).await.map_err(SetupError::from) },
-            async { Pg::connect(&c.pg).await.map_err(SetupError::from) },
-        )?;
-        let mut characters = Characters::load(&c.characters.dir)?;
-        characters.resolve(&mongo).await?;
-        let flows = Arc::new(crate::flow::Flows::load(
-            &c.characters.flows_dir,
-            &crate::tools::REGISTRY.names(),
-        )?);
-        flows.check_offers(
-            characters
-                .iter()
-                .map(|(_, c)| (c.id.as_str(), c.flows.as_slice())),
-        )?;
-        let metrics = Arc::new(Metrics::default());
-        safety.review_lines(chrono::Utc::now().date_naive(), &metrics);
-        let llm = LlmClient::new(&c.llm, metrics.clone())?;
-        let embedder = rag::load_embedder(&c.embed);
-        if let Some(e) = &embedder {
-            metrics.register_histogram(&rag::EMBED_BATCH, e.batch_sizes());
-        }
-        let moderator = crate::llm::moderation::Moderator::from_config(&c.safety)
-            .unwrap_or_else(|e| {
-                warn!(error = %e, "the moderation endpoint cannot be used; the local layers screen alone");
-                None
-            });
-        if moderator.is_some() {
-            info!(model = %c.safety.moderation_model, "user messages are also screened by the moderation endpoint");
-        }
-        let journal = Journal::new(pg.pool.clone()).counting(metrics.clone());
-        let memory =
-            crate::memory::Memory::new(pg.pool.clone(), embedder.clone(), c.memory.clone());
-        let spend = Arc::new(SpendGuard::new(
-            pg.pool.clone(),
-            spend::SpendLimits::of(&c.spend),
-            metrics.clone(),
-        ));
-        let memory_signals = Arc::new(MemorySignals {
-            memory: memory.clone(),
-            journal: journal.clone(),
-            llm: llm.clone(),
-            bus: bus.clone(),
-            characters: characters.clone(),
-            // The cheaper model when one is set.
-            model: [&c.memory.model, &c.spend.budget_model, &c.llm.model]
-                .into_iter()
-                .map(|m| m.trim())
-                .find(|m| !m.is_empty())
-                .unwrap_or_default()
-                .to_owned(),
-            history_limit: c.turn.history_limit,
-            spend: spend.clone(),
-        });
-        safety.screen = safety
-            .screen
-            .reading(embedder.as_deref().map(|e| e.model()));
-        let safety = Arc::new(safety);
-        if let Some(e) = &embedder {
-            crate::reembed::check(&pg.pool, e.model(), &metrics).await;
-        }
-        let retriever = Retriever::new(pg.pool.clone(), embedder.clone(), &c.rag);
-        let limits = crate::bus::event::EventLimits::of(&c.turn);
-        let clean = Clean {
-            max_chars: c.turn.max_reply_chars,
-        };
-        let tools = Arc::new(crate::tools::Toolbox::new(&crate::tools::ToolStores {
-            mongo: mongo.clone(),
-            pg: pg.clone(),
-            bus: bus.clone(),
-            flows: flows.clone(),
-            reminders: crate::tools::ReminderBounds {
-                min_lead: std::time::Duration::from_secs(c.turn.reminder_min_lead_secs),
-            },
-            writes_per_hour: c.turn.writes_per_hour,
-        }));
-        let pipeline = Arc::new(Pipeline {
-            journal: journal.clone(),
-            admission: Admission {
-                characters: characters.clone(),
-                mongo: mongo.clone(),
-                pg: pg.clone(),
-                names: bus.names.clone(),
-                safety: safety.clone(),
-                limits,
-                memory: memory.clone(),
-            },
-            incoming: Incoming {
-                retriever: retriever.clone(),
-                moderator: moderator.clone(),
-                safety: safety.clone(),
-                pg: pg.clone(),
-                bus: bus.clone(),
-                metrics: metrics.clone(),
-            },
-            gate: Gate {
-                pg: pg.clone(),
-                journal: journal.clone(),
-                flood: FloodLimit::new(c.turn.user_turns_per_minute),
-                retriever: retriever.clone(),
-                group: c.group.clone(),
-                safety: safety.clone(),
-                follow_ups: c.follow_ups.clone(),
-                history_limit: c.turn.history_limit,
-            },
-            take_in: TakeIn {
-                pg: pg.clone(),
-                names: bus.names.clone(),
-                limits,
-                burst_max: c.turn.burst_max,
-                flows: flows.clone(),
-            },
-            composer: Composer {
-                pg: pg.clone(),
-                mongo: mongo.clone(),
-                retriever: retriever.clone(),
-                memory: memory.clone(),
-                flows: flows.clone(),
-                bus: bus.clone(),
-                talk: Talk {
-                    llm: llm.clone(),
-                    tools,
-                    spend: spend.clone(),
-                    limits: LoopLimits {
-                        max_rounds: c.turn.max_tool_rounds,
-                        max_result_bytes: c.turn.max_tool_result_bytes,
-                    },
-                    max_calls: c.turn.max_llm_calls_per_turn,
-                    model: c.llm.model.clone(),
-                    max_tokens: c.llm.max_tokens,
-                    temperature: c.llm.temperature,
-                },
-                settings: ComposeSettings {
-                    history_limit: c.turn.history_limit,
-                    prompt: c.prompt.clone(),
-                    flow_idle_days: c.flow.idle_days,
-                    under_13_line: c.safety.under_13_line.clone(),
-                    minor_quiet: (c.safety.minor_quiet_start, c.safety.minor_quiet_end),
-                    clean,
-                    screen: safety.screen,
-                    disclosure_lookback: c.safety.ai_disclosure.then(|| {
-                        let rhythm = safety.rhythm();
-                        rhythm.every + rhythm.every + rhythm.gap
-                    }),
-                },
-                metrics: metrics.clone(),
-            },
-            outgoing: Outgoing {
-                clean,
-                retriever: retriever.clone(),
-                safety: safety.clone(),
-                pg: pg.clone(),
-                journal: journal.clone(),
-                metrics: metrics.clone(),
-            },
-            delivery: Delivery {
-                mongo: mongo.clone(),
-                pg: pg.clone(),
-                bus: bus.clone(),
-            },
-            end: Endings {
-                memory: memory.clone(),
-                bus: bus.clone(),
-                metrics: metrics.clone(),
-                clean,
-            },
-            timeout_secs: c.turn.turn_timeout_secs,
-        });
-        let takeovers = Arc::new(Takeovers {
-            journal,
-            pg: pg.clone(),
-            mongo: mongo.clone(),
-            bus: bus.clone(),
-            max_event_bytes: c.turn.max_event_bytes,
-            pipeline: pipeline.clone(),
-        });
+        let parts = Parts::connect(c).await?;
+        let pipeline = Arc::new(Pipeline::new(&parts, c));
+        let takeovers = Arc::new(Takeovers::new(&parts, c, pipeline.clone()));
+        let memory_signals = Arc::new(memory_signals(&parts, c));
         let outages = Arc::new(Outages::new(
-            pg.clone(),
-            mongo.clone(),
-            bus.clone(),
-            metrics.clone(),
+            parts.pg.clone(),
+            parts.mongo.clone(),
+            parts.bus.clone(),
+            parts.metrics.clone(),
             c.worker.outage_max(),
         ));
         Ok(Self {
-            bus,
-            mongo,
-            pg,
-            embedder,
-            metrics,
+            bus: parts.bus,
+            mongo: parts.mongo,
+            pg: parts.pg,
+            embedder: parts.embedder,
+            metrics: parts.metrics,
             pipeline,
             takeovers,
             memory_signals,

@@ -32,6 +32,7 @@ use crate::{
     proactive::ProactiveError,
     store::{Mongo, Pg, pg::NewHistory, safety::Takeover},
 };
+use crate::{config::Config, parts::Parts};
 
 /// The kind of a takeover signal (`<prefix>.signal.takeover.<conversationId>`) and of its job.
 pub(crate) const KIND: &str = "takeover";
@@ -231,6 +232,18 @@ pub(crate) struct Takeovers {
 }
 
 impl Takeovers {
+    /// The takeover handler from the shared handles; a resume hands held messages to `pipeline`.
+    pub(crate) fn new(p: &Parts, c: &Config, pipeline: Arc<Pipeline>) -> Self {
+        Self {
+            journal: p.journal.clone(),
+            pg: p.pg.clone(),
+            mongo: p.mongo.clone(),
+            bus: p.bus.clone(),
+            max_event_bytes: c.turn.max_event_bytes,
+            pipeline,
+        }
+    }
+
     /// Acts on a takeover signal received on `subject` (see the module documentation). A body that can
     /// never be acted on is an [`InvalidEvent`] (dead-lettered); a store or bus failure is transient.
     pub(crate) async fn takeover(

@@ -24,6 +24,7 @@ use crate::{
     journal::{Job, NewJob, StepKind, Telling, Told, names::key},
     store::Pg,
 };
+use crate::{config::Config, parts::Parts};
 
 /// A later message of a burst, as the `burst` step fixes it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -102,6 +103,19 @@ pub(crate) struct TakeIn {
     pub(crate) burst_max: usize,
     /// The guided flows a follow-up's news moves on.
     pub(crate) flows: Arc<Flows>,
+}
+
+impl TakeIn {
+    /// Stage 5 from the shared handles (`turn`: the event bounds and the burst's).
+    pub(crate) fn new(p: &Parts, c: &Config) -> Self {
+        Self {
+            pg: p.pg.clone(),
+            names: p.bus.names.clone(),
+            limits: EventLimits::of(&c.turn),
+            burst_max: c.turn.burst_max,
+            flows: p.flows.clone(),
+        }
+    }
 }
 
 impl TakeIn {

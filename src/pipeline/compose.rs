@@ -10,33 +10,33 @@ use std::sync::{Arc, LazyLock};
 
 use bson::oid::ObjectId;
 use chrono::Utc;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::{
     Burst, Fixed, PipelineError, Reply,
     gate::Plan,
     input::Admitted,
     outgoing::Clean,
-    tool_loop::{self, LoopLimits},
+    tool_loop::{self, Talk},
 };
 use crate::{
     bus::{Bus, DmEvent, Typing},
     config::PromptConfig,
     flow::Flows,
     group::Member,
-    journal::{Job, StepKind, names::key::Slot},
-    llm::{CallBudget, ChatRequest, LlmClient, LlmError, Message},
+    journal::{Job, names::key::Slot},
+    llm::{CallBudget, ChatRequest, LlmError, Message},
     memory::Memory,
     metrics::Metrics,
     rag::Retriever,
     safety::screen::Category,
-    spend::{SpendGuard, Spent},
+    spend::Spent,
     store::{Mongo, Pg, safety::Seen},
     timing::{Stage, stage},
     tools::{Clock, REGISTRY, Registry, ToolContext, Toolbox, offer::Offer},
 };
+use crate::{config::Config, parts::Parts};
 
 /// Stage 7, with what a slot's message is composed from.
 pub(crate) struct Composer {
@@ -57,21 +57,40 @@ pub(crate) struct Composer {
     pub(crate) metrics: Arc<Metrics>,
 }
 
-/// The model and the tools a slot converses with, and how far.
-pub(crate) struct Talk {
-    pub(crate) llm: LlmClient,
-    /// The tools, built once with the stores they use.
-    pub(crate) tools: Arc<Toolbox>,
-    /// The spend budgets, checked before each paid call.
-    pub(crate) spend: Arc<SpendGuard>,
-    pub(crate) limits: LoopLimits,
-    /// Model calls one slot may make (`COMPANION_MAX_LLM_CALLS_PER_TURN`).
-    pub(crate) max_calls: u32,
-    /// The model a character without its own is answered by.
-    pub(crate) model: String,
-    /// Longest answer asked for, in tokens.
-    pub(crate) max_tokens: u32,
-    pub(crate) temperature: f32,
+impl Composer {
+    /// Stage 7 from the shared handles: the model and the tools ([`Talk`]), the prompt's caps
+    /// (`prompt`), the flows' idle days, and the safety settings a slot's lines and checks read.
+    pub(crate) fn new(p: &Parts, c: &Config) -> Self {
+        Self {
+            pg: p.pg.clone(),
+            mongo: p.mongo.clone(),
+            retriever: p.retriever.clone(),
+            memory: p.memory.clone(),
+            flows: p.flows.clone(),
+            bus: p.bus.clone(),
+            talk: Talk::new(p, c),
+            settings: ComposeSettings::new(p, c),
+            metrics: p.metrics.clone(),
+        }
+    }
+}
+
+impl ComposeSettings {
+    fn new(p: &Parts, c: &Config) -> Self {
+        Self {
+            history_limit: c.turn.history_limit,
+            prompt: c.prompt.clone(),
+            flow_idle_days: c.flow.idle_days,
+            under_13_line: c.safety.under_13_line.clone(),
+            minor_quiet: (c.safety.minor_quiet_start, c.safety.minor_quiet_end),
+            clean: Clean::of(c),
+            screen: p.safety.screen,
+            disclosure_lookback: c.safety.ai_disclosure.then(|| {
+                let rhythm = p.safety.rhythm();
+                rhythm.every + rhythm.every + rhythm.gap
+            }),
+        }
+    }
 }
 
 /// The settings a slot is composed with.
@@ -149,41 +168,9 @@ pub(crate) struct ModelAnswer {
     pub(crate) concern: Option<Category>,
 }
 
-/// A note: why a fixed line (the failure line, the crisis line, the busy or budget line) stands in for the
-/// model's answer, keyed `<reply key>@<attempt>.<n>`.
-pub(crate) const FIXED_LINE: StepKind<FixedLine> = StepKind::new("fixed_line").told(|_, f| {
-    (
-        format!(
-            "fixed line: the {} line instead of the model's answer, because {}",
-            f.line, f.why
-        ),
-        serde_json::json!({ "line": f.line, "why": f.why }),
-    )
-});
-
-/// The record of a [`FIXED_LINE`] note.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct FixedLine {
-    /// Which line: crisis, busy, budget, under_13, failure.
-    line: String,
-    why: String,
-}
-
-/// Notes in the journal why a fixed line (`which`: crisis, busy, budget, under_13, failure) stands in for the
-/// model's answer of the reply keyed `key` ([`FIXED_LINE`]); a note that cannot be written is logged.
-pub(super) async fn note_fixed_line(job: &Job, key: &str, which: &str, why: String) {
-    let detail = FixedLine {
-        line: which.to_owned(),
-        why,
-    };
-    if let Err(e) = job.note(&FIXED_LINE, key, &detail).await {
-        warn!(error = %e, "why a fixed line was said not noted in the journal");
-    }
-}
-
-/// [`note_fixed_line`] for slot `t`'s reply.
+/// [`note_fixed_line`](super::reply::note_fixed_line) for slot `t`'s reply.
 pub(crate) async fn note_fixed(t: &SlotView<'_, '_>, which: &str, why: String) {
-    note_fixed_line(t.job, &t.slot.reply(t.job.record.generation), which, why).await;
+    super::reply::note_fixed_line(t.job, &t.slot.reply(t.job.record.generation), which, why).await;
 }
 
 impl Composer {

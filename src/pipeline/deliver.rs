@@ -18,6 +18,7 @@ use super::{
     Burst, PipelineError, Reply,
     input::{Admitted, Answered, UserMessage},
 };
+use crate::parts::Parts;
 use crate::{
     bus::{Bus, Completion, Trigger},
     journal::{
@@ -74,6 +75,17 @@ pub(crate) struct Delivery {
     pub(crate) pg: Pg,
     /// The completion event (and its removal when a message is withdrawn).
     pub(crate) bus: Bus,
+}
+
+impl Delivery {
+    /// Stage 8 from the shared handles.
+    pub(crate) fn new(p: &Parts) -> Self {
+        Self {
+            mongo: p.mongo.clone(),
+            pg: p.pg.clone(),
+            bus: p.bus.clone(),
+        }
+    }
 }
 
 /// Where a fixed message goes and what it answers.

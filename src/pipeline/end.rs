@@ -20,6 +20,7 @@ use crate::{
     proactive,
     timing::{Stage, stage},
 };
+use crate::{config::Config, parts::Parts};
 
 /// After a DM's reply: memory's extraction signal (when enough messages wait) and its quiet-period
 /// schedule, published. Keyed by the reply generation; lazy (recorded when the job settles, so a crash
@@ -37,6 +38,18 @@ pub(crate) struct Endings {
     pub(crate) metrics: Arc<Metrics>,
     /// How a follow-up's plain line reads once sent (the `sent_plain` outcome).
     pub(crate) clean: Clean,
+}
+
+impl Endings {
+    /// Stage 9 from the shared handles.
+    pub(crate) fn new(p: &Parts, c: &Config) -> Self {
+        Self {
+            memory: p.memory.clone(),
+            bus: p.bus.clone(),
+            metrics: p.metrics.clone(),
+            clean: Clean::of(c),
+        }
+    }
 }
 
 /// How an answered job ends.

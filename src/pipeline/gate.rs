@@ -12,6 +12,7 @@ use super::{
     incoming::{CRISIS, Flagged},
     input::Admitted,
 };
+use crate::{config::Config, parts::Parts};
 use crate::{
     config::{FollowUpConfig, GroupConfig},
     flood::FloodLimit,
@@ -174,6 +175,23 @@ pub(crate) struct Gate {
     pub(crate) follow_ups: FollowUpConfig,
     /// Rows of a group's history read for its route.
     pub(crate) history_limit: i64,
+}
+
+impl Gate {
+    /// Stage 4 from the shared handles (`turn`: the flood limit and the history a route reads; `group`;
+    /// `follow_ups`: the daily cap).
+    pub(crate) fn new(p: &Parts, c: &Config) -> Self {
+        Self {
+            pg: p.pg.clone(),
+            journal: p.journal.clone(),
+            flood: FloodLimit::new(c.turn.user_turns_per_minute),
+            retriever: p.retriever.clone(),
+            group: c.group.clone(),
+            safety: p.safety.clone(),
+            follow_ups: c.follow_ups.clone(),
+            history_limit: c.turn.history_limit,
+        }
+    }
 }
 
 impl Gate {

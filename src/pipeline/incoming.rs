@@ -17,6 +17,7 @@ use super::{
     PipelineError, Reply,
     input::{Admitted, UserMessage},
 };
+use crate::parts::Parts;
 use crate::{
     bus::Bus,
     genai,
@@ -147,6 +148,20 @@ pub(crate) struct Incoming {
     /// The moderators' alert.
     pub(crate) bus: Bus,
     pub(crate) metrics: Arc<Metrics>,
+}
+
+impl Incoming {
+    /// The incoming hook from the shared handles.
+    pub(crate) fn new(p: &Parts) -> Self {
+        Self {
+            retriever: p.retriever.clone(),
+            moderator: p.moderator.clone(),
+            safety: p.safety.clone(),
+            pg: p.pg.clone(),
+            bus: p.bus.clone(),
+            metrics: p.metrics.clone(),
+        }
+    }
 }
 
 impl Incoming {

@@ -25,6 +25,7 @@ use crate::{
         mongo::{Membership, UserData},
     },
 };
+use crate::{config::Config, parts::Parts};
 
 /// A user's message as the incoming hook sees it.
 pub(crate) struct UserMessage<'a> {
@@ -225,6 +226,21 @@ pub(crate) struct Admission {
     pub(crate) limits: EventLimits,
     /// The tombstones and what the companion remembers, read before the job opens.
     pub(crate) memory: Memory,
+}
+
+impl Admission {
+    /// Stage 1 from the shared handles (`turn`: the bounds an inbound event is parsed with).
+    pub(crate) fn new(p: &Parts, c: &Config) -> Self {
+        Self {
+            characters: p.characters.clone(),
+            mongo: p.mongo.clone(),
+            pg: p.pg.clone(),
+            names: p.bus.names.clone(),
+            safety: p.safety.clone(),
+            limits: EventLimits::of(&c.turn),
+            memory: p.memory.clone(),
+        }
+    }
 }
 
 impl Admission {

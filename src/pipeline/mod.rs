@@ -59,6 +59,7 @@ use crate::{
     timing::{Stage, stage},
     tools::ToolError,
 };
+use crate::{config::Config, parts::Parts};
 use burst::{TakeIn, Taken};
 use compose::{Composer, SlotView};
 use deliver::{Delivered, Delivery, How};
@@ -207,7 +208,7 @@ pub(crate) const STEPS: &[&dyn crate::journal::Tell] = &[
     &FLOOD,
     &burst::BURST,
     &kind::dm::FLOW,
-    &compose::FIXED_LINE,
+    &reply::FIXED_LINE,
     &REPLY,
     &deliver::STORE_REPLY,
     &deliver::HISTORY,
@@ -276,6 +277,22 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
+    /// Every stage, each built from the shared handles and its own configuration.
+    pub(crate) fn new(p: &Parts, c: &Config) -> Self {
+        Self {
+            journal: p.journal.clone(),
+            admission: Admission::new(p, c),
+            incoming: Incoming::new(p),
+            gate: Gate::new(p, c),
+            take_in: TakeIn::new(p, c),
+            composer: Composer::new(p, c),
+            outgoing: Outgoing::new(p, c),
+            delivery: Delivery::new(p),
+            end: Endings::new(p, c),
+            timeout_secs: c.turn.turn_timeout_secs,
+        }
+    }
+
     /// Whether `id` is one of the companions' users.
     pub(crate) fn is_companion(&self, id: &ObjectId) -> bool {
         self.admission.is_companion(id)
@@ -755,7 +772,7 @@ impl Pipeline {
                     None => (c.failure_line.clone(), "failure"),
                 };
                 let why = format!("the job's attempts failed: {reason}");
-                compose::note_fixed_line(job, &plan.slot(0).reply(generation), which, why).await;
+                reply::note_fixed_line(job, &plan.slot(0).reply(generation), which, why).await;
                 let said = self.composer.line(a, first, line);
                 let lang = crisis.as_ref().map(|f| f.lang.as_str());
                 self.outgoing.pass(a, first, said, lang, None).await

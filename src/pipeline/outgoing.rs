@@ -39,6 +39,7 @@ use crate::{
     },
     tools::clip,
 };
+use crate::{config::Config, parts::Parts};
 
 /// Companion messages the output check replaced, by what it found.
 pub(crate) const OUTPUT_BLOCKED: Metric = Metric::new(
@@ -59,6 +60,13 @@ pub(crate) struct Clean {
 }
 
 impl Clean {
+    /// As configured (`COMPANION_MAX_REPLY_CHARS`).
+    pub(crate) fn of(c: &Config) -> Self {
+        Self {
+            max_chars: c.turn.max_reply_chars,
+        }
+    }
+
     /// The text of a companion message as the outgoing hook lets it out.
     pub(crate) fn text(self, text: &str) -> String {
         clip(clean_text(text).trim(), self.max_chars.max(1))
@@ -89,6 +97,20 @@ pub(crate) struct Outgoing {
     /// is due and the job knows of no crisis of its own.
     pub(crate) journal: Journal,
     pub(crate) metrics: Arc<Metrics>,
+}
+
+impl Outgoing {
+    /// The outgoing hook from the shared handles (`turn`: the longest reply).
+    pub(crate) fn new(p: &Parts, c: &Config) -> Self {
+        Self {
+            clean: Clean::of(c),
+            retriever: p.retriever.clone(),
+            safety: p.safety.clone(),
+            pg: p.pg.clone(),
+            journal: p.journal.clone(),
+            metrics: p.metrics.clone(),
+        }
+    }
 }
 
 /// How a disclosure that is due is said.

@@ -6,10 +6,11 @@ use bson::oid::ObjectId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use tracing::warn;
 
 use super::outgoing;
 use crate::{
-    journal::{StepKind, Telling, Told, names},
+    journal::{Job, StepKind, Telling, Told, names},
     memory::recall::Recall,
 };
 
@@ -179,5 +180,37 @@ impl Recalled {
                 .collect(),
             memory: memory.ids().map(|(id, s)| (id.to_owned(), s)).collect(),
         }
+    }
+}
+
+/// A note: why a fixed line (the failure line, the crisis line, the busy or budget line) stands in for the
+/// model's answer, keyed `<reply key>@<attempt>.<n>`.
+pub(crate) const FIXED_LINE: StepKind<FixedLine> = StepKind::new("fixed_line").told(|_, f| {
+    (
+        format!(
+            "fixed line: the {} line instead of the model's answer, because {}",
+            f.line, f.why
+        ),
+        serde_json::json!({ "line": f.line, "why": f.why }),
+    )
+});
+
+/// The record of a [`FIXED_LINE`] note.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct FixedLine {
+    /// Which line: crisis, busy, budget, under_13, failure.
+    line: String,
+    why: String,
+}
+
+/// Notes in the journal why a fixed line (`which`: crisis, busy, budget, under_13, failure) stands in for the
+/// model's answer of the reply keyed `key` ([`FIXED_LINE`]); a note that cannot be written is logged.
+pub(crate) async fn note_fixed_line(job: &Job, key: &str, which: &str, why: String) {
+    let detail = FixedLine {
+        line: which.to_owned(),
+        why,
+    };
+    if let Err(e) = job.note(&FIXED_LINE, key, &detail).await {
+        warn!(error = %e, "why a fixed line was said not noted in the journal");
     }
 }

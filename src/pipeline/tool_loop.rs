@@ -18,7 +18,7 @@
 //!   cheaper model; at one no call is made and the loop ends [`LoopOutput::stopped`]. Each answer is
 //!   recorded under the user's spend tally, which is what the budgets count.
 
-use std::{collections::HashSet, time::Instant};
+use std::{collections::HashSet, sync::Arc, time::Instant};
 
 use serde_json::Value;
 use tracing::{Instrument as _, debug, info, warn};
@@ -38,6 +38,7 @@ use crate::{
         offer::Offer,
     },
 };
+use crate::{config::Config, parts::Parts};
 
 /// Tool calls run, by tool and outcome.
 pub(crate) const TOOL_CALLS: Metric = Metric::new(
@@ -99,6 +100,52 @@ pub struct Spending<'a> {
 }
 
 pub use crate::llm::LlmRecord;
+
+/// The model and the tools a slot converses with, and how far.
+pub(crate) struct Talk {
+    pub(crate) llm: LlmClient,
+    /// The tools, built once with the stores they use.
+    pub(crate) tools: Arc<Toolbox>,
+    /// The spend budgets, checked before each paid call.
+    pub(crate) spend: Arc<SpendGuard>,
+    pub(crate) limits: LoopLimits,
+    /// Model calls one slot may make (`COMPANION_MAX_LLM_CALLS_PER_TURN`).
+    pub(crate) max_calls: u32,
+    /// The model a character without its own is answered by.
+    pub(crate) model: String,
+    /// Longest answer asked for, in tokens.
+    pub(crate) max_tokens: u32,
+    pub(crate) temperature: f32,
+}
+
+impl Talk {
+    /// From the shared handles (`llm`, `turn`: the tools' bounds, the loop's and the calls').
+    pub(crate) fn new(p: &Parts, c: &Config) -> Self {
+        let tools = Arc::new(Toolbox::new(&crate::tools::ToolStores {
+            mongo: p.mongo.clone(),
+            pg: p.pg.clone(),
+            bus: p.bus.clone(),
+            flows: p.flows.clone(),
+            reminders: crate::tools::ReminderBounds {
+                min_lead: std::time::Duration::from_secs(c.turn.reminder_min_lead_secs),
+            },
+            writes_per_hour: c.turn.writes_per_hour,
+        }));
+        Self {
+            llm: p.llm.clone(),
+            tools,
+            spend: p.spend.clone(),
+            limits: LoopLimits {
+                max_rounds: c.turn.max_tool_rounds,
+                max_result_bytes: c.turn.max_tool_result_bytes,
+            },
+            max_calls: c.turn.max_llm_calls_per_turn,
+            model: c.llm.model.clone(),
+            max_tokens: c.llm.max_tokens,
+            temperature: c.llm.temperature,
+        }
+    }
+}
 
 /// Runs the loop for `request` (with the registry's tools) on behalf of the event's sender.
 pub async fn converse(
