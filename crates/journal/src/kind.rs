@@ -137,7 +137,7 @@ impl<T: DeserializeOwned> Tell for StepKind<T> {
             Tells::Name => Some((self.name.replace('_', " "), json!({}))),
             Tells::Says(says) => Some(says(told)),
             Tells::Record(tell) => {
-                let record: T = serde_json::from_value(output.clone()).ok()?;
+                let record = T::deserialize(output).ok()?;
                 Some(tell(told, &record))
             }
         }
