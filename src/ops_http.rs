@@ -56,7 +56,7 @@ impl Probe {
 }
 
 /// Serves the endpoint on `addr` until the returned task is aborted; returns the bound address.
-pub async fn serve(
+pub(crate) async fn serve(
     addr: SocketAddr,
     probe: Arc<Probe>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {

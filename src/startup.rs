@@ -53,7 +53,9 @@ fn memory_signals(p: &Parts, c: &Config) -> MemorySignals {
 
 /// A worker's connected parts, built from the whole configuration by [`App::build`]: the one way a worker
 /// is wired, by `companion worker`, `companion replay`, the integration tests and (through the binary) the
-/// bench.
+/// bench. Its handles are cheap to clone (connections and `Arc`s): a test keeps a clone to call the parts
+/// directly while the app runs.
+#[derive(Clone)]
 pub struct App {
     pub bus: Bus,
     pub mongo: Mongo,
@@ -69,6 +71,7 @@ pub struct App {
 }
 
 /// What only the worker loop and its operations endpoint use.
+#[derive(Clone)]
 struct Own {
     /// Its bounds and where its operations endpoint listens.
     worker: WorkerConfig,
@@ -149,14 +152,45 @@ impl App {
         }
     }
 
+    /// Binds the operations endpoint when configured: after this, the address it listens on is known
+    /// (a configured port 0 becomes the port the system chose), and the app is ready to run.
+    pub async fn bind(self) -> Bound {
+        let ops = serve_ops(&self.own.worker.http_addr, &self).await;
+        Bound { app: self, ops }
+    }
+
     /// Serves the operations endpoint when configured and runs the worker until `shutdown` fires.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), SetupError> {
-        let ops = serve_ops(&self.own.worker.http_addr, &self).await;
-        let result = self.worker().serve(shutdown).await;
-        if let Some(task) = ops {
+        self.bind().await.run(shutdown).await
+    }
+}
+
+/// An app whose operations endpoint is listening (when one is configured), not yet running its worker.
+pub struct Bound {
+    /// The parts being run.
+    pub app: App,
+    /// The operations endpoint's address and its server.
+    ops: Option<(SocketAddr, tokio::task::JoinHandle<()>)>,
+}
+
+impl Bound {
+    /// Where the operations endpoint listens, if it does.
+    pub fn ops_addr(&self) -> Option<SocketAddr> {
+        self.ops.as_ref().map(|(addr, _)| *addr)
+    }
+
+    /// Runs the worker until `shutdown` fires, then stops the operations endpoint.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), SetupError> {
+        Ok(self.app.worker().serve(shutdown).await?)
+    }
+}
+
+impl Drop for Bound {
+    /// The endpoint serves only while its app is bound or running.
+    fn drop(&mut self) {
+        if let Some((_, task)) = self.ops.take() {
             task.abort();
         }
-        Ok(result?)
     }
 }
 
@@ -166,7 +200,7 @@ pub async fn run_worker(config: Config, shutdown: CancellationToken) -> Result<(
 }
 
 /// Serves the operations endpoint when configured; a failure to bind is logged, not fatal.
-async fn serve_ops(addr: &str, app: &App) -> Option<tokio::task::JoinHandle<()>> {
+async fn serve_ops(addr: &str, app: &App) -> Option<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let addr = addr.trim();
     if addr.is_empty() {
         return None;
@@ -182,7 +216,7 @@ async fn serve_ops(addr: &str, app: &App) -> Option<tokio::task::JoinHandle<()>>
     match ops_http::serve(parsed, probe).await {
         Ok((bound, task)) => {
             info!(addr = %bound, "health and metrics endpoint listening");
-            Some(task)
+            Some((bound, task))
         }
         Err(e) => {
             error!(addr, error = %e, "cannot serve the health endpoint; continuing without it");

@@ -5,10 +5,7 @@
 //! without it, so none of this is its API.
 
 pub mod startup {
-    pub use crate::startup::App;
-}
-pub mod ops_http {
-    pub use crate::ops_http::serve;
+    pub use crate::startup::{App, Bound};
 }
 pub mod pipeline {
     pub use crate::pipeline::{Burst, FloodDecision, Outcome, PipelineError, Reply};
@@ -33,7 +30,4 @@ pub mod telemetry {
 }
 pub mod usage {
     pub use crate::usage::summary;
-}
-pub mod worker {
-    pub use crate::worker::WorkerError;
 }

@@ -147,7 +147,7 @@ async fn the_dead_letter_alert_fires_after_a_poison_event() {
         c.safety.crisis_lines_file = lines_file.display().to_string();
     })
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let target = worker.base.trim_start_matches("http://").to_owned();
 
     let (_prometheus, base, _dir) = prometheus(&bin, &target).await;
@@ -263,7 +263,7 @@ async fn a_worker_without_its_encoder_is_alerted_as_a_weakened_crisis_screen() {
         c.embed.model_dir = empty.0.clone();
     })
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let target = worker.base.trim_start_matches("http://").to_owned();
     let (_prometheus, base, _dir) = prometheus(&bin, &target).await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, "still there?").await;

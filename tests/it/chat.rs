@@ -49,7 +49,7 @@ async fn the_chat_shows_a_crisis_turn_whole_the_referral_and_the_companion_s_rep
         )
     }))
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let session = Session::open(&chat_config(&env), "jess", "kaori")
         .await
         .expect("a chat session");
@@ -99,7 +99,7 @@ async fn the_chat_shows_a_crisis_turn_whole_the_referral_and_the_companion_s_rep
 #[tokio::test]
 async fn the_group_chat_shows_every_speaker_and_says_when_nobody_answers() {
     let env = TestEnv::new(introduce_after(Duration::from_millis(2500))).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let session = GroupSession::open(&chat_config(&env), "jess", "kaori,tony")
         .await
         .expect("a group session");

@@ -22,7 +22,7 @@ async fn an_event_that_outlives_its_deliveries_is_dead_lettered_and_answered_onc
     let event = env.dm(JESS, KAORI, JESS_KAORI, "this one is cursed").await;
     let mut replies = env.completions(JESS_KAORI).await;
 
-    let mut first = env.spawn_worker_process(&[]);
+    let mut first = env.spawn_app_process(&[]);
     env.publish(&event).await;
     assert!(
         eventually(Duration::from_secs(20), || async {
@@ -32,7 +32,7 @@ async fn an_event_that_outlives_its_deliveries_is_dead_lettered_and_answered_onc
         "delivery 1"
     );
     kill9(&mut first);
-    let mut second = env.spawn_worker_process(&[]);
+    let mut second = env.spawn_app_process(&[]);
     assert!(
         eventually(Duration::from_secs(20), || async {
             env.stub.requests().len() == 2
@@ -42,7 +42,7 @@ async fn an_event_that_outlives_its_deliveries_is_dead_lettered_and_answered_onc
     );
     kill9(&mut second);
 
-    let mut survivor = env.spawn_worker_process(&[]);
+    let mut survivor = env.spawn_app_process(&[]);
     let reply = next_reply_to(&mut replies, &event.message_id, Duration::from_secs(30)).await;
     assert_eq!(reply.content, failure_line("kaori"));
     assert!(
@@ -98,7 +98,7 @@ async fn a_worker_killed_after_a_write_tool_ran_leaves_one_tricklist_and_one_rep
         )
         .await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let mut first = env.spawn_worker_process(&[]);
+    let mut first = env.spawn_app_process(&[]);
     env.publish(&event).await;
     let lists = || async {
         env.mongo
@@ -119,7 +119,7 @@ async fn a_worker_killed_after_a_write_tool_ran_leaves_one_tricklist_and_one_rep
     );
     kill9(&mut first);
 
-    let mut second = env.spawn_worker_process(&[]);
+    let mut second = env.spawn_app_process(&[]);
     let reply = next_reply_to(&mut replies, &event.message_id, Duration::from_secs(30)).await;
     assert_eq!(reply.content, "Crash Park is ready 🔥");
     assert_eq!(

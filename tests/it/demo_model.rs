@@ -22,8 +22,8 @@ async fn natural_questions_get_sensible_scripted_answers() {
     let model = DemoModel::load(embedder(), &root().join("deploy/local/seed"))
         .await
         .expect("the demo data loads");
-    let mut env = TestEnv::with_model(Arc::new(model).responder()).await;
-    env.start_worker().await;
+    let env = TestEnv::with_model(Arc::new(model).responder()).await;
+    env.spawn_app().await;
 
     // Phrasings that are not among the model's intent examples.
     let ollie = ask(&env, "any tips on how to ollie??").await;
@@ -66,8 +66,8 @@ async fn the_offline_model_keeps_what_a_newcomer_tries_first() {
     let model = DemoModel::load(embedder(), &root().join("deploy/local/seed"))
         .await
         .expect("the demo data loads");
-    let mut env = TestEnv::with_model(Arc::new(model).responder()).await;
-    env.start_worker().await;
+    let env = TestEnv::with_model(Arc::new(model).responder()).await;
+    env.spawn_app().await;
 
     let list = ask(&env, "can you make me a list of 3 beginner tricks").await;
     assert!(list.contains("is saved"), "{list}");
@@ -145,8 +145,8 @@ async fn ask_bot(env: &TestEnv, bot: &str, text: &str) -> String {
 /// suggested a surf trick), and the sport the user names when they name one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_companion_suggests_tricks_of_its_own_sport_unless_the_user_names_one() {
-    let mut env = TestEnv::with_model(load_model().await.responder()).await;
-    env.start_worker().await;
+    let env = TestEnv::with_model(load_model().await.responder()).await;
+    env.spawn_app().await;
     let tricks = seed("tricks.json");
     let of = |sport: &str| -> Vec<String> {
         tricks
@@ -194,8 +194,8 @@ async fn each_companion_suggests_tricks_of_its_own_sport_unless_the_user_names_o
 /// (it was saved as "New Spot"), unless the user calls it something.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spot_shared_by_its_link_keeps_the_name_the_link_or_the_user_gives() {
-    let mut env = TestEnv::with_model(load_model().await.responder()).await;
-    env.start_worker().await;
+    let env = TestEnv::with_model(load_model().await.responder()).await;
+    env.spawn_app().await;
     let cases = [
         (
             "can you add this spot? https://www.google.com/maps/place/Hollow+Bowl/@45.5,-122.6,17z",
@@ -233,8 +233,8 @@ async fn a_spot_shared_by_its_link_keeps_the_name_the_link_or_the_user_gives() {
 /// spots, not the same list twice (both posted the same park list).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_group_each_companion_answers_with_spots_of_its_own_sport() {
-    let mut env = TestEnv::with_model(load_model().await.responder()).await;
-    env.start_worker().await;
+    let env = TestEnv::with_model(load_model().await.responder()).await;
+    env.spawn_app().await;
     // Each seeded spot's name and whether it is a snow spot (a mountain, a resort, a snow park).
     let spots: Vec<(String, bool)> = seed("ck_spots.json")
         .iter()

@@ -18,7 +18,7 @@ async fn a_turn_retried_after_a_write_creates_one_tricklist_and_pays_each_step_o
         StubReply::text("your Retry Park list is ready!"),
     );
     let env = TestEnv::with(responder, |c| c.llm.max_retries = 0).await;
-    let svc = env.app().await;
+    let svc = env.spawn_app().await;
     let raw = env
         .dm(
             JESS,
@@ -79,7 +79,7 @@ async fn a_retried_turn_gives_the_model_the_tool_results_of_the_first_attempt() 
         StubReply::text("found some spots"),
     );
     let env = TestEnv::with(responder, |c| c.llm.max_retries = 0).await;
-    let svc = env.app().await;
+    let svc = env.spawn_app().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "spots in portland?").await;
     let event = dm_event(&raw);
     assert!(
@@ -145,7 +145,7 @@ async fn an_answer_calling_only_tools_that_read_is_recorded_with_the_reply_and_o
         }
     });
     let env = TestEnv::new(responder).await;
-    let svc = env.app().await;
+    let svc = env.spawn_app().await;
     for (text, reads) in [
         ("any spots in portland?", true),
         ("i landed my kickflip!", false),
@@ -191,7 +191,7 @@ async fn an_answer_calling_only_tools_that_read_is_recorded_with_the_reply_and_o
 #[tokio::test]
 async fn a_reply_s_history_is_written_by_the_statement_that_records_it() {
     let env = TestEnv::new(companion_dev::stub::always(StubReply::text("sure thing"))).await;
-    let svc = env.app().await;
+    let svc = env.spawn_app().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "you around?").await;
     let outcome = svc.pipeline.process_dm(&dm_event(&raw)).await;
     let Ok(Outcome::Answered { reply_id }) = outcome else {

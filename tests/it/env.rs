@@ -5,10 +5,7 @@ use crate::servers;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
-use companion::{
-    Config,
-    testing::{startup::App, worker},
-};
+use companion::{Config, testing::startup::App};
 use companion_journal::{Job, Journal, NewJob};
 use companion_knowledge::rag::{EmbedConfig, Embedder};
 use companion_store::{
@@ -63,8 +60,10 @@ pub struct TestEnv {
     pub mongo: Mongo,
     pub pg: Pg,
     pub bus: Bus,
+    /// Fired by [`TestEnv::finish`]: stops every worker [`TestEnv::spawn_app`] started.
     shutdown: CancellationToken,
-    workers: Vec<tokio::task::JoinHandle<()>>,
+    /// The in-process workers, awaited by [`TestEnv::finish`] before the databases go.
+    workers: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl TestEnv {
@@ -117,7 +116,7 @@ impl TestEnv {
         config.consumer.max_ack_pending = 32;
         config.worker.concurrency = 8;
         config.worker.shutdown_grace_secs = 5;
-        config.worker.http_addr = String::new();
+        config.worker.http_addr = "127.0.0.1:0".into();
         let models = embed_config();
         config.embed.model_dir = models.model_dir;
         config.embed.ort_dylib_path = models.ort_dylib_path;
@@ -150,17 +149,39 @@ impl TestEnv {
             pg,
             bus,
             shutdown: CancellationToken::new(),
-            workers: Vec::new(),
+            workers: Default::default(),
         }
     }
 
-    /// Starts one in-process worker with its own connections.
-    pub async fn start_worker(&mut self) {
-        let worker = self.app().await.worker();
-        let shutdown = self.shutdown.clone();
-        self.workers.push(tokio::spawn(async move {
-            worker.serve(shutdown).await.expect("worker runs");
-        }));
+    /// Starts a worker in this process as `companion worker` does ([`App::run`]): built with its own
+    /// connections, its operations endpoint bound on an ephemeral port, then run. It runs until
+    /// [`TestApp::stop`] or [`TestEnv::finish`]; dropping the handle leaves it running. The one way a test
+    /// starts an in-process worker; [`TestEnv::spawn_app_process`] starts one as a process.
+    pub async fn spawn_app(&self) -> TestApp {
+        let bound = App::build(&self.config)
+            .await
+            .expect("the app builds")
+            .bind()
+            .await;
+        let app = bound.app.clone();
+        let addr = bound.ops_addr().expect("the operations endpoint listens");
+        let stop = self.shutdown.child_token();
+        let (done, exited) = tokio::sync::oneshot::channel();
+        let token = stop.clone();
+        let running = tokio::spawn(async move {
+            let result = bound.run(token).await.map_err(|e| e.to_string());
+            if let Err(e) = &result {
+                eprintln!("the in-process worker failed: {e}");
+            }
+            let _ = done.send(result);
+        });
+        self.workers.lock().expect("workers").push(running);
+        TestApp {
+            app,
+            base: format!("http://{addr}"),
+            stop,
+            exited,
+        }
     }
 
     /// The workers' consumer as the server sees it (none before a worker created it).
@@ -256,7 +277,7 @@ impl TestEnv {
 
     /// Starts `companion worker` as a separate process on this environment (stdout/stderr to a log file);
     /// killed when dropped, so a failed assertion leaves no worker behind.
-    pub fn spawn_worker_process(&self, extra_env: &[(&str, &str)]) -> WorkerProcess {
+    pub fn spawn_app_process(&self, extra_env: &[(&str, &str)]) -> WorkerProcess {
         let log = std::env::temp_dir().join(format!(
             "companion-worker-{}-{}.log",
             self.tag,
@@ -293,12 +314,6 @@ impl TestEnv {
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
-    }
-
-    /// A worker's parts (own connections), built as the worker builds them, for calling library
-    /// functions directly.
-    pub async fn app(&self) -> App {
-        App::build(&self.config).await.expect("the app builds")
     }
 
     /// The name of this environment's PostgreSQL database.
@@ -540,9 +555,10 @@ impl TestEnv {
     }
 
     /// Stops the workers and removes this test's streams and databases.
-    pub async fn finish(mut self) {
+    pub async fn finish(self) {
         self.shutdown.cancel();
-        for w in self.workers.drain(..) {
+        let workers = std::mem::take(&mut *self.workers.lock().expect("workers"));
+        for w in workers {
             let _ = tokio::time::timeout(Duration::from_secs(10), w).await;
         }
         // The journal has no foreign key (migrations/20261129000000_journal_lean.sql): every writer opens
@@ -651,34 +667,26 @@ pub async fn stored_pause(env: &TestEnv, conversation: &str) {
     .unwrap();
 }
 
-/// A worker running in the test's own process, with its operations endpoint;
-/// [`InProcessWorker::stop`] asserts that it exits cleanly.
-pub struct InProcessWorker {
+/// A worker running in the test's own process ([`TestEnv::spawn_app`]), with its operations endpoint.
+/// Derefs to its parts, which a test may call directly while it runs; [`TestApp::stop`] asserts that it
+/// exits cleanly.
+pub struct TestApp {
+    app: App,
     /// `http://<addr>` of the operations endpoint.
     pub base: String,
     stop: CancellationToken,
-    running: tokio::task::JoinHandle<Result<(), worker::WorkerError>>,
-    server: tokio::task::JoinHandle<()>,
+    /// The worker's result, sent when it exits.
+    exited: tokio::sync::oneshot::Receiver<Result<(), String>>,
 }
 
-impl InProcessWorker {
-    pub async fn start(env: &TestEnv) -> Self {
-        let app = env.app().await;
-        let probe = Arc::new(app.probe());
-        let (addr, server) =
-            companion::testing::ops_http::serve("127.0.0.1:0".parse().unwrap(), probe)
-                .await
-                .expect("ops endpoint");
-        let stop = CancellationToken::new();
-        let running = tokio::spawn(app.worker().serve(stop.clone()));
-        Self {
-            base: format!("http://{addr}"),
-            stop,
-            running,
-            server,
-        }
+impl std::ops::Deref for TestApp {
+    type Target = App;
+    fn deref(&self) -> &App {
+        &self.app
     }
+}
 
+impl TestApp {
     /// The text of `/metrics`.
     pub async fn metrics(&self) -> String {
         get_text(&format!("{}/metrics", self.base)).await
@@ -689,13 +697,13 @@ impl InProcessWorker {
         series_value(&self.metrics().await, series)
     }
 
+    /// Stops the worker and waits for it; panics unless it exits cleanly.
     pub async fn stop(self) {
         self.stop.cancel();
-        self.running
+        self.exited
             .await
             .expect("worker task")
             .expect("worker exits cleanly");
-        self.server.abort();
     }
 }
 

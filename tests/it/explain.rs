@@ -49,7 +49,7 @@ async fn a_dm_with_a_tool_call_retried_once_is_told_in_order_and_its_text_only_w
         StubReply::text("your Explain Park list is ready!"),
     );
     let env = TestEnv::with(responder, |c| c.llm.max_retries = 0).await;
-    let svc = env.app().await;
+    let svc = env.spawn_app().await;
     let raw = env
         .dm(JESS, KAORI, JESS_KAORI, "make me a park list with an ollie")
         .await;
@@ -152,7 +152,7 @@ async fn a_burst_follower_leads_to_its_head_and_a_limited_message_names_the_busy
     for e in &burst {
         env.publish(e).await;
     }
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let wait = Duration::from_secs(30);
     next_reply_to(&mut replies, &burst[0].message_id, wait).await;
     // Over the limit: the busy line, then nothing.
@@ -211,7 +211,7 @@ async fn a_crisis_message_shows_the_screen_s_layer_never_its_text_and_none_once_
         StubReply::text("i'm really glad you told me.")
     }))
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_TEXT).await;
     env.publish(&e).await;
     env.settled(&e.message_id).await;
@@ -268,7 +268,7 @@ async fn a_group_message_is_told_slot_by_slot_with_each_companion_s_calls() {
         StubReply::text(format!("{name} here"))
     });
     let env = TestEnv::new(introduce).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let m = env
         .group_message(&[KAORI, TONY], "kaori and tony, which board?")
         .await;
@@ -326,7 +326,7 @@ async fn a_crisis_message_whose_model_fails_shows_each_failed_request_and_why_th
     )
     .await;
     env.stub.say_scripted();
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_TEXT).await;
     env.publish(&e).await;
     env.settled(&e.message_id).await;

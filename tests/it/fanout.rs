@@ -229,8 +229,8 @@ impl Probe {
 
 #[tokio::test]
 async fn a_dm_reply_reaches_its_user_once_with_typing_before_it() {
-    let mut env = TestEnv::new(always(StubReply::text("kickflips need commitment 🛹"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(always(StubReply::text("kickflips need commitment 🛹"))).await;
+    env.spawn_app().await;
     let fanout = Fanout::start(&env).await;
     let mut jess = Probe::connect(&fanout.url, &token(JESS, &[]).await, Some(JESS)).await;
     jess.connected().await;
@@ -317,8 +317,8 @@ async fn a_completion_that_reaches_the_fanout_twice_is_emitted_once() {
 
 #[tokio::test]
 async fn a_fanout_restarted_mid_stream_catches_up_on_completions() {
-    let mut env = TestEnv::new(always(StubReply::text("still here"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(always(StubReply::text("still here"))).await;
+    env.spawn_app().await;
     let fanout = Fanout::start(&env).await;
     let mut jess = Probe::connect(&fanout.url, &token(JESS, &[]).await, Some(JESS)).await;
     jess.connected().await;
@@ -357,8 +357,8 @@ async fn a_fanout_restarted_mid_stream_catches_up_on_completions() {
 
 #[tokio::test]
 async fn a_group_referral_reaches_only_its_user_and_its_card_arrives_whole() {
-    let mut env = TestEnv::new(always(StubReply::text("big session vibes today"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(always(StubReply::text("big session vibes today"))).await;
+    env.spawn_app().await;
     let group =
         companion_dev::backend::create_group(&env.mongo, &[oid(JESS), oid(SAM)], &[oid(KAORI)])
             .await
@@ -432,8 +432,8 @@ async fn a_group_referral_reaches_only_its_user_and_its_card_arrives_whole() {
 
 #[tokio::test]
 async fn a_client_without_a_valid_token_for_its_own_user_receives_nothing() {
-    let mut env = TestEnv::new(always(StubReply::text("only for jess"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(always(StubReply::text("only for jess"))).await;
+    env.spawn_app().await;
     let fanout = Fanout::start(&env).await;
     let forged = token_signed(JESS, &[], "someone-elses-secret-0123456789abcdef").await;
     let expired = token(JESS, &["--expires-in", "-60"]).await;
@@ -511,11 +511,11 @@ fn chromium() -> String {
 #[tokio::test]
 async fn the_chat_page_in_chromium_shows_a_reply_its_card_a_reminder_and_a_group() {
     let browser = chromium();
-    let mut env = TestEnv::with(companion_dev::stub::demo(), |c| {
+    let env = TestEnv::with(companion_dev::stub::demo(), |c| {
         c.turn.reminder_min_lead_secs = 5;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let group =
         companion_dev::backend::create_group(&env.mongo, &[oid(JESS)], &[oid(KAORI), oid(TONY)])
             .await

@@ -16,13 +16,13 @@ pub(crate) fn busy_line(slug: &str) -> String {
 async fn a_flood_is_limited_answered_once_and_nothing_is_dropped() {
     let echo: Responder =
         Arc::new(|body: &Value| StubReply::text(format!("ok: {}", last_user_text(body))));
-    let mut env = TestEnv::with(echo, |c| {
+    let env = TestEnv::with(echo, |c| {
         c.turn.user_turns_per_minute = 2;
         // Every message its own turn, so the limit is what stops them.
         c.turn.burst_max = 0;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let mut replies = env.completions(JESS_KAORI).await;
     let mut events = Vec::new();
     for i in 0..6 {
@@ -101,7 +101,7 @@ async fn every_user_message_passes_the_incoming_hook_whatever_becomes_of_it() {
     for e in &burst {
         env.publish(e).await;
     }
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let answer = next_reply_to(&mut replies, &burst[0].message_id, Duration::from_secs(30)).await;
     assert_eq!(answer.covers.len(), 2, "one reply for the burst");
 

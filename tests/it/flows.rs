@@ -209,7 +209,7 @@ async fn the_spot_wizard_runs_from_link_to_review_across_a_restart() {
         ),
     ]);
     let env = TestEnv::new(model).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
 
     say(&env, "can you help me add a spot?").await;
     assert_eq!(
@@ -231,7 +231,7 @@ async fn the_spot_wizard_runs_from_link_to_review_across_a_restart() {
 
     // A worker restart in the middle: the flow is where it was.
     worker.stop().await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     deliver_again(&env, "it's called Hollow Bowl, a diy with a deep bowl").await;
     let (_, step, status, slots) = flow_of(&env).await.unwrap();
     assert_eq!((step.as_str(), status.as_str()), ("review", "waiting"));
@@ -257,7 +257,7 @@ async fn the_offline_model_runs_the_demos_spot_wizard_from_the_first_line_to_the
         .await
         .expect("the demo data loads");
     let env = TestEnv::with_model(Arc::new(model).responder()).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let mut said = Vec::new();
     for line in companion_dev::chat::SPOT_WIZARD_SCRIPT {
         let reply = say(&env, line).await.content;
@@ -337,11 +337,11 @@ async fn the_season_plan_branches_on_the_level_and_builds_a_real_tricklist() {
         ),
     ]);
     let env = TestEnv::new(model).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     deliver_again(&env, "can you plan my season?").await;
     assert_eq!(step_status(&env).await, ("assess".into(), "active".into()));
     worker.stop().await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     deliver_again(&env, "snowboard, total beginner, maybe 12 days").await;
     assert_eq!(
         step_status(&env).await,
@@ -434,7 +434,7 @@ async fn trick_coaching_keeps_a_practice_list_and_checks_off_what_the_user_lands
         ),
     ]);
     let env = TestEnv::with(model, |c| c.turn.reminder_min_lead_secs = 1).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     deliver_again(&env, "i want to learn a kickflip").await;
     assert_eq!(
         step_status(&env).await,
@@ -474,7 +474,7 @@ async fn trick_coaching_keeps_a_practice_list_and_checks_off_what_the_user_lands
         ("check_in".into(), "waiting".into())
     );
     worker.stop().await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let check_in = next_proactive(&mut replies, Duration::from_secs(40)).await;
     assert_eq!(
         check_in.trigger.map(|t| t.kind).as_deref(),
@@ -531,7 +531,7 @@ async fn a_user_leaves_a_flow_and_an_idle_one_expires_with_one_mention() {
         ),
     ]);
     let env = TestEnv::new(model).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     say(&env, "coach me on a trick").await;
     say(&env, "actually stop, not today").await;
     assert_eq!(step_status(&env).await, ("assess".into(), "left".into()));
@@ -657,7 +657,7 @@ async fn a_reminder_dropped_over_the_cap_or_for_a_block_leaves_the_flow_waiting_
         },
     )
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
 
     // The day's one follow-up goes to another reminder; the flow's own is then over the cap.
     let other = env.due_reminder("wax the board").await;
@@ -749,7 +749,7 @@ async fn a_slot_value_the_step_refuses_is_an_error_the_model_reads_and_the_flow_
         ),
     ]);
     let env = TestEnv::new(model).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     say(&env, "help me add a spot").await;
     assert_eq!(step_status(&env).await, ("details".into(), "active".into()));
     say(&env, "Hollow Bowl, a diy").await;

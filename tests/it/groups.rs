@@ -137,7 +137,7 @@ async fn job_state(env: &TestEnv, id: &str) -> Option<(String, Option<String>)> 
 #[tokio::test]
 async fn named_companions_answer_in_the_order_named_each_seeing_the_one_before() {
     let env = TestEnv::new(introduce()).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let conv = group(&env, &[KAORI, TONY, ZOE]).await;
     let mut out = env.completions(&conv).await;
 
@@ -201,7 +201,7 @@ async fn named_companions_answer_in_the_order_named_each_seeing_the_one_before()
 #[tokio::test]
 async fn the_next_companion_reads_the_one_before_without_its_ai_disclosure() {
     let env = TestEnv::with(introduce(), |c| c.safety.ai_disclosure = true).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let conv = group(&env, &[KAORI, TONY]).await;
     let mut out = env.completions(&conv).await;
     let one = say(&env, &conv, "Tony and kaori: what's a good first trick?").await;
@@ -225,7 +225,7 @@ async fn the_next_companion_reads_the_one_before_without_its_ai_disclosure() {
 #[tokio::test]
 async fn the_best_fit_answers_and_an_acknowledgement_gets_no_answer() {
     let env = TestEnv::new(introduce()).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let conv = group(&env, &[KAORI, TONY]).await;
     let mut out = env.completions(&conv).await;
 
@@ -291,7 +291,7 @@ async fn a_model_that_tags_endlessly_stops_at_three_messages() {
         })
     });
     let env = TestEnv::new(tagger).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let conv = group(&env, &[KAORI, TONY]).await;
     let mut out = env.completions(&conv).await;
     let e = say(
@@ -337,7 +337,7 @@ async fn a_tag_chain_stops_at_the_hand_over_bound_and_a_companion_s_message_is_n
         c.group.max_messages = 5;
     })
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let conv = group(&env, &[KAORI, TONY, ZOE]).await;
     let mut out = env.completions(&conv).await;
     let e = say(&env, &conv, "kaori what about skis?").await;
@@ -385,7 +385,7 @@ async fn a_worker_killed_between_two_companions_messages_sends_the_second_and_ne
     .await;
     let conv = group(&env, &[KAORI, TONY]).await;
     let mut out = env.completions(&conv).await;
-    let mut first = env.spawn_worker_process(&[]);
+    let mut first = env.spawn_app_process(&[]);
     let e = say(&env, &conv, "kaori and tony, park or street first?").await;
     assert_eq!(
         answers(&mut out, &e.message_id, 1).await[0].sender_id,
@@ -401,7 +401,7 @@ async fn a_worker_killed_between_two_companions_messages_sends_the_second_and_ne
     kill9(&mut first);
     tony_hangs.store(false, Ordering::SeqCst);
 
-    let mut second = env.spawn_worker_process(&[]);
+    let mut second = env.spawn_app_process(&[]);
     let got = answers(&mut out, &e.message_id, 1).await;
     assert_eq!(got[0].sender_id, TONY);
     assert_eq!(got[0].content, "tony here");
@@ -458,7 +458,7 @@ async fn a_failed_group_message_gets_one_failure_line_and_replay_answers_it() {
         c.llm.max_retries = 0;
     })
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let conv = group(&env, &[KAORI, ZOE]).await;
     let mut out = env.completions(&conv).await;
     let e = say(&env, &conv, "zoe, moguls or park today?").await;

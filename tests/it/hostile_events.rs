@@ -120,8 +120,8 @@ fn thousands_of_malformed_events_never_panic_and_always_say_why() {
 
 #[tokio::test]
 async fn a_worker_dead_letters_every_hostile_event_and_keeps_serving() {
-    let mut env = TestEnv::new(always(StubReply::text("still here"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(always(StubReply::text("still here"))).await;
+    env.spawn_app().await;
     let mut rng = fastrand::Rng::with_seed(42);
     let subject = env.bus.names.inbound(KAORI, JESS_KAORI);
     let prefix = env.config.nats.subject_prefix.clone();

@@ -11,11 +11,11 @@ use serde_json::Value;
 #[tokio::test]
 async fn an_oversized_model_response_is_refused_and_the_user_gets_the_failure_line() {
     let env_reply = StubReply::text("a".repeat(100_000));
-    let mut env = TestEnv::with(always(env_reply), |c| {
+    let env = TestEnv::with(always(env_reply), |c| {
         c.llm.max_response_bytes = 32 * 1024;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "say a lot").await;
     let reply = env.turn(&event).await;
     assert_eq!(reply.content, failure_line("kaori"));
@@ -48,8 +48,8 @@ async fn a_long_tool_result_reaches_the_model_cut_with_a_note() {
             StubReply::ToolCalls(vec![("get_user_tricklists".into(), String::new())])
         }
     });
-    let mut env = TestEnv::with(responder, |c| c.turn.max_tool_result_bytes = 200).await;
-    env.start_worker().await;
+    let env = TestEnv::with(responder, |c| c.turn.max_tool_result_bytes = 200).await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "all my lists please").await;
     let reply = env.turn(&event).await;
     assert_eq!(reply.content, "that's a lot of lists");
@@ -76,11 +76,11 @@ async fn a_long_tool_result_reaches_the_model_cut_with_a_note() {
 
 #[tokio::test]
 async fn a_reply_longer_than_the_limit_is_cut_with_an_ellipsis() {
-    let mut env = TestEnv::with(always(StubReply::text("ollie ".repeat(50))), |c| {
+    let env = TestEnv::with(always(StubReply::text("ollie ".repeat(50))), |c| {
         c.turn.max_reply_chars = 20;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "talk to me").await;
     let reply = env.turn(&event).await;
     assert_eq!(

@@ -33,12 +33,12 @@ async fn a_500_then_a_429_with_retry_after_then_success_is_one_reply_in_one_deli
         t.lock().unwrap().push(Instant::now());
         script(body)
     });
-    let mut env = TestEnv::with(responder, |c| {
+    let env = TestEnv::with(responder, |c| {
         c.llm.max_retries = 2;
         c.llm.retry_base_ms = 10;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "hello?").await;
     let reply = env.turn(&event).await;
     assert_eq!(reply.content, "third time lucky");
@@ -71,12 +71,12 @@ async fn a_model_without_tool_support_falls_back_to_the_next_model() {
         _ => StubReply::text("fallback here!"),
     }
     });
-    let mut env = TestEnv::with(responder, |c| {
+    let env = TestEnv::with(responder, |c| {
         c.llm.model = "primary/no-tools".into();
         c.llm.fallback_models = vec!["backup/model".into()];
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "make me a list").await;
     let reply = env.turn(&event).await;
     assert_eq!(reply.content, "fallback here!");
@@ -97,14 +97,14 @@ async fn an_outage_of_every_model_ends_in_the_failure_line_after_the_last_delive
         body: "down".into(),
         retry_after: None,
     });
-    let mut env = TestEnv::with(responder, |c| {
+    let env = TestEnv::with(responder, |c| {
         c.llm.max_retries = 1;
         c.llm.retry_base_ms = 10;
         c.llm.fallback_models = vec!["backup/model".into()];
         c.consumer.max_deliver = 2;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "anyone?").await;
     let reply = env.turn(&event).await;
     assert!(
@@ -137,11 +137,11 @@ async fn a_moderation_refusal_is_answered_honestly_once_without_the_reason() {
             .into(),
         retry_after: None,
     });
-    let mut env = TestEnv::with(refuse, |c| {
+    let env = TestEnv::with(refuse, |c| {
         c.llm.fallback_models = vec!["other/model".into()];
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "something flagged").await;
     let reply = env.turn(&event).await;
     assert_eq!(reply.content, failure_line("kaori"));

@@ -59,14 +59,14 @@ fn slow_memory(responder: Responder, after: Duration) -> Responder {
 }
 
 async fn memory_env(extract_after: i64) -> TestEnv {
-    let mut env = TestEnv::with(model(), |c| {
+    let env = TestEnv::with(model(), |c| {
         c.memory.extract_after = extract_after;
         c.memory.quiet_secs = 3600;
         // One user sends faster here than people do.
         c.turn.user_turns_per_minute = 0;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     env
 }
 
@@ -380,12 +380,12 @@ async fn a_remembered_statement_with_two_topics_is_two_facts_and_forgetting_one_
         }
         base(body)
     });
-    let mut env = TestEnv::with(two, |c| {
+    let env = TestEnv::with(two, |c| {
         c.memory.extract_after = 100;
         c.memory.quiet_secs = 3600;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     say(
         &env,
         "remember that i ride goofy and my home park is glenhaven",
@@ -587,7 +587,7 @@ async fn kill_9_during_extraction_and_a_replay_of_its_job_leave_no_duplicate() {
         c.consumer.ack_wait_secs = 3;
     })
     .await;
-    let mut worker = env.spawn_worker_process(&[]);
+    let mut worker = env.spawn_app_process(&[]);
     for text in ["my home park is burnside", "i'm scared of dropping in"] {
         let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
         env.publish(&e).await;
@@ -607,7 +607,7 @@ async fn kill_9_during_extraction_and_a_replay_of_its_job_leave_no_duplicate() {
         facts(&env, JESS).await.is_empty(),
         "killed before anything was kept"
     );
-    let _worker = env.spawn_worker_process(&[]);
+    let _worker = env.spawn_app_process(&[]);
     let kept = facts_eventually(&env, JESS, 2).await;
     assert_eq!(kept.len(), 2, "{kept:?}");
 
@@ -696,13 +696,13 @@ async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_an
 {
     // The turn of the locker code waits 4 s on the model; memory's own requests do not.
     let slow = slow_on_the_code(|body| last_user_text(body).contains("4471"));
-    let mut env = TestEnv::with(slow, |c| {
+    let env = TestEnv::with(slow, |c| {
         c.memory.extract_after = 1;
         c.memory.quiet_secs = 3600;
         c.turn.user_turns_per_minute = 0;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let e = locker_code_asked(&env).await;
     // Deleted while its turn waits on the model; the deletion settles first.
     env.signal(
@@ -764,7 +764,7 @@ async fn a_message_deleted_while_its_turn_waits_on_the_model_is_in_no_history_an
 async fn a_burst_follower_deleted_while_the_turn_waits_on_the_model_is_in_no_history_and_no_later_prompt()
  {
     let slow = slow_on_the_code(|body| body["messages"].to_string().contains("4471"));
-    let mut env = TestEnv::with(slow, |c| {
+    let env = TestEnv::with(slow, |c| {
         c.memory.extract_after = 100;
         c.memory.quiet_secs = 3600;
     })
@@ -776,7 +776,7 @@ async fn a_burst_follower_deleted_while_the_turn_waits_on_the_model_is_in_no_his
         .await;
     env.publish(&head).await;
     env.publish(&follower).await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let waiting = eventually(Duration::from_secs(30), || async {
         env.stub
             .requests()
@@ -827,12 +827,12 @@ async fn a_burst_follower_deleted_while_the_turn_waits_on_the_model_is_in_no_his
 async fn a_user_erased_while_their_turn_waits_on_the_model_leaves_nothing_in_the_rows_or_the_streams()
  {
     let slow = slow_on_the_code(|body| last_user_text(body).contains("4471"));
-    let mut env = TestEnv::with(slow, |c| {
+    let env = TestEnv::with(slow, |c| {
         c.memory.extract_after = 1;
         c.memory.quiet_secs = 3600;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let e = locker_code_asked(&env).await;
     env.signal("user_erased", JESS, "erase-during", "").await;
     env.drained(Drained::Signals).await;
@@ -898,7 +898,7 @@ async fn overtaken_after_the_last_check(kind: &str) {
         c.memory.quiet_secs = 3600;
     })
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let e = env
         .dm(JESS, KAORI, JESS_KAORI, "my locker code is 4471")
         .await;
@@ -962,7 +962,7 @@ async fn a_history_write_paused_between_its_check_and_its_commit_does_not_outlas
         c.memory.quiet_secs = 3600;
     })
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let e = env
         .dm(JESS, KAORI, JESS_KAORI, "my locker code is 4471")
         .await;
@@ -1108,13 +1108,13 @@ async fn a_deleted_message_leaves_no_trace_within_60_s_and_a_replay_brings_nothi
 #[tokio::test]
 async fn memory_cleared_while_an_extraction_waits_on_the_model_leaves_no_fact_and_nothing_is_relearned()
  {
-    let mut env = TestEnv::with(slow_memory(model(), Duration::from_secs(4)), |c| {
+    let env = TestEnv::with(slow_memory(model(), Duration::from_secs(4)), |c| {
         c.memory.extract_after = 1;
         c.memory.quiet_secs = 3600;
         c.turn.user_turns_per_minute = 0;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     say(&env, "i ride goofy and my home park is glenhaven").await;
     // The extraction of that message is waiting on the model.
     extraction_asked(&env).await;
@@ -1142,13 +1142,13 @@ async fn memory_cleared_while_an_extraction_waits_on_the_model_leaves_no_fact_an
 
 #[tokio::test]
 async fn user_erased_while_an_extraction_waits_on_the_model_leaves_no_fact_summary_or_record() {
-    let mut env = TestEnv::with(slow_memory(model(), Duration::from_secs(4)), |c| {
+    let env = TestEnv::with(slow_memory(model(), Duration::from_secs(4)), |c| {
         c.memory.extract_after = 1;
         c.memory.quiet_secs = 3600;
         c.turn.user_turns_per_minute = 0;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     say(&env, "i ride goofy and my home park is glenhaven").await;
     extraction_asked(&env).await;
     env.signal("user_erased", JESS, "erase-extracting", "")
@@ -1178,7 +1178,7 @@ async fn a_deletion_is_a_journaled_job_that_finishes_once_when_it_dies_between_t
         c.memory.quiet_secs = 3600;
     })
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let deleted = say(&env, "my home park is burnside").await;
     say(&env, "i'm scared of dropping in").await;
     // The first attempt dies after its transaction committed, before the streams step.
@@ -1226,13 +1226,13 @@ async fn a_deletion_job_killed_9_between_two_steps_finishes_once_after_a_restart
         c.consumer.ack_wait_secs = 3;
     })
     .await;
-    let first = env.spawn_worker_process(&[]);
+    let first = env.spawn_app_process(&[]);
     let deleted = say(&env, "my home park is burnside").await;
     say(&env, "i'm scared of dropping in").await;
     drop(first);
     // This process holds the deletion once its transaction is recorded, before its streams step.
     let hold = format!("message_deleted:{deleted}@erase_streams");
-    let mut held = env.spawn_worker_process(&[("COMPANION_TEST_HOLD", hold.as_str())]);
+    let mut held = env.spawn_app_process(&[("COMPANION_TEST_HOLD", hold.as_str())]);
     env.signal("message_deleted", &deleted, &format!("del-{deleted}"), "")
         .await;
     let steps_of = |job: String| {
@@ -1277,7 +1277,7 @@ async fn a_deletion_job_killed_9_between_two_steps_finishes_once_after_a_restart
         .map(|s| s.0)
         .collect();
     assert_eq!(before, ["erase"], "killed between two steps");
-    let _restarted = env.spawn_worker_process(&[]);
+    let _restarted = env.spawn_app_process(&[]);
     let record = env.settled(&job).await;
     assert_eq!(
         (record.state, record.attempts),
@@ -1438,17 +1438,17 @@ async fn user_erasure_leaves_nothing_including_the_streams_and_a_replay_brings_n
 async fn extractions_at_once_read_each_message_once_and_a_late_message_is_not_left_behind() {
     // Extraction answers take 2 s, so a second run starts while the first waits on the model.
     let slow = slow_memory(model(), Duration::from_secs(2));
-    let mut env = TestEnv::with(slow, |c| {
+    let env = TestEnv::with(slow, |c| {
         c.memory.extract_after = 1_000;
         c.memory.quiet_secs = 3600;
         c.turn.user_turns_per_minute = 0;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     for text in ["my home park is burnside", "i'm scared of dropping in"] {
         say(&env, text).await;
     }
-    let app = env.app().await;
+    let app = env.spawn_app().await;
     let signals = &app.memory_signals;
     let id = format!("{JESS}.{KAORI}");
     // Runs at once (the quiet timer, the count, a redelivery), and a message that comes while the first

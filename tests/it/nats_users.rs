@@ -93,7 +93,7 @@ async fn a_real_worker_runs_as_the_least_privilege_user_without_violations() {
     )
     .await;
     let http = format!("127.0.0.1:{}", free_port());
-    let mut worker = env.spawn_worker_process(&[
+    let mut worker = env.spawn_app_process(&[
         ("NATS_USER", "companion-worker"),
         ("NATS_PASSWORD", &worker_pw),
         ("COMPANION_HTTP_ADDR", &http),

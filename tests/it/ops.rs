@@ -2,13 +2,13 @@
 //! (the GenAI client histograms among them).
 
 use crate::env::*;
-use companion::testing::ops_http;
+use companion::testing::startup::App;
 use companion_dev::stub::{StubReply, always};
 
 #[tokio::test]
 async fn health_readiness_and_metrics_reflect_a_real_turn() {
     let env = TestEnv::new(always(StubReply::text("metrics!"))).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let base = &worker.base;
     let http = reqwest::Client::new();
     let health = http.get(format!("{base}/healthz")).send().await.unwrap();
@@ -73,17 +73,20 @@ async fn health_readiness_and_metrics_reflect_a_real_turn() {
 async fn metrics_show_the_consumers_pending_and_unacked_events() {
     use futures::StreamExt;
     let env = TestEnv::new(always(StubReply::text("unused"))).await;
-    let svc = env.app().await;
-    let consumer = svc
+    // The endpoint as a worker binds it, with no worker pulling: the consumer's counts are the test's.
+    let bound = App::build(&env.config)
+        .await
+        .expect("the app builds")
+        .bind()
+        .await;
+    let consumer = bound
+        .app
         .bus
         .consumer(&env.config.consumer)
         .await
         .unwrap()
         .consumer;
-    let probe = std::sync::Arc::new(svc.probe());
-    let (addr, server) = ops_http::serve("127.0.0.1:0".parse().unwrap(), probe)
-        .await
-        .unwrap();
+    let addr = bound.ops_addr().expect("the endpoint listens");
     let url = format!("http://{addr}/metrics");
     let labels = format!(
         "stream=\"{}\",consumer=\"{}\"",
@@ -118,6 +121,6 @@ async fn metrics_show_the_consumers_pending_and_unacked_events() {
     );
     taken.ack().await.unwrap();
     assert!(eventually(within, || shows(1, 0)).await, "acked");
-    server.abort();
+    drop(bound);
     env.finish().await;
 }

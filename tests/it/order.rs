@@ -51,7 +51,7 @@ fn echo_model(max_delay_ms: u64) -> Responder {
 
 #[tokio::test]
 async fn a_burst_waiting_in_the_stream_is_answered_by_one_reply_in_order() {
-    let mut env = TestEnv::new(echo_model(5)).await;
+    let env = TestEnv::new(echo_model(5)).await;
     let texts = [
         "hey",
         "so i landed my first kickflip",
@@ -65,7 +65,7 @@ async fn a_burst_waiting_in_the_stream_is_answered_by_one_reply_in_order() {
         events.push(e);
     }
     let mut replies = env.completions(JESS_KAORI).await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let reply = next_reply_to(&mut replies, &events[0].message_id, Duration::from_secs(30)).await;
     assert_eq!(
         reply.covers,
@@ -140,7 +140,7 @@ async fn three_workers_fifty_conversations_bursts_of_five_keep_order_and_answer_
     .await;
     // Fifty users, each in a conversation with Kaori.
     let conversations = env.new_conversations(KAORI, CONVERSATIONS).await;
-    let mut workers: Vec<_> = (0..3).map(|_| env.spawn_worker_process(&[])).collect();
+    let mut workers: Vec<_> = (0..3).map(|_| env.spawn_app_process(&[])).collect();
     let mut completions = env.all_completions().await;
 
     // Bursts: five messages per conversation, interleaved across conversations, as fast as possible.
@@ -277,8 +277,8 @@ async fn three_workers_fifty_conversations_bursts_of_five_keep_order_and_answer_
 
 #[tokio::test]
 async fn a_turn_moves_its_conversation_s_floor_with_its_own_settlement() {
-    let mut env = TestEnv::new(echo_model(5)).await;
-    env.start_worker().await;
+    let env = TestEnv::new(echo_model(5)).await;
+    env.spawn_app().await;
     let first = env.dm(JESS, KAORI, JESS_KAORI, "first").await;
     env.turn(&first).await;
     env.settled(&first.message_id).await;

@@ -103,7 +103,7 @@ pub(crate) async fn worker_while<T>(
     settings: &[(&str, &str)],
     turns: impl AsyncFnOnce() -> T,
 ) -> T {
-    let mut worker = env.spawn_worker_process(settings);
+    let mut worker = env.spawn_app_process(settings);
     let done = turns().await;
     sigterm(&worker);
     let status = wait_exit(&mut worker, std::time::Duration::from_secs(30)).await;

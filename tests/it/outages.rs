@@ -101,7 +101,7 @@ async fn steady_stream_through_an_outage(server: &str) {
     )
     .await;
     let conversations = env.new_conversations(KAORI, CONVERSATIONS).await;
-    let mut worker = env.spawn_worker_process(&[]);
+    let mut worker = env.spawn_app_process(&[]);
     // The outage clock starts once the worker is up (a slow start must not meet the outage instead).
     assert!(
         env.wait_worker_pulling(Duration::from_secs(60)).await,
@@ -277,7 +277,7 @@ async fn a_long_outage_is_waited_out(server: &str, fault: Fault) {
     .await;
     let conversations = env.new_conversations(KAORI, LONG_CONVERSATIONS).await;
     let http = format!("127.0.0.1:{}", crate::servers::free_port());
-    let mut worker = env.spawn_worker_process(&[("COMPANION_HTTP_ADDR", &http)]);
+    let mut worker = env.spawn_app_process(&[("COMPANION_HTTP_ADDR", &http)]);
     assert!(
         env.wait_worker_pulling(Duration::from_secs(60)).await,
         "the worker started"
@@ -442,7 +442,7 @@ async fn a_nats_stall_publishes_each_completion_once() {
     )
     .await;
     let conversations = env.new_conversations(KAORI, 13).await;
-    let mut workers = [env.spawn_worker_process(&[]), env.spawn_worker_process(&[])];
+    let mut workers = [env.spawn_app_process(&[]), env.spawn_app_process(&[])];
     assert!(
         env.wait_worker_pulling(Duration::from_secs(60)).await,
         "the workers started"
@@ -536,7 +536,7 @@ async fn past_the_outage_bound_a_held_message_is_dead_lettered_and_replay_answer
     })
     .await;
     let conversations = env.new_conversations(KAORI, 3).await;
-    let mut worker = env.spawn_worker_process(&[]);
+    let mut worker = env.spawn_app_process(&[]);
     assert!(
         env.wait_worker_pulling(Duration::from_secs(60)).await,
         "the worker started"

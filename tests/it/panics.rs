@@ -18,7 +18,7 @@ async fn a_turn_that_panics_every_time_is_dead_lettered_with_the_failure_line_on
     // One reply per message: the next message is not answered together with the panicking one.
     let env = TestEnv::with(always(StubReply::text(ANSWER)), |c| c.turn.burst_max = 0).await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let bad = env.dm(JESS, KAORI, JESS_KAORI, "this one breaks").await;
     fault::panic_at(&bad.message_id, "llm", u32::MAX);
     env.publish(&bad).await;
@@ -73,7 +73,7 @@ async fn a_turn_that_panics_every_time_is_dead_lettered_with_the_failure_line_on
 async fn a_turn_that_panics_once_is_answered_on_its_redelivery() {
     let env = TestEnv::new(always(StubReply::text(ANSWER))).await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, "first try breaks").await;
     fault::panic_at(&e.message_id, "llm", 1);
     env.publish(&e).await;
@@ -93,7 +93,7 @@ async fn a_turn_that_panics_once_is_answered_on_its_redelivery() {
 #[tokio::test]
 async fn a_signal_that_panics_every_time_is_dead_lettered_without_a_failure_line() {
     let env = TestEnv::new(always(StubReply::text("⏰ wax your board!"))).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let id = env.due_reminder("wax your board").await;
     fault::panic_at(&format!("reminder:{id}"), "reply", u32::MAX);
     let body = serde_json::json!({"reminderId": id, "fireAt": chrono::Utc::now()});
@@ -134,7 +134,7 @@ async fn the_message_and_crisis_counters_move_once_after_the_commit_when_an_atte
     const CRISIS: &str = "honestly i just want to die, i don't see the point anymore";
     let env = TestEnv::new(always(StubReply::text(ANSWER))).await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, CRISIS).await;
     // The first attempt screens the message and runs the crisis step's body, then dies before its
     // transaction commits: nothing of it counts.

@@ -138,8 +138,8 @@ async fn follow_ups(env: &TestEnv, trigger_id: &str) -> Vec<Document> {
 
 #[tokio::test]
 async fn an_approved_review_reaches_the_user_once_with_the_spot_card() {
-    let mut env = TestEnv::new(model(|_| StubReply::text("omg Hollow Bowl is LIVE 🎉"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(model(|_| StubReply::text("omg Hollow Bowl is LIVE 🎉"))).await;
+    env.spawn_app().await;
     let draft = submit_draft(&env).await;
     let spot = ObjectId::new();
     env.mongo
@@ -241,8 +241,8 @@ async fn a_rejected_review_passes_the_note_on_and_the_plain_line_stands_in_for_a
         body: r#"{"error":{"message":"bad request"}}"#.into(),
         retry_after: None,
     };
-    let mut env = TestEnv::new(model(follow_up)).await;
-    env.start_worker().await;
+    let env = TestEnv::new(model(follow_up)).await;
+    env.spawn_app().await;
     let draft = submit_draft(&env).await;
 
     // Published before the admin tool stored the status: retried until MongoDB has it.
@@ -294,8 +294,8 @@ async fn a_rejected_review_passes_the_note_on_and_the_plain_line_stands_in_for_a
 
 #[tokio::test]
 async fn reviews_of_unknown_or_user_made_drafts_and_malformed_ones_are_dead_lettered() {
-    let mut env = TestEnv::new(model(|_| StubReply::text("should not be sent"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(model(|_| StubReply::text("should not be sent"))).await;
+    env.spawn_app().await;
     let unknown = ObjectId::new();
     let by_user = ObjectId::new();
     drafts(&env)
@@ -355,7 +355,7 @@ async fn a_worker_killed_between_the_model_call_and_the_write_still_sends_one_me
         c.consumer.max_deliver = 5;
     })
     .await;
-    let mut first = env.spawn_worker_process(&[]);
+    let mut first = env.spawn_app_process(&[]);
     let draft = submit_draft(&env).await;
     let spot = ObjectId::new();
     review_in_mongo(&env, draft, doc! { "status": "approved", "spotId": spot }).await;
@@ -413,7 +413,7 @@ async fn a_worker_killed_between_the_model_call_and_the_write_still_sends_one_me
     .unwrap();
     sqlx::query("ROLLBACK").execute(&mut lock).await.unwrap();
 
-    let mut second = env.spawn_worker_process(&[]);
+    let mut second = env.spawn_app_process(&[]);
     let c = next_proactive(&mut replies, Duration::from_secs(30)).await;
     assert_eq!(c.content, "your spot is live!!");
     let trigger_id = format!("{}:approved", draft.to_hex());
@@ -435,7 +435,7 @@ async fn follow_ups_to_a_user_who_blocked_the_companion_or_is_over_the_daily_cap
         c.follow_ups.daily_cap = 1;
     })
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     // Three drafts Kaori made for Jess, approved.
     let mut drafts_made = Vec::new();
     for name in ["One", "Two", "Three"] {
@@ -535,7 +535,7 @@ async fn a_signal_that_outlives_its_deliveries_is_dead_lettered() {
         })
         .await
         .unwrap();
-    let mut first = env.spawn_worker_process(&[]);
+    let mut first = env.spawn_app_process(&[]);
     publish_review(
         &env,
         draft,
@@ -551,7 +551,7 @@ async fn a_signal_that_outlives_its_deliveries_is_dead_lettered() {
         "delivery 1"
     );
     kill9(&mut first);
-    let mut second = env.spawn_worker_process(&[]);
+    let mut second = env.spawn_app_process(&[]);
     assert!(
         eventually(Duration::from_secs(20), || async {
             env.stub.requests().len() == 2
@@ -560,7 +560,7 @@ async fn a_signal_that_outlives_its_deliveries_is_dead_lettered() {
         "delivery 2"
     );
     kill9(&mut second);
-    let mut survivor = env.spawn_worker_process(&[]);
+    let mut survivor = env.spawn_app_process(&[]);
     assert!(
         eventually(Duration::from_secs(30), || async {
             env.dead_letters().await.len() == 1
@@ -584,14 +584,14 @@ async fn a_signal_that_outlives_its_deliveries_is_dead_lettered() {
 #[tokio::test]
 async fn a_user_over_the_budget_gets_the_follow_up_as_its_plain_line_without_a_model_call() {
     // The draft's turn makes two paid calls of 0.011 USD: over the user's 0.02 USD budget.
-    let mut env = TestEnv::with(model(|_| StubReply::text("the model's follow-up")), |c| {
+    let env = TestEnv::with(model(|_| StubReply::text("the model's follow-up")), |c| {
         c.spend.user_daily_tokens = 0;
         c.spend.user_daily_usd = 0.02;
         c.spend.budget_model = String::new();
     })
     .await;
     env.stub.report_cost(Some(0.011));
-    env.start_worker().await;
+    env.spawn_app().await;
     let draft = submit_draft(&env).await;
     assert_eq!(env.stub.requests().len(), 2);
 

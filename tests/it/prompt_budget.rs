@@ -45,8 +45,8 @@ fn model() -> Responder {
 
 #[tokio::test]
 async fn every_tool_is_offered_for_a_message_that_needs_it() {
-    let mut env = TestEnv::with(model(), |c| c.turn.user_turns_per_minute = 0).await;
-    env.start_worker().await;
+    let env = TestEnv::with(model(), |c| c.turn.user_turns_per_minute = 0).await;
+    env.spawn_app().await;
     // Each tool, a message a user would send for it.
     let cases: [(&str, &str); 17] = [
         ("search_spots", "any good skateparks near portland?"),
@@ -112,8 +112,8 @@ async fn every_tool_is_offered_for_a_message_that_needs_it() {
 
 #[tokio::test]
 async fn a_group_the_offer_missed_is_one_more_tools_call_away() {
-    let mut env = TestEnv::new(model()).await;
-    env.start_worker().await;
+    let env = TestEnv::new(model()).await;
+    env.spawn_app().await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, "buzz me on the 3rd").await;
     let done = env.turn(&e).await;
     let requests = env.stub.requests();
@@ -134,8 +134,8 @@ async fn a_group_the_offer_missed_is_one_more_tools_call_away() {
 
 #[tokio::test]
 async fn flows_are_on_offer_only_when_the_message_asks_for_one() {
-    let mut env = TestEnv::new(model()).await;
-    env.start_worker().await;
+    let env = TestEnv::new(model()).await;
+    env.spawn_app().await;
     for (text, offered) in [("yo", false), ("help me plan my season", true)] {
         let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
         env.turn(&e).await;
@@ -150,7 +150,7 @@ async fn flows_are_on_offer_only_when_the_message_asks_for_one() {
 
 #[tokio::test]
 async fn every_block_stays_within_its_cap_and_the_history_within_the_total() {
-    let mut env = TestEnv::with(model(), |c| {
+    let env = TestEnv::with(model(), |c| {
         c.prompt.user_tokens = 60;
         c.prompt.history_tokens = 120;
     })
@@ -169,7 +169,7 @@ async fn every_block_stays_within_its_cap_and_the_history_within_the_total() {
         format!("history message {i} {}", "and on and on ".repeat(10))
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, "what's up").await;
     env.turn(&e).await;
     let body = env.stub.requests().last().cloned().unwrap();
@@ -201,8 +201,8 @@ async fn every_block_stays_within_its_cap_and_the_history_within_the_total() {
 
 #[tokio::test]
 async fn with_tools_by_turn_off_every_turn_is_offered_every_tool() {
-    let mut env = TestEnv::with(model(), |c| c.prompt.tools_by_turn = false).await;
-    env.start_worker().await;
+    let env = TestEnv::with(model(), |c| c.prompt.tools_by_turn = false).await;
+    env.spawn_app().await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, "hey how's it going").await;
     env.turn(&e).await;
     let names = offered(env.stub.requests().last().unwrap());
@@ -214,7 +214,7 @@ async fn with_tools_by_turn_off_every_turn_is_offered_every_tool() {
 /// window holds), under a simulated provider cache, and the turns whose history began elsewhere than
 /// the turn before's.
 async fn cached_over_turns(history_step: usize) -> (u64, usize) {
-    let mut env = TestEnv::with(model(), |c| {
+    let env = TestEnv::with(model(), |c| {
         c.turn.user_turns_per_minute = 0;
         c.prompt.history_step = history_step;
     })
@@ -227,7 +227,7 @@ async fn cached_over_turns(history_step: usize) -> (u64, usize) {
         )
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let mut firsts = Vec::new();
     for i in 0..16 {
         let text = format!("ok and which trick should I learn after number {i}?");
@@ -259,8 +259,8 @@ async fn a_conversations_turns_share_their_history_so_the_provider_cache_serves_
 
 #[tokio::test]
 async fn small_talk_keeps_the_offer_of_the_last_ask_and_a_new_ask_changes_it() {
-    let mut env = TestEnv::with(model(), |c| c.turn.user_turns_per_minute = 0).await;
-    env.start_worker().await;
+    let env = TestEnv::with(model(), |c| c.turn.user_turns_per_minute = 0).await;
+    env.spawn_app().await;
     let mut offers = Vec::new();
     for text in [
         "hey whats up",

@@ -23,7 +23,7 @@ async fn a_worker_keeps_the_consumers_settings_and_provision_changes_them() {
     assert_eq!(env.consumer_info().await.unwrap().config.max_deliver, 2);
 
     // A worker configured with 4 leaves the consumer as it is, and says so.
-    let mut worker = env.spawn_worker_process(&[("COMPANION_MAX_DELIVER", "4")]);
+    let mut worker = env.spawn_app_process(&[("COMPANION_MAX_DELIVER", "4")]);
     assert!(env.wait_worker_pulling(Duration::from_secs(60)).await);
     let event = env.dm(JESS, KAORI, JESS_KAORI, "still answered?").await;
     assert_eq!(env.turn(&event).await.content, "hi");

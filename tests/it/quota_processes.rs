@@ -34,7 +34,7 @@ async fn two_worker_processes_write_exactly_five_tricklists_for_one_user() {
         c.turn.user_turns_per_minute = 0;
     })
     .await;
-    let mut workers = [env.spawn_worker_process(&[]), env.spawn_worker_process(&[])];
+    let mut workers = [env.spawn_app_process(&[]), env.spawn_app_process(&[])];
     let mut replies = env.all_completions().await;
     let mut conversations = Vec::new();
     for bot in [KAORI, TONY, RICO, ZOE] {

@@ -98,7 +98,7 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
         },
     )
     .await;
-    let svc = env.app().await;
+    let svc = env.spawn_app().await;
     let embedder = svc.embedder.clone().expect("embedder loaded");
 
     let article = ingest::Article {

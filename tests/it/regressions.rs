@@ -18,11 +18,11 @@ fn error_choice() -> StubReply {
 }
 
 async fn one_bad_answer_then_a_good_one(bad: StubReply) {
-    let mut env = TestEnv::with(scripted(vec![bad], StubReply::text("all good now")), |c| {
+    let env = TestEnv::with(scripted(vec![bad], StubReply::text("all good now")), |c| {
         c.llm.retry_base_ms = 10;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "you there?").await;
     let mut replies = env.completions(JESS_KAORI).await;
     env.publish(&event).await;
@@ -45,8 +45,8 @@ async fn an_empty_answer_is_not_recorded_and_the_model_is_asked_again() {
 
 #[tokio::test]
 async fn a_nul_character_is_cleaned_at_validation_and_answered_at_once() {
-    let mut env = TestEnv::new(scripted(vec![], StubReply::text("got it"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(scripted(vec![], StubReply::text("got it"))).await;
+    env.spawn_app().await;
     let event = env
         .dm(
             JESS,

@@ -104,7 +104,7 @@ async fn reminder_state(env: &TestEnv, id: &str) -> String {
 #[tokio::test]
 async fn a_reminder_fires_once_at_its_time_with_two_workers_running() {
     let (env, script) = env_with(Duration::from_secs(3)).await;
-    let mut workers = [env.spawn_worker_process(&[]), env.spawn_worker_process(&[])];
+    let mut workers = [env.spawn_app_process(&[]), env.spawn_app_process(&[])];
     let mut replies = env.completions(JESS_KAORI).await;
     let id = ask_for_reminder(&env).await;
     let at = script.lock().unwrap().at.unwrap();
@@ -144,8 +144,8 @@ async fn a_reminder_fires_once_at_its_time_with_two_workers_running() {
 #[tokio::test]
 async fn a_reminder_due_while_every_worker_is_stopped_fires_once_when_one_starts() {
     let (env, script) = env_with(Duration::from_secs(3)).await;
-    let mut first = env.spawn_worker_process(&[]);
-    let mut second = env.spawn_worker_process(&[]);
+    let mut first = env.spawn_app_process(&[]);
+    let mut second = env.spawn_app_process(&[]);
     let mut replies = env.completions(JESS_KAORI).await;
     let id = ask_for_reminder(&env).await;
     stop(&mut first);
@@ -158,7 +158,7 @@ async fn a_reminder_due_while_every_worker_is_stopped_fires_once_when_one_starts
     );
     assert_eq!(reminder_state(&env, &id).await, "pending");
 
-    let mut later = env.spawn_worker_process(&[]);
+    let mut later = env.spawn_app_process(&[]);
     let (c, _) = next_proactive(&mut replies, Duration::from_secs(30))
         .await
         .expect("the reminder arrives once a worker runs");
@@ -175,8 +175,8 @@ async fn a_reminder_due_while_every_worker_is_stopped_fires_once_when_one_starts
 
 #[tokio::test]
 async fn a_cancelled_reminder_never_arrives() {
-    let (mut env, script) = env_with(Duration::from_secs(4)).await;
-    env.start_worker().await;
+    let (env, script) = env_with(Duration::from_secs(4)).await;
+    env.spawn_app().await;
     let mut replies = env.completions(JESS_KAORI).await;
     let id = ask_for_reminder(&env).await;
     script.lock().unwrap().cancel = Some(id.clone());
@@ -334,7 +334,7 @@ async fn bad_times_and_too_many_reminders_are_error_results() {
 #[tokio::test]
 async fn the_piped_chat_waits_for_a_reminder_due_soon_and_shows_it() {
     let (env, _) = env_with(Duration::from_secs(3)).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let config = companion_dev::chat::ChatConfig {
         nats: env.config.nats.clone(),
         mongo: env.config.mongo.clone(),

@@ -38,13 +38,13 @@ fn poison_model(broken: Arc<AtomicBool>) -> Responder {
 #[tokio::test]
 async fn a_poison_event_is_dead_lettered_and_replay_answers_it_once_fixed() {
     let broken = Arc::new(AtomicBool::new(true));
-    let mut env = TestEnv::with(poison_model(broken.clone()), |c| {
+    let env = TestEnv::with(poison_model(broken.clone()), |c| {
         c.consumer.max_deliver = 3;
         c.worker.retry_delay_secs = 1;
         c.llm.max_retries = 0;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let tony = env.conversation(JESS, TONY).await;
     let mut all = env.all_completions().await;
 

@@ -144,7 +144,7 @@ async fn a_crisis_message_gets_one_referral_a_safe_reply_one_alert_and_one_count
     .await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_EN).await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let mut first = env.spawn_worker_process(&[]);
+    let mut first = env.spawn_app_process(&[]);
     env.publish(&event).await;
 
     let referral = next_referral(&mut replies, Duration::from_secs(30))
@@ -174,7 +174,7 @@ async fn a_crisis_message_gets_one_referral_a_safe_reply_one_alert_and_one_count
     );
     kill9(&mut first);
 
-    let mut second = env.spawn_worker_process(&[]);
+    let mut second = env.spawn_app_process(&[]);
     let seen = until_reply(&mut replies, &event.message_id, Duration::from_secs(60)).await;
     let reply = seen.last().expect("a reply");
     assert_eq!(reply.content, SAFE_REPLY);
@@ -214,7 +214,7 @@ async fn a_japanese_crisis_message_is_referred_in_japanese_to_japanese_lines_onc
     let env = TestEnv::new(always(StubReply::text("話してくれてありがとう。"))).await;
     let (user, conversation) = user_with(&env, KAORI, doc! { "timezone": "Asia/Tokyo" }).await;
     let mut replies = env.completions(&conversation).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let event = env.dm(&user, KAORI, &conversation, CRISIS_JA).await;
     env.publish(&event).await;
     let seen = until_reply(&mut replies, &event.message_id, Duration::from_secs(30)).await;
@@ -321,7 +321,7 @@ fn phones(lines: &[Value]) -> Vec<&str> {
 #[tokio::test]
 async fn the_referral_fits_the_user_s_country_and_what_they_said() {
     let env = TestEnv::new(always(StubReply::text(SAFE_REPLY))).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
 
     // A suicidal rider in the US: 988 first, no child-abuse or exploitation line.
     let (us, country, text) = card_for(&env, doc! { "country": "US" }, CRISIS_EN).await;
@@ -410,7 +410,7 @@ async fn a_crisis_message_past_the_flood_limit_still_gets_its_referral() {
     })
     .await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let first = env.dm(JESS, KAORI, JESS_KAORI, "yo").await;
     env.publish(&first).await;
     next_reply_to(&mut replies, &first.message_id, Duration::from_secs(30)).await;
@@ -442,7 +442,7 @@ async fn in_a_group_the_referral_is_visible_to_its_user_only_and_the_group_never
         .await
         .unwrap();
     let mut replies = env.completions(&group.to_hex()).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let message = backend::store_group_message(&env.mongo, group, oid(JESS), CRISIS_EN)
         .await
         .unwrap();
@@ -573,7 +573,7 @@ async fn a_referral_opens_with_help_and_carries_the_plain_ai_notice_in_a_dm_and_
     .await;
     let playful = character_line("kaori", "disclosureLine");
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let crisis = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_EN).await;
     env.publish(&crisis).await;
     let seen = until_reply(&mut replies, &crisis.message_id, Duration::from_secs(30)).await;
@@ -669,7 +669,7 @@ async fn a_japanese_first_of_the_day_crisis_message_opens_with_help_in_japanese(
     let playful = character_line("kaori", "disclosureLine");
     let (user, conversation) = user_with(&env, KAORI, doc! { "timezone": "Asia/Tokyo" }).await;
     let mut replies = env.completions(&conversation).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let event = env.dm(&user, KAORI, &conversation, "死にたい").await;
     env.publish(&event).await;
     let seen = until_reply(&mut replies, &event.message_id, Duration::from_secs(30)).await;
@@ -705,7 +705,7 @@ async fn after_a_crisis_the_next_disclosure_due_is_the_plain_notice() {
     let playful = character_line("kaori", "disclosureLine");
     let (user, conversation) = user_with(&env, KAORI, doc! { "isMinor": false }).await;
     let mut replies = env.completions(&conversation).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let crisis = env.dm(&user, KAORI, &conversation, CRISIS_EN).await;
     env.publish(&crisis).await;
     let seen = until_reply(&mut replies, &crisis.message_id, Duration::from_secs(30)).await;
@@ -738,7 +738,7 @@ async fn after_a_crisis_the_next_disclosure_due_is_the_plain_notice() {
 async fn the_sport_s_own_language_gets_none_of_it() {
     let env = TestEnv::new(always(StubReply::text("haha nice"))).await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     for text in [
         "gonna kill this line tomorrow",
         "that slam almost killed me lol",
@@ -775,8 +775,8 @@ async fn a_model_that_writes_sexual_content_or_self_harm_encouragement_is_replac
         })
     });
     let env = TestEnv::new(model).await;
-    let mut env = env;
-    env.start_worker().await;
+    let env = env;
+    env.spawn_app().await;
     for text in ["one", "two"] {
         let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
         let reply = env.turn(&e).await;
@@ -823,8 +823,8 @@ async fn a_bad_reply_only_the_reply_head_knows_is_replaced_by_the_safe_line() {
             _ => "bella, domani si skata al parco?",
         })
     });
-    let mut env = TestEnv::new(model).await;
-    env.start_worker().await;
+    let env = TestEnv::new(model).await;
+    env.spawn_app().await;
     for text in ["one", "two"] {
         let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
         let reply = env.turn(&e).await;
@@ -902,7 +902,7 @@ async fn disclosure_on_the_first_message_of_the_day_and_after_continuing_hours_w
     let env = TestEnv::with(always(StubReply::text("let's go")), short_rhythm).await;
     let (user, conversation) = user_with(&env, KAORI, doc! { "isMinor": true }).await;
     let mut replies = env.completions(&conversation).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let disclosure = character_line("kaori", "disclosureLine");
     let brk = character_line("kaori", "breakLine");
     let mut said = Vec::new();
@@ -957,7 +957,7 @@ async fn an_adult_gets_the_disclosure_after_a_long_gap_only_on_a_new_day() {
     let env = TestEnv::with(always(StubReply::text("sure")), short_rhythm).await;
     let (user, conversation) = user_with(&env, TONY, doc! { "isMinor": false }).await;
     let mut replies = env.completions(&conversation).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let mut marks = Vec::new();
     for (n, pause) in [(0, 0), (1, 5), (2, 1)] {
         tokio::time::sleep(Duration::from_secs(pause)).await;
@@ -979,7 +979,7 @@ async fn under_13_gets_the_fixed_line_once_a_day_without_a_model_call() {
     let env = TestEnv::new(always(StubReply::text("should not be asked"))).await;
     let (user, conversation) = user_with(&env, KAORI, doc! { "ageBracket": "under_13" }).await;
     let mut replies = env.completions(&conversation).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let first = env.dm(&user, KAORI, &conversation, "hi kaori!").await;
     env.publish(&first).await;
     let line = next_reply_to(&mut replies, &first.message_id, Duration::from_secs(30)).await;
@@ -1050,7 +1050,7 @@ async fn an_unknown_age_is_a_minor_whose_reminders_wait_out_the_quiet_hours() {
     let tz = a_zone_at_night();
     let (user, conversation) = user_with(&env, KAORI, doc! { "timezone": &tz }).await;
     let mut replies = env.completions(&conversation).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let ask = env
         .dm(&user, KAORI, &conversation, "remind me to wax my board")
         .await;
@@ -1084,7 +1084,7 @@ async fn a_paused_conversation_gets_nothing_but_a_crisis_referral_its_line_and_t
         StubReply::text("not while paused")
     }))
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     // Before the pause, Kaori submits a spot draft for Jess (one model call, one tool call).
     let draft = crate::proactive::submit_draft(&env).await;
     let before = env.stub.requests().len();
@@ -1165,7 +1165,7 @@ async fn a_paused_conversation_gets_nothing_but_a_crisis_referral_its_line_and_t
 async fn in_a_group_each_companion_discloses_the_first_time_it_speaks_there_in_a_day() {
     let env = TestEnv::with(always(StubReply::text("nice one")), short_rhythm).await;
     // Jess already heard Kaori's disclosure in their DM today: the group still gets its own.
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let mut dm_replies = env.completions(JESS_KAORI).await;
     let dm = env.dm(JESS, KAORI, JESS_KAORI, "hey").await;
     env.publish(&dm).await;
@@ -1244,7 +1244,7 @@ async fn a_line_only_the_moderation_endpoint_flags_is_referred_once_and_the_aler
     })
     .await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let text = locally_clear("what time does the park by the school open tomorrow");
     let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
     env.publish(&e).await;
@@ -1292,7 +1292,7 @@ async fn a_crisis_in_an_uncovered_language_is_referred_and_the_alert_names_the_v
     );
     let env = TestEnv::new(always(StubReply::text(SAFE_REPLY))).await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, KOREAN).await;
     env.publish(&e).await;
     let referral = next_referral(&mut replies, Duration::from_secs(30))
@@ -1323,7 +1323,7 @@ async fn a_moderation_endpoint_that_never_answers_leaves_the_local_decision_and_
     })
     .await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let plain = env
         .dm(JESS, KAORI, JESS_KAORI, "what wax for a ledge")
         .await;
@@ -1347,7 +1347,7 @@ async fn a_model_flag_sends_one_referral_before_its_reply_with_no_extra_model_ca
         "hey, that sounds really heavy. i'm here, and the people below can help right now";
     let env = TestEnv::new(always(flagged_answer(OWN, "self_harm"))).await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let text = locally_clear("eh whatever, doesn't matter");
     let e = env.dm(JESS, KAORI, JESS_KAORI, text).await;
     env.publish(&e).await;
@@ -1395,7 +1395,7 @@ async fn a_model_flag_s_referral_is_stored_and_published_before_the_model_s_repl
         .await;
         let (user, conversation) = user_with(&env, KAORI, doc! { "isMinor": false }).await;
         let mut replies = env.completions(&conversation).await;
-        let worker = InProcessWorker::start(&env).await;
+        let worker = env.spawn_app().await;
         let e = env
             .dm(&user, KAORI, &conversation, locally_clear(text))
             .await;
@@ -1431,7 +1431,7 @@ async fn the_turn_after_a_model_flag_is_answered_with_the_safety_brief_and_the_o
     ))
     .await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let mut ids = Vec::new();
     for text in [
         "eh whatever, doesn't matter",
@@ -1472,7 +1472,7 @@ async fn a_bad_reply_to_a_crisis_gets_the_crisis_line_not_the_safe_line() {
     )))
     .await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, CRISIS_EN).await;
     env.publish(&e).await;
     let seen = until_reply(&mut replies, &e.message_id, Duration::from_secs(30)).await;
@@ -1491,7 +1491,7 @@ async fn a_model_flag_with_a_reply_that_fails_the_output_check_gets_the_crisis_l
     )))
     .await;
     let mut replies = env.completions(JESS_KAORI).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let e = env
         .dm(
             JESS,
@@ -1530,7 +1530,7 @@ async fn in_a_group_a_model_flag_s_referral_stays_private() {
         .await
         .unwrap();
     let mut replies = env.completions(&group.to_hex()).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let text = locally_clear("eh whatever, doesn't matter");
     let message = backend::store_group_message(&env.mongo, group, oid(JESS), text)
         .await

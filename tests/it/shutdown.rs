@@ -14,7 +14,7 @@ async fn sigterm_finishes_the_turn_in_flight_and_exits_zero() {
         Box::new(StubReply::text("made it")),
     )))
     .await;
-    let mut worker = env.spawn_worker_process(&[("COMPANION_SHUTDOWN_GRACE_SECS", "10")]);
+    let mut worker = env.spawn_app_process(&[("COMPANION_SHUTDOWN_GRACE_SECS", "10")]);
     let event = env.dm(JESS, KAORI, JESS_KAORI, "quick question").await;
     let mut replies = env.completions(JESS_KAORI).await;
     env.publish(&event).await;
@@ -41,7 +41,7 @@ async fn a_turn_longer_than_the_grace_period_is_returned_and_answered_once_by_th
         Box::new(StubReply::text("slow but sure")),
     )))
     .await;
-    let mut first = env.spawn_worker_process(&[("COMPANION_SHUTDOWN_GRACE_SECS", "1")]);
+    let mut first = env.spawn_app_process(&[("COMPANION_SHUTDOWN_GRACE_SECS", "1")]);
     let event = env.dm(JESS, KAORI, JESS_KAORI, "take your time").await;
     let mut replies = env.completions(JESS_KAORI).await;
     env.publish(&event).await;
@@ -60,7 +60,7 @@ async fn a_turn_longer_than_the_grace_period_is_returned_and_answered_once_by_th
         "the cut-off turn wrote nothing"
     );
 
-    let mut second = env.spawn_worker_process(&[]);
+    let mut second = env.spawn_app_process(&[]);
     let reply = next_reply_to(&mut replies, &event.message_id, Duration::from_secs(30)).await;
     assert_eq!(reply.content, "slow but sure");
     assert_eq!(env.replies_to(&event.message_id).await.len(), 1);

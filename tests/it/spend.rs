@@ -37,9 +37,9 @@ async fn three_worker_processes_admit_exactly_the_limit_for_one_user() {
     })
     .await;
     let mut workers = [
-        env.spawn_worker_process(&[]),
-        env.spawn_worker_process(&[]),
-        env.spawn_worker_process(&[]),
+        env.spawn_app_process(&[]),
+        env.spawn_app_process(&[]),
+        env.spawn_app_process(&[]),
     ];
     let mut replies = env.all_completions().await;
     let bots = [
@@ -127,7 +127,7 @@ const WINDOW: Duration = Duration::from_secs(8);
 
 /// A worker whose model echoes and bills 0.011 USD an answer, with a budget of 0.02 USD for each user
 /// or for the service (the other off), the cheaper stage at half of it and an eight-second window.
-async fn budget_env(per_user: bool) -> (TestEnv, InProcessWorker) {
+async fn budget_env(per_user: bool) -> (TestEnv, TestApp) {
     let echo: Responder =
         Arc::new(|body: &Value| StubReply::text(format!("ok: {}", last_user_text(body))));
     let env = TestEnv::with(echo, |c| {
@@ -142,7 +142,7 @@ async fn budget_env(per_user: bool) -> (TestEnv, InProcessWorker) {
     })
     .await;
     env.stub.report_cost(Some(0.011));
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     (env, worker)
 }
 
@@ -215,7 +215,7 @@ async fn a_turns_own_first_answer_counts_toward_the_check_before_its_second() {
     )
     .await;
     env.stub.report_cost(Some(0.011));
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let e = env.dm(JESS, KAORI, JESS_KAORI, "how do i kickflip").await;
     assert_eq!(env.turn(&e).await.content, "here is how");
     assert_eq!(
@@ -281,11 +281,11 @@ async fn a_worker_turn_with_a_greedy_tool_model_stops_at_the_ceiling_with_text()
             StubReply::text("that's all i can look up right now")
         }
     });
-    let mut env = TestEnv::with(greedy, |c| {
+    let env = TestEnv::with(greedy, |c| {
         c.turn.max_llm_calls_per_turn = 3;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "look up everything").await;
     let reply = env.turn(&event).await;
     assert_eq!(reply.content, "that's all i can look up right now");

@@ -108,7 +108,7 @@ async fn nothing_more(
 #[tokio::test]
 async fn a_paused_dm_is_held_and_the_resume_answers_the_latest_once() {
     let env = TestEnv::new(always(StubReply::text(WELCOME))).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let mut replies = env.completions(JESS_KAORI).await;
     pause(&env, JESS_KAORI).await;
     let first = held_dm(&env, "hello?").await;
@@ -158,7 +158,7 @@ async fn a_paused_dm_is_held_and_the_resume_answers_the_latest_once() {
 #[tokio::test]
 async fn a_resume_older_than_the_pause_changes_nothing() {
     let env = TestEnv::new(always(StubReply::text(WELCOME))).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let mut replies = env.completions(JESS_KAORI).await;
     pause(&env, JESS_KAORI).await;
     let stale = at(-60);
@@ -177,7 +177,7 @@ async fn a_resume_older_than_the_pause_changes_nothing() {
 #[tokio::test]
 async fn a_resume_without_catch_up_answers_nothing() {
     let env = TestEnv::new(always(StubReply::text(WELCOME))).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let mut replies = env.completions(JESS_KAORI).await;
     pause(&env, JESS_KAORI).await;
     let held = held_dm(&env, "you there?").await;
@@ -209,7 +209,7 @@ async fn a_resume_without_catch_up_answers_nothing() {
 async fn what_a_moderator_wrote_during_the_pause_is_in_the_history_the_model_reads() {
     const MOD_TEXT: &str = "Hi Jess, a TrickBook moderator here: just checking you're ok.";
     let env = TestEnv::new(always(StubReply::text(WELCOME))).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let mut replies = env.completions(JESS_KAORI).await;
     pause(&env, JESS_KAORI).await;
     let held = held_dm(&env, "who is this?").await;
@@ -266,7 +266,7 @@ async fn what_a_moderator_wrote_during_the_pause_is_in_the_history_the_model_rea
 #[tokio::test]
 async fn a_malformed_takeover_signal_is_dead_lettered_and_changes_nothing() {
     let env = TestEnv::new(always(StubReply::text(WELCOME))).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     signal(&env, JESS_KAORI, &body("stop", &at(0)), Some("bad-action")).await;
     signal(
         &env,
@@ -296,7 +296,7 @@ async fn a_malformed_takeover_signal_is_dead_lettered_and_changes_nothing() {
 #[tokio::test]
 async fn the_guide_s_node_code_pauses_a_conversation_once() {
     let env = TestEnv::new(always(StubReply::text(WELCOME))).await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
     let when = at(0);
     let pause =
         json!({"conversationId": JESS_KAORI, "action": "pause", "by": MODERATOR, "at": when})
@@ -348,7 +348,7 @@ async fn jess_kaori_history(env: &TestEnv) -> Vec<(String, String)> {
 #[tokio::test]
 async fn a_reply_recorded_with_its_history_and_held_on_its_retry_leaves_no_word_of_it_in_history() {
     let env = TestEnv::new(always(StubReply::text("sure, here you go"))).await;
-    let svc = env.app().await;
+    let svc = env.spawn_app().await;
     let before = jess_kaori_history(&env).await.len();
     let e = env.dm(JESS, KAORI, JESS_KAORI, "got a minute?").await;
     let event = dm_event(&e);

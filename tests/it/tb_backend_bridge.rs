@@ -25,8 +25,8 @@ pub(crate) async fn bridge(env: &TestEnv, args: &[&str]) -> std::process::Output
 
 #[tokio::test]
 async fn the_guide_s_node_code_publishes_a_dm_and_gets_the_reply() {
-    let mut env = TestEnv::new(always(StubReply::text("hey from kaori 🏔️"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(always(StubReply::text("hey from kaori 🏔️"))).await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "sent from node").await;
     let json = serde_json::to_string(&event).unwrap();
 
@@ -59,8 +59,8 @@ async fn the_guide_s_node_code_publishes_a_dm_and_gets_the_reply() {
 
 #[tokio::test]
 async fn the_guide_s_node_code_publishes_a_spot_review_and_gets_the_follow_up() {
-    let mut env = TestEnv::new(always(StubReply::text("your spot made it!! 🎉"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(always(StubReply::text("your spot made it!! 🎉"))).await;
+    env.spawn_app().await;
     // A draft Kaori made in Jess's thread, approved by the admin tool (status and spotId stored first).
     let (draft, spot) = (bson::oid::ObjectId::new(), bson::oid::ObjectId::new());
     env.mongo
@@ -134,8 +134,8 @@ async fn the_guide_s_node_code_publishes_a_group_message_once_and_prints_every_a
             .to_lowercase();
         StubReply::text(format!("{who} says hi"))
     });
-    let mut env = TestEnv::new(named).await;
-    env.start_worker().await;
+    let env = TestEnv::new(named).await;
+    env.spawn_app().await;
     let conv =
         companion_dev::backend::create_group(&env.mongo, &[oid(JESS)], &[oid(KAORI), oid(TONY)])
             .await
@@ -181,8 +181,8 @@ async fn the_guide_s_node_code_publishes_a_group_message_once_and_prints_every_a
 
 #[tokio::test]
 async fn the_guide_s_node_code_erases_a_user_and_the_worker_removes_their_history() {
-    let mut env = TestEnv::new(always(StubReply::text("noted"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(always(StubReply::text("noted"))).await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "erase me later").await;
     env.turn(&event).await;
     let history = || async {

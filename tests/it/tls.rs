@@ -266,7 +266,7 @@ async fn a_whole_turn_runs_over_tls_to_nats_mongodb_and_postgresql() {
     let pg_tls = format!("sslmode=verify-full&sslrootcert={ca}");
     let (client_cert, client_key) = (pki.client_cert.clone(), pki.client_key.clone());
     let pki_ref = &pki;
-    let mut env = TestEnv::with(always(StubReply::text("hello over TLS!")), |c| {
+    let env = TestEnv::with(always(StubReply::text("hello over TLS!")), |c| {
         c.nats.url = nats_url.clone();
         c.nats.tls_ca_file = Some(pki_ref.ca.clone());
         c.nats.tls_cert_file = Some(client_cert);
@@ -280,7 +280,7 @@ async fn a_whole_turn_runs_over_tls_to_nats_mongodb_and_postgresql() {
         );
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "are we encrypted?").await;
     let reply = env.turn(&event).await;
     assert_eq!(reply.content, "hello over TLS!");

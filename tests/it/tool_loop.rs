@@ -245,7 +245,7 @@ async fn a_model_cannot_act_for_another_user() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn park_list_scenario_end_to_end() {
     let f = TestEnv::new(demo()).await;
-    let svc = f.app().await;
+    let svc = f.spawn_app().await;
     let event = DmEvent {
         message_id: bson::oid::ObjectId::new(),
         conversation_id: oid(JESS_KAORI),

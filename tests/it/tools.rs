@@ -695,7 +695,7 @@ async fn write_quota_holds_across_workers() {
     let tj_sam = f.tool_job(SAM).await;
     let mut workers = Vec::new();
     for w in 0..2 {
-        let components = f.app().await;
+        let components = f.spawn_app().await;
         workers.push(tokio::spawn(async move {
             let calls = (0..6).map(|i| {
                 let (journal, c) = (&components.pipeline.journal, &components);
@@ -761,7 +761,7 @@ async fn write_quota_holds_across_workers() {
 #[tokio::test]
 async fn database_errors_fail_the_turn_instead_of_answering() {
     let f = TestEnv::new(always(StubReply::text("unused"))).await;
-    let components = f.app().await;
+    let components = f.spawn_app().await;
     let tj = ToolJob::open(
         &components.pipeline.journal,
         f.mongo.clone(),

@@ -14,8 +14,8 @@ use sqlx::Row;
 
 #[tokio::test]
 async fn an_event_becomes_one_reply_two_history_rows_and_one_completion() {
-    let mut env = TestEnv::new(always(StubReply::text("omg yes!! send me a clip 🔥"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(always(StubReply::text("omg yes!! send me a clip 🔥"))).await;
+    env.spawn_app().await;
     let mut typing = env
         .bus
         .client
@@ -116,7 +116,7 @@ async fn an_event_becomes_one_reply_two_history_rows_and_one_completion() {
 async fn the_model_gets_the_character_the_tricklists_and_the_last_messages_in_order() {
     // A window that slides a message a turn (the anchored one, the default, begins at an anchor
     // among these: `prompt_budget::a_conversations_turns_share_their_history…`).
-    let mut env = TestEnv::with(
+    let env = TestEnv::with(
         always(StubReply::text("ok wait what level are you at rn??")),
         |c| c.prompt.history_step = 1,
     )
@@ -126,7 +126,7 @@ async fn the_model_gets_the_character_the_tricklists_and_the_last_messages_in_or
     assert!(limit < 25, "the default window leaves some out");
     env.earlier_messages(25, |i| format!("history message {i}"))
         .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let event = env
         .dm(JESS, KAORI, JESS_KAORI, "what should i learn next?")
         .await;
@@ -193,8 +193,8 @@ async fn the_model_gets_the_character_the_tricklists_and_the_last_messages_in_or
 
 #[tokio::test]
 async fn malformed_events_are_dead_lettered_and_the_next_good_event_is_answered() {
-    let mut env = TestEnv::new(always(StubReply::text("yo"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(always(StubReply::text("yo"))).await;
+    env.spawn_app().await;
     let subject = env.bus.names.inbound(KAORI, JESS_KAORI);
     env.publish_raw(subject.clone(), "bad-1", "this is not json")
         .await;
@@ -271,8 +271,8 @@ async fn malformed_events_are_dead_lettered_and_the_next_good_event_is_answered(
 
 #[tokio::test]
 async fn a_duplicate_publish_is_answered_once() {
-    let mut env = TestEnv::new(always(StubReply::text("got it"))).await;
-    env.start_worker().await;
+    let env = TestEnv::new(always(StubReply::text("got it"))).await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "double tap").await;
     let mut replies = env.completions(JESS_KAORI).await;
     assert!(!env.publish(&event).await, "first publish is new");
@@ -293,7 +293,7 @@ async fn a_duplicate_publish_is_answered_once() {
 #[tokio::test]
 async fn running_a_turn_again_writes_nothing_twice() {
     let env = TestEnv::new(always(StubReply::text("first answer"))).await;
-    let svc = env.app().await;
+    let svc = env.spawn_app().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "once only").await;
     let event = dm_event(&raw);
     let first = svc.pipeline.process_dm(&event).await.unwrap();
@@ -316,7 +316,7 @@ async fn running_a_turn_again_writes_nothing_twice() {
 #[tokio::test]
 async fn a_recorded_reply_is_delivered_without_asking_the_model_again() {
     let env = TestEnv::new(always(StubReply::text("a different answer"))).await;
-    let svc = env.app().await;
+    let svc = env.spawn_app().await;
     let raw = env
         .dm(JESS, KAORI, JESS_KAORI, "crash after the model answered")
         .await;
@@ -378,8 +378,8 @@ async fn a_failing_turn_is_redelivered_and_answered_once() {
         StubReply::text("back online!"),
     );
     // No retries inside the turn: this exercises the NAK and redelivery path.
-    let mut env = TestEnv::with(responder, |c| c.llm.max_retries = 0).await;
-    env.start_worker().await;
+    let env = TestEnv::with(responder, |c| c.llm.max_retries = 0).await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "you there?").await;
     let reply = env.turn(&event).await;
     assert_eq!(reply.content, "back online!");
@@ -401,8 +401,8 @@ async fn a_request_the_model_refuses_gets_the_honest_failure_line_once_and_a_dea
         body: "{\"error\":{\"message\":\"bad request\"}}".into(),
         retry_after: None,
     });
-    let mut env = TestEnv::new(responder).await;
-    env.start_worker().await;
+    let env = TestEnv::new(responder).await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "this will not work").await;
     let reply = env.turn(&event).await;
     assert_eq!(reply.content, failure_line("kaori"));
@@ -435,14 +435,14 @@ async fn an_attempt_that_hangs_past_the_turn_deadline_is_retried_and_answered_on
         Duration::from_secs(60),
         Box::new(StubReply::text("too late")),
     );
-    let mut env = TestEnv::with(scripted(vec![hang], StubReply::text("finally")), |c| {
+    let env = TestEnv::with(scripted(vec![hang], StubReply::text("finally")), |c| {
         c.turn.turn_timeout_secs = 2;
         c.llm.timeout_secs = 120;
         c.llm.max_retries = 0;
         c.worker.retry_delay_secs = 1;
     })
     .await;
-    env.start_worker().await;
+    env.spawn_app().await;
     let event = env.dm(JESS, KAORI, JESS_KAORI, "still there?").await;
     let mut replies = env.completions(JESS_KAORI).await;
     let started = std::time::Instant::now();

@@ -26,7 +26,7 @@ async fn a_tool_turn_reports_its_stages_on_metrics() {
         StubReply::text("flick it!"),
     ))
     .await;
-    let worker = InProcessWorker::start(&env).await;
+    let worker = env.spawn_app().await;
 
     let event = env.dm(JESS, KAORI, JESS_KAORI, "how do I kickflip?").await;
     let reply = env.turn(&event).await;
@@ -94,7 +94,7 @@ async fn a_tool_turn_sends_four_mongodb_commands_once_trick_names_are_cached() {
         }
     }))
     .await;
-    let c = env.app().await;
+    let c = env.spawn_app().await;
     let mut commands = Vec::new();
     for text in ["how do I kickflip?", "and a heelflip?"] {
         let event = dm_event(&env.dm(JESS, KAORI, JESS_KAORI, text).await);

@@ -12,7 +12,6 @@ use companion::testing::pipeline::Outcome;
 use companion_dev::stub::{Responder, StubReply, last_user_text};
 use serde_json::Value;
 use sqlx::Row;
-use tokio_util::sync::CancellationToken;
 
 const PRIMARY: &str = "test/primary";
 const FALLBACK: &str = "test/fallback";
@@ -106,9 +105,7 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
         c.llm.retry_base_ms = 10;
     })
     .await;
-    let svc = env.app().await;
-    let stop = CancellationToken::new();
-    let running = tokio::spawn(svc.worker().serve(stop.clone()));
+    let svc = env.spawn_app().await;
 
     // A: two paid calls (tool call, then text), cost reported by the server.
     env.stub.report_cost(Some(0.00042));
@@ -189,8 +186,7 @@ async fn every_paid_call_is_recorded_with_its_cost_counted_and_summarised() {
     );
     assert_eq!(series("companion_llm_retries_total", &primary), 1.0);
 
-    stop.cancel();
-    running.await.unwrap().unwrap();
+    svc.stop().await;
 
     // `companion usage`: by day, companion (named) and model, with a total.
     let (ok, text, err) = env.run_companion(&["usage", "--days", "1"]).await;
@@ -238,7 +234,7 @@ async fn a_step_replayed_from_the_journal_is_not_recorded_again() {
     );
     let env = TestEnv::with(responder, |c| c.llm.max_retries = 0).await;
     env.stub.report_cost(Some(0.001));
-    let svc = env.app().await;
+    let svc = env.spawn_app().await;
     let raw = env.dm(JESS, KAORI, JESS_KAORI, "my lists?").await;
     let event = dm_event(&raw);
     assert!(svc.pipeline.process_dm(&event).await.is_err());
@@ -266,9 +262,9 @@ async fn a_step_replayed_from_the_journal_is_not_recorded_again() {
 
 #[tokio::test]
 async fn usage_for_one_user_and_the_heaviest_users() {
-    let mut env = TestEnv::new(companion_dev::stub::always(StubReply::text("ok!"))).await;
+    let env = TestEnv::new(companion_dev::stub::always(StubReply::text("ok!"))).await;
     env.stub.report_cost(Some(0.002));
-    env.start_worker().await;
+    env.spawn_app().await;
     let sam_kaori = env.conversation(SAM, KAORI).await;
     for (user, conversation, text) in [
         (JESS, JESS_KAORI, "one"),

@@ -158,7 +158,9 @@ fn test_roots(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(roots)
 }
 
-/// Call sites of `start_worker`, `InProcessWorker::start`, `spawn_worker_process` and `.app()`.
+/// Call sites of the ways a test starts a worker or builds its parts: the three starters and the bare
+/// `.app()` issue 65 found, the one starter that replaced them (`spawn_app`, with its `spawn_app_process`
+/// variant), and `App::build` called directly.
 fn test_starters<'a>(files: impl Iterator<Item = &'a SourceFile>) -> BTreeMap<String, usize> {
     let mut n = BTreeMap::new();
     for file in files {
@@ -174,6 +176,12 @@ fn test_starters<'a>(files: impl Iterator<Item = &'a SourceFile>) -> BTreeMap<St
                 tokens::calls(&toks, "spawn_worker_process"),
             ),
             (".app()", tokens::bare_method_calls(&toks, "app")),
+            ("spawn_app", tokens::calls(&toks, "spawn_app")),
+            (
+                "spawn_app_process",
+                tokens::calls(&toks, "spawn_app_process"),
+            ),
+            ("App::build", tokens::path_calls(&toks, "App", "build")),
         ];
         for (name, c) in counts {
             *n.entry(name.to_owned()).or_default() += c;
@@ -183,11 +191,14 @@ fn test_starters<'a>(files: impl Iterator<Item = &'a SourceFile>) -> BTreeMap<St
 }
 
 /// The ways a test starts a worker, as [`test_starters`] names them.
-const STARTERS: [&str; 4] = [
+const STARTERS: [&str; 7] = [
     "start_worker",
     "InProcessWorker::start",
     "spawn_worker_process",
     ".app()",
+    "spawn_app",
+    "spawn_app_process",
+    "App::build",
 ];
 
 /// `App::build` in the worker's files: its length and `.clone()` calls.
