@@ -214,24 +214,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Worker(mut config) => {
             config.log = cli.log;
-            let shutdown = CancellationToken::new();
-            tokio::spawn(watch_signals(shutdown.clone()));
-            companion::run_worker(*config, shutdown)
-                .await
-                .context("worker")?;
+            worker(*config).await?
         }
-        Command::Migrate(pg) => {
-            commands::migrate(&pg).await.context("migrate")?;
-            println!("migrations applied");
-        }
-        Command::Provision { nats, consumer } => {
-            let lines = commands::provision(&nats, &consumer)
-                .await
-                .context("provision")?;
-            for line in lines {
-                println!("{line}");
-            }
-        }
+        Command::Migrate(pg) => migrate(&pg).await?,
+        Command::Provision { nats, consumer } => provision(&nats, &consumer).await?,
         Command::Replay(r) => replay_command(*r).await?,
         Command::Memory {
             user,
@@ -239,12 +225,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             pg,
             characters,
             memory,
-        } => {
-            let report = commands::memory(&pg, &memory, &characters.dir, &user, bot.as_deref())
-                .await
-                .context("reading what companions remember")?;
-            print!("{report}");
-        }
+        } => memory_report(&pg, &memory, &characters, &user, bot.as_deref()).await?,
         Command::Usage {
             days,
             user,
@@ -275,10 +256,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 show_text,
                 operator: &operator,
             };
-            let story = commands::explain(&pg, &characters.dir, request)
-                .await
-                .context("explaining the message's job from the journal")?;
-            print!("{story}");
+            explain(&pg, &characters, request).await?
         }
         Command::Ingest {
             reembed: true,
@@ -286,15 +264,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             pg,
             embed,
             ..
-        } => {
-            let r = commands::reembed(&pg, &embed, batch)
-                .await
-                .context("embedding the stored vectors again")?;
-            println!(
-                "re-embedded with {}: {} knowledge chunks, {} remembered facts",
-                r.model, r.chunks, r.facts
-            );
-        }
+        } => reembed(&pg, &embed, batch).await?,
         Command::Ingest {
             path,
             collection,
@@ -307,21 +277,98 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             crisis_report(year, json, &pg).await?
         }
         Command::Report(ReportCommand::CrisisLines { json, safety }) => {
-            let today = chrono::Utc::now().date_naive();
-            print!(
-                "{}",
-                commands::crisis_lines_report(&safety, today, json).context("crisis lines")?
-            );
+            crisis_lines(json, &safety)?
         }
-        Command::Embed { passage, embed } => {
-            let role = match passage {
-                true => commands::EmbedRole::Passage,
-                false => commands::EmbedRole::Query,
-            };
-            let n = commands::embed(&embed, role).await.context("embedding")?;
-            tracing::debug!(lines = n, "embedded");
-        }
+        Command::Embed { passage, embed } => embed_lines(passage, &embed).await?,
     }
+    Ok(())
+}
+
+/// `companion worker`: runs until SIGTERM or SIGINT.
+async fn worker(config: Config) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    tokio::spawn(watch_signals(shutdown.clone()));
+    companion::run_worker(config, shutdown)
+        .await
+        .context("worker")
+}
+
+/// `companion migrate`: the database's migrations.
+async fn migrate(pg: &PgConfig) -> anyhow::Result<()> {
+    commands::migrate(pg).await.context("migrate")?;
+    println!("migrations applied");
+    Ok(())
+}
+
+/// `companion provision`: the streams and consumers, one line per thing made or found.
+async fn provision(nats: &NatsConfig, consumer: &ConsumerConfig) -> anyhow::Result<()> {
+    let lines = commands::provision(nats, consumer)
+        .await
+        .context("provision")?;
+    for line in lines {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// `companion report crisis-lines`: the crisis lines with their evidence, those due for review first.
+fn crisis_lines(json: bool, safety: &SafetyConfig) -> anyhow::Result<()> {
+    let today = chrono::Utc::now().date_naive();
+    print!(
+        "{}",
+        commands::crisis_lines_report(safety, today, json).context("crisis lines")?
+    );
+    Ok(())
+}
+
+/// `companion memory`: what the companions remember of a user.
+async fn memory_report(
+    pg: &PgConfig,
+    memory: &MemoryConfig,
+    characters: &CharactersConfig,
+    user: &str,
+    bot: Option<&str>,
+) -> anyhow::Result<()> {
+    let report = commands::memory(pg, memory, &characters.dir, user, bot)
+        .await
+        .context("reading what companions remember")?;
+    print!("{report}");
+    Ok(())
+}
+
+/// `companion explain`: a message's job, told from the journal.
+async fn explain(
+    pg: &PgConfig,
+    characters: &CharactersConfig,
+    request: commands::ExplainRequest<'_>,
+) -> anyhow::Result<()> {
+    let story = commands::explain(pg, &characters.dir, request)
+        .await
+        .context("explaining the message's job from the journal")?;
+    print!("{story}");
+    Ok(())
+}
+
+/// `companion ingest --reembed`: the stored vectors again, with the configured encoder.
+async fn reembed(pg: &PgConfig, embed: &EmbedSettings, batch: usize) -> anyhow::Result<()> {
+    let r = commands::reembed(pg, embed, batch)
+        .await
+        .context("embedding the stored vectors again")?;
+    println!(
+        "re-embedded with {}: {} knowledge chunks, {} remembered facts",
+        r.model, r.chunks, r.facts
+    );
+    Ok(())
+}
+
+/// `companion embed`: each line of stdin as a vector.
+async fn embed_lines(passage: bool, embed: &EmbedSettings) -> anyhow::Result<()> {
+    let role = match passage {
+        true => commands::EmbedRole::Passage,
+        false => commands::EmbedRole::Query,
+    };
+    let n = commands::embed(embed, role).await.context("embedding")?;
+    tracing::debug!(lines = n, "embedded");
     Ok(())
 }
 

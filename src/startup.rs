@@ -174,7 +174,8 @@ pub struct Bound {
 }
 
 impl Bound {
-    /// Where the operations endpoint listens, if it does.
+    /// Where the operations endpoint listens, if it does (a test asks for port 0).
+    #[cfg(feature = "testing")]
     pub fn ops_addr(&self) -> Option<SocketAddr> {
         self.ops.as_ref().map(|(addr, _)| *addr)
     }

@@ -540,22 +540,8 @@ async fn pull<R, RF, S, SF>(
                 _ = outage.wait_for(Option::is_none) => {}
             }
         }
-        let mut messages = match consumer
-            .stream()
-            .max_messages_per_batch(concurrency.min(64))
-            .heartbeat(Duration::from_secs(5))
-            .expires(Duration::from_secs(30))
-            .messages()
-            .await
-        {
-            Ok(m) => m,
-            Err(e) => {
-                warn!(error = %e, "cannot start pulling; retrying in 1 s");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break 'pull,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue 'pull,
-                }
-            }
+        let Some(mut messages) = start_pulling(consumer, concurrency, shutdown).await else {
+            continue 'pull;
         };
         loop {
             while tasks.try_join_next().is_some() {}
@@ -574,11 +560,7 @@ async fn pull<R, RF, S, SF>(
             };
             let Some(next) = next else {
                 // An outage began: keep what has arrived, and stop the server sending more.
-                let mut kept = 0;
-                while let Some(Some(Ok(msg))) = messages.next().now_or_never() {
-                    tasks.spawn(spawn(msg, None));
-                    kept += 1;
-                }
+                let kept = keep_arrived(&mut messages, tasks, &mut spawn);
                 drop(messages);
                 info!(kept, "an outage began: not pulling until it is over");
                 continue 'pull;
@@ -608,6 +590,52 @@ async fn pull<R, RF, S, SF>(
             }
         }
     }
+}
+
+/// Starts a pull of `consumer`'s messages, in batches of at most `concurrency` (64 at most); `None`
+/// when it cannot start (after a second's wait, or at `shutdown`): the caller tries again.
+async fn start_pulling(
+    consumer: &jetstream::consumer::PullConsumer,
+    concurrency: usize,
+    shutdown: &CancellationToken,
+) -> Option<jetstream::consumer::pull::Stream> {
+    let started = consumer
+        .stream()
+        .max_messages_per_batch(concurrency.min(64))
+        .heartbeat(Duration::from_secs(5))
+        .expires(Duration::from_secs(30))
+        .messages()
+        .await;
+    match started {
+        Ok(m) => Some(m),
+        Err(e) => {
+            warn!(error = %e, "cannot start pulling; retrying in 1 s");
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            None
+        }
+    }
+}
+
+/// Spawns, without a permit (each takes one before it runs), the messages that have already arrived;
+/// how many.
+fn keep_arrived<S, SF>(
+    messages: &mut jetstream::consumer::pull::Stream,
+    tasks: &mut JoinSet<()>,
+    spawn: &mut S,
+) -> usize
+where
+    S: FnMut(jetstream::Message, Option<OwnedSemaphorePermit>) -> SF,
+    SF: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut kept = 0;
+    while let Some(Some(Ok(msg))) = messages.next().now_or_never() {
+        tasks.spawn(spawn(msg, None));
+        kept += 1;
+    }
+    kept
 }
 
 /// Waits for every task to end, up to `grace`; whether they all did.

@@ -62,7 +62,7 @@ use crate::{
 use crate::{config::Config, parts::Parts};
 use burst::{TakeIn, Taken};
 use compose::{Composer, SlotView};
-use deliver::{Delivered, Delivery, How};
+use deliver::{Delivered, Delivery, How, Sent};
 use end::{Ended, Ending, Endings};
 use gate::{Gate, Passage, Plan};
 use incoming::{Flagged, Incoming};
@@ -406,20 +406,9 @@ impl Pipeline {
         a: &Admitted<'_>,
         arrival: Option<&Arrival<'_>>,
     ) -> Result<Settled, PipelineError> {
-        // 3: the incoming hook; a crisis gets its referral before anything else.
-        let mut crisis = match a.message() {
-            Some(m) => Box::pin(self.screen(job, a, &m)).await?,
-            None => None,
-        };
-        // 4: the gate, and 6: who speaks.
-        let checked = Box::pin(kind::plan(&self.gate, job, a, crisis.is_some())).await?;
-        let plan = match Box::pin(self.gate.pass(job, a, crisis.is_some(), checked)).await? {
-            Passage::Go(plan) => plan,
-            Passage::Limited { by } => return Box::pin(self.limited(job, a, &by)).await,
-            Passage::Drop { reason, keep } => {
-                return Box::pin(self.drop(job, a, &reason, keep)).await;
-            }
-            Passage::Hold => return Box::pin(self.hold(job, a, &Burst::default())).await,
+        let (mut crisis, plan) = match Box::pin(self.through_the_gate(job, a)).await? {
+            Ok(go) => go,
+            Err(settled) => return Ok(settled),
         };
         // 5: take in the burst (each of its messages then through the incoming hook) or the news's flow.
         let Taken { burst, flow_note } =
@@ -458,11 +447,9 @@ impl Pipeline {
             let check = plan.fixed != Some(Fixed::Crisis);
             let lang = crisis.as_ref().map(|f| f.lang.as_str());
             let line = self.said(&view, (lang, content), check, &mut fresh);
-            let line = line.instrument(agent.clone()).await?;
-            said.push(line);
+            said.push(line.instrument(agent.clone()).await?);
             // The messages before are recorded as delivered before another companion starts: a crash
-            // from there on never sends them (or their completions) again. The crisis line is owed
-            // whatever a moderator or a deletion did meanwhile.
+            // from there on never sends them (or their completions) again.
             let how = How {
                 check,
                 more: plan.next(&said, &a.members).is_some(),
@@ -471,23 +458,10 @@ impl Pipeline {
                 .delivery
                 .deliver(job, a, slot, &burst, &said[said.len() - 1], how);
             let delivered = Box::pin(out).instrument(agent.clone()).await?;
-            let (outcome, reason) = match delivered {
-                Delivered::Out | Delivered::Owed(_) => ("answered", None),
-                Delivered::Deleted | Delivered::Withdrawn => ("dropped", Some(DELETED)),
-                Delivered::Paused => ("held", None),
-            };
-            genai::outcome(&agent, outcome, reason);
-            match delivered {
-                Delivered::Out => {}
-                Delivered::Owed(sent) => owed = Some(sent),
-                Delivered::Deleted | Delivered::Withdrawn => {
-                    return Box::pin(self.deleted_meanwhile(job, a)).await;
-                }
-                // News is not held for later: a follow-up is simply not sent.
-                Delivered::Paused if a.kind.follow_up().is_some() => {
-                    return Box::pin(self.drop(job, a, HELD, false)).await;
-                }
-                Delivered::Paused => return Box::pin(self.hold(job, a, &burst)).await,
+            match Box::pin(self.after_delivery(job, a, &burst, delivered, &agent)).await? {
+                Ok(None) => {}
+                Ok(Some(sent)) => owed = Some(sent),
+                Err(settled) => return Ok(settled),
             }
         }
         let ending = Ending {
@@ -504,6 +478,59 @@ impl Pipeline {
             owed,
         };
         Box::pin(self.answered(job, a, ending)).await
+    }
+
+    /// Stage 3, the incoming hook (a crisis gets its referral before anything else), then stage 4, the
+    /// gate, with stage 6's choice of who speaks: the crisis found and the plan to go on with, or the job
+    /// settled at the gate (limited, dropped, held).
+    async fn through_the_gate<'a>(
+        &'a self,
+        job: &Job,
+        a: &Admitted<'a>,
+    ) -> Result<Result<(Option<Flagged>, Plan<'a>), Settled>, PipelineError> {
+        let crisis = match a.message() {
+            Some(m) => Box::pin(self.screen(job, a, &m)).await?,
+            None => None,
+        };
+        let checked = Box::pin(kind::plan(&self.gate, job, a, crisis.is_some())).await?;
+        let settled = match Box::pin(self.gate.pass(job, a, crisis.is_some(), checked)).await? {
+            Passage::Go(plan) => return Ok(Ok((crisis, plan))),
+            Passage::Limited { by } => Box::pin(self.limited(job, a, &by)).await?,
+            Passage::Drop { reason, keep } => Box::pin(self.drop(job, a, &reason, keep)).await?,
+            Passage::Hold => Box::pin(self.hold(job, a, &Burst::default())).await?,
+        };
+        Ok(Err(settled))
+    }
+
+    /// What a slot's delivery leaves the job: go on (with the message whose deletion check is owed to
+    /// the settlement, if it was that), or the job settled (a deletion meanwhile; a pause holds a
+    /// message, and drops news, which is not held for later). The slot's agent span gets its outcome.
+    async fn after_delivery(
+        &self,
+        job: &Job,
+        a: &Admitted<'_>,
+        burst: &Burst,
+        delivered: Delivered,
+        agent: &tracing::Span,
+    ) -> Result<Result<Option<Sent>, Settled>, PipelineError> {
+        let (outcome, reason) = match delivered {
+            Delivered::Out | Delivered::Owed(_) => ("answered", None),
+            Delivered::Deleted | Delivered::Withdrawn => ("dropped", Some(DELETED)),
+            Delivered::Paused => ("held", None),
+        };
+        genai::outcome(agent, outcome, reason);
+        let settled = match delivered {
+            Delivered::Out => return Ok(Ok(None)),
+            Delivered::Owed(sent) => return Ok(Ok(Some(sent))),
+            Delivered::Deleted | Delivered::Withdrawn => {
+                Box::pin(self.deleted_meanwhile(job, a)).await?
+            }
+            Delivered::Paused if a.kind.follow_up().is_some() => {
+                Box::pin(self.drop(job, a, HELD, false)).await?
+            }
+            Delivered::Paused => Box::pin(self.hold(job, a, burst)).await?,
+        };
+        Ok(Err(settled))
     }
 
     /// Stage 7 of a slot, recorded: its message fixed by its `reply` step (`fresh` counts the ones
