@@ -2,6 +2,10 @@
 //! each also a flag of the same name in kebab case. A subcommand takes only the sections it uses, so its
 //! `--help` lists only its settings; each component is built from its own section.
 //!
+//! With the `testing` feature every section also derives `serde::Serialize`, secrets exposed: the dev
+//! tooling writes a child process's environment from it (`companion_dev::child_env`). A production build
+//! has no way to serialize a secret.
+//!
 //! Names used by the existing deployment (`ATLAS_URI`, `POSTGRES_URL`, `OPENROUTER_API_KEY`,
 //! `OPENROUTER_MODEL`) are accepted as they are.
 
@@ -12,6 +16,12 @@ use clap::Args;
 /// A value that must never reach a log (a key, a password): `secrecy`'s string, whose `Debug` prints a
 /// placeholder and whose memory is zeroed when dropped. Read it with [`ExposeSecret::expose_secret`].
 pub use secrecy::{ExposeSecret, SecretString as Secret};
+
+/// A secret as it is, for a child process's environment (see the module's doc).
+#[cfg(feature = "testing")]
+fn exposed<S: serde::Serializer>(secret: &Secret, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(secret.expose_secret())
+}
 
 /// Redacts the passwords of a connection URL (or a comma-separated list of them), for logs.
 pub fn redact_url(url: &str) -> String {
@@ -38,6 +48,11 @@ fn redact_one(url: &str) -> String {
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[cfg_attr(
+    feature = "testing",
+    derive(serde::Serialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum LogFormat {
     Text,
     Json,
@@ -45,6 +60,7 @@ pub enum LogFormat {
 
 /// NATS: servers, credentials, TLS, and the names of subjects and streams.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "NATS")]
 pub struct NatsConfig {
     /// NATS server(s), comma separated.
@@ -66,6 +82,7 @@ pub struct NatsConfig {
         hide_env_values = true,
         hide_default_value = true
     )]
+    #[cfg_attr(feature = "testing", serde(serialize_with = "exposed"))]
     pub password: Secret,
     /// Refuse a NATS connection without TLS (also implied by a `tls://` URL or any NATS_TLS_* file).
     #[arg(
@@ -151,6 +168,7 @@ pub struct NatsConfig {
 /// The durable consumer every worker shares. Created with these settings when missing; changed only by
 /// `companion provision`.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Consumer (changed by `companion provision`)")]
 pub struct ConsumerConfig {
     /// Durable pull consumer shared by every worker process.
@@ -196,6 +214,7 @@ impl ConsumerConfig {
 
 /// MongoDB: the app's database.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "MongoDB")]
 pub struct MongoConfig {
     /// MongoDB connection string; the database is its path (TrickList2 when absent).
@@ -218,6 +237,7 @@ impl MongoConfig {
 
 /// PostgreSQL: history, the journal, the knowledge base.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "PostgreSQL")]
 pub struct PgConfig {
     /// PostgreSQL connection string.
@@ -241,6 +261,7 @@ pub struct PgConfig {
 
 /// The OpenAI-compatible chat API.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Chat model")]
 pub struct LlmConfig {
     /// Key for the chat API; empty means the offline scripted model is expected at LLM_BASE_URL.
@@ -252,6 +273,7 @@ pub struct LlmConfig {
         hide_env_values = true,
         hide_default_value = true
     )]
+    #[cfg_attr(feature = "testing", serde(serialize_with = "exposed"))]
     pub api_key: Secret,
     /// Chat model used unless a character names its own.
     #[arg(
@@ -356,6 +378,7 @@ impl LlmConfig {
 
 /// The companions' character files.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Characters")]
 pub struct CharactersConfig {
     /// Folder holding `*.json` character files.
@@ -380,6 +403,7 @@ pub struct CharactersConfig {
 /// model, and one on the whole first request (tools, system prompt, history, the new messages). Over its
 /// cap a block loses its last lines; over the total, history goes oldest first, then knowledge.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Prompt budget")]
 pub struct PromptConfig {
     /// The whole first request of a turn.
@@ -473,6 +497,7 @@ pub struct PromptConfig {
 
 /// Safety for people (docs/safety.md): the crisis protocol, the AI disclosure, minors.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Safety")]
 pub struct SafetyConfig {
     /// Crisis lines and referral texts (JSON, the shape of `crates/safety/src/crisis.json`); empty: the
@@ -616,6 +641,7 @@ pub struct SafetyConfig {
         hide_env_values = true,
         hide_default_value = true
     )]
+    #[cfg_attr(feature = "testing", serde(serialize_with = "exposed"))]
     pub moderation_api_key: Secret,
     /// The moderation model.
     #[arg(
@@ -637,6 +663,7 @@ pub struct SafetyConfig {
 
 /// What one turn takes in and gives out.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Turns")]
 pub struct TurnConfig {
     /// Largest accepted event payload in bytes; larger events are dead-lettered unread.
@@ -738,6 +765,7 @@ pub struct TurnConfig {
 
 /// The spend budgets: what one turn, one user and the whole service may spend on the model, and the cheaper model past a budget.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Spend budgets")]
 pub struct SpendConfig {
     /// Estimated prompt tokens one attempt at a turn may send in all (a quarter of the requests' bytes).
@@ -818,6 +846,7 @@ pub struct SpendConfig {
 
 /// Who answers in a group chat, and how far companions may talk among themselves.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Group chats")]
 pub struct GroupConfig {
     /// Hand-overs (one companion tagging another) after the first answer to one group message.
@@ -849,6 +878,7 @@ pub struct GroupConfig {
 
 /// Guided flows: how long a user's place in a flow is kept.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Guided flows")]
 pub struct FlowConfig {
     /// Days a guided flow may sit untouched before it expires quietly.
@@ -863,6 +893,7 @@ pub struct FlowConfig {
 
 /// Follow-ups no user message triggered (spot reviews, reminders).
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Follow-ups")]
 pub struct FollowUpConfig {
     /// Proactive messages (follow-ups no user message triggered) one user gets per rolling day, across
@@ -878,6 +909,7 @@ pub struct FollowUpConfig {
 
 /// One worker process: how much it runs at once, how it retries and stops, where it serves `/metrics`.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Worker")]
 pub struct WorkerConfig {
     /// Turns processed at once by one worker process.
@@ -964,6 +996,7 @@ impl WorkerConfig {
 
 /// The sentence-embedding model (knowledge retrieval and ingest).
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Embedding model")]
 pub struct EmbedSettings {
     /// Folder holding the embedding model (`model.onnx`, `tokenizer.json`); `deploy/local/models.sh` fills it.
@@ -1036,6 +1069,7 @@ pub struct EmbedSettings {
 
 /// Knowledge retrieval and chunking.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Knowledge")]
 pub struct RagConfig {
     /// Lowest cosine similarity for a knowledge chunk to enter the prompt; unset: the encoder's own
@@ -1092,6 +1126,7 @@ pub struct RagConfig {
 
 /// Long-term memory (docs/memory.md): facts a companion keeps about its user, the rolling summary.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Memory")]
 pub struct MemoryConfig {
     /// Keep long-term memory (facts, summaries, `remember`/`forget`); false: none is kept or recalled.
@@ -1173,6 +1208,7 @@ pub struct MemoryConfig {
 
 /// Logs and exported spans; flags of every subcommand.
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 #[command(next_help_heading = "Logging")]
 pub struct LogConfig {
     /// `text` for terminals, `json` for log shippers.
@@ -1221,6 +1257,7 @@ pub struct LogConfig {
 
 /// Every section: what a worker uses (and what the bench and the tests hand to worker processes).
 #[derive(Args, Clone, Debug)]
+#[cfg_attr(feature = "testing", derive(serde::Serialize))]
 pub struct Config {
     #[command(flatten)]
     pub nats: NatsConfig,
@@ -1258,6 +1295,7 @@ pub struct Config {
     pub memory: MemoryConfig,
     /// Parsed once for every subcommand (global flags); carried here for child processes.
     #[arg(skip)]
+    #[cfg_attr(feature = "testing", serde(skip))]
     pub log: LogConfig,
 }
 
