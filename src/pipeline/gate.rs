@@ -58,6 +58,17 @@ pub(crate) enum Passage<'a> {
     Hold,
 }
 
+/// What a kind's checks ask of the gate ([`super::kind::plan`]): what they decided themselves, the
+/// under-13 line, or a plan held to the flood limit.
+pub(crate) enum Asked<'a> {
+    Decided(Passage<'a>),
+    /// A user under 13; `crisis`: the kind gives a user in crisis the crisis line instead.
+    Under13 {
+        crisis: bool,
+    },
+    WithinFlood(Plan<'a>),
+}
+
 /// Who speaks, in order (stage 6).
 pub(crate) struct Plan<'a> {
     /// The companions that speak first: the DM's or the follow-up's one, a group's routed ones.
@@ -195,16 +206,27 @@ impl Gate {
 }
 
 impl Gate {
-    /// Stage 4 after the kind's checks ([`super::kind::plan`]): a user message that goes ahead (not itself
-    /// in crisis) learns whether the reply model flagged the one before.
-    pub(crate) async fn pass<'t>(
+    /// Stage 4: whether a moderator paused the conversation, then the kind's checks (`checks`, given the
+    /// gate and that; [`super::kind::plan`]) and what they ask of the gate; a user message that goes ahead
+    /// (not itself in crisis) learns whether the reply model flagged the one before.
+    pub(crate) async fn pass<'t, K, F>(
         &'t self,
         job: &Job,
         a: &Admitted<'t>,
         crisis: bool,
-        checked: Passage<'t>,
-    ) -> Result<Passage<'t>, PipelineError> {
-        match checked {
+        checks: K,
+    ) -> Result<Passage<'t>, PipelineError>
+    where
+        K: FnOnce(&'t Gate, bool) -> F,
+        F: Future<Output = Result<Asked<'t>, PipelineError>>,
+    {
+        let paused = self.paused(job, a).await?;
+        let passage = match checks(self, paused).await? {
+            Asked::Decided(passage) => passage,
+            Asked::Under13 { crisis } => self.under_13_gate(job, a, crisis).await?,
+            Asked::WithinFlood(plan) => self.flood_gate(job, a, plan).await?,
+        };
+        match passage {
             Passage::Go(mut plan) if !crisis && a.message().is_some() => {
                 plan.after_flag = self.after_model_flag(job).await?;
                 Ok(Passage::Go(plan))
@@ -215,7 +237,7 @@ impl Gate {
 
     /// Whether a moderator has paused the job's conversation (read with the job's opening when it could
     /// be).
-    pub(crate) async fn paused(&self, job: &Job, a: &Admitted<'_>) -> Result<bool, PipelineError> {
+    async fn paused(&self, job: &Job, a: &Admitted<'_>) -> Result<bool, PipelineError> {
         match job.carried().paused() {
             Some(paused) => Ok(paused),
             None => Ok(self.pg.paused(&a.ids.conversation).await?),
@@ -254,7 +276,7 @@ impl Gate {
 
     /// A user under 13: the one fixed line a day (a counted step, tally `under_13:<user>`), else no
     /// answer; a user in crisis gets the character's crisis line after the referral. No model call.
-    pub(crate) async fn under_13_gate<'t>(
+    async fn under_13_gate<'t>(
         &self,
         job: &Job,
         a: &Admitted<'t>,
@@ -279,7 +301,7 @@ impl Gate {
     }
 
     /// The flood decision (the `flood` step) for a plan whose first speaker would say the busy line.
-    pub(crate) async fn flood_gate<'t>(
+    async fn flood_gate<'t>(
         &self,
         job: &Job,
         a: &Admitted<'_>,

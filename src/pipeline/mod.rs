@@ -492,8 +492,9 @@ impl Pipeline {
             Some(m) => Box::pin(self.screen(job, a, &m)).await?,
             None => None,
         };
-        let checked = Box::pin(kind::plan(&self.gate, job, a, crisis.is_some())).await?;
-        let settled = match Box::pin(self.gate.pass(job, a, crisis.is_some(), checked)).await? {
+        let flagged = crisis.is_some();
+        let checks = |gate, paused| kind::plan(gate, job, a, flagged, paused);
+        let settled = match Box::pin(self.gate.pass(job, a, flagged, checks)).await? {
             Passage::Go(plan) => return Ok(Ok((crisis, plan))),
             Passage::Limited { by } => Box::pin(self.limited(job, a, &by)).await?,
             Passage::Drop { reason, keep } => Box::pin(self.drop(job, a, &reason, keep)).await?,

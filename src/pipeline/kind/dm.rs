@@ -17,7 +17,7 @@ use crate::{
         Arrival, Fixed, PipelineError,
         burst::{TakeIn, Taken},
         compose::{Composed, Composer, ModelAnswer, SlotView, note_fixed},
-        gate::{Gate, Passage, Plan},
+        gate::{Asked, Passage, Plan},
         input::Admitted,
         prompt::{self, PromptContext},
         reply::Recalled,
@@ -38,24 +38,18 @@ pub(crate) const FLOW: StepKind<TurnFlow> =
     StepKind::new("flow").says(|_| ("the user's guided flow read".into(), serde_json::json!({})));
 /// Stage 4 for a DM: held while paused (a user in crisis gets the crisis line), the under-13 line, else
 /// one companion within the flood limit.
-pub(super) async fn plan<'t>(
-    gate: &'t Gate,
-    job: &Job,
-    a: &Admitted<'t>,
-    crisis: bool,
-    paused: bool,
-) -> Result<Passage<'t>, PipelineError> {
+pub(super) fn plan<'t>(a: &Admitted<'t>, crisis: bool, paused: bool) -> Asked<'t> {
     let first = a.members[0];
     if paused {
-        return Ok(match crisis {
+        Asked::Decided(match crisis {
             true => Passage::Go(Plan::fixed(first, Fixed::Crisis)),
             false => Passage::Hold,
-        });
+        })
+    } else if a.age == Age::Under13 {
+        Asked::Under13 { crisis }
+    } else {
+        Asked::WithinFlood(Plan::one(first, false))
     }
-    if a.age == Age::Under13 {
-        return gate.under_13_gate(job, a, crisis).await;
-    }
-    gate.flood_gate(job, a, Plan::one(first, false)).await
 }
 
 /// Stage 5 for a DM: its burst (none when a busy or fixed line answers).

@@ -17,7 +17,7 @@ use crate::{
     pipeline::{
         PipelineError, Reply,
         compose::{Composed, Composer, SlotView},
-        gate::{Gate, GroupPlan, Passage, Plan},
+        gate::{Asked, Gate, GroupPlan, Passage, Plan},
         input::{Admitted, UserMessage},
         prompt::{self, PromptContext},
         reply::Recalled,
@@ -46,19 +46,19 @@ pub(super) async fn plan<'t>(
     a: &Admitted<'t>,
     event: &GroupEvent,
     paused: bool,
-) -> Result<Passage<'t>, PipelineError> {
+) -> Result<Asked<'t>, PipelineError> {
     if a.members.iter().any(|m| m.bot == event.sender_id) {
-        return Ok(Passage::Drop {
+        return Ok(Asked::Decided(Passage::Drop {
             reason: group::COMPANION_SENDER.into(),
             keep: false,
-        });
+        }));
     }
     // In a group, a user in crisis has the private referral; the group sees nothing of it.
     if paused {
-        return Ok(Passage::Hold);
+        return Ok(Asked::Decided(Passage::Hold));
     }
     if a.age == Age::Under13 {
-        return gate.under_13_gate(job, a, false).await;
+        return Ok(Asked::Under13 { crisis: false });
     }
     let history = gate
         .pg
@@ -79,10 +79,10 @@ pub(super) async fn plan<'t>(
         .filter_map(|b| a.members.iter().find(|m| m.bot == b).copied())
         .collect();
     if speakers.is_empty() {
-        return Ok(Passage::Drop {
+        return Ok(Asked::Decided(Passage::Drop {
             reason: route.why,
             keep: true,
-        });
+        }));
     }
     let plan = Plan {
         speakers,
@@ -99,7 +99,7 @@ pub(super) async fn plan<'t>(
         }),
         after_flag: false,
     };
-    gate.flood_gate(job, a, plan).await
+    Ok(Asked::WithinFlood(plan))
 }
 
 /// The model's answer as one companion of a group, seeing the group's history, the message and the

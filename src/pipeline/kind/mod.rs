@@ -1,8 +1,9 @@
 //! What differs between the kinds of job, in one place: a DM ([`dm`]), a group message ([`group`]) and a
 //! follow-up ([`follow_up`]) each supply their plan (stage 4's checks and who speaks), their take-in
 //! (stage 5), their prompt and answer (stage 7) and their address (what a message answers, who reads the
-//! conversation). The conductor calls them; the stages read what a kind is through the facts below and
-//! never match on it.
+//! conversation). The conductor calls them (the plan through the gate, [`Gate::pass`], which asks it
+//! what to do and applies the answer: [`Asked`]); the stages read what a kind is through the facts below
+//! and never match on it.
 //!
 //! A fourth kind is a variant of [`Kind`] (admitted in `input.rs`), a file beside these three, and an arm
 //! in each function here.
@@ -16,24 +17,28 @@ use super::{
     burst::{TakeIn, Taken},
     compose::{Composed, Composer, SlotView},
     deliver::Answers,
-    gate::{Gate, Passage, Plan},
+    gate::{Asked, Gate, Plan},
     input::{Admitted, Answered, Kind, UserMessage},
 };
 use crate::{bus::DmEvent, journal::Job, proactive::FollowUp};
 
-/// Stage 4's checks inside the job and who speaks, as the job's kind decides them.
+/// Stage 4's checks inside the job and who speaks, as the job's kind decides them: what it asks of the
+/// gate, which calls this ([`Gate::pass`]) with whether the conversation is `paused`.
 pub(crate) async fn plan<'t>(
     gate: &'t Gate,
     job: &Job,
     a: &Admitted<'t>,
     crisis: bool,
-) -> Result<Passage<'t>, PipelineError> {
-    let paused = gate.paused(job, a).await?;
+    paused: bool,
+) -> Result<Asked<'t>, PipelineError> {
     match &a.kind {
-        Kind::Dm(_) => dm::plan(gate, job, a, crisis, paused).await,
+        Kind::Dm(_) => Ok(dm::plan(a, crisis, paused)),
         Kind::Group { event, .. } => group::plan(gate, job, a, event, paused).await,
         Kind::FollowUp { follow_up, access } => {
-            follow_up::plan(gate, job, a, (follow_up, *access), paused).await
+            let news = (follow_up, *access);
+            Ok(Asked::Decided(
+                follow_up::plan(gate, job, a, news, paused).await?,
+            ))
         }
     }
 }
