@@ -31,25 +31,22 @@ use crate::metrics::{Labels, Metric, Metrics};
 /// lines keep the `turn` span's ids, and say what the safety events say in their own words).
 pub const TARGET: &str = "companion::genai";
 
-/// The semantic-conventions release the names here follow.
-pub const SEMCONV_VERSION: &str = "1.37.0";
-
 /// `gen_ai.client.token.usage` in Prometheus form: tokens of each model call, by type (input, output).
-pub const TOKEN_USAGE: Metric = Metric::new(
+pub(crate) const TOKEN_USAGE: Metric = Metric::new(
     "gen_ai_client_token_usage",
     "Tokens of each model call (gen_ai.client.token.usage), by gen_ai_token_type",
 );
 /// `gen_ai.client.operation.duration` in Prometheus form: seconds of each model call or embedder batch.
-pub const OPERATION_DURATION: Metric = Metric::new(
+pub(crate) const OPERATION_DURATION: Metric = Metric::new(
     "gen_ai_client_operation_duration_seconds",
     "Duration of each GenAI client operation (gen_ai.client.operation.duration)",
 );
 /// The conventions' advised bucket bounds for the token histogram.
-pub const TOKEN_BUCKETS: &[f64] = &[
+pub(crate) const TOKEN_BUCKETS: &[f64] = &[
     1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
 ];
 /// The conventions' advised bucket bounds for the duration histogram, seconds.
-pub const DURATION_BUCKETS: &[f64] = &[
+pub(crate) const DURATION_BUCKETS: &[f64] = &[
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 ];
 
@@ -327,7 +324,7 @@ pub fn set_exporting(on: bool) {
 }
 
 /// Whether the GenAI spans are made (a disabled span costs nothing, and records into it are no-ops).
-pub fn exporting() -> bool {
+pub(crate) fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
 }
 

@@ -198,7 +198,13 @@ impl Metrics {
 
     /// One observation of histogram `metric`'s series `labels`; the series' upper bounds are `buckets`
     /// (the first observation's, for the life of the process).
-    pub fn observe(&self, metric: &Metric, buckets: &'static [f64], labels: Labels<'_>, v: f64) {
+    pub(crate) fn observe(
+        &self,
+        metric: &Metric,
+        buckets: &'static [f64],
+        labels: Labels<'_>,
+        v: f64,
+    ) {
         if !v.is_finite() {
             return;
         }

@@ -815,7 +815,7 @@ impl Job {
     }
 
     /// Whether a step of `kind` is recorded under `key`, whatever it holds.
-    pub fn has_recorded<T>(&self, kind: &StepKind<T>, key: &str) -> bool {
+    pub(crate) fn has_recorded<T>(&self, kind: &StepKind<T>, key: &str) -> bool {
         let recorded = self.recorded.lock().expect("journal lock");
         recorded.contains_key(&(kind.name.to_owned(), key.to_owned()))
     }
@@ -1559,7 +1559,7 @@ impl<T: Serialize + DeserializeOwned> Step<'_, T> {
     /// output is not written now; every record statement of the attempt writes it first if no read
     /// carried it. When another attempt recorded the step first with another output, that read (or the
     /// next record) fails this attempt with [`JournalError::Raced`], before any of its later records.
-    pub async fn run_owed<E, F>(self, body: F) -> Result<T, E>
+    pub(crate) async fn run_owed<E, F>(self, body: F) -> Result<T, E>
     where
         E: From<JournalError>,
         F: Future<Output = Result<T, E>>,

@@ -7,7 +7,7 @@
 
 pub mod moderation;
 pub mod prices;
-pub mod record;
+pub(crate) mod record;
 mod trace;
 
 use companion_core::{config, failure, genai, metrics};
@@ -148,7 +148,7 @@ pub struct ChatRequest {
 impl ChatRequest {
     /// Estimated tokens (a quarter of the bytes) of what a provider can cache across users and turns:
     /// the tool definitions and the first system message.
-    pub fn prefix_tokens(&self) -> u64 {
+    pub(crate) fn prefix_tokens(&self) -> u64 {
         let tools = serde_json::to_string(&*self.tools).map_or(0, |t| t.len());
         let system = match self.messages.first() {
             Some(Message::System { content }) => content.len(),
@@ -610,7 +610,7 @@ impl LlmClient {
 
     /// [`LlmClient::complete`], every request sent (retries and fallbacks included) taken from `budget`
     /// with its prompt tokens estimated as a quarter of the request's JSON bytes.
-    pub async fn complete_within(
+    pub(crate) async fn complete_within(
         &self,
         request: &ChatRequest,
         budget: Option<&CallBudget>,

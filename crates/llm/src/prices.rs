@@ -115,7 +115,7 @@ pub struct CallUsage {
 
 impl Prices {
     /// The usage record of one response with `usage`, answered by `model`.
-    pub fn call_usage(&self, model: &str, usage: &Usage) -> CallUsage {
+    pub(crate) fn call_usage(&self, model: &str, usage: &Usage) -> CallUsage {
         let cost = self.cost(model, usage);
         CallUsage {
             model: model.to_owned(),

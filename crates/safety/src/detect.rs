@@ -113,7 +113,8 @@ impl CrisisScreen {
     }
 
     /// Whether the learned layers run.
-    pub fn learned(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn learned(&self) -> bool {
         self.input.is_some() || self.output.is_some()
     }
 
@@ -208,7 +209,7 @@ pub fn first_check_with(
 /// The reply head's gate: a reply is embedded when its language is one no rule covers (the n-grams there
 /// know nothing), when it speaks of death, harm or giving up, or when the n-gram layer's `score` is at
 /// least the head's `gate`. Everyday replies pass without an encoder run.
-pub fn reply_gated(score: Option<f32>, head: &learned::VectorHead, text: &str) -> bool {
+pub(crate) fn reply_gated(score: Option<f32>, head: &learned::VectorHead, text: &str) -> bool {
     let Some(gate) = head.header.gate else {
         return false;
     };
@@ -343,7 +344,7 @@ fn too_short(text: &str) -> bool {
 }
 
 /// Our category of a class name (the learned layer's).
-pub fn category(class: &str) -> Option<Category> {
+pub(crate) fn category(class: &str) -> Option<Category> {
     Category::ALL.into_iter().find(|c| c.as_str() == class)
 }
 

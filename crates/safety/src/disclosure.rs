@@ -27,7 +27,11 @@ pub struct Rhythm {
 
 /// Where the interaction that goes on at `now` began: walking back from `now` over the message times
 /// (newest first) while no two are further apart than `gap`.
-pub fn began(activity: &[DateTime<Utc>], now: DateTime<Utc>, gap: Duration) -> DateTime<Utc> {
+pub(crate) fn began(
+    activity: &[DateTime<Utc>],
+    now: DateTime<Utc>,
+    gap: Duration,
+) -> DateTime<Utc> {
     let mut start = now;
     for &t in activity {
         if start - t > gap {

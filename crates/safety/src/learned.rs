@@ -114,7 +114,7 @@ pub struct Header {
 
 impl Header {
     /// The encoder whose vectors the model reads.
-    pub fn encoder(&self) -> &str {
+    pub(crate) fn encoder(&self) -> &str {
         self.encoder.as_deref().unwrap_or("all-MiniLM-L6-v2")
     }
 }
@@ -174,7 +174,7 @@ impl Model {
     }
 
     /// Reads a model file.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, ModelError> {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Self, ModelError> {
         let err = |m: &str| ModelError(m.to_owned());
         if bytes.len() < 8 || &bytes[..4] != MAGIC {
             return Err(err("not a CSL1 file"));
@@ -204,7 +204,7 @@ impl Model {
     }
 
     /// Each class's probability.
-    pub fn probabilities(&self, x: &Features) -> Vec<f32> {
+    pub(crate) fn probabilities(&self, x: &Features) -> Vec<f32> {
         let logits: Vec<f32> = self
             .rows
             .iter()
@@ -350,7 +350,7 @@ impl VectorHead {
     }
 
     /// Reads a vector head's file.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, ModelError> {
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Self, ModelError> {
         let err = |m: &str| ModelError(format!("vector head: {m}"));
         if bytes.len() < 8 || &bytes[..4] != VECTOR_MAGIC {
             return Err(err("not a CSV1 file"));
@@ -384,7 +384,7 @@ impl VectorHead {
     }
 
     /// Each class's probability for the embedding `v` (of [`DIM`]).
-    pub fn probabilities(&self, v: &[f32]) -> Vec<f32> {
+    pub(crate) fn probabilities(&self, v: &[f32]) -> Vec<f32> {
         let mut hidden = self.b1.clone();
         for (i, x) in v.iter().enumerate().take(DIM) {
             let z = (x - self.mean[i]) * self.inv_sd[i];
@@ -413,7 +413,7 @@ impl VectorHead {
     }
 
     /// [`Self::verdict`] at another threshold.
-    pub fn verdict_at(&self, v: &[f32], threshold: f32) -> (Option<&str>, f32) {
+    pub(crate) fn verdict_at(&self, v: &[f32], threshold: f32) -> (Option<&str>, f32) {
         if v.len() != DIM {
             return (None, 0.0);
         }
@@ -438,7 +438,7 @@ pub fn softmax(z: &[f32]) -> Vec<f32> {
 /// Whether the input model reads the vectors of the encoder named `encoder` (none: no encoder loaded);
 /// says why not when it does not (the crisis screen is then weaker: its learned layer reads the
 /// n-grams only and only confirms an unsure rule).
-pub fn fits(encoder: Option<&str>) -> bool {
+pub(crate) fn fits(encoder: Option<&str>) -> bool {
     let Some(model) = INPUT.as_ref() else {
         return false;
     };

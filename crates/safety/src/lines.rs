@@ -367,7 +367,11 @@ impl CrisisLines {
 
     /// The country whose lines serve a user: `country` (ISO 3166-1 alpha-2, any case, or an alias) when
     /// the file has it, else the country of `time_zone` (IANA), else none.
-    pub fn country_of(&self, country: Option<&str>, time_zone: Option<&str>) -> Option<&str> {
+    pub(crate) fn country_of(
+        &self,
+        country: Option<&str>,
+        time_zone: Option<&str>,
+    ) -> Option<&str> {
         let by_country = country.map(|c| c.trim().to_ascii_uppercase());
         let by_zone = time_zone.and_then(country_of_time_zone).map(str::to_owned);
         by_country.into_iter().chain(by_zone).find_map(|code| {

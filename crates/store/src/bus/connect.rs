@@ -76,7 +76,7 @@ pub enum ConnectCause {
 
 impl ConnectCause {
     /// Whether trying again cannot help: the address or the credentials are wrong.
-    pub fn is_final(&self) -> bool {
+    pub(crate) fn is_final(&self) -> bool {
         matches!(
             self,
             Self::NoAddress | Self::BadAddress(_) | Self::Unauthorized { .. }

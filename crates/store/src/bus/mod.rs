@@ -34,9 +34,8 @@ use crate::{
     failure::{Class, Classify},
 };
 
-pub use connect::ConnectCause;
+pub(crate) use connect::ConnectCause;
 pub use event::{Completion, DmEvent, GroupEvent, Inbound, Trigger, Typing};
-pub use lookup::DeadLetter;
 
 /// How many connect attempts were made, as the tail of an error: nothing for one, ` (N attempts)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

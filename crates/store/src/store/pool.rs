@@ -139,7 +139,7 @@ impl Pool {
     }
 
     /// Whether [`Pool::close`] was called.
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.inner.closed.load(Ordering::Acquire)
     }
 

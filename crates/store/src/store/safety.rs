@@ -164,7 +164,10 @@ pub fn before_delivery_of(read: &serde_json::Value) -> Option<BeforeDelivery> {
 
 impl Pg {
     /// The conversation's takeover state; none when no moderator ever took it over.
-    pub async fn takeover(&self, conversation: &str) -> Result<Option<Takeover>, StoreError> {
+    pub(crate) async fn takeover(
+        &self,
+        conversation: &str,
+    ) -> Result<Option<Takeover>, StoreError> {
         let row = sqlx::query(
             "SELECT conversation_id, paused, by_whom, reason, catch_up, at, paused_at
              FROM takeovers WHERE conversation_id = $1",

@@ -64,7 +64,7 @@ fn state_of(r: &PgRow) -> FlowState {
 /// A change to the user's guided flow ([`change`]): by a tool call (keyed by the call) or by the event a
 /// waiting step waited for (key [`crate::journal::names::key::EVENT`]), written in the transaction that
 /// records it. Its record's refusal is the changer's type `E`.
-pub const fn flow_change<E>() -> StepKind<Applied<E>> {
+pub(crate) const fn flow_change<E>() -> StepKind<Applied<E>> {
     StepKind::new("flow_change")
 }
 
@@ -94,7 +94,11 @@ pub fn ridden(value: Value) -> Result<Option<FlowState>, StoreError> {
 }
 
 /// The user's flow with the companion, if any: [`RIDE`]'s read in a statement of its own.
-pub async fn load(pool: &Pool, user: &str, bot: &str) -> Result<Option<FlowState>, StoreError> {
+pub(crate) async fn load(
+    pool: &Pool,
+    user: &str,
+    bot: &str,
+) -> Result<Option<FlowState>, StoreError> {
     let row: Option<Value> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {RIDE}")))
         .bind(user)
         .bind(bot)

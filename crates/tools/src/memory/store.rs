@@ -40,7 +40,7 @@ impl How {
 
 /// One fact as kept.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Fact {
+pub(crate) struct Fact {
     pub(crate) id: String,
     pub(crate) topic: Topic,
     pub(crate) fact: String,
@@ -214,7 +214,11 @@ impl Memory {
 
     /// Every fact kept for (user, bot), or for every companion of the user with `bot` `None`; newest
     /// first.
-    pub async fn facts(&self, user: &str, bot: Option<&str>) -> Result<Vec<Fact>, MemoryError> {
+    pub(crate) async fn facts(
+        &self,
+        user: &str,
+        bot: Option<&str>,
+    ) -> Result<Vec<Fact>, MemoryError> {
         let sql = format!(
             "SELECT {FACT_COLUMNS} FROM memory_facts
              WHERE user_id = $1 AND ($2::text IS NULL OR bot_id = $2) ORDER BY learned_at DESC, id"

@@ -378,7 +378,10 @@ impl Def {
 }
 
 /// Raw argument text → validated `A`. Empty text means `{}` (OpenRouter sends that for no-arg tools).
-pub fn parse_args<A: DeserializeOwned>(schema: &ArgsSchema, raw: &str) -> Result<A, ToolError> {
+pub(crate) fn parse_args<A: DeserializeOwned>(
+    schema: &ArgsSchema,
+    raw: &str,
+) -> Result<A, ToolError> {
     if raw.len() > MAX_ARGS_BYTES {
         return Err(ToolError::invalid(
             "(arguments)",

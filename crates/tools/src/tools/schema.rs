@@ -12,7 +12,7 @@ use schemars::{JsonSchema, generate::SchemaSettings};
 use serde_json::{Map, Value};
 
 /// A tool's argument schema: the value its definition shows the model, and the validator compiled from it.
-pub struct ArgsSchema {
+pub(crate) struct ArgsSchema {
     value: Arc<Value>,
     validator: Validator,
 }
