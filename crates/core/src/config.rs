@@ -1330,6 +1330,7 @@ impl Config {
     }
 
     /// Configuration from the environment only (for tests and tools that have no CLI).
+    #[cfg(feature = "testing")]
     pub fn from_env() -> Result<Self, clap::Error> {
         let mut config: Self = from_env()?;
         config.log = from_env()?;

@@ -159,6 +159,7 @@ impl Model {
     #[cfg(any(test, feature = "testing"))]
     /// The file's bytes: magic, header length (u32 LE), header JSON, then per class its scale and bias
     /// (f32 LE) and its int8 row.
+    #[cfg(any(test, feature = "testing"))]
     pub fn to_bytes(&self) -> Vec<u8> {
         let header = serde_json::to_vec(&self.header).unwrap_or_default();
         let mut out = Vec::with_capacity(8 + header.len() + self.rows.len() * (WIDTH + 8));
@@ -240,6 +241,7 @@ impl Model {
     }
 
     /// The class a message is flagged for and its score, or None below the threshold.
+    #[cfg(any(test, feature = "testing"))]
     pub fn decide(&self, x: &Features) -> Option<(&str, f32)> {
         let (class, score) = self.verdict(x);
         class.map(|c| (c, score))
@@ -330,6 +332,7 @@ impl VectorHead {
 
     /// The file's bytes: magic, header length (u32 LE), header JSON, then the weights as f32 LE in the
     /// order of [`VectorWeights`].
+    #[cfg(any(test, feature = "testing"))]
     pub fn to_bytes(&self) -> Vec<u8> {
         let header = serde_json::to_vec(&self.header).unwrap_or_default();
         let mut out = Vec::new();

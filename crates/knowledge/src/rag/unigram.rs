@@ -226,11 +226,13 @@ impl Unigram {
     }
 
     /// Pieces in the vocabulary.
+    #[cfg(feature = "testing")]
     pub fn vocab_size(&self) -> usize {
         self.scores.len()
     }
 
     /// Piece `id` (UTF-8, `▁` for a space).
+    #[cfg(feature = "testing")]
     pub fn piece(&self, id: u32) -> Option<&str> {
         let i = id as usize;
         (i < self.scores.len()).then(|| {

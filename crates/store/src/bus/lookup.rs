@@ -3,12 +3,16 @@
 //! are direct gets: the streams need `allow_direct`, and the worker's NATS user `$JS.API.DIRECT.GET` on
 //! `DM_BOT_OUT` and `DM_BOT_DLQ` (deploy/nats/auth.conf).
 
-use super::{Bus, BusError, Completion, DLQ_DELIVERIES, DLQ_REASON};
+use super::{Bus, BusError, Completion};
+#[cfg(feature = "testing")]
+use super::{DLQ_DELIVERIES, DLQ_REASON};
 
 /// A conversation's dead letters [`Lookup::dead_letter_of`] reads at most.
+#[cfg(feature = "testing")]
 const DEAD_LETTERS_READ: usize = 256;
 
 /// What the dead-letter stream says of one message.
+#[cfg(feature = "testing")]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeadLetter {
     pub reason: String,
@@ -94,6 +98,7 @@ impl Lookup<'_> {
     /// The dead letter of message `message_id` that arrived on `original_subject`, when there is one:
     /// why and after how many deliveries (what the terminal chat says of a message that got no reply).
     /// Reads the conversation's dead letters in order, at most [`DEAD_LETTERS_READ`].
+    #[cfg(feature = "testing")]
     pub async fn dead_letter_of(
         &self,
         original_subject: &str,

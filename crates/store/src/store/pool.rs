@@ -149,6 +149,7 @@ impl Pool {
     }
 
     /// Closes the idle connections and refuses new leases; lent ones close when they come back.
+    #[cfg(feature = "testing")]
     pub async fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
         self.inner.permits.close();

@@ -456,6 +456,7 @@ impl ToolResult {
             Err(e) => e.to_model().to_string(),
         }
     }
+    #[cfg(feature = "testing")]
     pub fn card(&self) -> Option<&Value> {
         self.outcome.as_ref().ok().and_then(|o| o.card.as_ref())
     }
