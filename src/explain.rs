@@ -234,10 +234,9 @@ fn read<T: serde::de::DeserializeOwned>(story: &Story, kind: &StepKind<T>) -> Op
     serde_json::from_value(s.output.clone()).ok()
 }
 
-/// A companion by name, else by id.
+/// A companion by name, else by id (`?` when the record has none), as a step's telling names one.
 fn name(names: &HashMap<String, String>, bot: Option<&str>) -> String {
-    let bot = bot.unwrap_or("?");
-    names.get(bot).cloned().unwrap_or_else(|| bot.to_owned())
+    crate::journal::companion_name(names, bot.unwrap_or("?"))
 }
 
 /// The story of `story`'s job, its steps in the pipeline's order.
@@ -413,10 +412,6 @@ fn order(s: &StepRow, job: &str, tools: &HashMap<&str, i64>) -> (u8, usize, i64)
 }
 
 /// A missing figure.
-fn or_unknown<T: ToString>(v: Option<T>) -> String {
-    v.map_or_else(|| "unknown".into(), |v| v.to_string())
-}
-
 /// Every step kind the journal holds, each told by the stage that records it.
 fn steps() -> impl Iterator<Item = &'static dyn Tell> {
     let story: [&'static dyn Tell; 2] = [&story::TEXT_SHOWN, &crate::group::ROUTE];
@@ -462,7 +457,7 @@ fn render(e: &Explained, names: &HashMap<String, String>) -> String {
         let _ = writeln!(
             out,
             "  a later message of a burst (stream seq {}): answered by the reply of job {}",
-            or_unknown(seq),
+            Told::or_unknown(seq),
             e.job
         );
     }
@@ -479,7 +474,7 @@ fn render(e: &Explained, names: &HashMap<String, String>) -> String {
         out,
         "arrived {} (stream seq {}), delivered {} time(s), reply generation {}",
         e.arrived.format("%Y-%m-%d %H:%M:%S%.3f UTC"),
-        or_unknown(e.stream_seq),
+        Told::or_unknown(e.stream_seq),
         e.deliveries,
         e.generation
     );

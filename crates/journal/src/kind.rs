@@ -95,13 +95,20 @@ pub struct Told<'a> {
     pub names: &'a HashMap<String, String>,
 }
 
+/// A companion by name, where the character files know it (`names`, by id); else by id.
+pub fn companion_name(names: &HashMap<String, String>, bot: &str) -> String {
+    names.get(bot).cloned().unwrap_or_else(|| bot.to_owned())
+}
+
 impl Told<'_> {
     /// A companion by name, where the character files know it; else by id.
     pub fn name(&self, bot: &str) -> String {
-        self.names
-            .get(bot)
-            .cloned()
-            .unwrap_or_else(|| bot.to_owned())
+        companion_name(self.names, bot)
+    }
+
+    /// A value as text, or "unknown" (a figure an older record lacks).
+    pub fn or_unknown<T: ToString>(v: Option<T>) -> String {
+        v.map_or_else(|| "unknown".into(), |v| v.to_string())
     }
 }
 
