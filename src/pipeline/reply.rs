@@ -101,7 +101,7 @@ pub struct Reply {
     pub tool_log: Option<Value>,
     /// What it is for the app (a referral, a disclosure, a break reminder, private to one user).
     #[serde(default, flatten)]
-    pub marks: crate::safety::Marks,
+    pub marks: crate::bus::event::Marks,
     /// The companion speaking (bot user id, hex) where the job has several (a group); else the job's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bot: Option<String>,

@@ -12,8 +12,6 @@ pub mod screen;
 
 use companion_core::{config, metrics};
 
-use serde::{Deserialize, Serialize};
-
 use crate::metrics::{Metric, Metrics};
 
 /// Crisis lines (with the directory) not checked within `COMPANION_CRISIS_LINES_REVIEW_DAYS`, as of the
@@ -22,33 +20,6 @@ pub(crate) const LINES_STALE: Metric = Metric::new(
     "companion_crisis_lines_stale",
     "Crisis lines (with the directory) not checked within `COMPANION_CRISIS_LINES_REVIEW_DAYS`, as of the worker's start",
 );
-
-/// What a companion message is, for the app and its moderators: written on its `dm_messages` document
-/// and its completion event as they are named here.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Marks {
-    /// `crisis` on a crisis referral (a fixed message, never the model's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub safety: Option<String>,
-    /// The only users who may see it (a referral in a group: its user); none: everyone in the
-    /// conversation.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub visible_to: Option<Vec<String>>,
-    /// It carries the character's line that it is an AI, not a human.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub ai_disclosure: bool,
-    /// It carries a break reminder (a minor after hours of continuing interaction).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub break_reminder: bool,
-}
-
-impl Marks {
-    /// Only some may see it: kept out of the conversation's shared history and preview.
-    pub fn is_private(&self) -> bool {
-        self.visible_to.is_some()
-    }
-}
 
 /// The protocol's settings and data, loaded once per process.
 #[derive(Clone, Debug)]

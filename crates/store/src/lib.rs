@@ -9,4 +9,3 @@ pub mod store;
 #[cfg(feature = "testing")]
 use companion_core::fault;
 use companion_core::{config, failure, timing};
-use companion_safety as safety;

@@ -368,7 +368,35 @@ pub struct Completion {
     pub trigger: Option<Trigger>,
     /// A referral, a disclosure, a break reminder; `visibleTo`: show it to those users only.
     #[serde(default, flatten)]
-    pub marks: crate::safety::Marks,
+    pub marks: Marks,
+}
+
+/// What a companion message is, for the app and its moderators: written on its `dm_messages` document
+/// and its completion event as they are named here. The safety protocol decides them; they are the
+/// contract's, so the store carries them without knowing the protocol.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Marks {
+    /// `crisis` on a crisis referral (a fixed message, never the model's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safety: Option<String>,
+    /// The only users who may see it (a referral in a group: its user); none: everyone in the
+    /// conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visible_to: Option<Vec<String>>,
+    /// It carries the character's line that it is an AI, not a human.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ai_disclosure: bool,
+    /// It carries a break reminder (a minor after hours of continuing interaction).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub break_reminder: bool,
+}
+
+impl Marks {
+    /// Only some may see it: kept out of the conversation's shared history and preview.
+    pub fn is_private(&self) -> bool {
+        self.visible_to.is_some()
+    }
 }
 
 /// What a proactive message follows up on: `{"kind": "spot_review", "id": "<draftId>:<status>"}`.

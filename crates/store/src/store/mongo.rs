@@ -142,7 +142,7 @@ pub struct ReplyDoc {
     pub timestamp: DateTime<Utc>,
     /// 0 for the first reply to a message; a replay that answers it again writes the next one.
     pub generation: i32,
-    pub marks: crate::safety::Marks,
+    pub marks: crate::bus::event::Marks,
 }
 
 /// Filter matching documents whose `field` refers to user `id`, right on MongoDB and on SecantusDB alike.
