@@ -36,6 +36,8 @@ pub(crate) mod prompt;
 pub(crate) mod reply;
 pub(crate) mod tool_loop;
 
+use std::ops::ControlFlow;
+
 use bson::oid::ObjectId;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -407,8 +409,8 @@ impl Pipeline {
         arrival: Option<&Arrival<'_>>,
     ) -> Result<Settled, PipelineError> {
         let (mut crisis, plan) = match Box::pin(self.through_the_gate(job, a)).await? {
-            Ok(go) => go,
-            Err(settled) => return Ok(settled),
+            ControlFlow::Continue(go) => go,
+            ControlFlow::Break(settled) => return Ok(settled),
         };
         // 5: take in the burst (each of its messages then through the incoming hook) or the news's flow.
         let Taken { burst, flow_note } =
@@ -459,9 +461,9 @@ impl Pipeline {
                 .deliver(job, a, slot, &burst, &said[said.len() - 1], how);
             let delivered = Box::pin(out).instrument(agent.clone()).await?;
             match Box::pin(self.after_delivery(job, a, &burst, delivered, &agent)).await? {
-                Ok(None) => {}
-                Ok(Some(sent)) => owed = Some(sent),
-                Err(settled) => return Ok(settled),
+                ControlFlow::Continue(None) => {}
+                ControlFlow::Continue(Some(sent)) => owed = Some(sent),
+                ControlFlow::Break(settled) => return Ok(settled),
             }
         }
         let ending = Ending {
@@ -487,7 +489,7 @@ impl Pipeline {
         &'a self,
         job: &Job,
         a: &Admitted<'a>,
-    ) -> Result<Result<(Option<Flagged>, Plan<'a>), Settled>, PipelineError> {
+    ) -> Result<ControlFlow<Settled, (Option<Flagged>, Plan<'a>)>, PipelineError> {
         let crisis = match a.message() {
             Some(m) => Box::pin(self.screen(job, a, &m)).await?,
             None => None,
@@ -495,12 +497,12 @@ impl Pipeline {
         let flagged = crisis.is_some();
         let checks = |gate, paused| kind::plan(gate, job, a, flagged, paused);
         let settled = match Box::pin(self.gate.pass(job, a, flagged, checks)).await? {
-            Passage::Go(plan) => return Ok(Ok((crisis, plan))),
+            Passage::Go(plan) => return Ok(ControlFlow::Continue((crisis, plan))),
             Passage::Limited { by } => Box::pin(self.limited(job, a, &by)).await?,
             Passage::Drop { reason, keep } => Box::pin(self.drop(job, a, &reason, keep)).await?,
             Passage::Hold => Box::pin(self.hold(job, a, &Burst::default())).await?,
         };
-        Ok(Err(settled))
+        Ok(ControlFlow::Break(settled))
     }
 
     /// What a slot's delivery leaves the job: go on (with the message whose deletion check is owed to
@@ -513,7 +515,7 @@ impl Pipeline {
         burst: &Burst,
         delivered: Delivered,
         agent: &tracing::Span,
-    ) -> Result<Result<Option<Sent>, Settled>, PipelineError> {
+    ) -> Result<ControlFlow<Settled, Option<Sent>>, PipelineError> {
         let (outcome, reason) = match delivered {
             Delivered::Out | Delivered::Owed(_) => ("answered", None),
             Delivered::Deleted | Delivered::Withdrawn => ("dropped", Some(DELETED)),
@@ -521,8 +523,8 @@ impl Pipeline {
         };
         genai::outcome(agent, outcome, reason);
         let settled = match delivered {
-            Delivered::Out => return Ok(Ok(None)),
-            Delivered::Owed(sent) => return Ok(Ok(Some(sent))),
+            Delivered::Out => return Ok(ControlFlow::Continue(None)),
+            Delivered::Owed(sent) => return Ok(ControlFlow::Continue(Some(sent))),
             Delivered::Deleted | Delivered::Withdrawn => {
                 Box::pin(self.deleted_meanwhile(job, a)).await?
             }
@@ -531,7 +533,7 @@ impl Pipeline {
             }
             Delivered::Paused => Box::pin(self.hold(job, a, burst)).await?,
         };
-        Ok(Err(settled))
+        Ok(ControlFlow::Break(settled))
     }
 
     /// Stage 7 of a slot, recorded: its message fixed by its `reply` step (`fresh` counts the ones
