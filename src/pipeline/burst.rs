@@ -125,7 +125,8 @@ impl TakeIn {
     /// burst.
     pub(crate) async fn burst(
         &self,
-        (job, own): (&Job, NewJob<'_>),
+        job: &Job,
+        own: NewJob<'_>,
         event: &DmEvent,
         arrival: Option<&Arrival<'_>>,
     ) -> Result<Burst, PipelineError> {

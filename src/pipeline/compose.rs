@@ -1,40 +1,36 @@
-//! Stage 7: what a companion says in one slot. Each kind builds its prompt (`kind/`: a DM with its history
-//! and burst; a group's shared history and the answers before; a follow-up's brief), then every slot asks
-//! the model the same way ([`Composer::converse`]: the tool loop, the per-slot ceiling, the spend budgets).
-//! Over the flood limit the character's busy line stands in, at a spend budget its budget line, and for
-//! a follow-up whose model fails its plain line. The conductor passes what is composed through the
-//! outgoing hook before its `reply` step fixes it, and a concern the model flagged through the crisis
-//! protocol first.
+//! Stage 7: what a companion says in one slot, composed here once per slot. A fixed line stands in when
+//! the plan or the flood limit says so (the under-13 line, the crisis line, the busy line); otherwise the
+//! job's kind builds its request as data ([`Ask`]: a DM with its history and burst, a group's shared
+//! history and the answers before, a follow-up's brief; `kind/`) and every slot asks the model the same
+//! way (the tool loop, the per-slot ceiling, the spend budgets). At a spend budget the character's budget
+//! line stands in, and when the model fails, what the kind said stands in ([`Instead`]). The conductor
+//! passes what is composed through the outgoing hook before its `reply` step fixes it, and a concern the
+//! model flagged through the crisis protocol first.
 
-use std::sync::{Arc, LazyLock};
+use std::{future::Future, sync::Arc};
 
 use bson::oid::ObjectId;
 use chrono::Utc;
 use serde_json::Value;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::{
-    Burst, Fixed, PipelineError, Reply,
-    gate::Plan,
-    input::Admitted,
-    outgoing::Clean,
-    tool_loop::{self, Talk},
+    Burst, Fixed, PipelineError, Reply, gate::Plan, input::Admitted, outgoing::Clean,
+    reply::Recalled, tool_loop::Talk,
 };
 use crate::{
-    bus::{Bus, DmEvent, Typing},
+    bus::{Bus, Typing},
     config::PromptConfig,
     flow::Flows,
-    group::Member,
+    group::{self, Member},
     journal::{Job, names::key::Slot},
-    llm::{CallBudget, ChatRequest, LlmError, Message},
+    llm::LlmError,
     memory::Memory,
     metrics::Metrics,
     rag::Retriever,
     safety::screen::Category,
-    spend::Spent,
     store::{Mongo, Pg, safety::Seen},
     timing::{Stage, stage},
-    tools::{Clock, REGISTRY, Registry, ToolContext, Toolbox, offer::Offer},
 };
 use crate::{config::Config, parts::Parts};
 
@@ -132,10 +128,33 @@ impl From<Reply> for Composed {
     }
 }
 
-/// What a follow-up's model is offered: no tools (it tells, it does not act).
-pub(crate) static NO_TOOLS: LazyLock<Registry> = LazyLock::new(Registry::empty);
-/// What runs a call no tool was offered for: nothing (every call is an unknown tool).
-static NO_TOOLBOX: LazyLock<Toolbox> = LazyLock::new(Toolbox::empty);
+mod call;
+
+pub(crate) use call::Call;
+use call::ModelAnswer;
+
+/// What a kind asks the model in one slot, as data: [`Composer::compose`] asks it, and makes the slot's
+/// message of the answer.
+pub(crate) struct Ask<'a> {
+    pub(crate) call: Call<'a>,
+    /// The knowledge and memory the request was built with, kept on the `reply` step.
+    pub(crate) recalled: Option<Recalled>,
+    /// What the AI disclosure's rule reads, when it rode with the history's statement (a DM).
+    pub(crate) seen: Option<Seen>,
+    /// What is said when the model fails.
+    pub(crate) instead: Instead,
+}
+
+/// What a slot says when its model fails (after its retries and fallbacks).
+pub(crate) enum Instead {
+    /// The error stands, and the job's failure handling answers it.
+    Error,
+    /// For a user in crisis, the character's crisis line (never the failure); otherwise the error stands.
+    CrisisLine,
+    /// This plain line, whatever stopped the model (a budget too, or an empty answer), with this card: a
+    /// follow-up's news is never held back.
+    Plain { line: String, card: Option<Value> },
+}
 
 /// One slot about to be composed, with what it sees.
 pub(crate) struct SlotView<'a, 't> {
@@ -159,25 +178,92 @@ pub(crate) struct SlotView<'a, 't> {
     pub(crate) flow_note: Option<&'a str>,
 }
 
-/// What the model said in one slot: its text, or none when a spend budget stopped it.
-pub(crate) struct ModelAnswer {
-    pub(crate) text: Option<String>,
-    pub(crate) card: Option<Value>,
-    pub(crate) log: Option<Value>,
-    /// The model flagged a concern for the user.
-    pub(crate) concern: Option<Category>,
+/// [`note_fixed_line`](super::reply::note_fixed_line) for slot `t`'s reply.
+async fn note_fixed(t: &SlotView<'_, '_>, which: &str, why: String) {
+    super::reply::note_fixed_line(t.job, &t.slot.reply(t.job.record.generation), which, why).await;
 }
 
-/// [`note_fixed_line`](super::reply::note_fixed_line) for slot `t`'s reply.
-pub(crate) async fn note_fixed(t: &SlotView<'_, '_>, which: &str, why: String) {
-    super::reply::note_fixed_line(t.job, &t.slot.reply(t.job.record.generation), which, why).await;
+impl Composer {
+    /// Stage 7 of slot `t`: a fixed line when one stands in for the model; otherwise, with the typing
+    /// indicator on while a message is answered, the request the kind builds (`ask`), asked of the model,
+    /// and the slot's message of its answer.
+    pub(crate) async fn compose<'c, K, F>(
+        &'c self,
+        t: &SlotView<'_, '_>,
+        ask: K,
+    ) -> Result<Composed, PipelineError>
+    where
+        K: FnOnce(&'c Composer) -> F,
+        F: Future<Output = Result<Ask<'c>, PipelineError>>,
+    {
+        if let Some(fixed) = self.fixed_line(t).await {
+            return Ok(fixed);
+        }
+        let a = t.admitted;
+        if a.message().is_some() {
+            self.typing(a.ids.conversation_id, t.speaker.bot).await;
+        }
+        let Ask {
+            call,
+            recalled,
+            seen,
+            instead,
+        } = ask(self).await?;
+        let spoken = match (self.converse(t, call).await, instead) {
+            (Ok(spoken), Instead::Plain { line, card }) => {
+                return Ok(self.plain(spoken.text, line, card).into());
+            }
+            (Ok(spoken), _) => spoken,
+            (Err(PipelineError::Llm(e)), Instead::Plain { line, card }) => {
+                warn!(error = %e, "the model could not write the message; sending the plain line");
+                return Ok(self.plain(None, line, card).into());
+            }
+            (Err(PipelineError::Llm(e)), Instead::CrisisLine) if t.crisis => {
+                warn!(error = %e, "the model could not answer a user in crisis; the crisis line goes");
+                let why = format!("the model could not answer a user in crisis: {e}");
+                note_fixed(t, "crisis", why).await;
+                let line = t.speaker.character.crisis_line.clone();
+                return Ok(self.line(a, t.speaker, line).into());
+            }
+            (Err(e), _) => return Err(e),
+        };
+        let concern = spoken.concern;
+        let mut said = self.model_said(t, spoken).await?;
+        if a.kind.shared() && !said.last {
+            // Several companions share the conversation: the one the message names is handed over to.
+            said.tags = group::route::handover(&said.content, t.speaker.bot, &a.members)
+                .map(|b| b.to_hex());
+        }
+        said.recalled = recalled;
+        Ok(Composed {
+            said,
+            concern,
+            seen,
+        })
+    }
+
+    /// A plain line's message: the model's text when it wrote one, else `line`.
+    fn plain(&self, text: Option<String>, line: String, card: Option<Value>) -> Reply {
+        let written = match text {
+            Some(text) => self.settings.clean.text(&text),
+            None => {
+                info!("the spend budget is used up; sending the plain line");
+                String::new()
+            }
+        };
+        let content = match written.is_empty() {
+            true => self.settings.clean.text(&line),
+            false => written,
+        };
+        Reply::new(content, card, None)
+    }
 }
 
 impl Composer {
     /// The character's line that stands in for the model in this slot, if one does: the under-13 line,
     /// the crisis line the plan fixed, the busy line over the flood limit (the crisis line for a user in
     /// crisis); noted in the journal.
-    pub(crate) async fn fixed_line(&self, t: &SlotView<'_, '_>) -> Option<Composed> {
+    async fn fixed_line(&self, t: &SlotView<'_, '_>) -> Option<Composed> {
         let c = t.speaker.character;
         let fixed = match (t.plan.fixed, t.plan.busy, t.crisis) {
             (Some(Fixed::Under13), ..) => Some((
@@ -203,14 +289,6 @@ impl Composer {
         Some(self.line(t.admitted, t.speaker, line.clone()).into())
     }
 
-    /// The tools a slot may call: none for a user in crisis.
-    pub(crate) fn tools_for(&self, crisis: bool) -> &'static Registry {
-        match crisis {
-            true => &NO_TOOLS,
-            false => &REGISTRY,
-        }
-    }
-
     /// A line of the character's own (busy, budget, failure, crisis), as `speaker`; nobody speaks after
     /// it.
     pub(crate) fn line(&self, a: &Admitted<'_>, speaker: Member<'_>, text: String) -> Reply {
@@ -221,13 +299,12 @@ impl Composer {
         }
     }
 
-    /// The model's text as the slot's message (`shape` first: a group strips the speaker's own name),
-    /// through the outgoing hook; the budget line when a spend budget stopped the model.
-    pub(crate) async fn model_said(
+    /// The model's text as the slot's message (a group's speaker's own name stripped), through the
+    /// outgoing hook; the budget line when a spend budget stopped the model.
+    async fn model_said(
         &self,
         t: &SlotView<'_, '_>,
         spoken: ModelAnswer,
-        shape: impl for<'s> Fn(&'s str) -> &'s str,
     ) -> Result<Reply, PipelineError> {
         let Some(text) = spoken.text else {
             info!("the spend budget is used up; answering with the budget line");
@@ -244,11 +321,12 @@ impl Composer {
             said.tool_log = spoken.log;
             return Ok(said);
         };
-        let reply = Reply::new(
-            self.settings.clean.text(shape(text.trim())),
-            spoken.card,
-            spoken.log,
-        );
+        let text = text.trim();
+        let text = match t.admitted.kind.shared() {
+            true => group::strip_own_name(text, &t.speaker.character.name),
+            false => text,
+        };
+        let reply = Reply::new(self.settings.clean.text(text), spoken.card, spoken.log);
         if reply.content.is_empty() {
             return Err(LlmError::EmptyAnswer.into());
         }
@@ -258,109 +336,8 @@ impl Composer {
         })
     }
 
-    /// Asks the model as the slot's companion with `messages` (the system prompt first) and runs the
-    /// tool loop with `tools` for `event`'s sender; `spent`, the user's spending when it was read
-    /// already (with a DM's history). Its model answers and tool calls are journal steps
-    /// keyed under the slot, and the per-turn ceiling counts those of the slot.
-    pub(crate) async fn converse(
-        &self,
-        t: &SlotView<'_, '_>,
-        event: &DmEvent,
-        messages: Vec<Message>,
-        (tools, offer): (&Registry, Offer),
-        spent: Option<Spent>,
-        memory: crate::memory::Access<'_>,
-    ) -> Result<ModelAnswer, PipelineError> {
-        let (c, job) = (t.speaker.character, t.job);
-        let slot = t.slot.calls();
-        let request = ChatRequest {
-            model: c.model.clone().unwrap_or_else(|| self.talk.model.clone()),
-            messages,
-            tools: Default::default(),
-            tool_choice: None,
-            max_tokens: Some(self.talk.max_tokens),
-            temperature: Some(self.talk.temperature),
-        };
-        // Answers recorded by earlier attempts were paid once and are replayed for free.
-        let budget = CallBudget::new(
-            self.talk
-                .max_calls
-                .saturating_sub(job.recorded_count_under(&crate::calls::LLM, &slot) as u32),
-            self.talk.spend.limits.per_turn_prompt_tokens,
-        );
-        let cx = tool_loop::LoopContext {
-            slot: &slot,
-            budget: &budget,
-            spend: Some(tool_loop::Spending {
-                guard: &self.talk.spend,
-                known: spent,
-            }),
-            llm: &self.talk.llm,
-            registry: tools,
-            // Offered nothing, the model can run nothing.
-            toolbox: match tools.is_empty() {
-                true => &NO_TOOLBOX,
-                false => &self.talk.tools,
-            },
-            offer,
-            limits: self.talk.limits,
-            metrics: &self.metrics,
-            tools: self.tool_context(t, event, memory),
-        };
-        let out = tool_loop::converse(&cx, request).await?;
-        let mut text = out.stopped.is_none().then_some(out.text);
-        if let Some(concern) = out.concern {
-            // Its own words go after the referral if they may; else the character's crisis line.
-            let fits = text.as_deref().is_some_and(|s| {
-                !s.trim().is_empty() && self.settings.screen.check_reply(s).is_none()
-            });
-            if !fits {
-                text = Some(c.crisis_line.clone());
-                let why = format!(
-                    "the model flagged a concern ({}) and its own words were empty or failed the reply check",
-                    concern.as_str()
-                );
-                note_fixed(t, "crisis", why).await;
-            }
-        }
-        Ok(ModelAnswer {
-            text,
-            card: out.card,
-            log: (!out.log.is_empty()).then(|| Value::Array(out.log)),
-            concern: out.concern,
-        })
-    }
-
-    /// What the slot's tool calls act with: for `event`'s sender, as the slot's companion, on the job's
-    /// clock (a minor's quiet hours for the reminders a tool sets).
-    fn tool_context<'a>(
-        &'a self,
-        t: &SlotView<'a, '_>,
-        event: &DmEvent,
-        memory: crate::memory::Access<'a>,
-    ) -> ToolContext<'a> {
-        let (c, user) = (t.speaker.character, &t.admitted.user);
-        let minor = t.admitted.age.is_minor();
-        ToolContext {
-            user: event.sender_id,
-            bot: event.bot_id,
-            conversation: event.conversation_id,
-            character: &c.name,
-            message_id: event.message_id,
-            call: Default::default(),
-            clock: Clock {
-                now: Utc::now(),
-                time_zone: user.profile.as_ref().and_then(|p| p.time_zone.as_deref()),
-                minor_quiet: minor.then_some(self.settings.minor_quiet),
-            },
-            job: t.job,
-            offered_flows: &c.flows,
-            memory,
-        }
-    }
-
     /// The typing indicator of `bot` in the conversation, best effort.
-    pub(crate) async fn typing(&self, conversation: ObjectId, bot: ObjectId) {
+    async fn typing(&self, conversation: ObjectId, bot: ObjectId) {
         let typing = Typing {
             conversation_id: conversation.to_hex(),
             sender_id: bot.to_hex(),

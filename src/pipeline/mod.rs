@@ -448,7 +448,7 @@ impl Pipeline {
             // The crisis line is owed whatever a moderator or a deletion did meanwhile: no check.
             let check = plan.fixed != Some(Fixed::Crisis);
             let lang = crisis.as_ref().map(|f| f.lang.as_str());
-            let line = self.said(&view, (lang, content), check, &mut fresh);
+            let line = self.said(&view, lang, content, check, &mut fresh);
             said.push(line.instrument(agent.clone()).await?);
             // The messages before are recorded as delivered before another companion starts: a crash
             // from there on never sends them (or their completions) again.
@@ -543,7 +543,8 @@ impl Pipeline {
     async fn said(
         &self,
         view: &SlotView<'_, '_>,
-        (crisis, content): (Option<&str>, bool),
+        crisis: Option<&str>,
+        content: bool,
         check: bool,
         fresh: &mut usize,
     ) -> Result<Reply, PipelineError> {
@@ -606,7 +607,8 @@ impl Pipeline {
         view: &SlotView<'_, '_>,
         crisis: Option<&str>,
     ) -> Result<Reply, PipelineError> {
-        let mut composed = kind::compose(&self.composer, view).await?;
+        let ask = |composer| kind::ask(composer, view);
+        let mut composed = self.composer.compose(view, ask).await?;
         let mut lang = crisis.map(str::to_owned);
         if let Some(concern) = composed.concern
             && let Some(m) = view.admitted.message()

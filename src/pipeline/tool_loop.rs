@@ -209,7 +209,7 @@ pub async fn converse(
             content: message.content.filter(|c| !c.trim().is_empty()),
             tool_calls: calls.clone(),
         });
-        take_results(cx, results, &calls, (&mut out, &mut offer), &mut request)?;
+        take_results(cx, results, &calls, &mut out, &mut offer, &mut request)?;
     }
 }
 
@@ -249,7 +249,8 @@ fn take_results(
     cx: &LoopContext<'_>,
     results: Vec<Result<ToolRecord, PipelineError>>,
     calls: &[ToolCall],
-    (out, offer): (&mut LoopOutput, &mut Offer),
+    out: &mut LoopOutput,
+    offer: &mut Offer,
     request: &mut ChatRequest,
 ) -> Result<(), PipelineError> {
     for (record, call) in results.into_iter().zip(calls) {

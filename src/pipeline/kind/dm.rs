@@ -16,7 +16,7 @@ use crate::{
     pipeline::{
         Arrival, Fixed, PipelineError,
         burst::{TakeIn, Taken},
-        compose::{Composed, Composer, ModelAnswer, SlotView, note_fixed},
+        compose::{Ask, Call, Composer, Instead, SlotView},
         gate::{Asked, Passage, Plan},
         input::Admitted,
         prompt::{self, PromptContext},
@@ -64,7 +64,7 @@ pub(super) async fn take_in(
     if plan.busy || plan.fixed.is_some() {
         return Ok(Taken::default());
     }
-    let burst = t.burst((job, a.new_job(None)), event, arrival);
+    let burst = t.burst(job, a.new_job(None), event, arrival);
     Ok(Taken {
         burst: stage(Stage::Order, Box::pin(burst)).await?,
         flow_note: None,
@@ -79,15 +79,15 @@ fn memory(composer: &Composer) -> Access<'_> {
     }
 }
 
-/// The model's answer to a DM and the rest of its burst, with the history, the user's data, the
-/// knowledge the messages call up and the user's flow with the companion.
-pub(super) async fn compose(
-    composer: &Composer,
+/// What a DM and the rest of its burst ask the model, with the history, the user's data, the knowledge
+/// the messages call up, what the companion remembers and the user's flow with the companion: every tool,
+/// or none for a user in crisis, who gets the crisis line if the model fails.
+pub(super) async fn ask<'c>(
+    composer: &'c Composer,
     t: &SlotView<'_, '_>,
     event: &DmEvent,
-) -> Result<Composed, PipelineError> {
+) -> Result<Ask<'c>, PipelineError> {
     let (a, c) = (t.admitted, t.speaker.character);
-    composer.typing(event.conversation_id, event.bot_id).await;
     let followers = t.burst.events(event);
     let events: Vec<&DmEvent> = std::iter::once(event).chain(&followers).collect();
     let query = events
@@ -113,20 +113,23 @@ pub(super) async fn compose(
     };
     let flow = turn_flow.prompt(&composer.flows, offered_flows);
     drop(turn_flow);
+    let tools = super::tools_for(t.crisis);
     let messages = messages(composer, t, &ctx, &events, &flow, offer);
     let (seen, spent) = (ctx.seen.take(), ctx.spent.take());
     // A turn waits on the model holding its request and nothing it was built from.
     drop((ctx, flow, query, answering));
-    let Some(spoken) = converse_safely(composer, t, event, messages, offer, spent).await? else {
-        return Ok(composer.line(a, t.speaker, c.crisis_line.clone()).into());
-    };
-    let concern = spoken.concern;
-    let mut said = composer.model_said(t, spoken, |text| text).await?;
-    said.recalled = Some(recalled);
-    Ok(Composed {
-        said,
-        concern,
+    Ok(Ask {
+        call: Call {
+            event: event.clone(),
+            messages,
+            tools,
+            offer,
+            spent,
+            memory: memory(composer),
+        },
+        recalled: Some(recalled),
         seen,
+        instead: Instead::CrisisLine,
     })
 }
 
@@ -155,7 +158,7 @@ fn messages(
         memory: &ctx.memory,
         budget,
     });
-    let tools_tokens = composer.tools_for(t.crisis).offered_tokens(offer);
+    let tools_tokens = super::tools_for(t.crisis).offered_tokens(offer);
     let mut messages = prompt::conversation(system, &ctx.history, events, budget, tools_tokens);
     crate::timing::add(Stage::Prompt, prompt_started);
     if t.crisis {
@@ -272,37 +275,6 @@ async fn context(
         flow,
         spent,
     })
-}
-
-/// [`Composer::converse`] with every tool, or for a user in crisis without tools; none when the model
-/// failed a user in crisis (the crisis line stands in, never a failure).
-async fn converse_safely(
-    composer: &Composer,
-    t: &SlotView<'_, '_>,
-    event: &DmEvent,
-    messages: Vec<Message>,
-    offer: Offer,
-    spent: Option<Spent>,
-) -> Result<Option<ModelAnswer>, PipelineError> {
-    let tools = composer.tools_for(t.crisis);
-    if !t.crisis {
-        return composer
-            .converse(t, event, messages, (tools, offer), spent, memory(composer))
-            .await
-            .map(Some);
-    }
-    match composer
-        .converse(t, event, messages, (tools, offer), spent, memory(composer))
-        .await
-    {
-        Err(PipelineError::Llm(e)) => {
-            warn!(error = %e, "the model could not answer a user in crisis; the crisis line goes");
-            let why = format!("the model could not answer a user in crisis: {e}");
-            note_fixed(t, "crisis", why).await;
-            Ok(None)
-        }
-        other => other.map(Some),
-    }
 }
 
 /// The knowledge for a DM's messages and what the companion remembers of its user: the pinned facts,

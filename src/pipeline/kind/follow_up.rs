@@ -6,7 +6,7 @@
 use bson::oid::ObjectId;
 use chrono::Utc;
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::{
     bus::DmEvent,
@@ -15,9 +15,9 @@ use crate::{
     llm::Message,
     memory::{Access, recall::Recall},
     pipeline::{
-        HELD, PipelineError, Reply, UNDER_13,
+        HELD, PipelineError, UNDER_13,
         burst::{TakeIn, Taken},
-        compose::{Composed, Composer, ModelAnswer, NO_TOOLS, SlotView},
+        compose::{Ask, Call, Composer, Instead, SlotView},
         gate::{Gate, Passage, Plan},
         input::{Admitted, Reach},
         prompt::{self, PromptContext},
@@ -48,13 +48,14 @@ pub(super) async fn plan<'t>(
     gate: &'t Gate,
     job: &Job,
     a: &Admitted<'t>,
-    news: (&FollowUp<'_>, Reach),
+    f: &FollowUp<'_>,
+    access: Reach,
     paused: bool,
 ) -> Result<Passage<'t>, PipelineError> {
     let dropped = job
         .step(&GATE, key::ONCE)
         .lazy()
-        .run(checks(gate, job, a, news, paused))
+        .run(checks(gate, job, a, f, access, paused))
         .await?;
     Ok(match dropped {
         Some(reason) => Passage::Drop {
@@ -71,7 +72,8 @@ async fn checks(
     gate: &Gate,
     job: &Job,
     a: &Admitted<'_>,
-    (f, access): (&FollowUp<'_>, Reach),
+    f: &FollowUp<'_>,
+    access: Reach,
     paused: bool,
 ) -> Result<Option<String>, PipelineError> {
     let drop = |why: &str| Ok(Some(why.to_owned()));
@@ -148,14 +150,14 @@ pub(super) async fn take_in(
     })
 }
 
-/// The follow-up the model writes with the news in its context (the brief after the conversation so
-/// far, without tools); the character's plain line when the model fails after all its retries and
-/// fallbacks or a budget stops it (the news is never held back for it).
-pub(super) async fn compose(
-    composer: &Composer,
+/// What a follow-up asks the model: the news in its context (the brief after the conversation so far),
+/// without tools; the character's plain line when the model fails after all its retries and fallbacks or
+/// a budget stops it (the news is never held back for it).
+pub(super) async fn ask<'c>(
+    composer: &'c Composer,
     t: &SlotView<'_, '_>,
     f: &FollowUp<'_>,
-) -> Result<Composed, PipelineError> {
+) -> Result<Ask<'c>, PipelineError> {
     let a = t.admitted;
     let (history, tricklists) = Box::pin(async {
         tokio::try_join!(
@@ -189,7 +191,6 @@ pub(super) async fn compose(
     let mut messages = prompt::conversation(system, &history, &[], &composer.settings.prompt, 0);
     let brief = format!("{}{}", f.brief, t.flow_note.unwrap_or_default());
     messages.push(Message::system(brief));
-    drop((history, tricklists));
     // A follow-up answers no user message: the tool context's message is only a placeholder (no
     // tools are offered, so none is called).
     let as_if = DmEvent {
@@ -201,33 +202,20 @@ pub(super) async fn compose(
         images: Vec::new(),
         sent_at: Utc::now(),
     };
-    let written = match composer
-        .converse(
-            t,
-            &as_if,
+    Ok(Ask {
+        call: Call {
+            event: as_if,
             messages,
-            (&NO_TOOLS, Offer::none()),
-            None,
-            Access::Group,
-        )
-        .await
-    {
-        Ok(ModelAnswer {
-            text: Some(text), ..
-        }) => composer.settings.clean.text(&text),
-        Ok(ModelAnswer { text: None, .. }) => {
-            info!("the spend budget is used up; sending the plain line");
-            String::new()
-        }
-        Err(PipelineError::Llm(e)) => {
-            warn!(error = %e, "the model could not write the follow-up; sending the plain line");
-            String::new()
-        }
-        Err(e) => return Err(e),
-    };
-    let content = match written.is_empty() {
-        true => composer.settings.clean.text(&f.plain),
-        false => written,
-    };
-    Ok(Reply::new(content, f.card.clone(), None).into())
+            tools: &super::NO_TOOLS,
+            offer: Offer::none(),
+            spent: None,
+            memory: Access::Group,
+        },
+        recalled: None,
+        seen: None,
+        instead: Instead::Plain {
+            line: f.plain.clone(),
+            card: f.card.clone(),
+        },
+    })
 }

@@ -16,7 +16,7 @@ use crate::{
     memory::{Access, recall::Recall},
     pipeline::{
         PipelineError, Reply,
-        compose::{Composed, Composer, SlotView},
+        compose::{Ask, Call, Composer, Instead, SlotView},
         gate::{Asked, Gate, GroupPlan, Passage, Plan},
         input::{Admitted, UserMessage},
         prompt::{self, PromptContext},
@@ -102,20 +102,19 @@ pub(super) async fn plan<'t>(
     Ok(Asked::WithinFlood(plan))
 }
 
-/// The model's answer as one companion of a group, seeing the group's history, the message and the
-/// answers before it.
-pub(super) async fn compose(
-    composer: &Composer,
+/// What one companion of a group asks the model, seeing the group's history, the message and the
+/// answers before it: no memory, and the tools for its sender (none for a user in crisis).
+pub(super) async fn ask<'c>(
+    composer: &'c Composer,
     t: &SlotView<'_, '_>,
     group_event: &GroupEvent,
     participants: &[ObjectId],
-) -> Result<Composed, PipelineError> {
+) -> Result<Ask<'c>, PipelineError> {
     let (a, c, me) = (t.admitted, t.speaker.character, t.speaker.bot);
     if t.handed_over {
         composer.metrics.inc(&group::HANDOVERS, &[]);
         info!(to = %c.id, "handed over by the companion before");
     }
-    composer.typing(group_event.conversation_id, me).await;
     let event = group_event.to_bot(me);
     let g = t
         .plan
@@ -149,23 +148,19 @@ pub(super) async fn compose(
         false => Offer::all(),
         true => group_offer(&event.content, t.said),
     };
-    let tools = composer.tools_for(t.crisis);
     let messages = messages(composer, t, prompt, &event, &name_of, offer);
-    let spoken = composer
-        .converse(t, &event, messages, (tools, offer), None, Access::Group)
-        .await?;
-    let concern = spoken.concern;
-    let mut said = composer
-        .model_said(t, spoken, |text| group::strip_own_name(text, &c.name))
-        .await?;
-    if !said.last {
-        said.tags = group::route::handover(&said.content, me, &a.members).map(|b| b.to_hex());
-    }
-    said.recalled = Some(recalled);
-    Ok(Composed {
-        said,
-        concern,
+    Ok(Ask {
+        call: Call {
+            event,
+            messages,
+            tools: super::tools_for(t.crisis),
+            offer,
+            spent: None,
+            memory: Access::Group,
+        },
+        recalled: Some(recalled),
         seen: None,
+        instead: Instead::Error,
     })
 }
 
@@ -194,7 +189,7 @@ fn messages(
         content: format!("{}: {}", name_of(&a.ids.user), event.content),
         ..event.clone()
     };
-    let tools = composer.tools_for(t.crisis);
+    let tools = super::tools_for(t.crisis);
     let said_tokens: usize = t.said.iter().map(|s| prompt::tokens(&s.content)).sum();
     let fixed = tools.offered_tokens(offer) + prompt::tokens(&named.content) + said_tokens;
     let (knowledge, history_cap) = prompt.room(&composer.settings.prompt, fixed);

@@ -2,8 +2,9 @@
 //! follow-up ([`follow_up`]) each supply their plan (stage 4's checks and who speaks), their take-in
 //! (stage 5), their prompt and answer (stage 7) and their address (what a message answers, who reads the
 //! conversation). The conductor calls them (the plan through the gate, [`Gate::pass`], which asks it
-//! what to do and applies the answer: [`Asked`]); the stages read what a kind is through the facts below
-//! and never match on it.
+//! what to do and applies the answer: [`Asked`]; the prompt through the composer, [`Composer::compose`],
+//! which asks the model what the kind built: [`Ask`]); the stages read what a kind is through the facts
+//! below and never match on it.
 //!
 //! A fourth kind is a variant of [`Kind`] (admitted in `input.rs`), a file beside these three, and an arm
 //! in each function here.
@@ -15,12 +16,19 @@ pub(crate) mod group;
 use super::{
     Arrival, Burst, PipelineError,
     burst::{TakeIn, Taken},
-    compose::{Composed, Composer, SlotView},
+    compose::{Ask, Composer, SlotView},
     deliver::Answers,
     gate::{Asked, Gate, Plan},
     input::{Admitted, Answered, Kind, UserMessage},
 };
-use crate::{bus::DmEvent, journal::Job, proactive::FollowUp};
+use std::sync::LazyLock;
+
+use crate::{
+    bus::DmEvent,
+    journal::Job,
+    proactive::FollowUp,
+    tools::{REGISTRY, Registry},
+};
 
 /// Stage 4's checks inside the job and who speaks, as the job's kind decides them: what it asks of the
 /// gate, which calls this ([`Gate::pass`]) with whether the conversation is `paused`.
@@ -34,12 +42,9 @@ pub(crate) async fn plan<'t>(
     match &a.kind {
         Kind::Dm(_) => Ok(dm::plan(a, crisis, paused)),
         Kind::Group { event, .. } => group::plan(gate, job, a, event, paused).await,
-        Kind::FollowUp { follow_up, access } => {
-            let news = (follow_up, *access);
-            Ok(Asked::Decided(
-                follow_up::plan(gate, job, a, news, paused).await?,
-            ))
-        }
+        Kind::FollowUp { follow_up, access } => Ok(Asked::Decided(
+            follow_up::plan(gate, job, a, follow_up, *access, paused).await?,
+        )),
     }
 }
 
@@ -59,18 +64,29 @@ pub(crate) async fn take_in(
     }
 }
 
-/// Stage 7: the slot's message, a fixed line when one stands in for the model, else the kind's answer.
-pub(crate) async fn compose(c: &Composer, t: &SlotView<'_, '_>) -> Result<Composed, PipelineError> {
-    if let Some(fixed) = c.fixed_line(t).await {
-        return Ok(fixed);
-    }
+/// Stage 7: what the slot asks the model, as the kind builds it ([`Composer::compose`] asks it).
+pub(crate) async fn ask<'c>(
+    c: &'c Composer,
+    t: &SlotView<'_, '_>,
+) -> Result<Ask<'c>, PipelineError> {
     match &t.admitted.kind {
-        Kind::Dm(event) => dm::compose(c, t, event).await,
+        Kind::Dm(event) => dm::ask(c, t, event).await,
         Kind::Group {
             event,
             participants,
-        } => group::compose(c, t, event, participants).await,
-        Kind::FollowUp { follow_up, .. } => follow_up::compose(c, t, follow_up).await,
+        } => group::ask(c, t, event, participants).await,
+        Kind::FollowUp { follow_up, .. } => follow_up::ask(c, t, follow_up).await,
+    }
+}
+
+/// What a follow-up's model is offered: no tools (it tells, it does not act).
+static NO_TOOLS: LazyLock<Registry> = LazyLock::new(Registry::empty);
+
+/// The tools a slot may be offered: none for a user in crisis.
+fn tools_for(crisis: bool) -> &'static Registry {
+    match crisis {
+        true => &NO_TOOLS,
+        false => &REGISTRY,
     }
 }
 
