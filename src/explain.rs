@@ -23,6 +23,7 @@ use crate::{
     journal::{
         JournalError, StepKind, Tell, Told,
         names::key::Slot,
+        or_unknown,
         story::{self, JobRow, StepRow, Story},
     },
     pipeline::Reply,
@@ -411,12 +412,14 @@ fn order(s: &StepRow, job: &str, tools: &HashMap<&str, i64>) -> (u8, usize, i64)
     }
 }
 
-/// A missing figure.
 /// Every step kind the journal holds, each told by the stage that records it.
 fn steps() -> impl Iterator<Item = &'static dyn Tell> {
     let story: [&'static dyn Tell; 2] = [&story::TEXT_SHOWN, &crate::group::ROUTE];
     crate::pipeline::STEPS
         .iter()
+        .chain(companion_limits::STEPS)
+        .chain(companion_memory::STEPS)
+        .chain(companion_flows::STEPS)
         .chain(companion_tools::STEPS)
         .copied()
         .chain(crate::takeover::STEPS)
@@ -457,7 +460,7 @@ fn render(e: &Explained, names: &HashMap<String, String>) -> String {
         let _ = writeln!(
             out,
             "  a later message of a burst (stream seq {}): answered by the reply of job {}",
-            Told::or_unknown(seq),
+            or_unknown(seq),
             e.job
         );
     }
@@ -474,7 +477,7 @@ fn render(e: &Explained, names: &HashMap<String, String>) -> String {
         out,
         "arrived {} (stream seq {}), delivered {} time(s), reply generation {}",
         e.arrived.format("%Y-%m-%d %H:%M:%S%.3f UTC"),
-        Told::or_unknown(e.stream_seq),
+        or_unknown(e.stream_seq),
         e.deliveries,
         e.generation
     );

@@ -49,11 +49,14 @@ pub use companion_core::config::{self, Config};
 
 // The lower layers (`crates/`), under the names the modules here use.
 use companion_core::{failure, genai, metrics, timing};
+use companion_flows as flow;
 use companion_journal as journal;
 use companion_knowledge::{character, rag};
+use companion_limits::{calls, flood, spend};
 use companion_llm as llm;
+use companion_memory as memory;
 use companion_safety as safety;
 use companion_store::{bus, conversation_order, store};
-use companion_tools::{calls, flood, flow, memory, spend, tools};
+use companion_tools::tools;
 pub use startup::run_worker;
 pub use telemetry::{Telemetry, init as init_telemetry, run_main};

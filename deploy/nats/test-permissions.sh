@@ -348,7 +348,7 @@ async def main():
         check(denied and not exists, "backend CANNOT create another consumer on DM_BOT_OUT",
               f"{type(e).__name__}; permissions violation; no such consumer")
 
-    # --- the worker's memory signals, and erasing a user (crates/tools/src/memory, crates/store/src/bus/erase.rs) ---------
+    # --- the worker's memory signals, and erasing a user (crates/memory/src, crates/store/src/bus/erase.rs) ---------
     for subject in ("dm.bot.signal.memory.x.y", "dm.bot.schedule.memory.x.y"):
         try:
             ack = await wjs.publish(subject, b"", timeout=3, headers={"Nats-Msg-Id": f"{subject}:1"})

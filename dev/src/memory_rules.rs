@@ -1,12 +1,12 @@
 //! The scripted model's memory: it answers the worker's extraction and summary requests
-//! (`companion_tools::memory::extract`) by rules, so the offline demo and the tests show facts being learned
+//! (`companion_memory::extract`) by rules, so the offline demo and the tests show facts being learned
 //! without a paid model. Facts come from first-person statements ("my home park is burnside", "i ride
 //! goofy", "i broke my wrist last month", "remember i'm scared of dropping in"); the summary keeps the
 //! gist of the messages that left the window.
 
 use serde_json::{Value, json};
 
-use companion_tools::memory::extract::{EXTRACT_MARKER, SUMMARY_MARKER};
+use companion_memory::extract::{EXTRACT_MARKER, SUMMARY_MARKER};
 
 /// The answer to a memory request, or `None` for any other request.
 pub fn answer(body: &Value) -> Option<String> {

@@ -779,13 +779,13 @@ impl ToolJob {
             },
             job: &self.job,
             offered_flows: &[],
-            memory: companion_tools::memory::Access::Off,
+            memory: companion_memory::Access::Off,
         }
     }
 }
 
 /// Tool tests outside a flow.
-static NO_FLOWS: std::sync::LazyLock<std::sync::Arc<companion_tools::flow::Flows>> =
+static NO_FLOWS: std::sync::LazyLock<std::sync::Arc<companion_flows::Flows>> =
     std::sync::LazyLock::new(Default::default);
 
 /// The body of a GET.

@@ -232,7 +232,7 @@ async fn a_guarded_opening_writes_no_job_for_a_tombstoned_message_and_returns_th
     };
     let messages = [message.clone()];
     let guard = Guard {
-        sql: companion_tools::memory::PROBE_GUARD,
+        sql: companion_memory::PROBE_GUARD,
         user,
         bot,
         messages: &messages,

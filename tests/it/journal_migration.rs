@@ -6,9 +6,9 @@ use companion::testing::pipeline::{Burst, FloodDecision, Reply, tool_loop::LlmRe
 use companion::testing::steps::{BURST, FLOOD, REPLY};
 use companion_dev::stub::{StubReply, always};
 use companion_journal::{Journal, NewJob, State};
+use companion_limits::calls::LLM;
 use companion_llm::prices::CallUsage;
 use companion_store::store::pg::MIGRATOR;
-use companion_tools::calls::LLM;
 use companion_tools::tools::{TOOL, ToolRecord, call_key};
 use serde_json::json;
 use sqlx::Row;

@@ -105,11 +105,11 @@ impl Told<'_> {
     pub fn name(&self, bot: &str) -> String {
         companion_name(self.names, bot)
     }
+}
 
-    /// A value as text, or "unknown" (a figure an older record lacks).
-    pub fn or_unknown<T: ToString>(v: Option<T>) -> String {
-        v.map_or_else(|| "unknown".into(), |v| v.to_string())
-    }
+/// A value as text, or "unknown" (a figure an older record lacks), as the tellers say it.
+pub fn or_unknown<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "unknown".into(), |v| v.to_string())
 }
 
 /// A step kind with its record type forgotten: what the story's reader lists.

@@ -36,7 +36,7 @@ mod kind;
 pub mod names;
 pub mod story;
 
-pub use kind::{Counted, StepKind, Tell, Telling, Told, companion_name};
+pub use kind::{Counted, StepKind, Tell, Telling, Told, companion_name, or_unknown};
 
 #[cfg(feature = "testing")]
 use companion_core::fault;

@@ -1,6 +1,6 @@
 //! The record of one answer of the model (the journal's `llm` step): the message, what the call used and
 //! cost ([`CallUsage`]), and what was offered. The journal stores it as it is; the spend guard
-//! (`companion_tools::spend`) and `companion usage` read its `usage` back with SQL, and `companion
+//! (`companion_limits::spend`) and `companion usage` read its `usage` back with SQL, and `companion
 //! explain` decodes it.
 
 use serde::{Deserialize, Serialize};

@@ -1,38 +1,25 @@
-//! What a companion does for a user and what it keeps: the tools the model calls (`tools`), the
-//! multi-step flows (`flow`), the user's memory (`memory`), and the limits on spend (`spend`) and on
-//! floods of messages (`flood`).
+//! What a companion does for a user: the tools the model calls (`tools`), one file each, with their
+//! schemas, the write quota and the call records. What the tools act on lives in the crates below:
+//! memory (`companion-memory`), the guided flows (`companion-flows`), the limits (`companion-limits`).
 
-pub mod calls;
-pub mod flood;
-pub mod flow;
-pub mod memory;
-pub mod spend;
 pub mod tools;
 
-use companion_core::{config, failure, metrics, timing};
+use companion_core::{failure, timing};
+use companion_flows as flow;
 use companion_journal as journal;
-use companion_knowledge::{character, rag};
+use companion_knowledge::rag;
+use companion_limits::flood;
 use companion_llm as llm;
+use companion_memory as memory;
 use companion_safety as safety;
 use companion_store::{bus, store};
 
 /// The journal steps this crate records, each told as `companion explain` tells it; with the worker's
-/// own, the list a test holds to the names old journals hold.
+/// own and those of the crates below, the list a test holds to the names old journals hold.
 pub const STEPS: &[&dyn journal::Tell] = &[
-    &calls::LLM,
-    &calls::MODEL_FAILED,
     &tools::TOOL,
     &tools::QUOTA,
     &tools::REMEMBER,
     &tools::REMEMBER_QUOTA,
     &tools::FORGET,
-    &flood::TURN,
-    &flood::BUSY,
-    &flow::state::FLOW_CHANGE,
-    &memory::extract::MEMORY_BATCH,
-    &memory::extract::MEMORY_FACTS,
-    &memory::extract::MEMORY_SUMMARY,
-    &memory::erase::ERASE,
-    &memory::erase::ERASE_STREAMS,
-    &memory::erase::REBUILD,
 ];

@@ -7,7 +7,7 @@ use super::{Memory, MemoryError};
 use crate::{
     character::Characters,
     config::{MemoryConfig, PgConfig},
-    store::Pg,
+    db::Pg,
 };
 
 /// The report for `user` (24-hex), with one companion (its name, slug or bot id) or all.

@@ -664,7 +664,7 @@ fn parse_facts(answer: &str, numbered: &[&CitedLine], job: &str) -> Vec<NewFact>
 
 /// Whether the crisis screen flags a fact, read as written (third person) and as the user would have
 /// said it ("wants to die" → "i want to die"): the screen is tuned on what users write.
-pub(crate) fn flagged(fact: &str) -> bool {
+pub fn flagged(fact: &str) -> bool {
     use crate::safety::screen::screen;
     if screen(fact).is_some() {
         return true;
@@ -694,7 +694,7 @@ pub(crate) fn flagged(fact: &str) -> bool {
 }
 
 /// The id of the `n`-th fact of `origin` (a job, or a turn's tool call).
-pub(crate) fn fact_id(origin: &str, n: usize) -> String {
+pub fn fact_id(origin: &str, n: usize) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(format!("{origin}\n{n}").as_bytes());
     digest[..12].iter().map(|b| format!("{b:02x}")).collect()

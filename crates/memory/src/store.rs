@@ -16,8 +16,8 @@ use super::{
     Memory, MemoryError, Topic,
     topic::{self, Named},
 };
-use crate::store::Pool;
-use crate::{rag::embed::Embedding, store::pg::lock_history};
+use crate::db::Pool;
+use crate::{db::pg::lock_history, rag::embed::Embedding};
 
 /// How a fact was learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,10 +40,10 @@ impl How {
 
 /// One fact as kept.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Fact {
+pub struct Fact {
     pub(crate) id: String,
-    pub(crate) topic: Topic,
-    pub(crate) fact: String,
+    pub topic: Topic,
+    pub fact: String,
     /// The user messages (dm_messages ids) it was learned from.
     pub(crate) sources: Vec<String>,
     /// The companion that learned it (its bot id).
@@ -108,12 +108,11 @@ pub(crate) async fn one_writer(
         .bind(format!("memory:{user}:{bot}"))
         .execute(&mut *tx)
         .await?;
-    let erased: bool =
-        sqlx::query_scalar(concat!("SELECT ", crate::store::tombstoned!("$1", "$2")))
-            .bind(user)
-            .bind(&[] as &[String])
-            .fetch_one(&mut *tx)
-            .await?;
+    let erased: bool = sqlx::query_scalar(concat!("SELECT ", crate::db::tombstoned!("$1", "$2")))
+        .bind(user)
+        .bind(&[] as &[String])
+        .fetch_one(&mut *tx)
+        .await?;
     Ok(match erased {
         true => Writer::Erased,
         false => Writer::Open,
@@ -197,14 +196,8 @@ impl Memory {
         ))
         .fetch_all(&mut *tx)
         .await?;
-        insert(
-            tx,
-            (user, bot),
-            new,
-            merged(new, &replaced),
-            (&vector, model),
-        )
-        .await?;
+        let merged = merged(new, &replaced);
+        insert(tx, user, bot, new, merged, &vector, model).await?;
         trim(tx, user, bot, max_facts).await?;
         Ok(Kept {
             replaced: replaced.iter().map(|r| r.get("id")).collect(),
@@ -214,11 +207,7 @@ impl Memory {
 
     /// Every fact kept for (user, bot), or for every companion of the user with `bot` `None`; newest
     /// first.
-    pub(crate) async fn facts(
-        &self,
-        user: &str,
-        bot: Option<&str>,
-    ) -> Result<Vec<Fact>, MemoryError> {
+    pub async fn facts(&self, user: &str, bot: Option<&str>) -> Result<Vec<Fact>, MemoryError> {
         let sql = format!(
             "SELECT {FACT_COLUMNS} FROM memory_facts
              WHERE user_id = $1 AND ($2::text IS NULL OR bot_id = $2) ORDER BY learned_at DESC, id"
@@ -236,7 +225,7 @@ impl Memory {
     /// content word of it ("that I ride goofy" → "rides goofy"); failing those, the facts at least
     /// `similarity` close to its embedding, or the closest one if at least `floor` close. None may
     /// match: the caller says so.
-    pub(crate) async fn forget(
+    pub async fn forget(
         tx: &mut PgConnection,
         user: &str,
         bot: &str,
@@ -285,15 +274,20 @@ impl Memory {
     }
 }
 
-/// The sources, time and how of a fact that replaces `replaced`: those it repeats (`same`) hand over
-/// Writes `new` for (user, bot) with what the facts it replaced carried over (`merged`: their sources,
-/// the earliest said, how it was learned) and its vector of `model`; a fact of the same id stays.
+/// Writes `new` for (user, bot) with what the facts it replaced carried over ([`Merged`]) and its
+/// vector of `model`; a fact of the same id stays.
 async fn insert(
     tx: &mut PgConnection,
-    (user, bot): (&str, &str),
+    user: &str,
+    bot: &str,
     new: &NewFact,
-    (sources, said_at, how): (Vec<String>, DateTime<Utc>, How),
-    (vector, model): (&Option<Vector>, Option<&str>),
+    Merged {
+        sources,
+        said_at,
+        how,
+    }: Merged,
+    vector: &Option<Vector>,
+    model: Option<&str>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO memory_facts
@@ -316,8 +310,17 @@ async fn insert(
     Ok(())
 }
 
+/// What a new fact carries over from the facts it replaces: their sources, the latest time said, and how
+/// it was learned.
+struct Merged {
+    sources: Vec<String>,
+    said_at: DateTime<Utc>,
+    how: How,
+}
+
+/// The sources, time and how of a fact that replaces `replaced`: those it repeats (`same`) hand over
 /// their sources and their latest time, and a fact the user asked to be remembered stays so.
-fn merged(new: &NewFact, replaced: &[sqlx::postgres::PgRow]) -> (Vec<String>, DateTime<Utc>, How) {
+fn merged(new: &NewFact, replaced: &[sqlx::postgres::PgRow]) -> Merged {
     let mut sources = new.sources.clone();
     let mut said_at = new.said_at;
     let mut how = new.how;
@@ -335,7 +338,11 @@ fn merged(new: &NewFact, replaced: &[sqlx::postgres::PgRow]) -> (Vec<String>, Da
             }
         }
     }
-    (sources, said_at, how)
+    Merged {
+        sources,
+        said_at,
+        how,
+    }
 }
 
 /// Keeps the newest `max_facts` of (user, bot), those the user asked to be remembered first.

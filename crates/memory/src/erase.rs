@@ -20,8 +20,8 @@ use tracing::info;
 use super::{Memory, MemoryError};
 use crate::{
     bus::Bus,
+    db::pg::lock_history,
     journal::{Finish, Job, Journal, NewJob, State, StepKind, names::key},
-    store::pg::lock_history,
 };
 
 /// A deletion's transaction (`message_deleted`, `memory_cleared`, `user_erased`): the tombstone and every
@@ -70,7 +70,7 @@ macro_rules! probe_sql {
             ")
              SELECT
                ",
-            crate::store::tombstoned!($u, $m),
+            crate::db::tombstoned!($u, $m),
             " AS gone,
                ",
             $b,

@@ -17,19 +17,19 @@ use crate::{
 /// A flow's status.
 pub mod status {
     /// The companion is working through a step with the user.
-    pub(crate) const ACTIVE: &str = "active";
+    pub const ACTIVE: &str = "active";
     /// A step waits for an event (`waiting_for`).
     pub const WAITING: &str = "waiting";
     /// The user paused it; `start_flow` with the same flow resumes it.
-    pub(crate) const PAUSED: &str = "paused";
+    pub const PAUSED: &str = "paused";
     pub(crate) const DONE: &str = "done";
     /// The user left it.
-    pub(crate) const LEFT: &str = "left";
+    pub const LEFT: &str = "left";
     /// Idle too long; the companion may mention it once.
     pub(crate) const EXPIRED: &str = "expired";
 
     /// Still counts as the user's flow with this companion.
-    pub(crate) fn is_open(s: &str) -> bool {
+    pub fn is_open(s: &str) -> bool {
         matches!(s, ACTIVE | WAITING | PAUSED)
     }
 }
@@ -39,11 +39,11 @@ pub mod status {
 pub struct FlowState {
     pub flow: String,
     pub step: String,
-    pub(crate) slots: Map<String, Value>,
+    pub slots: Map<String, Value>,
     pub status: String,
     /// `<kind>:<id>` of the event a waiting step waits for.
     pub waiting_for: Option<String>,
-    pub(crate) updated_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
 }
 
 fn state_of(r: &PgRow) -> FlowState {

@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use crate::{
-    journal::{StepKind, Telling, Told},
+    journal::{StepKind, Telling, Told, or_unknown},
     llm::{FailedCall, LlmRecord},
 };
 
@@ -46,11 +46,11 @@ fn tell_llm(t: &Told<'_>, r: &LlmRecord) -> Telling {
     let scripted = u.is_some_and(|u| u.scripted);
     let model = match (scripted, u) {
         (true, Some(u)) => format!("SCRIPTED (the offline stub, asked as {})", u.model),
-        _ => Told::or_unknown(u.map(|u| u.model.clone())),
+        _ => or_unknown(u.map(|u| u.model.clone())),
     };
     let cost = match scripted {
         true => "none (scripted)".to_owned(),
-        false => Told::or_unknown(u.and_then(|u| u.cost_usd).map(|c| format!("${c:.6}"))),
+        false => or_unknown(u.and_then(|u| u.cost_usd).map(|c| format!("${c:.6}"))),
     };
     let says = format!(
         "model {}{}: {} prompt tokens ({} cached) + {} completion, cost {}, {} ms, finish {}; tools offered: {}{}",
@@ -58,12 +58,12 @@ fn tell_llm(t: &Told<'_>, r: &LlmRecord) -> Telling {
         r.bot
             .as_deref()
             .map_or(String::new(), |b| format!(" as {}", t.name(b))),
-        Told::or_unknown(u.map(|u| u.prompt_tokens)),
-        Told::or_unknown(u.and_then(|u| u.cached_tokens)),
-        Told::or_unknown(u.map(|u| u.completion_tokens)),
+        or_unknown(u.map(|u| u.prompt_tokens)),
+        or_unknown(u.and_then(|u| u.cached_tokens)),
+        or_unknown(u.map(|u| u.completion_tokens)),
         cost,
-        Told::or_unknown(r.ms),
-        Told::or_unknown(r.finish.clone()),
+        or_unknown(r.ms),
+        or_unknown(r.finish.clone()),
         offered.clone().unwrap_or_else(|| match r.offered_tools {
             true => "some (names unknown)".into(),
             false => "none".into(),

@@ -34,7 +34,7 @@ impl Topic {
         Topic::Other,
     ];
 
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Topic::Name => "name",
             Topic::Level => "level",
@@ -235,7 +235,7 @@ mod tests {
 /// A remembered statement as facts of one topic each: "rides goofy and home park is Glenhaven" is two,
 /// so forgetting one leaves the other. Split at ";", "," and " and " only when two parts name different
 /// topics; a part of no topic stays with the one before it ("home park is Glenhaven and Burnside").
-pub(crate) fn one_topic_each(statement: &str) -> Vec<(Topic, String)> {
+pub fn one_topic_each(statement: &str) -> Vec<(Topic, String)> {
     let parts: Vec<&str> = statement
         .split(';')
         .flat_map(|p| p.split(','))

@@ -8,6 +8,12 @@
 
 pub mod state;
 
+use companion_journal as journal;
+use companion_store::store;
+
+/// The journal steps this crate records, each told as `companion explain` tells it.
+pub const STEPS: &[&dyn journal::Tell] = &[&state::FLOW_CHANGE];
+
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::Path,
@@ -22,20 +28,20 @@ use serde_json::{Value, json};
 #[serde(deny_unknown_fields)]
 pub struct FlowDef {
     /// Stable id, the file's name without `.json` (`season_plan`).
-    pub(crate) id: String,
+    pub id: String,
     /// What the user sees it called.
     pub(crate) title: String,
     /// For the model: when to offer it.
     pub(crate) offer: String,
     /// The first step.
-    pub(crate) start: String,
-    pub(crate) steps: BTreeMap<String, StepDef>,
+    pub start: String,
+    pub steps: BTreeMap<String, StepDef>,
 }
 
 /// One step of a flow.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct StepDef {
+pub struct StepDef {
     /// What the companion should get done in this step, for the model.
     pub(crate) goal: String,
     /// Values the step must fill (by `set_flow_slots`), by name.
@@ -284,7 +290,7 @@ impl StepDef {
     }
 
     /// The JSON Schema of the step's slots: what `set_flow_slots` accepts here, shown to the model.
-    pub(crate) fn schema(&self) -> Value {
+    pub fn schema(&self) -> Value {
         let mut properties = serde_json::Map::new();
         for (name, slot) in &self.slots {
             let mut s = match slot.kind {
@@ -380,7 +386,7 @@ impl Flows {
     }
 
     /// Every flow, in no particular order.
-    pub(crate) fn all(&self) -> impl Iterator<Item = &FlowDef> {
+    pub fn all(&self) -> impl Iterator<Item = &FlowDef> {
         self.by_id.values()
     }
 
@@ -406,7 +412,7 @@ impl Flows {
 /// Moves a flow as far as its slots allow from its current step: a step with required slots missing
 /// stays active; a step that waits starts waiting (for the id in its wait slot); a finished step goes on
 /// to the next one; no next step ends the flow.
-pub(crate) fn advance(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
+pub fn advance(def: &FlowDef, mut s: state::FlowState) -> state::FlowState {
     for _ in 0..=def.steps.len() {
         let Some(step) = def.step(&s.step) else { break };
         if !step.missing(&s.slots).is_empty() {
@@ -468,7 +474,7 @@ pub fn resumed_note(def: &FlowDef, s: &state::FlowState) -> String {
 }
 
 /// What the model is told about the flow: where it stands, what the step needs, what is filled.
-pub(crate) fn view(def: &FlowDef, s: &state::FlowState) -> Value {
+pub fn view(def: &FlowDef, s: &state::FlowState) -> Value {
     let step = def.step(&s.step);
     let mut v = json!({
         "flow": def.id,

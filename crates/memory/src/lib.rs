@@ -27,9 +27,18 @@ pub use erase::{MemoryCheck, PROBE_GUARD};
 pub(crate) use store::Fact;
 pub(crate) use topic::Topic;
 
-use crate::store::Pool;
+use companion_core::{config, failure};
+use companion_journal as journal;
+use companion_knowledge::{character, rag};
+use companion_limits::{calls, spend};
+use companion_llm as llm;
+use companion_safety as safety;
+use companion_store::{bus, store as db};
+
+use crate::db::Pool;
 use crate::{
     config::MemoryConfig,
+    db::StoreError,
     failure::{Class, Classify},
     journal::JournalError,
     llm::LlmError,
@@ -37,11 +46,10 @@ use crate::{
         EmbedError, Embedder, Encoder, Role,
         embed::{Embedding, Scores},
     },
-    store::StoreError,
 };
 
 /// Longest fact, in characters.
-pub(crate) const FACT_MAX: usize = 300;
+pub const FACT_MAX: usize = 300;
 
 /// The signal kind that runs a user's extraction with one companion: `<prefix>.signal.memory.<user>.<bot>`.
 pub const KIND: &str = "memory";
@@ -68,6 +76,16 @@ pub enum MemoryError {
     #[error("the user is erased")]
     Erased,
 }
+
+/// The journal steps this crate records, each told as `companion explain` tells it.
+pub const STEPS: &[&dyn journal::Tell] = &[
+    &extract::MEMORY_BATCH,
+    &extract::MEMORY_FACTS,
+    &extract::MEMORY_SUMMARY,
+    &erase::ERASE,
+    &erase::ERASE_STREAMS,
+    &erase::REBUILD,
+];
 
 impl From<sqlx::Error> for MemoryError {
     fn from(e: sqlx::Error) -> Self {
@@ -112,11 +130,7 @@ impl Memory {
 
     /// The embedding of `text` read as `role` (a fact is a passage, the words that name one a query), or
     /// `None` without a model.
-    pub(crate) async fn embed(
-        &self,
-        role: Role,
-        text: &str,
-    ) -> Result<Option<Embedding>, MemoryError> {
+    pub async fn embed(&self, role: Role, text: &str) -> Result<Option<Embedding>, MemoryError> {
         match &self.embedder {
             Some(e) => Ok(Some(Embedding {
                 vector: e.embed_one(role, text).await?,
@@ -132,7 +146,7 @@ impl Memory {
     }
 
     /// What its encoder's similarities mean (MiniLM's without a model: nothing is compared then).
-    pub(crate) fn scores(&self) -> Scores {
+    pub fn scores(&self) -> Scores {
         Encoder::of(self.embedder.as_deref()).scores
     }
 

@@ -280,7 +280,7 @@ impl SpendGuard {
 
     /// Whether the service's budget still allows a call made for no user (memory's extraction), which
     /// counts against the service budget only.
-    pub(crate) async fn service_allows(&self) -> Result<bool, StoreError> {
+    pub async fn service_allows(&self) -> Result<bool, StoreError> {
         let service = self.service_spent().await?;
         Ok(!matches!(
             self.limits.decide(Spent::default(), service),
