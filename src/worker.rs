@@ -135,25 +135,23 @@ impl Worker {
         );
 
         let recreate = || async { w.bus.consumer(&w.consumer).await.map(drop) };
-        pull(
-            &consumer.consumer,
+        let pulled = Pulled {
+            consumer: &consumer.consumer,
             concurrency,
-            &semaphore,
-            &mut tasks,
-            &shutdown,
-            &w.outages,
-            recreate,
-            |msg, permit| {
-                let slot = Permit {
-                    permit,
-                    semaphore: semaphore.clone(),
-                    shutdown: shutdown.clone(),
-                    hard_stop: hard_stop.clone(),
-                };
-                let shared = shared.clone();
-                async move { shared.handle(msg, slot).await }
-            },
-        )
+            semaphore: &semaphore,
+            shutdown: &shutdown,
+            outages: &w.outages,
+        };
+        pull(pulled, &mut tasks, recreate, |msg, permit| {
+            let slot = Permit {
+                permit,
+                semaphore: semaphore.clone(),
+                shutdown: shutdown.clone(),
+                hard_stop: hard_stop.clone(),
+            };
+            let shared = shared.clone();
+            async move { shared.handle(msg, slot).await }
+        })
         .await;
 
         drain(&mut tasks, w.config.shutdown_grace(), &hard_stop).await;
@@ -516,14 +514,15 @@ impl Running {
 /// While an outage is waited out ([`Outages`]) it pulls nothing: the messages already received are
 /// spawned without a permit (each takes one before it runs), the pull is dropped so that the server
 /// sends no more, and pulling starts again once the outage is over.
-#[allow(clippy::too_many_arguments)]
 async fn pull<R, RF, S, SF>(
-    consumer: &jetstream::consumer::PullConsumer,
-    concurrency: usize,
-    semaphore: &Arc<Semaphore>,
+    Pulled {
+        consumer,
+        concurrency,
+        semaphore,
+        shutdown,
+        outages,
+    }: Pulled<'_>,
     tasks: &mut JoinSet<()>,
-    shutdown: &CancellationToken,
-    outages: &Outages,
     recreate: R,
     mut spawn: S,
 ) where
@@ -590,6 +589,18 @@ async fn pull<R, RF, S, SF>(
             }
         }
     }
+}
+
+/// The consumer a loop pulls from, and what bounds and stops it.
+struct Pulled<'a> {
+    consumer: &'a jetstream::consumer::PullConsumer,
+    /// Messages pulled at once (a batch holds at most this many, 64 at most).
+    concurrency: usize,
+    /// A message runs with one of its permits.
+    semaphore: &'a Arc<Semaphore>,
+    shutdown: &'a CancellationToken,
+    /// While one is waited out, nothing is pulled.
+    outages: &'a Outages,
 }
 
 /// Starts a pull of `consumer`'s messages, in batches of at most `concurrency` (64 at most); `None`
@@ -663,22 +674,20 @@ async fn run_signals(
     let semaphore = Arc::new(Semaphore::new(concurrency));
     let mut tasks = JoinSet::new();
     let recreate = || async { w.bus.signal_consumer(&w.consumer).await.map(drop) };
-    pull(
-        &consumer.consumer,
+    let pulled = Pulled {
+        consumer: &consumer.consumer,
         concurrency,
-        &semaphore,
-        &mut tasks,
-        &shutdown,
-        &w.outages,
-        recreate,
-        |msg, permit| {
-            let shared = shared.clone();
-            async move {
-                shared.handle_signal(msg, limits).await;
-                drop(permit);
-            }
-        },
-    )
+        semaphore: &semaphore,
+        shutdown: &shutdown,
+        outages: &w.outages,
+    };
+    pull(pulled, &mut tasks, recreate, |msg, permit| {
+        let shared = shared.clone();
+        async move {
+            shared.handle_signal(msg, limits).await;
+            drop(permit);
+        }
+    })
     .await;
     if !finished_within(&mut tasks, w.config.shutdown_grace()).await {
         warn!(
