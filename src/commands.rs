@@ -4,7 +4,7 @@
 /// `companion explain`: the story of one message's job, from the journal, as text or JSON.
 pub use crate::explain::{ExplainError, Request as ExplainRequest, explain};
 /// `companion memory`: what companions remember about a user, as text.
-pub use crate::memory::show::report as memory;
+pub use crate::memory::report as memory;
 /// `companion ingest` and `companion embed`: articles into the knowledge table; one vector per line of
 /// stdin to stdout.
 pub use crate::rag::commands::{embed_stdin as embed, ingest_path as ingest};

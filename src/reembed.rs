@@ -53,7 +53,7 @@ pub async fn reembed(
     let chunks =
         crate::rag::ingest::reembed(&pg.pool, &embedder, batch, line("knowledge chunks")).await?;
     let facts =
-        crate::memory::store::reembed(&pg.pool, &embedder, batch, line("remembered facts")).await?;
+        crate::memory::reembed(&pg.pool, &embedder, batch, line("remembered facts")).await?;
     Ok(Reembedded {
         model,
         chunks,
@@ -79,7 +79,7 @@ pub(crate) async fn check(pool: &Pool, model: &str, metrics: &Metrics) {
                 .map_err(|e| e.to_string())
         },
         async {
-            crate::memory::store::stale_facts(pool, model)
+            crate::memory::stale_facts(pool, model)
                 .await
                 .map_err(|e| e.to_string())
         },

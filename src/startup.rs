@@ -11,7 +11,7 @@ use tracing::{error, info};
 use crate::{
     bus::Bus,
     config::{Config, ConsumerConfig, WorkerConfig},
-    memory::signals::MemorySignals,
+    memory::MemorySignals,
     metrics::Metrics,
     ops_http::{self, Probe},
     outage::Outages,

@@ -5,7 +5,7 @@
 //! earlier message holds no turn slot. Then its job runs, and the settlement ([`crate::settle`]) decides
 //! and carries out what becomes of it. Beside it, a second bounded loop takes the signal stream's
 //! deliveries, by the signal's kind: a moderator's takeover to [`crate::takeover::Takeovers`], memory's
-//! extraction and deletions to [`crate::memory::signals::MemorySignals`], anything else (spot reviews,
+//! extraction and deletions to [`crate::memory::MemorySignals`], anything else (spot reviews,
 //! due reminders) into the same pipeline as a follow-up; each settled the same way.
 //! Events whose deliveries ran out while no worker held them (every worker that took them died) are
 //! settled from the server's advisory, the same way.
@@ -69,7 +69,7 @@ pub struct Worker {
     /// A moderator's pause and resume.
     pub(crate) takeovers: Arc<crate::takeover::Takeovers>,
     /// Memory's extraction and deletion signals.
-    pub(crate) memory_signals: Arc<crate::memory::signals::MemorySignals>,
+    pub(crate) memory_signals: Arc<crate::memory::MemorySignals>,
     pub(crate) metrics: Arc<Metrics>,
     /// The outage being waited out: the pull loops stop by it, failed work waits on it.
     pub(crate) outages: Arc<Outages>,
@@ -769,9 +769,9 @@ impl Running {
                 .await
                 .map_err(crate::pipeline::PipelineError::from),
             Some((
-                kind @ (crate::memory::erase::MESSAGE_DELETED
-                | crate::memory::erase::MEMORY_CLEARED
-                | crate::memory::erase::USER_ERASED),
+                kind @ (crate::memory::MESSAGE_DELETED
+                | crate::memory::MEMORY_CLEARED
+                | crate::memory::USER_ERASED),
                 id,
             )) => {
                 let deletion = memory.deletion(kind, id, &msg.payload, seq);

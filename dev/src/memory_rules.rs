@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use companion_memory::extract::{EXTRACT_MARKER, SUMMARY_MARKER};
+use companion_memory::{EXTRACT_MARKER, SUMMARY_MARKER};
 
 /// The answer to a memory request, or `None` for any other request.
 pub fn answer(body: &Value) -> Option<String> {

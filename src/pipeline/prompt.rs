@@ -9,7 +9,7 @@ use crate::{
     character::Character,
     config::PromptConfig,
     llm::{ContentPart, FunctionCall, ImageUrl, Message, ToolCall, UserContent},
-    memory::recall::Recall,
+    memory::Recall,
     rag::KnowledgeSnippet,
     store::{
         mongo::{Tricklist, UserProfile},

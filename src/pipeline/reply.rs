@@ -11,7 +11,7 @@ use tracing::warn;
 use super::outgoing;
 use crate::{
     journal::{Job, StepKind, Telling, Told, names},
-    memory::recall::Recall,
+    memory::Recall,
 };
 
 /// A companion message, fixed before it is delivered ([`Reply`]), keyed by its reply generation and slot

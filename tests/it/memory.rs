@@ -258,7 +258,7 @@ async fn kept(env: &TestEnv) -> Vec<String> {
 
 /// Jess's facts with Kaori, replaced by: the stance, the home spot, two goals and a fear.
 async fn seed_facts(env: &TestEnv) {
-    use companion_memory::{Memory, store::How, store::NewFact, topic::Topic};
+    use companion_memory::{How, Memory, NewFact, Topic};
     sqlx::query("DELETE FROM memory_facts WHERE user_id = $1")
         .bind(JESS)
         .execute(&env.pg.pool)
@@ -447,7 +447,7 @@ async fn a_superseding_fact_replaces_the_old_one_whether_remembered_or_learned()
 /// to replace and both were inserted (seen once in a loaded CI run of the test above).
 #[tokio::test]
 async fn two_writers_of_one_topic_at_once_keep_one_value() {
-    use companion_memory::{Memory, store::How, store::NewFact, topic::Topic};
+    use companion_memory::{How, Memory, NewFact, Topic};
     let env = TestEnv::new(stub::always(StubReply::text("ok"))).await;
     let now = chrono::Utc::now();
     let write = |id: &'static str, fact: &'static str, how: How, said_secs: i64| {

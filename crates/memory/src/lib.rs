@@ -13,19 +13,24 @@
 //! - **Deletion that sticks** ([`erase`]): deleting a message, clearing memory, erasing a user, each with
 //!   a tombstone checked at admission, at extraction and in `replay`.
 
-pub mod erase;
-pub mod extract;
-pub mod recall;
-pub mod show;
-pub mod signals;
-pub mod store;
-pub mod topic;
+mod erase;
+mod extract;
+mod recall;
+mod show;
+mod signals;
+mod store;
+mod topic;
 
 use std::sync::Arc;
 
-pub use erase::{MemoryCheck, PROBE_GUARD};
-pub(crate) use store::Fact;
-pub(crate) use topic::Topic;
+// The crate's API, curated: the modules are private.
+pub use erase::{MEMORY_CLEARED, MESSAGE_DELETED, MemoryCheck, PROBE_GUARD, USER_ERASED};
+pub use extract::{EXTRACT_MARKER, SUMMARY_MARKER, fact_id, flagged};
+pub use recall::Recall;
+pub use show::report;
+pub use signals::MemorySignals;
+pub use store::{Fact, How, Kept, NewFact, reembed, stale_facts};
+pub use topic::{Topic, one_topic_each};
 
 use companion_core::{config, failure};
 use companion_journal as journal;

@@ -225,7 +225,7 @@ mod tests {
             json!({"role": "tool", "tool_call_id": "past_0_0", "content": "{}"}),
         );
         s.offer(&with_past_round);
-        let memory = format!("{}\n", companion_memory::extract::EXTRACT_MARKER);
+        let memory = format!("{}\n", companion_memory::EXTRACT_MARKER);
         s.offer(&json!({"messages": [
             {"role": "system", "content": memory},
             {"role": "user", "content": "1. i ride goofy"},

@@ -12,7 +12,7 @@ use crate::{
     flow::{self, TurnFlow},
     journal::{Job, StepKind, names::key},
     llm::Message,
-    memory::{Access, recall::Recall},
+    memory::{Access, Recall},
     pipeline::{
         Arrival, Fixed, PipelineError,
         burst::{TakeIn, Taken},

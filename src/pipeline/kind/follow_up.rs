@@ -13,7 +13,7 @@ use crate::{
     flow::{self, state::Applied},
     journal::{Counted, Job, StepKind, names::key},
     llm::Message,
-    memory::{Access, recall::Recall},
+    memory::{Access, Recall},
     pipeline::{
         HELD, PipelineError, UNDER_13,
         burst::{TakeIn, Taken},

@@ -13,7 +13,7 @@ use crate::{
     group::{self, Bounds, Member},
     journal::{Job, names::key},
     llm::Message,
-    memory::{Access, recall::Recall},
+    memory::{Access, Recall},
     pipeline::{
         PipelineError, Reply,
         compose::{Ask, Call, Composer, Instead, SlotView},

@@ -12,10 +12,7 @@ use serde_json::json;
 use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores};
 use crate::{
     journal::{Admission, Counted, StepKind, names},
-    memory::{
-        self, Access, Memory,
-        store::{How, Kept, NewFact},
-    },
+    memory::{self, Access, How, Kept, Memory, NewFact},
 };
 
 /// A fact the user asked to be remembered, written in the transaction that records it (keyed by the
@@ -50,7 +47,7 @@ impl Tool for Remember {
     async fn call(&self, ctx: &ToolContext<'_>, args: Args) -> Result<ToolOutput, ToolError> {
         let memory = dm_memory(ctx)?;
         let fact = args.fact.trim().to_owned();
-        if memory::extract::flagged(&fact) {
+        if memory::flagged(&fact) {
             return Err(ToolError::Forbidden(
                 "that is not something to keep as a memory; answer the user with care instead"
                     .into(),
@@ -58,7 +55,7 @@ impl Tool for Remember {
         }
         within_daily_bound(ctx, memory).await?;
         // One fact per topic ("rides goofy and home park is …" is two), each its own step.
-        let parts = memory::topic::one_topic_each(&fact);
+        let parts = memory::one_topic_each(&fact);
         let (user, bot) = (ctx.user.to_hex(), ctx.bot.to_hex());
         let max = memory.config.max_facts;
         let mut remembered = Vec::with_capacity(parts.len());
@@ -69,7 +66,7 @@ impl Tool for Remember {
                 n => format!("{}.{n}", ctx.call.key),
             };
             let new = NewFact {
-                id: memory::extract::fact_id(&ctx.call.key, n),
+                id: memory::fact_id(&ctx.call.key, n),
                 topic,
                 fact: text.clone(),
                 sources: vec![ctx.message_id.to_hex()],
