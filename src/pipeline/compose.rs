@@ -211,6 +211,9 @@ impl Composer {
         } = ask(self).await?;
         let spoken = match (self.converse(t, call).await, instead) {
             (Ok(spoken), Instead::Plain { line, card }) => {
+                if spoken.text.is_none() {
+                    info!("the spend budget is used up; sending the plain line");
+                }
                 return Ok(self.plain(spoken.text, line, card).into());
             }
             (Ok(spoken), _) => spoken,
@@ -242,15 +245,11 @@ impl Composer {
         })
     }
 
-    /// A plain line's message: the model's text when it wrote one, else `line`.
+    /// A plain line's message: the model's text when it wrote one (cleaned, not empty), else `line`.
     fn plain(&self, text: Option<String>, line: String, card: Option<Value>) -> Reply {
-        let written = match text {
-            Some(text) => self.settings.clean.text(&text),
-            None => {
-                info!("the spend budget is used up; sending the plain line");
-                String::new()
-            }
-        };
+        let written = text
+            .map(|t| self.settings.clean.text(&t))
+            .unwrap_or_default();
         let content = match written.is_empty() {
             true => self.settings.clean.text(&line),
             false => written,
