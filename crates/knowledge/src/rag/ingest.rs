@@ -12,7 +12,6 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use futures::StreamExt;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -346,39 +345,105 @@ pub async fn ingest_article(
     a: &Article,
     cfg: ChunkConfig,
 ) -> Result<(Ingested, usize), IngestError> {
+    let mut done = ingest_group(pool, embedder, &[a], cfg).await?;
+    Ok(done.remove(0))
+}
+
+/// An article read against the store: unchanged, or chunked and waiting for its vectors.
+enum Planned {
+    Unchanged,
+    Changed {
+        hash: String,
+        existed: bool,
+        chunks: Vec<String>,
+        inputs: Vec<String>,
+    },
+}
+
+async fn plan(
+    pool: &Pool,
+    embedder: &Embedder,
+    a: &Article,
+    cfg: ChunkConfig,
+) -> Result<Planned, IngestError> {
     let hash = content_hash(a, cfg);
     let existing = kb::stored(pool, &a.collection, &a.key, embedder.model()).await?;
     if existing
         .as_ref()
         .is_some_and(|(h, current)| *h == hash && *current)
     {
-        return Ok((Ingested::Unchanged, 0));
+        return Ok(Planned::Unchanged);
     }
     let (chunks, inputs) = chunk_article(embedder, a, cfg)?;
-    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-    let embeddings = embedder.embed(Role::Passage, &inputs).await?;
-    let meta = ArticleMeta {
-        collection: a.collection.clone(),
-        key: a.key.clone(),
-        title: a.title.clone(),
-        source_url: a.source_url.clone(),
-        published: a.published.clone(),
-        content_hash: hash,
-    };
-    kb::replace_article(pool, &meta, &chunks, embeddings, embedder.model()).await?;
-    let outcome = if existing.is_some() {
-        Ingested::Replaced
-    } else {
-        Ingested::Added
-    };
-    Ok((outcome, chunks.len()))
+    Ok(Planned::Changed {
+        hash,
+        existed: existing.is_some(),
+        chunks,
+        inputs,
+    })
 }
 
-/// Articles chunked, embedded and written at once: their texts meet in the embedder's batches.
-const CONCURRENT_ARTICLES: usize = 8;
+/// Ingests `group`: the changed articles' chunks are embedded in one call, then each article is stored.
+/// One call for a fixed set of texts makes the vectors independent of timing: the int8 graph quantises
+/// its activations over the whole run, so a text's vector moves slightly with the texts that share its
+/// run, and articles embedded concurrently would meet in runs that differ from one ingest to the next.
+async fn ingest_group(
+    pool: &Pool,
+    embedder: &Embedder,
+    group: &[&Article],
+    cfg: ChunkConfig,
+) -> Result<Vec<(Ingested, usize)>, IngestError> {
+    let planned =
+        futures::future::try_join_all(group.iter().map(|a| plan(pool, embedder, a, cfg))).await?;
+    let inputs: Vec<&str> = planned
+        .iter()
+        .flat_map(|p| match p {
+            Planned::Changed { inputs, .. } => inputs.as_slice(),
+            Planned::Unchanged => &[],
+        })
+        .map(String::as_str)
+        .collect();
+    let mut vectors = match inputs.is_empty() {
+        true => Vec::new(),
+        false => embedder.embed(Role::Passage, &inputs).await?,
+    }
+    .into_iter();
+    let mut done = Vec::with_capacity(group.len());
+    for (a, p) in group.iter().zip(planned) {
+        let Planned::Changed {
+            hash,
+            existed,
+            chunks,
+            inputs,
+        } = p
+        else {
+            done.push((Ingested::Unchanged, 0));
+            continue;
+        };
+        let embeddings: Vec<Vec<f32>> = vectors.by_ref().take(inputs.len()).collect();
+        let meta = ArticleMeta {
+            collection: a.collection.clone(),
+            key: a.key.clone(),
+            title: a.title.clone(),
+            source_url: a.source_url.clone(),
+            published: a.published.clone(),
+            content_hash: hash,
+        };
+        kb::replace_article(pool, &meta, &chunks, embeddings, embedder.model()).await?;
+        let outcome = match existed {
+            true => Ingested::Replaced,
+            false => Ingested::Added,
+        };
+        done.push((outcome, chunks.len()));
+    }
+    Ok(done)
+}
 
-/// Ingests many articles, printing a progress line on a terminal and plain lines otherwise.
-/// When two articles share a collection and key, the last one wins.
+/// Articles whose chunks are embedded in one call ([`ingest_group`]).
+const ARTICLES_PER_GROUP: usize = 8;
+
+/// Ingests many articles, [`ARTICLES_PER_GROUP`] at a time, printing a progress line on a terminal and
+/// plain lines otherwise. When two articles share a collection and key, the last one wins.
 pub async fn ingest(
     pool: &Pool,
     embedder: &Embedder,
@@ -396,32 +461,28 @@ pub async fn ingest(
     let mut report = IngestTotals::default();
     let tty = progress && std::io::stderr().is_terminal();
     let total = unique.len();
-    let mut results = futures::stream::iter(
-        unique
-            .into_iter()
-            .map(|a| async move { ingest_article(pool, embedder, a, cfg).await.map(|r| (a, r)) }),
-    )
-    .buffered(CONCURRENT_ARTICLES);
     let mut done = 0;
-    while let Some(result) = results.next().await {
-        let (a, (outcome, n)) = result?;
-        done += 1;
-        match outcome {
-            Ingested::Added => report.added += 1,
-            Ingested::Replaced => report.replaced += 1,
-            Ingested::Unchanged => report.unchanged += 1,
-        }
-        report.chunks += n;
-        if tty {
-            eprint!("\r\x1b[2K[{done}/{total}] {}/{}", a.collection, a.key);
-            let _ = std::io::stderr().flush();
-        } else if progress {
-            let what = match outcome {
-                Ingested::Added => "added",
-                Ingested::Replaced => "replaced",
-                Ingested::Unchanged => "unchanged",
-            };
-            println!("{what} {}/{} ({n} chunks)", a.collection, a.key);
+    for group in unique.chunks(ARTICLES_PER_GROUP) {
+        let outcomes = ingest_group(pool, embedder, group, cfg).await?;
+        for (a, (outcome, n)) in group.iter().zip(outcomes) {
+            done += 1;
+            match outcome {
+                Ingested::Added => report.added += 1,
+                Ingested::Replaced => report.replaced += 1,
+                Ingested::Unchanged => report.unchanged += 1,
+            }
+            report.chunks += n;
+            if tty {
+                eprint!("\r\x1b[2K[{done}/{total}] {}/{}", a.collection, a.key);
+                let _ = std::io::stderr().flush();
+            } else if progress {
+                let what = match outcome {
+                    Ingested::Added => "added",
+                    Ingested::Replaced => "replaced",
+                    Ingested::Unchanged => "unchanged",
+                };
+                println!("{what} {}/{} ({n} chunks)", a.collection, a.key);
+            }
         }
     }
     if tty {
