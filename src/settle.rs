@@ -145,7 +145,7 @@ pub(crate) enum Handle<'a> {
     /// A message this worker holds (a DM or a signal): acked, NAKed or terminated.
     Message(&'a jetstream::Message),
     /// A message no worker holds any more (it ran out of deliveries): nothing will deliver it again, so a
-    /// write that fails is retried here a few times instead of by a NAK.
+    /// write that fails is retried here a few times, then again when the server's notice of it is.
     Exhausted {
         subject: &'a str,
         seq: u64,
@@ -202,23 +202,28 @@ pub(crate) struct Settler {
 
 impl Settler {
     /// Executes `verdict` for the delivery; `event` is the parsed event when the payload was valid.
+    /// False when a write it needed failed (a held message was NAKed; an exhausted one is left for its
+    /// notice to be tried again).
     pub(crate) async fn execute(
         &self,
         handle: Handle<'_>,
         event: Option<&Inbound>,
         verdict: Verdict,
         delivered: i64,
-    ) {
+    ) -> bool {
         match verdict {
             Verdict::Ack { through, floored } => {
-                if self.advance(&handle, through, floored).await {
+                let advanced = self.advance(&handle, through, floored).await;
+                if advanced {
                     handle.answer(AckKind::Ack).await;
                 }
+                advanced
             }
             Verdict::Nak { delay } => {
                 handle
                     .answer(AckKind::Nak(Some(failure::jittered(delay))))
                     .await;
+                true
             }
             Verdict::Term {
                 reason,
@@ -248,11 +253,13 @@ impl Settler {
                     warn!(reason, "event rejected");
                 }
                 if dead && !self.dead_letter(&handle, &reason, delivered).await {
-                    return;
+                    return false;
                 }
-                if self.advance(&handle, through, None).await {
+                let advanced = self.advance(&handle, through, None).await;
+                if advanced {
                     handle.answer(AckKind::Term).await;
                 }
+                advanced
             }
         }
     }
@@ -347,7 +354,7 @@ impl Settler {
             }
             Handle::Exhausted { .. } => error!(
                 ?write,
-                "the exhausted event could not be settled; its conversation waits for the order valve"
+                "the exhausted event could not be settled; its notice is tried again later"
             ),
         }
         false

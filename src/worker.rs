@@ -8,11 +8,12 @@
 //! extraction and deletions to [`crate::memory::MemorySignals`], anything else (spot reviews,
 //! due reminders) into the same pipeline as a follow-up; each settled the same way.
 //! Events whose deliveries ran out while no worker held them (every worker that took them died) are
-//! settled from the server's advisory, the same way.
+//! settled from the server's advisory, the same way: a third loop reads the advisories from the stream
+//! that keeps them, so one given while no worker ran is settled by the next worker to start.
 
 use std::{future::Future, panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
-use async_nats::jetstream::{self, AckKind};
+use async_nats::jetstream::{self, AckKind, stream::LastRawMessageErrorKind};
 use futures::{FutureExt, StreamExt};
 use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
@@ -99,6 +100,7 @@ impl Worker {
         }
         let consumer = self.bus.consumer(&self.consumer).await?;
         let signal_consumer = self.bus.signal_consumer(&self.consumer).await?;
+        let exhausted_consumer = self.bus.exhausted_consumer(&self.consumer).await?;
         let concurrency = self.config.concurrency.max(1);
         let hard_stop = CancellationToken::new();
         let shared = self.share(&consumer, hard_stop.clone()).await?;
@@ -107,15 +109,10 @@ impl Worker {
         // Alerts look at increases: the dead-letter counter exists (at 0) before the first one.
         w.metrics.add(&DEAD_LETTERS, &[], 0);
         let notices = tokio::spawn(order.clone().listen());
-        let exhausted = tokio::spawn(watch_exhausted(
+        let exhausted = tokio::spawn(run_exhausted(
             shared.clone(),
-            w.bus.names.stream_in.clone(),
-            crate::bus::max_deliveries_advisory(&w.bus.names, &w.consumer.name),
-        ));
-        let exhausted_signals = tokio::spawn(watch_exhausted(
-            shared.clone(),
-            w.bus.names.stream_signal.clone(),
-            crate::bus::signal_max_deliveries_advisory(&w.bus.names, &w.consumer.name),
+            exhausted_consumer,
+            shutdown.clone(),
         ));
         let signals = tokio::spawn(run_signals(
             shared.clone(),
@@ -158,12 +155,13 @@ impl Worker {
         if let Err(e) = signals.await {
             warn!(error = %e, "the signal loop ended abnormally");
         }
+        if let Err(e) = exhausted.await {
+            warn!(error = %e, "the loop of exhausted events ended abnormally");
+        }
         // Acks and NAKs are buffered: make sure the server has them before the process exits.
         if let Err(e) = w.bus.client.flush().await {
             warn!(error = %e, "could not flush the last acks; the server will redeliver those events");
         }
-        exhausted.abort();
-        exhausted_signals.abort();
         notices.abort();
         info!("worker stopped");
         Ok(())
@@ -814,64 +812,103 @@ fn keep_alive(msg: &jetstream::Message, every: Duration) -> AbortOnDropHandle<()
 }
 
 /// Events whose deliveries ran out without a worker settling them (crashed or killed mid-turn) would
-/// otherwise just stop: each is settled from the server's advisory as a transient failure on its last
-/// delivery. One worker of the queue group handles each advisory; repeats are harmless (the dead letter
-/// and the reply are keyed by the event).
-async fn watch_exhausted(shared: Arc<Running>, stream: String, subject: String) {
-    let Some(mut advisories) = max_deliveries(&shared.worker.bus, subject).await else {
-        return;
+/// otherwise just stop. The server's notice of each (its max-deliveries advisory) is kept in the
+/// exhausted stream, so a notice given while no worker ran waits for the next one to start; a worker
+/// settles the event from it as a transient failure on its last delivery, one notice at a time. A repeat
+/// is harmless (the dead letter and the reply are keyed by the event).
+async fn run_exhausted(
+    shared: Arc<Running>,
+    consumer: crate::bus::Consumer,
+    shutdown: CancellationToken,
+) {
+    let w = &shared.worker;
+    let semaphore = Arc::new(Semaphore::new(1));
+    let mut tasks = JoinSet::new();
+    let recreate = || async { w.bus.exhausted_consumer(&w.consumer).await.map(drop) };
+    let pulled = Pulled {
+        consumer: &consumer.consumer,
+        concurrency: 1,
+        semaphore: &semaphore,
+        shutdown: &shutdown,
+        outages: &w.outages,
     };
-    while let Some((seq, deliveries)) = advisories.next().await {
-        let span = info_span!("exhausted", %stream, seq, deliveries);
-        shared
-            .settle_exhausted(&stream, seq, deliveries)
-            .instrument(span)
-            .await;
+    let progress = (consumer.ack_wait / 3).max(Duration::from_millis(200));
+    pull(pulled, &mut tasks, recreate, |msg, permit| {
+        let shared = shared.clone();
+        async move {
+            shared.on_exhausted(msg, progress).await;
+            drop(permit);
+        }
+    })
+    .await;
+    if !finished_within(&mut tasks, w.config.shutdown_grace()).await {
+        warn!("grace period over; the notice being settled will be redelivered");
+        tasks.abort_all();
     }
-}
-
-/// The server's max-deliveries advisories on `subject` as (stream sequence, deliveries); one worker of
-/// the queue group gets each, and an unreadable one is skipped with a warning.
-async fn max_deliveries(
-    bus: &crate::bus::Bus,
-    subject: String,
-) -> Option<impl futures::Stream<Item = (u64, i64)> + Unpin + use<>> {
-    #[derive(serde::Deserialize)]
-    struct MaxDeliveries {
-        stream_seq: u64,
-        deliveries: i64,
-    }
-    let subscription = bus
-        .client
-        .queue_subscribe(subject.clone(), "companion-advisories".into())
-        .await
-        .inspect_err(|e| error!(error = %e, %subject, "cannot watch for deliveries that ran out"))
-        .ok()?;
-    Some(subscription.filter_map(|advisory| {
-        let parsed = match serde_json::from_slice::<MaxDeliveries>(&advisory.payload) {
-            Ok(a) => Some((a.stream_seq, a.deliveries)),
-            Err(_) => {
-                warn!("unreadable max-deliveries advisory");
-                None
-            }
-        };
-        futures::future::ready(parsed)
-    }))
 }
 
 impl Running {
+    /// One notice of the exhausted stream, settled and acked; kept for a later try (NAK) when the event
+    /// cannot be read now, dropped (TERM) when it is not a notice.
+    async fn on_exhausted(&self, msg: jetstream::Message, progress: Duration) {
+        #[derive(serde::Deserialize)]
+        struct MaxDeliveries {
+            stream: String,
+            stream_seq: u64,
+            deliveries: i64,
+        }
+        let answer = match serde_json::from_slice::<MaxDeliveries>(&msg.payload) {
+            Err(e) => {
+                warn!(error = %e, "unreadable max-deliveries advisory; dropped");
+                AckKind::Term
+            }
+            Ok(a) => {
+                let _alive = keep_alive(&msg, progress);
+                let span = info_span!("exhausted", stream = %a.stream, seq = a.stream_seq, deliveries = a.deliveries);
+                match self
+                    .settle_exhausted(&a.stream, a.stream_seq, a.deliveries)
+                    .instrument(span)
+                    .await
+                {
+                    true => AckKind::Ack,
+                    false => AckKind::Nak(Some(EXHAUSTED_RETRY)),
+                }
+            }
+        };
+        if let Err(e) = msg.ack_with(answer).await {
+            warn!(error = %e, "could not settle the notice; the server will redeliver it");
+        }
+    }
+
     /// An event (a DM or a signal, by `stream`) whose deliveries ran out, settled as a transient failure on
     /// its last delivery: the failure line for a DM that parses, a dead letter for every one. A signal's
-    /// job stays open, so republishing it runs it again from its recorded steps.
-    async fn settle_exhausted(&self, stream: &str, seq: u64, deliveries: i64) {
+    /// job stays open, so republishing it runs it again from its recorded steps. True when it is settled or
+    /// nothing is left to settle; false when it could not be read or written now.
+    async fn settle_exhausted(&self, stream: &str, seq: u64, deliveries: i64) -> bool {
         let w = &self.worker;
+        if stream != w.bus.names.stream_in && stream != w.bus.names.stream_signal {
+            warn!("a notice about a stream this worker does not read; dropped");
+            return true;
+        }
         let stream = match w.bus.js.get_stream(stream).await {
             Ok(s) => s,
-            Err(e) => return error!(error = %e, "cannot open the stream"),
+            Err(e) => {
+                error!(error = %e, "cannot open the stream; the notice is tried again");
+                return false;
+            }
         };
         let msg = match stream.get_raw_message(seq).await {
             Ok(m) => m,
-            Err(e) => return error!(error = %e, "the exhausted event is no longer in the stream"),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                warn!(
+                    "the exhausted event is no longer in the stream (expired, or its user erased)"
+                );
+                return true;
+            }
+            Err(e) => {
+                error!(error = %e, "cannot read the exhausted event; the notice is tried again");
+                return false;
+            }
         };
         let signal = w.bus.names.is_signal(msg.subject.as_str());
         let reason = format!(
@@ -909,6 +946,9 @@ impl Running {
         };
         self.settler
             .execute(handle, event.as_ref(), verdict, deliveries)
-            .await;
+            .await
     }
 }
+
+/// How long a notice whose event could not be read or settled waits before it is tried again.
+const EXHAUSTED_RETRY: Duration = Duration::from_secs(15);

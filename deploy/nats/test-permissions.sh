@@ -153,6 +153,28 @@ async def main():
         check(ci.name == "companion-worker", "worker CAN set up: stream info (IN, DLQ)/update, create + read its durable consumer")
     except Exception as e:
         check(False, "worker CAN set up: stream info (IN, DLQ)/update, create + read its durable consumer", repr(e))
+    exhausted = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."
+    try:
+        await wjs.add_stream(StreamConfig(name="DM_BOT_EXHAUSTED",
+                                          subjects=[exhausted + "DM_BOT_IN.*", exhausted + "DM_BOT_SIGNAL.*"]))
+        await wjs.stream_info("DM_BOT_EXHAUSTED")
+        ci = await wjs.add_consumer("DM_BOT_EXHAUSTED", ConsumerConfig(
+            durable_name="companion-worker_exhausted", name="companion-worker_exhausted",
+            ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL, ack_wait=30, max_deliver=5,
+            filter_subjects=[exhausted + "DM_BOT_IN.companion-worker",
+                             exhausted + "DM_BOT_SIGNAL.companion-worker_signals"]))
+        psub = await wjs.pull_subscribe_bind(durable="companion-worker_exhausted", stream="DM_BOT_EXHAUSTED")
+        try:
+            await psub.fetch(1, timeout=0.5)
+        except (NatsTimeout, asyncio.TimeoutError):
+            pass
+        denied = [e for e in werr if "permissions violation" in e.lower()]
+        check(ci.name == "companion-worker_exhausted" and not denied,
+              "worker CAN create DM_BOT_EXHAUSTED (the max-deliveries advisories) and pull from its consumer there",
+              "; ".join(denied))
+    except Exception as e:
+        check(False, "worker CAN create DM_BOT_EXHAUSTED (the max-deliveries advisories) and pull from its consumer there",
+              repr(e))
     try:
         await wjs.delete_stream("DM_BOT_OUT")
         check(False, "worker CANNOT delete a stream")

@@ -118,6 +118,8 @@ pub async fn remove_streams_and_database(bus: &Bus, pg: &Pg, admin_url: &str, da
         &bus.names.stream_out,
         &bus.names.stream_dlq,
         &bus.names.stream_signal,
+        &bus.names.stream_alert,
+        &bus.names.stream_exhausted,
     ] {
         let _ = bus.js.delete_stream(s).await;
     }

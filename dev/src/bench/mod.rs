@@ -356,17 +356,10 @@ async fn statements_counter(env: &env::RunEnv) -> Option<statements::Counter> {
     }
 }
 
-/// Starts counting the NATS messages of the run's subjects and streams (none, said why, when it
-/// cannot).
+/// Starts counting the NATS messages of the run's workers (none, said why, when it cannot).
 async fn nats_counter(env: &env::RunEnv) -> Option<nats_work::Counter> {
     let monitor = std::env::var("NATS_MONITOR_URL").unwrap_or_else(|_| NATS_MONITOR.into());
-    match nats_work::Counter::start(
-        &monitor,
-        &env.config.nats.subject_prefix,
-        &env.config.nats.stream_prefix,
-    )
-    .await
-    {
+    match nats_work::Counter::start(&monitor, &env.config.nats.subject_prefix).await {
         Ok(c) => Some(c),
         Err(e) => {
             eprintln!("bench: NATS messages are not counted: {e}");

@@ -2,9 +2,8 @@
 //! (publishes, JetStream API requests, acks, direct gets) and received from it (deliveries, API replies,
 //! notices), from the server's own per-connection counters (`/connz` of its monitoring endpoint,
 //! `NATS_MONITOR_URL`). A worker's connection is told apart from the bench's own and from other runs' by
-//! its subscriptions: it listens for its run's max-deliveries advisories
-//! (`$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream prefix>…`) or its settled notices
-//! (`<subject prefix>.settled.>`), which no other client of the server does.
+//! its subscriptions: it listens for its run's settled notices (`<subject prefix>.settled.>`), which no
+//! other client of the server does.
 
 use serde::Deserialize;
 
@@ -47,17 +46,13 @@ pub struct NatsWork {
 /// Counts the run's workers' NATS messages from [`Counter::start`] to [`Counter::finish`].
 pub struct Counter {
     connz: String,
-    markers: [String; 2],
+    marker: String,
     before: Totals,
 }
 
 impl Counter {
     /// Reads the counters now; `monitor` is the server's monitoring URL, the prefixes the run's.
-    pub async fn start(
-        monitor: &str,
-        subject_prefix: &str,
-        stream_prefix: &str,
-    ) -> Result<Self, BenchError> {
+    pub async fn start(monitor: &str, subject_prefix: &str) -> Result<Self, BenchError> {
         // reqwest is built without a default TLS provider; the worker installs this one too.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut counter = Self {
@@ -65,10 +60,7 @@ impl Counter {
                 "{}/connz?subs=1&limit=100000",
                 monitor.trim_end_matches('/')
             ),
-            markers: [
-                format!("{subject_prefix}.settled."),
-                format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream_prefix}"),
-            ],
+            marker: format!("{subject_prefix}.settled."),
             before: Totals::default(),
         };
         counter.before = counter.read().await?.0;
@@ -97,19 +89,16 @@ impl Counter {
             .json()
             .await
             .map_err(|e| failed(e.to_string()))?;
-        Ok(totals(&connz, &self.markers))
+        Ok(totals(&connz, &self.marker))
     }
 }
 
-/// The counters summed over the connections one of whose subscriptions contains a marker.
-fn totals(connz: &Connz, markers: &[String]) -> (Totals, usize) {
+/// The counters summed over the connections one of whose subscriptions contains `marker`.
+fn totals(connz: &Connz, marker: &str) -> (Totals, usize) {
     let mut t = Totals::default();
     let mut n = 0;
     for c in &connz.connections {
-        let ours = c
-            .subscriptions_list
-            .iter()
-            .any(|s| markers.iter().any(|m| s.contains(m.as_str())));
+        let ours = c.subscriptions_list.iter().any(|s| s.contains(marker));
         if ours {
             t.sent += c.in_msgs;
             t.received += c.out_msgs;
@@ -134,18 +123,14 @@ mod tests {
              "subscriptions_list": ["_INBOX.b.*", "benchx.dm.bot.settled.>"]},
             // A worker of another run (a test beside the bench).
             {"in_msgs": 1000, "out_msgs": 1000,
-             "subscriptions_list": ["t1.dm.bot.settled.>", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.T1"]},
-            // A worker of this run that listens only for the advisories.
+             "subscriptions_list": ["t1.dm.bot.settled.>"]},
+            // A second worker of this run.
             {"in_msgs": 7, "out_msgs": 5,
-             "subscriptions_list": ["$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.BENCHx_IN.companion"]},
+             "subscriptions_list": ["benchx.dm.bot.settled.>", "_INBOX.c.*"]},
         ]}))
         .unwrap();
-        let markers = [
-            "benchx.dm.bot.settled.".to_owned(),
-            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.BENCHx".to_owned(),
-        ];
         assert_eq!(
-            totals(&connz, &markers),
+            totals(&connz, "benchx.dm.bot.settled."),
             (
                 Totals {
                     sent: 318,

@@ -131,6 +131,8 @@ pub struct Names {
     pub stream_signal: String,
     /// Crisis alerts for moderators (30 days).
     pub stream_alert: String,
+    /// The server's notices of events whose deliveries ran out, kept until a worker settles each.
+    pub stream_exhausted: String,
 }
 
 impl Names {
@@ -143,6 +145,7 @@ impl Names {
             stream_dlq: format!("{s}_DLQ"),
             stream_signal: format!("{s}_SIGNAL"),
             stream_alert: format!("{s}_ALERT"),
+            stream_exhausted: format!("{s}_EXHAUSTED"),
         }
     }
     /// Every signal a companion acts on by itself.
@@ -376,7 +379,7 @@ impl Bus {
     }
 
     /// The streams as this configuration wants them.
-    fn stream_configs(&self) -> [stream::Config; 5] {
+    fn stream_configs(&self) -> [stream::Config; 6] {
         let n = &self.names;
         let day = Duration::from_secs(24 * 3600);
         let num_replicas = self.replicas;
@@ -448,6 +451,23 @@ impl Bus {
                 num_replicas,
                 ..Default::default()
             },
+            stream::Config {
+                name: n.stream_exhausted.clone(),
+                description: Some(
+                    "The server's notices of events whose deliveries ran out, until a worker settles each"
+                        .into(),
+                ),
+                // Whatever consumer of the two streams ran out: the worker's consumer filters its own.
+                subjects: vec![
+                    max_deliveries_advisory(&n.stream_in, "*"),
+                    max_deliveries_advisory(&n.stream_signal, "*"),
+                ],
+                storage: StorageType::File,
+                // As long as the inbound stream keeps the event a notice is about.
+                max_age: 7 * day,
+                num_replicas,
+                ..Default::default()
+            },
         ]
     }
 
@@ -490,6 +510,13 @@ impl Bus {
             self.provision_consumer(
                 &self.names.stream_signal,
                 self.signal_consumer_config(consumer),
+            )
+            .await?,
+        );
+        changes.push(
+            self.provision_consumer(
+                &self.names.stream_exhausted,
+                self.exhausted_consumer_config(consumer),
             )
             .await?,
         );
@@ -582,6 +609,31 @@ impl Bus {
         self.open_consumer(
             &self.names.stream_signal,
             self.signal_consumer_config(config),
+        )
+        .await
+    }
+
+    /// The consumer of the exhausted stream that goes with the DM consumer `c`: the server's notices about
+    /// its two consumers (DMs and signals), as that consumer acks and redelivers.
+    fn exhausted_consumer_config(&self, c: &ConsumerConfig) -> pull::Config {
+        let n = &self.names;
+        pull::Config {
+            durable_name: Some(exhausted_consumer_name(&c.name)),
+            description: Some("companion workers: events whose deliveries ran out".into()),
+            filter_subjects: vec![
+                max_deliveries_advisory(&n.stream_in, &c.name),
+                max_deliveries_advisory(&n.stream_signal, &signal_consumer_name(&c.name)),
+            ],
+            max_deliver: EXHAUSTED_MAX_DELIVER,
+            ..self.consumer_config(c)
+        }
+    }
+
+    /// The shared consumer of the notices of events whose deliveries ran out (as [`Bus::consumer`]).
+    pub async fn exhausted_consumer(&self, config: &ConsumerConfig) -> Result<Consumer, BusError> {
+        self.open_consumer(
+            &self.names.stream_exhausted,
+            self.exhausted_consumer_config(config),
         )
         .await
     }
@@ -701,26 +753,24 @@ impl Bus {
     }
 }
 
-/// The server's notice that an event used up its deliveries without being settled (workers crashed).
-pub fn max_deliveries_advisory(names: &Names, consumer: &str) -> String {
-    format!(
-        "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{consumer}",
-        names.stream_in
-    )
-}
+/// Deliveries of one notice of the exhausted stream: a worker NAKs it (15 s each time) while the event
+/// it is about cannot be read or settled, e.g. through a database outage; about five minutes in all.
+const EXHAUSTED_MAX_DELIVER: i64 = 20;
 
-/// The same notice for a signal (the DM consumer `consumer`'s signal consumer).
-pub fn signal_max_deliveries_advisory(names: &Names, consumer: &str) -> String {
-    format!(
-        "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.{}",
-        names.stream_signal,
-        signal_consumer_name(consumer)
-    )
+/// The subject of the server's notice that a message of `stream` ran out of deliveries on its consumer
+/// `consumer` (`*` for any).
+fn max_deliveries_advisory(stream: &str, consumer: &str) -> String {
+    format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}")
 }
 
 /// The durable consumer of signals that goes with the DM consumer `name`.
 pub fn signal_consumer_name(name: &str) -> String {
     format!("{name}_signals")
+}
+
+/// The durable consumer of the exhausted stream that goes with the DM consumer `name`.
+pub fn exhausted_consumer_name(name: &str) -> String {
+    format!("{name}_exhausted")
 }
 
 /// TLS for the NATS connection: required when asked, when any certificate file is given, or for
@@ -790,6 +840,7 @@ mod tests {
             stream_dlq: "DM_BOT_DLQ".into(),
             stream_signal: "DM_BOT_SIGNAL".into(),
             stream_alert: "DM_BOT_ALERT".into(),
+            stream_exhausted: "DM_BOT_EXHAUSTED".into(),
         };
         assert_eq!(names.dead_letter("dm.bot.in.b.c"), "dm.bot.dlq.b.c");
         assert_eq!(names.dead_letter("dm.bot.group.c"), "dm.bot.dlq.group.c");
