@@ -669,30 +669,65 @@ async fn run_signals(
         ..shared.limits
     };
     let concurrency = w.config.signal_concurrency.max(1);
-    let semaphore = Arc::new(Semaphore::new(concurrency));
-    let mut tasks = JoinSet::new();
     let recreate = || async { w.bus.signal_consumer(&w.consumer).await.map(drop) };
-    let pulled = Pulled {
+    let handle = move |shared: Arc<Running>, msg| async move {
+        shared.handle_signal(msg, limits).await;
+    };
+    let side = SideLoop {
         consumer: &consumer.consumer,
         concurrency,
-        semaphore: &semaphore,
         shutdown: &shutdown,
-        outages: &w.outages,
+        what: "signals",
     };
-    pull(pulled, &mut tasks, recreate, |msg, permit| {
-        let shared = shared.clone();
-        async move {
-            shared.handle_signal(msg, limits).await;
-            drop(permit);
+    side.run(&shared, recreate, handle).await;
+}
+
+/// A loop beside the DM consumer's: what it pulls, how many at once, and what stops it.
+struct SideLoop<'a> {
+    consumer: &'a jetstream::consumer::PullConsumer,
+    /// Messages handled at once.
+    concurrency: usize,
+    shutdown: &'a CancellationToken,
+    /// What the messages are, for the log.
+    what: &'static str,
+}
+
+impl SideLoop<'_> {
+    /// Pulls until shutdown, each message handled by `handle` with one of the loop's permits; then the
+    /// messages in hand finish within the grace period, and what is left is redelivered.
+    async fn run<R, RF, H, HF>(self, shared: &Arc<Running>, recreate: R, handle: H)
+    where
+        R: Fn() -> RF,
+        RF: Future<Output = Result<(), BusError>>,
+        H: Fn(Arc<Running>, jetstream::Message) -> HF,
+        HF: Future<Output = ()> + Send + 'static,
+    {
+        let w = &shared.worker;
+        let semaphore = Arc::new(Semaphore::new(self.concurrency));
+        let mut tasks = JoinSet::new();
+        let pulled = Pulled {
+            consumer: self.consumer,
+            concurrency: self.concurrency,
+            semaphore: &semaphore,
+            shutdown: self.shutdown,
+            outages: &w.outages,
+        };
+        pull(pulled, &mut tasks, recreate, |msg, permit| {
+            let handled = handle(shared.clone(), msg);
+            async move {
+                handled.await;
+                drop(permit);
+            }
+        })
+        .await;
+        if !finished_within(&mut tasks, w.config.shutdown_grace()).await {
+            warn!(
+                left = tasks.len(),
+                what = self.what,
+                "grace period over; what is unfinished will be redelivered"
+            );
+            tasks.abort_all();
         }
-    })
-    .await;
-    if !finished_within(&mut tasks, w.config.shutdown_grace()).await {
-        warn!(
-            left = tasks.len(),
-            "grace period over; unfinished signals will be redelivered"
-        );
-        tasks.abort_all();
     }
 }
 
@@ -822,29 +857,18 @@ async fn run_exhausted(
     shutdown: CancellationToken,
 ) {
     let w = &shared.worker;
-    let semaphore = Arc::new(Semaphore::new(1));
-    let mut tasks = JoinSet::new();
     let recreate = || async { w.bus.exhausted_consumer(&w.consumer).await.map(drop) };
-    let pulled = Pulled {
+    let progress = (consumer.ack_wait / 3).max(Duration::from_millis(200));
+    let handle = move |shared: Arc<Running>, msg| async move {
+        shared.on_exhausted(msg, progress).await;
+    };
+    let side = SideLoop {
         consumer: &consumer.consumer,
         concurrency: 1,
-        semaphore: &semaphore,
         shutdown: &shutdown,
-        outages: &w.outages,
+        what: "notices of exhausted events",
     };
-    let progress = (consumer.ack_wait / 3).max(Duration::from_millis(200));
-    pull(pulled, &mut tasks, recreate, |msg, permit| {
-        let shared = shared.clone();
-        async move {
-            shared.on_exhausted(msg, progress).await;
-            drop(permit);
-        }
-    })
-    .await;
-    if !finished_within(&mut tasks, w.config.shutdown_grace()).await {
-        warn!("grace period over; the notice being settled will be redelivered");
-        tasks.abort_all();
-    }
+    side.run(&shared, recreate, handle).await;
 }
 
 impl Running {
