@@ -23,7 +23,7 @@ use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
-    bus::{Bus, BusError, Inbound, event::parse_event},
+    bus::{Bus, BusError, Feed, Inbound, event::parse_event},
     config::{ConsumerConfig, WorkerConfig},
     conversation_order::{Order, OrderError, Position, Waited},
     failure::{Class, Failure},
@@ -98,9 +98,9 @@ impl Worker {
         if let Err(e) = self.mongo.ensure_indexes().await {
             warn!(error = %e, "could not ensure MongoDB indexes; continuing");
         }
-        let consumer = self.bus.consumer(&self.consumer).await?;
-        let signal_consumer = self.bus.signal_consumer(&self.consumer).await?;
-        let exhausted_consumer = self.bus.exhausted_consumer(&self.consumer).await?;
+        let consumer = self.bus.consumer(Feed::Inbound, &self.consumer).await?;
+        let signal_consumer = self.bus.consumer(Feed::Signals, &self.consumer).await?;
+        let exhausted_consumer = self.bus.consumer(Feed::Exhausted, &self.consumer).await?;
         let concurrency = self.config.concurrency.max(1);
         let hard_stop = CancellationToken::new();
         let shared = self.share(&consumer, hard_stop.clone()).await?;
@@ -131,7 +131,7 @@ impl Worker {
             "worker ready"
         );
 
-        let recreate = || async { w.bus.consumer(&w.consumer).await.map(drop) };
+        let recreate = || async { w.bus.consumer(Feed::Inbound, &w.consumer).await.map(drop) };
         let pulled = Pulled {
             consumer: &consumer.consumer,
             concurrency,
@@ -669,7 +669,7 @@ async fn run_signals(
         ..shared.limits
     };
     let concurrency = w.config.signal_concurrency.max(1);
-    let recreate = || async { w.bus.signal_consumer(&w.consumer).await.map(drop) };
+    let recreate = || async { w.bus.consumer(Feed::Signals, &w.consumer).await.map(drop) };
     let handle = move |shared: Arc<Running>, msg| async move {
         shared.handle_signal(msg, limits).await;
     };
@@ -857,7 +857,7 @@ async fn run_exhausted(
     shutdown: CancellationToken,
 ) {
     let w = &shared.worker;
-    let recreate = || async { w.bus.exhausted_consumer(&w.consumer).await.map(drop) };
+    let recreate = || async { w.bus.consumer(Feed::Exhausted, &w.consumer).await.map(drop) };
     let progress = (consumer.ack_wait / 3).max(Duration::from_millis(200));
     let handle = move |shared: Arc<Running>, msg| async move {
         shared.on_exhausted(msg, progress).await;
@@ -895,7 +895,7 @@ impl Running {
                     .await
                 {
                     true => AckKind::Ack,
-                    false => AckKind::Nak(Some(EXHAUSTED_RETRY)),
+                    false => AckKind::Nak(Some(crate::bus::EXHAUSTED_RETRY)),
                 }
             }
         };
@@ -973,6 +973,3 @@ impl Running {
             .await
     }
 }
-
-/// How long a notice whose event could not be read or settled waits before it is tried again.
-const EXHAUSTED_RETRY: Duration = Duration::from_secs(15);

@@ -82,7 +82,7 @@ async fn metrics_show_the_consumers_pending_and_unacked_events() {
     let consumer = bound
         .app
         .bus
-        .consumer(&env.config.consumer)
+        .consumer(companion_store::bus::Feed::Inbound, &env.config.consumer)
         .await
         .unwrap()
         .consumer;

@@ -243,6 +243,22 @@ impl Names {
     }
 }
 
+/// The three durable consumers a worker pulls from, each on a stream of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feed {
+    /// Bot-bound DMs and group messages.
+    Inbound,
+    /// Signals companions act on by themselves (spot reviews, due reminders, memory).
+    Signals,
+    /// The server's notices of events whose deliveries ran out on either of the other two.
+    Exhausted,
+}
+
+impl Feed {
+    /// Every feed, as `companion provision` sets them up.
+    pub const ALL: [Feed; 3] = [Feed::Inbound, Feed::Signals, Feed::Exhausted];
+}
+
 /// A connected bus: the client, its JetStream context and the names in use.
 #[derive(Clone)]
 pub struct Bus {
@@ -382,93 +398,96 @@ impl Bus {
     fn stream_configs(&self) -> [stream::Config; 6] {
         let n = &self.names;
         let day = Duration::from_secs(24 * 3600);
-        let num_replicas = self.replicas;
+        let two_hours = Duration::from_secs(2 * 3600);
         [
             stream::Config {
-                name: n.stream_in.clone(),
-                description: Some(
-                    "Bot-bound DMs and group messages published by TB-Backend".into(),
-                ),
-                subjects: n.inbound_subjects(),
                 retention: RetentionPolicy::Limits,
-                storage: StorageType::File,
-                max_age: 7 * day,
-                duplicate_window: Duration::from_secs(2 * 3600),
+                duplicate_window: two_hours,
                 discard: DiscardPolicy::Old,
-                num_replicas,
                 // The order gate and replay read messages by subject and sequence.
                 allow_direct: true,
-                ..Default::default()
+                ..self.stream_config(
+                    &n.stream_in,
+                    "Bot-bound DMs and group messages published by TB-Backend",
+                    n.inbound_subjects(),
+                    7 * day,
+                )
             },
             stream::Config {
-                name: n.stream_out.clone(),
-                description: Some("Companion replies for TB-Backend to fan out".into()),
-                subjects: vec![format!("{}.out.>", n.prefix)],
-                storage: StorageType::File,
-                max_age: day,
-                duplicate_window: Duration::from_secs(2 * 3600),
-                num_replicas,
+                duplicate_window: two_hours,
                 // A retried publish looks its completion up first (`stored_completion`).
                 allow_direct: true,
-                ..Default::default()
+                ..self.stream_config(
+                    &n.stream_out,
+                    "Companion replies for TB-Backend to fan out",
+                    vec![format!("{}.out.>", n.prefix)],
+                    day,
+                )
             },
             stream::Config {
-                name: n.stream_dlq.clone(),
-                description: Some("Events no worker could process, with the reason".into()),
-                subjects: vec![format!("{}.dlq.>", n.prefix)],
-                storage: StorageType::File,
-                max_age: 30 * day,
-                num_replicas,
                 allow_direct: true,
-                ..Default::default()
+                ..self.stream_config(
+                    &n.stream_dlq,
+                    "Events no worker could process, with the reason",
+                    vec![format!("{}.dlq.>", n.prefix)],
+                    30 * day,
+                )
             },
             stream::Config {
-                name: n.stream_signal.clone(),
-                description: Some(
-                    "Signals companions act on by themselves (spot reviews, due reminders)".into(),
-                ),
-                subjects: vec![n.signal_all(), format!("{}.schedule.>", n.prefix)],
                 retention: RetentionPolicy::Limits,
-                storage: StorageType::File,
-                // Longer than the furthest schedule (30 days), so none expires before it fires.
-                max_age: 35 * day,
-                duplicate_window: Duration::from_secs(2 * 3600),
+                duplicate_window: two_hours,
                 discard: DiscardPolicy::Old,
-                num_replicas,
                 allow_direct: true,
                 allow_message_schedules: true,
-                ..Default::default()
+                // Longer than the furthest schedule (30 days), so none expires before it fires.
+                ..self.stream_config(
+                    &n.stream_signal,
+                    "Signals companions act on by themselves (spot reviews, due reminders)",
+                    vec![n.signal_all(), format!("{}.schedule.>", n.prefix)],
+                    35 * day,
+                )
             },
             stream::Config {
-                name: n.stream_alert.clone(),
-                description: Some(
-                    "Crisis alerts for moderators: ids and category, never the message text".into(),
-                ),
-                subjects: vec![format!("{}.alert.>", n.prefix)],
-                storage: StorageType::File,
-                max_age: 30 * day,
-                duplicate_window: Duration::from_secs(2 * 3600),
-                num_replicas,
-                ..Default::default()
+                duplicate_window: two_hours,
+                ..self.stream_config(
+                    &n.stream_alert,
+                    "Crisis alerts for moderators: ids and category, never the message text",
+                    vec![format!("{}.alert.>", n.prefix)],
+                    30 * day,
+                )
             },
-            stream::Config {
-                name: n.stream_exhausted.clone(),
-                description: Some(
-                    "The server's notices of events whose deliveries ran out, until a worker settles each"
-                        .into(),
-                ),
-                // Whatever consumer of the two streams ran out: the worker's consumer filters its own.
-                subjects: vec![
+            // Whatever consumer of the two streams ran out: the worker's consumer filters its own.
+            // Kept as long as the inbound stream keeps the event a notice is about.
+            self.stream_config(
+                &n.stream_exhausted,
+                "The server's notices of events whose deliveries ran out, until a worker settles each",
+                vec![
                     max_deliveries_advisory(&n.stream_in, "*"),
                     max_deliveries_advisory(&n.stream_signal, "*"),
                 ],
-                storage: StorageType::File,
-                // As long as the inbound stream keeps the event a notice is about.
-                max_age: 7 * day,
-                num_replicas,
-                ..Default::default()
-            },
+                7 * day,
+            ),
         ]
+    }
+
+    /// What every stream shares: file storage, the configured replicas, and its own name,
+    /// description, subjects and age limit.
+    fn stream_config(
+        &self,
+        name: &str,
+        description: &str,
+        subjects: Vec<String>,
+        max_age: Duration,
+    ) -> stream::Config {
+        stream::Config {
+            name: name.to_owned(),
+            description: Some(description.to_owned()),
+            subjects,
+            storage: StorageType::File,
+            max_age,
+            num_replicas: self.replicas,
+            ..Default::default()
+        }
     }
 
     /// Fails clearly on a server without what the streams need (message schedules: 2.12).
@@ -502,24 +521,10 @@ impl Bus {
                 if existed { "updated" } else { "created" }
             ));
         }
-        changes.push(
-            self.provision_consumer(&self.names.stream_in, self.consumer_config(consumer))
-                .await?,
-        );
-        changes.push(
-            self.provision_consumer(
-                &self.names.stream_signal,
-                self.signal_consumer_config(consumer),
-            )
-            .await?,
-        );
-        changes.push(
-            self.provision_consumer(
-                &self.names.stream_exhausted,
-                self.exhausted_consumer_config(consumer),
-            )
-            .await?,
-        );
+        for feed in Feed::ALL {
+            let (stream, settings) = self.consumer_config(feed, consumer);
+            changes.push(self.provision_consumer(stream, settings).await?);
+        }
         Ok(changes)
     }
 
@@ -593,53 +598,12 @@ impl Bus {
         })
     }
 
-    /// The consumer of the signal stream: the DM consumer's settings under its own name.
-    fn signal_consumer_config(&self, c: &ConsumerConfig) -> pull::Config {
-        pull::Config {
-            durable_name: Some(signal_consumer_name(&c.name)),
-            description: Some("companion workers: signals".into()),
-            filter_subject: self.names.signal_all(),
-            filter_subjects: Vec::new(),
-            ..self.consumer_config(c)
-        }
-    }
-
-    /// The shared consumer of signals (as [`Bus::consumer`] for DMs).
-    pub async fn signal_consumer(&self, config: &ConsumerConfig) -> Result<Consumer, BusError> {
-        self.open_consumer(
-            &self.names.stream_signal,
-            self.signal_consumer_config(config),
-        )
-        .await
-    }
-
-    /// The consumer of the exhausted stream that goes with the DM consumer `c`: the server's notices about
-    /// its two consumers (DMs and signals), as that consumer acks and redelivers.
-    fn exhausted_consumer_config(&self, c: &ConsumerConfig) -> pull::Config {
+    /// A feed's stream and its consumer's settings: the DM consumer's, under the feed's own name and
+    /// filter; the notices of exhausted events with bounds of their own, so that tuning turns does not
+    /// change how they are handled.
+    fn consumer_config(&self, feed: Feed, c: &ConsumerConfig) -> (&str, pull::Config) {
         let n = &self.names;
-        pull::Config {
-            durable_name: Some(exhausted_consumer_name(&c.name)),
-            description: Some("companion workers: events whose deliveries ran out".into()),
-            filter_subjects: vec![
-                max_deliveries_advisory(&n.stream_in, &c.name),
-                max_deliveries_advisory(&n.stream_signal, &signal_consumer_name(&c.name)),
-            ],
-            max_deliver: EXHAUSTED_MAX_DELIVER,
-            ..self.consumer_config(c)
-        }
-    }
-
-    /// The shared consumer of the notices of events whose deliveries ran out (as [`Bus::consumer`]).
-    pub async fn exhausted_consumer(&self, config: &ConsumerConfig) -> Result<Consumer, BusError> {
-        self.open_consumer(
-            &self.names.stream_exhausted,
-            self.exhausted_consumer_config(config),
-        )
-        .await
-    }
-
-    fn consumer_config(&self, c: &ConsumerConfig) -> pull::Config {
-        pull::Config {
+        let dms = pull::Config {
             durable_name: Some(c.name.clone()),
             description: Some("companion workers".into()),
             deliver_policy: DeliverPolicy::All,
@@ -647,17 +611,50 @@ impl Bus {
             ack_wait: c.ack_wait(),
             max_deliver: c.max_deliver.max(1),
             max_ack_pending: c.max_ack_pending.max(1),
-            filter_subjects: self.names.inbound_subjects(),
+            filter_subjects: n.inbound_subjects(),
             ..Default::default()
+        };
+        match feed {
+            Feed::Inbound => (&n.stream_in, dms),
+            Feed::Signals => (
+                &n.stream_signal,
+                pull::Config {
+                    durable_name: Some(signal_consumer_name(&c.name)),
+                    description: Some("companion workers: signals".into()),
+                    filter_subject: n.signal_all(),
+                    filter_subjects: Vec::new(),
+                    ..dms
+                },
+            ),
+            // The server's notices about the two consumers above.
+            Feed::Exhausted => (
+                &n.stream_exhausted,
+                pull::Config {
+                    durable_name: Some(exhausted_consumer_name(&c.name)),
+                    description: Some("companion workers: events whose deliveries ran out".into()),
+                    filter_subjects: vec![
+                        max_deliveries_advisory(&n.stream_in, &c.name),
+                        max_deliveries_advisory(&n.stream_signal, &signal_consumer_name(&c.name)),
+                    ],
+                    max_deliver: EXHAUSTED_MAX_DELIVER,
+                    ack_wait: EXHAUSTED_ACK_WAIT,
+                    max_ack_pending: EXHAUSTED_MAX_ACK_PENDING,
+                    ..dms
+                },
+            ),
         }
     }
 
-    /// The shared consumer, created with `config` when missing. An existing one keeps its settings (only
-    /// `companion provision` changes them); each difference from `config` is logged, and the settings
-    /// returned are the consumer's.
-    pub async fn consumer(&self, config: &ConsumerConfig) -> Result<Consumer, BusError> {
-        self.open_consumer(&self.names.stream_in, self.consumer_config(config))
-            .await
+    /// A feed's shared consumer, created with `config` when missing. An existing one keeps its settings
+    /// (only `companion provision` changes them); each difference from `config` is logged, and the
+    /// settings returned are the consumer's.
+    pub async fn consumer(
+        &self,
+        feed: Feed,
+        config: &ConsumerConfig,
+    ) -> Result<Consumer, BusError> {
+        let (stream, settings) = self.consumer_config(feed, config);
+        self.open_consumer(stream, settings).await
     }
 
     /// Publishes to a stream subject and waits for the server's ack; `msg_id` makes a repeat a no-op.
@@ -753,9 +750,21 @@ impl Bus {
     }
 }
 
-/// Deliveries of one notice of the exhausted stream: a worker NAKs it (15 s each time) while the event
-/// it is about cannot be read or settled, e.g. through a database outage; about five minutes in all.
+/// How long a notice of the exhausted stream waits before it is tried again, when the event it is about
+/// cannot be read or settled now (e.g. through a database outage). The worker NAKs with it.
+pub const EXHAUSTED_RETRY: Duration = Duration::from_secs(15);
+
+/// Deliveries of one notice of the exhausted stream: with [`EXHAUSTED_RETRY`] between them, about five
+/// minutes in all.
 const EXHAUSTED_MAX_DELIVER: i64 = 20;
+
+/// How long a worker holds a notice without a sign of progress before the server redelivers it. The
+/// worker sends progress acks every third of it while it settles; the DM consumer's setting is not used,
+/// so that tuning turns does not change how notices are handled.
+const EXHAUSTED_ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// Notices held at once across all workers: each worker holds at most one.
+const EXHAUSTED_MAX_ACK_PENDING: i64 = 256;
 
 /// The subject of the server's notice that a message of `stream` ran out of deliveries on its consumer
 /// `consumer` (`*` for any).
