@@ -144,8 +144,8 @@ fn backoff(limits: &RetryLimits, delivered: i64) -> Duration {
 pub(crate) enum Handle<'a> {
     /// A message this worker holds (a DM or a signal): acked, NAKed or terminated.
     Message(&'a jetstream::Message),
-    /// A message no worker holds any more (it ran out of deliveries): nothing will deliver it again, so a
-    /// write that fails is retried here a few times, then again when the server's notice of it is.
+    /// A message no worker holds any more (it ran out of deliveries): nothing will deliver it again; a
+    /// write that fails is tried again when the server's notice of it is delivered again.
     Exhausted {
         subject: &'a str,
         seq: u64,
@@ -311,53 +311,40 @@ impl Settler {
         .await
     }
 
-    /// Runs one of the settlement's writes: for a held message once, and again after each outage it
-    /// waits out (NAKed when it fails otherwise); a few times for an exhausted one (nothing would retry it
-    /// otherwise).
+    /// Runs one of the settlement's writes: once, and for a held message again after each outage it
+    /// waits out. When it fails otherwise, a held message is NAKed; an exhausted event is left to its
+    /// notice, which the server delivers again (the notice's redelivery is the retry).
     async fn retrying<F, Fut, E>(&self, handle: &Handle<'_>, write: Write, f: F) -> bool
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<(), E>>,
         E: std::fmt::Display,
     {
-        let attempts: u32 = match handle {
-            Handle::Message(_) => 1,
-            Handle::Exhausted { .. } => 5,
-        };
         let held_since = std::time::Instant::now();
-        let mut attempt = 0;
-        while attempt < attempts {
-            match f().await {
+        loop {
+            let e = match f().await {
                 Ok(()) => return true,
-                Err(e) => {
-                    warn!(error = %e, ?write, attempt, "settlement write failed");
-                    if let Handle::Message(_) = handle {
-                        let cause = e.to_string();
-                        if let WaitOut::Resumed { .. } =
-                            self.outages.wait_out(&cause, held_since, &self.stop).await
-                        {
-                            continue;
-                        }
-                    }
-                    attempt += 1;
-                    if attempt < attempts {
-                        tokio::time::sleep(Duration::from_secs(u64::from(attempt) * 2 - 1)).await;
-                    }
-                }
+                Err(e) => e,
+            };
+            warn!(error = %e, ?write, "settlement write failed");
+            if let Handle::Exhausted { .. } = handle {
+                error!(
+                    ?write,
+                    "the exhausted event could not be settled; its notice is tried again later"
+                );
+                return false;
             }
-        }
-        match handle {
-            Handle::Message(_) => {
-                if let Verdict::Nak { delay } = on_failed_write(write) {
-                    handle.answer(AckKind::Nak(Some(delay))).await;
-                }
+            let cause = e.to_string();
+            if let WaitOut::Resumed { .. } =
+                self.outages.wait_out(&cause, held_since, &self.stop).await
+            {
+                continue;
             }
-            Handle::Exhausted { .. } => error!(
-                ?write,
-                "the exhausted event could not be settled; its notice is tried again later"
-            ),
+            if let Verdict::Nak { delay } = on_failed_write(write) {
+                handle.answer(AckKind::Nak(Some(delay))).await;
+            }
+            return false;
         }
-        false
     }
 }
 
