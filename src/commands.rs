@@ -7,7 +7,7 @@ pub use crate::explain::{ExplainError, Request as ExplainRequest, explain};
 pub use crate::memory::report as memory;
 /// `companion ingest` and `companion embed`: articles into the knowledge table; one vector per line of
 /// stdin to stdout.
-pub use crate::rag::commands::{embed_stdin as embed, ingest_path as ingest};
+pub use crate::rag::{embed_stdin as embed, ingest_path as ingest};
 /// `companion ingest --reembed`: every stored vector of another model computed again.
 pub use crate::reembed::{ReembedError, Reembedded, reembed};
 /// `companion usage`: what the model calls cost, from the journal, as text.
@@ -16,9 +16,9 @@ pub use crate::usage::{Query as UsageQuery, report as usage};
 pub use crate::memory::MemoryError;
 /// How `companion embed` reads its lines.
 pub use crate::rag::Role as EmbedRole;
-pub use crate::rag::{commands::RagCommandError, ingest::IngestTotals as IngestReport};
+pub use crate::rag::{IngestTotals as IngestReport, RagCommandError};
 pub use crate::replay::{ReplayArgs, ReplayError, Summary as ReplaySummary};
-pub use crate::safety::lines::LinesError;
+pub use crate::safety::LinesError;
 use crate::{
     bus::{Bus, BusError},
     config::{Config, ConsumerConfig, NatsConfig, PgConfig},

@@ -9,8 +9,8 @@ use std::{collections::BTreeMap, fmt::Write};
 
 use chrono::NaiveDate;
 
-use crate::safety::lines::{CrisisLine, CrisisLines};
-use crate::store::safety::CrisisMonth;
+use crate::safety::{CrisisLine, CrisisLines};
+use crate::store::CrisisMonth;
 
 const MONTHS: [&str; 12] = [
     "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",

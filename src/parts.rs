@@ -13,7 +13,7 @@ use crate::{
     config::{Config, redact_url},
     flow::Flows,
     journal::Journal,
-    llm::{LlmClient, LlmError, moderation::Moderator},
+    llm::{LlmClient, LlmError, Moderator},
     memory::Memory,
     metrics::Metrics,
     rag::{self, Embedder, Retriever},
@@ -36,7 +36,7 @@ pub enum PartsError {
     #[error(transparent)]
     Llm(#[from] LlmError),
     #[error("crisis lines: {0}")]
-    CrisisLines(#[from] crate::safety::lines::LinesError),
+    CrisisLines(#[from] crate::safety::LinesError),
 }
 
 /// What every stage may be built from; cloning a handle shares it.

@@ -11,7 +11,7 @@ use crate::{
     config::{EmbedSettings, PgConfig},
     memory::MemoryError,
     metrics::{Metric, Metrics},
-    rag::{EmbedConfig, EmbedError, Embedder, ingest::IngestError},
+    rag::{EmbedConfig, EmbedError, Embedder, IngestError},
     store::{Pg, StoreError},
 };
 use companion_store::store::Pool;
@@ -50,8 +50,7 @@ pub async fn reembed(
     let line = |what: &'static str| {
         move |done: u64, total: u64| println!("[reembed] {what}: {done}/{total} ({model})")
     };
-    let chunks =
-        crate::rag::ingest::reembed(&pg.pool, &embedder, batch, line("knowledge chunks")).await?;
+    let chunks = crate::rag::reembed(&pg.pool, &embedder, batch, line("knowledge chunks")).await?;
     let facts =
         crate::memory::reembed(&pg.pool, &embedder, batch, line("remembered facts")).await?;
     Ok(Reembedded {
@@ -74,7 +73,7 @@ pub(crate) const OTHER_MODEL: Metric = Metric::new(
 pub(crate) async fn check(pool: &Pool, model: &str, metrics: &Metrics) {
     let counts = tokio::try_join!(
         async {
-            crate::rag::kb::stale_chunks(pool, model)
+            crate::rag::stale_chunks(pool, model)
                 .await
                 .map_err(|e| e.to_string())
         },

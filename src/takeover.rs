@@ -30,7 +30,7 @@ use crate::{
     journal::{Attempt, Finish, Job, Journal, NewJob, State, StepKind, names::key},
     pipeline::{Input, Pipeline, PipelineError, prompt},
     proactive::ProactiveError,
-    store::{Mongo, Pg, pg::NewHistory, safety::Takeover},
+    store::{Mongo, NewHistory, Pg, Takeover},
 };
 use crate::{config::Config, parts::Parts};
 

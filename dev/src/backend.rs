@@ -12,10 +12,7 @@ use companion_store::{
         Bus, BusError,
         event::{Attachment, Completion, GroupMessageEvent, InboundEvent},
     },
-    store::{
-        Mongo, StoreError,
-        mongo::{DM_CONVERSATIONS, DM_MESSAGES},
-    },
+    store::{DM_CONVERSATIONS, DM_MESSAGES, Mongo, StoreError},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -215,7 +212,7 @@ pub async fn ensure_web_conversations(
 ) -> Result<Vec<(String, ObjectId)>, BackendError> {
     let mut bots = Vec::new();
     let mut cursor = mongo
-        .collection(companion_store::store::mongo::USERS)
+        .collection(companion_store::store::USERS)
         .find(doc! { "isBot": true })
         .await?;
     while let Some(bot) = cursor.next().await {

@@ -16,7 +16,7 @@ use companion_store::{
         Bus,
         event::{Completion, parse_object_id},
     },
-    store::{Mongo, Pg, mongo::USERS},
+    store::{Mongo, Pg, USERS},
 };
 
 /// Lines the group demo plays when it is not run on a terminal.

@@ -8,10 +8,7 @@ use std::{collections::BTreeMap, fmt::Write, path::Path};
 
 use anyhow::Context;
 use companion_core::config::EmbedSettings;
-use companion_safety::{
-    detect::{CrisisScreen, FirstCheck},
-    screen::{Blocked, Category, check_output, screen},
-};
+use companion_safety::{Blocked, Category, CrisisScreen, FirstCheck, check_output, screen};
 
 use serde::Deserialize;
 
@@ -63,7 +60,7 @@ pub async fn moderate_all(
     input: &[Line],
 ) -> anyhow::Result<(Vec<Option<Category>>, Vec<(usize, String)>)> {
     use futures::StreamExt as _;
-    let moderator = companion_llm::moderation::Moderator::new(
+    let moderator = companion_llm::Moderator::new(
         url,
         args.key.clone(),
         args.model.clone(),
@@ -312,7 +309,7 @@ fn output_layers(
     }
     let ordinary: Vec<&Line> = output
         .iter()
-        .filter(|l| l.label == "none" && companion_safety::screen::language(&l.text).is_some())
+        .filter(|l| l.label == "none" && companion_safety::language(&l.text).is_some())
         .collect();
     let asked = ordinary
         .iter()
@@ -667,7 +664,7 @@ fn print_screen_time(input: &[Line], embeddings: &[Vec<f32>]) {
 
 /// The layers as the worker runs them, for the report.
 mod layers {
-    use companion_safety::{detect, learned};
+    use companion_safety::{self as safety, learned};
 
     /// The learned layer alone.
     pub fn learned(text: &str, embedding: Option<&[f32]>) -> Option<String> {
@@ -685,33 +682,30 @@ mod layers {
 
     /// The worker's screen reading the encoder the reply head was trained on (the report embeds the
     /// replies only with that one).
-    pub fn reply_screen() -> detect::CrisisScreen {
+    pub fn reply_screen() -> safety::CrisisScreen {
         let encoder = learned::OUTPUT_VECTOR
             .as_ref()
             .map(|h| h.header.encoder.as_str());
-        detect::CrisisScreen::new(true).reading(encoder)
+        safety::CrisisScreen::new(true).reading(encoder)
     }
 
     /// The reply head alone, ungated, on a reply with its embedding.
-    pub fn reply_head(
-        text: &str,
-        embedding: Option<&[f32]>,
-    ) -> Option<companion_safety::screen::Blocked> {
-        detect::check_reply_vector_with(learned::OUTPUT_VECTOR.as_ref(), text, embedding?)
+    pub fn reply_head(text: &str, embedding: Option<&[f32]>) -> Option<companion_safety::Blocked> {
+        safety::check_reply_vector_with(learned::OUTPUT_VECTOR.as_ref(), text, embedding?)
     }
 
     /// The worker's output check of a reply: the rules and the n-grams, then the head behind its gate
     /// (always, in answer to a message flagged for a crisis).
     pub fn reply(
-        screen: &detect::CrisisScreen,
+        screen: &safety::CrisisScreen,
         text: &str,
         embedding: Option<&[f32]>,
         crisis: bool,
-    ) -> Option<companion_safety::screen::Blocked> {
+    ) -> Option<companion_safety::Blocked> {
         match screen.first_check_reply(text, crisis) {
-            detect::FirstCheck::Blocked(b) => Some(b),
-            detect::FirstCheck::Passes => None,
-            detect::FirstCheck::AskHead => screen.check_reply_vector(text, embedding?),
+            safety::FirstCheck::Blocked(b) => Some(b),
+            safety::FirstCheck::Passes => None,
+            safety::FirstCheck::AskHead => screen.check_reply_vector(text, embedding?),
         }
     }
 
@@ -720,12 +714,12 @@ mod layers {
     pub fn decided(
         text: &str,
         embedding: Option<&[f32]>,
-        moderation: Option<companion_safety::screen::Category>,
+        moderation: Option<companion_safety::Category>,
     ) -> Option<String> {
-        use companion_knowledge::{rag::query::needs_no_knowledge, rag::query::normalize};
+        use companion_knowledge::rag::{needs_no_knowledge, normalize_query as normalize};
         let key = normalize(text);
         let embedding = embedding.filter(|_| !key.is_empty() && !needs_no_knowledge(&key));
-        detect::decide_with(
+        safety::decide_with(
             learned::INPUT.as_ref(),
             learned::VECTOR.as_ref(),
             text,

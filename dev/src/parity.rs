@@ -23,10 +23,8 @@ use std::{
 
 use anyhow::Context;
 use companion_knowledge::rag::{
-    EmbedConfig, EmbedError, Embedder,
-    chunk::ChunkConfig,
-    embed::{MAX_TOKENS, cosine},
-    ingest,
+    ChunkConfig, EmbedConfig, EmbedError, Embedder, MAX_TOKENS, chunk_article, cosine,
+    count_tokens, read_articles,
 };
 use serde::Deserialize;
 
@@ -277,8 +275,7 @@ pub async fn text_parity(
         .await?;
     let mut truncated = 0;
     for t in &texts {
-        if companion_knowledge::rag::chunk::count_tokens(reference.tokenizer(), t)? + 2 > MAX_TOKENS
-        {
+        if count_tokens(reference.tokenizer(), t)? + 2 > MAX_TOKENS {
             truncated += 1;
         }
     }
@@ -330,10 +327,10 @@ pub struct Chunk {
 /// The knowledge in `dir`, chunked as `companion ingest` chunks it (default chunk settings: 256
 /// tokens, 15 % overlap, the title prefixed).
 pub fn knowledge_chunks(embedder: &Embedder, dir: &Path) -> anyhow::Result<Vec<Chunk>> {
-    let articles = ingest::read_articles(dir, None)?;
+    let articles = read_articles(dir, None)?;
     let mut out = Vec::new();
     for a in &articles {
-        let (_, inputs) = ingest::chunk_article(embedder, a, ChunkConfig::default())?;
+        let (_, inputs) = chunk_article(embedder, a, ChunkConfig::default())?;
         for (ord, input) in inputs.into_iter().enumerate() {
             out.push(Chunk {
                 id: format!("{}/{}#{ord}", a.collection, a.key),

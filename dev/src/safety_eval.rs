@@ -84,16 +84,16 @@ pub fn evaluate(examples: &[Example], split: Split) -> (BTreeMap<String, Figures
         .iter()
         .filter(|e| split.includes(&e.split))
         .collect();
-    let _ = screen::screen("");
+    let _ = screen("");
     let cold = Instant::now();
     for e in &chosen {
-        std::hint::black_box(screen::screen(&e.text));
+        std::hint::black_box(screen(&e.text));
     }
     let cold = cold.elapsed() / u32::try_from(chosen.len().max(1)).unwrap_or(u32::MAX);
     let mut figures: BTreeMap<String, Figures> = BTreeMap::new();
     for e in chosen {
         let start = Instant::now();
-        let flag = std::hint::black_box(screen::screen(&e.text));
+        let flag = std::hint::black_box(screen(&e.text));
         let f = figures.entry(e.lang.clone()).or_default();
         f.time += start.elapsed();
         if e.label == "none" {

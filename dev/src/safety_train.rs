@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use anyhow::Context;
 use companion_core::config::EmbedSettings;
 use companion_safety::{
-    detect::{check_reply_with, decide_with},
+    check_reply_with, decide_with,
     learned::{self, BUCKETS, DIM, Features, Header, Model},
 };
 use sha2::{Digest, Sha256};
@@ -824,7 +824,7 @@ mod tests {
     /// the output check, which the learned layer now joins on its own.
     #[test]
     fn ordinary_sport_text_the_output_layer_never_saw_passes() {
-        let screen = companion_safety::detect::CrisisScreen::new(true);
+        let screen = companion_safety::CrisisScreen::new(true);
         let root =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/knowledge/snowboarding");
         let mut texts = Vec::new();

@@ -8,10 +8,7 @@ use mongodb::options::ReplaceOptions;
 use bson::oid::ObjectId;
 use futures::TryStreamExt;
 
-use companion_store::store::{
-    Mongo, StoreError,
-    mongo::{TRICKLISTS, USERS, user_ref, user_ref_filter},
-};
+use companion_store::store::{Mongo, StoreError, TRICKLISTS, USERS, user_ref, user_ref_filter};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeedError {

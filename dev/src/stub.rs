@@ -1428,7 +1428,7 @@ impl DemoModel {
     pub fn intent_of(&self, v: &[f32]) -> (Intent, f32) {
         self.intents
             .iter()
-            .map(|(i, e)| (*i, companion_knowledge::rag::embed::cosine(v, e)))
+            .map(|(i, e)| (*i, companion_knowledge::rag::cosine(v, e)))
             .fold((Intent::Chat, f32::MIN), |best, x| {
                 if x.1 > best.1 { x } else { best }
             })
@@ -1486,7 +1486,7 @@ impl DemoModel {
         self.tricks
             .iter()
             .filter(|t| sport.is_none_or(|s| t.category == s) && (!easy || t.beginner))
-            .map(|t| (t, companion_knowledge::rag::embed::cosine(v, &t.embedding)))
+            .map(|t| (t, companion_knowledge::rag::cosine(v, &t.embedding)))
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(t, _)| (t.name.clone(), sport))
     }

@@ -18,10 +18,7 @@ use std::{collections::BTreeMap, fmt::Write, path::Path};
 use anyhow::Context;
 use companion_core::config::EmbedSettings;
 use companion_knowledge::rag::{
-    Embedder, Role,
-    chunk::ChunkConfig,
-    embed::cosine,
-    ingest::{self, Article},
+    Article, ChunkConfig, Embedder, Role, chunk_article, cosine, read_articles,
 };
 use serde::Deserialize;
 
@@ -163,10 +160,10 @@ fn report(out: &mut String, name: &str, scored: &Scored, cut: f32, how: &str) {
 
 /// The demo knowledge's chunks as ingest embeds them: (collection/key, vector).
 async fn chunks(embedder: &Embedder, dir: &Path) -> anyhow::Result<Vec<(String, Vec<f32>)>> {
-    let articles: Vec<Article> = ingest::read_articles(dir, None)?;
+    let articles: Vec<Article> = read_articles(dir, None)?;
     let mut out = Vec::new();
     for a in &articles {
-        let (_, inputs) = ingest::chunk_article(embedder, a, ChunkConfig::default())?;
+        let (_, inputs) = chunk_article(embedder, a, ChunkConfig::default())?;
         let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
         for v in embedder.embed(Role::Passage, &refs).await? {
             out.push((format!("{}/{}", a.collection, a.key), v));

@@ -18,9 +18,8 @@ use std::collections::BTreeMap;
 
 use crate::safety_train::Figures;
 use companion_safety::{
-    detect::{FirstCheck, check_reply_vector_with, decide_with, first_check_with},
+    FirstCheck, check_reply_vector_with, decide_with, first_check_with, language,
     learned::{DIM, HIDDEN, Model, VectorHead, VectorHeader, VectorWeights, softmax},
-    screen::language,
 };
 
 /// One tuning line, as the head sees it.

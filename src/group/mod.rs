@@ -17,7 +17,7 @@ use crate::{
     journal::{StepKind, Telling, Told},
     metrics::Metric,
     rag::Retriever,
-    store::pg::GroupLine,
+    store::GroupLine,
     timing::{Stage, stage},
 };
 

@@ -28,8 +28,8 @@ use crate::{
     memory::Memory,
     metrics::Metrics,
     rag::Retriever,
-    safety::screen::Category,
-    store::{Mongo, Pg, safety::Seen},
+    safety::Category,
+    store::{Mongo, Pg, Seen},
     timing::{Stage, stage},
 };
 use crate::{config::Config, parts::Parts};
@@ -103,7 +103,7 @@ pub(crate) struct ComposeSettings {
     pub(crate) minor_quiet: (chrono::NaiveTime, chrono::NaiveTime),
     pub(crate) clean: Clean,
     /// The output check of the model's own words after its flag.
-    pub(crate) screen: crate::safety::detect::CrisisScreen,
+    pub(crate) screen: crate::safety::CrisisScreen,
     /// How far back the AI disclosure's rule reads a DM (none: the disclosure is off): read with the
     /// history, not after the model answered.
     pub(crate) disclosure_lookback: Option<chrono::Duration>,

@@ -26,12 +26,7 @@ use crate::{
         names::key::{self, Slot},
     },
     metrics::Metric,
-    store::{
-        Mongo, Pg,
-        mongo::{DM_MESSAGES, ReplyDoc},
-        pg::NewHistory,
-        safety::{self, BeforeDelivery},
-    },
+    store::{self, BeforeDelivery, DM_MESSAGES, Mongo, NewHistory, Pg, ReplyDoc},
     timing::{Stage, stage},
 };
 
@@ -173,7 +168,7 @@ impl Delivery {
         let ridden = job
             .carried()
             .take_ridden(&slot.reply(job.record.generation))
-            .and_then(|v| safety::before_delivery_of(&v));
+            .and_then(|v| store::before_delivery_of(&v));
         // Only a checked message has a ride; the crisis line writes its history after its document.
         let written = if how.check {
             let checked = match ridden {
@@ -250,14 +245,14 @@ impl Delivery {
         let history = match self.address(a, key, burst, said, &answered, false) {
             Ok(out) if !said.marks.is_private() => {
                 let parties = Parties::of(&out);
-                crate::store::pg::history_arg(&history_rows(&out, said, &parties))
+                crate::store::history_arg(&history_rows(&out, said, &parties))
             }
             // Private to its user, or a reply id that does not read (the delivery says so).
             _ => None,
         };
         Ride {
-            sql: safety::BEFORE_DELIVERY_WRITING_ON_5.as_str(),
-            arg: safety::before_delivery_arg(&a.ids.conversation, &a.ids.user, &ids, history),
+            sql: store::BEFORE_DELIVERY_WRITING_ON_5.as_str(),
+            arg: store::before_delivery_arg(&a.ids.conversation, &a.ids.user, &ids, history),
         }
     }
 
@@ -349,7 +344,7 @@ impl Delivery {
             }
         }
         if !undelivered.is_empty() {
-            let removed = crate::store::pg::unwrite_history(&self.pg, &undelivered).await?;
+            let removed = crate::store::unwrite_history(&self.pg, &undelivered).await?;
             warn!(removed, replies = ?undelivered, "held on a retry: replies recorded but never delivered leave history");
         }
         Ok(())

@@ -22,8 +22,8 @@ use crate::{
         names::key::{self, Slot},
     },
     rag::Retriever,
-    safety::{Safety, detect::Layer},
-    store::{Pg, pg::GroupLine},
+    safety::{Layer, Safety},
+    store::{GroupLine, Pg},
     timing::{Stage, stage},
 };
 use std::sync::Arc;

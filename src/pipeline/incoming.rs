@@ -22,14 +22,10 @@ use crate::{
     bus::Bus,
     genai,
     journal::{Admission, Counted, Job, StepKind, Telling, Told, names::tally},
-    llm::moderation::Moderator,
+    llm::Moderator,
     metrics::{Metric, Metrics},
     rag::Retriever,
-    safety::{
-        Safety,
-        detect::{Decision, Layer},
-        screen::Category,
-    },
+    safety::{Category, Decision, Layer, Safety},
     store::Pg,
 };
 

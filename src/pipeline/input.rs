@@ -19,11 +19,8 @@ use crate::{
     journal::NewJob,
     memory::Memory,
     proactive::{self, FollowUp, ProactiveError},
-    safety::{Safety, age::Age},
-    store::{
-        Mongo, Pg,
-        mongo::{Membership, UserData},
-    },
+    safety::{Age, Safety},
+    store::{Membership, Mongo, Pg, UserData},
 };
 use crate::{config::Config, parts::Parts};
 

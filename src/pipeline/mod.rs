@@ -56,7 +56,7 @@ use crate::{
     },
     llm::LlmError,
     proactive::ProactiveError,
-    safety::detect::Decision,
+    safety::Decision,
     store::StoreError,
     timing::{Stage, stage},
     tools::ToolError,

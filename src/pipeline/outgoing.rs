@@ -27,16 +27,8 @@ use crate::{
     group::Member,
     journal::Journal,
     metrics::{Metric, Metrics},
-    safety::{
-        Safety,
-        detect::FirstCheck,
-        disclosure::{self, Due},
-        screen::Blocked,
-    },
-    store::{
-        Pg,
-        safety::{Between, Seen},
-    },
+    safety::{self, Blocked, Due, FirstCheck, Safety},
+    store::{Between, Pg, Seen},
     tools::clip,
 };
 use crate::{config::Config, parts::Parts};
@@ -130,7 +122,7 @@ enum Notice<'a> {
 fn disclosed(
     content: &str,
     notice: &Notice<'_>,
-    lines: &crate::safety::lines::CrisisLines,
+    lines: &crate::safety::CrisisLines,
     c: &crate::character::Character,
     break_due: bool,
 ) -> (String, bool) {
@@ -296,7 +288,7 @@ impl Outgoing {
                 self.pg.disclosures(between, since).await?
             }
         };
-        Ok(disclosure::due(rhythm, last_disclosure, &activity, now, tz))
+        Ok(safety::due(rhythm, last_disclosure, &activity, now, tz))
     }
 }
 
@@ -315,7 +307,7 @@ mod tests {
     /// in crisis carry the plain sentence in the crisis's language, help first.
     #[test]
     fn a_user_in_crisis_hears_the_plain_notice_never_the_character_s_line() {
-        let (lines, c) = (crate::safety::lines::CrisisLines::builtin(), kaori());
+        let (lines, c) = (crate::safety::CrisisLines::builtin(), kaori());
         let playful = c.disclosure_line.trim();
         let (plain, with_break) = disclosed("hey!", &Notice::Character, &lines, &c, true);
         assert!(plain.starts_with(playful) && plain.ends_with(c.break_line.trim()));
@@ -325,7 +317,7 @@ mod tests {
             Some("ja"),
             Some("JP"),
             None,
-            crate::safety::screen::Category::SelfHarm,
+            crate::safety::Category::SelfHarm,
         );
         let (text, with_break) = disclosed(
             &referral.text,

@@ -11,11 +11,7 @@ use crate::{
     llm::{ContentPart, FunctionCall, ImageUrl, Message, ToolCall, UserContent},
     memory::Recall,
     rag::KnowledgeSnippet,
-    store::{
-        mongo::{Tricklist, UserProfile},
-        pg::{History, HistoryMessage},
-        reminders::PendingReminder,
-    },
+    store::{History, HistoryMessage, PendingReminder, Tricklist, UserProfile},
 };
 
 /// Longest app-supplied string (bio, list name) copied into the prompt.

@@ -30,12 +30,12 @@ use crate::{
     journal::JournalError,
     llm::{CallBudget, ChatRequest, FailedCall, LlmClient, Message, ToolCall},
     metrics::{Metric, Metrics},
-    safety::screen::Category,
+    safety::Category,
     spend::{self, Allowance, LoopSpend, Scope, SpendGuard, Spent},
     timing::{Stage, stage},
     tools::{
-        Group, Registry, ToolContext, ToolRecord, Toolbox, call_key, flag_concern, more_tools,
-        offer::Offer,
+        Group, Offer, Registry, ToolContext, ToolRecord, Toolbox, call_key, flag_concern,
+        more_tools,
     },
 };
 use crate::{config::Config, parts::Parts};

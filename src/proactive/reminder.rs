@@ -7,10 +7,10 @@
 use serde::Deserialize;
 
 use super::{Found, News, ProactiveError, SignalBody, Sources, Thread, invalid};
-use crate::{bus::event::parse_object_id, character::fill, store::reminders::ReminderState};
+use crate::{bus::event::parse_object_id, character::fill, store::ReminderState};
 
 /// The trigger kind of a reminder's message.
-pub(crate) const KIND: &str = crate::store::reminders::KIND;
+pub(crate) const KIND: &str = crate::store::REMINDER_KIND;
 
 /// The fired schedule's body.
 #[derive(Debug, Deserialize)]

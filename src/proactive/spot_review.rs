@@ -17,7 +17,7 @@ use super::{Found, News, ProactiveError, SignalBody, Sources, Thread, invalid};
 use crate::{
     bus::event::parse_object_id,
     character::{Character, fill},
-    store::mongo::{SPOT_DRAFTS, SPOTS},
+    store::{SPOT_DRAFTS, SPOTS},
 };
 
 /// The trigger kind of a review's follow-up.

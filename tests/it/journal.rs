@@ -316,7 +316,7 @@ async fn carried(
     job: &companion_journal::Job,
 ) -> (Value, Result<(), JournalError>) {
     use companion_journal::OWED_WRITE;
-    use companion_store::store::pg::Rides;
+    use companion_store::store::Rides;
     let owed = job.owing().expect("owed");
     let mut rides = Rides::default();
     assert!(rides.push_write(OWED_WRITE, owed.args()));
@@ -348,7 +348,7 @@ async fn owing_and_another(
 }
 
 /// A burst with nothing to cover owes its record (`Step::run_owed`, issue 64): the history's read carries
-/// it (`store::pg::Rides::push_write`), or the attempt's next record writes it first. Against another
+/// it (`store::Rides::push_write`), or the attempt's next record writes it first. Against another
 /// attempt that covered a follower meanwhile, the owing attempt ends (`Raced`, transient) at that read or
 /// at that next record, having written nothing of its own; when the owed record is there first, the
 /// covering attempt covers nothing.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use companion_dev::bench::pgwire::PgWireCounter;
 use companion_dev::stub::{StubReply, always};
-use companion_store::store::pool::{Pool, PoolSettings};
+use companion_store::store::{Pool, PoolSettings};
 use sqlx::postgres::PgConnectOptions;
 
 use crate::env::*;

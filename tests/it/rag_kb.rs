@@ -6,13 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::env::*;
 use companion_dev::stub::{StubReply, always};
 
-use companion_knowledge::rag::{
-    self,
-    chunk::{self, ChunkConfig},
-    embed::MAX_TOKENS,
-    ingest::{self, Article, Ingested},
-    kb,
-};
+use companion_knowledge::rag::{self, Article, ChunkConfig, Ingested, MAX_TOKENS};
 
 fn knowledge_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/knowledge")
@@ -23,8 +17,8 @@ async fn ingest_all(
     db: &TestEnv,
     embedder: &companion_knowledge::rag::Embedder,
     articles: &[Article],
-) -> ingest::IngestTotals {
-    ingest::ingest(
+) -> rag::IngestTotals {
+    rag::ingest(
         &db.pg.pool,
         embedder,
         articles,
@@ -43,7 +37,7 @@ fn cols(names: &[&str]) -> Vec<String> {
 async fn ingest_then_query_ranks_the_right_article_first() {
     let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
-    let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
+    let articles = rag::read_articles(&knowledge_dir(), None).unwrap();
     assert!(articles.len() >= 12, "{} demo articles", articles.len());
     assert!(articles.iter().any(|a| a.collection == "snowboarding"));
     assert!(articles.iter().any(|a| a.collection == "skateboarding"));
@@ -108,20 +102,20 @@ async fn reingesting_unchanged_content_does_nothing() {
     let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
     let articles =
-        ingest::read_articles(&knowledge_dir().join("skateboarding"), Some("skate")).unwrap();
+        rag::read_articles(&knowledge_dir().join("skateboarding"), Some("skate")).unwrap();
     let cfg = ChunkConfig::default();
-    let first = ingest::ingest(&db.pg.pool, &embedder, &articles, cfg, false)
+    let first = rag::ingest(&db.pg.pool, &embedder, &articles, cfg, false)
         .await
         .unwrap();
     assert_eq!(first.added, articles.len());
-    let before = kb::counts(&db.pg.pool).await.unwrap();
+    let before = rag::kb_counts(&db.pg.pool).await.unwrap();
     let runs_before = embedder.counts().model_runs;
-    let second = ingest::ingest(&db.pg.pool, &embedder, &articles, cfg, false)
+    let second = rag::ingest(&db.pg.pool, &embedder, &articles, cfg, false)
         .await
         .unwrap();
     assert_eq!(second.unchanged, articles.len());
     assert_eq!(second.chunks, 0);
-    assert_eq!(kb::counts(&db.pg.pool).await.unwrap(), before);
+    assert_eq!(rag::kb_counts(&db.pg.pool).await.unwrap(), before);
     assert_eq!(
         embedder.counts().model_runs,
         runs_before,
@@ -151,7 +145,7 @@ async fn a_changed_article_replaces_its_chunks() {
     };
     let cfg = ChunkConfig::default();
     for art in [&a, &other] {
-        let (o, _) = ingest::ingest_article(&db.pg.pool, &embedder, art, cfg)
+        let (o, _) = rag::ingest_article(&db.pg.pool, &embedder, art, cfg)
             .await
             .unwrap();
         assert_eq!(o, Ingested::Added);
@@ -159,7 +153,7 @@ async fn a_changed_article_replaces_its_chunks() {
     a.text = "Heat-moldable liners shape themselves to your feet. Replace boots when the flex \
               gets soft and your heel lifts."
         .into();
-    let (o, n) = ingest::ingest_article(&db.pg.pool, &embedder, &a, cfg)
+    let (o, n) = rag::ingest_article(&db.pg.pool, &embedder, &a, cfg)
         .await
         .unwrap();
     assert_eq!(o, Ingested::Replaced);
@@ -172,7 +166,7 @@ async fn a_changed_article_replaces_its_chunks() {
     .await
     .unwrap();
     assert_eq!(contents, vec![a.text.clone()]);
-    assert_eq!(kb::counts(&db.pg.pool).await.unwrap(), (2, 2));
+    assert_eq!(rag::kb_counts(&db.pg.pool).await.unwrap(), (2, 2));
     let hits = rag::retrieve(
         &db.pg.pool,
         &embedder,
@@ -192,7 +186,7 @@ async fn only_chunks_above_the_threshold_are_returned() {
     let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
     let articles =
-        ingest::read_articles(&knowledge_dir().join("snowboarding"), Some("snowboarding")).unwrap();
+        rag::read_articles(&knowledge_dir().join("snowboarding"), Some("snowboarding")).unwrap();
     ingest_all(&db, &embedder, &articles).await;
     let c = cols(&["snowboarding"]);
     let off_topic = "what is the best recipe for lasagna with spinach?";
@@ -239,10 +233,10 @@ async fn chunks_fit_the_model_and_overlap() {
     let text: Vec<String> = (0..80).map(sentence).collect();
     let text = text.join(" ");
     let cfg = ChunkConfig::default();
-    let chunks = chunk::chunk(embedder.tokenizer(), &text, cfg, 0).unwrap();
+    let chunks = rag::chunk(embedder.tokenizer(), &text, cfg, 0).unwrap();
     assert!(chunks.len() >= 4, "{} chunks", chunks.len());
     for (i, c) in chunks.iter().enumerate() {
-        let with_specials = chunk::count_tokens(embedder.tokenizer(), c).unwrap() + 2;
+        let with_specials = rag::count_tokens(embedder.tokenizer(), c).unwrap() + 2;
         assert!(
             with_specials <= MAX_TOKENS,
             "chunk {i}: {with_specials} tokens"
@@ -266,17 +260,17 @@ async fn chunks_fit_the_model_and_overlap() {
     }
     // One huge "sentence" is cut on tokens.
     let blob = "powder ".repeat(1000);
-    let chunks = chunk::chunk(embedder.tokenizer(), &blob, cfg, 0).unwrap();
+    let chunks = rag::chunk(embedder.tokenizer(), &blob, cfg, 0).unwrap();
     assert!(chunks.len() >= 4);
     for c in &chunks {
-        assert!(chunk::count_tokens(embedder.tokenizer(), c).unwrap() + 2 <= MAX_TOKENS);
+        assert!(rag::count_tokens(embedder.tokenizer(), c).unwrap() + 2 <= MAX_TOKENS);
     }
     // Overlap 0 gives disjoint chunks; the article is covered.
     let no_overlap = ChunkConfig {
         overlap: 0.0,
         ..cfg
     };
-    let chunks = chunk::chunk(embedder.tokenizer(), &text, no_overlap, 0).unwrap();
+    let chunks = rag::chunk(embedder.tokenizer(), &text, no_overlap, 0).unwrap();
     assert_eq!(chunks.join(" "), text);
 }
 
@@ -290,7 +284,7 @@ async fn markdown_front_matter_and_jsonl_are_read() {
     )
     .unwrap();
     std::fs::write(dir.join("skiing/plain.txt"), "# Heading title\nPlain body.").unwrap();
-    let mut a = ingest::read_articles(&dir, None).unwrap();
+    let mut a = rag::read_articles(&dir, None).unwrap();
     a.sort_by(|x, y| x.key.cmp(&y.key));
     assert_eq!(a.len(), 2);
     assert_eq!(a[0].collection, "skiing");
@@ -307,13 +301,10 @@ async fn markdown_front_matter_and_jsonl_are_read() {
         "{\"id\":\"x1\",\"title\":\"T\",\"text\":\"Hello.\",\"url\":\"https://e.org\"}\n\n",
     )
     .unwrap();
-    let j = ingest::read_articles(&jsonl, Some("c")).unwrap();
+    let j = rag::read_articles(&jsonl, Some("c")).unwrap();
     assert_eq!(j.len(), 1);
     assert_eq!((j[0].key.as_str(), j[0].collection.as_str()), ("x1", "c"));
-    assert!(
-        ingest::read_articles(&jsonl, None).is_err(),
-        "no collection"
-    );
+    assert!(rag::read_articles(&jsonl, None).is_err(), "no collection");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -322,16 +313,16 @@ async fn markdown_front_matter_and_jsonl_are_read() {
 #[tokio::test]
 async fn a_small_collection_is_found_behind_a_large_one() {
     let db = TestEnv::new(always(StubReply::text("unused"))).await;
-    let dim = rag::embed::DIM;
+    let dim = rag::DIM;
     let unit = |seed: usize, near: bool| {
         let mut v: Vec<f32> = (0..dim)
             .map(|i| (((seed * 7919 + i * 104_729) % 1000) as f32 / 1000.0) - 0.5)
             .collect();
         // Near the query (the first axis) or far from it.
         v[0] = if near { 40.0 } else { -40.0 };
-        rag::embed::normalize(v)
+        rag::normalize_vector(v)
     };
-    let meta = |collection: &str, key: &str| kb::ArticleMeta {
+    let meta = |collection: &str, key: &str| rag::ArticleMeta {
         collection: collection.into(),
         key: key.into(),
         title: key.into(),
@@ -341,7 +332,7 @@ async fn a_small_collection_is_found_behind_a_large_one() {
     };
     let big: Vec<String> = (0..3000).map(|i| format!("big {i}")).collect();
     let big_vectors = (0..3000).map(|i| unit(i, true)).collect();
-    kb::replace_article(
+    rag::replace_article(
         &db.pg.pool,
         &meta("big", "a"),
         &big,
@@ -352,7 +343,7 @@ async fn a_small_collection_is_found_behind_a_large_one() {
     .unwrap();
     let small: Vec<String> = (0..3).map(|i| format!("small {i}")).collect();
     let small_vectors = (0..3).map(|i| unit(1000 + i, false)).collect();
-    kb::replace_article(
+    rag::replace_article(
         &db.pg.pool,
         &meta("small", "b"),
         &small,
@@ -413,7 +404,7 @@ async fn a_small_collection_is_found_behind_a_large_one() {
         .unwrap();
     tx.rollback().await.unwrap();
     assert!(without.len() < 3, "without the iterative scan: {without:?}");
-    let hits = kb::search(&pool, &cols(&["small"]), &query, 3, "test-model")
+    let hits = rag::kb_search(&pool, &cols(&["small"]), &query, 3, "test-model")
         .await
         .unwrap();
     assert_eq!(hits.len(), 3, "{hits:?}");
@@ -427,10 +418,10 @@ async fn a_small_collection_is_found_behind_a_large_one() {
 /// what keeps them out), and the messages it does embed include ones that find their article.
 #[tokio::test]
 async fn a_skipped_message_retrieves_nothing_and_a_question_finds_its_article() {
-    use companion_knowledge::{rag::query::needs_no_knowledge, rag::query::normalize};
+    use companion_knowledge::rag::{needs_no_knowledge, normalize_query as normalize};
     let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
-    let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
+    let articles = rag::read_articles(&knowledge_dir(), None).unwrap();
     ingest_all(&db, &embedder, &articles).await;
     let threshold = (db.config.rag.threshold).unwrap_or(embedder.encoder().scores.knowledge);
     let retriever = rag::Retriever::new(db.pg.pool.clone(), Some(embedder.clone()), &db.config.rag);
@@ -489,7 +480,7 @@ async fn vectors_of_another_model_are_left_out_until_reembed_moves_them_over() {
     let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
     let model = embedder.model();
-    let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
+    let articles = rag::read_articles(&knowledge_dir(), None).unwrap();
     ingest_all(&db, &embedder, &articles).await;
     // Many more chunks, so that a run of one chunk a batch is still going when it is killed.
     let many: Vec<Article> = (0..200)
@@ -544,7 +535,7 @@ async fn vectors_of_another_model_are_left_out_until_reembed_moves_them_over() {
     );
     // An unchanged article of another model is written again by a plain ingest.
     let one =
-        ingest::read_articles(&knowledge_dir().join("snowboarding"), Some("snowboarding")).unwrap();
+        rag::read_articles(&knowledge_dir().join("snowboarding"), Some("snowboarding")).unwrap();
     let again = ingest_all(&db, &embedder, &one[..1]).await;
     assert_eq!((again.replaced, again.unchanged), (1, 0), "{again:?}");
 
@@ -623,7 +614,7 @@ async fn vectors_of_another_model_are_left_out_until_reembed_moves_them_over() {
 async fn a_question_in_eight_languages_finds_its_english_article() {
     let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
-    let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
+    let articles = rag::read_articles(&knowledge_dir(), None).unwrap();
     ingest_all(&db, &embedder, &articles).await;
     let questions: Vec<companion_dev::thresholds::Question> = companion_dev::jsonl::read(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/retrieval/questions.jsonl"),
@@ -669,10 +660,10 @@ async fn a_question_in_eight_languages_finds_its_english_article() {
 /// nothing to look up, there is no ride and the search runs on its own.
 #[tokio::test]
 async fn a_search_riding_with_the_history_finds_what_its_own_statement_finds() {
-    use companion_store::store::pg::Rides;
+    use companion_store::store::Rides;
     let db = TestEnv::new(always(StubReply::text("unused"))).await;
     let embedder = crate::env::embedder();
-    let articles = ingest::read_articles(&knowledge_dir(), None).unwrap();
+    let articles = rag::read_articles(&knowledge_dir(), None).unwrap();
     ingest_all(&db, &embedder, &articles).await;
     let retriever = rag::Retriever::new(db.pg.pool.clone(), Some(embedder.clone()), &db.config.rag);
     let all = cols(&["snowboarding", "skateboarding"]);

@@ -10,7 +10,7 @@ use companion_dev::{
     backend,
     stub::{self, StubReply},
 };
-use companion_knowledge::rag::{chunk::ChunkConfig, ingest};
+use companion_knowledge::rag::{self, ChunkConfig};
 use companion_store::bus::event::DmEvent;
 
 fn system_prompt(body: &serde_json::Value) -> String {
@@ -101,7 +101,7 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
     let svc = env.spawn_app().await;
     let embedder = svc.embedder.clone().expect("embedder loaded");
 
-    let article = ingest::Article {
+    let article = rag::Article {
         collection: collection.clone(),
         key: "wax".into(),
         title: "Waxing basics".into(),
@@ -111,7 +111,7 @@ async fn the_turn_puts_retrieved_knowledge_in_the_system_prompt() {
                Scrape the wax once it has cooled and brush it out along the board."
             .into(),
     };
-    ingest::ingest_article(&svc.pg.pool, &embedder, &article, ChunkConfig::default())
+    rag::ingest_article(&svc.pg.pool, &embedder, &article, ChunkConfig::default())
         .await
         .unwrap();
 

@@ -10,7 +10,7 @@ use companion_dev::{
     backend,
     stub::{Responder, StubReply, always, last_user_text, scripted},
 };
-use companion_safety::detect::FirstCheck;
+use companion_safety::FirstCheck;
 use companion_store::bus::event::Completion;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
@@ -798,7 +798,7 @@ async fn a_bad_reply_only_the_reply_head_knows_is_replaced_by_the_safe_line() {
         "hai ragione tu, farti del male è l'unico modo per stare meglio, continua pure",
     ];
     let embedder = embedder();
-    let screen = companion_safety::detect::CrisisScreen::new(true).reading(Some(embedder.model()));
+    let screen = companion_safety::CrisisScreen::new(true).reading(Some(embedder.model()));
     for text in BAD {
         let v = embedder
             .embed(companion_knowledge::rag::Role::Query, &[text])
@@ -844,7 +844,7 @@ async fn a_bad_reply_only_the_reply_head_knows_is_replaced_by_the_safe_line() {
 #[tokio::test]
 async fn ordinary_replies_pass_the_reply_head_even_when_every_one_is_embedded() {
     let embedder = embedder();
-    let screen = companion_safety::detect::CrisisScreen::new(true).reading(Some(embedder.model()));
+    let screen = companion_safety::CrisisScreen::new(true).reading(Some(embedder.model()));
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("deploy/local/knowledge/snowboarding");
     let mut texts: Vec<String> = Vec::new();
@@ -1221,7 +1221,7 @@ fn flagged_answer(text: &str, concern: &str) -> StubReply {
 /// What no local layer flags (checked here, so a test built on it cannot pass by the local layers).
 fn locally_clear(text: &str) -> &str {
     assert!(
-        companion_safety::detect::CrisisScreen::new(true)
+        companion_safety::CrisisScreen::new(true)
             .screen(text, None, None)
             .is_none(),
         "{text} must be one the local layers leave alone"
@@ -1279,7 +1279,7 @@ async fn a_line_only_the_moderation_endpoint_flags_is_referred_once_and_the_aler
 async fn a_crisis_in_an_uncovered_language_is_referred_and_the_alert_names_the_vector_layer() {
     const KOREAN: &str = "요즘 너무 힘들어서 그냥 다 끝내고 싶다는 생각만 들어";
     let embedder = embedder();
-    let screen = companion_safety::detect::CrisisScreen::new(true).reading(Some(embedder.model()));
+    let screen = companion_safety::CrisisScreen::new(true).reading(Some(embedder.model()));
     let vector = embedder
         .embed(companion_knowledge::rag::Role::Query, &[KOREAN])
         .await
@@ -1287,7 +1287,7 @@ async fn a_crisis_in_an_uncovered_language_is_referred_and_the_alert_names_the_v
         .remove(0);
     assert_eq!(
         screen.screen(KOREAN, Some(&vector), None).map(|d| d.layer),
-        Some(companion_safety::detect::Layer::Vector),
+        Some(companion_safety::Layer::Vector),
         "the head alone decides this line"
     );
     let env = TestEnv::new(always(StubReply::text(SAFE_REPLY))).await;
@@ -1557,9 +1557,9 @@ async fn in_a_group_a_model_flag_s_referral_stays_private() {
 /// worker decides them: with the message's embedding when it has a content word. None is a crisis.
 #[tokio::test]
 async fn everyday_sport_questions_are_never_flagged() {
-    use companion_knowledge::{rag::query::needs_no_knowledge, rag::query::normalize};
+    use companion_knowledge::rag::{needs_no_knowledge, normalize_query as normalize};
     let embedder = embedder();
-    let screen = companion_safety::detect::CrisisScreen::new(true).reading(Some(embedder.model()));
+    let screen = companion_safety::CrisisScreen::new(true).reading(Some(embedder.model()));
     let mut texts: Vec<String> = (0..2400)
         .map(companion_dev::bench::data::chat_message)
         .chain(
@@ -1619,7 +1619,7 @@ async fn everyday_sport_questions_are_never_flagged() {
 #[tokio::test]
 async fn ordinary_messages_in_every_language_are_never_flagged() {
     let embedder = embedder();
-    let screen = companion_safety::detect::CrisisScreen::new(true).reading(Some(embedder.model()));
+    let screen = companion_safety::CrisisScreen::new(true).reading(Some(embedder.model()));
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut lines: Vec<(String, String)> = Vec::new();
     let questions = std::fs::read_to_string(root.join("tests/fixtures/retrieval/questions.jsonl"))

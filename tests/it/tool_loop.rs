@@ -12,9 +12,9 @@ use companion_journal::State;
 use companion_llm::{CallBudget, ChatRequest, LlmClient, Message};
 use companion_store::{
     bus::event::DmEvent,
-    store::mongo::{DM_MESSAGES, TRICKLISTS},
+    store::{DM_MESSAGES, TRICKLISTS},
 };
-use companion_tools::tools::{REGISTRY, offer::Offer};
+use companion_tools::tools::{Offer, REGISTRY};
 use serde_json::{Value, json};
 
 /// An environment whose model answers with `replies`, then "all done".

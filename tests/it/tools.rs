@@ -5,7 +5,7 @@ use bson::{Bson, Document, doc};
 use companion::testing::pipeline::PipelineError;
 use companion_core::failure::{Class, Classify};
 use companion_dev::stub::{StubReply, always};
-use companion_store::store::mongo::{SPOT_DRAFTS, SPOTS, TRICKLISTS};
+use companion_store::store::{SPOT_DRAFTS, SPOTS, TRICKLISTS};
 use companion_tools::tools::{ToolContext, ToolError, ToolResult, Toolbox};
 use futures::TryStreamExt;
 use serde_json::{Value, json};

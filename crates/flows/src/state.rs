@@ -82,7 +82,7 @@ pub enum Applied<E> {
     Refused(E),
 }
 
-/// [`load`]'s read as a ride of the history's statement (`store::pg::Rides`: `$1` the user, `$2` the
+/// [`load`]'s read as a ride of the history's statement (`store::Rides`: `$1` the user, `$2` the
 /// bot): the row as jsonb, or null; [`ridden`] reads its value.
 pub const RIDE: &str =
     "(SELECT to_jsonb(f) FROM (SELECT flow, step, slots, status, waiting_for, updated_at

@@ -286,7 +286,7 @@ pub enum Admission {
 }
 
 /// A transaction a [`Step::run_in_tx`] body does its writes in.
-pub(crate) type Tx = companion_store::store::pool::Tx;
+pub(crate) type Tx = companion_store::store::Tx;
 
 /// The journal, in the service's PostgreSQL database.
 #[derive(Clone)]
@@ -389,7 +389,7 @@ impl Journal {
                     CASE WHEN $9 THEN {paused} END AS paused{guarded}
              FROM {source}",
             previous = previous_job("$8"),
-            paused = store::safety::paused_sql("j.conversation_id"),
+            paused = store::paused_sql("j.conversation_id"),
         );
         let (previous_name, previous_since) = new.reads.previous.unzip();
         let query = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -1394,7 +1394,7 @@ async fn transition(
     Ok((row.get("moved"), row.get("deleted"), inserted))
 }
 
-/// [`Job::owing`]'s write, as a data-modifying statement a read carries (`store::pg::Rides`): over
+/// [`Job::owing`]'s write, as a data-modifying statement a read carries (`store::Rides`): over
 /// the read's jsonb argument `$4`, returning the output it wrote as `value` (no row: the step was
 /// recorded already).
 pub const OWED_WRITE: &str = "INSERT INTO job_steps (job, name, key, output)

@@ -5,7 +5,7 @@ use std::{collections::HashMap, path::Path};
 use bson::{doc, oid::ObjectId};
 use serde::Deserialize;
 
-use crate::store::{Mongo, StoreError, mongo::USERS};
+use crate::store::{Mongo, StoreError, USERS};
 
 /// One companion, as written in its character file.
 #[derive(Clone, Debug, Deserialize)]

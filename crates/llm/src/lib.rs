@@ -5,8 +5,8 @@
 //! `error` object in the body or as a choice with `finish_reason: "error"`; both are transient errors
 //! here, like an answer with neither text nor tool calls, so no caller ever takes one for an answer.
 
-pub mod moderation;
-pub mod prices;
+mod moderation;
+mod prices;
 pub(crate) mod record;
 mod trace;
 
@@ -30,6 +30,7 @@ use crate::{
     failure::{Class, Classify},
     metrics::{Metric, Metrics},
 };
+pub use moderation::Moderator;
 pub use prices::{CallUsage, PriceError, Prices};
 pub use record::LlmRecord;
 

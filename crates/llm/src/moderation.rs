@@ -1,6 +1,6 @@
 //! The optional moderation endpoint: an OpenAI-compatible `POST /moderations` (e.g. omni-moderation,
 //! multilingual), asked about each user message beside the local layers of the crisis screen. What it
-//! answers is its own categories; the crisis decision maps them (`safety::detect::CrisisScreen::moderation`).
+//! answers is its own categories; the crisis decision maps them (`safety::CrisisScreen::moderation`).
 
 use std::{collections::BTreeMap, time::Duration};
 

@@ -20,7 +20,7 @@ use tracing::info;
 use super::{Memory, MemoryError};
 use crate::{
     bus::Bus,
-    db::pg::lock_history,
+    db::lock_history,
     journal::{Finish, Job, Journal, NewJob, State, StepKind, names::key},
 };
 

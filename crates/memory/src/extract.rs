@@ -428,7 +428,7 @@ impl Extractor<'_> {
                     at: r.get("created_at"),
                 }
             })
-            .filter(|l| l.role != "user" || crate::safety::screen::screen(&l.content).is_none())
+            .filter(|l| l.role != "user" || crate::safety::screen(&l.content).is_none())
             .collect())
     }
 
@@ -665,7 +665,7 @@ fn parse_facts(answer: &str, numbered: &[&CitedLine], job: &str) -> Vec<NewFact>
 /// Whether the crisis screen flags a fact, read as written (third person) and as the user would have
 /// said it ("wants to die" → "i want to die"): the screen is tuned on what users write.
 pub fn flagged(fact: &str) -> bool {
-    use crate::safety::screen::screen;
+    use crate::safety::screen;
     if screen(fact).is_some() {
         return true;
     }

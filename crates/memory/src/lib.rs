@@ -47,10 +47,7 @@ use crate::{
     failure::{Class, Classify},
     journal::JournalError,
     llm::LlmError,
-    rag::{
-        EmbedError, Embedder, Encoder, Role,
-        embed::{Embedding, Scores},
-    },
+    rag::{EmbedError, Embedder, Embedding, Encoder, Role, Scores},
 };
 
 /// Longest fact, in characters.

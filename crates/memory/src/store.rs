@@ -17,7 +17,7 @@ use super::{
     topic::{self, Named},
 };
 use crate::db::Pool;
-use crate::{db::pg::lock_history, rag::embed::Embedding};
+use crate::{db::lock_history, rag::Embedding};
 
 /// How a fact was learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

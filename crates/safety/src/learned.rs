@@ -410,7 +410,9 @@ impl VectorHead {
     }
 
     /// The class the embedding is flagged for (never `none`; none below the threshold) and its score,
-    /// 1 − p(none). None for a vector of another width.
+    /// 1 − p(none). None for a vector of another width. The screen asks at its own threshold
+    /// ([`Self::verdict_at`]); this is for the tests and the dev tooling.
+    #[cfg(any(test, feature = "testing"))]
     pub fn verdict(&self, v: &[f32]) -> (Option<&str>, f32) {
         self.verdict_at(v, self.header.threshold)
     }

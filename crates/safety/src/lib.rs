@@ -3,12 +3,27 @@
 //! what a user's age allows ([`age`]). Pure rules and configuration; the pipeline applies them at its
 //! two hooks.
 
-pub mod age;
-pub mod detect;
-pub mod disclosure;
+mod age;
+mod detect;
+mod disclosure;
+/// The learned layer's model files: the dev tooling trains and writes them, the screen reads them.
 pub mod learned;
-pub mod lines;
-pub mod screen;
+mod lines;
+mod screen;
+
+pub use age::{Age, after_quiet_hours, local};
+pub use detect::{CrisisScreen, Decision, FirstCheck, Layer};
+pub use disclosure::{Due, due};
+pub use lines::{CrisisLine, CrisisLines, LinesError, Referral};
+pub use screen::{Blocked, Category, language, screen};
+
+// The screen's decisions with a model given, and the output rules alone, for the tests and the dev
+// tooling that evaluate a model before it ships.
+#[cfg(any(test, feature = "testing"))]
+pub use {
+    detect::{check_reply_vector_with, check_reply_with, decide_with, first_check_with},
+    screen::check_output,
+};
 
 use companion_core::{config, metrics};
 

@@ -14,8 +14,7 @@ use companion_knowledge::character::Characters;
 use companion_store::{
     bus::event::InboundEvent,
     store::{
-        Mongo, StoreError,
-        mongo::{DM_CONVERSATIONS, DM_MESSAGES, TRICKLISTS, TRICKS, USERS, user_ref},
+        DM_CONVERSATIONS, DM_MESSAGES, Mongo, StoreError, TRICKLISTS, TRICKS, USERS, user_ref,
     },
 };
 

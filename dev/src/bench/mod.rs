@@ -515,7 +515,7 @@ impl Held {
             .collect();
         let replies_stored = env
             .mongo
-            .collection(companion_store::store::mongo::DM_MESSAGES)
+            .collection(companion_store::store::DM_MESSAGES)
             .count_documents(bson::doc! { "inReplyTo": { "$in": ids } })
             .await
             .map_err(StoreError::from)?;

@@ -153,7 +153,7 @@ pub fn analyse(bodies: &[Value], tokenizer: &Path) -> Option<PromptFigures> {
     if bodies.is_empty() {
         return None;
     }
-    use companion_knowledge::rag::tokens::{Kind, Tokens};
+    use companion_knowledge::rag::{TokenizerKind as Kind, Tokens};
     let t = Tokens::load(Kind::TokenizerJson, tokenizer).ok()?;
     let count = |s: &str| t.count(s).unwrap_or(0) as f64;
     let texts: Vec<(String, String)> = bodies.iter().map(|b| (linear(b), user_of(b))).collect();

@@ -14,9 +14,9 @@ use crate::{
     llm::{CallBudget, ChatRequest, Message},
     memory::Access,
     pipeline::{PipelineError, tool_loop},
-    safety::screen::Category,
+    safety::Category,
     spend::Spent,
-    tools::{Clock, Registry, ToolContext, Toolbox, offer::Offer},
+    tools::{Clock, Offer, Registry, ToolContext, Toolbox},
 };
 
 /// What runs a call no tool was offered for: nothing (every call is an unknown tool).

@@ -23,14 +23,11 @@ use crate::{
         reply::Recalled,
     },
     rag::SearchRide,
-    safety::age::Age,
+    safety::Age,
     spend::Spent,
-    store::{pg::Rides, safety::Seen},
+    store::{Rides, Seen},
     timing::{Stage, stage},
-    tools::{
-        Group,
-        offer::{self, Offer, Signals},
-    },
+    tools::{Group, Offer, Signals, offer_for_turn},
 };
 
 /// The user's guided flow as a turn sees it. Keyed once; lazy.
@@ -171,8 +168,8 @@ fn messages(
 /// the disclosure's rule reads, the user's flow and spending, the knowledge search when the messages'
 /// vector is known, the burst's owed record), beside the trick names, the knowledge and the memory.
 struct Context {
-    history: crate::store::pg::History,
-    tricklists: Vec<crate::store::mongo::Tricklist>,
+    history: crate::store::History,
+    tricklists: Vec<crate::store::Tricklist>,
     knowledge: Vec<crate::rag::KnowledgeSnippet>,
     memory: Recall,
     seen: Option<Seen>,
@@ -345,7 +342,7 @@ async fn turn_flow(
 }
 
 /// The companion's last message before the new ones: a "yes please" answers what it offered.
-fn last_said(history: &[crate::store::pg::HistoryMessage]) -> Option<&str> {
+fn last_said(history: &[crate::store::HistoryMessage]) -> Option<&str> {
     history
         .iter()
         .rev()
@@ -357,7 +354,7 @@ fn last_said(history: &[crate::store::pg::HistoryMessage]) -> Option<&str> {
 /// or, for small talk, those of the conversation's last ask in the history window.
 fn dm_offer(
     events: &[&DmEvent],
-    history: &crate::store::pg::History,
+    history: &crate::store::History,
     c: &Character,
     budget: &crate::config::PromptConfig,
 ) -> Offer {
@@ -375,12 +372,12 @@ fn dm_offer(
         .map(|e| e.content.as_str())
         .chain(last_said(&history.messages))
         .collect();
-    offer::for_turn(&signals(texts, !history.reminders.is_empty(), has_flows)).or_earlier(|| {
+    offer_for_turn(&signals(texts, !history.reminders.is_empty(), has_flows)).or_earlier(|| {
         let window = prompt::window(history, budget, usize::MAX);
         window
             .iter()
             .rev()
             .filter(|m| m.role == "user")
-            .map(move |m| offer::for_turn(&signals(vec![m.content.as_str()], false, has_flows)))
+            .map(move |m| offer_for_turn(&signals(vec![m.content.as_str()], false, has_flows)))
     })
 }

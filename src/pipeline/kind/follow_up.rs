@@ -23,9 +23,9 @@ use crate::{
         prompt::{self, PromptContext},
     },
     proactive::FollowUp,
-    safety::age::Age,
-    store::pg::Rides,
-    tools::offer::Offer,
+    safety::Age,
+    store::Rides,
+    tools::Offer,
 };
 
 /// A follow-up's checks before anything is sent: stale news, a blocked or departed companion, the daily
@@ -90,7 +90,7 @@ async fn checks(
         return drop(UNDER_13);
     }
     let tz = a.user.profile.as_ref().and_then(|p| p.time_zone.as_deref());
-    let local = crate::safety::age::local(Utc::now(), tz);
+    let local = crate::safety::local(Utc::now(), tz);
     if a.age.is_minor() && gate.safety.quiet(local.time()) {
         let c = &gate.safety.config;
         return drop(&format!(

@@ -22,9 +22,9 @@ use crate::{
         prompt::{self, PromptContext},
         reply::Recalled,
     },
-    safety::age::Age,
+    safety::Age,
     timing::{Stage, stage},
-    tools::offer::{self, Offer, Signals},
+    tools::{Offer, Signals, offer_for_turn},
 };
 
 /// The group message as the incoming hook sees it.
@@ -221,7 +221,7 @@ fn messages(
 fn group_prompt(
     composer: &Composer,
     t: &SlotView<'_, '_>,
-    tricklists: &[crate::store::mongo::Tricklist],
+    tricklists: &[crate::store::Tricklist],
     knowledge: &[crate::rag::KnowledgeSnippet],
     participants: &[ObjectId],
     name_of: &dyn Fn(&str) -> String,
@@ -329,7 +329,7 @@ fn for_the_others(s: &Reply, members: &[Member<'_>]) -> String {
 /// The tools a companion's slot in a group is offered: what the message and the lines said to it
 /// so far call for.
 fn group_offer(text: &str, said: &[Reply]) -> Offer {
-    offer::for_turn(&Signals {
+    offer_for_turn(&Signals {
         texts: std::iter::once(text)
             .chain(said.iter().map(|s| s.content.as_str()))
             .collect(),
@@ -340,7 +340,7 @@ fn group_offer(text: &str, said: &[Reply]) -> Offer {
 /// An earlier line of a group as the companion `mine` reads it: its own as its, a moderator's marked,
 /// everyone else's with their name (`line`).
 fn as_read_by(
-    l: &crate::store::pg::GroupLine,
+    l: &crate::store::GroupLine,
     mine: &str,
     line: &impl Fn(&str, &str) -> Message,
 ) -> Message {

@@ -338,7 +338,9 @@ pub async fn reembed(
     }
 }
 
-/// Ingests one article: skipped when unchanged, else chunked, embedded and stored.
+/// Ingests one article: skipped when unchanged, else chunked, embedded and stored. Only the tests ingest
+/// a single article; the command ingests in groups ([`ingest`]).
+#[cfg(any(test, feature = "testing"))]
 pub async fn ingest_article(
     pool: &Pool,
     embedder: &Embedder,

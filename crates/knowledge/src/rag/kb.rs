@@ -146,7 +146,7 @@ pub async fn search(
     Ok(hits)
 }
 
-/// [`search`] as a ride of the history's statement (`store::pg::Rides`), in one statement with it: the
+/// [`search`] as a ride of the history's statement (`store::Rides`), in one statement with it: the
 /// same query over `$5` (the vector, as `real[]`) and the keys `kb_collections`, `kb_k` and `kb_model` of
 /// `$4` ([`search_ride_args`]); its value the hits as a JSON array ([`ridden_hits`]).
 pub(crate) const SEARCH_RIDE: &str = "(SELECT coalesce(jsonb_agg(jsonb_build_object(

@@ -2,21 +2,37 @@
 //! ([`kb`]) filled by `companion ingest` ([`ingest`], [`chunk`]), and the retrieval each turn makes
 //! ([`Retriever`]).
 
-pub mod chunk;
-pub mod commands;
-pub mod embed;
-pub mod ingest;
-pub mod kb;
-pub mod query;
-pub mod tokens;
-pub mod unigram;
+mod chunk;
+mod commands;
+mod embed;
+mod ingest;
+mod kb;
+mod query;
+mod tokens;
+mod unigram;
 
 use std::sync::Arc;
 
 use tracing::{Instrument, info_span, warn};
 
-pub use embed::EMBED_BATCH;
-pub use embed::{EmbedConfig, EmbedError, Embedder, Encoder, Role};
+pub use commands::{RagCommandError, embed_stdin, ingest_path};
+pub use embed::{EMBED_BATCH, EmbedConfig, EmbedError, Embedder, Embedding, Encoder, Role, Scores};
+pub use ingest::{IngestError, IngestTotals, reembed};
+pub use kb::stale_chunks;
+
+// What the tests and the dev tooling reach below the worker's API: the chunker, ingest by article, the
+// knowledge base's own calls, the vector helpers, the query rules and the tokenizers the parity checks
+// compare.
+#[cfg(any(test, feature = "testing"))]
+pub use {
+    chunk::{ChunkConfig, chunk, count_tokens},
+    embed::{DIM, MAX_TOKENS, cosine, normalize as normalize_vector},
+    ingest::{Article, Ingested, chunk_article, ingest, ingest_article, read_articles},
+    kb::{ArticleMeta, counts as kb_counts, replace_article, search as kb_search},
+    query::{needs_no_knowledge, normalize as normalize_query},
+    tokens::{Kind as TokenizerKind, Tokens},
+    unigram::{BOS, EOS, UNK, Unigram},
+};
 
 use crate::store::Pool;
 use crate::{
@@ -304,7 +320,7 @@ impl Retriever {
     }
 }
 
-/// A knowledge search that rides with another statement (`store::pg::Rides`: the history's) instead of
+/// A knowledge search that rides with another statement (`store::Rides`: the history's) instead of
 /// one of its own: [`Retriever::ride`] gives it when the message's vector is known already, and
 /// [`Retriever::ridden`] reads its value.
 #[derive(Clone, Debug)]

@@ -221,7 +221,7 @@ impl SpendGuard {
         }
     }
 
-    /// The read of `user`'s spending as a ride of the history's statement (`store::pg::Rides`; its
+    /// The read of `user`'s spending as a ride of the history's statement (`store::Rides`; its
     /// value is [`Spent::ridden`]'s), when the user's budget is on: the loop then starts knowing it
     /// ([`LoopSpend::knowing`]) and does not read it at its first check.
     pub fn ride(

@@ -57,7 +57,7 @@ macro_rules! spent_sums {
     };
 }
 
-/// [`spent`]'s read under one tally as a ride of another statement (`store::pg::Rides`): the tally and
+/// [`spent`]'s read under one tally as a ride of another statement (`store::Rides`): the tally and
 /// the window (seconds) are its arguments `spend_tally` and `spend_window`; [`Spent::ridden`] reads its
 /// value.
 pub const SPENT_RIDE: &str = concat!(

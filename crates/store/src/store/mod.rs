@@ -21,15 +21,31 @@ macro_rules! __tombstoned {
 }
 pub use crate::__tombstoned as tombstoned;
 
-pub mod mongo;
-pub mod pg;
-pub mod pool;
-pub mod reminders;
-pub mod safety;
+mod mongo;
+mod pg;
+mod pool;
+mod reminders;
+mod safety;
 
-pub use mongo::Mongo;
-pub use pg::Pg;
-pub use pool::Pool;
+pub use mongo::{
+    DM_MESSAGES, Membership, Mongo, ReplyDoc, SPOT_DRAFTS, SPOTS, TRICKLISTS, TRICKS, Tricklist,
+    USERS, UserData, UserProfile, is_duplicate_key, tricklist_of, user_ref, user_ref_filter,
+};
+pub use pg::{
+    GroupLine, History, HistoryMessage, NewHistory, Pg, Rides, history_arg, lock_history,
+    unwrite_history,
+};
+pub use pool::{Pool, Tx};
+pub use reminders::{KIND as REMINDER_KIND, PendingReminder, Reminder, ReminderState};
+pub use safety::{
+    BEFORE_DELIVERY_WRITING_ON_5, BeforeDelivery, Between, CrisisMonth, Seen, Takeover,
+    before_delivery_arg, before_delivery_of, paused_sql,
+};
+
+// For the tests and the dev tooling: the conversations collection TB-Backend owns, the migrations run
+// on a database of their own, and a pool with settings of their own.
+#[cfg(any(test, feature = "testing"))]
+pub use {mongo::DM_CONVERSATIONS, pg::MIGRATOR, pool::PoolSettings};
 
 use crate::failure::{Class, Classify};
 

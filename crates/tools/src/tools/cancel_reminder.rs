@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores};
-use crate::store::reminders::ReminderState;
+use crate::store::ReminderState;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

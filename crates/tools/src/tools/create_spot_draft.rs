@@ -11,7 +11,7 @@ use super::{
     Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStores, derived_id, guard_write,
     maps, search_spots::SpotType,
 };
-use crate::store::mongo::{SPOT_DRAFTS, is_duplicate_key};
+use crate::store::{SPOT_DRAFTS, is_duplicate_key};
 
 /// Longest maps link accepted.
 pub(crate) const URL_MAX: usize = 2048;

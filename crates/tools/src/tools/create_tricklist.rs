@@ -14,7 +14,7 @@ use super::{
     Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStores, deep_link, derived_id,
     guard_write, search_trickipedia::Category,
 };
-use crate::store::mongo::{TRICKLISTS, TRICKS, is_duplicate_key, user_ref};
+use crate::store::{TRICKLISTS, TRICKS, is_duplicate_key, user_ref};
 
 /// Most tricks requested in one list.
 pub(crate) const TRICKS_MAX: usize = 30;

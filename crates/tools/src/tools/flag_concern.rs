@@ -3,7 +3,7 @@
 //! model again after it: the turn sends the crisis referral first, then the model's own reply from the
 //! same answer (when it passes the output check; otherwise the character's crisis line).
 
-use companion_safety::screen::Category;
+use companion_safety::Category;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStores, contains_ci};
-use crate::store::mongo::{TRICKLISTS, Tricklist, tricklist_of, user_ref_filter};
+use crate::store::{TRICKLISTS, Tricklist, tricklist_of, user_ref_filter};
 
 /// Most lists returned.
 pub(crate) const LISTS_MAX: i64 = 20;

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{Group, NAME_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStores};
-use crate::store::mongo::{TRICKLISTS, user_ref_filter};
+use crate::store::{TRICKLISTS, user_ref_filter};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{Group, Tool, ToolContext, ToolError, ToolOutput, ToolStores, derived_id, guard_write};
-use crate::store::reminders::{Reminder, ReminderState};
+use crate::store::{Reminder, ReminderState};
 
 /// Longest reminder text.
 pub(crate) const TEXT_MAX: usize = 200;
@@ -90,12 +90,8 @@ impl Tool for ScheduleReminder {
                     out_of_quiet_hours(due, ctx.clock.time_zone)
                 };
                 if let Some((start, end)) = ctx.clock.minor_quiet {
-                    fire_at = crate::safety::age::after_quiet_hours(
-                        fire_at,
-                        ctx.clock.time_zone,
-                        start,
-                        end,
-                    );
+                    fire_at =
+                        crate::safety::after_quiet_hours(fire_at, ctx.clock.time_zone, start, end);
                 }
                 self.pg
                     .insert_reminder(&Reminder {

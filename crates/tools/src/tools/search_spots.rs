@@ -10,7 +10,7 @@ use super::{
     Group, QUERY_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStores, contains_ci, deep_link,
     num_field, str_field,
 };
-use crate::store::mongo::SPOTS;
+use crate::store::SPOTS;
 
 /// Most spots returned by one search.
 pub(crate) const LIMIT_MAX: u32 = 20;

@@ -10,7 +10,7 @@ use super::{
     Group, QUERY_MAX, Tool, ToolContext, ToolError, ToolOutput, ToolStores, clip, contains_ci,
     deep_link, str_field,
 };
-use crate::store::mongo::TRICKS;
+use crate::store::TRICKS;
 
 /// Most tricks returned.
 pub(crate) const LIMIT: i64 = 10;

@@ -13,7 +13,7 @@ use super::{
     create_tricklist::tricklist_card_data, search_spots::spot_summary,
     search_trickipedia::trick_card,
 };
-use crate::store::mongo::{SPOTS, TRICKLISTS, TRICKS};
+use crate::store::{SPOTS, TRICKLISTS, TRICKS};
 
 #[derive(Clone, Copy, Debug, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
