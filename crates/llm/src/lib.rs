@@ -30,8 +30,8 @@ use crate::{
     failure::{Class, Classify},
     metrics::{Metric, Metrics},
 };
-pub use moderation::Moderator;
-pub use prices::{CallUsage, PriceError, Prices};
+pub use moderation::{ModerationError, Moderator, Verdict};
+pub use prices::{CallUsage, CostSource, PriceError, Prices};
 pub use record::LlmRecord;
 
 /// One chat message, as the API takes it.

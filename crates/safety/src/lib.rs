@@ -13,9 +13,9 @@ mod screen;
 
 pub use age::{Age, after_quiet_hours, local};
 pub use detect::{CrisisScreen, Decision, FirstCheck, Layer};
-pub use disclosure::{Due, due};
-pub use lines::{CrisisLine, CrisisLines, LinesError, Referral};
-pub use screen::{Blocked, Category, language, screen};
+pub use disclosure::{Due, Rhythm, due};
+pub use lines::{CardLine, CrisisLine, CrisisLines, Kind as LineKind, LinesError, Referral};
+pub use screen::{Blocked, Category, Flag, language, screen};
 
 // The screen's decisions with a model given, and the output rules alone, for the tests and the dev
 // tooling that evaluate a model before it ships.

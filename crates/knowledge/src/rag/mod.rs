@@ -16,9 +16,13 @@ use std::sync::Arc;
 use tracing::{Instrument, info_span, warn};
 
 pub use commands::{RagCommandError, embed_stdin, ingest_path};
-pub use embed::{EMBED_BATCH, EmbedConfig, EmbedError, Embedder, Embedding, Encoder, Role, Scores};
+pub use embed::{
+    EMBED_BATCH, EmbedConfig, EmbedCounts, EmbedError, Embedder, Embedding, Encoder, Role, Scores,
+};
 pub use ingest::{IngestError, IngestTotals, reembed};
-pub use kb::stale_chunks;
+pub use kb::{Hit, stale_chunks};
+// The tokenizers' errors, which an embedder's error carries.
+pub use {tokens::TokenizerError, unigram::UnigramError};
 
 // What the tests and the dev tooling reach below the worker's API: the chunker, ingest by article, the
 // knowledge base's own calls, the vector helpers, the query rules and the tokenizers the parity checks

@@ -34,8 +34,12 @@ use crate::{
     failure::{Class, Classify},
 };
 
-pub(crate) use connect::ConnectCause;
-pub use event::{Completion, DmEvent, GroupEvent, Inbound, Trigger, Typing};
+pub use {
+    connect::ConnectCause,
+    erase::Eraser,
+    event::{Completion, DmEvent, GroupEvent, Inbound, Trigger, Typing},
+    lookup::{DeadLetter, Lookup},
+};
 
 /// How many connect attempts were made, as the tail of an error: nothing for one, ` (N attempts)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

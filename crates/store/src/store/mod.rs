@@ -28,14 +28,15 @@ mod reminders;
 mod safety;
 
 pub use mongo::{
-    DM_MESSAGES, Membership, Mongo, ReplyDoc, SPOT_DRAFTS, SPOTS, TRICKLISTS, TRICKS, Tricklist,
-    USERS, UserData, UserProfile, is_duplicate_key, tricklist_of, user_ref, user_ref_filter,
+    DM_MESSAGES, Membership, Mongo, ReplyDoc, SPOT_DRAFTS, SPOTS, TRICKLISTS, TRICKS, TrickEntry,
+    Tricklist, USERS, UserData, UserProfile, is_duplicate_key, tricklist_of, user_ref,
+    user_ref_filter,
 };
 pub use pg::{
     GroupLine, History, HistoryMessage, NewHistory, Pg, Rides, history_arg, lock_history,
     unwrite_history,
 };
-pub use pool::{Pool, Tx};
+pub use pool::{Lease, Pool, Tx};
 pub use reminders::{KIND as REMINDER_KIND, PendingReminder, Reminder, ReminderState};
 pub use safety::{
     BEFORE_DELIVERY_WRITING_ON_5, BeforeDelivery, Between, CrisisMonth, Seen, Takeover,
