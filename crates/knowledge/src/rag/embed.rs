@@ -314,7 +314,8 @@ struct Request {
 /// Handle to the embedding thread; cheap to share (`Arc`).
 pub struct Embedder {
     tx: mpsc::Sender<Request>,
-    tokenizer: Arc<Tokens>,
+    /// The model's tokenizer, which ingest chunks with.
+    pub(super) tokenizer: Arc<Tokens>,
     stats: Arc<EmbedStats>,
     encoder: Encoder,
 }
@@ -440,7 +441,8 @@ impl Embedder {
         self.encoder
     }
 
-    /// The model's tokenizer, e.g. for chunking.
+    /// The model's tokenizer, for the tests and the dev tooling that chunk and count as ingest does.
+    #[cfg(any(test, feature = "testing"))]
     pub fn tokenizer(&self) -> &Tokens {
         &self.tokenizer
     }

@@ -267,7 +267,7 @@ pub(crate) fn content_hash(a: &Article, cfg: ChunkConfig) -> String {
 /// The tokens a title takes before each chunk of its article (its own and the `: `); none when the
 /// title is empty or too long to prefix.
 fn title_prefix(embedder: &Embedder, title: &str) -> Result<Option<usize>, EmbedError> {
-    let tokens = chunk::count_tokens(embedder.tokenizer(), title)? + 1;
+    let tokens = chunk::count_tokens(&embedder.tokenizer, title)? + 1;
     Ok((tokens <= MAX_TITLE_PREFIX_TOKENS && !title.is_empty()).then_some(tokens))
 }
 
@@ -288,11 +288,11 @@ pub fn chunk_article(
     let prefix = title_prefix(embedder, &a.title)?;
     // What the encoder puts before a passage (e5's `passage: `) is read within the same bound.
     let role = chunk::count_tokens(
-        embedder.tokenizer(),
+        &embedder.tokenizer,
         embedder.encoder().input(Role::Passage, "").trim_end(),
     )?;
     let reserved = prefix.unwrap_or(0) + role;
-    let chunks = chunk::chunk(embedder.tokenizer(), &a.text, cfg, reserved)?;
+    let chunks = chunk::chunk(&embedder.tokenizer, &a.text, cfg, reserved)?;
     let inputs = chunks
         .iter()
         .map(|c| embedded_as(&a.title, c, prefix.is_some()))

@@ -16,13 +16,14 @@ use std::sync::Arc;
 use tracing::{Instrument, info_span, warn};
 
 pub use commands::{RagCommandError, embed_stdin, ingest_path};
-pub use embed::{
-    EMBED_BATCH, EmbedConfig, EmbedCounts, EmbedError, Embedder, Embedding, Encoder, Role, Scores,
-};
+pub use embed::{EMBED_BATCH, EmbedConfig, EmbedError, Embedder, Embedding, Encoder, Role, Scores};
 pub use ingest::{IngestError, IngestTotals, reembed};
 pub use kb::{Hit, stale_chunks};
-// The tokenizers' errors, which an embedder's error carries.
-pub use {tokens::TokenizerError, unigram::UnigramError};
+// Which tokenizer an encoder reads, and the tokenizers' errors, which an embedder's error carries.
+pub use {
+    tokens::{Kind as TokenizerKind, TokenizerError},
+    unigram::UnigramError,
+};
 
 // What the tests and the dev tooling reach below the worker's API: the chunker, ingest by article, the
 // knowledge base's own calls, the vector helpers, the query rules and the tokenizers the parity checks
@@ -30,11 +31,11 @@ pub use {tokens::TokenizerError, unigram::UnigramError};
 #[cfg(any(test, feature = "testing"))]
 pub use {
     chunk::{ChunkConfig, chunk, count_tokens},
-    embed::{DIM, MAX_TOKENS, cosine, normalize as normalize_vector},
+    embed::{DIM, EmbedCounts, MAX_TOKENS, cosine, normalize as normalize_vector},
     ingest::{Article, Ingested, chunk_article, ingest, ingest_article, read_articles},
     kb::{ArticleMeta, counts as kb_counts, replace_article, search as kb_search},
     query::{needs_no_knowledge, normalize as normalize_query},
-    tokens::{Kind as TokenizerKind, Tokens},
+    tokens::Tokens,
     unigram::{BOS, EOS, UNK, Unigram},
 };
 

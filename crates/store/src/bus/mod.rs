@@ -38,8 +38,11 @@ pub use {
     connect::ConnectCause,
     erase::Eraser,
     event::{Completion, DmEvent, GroupEvent, Inbound, Trigger, Typing},
-    lookup::{DeadLetter, Lookup},
+    lookup::Lookup,
 };
+// A message's dead letter as the tests and the dev tooling read it back.
+#[cfg(feature = "testing")]
+pub use lookup::DeadLetter;
 
 /// How many connect attempts were made, as the tail of an error: nothing for one, ` (N attempts)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -36,7 +36,7 @@ pub use pg::{
     GroupLine, History, HistoryMessage, NewHistory, Pg, Rides, history_arg, lock_history,
     unwrite_history,
 };
-pub use pool::{Lease, Pool, Tx};
+pub use pool::{Lease, Pool, PoolSettings, Tx};
 pub use reminders::{KIND as REMINDER_KIND, PendingReminder, Reminder, ReminderState};
 pub use safety::{
     BEFORE_DELIVERY_WRITING_ON_5, BeforeDelivery, Between, CrisisMonth, Seen, Takeover,
@@ -46,7 +46,7 @@ pub use safety::{
 // For the tests and the dev tooling: the conversations collection TB-Backend owns, the migrations run
 // on a database of their own, and a pool with settings of their own.
 #[cfg(any(test, feature = "testing"))]
-pub use {mongo::DM_CONVERSATIONS, pg::MIGRATOR, pool::PoolSettings};
+pub use {mongo::DM_CONVERSATIONS, pg::MIGRATOR};
 
 use crate::failure::{Class, Classify};
 
