@@ -81,22 +81,26 @@ impl Counter {
         tokio::time::sleep(STATS_FLUSH).await;
         let mut conn = connect(admin_url).await?;
         let before = db_counters(&mut conn, database).await?;
-        let statements = match sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        let usable = match sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             .execute(&mut conn)
             .await
         {
             Ok(_) => sqlx::query("SELECT pg_stat_statements_reset()")
                 .execute(&mut conn)
                 .await
-                .is_ok(),
-            Err(_) => false,
+                .map(drop),
+            Err(e) => Err(e),
         };
-        if !statements {
+        // Either cause is possible: the library not preloaded, or a connection that may not reset it.
+        if let Err(e) = &usable {
             eprintln!(
-                "bench: pg_stat_statements is not loaded (shared_preload_libraries; deploy/local/stack.sh loads it \
-                 when it starts PostgreSQL: `stack.sh down postgres && stack.sh up`): statements are not counted"
+                "bench: pg_stat_statements cannot be used ({e}): statements are not counted. It needs the \
+                 library preloaded (deploy/local/stack.sh loads it when it starts PostgreSQL: `stack.sh down \
+                 postgres && stack.sh up`) and a superuser's connection (POSTGRES_ADMIN_URL, which \
+                 `eval \"$(deploy/local/stack.sh env)\"` sets)"
             );
         }
+        let statements = usable.is_ok();
         Ok(Self {
             admin_url: admin_url.to_owned(),
             database: database.to_owned(),
